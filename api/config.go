@@ -1,0 +1,128 @@
+package api
+
+import (
+	"fmt"
+	"os"
+	"regexp"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Config kinds (the "kind" of a versioned config file).
+const (
+	KindNodeConfig     = "NodeAgentConfig"
+	KindExtenderConfig = "ExtenderConfig"
+)
+
+// NodeConfig configures tessera-node. Flags override the file; zero values take the defaults below.
+type NodeConfig struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	// NodeName is the Kubernetes node name (default: the host name).
+	NodeName string `json:"nodeName,omitempty"`
+	// Backend is the GPU inventory: "auto" (NVML when a driver is present, else sim), "nvml" or "sim".
+	Backend string `json:"backend,omitempty"`
+	// NodeDescription is the simulated node's YAML file (sim backend; empty: the built-in 8 x A100).
+	NodeDescription string `json:"nodeDescription,omitempty"`
+	// DevRoot is the directory device nodes live under: "/" for real hardware; the sim backend
+	// creates its character devices there.
+	DevRoot string `json:"devRoot,omitempty"`
+	// CDIDir is where CDI specs are written.
+	CDIDir string `json:"cdiDir,omitempty"`
+	// CDIVendor is the vendor part of every CDI device name, e.g. tessera.dev/gpu=<uuid>.
+	CDIVendor string `json:"cdiVendor,omitempty"`
+	// SharesPerGPU is how many tessera.dev/vgpu tokens each GPU offers.
+	SharesPerGPU int `json:"sharesPerGPU,omitempty"`
+	// VCUDALibrary is the host path of libvcuda.so that share containers get.
+	VCUDALibrary string `json:"vcudaLibrary,omitempty"`
+}
+
+// Node agent defaults.
+const (
+	DefaultBackend      = "auto"
+	DefaultCDIDir       = "/etc/cdi"
+	DefaultCDIVendor    = "tessera.dev"
+	DefaultSharesPerGPU = 10
+	DefaultVCUDALibrary = "/usr/local/lib/tessera/libvcuda.so"
+)
+
+// cdiVendorPattern is the CDI vendor rule (a DNS-like name).
+var cdiVendorPattern = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9_.-]*[a-zA-Z0-9])?$`)
+
+// Defaults fills zero fields with defaults.
+func (c *NodeConfig) Defaults() {
+	if c.APIVersion == "" {
+		c.APIVersion = Version
+	}
+	if c.Kind == "" {
+		c.Kind = KindNodeConfig
+	}
+	if c.Backend == "" {
+		c.Backend = DefaultBackend
+	}
+	if c.CDIDir == "" {
+		c.CDIDir = DefaultCDIDir
+	}
+	if c.CDIVendor == "" {
+		c.CDIVendor = DefaultCDIVendor
+	}
+	if c.SharesPerGPU == 0 {
+		c.SharesPerGPU = DefaultSharesPerGPU
+	}
+	if c.VCUDALibrary == "" {
+		c.VCUDALibrary = DefaultVCUDALibrary
+	}
+}
+
+// Validate checks a defaulted NodeConfig.
+func (c *NodeConfig) Validate() error {
+	fe := &fieldErrors{doc: "node agent config"}
+	checkKind(fe, c.APIVersion, c.Kind, KindNodeConfig)
+	switch c.Backend {
+	case "auto", "nvml", "sim":
+	default:
+		fe.add("backend", "must be auto, nvml or sim, got %q", c.Backend)
+	}
+	if !cdiVendorPattern.MatchString(c.CDIVendor) {
+		fe.add("cdiVendor", "must be a vendor name like tessera.dev, got %q", c.CDIVendor)
+	}
+	if c.SharesPerGPU < 1 || c.SharesPerGPU > 1024 {
+		fe.add("sharesPerGPU", "must be between 1 and 1024, got %d", c.SharesPerGPU)
+	}
+	return fe.err()
+}
+
+func checkKind(fe *fieldErrors, apiVersion, kind, want string) {
+	if apiVersion != Version {
+		fe.add("apiVersion", "must be %q, got %q", Version, apiVersion)
+	}
+	if kind != want {
+		fe.add("kind", "must be %q, got %q", want, kind)
+	}
+}
+
+// DecodeYAML strictly decodes a YAML (or JSON) document into v: unknown fields and duplicated keys
+// are errors. doc names the document in messages.
+func DecodeYAML(data []byte, v any, doc string) error {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return fmt.Errorf("invalid %s: %w", doc, err)
+	}
+	return decodeStrict(js, v, doc)
+}
+
+// LoadNodeConfig reads, defaults and validates a node agent config file.
+func LoadNodeConfig(path string) (*NodeConfig, error) {
+	c := &NodeConfig{}
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil, fmt.Errorf("read node agent config: %w", err)
+		}
+		if err := DecodeYAML(data, c, "node agent config "+path); err != nil {
+			return nil, err
+		}
+	}
+	c.Defaults()
+	return c, c.Validate()
+}
