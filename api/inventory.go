@@ -43,6 +43,10 @@ type GPU struct {
 	Mdev []MdevType `json:"mdev,omitempty"`
 }
 
+// Shareable reports whether the GPU can be given whole or in shares: MIG-mode GPUs are used only
+// through their instances, and mdev parents only through mdev vGPUs.
+func (g *GPU) Shareable() bool { return g.MIG == nil && len(g.Mdev) == 0 }
+
 // MIG describes the MIG instances configured on a GPU.
 type MIG struct {
 	Instances []MIGInstance `json:"instances"`

@@ -21,6 +21,8 @@ const (
 	LimitsPathInContainer = "/etc/tessera/vcuda/limits"
 	// RegionDirInContainer is where the agent mounts the container's writable accounting directory.
 	RegionDirInContainer = "/run/tessera/vcuda"
+	// VCUDALibraryInContainer is where share containers find libvcuda.so (/etc/ld.so.preload names it).
+	VCUDALibraryInContainer = "/usr/local/lib/tessera/libvcuda.so"
 	// LimitsEnv names the variable vcuda honours only when LimitsPathInContainer does not exist (host tests).
 	LimitsEnv = "TESSERA_VCUDA_LIMITS"
 	// maxLimitsGPUs matches vcuda's table size.

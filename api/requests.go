@@ -208,14 +208,14 @@ func (c *ContainerRequest) CheckFits(inv *NodeInventory) error {
 	usable := 0
 	var maxMem int64
 	for _, g := range inv.GPUs {
-		if g.MIG != nil {
-			continue // a MIG-enabled GPU can only be used through its instances
+		if !g.Shareable() {
+			continue
 		}
 		usable++
 		maxMem = max(maxMem, g.MemoryBytes)
 	}
 	if n := c.WholeGPUs + c.Shares; n > usable {
-		return fmt.Errorf("container %q asks for %d GPUs but node %s has %d without MIG", c.Name, n, inv.Node, usable)
+		return fmt.Errorf("container %q asks for %d GPUs but node %s has %d usable whole or shared (not in MIG mode, not an mdev parent)", c.Name, n, inv.Node, usable)
 	}
 	if c.Shares > 0 && c.ShareMemoryBytes > maxMem {
 		return fmt.Errorf("container %q asks for %d bytes per share but the largest GPU on node %s has %d", c.Name, c.ShareMemoryBytes, inv.Node, maxMem)

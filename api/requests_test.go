@@ -93,13 +93,17 @@ func TestParsePodRequestRequestLimitMismatchAndInit(t *testing.T) {
 }
 
 func TestCheckFits(t *testing.T) {
-	inv := testInventory() // GPU 0 plain 40 GiB, GPU 1 MIG
+	inv := testInventory() // GPU 0: 40 GiB mdev parent, GPU 1 MIG
+	if err := (&ContainerRequest{Name: "c", Shares: 1, ShareMemoryBytes: 1}).CheckFits(inv); err == nil || !strings.Contains(err.Error(), "has 0 usable") {
+		t.Errorf("an mdev parent and a MIG GPU count as usable: %v", err)
+	}
+	inv.GPUs[0].Mdev = nil
 	cases := []struct {
 		req  ContainerRequest
 		want string
 	}{
 		{ContainerRequest{Name: "c", Shares: 1, ShareMemoryBytes: 40 << 30}, ""},
-		{ContainerRequest{Name: "c", Shares: 2, ShareMemoryBytes: 1}, "asks for 2 GPUs but node node-a has 1 without MIG"},
+		{ContainerRequest{Name: "c", Shares: 2, ShareMemoryBytes: 1}, "asks for 2 GPUs but node node-a has 1 usable whole or shared"},
 		{ContainerRequest{Name: "c", Shares: 1, ShareMemoryBytes: 41 << 30}, "the largest GPU on node node-a has"},
 		{ContainerRequest{Name: "c", WholeGPUs: 2}, "asks for 2 GPUs"},
 	}

@@ -1,0 +1,42 @@
+// Command tessera-node is Tessera's node agent. Subcommands:
+//
+//	tessera-node cdi generate   write CDI specs for this node's GPUs and print the device names
+//
+// Run "tessera-node <subcommand> --help" for the flags.
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+)
+
+func main() {
+	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	if err := run(os.Args[1:]); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return
+		}
+		fmt.Fprintln(os.Stderr, "tessera-node:", err)
+		os.Exit(1)
+	}
+}
+
+const usage = `usage: tessera-node <command> [flags]
+
+commands:
+  cdi generate   write CDI specs for this node's GPUs (real or simulated) and print the device names
+`
+
+func run(args []string) error {
+	if len(args) >= 2 && args[0] == "cdi" && args[1] == "generate" {
+		return cdiGenerate(args[2:], os.Stdout)
+	}
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		fmt.Print(usage)
+		return nil
+	}
+	return fmt.Errorf("unknown command %q\n%s", args, usage)
+}

@@ -1,0 +1,76 @@
+package e2e
+
+import (
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestCDIGenerateNerdctl: `tessera-node cdi generate` on the simulated node writes specs that real
+// containerd resolves for `nerdctl run --device <vendor>/gpu=<uuid>`: the container sees that GPU's
+// device node (and no other GPU's), the control nodes and the env the spec sets; MIG devices bring
+// their capability nodes.
+func TestCDIGenerateNerdctl(t *testing.T) {
+	ctr := StartContainerd(t)
+	node := tesseraBinary(t, "tessera-node")
+	out := mustRun(t, time.Minute, node, "cdi", "generate", "--backend=sim", "--cdi-dir="+ctr.CDIDir,
+		"--state-dir="+filepath.Join(ctr.Base, "sim"), "--vendor=tessera.dev")
+	names := strings.Split(out, "\n")
+	uuid := ""
+	for i, n := range names {
+		if n == "tessera.dev/gpu=3" && i > 0 {
+			uuid = strings.TrimPrefix(names[i-1], "tessera.dev/gpu=")
+		}
+	}
+	if !strings.HasPrefix(uuid, "GPU-") {
+		t.Fatalf("cdi generate did not print GPU 3's UUID name before its index name:\n%s", out)
+	}
+
+	got, err := ctr.Nerdctl(t, "--cdi-spec-dirs", ctr.CDIDir, "run", "--rm", "--net", "none",
+		"--device", "tessera.dev/gpu="+uuid, "bbox", "sh", "-c", "ls -l /dev/; env")
+	if err != nil {
+		t.Fatalf("nerdctl run: %v\n%s\ncontainerd log:\n%s", err, got, ctr.LogTail())
+	}
+	for _, want := range []string{
+		`(?m)^c.* 195, +3 .* nvidia3$`,
+		`(?m)^c.* 195, +255 .* nvidiactl$`,
+		`(?m)^c.* nvidia-uvm$`,
+		`(?m)^c.* nvidia-uvm-tools$`,
+		`(?m)^NVIDIA_VISIBLE_DEVICES=void$`,
+		`(?m)^TESSERA_GPU_3=` + uuid + `$`,
+	} {
+		if !regexp.MustCompile(want).MatchString(got) {
+			t.Errorf("container output lacks %s:\n%s", want, got)
+		}
+	}
+	for _, other := range []string{"nvidia2", "nvidia4"} {
+		if regexp.MustCompile(`(?m) ` + other + `$`).MatchString(got) {
+			t.Errorf("container sees %s, which it was not given:\n%s", other, got)
+		}
+	}
+
+	// A MIG instance: its parent's node and its two capability nodes.
+	var mig string
+	for _, n := range names {
+		if strings.HasPrefix(n, "tessera.dev/mig=") {
+			mig = n
+			break
+		}
+	}
+	got, err = ctr.Nerdctl(t, "--cdi-spec-dirs", ctr.CDIDir, "run", "--rm", "--net", "none", "--device", mig, "bbox",
+		"sh", "-c", "ls /dev/nvidia7 /dev/nvidia-caps/; env")
+	if err != nil {
+		t.Fatalf("nerdctl run %s: %v\n%s", mig, err, got)
+	}
+	if n := len(regexp.MustCompile(`(?m)^nvidia-cap[0-9]+$`).FindAllString(got, -1)); n != 2 || !strings.Contains(got, "/dev/nvidia7") || !strings.Contains(got, "TESSERA_MIG_PROFILE=") {
+		t.Errorf("MIG container sees %d capability nodes, want 2:\n%s", n, got)
+	}
+	// An unknown device is refused with CDI's error, not silently ignored.
+	got, err = ctr.Nerdctl(t, "--cdi-spec-dirs", ctr.CDIDir, "run", "--rm", "--net", "none", "--device", "tessera.dev/gpu=99", "bbox", "true")
+	if err == nil || !strings.Contains(got, "unresolvable CDI devices") {
+		t.Errorf("unknown CDI device: err=%v\n%s", err, got)
+	}
+	t.Logf("nerdctl resolved %s and %s", uuid, mig)
+}

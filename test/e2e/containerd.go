@@ -1,0 +1,230 @@
+package e2e
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Containerd is a private containerd 2.2 with NRI and CDI enabled, running from the tools dir with
+// its own root, state, sockets and runc root, so it never meets a system containerd.
+type Containerd struct {
+	Base      string // everything lives below; short, since unix socket paths are limited to 108 bytes
+	Socket    string
+	NRISocket string
+	CDIDir    string
+	cmd       *exec.Cmd
+	log       *os.File
+}
+
+// StartContainerd starts containerd and imports the busybox test images (bbox, bbox-pause) into the
+// default and k8s.io namespaces. The test's cleanup stops it and removes every trace.
+func StartContainerd(t *testing.T) *Containerd {
+	t.Helper()
+	base, err := os.MkdirTemp("/tmp", "tsr-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &Containerd{Base: base, Socket: filepath.Join(base, "run", "containerd.sock"), NRISocket: filepath.Join(base, "run", "nri.sock"), CDIDir: filepath.Join(base, "cdi")}
+	for _, d := range []string{"run", "cdi", "nri/plugins", "nri/conf.d", "cni/bin", "cni/net.d", "runc-root"} {
+		if err := os.MkdirAll(filepath.Join(base, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(base, "config.toml"), []byte(c.config()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.teardown(t) })
+	c.Start(t)
+	c.importImages(t)
+	return c
+}
+
+func (c *Containerd) config() string {
+	// restrict_oom_score_adj: root here lacks CAP_SYS_RESOURCE and runc would fail to start the pause
+	// container with oom_score_adj=-998 (../shared/recipes/containerd-nri-cdi).
+	return fmt.Sprintf(`version = 3
+root = '%[1]s/root'
+state = '%[1]s/state'
+
+[grpc]
+  address = '%[2]s'
+
+[plugins]
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = 'overlayfs'
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = 'docker.io/library/bbox-pause:latest'
+  [plugins.'io.containerd.cri.v1.runtime']
+    enable_cdi = true
+    cdi_spec_dirs = ['%[3]s']
+    restrict_oom_score_adj = true
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = 'runc'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+        runtime_type = 'io.containerd.runc.v2'
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+          BinaryName = '%[4]s'
+          Root = '%[1]s/runc-root'
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = ['%[1]s/cni/bin']
+      conf_dir = '%[1]s/cni/net.d'
+  [plugins.'io.containerd.nri.v1.nri']
+    disable = false
+    socket_path = '%[5]s'
+    plugin_path = '%[1]s/nri/plugins'
+    plugin_config_path = '%[1]s/nri/conf.d'
+    plugin_registration_timeout = '5s'
+    plugin_request_timeout = '2s'
+`, c.Base, c.Socket, c.CDIDir, filepath.Join(toolsDir(), "bin", "runc"), c.NRISocket)
+}
+
+// Start launches containerd (again, after Stop) and waits for its socket to answer.
+func (c *Containerd) Start(t *testing.T) {
+	t.Helper()
+	log, err := os.OpenFile(filepath.Join(c.Base, "containerd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.log = log
+	c.cmd = exec.Command(tool(t, "containerd"), "--config", filepath.Join(c.Base, "config.toml"))
+	c.cmd.Stdout, c.cmd.Stderr = log, log
+	// The shim and runc come from the tools dir too.
+	c.cmd.Env = append(os.Environ(), "PATH="+filepath.Join(toolsDir(), "bin")+":"+os.Getenv("PATH"))
+	c.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := c.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 200; i++ {
+		if _, err := runCmd(t, 5*time.Second, tool(t, "ctr"), "-a", c.Socket, "version"); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("containerd did not come up:\n%s", c.LogTail())
+}
+
+// Stop kills containerd (the shims and containers keep running, as on a real node).
+func (c *Containerd) Stop(t *testing.T) {
+	if c.cmd == nil || c.cmd.Process == nil {
+		return
+	}
+	c.cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { c.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		c.cmd.Process.Kill()
+		<-done
+	}
+	c.cmd = nil
+	c.log.Close()
+}
+
+// LogTail is the end of containerd's log, for failure messages.
+func (c *Containerd) LogTail() string {
+	data, _ := os.ReadFile(filepath.Join(c.Base, "containerd.log"))
+	lines := strings.Split(string(data), "\n")
+	return strings.Join(lines[max(0, len(lines)-40):], "\n")
+}
+
+func (c *Containerd) importImages(t *testing.T) {
+	t.Helper()
+	bb := filepath.Join(toolsDir(), "busybox", "bin", "busybox")
+	mk := filepath.Join(repoRoot(), "test", "tools", "make-image.sh")
+	for _, img := range []struct{ file, name, cmd string }{
+		{"bbox.tar", "docker.io/library/bbox:latest", `["/bin/sh"]`},
+		{"pause.tar", "docker.io/library/bbox-pause:latest", `["/bin/sleep","2147483647"]`},
+	} {
+		tar := filepath.Join(c.Base, img.file)
+		mustRun(t, time.Minute, "bash", mk, bb, tar, img.name, img.cmd)
+		for _, ns := range []string{"default", "k8s.io"} {
+			mustRun(t, time.Minute, tool(t, "ctr"), "-a", c.Socket, "-n", ns, "images", "import", tar)
+		}
+	}
+}
+
+// Nerdctl runs nerdctl against this containerd with the given CDI spec dirs.
+func (c *Containerd) Nerdctl(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	base := []string{"--address", c.Socket, "--data-root", filepath.Join(c.Base, "nerdctl"),
+		"--cni-path", filepath.Join(c.Base, "cni/bin"), "--cni-netconfpath", filepath.Join(c.Base, "cni/net.d")}
+	return runCmd(t, 2*time.Minute, tool(t, "nerdctl"), append(base, args...)...)
+}
+
+// Crictl runs crictl against this containerd's CRI.
+func (c *Containerd) Crictl(t *testing.T, args ...string) (string, error) {
+	t.Helper()
+	base := []string{"--runtime-endpoint", "unix://" + c.Socket, "--image-endpoint", "unix://" + c.Socket, "--timeout", "30s"}
+	return runCmd(t, 2*time.Minute, tool(t, "crictl"), append(base, args...)...)
+}
+
+// teardown removes containers and pods, stops containerd, unmounts everything below Base and
+// removes it, then checks nothing is left mounted.
+func (c *Containerd) teardown(t *testing.T) {
+	if c.cmd != nil {
+		c.Crictl(t, "rmp", "-af")
+		if out, _ := c.Nerdctl(t, "ps", "-aq"); out != "" {
+			c.Nerdctl(t, append([]string{"rm", "-f"}, strings.Fields(out)...)...)
+		}
+	}
+	c.Stop(t)
+	// Shims of containers that were still running exit when their runc state goes away; kill any
+	// process still holding our base dir.
+	killUnder(c.Base)
+	for _, m := range mountsUnder(c.Base) {
+		syscall.Unmount(m, syscall.MNT_DETACH)
+	}
+	if left := mountsUnder(c.Base); len(left) > 0 {
+		t.Errorf("mounts left after teardown: %v", left)
+	}
+	os.RemoveAll(c.Base)
+	// containerd and the shim hard-code a few host paths; remove them if we left them empty.
+	for _, d := range []string{"/run/containerd/runc/default", "/run/containerd/runc/k8s.io", "/run/containerd/runc", "/run/containerd/fifo", "/run/containerd/s", "/run/containerd"} {
+		os.Remove(d)
+	}
+}
+
+// mountsUnder lists mount points below dir, deepest first.
+func mountsUnder(dir string) []string {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) > 4 && strings.HasPrefix(fields[4], dir+"/") {
+			out = append(out, fields[4])
+		}
+	}
+	sort.Sort(sort.Reverse(sort.StringSlice(out)))
+	return out
+}
+
+// killUnder kills processes whose command line mentions dir (shims started for this containerd).
+func killUnder(dir string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		data, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(data), dir) {
+			continue
+		}
+		var pid int
+		fmt.Sscanf(filepath.Base(filepath.Dir(p)), "%d", &pid)
+		if pid != os.Getpid() {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+}
