@@ -117,7 +117,9 @@ func TestSpecsLoadAndInject(t *testing.T) {
 	if len(s.Mounts) != 1 || s.Mounts[0].Destination != api.VCUDALibraryInContainer || s.Mounts[0].Source != "/opt/tessera/libvcuda.so" || !slices.Contains(s.Mounts[0].Options, "ro") {
 		t.Errorf("share mounts %+v", s.Mounts)
 	}
-	if got := devicePaths(s); slices.ContainsFunc(got, func(p string) bool { return strings.HasPrefix(p, "/dev/nvidia") && p != "/dev/nvidiactl" && !strings.HasPrefix(p, "/dev/nvidia-uvm") }) {
+	if got := devicePaths(s); slices.ContainsFunc(got, func(p string) bool {
+		return strings.HasPrefix(p, "/dev/nvidia") && p != "/dev/nvidiactl" && !strings.HasPrefix(p, "/dev/nvidia-uvm")
+	}) {
 		t.Errorf("share token carries a GPU node: %v", got)
 	}
 }
