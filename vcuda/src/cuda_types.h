@@ -1,0 +1,183 @@
+/*
+ * cuda_types.h - the subset of the CUDA driver API and NVML types that vcuda
+ * (and the fake driver used by its tests) needs. Declared here so that the
+ * library builds with plain gcc and no CUDA toolkit. Layouts follow cuda.h /
+ * nvml.h of CUDA 12.x on LP64 (x86_64, aarch64); do not reorder fields.
+ */
+#ifndef VCUDA_CUDA_TYPES_H
+#define VCUDA_CUDA_TYPES_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef unsigned long long CUdeviceptr; /* CUdeviceptr_v2 */
+typedef uint64_t cuuint64_t;
+typedef unsigned long long CUmemGenericAllocationHandle;
+typedef struct CUctx_st *CUcontext;
+typedef struct CUstream_st *CUstream;
+typedef struct CUevent_st *CUevent;
+typedef struct CUfunc_st *CUfunction;
+typedef struct CUarray_st *CUarray;
+typedef struct CUmipmappedArray_st *CUmipmappedArray;
+typedef struct CUmemPoolHandle_st *CUmemoryPool;
+typedef struct CUextMemory_st *CUexternalMemory;
+typedef struct CUgraphExec_st *CUgraphExec;
+
+enum {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_NO_DEVICE = 100,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_UNKNOWN = 999,
+};
+
+/* cuGetProcAddress flags and status (CUDA 11.3 / 12.0). */
+#define CU_GET_PROC_ADDRESS_DEFAULT 0
+#define CU_GET_PROC_ADDRESS_LEGACY_STREAM (1ULL << 0)
+#define CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM (1ULL << 1)
+typedef enum {
+    CU_GET_PROC_ADDRESS_SUCCESS = 0,
+    CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND = 1,
+    CU_GET_PROC_ADDRESS_VERSION_NOT_SUFFICIENT = 2,
+} CUdriverProcAddressQueryResult;
+
+#define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+
+typedef struct CUuuid_st {
+    char bytes[16];
+} CUuuid;
+
+/* Arrays. */
+typedef int CUarray_format;
+typedef struct CUDA_ARRAY_DESCRIPTOR_st { /* _v2 */
+    size_t Width;
+    size_t Height;
+    CUarray_format Format;
+    unsigned int NumChannels;
+} CUDA_ARRAY_DESCRIPTOR;
+typedef struct CUDA_ARRAY3D_DESCRIPTOR_st { /* _v2 */
+    size_t Width;
+    size_t Height;
+    size_t Depth;
+    CUarray_format Format;
+    unsigned int NumChannels;
+    unsigned int Flags;
+} CUDA_ARRAY3D_DESCRIPTOR;
+#define CUDA_ARRAY3D_LAYERED 0x01
+#define CUDA_ARRAY3D_CUBEMAP 0x04
+
+/* Virtual memory management (cuMemCreate) and pools. */
+typedef enum {
+    CU_MEM_LOCATION_TYPE_INVALID = 0,
+    CU_MEM_LOCATION_TYPE_DEVICE = 1,
+    CU_MEM_LOCATION_TYPE_HOST = 2,
+    CU_MEM_LOCATION_TYPE_HOST_NUMA = 3,
+    CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT = 4,
+} CUmemLocationType;
+typedef struct CUmemLocation_st {
+    CUmemLocationType type;
+    int id;
+} CUmemLocation;
+typedef struct CUmemAllocationProp_st {
+    int type;                 /* CUmemAllocationType */
+    int requestedHandleTypes; /* CUmemAllocationHandleType */
+    CUmemLocation location;
+    void *win32HandleMetaData;
+    struct {
+        unsigned char compressionType;
+        unsigned char gpuDirectRDMACapable;
+        unsigned short usage;
+        unsigned char reserved[4];
+    } allocFlags;
+} CUmemAllocationProp;
+typedef struct CUmemPoolProps_st {
+    int allocType;
+    int handleTypes;
+    CUmemLocation location;
+    void *win32SecurityAttributes;
+    size_t maxSize;
+    unsigned short usage;
+    unsigned char reserved[54];
+} CUmemPoolProps;
+
+/* IPC and external memory. */
+typedef struct CUipcMemHandle_st {
+    char reserved[64];
+} CUipcMemHandle;
+typedef struct CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st {
+    int type; /* CUexternalMemoryHandleType */
+    union {
+        int fd;
+        struct {
+            void *handle;
+            const void *name;
+        } win32;
+        const void *nvSciBufObject;
+    } handle;
+    unsigned long long size;
+    unsigned int flags;
+    unsigned int reserved[16];
+} CUDA_EXTERNAL_MEMORY_HANDLE_DESC;
+typedef struct CUDA_EXTERNAL_MEMORY_BUFFER_DESC_st {
+    unsigned long long offset;
+    unsigned long long size;
+    unsigned int flags;
+    unsigned int reserved[16];
+} CUDA_EXTERNAL_MEMORY_BUFFER_DESC;
+
+/* Launches. */
+typedef struct CUlaunchAttribute_st CUlaunchAttribute; /* opaque here */
+typedef struct CUlaunchConfig_st {
+    unsigned int gridDimX, gridDimY, gridDimZ;
+    unsigned int blockDimX, blockDimY, blockDimZ;
+    unsigned int sharedMemBytes;
+    CUstream hStream;
+    CUlaunchAttribute *attrs;
+    unsigned int numAttrs;
+} CUlaunchConfig;
+
+/* NVML. */
+typedef int nvmlReturn_t;
+typedef struct nvmlDevice_st *nvmlDevice_t;
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_UNKNOWN = 999,
+};
+typedef struct nvmlMemory_st {
+    unsigned long long total;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_t;
+typedef struct nvmlMemory_v2_st {
+    unsigned int version;
+    unsigned long long total;
+    unsigned long long reserved;
+    unsigned long long free;
+    unsigned long long used;
+} nvmlMemory_v2_t;
+#define nvmlMemory_v2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
+#define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
+
+_Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp ABI");
+_Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps ABI");
+_Static_assert(offsetof(CUDA_EXTERNAL_MEMORY_HANDLE_DESC, size) == 24, "ext mem desc ABI");
+_Static_assert(offsetof(CUlaunchConfig, hStream) == 32, "CUlaunchConfig ABI");
+_Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40, "CUDA_ARRAY3D_DESCRIPTOR ABI");
+_Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t ABI");
+
+#endif

@@ -1,0 +1,38 @@
+/* handles.h - per-process record of what each live allocation was charged. */
+#ifndef VCUDA_HANDLES_H
+#define VCUDA_HANDLES_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* One table per kind of handle, so that a device pointer and, say, a
+ * CUmemGenericAllocationHandle with the same numeric value never collide. */
+enum {
+    VC_K_PTR = 0, /* cuMemAlloc*, pitch, managed, async, from-pool */
+    VC_K_ARRAY,
+    VC_K_MIPMAP,
+    VC_K_GENERIC, /* cuMemCreate */
+    VC_K_IPC,     /* cuIpcOpenMemHandle mappings */
+    VC_K_EXTMEM,  /* cuImportExternalMemory */
+    VC_K_POOL,    /* memory pool -> gpu record (size unused) */
+    VC_K_COUNT
+};
+
+typedef struct vc_entry {
+    _Atomic uint64_t key; /* 0 = empty, ~0 = deleted */
+    uint64_t size;
+    int32_t gpu;
+    uint32_t pad;
+} vc_entry;
+
+/* Lock-free: an insert CASes an empty/deleted key, a remove CASes its key to
+ * deleted. Returns 0, or -1 if the table is full. */
+int vc_track(int kind, uint64_t key, uint64_t size, int gpu);
+/* Removes key and returns what it was charged; -1 if unknown. */
+int vc_untrack(int kind, uint64_t key, uint64_t *size, int *gpu);
+/* Looks key up without removing it; -1 if unknown. */
+int vc_lookup(int kind, uint64_t key, uint64_t *size, int *gpu);
+int vc_handles_init(void);
+void vc_handles_atfork_child(void);
+
+#endif

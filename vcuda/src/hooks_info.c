@@ -1,0 +1,181 @@
+/*
+ * hooks_info.c - memory queries answer with the container's share:
+ * total = the cap, used = what the container's processes hold, free = the
+ * rest (never more than the GPU really has free). This is what frameworks
+ * size their pools from and what nvidia-smi prints.
+ *
+ * Out-parameters are passed to the real function as given, so NULLs get the
+ * driver's own error; vcuda only rewrites results it was handed back.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "real.h"
+#include "region.h"
+#include "vcuda.h"
+
+#define ACTIVE() (vc_g.mode == VC_MODE_ENFORCE && !vc_exiting)
+#define FAIL_CLOSED() (vc_g.mode == VC_MODE_FAIL_CLOSED)
+
+static inline uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
+
+/* The share of gpu record g given the real figures: total, free. */
+static void share(int g, uint64_t real_total, uint64_t real_free, uint64_t *total, uint64_t *free,
+                  uint64_t *used) {
+    if (g < 0 || FAIL_CLOSED()) { /* not ours, or limits unusable: nothing */
+        *total = *free = *used = 0;
+        return;
+    }
+    vc_region_maybe_reclaim(); /* drop processes that died holding memory */
+    uint64_t cap = min64(vc_g.limits.gpu[g].mem_cap, real_total);
+    uint64_t u = vc_region_used(g);
+    *total = cap;
+    *used = min64(u, cap);
+    *free = min64(cap - *used, real_free);
+}
+
+static CUresult cur_gpu_info(int *g) {
+    CUdevice dev;
+    if (FAIL_CLOSED()) {
+        *g = -1;
+        return CUDA_SUCCESS;
+    }
+    return vc_cur_gpu(g, &dev);
+}
+
+VC_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
+    vc_init_cuda();
+    if (!vc_real.cuMemGetInfo_v2)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    size_t rf = 0, rt = 0;
+    CUresult r = vc_real.cuMemGetInfo_v2(free ? &rf : NULL, total ? &rt : NULL);
+    if (r != CUDA_SUCCESS || !(ACTIVE() || FAIL_CLOSED())) {
+        if (r == CUDA_SUCCESS) {
+            if (free)
+                *free = rf;
+            if (total)
+                *total = rt;
+        }
+        return r;
+    }
+    int g;
+    if (cur_gpu_info(&g) != CUDA_SUCCESS)
+        g = -1;
+    if (!total) { /* the driver accepted a NULL total; get it for the math */
+        CUresult r2 = vc_real.cuMemGetInfo_v2(&rf, &rt);
+        (void)r2;
+    }
+    if (!free)
+        rf = (size_t)-1;
+    uint64_t t, f, u;
+    share(g, rt, rf, &t, &f, &u);
+    if (free)
+        *free = f;
+    if (total)
+        *total = t;
+    return r;
+}
+
+VC_EXPORT CUresult cuMemGetInfo(unsigned int *free, unsigned int *total) {
+    /* Legacy 32-bit variant: same figures, clamped. */
+    size_t f = 0, t = 0;
+    CUresult r = cuMemGetInfo_v2(free ? &f : NULL, total ? &t : NULL);
+    if (r == CUDA_SUCCESS) {
+        if (free)
+            *free = f > 0xffffffffu ? 0xffffffffu : (unsigned)f;
+        if (total)
+            *total = t > 0xffffffffu ? 0xffffffffu : (unsigned)t;
+    }
+    return r;
+}
+
+VC_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
+    vc_init_cuda();
+    if (!vc_real.cuDeviceTotalMem_v2)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = vc_real.cuDeviceTotalMem_v2(bytes, dev);
+    if (r != CUDA_SUCCESS || !bytes || !(ACTIVE() || FAIL_CLOSED()))
+        return r;
+    int g = FAIL_CLOSED() ? -1 : vc_dev_gpu(dev);
+    *bytes = g < 0 ? 0 : (size_t)min64(vc_g.limits.gpu[g].mem_cap, *bytes);
+    return r;
+}
+
+VC_EXPORT CUresult cuDeviceTotalMem(unsigned int *bytes, CUdevice dev) {
+    size_t b = 0;
+    CUresult r = cuDeviceTotalMem_v2(bytes ? &b : NULL, dev);
+    if (r == CUDA_SUCCESS && bytes)
+        *bytes = b > 0xffffffffu ? 0xffffffffu : (unsigned)b;
+    return r;
+}
+
+/* ---- NVML ---- */
+
+/* nvmlDevice_t handles are stable for the life of the library; remember the
+ * gpu record of each one. */
+#define NVML_CACHE 256
+static struct {
+    _Atomic(nvmlDevice_t) dev;
+    int g;
+} nvml_cache[NVML_CACHE];
+static _Atomic int nvml_cache_n;
+static pthread_mutex_t nvml_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int nvml_gpu(nvmlDevice_t dev) {
+    int n = atomic_load_explicit(&nvml_cache_n, memory_order_acquire);
+    for (int i = 0; i < n; i++)
+        if (atomic_load_explicit(&nvml_cache[i].dev, memory_order_relaxed) == dev)
+            return nvml_cache[i].g;
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    if (!vc_real.nvmlDeviceGetUUID || vc_real.nvmlDeviceGetUUID(dev, uuid, sizeof(uuid)) != NVML_SUCCESS)
+        return -1; /* cannot tell which GPU: show nothing */
+    uuid[sizeof(uuid) - 1] = '\0';
+    int g = vc_limits_find(&vc_g.limits, uuid);
+    if (g < 0)
+        g = -1;
+    pthread_mutex_lock(&nvml_mu);
+    n = atomic_load(&nvml_cache_n);
+    if (n < NVML_CACHE) {
+        nvml_cache[n].g = g;
+        atomic_store(&nvml_cache[n].dev, dev);
+        atomic_store_explicit(&nvml_cache_n, n + 1, memory_order_release);
+    }
+    pthread_mutex_unlock(&nvml_mu);
+    return g;
+}
+
+VC_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem) {
+    vc_init_nvml();
+    if (!vc_real.nvmlDeviceGetMemoryInfo)
+        return NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t r = vc_real.nvmlDeviceGetMemoryInfo(dev, mem);
+    if (r != NVML_SUCCESS || !mem || !(ACTIVE() || FAIL_CLOSED()))
+        return r;
+    int g = FAIL_CLOSED() ? -1 : nvml_gpu(dev);
+    uint64_t t, f, u;
+    share(g, mem->total, mem->free, &t, &f, &u);
+    mem->total = t;
+    mem->free = f;
+    mem->used = u;
+    return r;
+}
+
+VC_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem) {
+    vc_init_nvml();
+    if (!vc_real.nvmlDeviceGetMemoryInfo_v2)
+        return NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t r = vc_real.nvmlDeviceGetMemoryInfo_v2(dev, mem);
+    if (r != NVML_SUCCESS || !mem || !(ACTIVE() || FAIL_CLOSED()))
+        return r;
+    int g = FAIL_CLOSED() ? -1 : nvml_gpu(dev);
+    uint64_t t, f, u;
+    share(g, mem->total, mem->free, &t, &f, &u);
+    /* The driver's reserved memory is outside the container's share. */
+    mem->total = t;
+    mem->reserved = 0;
+    mem->free = f;
+    mem->used = u;
+    return r;
+}

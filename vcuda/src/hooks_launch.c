@@ -1,0 +1,288 @@
+/*
+ * hooks_launch.c - the compute limiter.
+ *
+ * Budget: a container at p% may keep its GPU busy p% of the time. The
+ * limiter is a virtual-time ("theoretical arrival time", tat) scheduler in
+ * the shared region, one per GPU, shared by all processes of the container:
+ * each launch pushes tat forward by cost * 100 / p; a launch waits while tat
+ * is more than SLACK ahead of the clock. Idle time earns at most BURST of
+ * credit.
+ *
+ * Cost: the device time a launch occupies, normalised per SM. For a kernel,
+ * cost = est(f) * blocks / SMs where est(f) is the measured device time of
+ * one full wave (SMs blocks) of that function; so the same kernel costs the
+ * same share of a 16-SM or a 132-SM GPU, and a grid smaller than the GPU is
+ * charged for the SMs it occupies. est(f) is measured, not guessed: one
+ * launch in SAMPLE_EVERY (and the first) is bracketed with two events and the
+ * elapsed device time updates the estimate when the end event has completed
+ * (polled, never waited for, except once per process to calibrate). Graph
+ * launches are measured per graph exec the same way (cost = est(exec)).
+ *
+ * Hot path when under the limit: a clock read (vDSO), a table lookup, one
+ * load and one fetch_add on tat. No lock, no syscall; a sleep only when the
+ * container is over its share.
+ */
+#define _GNU_SOURCE
+#include <stdatomic.h>
+#include <string.h>
+
+#include "real.h"
+#include "region.h"
+#include "vcuda.h"
+
+#define SLACK_NS 2000000ull    /* work admitted ahead of the clock */
+#define BURST_NS 20000000ull   /* credit earned by idling, at most */
+#define SAMPLE_EVERY 64
+#define EST_BITS 12
+
+#define ACTIVE() (vc_g.mode == VC_MODE_ENFORCE && !vc_exiting)
+
+/* Per-process estimates: key (function or graph exec) -> ns per wave. */
+typedef struct {
+    _Atomic uint64_t key;
+    _Atomic uint64_t est_ns;
+    _Atomic uint32_t count;
+} est_entry;
+static est_entry est_table[1u << EST_BITS];
+static _Atomic uint64_t est_global[VC_MAX_GPUS]; /* fallback for unmeasured keys */
+
+static est_entry *est_get(uint64_t key) {
+    uint64_t mask = (1u << EST_BITS) - 1, i = (key * 0x9e3779b97f4a7c15ULL) >> (64 - EST_BITS);
+    for (unsigned n = 0; n < 32; n++, i = (i + 1) & mask) {
+        uint64_t k = atomic_load_explicit(&est_table[i].key, memory_order_relaxed);
+        if (k == key)
+            return &est_table[i];
+        if (k == 0) {
+            if (atomic_compare_exchange_strong(&est_table[i].key, &k, key))
+                return &est_table[i];
+            if (k == key)
+                return &est_table[i];
+        }
+    }
+    return NULL; /* table crowded: use the per-GPU estimate */
+}
+
+/* One outstanding measurement per thread. */
+typedef struct {
+    CUcontext ctx;
+    CUevent ev[2];
+    int pending;
+    int g;
+    int graph;
+    uint64_t key, blocks, sms, charged_ns;
+} sampler;
+static _Thread_local sampler tls;
+
+static void update_est(est_entry *e, int g, uint64_t v) {
+    /* Interference (other contexts sharing the GPU) only makes a sample
+     * longer, so believe a shorter sample fast and a longer one slowly. */
+    _Atomic uint64_t *slots[2] = {e ? &e->est_ns : NULL, &est_global[g]};
+    for (int i = 0; i < 2; i++) {
+        if (!slots[i])
+            continue;
+        uint64_t old = atomic_load_explicit(slots[i], memory_order_relaxed), nv;
+        if (old == 0)
+            nv = v;
+        else if (v < old)
+            nv = (old + v) / 2;
+        else
+            nv = old + (v - old) / 8;
+        atomic_store_explicit(slots[i], nv ? nv : 1, memory_order_relaxed);
+    }
+}
+
+static void charge_tat(int g, uint64_t cost_ns) {
+    uint32_t p = vc_g.limits.gpu[g].cores;
+    if (cost_ns)
+        atomic_fetch_add_explicit(&vc_region_gpu_rec(g)->tat, cost_ns * 100 / p,
+                                  memory_order_relaxed);
+}
+
+/* Harvest this thread's finished measurement, if any. wait: block for it. */
+static void harvest(int wait) {
+    if (!tls.pending)
+        return;
+    CUresult r = wait ? vc_real.cuEventSynchronize(tls.ev[1]) : vc_real.cuEventQuery(tls.ev[1]);
+    if (r == CUDA_ERROR_NOT_READY)
+        return;
+    tls.pending = 0;
+    float ms = 0;
+    if (r != CUDA_SUCCESS || vc_real.cuEventElapsedTime(&ms, tls.ev[0], tls.ev[1]) != CUDA_SUCCESS ||
+        ms < 0)
+        return;
+    uint64_t t = (uint64_t)((double)ms * 1e6);
+    uint64_t v = tls.graph ? t : (tls.blocks ? t * tls.sms / tls.blocks : t);
+    update_est(est_get(tls.key), tls.g, v);
+    /* Settle the sampled launch itself at its measured cost. */
+    if (t > tls.charged_ns)
+        charge_tat(tls.g, t - tls.charged_ns);
+}
+
+typedef struct {
+    int sample;
+    int ptsz;
+    CUstream stream;
+} launch_ctx;
+
+static int ensure_events(void) {
+    CUcontext cur = NULL;
+    if (!vc_real.cuCtxGetCurrent || vc_real.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
+        return -1;
+    if (tls.ctx == cur && tls.ev[0])
+        return 0;
+    tls.ctx = NULL;
+    if (vc_real.cuEventCreate(&tls.ev[0], 0) != CUDA_SUCCESS)
+        return -1;
+    if (vc_real.cuEventCreate(&tls.ev[1], 0) != CUDA_SUCCESS) {
+        vc_real.cuEventDestroy_v2(tls.ev[0]);
+        tls.ev[0] = NULL;
+        return -1;
+    }
+    tls.ctx = cur;
+    return 0;
+}
+
+static CUresult record(launch_ctx *lc, CUevent ev) {
+    if (lc->ptsz && vc_real.cuEventRecord_ptsz)
+        return vc_real.cuEventRecord_ptsz(ev, lc->stream);
+    return vc_real.cuEventRecord(ev, lc->stream);
+}
+
+/* Before a launch of `blocks` blocks (0 for a graph) keyed by key. Waits if
+ * the container is over its share. */
+static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int graph) {
+    lc->sample = 0;
+    if (!ACTIVE())
+        return;
+    int g;
+    CUdevice dev;
+    if (vc_cur_gpu(&g, &dev) != CUDA_SUCCESS || g < 0)
+        return;
+    uint32_t p = vc_g.limits.gpu[g].cores;
+    if (p >= 100)
+        return;
+    if (VC_UNLIKELY(!vc_real.cuEventQuery || !vc_real.cuEventElapsedTime || !vc_real.cuEventCreate ||
+                    !vc_real.cuEventRecord || !vc_real.cuEventSynchronize))
+        return;
+
+    harvest(0);
+    uint64_t sms = (uint64_t)vc_dev_sms(dev);
+    est_entry *e = est_get(key);
+    uint64_t est = e ? atomic_load_explicit(&e->est_ns, memory_order_relaxed) : 0;
+    if (!est)
+        est = atomic_load_explicit(&est_global[g], memory_order_relaxed);
+    uint64_t cost = graph ? est : (blocks ? est * blocks / sms : est);
+
+    /* Admission. */
+    _Atomic uint64_t *tat = &vc_region_gpu_rec(g)->tat;
+    uint64_t now = vc_now_ns(), slept = 0;
+    for (;;) {
+        uint64_t t = atomic_load_explicit(tat, memory_order_relaxed);
+        if (t + BURST_NS < now) {
+            /* Idle for a while: forfeit credit beyond BURST. */
+            atomic_compare_exchange_strong(tat, &t, now - BURST_NS);
+            continue;
+        }
+        if (t <= now + SLACK_NS)
+            break;
+        uint64_t wait = t - now - SLACK_NS;
+        struct timespec ts = {(time_t)(wait / 1000000000ull), (long)(wait % 1000000000ull)};
+        nanosleep(&ts, NULL);
+        uint64_t after = vc_now_ns();
+        slept += after - now;
+        now = after;
+    }
+    if (slept)
+        vc_region_add_throttle(g, slept);
+    charge_tat(g, cost);
+
+    uint32_t n = e ? atomic_fetch_add_explicit(&e->count, 1, memory_order_relaxed) : 1;
+    if (!tls.pending && (!est || !e || n % SAMPLE_EVERY == 0) && ensure_events() == 0) {
+        if (record(lc, tls.ev[0]) == CUDA_SUCCESS) {
+            lc->sample = 1;
+            tls.g = g;
+            tls.key = key;
+            tls.blocks = blocks;
+            tls.sms = sms;
+            tls.graph = graph;
+            tls.charged_ns = cost;
+        }
+    }
+}
+
+static void after_launch(launch_ctx *lc, CUresult r) {
+    if (!lc->sample)
+        return;
+    if (r != CUDA_SUCCESS || record(lc, tls.ev[1]) != CUDA_SUCCESS)
+        return;
+    tls.pending = 1;
+    /* Nothing known yet for this GPU: calibrate once, synchronously, rather
+     * than let a whole queue of unpriced work through. */
+    if (atomic_load_explicit(&est_global[tls.g], memory_order_relaxed) == 0)
+        harvest(1);
+}
+
+#define PROLOGUE(fn)                                                                               \
+    vc_init_cuda();                                                                                \
+    if (VC_UNLIKELY(!vc_real.fn))                                                                  \
+        return CUDA_ERROR_NOT_INITIALIZED;
+
+#define LAUNCH_BODY(fn, ptsz_, key, blocks, graph, stream_, call)                                  \
+    PROLOGUE(fn);                                                                                  \
+    launch_ctx lc = {.ptsz = (ptsz_), .stream = (stream_)};                                        \
+    before_launch(&lc, (uint64_t)(uintptr_t)(key), (blocks), (graph));                             \
+    CUresult r = call;                                                                             \
+    after_launch(&lc, r);                                                                          \
+    return r;
+
+#define GRID(x, y, z) ((uint64_t)(x) * (uint64_t)(y) * (uint64_t)(z))
+
+VC_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                                  unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
+                                  void **extra) {
+    LAUNCH_BODY(cuLaunchKernel, 0, f, GRID(gx, gy, gz), 0, s,
+                vc_real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, params, extra));
+}
+
+VC_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                       unsigned bx, unsigned by, unsigned bz, unsigned shm,
+                                       CUstream s, void **params, void **extra) {
+    LAUNCH_BODY(cuLaunchKernel_ptsz, 1, f, GRID(gx, gy, gz), 0, s,
+                vc_real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shm, s, params, extra));
+}
+
+VC_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params,
+                                    void **extra) {
+    LAUNCH_BODY(cuLaunchKernelEx, 0, f, cfg ? GRID(cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ) : 0,
+                0, cfg ? cfg->hStream : NULL, vc_real.cuLaunchKernelEx(cfg, f, params, extra));
+}
+
+VC_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **params,
+                                         void **extra) {
+    LAUNCH_BODY(cuLaunchKernelEx_ptsz, 1, f,
+                cfg ? GRID(cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ) : 0, 0,
+                cfg ? cfg->hStream : NULL, vc_real.cuLaunchKernelEx_ptsz(cfg, f, params, extra));
+}
+
+VC_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                             unsigned bx, unsigned by, unsigned bz, unsigned shm,
+                                             CUstream s, void **params) {
+    LAUNCH_BODY(cuLaunchCooperativeKernel, 0, f, GRID(gx, gy, gz), 0, s,
+                vc_real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shm, s, params));
+}
+
+VC_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy,
+                                                  unsigned gz, unsigned bx, unsigned by,
+                                                  unsigned bz, unsigned shm, CUstream s,
+                                                  void **params) {
+    LAUNCH_BODY(cuLaunchCooperativeKernel_ptsz, 1, f, GRID(gx, gy, gz), 0, s,
+                vc_real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shm, s, params));
+}
+
+VC_EXPORT CUresult cuGraphLaunch(CUgraphExec ge, CUstream s) {
+    LAUNCH_BODY(cuGraphLaunch, 0, ge, 0, 1, s, vc_real.cuGraphLaunch(ge, s));
+}
+
+VC_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec ge, CUstream s) {
+    LAUNCH_BODY(cuGraphLaunch_ptsz, 1, ge, 0, 1, s, vc_real.cuGraphLaunch_ptsz(ge, s));
+}

@@ -1,0 +1,541 @@
+/*
+ * hooks_mem.c - every path that creates or releases device memory.
+ *
+ * Pattern: find the device the memory lands on, reserve the bytes in the
+ * shared region (lock-free; refuses over the cap), call the driver, then
+ * record handle -> (bytes, gpu) so that the free is credited to the same
+ * device by the same amount whichever context is current then. A failed
+ * driver call gives the reservation back; an allocation that would pass the
+ * cap returns CUDA_ERROR_OUT_OF_MEMORY and changes nothing.
+ */
+#define _GNU_SOURCE
+#include <stdatomic.h>
+
+#include "handles.h"
+#include "real.h"
+#include "region.h"
+#include "vcuda.h"
+
+/* gpu record sentinels: -1 device not in the limits file (cap 0), -2 device
+ * cannot be identified, VC_GPU_HOST memory that is not device memory. */
+#define VC_GPU_HOST (-3)
+
+#define PROLOGUE(fn)                                                                               \
+    vc_init_cuda();                                                                                \
+    if (VC_UNLIKELY(!vc_real.fn))                                                                  \
+        return CUDA_ERROR_NOT_INITIALIZED;
+
+/* Accounting applies (limits file read and not exiting). */
+#define ACTIVE() (vc_g.mode == VC_MODE_ENFORCE && !vc_exiting)
+#define FAIL_CLOSED() (vc_g.mode == VC_MODE_FAIL_CLOSED)
+
+static CUresult charge(int g, uint64_t size) {
+    if (g < 0 || vc_reserve(g, size) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    return CUDA_SUCCESS;
+}
+
+static void table_full(void) {
+    static _Atomic int once;
+    if (!atomic_exchange(&once, 1))
+        vc_log("handle table full: refusing further allocations of this kind");
+}
+
+/* After the driver call: on failure give the reservation back; on success
+ * remember the handle, or undo everything if it cannot be remembered. */
+#define SETTLE(r, kind, key, g, size, undo)                                                        \
+    do {                                                                                           \
+        if ((r) != CUDA_SUCCESS) {                                                                 \
+            vc_release((g), (size));                                                               \
+            return (r);                                                                            \
+        }                                                                                          \
+        if (vc_track((kind), (uint64_t)(key), (size), (g)) != 0) {                                 \
+            undo;                                                                                  \
+            vc_release((g), (size));                                                               \
+            table_full();                                                                          \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                                       \
+        }                                                                                          \
+        return CUDA_SUCCESS;                                                                       \
+    } while (0)
+
+/* Free-like hook body: forget the handle first (so a concurrent allocation
+ * that gets the same value back from the driver cannot be confused with it),
+ * call the driver, credit the device on success, restore on failure. */
+#define RELEASE(kind, key, call)                                                                   \
+    do {                                                                                           \
+        uint64_t sz_;                                                                              \
+        int g_;                                                                                    \
+        if (!ACTIVE() || vc_untrack((kind), (uint64_t)(key), &sz_, &g_) != 0)                      \
+            return call;                                                                           \
+        CUresult r_ = call;                                                                        \
+        if (r_ != CUDA_SUCCESS) {                                                                  \
+            vc_track((kind), (uint64_t)(key), sz_, g_);                                            \
+            return r_;                                                                             \
+        }                                                                                          \
+        vc_release(g_, sz_);                                                                       \
+        return r_;                                                                                 \
+    } while (0)
+
+/* ---- linear memory ---- */
+
+static CUresult alloc_common(CUresult (*fn)(CUdeviceptr *, size_t), CUdeviceptr *dptr,
+                             size_t size) {
+    if (!ACTIVE() || !dptr || size == 0)
+        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY : fn(dptr, size);
+    int g;
+    CUdevice dev;
+    CUresult r = vc_cur_gpu(&g, &dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if ((r = charge(g, size)) != CUDA_SUCCESS)
+        return r;
+    r = fn(dptr, size);
+    SETTLE(r, VC_K_PTR, *dptr, g, size, vc_real.cuMemFree_v2(*dptr));
+}
+
+VC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
+    PROLOGUE(cuMemAlloc_v2);
+    return alloc_common(vc_real.cuMemAlloc_v2, dptr, size);
+}
+
+static CUresult managed_fn(CUdeviceptr *d, size_t s);
+static _Thread_local unsigned int managed_flags;
+static CUresult managed_fn(CUdeviceptr *d, size_t s) {
+    return vc_real.cuMemAllocManaged(d, s, managed_flags);
+}
+
+VC_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t size, unsigned int flags) {
+    PROLOGUE(cuMemAllocManaged);
+    /* Managed memory can migrate anywhere; it is charged to the current
+     * device, the conservative choice. */
+    managed_flags = flags;
+    return alloc_common(managed_fn, dptr, size);
+}
+
+VC_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t width,
+                                      size_t height, unsigned int elem) {
+    PROLOGUE(cuMemAllocPitch_v2);
+    if (!ACTIVE() || !dptr || !pitch || width == 0 || height == 0)
+        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY
+                             : vc_real.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
+    int g;
+    CUdevice dev;
+    CUresult r = vc_cur_gpu(&g, &dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    /* The driver picks the pitch (rows aligned to 512 bytes on current
+     * GPUs). Reserve that, then settle to the real pitch * height. */
+    uint64_t est;
+    if (__builtin_mul_overflow((width + 511) & ~(size_t)511, height, &est))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if ((r = charge(g, est)) != CUDA_SUCCESS)
+        return r;
+    r = vc_real.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
+    if (r != CUDA_SUCCESS) {
+        vc_release(g, est);
+        return r;
+    }
+    uint64_t actual = (uint64_t)*pitch * height;
+    if (actual > est) {
+        if (vc_reserve(g, actual - est) != 0) {
+            vc_real.cuMemFree_v2(*dptr);
+            vc_release(g, est);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    } else if (actual < est) {
+        vc_release(g, est - actual);
+    }
+    SETTLE(CUDA_SUCCESS, VC_K_PTR, *dptr, g, actual, vc_real.cuMemFree_v2(*dptr));
+}
+
+VC_EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
+    PROLOGUE(cuMemFree_v2);
+    RELEASE(VC_K_PTR, p, vc_real.cuMemFree_v2(p));
+}
+
+/* Legacy 32-bit entry points (CUDA < 3.2 ABI). Nothing current uses them;
+ * rather than account 32-bit pointers, refuse them while limits apply. */
+VC_EXPORT CUresult cuMemAlloc(unsigned int *dptr, unsigned int size) {
+    PROLOGUE(cuMemAlloc);
+    if (vc_g.mode >= VC_MODE_ENFORCE && !vc_exiting)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return vc_real.cuMemAlloc(dptr, size);
+}
+VC_EXPORT CUresult cuMemAllocPitch(unsigned int *dptr, unsigned int *pitch, unsigned int w,
+                                   unsigned int h, unsigned int e) {
+    PROLOGUE(cuMemAllocPitch);
+    if (vc_g.mode >= VC_MODE_ENFORCE && !vc_exiting)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return vc_real.cuMemAllocPitch(dptr, pitch, w, h, e);
+}
+VC_EXPORT CUresult cuArrayCreate(CUarray *a, const void *d) {
+    PROLOGUE(cuArrayCreate);
+    if (vc_g.mode >= VC_MODE_ENFORCE && !vc_exiting)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return vc_real.cuArrayCreate(a, d);
+}
+VC_EXPORT CUresult cuArray3DCreate(CUarray *a, const void *d) {
+    PROLOGUE(cuArray3DCreate);
+    if (vc_g.mode >= VC_MODE_ENFORCE && !vc_exiting)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return vc_real.cuArray3DCreate(a, d);
+}
+
+/* ---- arrays ---- */
+
+/* Bytes per element times two (NV12 and block-compressed formats have
+ * fractional sizes). Unknown formats count 16 bytes per element: an
+ * over-count is a false OOM at worst, an under-count would pass the cap. */
+static uint64_t elem_bytes_x2(int fmt, unsigned channels) {
+    uint64_t ch = channels ? channels : 1;
+    switch (fmt) {
+    case 0x01: case 0x08: return 2 * ch;          /* (un)signed int8 */
+    case 0x02: case 0x09: case 0x10: return 4 * ch; /* int16, half */
+    case 0x03: case 0x0a: case 0x20: return 8 * ch; /* int32, float */
+    case 0xb0: return 3;                           /* NV12: 1.5 bytes/pixel */
+    case 0xc0: case 0xc6: return 2;                /* [us]norm int8 x1 */
+    case 0xc1: case 0xc7: case 0xc3: case 0xc9: return 4;
+    case 0xc2: case 0xc8: case 0xc4: case 0xca: return 8;
+    case 0xc5: case 0xcb: return 16;
+    case 0x91: case 0x92: case 0x97: case 0x98: return 1; /* BC1, BC4: 0.5 byte/texel */
+    case 0x93: case 0x94: case 0x95: case 0x96: case 0x99: case 0x9a: case 0x9b: case 0x9c:
+    case 0x9d: case 0x9e: return 2;                /* BC2/3/5/6H/7: 1 byte/texel */
+    default: return 32;
+    }
+}
+
+static int array_bytes(size_t w, size_t h, size_t d, int fmt, unsigned ch, uint64_t *out) {
+    uint64_t n, b;
+    if (__builtin_mul_overflow((uint64_t)(w ? w : 1), (uint64_t)(h ? h : 1), &n) ||
+        __builtin_mul_overflow(n, (uint64_t)(d ? d : 1), &n) ||
+        __builtin_mul_overflow(n, elem_bytes_x2(fmt, ch), &b))
+        return -1;
+    *out = (b + 1) / 2;
+    return 0;
+}
+
+static int array3d_bytes(const CUDA_ARRAY3D_DESCRIPTOR *d, unsigned levels, uint64_t *out) {
+    uint64_t total = 0;
+    int layered = (d->Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
+    for (unsigned l = 0; l < (levels ? levels : 1); l++) {
+        size_t w = d->Width >> l, h = d->Height >> l, dep = layered ? d->Depth : d->Depth >> l;
+        if (!w) w = 1;
+        if (d->Height && !h) h = 1;
+        if (d->Depth && !dep) dep = 1;
+        uint64_t b;
+        if (array_bytes(w, h, dep, d->Format, d->NumChannels, &b) != 0 ||
+            __builtin_add_overflow(total, b, &total))
+            return -1;
+    }
+    *out = total;
+    return 0;
+}
+
+static CUresult array_charge(uint64_t size, int *g) {
+    CUdevice dev;
+    CUresult r = vc_cur_gpu(g, &dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    return charge(*g, size);
+}
+
+VC_EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc) {
+    PROLOGUE(cuArrayCreate_v2);
+    if (!ACTIVE() || !arr || !desc)
+        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY : vc_real.cuArrayCreate_v2(arr, desc);
+    uint64_t size;
+    int g;
+    if (array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels, &size) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = array_charge(size, &g);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = vc_real.cuArrayCreate_v2(arr, desc);
+    SETTLE(r, VC_K_ARRAY, *arr, g, size, vc_real.cuArrayDestroy(*arr));
+}
+
+VC_EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
+    PROLOGUE(cuArray3DCreate_v2);
+    if (!ACTIVE() || !arr || !desc)
+        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY : vc_real.cuArray3DCreate_v2(arr, desc);
+    uint64_t size;
+    int g;
+    if (array3d_bytes(desc, 1, &size) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = array_charge(size, &g);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = vc_real.cuArray3DCreate_v2(arr, desc);
+    SETTLE(r, VC_K_ARRAY, *arr, g, size, vc_real.cuArrayDestroy(*arr));
+}
+
+VC_EXPORT CUresult cuArrayDestroy(CUarray arr) {
+    PROLOGUE(cuArrayDestroy);
+    RELEASE(VC_K_ARRAY, arr, vc_real.cuArrayDestroy(arr));
+}
+
+VC_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc,
+                                          unsigned int levels) {
+    PROLOGUE(cuMipmappedArrayCreate);
+    if (!ACTIVE() || !arr || !desc)
+        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY
+                             : vc_real.cuMipmappedArrayCreate(arr, desc, levels);
+    uint64_t size;
+    int g;
+    if (array3d_bytes(desc, levels, &size) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = array_charge(size, &g);
+    if (r != CUDA_SUCCESS)
+        return r;
+    r = vc_real.cuMipmappedArrayCreate(arr, desc, levels);
+    SETTLE(r, VC_K_MIPMAP, *arr, g, size, vc_real.cuMipmappedArrayDestroy(*arr));
+}
+
+VC_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
+    PROLOGUE(cuMipmappedArrayDestroy);
+    RELEASE(VC_K_MIPMAP, arr, vc_real.cuMipmappedArrayDestroy(arr));
+}
+
+/* ---- virtual memory management ---- */
+
+/* The gpu record a CUmemLocation charges: the device named by the location,
+ * nothing for host memory, the current device for anything unrecognised. */
+static CUresult location_gpu(const CUmemLocation *loc, int *g) {
+    CUdevice dev;
+    switch (loc->type) {
+    case CU_MEM_LOCATION_TYPE_DEVICE:
+        *g = vc_dev_gpu(loc->id);
+        return CUDA_SUCCESS;
+    case CU_MEM_LOCATION_TYPE_HOST:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA:
+    case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT:
+        *g = VC_GPU_HOST;
+        return CUDA_SUCCESS;
+    default:
+        return vc_cur_gpu(g, &dev);
+    }
+}
+
+VC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
+                               const CUmemAllocationProp *prop, unsigned long long flags) {
+    PROLOGUE(cuMemCreate);
+    if (!ACTIVE() || !h || !prop || size == 0)
+        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY : vc_real.cuMemCreate(h, size, prop, flags);
+    int g;
+    CUresult r = location_gpu(&prop->location, &g);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (g == VC_GPU_HOST)
+        return vc_real.cuMemCreate(h, size, prop, flags);
+    if ((r = charge(g, size)) != CUDA_SUCCESS)
+        return r;
+    r = vc_real.cuMemCreate(h, size, prop, flags);
+    SETTLE(r, VC_K_GENERIC, *h, g, size, vc_real.cuMemRelease(*h));
+}
+
+VC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    PROLOGUE(cuMemRelease);
+    RELEASE(VC_K_GENERIC, h, vc_real.cuMemRelease(h));
+}
+
+/* ---- stream-ordered allocator ---- */
+
+/* The device of a stream: the current context's for the default streams,
+ * else the stream's own context's. */
+static CUresult stream_gpu(CUstream s, int *g) {
+    CUdevice dev;
+    if ((uintptr_t)s <= 2 || !vc_real.cuStreamGetCtx)
+        return vc_cur_gpu(g, &dev);
+    CUcontext sc, cur = NULL;
+    CUresult r = vc_real.cuStreamGetCtx(s, &sc);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (vc_real.cuCtxGetCurrent && vc_real.cuCtxGetCurrent(&cur) == CUDA_SUCCESS && cur == sc)
+        return vc_cur_gpu(g, &dev);
+    if (!vc_real.cuCtxPushCurrent_v2 || !vc_real.cuCtxPopCurrent_v2)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if ((r = vc_real.cuCtxPushCurrent_v2(sc)) != CUDA_SUCCESS)
+        return r;
+    r = vc_cur_gpu(g, &dev);
+    CUcontext popped;
+    vc_real.cuCtxPopCurrent_v2(&popped);
+    return r;
+}
+
+static CUresult async_alloc(CUresult (*fn)(CUdeviceptr *, size_t, CUstream),
+                            CUresult (*ffree)(CUdeviceptr, CUstream), CUdeviceptr *dptr,
+                            size_t size, CUstream s) {
+    if (!ACTIVE() || !dptr || size == 0)
+        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY : fn(dptr, size, s);
+    int g;
+    CUresult r = stream_gpu(s, &g);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if ((r = charge(g, size)) != CUDA_SUCCESS)
+        return r;
+    r = fn(dptr, size, s);
+    SETTLE(r, VC_K_PTR, *dptr, g, size, ffree(*dptr, s));
+}
+
+VC_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
+    PROLOGUE(cuMemAllocAsync);
+    return async_alloc(vc_real.cuMemAllocAsync, vc_real.cuMemFreeAsync, dptr, size, s);
+}
+VC_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *dptr, size_t size, CUstream s) {
+    PROLOGUE(cuMemAllocAsync_ptsz);
+    return async_alloc(vc_real.cuMemAllocAsync_ptsz,
+                       vc_real.cuMemFreeAsync_ptsz ? vc_real.cuMemFreeAsync_ptsz
+                                                   : vc_real.cuMemFreeAsync,
+                       dptr, size, s);
+}
+
+static CUresult pool_alloc(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool, CUstream),
+                           CUresult (*ffree)(CUdeviceptr, CUstream), CUdeviceptr *dptr,
+                           size_t size, CUmemoryPool pool, CUstream s) {
+    if (!ACTIVE() || !dptr || size == 0)
+        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY : fn(dptr, size, pool, s);
+    int g;
+    uint64_t unused;
+    CUresult r = CUDA_SUCCESS;
+    /* Pools are remembered with their location when created or fetched; an
+     * unknown pool (imported from another process) charges the stream's
+     * device. */
+    if (vc_lookup(VC_K_POOL, (uint64_t)(uintptr_t)pool, &unused, &g) != 0)
+        r = stream_gpu(s, &g);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (g == VC_GPU_HOST)
+        return fn(dptr, size, pool, s);
+    if ((r = charge(g, size)) != CUDA_SUCCESS)
+        return r;
+    r = fn(dptr, size, pool, s);
+    SETTLE(r, VC_K_PTR, *dptr, g, size, ffree(*dptr, s));
+}
+
+VC_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
+                                           CUstream s) {
+    PROLOGUE(cuMemAllocFromPoolAsync);
+    return pool_alloc(vc_real.cuMemAllocFromPoolAsync, vc_real.cuMemFreeAsync, dptr, size, pool, s);
+}
+VC_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
+                                                CUstream s) {
+    PROLOGUE(cuMemAllocFromPoolAsync_ptsz);
+    return pool_alloc(vc_real.cuMemAllocFromPoolAsync_ptsz,
+                      vc_real.cuMemFreeAsync_ptsz ? vc_real.cuMemFreeAsync_ptsz
+                                                  : vc_real.cuMemFreeAsync,
+                      dptr, size, pool, s);
+}
+
+VC_EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    PROLOGUE(cuMemFreeAsync);
+    /* Credited when enqueued: the stream-ordered free makes the bytes
+     * reusable by later work on the stream at once. */
+    RELEASE(VC_K_PTR, p, vc_real.cuMemFreeAsync(p, s));
+}
+VC_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) {
+    PROLOGUE(cuMemFreeAsync_ptsz);
+    RELEASE(VC_K_PTR, p, vc_real.cuMemFreeAsync_ptsz(p, s));
+}
+
+static void remember_pool(CUmemoryPool pool, int g) {
+    uint64_t sz;
+    int old;
+    if (vc_lookup(VC_K_POOL, (uint64_t)(uintptr_t)pool, &sz, &old) != 0)
+        vc_track(VC_K_POOL, (uint64_t)(uintptr_t)pool, 0, g);
+}
+
+VC_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    PROLOGUE(cuMemPoolCreate);
+    CUresult r = vc_real.cuMemPoolCreate(pool, props);
+    if (r == CUDA_SUCCESS && ACTIVE() && pool && props) {
+        int g;
+        if (location_gpu(&props->location, &g) == CUDA_SUCCESS)
+            remember_pool(*pool, g);
+    }
+    return r;
+}
+
+VC_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    PROLOGUE(cuMemPoolDestroy);
+    uint64_t sz;
+    int g;
+    if (ACTIVE())
+        vc_untrack(VC_K_POOL, (uint64_t)(uintptr_t)pool, &sz, &g);
+    return vc_real.cuMemPoolDestroy(pool);
+}
+
+VC_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
+    PROLOGUE(cuDeviceGetDefaultMemPool);
+    CUresult r = vc_real.cuDeviceGetDefaultMemPool(pool, dev);
+    if (r == CUDA_SUCCESS && ACTIVE() && pool)
+        remember_pool(*pool, vc_dev_gpu(dev));
+    return r;
+}
+
+VC_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
+    PROLOGUE(cuDeviceGetMemPool);
+    CUresult r = vc_real.cuDeviceGetMemPool(pool, dev);
+    if (r == CUDA_SUCCESS && ACTIVE() && pool)
+        remember_pool(*pool, vc_dev_gpu(dev));
+    return r;
+}
+
+/* ---- IPC and external memory ---- */
+
+static CUresult ipc_open(CUresult (*fn)(CUdeviceptr *, CUipcMemHandle, unsigned int),
+                         CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags) {
+    if (FAIL_CLOSED())
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = fn(dptr, h, flags);
+    if (r != CUDA_SUCCESS || !ACTIVE() || !dptr)
+        return r;
+    /* The size is only known once mapped. The mapping adds no physical
+     * memory of its own, so mapping first and refusing after is safe. */
+    int g;
+    CUdevice dev;
+    CUdeviceptr base = 0;
+    size_t size = 0;
+    if (vc_cur_gpu(&g, &dev) != CUDA_SUCCESS || !vc_real.cuMemGetAddressRange_v2 ||
+        vc_real.cuMemGetAddressRange_v2(&base, &size, *dptr) != CUDA_SUCCESS ||
+        charge(g, size) != CUDA_SUCCESS) {
+        vc_real.cuIpcCloseMemHandle(*dptr);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    SETTLE(CUDA_SUCCESS, VC_K_IPC, *dptr, g, size, vc_real.cuIpcCloseMemHandle(*dptr));
+}
+
+VC_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags) {
+    PROLOGUE(cuIpcOpenMemHandle);
+    return ipc_open(vc_real.cuIpcOpenMemHandle, dptr, h, flags);
+}
+VC_EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags) {
+    PROLOGUE(cuIpcOpenMemHandle_v2);
+    return ipc_open(vc_real.cuIpcOpenMemHandle_v2, dptr, h, flags);
+}
+VC_EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) {
+    PROLOGUE(cuIpcCloseMemHandle);
+    RELEASE(VC_K_IPC, p, vc_real.cuIpcCloseMemHandle(p));
+}
+
+VC_EXPORT CUresult cuImportExternalMemory(CUexternalMemory *ext,
+                                          const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *desc) {
+    PROLOGUE(cuImportExternalMemory);
+    if (!ACTIVE() || !ext || !desc || desc->size == 0)
+        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY : vc_real.cuImportExternalMemory(ext, desc);
+    /* Counted once, by the imported size; buffers and mipmapped arrays
+     * mapped from it are views and are not counted again. */
+    int g;
+    CUdevice dev;
+    CUresult r = vc_cur_gpu(&g, &dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if ((r = charge(g, desc->size)) != CUDA_SUCCESS)
+        return r;
+    r = vc_real.cuImportExternalMemory(ext, desc);
+    SETTLE(r, VC_K_EXTMEM, *ext, g, desc->size, vc_real.cuDestroyExternalMemory(*ext));
+}
+
+VC_EXPORT CUresult cuDestroyExternalMemory(CUexternalMemory ext) {
+    PROLOGUE(cuDestroyExternalMemory);
+    RELEASE(VC_K_EXTMEM, ext, vc_real.cuDestroyExternalMemory(ext));
+}

@@ -1,0 +1,186 @@
+/*
+ * limits.c - strict parser for the limits file (contract with the node agent).
+ * Anything that is not exactly to spec is rejected: the caller then fails
+ * closed, because a half-understood limit is worse than none.
+ */
+#include "limits.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <string.h>
+
+#define MAX_FIELDS 8
+
+static int is_uuid(const char *s) {
+    /* GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx */
+    static const int groups[5] = {8, 4, 4, 4, 12};
+    if (strncmp(s, "GPU-", 4) != 0)
+        return 0;
+    s += 4;
+    for (int g = 0; g < 5; g++) {
+        for (int i = 0; i < groups[g]; i++, s++)
+            if (!isxdigit((unsigned char)*s))
+                return 0;
+        if (g < 4 && *s++ != '-')
+            return 0;
+    }
+    return *s == '\0';
+}
+
+/* Decimal without sign; 1..max. */
+static int parse_u64(const char *s, uint64_t max, uint64_t *out) {
+    uint64_t v = 0;
+    if (*s == '\0')
+        return -1;
+    for (; *s; s++) {
+        if (*s < '0' || *s > '9')
+            return -1;
+        unsigned d = (unsigned)(*s - '0');
+        if (v > (max - d) / 10)
+            return -1;
+        v = v * 10 + d;
+    }
+    if (v < 1)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+void vc_uuid_format(const unsigned char b[16], char out[VC_UUID_LEN + 1]) {
+    snprintf(out, VC_UUID_LEN + 1,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", b[0], b[1],
+             b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14],
+             b[15]);
+}
+
+int vc_limits_find(const vc_limits *l, const char *uuid) {
+    for (int i = 0; i < l->ngpus; i++)
+        if (strcasecmp(l->gpu[i].uuid, uuid) == 0)
+            return i;
+    return -1;
+}
+
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        *errline = lineno;                                                                         \
+        snprintf(err, errlen, __VA_ARGS__);                                                        \
+        return -1;                                                                                 \
+    } while (0)
+
+int vc_limits_parse(const char *text, size_t len, vc_limits *out, int *errline, char *err,
+                    size_t errlen) {
+    char line[8192];
+    int lineno = 0, seen_header = 0, seen_container = 0, seen_region = 0;
+    size_t pos = 0;
+
+    memset(out, 0, sizeof(*out));
+    while (pos < len) {
+        size_t end = pos;
+        while (end < len && text[end] != '\n')
+            end++;
+        lineno++;
+        size_t n = end - pos;
+        const char *src = text + pos;
+        pos = end + 1;
+        if (n >= sizeof(line))
+            FAIL("line too long");
+        for (size_t i = 0; i < n; i++)
+            if (src[i] == '\0' || (unsigned char)src[i] > 0x7e ||
+                ((unsigned char)src[i] < 0x20 && src[i] != '\t'))
+                FAIL("non-ASCII or control character");
+        memcpy(line, src, n);
+        line[n] = '\0';
+
+        /* Blank (only separators) and comment lines are ignored. */
+        size_t k = 0;
+        while (line[k] == ' ' || line[k] == '\t')
+            k++;
+        if (line[k] == '\0' || line[0] == '#')
+            continue;
+
+        /* Split on single separators: an empty field (leading, trailing or
+         * doubled separator) is an error rather than silently collapsed. */
+        char *f[MAX_FIELDS + 1];
+        int nf = 0;
+        char *p = line;
+        for (;;) {
+            if (nf == MAX_FIELDS + 1)
+                FAIL("extra field");
+            f[nf++] = p;
+            while (*p && *p != ' ' && *p != '\t')
+                p++;
+            if (*p == '\0')
+                break;
+            *p++ = '\0';
+        }
+        for (int i = 0; i < nf; i++)
+            if (f[i][0] == '\0')
+                FAIL("empty field (fields are separated by a single space or tab)");
+
+        if (!seen_header) {
+            if (nf != 2 || strcmp(f[0], "tessera-vcuda-limits") != 0)
+                FAIL("expected header \"tessera-vcuda-limits 1\"");
+            if (strcmp(f[1], "1") != 0)
+                FAIL("unsupported version %s", f[1]);
+            seen_header = 1;
+            continue;
+        }
+        if (strcmp(f[0], "container") == 0) {
+            if (nf < 2)
+                FAIL("container: missing field");
+            if (nf > 2)
+                FAIL("container: extra field");
+            if (seen_container)
+                FAIL("container: given twice");
+            if (strlen(f[1]) >= sizeof(out->container))
+                FAIL("container: id too long");
+            strcpy(out->container, f[1]);
+            seen_container = 1;
+        } else if (strcmp(f[0], "region") == 0) {
+            if (nf < 2)
+                FAIL("region: missing field");
+            if (nf > 2)
+                FAIL("region: extra field");
+            if (seen_region)
+                FAIL("region: given twice");
+            if (f[1][0] != '/')
+                FAIL("region: path must be absolute");
+            if (strlen(f[1]) >= sizeof(out->region))
+                FAIL("region: path too long");
+            strcpy(out->region, f[1]);
+            seen_region = 1;
+        } else if (strcmp(f[0], "gpu") == 0) {
+            uint64_t cap, cores;
+            if (nf < 4)
+                FAIL("gpu: missing field");
+            if (nf > 4)
+                FAIL("gpu: extra field");
+            if (!is_uuid(f[1]))
+                FAIL("gpu: bad uuid %s", f[1]);
+            if (parse_u64(f[2], (uint64_t)INT64_MAX, &cap) != 0)
+                FAIL("gpu: bad memory cap %s (want 1..%lld)", f[2], (long long)INT64_MAX);
+            if (parse_u64(f[3], 100, &cores) != 0)
+                FAIL("gpu: bad cores percent %s (want 1..100)", f[3]);
+            if (out->ngpus == VC_MAX_GPUS)
+                FAIL("gpu: more than %d gpu lines", VC_MAX_GPUS);
+            if (vc_limits_find(out, f[1]) >= 0)
+                FAIL("gpu: duplicated uuid %s", f[1]);
+            vc_gpu_limit *g = &out->gpu[out->ngpus++];
+            for (int i = 0; f[1][i]; i++)
+                g->uuid[i] = (char)tolower((unsigned char)f[1][i]);
+            g->mem_cap = cap;
+            g->cores = (uint32_t)cores;
+        } else {
+            FAIL("unknown keyword %s", f[0]);
+        }
+    }
+    if (!seen_header)
+        FAIL("missing header \"tessera-vcuda-limits 1\"");
+    if (!seen_container)
+        FAIL("missing container line");
+    if (!seen_region)
+        FAIL("missing region line");
+    if (out->ngpus == 0)
+        FAIL("no gpu line");
+    return 0;
+}

@@ -1,0 +1,38 @@
+/* limits.h - the per-container limits file written by the node agent. */
+#ifndef VCUDA_LIMITS_H
+#define VCUDA_LIMITS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define VC_MAX_GPUS 64
+#define VC_UUID_LEN 40 /* "GPU-" + 36 chars */
+
+#define VC_LIMITS_PATH "/etc/tessera/vcuda/limits"
+#define VC_LIMITS_ENV "TESSERA_VCUDA_LIMITS"
+
+typedef struct vc_gpu_limit {
+    char uuid[VC_UUID_LEN + 1]; /* lower-cased */
+    uint64_t mem_cap;
+    uint32_t cores; /* 1..100 */
+} vc_gpu_limit;
+
+typedef struct vc_limits {
+    char container[256];
+    char region[4096];
+    int ngpus;
+    vc_gpu_limit gpu[VC_MAX_GPUS];
+} vc_limits;
+
+/* Parses the text of a limits file. Returns 0 on success; on error returns -1
+ * and writes "<line>: <problem>" style details into *errline / err. */
+int vc_limits_parse(const char *text, size_t len, vc_limits *out, int *errline, char *err,
+                    size_t errlen);
+
+/* Formats 16 raw UUID bytes as "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx". */
+void vc_uuid_format(const unsigned char raw[16], char out[VC_UUID_LEN + 1]);
+
+/* Returns the index of uuid (case-insensitive) in l, or -1. */
+int vc_limits_find(const vc_limits *l, const char *uuid);
+
+#endif

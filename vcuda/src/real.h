@@ -1,0 +1,94 @@
+/*
+ * real.h - pointers to the real driver (libcuda.so.1) and NVML
+ * (libnvidia-ml.so.1) entry points, resolved with dlopen + the real dlsym.
+ * Every hooked symbol has its real counterpart here under the same name.
+ */
+#ifndef VCUDA_REAL_H
+#define VCUDA_REAL_H
+
+#include "cuda_types.h"
+
+/* X(name, parameter list). All return CUresult (an int). */
+#define VC_CU_FUNCS(X)                                                                             \
+    X(cuGetProcAddress, (const char *, void **, int, cuuint64_t))                                  \
+    X(cuGetProcAddress_v2, (const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *)) \
+    X(cuCtxGetDevice, (CUdevice *))                                                                \
+    X(cuCtxGetCurrent, (CUcontext *))                                                              \
+    X(cuCtxPushCurrent_v2, (CUcontext))                                                            \
+    X(cuCtxPopCurrent_v2, (CUcontext *))                                                           \
+    X(cuStreamGetCtx, (CUstream, CUcontext *))                                                     \
+    X(cuDeviceGetUuid, (CUuuid *, CUdevice))                                                       \
+    X(cuDeviceGetUuid_v2, (CUuuid *, CUdevice))                                                    \
+    X(cuDeviceGetAttribute, (int *, int, CUdevice))                                                \
+    X(cuMemGetAddressRange_v2, (CUdeviceptr *, size_t *, CUdeviceptr))                             \
+    X(cuEventCreate, (CUevent *, unsigned int))                                                    \
+    X(cuEventRecord, (CUevent, CUstream))                                                          \
+    X(cuEventRecord_ptsz, (CUevent, CUstream))                                                     \
+    X(cuEventQuery, (CUevent))                                                                     \
+    X(cuEventSynchronize, (CUevent))                                                               \
+    X(cuEventElapsedTime, (float *, CUevent, CUevent))                                             \
+    X(cuEventDestroy_v2, (CUevent))                                                                \
+    X(cuMemAlloc_v2, (CUdeviceptr *, size_t))                                                      \
+    X(cuMemAlloc, (unsigned int *, unsigned int))                                                  \
+    X(cuMemAllocPitch_v2, (CUdeviceptr *, size_t *, size_t, size_t, unsigned int))                 \
+    X(cuMemAllocPitch, (unsigned int *, unsigned int *, unsigned int, unsigned int, unsigned int)) \
+    X(cuMemAllocManaged, (CUdeviceptr *, size_t, unsigned int))                                    \
+    X(cuMemFree_v2, (CUdeviceptr))                                                                 \
+    X(cuArrayCreate_v2, (CUarray *, const CUDA_ARRAY_DESCRIPTOR *))                                \
+    X(cuArrayCreate, (CUarray *, const void *))                                                    \
+    X(cuArray3DCreate_v2, (CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *))                            \
+    X(cuArray3DCreate, (CUarray *, const void *))                                                  \
+    X(cuArrayDestroy, (CUarray))                                                                   \
+    X(cuMipmappedArrayCreate, (CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned int)) \
+    X(cuMipmappedArrayDestroy, (CUmipmappedArray))                                                 \
+    X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
+    X(cuMemRelease, (CUmemGenericAllocationHandle))                                                \
+    X(cuMemAllocAsync, (CUdeviceptr *, size_t, CUstream))                                          \
+    X(cuMemAllocAsync_ptsz, (CUdeviceptr *, size_t, CUstream))                                     \
+    X(cuMemAllocFromPoolAsync, (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                    \
+    X(cuMemAllocFromPoolAsync_ptsz, (CUdeviceptr *, size_t, CUmemoryPool, CUstream))               \
+    X(cuMemFreeAsync, (CUdeviceptr, CUstream))                                                     \
+    X(cuMemFreeAsync_ptsz, (CUdeviceptr, CUstream))                                                \
+    X(cuMemPoolCreate, (CUmemoryPool *, const CUmemPoolProps *))                                   \
+    X(cuMemPoolDestroy, (CUmemoryPool))                                                            \
+    X(cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice))                                       \
+    X(cuDeviceGetMemPool, (CUmemoryPool *, CUdevice))                                              \
+    X(cuIpcOpenMemHandle, (CUdeviceptr *, CUipcMemHandle, unsigned int))                           \
+    X(cuIpcOpenMemHandle_v2, (CUdeviceptr *, CUipcMemHandle, unsigned int))                        \
+    X(cuIpcCloseMemHandle, (CUdeviceptr))                                                          \
+    X(cuImportExternalMemory, (CUexternalMemory *, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *))      \
+    X(cuDestroyExternalMemory, (CUexternalMemory))                                                 \
+    X(cuMemGetInfo_v2, (size_t *, size_t *))                                                       \
+    X(cuMemGetInfo, (unsigned int *, unsigned int *))                                              \
+    X(cuDeviceTotalMem_v2, (size_t *, CUdevice))                                                   \
+    X(cuDeviceTotalMem, (unsigned int *, CUdevice))                                                \
+    X(cuLaunchKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **)) \
+    X(cuLaunchKernel_ptsz, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **, void **)) \
+    X(cuLaunchKernelEx, (const CUlaunchConfig *, CUfunction, void **, void **))                    \
+    X(cuLaunchKernelEx_ptsz, (const CUlaunchConfig *, CUfunction, void **, void **))               \
+    X(cuLaunchCooperativeKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
+    X(cuLaunchCooperativeKernel_ptsz, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
+    X(cuGraphLaunch, (CUgraphExec, CUstream))                                                      \
+    X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))
+
+#define VC_NVML_FUNCS(X)                                                                           \
+    X(nvmlDeviceGetUUID, (nvmlDevice_t, char *, unsigned int))                                     \
+    X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t, nvmlMemory_t *))                                     \
+    X(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t, nvmlMemory_v2_t *))
+
+#define VC_DECL_REAL(name, params) int(*name) params;
+typedef struct vc_real_fns {
+    VC_CU_FUNCS(VC_DECL_REAL)
+    VC_NVML_FUNCS(VC_DECL_REAL)
+} vc_real_fns;
+#undef VC_DECL_REAL
+
+extern vc_real_fns vc_real;
+
+/* Resolve the real driver / NVML (idempotent, thread-safe, lazy). */
+void vc_init_cuda(void);
+void vc_init_nvml(void);
+/* The real dlsym, for our own lookups. */
+void *vc_real_dlsym(void *handle, const char *name);
+
+#endif

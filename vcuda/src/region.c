@@ -1,0 +1,467 @@
+/*
+ * region.c - cross-process accounting in the shared region.
+ *
+ * Hot path (vc_reserve/vc_release): lock-free. A process owns one slot; an
+ * update is bracketed by inflight++/-- on that slot and is one CAS on the
+ * device's `used` word plus one add on the slot's per-device counter:
+ *   inflight++ ; CAS used: t -> t+size (fails over cap or if FROZEN) ;
+ *   slot.used[g] += size ; inflight--
+ * Invariant at rest: used[g] == sum over live slots of slot.used[g].
+ *
+ * Crash safety: a process can die anywhere, including between the CAS and the
+ * slot update, so a dead slot's counters cannot be trusted to say what it
+ * contributed. Reclaim therefore never subtracts; it recomputes: under an
+ * flock on the region file (the kernel drops it if the reclaimer dies), it
+ * sets FROZEN on every used word (so no CAS can land), waits until every live
+ * slot's inflight is 0 (those threads either finished or saw FROZEN and backed
+ * off), frees the dead slots and stores used[g] = sum of live slots, which
+ * also clears FROZEN. A thread that meets FROZEN takes the flock itself: if
+ * the reclaimer died, it finds FROZEN still set under the lock and finishes
+ * the recompute.
+ */
+#define _GNU_SOURCE
+#include "region.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "vcuda.h"
+
+static struct {
+    char path[4096];
+    int fd;
+    int reopen; /* after fork: the inherited fd shares the parent's flock */
+    unsigned char *base;
+    vc_region_hdr *hdr;
+    vc_region_gpu *gpu;
+    vc_region_slot *slot;
+    int ngpus;
+    uint64_t cap[VC_MAX_GPUS];
+    vc_region_slot *_Atomic me; /* this process's slot, NULL until first reservation */
+    int my_index;
+    pid_t pid;
+    uint64_t starttime;
+    int claim_failed;
+    _Atomic uint64_t last_info_reclaim;
+} R = {.fd = -1, .my_index = -1};
+
+static pthread_mutex_t R_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* /proc/<pid>/stat: state (field 3) and starttime (field 22). */
+static int proc_stat(pid_t pid, char *state, uint64_t *starttime) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return errno == ENOENT || errno == ESRCH ? 0 : -1;
+    ssize_t n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = '\0';
+    char *p = strrchr(buf, ')'); /* comm may contain spaces and parens */
+    if (!p || p[1] != ' ')
+        return -1;
+    p += 2;
+    *state = *p;
+    /* p is field 3; skip to field 22. */
+    for (int f = 3; f < 22; f++) {
+        p = strchr(p, ' ');
+        if (!p)
+            return -1;
+        p++;
+    }
+    *starttime = strtoull(p, NULL, 10);
+    return 1;
+}
+
+/* 1 = alive (or cannot tell), 0 = dead. */
+static int proc_alive(pid_t pid, uint64_t starttime) {
+    if (kill(pid, 0) != 0 && errno == ESRCH)
+        return 0;
+    char st = 0;
+    uint64_t t = 0;
+    int r = proc_stat(pid, &st, &t);
+    if (r == 0)
+        return 0;
+    if (r < 0)
+        return 1;
+    if (st == 'Z' || st == 'X' || st == 'x')
+        return 0;
+    if (starttime && t != starttime)
+        return 0; /* pid reused by another process */
+    return 1;
+}
+
+static int lock_region(void) {
+    pthread_mutex_lock(&R_mu);
+    if (R.reopen) {
+        int fd = open(R.path, O_RDWR | O_CLOEXEC);
+        if (fd >= 0) {
+            close(R.fd);
+            R.fd = fd;
+            R.reopen = 0;
+        }
+    }
+    while (flock(R.fd, LOCK_EX) != 0) {
+        if (errno != EINTR) {
+            vc_log("flock %s: %s", R.path, strerror(errno));
+            pthread_mutex_unlock(&R_mu);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static void unlock_region(void) {
+    flock(R.fd, LOCK_UN);
+    pthread_mutex_unlock(&R_mu);
+}
+
+int vc_region_open(const vc_limits *l) {
+    snprintf(R.path, sizeof(R.path), "%s", l->region);
+    R.pid = getpid();
+    char st;
+    if (proc_stat(R.pid, &st, &R.starttime) <= 0)
+        R.starttime = 0;
+    R.ngpus = l->ngpus;
+    for (int i = 0; i < l->ngpus; i++)
+        R.cap[i] = l->gpu[i].mem_cap;
+
+    R.fd = open(R.path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+    if (R.fd < 0) {
+        vc_log("%s: open region: %s", R.path, strerror(errno));
+        return -1;
+    }
+    if (lock_region() != 0)
+        return -1;
+    int rc = -1;
+    struct stat sb;
+    if (fstat(R.fd, &sb) != 0) {
+        vc_log("%s: stat region: %s", R.path, strerror(errno));
+        goto out;
+    }
+    int fresh = sb.st_size == 0;
+    if ((uint64_t)sb.st_size < VC_REGION_SIZE && ftruncate(R.fd, (off_t)VC_REGION_SIZE) != 0) {
+        vc_log("%s: size region: %s", R.path, strerror(errno));
+        goto out;
+    }
+    void *m = mmap(NULL, VC_REGION_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, R.fd, 0);
+    if (m == MAP_FAILED) {
+        vc_log("%s: map region: %s", R.path, strerror(errno));
+        goto out;
+    }
+    R.base = m;
+    R.hdr = m;
+    R.gpu = (vc_region_gpu *)(R.base + VC_REGION_GPU_OFFSET);
+    R.slot = (vc_region_slot *)(R.base + VC_REGION_SLOT_OFFSET);
+
+    if (fresh || R.hdr->magic == 0) {
+        /* New file (zero-filled by ftruncate). The magic is written last so a
+         * reader never sees a half-built header as valid; we hold the flock. */
+        R.hdr->version = VC_REGION_VERSION;
+        R.hdr->header_size = sizeof(vc_region_hdr);
+        R.hdr->total_size = VC_REGION_SIZE;
+        R.hdr->nslots = VC_MAX_SLOTS;
+        R.hdr->gpu_offset = VC_REGION_GPU_OFFSET;
+        R.hdr->gpu_size = sizeof(vc_region_gpu);
+        R.hdr->slot_offset = VC_REGION_SLOT_OFFSET;
+        R.hdr->slot_size = sizeof(vc_region_slot);
+        snprintf(R.hdr->container, sizeof(R.hdr->container), "%s", l->container);
+        R.hdr->ngpus = (uint32_t)l->ngpus;
+        for (int i = 0; i < l->ngpus; i++) {
+            snprintf(R.gpu[i].uuid, sizeof(R.gpu[i].uuid), "%s", l->gpu[i].uuid);
+            R.gpu[i].mem_cap = l->gpu[i].mem_cap;
+            R.gpu[i].cores = l->gpu[i].cores;
+        }
+        atomic_thread_fence(memory_order_release);
+        R.hdr->magic = VC_REGION_MAGIC;
+    } else if (R.hdr->magic != VC_REGION_MAGIC || R.hdr->version != VC_REGION_VERSION ||
+               R.hdr->total_size != VC_REGION_SIZE) {
+        vc_log("%s: not a vcuda region of version %d", R.path, VC_REGION_VERSION);
+        goto out;
+    } else {
+        /* Every process of the container reads the same limits file, so the
+         * gpu table must match record for record. */
+        if ((int)R.hdr->ngpus != l->ngpus) {
+            vc_log("%s: region lists %u gpus, limits file %d", R.path, R.hdr->ngpus, l->ngpus);
+            goto out;
+        }
+        for (int i = 0; i < l->ngpus; i++) {
+            if (strcmp(R.gpu[i].uuid, l->gpu[i].uuid) != 0) {
+                vc_log("%s: region gpu %d is %s, limits file says %s", R.path, i, R.gpu[i].uuid,
+                       l->gpu[i].uuid);
+                goto out;
+            }
+        }
+    }
+    rc = 0;
+out:
+    unlock_region();
+    return rc;
+}
+
+vc_region_gpu *vc_region_gpu_rec(int g) { return &R.gpu[g]; }
+
+uint64_t vc_region_used(int g) {
+    return atomic_load_explicit(&R.gpu[g].used, memory_order_relaxed) & ~VC_FROZEN;
+}
+
+/* Recompute with every other live process quiescent; caller holds the lock.
+ * dead[] marks slots to drop. Returns 0, or -1 if a live process stayed
+ * inside an update for too long (e.g. it is stopped); totals are then left
+ * as they were and the reclaim is retried later. */
+static int recompute_locked(unsigned char *dead) {
+    for (int g = 0; g < R.ngpus; g++)
+        atomic_fetch_or(&R.gpu[g].used, VC_FROZEN);
+    VC_TEST_PAUSE("reclaim");
+    uint64_t deadline = vc_now_ns() + 2000000000ull;
+    for (;;) {
+        int busy = 0;
+        for (int s = 0; s < VC_MAX_SLOTS; s++) {
+            uint32_t pid = atomic_load(&R.slot[s].pid);
+            if (pid == 0 || dead[s] || atomic_load(&R.slot[s].inflight) == 0)
+                continue;
+            if ((pid_t)pid != R.pid && !proc_alive((pid_t)pid, R.slot[s].starttime))
+                dead[s] = 1; /* died inside an update */
+            else
+                busy = 1;
+        }
+        if (!busy)
+            break;
+        if (vc_now_ns() > deadline) {
+            for (int g = 0; g < R.ngpus; g++)
+                atomic_fetch_and(&R.gpu[g].used, ~VC_FROZEN);
+            return -1;
+        }
+        struct timespec ts = {0, 50000};
+        nanosleep(&ts, NULL);
+    }
+    for (int s = 0; s < VC_MAX_SLOTS; s++) {
+        if (!dead[s])
+            continue;
+        vc_region_slot *sl = &R.slot[s];
+        for (int g = 0; g < VC_MAX_GPUS; g++)
+            atomic_store(&sl->used[g], 0);
+        atomic_store(&sl->inflight, 0);
+        sl->starttime = 0;
+        atomic_store(&sl->state, VC_SLOT_FREE);
+        atomic_store(&sl->pid, 0);
+    }
+    for (int g = 0; g < R.ngpus; g++) {
+        uint64_t sum = 0;
+        for (int s = 0; s < VC_MAX_SLOTS; s++)
+            if (atomic_load(&R.slot[s].pid) != 0)
+                sum += atomic_load(&R.slot[s].used[g]);
+        atomic_store(&R.gpu[g].used, sum); /* clears VC_FROZEN */
+    }
+    return 0;
+}
+
+int vc_region_reclaim(void) {
+    if (!R.base)
+        return 0;
+    if (lock_region() != 0)
+        return 0;
+    unsigned char dead[VC_MAX_SLOTS];
+    memset(dead, 0, sizeof(dead));
+    int ndead = 0, frozen = 0;
+    vc_region_slot *me = atomic_load(&R.me);
+    for (int s = 0; s < VC_MAX_SLOTS; s++) {
+        vc_region_slot *sl = &R.slot[s];
+        uint32_t pid = atomic_load(&sl->pid);
+        if (pid == 0 || sl == me)
+            continue;
+        uint32_t state = atomic_load(&sl->state);
+        if ((pid_t)pid == R.pid) {
+            /* Our own pid on a slot that is not ours: the image this process
+             * exec'ed from. It is gone. */
+            dead[s] = 1;
+        } else if (!proc_alive((pid_t)pid, state == VC_SLOT_LIVE ? sl->starttime : 0)) {
+            dead[s] = 1;
+        }
+        ndead += dead[s];
+    }
+    for (int g = 0; g < R.ngpus; g++)
+        if (atomic_load(&R.gpu[g].used) & VC_FROZEN)
+            frozen = 1; /* a reclaimer died half-way: finish its work */
+    if ((ndead || frozen) && recompute_locked(dead) == 0 && ndead) {
+        for (int g = 0; g < R.ngpus; g++)
+            atomic_fetch_add(&R.gpu[g].reclaims, 1);
+    } else {
+        ndead = 0;
+    }
+    unlock_region();
+    return ndead;
+}
+
+void vc_region_maybe_reclaim(void) {
+    uint64_t now = vc_now_ns(), last = atomic_load(&R.last_info_reclaim);
+    if (now - last < 200000000ull ||
+        !atomic_compare_exchange_strong(&R.last_info_reclaim, &last, now))
+        return;
+    vc_region_reclaim();
+}
+
+/* Slow path: claim a slot for this process (first reservation). */
+static vc_region_slot *claim_slot(void) {
+    vc_region_slot *me = atomic_load(&R.me);
+    if (me)
+        return me;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        int stale = 0;
+        if (lock_region() != 0)
+            return NULL;
+        me = atomic_load(&R.me);
+        if (me) {
+            unlock_region();
+            return me;
+        }
+        for (int s = 0; s < VC_MAX_SLOTS && !me; s++) {
+            vc_region_slot *sl = &R.slot[s];
+            uint32_t pid = atomic_load(&sl->pid);
+            if ((pid_t)pid == R.pid)
+                stale = 1;
+            if (pid != 0)
+                continue;
+            atomic_store(&sl->state, VC_SLOT_CLAIMING);
+            atomic_store(&sl->pid, (uint32_t)R.pid);
+            sl->starttime = R.starttime;
+            atomic_store(&sl->inflight, 0);
+            atomic_store(&sl->state, VC_SLOT_LIVE);
+            R.my_index = s;
+            atomic_store(&R.me, sl);
+            me = sl;
+        }
+        unlock_region();
+        if (stale)
+            vc_region_reclaim();
+        if (me)
+            return me;
+        if (vc_region_reclaim() == 0)
+            break;
+    }
+    if (!R.claim_failed) {
+        R.claim_failed = 1;
+        vc_log("%s: all %d process slots are taken; allocations refused", R.path, VC_MAX_SLOTS);
+    }
+    return NULL;
+}
+
+static void wait_unfrozen(void) {
+    /* Blocks on the flock while a reclaim runs; finishes it if its owner died. */
+    vc_region_reclaim();
+}
+
+int vc_reserve(int g, uint64_t size) {
+    vc_region_gpu *gp = &R.gpu[g];
+    uint64_t cap = R.cap[g];
+    vc_region_slot *me = atomic_load_explicit(&R.me, memory_order_acquire);
+    if (VC_UNLIKELY(!me) && !(me = claim_slot()))
+        return -1;
+    int reclaimed = 0;
+    if (size > cap)
+        goto oom;
+again:
+    atomic_fetch_add(&me->inflight, 1);
+    uint64_t t = atomic_load(&gp->used);
+    for (;;) {
+        if (VC_UNLIKELY(t & VC_FROZEN)) {
+            atomic_fetch_sub(&me->inflight, 1);
+            wait_unfrozen();
+            goto again;
+        }
+        if (t > cap - size) {
+            atomic_fetch_sub(&me->inflight, 1);
+            /* Before saying no, look for processes that died holding memory. */
+            if (!reclaimed) {
+                reclaimed = 1;
+                if (vc_region_reclaim() > 0)
+                    goto again;
+            }
+            goto oom;
+        }
+        if (atomic_compare_exchange_weak(&gp->used, &t, t + size))
+            break;
+    }
+    VC_TEST_PAUSE("reserve");
+    atomic_fetch_add_explicit(&me->used[g], size, memory_order_relaxed);
+    atomic_fetch_sub(&me->inflight, 1);
+    return 0;
+oom:
+    atomic_fetch_add_explicit(&gp->oom_events, 1, memory_order_relaxed);
+    return -1;
+}
+
+void vc_release(int g, uint64_t size) {
+    vc_region_gpu *gp = &R.gpu[g];
+    vc_region_slot *me = atomic_load_explicit(&R.me, memory_order_acquire);
+    if (!me || size == 0)
+        return; /* nothing was ever reserved by this process */
+again:
+    atomic_fetch_add(&me->inflight, 1);
+    uint64_t t = atomic_load(&gp->used);
+    for (;;) {
+        if (VC_UNLIKELY(t & VC_FROZEN)) {
+            atomic_fetch_sub(&me->inflight, 1);
+            wait_unfrozen();
+            goto again;
+        }
+        uint64_t nt = t >= size ? t - size : 0;
+        if (atomic_compare_exchange_weak(&gp->used, &t, nt))
+            break;
+    }
+    uint64_t mine = atomic_load_explicit(&me->used[g], memory_order_relaxed);
+    while (!atomic_compare_exchange_weak(&me->used[g], &mine, mine >= size ? mine - size : 0))
+        ;
+    atomic_fetch_sub(&me->inflight, 1);
+}
+
+void vc_region_add_throttle(int g, uint64_t ns) {
+    atomic_fetch_add_explicit(&R.gpu[g].throttled_ns, ns, memory_order_relaxed);
+    atomic_fetch_add_explicit(&R.gpu[g].throttle_events, 1, memory_order_relaxed);
+}
+
+void vc_region_detach(void) {
+    vc_region_slot *me = atomic_load(&R.me);
+    if (!me)
+        return;
+    for (int g = 0; g < R.ngpus; g++) {
+        uint64_t u = atomic_load(&me->used[g]);
+        if (u)
+            vc_release(g, u);
+    }
+    if (lock_region() != 0)
+        return;
+    if (atomic_load(&me->pid) == (uint32_t)R.pid) {
+        me->starttime = 0;
+        atomic_store(&me->state, VC_SLOT_FREE);
+        atomic_store(&me->pid, 0);
+    }
+    atomic_store(&R.me, NULL);
+    unlock_region();
+}
+
+void vc_region_atfork_child(void) {
+    /* The child holds no device memory (CUDA state does not survive fork) and
+     * must not share the parent's slot or flock. */
+    atomic_store(&R.me, NULL);
+    R.my_index = -1;
+    R.pid = getpid();
+    char st;
+    if (proc_stat(R.pid, &st, &R.starttime) <= 0)
+        R.starttime = 0;
+    if (R.fd >= 0)
+        R.reopen = 1;
+    pthread_mutex_init(&R_mu, NULL);
+}

@@ -1,0 +1,62 @@
+/* vcuda.h - internal declarations shared by the library's source files. */
+#ifndef VCUDA_INTERNAL_H
+#define VCUDA_INTERNAL_H
+
+#include <stdint.h>
+#include <time.h>
+
+#include "cuda_types.h"
+#include "limits.h"
+
+#define VC_EXPORT __attribute__((visibility("default")))
+#define VC_LIKELY(x) __builtin_expect(!!(x), 1)
+#define VC_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* How the process runs, decided once at first use. */
+enum {
+    VC_MODE_UNINIT = 0,
+    VC_MODE_PASSTHROUGH = 1, /* no limits file: behave as if vcuda were absent */
+    VC_MODE_ENFORCE = 2,
+    VC_MODE_FAIL_CLOSED = 3, /* limits file unusable: refuse every allocation */
+};
+
+typedef struct vc_state {
+    int mode;
+    vc_limits limits;
+} vc_state;
+
+extern vc_state vc_g;
+/* Set by the exit handler: accounting is over, hooks just forward. */
+extern volatile int vc_exiting;
+
+/* One-time, lazy initialisation (limits, region, real driver). Cheap after
+ * the first call: a pthread_once fast path. */
+void vc_init(void);
+
+void vc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+static inline uint64_t vc_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* vDSO: no syscall */
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Test hook points, compiled only into the test build (-DVCUDA_TEST_HOOKS):
+ * the production library reads nothing from the environment but the limits
+ * path. */
+#ifdef VCUDA_TEST_HOOKS
+void vc_test_pause(const char *point);
+#define VC_TEST_PAUSE(p) vc_test_pause(p)
+#else
+#define VC_TEST_PAUSE(p) ((void)0)
+#endif
+
+/* Maps a CUDA device ordinal to its gpu record: >= 0, or -1 when the device's
+ * UUID is not in the limits file (cap 0), or -2 when it cannot be told. */
+int vc_dev_gpu(CUdevice dev);
+/* The SM count of a device ordinal (cached; >= 1). */
+int vc_dev_sms(CUdevice dev);
+/* The gpu record of the current context's device; returns a CUresult. */
+CUresult vc_cur_gpu(int *g, CUdevice *dev);
+
+#endif

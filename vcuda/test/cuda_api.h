@@ -1,0 +1,57 @@
+/* cuda_api.h - prototypes of the driver entry points the tests call. The
+ * test binary links against the fake libcuda.so.1; with vcuda preloaded the
+ * calls land in vcuda first, exactly as for a real application. */
+#ifndef VCUDA_TEST_CUDA_API_H
+#define VCUDA_TEST_CUDA_API_H
+#include "../src/cuda_types.h"
+
+CUresult cuInit(unsigned);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
+CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxGetDevice(CUdevice *);
+CUresult cuCtxSynchronize(void);
+CUresult cuStreamCreate(CUstream *, unsigned);
+CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
+CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
+CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);
+CUresult cuMemFree_v2(CUdeviceptr);
+CUresult cuMemGetInfo_v2(size_t *, size_t *);
+CUresult cuDeviceTotalMem_v2(size_t *, CUdevice);
+CUresult cuArrayCreate_v2(CUarray *, const CUDA_ARRAY_DESCRIPTOR *);
+CUresult cuArray3DCreate_v2(CUarray *, const CUDA_ARRAY3D_DESCRIPTOR *);
+CUresult cuArrayDestroy(CUarray);
+CUresult cuMipmappedArrayCreate(CUmipmappedArray *, const CUDA_ARRAY3D_DESCRIPTOR *, unsigned);
+CUresult cuMipmappedArrayDestroy(CUmipmappedArray);
+CUresult cuMemCreate(CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *,
+                     unsigned long long);
+CUresult cuMemRelease(CUmemGenericAllocationHandle);
+CUresult cuMemAllocAsync(CUdeviceptr *, size_t, CUstream);
+CUresult cuMemAllocFromPoolAsync(CUdeviceptr *, size_t, CUmemoryPool, CUstream);
+CUresult cuMemFreeAsync(CUdeviceptr, CUstream);
+CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
+CUresult cuMemPoolDestroy(CUmemoryPool);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *, CUdevice);
+CUresult cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
+CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *, CUipcMemHandle, unsigned);
+CUresult cuIpcCloseMemHandle(CUdeviceptr);
+CUresult cuImportExternalMemory(CUexternalMemory *, const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *);
+CUresult cuDestroyExternalMemory(CUexternalMemory);
+CUresult cuExternalMemoryGetMappedBuffer(CUdeviceptr *, CUexternalMemory,
+                                         const CUDA_EXTERNAL_MEMORY_BUFFER_DESC *);
+CUresult cuLaunchKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                        unsigned, CUstream, void **, void **);
+CUresult cuLaunchKernel_ptsz(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned, unsigned, CUstream, void **, void **);
+CUresult cuLaunchKernelEx(const CUlaunchConfig *, CUfunction, void **, void **);
+CUresult cuLaunchCooperativeKernel(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                   unsigned, unsigned, CUstream, void **);
+CUresult cuGraphLaunch(CUgraphExec, CUstream);
+CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
+CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t,
+                             CUdriverProcAddressQueryResult *);
+
+nvmlReturn_t nvmlInit_v2(void);
+nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned, nvmlDevice_t *);
+nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
+nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);
+#endif

@@ -1,0 +1,841 @@
+/*
+ * fake_cuda.c - a stand-in for libcuda.so.1 so that vcuda's real
+ * interception path (symbol interposition, dlsym, cuGetProcAddress) runs in
+ * CI without a GPU. See fake.h for the model and its configuration.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fake.h"
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef struct {
+    _Atomic uint64_t used, peak, mapped, busy_until, busy_total, launches;
+    uint64_t pad[2];
+} shared_dev;
+typedef struct {
+    shared_dev dev[FAKE_MAX_DEVS];
+} shared_state;
+
+static struct {
+    int ndev;
+    uint64_t mem[FAKE_MAX_DEVS];
+    int sms[FAKE_MAX_DEVS];
+    char uuid[FAKE_MAX_DEVS][64];
+    unsigned char raw[FAKE_MAX_DEVS][16];
+    uint64_t wave_ns;
+    shared_state *sh;
+    const char *block_path;
+    long block_after;
+    _Atomic long allocs;
+    _Atomic uint64_t next_addr;
+} F;
+
+static pthread_once_t F_once = PTHREAD_ONCE_INIT;
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static void sleep_until(uint64_t t) {
+    for (;;) {
+        uint64_t n = now_ns();
+        if (n >= t)
+            return;
+        struct timespec ts = {(time_t)((t - n) / 1000000000ull), (long)((t - n) % 1000000000ull)};
+        nanosleep(&ts, NULL);
+    }
+}
+
+static void list_u64(const char *env, uint64_t def, uint64_t *out, int n) {
+    const char *s = getenv(env);
+    uint64_t last = def;
+    for (int i = 0; i < n; i++) {
+        if (s && *s) {
+            char *end;
+            last = strtoull(s, &end, 10);
+            s = *end == ',' ? end + 1 : end;
+        }
+        out[i] = last;
+    }
+}
+
+static int parse_uuid(const char *s, unsigned char raw[16]) {
+    if (strncmp(s, "GPU-", 4) != 0)
+        return -1;
+    s += 4;
+    for (int i = 0; i < 16; i++) {
+        if (*s == '-')
+            s++;
+        unsigned v;
+        if (sscanf(s, "%2x", &v) != 1)
+            return -1;
+        raw[i] = (unsigned char)v;
+        s += 2;
+    }
+    return 0;
+}
+
+static void init(void) {
+    const char *e = getenv("FAKE_CUDA_DEVICES");
+    F.ndev = e ? atoi(e) : 2;
+    if (F.ndev < 0)
+        F.ndev = 0;
+    if (F.ndev > FAKE_MAX_DEVS)
+        F.ndev = FAKE_MAX_DEVS;
+    list_u64("FAKE_CUDA_MEM", 16ull << 30, F.mem, FAKE_MAX_DEVS);
+    uint64_t sms[FAKE_MAX_DEVS];
+    list_u64("FAKE_CUDA_SMS", 16, sms, FAKE_MAX_DEVS);
+    const char *u = getenv("FAKE_CUDA_UUIDS");
+    for (int i = 0; i < FAKE_MAX_DEVS; i++) {
+        F.sms[i] = sms[i] ? (int)sms[i] : 1;
+        snprintf(F.uuid[i], 64, "GPU-%08x-0000-4000-8000-%012x", 0xfa4e0000u + (unsigned)i, i);
+        if (u && *u) {
+            const char *c = strchr(u, ',');
+            size_t n = c ? (size_t)(c - u) : strlen(u);
+            if (n < 64) {
+                memcpy(F.uuid[i], u, n);
+                F.uuid[i][n] = '\0';
+            }
+            u = c ? c + 1 : u + n;
+        }
+        parse_uuid(F.uuid[i], F.raw[i]);
+    }
+    e = getenv("FAKE_CUDA_WAVE_NS");
+    F.wave_ns = e ? strtoull(e, NULL, 10) : 100000;
+    F.block_path = getenv("FAKE_CUDA_BLOCK_ALLOC");
+    e = getenv("FAKE_CUDA_BLOCK_AFTER");
+    F.block_after = e ? atol(e) : 0;
+    atomic_store(&F.next_addr, 0x100000000000ull);
+    e = getenv("FAKE_CUDA_SHM");
+    if (e && *e) {
+        int fd = open(e, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+        if (fd >= 0 && ftruncate(fd, sizeof(shared_state)) == 0) {
+            void *m = mmap(NULL, sizeof(shared_state), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (m != MAP_FAILED)
+                F.sh = m;
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    if (!F.sh)
+        F.sh = calloc(1, sizeof(shared_state));
+}
+#define INIT() pthread_once(&F_once, init)
+
+/* ---- contexts, streams ---- */
+
+typedef struct fake_ctx {
+    int dev;
+} fake_ctx;
+static fake_ctx primary[FAKE_MAX_DEVS];
+static __thread fake_ctx *cur;
+static __thread fake_ctx *stack[16];
+static __thread int depth;
+
+typedef struct fake_stream {
+    fake_ctx *ctx;
+} fake_stream;
+
+static int ctx_dev(void) { return cur ? cur->dev : -1; }
+
+static int stream_dev(CUstream s) {
+    if ((uintptr_t)s <= 2)
+        return ctx_dev();
+    return ((fake_stream *)s)->ctx->dev;
+}
+
+EXPORT CUresult cuInit(unsigned flags) {
+    (void)flags;
+    INIT();
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDriverGetVersion(int *v) {
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    *v = 12040;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetCount(int *n) {
+    INIT();
+    if (!n)
+        return CUDA_ERROR_INVALID_VALUE;
+    *n = F.ndev;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
+    INIT();
+    if (!d || ordinal < 0 || ordinal >= F.ndev)
+        return CUDA_ERROR_INVALID_DEVICE;
+    *d = ordinal;
+    return CUDA_SUCCESS;
+}
+#define CHECK_DEV(d)                                                                               \
+    do {                                                                                           \
+        INIT();                                                                                    \
+        if ((d) < 0 || (d) >= F.ndev)                                                              \
+            return CUDA_ERROR_INVALID_DEVICE;                                                      \
+    } while (0)
+EXPORT CUresult cuDeviceGetUuid(CUuuid *u, CUdevice d) {
+    CHECK_DEV(d);
+    if (!u)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(u->bytes, F.raw[d], 16);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice d) { return cuDeviceGetUuid(u, d); }
+EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
+    CHECK_DEV(d);
+    if (!name || len <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    snprintf(name, (size_t)len, "Fake GPU %d", d);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
+    CHECK_DEV(d);
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    *v = attr == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT ? F.sms[d] : 0;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
+    CHECK_DEV(d);
+    if (!bytes)
+        return CUDA_ERROR_INVALID_VALUE;
+    *bytes = F.mem[d];
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
+    CHECK_DEV(d);
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    primary[d].dev = d;
+    *c = (CUcontext)&primary[d];
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
+    CHECK_DEV(d);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d) {
+    (void)flags;
+    CHECK_DEV(d);
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_ctx *x = calloc(1, sizeof(*x));
+    x->dev = d;
+    cur = x;
+    *c = (CUcontext)x;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (cur == (fake_ctx *)c)
+        cur = NULL;
+    return CUDA_SUCCESS; /* leaked on purpose: handles stay comparable */
+}
+EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
+    INIT();
+    cur = (fake_ctx *)c;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxGetCurrent(CUcontext *c) {
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    *c = (CUcontext)cur;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxGetDevice(CUdevice *d) {
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *d = cur->dev;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxPushCurrent_v2(CUcontext c) {
+    if (depth == 16)
+        return CUDA_ERROR_UNKNOWN;
+    stack[depth++] = cur;
+    cur = (fake_ctx *)c;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *c) {
+    if (depth == 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (c)
+        *c = (CUcontext)cur;
+    cur = stack[--depth];
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxSynchronize(void) {
+    if (!cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    sleep_until(atomic_load(&F.sh->dev[cur->dev].busy_until));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
+    (void)flags;
+    if (!s)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    fake_stream *x = calloc(1, sizeof(*x));
+    x->ctx = cur;
+    *s = (CUstream)x;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamDestroy_v2(CUstream s) {
+    free(s);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *c) {
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    *c = (uintptr_t)s <= 2 ? (CUcontext)cur : (CUcontext)((fake_stream *)s)->ctx;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamSynchronize(CUstream s) {
+    int d = stream_dev(s);
+    if (d < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    sleep_until(atomic_load(&F.sh->dev[d].busy_until));
+    return CUDA_SUCCESS;
+}
+
+/* ---- memory bookkeeping ---- */
+
+enum { K_DEV = 1, K_HOSTVMM, K_IPC, K_VIEW, K_EXT };
+typedef struct rec {
+    uint64_t key, size;
+    int dev, kind;
+    struct rec *next;
+} rec;
+#define NBUCKET 4096
+static rec *buckets[NBUCKET];
+static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void reg_add(uint64_t key, uint64_t size, int dev, int kind) {
+    rec *r = malloc(sizeof(*r));
+    r->key = key;
+    r->size = size;
+    r->dev = dev;
+    r->kind = kind;
+    pthread_mutex_lock(&reg_mu);
+    r->next = buckets[(key >> 4) % NBUCKET];
+    buckets[(key >> 4) % NBUCKET] = r;
+    pthread_mutex_unlock(&reg_mu);
+}
+static int reg_take(uint64_t key, int kind, rec *out, int remove) {
+    pthread_mutex_lock(&reg_mu);
+    for (rec **pp = &buckets[(key >> 4) % NBUCKET]; *pp; pp = &(*pp)->next) {
+        rec *r = *pp;
+        if (r->key == key && (kind == 0 || r->kind == kind)) {
+            *out = *r;
+            if (remove) {
+                *pp = r->next;
+                free(r);
+            }
+            pthread_mutex_unlock(&reg_mu);
+            return 0;
+        }
+    }
+    pthread_mutex_unlock(&reg_mu);
+    return -1;
+}
+
+static uint64_t new_addr(uint64_t size) {
+    return atomic_fetch_add(&F.next_addr, (size + 0xfff) & ~0xfffull) + 0;
+}
+
+static void maybe_block(void) {
+    if (!F.block_path)
+        return;
+    if (atomic_fetch_add(&F.allocs, 1) < F.block_after)
+        return;
+    int fd = open(F.block_path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0)
+        close(fd);
+    for (;;)
+        pause();
+}
+
+/* Takes size bytes of device d's capacity. */
+static CUresult take(int d, uint64_t size) {
+    if (d < 0 || d >= F.ndev)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    shared_dev *s = &F.sh->dev[d];
+    uint64_t u = atomic_load(&s->used);
+    do {
+        if (size > F.mem[d] || u > F.mem[d] - size)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+    } while (!atomic_compare_exchange_weak(&s->used, &u, u + size));
+    uint64_t p = atomic_load(&s->peak);
+    while (u + size > p && !atomic_compare_exchange_weak(&s->peak, &p, u + size))
+        ;
+    return CUDA_SUCCESS;
+}
+static void give(int d, uint64_t size) { atomic_fetch_sub(&F.sh->dev[d].used, size); }
+
+static CUresult dev_alloc(uint64_t *key, uint64_t size, int d, int kind) {
+    INIT();
+    if (!key || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    maybe_block();
+    CUresult r = kind == K_DEV || kind == K_EXT ? take(d, size) : CUDA_SUCCESS;
+    if (r != CUDA_SUCCESS)
+        return r;
+    *key = new_addr(size);
+    reg_add(*key, size, d, kind);
+    return CUDA_SUCCESS;
+}
+static CUresult dev_free(uint64_t key, int kind) {
+    rec r;
+    if (reg_take(key, kind, &r, 1) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (r.kind == K_DEV || r.kind == K_EXT)
+        give(r.dev, r.size);
+    if (r.kind == K_IPC)
+        atomic_fetch_sub(&F.sh->dev[r.dev].mapped, r.size);
+    return CUDA_SUCCESS;
+}
+
+EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) {
+    return dev_alloc((uint64_t *)p, size, ctx_dev(), K_DEV);
+}
+EXPORT CUresult cuMemAllocManaged(CUdeviceptr *p, size_t size, unsigned flags) {
+    (void)flags;
+    return dev_alloc((uint64_t *)p, size, ctx_dev(), K_DEV);
+}
+EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *p, size_t *pitch, size_t w, size_t h,
+                                   unsigned elem) {
+    (void)elem;
+    if (!pitch || w == 0 || h == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pitch = (w + 511) & ~(size_t)511;
+    return dev_alloc((uint64_t *)p, *pitch * h, ctx_dev(), K_DEV);
+}
+EXPORT CUresult cuMemFree_v2(CUdeviceptr p) { return dev_free(p, 0); }
+EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr *base, size_t *size, CUdeviceptr p) {
+    rec r;
+    if (reg_take(p, 0, &r, 0) != 0)
+        return CUDA_ERROR_NOT_FOUND;
+    if (base)
+        *base = p;
+    if (size)
+        *size = r.size;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
+    if (!free && !total)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    int d = cur->dev;
+    uint64_t u = atomic_load(&F.sh->dev[d].used);
+    if (free)
+        *free = F.mem[d] - u;
+    if (total)
+        *total = F.mem[d];
+    return CUDA_SUCCESS;
+}
+
+static uint64_t fmt_bytes(int fmt) {
+    switch (fmt) {
+    case 0x01: case 0x08: return 1;
+    case 0x02: case 0x09: case 0x10: return 2;
+    case 0x03: case 0x0a: case 0x20: return 4;
+    default: return 16;
+    }
+}
+static uint64_t arr_size(size_t w, size_t h, size_t d, int fmt, unsigned ch) {
+    return (uint64_t)(w ? w : 1) * (h ? h : 1) * (d ? d : 1) * fmt_bytes(fmt) * (ch ? ch : 1);
+}
+EXPORT CUresult cuArrayCreate_v2(CUarray *a, const CUDA_ARRAY_DESCRIPTOR *d) {
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    return dev_alloc((uint64_t *)a, arr_size(d->Width, d->Height, 1, d->Format, d->NumChannels),
+                     ctx_dev(), K_DEV);
+}
+EXPORT CUresult cuArray3DCreate_v2(CUarray *a, const CUDA_ARRAY3D_DESCRIPTOR *d) {
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    return dev_alloc((uint64_t *)a,
+                     arr_size(d->Width, d->Height, d->Depth, d->Format, d->NumChannels), ctx_dev(),
+                     K_DEV);
+}
+EXPORT CUresult cuArrayDestroy(CUarray a) { return dev_free((uint64_t)(uintptr_t)a, K_DEV); }
+EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *a, const CUDA_ARRAY3D_DESCRIPTOR *d,
+                                       unsigned levels) {
+    if (!d)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t total = 0;
+    int layered = (d->Flags & (CUDA_ARRAY3D_LAYERED | CUDA_ARRAY3D_CUBEMAP)) != 0;
+    for (unsigned l = 0; l < (levels ? levels : 1); l++) {
+        size_t w = d->Width >> l, h = d->Height >> l, z = layered ? d->Depth : d->Depth >> l;
+        total += arr_size(w ? w : 1, d->Height ? (h ? h : 1) : 0, d->Depth ? (z ? z : 1) : 0,
+                          d->Format, d->NumChannels);
+    }
+    return dev_alloc((uint64_t *)a, total, ctx_dev(), K_DEV);
+}
+EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) {
+    return dev_free((uint64_t)(uintptr_t)a, K_DEV);
+}
+
+EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
+                            const CUmemAllocationProp *prop, unsigned long long flags) {
+    (void)flags;
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
+        return dev_alloc((uint64_t *)h, size, prop->location.id, K_DEV);
+    if (prop->location.type >= CU_MEM_LOCATION_TYPE_HOST &&
+        prop->location.type <= CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT)
+        return dev_alloc((uint64_t *)h, size, 0, K_HOSTVMM);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return dev_free(h, 0); }
+
+/* Pools: the handle is a pointer to its location. */
+static CUmemLocation default_pool[FAKE_MAX_DEVS];
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    if (!pool || !props)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUmemLocation *l = malloc(sizeof(*l));
+    *l = props->location;
+    *pool = (CUmemoryPool)l;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
+    CUmemLocation *l = (CUmemLocation *)pool;
+    if (l < default_pool || l >= default_pool + FAKE_MAX_DEVS)
+        free(l);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d) {
+    CHECK_DEV(d);
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    default_pool[d].type = CU_MEM_LOCATION_TYPE_DEVICE;
+    default_pool[d].id = d;
+    *pool = (CUmemoryPool)&default_pool[d];
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice d) {
+    return cuDeviceGetDefaultMemPool(pool, d);
+}
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
+    return dev_alloc((uint64_t *)p, size, stream_dev(s), K_DEV);
+}
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s) {
+    return cuMemAllocAsync(p, size, s);
+}
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, CUmemoryPool pool,
+                                        CUstream s) {
+    (void)s;
+    CUmemLocation *l = (CUmemLocation *)pool;
+    if (!l)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (l->type == CU_MEM_LOCATION_TYPE_DEVICE)
+        return dev_alloc((uint64_t *)p, size, l->id, K_DEV);
+    return dev_alloc((uint64_t *)p, size, 0, K_HOSTVMM);
+}
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, CUmemoryPool pool,
+                                             CUstream s) {
+    return cuMemAllocFromPoolAsync(p, size, pool, s);
+}
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    (void)s;
+    return dev_free(p, 0);
+}
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
+
+/* IPC: the handle carries the exported size. */
+typedef struct {
+    char magic[8];
+    uint64_t size;
+    int dev;
+} ipc_payload;
+EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+    rec r;
+    if (!h || reg_take(p, K_DEV, &r, 0) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(h, 0, sizeof(*h));
+    ipc_payload pl = {"FAKEIPC", r.size, r.dev};
+    memcpy(h->reserved, &pl, sizeof(pl));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned flags) {
+    (void)flags;
+    INIT();
+    ipc_payload pl;
+    memcpy(&pl, h.reserved, sizeof(pl));
+    if (!p || memcmp(pl.magic, "FAKEIPC", 8) != 0 || !cur)
+        return CUDA_ERROR_INVALID_VALUE;
+    *p = new_addr(pl.size);
+    reg_add(*p, pl.size, cur->dev, K_IPC);
+    atomic_fetch_add(&F.sh->dev[cur->dev].mapped, pl.size);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned flags) {
+    return cuIpcOpenMemHandle_v2(p, h, flags);
+}
+EXPORT CUresult cuIpcCloseMemHandle(CUdeviceptr p) { return dev_free(p, K_IPC); }
+
+EXPORT CUresult cuImportExternalMemory(CUexternalMemory *ext,
+                                       const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *desc) {
+    if (!desc)
+        return CUDA_ERROR_INVALID_VALUE;
+    return dev_alloc((uint64_t *)ext, desc->size, ctx_dev(), K_EXT);
+}
+EXPORT CUresult cuDestroyExternalMemory(CUexternalMemory ext) {
+    return dev_free((uint64_t)(uintptr_t)ext, K_EXT);
+}
+EXPORT CUresult cuExternalMemoryGetMappedBuffer(CUdeviceptr *p, CUexternalMemory ext,
+                                                const CUDA_EXTERNAL_MEMORY_BUFFER_DESC *d) {
+    rec r;
+    if (!p || !d || reg_take((uint64_t)(uintptr_t)ext, K_EXT, &r, 0) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    *p = new_addr(d->size);
+    reg_add(*p, d->size, r.dev, K_VIEW);
+    return CUDA_SUCCESS;
+}
+
+/* ---- launches and events ---- */
+
+static void run(int d, uint64_t blocks) {
+    if (d < 0 || d >= F.ndev)
+        return;
+    shared_dev *s = &F.sh->dev[d];
+    uint64_t dur = F.wave_ns * blocks / (uint64_t)F.sms[d];
+    uint64_t now = now_ns(), b = atomic_load(&s->busy_until);
+    for (;;) {
+        uint64_t start = b > now ? b : now;
+        if (atomic_compare_exchange_weak(&s->busy_until, &b, start + dur))
+            break;
+    }
+    atomic_fetch_add(&s->busy_total, dur);
+    atomic_fetch_add(&s->launches, 1);
+}
+
+#define GRID(x, y, z) ((uint64_t)(x) * (y) * (z))
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
+                               void **extra) {
+    (void)bx, (void)by, (void)bz, (void)shm, (void)params, (void)extra;
+    if (!f)
+        return CUDA_ERROR_INVALID_HANDLE;
+    int d = stream_dev(s);
+    if (d < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    run(d, GRID(gx, gy, gz));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                    unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s,
+                                    void **params, void **extra) {
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, params, extra);
+}
+EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *c, CUfunction f, void **params,
+                                 void **extra) {
+    if (!c)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuLaunchKernel(f, c->gridDimX, c->gridDimY, c->gridDimZ, c->blockDimX, c->blockDimY,
+                          c->blockDimZ, c->sharedMemBytes, c->hStream, params, extra);
+}
+EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, void **params,
+                                      void **extra) {
+    return cuLaunchKernelEx(c, f, params, extra);
+}
+EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                          unsigned bx, unsigned by, unsigned bz, unsigned shm,
+                                          CUstream s, void **params) {
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, params, NULL);
+}
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                               unsigned bx, unsigned by, unsigned bz, unsigned shm,
+                                               CUstream s, void **params) {
+    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, params, NULL);
+}
+typedef struct {
+    uint64_t blocks;
+} fake_graph;
+EXPORT CUresult fakeGraphExecCreate(CUgraphExec *e, unsigned long long blocks) {
+    fake_graph *g = malloc(sizeof(*g));
+    g->blocks = blocks;
+    *e = (CUgraphExec)g;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
+    free(e);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    int d = stream_dev(s);
+    if (d < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    run(d, ((fake_graph *)e)->blocks);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return cuGraphLaunch(e, s); }
+
+typedef struct {
+    uint64_t ts;
+    int recorded;
+} fake_event;
+EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
+    (void)flags;
+    if (!e)
+        return CUDA_ERROR_INVALID_VALUE;
+    *e = (CUevent)calloc(1, sizeof(fake_event));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventDestroy_v2(CUevent e) {
+    free(e);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    int d = stream_dev(s);
+    if (d < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    fake_event *ev = (fake_event *)e;
+    uint64_t now = now_ns(), b = atomic_load(&F.sh->dev[d].busy_until);
+    ev->ts = b > now ? b : now; /* reached when the queue before it drains */
+    ev->recorded = 1;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
+EXPORT CUresult cuEventQuery(CUevent e) {
+    fake_event *ev = (fake_event *)e;
+    if (!ev)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return !ev->recorded || now_ns() >= ev->ts ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+EXPORT CUresult cuEventSynchronize(CUevent e) {
+    fake_event *ev = (fake_event *)e;
+    if (!ev)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (ev->recorded)
+        sleep_until(ev->ts);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
+    fake_event *x = (fake_event *)a, *y = (fake_event *)b;
+    if (!ms || !x || !y || !x->recorded || !y->recorded)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (now_ns() < y->ts || now_ns() < x->ts)
+        return CUDA_ERROR_NOT_READY;
+    *ms = (float)((double)((int64_t)(y->ts - x->ts)) / 1e6);
+    return CUDA_SUCCESS;
+}
+
+/* ---- test-only API ---- */
+
+EXPORT int fakeDeviceCount(void) {
+    INIT();
+    return F.ndev;
+}
+EXPORT int fakeDeviceInfo(int d, char uuid[64], uint64_t *mem, int *sms) {
+    INIT();
+    if (d < 0 || d >= F.ndev)
+        return -1;
+    if (uuid)
+        memcpy(uuid, F.uuid[d], 64);
+    if (mem)
+        *mem = F.mem[d];
+    if (sms)
+        *sms = F.sms[d];
+    return 0;
+}
+EXPORT int fakeDeviceStats(int d, fake_stats *o) {
+    INIT();
+    if (d < 0 || d >= F.ndev || !o)
+        return -1;
+    shared_dev *s = &F.sh->dev[d];
+    o->used = atomic_load(&s->used);
+    o->peak = atomic_load(&s->peak);
+    o->mapped = atomic_load(&s->mapped);
+    o->busy_total = atomic_load(&s->busy_total);
+    o->busy_until = atomic_load(&s->busy_until);
+    o->launches = atomic_load(&s->launches);
+    return 0;
+}
+
+/* ---- cuGetProcAddress ---- */
+
+EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int version, cuuint64_t flags);
+EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status);
+
+typedef struct {
+    const char *base;
+    void *fn, *ptsz;
+} proc;
+#define P(n) {#n, (void *)n, NULL}
+#define PV(b, n) {b, (void *)n, NULL}
+#define PT(n) {#n, (void *)n, (void *)n##_ptsz}
+static const proc procs[] = {
+    P(cuInit), P(cuDriverGetVersion), P(cuDeviceGetCount), P(cuDeviceGet),
+    P(cuDeviceGetUuid), PV("cuDeviceGetUuid", cuDeviceGetUuid), P(cuDeviceGetName),
+    P(cuDeviceGetAttribute), PV("cuDeviceTotalMem", cuDeviceTotalMem_v2),
+    P(cuDevicePrimaryCtxRetain), PV("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2),
+    PV("cuCtxCreate", cuCtxCreate_v2), PV("cuCtxDestroy", cuCtxDestroy_v2), P(cuCtxSetCurrent),
+    P(cuCtxGetCurrent), P(cuCtxGetDevice), PV("cuCtxPushCurrent", cuCtxPushCurrent_v2),
+    PV("cuCtxPopCurrent", cuCtxPopCurrent_v2), P(cuCtxSynchronize), P(cuStreamCreate),
+    PV("cuStreamDestroy", cuStreamDestroy_v2), P(cuStreamGetCtx), P(cuStreamSynchronize),
+    PV("cuMemAlloc", cuMemAlloc_v2), P(cuMemAllocManaged), PV("cuMemAllocPitch", cuMemAllocPitch_v2),
+    PV("cuMemFree", cuMemFree_v2), PV("cuMemGetAddressRange", cuMemGetAddressRange_v2),
+    PV("cuMemGetInfo", cuMemGetInfo_v2), PV("cuArrayCreate", cuArrayCreate_v2),
+    PV("cuArray3DCreate", cuArray3DCreate_v2), P(cuArrayDestroy), P(cuMipmappedArrayCreate),
+    P(cuMipmappedArrayDestroy), P(cuMemCreate), P(cuMemRelease), P(cuMemPoolCreate),
+    P(cuMemPoolDestroy), P(cuDeviceGetDefaultMemPool), P(cuDeviceGetMemPool), PT(cuMemAllocAsync),
+    PT(cuMemAllocFromPoolAsync), PT(cuMemFreeAsync), P(cuIpcGetMemHandle),
+    PV("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2), P(cuIpcCloseMemHandle),
+    P(cuImportExternalMemory), P(cuDestroyExternalMemory), P(cuExternalMemoryGetMappedBuffer),
+    PT(cuLaunchKernel), PT(cuLaunchKernelEx), PT(cuLaunchCooperativeKernel), PT(cuGraphLaunch),
+    P(cuGraphExecDestroy), P(cuEventCreate), PV("cuEventDestroy", cuEventDestroy_v2),
+    PT(cuEventRecord), P(cuEventQuery), P(cuEventSynchronize), P(cuEventElapsedTime),
+};
+
+EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, cuuint64_t flags,
+                                    CUdriverProcAddressQueryResult *status) {
+    INIT();
+    if (!sym || !pfn)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pfn = NULL;
+    if (strcmp(sym, "cuGetProcAddress") == 0) {
+        *pfn = version >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
+    } else {
+        for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
+            if (strcmp(procs[i].base, sym) != 0)
+                continue;
+            *pfn = (flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) && procs[i].ptsz
+                       ? procs[i].ptsz
+                       : procs[i].fn;
+            break;
+        }
+    }
+    if (status)
+        *status = *pfn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int version, cuuint64_t flags) {
+    return cuGetProcAddress_v2(sym, pfn, version, flags, NULL);
+}

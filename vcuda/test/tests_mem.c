@@ -1,0 +1,366 @@
+/*
+ * tests_mem.c - every allocation path x {1 process, 4 processes of one
+ * container}: the container never holds a byte over its cap (checked both in
+ * vcuda's region and in the fake driver's own high-water mark), OOM comes
+ * exactly at the cap, frees are credited to the allocation's own device
+ * (they run with another device's context current) and return everything.
+ */
+#define _GNU_SOURCE
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_api.h"
+#include "util.h"
+
+#define CAP0 (60 * MiB) /* device 0: multiple of 1 MiB and of 1.25 MiB */
+#define CAP1 (256 * MiB)
+#define MAXH 256
+
+typedef struct mem_path {
+    const char *name;
+    uint64_t unit;
+    int fake_counts; /* the fake counts it as device memory (not IPC) */
+    void (*setup)(void);
+    CUresult (*alloc)(uint64_t *h);                   /* one unit */
+    CUresult (*alloc_bytes)(uint64_t bytes, uint64_t *h); /* exact size, or NULL */
+    CUresult (*release)(uint64_t h);
+} mem_path;
+
+static CUcontext ctx0, ctx1;
+static CUstream stream0;
+static CUmemoryPool pool0;
+
+/* linear */
+static CUresult a_bytes(uint64_t b, uint64_t *h) { return cuMemAlloc_v2((CUdeviceptr *)h, b); }
+static CUresult a_unit(uint64_t *h) { return a_bytes(MiB, h); }
+static CUresult a_free(uint64_t h) { return cuMemFree_v2(h); }
+/* managed */
+static CUresult m_bytes(uint64_t b, uint64_t *h) { return cuMemAllocManaged((CUdeviceptr *)h, b, 1); }
+static CUresult m_unit(uint64_t *h) { return m_bytes(MiB, h); }
+/* pitch: 1000 bytes wide rows are padded to 1024 */
+static CUresult p_unit(uint64_t *h) {
+    size_t pitch;
+    CUresult r = cuMemAllocPitch_v2((CUdeviceptr *)h, &pitch, 1000, 1024, 4);
+    CHECK(r != CUDA_SUCCESS || pitch == 1024, "pitch %zu", pitch);
+    return r;
+}
+/* arrays */
+static CUresult arr_unit(uint64_t *h) {
+    CUDA_ARRAY_DESCRIPTOR d = {512, 512, 0x20 /* float */, 1};
+    return cuArrayCreate_v2((CUarray *)h, &d);
+}
+static CUresult arr_free(uint64_t h) { return cuArrayDestroy((CUarray)(uintptr_t)h); }
+static CUresult arr3_unit(uint64_t *h) {
+    CUDA_ARRAY3D_DESCRIPTOR d = {128, 128, 16, 0x01 /* u8 */, 4, 0};
+    return cuArray3DCreate_v2((CUarray *)h, &d);
+}
+static CUresult mip_unit(uint64_t *h) {
+    /* 512x512 float + 256x256 float = 1.25 MiB */
+    CUDA_ARRAY3D_DESCRIPTOR d = {512, 512, 0, 0x20, 1, 0};
+    return cuMipmappedArrayCreate((CUmipmappedArray *)h, &d, 2);
+}
+static CUresult mip_free(uint64_t h) { return cuMipmappedArrayDestroy((CUmipmappedArray)(uintptr_t)h); }
+/* cuMemCreate on device 0 while device 1's context is current: the device
+ * comes from the allocation's properties. */
+static CUresult vmm_bytes(uint64_t b, uint64_t *h) {
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof(p));
+    p.type = 1;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = 0;
+    CHECK_CU(cuCtxSetCurrent(ctx1));
+    CUresult r = cuMemCreate((CUmemGenericAllocationHandle *)h, b, &p, 0);
+    CHECK_CU(cuCtxSetCurrent(ctx0));
+    return r;
+}
+static CUresult vmm_unit(uint64_t *h) { return vmm_bytes(MiB, h); }
+static CUresult vmm_free(uint64_t h) { return cuMemRelease(h); }
+/* stream-ordered */
+static void async_setup(void) { CHECK_CU(cuStreamCreate(&stream0, 0)); }
+static CUresult as_bytes(uint64_t b, uint64_t *h) {
+    /* from device 1's context: the stream decides the device */
+    CHECK_CU(cuCtxSetCurrent(ctx1));
+    CUresult r = cuMemAllocAsync((CUdeviceptr *)h, b, stream0);
+    CHECK_CU(cuCtxSetCurrent(ctx0));
+    return r;
+}
+static CUresult as_unit(uint64_t *h) { return as_bytes(MiB, h); }
+static CUresult as_free(uint64_t h) { return cuMemFreeAsync(h, stream0); }
+static void pool_setup(void) {
+    async_setup();
+    CUmemPoolProps p;
+    memset(&p, 0, sizeof(p));
+    p.allocType = 1;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.location.id = 0;
+    CHECK_CU(cuMemPoolCreate(&pool0, &p));
+}
+static CUresult pool_bytes(uint64_t b, uint64_t *h) {
+    return cuMemAllocFromPoolAsync((CUdeviceptr *)h, b, pool0, stream0);
+}
+static CUresult pool_unit(uint64_t *h) { return pool_bytes(MiB, h); }
+/* IPC: export 1 MiB buffers from device 1, import them on device 0 */
+static CUipcMemHandle ipc_handles[MAXH];
+static int ipc_next;
+static void ipc_setup(void) {
+    CHECK_CU(cuCtxSetCurrent(ctx1));
+    for (int i = 0; i < (int)(CAP0 / MiB) + 2; i++) {
+        CUdeviceptr p;
+        CHECK_CU(cuMemAlloc_v2(&p, MiB));
+        CHECK_CU(cuIpcGetMemHandle(&ipc_handles[i], p));
+    }
+    CHECK_CU(cuCtxSetCurrent(ctx0));
+}
+static CUresult ipc_unit(uint64_t *h) {
+    return cuIpcOpenMemHandle_v2((CUdeviceptr *)h, ipc_handles[ipc_next++], 1);
+}
+static CUresult ipc_free(uint64_t h) { return cuIpcCloseMemHandle(h); }
+/* external memory, counted by the imported size */
+static CUresult ext_bytes(uint64_t b, uint64_t *h) {
+    CUDA_EXTERNAL_MEMORY_HANDLE_DESC d;
+    memset(&d, 0, sizeof(d));
+    d.type = 1;
+    d.handle.fd = 99;
+    d.size = b;
+    CUresult r = cuImportExternalMemory((CUexternalMemory *)h, &d);
+    if (r == CUDA_SUCCESS) {
+        /* mapping a buffer is a view: never counted again */
+        CUDA_EXTERNAL_MEMORY_BUFFER_DESC bd;
+        memset(&bd, 0, sizeof(bd));
+        bd.size = b;
+        CUdeviceptr p;
+        CHECK_CU(cuExternalMemoryGetMappedBuffer(&p, (CUexternalMemory)(uintptr_t)*h, &bd));
+    }
+    return r;
+}
+static CUresult ext_unit(uint64_t *h) { return ext_bytes(MiB, h); }
+static CUresult ext_free(uint64_t h) { return cuDestroyExternalMemory((CUexternalMemory)(uintptr_t)h); }
+
+static const mem_path paths[] = {
+    {"alloc", MiB, 1, NULL, a_unit, a_bytes, a_free},
+    {"pitch", MiB, 1, NULL, p_unit, NULL, a_free},
+    {"managed", MiB, 1, NULL, m_unit, m_bytes, a_free},
+    {"array", MiB, 1, NULL, arr_unit, NULL, arr_free},
+    {"array3d", MiB, 1, NULL, arr3_unit, NULL, arr_free},
+    {"mipmap", MiB + MiB / 4, 1, NULL, mip_unit, NULL, mip_free},
+    {"vmm", MiB, 1, NULL, vmm_unit, vmm_bytes, vmm_free},
+    {"async", MiB, 1, async_setup, as_unit, as_bytes, as_free},
+    {"pool", MiB, 1, pool_setup, pool_unit, pool_bytes, as_free},
+    {"ipc", MiB, 0, ipc_setup, ipc_unit, NULL, ipc_free},
+    {"extmem", MiB, 1, NULL, ext_unit, ext_bytes, ext_free},
+};
+#define NPATHS (int)(sizeof(paths) / sizeof(paths[0]))
+
+static void limits_two_gpus(void) {
+    gpu_line g[2] = {{0, CAP0, 100}, {1, CAP1, 100}};
+    setup_limits(g, 2);
+}
+
+static void open_ctxs(const mem_path *p) {
+    ctx1 = ctx_on(1);
+    ctx0 = ctx_on(0);
+    ipc_next = 0;
+    if (p->setup)
+        p->setup();
+}
+
+/* Fills device 0 to its cap; returns the number of units held. */
+static int fill(const mem_path *p, uint64_t *h) {
+    int n = 0;
+    for (;;) {
+        CHECK(n < MAXH, "allocated %d units without reaching the cap", n);
+        CUresult r = p->alloc(&h[n]);
+        if (r != CUDA_SUCCESS) {
+            CHECK(r == CUDA_ERROR_OUT_OF_MEMORY, "%s: got %d, want CUDA_ERROR_OUT_OF_MEMORY", p->name, r);
+            return n;
+        }
+        n++;
+    }
+}
+
+/* Frees everything with device 1's context current. */
+static void release_all(const mem_path *p, uint64_t *h, int n) {
+    CHECK_CU(cuCtxSetCurrent(ctx1));
+    for (int i = 0; i < n; i++)
+        CHECK_CU(p->release(h[i]));
+    CHECK_CU(cuCtxSetCurrent(ctx0));
+}
+
+static void run_1proc(const mem_path *p) {
+    limits_two_gpus();
+    open_ctxs(p);
+    uint64_t ipc_base = region_used(1);
+    uint64_t h[MAXH];
+    int n = fill(p, h);
+    CHECK(n * p->unit == CAP0, "%s: held %llu bytes at OOM, cap %llu", p->name,
+          (unsigned long long)(n * p->unit), (unsigned long long)CAP0);
+    CHECK(region_used(0) == CAP0, "region says %llu", (unsigned long long)region_used(0));
+    CHECK(region_used(1) == ipc_base, "device 1 charged for device 0 memory");
+    fake_stats st;
+    fakeDeviceStats(0, &st);
+    if (p->fake_counts)
+        CHECK(st.peak <= CAP0 && st.used == CAP0, "fake device 0 peak %llu used %llu",
+              (unsigned long long)st.peak, (unsigned long long)st.used);
+    size_t fr = 1, tot = 0;
+    CHECK_CU(cuMemGetInfo_v2(&fr, &tot));
+    CHECK(fr == 0 && tot == CAP0, "cuMemGetInfo free %zu total %zu", fr, tot);
+
+    if (p->alloc_bytes) {
+        /* exact to the byte: free one unit, then fill the hole precisely */
+        uint64_t a, b, c;
+        CHECK_CU(p->release(h[--n]));
+        CHECK_CU(p->alloc_bytes(p->unit - 1, &a));
+        CHECK(p->alloc_bytes(2, &b) == CUDA_ERROR_OUT_OF_MEMORY, "2 bytes over the cap accepted");
+        CHECK_CU(p->alloc_bytes(1, &b));
+        CHECK(p->alloc_bytes(1, &c) == CUDA_ERROR_OUT_OF_MEMORY, "1 byte over the cap accepted");
+        CHECK(region_used(0) == CAP0, "region %llu", (unsigned long long)region_used(0));
+        CHECK_CU(cuCtxSetCurrent(ctx1));
+        CHECK_CU(p->release(a));
+        CHECK_CU(p->release(b));
+        CHECK_CU(cuCtxSetCurrent(ctx0));
+    }
+    release_all(p, h, n);
+    CHECK(region_used(0) == 0, "%llu bytes left charged", (unsigned long long)region_used(0));
+    CHECK(region_used(1) == ipc_base, "device 1 credited for device 0 frees");
+    fakeDeviceStats(0, &st);
+    CHECK(st.used == 0 && st.mapped == 0, "fake still holds %llu (+%llu mapped)",
+          (unsigned long long)st.used, (unsigned long long)st.mapped);
+    /* and the memory is usable again */
+    ipc_next = 0;
+    n = fill(p, h);
+    CHECK(n * p->unit == CAP0, "refill held %llu", (unsigned long long)(n * p->unit));
+}
+
+#define NPROC 4
+typedef struct {
+    const mem_path *p;
+    chan ch[NPROC];
+} mp_arg;
+
+static int mp_child(int i, void *arg) {
+    mp_arg *a = arg;
+    const mem_path *p = a->p;
+    open_ctxs(p);
+    uint64_t h[MAXH];
+    int n = fill(p, h);
+    chan_send_up(&a->ch[i], (uint64_t)n);
+    chan_recv_down(&a->ch[i]); /* hold until every process has hit the cap */
+    release_all(p, h, n);
+    chan_send_up(&a->ch[i], 0);
+    chan_recv_down(&a->ch[i]);
+    return 0;
+}
+
+static void run_4proc(const mem_path *p) {
+    limits_two_gpus();
+    mp_arg a = {.p = p};
+    pid_t pid[NPROC];
+    for (int i = 0; i < NPROC; i++) {
+        chan_init(&a.ch[i]);
+        pid[i] = spawn(mp_child, i, &a);
+    }
+    uint64_t total = 0;
+    for (int i = 0; i < NPROC; i++)
+        total += chan_recv_up(&a.ch[i]) * p->unit;
+    CHECK(total == CAP0, "%s: %d processes held %llu bytes at OOM, cap %llu", p->name, NPROC,
+          (unsigned long long)total, (unsigned long long)CAP0);
+    CHECK(region_used(0) == CAP0, "region %llu", (unsigned long long)region_used(0));
+    fake_stats st;
+    fakeDeviceStats(0, &st);
+    if (p->fake_counts)
+        CHECK(st.peak <= CAP0, "fake device 0 peaked at %llu", (unsigned long long)st.peak);
+    for (int i = 0; i < NPROC; i++)
+        chan_send_down(&a.ch[i], 1);
+    for (int i = 0; i < NPROC; i++)
+        chan_recv_up(&a.ch[i]);
+    CHECK(region_used(0) == 0, "%llu left after frees", (unsigned long long)region_used(0));
+    fakeDeviceStats(0, &st);
+    if (p->fake_counts)
+        CHECK(st.used == 0, "fake holds %llu", (unsigned long long)st.used);
+    for (int i = 0; i < NPROC; i++)
+        chan_send_down(&a.ch[i], 1);
+    for (int i = 0; i < NPROC; i++)
+        CHECK(wait_child(pid[i]) == 0, "child %d failed", i);
+    CHECK(region_live_slots() == 0, "%d slots still held after exit", region_live_slots());
+}
+
+static const mem_path *current;
+static void case_1proc(void);
+static void case_4proc(void);
+static char *names[NPATHS * 2];
+
+__attribute__((constructor)) static void register_mem_cases(void) {
+    for (int i = 0; i < NPATHS; i++) {
+        if (asprintf(&names[2 * i], "mem_%s_1proc", paths[i].name) < 0 ||
+            asprintf(&names[2 * i + 1], "mem_%s_4proc", paths[i].name) < 0)
+            abort();
+        register_test(names[2 * i], case_1proc);
+        register_test(names[2 * i + 1], case_4proc);
+    }
+}
+
+static const mem_path *path_of_current(void) {
+    for (int i = 0; i < NPATHS; i++)
+        if (strcmp(current_test_name + 4, paths[i].name) == 0 ||
+            (strncmp(current_test_name + 4, paths[i].name, strlen(paths[i].name)) == 0 &&
+             current_test_name[4 + strlen(paths[i].name)] == '_'))
+            return &paths[i];
+    CHECK(0, "no path for %s", current_test_name);
+    return NULL;
+}
+static void case_1proc(void) {
+    current = path_of_current();
+    run_1proc(current);
+}
+static void case_4proc(void) {
+    current = path_of_current();
+    run_4proc(current);
+}
+
+/* Host locations are not device memory: never charged. */
+TEST(mem_host_locations_not_counted) {
+    limits_two_gpus();
+    ctx1 = ctx_on(1);
+    ctx0 = ctx_on(0);
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof(p));
+    p.type = 1;
+    p.location.type = CU_MEM_LOCATION_TYPE_HOST;
+    CUmemGenericAllocationHandle h;
+    CHECK_CU(cuMemCreate(&h, 4 * CAP0, &p, 0));
+    p.location.type = CU_MEM_LOCATION_TYPE_HOST_NUMA;
+    CUmemGenericAllocationHandle h2;
+    CHECK_CU(cuMemCreate(&h2, 4 * CAP0, &p, 0));
+    CUmemPoolProps pp;
+    memset(&pp, 0, sizeof(pp));
+    pp.allocType = 1;
+    pp.location.type = CU_MEM_LOCATION_TYPE_HOST;
+    CUmemoryPool hostpool;
+    CHECK_CU(cuMemPoolCreate(&hostpool, &pp));
+    CUdeviceptr d;
+    CHECK_CU(cuMemAllocFromPoolAsync(&d, 4 * CAP0, hostpool, NULL));
+    CHECK(region_used(0) == 0 && region_used(1) == 0, "host memory was charged");
+    /* the default pool of device 0 is device memory */
+    CUmemoryPool dp;
+    CHECK_CU(cuDeviceGetDefaultMemPool(&dp, 0));
+    CHECK(cuMemAllocFromPoolAsync(&d, CAP0 + 1, dp, NULL) == CUDA_ERROR_OUT_OF_MEMORY,
+          "default pool over the cap accepted");
+    CHECK_CU(cuMemAllocFromPoolAsync(&d, CAP0, dp, NULL));
+    CHECK(region_used(0) == CAP0, "default pool not charged");
+    CHECK_CU(cuMemFreeAsync(d, NULL));
+    CHECK_CU(cuMemRelease(h));
+    CHECK_CU(cuMemRelease(h2));
+    CHECK(region_used(0) == 0, "left %llu", (unsigned long long)region_used(0));
+}
+
+/* A failed driver call changes nothing. */
+TEST(mem_driver_failure_gives_back) {
+    gpu_line g[1] = {{0, 1ull << 40, 100}}; /* cap above the fake's 16 GiB */
+    setup_limits(g, 1);
+    ctx0 = ctx_on(0);
+    CUdeviceptr p;
+    CHECK(cuMemAlloc_v2(&p, 17ull << 30) == CUDA_ERROR_OUT_OF_MEMORY, "fake should refuse");
+    CHECK(region_used(0) == 0, "failed allocation left %llu charged", (unsigned long long)region_used(0));
+    CHECK(cuMemFree_v2(0x1234) != CUDA_SUCCESS, "free of an unknown pointer");
+    CHECK(region_used(0) == 0, "unknown free credited");
+}

@@ -1,0 +1,209 @@
+#define _GNU_SOURCE
+#include "util.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+const char *tmpdir(void) {
+    static char dir[4096];
+    if (dir[0])
+        return dir;
+    const char *e = getenv("VCUDA_TEST_TMP");
+    if (e && *e) {
+        snprintf(dir, sizeof(dir), "%s", e);
+        mkdir(dir, 0700);
+    } else {
+        snprintf(dir, sizeof(dir), "/tmp/vcuda-test-XXXXXX");
+        CHECK(mkdtemp(dir) != NULL, "mkdtemp: %s", strerror(errno));
+    }
+    return dir;
+}
+
+const char *tpath(const char *name) {
+    static char buf[8][4096];
+    static int i;
+    char *b = buf[i++ % 8];
+    snprintf(b, 4096, "%s/%s", tmpdir(), name);
+    return b;
+}
+
+void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    CHECK(f != NULL, "open %s: %s", path, strerror(errno));
+    fputs(text, f);
+    fclose(f);
+}
+
+char *read_text(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return strdup("");
+    static char buf[1 << 16];
+    size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+    buf[n] = '\0';
+    fclose(f);
+    return strdup(buf);
+}
+
+const char *fake_uuid(int i) {
+    static char buf[16][64];
+    snprintf(buf[i], 64, "GPU-%08x-0000-4000-8000-%012x", 0xfa4e0000u + (unsigned)i, i);
+    return buf[i];
+}
+
+const char *setup_limits(const gpu_line *gpus, int n) {
+    char text[8192];
+    int off = snprintf(text, sizeof(text),
+                       "# written by the vcuda tests\ntessera-vcuda-limits 1\ncontainer test-%d\n"
+                       "region %s\n",
+                       (int)getpid(), tpath("region"));
+    for (int i = 0; i < n; i++)
+        off += snprintf(text + off, sizeof(text) - (size_t)off, "gpu %s %llu %d\n",
+                        fake_uuid(gpus[i].dev), (unsigned long long)gpus[i].cap,
+                        gpus[i].cores ? gpus[i].cores : 100);
+    const char *p = tpath("limits");
+    write_file(p, text);
+    setenv("TESSERA_VCUDA_LIMITS", p, 1);
+    setenv("FAKE_CUDA_SHM", tpath("fake-shm"), 1);
+    return p;
+}
+
+static vc_region_hdr *region;
+vc_region_hdr *region_map(void) {
+    if (region)
+        return region;
+    int fd = open(tpath("region"), O_RDONLY);
+    if (fd < 0 && errno == ENOENT)
+        return NULL; /* no process has used CUDA yet */
+    CHECK(fd >= 0, "open region: %s", strerror(errno));
+    void *m = mmap(NULL, VC_REGION_SIZE, PROT_READ, MAP_SHARED, fd, 0);
+    CHECK(m != MAP_FAILED, "mmap region: %s", strerror(errno));
+    close(fd);
+    region = m;
+    CHECK(region->magic == VC_REGION_MAGIC, "bad region magic");
+    return region;
+}
+
+uint64_t region_used(int g) {
+    if (!region_map())
+        return 0;
+    vc_region_gpu *gp = (vc_region_gpu *)((char *)region_map() + VC_REGION_GPU_OFFSET) + g;
+    return atomic_load(&gp->used) & ~VC_FROZEN;
+}
+
+int region_live_slots(void) {
+    if (!region_map())
+        return 0;
+    vc_region_slot *s = (vc_region_slot *)((char *)region_map() + VC_REGION_SLOT_OFFSET);
+    int n = 0;
+    for (int i = 0; i < VC_MAX_SLOTS; i++)
+        n += atomic_load(&s[i].pid) != 0;
+    return n;
+}
+
+CUresult cuInit(unsigned);
+CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
+CUcontext ctx_on(int d) {
+    CUcontext c;
+    CHECK_CU(cuInit(0));
+    CHECK_CU(cuCtxCreate_v2(&c, 0, d));
+    return c;
+}
+
+pid_t spawn(child_fn fn, int i, void *arg) {
+    fflush(NULL);
+    pid_t p = fork();
+    CHECK(p >= 0, "fork: %s", strerror(errno));
+    if (p == 0) {
+        int rc = fn(i, arg);
+        fflush(NULL);
+        exit(rc);
+    }
+    return p;
+}
+
+int wait_child(pid_t pid) {
+    int st;
+    while (waitpid(pid, &st, 0) < 0)
+        CHECK(errno == EINTR, "waitpid: %s", strerror(errno));
+    if (WIFSIGNALED(st))
+        return 128 + WTERMSIG(st);
+    return WEXITSTATUS(st);
+}
+
+void wait_for_file(const char *path, double timeout_s) {
+    uint64_t end = now_ns() + (uint64_t)(timeout_s * 1e9);
+    while (access(path, F_OK) != 0) {
+        CHECK(now_ns() < end, "timed out waiting for %s", path);
+        usleep(1000);
+    }
+}
+
+void chan_init(chan *c) {
+    CHECK(pipe(c->up) == 0 && pipe(c->down) == 0, "pipe");
+}
+static void wr(int fd, uint64_t v) { CHECK(write(fd, &v, 8) == 8, "pipe write"); }
+static uint64_t rd(int fd) {
+    uint64_t v;
+    CHECK(read(fd, &v, 8) == 8, "pipe read");
+    return v;
+}
+void chan_send_up(chan *c, uint64_t v) { wr(c->up[1], v); }
+uint64_t chan_recv_up(chan *c) { return rd(c->up[0]); }
+void chan_send_down(chan *c, uint64_t v) { wr(c->down[1], v); }
+uint64_t chan_recv_down(chan *c) { return rd(c->down[0]); }
+
+/* ---- registry and main ---- */
+
+#define MAX_TESTS 256
+static struct {
+    const char *name;
+    test_fn fn;
+    const char *lib;
+} tests[MAX_TESTS];
+static int ntests;
+
+void register_test_lib(const char *name, test_fn fn, const char *lib) {
+    if (ntests < MAX_TESTS) {
+        tests[ntests].name = name;
+        tests[ntests].fn = fn;
+        tests[ntests].lib = lib;
+        ntests++;
+    }
+}
+
+const char *current_test_name;
+int test_main(int argc, char **argv) {
+    if (argc == 2 && strcmp(argv[1], "--list") == 0) {
+        for (int i = 0; i < ntests; i++)
+            printf("%s\t%s\n", tests[i].name, tests[i].lib);
+        return 0;
+    }
+    if (argc != 2) {
+        fprintf(stderr, "usage: %s --list | <case>\n", argv[0]);
+        return 2;
+    }
+    for (int i = 0; i < ntests; i++) {
+        if (strcmp(tests[i].name, argv[1]) == 0) {
+            current_test_name = tests[i].name;
+            tests[i].fn();
+            printf("PASS %s\n", argv[1]);
+            return 0;
+        }
+    }
+    fprintf(stderr, "unknown case %s\n", argv[1]);
+    return 2;
+}

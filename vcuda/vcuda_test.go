@@ -1,0 +1,145 @@
+package vcuda
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The C side is built once per test binary into a temporary directory.
+var (
+	buildOnce sync.Once
+	buildDir  string
+	buildErr  error
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if buildDir != "" {
+		os.RemoveAll(buildDir)
+	}
+	os.Exit(code)
+}
+
+// build runs vcuda/Makefile: libvcuda.so, its test-hooks build, the fake
+// libcuda.so.1 / libnvidia-ml.so.1, the C test and bench binaries.
+func build(tb testing.TB) string {
+	tb.Helper()
+	buildOnce.Do(func() {
+		for _, tool := range []string{"make", "gcc", "objdump"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				buildErr = fmt.Errorf("skip: %s not found: %v", tool, err)
+				return
+			}
+		}
+		dir, err := os.MkdirTemp("", "vcuda-build-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		buildDir = dir
+		cmd := exec.Command("make", "-s", "-j2", "BUILD="+dir)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			buildErr = fmt.Errorf("make: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		if strings.HasPrefix(buildErr.Error(), "skip: ") {
+			tb.Skip(buildErr)
+		}
+		tb.Fatal(buildErr)
+	}
+	return buildDir
+}
+
+type cCase struct{ name, lib string }
+
+// listCases asks the C test binary for its cases.
+func listCases(t *testing.T, dir string) []cCase {
+	cmd := exec.Command(filepath.Join(dir, "vcuda_tests"), "--list")
+	cmd.Env = caseEnv(dir, "", t.TempDir())
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("vcuda_tests --list: %v", err)
+	}
+	var cases []cCase
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Split(sc.Text(), "\t")
+		if len(f) == 2 {
+			cases = append(cases, cCase{f[0], f[1]})
+		}
+	}
+	sort.Slice(cases, func(i, j int) bool { return cases[i].name < cases[j].name })
+	return cases
+}
+
+// caseEnv is the environment of one C case: the parent's minus anything that
+// would steer vcuda or the fake, plus the preload and the fake driver.
+func caseEnv(dir, lib, tmp string) []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		k := kv[:strings.IndexByte(kv, '=')+1]
+		switch {
+		case strings.HasPrefix(k, "TESSERA_VCUDA"), strings.HasPrefix(k, "FAKE_CUDA"),
+			strings.HasPrefix(k, "VCUDA_TEST"), k == "LD_PRELOAD=", k == "LD_LIBRARY_PATH=":
+			continue
+		}
+		env = append(env, kv)
+	}
+	env = append(env, "LD_LIBRARY_PATH="+filepath.Join(dir, "fake"), "VCUDA_TEST_TMP="+tmp)
+	switch lib {
+	case "vcuda":
+		env = append(env, "LD_PRELOAD="+filepath.Join(dir, "libvcuda.so"))
+	case "testhooks":
+		env = append(env, "LD_PRELOAD="+filepath.Join(dir, "libvcuda-testhooks.so"))
+	}
+	return env
+}
+
+func runCase(t *testing.T, dir string, c cCase) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, "vcuda_tests"), c.name)
+	cmd.Env = caseEnv(dir, c.lib, t.TempDir())
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("%s timed out\n%s", c.name, out)
+	}
+	if err != nil {
+		t.Fatalf("%s: %v\n%s", c.name, err, out)
+	}
+	if testing.Verbose() {
+		t.Logf("%s", bytes.TrimSpace(out))
+	}
+}
+
+// runGroup runs, as subtests, the C cases whose names start with prefix.
+func runGroup(t *testing.T, prefix string) {
+	dir := build(t)
+	n := 0
+	for _, c := range listCases(t, dir) {
+		if !strings.HasPrefix(c.name, prefix) {
+			continue
+		}
+		n++
+		t.Run(strings.TrimPrefix(c.name, prefix), func(t *testing.T) { runCase(t, dir, c) })
+	}
+	if n == 0 {
+		t.Fatalf("no C test cases named %s*", prefix)
+	}
+}
+
+// Every allocation path x {1, 4 processes}: never over the cap, exact OOM,
+// frees credited to the allocation's own device.
+func TestMemory(t *testing.T) { runGroup(t, "mem_") }
