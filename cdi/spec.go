@@ -20,6 +20,9 @@ const (
 	ClassShare = "vgpu"  // the fractional token: control nodes + the vcuda library
 	ShareName  = "share" // the one device of ClassShare
 	AllName    = "all"
+	// CommonName is the whole-GPU token's device: the control nodes only. The GPU itself is added
+	// per container by the NRI plugin, which knows the pod and its assignment.
+	CommonName = "common"
 )
 
 // Generator builds the specs for one node.
@@ -113,7 +116,9 @@ func wholeGPUDevices(n *gpu.Node) []specs.Device {
 		all = append(all, node...)
 	}
 	if len(all) > 0 {
-		devs = append(devs, specs.Device{Name: AllName, ContainerEdits: specs.ContainerEdits{DeviceNodes: all}})
+		devs = append(devs,
+			specs.Device{Name: AllName, ContainerEdits: specs.ContainerEdits{DeviceNodes: all}},
+			specs.Device{Name: CommonName, ContainerEdits: specs.ContainerEdits{Env: []string{"TESSERA_GPU_TOKEN=whole"}}})
 	}
 	return devs
 }

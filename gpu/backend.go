@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 
+	"github.com/NVIDIA/go-nvlib/pkg/nvmdev"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 )
 
@@ -16,6 +17,10 @@ type Backend interface {
 	Name() string
 	// Discover reads the GPUs, their MIG instances, mdev types and topology.
 	Discover(ctx context.Context) (*Node, error)
+	// CreateMdev creates an mdev vGPU of a type on the parent GPU at parentBus, with this UUID.
+	CreateMdev(parentBus, typeName, uuid string) error
+	// RemoveMdev removes an mdev vGPU (a missing one is not an error).
+	RemoveMdev(uuid string) error
 	// WatchHealth calls report for every health change until ctx ends.
 	WatchHealth(ctx context.Context, report func(HealthEvent)) error
 	// Close releases the library.
@@ -91,6 +96,14 @@ func (b *nvmlBackend) Discover(ctx context.Context) (*Node, error) {
 		return nil, err
 	}
 	return n, nil
+}
+
+func (b *nvmlBackend) CreateMdev(parentBus, typeName, uuid string) error {
+	return createMdev(openSysfsMdev(), parentBus, typeName, uuid)
+}
+
+func (b *nvmlBackend) RemoveMdev(uuid string) error {
+	return removeMdev(openSysfsMdev(), uuid, func(d *nvmdev.Device) error { return d.Delete() })
 }
 
 func (b *nvmlBackend) WatchHealth(ctx context.Context, report func(HealthEvent)) error {

@@ -30,7 +30,7 @@ func addMdev(n *Node, lib nvmdev.Interface) error {
 		return fmt.Errorf("list mdev parents: %w", err)
 	}
 	for _, p := range parents {
-		g := n.gpuByBus(p.Address)
+		g := n.GPUByBus(p.Address)
 		if g == nil {
 			continue
 		}
@@ -47,7 +47,7 @@ func addMdev(n *Node, lib nvmdev.Interface) error {
 	for _, d := range devs {
 		typ := strings.TrimPrefix(d.MDEVType, "NVIDIA ")
 		n.Mdevs = append(n.Mdevs, MdevDevice{UUID: d.UUID, Type: typ, ParentBus: d.Parent.Address, IOMMUGroup: d.IommuGroup})
-		if g := n.gpuByBus(d.Parent.Address); g != nil {
+		if g := n.GPUByBus(d.Parent.Address); g != nil {
 			for i := range g.Mdev {
 				if g.Mdev[i].Name == typ {
 					g.Mdev[i].Instances = append(g.Mdev[i].Instances, d.UUID)
@@ -81,10 +81,50 @@ func mdevTypes(p *nvmdev.ParentDevice) ([]api.MdevType, error) {
 	return out, nil
 }
 
-func (n *Node) gpuByBus(bus string) *api.GPU {
+// GPUByBus returns the GPU at a PCI address, or nil.
+func (n *Node) GPUByBus(bus string) *api.GPU {
 	for i := range n.GPUs {
 		if strings.EqualFold(n.GPUs[i].PCIBusID, bus) {
 			return &n.GPUs[i]
+		}
+	}
+	return nil
+}
+
+// createMdev writes the UUID to the type's create file under the parent, as the kernel expects.
+func createMdev(lib nvmdev.Interface, parentBus, typeName, uuid string) error {
+	if lib == nil {
+		return fmt.Errorf("create mdev %s: this node has no mdev parents", uuid)
+	}
+	parents, err := lib.GetAllParentDevices()
+	if err != nil {
+		return fmt.Errorf("create mdev %s: %w", uuid, err)
+	}
+	for _, p := range parents {
+		if strings.EqualFold(p.Address, parentBus) {
+			if err := p.CreateMDEVDevice(typeName, uuid); err != nil {
+				return fmt.Errorf("create mdev %s of type %s on %s: %w", uuid, typeName, parentBus, err)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("create mdev %s: no mdev parent at %s", uuid, parentBus)
+}
+
+// removeMdev finds the mdev device and removes it with remove (the kernel's "remove" file on real sysfs).
+func removeMdev(lib nvmdev.Interface, uuid string, remove func(*nvmdev.Device) error) error {
+	if lib == nil {
+		return nil
+	}
+	devs, err := lib.GetAllDevices()
+	if err != nil {
+		return fmt.Errorf("remove mdev %s: %w", uuid, err)
+	}
+	for _, d := range devs {
+		if d.UUID == uuid {
+			if err := remove(d); err != nil {
+				return fmt.Errorf("remove mdev %s: %w", uuid, err)
+			}
 		}
 	}
 	return nil

@@ -382,7 +382,23 @@ func (b *simBackend) addMdevParent(d *server.Device) error {
 		}
 		b.mdev = m
 	}
-	return b.mdev.AddMockA100Parent(d.PciBusID, d.Index/b.desc.GPUsPerNUMA)
+	if err := b.mdev.AddMockA100Parent(d.PciBusID, d.Index/b.desc.GPUsPerNUMA); err != nil {
+		return err
+	}
+	// The kernel provides a write-only "create" file per type; go-nvlib's mock tree lacks it.
+	parents, err := b.mdev.GetAllParentDevices()
+	if err != nil {
+		return err
+	}
+	for _, p := range parents {
+		dirs, _ := filepath.Glob(filepath.Join(p.Path, "mdev_supported_types", "nvidia-*"))
+		for _, dir := range dirs {
+			if err := os.WriteFile(filepath.Join(dir, "create"), nil, 0o200); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
 }
 
 // shapeServer adds topology and an event set the tests can feed.
@@ -434,6 +450,78 @@ func (b *simBackend) Discover(ctx context.Context) (*Node, error) {
 		return nil, err
 	}
 	return n, nil
+}
+
+// CreateMdev creates the mdev through go-nvlib like on real sysfs, then plays the kernel's part in
+// the simulated tree: the device appears under its parent and the type has one instance fewer.
+func (b *simBackend) CreateMdev(parentBus, typeName, uuid string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.mdev == nil {
+		return fmt.Errorf("create mdev %s: the simulated node has no mdev parents", uuid)
+	}
+	if err := createMdev(b.mdev, parentBus, typeName, uuid); err != nil {
+		return err
+	}
+	parents, err := b.mdev.GetAllParentDevices()
+	if err != nil {
+		return err
+	}
+	for _, p := range parents {
+		if !strings.EqualFold(p.Address, parentBus) {
+			continue
+		}
+		types, err := mdevTypes(p)
+		if err != nil {
+			return err
+		}
+		for _, t := range types {
+			if t.Name != typeName {
+				continue
+			}
+			if t.Available < 1 {
+				return fmt.Errorf("create mdev %s: no %s instances left on %s", uuid, typeName, parentBus)
+			}
+			if err := b.mdev.AddMockA100Mdev(uuid, typeName, t.ID, p.Path); err != nil {
+				return fmt.Errorf("create simulated mdev %s: %w", uuid, err)
+			}
+			return setAvailable(p.Path, t.ID, t.Available-1)
+		}
+	}
+	return fmt.Errorf("create mdev %s: no type %s on %s", uuid, typeName, parentBus)
+}
+
+// RemoveMdev undoes CreateMdev in the simulated tree.
+func (b *simBackend) RemoveMdev(uuid string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.mdev == nil {
+		return nil
+	}
+	return removeMdev(b.mdev, uuid, func(d *nvmdev.Device) error {
+		typeDir, err := filepath.EvalSymlinks(filepath.Join(d.Path, "mdev_type"))
+		if err != nil {
+			return err
+		}
+		raw, err := os.ReadFile(filepath.Join(typeDir, "available_instances"))
+		if err != nil {
+			return err
+		}
+		var avail int
+		fmt.Sscanf(string(raw), "%d", &avail)
+		parentDir := filepath.Dir(filepath.Dir(typeDir))
+		if err := os.Remove(d.Path); err != nil {
+			return err
+		}
+		if err := os.RemoveAll(filepath.Join(parentDir, uuid)); err != nil {
+			return err
+		}
+		return setAvailable(parentDir, filepath.Base(typeDir), avail+1)
+	})
+}
+
+func setAvailable(parentDir, typeID string, n int) error {
+	return os.WriteFile(filepath.Join(parentDir, "mdev_supported_types", typeID, "available_instances"), []byte(fmt.Sprint(n)), 0o644)
 }
 
 func (b *simBackend) WatchHealth(ctx context.Context, report func(HealthEvent)) error {

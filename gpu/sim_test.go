@@ -185,3 +185,46 @@ func TestSimXIDHealth(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 }
+
+func TestSimMdevCreateRemove(t *testing.T) {
+	b, n := openTestSim(t, "")
+	parent := n.GPUs[6]
+	before := parent.Mdev[0]
+	const id = "3a1f5a4e-0000-4000-8000-000000000001"
+	if err := b.CreateMdev(parent.PCIBusID, before.Name, id); err != nil {
+		t.Fatal(err)
+	}
+	n2, err := b.Discover(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(n2.Mdevs) != 1 || n2.Mdevs[0].UUID != id || n2.Mdevs[0].Type != before.Name || n2.Mdevs[0].ParentBus != parent.PCIBusID {
+		t.Fatalf("mdev devices after create: %+v", n2.Mdevs)
+	}
+	after := n2.GPUs[6].Mdev[0]
+	if after.Available != before.Available-1 || len(after.Instances) != 1 || after.Instances[0] != id {
+		t.Errorf("type after create: %+v (before %+v)", after, before)
+	}
+	// The VFIO nodes for it exist now.
+	for _, d := range n2.VFIONodes(&n2.Mdevs[0]) {
+		if _, err := os.Stat(d.HostPath); err != nil {
+			t.Errorf("VFIO node: %v", err)
+		}
+	}
+	if err := b.CreateMdev(parent.PCIBusID, before.Name, "3a1f5a4e-0000-4000-8000-000000000002"); err == nil || !strings.Contains(err.Error(), "no A100-4C instances left") {
+		t.Errorf("second create of a one-instance type: %v", err)
+	}
+	if err := b.RemoveMdev(id); err != nil {
+		t.Fatal(err)
+	}
+	n3, _ := b.Discover(context.Background())
+	if len(n3.Mdevs) != 0 || n3.GPUs[6].Mdev[0].Available != before.Available {
+		t.Errorf("after remove: %+v %+v", n3.Mdevs, n3.GPUs[6].Mdev[0])
+	}
+	if err := b.RemoveMdev(id); err != nil {
+		t.Errorf("removing a missing mdev: %v", err)
+	}
+	if err := b.CreateMdev("0000:99:00.0", before.Name, id); err == nil || !strings.Contains(err.Error(), "no mdev parent at 0000:99:00.0") {
+		t.Errorf("unknown parent: %v", err)
+	}
+}

@@ -1,0 +1,294 @@
+package nri
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"time"
+
+	nriapi "github.com/containerd/nri/pkg/api"
+	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/cdi"
+	"github.com/tessera-gpu/tessera/ledger"
+)
+
+var (
+	timeAfter  = time.After
+	retryDelay = time.Second
+)
+
+// AnnotationLedgerEntry is set on every container Tessera adjusted, so a restarted agent can rebuild
+// its ledger from the running containers alone (Synchronize).
+const AnnotationLedgerEntry = "tessera.dev/ledger-entry"
+
+// CreateContainer realises the container's GPU assignment or refuses the container with the reason.
+func (p *Plugin) CreateContainer(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container) (*nriapi.ContainerAdjustment, []*nriapi.ContainerUpdate, error) {
+	adj, err := p.create(ctx, pod, c)
+	if err != nil {
+		slog.Error("refusing container", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "err", err)
+		return nil, nil, fmt.Errorf("tessera: %s/%s container %q: %w", pod.GetNamespace(), pod.GetName(), c.GetName(), err)
+	}
+	return adj, nil, nil
+}
+
+func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container) (*nriapi.ContainerAdjustment, error) {
+	adj := &nriapi.ContainerAdjustment{}
+	grant, err := p.grants.Container(ctx, pod.GetNamespace(), pod.GetName(), c.GetName())
+	if err != nil {
+		return nil, err
+	}
+	entry := ledger.Entry{ContainerID: c.GetId(), PodUID: pod.GetUid(), Namespace: pod.GetNamespace(), Pod: pod.GetName(), Container: c.GetName()}
+	whole, shares := grant.Count(api.ResourceGPU), grant.Count(api.ResourceShare)
+	for res, ids := range grant {
+		switch {
+		case strings.HasPrefix(res, api.MIGResourcePrefix):
+			entry.MIG = append(entry.MIG, ids...)
+		case strings.HasPrefix(res, api.MdevResourcePrefix):
+			entry.Mdev = append(entry.Mdev, ids...)
+		}
+	}
+	if whole > 0 || shares > 0 {
+		devs, local, err := p.assignment(ctx, pod, c, whole, shares)
+		if err != nil {
+			return nil, err
+		}
+		entry.Devices, entry.Local = devs, local
+	}
+	granted := p.grantedNodes(&entry)
+	p.stripUngranted(c, adj, granted)
+	if len(entry.Devices) == 0 && len(entry.MIG) == 0 && len(entry.Mdev) == 0 {
+		return adj, nil
+	}
+	if err := p.agent.Ledger().Reserve(entry, p.agent.Inventory()); err != nil {
+		return nil, err
+	}
+	if err := p.realise(pod, c, &entry, adj); err != nil {
+		p.agent.Ledger().Release(entry.ContainerID)
+		os.RemoveAll(p.containerDir(entry.ContainerID))
+		return nil, err
+	}
+	slog.Info("GPU assignment realised", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "id", c.GetId(),
+		"devices", entry.Devices, "mig", entry.MIG, "mdev", entry.Mdev, "local", entry.Local)
+	return adj, nil
+}
+
+// assignment returns the verified devices for a container granted whole GPUs or shares: the
+// extender's assignment if the pod carries one, else a local placement.
+func (p *Plugin) assignment(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container, whole, shares int) ([]api.DeviceAssignment, bool, error) {
+	spec, err := p.pods.Pod(ctx, pod.GetNamespace(), pod.GetName())
+	if err != nil {
+		return nil, false, fmt.Errorf("read the pod's spec to check its requests: %w", err)
+	}
+	if string(spec.UID) != pod.GetUid() {
+		return nil, false, fmt.Errorf("the API server's pod has UID %s, the sandbox %s", spec.UID, pod.GetUid())
+	}
+	req, err := api.ParsePodRequest(spec)
+	if err != nil {
+		return nil, false, err
+	}
+	var cr *api.ContainerRequest
+	for i := range req.Containers {
+		if req.Containers[i].Name == c.GetName() {
+			cr = &req.Containers[i]
+		}
+	}
+	if cr == nil || cr.WholeGPUs != whole || cr.Shares != shares {
+		return nil, false, fmt.Errorf("the kubelet granted %d whole GPUs and %d shares, which is not what the pod requests", whole, shares)
+	}
+	inv := p.agent.Inventory()
+	raw, ok := pod.GetAnnotations()[api.AnnotationAssignment]
+	if !ok {
+		devs, err := p.agent.Ledger().PlaceLocally(cr, inv)
+		return devs, true, err
+	}
+	a, err := api.DecodeAssignment([]byte(raw))
+	if err != nil {
+		return nil, false, err
+	}
+	if a.Node != inv.Node {
+		return nil, false, fmt.Errorf("its assignment is for node %q, this is %q", a.Node, inv.Node)
+	}
+	ca := a.Container(c.GetName())
+	if ca == nil {
+		return nil, false, fmt.Errorf("its assignment has no entry for this container")
+	}
+	if err := verify(ca.Devices, cr, inv); err != nil {
+		return nil, false, fmt.Errorf("its assignment does not match its request: %w", err)
+	}
+	return ca.Devices, false, nil
+}
+
+// verify checks an assignment against the container's request, device by device.
+func verify(devs []api.DeviceAssignment, cr *api.ContainerRequest, inv *api.NodeInventory) error {
+	if want := cr.WholeGPUs + cr.Shares; len(devs) != want {
+		return fmt.Errorf("it names %d GPUs, the container was granted %d", len(devs), want)
+	}
+	for _, d := range devs {
+		g := inv.GPUByUUID(d.UUID)
+		if g == nil {
+			return fmt.Errorf("GPU %s is not on node %s", d.UUID, inv.Node)
+		}
+		if d.Whole != (cr.WholeGPUs > 0) {
+			return fmt.Errorf("GPU %s: whole=%v but the container asks for %s", d.UUID, d.Whole, map[bool]string{true: "whole GPUs", false: "shares"}[cr.WholeGPUs > 0])
+		}
+		if d.Whole {
+			continue
+		}
+		if want := cr.ShareMemoryOn(g.MemoryBytes); d.MemoryBytes != want {
+			return fmt.Errorf("GPU %s: memory cap %d bytes, the container requests %d", d.UUID, d.MemoryBytes, want)
+		}
+		if d.CoresPercent != cr.ShareCores {
+			return fmt.Errorf("GPU %s: compute cap %d%%, the container requests %d%%", d.UUID, d.CoresPercent, cr.ShareCores)
+		}
+	}
+	return nil
+}
+
+// gpuNodePattern matches the GPU-granting device nodes a container may only have when granted.
+var gpuNodePattern = regexp.MustCompile(`^/dev/(nvidia[0-9]+|nvidia-caps/nvidia-cap[0-9]+|vfio/[0-9]+)$`)
+
+// grantedNodes are the container paths of the device nodes the entry grants.
+func (p *Plugin) grantedNodes(e *ledger.Entry) map[string]bool {
+	n := p.agent.Node()
+	ok := map[string]bool{}
+	if n == nil {
+		return ok
+	}
+	for _, d := range e.Devices {
+		if g := n.GPUByUUID(d.UUID); g != nil {
+			ok[n.GPUNode(g).Path] = true
+		}
+	}
+	for _, id := range e.MIG {
+		if parent, m := n.MIGByUUID(id); m != nil {
+			for _, d := range n.MIGNodes(parent, m) {
+				ok[d.Path] = true
+			}
+		}
+	}
+	for i := range n.Mdevs {
+		if slices.Contains(e.Mdev, n.Mdevs[i].UUID) {
+			for _, d := range n.VFIONodes(&n.Mdevs[i]) {
+				ok[d.Path] = true
+			}
+		}
+	}
+	return ok
+}
+
+// stripUngranted removes GPU device nodes the container has but was not granted (a pod can ask
+// containerd for CDI devices through annotations; the kubelet's grant is what counts).
+func (p *Plugin) stripUngranted(c *nriapi.Container, adj *nriapi.ContainerAdjustment, granted map[string]bool) {
+	for _, d := range c.GetLinux().GetDevices() {
+		if gpuNodePattern.MatchString(d.GetPath()) && !granted[d.GetPath()] {
+			slog.Warn("removing a GPU device the container was not granted", "container", c.GetId(), "device", d.GetPath())
+			adj.RemoveDevice(d.GetPath())
+		}
+	}
+}
+
+// realise adds devices, the preload and the limits to the container.
+func (p *Plugin) realise(pod *nriapi.PodSandbox, c *nriapi.Container, e *ledger.Entry, adj *nriapi.ContainerAdjustment) error {
+	gen := p.agent.Generator()
+	raw, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	adj.AddAnnotation(AnnotationLedgerEntry, string(raw))
+	if p.isKata(pod) {
+		return p.realiseKata(c, e, adj)
+	}
+	for _, d := range e.Devices {
+		adj.AddCDIDevice(&nriapi.CDIDevice{Name: gen.Name(cdi.ClassGPU, d.UUID)})
+	}
+	if len(e.Devices) == 0 || e.Devices[0].Whole {
+		return nil // whole GPUs, MIG and mdev: nothing to cap, no preload
+	}
+	return p.addVCUDA(c, e, adj)
+}
+
+// addVCUDA writes the container's limits file and mounts it, its accounting directory, the library
+// and a read-only /etc/ld.so.preload naming the library.
+func (p *Plugin) addVCUDA(c *nriapi.Container, e *ledger.Entry, adj *nriapi.ContainerAdjustment) error {
+	dir := p.containerDir(e.ContainerID)
+	if err := os.MkdirAll(filepath.Join(dir, "vcuda"), 0o755); err != nil {
+		return fmt.Errorf("create the container's vcuda directory: %w", err)
+	}
+	l := &api.Limits{ContainerID: e.ContainerID, RegionPath: api.RegionDirInContainer + "/region"}
+	for _, d := range e.Devices {
+		cores := d.CoresPercent
+		if cores == 0 {
+			cores = api.MaxCoresPercent
+		}
+		l.GPUs = append(l.GPUs, api.GPULimit{UUID: d.UUID, MemoryBytes: d.MemoryBytes, CoresPercent: cores})
+	}
+	data, err := api.EncodeLimits(l)
+	if err != nil {
+		return err
+	}
+	files := map[string][]byte{"limits": data, "ld.so.preload": []byte(api.VCUDALibraryInContainer + "\n")}
+	for name, content := range files {
+		if err := writeFileAtomic(filepath.Join(dir, name), content); err != nil {
+			return fmt.Errorf("write the container's %s: %w", name, err)
+		}
+	}
+	ro := []string{"bind", "ro", "nosuid", "nodev"}
+	adj.AddMount(&nriapi.Mount{Source: filepath.Join(dir, "limits"), Destination: api.LimitsPathInContainer, Type: "bind", Options: ro})
+	adj.AddMount(&nriapi.Mount{Source: filepath.Join(dir, "ld.so.preload"), Destination: "/etc/ld.so.preload", Type: "bind", Options: ro})
+	adj.AddMount(&nriapi.Mount{Source: filepath.Join(dir, "vcuda"), Destination: api.RegionDirInContainer, Type: "bind", Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}})
+	if !slices.ContainsFunc(c.GetMounts(), func(m *nriapi.Mount) bool { return m.GetDestination() == api.VCUDALibraryInContainer }) {
+		adj.AddMount(&nriapi.Mount{Source: p.cfg.VCUDALibrary, Destination: api.VCUDALibraryInContainer, Type: "bind", Options: ro})
+	}
+	return nil
+}
+
+func (p *Plugin) isKata(pod *nriapi.PodSandbox) bool {
+	h := pod.GetRuntimeHandler()
+	return slices.ContainsFunc(p.cfg.KataHandlers, func(k string) bool { return h != "" && strings.HasPrefix(h, k) })
+}
+
+// realiseKata gives a VM-runtime container VFIO device nodes instead of /dev/nvidia*, and the
+// container-level CDI annotation Kata's agent resolves inside the guest.
+func (p *Plugin) realiseKata(c *nriapi.Container, e *ledger.Entry, adj *nriapi.ContainerAdjustment) error {
+	if len(e.Devices) > 0 {
+		return fmt.Errorf("whole GPUs and shares need a runc container; under a Kata runtime ask for an mdev vGPU (%s<type>)", api.MdevResourcePrefix)
+	}
+	for _, d := range c.GetLinux().GetDevices() {
+		if strings.HasPrefix(d.GetPath(), "/dev/nvidia") {
+			adj.RemoveDevice(d.GetPath())
+		}
+	}
+	var names []string
+	for _, id := range e.Mdev {
+		names = append(names, p.agent.Generator().Name(cdi.ClassMdev, id))
+	}
+	if len(names) == 0 {
+		return nil
+	}
+	key, err := cdiapi.AnnotationKey("tessera", e.ContainerID[:min(32, len(e.ContainerID))])
+	if err != nil {
+		return err
+	}
+	value, err := cdiapi.AnnotationValue(names)
+	if err != nil {
+		return err
+	}
+	adj.AddAnnotation(key, value)
+	return nil
+}
+
+func writeFileAtomic(path string, data []byte) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, 0o644); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
