@@ -1,0 +1,342 @@
+package extender
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+)
+
+// Device is one GPU given to one container of a request.
+type Device struct {
+	// Container indexes Request.Containers; GPU indexes NodeState.GPUs.
+	Container int
+	GPU       int
+	Whole     bool
+	// Memory (bytes) and Milli (per-mille compute) of a share.
+	Memory int64
+	Milli  int
+}
+
+// Placement is one feasible choice of GPUs for a request on a node.
+type Placement struct {
+	Devices []Device
+}
+
+// Unfit is why a request cannot be placed on a node; the message is shown to users as is.
+type Unfit struct {
+	// Unresolvable is set when no preemption on this node could help (static mismatch).
+	Unresolvable bool
+	Msg          string
+}
+
+func (u *Unfit) Error() string { return u.Msg }
+
+func unfit(unresolvable bool, format string, args ...any) *Unfit {
+	return &Unfit{Unresolvable: unresolvable, Msg: fmt.Sprintf(format, args...)}
+}
+
+// Candidates returns the distinct feasible placements of r on n (GPUs in the same state are
+// interchangeable, so only one of them is offered), or why there is none. It is the single
+// placement core behind filter, prioritize, bind and the simulator.
+func Candidates(n *NodeState, r *Request) ([]Placement, *Unfit) {
+	if u := checkStatic(n, r); u != nil {
+		return nil, u
+	}
+	if n.CPUMilli > 0 && n.UsedCPU+r.CPUMilli > n.CPUMilli {
+		return nil, unfit(false, "insufficient CPU: %dm free, %dm requested", n.CPUMilli-n.UsedCPU, r.CPUMilli)
+	}
+	if n.MemMiB > 0 && n.UsedMem+r.MemMiB > n.MemMiB {
+		return nil, unfit(false, "insufficient memory: %dMi free, %dMi requested", n.MemMiB-n.UsedMem, r.MemMiB)
+	}
+	if !r.WantsGPU() {
+		return []Placement{{}}, nil
+	}
+	if len(r.Containers) == 1 {
+		c := &r.Containers[0]
+		switch {
+		case c.Whole == 0 && c.Shares == 1:
+			return singleShare(n, r, c)
+		case c.Shares == 0:
+			free := freeWhole(n, r)
+			if len(free) < c.Whole {
+				return nil, wholeUnfit(n, r, c.Whole, len(free))
+			}
+			return []Placement{{Devices: wholeDevices(0, closestSet(n, free, c.Whole))}}, nil
+		}
+	}
+	return greedy(n, r)
+}
+
+// checkStatic rejects what no amount of freeing on this node would fix.
+func checkStatic(n *NodeState, r *Request) *Unfit {
+	usable, maxMem := 0, int64(0)
+	models := map[string]bool{}
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		if !g.Usable {
+			continue
+		}
+		models[g.Model] = true
+		if r.modelAllowed(g.Model) {
+			usable++
+			maxMem = max(maxMem, g.Memory)
+		}
+	}
+	need := 0
+	for _, c := range r.Containers {
+		need = max(need, c.Whole+c.Shares)
+		for p, k := range c.MIG {
+			if n.MIG[p] < k {
+				return unfit(true, "container %q asks for %d nvidia.com/mig-%s, node has %d such MIG instances", c.Name, k, p, n.MIG[p])
+			}
+		}
+		for t, k := range c.Mdev {
+			if n.Mdev[t] < k {
+				return unfit(true, "container %q asks for %d tessera.dev/mdev-%s, node can create %d", c.Name, k, t, n.Mdev[t])
+			}
+		}
+		if c.Shares > 0 && c.MemoryPercent == 0 && maxMem > 0 && c.Memory > maxMem {
+			return unfit(true, "container %q asks for %d MiB per share, the largest usable GPU here has %d MiB", c.Name, c.Memory>>20, maxMem>>20)
+		}
+	}
+	if need == 0 {
+		return nil
+	}
+	if len(r.Models) > 0 && usable == 0 {
+		return unfit(true, "pod is restricted to GPU models %s, node has %s", strings.Join(r.Models, "|"), strings.Join(sortedKeys(models), ","))
+	}
+	if need > usable {
+		return unfit(true, "a container needs %d distinct GPUs, node has %d usable (healthy, without MIG, allowed model)", need, usable)
+	}
+	return nil
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	if len(out) == 0 {
+		return []string{"none"}
+	}
+	return out
+}
+
+// shareFits reports whether one share of c fits on g.
+func shareFits(g *GPUState, r *Request, c *ContainerShape) bool {
+	if !g.Usable || g.Whole || !r.modelAllowed(g.Model) || g.FreeMilli() < c.Milli {
+		return false
+	}
+	mem := c.shareMemoryOn(g.Memory)
+	return g.Memory == 0 || g.UsedMemory+mem <= g.Memory
+}
+
+// gpuKey identifies interchangeable GPUs: same model and size, same usage, same mode.
+type gpuKey struct {
+	model      string
+	mem, used  int64
+	milli      int
+	shared     bool
+	generation int
+}
+
+func singleShare(n *NodeState, r *Request, c *ContainerShape) ([]Placement, *Unfit) {
+	var out []Placement
+	var seen []gpuKey
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		if !shareFits(g, r, c) {
+			continue
+		}
+		k := gpuKey{g.Model, g.Memory, g.UsedMemory, g.UsedMilli, g.Shares > 0, g.Gen}
+		if slices.Contains(seen, k) {
+			continue
+		}
+		seen = append(seen, k)
+		out = append(out, Placement{Devices: []Device{{Container: 0, GPU: i, Memory: c.shareMemoryOn(g.Memory), Milli: c.Milli}}})
+	}
+	if len(out) == 0 {
+		return nil, shareUnfit(n, r, c, 0)
+	}
+	return out, nil
+}
+
+// shareUnfit explains why shares do not fit although the node may look sufficient in total.
+func shareUnfit(n *NodeState, r *Request, c *ContainerShape, got int) *Unfit {
+	var freeMem int64
+	freeMilli, locked := 0, 0
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		if !g.Usable || !r.modelAllowed(g.Model) {
+			continue
+		}
+		if g.Whole {
+			locked++
+			continue
+		}
+		freeMem += g.Memory - g.UsedMemory
+		freeMilli += g.FreeMilli()
+	}
+	what := fmt.Sprintf("%d%% compute", c.Milli/10)
+	if c.Memory > 0 {
+		what = fmt.Sprintf("%d MiB and %s", c.Memory>>20, what)
+	} else if c.MemoryPercent > 0 {
+		what = fmt.Sprintf("%d%% memory and %s", c.MemoryPercent, what)
+	}
+	return unfit(false, "container %q needs %d shares of %s on different GPUs; only %d GPUs can take one (free in total: %d MiB, %d%% compute; %d GPUs held whole)",
+		c.Name, c.Shares, what, got, freeMem>>20, freeMilli/10, locked)
+}
+
+func freeWhole(n *NodeState, r *Request) []int {
+	var out []int
+	for i := range n.GPUs {
+		if n.GPUs[i].FreeWhole() && r.modelAllowed(n.GPUs[i].Model) {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+func wholeUnfit(n *NodeState, r *Request, want, free int) *Unfit {
+	shared, owned := 0, 0
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		if !g.Usable || !r.modelAllowed(g.Model) {
+			continue
+		}
+		if g.Whole {
+			owned++
+		} else if g.Shares > 0 {
+			shared++
+		}
+	}
+	return unfit(false, "needs %d whole GPUs; %d are free, %d are locked to shares, %d are held whole", want, free, shared, owned)
+}
+
+func wholeDevices(container int, gpus []int) []Device {
+	out := make([]Device, len(gpus))
+	for i, g := range gpus {
+		out[i] = Device{Container: container, GPU: g, Whole: true}
+	}
+	return out
+}
+
+// closestSet picks k of the free GPUs with the smallest total pairwise topology distance
+// (NVLink before PCIe switch before host bridge ...), greedily from every starting GPU.
+func closestSet(n *NodeState, free []int, k int) []int {
+	if n.Dist == nil || k <= 1 || k == len(free) {
+		return append([]int(nil), free[:k]...)
+	}
+	var best []int
+	bestCost := -1
+	for _, start := range free {
+		set := []int{start}
+		cost := 0
+		for len(set) < k {
+			pick, pickCost := -1, 0
+			for _, g := range free {
+				if slices.Contains(set, g) {
+					continue
+				}
+				c := 0
+				for _, s := range set {
+					c += n.Dist[g][s]
+				}
+				if pick < 0 || c < pickCost {
+					pick, pickCost = g, c
+				}
+			}
+			set = append(set, pick)
+			cost += pickCost
+		}
+		if bestCost < 0 || cost < bestCost {
+			best, bestCost = set, cost
+		}
+	}
+	sort.Ints(best)
+	return best
+}
+
+// TopologyCost is the total pairwise distance of the GPUs a container got (0 for one GPU or no topology).
+func TopologyCost(n *NodeState, p *Placement) int {
+	if n.Dist == nil {
+		return 0
+	}
+	cost := 0
+	for i, a := range p.Devices {
+		for _, b := range p.Devices[i+1:] {
+			if a.Container == b.Container {
+				cost += n.Dist[a.GPU][b.GPU]
+			}
+		}
+	}
+	return cost
+}
+
+// greedy places multi-share and multi-container requests container by container on a scratch copy,
+// once packing shares onto the fullest GPUs that fit and once onto the emptiest; policies choose.
+func greedy(n *NodeState, r *Request) ([]Placement, *Unfit) {
+	var out []Placement
+	var firstErr *Unfit
+	for _, packed := range []bool{true, false} {
+		p, u := greedyOnce(n, r, packed)
+		if u != nil {
+			if firstErr == nil {
+				firstErr = u
+			}
+			continue
+		}
+		if len(out) == 0 || !slices.Equal(out[0].Devices, p.Devices) {
+			out = append(out, p)
+		}
+	}
+	if len(out) == 0 {
+		return nil, firstErr
+	}
+	return out, nil
+}
+
+func greedyOnce(n *NodeState, r *Request, packed bool) (Placement, *Unfit) {
+	scratch := n.Clone()
+	var p Placement
+	for ci := range r.Containers {
+		c := &r.Containers[ci]
+		if c.Whole > 0 {
+			free := freeWhole(scratch, r)
+			if len(free) < c.Whole {
+				return p, wholeUnfit(scratch, r, c.Whole, len(free))
+			}
+			for _, d := range wholeDevices(ci, closestSet(scratch, free, c.Whole)) {
+				applyDevice(&scratch.GPUs[d.GPU], d, 1)
+				p.Devices = append(p.Devices, d)
+			}
+		}
+		if c.Shares == 0 {
+			continue
+		}
+		var fit []int
+		for i := range scratch.GPUs {
+			if shareFits(&scratch.GPUs[i], r, c) {
+				fit = append(fit, i)
+			}
+		}
+		if len(fit) < c.Shares {
+			return p, shareUnfit(scratch, r, c, len(fit))
+		}
+		sort.SliceStable(fit, func(a, b int) bool {
+			fa, fb := scratch.GPUs[fit[a]].FreeMilli(), scratch.GPUs[fit[b]].FreeMilli()
+			if packed {
+				return fa < fb
+			}
+			return fa > fb
+		})
+		for _, i := range fit[:c.Shares] {
+			d := Device{Container: ci, GPU: i, Memory: c.shareMemoryOn(scratch.GPUs[i].Memory), Milli: c.Milli}
+			applyDevice(&scratch.GPUs[i], d, 1)
+			p.Devices = append(p.Devices, d)
+		}
+	}
+	return p, nil
+}

@@ -1,0 +1,132 @@
+package extender
+
+import (
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+)
+
+// TypicalCoverage is the share of pods the typical shapes cover (the FGD paper's 95%).
+const TypicalCoverage = 0.95
+
+// Shape is a task shape as fragmentation sees it: one request and its popularity weight.
+type Shape struct {
+	Req    Request
+	Count  int
+	Weight float64
+}
+
+type shapeKey struct {
+	cpu          int64
+	whole, share int
+	milli        int
+	memory       int64
+	memPct       int
+	models       string
+}
+
+func keyOf(r *Request) (shapeKey, bool) {
+	k := shapeKey{cpu: r.CPUMilli, models: strings.Join(r.Models, "|")}
+	if len(r.Containers) > 1 {
+		return k, false // multi-container pods are rare; their containers are not one shape
+	}
+	if len(r.Containers) == 1 {
+		c := r.Containers[0]
+		k.whole, k.share, k.milli, k.memory, k.memPct = c.Whole, c.Shares, c.Milli, c.Memory, c.MemoryPercent
+	}
+	return k, true
+}
+
+// ShapeStats counts the task shapes seen (the arrival distribution) and derives the typical ones.
+// It is safe for concurrent use.
+type ShapeStats struct {
+	mu      sync.Mutex
+	counts  map[shapeKey]*Shape
+	total   int
+	typical []Shape
+	dirty   bool
+}
+
+// NewShapeStats returns empty statistics.
+func NewShapeStats() *ShapeStats { return &ShapeStats{counts: map[shapeKey]*Shape{}} }
+
+// Observe counts one pod's request (delta -1 forgets one).
+func (s *ShapeStats) Observe(r *Request, delta int) {
+	k, ok := keyOf(r)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	sh := s.counts[k]
+	if sh == nil {
+		if delta <= 0 {
+			return
+		}
+		c := *r
+		c.Key, c.Policy, c.Class = "", "", ""
+		c.Containers = slices.Clone(r.Containers)
+		c.Models = slices.Clone(r.Models)
+		sh = &Shape{Req: c}
+		s.counts[k] = sh
+	}
+	sh.Count += delta
+	s.total += delta
+	if sh.Count <= 0 {
+		delete(s.counts, k)
+	}
+	s.dirty = true
+}
+
+// Typical returns the most frequent shapes covering TypicalCoverage of observed pods, weights summing
+// to 1. The slice is shared: do not modify it.
+func (s *ShapeStats) Typical() []Shape {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.dirty {
+		return s.typical
+	}
+	all := make([]*Shape, 0, len(s.counts))
+	for _, sh := range s.counts {
+		all = append(all, sh)
+	}
+	sort.Slice(all, func(i, j int) bool {
+		if all[i].Count != all[j].Count {
+			return all[i].Count > all[j].Count
+		}
+		return lessShape(&all[i].Req, &all[j].Req) // deterministic order
+	})
+	var out []Shape
+	covered := 0
+	for _, sh := range all {
+		if float64(covered) >= TypicalCoverage*float64(s.total) {
+			break
+		}
+		out = append(out, *sh)
+		covered += sh.Count
+	}
+	for i := range out {
+		out[i].Weight = float64(out[i].Count) / float64(covered)
+	}
+	s.typical, s.dirty = out, false
+	return out
+}
+
+func lessShape(a, b *Request) bool {
+	ka, _ := keyOf(a)
+	kb, _ := keyOf(b)
+	if ka.cpu != kb.cpu {
+		return ka.cpu < kb.cpu
+	}
+	if ka.whole != kb.whole {
+		return ka.whole < kb.whole
+	}
+	if ka.milli != kb.milli {
+		return ka.milli < kb.milli
+	}
+	if ka.memory != kb.memory {
+		return ka.memory < kb.memory
+	}
+	return ka.models < kb.models
+}
