@@ -97,7 +97,9 @@ func caseEnv(dir, lib, tmp string) []string {
 		}
 		env = append(env, kv)
 	}
-	env = append(env, "LD_LIBRARY_PATH="+filepath.Join(dir, "fake"), "VCUDA_TEST_TMP="+tmp)
+	env = append(env, "LD_LIBRARY_PATH="+filepath.Join(dir, "fake"), "VCUDA_TEST_TMP="+tmp,
+		// where the test build of vcuda looks for the node agent's file
+		"VCUDA_TEST_ETC_LIMITS="+filepath.Join(dir, "etc/tessera/vcuda/limits"))
 	switch lib {
 	case "vcuda":
 		env = append(env, "LD_PRELOAD="+filepath.Join(dir, "libvcuda.so"))
@@ -143,3 +145,19 @@ func runGroup(t *testing.T, prefix string) {
 // Every allocation path x {1, 4 processes}: never over the cap, exact OOM,
 // frees credited to the allocation's own device.
 func TestMemory(t *testing.T) { runGroup(t, "mem_") }
+
+// The limits file: strict parser, fail-closed on a bad file, pass-through
+// without one, the mounted file wins over the environment.
+func TestLimits(t *testing.T) { runGroup(t, "limits_") }
+
+// cuMemGetInfo, cuDeviceTotalMem and NVML report the cap and the container's
+// use; null out-parameters never crash.
+func TestInfo(t *testing.T) { runGroup(t, "info_") }
+
+// cuGetProcAddress (v1, v2, per-thread-stream variants), dlsym on a dlopen()ed
+// driver, RTLD_NEXT semantics, linked symbols.
+func TestProcAddr(t *testing.T) { runGroup(t, "procaddr_") }
+
+// SIGKILL inside the driver's allocation, inside vcuda's reservation, inside a
+// reclaim, and during concurrent churn: the region stays exact.
+func TestCrash(t *testing.T) { runGroup(t, "crash_") }

@@ -1,1 +1,127 @@
+/* tests_info.c - cuMemGetInfo, cuDeviceTotalMem and NVML report the share:
+ * total = cap, used = the container's use (all processes), free = the rest. */
+#define _GNU_SOURCE
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_api.h"
 #include "util.h"
+
+#define CAP0 (60 * MiB)
+#define CAP1 (256 * MiB)
+
+static void two_gpus(void) {
+    gpu_line g[2] = {{0, CAP0, 100}, {1, CAP1, 100}};
+    setup_limits(g, 2);
+}
+
+TEST(info_cuda_reports_cap) {
+    two_gpus();
+    ctx_on(0);
+    CUdeviceptr d;
+    CHECK_CU(cuMemAlloc_v2(&d, 10 * MiB));
+    size_t fr = 0, tot = 0;
+    CHECK_CU(cuMemGetInfo_v2(&fr, &tot));
+    CHECK(tot == CAP0 && fr == CAP0 - 10 * MiB, "info free %zu total %zu", fr, tot);
+    /* null out-parameters: never a crash; the driver decides the result */
+    tot = 0;
+    CHECK_CU(cuMemGetInfo_v2(NULL, &tot));
+    CHECK(tot == CAP0, "total alone %zu", tot);
+    fr = 0;
+    CHECK_CU(cuMemGetInfo_v2(&fr, NULL));
+    CHECK(fr == CAP0 - 10 * MiB, "free alone %zu", fr);
+    CHECK(cuMemGetInfo_v2(NULL, NULL) == CUDA_ERROR_INVALID_VALUE, "both null");
+    size_t tm = 0;
+    CHECK_CU(cuDeviceTotalMem_v2(&tm, 0));
+    CHECK(tm == CAP0, "cuDeviceTotalMem %zu", tm);
+    CHECK_CU(cuDeviceTotalMem_v2(&tm, 1));
+    CHECK(tm == CAP1, "cuDeviceTotalMem dev1 %zu", tm);
+    CHECK(cuDeviceTotalMem_v2(NULL, 0) == CUDA_ERROR_INVALID_VALUE, "null bytes");
+    CHECK_CU(cuMemFree_v2(d));
+    CHECK_CU(cuMemGetInfo_v2(&fr, &tot));
+    CHECK(fr == CAP0, "after free %zu", fr);
+}
+
+TEST(info_cap_above_physical) {
+    gpu_line g[1] = {{0, 1ull << 40, 100}};
+    setup_limits(g, 1);
+    ctx_on(0);
+    size_t fr = 0, tot = 0;
+    CHECK_CU(cuMemGetInfo_v2(&fr, &tot));
+    CHECK(tot == 16ull << 30 && fr == 16ull << 30, "info %zu/%zu: never more than the GPU has", fr, tot);
+}
+
+static int holder(int i, void *arg) {
+    chan *c = arg;
+    ctx_on(i);
+    CUdeviceptr d;
+    if (cuMemAlloc_v2(&d, 10 * MiB) != CUDA_SUCCESS)
+        return 1;
+    chan_send_up(c, 1);
+    chan_recv_down(c);
+    return 0;
+}
+
+TEST(info_nvml_reports_container_use) {
+    two_gpus();
+    chan c;
+    chan_init(&c);
+    pid_t p = spawn(holder, 0, &c); /* another process of the container */
+    chan_recv_up(&c);
+    CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit");
+    nvmlDevice_t dev0, dev1;
+    CHECK(nvmlDeviceGetHandleByIndex_v2(0, &dev0) == NVML_SUCCESS, "handle 0");
+    CHECK(nvmlDeviceGetHandleByIndex_v2(1, &dev1) == NVML_SUCCESS, "handle 1");
+    nvmlMemory_t m;
+    CHECK(nvmlDeviceGetMemoryInfo(dev0, &m) == NVML_SUCCESS, "v1");
+    CHECK(m.total == CAP0 && m.used == 10 * MiB && m.free == CAP0 - 10 * MiB,
+          "v1 total %llu used %llu free %llu", m.total, m.used, m.free);
+    nvmlMemory_v2_t m2;
+    memset(&m2, 0, sizeof(m2));
+    m2.version = nvmlMemory_v2;
+    CHECK(nvmlDeviceGetMemoryInfo_v2(dev0, &m2) == NVML_SUCCESS, "v2");
+    CHECK(m2.total == CAP0 && m2.used == 10 * MiB && m2.free == CAP0 - 10 * MiB && m2.reserved == 0,
+          "v2 total %llu used %llu free %llu reserved %llu", m2.total, m2.used, m2.free, m2.reserved);
+    CHECK(nvmlDeviceGetMemoryInfo(dev1, &m) == NVML_SUCCESS && m.total == CAP1 && m.used == 0,
+          "dev1 total %llu used %llu", m.total, m.used);
+    CHECK(nvmlDeviceGetMemoryInfo(dev0, NULL) == NVML_ERROR_INVALID_ARGUMENT, "null v1");
+    CHECK(nvmlDeviceGetMemoryInfo_v2(dev0, NULL) == NVML_ERROR_INVALID_ARGUMENT, "null v2");
+    m2.version = 0;
+    CHECK(nvmlDeviceGetMemoryInfo_v2(dev0, &m2) == NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "version");
+    chan_send_down(&c, 1);
+    CHECK(wait_child(p) == 0, "holder failed");
+    CHECK(nvmlDeviceGetMemoryInfo(dev0, &m) == NVML_SUCCESS && m.used == 0,
+          "after the holder exited: used %llu", m.used);
+}
+
+TEST(info_nvml_unlisted_gpu_shows_nothing) {
+    gpu_line g[1] = {{1, CAP1, 100}};
+    setup_limits(g, 1);
+    CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit");
+    nvmlDevice_t dev0;
+    CHECK(nvmlDeviceGetHandleByIndex_v2(0, &dev0) == NVML_SUCCESS, "handle");
+    nvmlMemory_t m;
+    CHECK(nvmlDeviceGetMemoryInfo(dev0, &m) == NVML_SUCCESS, "v1");
+    CHECK(m.total == 0 && m.free == 0, "total %llu free %llu", m.total, m.free);
+}
+
+/* A process killed while holding memory stops counting as soon as anyone
+ * looks (nvidia-smi, cuMemGetInfo) or needs the room. */
+TEST(info_dead_process_not_shown) {
+    two_gpus();
+    chan c;
+    chan_init(&c);
+    pid_t p = spawn(holder, 0, &c);
+    chan_recv_up(&c);
+    kill(p, SIGKILL);
+    CHECK(wait_child(p) == 128 + SIGKILL, "not killed");
+    CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit");
+    nvmlDevice_t dev0;
+    CHECK(nvmlDeviceGetHandleByIndex_v2(0, &dev0) == NVML_SUCCESS, "handle");
+    nvmlMemory_t m;
+    CHECK(nvmlDeviceGetMemoryInfo(dev0, &m) == NVML_SUCCESS, "v1");
+    CHECK(m.used == 0 && m.free == CAP0, "dead process still shown: used %llu", m.used);
+    CHECK(region_used(0) == 0 && region_live_slots() == 0, "region %llu, %d slots",
+          (unsigned long long)region_used(0), region_live_slots());
+}

@@ -1,0 +1,147 @@
+/* tests_procaddr.c - the runtime-style path: dlopen the driver, dlsym
+ * cuGetProcAddress from it, resolve everything through it (what libcudart
+ * does), and check every way of reaching a hooked symbol lands in vcuda. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <string.h>
+
+#include "cuda_api.h"
+#include "util.h"
+
+#define CAP0 (60 * MiB)
+
+typedef CUresult (*gpa2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
+typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t);
+
+/* Which object and symbol an address belongs to. */
+static void where(void *p, const char **lib, const char **sym) {
+    Dl_info info;
+    memset(&info, 0, sizeof(info));
+    CHECK(p && dladdr(p, &info) != 0, "dladdr(%p)", p);
+    *lib = info.dli_fname ? info.dli_fname : "?";
+    *sym = info.dli_sname ? info.dli_sname : "?";
+}
+static void expect(void *p, const char *lib_part, const char *sym) {
+    const char *l, *s;
+    where(p, &l, &s);
+    CHECK(strstr(l, lib_part) != NULL && strcmp(s, sym) == 0, "%p is %s in %s, want %s in *%s*", p, s,
+          l, sym, lib_part);
+}
+
+TEST(procaddr_runtime_path) {
+    gpu_line g[1] = {{0, CAP0, 100}};
+    setup_limits(g, 1);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    CHECK(h != NULL, "dlopen: %s", dlerror());
+    gpa2_fn gpa2 = (gpa2_fn)dlsym(h, "cuGetProcAddress_v2");
+    expect((void *)gpa2, "libvcuda", "cuGetProcAddress_v2");
+    gpa_fn gpa1 = (gpa_fn)dlsym(h, "cuGetProcAddress");
+    expect((void *)gpa1, "libvcuda", "cuGetProcAddress");
+
+    CUdriverProcAddressQueryResult st = 99;
+    void *fn = NULL;
+    CHECK_CU(gpa2("cuGetProcAddress", &fn, 12040, 0, &st));
+    expect(fn, "libvcuda", "cuGetProcAddress_v2");
+    CHECK_CU(gpa2("cuGetProcAddress", &fn, 11080, 0, &st));
+    expect(fn, "libvcuda", "cuGetProcAddress");
+
+    struct {
+        const char *base;
+        cuuint64_t flags;
+        const char *want;
+    } hooked[] = {
+        {"cuMemAlloc", 0, "cuMemAlloc_v2"},
+        {"cuMemAllocPitch", 0, "cuMemAllocPitch_v2"},
+        {"cuMemAllocManaged", 0, "cuMemAllocManaged"},
+        {"cuMemFree", 0, "cuMemFree_v2"},
+        {"cuMemGetInfo", 0, "cuMemGetInfo_v2"},
+        {"cuDeviceTotalMem", 0, "cuDeviceTotalMem_v2"},
+        {"cuArrayCreate", 0, "cuArrayCreate_v2"},
+        {"cuArray3DCreate", 0, "cuArray3DCreate_v2"},
+        {"cuArrayDestroy", 0, "cuArrayDestroy"},
+        {"cuMipmappedArrayCreate", 0, "cuMipmappedArrayCreate"},
+        {"cuMemCreate", 0, "cuMemCreate"},
+        {"cuMemRelease", 0, "cuMemRelease"},
+        {"cuMemAllocAsync", 0, "cuMemAllocAsync"},
+        {"cuMemAllocAsync", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuMemAllocAsync_ptsz"},
+        {"cuMemAllocFromPoolAsync", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM,
+         "cuMemAllocFromPoolAsync_ptsz"},
+        {"cuMemFreeAsync", CU_GET_PROC_ADDRESS_LEGACY_STREAM, "cuMemFreeAsync"},
+        {"cuMemFreeAsync", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuMemFreeAsync_ptsz"},
+        {"cuIpcOpenMemHandle", 0, "cuIpcOpenMemHandle_v2"},
+        {"cuIpcCloseMemHandle", 0, "cuIpcCloseMemHandle"},
+        {"cuImportExternalMemory", 0, "cuImportExternalMemory"},
+        {"cuDestroyExternalMemory", 0, "cuDestroyExternalMemory"},
+        {"cuLaunchKernel", 0, "cuLaunchKernel"},
+        {"cuLaunchKernel", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuLaunchKernel_ptsz"},
+        {"cuLaunchKernelEx", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuLaunchKernelEx_ptsz"},
+        {"cuLaunchCooperativeKernel", 0, "cuLaunchCooperativeKernel"},
+        {"cuGraphLaunch", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuGraphLaunch_ptsz"},
+        {"cuMemPoolCreate", 0, "cuMemPoolCreate"},
+        {"cuDeviceGetDefaultMemPool", 0, "cuDeviceGetDefaultMemPool"},
+    };
+    for (size_t i = 0; i < sizeof(hooked) / sizeof(hooked[0]); i++) {
+        fn = NULL;
+        st = 99;
+        CHECK_CU(gpa2(hooked[i].base, &fn, 12040, hooked[i].flags, &st));
+        CHECK(st == CU_GET_PROC_ADDRESS_SUCCESS, "status %d", st);
+        expect(fn, "libvcuda", hooked[i].want);
+        fn = NULL;
+        CHECK_CU(gpa1(hooked[i].base, &fn, 12040, hooked[i].flags));
+        expect(fn, "libvcuda", hooked[i].want);
+    }
+    /* not hooked: the driver's own */
+    CHECK_CU(gpa2("cuCtxSynchronize", &fn, 12040, 0, &st));
+    expect(fn, "libcuda.so.1", "cuCtxSynchronize");
+    CHECK(gpa2("cuNoSuchFunction", &fn, 12040, 0, &st) == CUDA_ERROR_NOT_FOUND &&
+              st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
+          "unknown symbol");
+
+    /* and the functions obtained this way enforce */
+    CUresult (*init)(unsigned), (*create)(CUcontext *, unsigned, CUdevice);
+    CUresult (*alloc)(CUdeviceptr *, size_t), (*mfree)(CUdeviceptr), (*info)(size_t *, size_t *);
+    CHECK_CU(gpa2("cuInit", (void **)&init, 12040, 0, NULL));
+    CHECK_CU(gpa2("cuCtxCreate", (void **)&create, 12040, 0, NULL));
+    CHECK_CU(gpa2("cuMemAlloc", (void **)&alloc, 12040, 0, NULL));
+    CHECK_CU(gpa2("cuMemFree", (void **)&mfree, 12040, 0, NULL));
+    CHECK_CU(gpa2("cuMemGetInfo", (void **)&info, 12040, 0, NULL));
+    CUcontext c;
+    CHECK_CU(init(0));
+    CHECK_CU(create(&c, 0, 0));
+    CUdeviceptr d;
+    CHECK(alloc(&d, CAP0 + 1) == CUDA_ERROR_OUT_OF_MEMORY, "over the cap through cuGetProcAddress");
+    CHECK_CU(alloc(&d, CAP0));
+    size_t fr = 1, tot = 0;
+    CHECK_CU(info(&fr, &tot));
+    CHECK(fr == 0 && tot == CAP0, "info %zu/%zu", fr, tot);
+    CHECK_CU(mfree(d));
+    CHECK(region_used(0) == 0, "left %llu", (unsigned long long)region_used(0));
+}
+
+TEST(procaddr_dlsym) {
+    gpu_line g[1] = {{0, CAP0, 100}};
+    setup_limits(g, 1);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    CHECK(h != NULL, "dlopen: %s", dlerror());
+    expect(dlsym(h, "cuMemAlloc_v2"), "libvcuda", "cuMemAlloc_v2");
+    expect(dlsym(h, "cuLaunchKernel_ptsz"), "libvcuda", "cuLaunchKernel_ptsz");
+    expect(dlsym(h, "cuCtxSynchronize"), "libcuda.so.1", "cuCtxSynchronize");
+    CHECK(dlsym(h, "cuNoSuchFunction") == NULL, "unknown symbol resolved");
+    void *n = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
+    CHECK(n != NULL, "dlopen nvml: %s", dlerror());
+    expect(dlsym(n, "nvmlDeviceGetMemoryInfo"), "libvcuda", "nvmlDeviceGetMemoryInfo");
+    expect(dlsym(n, "nvmlDeviceGetMemoryInfo_v2"), "libvcuda", "nvmlDeviceGetMemoryInfo_v2");
+    expect(dlsym(n, "nvmlDeviceGetUUID"), "libnvidia-ml", "nvmlDeviceGetUUID");
+    /* RTLD_NEXT keeps its meaning for the caller: searching after this
+     * executable finds the preloaded vcuda, not the driver behind it. */
+    expect(dlsym(RTLD_NEXT, "cuMemAlloc_v2"), "libvcuda", "cuMemAlloc_v2");
+    expect(dlsym(RTLD_DEFAULT, "cuMemFree_v2"), "libvcuda", "cuMemFree_v2");
+    CHECK(dlsym(RTLD_NEXT, "no_such_symbol_anywhere") == NULL, "RTLD_NEXT bogus");
+}
+
+/* Programs linked against libcuda (no dlopen) reach vcuda by interposition. */
+TEST(procaddr_linked_symbols) {
+    expect((void *)cuMemAlloc_v2, "libvcuda", "cuMemAlloc_v2");
+    expect((void *)cuLaunchKernel, "libvcuda", "cuLaunchKernel");
+    expect((void *)nvmlDeviceGetMemoryInfo_v2, "libvcuda", "nvmlDeviceGetMemoryInfo_v2");
+}
