@@ -161,3 +161,8 @@ func TestProcAddr(t *testing.T) { runGroup(t, "procaddr_") }
 // SIGKILL inside the driver's allocation, inside vcuda's reservation, inside a
 // reclaim, and during concurrent churn: the region stays exact.
 func TestCrash(t *testing.T) { runGroup(t, "crash_") }
+
+// The compute limiter holds launch loops (kernels, Ex, cooperative, graphs,
+// per-thread-stream variants; one or two processes; 16 to 132 SMs) to their
+// percent of the fake device's modelled capacity, within 10%.
+func TestLimiter(t *testing.T) { runGroup(t, "limiter_") }

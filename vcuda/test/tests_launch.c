@@ -1,1 +1,151 @@
+/*
+ * tests_launch.c - the compute limiter against the fake device's modelled
+ * capacity. A launch of G blocks occupies a device with S SMs for
+ * WAVE_NS * G / S; the fake keeps that timeline, so utilisation is measured
+ * in modelled device time, not in host timing, and a loaded CI machine only
+ * makes the loop launch less (never more).
+ *
+ * Tolerance: the measured utilisation must be within 10% (relative) of the
+ * percent in the limits file, over a 1.5 s window after 0.4 s of warm-up.
+ * The limiter's own error is at most (SLACK + BURST) / window ~ 1.5%; the
+ * rest of the margin absorbs the launch loop being descheduled.
+ */
+#define _GNU_SOURCE
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_api.h"
 #include "util.h"
+
+#define WAVE_NS 100000ull
+#define WARMUP_NS 400000000ull
+#define WINDOW_NS 1500000000ull
+
+typedef struct {
+    uint64_t t, busy_total, busy_until;
+} snap;
+static snap take_snap(int dev) {
+    fake_stats st;
+    snap s;
+    s.t = now_ns();
+    fakeDeviceStats(dev, &st);
+    s.busy_total = st.busy_total;
+    s.busy_until = st.busy_until;
+    return s;
+}
+/* Device time spent busy between two snapshots (work queued at a snapshot
+ * runs after it). */
+static double utilisation(snap a, snap b) {
+    double qa = a.busy_until > a.t ? (double)(a.busy_until - a.t) : 0;
+    double qb = b.busy_until > b.t ? (double)(b.busy_until - b.t) : 0;
+    double busy = (double)(b.busy_total - a.busy_total) + qa - qb;
+    return busy / (double)(b.t - a.t);
+}
+
+static vc_region_gpu *rgpu(int g) {
+    return (vc_region_gpu *)((char *)region_map() + VC_REGION_GPU_OFFSET) + g;
+}
+
+enum { MIX_KERNEL = 0, MIX_ALL = 1 };
+
+/* Launches until deadline. mix: plain kernels, or every launch API in turn. */
+static void launch_loop(int sms, int mix, uint64_t deadline) {
+    CUstream s;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    CUgraphExec graph;
+    CHECK_CU(fakeGraphExecCreate(&graph, 3ull * (unsigned)sms));
+    unsigned g4 = 4u * (unsigned)sms;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.gridDimX = 2u * (unsigned)sms;
+    cfg.gridDimY = 1;
+    cfg.gridDimZ = 1;
+    cfg.blockDimX = 256;
+    cfg.blockDimY = cfg.blockDimZ = 1;
+    cfg.hStream = s;
+    for (unsigned long i = 0; now_ns() < deadline; i++) {
+        CUfunction f = (CUfunction)(uintptr_t)(0x1000 + 0x10 * (i % 3));
+        if (mix == MIX_KERNEL) {
+            CHECK_CU(cuLaunchKernel(f, g4, 1, 1, 128, 1, 1, 0, s, NULL, NULL));
+            continue;
+        }
+        switch (i % 6) {
+        case 0: CHECK_CU(cuLaunchKernel(f, g4, 1, 1, 128, 1, 1, 0, s, NULL, NULL)); break;
+        case 1: CHECK_CU(cuLaunchKernelEx(&cfg, (CUfunction)(uintptr_t)0x2000, NULL, NULL)); break;
+        case 2: CHECK_CU(cuLaunchCooperativeKernel((CUfunction)(uintptr_t)0x3000, (unsigned)sms, 2, 1, 64, 1, 1, 0, s, NULL)); break;
+        case 3: CHECK_CU(cuGraphLaunch(graph, s)); break;
+        case 4: CHECK_CU(cuLaunchKernel_ptsz((CUfunction)(uintptr_t)0x4000, g4, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL)); break;
+        /* a grid smaller than the GPU is charged for the SMs it uses */
+        case 5: CHECK_CU(cuLaunchKernel((CUfunction)(uintptr_t)0x5000, (unsigned)sms / 4 + 1, 1, 1, 32, 1, 1, 0, s, NULL, NULL)); break;
+        }
+    }
+}
+
+static void check_util(double u, int percent) {
+    double want = percent / 100.0;
+    fprintf(stderr, "utilisation %.1f%% (limit %d%%)\n", u * 100, percent);
+    CHECK(u >= want * 0.9 && u <= want * 1.1, "utilisation %.1f%%, want %d%% +- 10%%", u * 100, percent);
+}
+
+static void single(int percent, int sms, int mix) {
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%d", sms);
+    setenv("FAKE_CUDA_SMS", buf, 1);
+    snprintf(buf, sizeof(buf), "%llu", WAVE_NS);
+    setenv("FAKE_CUDA_WAVE_NS", buf, 1);
+    gpu_line g[1] = {{0, 1ull << 30, percent}};
+    setup_limits(g, 1);
+    ctx_on(0);
+    uint64_t start = now_ns();
+    launch_loop(sms, mix, start + WARMUP_NS);
+    snap a = take_snap(0);
+    launch_loop(sms, mix, a.t + WINDOW_NS);
+    snap b = take_snap(0);
+    double u = utilisation(a, b);
+    if (percent >= 100) {
+        fprintf(stderr, "utilisation %.1f%% (no limit)\n", u * 100);
+        CHECK(u > 0.95, "unthrottled loop only reached %.1f%%", u * 100);
+        CHECK(atomic_load(&rgpu(0)->throttled_ns) == 0, "throttled at 100%%");
+        return;
+    }
+    check_util(u, percent);
+    uint64_t th = atomic_load(&rgpu(0)->throttled_ns);
+    CHECK(th > 0 && atomic_load(&rgpu(0)->throttle_events) > 0, "throttling not recorded");
+    fprintf(stderr, "throttled %.0f ms in %llu waits\n", th / 1e6,
+            (unsigned long long)atomic_load(&rgpu(0)->throttle_events));
+}
+
+TEST(limiter_kernel_30pct_16sm) { single(30, 16, MIX_KERNEL); }
+TEST(limiter_kernel_30pct_132sm) { single(30, 132, MIX_KERNEL); }
+TEST(limiter_kernel_70pct_108sm) { single(70, 108, MIX_KERNEL); }
+TEST(limiter_all_launch_apis_40pct) { single(40, 80, MIX_ALL); }
+TEST(limiter_100pct_does_not_throttle) { single(100, 16, MIX_KERNEL); }
+
+/* Two processes of one container share one budget. */
+static int loop_child(int i, void *arg) {
+    (void)i;
+    uint64_t *deadline = arg;
+    ctx_on(0);
+    launch_loop(64, MIX_KERNEL, *deadline);
+    return 0;
+}
+
+TEST(limiter_2proc_share_30pct) {
+    setenv("FAKE_CUDA_SMS", "64", 1);
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%llu", WAVE_NS);
+    setenv("FAKE_CUDA_WAVE_NS", buf, 1);
+    gpu_line g[1] = {{0, 1ull << 30, 30}};
+    setup_limits(g, 1);
+    uint64_t deadline = now_ns() + WARMUP_NS + WINDOW_NS + 200000000ull;
+    pid_t p[2];
+    for (int i = 0; i < 2; i++)
+        p[i] = spawn(loop_child, i, &deadline);
+    usleep(WARMUP_NS / 1000);
+    snap a = take_snap(0);
+    usleep(WINDOW_NS / 1000);
+    snap b = take_snap(0);
+    for (int i = 0; i < 2; i++)
+        CHECK(wait_child(p[i]) == 0, "child %d failed", i);
+    check_util(utilisation(a, b), 30);
+}
