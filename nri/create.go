@@ -62,8 +62,9 @@ func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.C
 		}
 		entry.Devices, entry.Local = devs, local
 	}
-	granted := p.grantedNodes(&entry)
-	p.stripUngranted(c, adj, granted)
+	if err := p.checkUngranted(c, p.grantedNodes(&entry)); err != nil {
+		return nil, err
+	}
 	if len(entry.Devices) == 0 && len(entry.MIG) == 0 && len(entry.Mdev) == 0 {
 		return adj, nil
 	}
@@ -184,15 +185,21 @@ func (p *Plugin) grantedNodes(e *ledger.Entry) map[string]bool {
 	return ok
 }
 
-// stripUngranted removes GPU device nodes the container has but was not granted (a pod can ask
-// containerd for CDI devices through annotations; the kubelet's grant is what counts).
-func (p *Plugin) stripUngranted(c *nriapi.Container, adj *nriapi.ContainerAdjustment, granted map[string]bool) {
+// checkUngranted refuses a container that carries GPU device nodes nobody granted it: a pod can
+// ask containerd for CDI devices through cdi.k8s.io annotations, but only the kubelet's grant counts.
+// (Refusing rather than removing the nodes: NRI's runtime side does not pass device removals of
+// nodes already in the container on to the runtime.)
+func (p *Plugin) checkUngranted(c *nriapi.Container, granted map[string]bool) error {
+	var extra []string
 	for _, d := range c.GetLinux().GetDevices() {
 		if gpuNodePattern.MatchString(d.GetPath()) && !granted[d.GetPath()] {
-			slog.Warn("removing a GPU device the container was not granted", "container", c.GetId(), "device", d.GetPath())
-			adj.RemoveDevice(d.GetPath())
+			extra = append(extra, d.GetPath())
 		}
 	}
+	if len(extra) > 0 {
+		return fmt.Errorf("it has GPU device nodes %v that the kubelet did not grant it (a cdi.k8s.io annotation on the pod?); request GPUs through resources instead", extra)
+	}
+	return nil
 }
 
 // realise adds devices, the preload and the limits to the container.
@@ -204,7 +211,7 @@ func (p *Plugin) realise(pod *nriapi.PodSandbox, c *nriapi.Container, e *ledger.
 	}
 	adj.AddAnnotation(AnnotationLedgerEntry, string(raw))
 	if p.isKata(pod) {
-		return p.realiseKata(c, e, adj)
+		return p.realiseKata(e, adj)
 	}
 	for _, d := range e.Devices {
 		adj.AddCDIDevice(&nriapi.CDIDevice{Name: gen.Name(cdi.ClassGPU, d.UUID)})
@@ -255,16 +262,12 @@ func (p *Plugin) isKata(pod *nriapi.PodSandbox) bool {
 	return slices.ContainsFunc(p.cfg.KataHandlers, func(k string) bool { return h != "" && strings.HasPrefix(h, k) })
 }
 
-// realiseKata gives a VM-runtime container VFIO device nodes instead of /dev/nvidia*, and the
-// container-level CDI annotation Kata's agent resolves inside the guest.
-func (p *Plugin) realiseKata(c *nriapi.Container, e *ledger.Entry, adj *nriapi.ContainerAdjustment) error {
+// realiseKata: a VM-runtime container gets its mdev devices as VFIO nodes (from their CDI specs,
+// which carry no /dev/nvidia* nodes) plus the container-level CDI annotation Kata's agent resolves
+// inside the guest. Whole GPUs and shares need the host driver in the container: refused.
+func (p *Plugin) realiseKata(e *ledger.Entry, adj *nriapi.ContainerAdjustment) error {
 	if len(e.Devices) > 0 {
 		return fmt.Errorf("whole GPUs and shares need a runc container; under a Kata runtime ask for an mdev vGPU (%s<type>)", api.MdevResourcePrefix)
-	}
-	for _, d := range c.GetLinux().GetDevices() {
-		if strings.HasPrefix(d.GetPath(), "/dev/nvidia") {
-			adj.RemoveDevice(d.GetPath())
-		}
 	}
 	var names []string
 	for _, id := range e.Mdev {

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"sync/atomic"
 
 	nriapi "github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
@@ -48,7 +49,12 @@ type Plugin struct {
 	grants Grants
 	pods   Pods
 	stub   stub.Stub
+	// synced is true between a Synchronize from the runtime and the connection's loss.
+	synced atomic.Bool
 }
+
+// Synced reports whether the plugin is connected to the runtime and synchronized with it.
+func (p *Plugin) Synced() bool { return p.synced.Load() }
 
 // New builds the plugin.
 func New(cfg Config, a *agent.Agent, grants Grants, pods Pods) *Plugin {
@@ -87,6 +93,7 @@ func (p *Plugin) Run(ctx context.Context, socket string) error {
 		case <-closed:
 			slog.Warn("runtime closed the NRI connection; reconnecting", "socket", socket)
 		}
+		p.synced.Store(false)
 	}
 	return nil
 }

@@ -109,6 +109,7 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*nriapi.PodSandbox, con
 			}
 		}
 	}
+	p.synced.Store(true)
 	slog.Info("synchronized with the runtime", "containers", len(containers), "released", len(gone), "held", len(l.Entries()))
 	return nil, nil
 }

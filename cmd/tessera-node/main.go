@@ -1,5 +1,6 @@
 // Command tessera-node is Tessera's node agent. Subcommands:
 //
+//	tessera-node run            the node agent (device plugins, NRI plugin, CDI specs)
 //	tessera-node cdi generate   write CDI specs for this node's GPUs and print the device names
 //
 // Run "tessera-node <subcommand> --help" for the flags.
@@ -27,10 +28,14 @@ func main() {
 const usage = `usage: tessera-node <command> [flags]
 
 commands:
+  run            the node agent: device plugins, NRI plugin, CDI specs, /metrics and /healthz
   cdi generate   write CDI specs for this node's GPUs (real or simulated) and print the device names
 `
 
 func run(args []string) error {
+	if len(args) >= 1 && args[0] == "run" {
+		return runAgent(args[1:])
+	}
 	if len(args) >= 2 && args[0] == "cdi" && args[1] == "generate" {
 		return cdiGenerate(args[2:], os.Stdout)
 	}

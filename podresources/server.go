@@ -1,0 +1,102 @@
+package podresources
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"sort"
+	"sync"
+
+	"google.golang.org/grpc"
+	podresv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+)
+
+// Server serves the PodResources API from grants it is told about: the kubelet's side of the API,
+// for tests and for the fake kubelet of the end-to-end suite.
+type Server struct {
+	podresv1.UnimplementedPodResourcesListerServer
+	mu     sync.Mutex
+	grants map[Key]Grant
+}
+
+// NewServer returns an empty server.
+func NewServer() *Server { return &Server{grants: map[Key]Grant{}} }
+
+// Add records devices of a resource granted to a container.
+func (s *Server) Add(k Key, resource string, ids ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.grants[k] == nil {
+		s.grants[k] = Grant{}
+	}
+	s.grants[k][resource] = append(s.grants[k][resource], ids...)
+}
+
+// InUse returns every device ID of a resource granted to any container.
+func (s *Server) InUse(resource string) map[string]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string]bool{}
+	for _, g := range s.grants {
+		for _, id := range g[resource] {
+			out[id] = true
+		}
+	}
+	return out
+}
+
+// Forget drops every grant of a pod.
+func (s *Server) Forget(namespace, pod string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range s.grants {
+		if k.Namespace == namespace && k.Pod == pod {
+			delete(s.grants, k)
+		}
+	}
+}
+
+// Serve listens on a unix socket; stop the returned server to end.
+func (s *Server) Serve(socket string) (*grpc.Server, error) {
+	lis, err := net.Listen("unix", socket)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", socket, err)
+	}
+	g := grpc.NewServer()
+	podresv1.RegisterPodResourcesListerServer(g, s)
+	go g.Serve(lis)
+	return g, nil
+}
+
+// List implements the API.
+func (s *Server) List(context.Context, *podresv1.ListPodResourcesRequest) (*podresv1.ListPodResourcesResponse, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pods := map[[2]string]*podresv1.PodResources{}
+	keys := make([]Key, 0, len(s.grants))
+	for k := range s.grants {
+		keys = append(keys, k)
+	}
+	sort.Slice(keys, func(i, j int) bool { return fmt.Sprint(keys[i]) < fmt.Sprint(keys[j]) })
+	resp := &podresv1.ListPodResourcesResponse{}
+	for _, k := range keys {
+		pk := [2]string{k.Namespace, k.Pod}
+		pr := pods[pk]
+		if pr == nil {
+			pr = &podresv1.PodResources{Namespace: k.Namespace, Name: k.Pod}
+			pods[pk] = pr
+			resp.PodResources = append(resp.PodResources, pr)
+		}
+		c := &podresv1.ContainerResources{Name: k.Container}
+		res := make([]string, 0, len(s.grants[k]))
+		for r := range s.grants[k] {
+			res = append(res, r)
+		}
+		sort.Strings(res)
+		for _, r := range res {
+			c.Devices = append(c.Devices, &podresv1.ContainerDevices{ResourceName: r, DeviceIds: s.grants[k][r]})
+		}
+		pr.Containers = append(pr.Containers, c)
+	}
+	return resp, nil
+}
