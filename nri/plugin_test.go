@@ -96,7 +96,9 @@ func (e *env) start(client *podresources.Client, l *ledger.Ledger) *env {
 			_, err := cb(ctx, nil, e.running)
 			return err
 		},
-		func(context.Context, []*nriadapt.ContainerUpdate) ([]*nriadapt.ContainerUpdate, error) { return nil, nil },
+		func(context.Context, []*nriadapt.ContainerUpdate) ([]*nriadapt.ContainerUpdate, error) {
+			return nil, nil
+		},
 		nriadapt.WithSocketPath(sock), nriadapt.WithPluginPath(filepath.Join(e.dir, "plugins")), nriadapt.WithPluginConfigPath(filepath.Join(e.dir, "conf")))
 	if err != nil {
 		t.Fatal(err)
