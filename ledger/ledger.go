@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -67,7 +68,13 @@ func Open(path string) (*Ledger, error) {
 	}
 	var f file
 	if err := json.Unmarshal(data, &f); err != nil {
-		return nil, fmt.Errorf("ledger %s is corrupt (%w); move it aside to start empty, running containers are re-adopted on the next Synchronize", path, err)
+		// The running containers carry their entries (nri.AnnotationLedgerEntry); Synchronize re-adopts them.
+		aside := path + ".corrupt"
+		slog.Error("ledger is corrupt; starting empty, running containers are re-adopted at the runtime's Synchronize", "path", path, "movedTo", aside, "err", err)
+		if err := os.Rename(path, aside); err != nil {
+			return nil, fmt.Errorf("move corrupt ledger %s aside: %w", path, err)
+		}
+		return l, nil
 	}
 	if f.APIVersion != api.Version {
 		return nil, fmt.Errorf("ledger %s has apiVersion %q, this agent reads %q", path, f.APIVersion, api.Version)
@@ -261,7 +268,9 @@ func (l *Ledger) Retain(live map[string]bool) ([]Entry, error) {
 	return gone, nil
 }
 
-// saveLocked writes the ledger atomically: a crash leaves the old or the new file, never half.
+// saveLocked writes the ledger atomically: a crashed agent leaves the old or the new file, never
+// half. There is no fsync on this hot path (CreateContainer): after a power loss no container is
+// running, and the containers' own annotations are what Synchronize rebuilds the ledger from.
 func (l *Ledger) saveLocked() error {
 	f := file{APIVersion: api.Version, Entries: make([]*Entry, 0, len(l.entries))}
 	for _, e := range l.entries {
@@ -281,10 +290,6 @@ func (l *Ledger) saveLocked() error {
 	}
 	defer os.Remove(tmp.Name())
 	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return fmt.Errorf("save ledger: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
 		tmp.Close()
 		return fmt.Errorf("save ledger: %w", err)
 	}
