@@ -1,0 +1,442 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+const (
+	gpuRes  = "nvidia.com/gpu"
+	vgpuRes = "tessera.dev/vgpu"
+	migRes  = "nvidia.com/mig-1g.10gb"
+)
+
+// runManager starts a Manager on dir. The returned stop cancels Run and returns its result once
+// it has returned; it also runs (and checks for a nil result) when the test ends.
+func runManager(t *testing.T, src Source, dir string) (*Manager, func() error) {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(newTestWriter(t), &slog.HandlerOptions{Level: slog.LevelDebug}))
+	m := NewManager(src, Options{PluginDir: dir, Logger: log})
+	ctx, cancel := context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	go func() { errc <- m.Run(ctx) }()
+	stop := sync.OnceValue(func() error {
+		cancel()
+		select {
+		case err := <-errc:
+			return err
+		case <-time.After(waitTimeout):
+			return fmt.Errorf("Run did not return within %v of cancellation", waitTimeout)
+		}
+	})
+	t.Cleanup(func() {
+		if err := stop(); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return m, stop
+}
+
+func deviceHealth(devs []*pluginapi.Device) map[string]string {
+	out := make(map[string]string)
+	for _, d := range devs {
+		out[d.GetID()] = d.GetHealth()
+	}
+	return out
+}
+
+func waitRegistered(t *testing.T, m *Manager, resources ...string) {
+	t.Helper()
+	waitFor(t, "Registered() to report "+strings.Join(resources, ", "), func() bool {
+		reg := m.Registered()
+		for _, r := range resources {
+			if !reg[r] {
+				return false
+			}
+		}
+		return len(reg) == len(resources)
+	})
+}
+
+func TestRegistersEveryResource(t *testing.T) {
+	dir := shortTempDir(t)
+	k := startFakeKubelet(t, dir)
+	src := newFakeSource()
+	src.setResource(gpuRes, healthyDevices("gpu-0", "gpu-1"))
+	src.setResource(vgpuRes, healthyDevices("vgpu-0", "vgpu-1", "vgpu-2"))
+	src.setResource(migRes, healthyDevices("mig-a"))
+	m, _ := runManager(t, src, dir)
+
+	tests := []struct {
+		resource  string
+		socket    string
+		preferred bool
+		devices   int
+	}{
+		{gpuRes, "tessera-nvidia.com_gpu.sock", false, 2},
+		{vgpuRes, "tessera-tessera.dev_vgpu.sock", false, 3},
+		{migRes, "tessera-nvidia.com_mig-1g.10gb.sock", true, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.resource, func(t *testing.T) {
+			e := k.waitServed(tc.resource)
+			if e.req.GetEndpoint() != tc.socket {
+				t.Errorf("endpoint = %q, want %q", e.req.GetEndpoint(), tc.socket)
+			}
+			if e.req.GetVersion() != pluginapi.Version {
+				t.Errorf("version = %q", e.req.GetVersion())
+			}
+			if got := e.req.GetOptions().GetGetPreferredAllocationAvailable(); got != tc.preferred {
+				t.Errorf("registered GetPreferredAllocationAvailable = %v, want %v", got, tc.preferred)
+			}
+			if got := e.options.GetGetPreferredAllocationAvailable(); got != tc.preferred {
+				t.Errorf("GetDevicePluginOptions GetPreferredAllocationAvailable = %v, want %v", got, tc.preferred)
+			}
+			if e.options.GetPreStartRequired() {
+				t.Error("PreStartRequired is set")
+			}
+			if n := len(e.latest()); n != tc.devices {
+				t.Errorf("got %d devices, want %d", n, tc.devices)
+			}
+			if _, err := os.Stat(filepath.Join(dir, tc.socket)); err != nil {
+				t.Errorf("socket: %v", err)
+			}
+			if _, err := e.client.PreStartContainer(context.Background(), &pluginapi.PreStartContainerRequest{}); err != nil {
+				t.Errorf("PreStartContainer: %v", err)
+			}
+		})
+	}
+	waitRegistered(t, m, gpuRes, vgpuRes, migRes)
+}
+
+func TestListAndWatchSendsHealthChanges(t *testing.T) {
+	dir := shortTempDir(t)
+	k := startFakeKubelet(t, dir)
+	src := newFakeSource()
+	src.setResource(gpuRes, healthyDevices("gpu-1", "gpu-0"))
+	runManager(t, src, dir)
+
+	e := k.waitServed(gpuRes)
+	first := e.history()[0]
+	if got, want := deviceHealth(first), map[string]string{"gpu-0": pluginapi.Healthy, "gpu-1": pluginapi.Healthy}; !maps.Equal(got, want) {
+		t.Fatalf("initial list %v, want %v", got, want)
+	}
+
+	src.setHealth(gpuRes, "gpu-1", pluginapi.Unhealthy)
+	waitFor(t, "gpu-1 to be reported Unhealthy", func() bool {
+		return deviceHealth(e.latest())["gpu-1"] == pluginapi.Unhealthy
+	})
+	if got := deviceHealth(e.latest())["gpu-0"]; got != pluginapi.Healthy {
+		t.Errorf("gpu-0 became %s", got)
+	}
+
+	// A change signal that changes nothing for this resource must not resend the list: wait until
+	// the manager has reread the devices, then make a real change and count what arrived.
+	before := src.calls()
+	src.signal()
+	waitFor(t, "the manager to reread devices", func() bool { return src.calls() > before })
+	src.setHealth(gpuRes, "gpu-1", pluginapi.Healthy)
+	waitFor(t, "gpu-1 to be reported Healthy again", func() bool {
+		return deviceHealth(e.latest())["gpu-1"] == pluginapi.Healthy
+	})
+	if n := len(e.history()); n != 3 {
+		t.Errorf("kubelet received %d lists, want 3 (initial, unhealthy, healthy)", n)
+	}
+}
+
+func TestAllocate(t *testing.T) {
+	dir := shortTempDir(t)
+	k := startFakeKubelet(t, dir)
+	src := newFakeSource()
+	src.setResource(gpuRes, healthyDevices("gpu-0", "gpu-1", "gpu-2"))
+	runManager(t, src, dir)
+	e := k.waitServed(gpuRes)
+
+	tests := []struct {
+		name       string
+		containers [][]string
+		allocErr   error
+		wantCDI    [][]string
+		wantCode   codes.Code
+		wantInMsg  []string
+	}{
+		{
+			name:       "one container",
+			containers: [][]string{{"gpu-0", "gpu-2"}},
+			wantCDI:    [][]string{{"nvidia.com/gpu=gpu-0", "nvidia.com/gpu=gpu-2"}},
+		},
+		{
+			name:       "two containers",
+			containers: [][]string{{"gpu-1"}, {"gpu-0"}},
+			wantCDI:    [][]string{{"nvidia.com/gpu=gpu-1"}, {"nvidia.com/gpu=gpu-0"}},
+		},
+		{
+			name:       "unknown ID",
+			containers: [][]string{{"gpu-0", "gpu-9"}},
+			wantCode:   codes.InvalidArgument,
+			wantInMsg:  []string{gpuRes, "unknown device IDs [gpu-9]"},
+		},
+		{
+			name:       "source fails",
+			containers: [][]string{{"gpu-0"}},
+			allocErr:   errors.New("ledger: gpu-0 is held by another mode"),
+			wantCode:   codes.Internal,
+			wantInMsg:  []string{gpuRes, "gpu-0", "ledger: gpu-0 is held by another mode"},
+		},
+		{
+			name:       "source status kept",
+			containers: [][]string{{"gpu-0"}},
+			allocErr:   status.Error(codes.ResourceExhausted, "no mdev instance left"),
+			wantCode:   codes.ResourceExhausted,
+			wantInMsg:  []string{gpuRes, "no mdev instance left"},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			src.set(func(f *fakeSource) { f.allocErr = tc.allocErr })
+			req := &pluginapi.AllocateRequest{}
+			for _, ids := range tc.containers {
+				req.ContainerRequests = append(req.ContainerRequests, &pluginapi.ContainerAllocateRequest{DevicesIds: ids})
+			}
+			resp, err := e.client.Allocate(context.Background(), req)
+			if tc.wantCode != codes.OK {
+				st, _ := status.FromError(err)
+				if st.Code() != tc.wantCode {
+					t.Fatalf("error %v, want code %v", err, tc.wantCode)
+				}
+				for _, s := range tc.wantInMsg {
+					if !strings.Contains(st.Message(), s) {
+						t.Errorf("message %q lacks %q", st.Message(), s)
+					}
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Allocate: %v", err)
+			}
+			var got [][]string
+			for _, cr := range resp.GetContainerResponses() {
+				got = append(got, cdiNames(cr))
+			}
+			if !slices.EqualFunc(got, tc.wantCDI, slices.Equal) {
+				t.Errorf("CDI devices %v, want %v", got, tc.wantCDI)
+			}
+		})
+	}
+}
+
+func TestGetPreferredAllocation(t *testing.T) {
+	dir := shortTempDir(t)
+	k := startFakeKubelet(t, dir)
+	src := newFakeSource()
+	src.setResource(migRes, healthyDevices("mig-a", "mig-b", "mig-c", "mig-d"))
+	runManager(t, src, dir)
+	e := k.waitServed(migRes)
+	if !e.req.GetOptions().GetGetPreferredAllocationAvailable() {
+		t.Fatal("MIG resource registered without GetPreferredAllocationAvailable")
+	}
+
+	resp, err := e.client.GetPreferredAllocation(context.Background(), &pluginapi.PreferredAllocationRequest{
+		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
+			AvailableDeviceIDs:   []string{"mig-b", "mig-c", "mig-d"},
+			MustIncludeDeviceIDs: []string{"mig-d"},
+			AllocationSize:       2,
+		}},
+	})
+	if err != nil {
+		t.Fatalf("GetPreferredAllocation: %v", err)
+	}
+	if got := resp.GetContainerResponses()[0].GetDeviceIDs(); !slices.Equal(got, []string{"mig-d", "mig-b"}) {
+		t.Errorf("preferred %v, want [mig-d mig-b]", got)
+	}
+	var call prefCall
+	src.set(func(f *fakeSource) { call = f.lastPref })
+	want := prefCall{migRes, []string{"mig-b", "mig-c", "mig-d"}, []string{"mig-d"}, 2}
+	if call.resource != want.resource || !slices.Equal(call.available, want.available) ||
+		!slices.Equal(call.mustInclude, want.mustInclude) || call.size != want.size {
+		t.Errorf("Source.Preferred got %+v, want %+v", call, want)
+	}
+
+	src.set(func(f *fakeSource) { f.preferredErr = errors.New("topology unknown") })
+	_, err = e.client.GetPreferredAllocation(context.Background(), &pluginapi.PreferredAllocationRequest{
+		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{AvailableDeviceIDs: []string{"mig-a"}, AllocationSize: 1}},
+	})
+	if st, _ := status.FromError(err); st.Code() != codes.Internal || !strings.Contains(st.Message(), "topology unknown") {
+		t.Errorf("error %v, want Internal with the Source's message", err)
+	}
+}
+
+func TestResourceAddedAndRemovedAtRuntime(t *testing.T) {
+	dir := shortTempDir(t)
+	k := startFakeKubelet(t, dir)
+	src := newFakeSource()
+	src.setResource(gpuRes, healthyDevices("gpu-0"))
+	m, _ := runManager(t, src, dir)
+	k.waitServed(gpuRes)
+	waitRegistered(t, m, gpuRes)
+
+	// A MIG profile appears.
+	src.setResource(migRes, healthyDevices("mig-a", "mig-b"))
+	e := k.waitServed(migRes)
+	if n := len(e.latest()); n != 2 {
+		t.Errorf("got %d MIG devices, want 2", n)
+	}
+	resp, err := e.client.Allocate(context.Background(), &pluginapi.AllocateRequest{
+		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"mig-b"}}},
+	})
+	if err != nil {
+		t.Fatalf("Allocate on the new resource: %v", err)
+	}
+	if got := cdiNames(resp.GetContainerResponses()[0]); !slices.Equal(got, []string{migRes + "=mig-b"}) {
+		t.Errorf("CDI devices %v", got)
+	}
+	waitRegistered(t, m, gpuRes, migRes)
+
+	// And goes again: its server stops and its socket is removed; the other resource is untouched.
+	migSock := filepath.Join(dir, socketName(migRes))
+	src.removeResource(migRes)
+	waitRegistered(t, m, gpuRes)
+	waitFor(t, "the MIG socket to be removed", func() bool {
+		_, err := os.Stat(migSock)
+		return errors.Is(err, os.ErrNotExist)
+	})
+	if k.registrations(gpuRes) != 1 {
+		t.Errorf("gpu registered %d times, want 1", k.registrations(gpuRes))
+	}
+}
+
+func TestReregistersAfterKubeletRestart(t *testing.T) {
+	dir := shortTempDir(t)
+	k1 := startFakeKubelet(t, dir)
+	src := newFakeSource()
+	src.setResource(gpuRes, healthyDevices("gpu-0", "gpu-1"))
+	src.setResource(migRes, healthyDevices("mig-a"))
+	m, _ := runManager(t, src, dir)
+	k1.waitServed(gpuRes)
+	k1.waitServed(migRes)
+	waitRegistered(t, m, gpuRes, migRes)
+
+	// The kubelet restarts: kubelet.sock goes away, the new kubelet wipes the directory (our
+	// sockets too) and creates a new kubelet.sock.
+	k1.stop()
+	k2 := startFakeKubelet(t, dir)
+
+	for _, r := range []string{gpuRes, migRes} {
+		e := k2.waitServed(r)
+		if n := len(e.latest()); n == 0 {
+			t.Errorf("%s: new kubelet got no devices", r)
+		}
+	}
+	e := k2.endpoint(gpuRes)
+	resp, err := e.client.Allocate(context.Background(), &pluginapi.AllocateRequest{
+		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"gpu-1"}}},
+	})
+	if err != nil {
+		t.Fatalf("Allocate through the new kubelet: %v", err)
+	}
+	if got := cdiNames(resp.GetContainerResponses()[0]); !slices.Equal(got, []string{gpuRes + "=gpu-1"}) {
+		t.Errorf("CDI devices %v", got)
+	}
+	waitRegistered(t, m, gpuRes, migRes)
+
+	// Health changes still reach the new kubelet.
+	src.setHealth(gpuRes, "gpu-0", pluginapi.Unhealthy)
+	waitFor(t, "the new kubelet to see gpu-0 Unhealthy", func() bool {
+		return deviceHealth(k2.endpoint(gpuRes).latest())["gpu-0"] == pluginapi.Unhealthy
+	})
+}
+
+func TestRecreatesDeletedSocket(t *testing.T) {
+	dir := shortTempDir(t)
+	k := startFakeKubelet(t, dir)
+	src := newFakeSource()
+	src.setResource(gpuRes, healthyDevices("gpu-0"))
+	runManager(t, src, dir)
+	k.waitServed(gpuRes)
+
+	if err := os.Remove(filepath.Join(dir, socketName(gpuRes))); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a second registration", func() bool { return k.registrations(gpuRes) >= 2 })
+	e := k.waitServed(gpuRes)
+	if _, err := e.client.Allocate(context.Background(), &pluginapi.AllocateRequest{
+		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"gpu-0"}}},
+	}); err != nil {
+		t.Fatalf("Allocate on the recreated socket: %v", err)
+	}
+}
+
+func TestRegistersWhenKubeletStartsLater(t *testing.T) {
+	dir := shortTempDir(t)
+	src := newFakeSource()
+	src.setResource(gpuRes, healthyDevices("gpu-0"))
+	m, _ := runManager(t, src, dir)
+	waitFor(t, "the plugin socket", func() bool {
+		_, err := os.Stat(filepath.Join(dir, socketName(gpuRes)))
+		return err == nil
+	})
+	if m.Registered()[gpuRes] {
+		t.Fatal("registered without a kubelet")
+	}
+
+	k := startFakeKubelet(t, dir)
+	k.waitServed(gpuRes)
+	waitRegistered(t, m, gpuRes)
+}
+
+func TestShutdownRemovesSockets(t *testing.T) {
+	dir := shortTempDir(t)
+	k := startFakeKubelet(t, dir)
+	src := newFakeSource()
+	src.setResource(gpuRes, healthyDevices("gpu-0"))
+	src.setResource(vgpuRes, healthyDevices("vgpu-0"))
+	_, stop := runManager(t, src, dir)
+	e := k.waitServed(gpuRes)
+	k.waitServed(vgpuRes)
+
+	if err := stop(); err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+
+	entries, _ := os.ReadDir(dir)
+	var left []string
+	for _, de := range entries {
+		left = append(left, de.Name())
+	}
+	if !slices.Equal(left, []string{"kubelet.sock"}) {
+		t.Errorf("directory holds %v after shutdown, want only kubelet.sock", left)
+	}
+	waitFor(t, "the kubelet's ListAndWatch stream to end", func() bool {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		return e.closed
+	})
+}
+
+func TestSocketName(t *testing.T) {
+	tests := map[string]string{
+		"nvidia.com/gpu":           "tessera-nvidia.com_gpu.sock",
+		"tessera.dev/vgpu":         "tessera-tessera.dev_vgpu.sock",
+		"nvidia.com/mig-1g.10gb":   "tessera-nvidia.com_mig-1g.10gb.sock",
+		"tessera.dev/mdev-A100-4C": "tessera-tessera.dev_mdev-A100-4C.sock",
+	}
+	for in, want := range tests {
+		if got := socketName(in); got != want {
+			t.Errorf("socketName(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

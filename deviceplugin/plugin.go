@@ -1,0 +1,186 @@
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+)
+
+// plugin is the life of one resource's endpoint: its socket, the gRPC server on it, and its
+// registration with the kubelet. One goroutine (run) owns all of it, so a restart, a socket check
+// and a registration retry never interleave.
+type plugin struct {
+	server        *server
+	socketPath    string
+	kubeletSocket string
+	log           *slog.Logger
+
+	registered atomic.Bool
+	restartCh  chan struct{} // the kubelet restarted: serve anew and register again
+	checkCh    chan struct{} // the directory changed: is our socket still there?
+	done       chan struct{} // closed when run returns
+
+	// Owned by run.
+	grpc     *grpc.Server
+	socketID fileID
+}
+
+func newPlugin(srv *server, dir, kubeletSocket string, log *slog.Logger) *plugin {
+	path := filepath.Join(dir, socketName(srv.resource))
+	return &plugin{
+		server:        srv,
+		socketPath:    path,
+		kubeletSocket: kubeletSocket,
+		log:           log.With("socket", path),
+		restartCh:     make(chan struct{}, 1),
+		checkCh:       make(chan struct{}, 1),
+		done:          make(chan struct{}),
+	}
+}
+
+// socketName derives the socket's file name from the resource name, e.g. nvidia.com/gpu ->
+// tessera-nvidia.com_gpu.sock: stable across restarts, distinct per resource, and recognisably ours
+// among other vendors' plugins in the shared directory.
+func socketName(resource string) string {
+	clean := strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '-':
+			return r
+		}
+		return '_'
+	}, resource)
+	return "tessera-" + clean + ".sock"
+}
+
+// signal sends a coalesced, non-blocking notification.
+func signal(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+func (p *plugin) kubeletRestarted() { p.registered.Store(false); signal(p.restartCh) }
+func (p *plugin) checkSocket()      { signal(p.checkCh) }
+
+// run serves and registers until ctx ends, then stops the server and removes the socket.
+func (p *plugin) run(ctx context.Context) {
+	defer close(p.done)
+	defer p.stopServing()
+
+	var bo backoff
+	retry := time.NewTimer(0)
+	retry.Stop()
+	defer retry.Stop()
+
+	attempt := func() {
+		retry.Stop()
+		if p.grpc == nil {
+			if err := p.serve(); err != nil {
+				wait := bo.next()
+				p.log.Error("cannot serve device plugin socket; retrying", "err", err, "retry_in", wait)
+				retry.Reset(wait)
+				return
+			}
+		}
+		if err := register(ctx, p.kubeletSocket, filepath.Base(p.socketPath), p.server.resource, p.server.options()); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			wait := bo.next()
+			p.log.Warn("registration with the kubelet failed; retrying", "err", err, "attempt", bo.attempt, "retry_in", wait)
+			retry.Reset(wait)
+			return
+		}
+		bo.reset()
+		p.registered.Store(true)
+		p.log.Info("registered with the kubelet", "kubelet_socket", p.kubeletSocket)
+	}
+
+	attempt()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.restartCh:
+			p.log.Info("kubelet restarted: recreating socket and registering again")
+			p.restart(&bo)
+			attempt()
+		case <-p.checkCh:
+			if len(p.restartCh) > 0 {
+				continue // a queued restart recreates the socket anyway; one registration is enough
+			}
+			if p.grpc != nil && statID(p.socketPath) != p.socketID {
+				// The kubelet wipes the directory when it starts; without our socket it cannot
+				// reach us even if it still has us registered.
+				p.log.Info("socket removed or replaced: recreating it and registering again")
+				p.restart(&bo)
+				attempt()
+			}
+		case <-retry.C:
+			attempt()
+		}
+	}
+}
+
+// restart drops the current server so the next attempt serves on a fresh socket; the backoff starts
+// over because the cause (a new kubelet) is likely gone now.
+func (p *plugin) restart(bo *backoff) {
+	p.registered.Store(false)
+	p.stopServing()
+	bo.reset()
+}
+
+// serve listens on the socket and starts the gRPC server on it.
+func (p *plugin) serve() error {
+	// A socket left by an earlier run (or another process using our name) would make Listen fail.
+	if err := os.Remove(p.socketPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("remove stale socket %s: %w", p.socketPath, err)
+	}
+	lis, err := net.Listen("unix", p.socketPath)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", p.socketPath, err)
+	}
+	// We remove the socket ourselves, and only if it is still ours: Go's unlink-on-close would
+	// delete whatever file has the name by then.
+	lis.(*net.UnixListener).SetUnlinkOnClose(false)
+	p.socketID = statID(p.socketPath)
+	srv := grpc.NewServer()
+	pluginapi.RegisterDevicePluginServer(srv, p.server)
+	go func() {
+		if err := srv.Serve(lis); err != nil {
+			p.log.Error("device plugin gRPC server stopped", "err", err)
+		}
+	}()
+	p.grpc = srv
+	p.log.Debug("serving")
+	return nil
+}
+
+// stopServing stops the gRPC server (ending ListAndWatch streams) and removes the socket if the
+// file is still the one we created.
+func (p *plugin) stopServing() {
+	if p.grpc == nil {
+		return
+	}
+	p.grpc.Stop()
+	p.grpc = nil
+	p.registered.Store(false)
+	if id := statID(p.socketPath); id != (fileID{}) && id == p.socketID {
+		if err := os.Remove(p.socketPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			p.log.Warn("cannot remove socket", "err", err)
+		}
+	}
+	p.socketID = fileID{}
+}
