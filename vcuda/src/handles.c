@@ -14,31 +14,42 @@
 #include "vcuda.h"
 
 #define TOMB UINT64_MAX
+#define SIZE_MASK ((1ULL << 56) - 1)
 
-static const unsigned table_bits[VC_K_COUNT] = {
-    [VC_K_PTR] = 20, [VC_K_ARRAY] = 16, [VC_K_MIPMAP] = 14, [VC_K_GENERIC] = 18,
-    [VC_K_IPC] = 14, [VC_K_EXTMEM] = 12, [VC_K_POOL] = 10,
+/* Two tiers per kind. The small first tier (16 bytes an entry) stays in
+ * cache and takes nearly every handle; the big second tier is only touched
+ * when the first is crowded. Probes are bounded in both, so a lookup of an
+ * unknown handle costs at most P0 + P1 probes however many tombstones pile
+ * up. */
+#define P0 32
+#define P1 128
+static const unsigned tier_bits[VC_K_COUNT][2] = {
+    [VC_K_PTR] = {16, 20},   [VC_K_ARRAY] = {12, 18}, [VC_K_MIPMAP] = {10, 16},
+    [VC_K_GENERIC] = {14, 19}, [VC_K_IPC] = {10, 16},  [VC_K_EXTMEM] = {8, 14},
+    [VC_K_POOL] = {8, 12},
 };
 
-static vc_entry *tables[VC_K_COUNT];
+static vc_entry *tables[VC_K_COUNT][2];
 
 int vc_handles_init(void) {
-    for (int k = 0; k < VC_K_COUNT; k++) {
-        size_t sz = sizeof(vc_entry) << table_bits[k];
-        void *m = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
-                       -1, 0);
-        if (m == MAP_FAILED)
-            return -1;
-        tables[k] = m;
-    }
+    for (int k = 0; k < VC_K_COUNT; k++)
+        for (int t = 0; t < 2; t++) {
+            size_t sz = sizeof(vc_entry) << tier_bits[k][t];
+            void *m = mmap(NULL, sz, PROT_READ | PROT_WRITE,
+                           MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+            if (m == MAP_FAILED)
+                return -1;
+            tables[k][t] = m;
+        }
     return 0;
 }
 
 void vc_handles_atfork_child(void) {
     /* Device handles do not survive fork; start empty. */
     for (int k = 0; k < VC_K_COUNT; k++)
-        if (tables[k])
-            memset(tables[k], 0, sizeof(vc_entry) << table_bits[k]);
+        for (int t = 0; t < 2; t++)
+            if (tables[k][t])
+                memset(tables[k][t], 0, sizeof(vc_entry) << tier_bits[k][t]);
 }
 
 static inline uint64_t hash(uint64_t k) {
@@ -49,62 +60,68 @@ static inline uint64_t hash(uint64_t k) {
 }
 
 int vc_track(int kind, uint64_t key, uint64_t size, int gpu) {
-    vc_entry *t = tables[kind];
-    uint64_t mask = (1ULL << table_bits[kind]) - 1;
-    uint64_t i = hash(key) & mask;
-    for (uint64_t n = 0; n <= mask; n++, i = (i + 1) & mask) {
-        uint64_t cur = atomic_load_explicit(&t[i].key, memory_order_relaxed);
-        if (cur != 0 && cur != TOMB)
-            continue;
-        if (atomic_compare_exchange_strong(&t[i].key, &cur, key)) {
-            /* Only the thread that got the handle back looks it up again, and
-             * it does so after this store, so plain stores suffice. */
-            t[i].size = size;
-            t[i].gpu = gpu;
-            return 0;
+    if (size > SIZE_MASK || gpu < -8 || gpu > 200)
+        return -1;
+    uint64_t val = size | ((uint64_t)(gpu + 8) << 56), h = hash(key);
+    for (int t = 0; t < 2; t++) {
+        vc_entry *e = tables[kind][t];
+        uint64_t mask = (1ULL << tier_bits[kind][t]) - 1, i = h & mask;
+        for (int n = 0; n < (t ? P1 : P0); n++, i = (i + 1) & mask) {
+            uint64_t cur = atomic_load_explicit(&e[i].key, memory_order_relaxed);
+            if (cur != 0 && cur != TOMB)
+                continue;
+            /* Only the thread that got the handle back from the driver looks
+             * it up again, after this store: no ordering needed for val. */
+            if (atomic_compare_exchange_strong(&e[i].key, &cur, key)) {
+                e[i].val = val;
+                return 0;
+            }
         }
     }
     return -1;
 }
 
 static vc_entry *find(int kind, uint64_t key) {
-    vc_entry *t = tables[kind];
-    uint64_t mask = (1ULL << table_bits[kind]) - 1;
-    uint64_t i = hash(key) & mask;
-    for (uint64_t n = 0; n <= mask; n++, i = (i + 1) & mask) {
-        uint64_t cur = atomic_load_explicit(&t[i].key, memory_order_acquire);
-        if (cur == key)
-            return &t[i];
-        if (cur == 0)
-            return NULL;
+    uint64_t h = hash(key);
+    for (int t = 0; t < 2; t++) {
+        vc_entry *e = tables[kind][t];
+        uint64_t mask = (1ULL << tier_bits[kind][t]) - 1, i = h & mask;
+        for (int n = 0; n < (t ? P1 : P0); n++, i = (i + 1) & mask) {
+            uint64_t cur = atomic_load_explicit(&e[i].key, memory_order_acquire);
+            if (cur == key)
+                return &e[i];
+            if (cur == 0)
+                break;
+        }
     }
     return NULL;
 }
 
+static void unpack(uint64_t val, uint64_t *size, int *gpu) {
+    *size = val & SIZE_MASK;
+    *gpu = (int)(val >> 56) - 8;
+}
+
 int vc_lookup(int kind, uint64_t key, uint64_t *size, int *gpu) {
-    if (key == 0 || key == TOMB || !tables[kind])
+    if (key == 0 || key == TOMB || !tables[kind][0])
         return -1;
     vc_entry *e = find(kind, key);
     if (!e)
         return -1;
-    *size = e->size;
-    *gpu = e->gpu;
+    unpack(e->val, size, gpu);
     return 0;
 }
 
 int vc_untrack(int kind, uint64_t key, uint64_t *size, int *gpu) {
-    if (key == 0 || key == TOMB || !tables[kind])
+    if (key == 0 || key == TOMB || !tables[kind][0])
         return -1;
     for (;;) {
         vc_entry *e = find(kind, key);
         if (!e)
             return -1;
-        uint64_t sz = e->size;
-        int g = e->gpu;
-        uint64_t expect = key;
+        uint64_t val = e->val, expect = key;
         if (atomic_compare_exchange_strong(&e->key, &expect, TOMB)) {
-            *size = sz;
-            *gpu = g;
+            unpack(val, size, gpu);
             return 0;
         }
         /* Lost a race with a double free on another thread: look again. */

@@ -20,9 +20,7 @@ enum {
 
 typedef struct vc_entry {
     _Atomic uint64_t key; /* 0 = empty, ~0 = deleted */
-    uint64_t size;
-    int32_t gpu;
-    uint32_t pad;
+    uint64_t val;         /* size (low 56 bits) | (gpu + 8) << 56 */
 } vc_entry;
 
 /* Lock-free: an insert CASes an empty/deleted key, a remove CASes its key to

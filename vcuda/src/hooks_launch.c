@@ -18,9 +18,10 @@
  * (polled, never waited for, except once per process to calibrate). Graph
  * launches are measured per graph exec the same way (cost = est(exec)).
  *
- * Hot path when under the limit: a clock read (vDSO), a table lookup, one
- * load and one fetch_add on tat. No lock, no syscall; a sleep only when the
- * container is over its share.
+ * Hot path when under the limit: a coarse clock read (vDSO, last tick), a
+ * table lookup, one load and one fetch_add on tat. No lock, no syscall; a
+ * sleep only when the container is over its share. When no GPU of the
+ * container is limited (all at 100%), the hooks only forward.
  */
 #define _GNU_SOURCE
 #include <stdatomic.h>
@@ -152,7 +153,7 @@ static CUresult record(launch_ctx *lc, CUevent ev) {
  * the container is over its share. */
 static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int graph) {
     lc->sample = 0;
-    if (!ACTIVE())
+    if (!ACTIVE() || !vc_g.any_limited)
         return;
     int g;
     CUdevice dev;
@@ -173,9 +174,12 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int gra
         est = atomic_load_explicit(&est_global[g], memory_order_relaxed);
     uint64_t cost = graph ? est : (blocks ? est * blocks / sms : est);
 
-    /* Admission. */
+    /* Admission. The coarse clock (a vDSO read of the last tick) is never
+     * ahead of the real one, so "admit" decided on it is right; only when
+     * it says "wait" is the precise clock read. */
     _Atomic uint64_t *tat = &vc_region_gpu_rec(g)->tat;
-    uint64_t now = vc_now_ns(), slept = 0;
+    uint64_t now = vc_now_coarse_ns(), slept = 0;
+    int precise = 0;
     for (;;) {
         uint64_t t = atomic_load_explicit(tat, memory_order_relaxed);
         if (t + BURST_NS < now) {
@@ -185,6 +189,11 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int gra
         }
         if (t <= now + SLACK_NS)
             break;
+        if (!precise) {
+            precise = 1;
+            now = vc_now_ns();
+            continue;
+        }
         uint64_t wait = t - now - SLACK_NS;
         struct timespec ts = {(time_t)(wait / 1000000000ull), (long)(wait % 1000000000ull)};
         nanosleep(&ts, NULL);

@@ -183,6 +183,9 @@ static void init_limits(void) {
         return;
     }
     free(text);
+    for (int i = 0; i < vc_g.limits.ngpus; i++)
+        if (vc_g.limits.gpu[i].cores < 100)
+            vc_g.any_limited = 1;
     if (vc_handles_init() != 0) {
         vc_log("cannot map handle tables: %s", strerror(errno));
         return;

@@ -22,6 +22,7 @@ enum {
 
 typedef struct vc_state {
     int mode;
+    int any_limited; /* some gpu has cores < 100: the launch hooks have work */
     vc_limits limits;
 } vc_state;
 
@@ -38,6 +39,14 @@ void vc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static inline uint64_t vc_now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts); /* vDSO: no syscall */
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Last timer tick (vDSO, no hardware clock read): never ahead of
+ * vc_now_ns(), behind it by at most one tick. */
+static inline uint64_t vc_now_coarse_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 

@@ -357,8 +357,36 @@ static int reg_take(uint64_t key, int kind, rec *out, int remove) {
     return -1;
 }
 
+/* Freed address ranges are reused (most recent first, same size), as a real
+ * driver's allocator reuses its virtual addresses. */
+#define NREUSE 256
+static struct {
+    uint64_t addr, size;
+} reuse[NREUSE];
+static int nreuse;
 static uint64_t new_addr(uint64_t size) {
-    return atomic_fetch_add(&F.next_addr, (size + 0xfff) & ~0xfffull) + 0;
+    size = (size + 0xfff) & ~0xfffull;
+    pthread_mutex_lock(&reg_mu);
+    for (int i = nreuse - 1; i >= 0 && i >= nreuse - 8; i--) {
+        if (reuse[i].size == size) {
+            uint64_t a = reuse[i].addr;
+            reuse[i] = reuse[--nreuse];
+            pthread_mutex_unlock(&reg_mu);
+            return a;
+        }
+    }
+    pthread_mutex_unlock(&reg_mu);
+    return atomic_fetch_add(&F.next_addr, size);
+}
+static void old_addr(uint64_t addr, uint64_t size) {
+    size = (size + 0xfff) & ~0xfffull;
+    pthread_mutex_lock(&reg_mu);
+    if (nreuse == NREUSE)
+        memmove(reuse, reuse + 1, sizeof(reuse[0]) * --nreuse);
+    reuse[nreuse].addr = addr;
+    reuse[nreuse].size = size;
+    nreuse++;
+    pthread_mutex_unlock(&reg_mu);
 }
 
 static void maybe_block(void) {
@@ -410,6 +438,7 @@ static CUresult dev_free(uint64_t key, int kind) {
         give(r.dev, r.size);
     if (r.kind == K_IPC)
         atomic_fetch_sub(&F.sh->dev[r.dev].mapped, r.size);
+    old_addr(key, r.size);
     return CUDA_SUCCESS;
 }
 
