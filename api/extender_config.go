@@ -10,6 +10,11 @@ import (
 // (e.g. "V100M16|V100M32"); it mirrors the gpu_spec column of the openb trace.
 const AnnotationGPUModel = "tessera.dev/gpu-model"
 
+// LabelAssignedNode (pod) is written together with AnnotationAssignment: the node the assignment is
+// for. It lets a binder list every assignment on a node straight from the API server (a label
+// selector), including pods annotated but not bound yet.
+const LabelAssignedNode = "tessera.dev/assigned-node"
+
 // Placement policy names understood by the extender (config Policy and pod annotation AnnotationPolicy).
 const (
 	PolicyTessera = "tessera"

@@ -1,0 +1,180 @@
+// Command tessera-extender is Tessera's kube-scheduler extender: it filters and scores nodes for
+// pods asking for nvidia.com/gpu and tessera.dev/vgpu*, and binds them with a per-container GPU
+// assignment. Cluster state comes only from the API server (informers); one replica binds
+// (leader election), all replicas answer filter and prioritize.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/leaderelection"
+	"k8s.io/client-go/tools/leaderelection/resourcelock"
+	"k8s.io/client-go/tools/record"
+
+	"github.com/tessera-gpu/tessera/api"
+	"github.com/tessera-gpu/tessera/extender"
+)
+
+type options struct {
+	kubeconfig, listen, config, policy, identity, logLevel string
+	leaderElect                                            bool
+}
+
+func parseFlags(args []string, stderr io.Writer) (*options, error) {
+	fs := flag.NewFlagSet("tessera-extender", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	o := &options{}
+	host, _ := os.Hostname()
+	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (empty: in-cluster config)")
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8888", "address the extender HTTP API listens on (POST /filter, /prioritize, /bind; GET /healthz)")
+	fs.StringVar(&o.config, "config", "", "ExtenderConfig YAML file (apiVersion tessera.dev/v1, kind ExtenderConfig); empty: defaults")
+	fs.StringVar(&o.policy, "policy", "", "default placement policy, overriding the config file: "+fmt.Sprint(api.KnownPolicies))
+	fs.StringVar(&o.identity, "identity", fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's identity in leader election and node bind Leases")
+	fs.BoolVar(&o.leaderElect, "leader-elect", true, "bind only while holding the leader Lease (the other replicas answer filter/prioritize)")
+	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	return o, fs.Parse(args)
+}
+
+func main() {
+	o, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		os.Exit(2)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
+		fmt.Fprintln(os.Stderr, "tessera-extender: --log-level:", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o, log); err != nil {
+		log.Error("tessera-extender failed", "err", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, o *options, log *slog.Logger) error {
+	cfg, err := api.LoadExtenderConfig(o.config)
+	if err != nil {
+		return err
+	}
+	if o.policy != "" {
+		cfg.Policy = o.policy
+		if err := cfg.Validate(); err != nil {
+			return err
+		}
+	}
+	var rc *rest.Config
+	if o.kubeconfig != "" {
+		rc, err = clientcmd.BuildConfigFromFlags("", o.kubeconfig)
+	} else {
+		rc, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return fmt.Errorf("kubernetes client config: %w", err)
+	}
+	client, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return fmt.Errorf("kubernetes client: %w", err)
+	}
+	eng, err := extender.NewEngine(cfg.Policy)
+	if err != nil {
+		return err
+	}
+	class := extender.ClassOptions{Experiment: cfg.ExperimentPriorityClasses, Inference: cfg.InferencePriorityClasses,
+		Training: cfg.TrainingPriorityClasses, AllowPolicyOverride: *cfg.AllowPolicyOverride}
+	state := extender.NewState(cfg.ReservationTTL.Duration, log)
+	factory := informers.NewSharedInformerFactory(client, 0)
+	quotas, err := extender.WireInformers(factory, state, class)
+	if err != nil {
+		return fmt.Errorf("informers: %w", err)
+	}
+	broadcaster := record.NewBroadcaster()
+	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	defer broadcaster.Shutdown()
+	leader := &atomic.Bool{}
+	x := &extender.Extender{
+		Engine: eng, State: state, Client: client, Quotas: quotas, Class: class, Log: log,
+		Events:      broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "tessera-extender"}),
+		Locker:      &extender.NodeLocker{Client: client, Namespace: cfg.LeaseNamespace, Identity: o.identity, Duration: 15 * time.Second},
+		BindTimeout: 30 * time.Second,
+	}
+	if o.leaderElect {
+		x.Leader = leader
+	}
+	factory.Start(ctx.Done())
+	var synced atomic.Bool
+	go func() {
+		factory.WaitForCacheSync(ctx.Done())
+		synced.Store(true)
+		log.Info("cluster state rebuilt from the API server")
+	}()
+	go func() {
+		t := time.NewTicker(10 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if n := state.ExpireReservations(); n > 0 {
+					log.Warn("expired in-flight reservations", "count", n)
+				}
+			}
+		}
+	}()
+	if o.leaderElect {
+		lock := &resourcelock.LeaseLock{
+			LeaseMeta:  metav1ObjectMeta(cfg.LeaderElectionID, cfg.LeaseNamespace),
+			Client:     client.CoordinationV1(),
+			LockConfig: resourcelock.ResourceLockConfig{Identity: o.identity},
+		}
+		go leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+			Lock: lock, LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+			ReleaseOnCancel: true,
+			Callbacks: leaderelection.LeaderCallbacks{
+				OnStartedLeading: func(context.Context) { leader.Store(true); log.Info("leading: this replica binds") },
+				OnStoppedLeading: func() { leader.Store(false); log.Info("stopped leading") },
+			},
+		})
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", o.listen, err)
+	}
+	srv := &http.Server{Handler: x.Handler(synced.Load), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		<-ctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(sctx)
+	}()
+	log.Info("serving", "listen", ln.Addr().String(), "policy", cfg.Policy, "identity", o.identity, "leaderElect", o.leaderElect)
+	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return nil
+}

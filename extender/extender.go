@@ -1,0 +1,41 @@
+package extender
+
+import (
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/record"
+)
+
+// Extender answers the kube-scheduler extender verbs from a State with an Engine.
+type Extender struct {
+	Engine *Engine
+	State  *State
+	Client kubernetes.Interface
+	// Quotas returns the ResourceQuotas of a namespace (an informer lister in the server).
+	Quotas func(namespace string) []*corev1.ResourceQuota
+	Events record.EventRecorder
+	Class  ClassOptions
+	Locker *NodeLocker
+	// Leader reports whether this replica may bind; nil means always (no leader election).
+	Leader *atomic.Bool
+	Log    *slog.Logger
+	// BindTimeout bounds one bind, lock wait included.
+	BindTimeout time.Duration
+}
+
+func (x *Extender) log() *slog.Logger {
+	if x.Log == nil {
+		return slog.Default()
+	}
+	return x.Log
+}
+
+func (x *Extender) event(pod *corev1.Pod, typ, reason, format string, args ...any) {
+	if x.Events != nil && pod != nil {
+		x.Events.Eventf(pod, typ, reason, format, args...)
+	}
+}

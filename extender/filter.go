@@ -1,0 +1,139 @@
+package extender
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// nodeNames returns the candidate node names of an extender call (nodeCacheCapable or not).
+func nodeNames(args *extenderv1.ExtenderArgs) []string {
+	if args.NodeNames != nil {
+		return *args.NodeNames
+	}
+	if args.Nodes == nil {
+		return nil
+	}
+	out := make([]string, len(args.Nodes.Items))
+	for i := range args.Nodes.Items {
+		out[i] = args.Nodes.Items[i].Name
+	}
+	return out
+}
+
+// Filter keeps the nodes where the pod's GPU request really fits - a GPU for each share, whole
+// GPUs not locked to shares, allowed models, its pool - and says why for every other node.
+func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFilterResult {
+	res := &extenderv1.ExtenderFilterResult{FailedNodes: extenderv1.FailedNodesMap{}, FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}}
+	pod := args.Pod
+	names := nodeNames(args)
+	if pod == nil {
+		res.Error = "filter: no pod in the request"
+		return res
+	}
+	failAll := func(reason string, unresolvable bool) *extenderv1.ExtenderFilterResult {
+		for _, n := range names {
+			if unresolvable {
+				res.FailedAndUnresolvableNodes[n] = reason
+			} else {
+				res.FailedNodes[n] = reason
+			}
+		}
+		x.finishFilter(args, res, nil)
+		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "%s", reason)
+		return res
+	}
+	req, err := RequestFromPod(pod, x.Class)
+	if err != nil {
+		return failAll(err.Error(), true)
+	}
+	if x.Quotas != nil {
+		if reason := CheckQuota(x.Quotas(pod.Namespace), x.State.NamespaceUsage(pod.Namespace), req); reason != "" {
+			return failAll(reason, false)
+		}
+	}
+	pool, hasPool := pod.Spec.NodeSelector[api.LabelPool]
+	var ok []string
+	x.State.View(names, func(name string, n *NodeState, missing string) {
+		switch {
+		case n == nil && req.WantsGPU():
+			res.FailedNodes[name] = missing
+		case n == nil:
+			ok = append(ok, name)
+		case hasPool && n.Labels[api.LabelPool] != pool:
+			res.FailedAndUnresolvableNodes[name] = fmt.Sprintf("node is in GPU pool %q, pod asks for pool %q", n.Labels[api.LabelPool], pool)
+		default:
+			if _, u := Candidates(n, req); u != nil {
+				if u.Unresolvable {
+					res.FailedAndUnresolvableNodes[name] = u.Msg
+				} else {
+					res.FailedNodes[name] = u.Msg
+				}
+				return
+			}
+			ok = append(ok, name)
+		}
+	})
+	x.finishFilter(args, res, ok)
+	if len(ok) == 0 && len(names) > 0 {
+		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "0/%d nodes can hold the GPU request: %s", len(names), summarize(res))
+	}
+	x.log().Debug("filter", "pod", req.Key, "nodes", len(names), "fit", len(ok))
+	return res
+}
+
+// finishFilter fills the result's node list in the form the scheduler sent.
+func (x *Extender) finishFilter(args *extenderv1.ExtenderArgs, res *extenderv1.ExtenderFilterResult, ok []string) {
+	if args.NodeNames != nil || args.Nodes == nil {
+		if ok == nil {
+			ok = []string{}
+		}
+		res.NodeNames = &ok
+		return
+	}
+	keep := map[string]bool{}
+	for _, n := range ok {
+		keep[n] = true
+	}
+	list := &corev1.NodeList{}
+	for i := range args.Nodes.Items {
+		if keep[args.Nodes.Items[i].Name] {
+			list.Items = append(list.Items, args.Nodes.Items[i])
+		}
+	}
+	res.Nodes = list
+}
+
+// summarize counts the distinct reasons of a filter result, most frequent first (for Events).
+func summarize(res *extenderv1.ExtenderFilterResult) string {
+	counts := map[string]int{}
+	for _, m := range []extenderv1.FailedNodesMap{res.FailedNodes, res.FailedAndUnresolvableNodes} {
+		for _, r := range m {
+			counts[r]++
+		}
+	}
+	reasons := make([]string, 0, len(counts))
+	for r := range counts {
+		reasons = append(reasons, r)
+	}
+	sort.Slice(reasons, func(i, j int) bool {
+		if counts[reasons[i]] != counts[reasons[j]] {
+			return counts[reasons[i]] > counts[reasons[j]]
+		}
+		return reasons[i] < reasons[j]
+	})
+	parts := make([]string, 0, len(reasons))
+	for i, r := range reasons {
+		if i == 5 {
+			parts = append(parts, fmt.Sprintf("and %d more reasons", len(reasons)-5))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%d x %s", counts[r], r))
+	}
+	return strings.Join(parts, "; ")
+}

@@ -1,0 +1,52 @@
+package extender
+
+import (
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/tools/cache"
+)
+
+// WireInformers feeds a State from node and pod informers and returns a ResourceQuota lister
+// function; the caller starts the factory and waits for sync.
+func WireInformers(f informers.SharedInformerFactory, s *State, opts ClassOptions) (func(ns string) []*corev1.ResourceQuota, error) {
+	nodes := f.Core().V1().Nodes().Informer()
+	if _, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { s.UpsertNode(o.(*corev1.Node)) },
+		UpdateFunc: func(_, o any) { s.UpsertNode(o.(*corev1.Node)) },
+		DeleteFunc: func(o any) {
+			if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = t.Obj
+			}
+			if n, ok := o.(*corev1.Node); ok {
+				s.DeleteNode(n.Name)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	pods := f.Core().V1().Pods().Informer()
+	if _, err := pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(o any) { s.UpsertPod(o.(*corev1.Pod), opts) },
+		UpdateFunc: func(_, o any) { s.UpsertPod(o.(*corev1.Pod), opts) },
+		DeleteFunc: func(o any) {
+			if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+				o = t.Obj
+			}
+			if p, ok := o.(*corev1.Pod); ok {
+				s.DeletePod(p.UID)
+			}
+		},
+	}); err != nil {
+		return nil, err
+	}
+	quotas := f.Core().V1().ResourceQuotas().Lister()
+	return func(ns string) []*corev1.ResourceQuota {
+		l, err := quotas.ResourceQuotas(ns).List(labelsEverything)
+		if err != nil {
+			return nil
+		}
+		return l
+	}, nil
+}
+
+var labelsEverything = labelsEverythingSelector()

@@ -1,0 +1,5 @@
+package extender
+
+import "k8s.io/apimachinery/pkg/labels"
+
+func labelsEverythingSelector() labels.Selector { return labels.Everything() }

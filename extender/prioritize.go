@@ -1,0 +1,93 @@
+package extender
+
+import (
+	"math"
+
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// classWeight is the share of the 0..10 score given to the workload-class preference (older GPUs
+// for experiment and inference pods, seed 002) when a pod has such a class.
+const classWeight = 0.3
+
+// Prioritize scores the nodes 0..10 with the pod's policy (normalised over the candidates), blended
+// with the seed's preferences: experiment and inference pods prefer older, lower-compute GPUs.
+func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (*extenderv1.HostPriorityList, error) {
+	names := nodeNames(args)
+	out := make(extenderv1.HostPriorityList, 0, len(names))
+	if args.Pod == nil {
+		return &out, nil
+	}
+	req, err := RequestFromPod(args.Pod, x.Class)
+	if err != nil {
+		for _, n := range names {
+			out = append(out, extenderv1.HostPriority{Host: n, Score: 0})
+		}
+		return &out, nil
+	}
+	raw := make([]float64, len(names))
+	gen := make([]float64, len(names))
+	fits := make([]bool, len(names))
+	sc := &ScoreContext{Shapes: x.State.Shapes().Typical()}
+	i := 0
+	x.State.View(names, func(_ string, n *NodeState, _ string) {
+		defer func() { i++ }()
+		if n == nil {
+			return
+		}
+		p, s, u := x.Engine.Evaluate(sc, n, req)
+		if u != nil {
+			return
+		}
+		raw[i], fits[i] = s, true
+		gen[i] = placementGeneration(n, &p)
+	})
+	pol := normalise(raw, fits, false)
+	var pref []float64
+	if req.Class == api.WorkloadExperiment || req.Class == api.WorkloadInference {
+		pref = normalise(gen, fits, true)
+	}
+	for j, n := range names {
+		s := pol[j]
+		if pref != nil {
+			s = (1-classWeight)*s + classWeight*pref[j]
+		}
+		out = append(out, extenderv1.HostPriority{Host: n, Score: int64(math.Round(s))})
+	}
+	return &out, nil
+}
+
+// placementGeneration is the newest compute capability among the GPUs a placement uses.
+func placementGeneration(n *NodeState, p *Placement) float64 {
+	g := 0
+	for _, d := range p.Devices {
+		g = max(g, n.GPUs[d.GPU].Gen)
+	}
+	return float64(g)
+}
+
+// normalise maps the fitting entries' values linearly onto 0..10 (10 = best; lowest value best when
+// invert); non-fitting entries get 0, and all-equal values get 10.
+func normalise(v []float64, fits []bool, invert bool) []float64 {
+	lo, hi := math.Inf(1), math.Inf(-1)
+	for i, x := range v {
+		if fits[i] {
+			lo, hi = min(lo, x), max(hi, x)
+		}
+	}
+	out := make([]float64, len(v))
+	for i, x := range v {
+		switch {
+		case !fits[i]:
+		case hi-lo < scoreEpsilon:
+			out[i] = float64(extenderv1.MaxExtenderPriority)
+		case invert:
+			out[i] = float64(extenderv1.MaxExtenderPriority) * (hi - x) / (hi - lo)
+		default:
+			out[i] = float64(extenderv1.MaxExtenderPriority) * (x - lo) / (hi - lo)
+		}
+	}
+	return out
+}

@@ -1,0 +1,307 @@
+package extender
+
+import (
+	"fmt"
+	"log/slog"
+	"maps"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// State is the extender's view of the cluster: every node's GPU inventory and what is committed
+// on it. It is rebuilt from the API server (node inventory annotations, pod assignment annotations)
+// through informers and holds nothing else but in-flight reservations, which live until the bind
+// lands (the pod's annotation shows up) or fails (Unreserve) or their TTL passes.
+type State struct {
+	mu     sync.RWMutex
+	nodes  map[string]*nodeEntry
+	pods   map[types.UID]*podEntry
+	shapes *ShapeStats
+	ttl    time.Duration
+	now    func() time.Time
+	log    *slog.Logger
+}
+
+type nodeEntry struct {
+	name   string
+	labels map[string]string
+	inv    *api.NodeInventory
+	// invErr explains why the node has no usable inventory (missing or invalid annotation).
+	invErr string
+	state  *NodeState
+	// holders are the pods (committed or reserved) whose devices are applied to state.
+	holders map[types.UID]bool
+}
+
+type podEntry struct {
+	uid       types.UID
+	key       string
+	namespace string
+	node      string
+	req       *Request
+	// assignment is what the pod holds; placement is it resolved against the node's GPUs.
+	assignment *api.PodAssignment
+	placement  Placement
+	applied    bool
+	// reserved marks an in-flight decision (bind not landed yet); expires bounds it.
+	reserved bool
+	expires  time.Time
+}
+
+// NewState returns an empty state; ttl bounds in-flight reservations.
+func NewState(ttl time.Duration, log *slog.Logger) *State {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &State{nodes: map[string]*nodeEntry{}, pods: map[types.UID]*podEntry{}, shapes: NewShapeStats(), ttl: ttl, now: time.Now, log: log}
+}
+
+// Shapes returns the task-shape statistics of the pods seen so far (FGD's typical shapes).
+func (s *State) Shapes() *ShapeStats { return s.shapes }
+
+// UpsertNode records a node's labels and inventory; the node's GPU state is rebuilt when either changes.
+func (s *State) UpsertNode(node *corev1.Node) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.nodes[node.Name]
+	if e == nil {
+		e = &nodeEntry{name: node.Name, holders: map[types.UID]bool{}}
+		s.nodes[node.Name] = e
+	}
+	raw := node.Annotations[api.AnnotationInventory]
+	var inv *api.NodeInventory
+	invErr := ""
+	if raw == "" {
+		invErr = "node publishes no GPU inventory (annotation " + api.AnnotationInventory + "); is tessera-node running?"
+	} else if d, err := api.DecodeInventory([]byte(raw)); err != nil {
+		invErr = "node's GPU inventory is invalid: " + err.Error()
+	} else if d.Node != node.Name {
+		invErr = fmt.Sprintf("node's GPU inventory names node %q", d.Node)
+	} else {
+		inv = d
+	}
+	if e.state != nil && maps.Equal(e.labels, node.Labels) && e.invErr == invErr && sameInventory(e.inv, inv) {
+		return
+	}
+	e.labels, e.inv, e.invErr = maps.Clone(node.Labels), inv, invErr
+	if inv == nil {
+		inv = &api.NodeInventory{Node: node.Name}
+	}
+	e.state = NewNodeState(inv, e.labels)
+	// Re-apply every pod on this node, including those seen before the node (informers do not
+	// order nodes before pods). This scan runs only when the inventory or labels change.
+	for _, p := range s.pods {
+		if p.node == node.Name {
+			p.applied = false
+			s.applyLocked(p)
+		}
+	}
+	if invErr != "" {
+		s.log.Debug("node without usable inventory", "node", node.Name, "reason", invErr)
+	}
+}
+
+func sameInventory(a, b *api.NodeInventory) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	ea, _ := api.EncodeInventory(a)
+	eb, _ := api.EncodeInventory(b)
+	return string(ea) == string(eb)
+}
+
+// DeleteNode forgets a node; pods that name it stay recorded for when it comes back.
+func (s *State) DeleteNode(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.nodes[name]; e != nil {
+		for uid := range e.holders {
+			if p := s.pods[uid]; p != nil {
+				p.applied = false
+			}
+		}
+		delete(s.nodes, name)
+	}
+}
+
+// podTerminated reports whether a pod no longer holds devices.
+func podTerminated(pod *corev1.Pod) bool {
+	return pod.DeletionTimestamp != nil && pod.Status.Phase != corev1.PodRunning ||
+		pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+}
+
+// UpsertPod records a pod's committed assignment (or its absence) and its task shape.
+func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	old := s.pods[pod.UID]
+	raw, annotated := pod.Annotations[api.AnnotationAssignment]
+	if podTerminated(pod) || !annotated {
+		if old != nil && !(old.reserved && !podTerminated(pod)) {
+			s.removeLocked(old)
+		}
+		return
+	}
+	a, err := api.DecodeAssignment([]byte(raw))
+	if err != nil || (pod.Spec.NodeName != "" && pod.Spec.NodeName != a.Node) {
+		// An assignment for another node is void (api.PodAssignment); an invalid one holds nothing.
+		s.log.Warn("ignoring pod assignment", "pod", pod.Namespace+"/"+pod.Name, "err", err, "node", pod.Spec.NodeName)
+		if old != nil {
+			s.removeLocked(old)
+		}
+		return
+	}
+	req, _ := RequestFromPod(pod, opts)
+	if old != nil {
+		if !old.reserved && old.node == a.Node && sameAssignment(old.assignment, a) {
+			return
+		}
+		s.removeLocked(old)
+	}
+	p := &podEntry{uid: pod.UID, key: pod.Namespace + "/" + pod.Name, namespace: pod.Namespace, node: a.Node, req: req, assignment: a}
+	s.pods[pod.UID] = p
+	s.applyLocked(p)
+	if req != nil {
+		s.shapes.Observe(req, 1)
+	}
+}
+
+func sameAssignment(a, b *api.PodAssignment) bool {
+	ea, _ := api.EncodeAssignment(a)
+	eb, _ := api.EncodeAssignment(b)
+	return string(ea) == string(eb)
+}
+
+// DeletePod releases whatever the pod held.
+func (s *State) DeletePod(uid types.UID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.pods[uid]; p != nil {
+		s.removeLocked(p)
+	}
+}
+
+// Reserve holds an in-flight decision so that concurrent filter/prioritize/bind calls see it.
+func (s *State) Reserve(uid types.UID, key, namespace string, req *Request, a *api.PodAssignment) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old := s.pods[uid]; old != nil {
+		s.removeLocked(old)
+	}
+	p := &podEntry{uid: uid, key: key, namespace: namespace, node: a.Node, req: req, assignment: a, reserved: true, expires: s.now().Add(s.ttl)}
+	s.pods[uid] = p
+	s.applyLocked(p)
+}
+
+// Unreserve drops an in-flight decision that did not land; committed assignments stay.
+func (s *State) Unreserve(uid types.UID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.pods[uid]; p != nil && p.reserved {
+		s.removeLocked(p)
+	}
+}
+
+// ExpireReservations drops reservations older than the TTL (a bind whose outcome was never seen).
+func (s *State) ExpireReservations() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	now := s.now()
+	for _, p := range s.pods {
+		if p.reserved && now.After(p.expires) {
+			s.removeLocked(p)
+			n++
+		}
+	}
+	return n
+}
+
+func (s *State) applyLocked(p *podEntry) {
+	e := s.nodes[p.node]
+	if e == nil {
+		return // applied when the node shows up
+	}
+	e.holders[p.uid] = true
+	if p.applied {
+		return
+	}
+	p.placement = placementOf(e.state, p.assignment)
+	e.state.Apply(&Request{}, &p.placement)
+	p.applied = true
+}
+
+func (s *State) removeLocked(p *podEntry) {
+	if e := s.nodes[p.node]; e != nil {
+		delete(e.holders, p.uid)
+		if p.applied {
+			e.state.Release(&Request{}, &p.placement)
+		}
+	}
+	if !p.reserved && p.req != nil {
+		s.shapes.Observe(p.req, -1)
+	}
+	delete(s.pods, p.uid)
+}
+
+// placementOf resolves an assignment's devices against a node's GPUs (unknown UUIDs are skipped:
+// the inventory changed under the pod, and the node agent refuses such devices anyway).
+func placementOf(n *NodeState, a *api.PodAssignment) Placement {
+	var p Placement
+	for ci, c := range a.Containers {
+		for _, d := range c.Devices {
+			i := n.GPUIndexByUUID(d.UUID)
+			if i < 0 {
+				continue
+			}
+			p.Devices = append(p.Devices, Device{Container: ci, GPU: i, Whole: d.Whole, Memory: d.MemoryBytes, Milli: d.CoresPercent * 10})
+		}
+	}
+	return p
+}
+
+// View runs f with read access to the named nodes' states (missing nodes get a nil state and the
+// reason). f must not keep the states after it returns.
+func (s *State) View(names []string, f func(name string, n *NodeState, missing string)) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, name := range names {
+		e := s.nodes[name]
+		switch {
+		case e == nil:
+			f(name, nil, "node is not known to the extender yet")
+		case e.inv == nil:
+			f(name, nil, e.invErr)
+		default:
+			f(name, e.state, "")
+		}
+	}
+}
+
+// NamespaceUsage is the GPU resources held (committed or reserved) by pods of a namespace.
+func (s *State) NamespaceUsage(ns string) map[string]int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := map[string]int64{}
+	for _, p := range s.pods {
+		if p.namespace != ns || p.req == nil {
+			continue
+		}
+		for k, v := range requestQuantities(p.req) {
+			out[k] += v
+		}
+	}
+	return out
+}
+
+// Holds reports whether the state has an entry (committed or reserved) for the pod.
+func (s *State) Holds(uid types.UID) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.pods[uid] != nil
+}
