@@ -45,7 +45,9 @@ typedef struct {
     _Atomic uint32_t count;
 } est_entry;
 static est_entry est_table[1u << EST_BITS];
-static _Atomic uint64_t est_global[VC_MAX_GPUS]; /* fallback for unmeasured keys */
+/* Fallback for keys not measured yet, per GPU: [0] kernels (ns per wave),
+ * [1] graphs (ns per launch); the units differ, so they are kept apart. */
+static _Atomic uint64_t est_global[VC_MAX_GPUS][2];
 
 static est_entry *est_get(uint64_t key) {
     uint64_t mask = (1u << EST_BITS) - 1, i = (key * 0x9e3779b97f4a7c15ULL) >> (64 - EST_BITS);
@@ -77,7 +79,7 @@ static _Thread_local sampler tls;
 static void update_est(est_entry *e, int g, uint64_t v) {
     /* Interference (other contexts sharing the GPU) only makes a sample
      * longer, so believe a shorter sample fast and a longer one slowly. */
-    _Atomic uint64_t *slots[2] = {e ? &e->est_ns : NULL, &est_global[g]};
+    _Atomic uint64_t *slots[2] = {e ? &e->est_ns : NULL, &est_global[g][tls.graph]};
     for (int i = 0; i < 2; i++) {
         if (!slots[i])
             continue;
@@ -169,9 +171,8 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int gra
     harvest(0);
     uint64_t sms = (uint64_t)vc_dev_sms(dev);
     est_entry *e = est_get(key);
-    uint64_t est = e ? atomic_load_explicit(&e->est_ns, memory_order_relaxed) : 0;
-    if (!est)
-        est = atomic_load_explicit(&est_global[g], memory_order_relaxed);
+    uint64_t own = e ? atomic_load_explicit(&e->est_ns, memory_order_relaxed) : 0;
+    uint64_t est = own ? own : atomic_load_explicit(&est_global[g][graph], memory_order_relaxed);
     uint64_t cost = graph ? est : (blocks ? est * blocks / sms : est);
 
     /* Admission. The coarse clock (a vDSO read of the last tick) is never
@@ -205,8 +206,10 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int gra
         vc_region_add_throttle(g, slept);
     charge_tat(g, cost);
 
+    /* Measure a key until it has its own estimate, then one launch in
+     * SAMPLE_EVERY to follow changes. */
     uint32_t n = e ? atomic_fetch_add_explicit(&e->count, 1, memory_order_relaxed) : 1;
-    if (!tls.pending && (!est || !e || n % SAMPLE_EVERY == 0) && ensure_events() == 0) {
+    if (!tls.pending && (!own || n % SAMPLE_EVERY == 0) && ensure_events() == 0) {
         if (record(lc, tls.ev[0]) == CUDA_SUCCESS) {
             lc->sample = 1;
             tls.g = g;
@@ -227,7 +230,7 @@ static void after_launch(launch_ctx *lc, CUresult r) {
     tls.pending = 1;
     /* Nothing known yet for this GPU: calibrate once, synchronously, rather
      * than let a whole queue of unpriced work through. */
-    if (atomic_load_explicit(&est_global[tls.g], memory_order_relaxed) == 0)
+    if (atomic_load_explicit(&est_global[tls.g][tls.graph], memory_order_relaxed) == 0)
         harvest(1);
 }
 
