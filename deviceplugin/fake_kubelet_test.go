@@ -14,7 +14,9 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -30,6 +32,8 @@ type fakeKubelet struct {
 	mu        sync.Mutex
 	endpoints map[string]*endpoint // by resource: the latest registration wins, as in the kubelet
 	requests  []*pluginapi.RegisterRequest
+	reject    int // refuse this many more Register calls
+	refused   int
 }
 
 // endpoint is the kubelet's connection to one registered plugin.
@@ -89,6 +93,14 @@ type registrationService struct {
 
 func (r *registrationService) Register(ctx context.Context, req *pluginapi.RegisterRequest) (*pluginapi.Empty, error) {
 	k := r.k
+	k.mu.Lock()
+	if k.reject > 0 {
+		k.reject--
+		k.refused++
+		k.mu.Unlock()
+		return nil, status.Error(codes.Unavailable, "fake kubelet: not ready")
+	}
+	k.mu.Unlock()
 	if req.GetVersion() != pluginapi.Version {
 		return nil, fmt.Errorf("unsupported version %q", req.GetVersion())
 	}
@@ -154,6 +166,19 @@ func (e *endpoint) latest() []*pluginapi.Device {
 		return nil
 	}
 	return e.lists[len(e.lists)-1]
+}
+
+// rejectNext makes the kubelet refuse the next n registrations.
+func (k *fakeKubelet) rejectNext(n int) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	k.reject = n
+}
+
+func (k *fakeKubelet) rejected() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.refused
 }
 
 func (k *fakeKubelet) endpoint(resource string) *endpoint {

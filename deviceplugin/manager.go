@@ -50,6 +50,9 @@ type Manager struct {
 	opts Options
 	log  *slog.Logger
 
+	// watch reports directory changes; tests replace it to exercise polling alone.
+	watch func(ctx context.Context, dir string, log *slog.Logger) (<-chan struct{}, error)
+
 	mu      sync.Mutex
 	plugins map[string]*managed // by resource; written only by Run's goroutine
 }
@@ -81,6 +84,7 @@ func NewManager(src Source, opts Options) *Manager {
 		src:     src,
 		opts:    opts,
 		log:     opts.Logger.With("component", "deviceplugin"),
+		watch:   watchDir,
 		plugins: make(map[string]*managed),
 	}
 }
@@ -107,7 +111,7 @@ func (m *Manager) Run(ctx context.Context) error {
 
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	defer stopWatch()
-	dirChanged, err := watchDir(watchCtx, filepath.Dir(m.opts.KubeletSocket), m.log)
+	dirChanged, err := m.watch(watchCtx, filepath.Dir(m.opts.KubeletSocket), m.log)
 	if err != nil {
 		// Polling alone still notices a kubelet restart, a little later.
 		m.log.Warn("cannot watch the device plugin directory; polling only", "err", err, "interval", m.opts.PollInterval)
@@ -140,19 +144,22 @@ func (m *Manager) Run(ctx context.Context) error {
 }
 
 // reconcile starts a plugin for each new resource, stops those the Source no longer lists, and
-// refreshes the device lists of the rest.
+// refreshes the device lists of the rest. Only Run's goroutine writes m.plugins, so it reads the
+// map without the lock; the lock guards writes against Registered, and is never held across a
+// call into the Source (which may take its own locks).
 func (m *Manager) reconcile(ctx context.Context) {
 	want := make(map[string]bool)
 	for _, r := range m.src.Resources() {
 		want[r] = true
 	}
-	m.mu.Lock()
-	var gone []*managed
 	for r, mp := range m.plugins {
 		if !want[r] {
-			gone = append(gone, mp)
-			delete(m.plugins, r)
 			m.log.Info("resource no longer offered: stopping its device plugin", "resource", r)
+			m.mu.Lock()
+			delete(m.plugins, r)
+			m.mu.Unlock()
+			mp.cancel()
+			<-mp.plugin.done
 		}
 	}
 	for _, r := range slices.Sorted(maps.Keys(want)) {
@@ -164,42 +171,35 @@ func (m *Manager) reconcile(ctx context.Context) {
 		srv := newServer(r, m.src, m.opts.PreferredAllocation(r), log)
 		p := newPlugin(srv, m.opts.PluginDir, m.opts.KubeletSocket, log)
 		pctx, cancel := context.WithCancel(ctx)
+		m.mu.Lock()
 		m.plugins[r] = &managed{plugin: p, cancel: cancel}
+		m.mu.Unlock()
 		log.Info("starting device plugin", "preferred_allocation", srv.preferred)
 		go p.run(pctx)
-	}
-	m.mu.Unlock()
-	for _, mp := range gone {
-		mp.cancel()
-		<-mp.plugin.done
 	}
 }
 
 // checkSockets looks at the directory after an event or a poll tick: a kubelet.sock that is new
-// (by identity) means the kubelet restarted and every plugin must register again; each plugin also
-// checks that its own socket is still there. It returns the kubelet socket identity now seen.
+// (by identity) means the kubelet restarted and every plugin must register again; otherwise each
+// plugin checks that its own socket is still there. It returns the kubelet socket identity now seen.
 func (m *Manager) checkSockets(last fileID) fileID {
 	now := statID(m.opts.KubeletSocket)
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	restarted := false
 	switch {
 	case now == last:
+		for _, mp := range m.plugins {
+			mp.plugin.checkSocket()
+		}
 	case now == fileID{}:
 		m.log.Warn("kubelet socket gone; waiting for the kubelet to come back", "kubelet_socket", m.opts.KubeletSocket)
 		for _, mp := range m.plugins {
 			mp.plugin.registered.Store(false)
+			mp.plugin.checkSocket()
 		}
 	default:
+		// The restart recreates every socket, so no separate socket check is needed.
 		m.log.Info("kubelet socket (re)created: registering every resource again", "kubelet_socket", m.opts.KubeletSocket)
 		for _, mp := range m.plugins {
 			mp.plugin.kubeletRestarted()
-		}
-		restarted = true
-	}
-	if !restarted { // a restart recreates every socket anyway
-		for _, mp := range m.plugins {
-			mp.plugin.checkSocket()
 		}
 	}
 	return now

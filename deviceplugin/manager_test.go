@@ -27,10 +27,13 @@ const (
 
 // runManager starts a Manager on dir. The returned stop cancels Run and returns its result once
 // it has returned; it also runs (and checks for a nil result) when the test ends.
-func runManager(t *testing.T, src Source, dir string) (*Manager, func() error) {
+func runManager(t *testing.T, src Source, dir string, configure ...func(*Manager)) (*Manager, func() error) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(newTestWriter(t), &slog.HandlerOptions{Level: slog.LevelDebug}))
 	m := NewManager(src, Options{PluginDir: dir, Logger: log})
+	for _, c := range configure {
+		c(m)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() { errc <- m.Run(ctx) }()
@@ -398,6 +401,53 @@ func TestRegistersWhenKubeletStartsLater(t *testing.T) {
 	waitRegistered(t, m, gpuRes)
 }
 
+func TestRetriesRejectedRegistration(t *testing.T) {
+	dir := shortTempDir(t)
+	k := startFakeKubelet(t, dir)
+	k.rejectNext(2)
+	src := newFakeSource()
+	src.setResource(gpuRes, healthyDevices("gpu-0"))
+	m, _ := runManager(t, src, dir)
+
+	k.waitServed(gpuRes)
+	waitRegistered(t, m, gpuRes)
+	if n := k.rejected(); n != 2 {
+		t.Errorf("kubelet rejected %d registrations, want 2", n)
+	}
+}
+
+// TestPollingAlone covers a node where inotify is unavailable: the poll must notice both a
+// kubelet restart and a deleted socket.
+func TestPollingAlone(t *testing.T) {
+	dir := shortTempDir(t)
+	k1 := startFakeKubelet(t, dir)
+	src := newFakeSource()
+	src.setResource(gpuRes, healthyDevices("gpu-0"))
+	m, _ := runManager(t, src, dir, func(m *Manager) {
+		m.opts.PollInterval = 50 * time.Millisecond
+		m.watch = func(context.Context, string, *slog.Logger) (<-chan struct{}, error) {
+			return nil, errors.New("inotify unavailable")
+		}
+	})
+	k1.waitServed(gpuRes)
+
+	k1.stop()
+	k2 := startFakeKubelet(t, dir)
+	k2.waitServed(gpuRes)
+	waitRegistered(t, m, gpuRes)
+
+	if err := os.Remove(filepath.Join(dir, socketName(gpuRes))); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "a registration after the socket was deleted", func() bool { return k2.registrations(gpuRes) >= 2 })
+	e := k2.waitServed(gpuRes)
+	if _, err := e.client.Allocate(context.Background(), &pluginapi.AllocateRequest{
+		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"gpu-0"}}},
+	}); err != nil {
+		t.Fatalf("Allocate on the recreated socket: %v", err)
+	}
+}
+
 func TestShutdownRemovesSockets(t *testing.T) {
 	dir := shortTempDir(t)
 	k := startFakeKubelet(t, dir)
@@ -438,5 +488,27 @@ func TestSocketName(t *testing.T) {
 		if got := socketName(in); got != want {
 			t.Errorf("socketName(%q) = %q, want %q", in, got, want)
 		}
+	}
+}
+
+func TestBackoff(t *testing.T) {
+	var b backoff
+	tests := []time.Duration{ // nominal waits; each may be off by ±20% jitter
+		500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second,
+		16 * time.Second, 30 * time.Second, 30 * time.Second, 30 * time.Second,
+	}
+	for i, nominal := range tests {
+		if d := b.next(); d < nominal*8/10 || d > nominal*12/10 {
+			t.Errorf("attempt %d: wait %v, want %v ±20%%", i, d, nominal)
+		}
+	}
+	for range 100 { // the shift must not overflow after many failures
+		if d := b.next(); d < backoffMax*8/10 || d > backoffMax*12/10 {
+			t.Fatalf("after many attempts: wait %v, want %v ±20%%", d, backoffMax)
+		}
+	}
+	b.reset()
+	if d := b.next(); d < backoffInitial*8/10 || d > backoffInitial*12/10 {
+		t.Errorf("after reset: wait %v, want %v ±20%%", d, backoffInitial)
 	}
 }

@@ -74,18 +74,40 @@ func signal(ch chan struct{}) {
 func (p *plugin) kubeletRestarted() { p.registered.Store(false); signal(p.restartCh) }
 func (p *plugin) checkSocket()      { signal(p.checkCh) }
 
+// regResult is the outcome of one registration attempt; gen tells a current attempt from one a
+// restart has superseded.
+type regResult struct {
+	gen int
+	err error
+}
+
 // run serves and registers until ctx ends, then stops the server and removes the socket.
+//
+// Register runs in its own goroutine: the kubelet dials our socket back inside the call and may
+// wait up to 10 s for it (for instance when the socket was deleted meanwhile), and the loop must
+// stay free to notice that and start over rather than wait it out.
 func (p *plugin) run(ctx context.Context) {
 	defer close(p.done)
 	defer p.stopServing()
 
-	var bo backoff
-	retry := time.NewTimer(0)
+	var (
+		bo        backoff
+		gen       int
+		cancelReg = context.CancelFunc(func() {})
+		results   = make(chan regResult)
+		retry     = time.NewTimer(0)
+	)
 	retry.Stop()
-	defer retry.Stop()
+	defer func() { cancelReg(); retry.Stop() }()
 
 	attempt := func() {
 		retry.Stop()
+		cancelReg()
+		gen++
+		// A kubelet told to dial a socket that is gone would hang the registration: serve anew first.
+		if p.grpc != nil && statID(p.socketPath) != p.socketID {
+			p.stopServing()
+		}
 		if p.grpc == nil {
 			if err := p.serve(); err != nil {
 				wait := bo.next()
@@ -94,18 +116,16 @@ func (p *plugin) run(ctx context.Context) {
 				return
 			}
 		}
-		if err := register(ctx, p.kubeletSocket, filepath.Base(p.socketPath), p.server.resource, p.server.options()); err != nil {
-			if ctx.Err() != nil {
-				return
+		rctx, cancel := context.WithCancel(ctx)
+		cancelReg = cancel
+		g := gen
+		go func() {
+			err := register(rctx, p.kubeletSocket, filepath.Base(p.socketPath), p.server.resource, p.server.options())
+			select {
+			case results <- regResult{gen: g, err: err}:
+			case <-ctx.Done():
 			}
-			wait := bo.next()
-			p.log.Warn("registration with the kubelet failed; retrying", "err", err, "attempt", bo.attempt, "retry_in", wait)
-			retry.Reset(wait)
-			return
-		}
-		bo.reset()
-		p.registered.Store(true)
-		p.log.Info("registered with the kubelet", "kubelet_socket", p.kubeletSocket)
+		}()
 	}
 
 	attempt()
@@ -113,6 +133,19 @@ func (p *plugin) run(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
+		case r := <-results:
+			if r.gen != gen {
+				continue // superseded by a restart
+			}
+			if r.err != nil {
+				wait := bo.next()
+				p.log.Warn("registration with the kubelet failed; retrying", "err", r.err, "attempt", bo.attempt, "retry_in", wait)
+				retry.Reset(wait)
+				continue
+			}
+			bo.reset()
+			p.registered.Store(true)
+			p.log.Info("registered with the kubelet", "kubelet_socket", p.kubeletSocket)
 		case <-p.restartCh:
 			p.log.Info("kubelet restarted: recreating socket and registering again")
 			p.restart(&bo)
