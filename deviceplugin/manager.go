@@ -44,7 +44,9 @@ func DefaultPreferredAllocation(resource string) bool {
 }
 
 // Manager runs one device plugin per resource of a Source and keeps each registered with the
-// kubelet, across kubelet restarts and changes of the resource set.
+// kubelet, across kubelet restarts and changes of the resource set. It calls the Source's methods
+// from several goroutines at once (gRPC handlers and its own loop), and is the only reader of
+// Source.Changed.
 type Manager struct {
 	src  Source
 	opts Options

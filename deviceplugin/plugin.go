@@ -18,8 +18,8 @@ import (
 )
 
 // plugin is the life of one resource's endpoint: its socket, the gRPC server on it, and its
-// registration with the kubelet. One goroutine (run) owns all of it, so a restart, a socket check
-// and a registration retry never interleave.
+// registration with the kubelet. One goroutine (run) owns the socket and the server, so restarts,
+// socket checks and retries never interleave; Register calls run beside it and report back to it.
 type plugin struct {
 	server        *server
 	socketPath    string
@@ -180,6 +180,10 @@ func (p *plugin) serve() error {
 	// A socket left by an earlier run (or another process using our name) would make Listen fail.
 	if err := os.Remove(p.socketPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove stale socket %s: %w", p.socketPath, err)
+	}
+	// sun_path holds 108 bytes including the terminating NUL; say so rather than "invalid argument".
+	if len(p.socketPath) > 107 {
+		return fmt.Errorf("socket path %s is %d bytes, longer than a unix socket allows (107)", p.socketPath, len(p.socketPath))
 	}
 	lis, err := net.Listen("unix", p.socketPath)
 	if err != nil {
