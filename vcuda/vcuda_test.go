@@ -109,11 +109,14 @@ func caseEnv(dir, lib, tmp string) []string {
 	return env
 }
 
-func runCase(t *testing.T, dir string, c cCase) {
+// runCase runs one C case; it returns the case's scratch directory (the
+// region file, if any, is left there as tmp/region).
+func runCase(t *testing.T, dir string, c cCase) string {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	tmp := t.TempDir()
 	cmd := exec.CommandContext(ctx, filepath.Join(dir, "vcuda_tests"), c.name)
-	cmd.Env = caseEnv(dir, c.lib, t.TempDir())
+	cmd.Env = caseEnv(dir, c.lib, tmp)
 	out, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
 		t.Fatalf("%s timed out\n%s", c.name, out)
@@ -124,10 +127,12 @@ func runCase(t *testing.T, dir string, c cCase) {
 	if testing.Verbose() {
 		t.Logf("%s", bytes.TrimSpace(out))
 	}
+	return tmp
 }
 
-// runGroup runs, as subtests, the C cases whose names start with prefix.
-func runGroup(t *testing.T, prefix string) {
+// runGroup runs, as subtests, the C cases whose names start with prefix;
+// after, if given, inspects what a case left behind.
+func runGroup(t *testing.T, prefix string, after ...func(t *testing.T, name, tmp string)) {
 	dir := build(t)
 	n := 0
 	for _, c := range listCases(t, dir) {
@@ -135,7 +140,12 @@ func runGroup(t *testing.T, prefix string) {
 			continue
 		}
 		n++
-		t.Run(strings.TrimPrefix(c.name, prefix), func(t *testing.T) { runCase(t, dir, c) })
+		t.Run(strings.TrimPrefix(c.name, prefix), func(t *testing.T) {
+			tmp := runCase(t, dir, c)
+			for _, f := range after {
+				f(t, c.name, tmp)
+			}
+		})
 	}
 	if n == 0 {
 		t.Fatalf("no C test cases named %s*", prefix)
@@ -160,9 +170,39 @@ func TestProcAddr(t *testing.T) { runGroup(t, "procaddr_") }
 
 // SIGKILL inside the driver's allocation, inside vcuda's reservation, inside a
 // reclaim, and during concurrent churn: the region stays exact.
-func TestCrash(t *testing.T) { runGroup(t, "crash_") }
+func TestCrash(t *testing.T) {
+	runGroup(t, "crash_", func(t *testing.T, name, tmp string) {
+		r, err := ReadRegion(filepath.Join(tmp, "region"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		g := r.GPUs[0]
+		if g.Used != 0 || g.Reclaiming || len(r.Processes) != 0 || g.Reclaims == 0 || g.OOMEvents == 0 {
+			t.Errorf("region after %s: %+v, %d processes", name, g, len(r.Processes))
+		}
+	})
+}
 
 // The compute limiter holds launch loops (kernels, Ex, cooperative, graphs,
 // per-thread-stream variants; one or two processes; 16 to 132 SMs) to their
 // percent of the fake device's modelled capacity, within 10%.
-func TestLimiter(t *testing.T) { runGroup(t, "limiter_") }
+// The Go reader (what the node agent exports) sees the throttling in the
+// region each case left behind, and nothing still charged.
+func TestLimiter(t *testing.T) {
+	runGroup(t, "limiter_", func(t *testing.T, name, tmp string) {
+		r, err := ReadRegion(filepath.Join(tmp, "region"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(r.GPUs) != 1 || !strings.HasPrefix(r.GPUs[0].UUID, "GPU-fa4e0000-") {
+			t.Fatalf("region gpus %+v", r.GPUs)
+		}
+		g := r.GPUs[0]
+		if limited := g.Cores < 100; limited != (g.ThrottledNs > 0 && g.ThrottleEvents > 0) {
+			t.Errorf("cores %d%%: throttled %v ns in %d waits", g.Cores, g.ThrottledNs, g.ThrottleEvents)
+		}
+		if g.Used != 0 || len(r.Processes) != 0 {
+			t.Errorf("left behind: %d bytes, %d processes", g.Used, len(r.Processes))
+		}
+	})
+}

@@ -166,7 +166,9 @@ int vc_limits_parse(const char *text, size_t len, vc_limits *out, int *errline, 
             if (vc_limits_find(out, f[1]) >= 0)
                 FAIL("gpu: duplicated uuid %s", f[1]);
             vc_gpu_limit *g = &out->gpu[out->ngpus++];
-            for (int i = 0; f[1][i]; i++)
+            /* Canonical form, as NVML prints it: "GPU-" and lower-case hex. */
+            memcpy(g->uuid, "GPU-", 4);
+            for (int i = 4; f[1][i]; i++)
                 g->uuid[i] = (char)tolower((unsigned char)f[1][i]);
             g->mem_cap = cap;
             g->cores = (uint32_t)cores;

@@ -12,7 +12,7 @@
 #define VC_LIMITS_ENV "TESSERA_VCUDA_LIMITS"
 
 typedef struct vc_gpu_limit {
-    char uuid[VC_UUID_LEN + 1]; /* lower-cased */
+    char uuid[VC_UUID_LEN + 1]; /* canonical: GPU- and lower-case hex */
     uint64_t mem_cap;
     uint32_t cores; /* 1..100 */
 } vc_gpu_limit;

@@ -35,7 +35,7 @@ typedef struct vc_region_hdr {
 } vc_region_hdr;
 
 typedef struct vc_region_gpu {
-    char uuid[48]; /* lower-case GPU-... */
+    char uuid[48]; /* GPU-<lower-case hex>, NUL-terminated */
     uint64_t mem_cap;
     uint32_t cores;
     uint32_t pad0;
