@@ -117,6 +117,8 @@ type agentPod struct {
 	limits      map[string]string
 	assignment  *api.PodAssignment
 	annotations map[string]string
+	// ctrAnnotations go on the CRI container config, where containerd reads cdi.k8s.io/* requests.
+	ctrAnnotations map[string]string
 }
 
 // runningPod is a pod the stack created.
@@ -177,6 +179,7 @@ func (s *nodeStack) run(t *testing.T, p agentPod) (*runningPod, error) {
 		"command":     []string{"sh", "-c", "sleep 3600"},
 		"log_path":    "main.log",
 		"CDI_devices": cdi,
+		"annotations": p.ctrAnnotations,
 		"linux":       map[string]any{},
 	}
 	podFile, ctrFile := filepath.Join(s.dir, p.name+"-pod.json"), filepath.Join(s.dir, p.name+"-ctr.json")
