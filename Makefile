@@ -1,4 +1,5 @@
-# Tessera build, test and demo entry points. Everything built or downloaded lives under $(CACHE).
+# Tessera: build, test, benchmark and demo entry points. Everything built or downloaded for the tests
+# (upstream containerd, runc, nerdctl, crictl, etcd, Kubernetes, busybox) lives under $(CACHE).
 SHELL := /bin/bash
 CACHE ?= $(CURDIR)/.cache
 TOOLS := $(CACHE)/tools
@@ -8,37 +9,47 @@ GO ?= go
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 export TESSERA_TOOLS := $(TOOLS)
 FUZZTIME ?= 5s
+# Packages whose tests need no upstream binaries.
+UNIT_PKGS = $$($(GO) list ./... | grep -v /test/)
 
-.PHONY: all build test unit e2e fuzz bench tools clean vet
+.PHONY: all build vcuda test unit e2e fuzz bench tools demo clean vet
 
-all: build
+all: build vcuda
 
 build:
 	$(GO) build -o $(BIN)/ ./cmd/...
 
+# libvcuda.so (and the fake driver) into bin/vcuda.
+vcuda:
+	$(MAKE) -C vcuda BUILD=$(BIN)/vcuda
+
 vet:
 	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go'))" || { gofmt -l $$(git ls-files '*.go'); echo "gofmt: files above need formatting"; exit 1; }
 
-# tools: the upstream binaries the end-to-end tests run for real (containerd, runc, nerdctl, crictl, busybox).
+# The upstream binaries the end-to-end tests run for real.
 tools:
 	bash test/tools/install.sh "$(TOOLS)"
+	bash test/tools/install-k8s.sh "$(TOOLS)"
 
 unit:
-	$(GO) test -count=1 $$($(GO) list ./... | grep -v /test/e2e)
+	$(GO) test -count=1 $(UNIT_PKGS)
 
-e2e: tools build
-	$(GO) test -count=1 -timeout 20m ./test/e2e/...
+e2e: tools
+	$(GO) test -count=1 -timeout 25m ./test/...
 
 # Every decoder has a fuzz target; each runs for $(FUZZTIME).
 fuzz:
 	bash test/tools/fuzz.sh "$(FUZZTIME)"
 
-test: tools vet build
+# All tests: vet, unit (vcuda's C tests included), end-to-end on real containerd and Kubernetes, fuzz.
+test: tools vet
 	$(GO) test -count=1 -timeout 25m ./...
 	$(MAKE) fuzz
 
-bench: tools build
-	$(GO) test -run '^$$' -bench . -benchmem ./...
+# Benchmarks report ratios and latencies measured in one run; they assert nothing.
+bench: tools
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./...
 
 clean:
 	rm -rf $(BIN)
