@@ -26,7 +26,7 @@ type Containerd struct {
 
 // StartContainerd starts containerd and imports the busybox test images (bbox, bbox-pause) into the
 // default and k8s.io namespaces. The test's cleanup stops it and removes every trace.
-func StartContainerd(t *testing.T) *Containerd {
+func StartContainerd(t testing.TB) *Containerd {
 	t.Helper()
 	base, err := os.MkdirTemp("/tmp", "tsr-")
 	if err != nil {
@@ -87,7 +87,7 @@ state = '%[1]s/state'
 }
 
 // Start launches containerd (again, after Stop) and waits for its socket to answer.
-func (c *Containerd) Start(t *testing.T) {
+func (c *Containerd) Start(t testing.TB) {
 	t.Helper()
 	log, err := os.OpenFile(filepath.Join(c.Base, "containerd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
@@ -112,7 +112,7 @@ func (c *Containerd) Start(t *testing.T) {
 }
 
 // Stop kills containerd (the shims and containers keep running, as on a real node).
-func (c *Containerd) Stop(t *testing.T) {
+func (c *Containerd) Stop(t testing.TB) {
 	if c.cmd == nil || c.cmd.Process == nil {
 		return
 	}
@@ -136,7 +136,7 @@ func (c *Containerd) LogTail() string {
 	return strings.Join(lines[max(0, len(lines)-40):], "\n")
 }
 
-func (c *Containerd) importImages(t *testing.T) {
+func (c *Containerd) importImages(t testing.TB) {
 	t.Helper()
 	bb := filepath.Join(toolsDir(), "busybox", "bin", "busybox")
 	mk := filepath.Join(repoRoot(), "test", "tools", "make-image.sh")
@@ -153,7 +153,7 @@ func (c *Containerd) importImages(t *testing.T) {
 }
 
 // Nerdctl runs nerdctl against this containerd with the given CDI spec dirs.
-func (c *Containerd) Nerdctl(t *testing.T, args ...string) (string, error) {
+func (c *Containerd) Nerdctl(t testing.TB, args ...string) (string, error) {
 	t.Helper()
 	base := []string{"--address", c.Socket, "--data-root", filepath.Join(c.Base, "nerdctl"),
 		"--cni-path", filepath.Join(c.Base, "cni/bin"), "--cni-netconfpath", filepath.Join(c.Base, "cni/net.d")}
@@ -161,7 +161,7 @@ func (c *Containerd) Nerdctl(t *testing.T, args ...string) (string, error) {
 }
 
 // Crictl runs crictl against this containerd's CRI.
-func (c *Containerd) Crictl(t *testing.T, args ...string) (string, error) {
+func (c *Containerd) Crictl(t testing.TB, args ...string) (string, error) {
 	t.Helper()
 	base := []string{"--runtime-endpoint", "unix://" + c.Socket, "--image-endpoint", "unix://" + c.Socket, "--timeout", "30s"}
 	return runCmd(t, 2*time.Minute, tool(t, "crictl"), append(base, args...)...)
@@ -169,7 +169,7 @@ func (c *Containerd) Crictl(t *testing.T, args ...string) (string, error) {
 
 // teardown removes containers and pods, stops containerd, unmounts everything below Base and
 // removes it, then checks nothing is left mounted.
-func (c *Containerd) teardown(t *testing.T) {
+func (c *Containerd) teardown(t testing.TB) {
 	if c.cmd != nil {
 		c.Crictl(t, "rmp", "-af")
 		if out, _ := c.Nerdctl(t, "ps", "-aq"); out != "" {

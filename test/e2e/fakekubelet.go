@@ -40,7 +40,7 @@ type fakePlugin struct {
 }
 
 // StartFakeKubelet starts the registration and pod-resources servers under dir.
-func StartFakeKubelet(t *testing.T, dir string) *FakeKubelet {
+func StartFakeKubelet(t testing.TB, dir string) *FakeKubelet {
 	t.Helper()
 	k := &FakeKubelet{PluginDir: filepath.Join(dir, "device-plugins"), PodResSocket: filepath.Join(dir, "pod-resources.sock"),
 		plugins: map[string]*fakePlugin{}, grants: podresources.NewServer(), changed: make(chan struct{}, 1)}
@@ -59,7 +59,7 @@ func StartFakeKubelet(t *testing.T, dir string) *FakeKubelet {
 
 // Start (re)starts the registration server. Like a restarting kubelet, it first deletes every socket
 // in the plugin directory, so plugins must notice and register again.
-func (k *FakeKubelet) Start(t *testing.T) {
+func (k *FakeKubelet) Start(t testing.TB) {
 	t.Helper()
 	entries, _ := os.ReadDir(k.PluginDir)
 	for _, e := range entries {
@@ -168,7 +168,7 @@ func (k *FakeKubelet) Resources() []string {
 }
 
 // WaitHealthy waits until a resource has exactly n healthy devices.
-func (k *FakeKubelet) WaitHealthy(t *testing.T, resource string, n int) {
+func (k *FakeKubelet) WaitHealthy(t testing.TB, resource string, n int) {
 	t.Helper()
 	if err := waitFor(30*time.Second, 50*time.Millisecond, func() (bool, error) { return len(k.Healthy(resource)) == n, nil }); err != nil {
 		t.Fatalf("%s: want %d healthy devices, have %d (%v)", resource, n, len(k.Healthy(resource)), k.Healthy(resource))
@@ -177,7 +177,7 @@ func (k *FakeKubelet) WaitHealthy(t *testing.T, resource string, n int) {
 
 // Allocate picks n free healthy devices of a resource for a container, calls the plugin's Allocate
 // and records the grant; it returns the CDI device names the plugin answered with.
-func (k *FakeKubelet) Allocate(t *testing.T, ns, pod, container, resource string, n int) []string {
+func (k *FakeKubelet) Allocate(t testing.TB, ns, pod, container, resource string, n int) []string {
 	t.Helper()
 	inUse := k.grants.InUse(resource)
 	k.mu.Lock()
