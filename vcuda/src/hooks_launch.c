@@ -168,6 +168,17 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int gra
                     !vc_real.cuEventRecord || !vc_real.cuEventSynchronize))
         return;
 
+    /* Work launched into a stream being captured does not run now: it is
+     * charged when the graph is launched. And event calls on a capturing
+     * stream would become part of the graph (or invalidate the capture), so
+     * stay out entirely. */
+    int capturing = 0;
+    CUresult (*is_cap)(CUstream, int *) =
+        lc->ptsz && vc_real.cuStreamIsCapturing_ptsz ? vc_real.cuStreamIsCapturing_ptsz
+                                                     : vc_real.cuStreamIsCapturing;
+    if (is_cap && (is_cap(lc->stream, &capturing) != CUDA_SUCCESS || capturing != 0))
+        return;
+
     harvest(0);
     uint64_t sms = (uint64_t)vc_dev_sms(dev);
     est_entry *e = est_get(key);

@@ -17,6 +17,8 @@
     X(cuCtxPushCurrent_v2, (CUcontext))                                                            \
     X(cuCtxPopCurrent_v2, (CUcontext *))                                                           \
     X(cuStreamGetCtx, (CUstream, CUcontext *))                                                     \
+    X(cuStreamIsCapturing, (CUstream, int *))                                                      \
+    X(cuStreamIsCapturing_ptsz, (CUstream, int *))                                                 \
     X(cuDeviceGetUuid, (CUuuid *, CUdevice))                                                       \
     X(cuDeviceGetUuid_v2, (CUuuid *, CUdevice))                                                    \
     X(cuDeviceGetAttribute, (int *, int, CUdevice))                                                \

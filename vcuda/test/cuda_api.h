@@ -11,6 +11,8 @@ CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuCtxGetDevice(CUdevice *);
 CUresult cuCtxSynchronize(void);
 CUresult cuStreamCreate(CUstream *, unsigned);
+CUresult cuStreamBeginCapture_v2(CUstream, int);
+CUresult cuStreamEndCapture(CUstream, void **);
 CUresult cuMemAlloc_v2(CUdeviceptr *, size_t);
 CUresult cuMemAllocPitch_v2(CUdeviceptr *, size_t *, size_t, size_t, unsigned);
 CUresult cuMemAllocManaged(CUdeviceptr *, size_t, unsigned);

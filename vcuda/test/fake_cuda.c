@@ -147,6 +147,8 @@ static __thread int depth;
 
 typedef struct fake_stream {
     fake_ctx *ctx;
+    int capturing;
+    int violations; /* event calls made on it while capturing */
 } fake_stream;
 
 static int ctx_dev(void) { return cur ? cur->dev : -1; }
@@ -308,6 +310,35 @@ EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *c) {
     *c = (uintptr_t)s <= 2 ? (CUcontext)cur : (CUcontext)((fake_stream *)s)->ctx;
     return CUDA_SUCCESS;
 }
+/* Stream capture, reduced to what vcuda must respect: while a stream is
+ * capturing, launches into it are recorded, not run, and nobody but the
+ * application may put events into it. */
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+    (void)mode;
+    if ((uintptr_t)s <= 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    ((fake_stream *)s)->capturing = 1;
+    ((fake_stream *)s)->violations = 0;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamEndCapture(CUstream s, void **graph) {
+    if ((uintptr_t)s <= 2 || !((fake_stream *)s)->capturing)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_stream *x = (fake_stream *)s;
+    x->capturing = 0;
+    if (graph)
+        *graph = NULL;
+    return x->violations ? 901 /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */ : CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) {
+    if (!status)
+        return CUDA_ERROR_INVALID_VALUE;
+    *status = (uintptr_t)s > 2 && ((fake_stream *)s)->capturing ? 1 : 0;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { return cuStreamIsCapturing(s, status); }
+static int capturing(CUstream s) { return (uintptr_t)s > 2 && ((fake_stream *)s)->capturing; }
+
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
     int d = stream_dev(s);
     if (d < 0)
@@ -670,7 +701,8 @@ EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned 
     int d = stream_dev(s);
     if (d < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
-    run(d, GRID(gx, gy, gz));
+    if (!capturing(s))
+        run(d, GRID(gx, gy, gz));
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
@@ -744,6 +776,8 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
     int d = stream_dev(s);
     if (d < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if (capturing(s))
+        ((fake_stream *)s)->violations++;
     fake_event *ev = (fake_event *)e;
     uint64_t now = now_ns(), b = atomic_load(&F.sh->dev[d].busy_until);
     ev->ts = b > now ? b : now; /* reached when the queue before it drains */

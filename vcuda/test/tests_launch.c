@@ -187,3 +187,29 @@ TEST(limiter_2proc_share_30pct) {
     /* budget is lost only while both launchers wait */
     check_util(utilisation(a, b), 30, (double)(w[0] < w[1] ? w[0] : w[1]) / (double)(b.t - a.t));
 }
+
+/* Launches into a capturing stream are recorded, not run: the limiter
+ * neither charges nor samples them (an event in the stream would end up in
+ * the graph or invalidate the capture); the graph's launch is charged. */
+TEST(limiter_skips_stream_capture) {
+    setenv("FAKE_CUDA_SMS", "16", 1);
+    gpu_line g[1] = {{0, 1ull << 30, 30}};
+    setup_limits(g, 1);
+    ctx_on(0);
+    CUstream s;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    CHECK_CU(cuStreamBeginCapture_v2(s, 0));
+    uint64_t t0 = now_ns();
+    for (int i = 0; i < 2000; i++)
+        CHECK_CU(cuLaunchKernel((CUfunction)(uintptr_t)0x7000, 64, 1, 1, 32, 1, 1, 0, s, NULL, NULL));
+    uint64_t dt = now_ns() - t0;
+    void *graph;
+    CHECK_CU(cuStreamEndCapture(s, &graph));
+    CHECK(atomic_load(&rgpu(0)->throttled_ns) == 0, "captured launches were throttled");
+    CHECK(dt < 1000000000ull, "capture took %.0f ms", dt / 1e6);
+    /* and outside capture the same kernel is limited */
+    uint64_t end = now_ns() + 300000000ull;
+    while (now_ns() < end)
+        CHECK_CU(cuLaunchKernel((CUfunction)(uintptr_t)0x7000, 64, 1, 1, 32, 1, 1, 0, s, NULL, NULL));
+    CHECK(atomic_load(&rgpu(0)->throttled_ns) > 0, "not limited after capture");
+}

@@ -364,3 +364,52 @@ TEST(mem_driver_failure_gives_back) {
     CHECK(cuMemFree_v2(0x1234) != CUDA_SUCCESS, "free of an unknown pointer");
     CHECK(region_used(0) == 0, "unknown free credited");
 }
+
+/* Hundreds of processes of one container starting CUDA at once: vcuda's
+ * first-use work is one small file read, one mmap and one slot claim under a
+ * short flock, so they all start quickly and the books balance. (Timing is
+ * printed, not asserted.) */
+static int starter(int i, void *arg) {
+    (void)i;
+    chan *c = arg;
+    uint64_t t0 = now_ns();
+    CUdeviceptr d;
+    ctx0 = ctx_on(0);
+    CUresult r = cuMemAlloc_v2(&d, MiB / 4); /* first intercepted call: vcuda initialises */
+    uint64_t t1 = now_ns();
+    if (r != CUDA_SUCCESS)
+        return 1;
+    chan_send_up(c, t1 - t0);
+    chan_recv_down(c);
+    return cuMemFree_v2(d) == CUDA_SUCCESS ? 0 : 1;
+}
+
+TEST(mem_200_processes_start_together) {
+    limits_two_gpus();
+    enum { N = 200 };
+    static pid_t p[N];
+    static chan c[N];
+    uint64_t t0 = now_ns(), worst = 0;
+    for (int i = 0; i < N; i++) {
+        chan_init(&c[i]);
+        p[i] = spawn(starter, i, &c[i]);
+    }
+    for (int i = 0; i < N; i++) {
+        uint64_t t = chan_recv_up(&c[i]);
+        if (t > worst)
+            worst = t;
+    }
+    uint64_t all = now_ns() - t0;
+    CHECK(region_used(0) == N * (MiB / 4), "region %llu", (unsigned long long)region_used(0));
+    CHECK(region_live_slots() == N, "%d slots", region_live_slots());
+    for (int i = 0; i < N; i++) {
+        chan_send_down(&c[i], 1);
+        close(c[i].up[0]), close(c[i].up[1]), close(c[i].down[1]);
+    }
+    for (int i = 0; i < N; i++)
+        CHECK(wait_child(p[i]) == 0, "process %d failed", i);
+    CHECK(region_used(0) == 0 && region_live_slots() == 0, "region %llu, %d slots",
+          (unsigned long long)region_used(0), region_live_slots());
+    fprintf(stderr, "%d processes up and allocating in %.0f ms; slowest first call %.1f ms\n", N,
+            all / 1e6, worst / 1e6);
+}
