@@ -30,6 +30,7 @@ static const unsigned tier_bits[VC_K_COUNT][2] = {
 };
 
 static vc_entry *tables[VC_K_COUNT][2];
+static _Atomic int tier1_used[VC_K_COUNT]; /* a context sweep skips unused tiers */
 
 int vc_handles_init(void) {
     for (int k = 0; k < VC_K_COUNT; k++)
@@ -59,7 +60,7 @@ static inline uint64_t hash(uint64_t k) {
     return k;
 }
 
-int vc_track(int kind, uint64_t key, uint64_t size, int gpu) {
+int vc_track_ctx(int kind, uint64_t key, uint64_t size, int gpu, uint64_t ctx) {
     if (size > SIZE_MASK || gpu < -8 || gpu > 200)
         return -1;
     uint64_t val = size | ((uint64_t)(gpu + 8) << 56), h = hash(key);
@@ -74,6 +75,9 @@ int vc_track(int kind, uint64_t key, uint64_t size, int gpu) {
              * it up again, after this store: no ordering needed for val. */
             if (atomic_compare_exchange_strong(&e[i].key, &cur, key)) {
                 e[i].val = val;
+                e[i].ctx = ctx;
+                if (t == 1 && !atomic_load_explicit(&tier1_used[kind], memory_order_relaxed))
+                    atomic_store(&tier1_used[kind], 1);
                 return 0;
             }
         }
@@ -112,18 +116,44 @@ int vc_lookup(int kind, uint64_t key, uint64_t *size, int *gpu) {
     return 0;
 }
 
-int vc_untrack(int kind, uint64_t key, uint64_t *size, int *gpu) {
+int vc_untrack(int kind, uint64_t key, uint64_t *size, int *gpu, uint64_t *ctx) {
     if (key == 0 || key == TOMB || !tables[kind][0])
         return -1;
     for (;;) {
         vc_entry *e = find(kind, key);
         if (!e)
             return -1;
-        uint64_t val = e->val, expect = key;
+        uint64_t val = e->val, c = e->ctx, expect = key;
         if (atomic_compare_exchange_strong(&e->key, &expect, TOMB)) {
             unpack(val, size, gpu);
+            if (ctx)
+                *ctx = c;
             return 0;
         }
         /* Lost a race with a double free on another thread: look again. */
+    }
+}
+
+void vc_untrack_ctx(uint64_t ctx, void (*fn)(uint64_t size, int gpu)) {
+    if (!ctx)
+        return;
+    for (int k = 0; k < VC_K_COUNT; k++) {
+        for (int t = 0; t < 2; t++) {
+            vc_entry *e = tables[k][t];
+            if (!e || (t == 1 && !atomic_load(&tier1_used[k])))
+                continue;
+            for (uint64_t i = 0; i < (1ULL << tier_bits[k][t]); i++) {
+                uint64_t key = atomic_load_explicit(&e[i].key, memory_order_acquire);
+                if (key == 0 || key == TOMB || e[i].ctx != ctx)
+                    continue;
+                uint64_t val = e[i].val;
+                if (atomic_compare_exchange_strong(&e[i].key, &key, TOMB)) {
+                    uint64_t size;
+                    int gpu;
+                    unpack(val, &size, &gpu);
+                    fn(size, gpu);
+                }
+            }
+        }
     }
 }

@@ -21,13 +21,18 @@ enum {
 typedef struct vc_entry {
     _Atomic uint64_t key; /* 0 = empty, ~0 = deleted */
     uint64_t val;         /* size (low 56 bits) | (gpu + 8) << 56 */
+    uint64_t ctx;         /* context the memory dies with, 0 if none */
 } vc_entry;
 
 /* Lock-free: an insert CASes an empty/deleted key, a remove CASes its key to
  * deleted. Returns 0, or -1 if the table is full. */
-int vc_track(int kind, uint64_t key, uint64_t size, int gpu);
-/* Removes key and returns what it was charged; -1 if unknown. */
-int vc_untrack(int kind, uint64_t key, uint64_t *size, int *gpu);
+int vc_track_ctx(int kind, uint64_t key, uint64_t size, int gpu, uint64_t ctx);
+#define vc_track(kind, key, size, gpu) vc_track_ctx(kind, key, size, gpu, 0)
+/* Removes every entry of context ctx, calling fn(size, gpu) for each. */
+void vc_untrack_ctx(uint64_t ctx, void (*fn)(uint64_t size, int gpu));
+/* Removes key and returns what it was charged (and its context, if ctx is
+ * not NULL); -1 if unknown. */
+int vc_untrack(int kind, uint64_t key, uint64_t *size, int *gpu, uint64_t *ctx);
 /* Looks key up without removing it; -1 if unknown. */
 int vc_lookup(int kind, uint64_t key, uint64_t *size, int *gpu);
 int vc_handles_init(void);

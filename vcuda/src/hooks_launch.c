@@ -42,7 +42,6 @@
 typedef struct {
     _Atomic uint64_t key;
     _Atomic uint64_t est_ns;
-    _Atomic uint32_t count;
 } est_entry;
 static est_entry est_table[1u << EST_BITS];
 /* Fallback for keys not measured yet, per GPU: [0] kernels (ns per wave),
@@ -73,8 +72,11 @@ typedef struct {
     int g;
     int graph;
     uint64_t key, blocks, sms, charged_ns;
+    uint32_t launches;
 } sampler;
-static _Thread_local sampler tls;
+/* vcuda is loaded at process start (preload), so its TLS can live in the
+ * static block: no __tls_get_addr call on the hot path. */
+static _Thread_local sampler tls __attribute__((tls_model("initial-exec")));
 
 static void update_est(est_entry *e, int g, uint64_t v) {
     /* Interference (other contexts sharing the GPU) only makes a sample
@@ -218,9 +220,8 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int gra
     charge_tat(g, cost);
 
     /* Measure a key until it has its own estimate, then one launch in
-     * SAMPLE_EVERY to follow changes. */
-    uint32_t n = e ? atomic_fetch_add_explicit(&e->count, 1, memory_order_relaxed) : 1;
-    if (!tls.pending && (!own || n % SAMPLE_EVERY == 0) && ensure_events() == 0) {
+     * SAMPLE_EVERY (per thread) to follow changes. */
+    if (!tls.pending && (!own || ++tls.launches % SAMPLE_EVERY == 0) && ensure_events() == 0) {
         if (record(lc, tls.ev[0]) == CUDA_SUCCESS) {
             lc->sample = 1;
             tls.g = g;

@@ -41,15 +41,24 @@ static void table_full(void) {
         vc_log("handle table full: refusing further allocations of this kind");
 }
 
+/* The current context: memory allocated in it dies with it (hooks_ctx.c). */
+static uint64_t cur_ctx(void) {
+    CUcontext c = NULL;
+    if (vc_real.cuCtxGetCurrent && vc_real.cuCtxGetCurrent(&c) != CUDA_SUCCESS)
+        c = NULL;
+    return (uint64_t)(uintptr_t)c;
+}
+
 /* After the driver call: on failure give the reservation back; on success
- * remember the handle, or undo everything if it cannot be remembered. */
-#define SETTLE(r, kind, key, g, size, undo)                                                        \
+ * remember the handle (and the context it dies with, 0 for none), or undo
+ * everything if it cannot be remembered. */
+#define SETTLE(r, kind, key, g, size, ctx, undo)                                                   \
     do {                                                                                           \
         if ((r) != CUDA_SUCCESS) {                                                                 \
             vc_release((g), (size));                                                               \
             return (r);                                                                            \
         }                                                                                          \
-        if (vc_track((kind), (uint64_t)(key), (size), (g)) != 0) {                                 \
+        if (vc_track_ctx((kind), (uint64_t)(key), (size), (g), (ctx)) != 0) {                      \
             undo;                                                                                  \
             vc_release((g), (size));                                                               \
             table_full();                                                                          \
@@ -63,13 +72,13 @@ static void table_full(void) {
  * call the driver, credit the device on success, restore on failure. */
 #define RELEASE(kind, key, call)                                                                   \
     do {                                                                                           \
-        uint64_t sz_;                                                                              \
+        uint64_t sz_, c_;                                                                          \
         int g_;                                                                                    \
-        if (!ACTIVE() || vc_untrack((kind), (uint64_t)(key), &sz_, &g_) != 0)                      \
+        if (!ACTIVE() || vc_untrack((kind), (uint64_t)(key), &sz_, &g_, &c_) != 0)                 \
             return call;                                                                           \
         CUresult r_ = call;                                                                        \
         if (r_ != CUDA_SUCCESS) {                                                                  \
-            vc_track((kind), (uint64_t)(key), sz_, g_);                                            \
+            vc_track_ctx((kind), (uint64_t)(key), sz_, g_, c_);                                    \
             return r_;                                                                             \
         }                                                                                          \
         vc_release(g_, sz_);                                                                       \
@@ -90,7 +99,7 @@ static CUresult alloc_common(CUresult (*fn)(CUdeviceptr *, size_t), CUdeviceptr 
     if ((r = charge(g, size)) != CUDA_SUCCESS)
         return r;
     r = fn(dptr, size);
-    SETTLE(r, VC_K_PTR, *dptr, g, size, vc_real.cuMemFree_v2(*dptr));
+    SETTLE(r, VC_K_PTR, *dptr, g, size, cur_ctx(), vc_real.cuMemFree_v2(*dptr));
 }
 
 VC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
@@ -99,7 +108,7 @@ VC_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t size) {
 }
 
 static CUresult managed_fn(CUdeviceptr *d, size_t s);
-static _Thread_local unsigned int managed_flags;
+static _Thread_local unsigned int managed_flags __attribute__((tls_model("initial-exec")));
 static CUresult managed_fn(CUdeviceptr *d, size_t s) {
     return vc_real.cuMemAllocManaged(d, s, managed_flags);
 }
@@ -145,7 +154,7 @@ VC_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
     } else if (actual < est) {
         vc_release(g, est - actual);
     }
-    SETTLE(CUDA_SUCCESS, VC_K_PTR, *dptr, g, actual, vc_real.cuMemFree_v2(*dptr));
+    SETTLE(CUDA_SUCCESS, VC_K_PTR, *dptr, g, actual, cur_ctx(), vc_real.cuMemFree_v2(*dptr));
 }
 
 VC_EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
@@ -251,7 +260,7 @@ VC_EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *d
     if (r != CUDA_SUCCESS)
         return r;
     r = vc_real.cuArrayCreate_v2(arr, desc);
-    SETTLE(r, VC_K_ARRAY, *arr, g, size, vc_real.cuArrayDestroy(*arr));
+    SETTLE(r, VC_K_ARRAY, *arr, g, size, cur_ctx(), vc_real.cuArrayDestroy(*arr));
 }
 
 VC_EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
@@ -266,7 +275,7 @@ VC_EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTO
     if (r != CUDA_SUCCESS)
         return r;
     r = vc_real.cuArray3DCreate_v2(arr, desc);
-    SETTLE(r, VC_K_ARRAY, *arr, g, size, vc_real.cuArrayDestroy(*arr));
+    SETTLE(r, VC_K_ARRAY, *arr, g, size, cur_ctx(), vc_real.cuArrayDestroy(*arr));
 }
 
 VC_EXPORT CUresult cuArrayDestroy(CUarray arr) {
@@ -288,7 +297,7 @@ VC_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRA
     if (r != CUDA_SUCCESS)
         return r;
     r = vc_real.cuMipmappedArrayCreate(arr, desc, levels);
-    SETTLE(r, VC_K_MIPMAP, *arr, g, size, vc_real.cuMipmappedArrayDestroy(*arr));
+    SETTLE(r, VC_K_MIPMAP, *arr, g, size, cur_ctx(), vc_real.cuMipmappedArrayDestroy(*arr));
 }
 
 VC_EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray arr) {
@@ -330,7 +339,7 @@ VC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
     if ((r = charge(g, size)) != CUDA_SUCCESS)
         return r;
     r = vc_real.cuMemCreate(h, size, prop, flags);
-    SETTLE(r, VC_K_GENERIC, *h, g, size, vc_real.cuMemRelease(*h));
+    SETTLE(r, VC_K_GENERIC, *h, g, size, 0, vc_real.cuMemRelease(*h));
 }
 
 VC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
@@ -374,7 +383,7 @@ static CUresult async_alloc(CUresult (*fn)(CUdeviceptr *, size_t, CUstream),
     if ((r = charge(g, size)) != CUDA_SUCCESS)
         return r;
     r = fn(dptr, size, s);
-    SETTLE(r, VC_K_PTR, *dptr, g, size, ffree(*dptr, s));
+    SETTLE(r, VC_K_PTR, *dptr, g, size, 0, ffree(*dptr, s));
 }
 
 VC_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t size, CUstream s) {
@@ -409,7 +418,7 @@ static CUresult pool_alloc(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool, C
     if ((r = charge(g, size)) != CUDA_SUCCESS)
         return r;
     r = fn(dptr, size, pool, s);
-    SETTLE(r, VC_K_PTR, *dptr, g, size, ffree(*dptr, s));
+    SETTLE(r, VC_K_PTR, *dptr, g, size, 0, ffree(*dptr, s));
 }
 
 VC_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *dptr, size_t size, CUmemoryPool pool,
@@ -460,7 +469,7 @@ VC_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     uint64_t sz;
     int g;
     if (ACTIVE())
-        vc_untrack(VC_K_POOL, (uint64_t)(uintptr_t)pool, &sz, &g);
+        vc_untrack(VC_K_POOL, (uint64_t)(uintptr_t)pool, &sz, &g, NULL);
     return vc_real.cuMemPoolDestroy(pool);
 }
 
@@ -501,7 +510,7 @@ static CUresult ipc_open(CUresult (*fn)(CUdeviceptr *, CUipcMemHandle, unsigned 
         vc_real.cuIpcCloseMemHandle(*dptr);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    SETTLE(CUDA_SUCCESS, VC_K_IPC, *dptr, g, size, vc_real.cuIpcCloseMemHandle(*dptr));
+    SETTLE(CUDA_SUCCESS, VC_K_IPC, *dptr, g, size, cur_ctx(), vc_real.cuIpcCloseMemHandle(*dptr));
 }
 
 VC_EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags) {
@@ -532,7 +541,7 @@ VC_EXPORT CUresult cuImportExternalMemory(CUexternalMemory *ext,
     if ((r = charge(g, desc->size)) != CUDA_SUCCESS)
         return r;
     r = vc_real.cuImportExternalMemory(ext, desc);
-    SETTLE(r, VC_K_EXTMEM, *ext, g, desc->size, vc_real.cuDestroyExternalMemory(*ext));
+    SETTLE(r, VC_K_EXTMEM, *ext, g, desc->size, cur_ctx(), vc_real.cuDestroyExternalMemory(*ext));
 }
 
 VC_EXPORT CUresult cuDestroyExternalMemory(CUexternalMemory ext) {

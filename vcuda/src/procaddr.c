@@ -31,7 +31,8 @@ H(cuIpcOpenMemHandle_v2) H(cuIpcCloseMemHandle) H(cuImportExternalMemory)
 H(cuDestroyExternalMemory) H(cuMemGetInfo_v2) H(cuMemGetInfo) H(cuDeviceTotalMem_v2)
 H(cuDeviceTotalMem) H(cuLaunchKernel) H(cuLaunchKernel_ptsz) H(cuLaunchKernelEx)
 H(cuLaunchKernelEx_ptsz) H(cuLaunchCooperativeKernel) H(cuLaunchCooperativeKernel_ptsz)
-H(cuGraphLaunch) H(cuGraphLaunch_ptsz)
+H(cuGraphLaunch) H(cuGraphLaunch_ptsz) H(cuCtxDestroy) H(cuCtxDestroy_v2) H(cuDevicePrimaryCtxRelease)
+H(cuDevicePrimaryCtxRelease_v2) H(cuDevicePrimaryCtxReset) H(cuDevicePrimaryCtxReset_v2)
 H(nvmlDeviceGetMemoryInfo) H(nvmlDeviceGetMemoryInfo_v2)
 #undef H
 VC_EXPORT CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
@@ -91,6 +92,12 @@ static const hook_entry hooks[] = {
     E(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 0, 1),
     E(cuGraphLaunch, "cuGraphLaunch", 0, 0),
     E(cuGraphLaunch_ptsz, "cuGraphLaunch", 0, 1),
+    E(cuCtxDestroy, "cuCtxDestroy", 0, 0),
+    E(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0),
+    E(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 0, 0),
+    E(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease", 11000, 0),
+    E(cuDevicePrimaryCtxReset, "cuDevicePrimaryCtxReset", 0, 0),
+    E(cuDevicePrimaryCtxReset_v2, "cuDevicePrimaryCtxReset", 11000, 0),
     E(cuGetProcAddress, "cuGetProcAddress", 0, 0),
     E(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0),
     E(nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo", 0, 0),

@@ -20,6 +20,14 @@
     X(cuStreamIsCapturing, (CUstream, int *))                                                      \
     X(cuStreamIsCapturing_ptsz, (CUstream, int *))                                                 \
     X(cuDeviceGetUuid, (CUuuid *, CUdevice))                                                       \
+    X(cuDevicePrimaryCtxGetState, (CUdevice, unsigned int *, int *))                               \
+    X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                           \
+    X(cuCtxDestroy_v2, (CUcontext))                                                                \
+    X(cuCtxDestroy, (CUcontext))                                                                   \
+    X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                                    \
+    X(cuDevicePrimaryCtxRelease, (CUdevice))                                                       \
+    X(cuDevicePrimaryCtxReset_v2, (CUdevice))                                                      \
+    X(cuDevicePrimaryCtxReset, (CUdevice))                                                         \
     X(cuDeviceGetUuid_v2, (CUuuid *, CUdevice))                                                    \
     X(cuDeviceGetAttribute, (int *, int, CUdevice))                                                \
     X(cuMemGetAddressRange_v2, (CUdeviceptr *, size_t *, CUdeviceptr))                             \

@@ -8,6 +8,10 @@
 CUresult cuInit(unsigned);
 CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
 CUresult cuCtxSetCurrent(CUcontext);
+CUresult cuCtxDestroy_v2(CUcontext);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *, CUdevice);
+CUresult cuDevicePrimaryCtxRelease_v2(CUdevice);
+CUresult cuDevicePrimaryCtxReset_v2(CUdevice);
 CUresult cuCtxGetDevice(CUdevice *);
 CUresult cuCtxSynchronize(void);
 CUresult cuStreamCreate(CUstream *, unsigned);

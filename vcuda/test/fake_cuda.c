@@ -139,7 +139,9 @@ static void init(void) {
 
 typedef struct fake_ctx {
     int dev;
+    int refs; /* primary contexts */
 } fake_ctx;
+static void ctx_free_all(fake_ctx *c);
 static fake_ctx primary[FAKE_MAX_DEVS];
 static __thread fake_ctx *cur;
 static __thread fake_ctx *stack[16];
@@ -224,11 +226,32 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     if (!c)
         return CUDA_ERROR_INVALID_VALUE;
     primary[d].dev = d;
+    primary[d].refs++;
     *c = (CUcontext)&primary[d];
     return CUDA_SUCCESS;
 }
+/* Like the real driver, a primary context dies with its last reference, or
+ * on reset, and takes its allocations with it. */
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     CHECK_DEV(d);
+    if (primary[d].refs <= 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (--primary[d].refs == 0)
+        ctx_free_all(&primary[d]);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
+    CHECK_DEV(d);
+    primary[d].refs = 0;
+    ctx_free_all(&primary[d]);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned *flags, int *active) {
+    CHECK_DEV(d);
+    if (flags)
+        *flags = 0;
+    if (active)
+        *active = primary[d].refs > 0;
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d) {
@@ -247,7 +270,8 @@ EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
         return CUDA_ERROR_INVALID_VALUE;
     if (cur == (fake_ctx *)c)
         cur = NULL;
-    return CUDA_SUCCESS; /* leaked on purpose: handles stay comparable */
+    ctx_free_all((fake_ctx *)c);
+    return CUDA_SUCCESS; /* the struct is leaked on purpose: handles stay unique */
 }
 EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
     INIT();
@@ -353,14 +377,16 @@ enum { K_DEV = 1, K_HOSTVMM, K_IPC, K_VIEW, K_EXT };
 typedef struct rec {
     uint64_t key, size;
     int dev, kind;
+    fake_ctx *ctx; /* NULL: device-level (VMM handles, pools) */
     struct rec *next;
 } rec;
 #define NBUCKET 4096
 static rec *buckets[NBUCKET];
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static void reg_add(uint64_t key, uint64_t size, int dev, int kind) {
+static void reg_add_ctx(uint64_t key, uint64_t size, int dev, int kind, fake_ctx *ctx) {
     rec *r = malloc(sizeof(*r));
+    r->ctx = ctx;
     r->key = key;
     r->size = size;
     r->dev = dev;
@@ -369,6 +395,9 @@ static void reg_add(uint64_t key, uint64_t size, int dev, int kind) {
     r->next = buckets[(key >> 4) % NBUCKET];
     buckets[(key >> 4) % NBUCKET] = r;
     pthread_mutex_unlock(&reg_mu);
+}
+static void reg_add(uint64_t key, uint64_t size, int dev, int kind) {
+    reg_add_ctx(key, size, dev, kind, cur);
 }
 static int reg_take(uint64_t key, int kind, rec *out, int remove) {
     pthread_mutex_lock(&reg_mu);
@@ -449,7 +478,7 @@ static CUresult take(int d, uint64_t size) {
 }
 static void give(int d, uint64_t size) { atomic_fetch_sub(&F.sh->dev[d].used, size); }
 
-static CUresult dev_alloc(uint64_t *key, uint64_t size, int d, int kind) {
+static CUresult dev_alloc_ctx(uint64_t *key, uint64_t size, int d, int kind, fake_ctx *ctx) {
     INIT();
     if (!key || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
@@ -458,8 +487,11 @@ static CUresult dev_alloc(uint64_t *key, uint64_t size, int d, int kind) {
     if (r != CUDA_SUCCESS)
         return r;
     *key = new_addr(size);
-    reg_add(*key, size, d, kind);
+    reg_add_ctx(*key, size, d, kind, ctx);
     return CUDA_SUCCESS;
+}
+static CUresult dev_alloc(uint64_t *key, uint64_t size, int d, int kind) {
+    return dev_alloc_ctx(key, size, d, kind, cur);
 }
 static CUresult dev_free(uint64_t key, int kind) {
     rec r;
@@ -471,6 +503,33 @@ static CUresult dev_free(uint64_t key, int kind) {
         atomic_fetch_sub(&F.sh->dev[r.dev].mapped, r.size);
     old_addr(key, r.size);
     return CUDA_SUCCESS;
+}
+
+static void ctx_free_all(fake_ctx *c) {
+    rec *dead = NULL;
+    pthread_mutex_lock(&reg_mu);
+    for (int b = 0; b < NBUCKET; b++) {
+        for (rec **pp = &buckets[b]; *pp;) {
+            rec *r = *pp;
+            if (r->ctx == c) {
+                *pp = r->next;
+                r->next = dead;
+                dead = r;
+            } else {
+                pp = &r->next;
+            }
+        }
+    }
+    pthread_mutex_unlock(&reg_mu);
+    while (dead) {
+        rec *r = dead;
+        dead = r->next;
+        if (r->kind == K_DEV || r->kind == K_EXT)
+            give(r->dev, r->size);
+        if (r->kind == K_IPC)
+            atomic_fetch_sub(&F.sh->dev[r->dev].mapped, r->size);
+        free(r);
+    }
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) {
@@ -561,10 +620,10 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
     if (!prop)
         return CUDA_ERROR_INVALID_VALUE;
     if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-        return dev_alloc((uint64_t *)h, size, prop->location.id, K_DEV);
+        return dev_alloc_ctx((uint64_t *)h, size, prop->location.id, K_DEV, NULL);
     if (prop->location.type >= CU_MEM_LOCATION_TYPE_HOST &&
         prop->location.type <= CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT)
-        return dev_alloc((uint64_t *)h, size, 0, K_HOSTVMM);
+        return dev_alloc_ctx((uint64_t *)h, size, 0, K_HOSTVMM, NULL);
     return CUDA_ERROR_INVALID_VALUE;
 }
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return dev_free(h, 0); }
@@ -598,7 +657,7 @@ EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice d) {
     return cuDeviceGetDefaultMemPool(pool, d);
 }
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
-    return dev_alloc((uint64_t *)p, size, stream_dev(s), K_DEV);
+    return dev_alloc_ctx((uint64_t *)p, size, stream_dev(s), K_DEV, NULL);
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s) {
     return cuMemAllocAsync(p, size, s);
@@ -610,8 +669,8 @@ EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, CUmemoryPoo
     if (!l)
         return CUDA_ERROR_INVALID_VALUE;
     if (l->type == CU_MEM_LOCATION_TYPE_DEVICE)
-        return dev_alloc((uint64_t *)p, size, l->id, K_DEV);
-    return dev_alloc((uint64_t *)p, size, 0, K_HOSTVMM);
+        return dev_alloc_ctx((uint64_t *)p, size, l->id, K_DEV, NULL);
+    return dev_alloc_ctx((uint64_t *)p, size, 0, K_HOSTVMM, NULL);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, CUmemoryPool pool,
                                              CUstream s) {
@@ -859,6 +918,7 @@ static const proc procs[] = {
     P(cuDeviceGetUuid), PV("cuDeviceGetUuid", cuDeviceGetUuid), P(cuDeviceGetName),
     P(cuDeviceGetAttribute), PV("cuDeviceTotalMem", cuDeviceTotalMem_v2),
     P(cuDevicePrimaryCtxRetain), PV("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2),
+    PV("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2), P(cuDevicePrimaryCtxGetState),
     PV("cuCtxCreate", cuCtxCreate_v2), PV("cuCtxDestroy", cuCtxDestroy_v2), P(cuCtxSetCurrent),
     P(cuCtxGetCurrent), P(cuCtxGetDevice), PV("cuCtxPushCurrent", cuCtxPushCurrent_v2),
     PV("cuCtxPopCurrent", cuCtxPopCurrent_v2), P(cuCtxSynchronize), P(cuStreamCreate),

@@ -413,3 +413,48 @@ TEST(mem_200_processes_start_together) {
     fprintf(stderr, "%d processes up and allocating in %.0f ms; slowest first call %.1f ms\n", N,
             all / 1e6, worst / 1e6);
 }
+
+/* Destroying a context frees what was allocated in it; so does the last
+ * release or a reset of a primary context. vcuda credits it back. VMM
+ * handles belong to the device and stay charged until released. */
+TEST(mem_context_destroy_credits) {
+    limits_two_gpus();
+    CUcontext a = ctx_on(0);
+    (void)a;
+    CUdeviceptr d;
+    CHECK_CU(cuMemAlloc_v2(&d, 10 * MiB));
+    CHECK_CU(cuMemAllocManaged(&d, 2 * MiB, 1));
+    uint64_t h;
+    CHECK_CU(arr_unit(&h));
+    CHECK_CU(ext_bytes(MiB, &h));
+    CUmemAllocationProp p;
+    memset(&p, 0, sizeof(p));
+    p.type = 1;
+    p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUmemGenericAllocationHandle vmm;
+    CHECK_CU(cuMemCreate(&vmm, 3 * MiB, &p, 0));
+    CHECK(region_used(0) == 17 * MiB, "before: %llu", (unsigned long long)region_used(0));
+    CHECK_CU(cuCtxDestroy_v2(a));
+    CHECK(region_used(0) == 3 * MiB, "after cuCtxDestroy: %llu", (unsigned long long)region_used(0));
+
+    CUcontext pc;
+    CHECK_CU(cuDevicePrimaryCtxRetain(&pc, 0));
+    CHECK_CU(cuDevicePrimaryCtxRetain(&pc, 0));
+    CHECK_CU(cuCtxSetCurrent(pc));
+    CHECK_CU(cuMemAlloc_v2(&d, 5 * MiB));
+    CHECK_CU(cuDevicePrimaryCtxRelease_v2(0)); /* still referenced: memory stays */
+    CHECK(region_used(0) == 8 * MiB, "after first release: %llu", (unsigned long long)region_used(0));
+    CHECK_CU(cuDevicePrimaryCtxRelease_v2(0)); /* last reference: the context dies */
+    CHECK(region_used(0) == 3 * MiB, "after last release: %llu", (unsigned long long)region_used(0));
+
+    CHECK_CU(cuDevicePrimaryCtxRetain(&pc, 0));
+    CHECK_CU(cuCtxSetCurrent(pc));
+    CHECK_CU(cuMemAlloc_v2(&d, 4 * MiB));
+    CHECK_CU(cuDevicePrimaryCtxReset_v2(0));
+    CHECK(region_used(0) == 3 * MiB, "after reset: %llu", (unsigned long long)region_used(0));
+    CHECK_CU(cuMemRelease(vmm));
+    CHECK(region_used(0) == 0, "after release: %llu", (unsigned long long)region_used(0));
+    fake_stats st;
+    fakeDeviceStats(0, &st);
+    CHECK(st.used == 0, "fake holds %llu", (unsigned long long)st.used);
+}
