@@ -46,11 +46,19 @@ int vc_handles_init(void) {
 }
 
 void vc_handles_atfork_child(void) {
-    /* Device handles do not survive fork; start empty. */
-    for (int k = 0; k < VC_K_COUNT; k++)
-        for (int t = 0; t < 2; t++)
-            if (tables[k][t])
-                memset(tables[k][t], 0, sizeof(vc_entry) << tier_bits[k][t]);
+    /* Device handles do not survive fork; start empty. Map fresh zero pages
+     * over the tables rather than clearing them: a memset would make every
+     * forked child touch (and own) all of their pages. */
+    for (int k = 0; k < VC_K_COUNT; k++) {
+        atomic_store(&tier1_used[k], 0);
+        for (int t = 0; t < 2; t++) {
+            size_t sz = sizeof(vc_entry) << tier_bits[k][t];
+            if (tables[k][t] &&
+                mmap(tables[k][t], sz, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
+                memset(tables[k][t], 0, sz);
+        }
+    }
 }
 
 static inline uint64_t hash(uint64_t k) {

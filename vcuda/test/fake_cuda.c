@@ -143,9 +143,10 @@ typedef struct fake_ctx {
 } fake_ctx;
 static void ctx_free_all(fake_ctx *c);
 static fake_ctx primary[FAKE_MAX_DEVS];
-static __thread fake_ctx *cur;
-static __thread fake_ctx *stack[16];
-static __thread int depth;
+#define TLS __thread __attribute__((tls_model("initial-exec")))
+static TLS fake_ctx *cur;
+static TLS fake_ctx *stack[16];
+static TLS int depth;
 
 typedef struct fake_stream {
     fake_ctx *ctx;

@@ -458,3 +458,29 @@ TEST(mem_context_destroy_credits) {
     fakeDeviceStats(0, &st);
     CHECK(st.used == 0, "fake holds %llu", (unsigned long long)st.used);
 }
+
+/* fork(): the child starts with no slot and no handles of its own; it
+ * allocates under the same cap; its exit gives its share back. */
+static int forked(int i, void *arg) {
+    (void)i, (void)arg;
+    CUdeviceptr d;
+    ctx0 = ctx_on(0);
+    if (cuMemAlloc_v2(&d, 30 * MiB) != CUDA_SUCCESS)
+        return 1;
+    if (cuMemAlloc_v2(&d, 1) != CUDA_ERROR_OUT_OF_MEMORY)
+        return 2; /* parent holds 30, child 30: the cap is full */
+    return 0;
+}
+TEST(mem_fork_child_own_slot) {
+    limits_two_gpus();
+    ctx0 = ctx_on(0);
+    CUdeviceptr d;
+    CHECK_CU(cuMemAlloc_v2(&d, 30 * MiB));
+    CHECK(region_live_slots() == 1, "slots %d", region_live_slots());
+    int rc = wait_child(spawn(forked, 0, NULL));
+    CHECK(rc == 0, "child: %d", rc);
+    CHECK(region_used(0) == 30 * MiB && region_live_slots() == 1, "after the child: %llu, %d slots",
+          (unsigned long long)region_used(0), region_live_slots());
+    CHECK_CU(cuMemFree_v2(d));
+    CHECK(region_used(0) == 0, "left %llu", (unsigned long long)region_used(0));
+}
