@@ -172,4 +172,7 @@ func TestSyncErrors(t *testing.T) {
 	if _, err := (&Generator{Vendor: "bad vendor!"}).Specs(n); err == nil || !strings.Contains(err.Error(), `CDI vendor "bad vendor!"`) {
 		t.Errorf("bad vendor: %v", err)
 	}
+	if _, err := (&Generator{Vendor: "tessera.dev", VCUDALibrary: "libvcuda.so"}).Specs(n); err == nil || !strings.Contains(err.Error(), "must be absolute") {
+		t.Errorf("relative vcuda library: %v", err)
+	}
 }

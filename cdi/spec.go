@@ -2,6 +2,7 @@ package cdi
 
 import (
 	"fmt"
+	"path/filepath"
 	"strconv"
 
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
@@ -42,6 +43,9 @@ func (g *Generator) Name(class, device string) string {
 func (g *Generator) Specs(n *gpu.Node) ([]*specs.Spec, error) {
 	if err := parser.ValidateVendorName(g.Vendor); err != nil {
 		return nil, fmt.Errorf("CDI vendor %q: %w", g.Vendor, err)
+	}
+	if !filepath.IsAbs(g.VCUDALibrary) {
+		return nil, fmt.Errorf("the vcuda library path must be absolute, got %q (set --vcuda-library)", g.VCUDALibrary)
 	}
 	var out []*specs.Spec
 	add := func(class string, common specs.ContainerEdits, devices []specs.Device) error {

@@ -57,7 +57,10 @@ func (w *Writer) Sync(all []*specs.Spec) error {
 			continue
 		}
 		if err := cache.WriteSpec(s, name); err != nil {
-			return fmt.Errorf("write CDI spec %s in %s: %w (is the directory writable? set --cdi-dir)", name, w.Dir, err)
+			if errors.Is(err, os.ErrPermission) {
+				return fmt.Errorf("write CDI spec %s in %s: %w (the directory is not writable by the node agent; set --cdi-dir)", name, w.Dir, err)
+			}
+			return fmt.Errorf("write CDI spec %s in %s: %w", name, w.Dir, err)
 		}
 		// The CDI library writes 0600; specs hold no secrets and non-root clients (nerdctl) read them.
 		if err := os.Chmod(filepath.Join(w.Dir, name), 0o644); err != nil {

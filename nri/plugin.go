@@ -104,6 +104,11 @@ func (p *Plugin) Configure(ctx context.Context, config, runtime, version string)
 	return nriapi.MustParseEventMask("CreateContainer", "StopContainer", "RemoveContainer", "RemovePodSandbox"), nil
 }
 
+// RegionPath is where a share container's vcuda accounting region lives on the host.
+func (p *Plugin) RegionPath(containerID string) string {
+	return filepath.Join(p.containerDir(containerID), "vcuda", "region")
+}
+
 func (p *Plugin) containerDir(id string) string {
 	return filepath.Join(p.cfg.StateDir, "containers", id)
 }

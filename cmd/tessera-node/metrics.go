@@ -6,10 +6,11 @@ import (
 	"sort"
 
 	"github.com/tessera-gpu/tessera/agent"
+	"github.com/tessera-gpu/tessera/vcuda"
 )
 
 // writeMetrics renders the Prometheus text format by hand: a handful of gauges do not need a client library.
-func writeMetrics(w io.Writer, a *agent.Agent) {
+func writeMetrics(w io.Writer, a *agent.Agent, regionPath func(containerID string) string) {
 	inv := a.Inventory()
 	usage := a.Ledger().Usage()
 	fmt.Fprintln(w, "# HELP tessera_gpu_memory_bytes Memory of each GPU.\n# TYPE tessera_gpu_memory_bytes gauge")
@@ -37,6 +38,7 @@ func writeMetrics(w io.Writer, a *agent.Agent) {
 	for _, u := range uuids {
 		fmt.Fprintf(w, "tessera_gpu_whole{uuid=%q} %d\n", u, b2i(usage[u].Whole))
 	}
+	writeContainerMetrics(w, a, regionPath)
 	fmt.Fprintf(w, "# HELP tessera_ledger_entries Containers holding GPU devices.\n# TYPE tessera_ledger_entries gauge\ntessera_ledger_entries %d\n", len(a.Ledger().Entries()))
 }
 
@@ -45,4 +47,40 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// writeContainerMetrics reports what vcuda measured in each share container's accounting region:
+// memory in use against the cap, and how long the compute limiter held launches back.
+func writeContainerMetrics(w io.Writer, a *agent.Agent, regionPath func(string) string) {
+	type row struct {
+		labels string
+		g      vcuda.RegionGPU
+	}
+	var rows []row
+	for _, e := range a.Ledger().Entries() {
+		if len(e.Devices) == 0 || e.Devices[0].Whole {
+			continue
+		}
+		r, err := vcuda.ReadRegion(regionPath(e.ContainerID))
+		if err != nil {
+			continue // no CUDA process has run in the container yet
+		}
+		for _, g := range r.GPUs {
+			rows = append(rows, row{fmt.Sprintf("namespace=%q,pod=%q,container=%q,uuid=%q", e.Namespace, e.Pod, e.Container, g.UUID), g})
+		}
+	}
+	for _, m := range []struct {
+		name, help, kind string
+		value            func(vcuda.RegionGPU) float64
+	}{
+		{"tessera_container_gpu_memory_used_bytes", "GPU memory the container's processes hold (vcuda).", "gauge", func(g vcuda.RegionGPU) float64 { return float64(g.Used) }},
+		{"tessera_container_gpu_memory_cap_bytes", "The container's GPU memory cap.", "gauge", func(g vcuda.RegionGPU) float64 { return float64(g.MemCap) }},
+		{"tessera_container_gpu_throttled_seconds_total", "Time kernel launches waited for the compute limiter.", "counter", func(g vcuda.RegionGPU) float64 { return float64(g.ThrottledNs) / 1e9 }},
+		{"tessera_container_gpu_oom_total", "Allocations vcuda refused at the cap.", "counter", func(g vcuda.RegionGPU) float64 { return float64(g.OOMEvents) }},
+	} {
+		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", m.name, m.help, m.name, m.kind)
+		for _, r := range rows {
+			fmt.Fprintf(w, "%s{%s} %g\n", m.name, r.labels, m.value(r.g))
+		}
+	}
 }

@@ -185,7 +185,7 @@ func serveHTTP(addr string, a *agent.Agent, mgr *deviceplugin.Manager, plugin *n
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) { writeMetrics(w, a) })
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) { writeMetrics(w, a, plugin.RegionPath) })
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 	return srv, nil
