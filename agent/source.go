@@ -308,11 +308,10 @@ func (a *Agent) parentIndex() map[string]int {
 }
 
 func closeness(parent map[string]int, anchor int, id string) int {
-	p, ok := parent[id]
-	if !ok || anchor < 0 {
+	if anchor < 0 {
 		return 0
 	}
-	if p == anchor {
+	if p, ok := parent[id]; ok && p == anchor {
 		return 0
 	}
 	return 1
