@@ -14,6 +14,7 @@
 #include "vcuda.h"
 
 #define TOMB UINT64_MAX
+#define BUSY (UINT64_MAX - 1) /* claimed, value being written */
 #define SIZE_MASK ((1ULL << 56) - 1)
 
 /* Two tiers per kind. The small first tier (16 bytes an entry) stays in
@@ -69,7 +70,7 @@ static inline uint64_t hash(uint64_t k) {
 }
 
 int vc_track_ctx(int kind, uint64_t key, uint64_t size, int gpu, uint64_t ctx) {
-    if (size > SIZE_MASK || gpu < -8 || gpu > 200)
+    if (key == 0 || key >= BUSY || size > SIZE_MASK || gpu < -8 || gpu > 200)
         return -1;
     uint64_t val = size | ((uint64_t)(gpu + 8) << 56), h = hash(key);
     for (int t = 0; t < 2; t++) {
@@ -79,11 +80,12 @@ int vc_track_ctx(int kind, uint64_t key, uint64_t size, int gpu, uint64_t ctx) {
             uint64_t cur = atomic_load_explicit(&e[i].key, memory_order_relaxed);
             if (cur != 0 && cur != TOMB)
                 continue;
-            /* Only the thread that got the handle back from the driver looks
-             * it up again, after this store: no ordering needed for val. */
-            if (atomic_compare_exchange_strong(&e[i].key, &cur, key)) {
+            /* Claim the slot, fill it, then publish the key: whoever sees
+             * the key (a context sweep on another thread) sees its value. */
+            if (atomic_compare_exchange_strong(&e[i].key, &cur, BUSY)) {
                 e[i].val = val;
                 e[i].ctx = ctx;
+                atomic_store_explicit(&e[i].key, key, memory_order_release);
                 if (t == 1 && !atomic_load_explicit(&tier1_used[kind], memory_order_relaxed))
                     atomic_store(&tier1_used[kind], 1);
                 return 0;
@@ -115,7 +117,7 @@ static void unpack(uint64_t val, uint64_t *size, int *gpu) {
 }
 
 int vc_lookup(int kind, uint64_t key, uint64_t *size, int *gpu) {
-    if (key == 0 || key == TOMB || !tables[kind][0])
+    if (key == 0 || key >= BUSY || !tables[kind][0])
         return -1;
     vc_entry *e = find(kind, key);
     if (!e)
@@ -125,7 +127,7 @@ int vc_lookup(int kind, uint64_t key, uint64_t *size, int *gpu) {
 }
 
 int vc_untrack(int kind, uint64_t key, uint64_t *size, int *gpu, uint64_t *ctx) {
-    if (key == 0 || key == TOMB || !tables[kind][0])
+    if (key == 0 || key >= BUSY || !tables[kind][0])
         return -1;
     for (;;) {
         vc_entry *e = find(kind, key);
@@ -152,7 +154,7 @@ void vc_untrack_ctx(uint64_t ctx, void (*fn)(uint64_t size, int gpu)) {
                 continue;
             for (uint64_t i = 0; i < (1ULL << tier_bits[k][t]); i++) {
                 uint64_t key = atomic_load_explicit(&e[i].key, memory_order_acquire);
-                if (key == 0 || key == TOMB || e[i].ctx != ctx)
+                if (key == 0 || key == TOMB || key == BUSY || e[i].ctx != ctx)
                     continue;
                 uint64_t val = e[i].val;
                 if (atomic_compare_exchange_strong(&e[i].key, &key, TOMB)) {

@@ -19,7 +19,7 @@ enum {
 };
 
 typedef struct vc_entry {
-    _Atomic uint64_t key; /* 0 = empty, ~0 = deleted */
+    _Atomic uint64_t key; /* 0 = empty, ~0 = deleted, ~1 = being filled */
     uint64_t val;         /* size (low 56 bits) | (gpu + 8) << 56 */
     uint64_t ctx;         /* context the memory dies with, 0 if none */
 } vc_entry;

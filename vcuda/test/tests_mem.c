@@ -484,3 +484,65 @@ TEST(mem_fork_child_own_slot) {
     CHECK_CU(cuMemFree_v2(d));
     CHECK(region_used(0) == 0, "left %llu", (unsigned long long)region_used(0));
 }
+
+/* Threads of one process allocating and freeing at once (linear, arrays,
+ * VMM handles): the lock-free tables and reservations keep the books exact
+ * and the fake driver never holds more than the cap. */
+#include <pthread.h>
+static void *thread_churn(void *arg) {
+    unsigned seed = (unsigned)(uintptr_t)arg * 2654435761u + 7;
+    CHECK_CU(cuCtxSetCurrent(ctx0));
+    for (int round = 0; round < 3000; round++) {
+        uint64_t h[6];
+        int kind[6], n = 0;
+        for (int k = 0; k < 6; k++) {
+            seed = seed * 1103515245u + 12345u;
+            CUresult r;
+            kind[n] = (int)(seed >> 28) % 3;
+            if (kind[n] == 0) {
+                r = cuMemAlloc_v2((CUdeviceptr *)&h[n], (seed >> 6) % (16 * MiB) + 1);
+            } else if (kind[n] == 1) {
+                r = arr_unit(&h[n]);
+            } else {
+                CUmemAllocationProp p;
+                memset(&p, 0, sizeof(p));
+                p.type = 1;
+                p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+                r = cuMemCreate((CUmemGenericAllocationHandle *)&h[n], 2 * MiB, &p, 0);
+            }
+            if (r == CUDA_SUCCESS)
+                n++;
+            else
+                CHECK(r == CUDA_ERROR_OUT_OF_MEMORY, "got %d", r);
+        }
+        for (int k = 0; k < n; k++) {
+            if (kind[k] == 0)
+                CHECK_CU(cuMemFree_v2(h[k]));
+            else if (kind[k] == 1)
+                CHECK_CU(arr_free(h[k]));
+            else
+                CHECK_CU(cuMemRelease(h[k]));
+        }
+    }
+    return NULL;
+}
+TEST(mem_threads_churn) {
+    limits_two_gpus();
+    ctx1 = ctx_on(1);
+    ctx0 = ctx_on(0);
+    pthread_t t[4];
+    for (uintptr_t i = 0; i < 4; i++)
+        CHECK(pthread_create(&t[i], NULL, thread_churn, (void *)i) == 0, "pthread_create");
+    for (int i = 0; i < 4; i++)
+        pthread_join(t[i], NULL);
+    fake_stats st;
+    fakeDeviceStats(0, &st);
+    CHECK(st.peak <= CAP0, "fake device peaked at %llu, cap %llu", (unsigned long long)st.peak,
+          (unsigned long long)CAP0);
+    CHECK(st.used == 0 && region_used(0) == 0, "left: fake %llu region %llu", (unsigned long long)st.used,
+          (unsigned long long)region_used(0));
+    vc_region_gpu *g0 = (vc_region_gpu *)((char *)region_map() + VC_REGION_GPU_OFFSET);
+    CHECK(atomic_load(&g0->oom_events) > 0, "the churn never reached the cap");
+    fprintf(stderr, "peak %.1f MiB of %llu, %llu refusals\n", st.peak / (double)MiB,
+            (unsigned long long)(CAP0 / MiB), (unsigned long long)atomic_load(&g0->oom_events));
+}

@@ -1,0 +1,240 @@
+package vcuda
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// refLimits parses a limits file the way the spec in README.md reads, written
+// independently of the C parser: the fuzz target below checks they agree on
+// every input (accept or reject, the failing line, and every parsed value).
+func refLimits(text []byte) (string, error) {
+	var (
+		uuidRe            = regexp.MustCompile(`^GPU-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
+		header, cont, reg bool
+		container, region string
+		gpus              []string
+		seen              = map[string]bool{}
+		lines             = strings.Split(string(text), "\n")
+		lineno            int
+	)
+	if len(text) > 0 && text[len(text)-1] == '\n' {
+		lines = lines[:len(lines)-1]
+	}
+	if len(text) == 0 {
+		lines = nil
+	}
+	digits := func(s string, max uint64) (uint64, bool) {
+		if s == "" {
+			return 0, false
+		}
+		for _, c := range s {
+			if c < '0' || c > '9' {
+				return 0, false
+			}
+		}
+		v, err := strconv.ParseUint(s, 10, 64)
+		return v, err == nil && v >= 1 && v <= max
+	}
+	for _, line := range lines {
+		lineno++
+		if len(line) >= 8192 {
+			return "", fmt.Errorf("%d", lineno)
+		}
+		for i := 0; i < len(line); i++ {
+			if c := line[i]; c > 0x7e || (c < 0x20 && c != '\t') {
+				return "", fmt.Errorf("%d", lineno)
+			}
+		}
+		if strings.Trim(line, " \t") == "" || line[0] == '#' {
+			continue
+		}
+		f := strings.Split(strings.ReplaceAll(line, "\t", " "), " ")
+		for _, x := range f {
+			if x == "" {
+				return "", fmt.Errorf("%d", lineno)
+			}
+		}
+		if !header {
+			if len(f) != 2 || f[0] != "tessera-vcuda-limits" || f[1] != "1" {
+				return "", fmt.Errorf("%d", lineno)
+			}
+			header = true
+			continue
+		}
+		switch f[0] {
+		case "container":
+			if len(f) != 2 || cont || len(f[1]) >= 256 {
+				return "", fmt.Errorf("%d", lineno)
+			}
+			cont, container = true, f[1]
+		case "region":
+			if len(f) != 2 || reg || f[1][0] != '/' || len(f[1]) >= 4096 {
+				return "", fmt.Errorf("%d", lineno)
+			}
+			reg, region = true, f[1]
+		case "gpu":
+			if len(f) != 4 || !uuidRe.MatchString(f[1]) {
+				return "", fmt.Errorf("%d", lineno)
+			}
+			capb, ok1 := digits(f[2], 1<<63-1)
+			cores, ok2 := digits(f[3], 100)
+			u := "GPU-" + strings.ToLower(f[1][4:])
+			if !ok1 || !ok2 || len(gpus) == 64 || seen[u] {
+				return "", fmt.Errorf("%d", lineno)
+			}
+			seen[u] = true
+			gpus = append(gpus, fmt.Sprintf("%s %d %d", u, capb, cores))
+		default:
+			return "", fmt.Errorf("%d", lineno)
+		}
+	}
+	if !header || !cont || !reg || len(gpus) == 0 {
+		return "", fmt.Errorf("%d", lineno)
+	}
+	return "OK " + container + "\t" + region + "\t" + strings.Join(gpus, "\t"), nil
+}
+
+// The C parser, in a helper process kept for the whole fuzz worker.
+type limitsHelper struct {
+	mu  sync.Mutex
+	in  io.WriteCloser
+	out *bufio.Reader
+	cmd *exec.Cmd
+}
+
+var (
+	helperOnce sync.Once
+	helper     *limitsHelper
+	helperErr  error
+	helperDir  string // removed by TestMain
+)
+
+// startHelper builds just the helper (each fuzz worker is its own process and
+// builds its own copy, quickly) and starts it.
+func startHelper(tb testing.TB) *limitsHelper {
+	helperOnce.Do(func() {
+		if _, err := exec.LookPath("make"); err != nil {
+			helperErr = fmt.Errorf("skip: make not found: %v", err)
+			return
+		}
+		dir, err := os.MkdirTemp("", "vcuda-limits-helper-")
+		if err != nil {
+			helperErr = err
+			return
+		}
+		helperDir = dir
+		bin := filepath.Join(dir, "limits_helper")
+		if out, err := exec.Command("make", "-s", "BUILD="+dir, bin).CombinedOutput(); err != nil {
+			helperErr = fmt.Errorf("make limits_helper: %v\n%s", err, out)
+			return
+		}
+		cmd := exec.Command(bin)
+		in, err := cmd.StdinPipe()
+		if err != nil {
+			helperErr = err
+			return
+		}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			helperErr = err
+			return
+		}
+		if err := cmd.Start(); err != nil {
+			helperErr = err
+			return
+		}
+		helper = &limitsHelper{in: in, out: bufio.NewReaderSize(out, 1<<20), cmd: cmd}
+	})
+	if helperErr != nil {
+		if strings.HasPrefix(helperErr.Error(), "skip: ") {
+			tb.Skip(helperErr)
+		}
+		tb.Fatal(helperErr)
+	}
+	return helper
+}
+
+func (h *limitsHelper) parse(tb testing.TB, data []byte) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var n [4]byte
+	binary.LittleEndian.PutUint32(n[:], uint32(len(data)))
+	if _, err := h.in.Write(append(n[:], data...)); err != nil {
+		tb.Fatalf("C parser died (crash or sanitizer report) on %q: %v", data, err)
+	}
+	line, err := h.out.ReadString('\n')
+	if err != nil {
+		tb.Fatalf("C parser died (crash or sanitizer report) on %q: %v", data, err)
+	}
+	return strings.TrimSuffix(line, "\n")
+}
+
+// FuzzLimitsParser: the C parser (under ASan/UBSan where available) never
+// crashes and agrees with the reference reading of the spec.
+func FuzzLimitsParser(f *testing.F) {
+	u0 := "GPU-fa4e0000-0000-4000-8000-000000000000"
+	for _, s := range []string{
+		"tessera-vcuda-limits 1\ncontainer c\nregion /r\ngpu " + u0 + " 1024 50\n",
+		"# c\n\ntessera-vcuda-limits 1\ncontainer\tc\nregion /r\ngpu " + strings.ToUpper(u0) + " 9223372036854775807 100",
+		"tessera-vcuda-limits 1\ncontainer c\nregion /r\ngpu " + u0 + " 0 50\n",
+		"tessera-vcuda-limits 1\ncontainer c\nregion /r\ngpu " + u0 + " 1 1\ngpu " + u0 + " 1 1\n",
+		"tessera-vcuda-limits 1 \n",
+		"tessera-vcuda-limits 1\r\ncontainer c\n",
+		"",
+		"\n\n#\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > 1<<16 {
+			return
+		}
+		got := startHelper(t).parse(t, data)
+		want, err := refLimits(data)
+		if err != nil {
+			if !strings.HasPrefix(got, "ERR "+err.Error()+"\t") {
+				t.Fatalf("input %q: C says %q, reference rejects at line %s", data, got, err)
+			}
+			return
+		}
+		if got != want {
+			t.Fatalf("input %q:\n C:         %q\n reference: %q", data, got, want)
+		}
+	})
+}
+
+// FuzzParseRegion: the Go reader never panics on a damaged region file.
+func FuzzParseRegion(f *testing.F) {
+	img := make([]byte, 4096+64*256+1024*576)
+	le := binary.LittleEndian
+	le.PutUint64(img[0:], RegionMagic)
+	le.PutUint32(img[8:], RegionVersion)
+	le.PutUint32(img[12:], 4096)
+	le.PutUint64(img[16:], uint64(len(img)))
+	le.PutUint32(img[24:], 1)
+	le.PutUint32(img[28:], 1024)
+	le.PutUint32(img[32:], 4096)
+	le.PutUint32(img[36:], 256)
+	le.PutUint32(img[40:], 4096+64*256)
+	le.PutUint32(img[44:], 576)
+	copy(img[4096:], "GPU-fa4e0000-0000-4000-8000-000000000000")
+	f.Add(img)
+	f.Add(img[:4096])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := ParseRegion(b)
+		if err == nil && (len(r.GPUs) > 64 || r == nil) {
+			t.Fatalf("accepted %d gpus", len(r.GPUs))
+		}
+	})
+}
