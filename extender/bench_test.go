@@ -66,7 +66,7 @@ func BenchmarkBindDecision(b *testing.B) {
 		n := NewNodeState(inv, nil)
 		p := Placement{Devices: []Device{{GPU: 0, Whole: true}, {GPU: 1, Whole: true}, {GPU: 2, Whole: true}, {GPU: 3, Milli: 600, Memory: 8 << 30}}}
 		n.Apply(&Request{}, &p)
-		pl, _, u := x.Engine.Evaluate(&ScoreContext{Shapes: x.State.Shapes().Typical()}, n, req)
+		pl, _, u := x.Engine.Evaluate(x.State.Shapes().ScoreContext(), n, req)
 		if u != nil {
 			b.Fatal(u)
 		}

@@ -133,7 +133,7 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *Request, no
 		p := placementOf(n, a)
 		n.Apply(&Request{}, &p)
 	}
-	sc := &ScoreContext{Shapes: x.State.Shapes().Typical()}
+	sc := x.State.Shapes().ScoreContext()
 	p, _, u := x.Engine.Evaluate(sc, n, req)
 	if u != nil {
 		return nil, fmt.Errorf("GPU request no longer fits node %s: %s", node, u.Msg)

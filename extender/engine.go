@@ -3,6 +3,7 @@ package extender
 import (
 	"fmt"
 	"math"
+	"slices"
 
 	"github.com/tessera-gpu/tessera/api"
 )
@@ -40,7 +41,15 @@ func (e *Engine) PolicyFor(r *Request) Policy {
 
 // Evaluate returns the best placement of r on n and its policy score, or why r does not fit n.
 func (e *Engine) Evaluate(sc *ScoreContext, n *NodeState, r *Request) (Placement, float64, *Unfit) {
-	cands, u := Candidates(n, r)
+	p, s, u := e.evaluate(sc, n, r, true)
+	return p.clone(), s, u
+}
+
+// evaluate is Evaluate; without explain, an Unfit carries no message (cheaper when most nodes do
+// not fit and nobody reads why). The placement lives in sc's arena: valid until sc's next evaluate.
+func (e *Engine) evaluate(sc *ScoreContext, n *NodeState, r *Request, explain bool) (Placement, float64, *Unfit) {
+	sc.arena.reset()
+	cands, u := candidates(&sc.arena, n, r, explain)
 	if u != nil {
 		return Placement{}, 0, u
 	}
@@ -63,7 +72,7 @@ func (e *Engine) Pick(sc *ScoreContext, nodes []*NodeState, r *Request, unfitFn 
 	var bestP Placement
 	bestScore := math.Inf(-1)
 	for i, n := range nodes {
-		p, s, u := e.Evaluate(sc, n, r)
+		p, s, u := e.evaluate(sc, n, r, unfitFn != nil)
 		if u != nil {
 			if unfitFn != nil {
 				unfitFn(i, u)
@@ -71,10 +80,15 @@ func (e *Engine) Pick(sc *ScoreContext, nodes []*NodeState, r *Request, unfitFn 
 			continue
 		}
 		if best < 0 || s > bestScore+scoreEpsilon {
-			best, bestP, bestScore = i, p, s
+			best, bestScore = i, s
+			bestP.Devices = append(bestP.Devices[:0], p.Devices...)
 		}
 	}
 	return best, bestP
+}
+
+func (p Placement) clone() Placement {
+	return Placement{Devices: slices.Clone(p.Devices)}
 }
 
 // scoreEpsilon treats scores this close as equal (floating-point noise of weighted sums).

@@ -2,6 +2,7 @@ package extender
 
 import (
 	"fmt"
+	"runtime"
 	"sort"
 	"strings"
 
@@ -58,27 +59,44 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 		}
 	}
 	pool, hasPool := pod.Spec.NodeSelector[api.LabelPool]
-	var ok []string
-	x.State.View(names, func(name string, n *NodeState, missing string) {
+	// Each node's verdict goes to its own slot (nodes are checked in parallel), then into the result.
+	const (
+		fits = iota
+		failed
+		unresolvable
+	)
+	verdict := make([]uint8, len(names))
+	reason := make([]string, len(names))
+	workers := runtime.GOMAXPROCS(0)
+	arenas := make([]arena, workers)
+	x.State.viewIndexed(names, workers, func(w, i int, n *NodeState, missing string) {
 		switch {
 		case n == nil && req.WantsGPU():
-			res.FailedNodes[name] = missing
+			verdict[i], reason[i] = failed, missing
 		case n == nil:
-			ok = append(ok, name)
 		case hasPool && n.Labels[api.LabelPool] != pool:
-			res.FailedAndUnresolvableNodes[name] = fmt.Sprintf("node is in GPU pool %q, pod asks for pool %q", n.Labels[api.LabelPool], pool)
+			verdict[i], reason[i] = unresolvable, fmt.Sprintf("node is in GPU pool %q, pod asks for pool %q", n.Labels[api.LabelPool], pool)
 		default:
-			if _, u := Candidates(n, req); u != nil {
+			arenas[w].reset()
+			if _, u := candidates(&arenas[w], n, req, true); u != nil {
+				verdict[i], reason[i] = failed, u.Msg
 				if u.Unresolvable {
-					res.FailedAndUnresolvableNodes[name] = u.Msg
-				} else {
-					res.FailedNodes[name] = u.Msg
+					verdict[i] = unresolvable
 				}
-				return
 			}
-			ok = append(ok, name)
 		}
 	})
+	ok := make([]string, 0, len(names))
+	for i, name := range names {
+		switch verdict[i] {
+		case fits:
+			ok = append(ok, name)
+		case failed:
+			res.FailedNodes[name] = reason[i]
+		case unresolvable:
+			res.FailedAndUnresolvableNodes[name] = reason[i]
+		}
+	}
 	x.finishFilter(args, res, ok)
 	if len(ok) == 0 && len(names) > 0 {
 		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "0/%d nodes can hold the GPU request: %s", len(names), summarize(res))

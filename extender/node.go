@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"fmt"
 	"strconv"
 	"strings"
 
@@ -56,8 +57,20 @@ type NodeState struct {
 	// MIG and Mdev count the MIG instances per profile and mdev capacity per type (capacity checks only).
 	MIG  map[string]int
 	Mdev map[string]int
-	// TypeID groups nodes with identical hardware (set by the simulator for its fragmentation cache).
+	// TypeID groups nodes whose hardware is identical as fragmentation sees it (GPU models, sizes and
+	// health, CPU and memory); 0 is unknown. The simulator and State set it for the fragmentation cache.
 	TypeID int
+}
+
+// TypeKey describes the node's hardware as fragmentation sees it; nodes with equal keys may share a TypeID.
+func (n *NodeState) TypeKey() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d/%d", n.CPUMilli, n.MemMiB)
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		fmt.Fprintf(&b, "|%s/%d/%t", g.Model, g.Memory, g.Usable)
+	}
+	return b.String()
 }
 
 // NewNodeState builds the empty state of a node from its inventory.

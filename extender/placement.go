@@ -36,48 +36,114 @@ func unfit(unresolvable bool, format string, args ...any) *Unfit {
 	return &Unfit{Unresolvable: unresolvable, Msg: fmt.Sprintf(format, args...)}
 }
 
+// Unexplained unfits: callers that only need fit or not (scoring, the simulator) skip formatting
+// a message for every node that does not fit.
+var (
+	unfitQuiet             = &Unfit{Msg: "does not fit"}
+	unfitQuietUnresolvable = &Unfit{Unresolvable: true, Msg: "does not fit"}
+)
+
+// arena hands out placement memory that is reused from one node to the next (the hot loops of
+// filter, prioritize and the simulator evaluate thousands of nodes per pod). A nil arena allocates.
+// What it hands out is valid until reset.
+type arena struct {
+	devs  []Device
+	cands []Placement
+}
+
+func (a *arena) reset() {
+	if a != nil {
+		a.devs, a.cands = a.devs[:0], a.cands[:0]
+	}
+}
+
+// devices returns k zeroed devices.
+func (a *arena) devices(k int) []Device {
+	if a == nil {
+		return make([]Device, k)
+	}
+	if len(a.devs)+k > cap(a.devs) {
+		a.devs = make([]Device, 0, max(256, 2*k)) // earlier slices keep the old array
+	}
+	a.devs = a.devs[:len(a.devs)+k]
+	out := a.devs[len(a.devs)-k : len(a.devs) : len(a.devs)]
+	clear(out)
+	return out
+}
+
+// placements returns an empty slice to append candidates to.
+func (a *arena) placements() []Placement {
+	if a == nil {
+		return nil
+	}
+	return a.cands[:0]
+}
+
+// keep records the candidates slice so that its array is reused.
+func (a *arena) keep(c []Placement) []Placement {
+	if a != nil && cap(c) > cap(a.cands) {
+		a.cands = c[:0]
+	}
+	return c
+}
+
 // Candidates returns the distinct feasible placements of r on n (GPUs in the same state are
 // interchangeable, so only one of them is offered), or why there is none. It is the single
 // placement core behind filter, prioritize, bind and the simulator.
-func Candidates(n *NodeState, r *Request) ([]Placement, *Unfit) {
-	if u := checkStatic(n, r); u != nil {
+func Candidates(n *NodeState, r *Request) ([]Placement, *Unfit) { return candidates(nil, n, r, true) }
+
+// candidates is Candidates with placement memory from a (nil: allocated); without explain, an
+// Unfit carries no message.
+func candidates(a *arena, n *NodeState, r *Request, explain bool) ([]Placement, *Unfit) {
+	if u := checkStatic(n, r, explain); u != nil {
 		return nil, u
 	}
 	if n.CPUMilli > 0 && n.UsedCPU+r.CPUMilli > n.CPUMilli {
+		if !explain {
+			return nil, unfitQuiet
+		}
 		return nil, unfit(false, "insufficient CPU: %dm free, %dm requested", n.CPUMilli-n.UsedCPU, r.CPUMilli)
 	}
 	if n.MemMiB > 0 && n.UsedMem+r.MemMiB > n.MemMiB {
+		if !explain {
+			return nil, unfitQuiet
+		}
 		return nil, unfit(false, "insufficient memory: %dMi free, %dMi requested", n.MemMiB-n.UsedMem, r.MemMiB)
 	}
 	if !r.WantsGPU() {
-		return []Placement{{}}, nil
+		return a.keep(append(a.placements(), Placement{})), nil
 	}
 	if len(r.Containers) == 1 {
 		c := &r.Containers[0]
 		switch {
 		case c.Whole == 0 && c.Shares == 1:
-			return singleShare(n, r, c)
+			return singleShare(a, n, r, c, explain)
+		case c.Whole == 0:
+			return multiShare(a, n, r, c, explain)
 		case c.Shares == 0:
-			free := freeWhole(n, r)
+			var buf [16]int
+			free := freeWholeInto(buf[:0], n, r)
 			if len(free) < c.Whole {
-				return nil, wholeUnfit(n, r, c.Whole, len(free))
+				return nil, wholeUnfit(n, r, c.Whole, len(free), explain)
 			}
-			return []Placement{{Devices: wholeDevices(0, closestSet(n, free, c.Whole))}}, nil
+			devs := a.devices(c.Whole)
+			for k, g := range closestSet(n, free, c.Whole) {
+				devs[k] = Device{Container: 0, GPU: g, Whole: true}
+			}
+			return a.keep(append(a.placements(), Placement{Devices: devs})), nil
 		}
 	}
-	return greedy(n, r)
+	return greedy(n, r, explain)
 }
 
 // checkStatic rejects what no amount of freeing on this node would fix.
-func checkStatic(n *NodeState, r *Request) *Unfit {
+func checkStatic(n *NodeState, r *Request, explain bool) *Unfit {
 	usable, maxMem := 0, int64(0)
-	models := map[string]bool{}
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		if !g.Usable {
 			continue
 		}
-		models[g.Model] = true
 		if r.modelAllowed(g.Model) {
 			usable++
 			maxMem = max(maxMem, g.Memory)
@@ -88,22 +154,40 @@ func checkStatic(n *NodeState, r *Request) *Unfit {
 		need = max(need, c.Whole+c.Shares)
 		for p, k := range c.MIG {
 			if n.MIG[p] < k {
+				if !explain {
+					return unfitQuietUnresolvable
+				}
 				return unfit(true, "container %q asks for %d nvidia.com/mig-%s, node has %d such MIG instances", c.Name, k, p, n.MIG[p])
 			}
 		}
 		for t, k := range c.Mdev {
 			if n.Mdev[t] < k {
+				if !explain {
+					return unfitQuietUnresolvable
+				}
 				return unfit(true, "container %q asks for %d tessera.dev/mdev-%s, node can create %d", c.Name, k, t, n.Mdev[t])
 			}
 		}
 		if c.Shares > 0 && c.MemoryPercent == 0 && maxMem > 0 && c.Memory > maxMem {
+			if !explain {
+				return unfitQuietUnresolvable
+			}
 			return unfit(true, "container %q asks for %d MiB per share, the largest usable GPU here has %d MiB", c.Name, c.Memory>>20, maxMem>>20)
 		}
 	}
 	if need == 0 {
 		return nil
 	}
+	if !explain && (len(r.Models) > 0 && usable == 0 || need > usable) {
+		return unfitQuietUnresolvable
+	}
 	if len(r.Models) > 0 && usable == 0 {
+		models := map[string]bool{}
+		for i := range n.GPUs {
+			if n.GPUs[i].Usable {
+				models[n.GPUs[i].Model] = true
+			}
+		}
 		return unfit(true, "pod is restricted to GPU models %s, node has %s", strings.Join(r.Models, "|"), strings.Join(sortedKeys(models), ","))
 	}
 	if need > usable {
@@ -142,9 +226,10 @@ type gpuKey struct {
 	generation int
 }
 
-func singleShare(n *NodeState, r *Request, c *ContainerShape) ([]Placement, *Unfit) {
-	var out []Placement
-	var seen []gpuKey
+func singleShare(a *arena, n *NodeState, r *Request, c *ContainerShape, explain bool) ([]Placement, *Unfit) {
+	out := a.placements()
+	var seenBuf [16]gpuKey
+	seen := seenBuf[:0]
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		if !shareFits(g, r, c) {
@@ -155,16 +240,61 @@ func singleShare(n *NodeState, r *Request, c *ContainerShape) ([]Placement, *Unf
 			continue
 		}
 		seen = append(seen, k)
-		out = append(out, Placement{Devices: []Device{{Container: 0, GPU: i, Memory: c.shareMemoryOn(g.Memory), Milli: c.Milli}}})
+		d := a.devices(1)
+		d[0] = Device{Container: 0, GPU: i, Memory: c.shareMemoryOn(g.Memory), Milli: c.Milli}
+		out = append(out, Placement{Devices: d})
 	}
 	if len(out) == 0 {
-		return nil, shareUnfit(n, r, c, 0)
+		return nil, shareUnfit(n, r, c, 0, explain)
 	}
-	return out, nil
+	return a.keep(out), nil
+}
+
+// multiShare places one container's shares on distinct GPUs without a scratch copy (shares of one
+// container never meet on a GPU, so each GPU's fit is independent of the others): once onto the
+// fullest fitting GPUs and once onto the emptiest, exactly as greedy does.
+func multiShare(a *arena, n *NodeState, r *Request, c *ContainerShape, explain bool) ([]Placement, *Unfit) {
+	var fitBuf, sortBuf [16]int
+	fit := fitBuf[:0]
+	for i := range n.GPUs {
+		if shareFits(&n.GPUs[i], r, c) {
+			fit = append(fit, i)
+		}
+	}
+	if len(fit) < c.Shares {
+		return nil, shareUnfit(n, r, c, len(fit), explain)
+	}
+	pick := func(fullestFirst bool) []Device {
+		order := append(sortBuf[:0], fit...)
+		// Stable insertion sort by free compute (a node has few GPUs).
+		for i := 1; i < len(order); i++ {
+			for j := i; j > 0; j-- {
+				a, b := n.GPUs[order[j]].FreeMilli(), n.GPUs[order[j-1]].FreeMilli()
+				if fullestFirst && a >= b || !fullestFirst && a <= b {
+					break
+				}
+				order[j], order[j-1] = order[j-1], order[j]
+			}
+		}
+		out := a.devices(c.Shares)
+		for k, i := range order[:c.Shares] {
+			out[k] = Device{Container: 0, GPU: i, Memory: c.shareMemoryOn(n.GPUs[i].Memory), Milli: c.Milli}
+		}
+		return out
+	}
+	packed := pick(true)
+	out := append(a.placements(), Placement{Devices: packed})
+	if spread := pick(false); !slices.Equal(spread, packed) {
+		out = append(out, Placement{Devices: spread})
+	}
+	return a.keep(out), nil
 }
 
 // shareUnfit explains why shares do not fit although the node may look sufficient in total.
-func shareUnfit(n *NodeState, r *Request, c *ContainerShape, got int) *Unfit {
+func shareUnfit(n *NodeState, r *Request, c *ContainerShape, got int, explain bool) *Unfit {
+	if !explain {
+		return unfitQuiet
+	}
 	var freeMem int64
 	freeMilli, locked := 0, 0
 	for i := range n.GPUs {
@@ -189,8 +319,9 @@ func shareUnfit(n *NodeState, r *Request, c *ContainerShape, got int) *Unfit {
 		c.Name, c.Shares, what, got, freeMem>>20, freeMilli/10, locked)
 }
 
-func freeWhole(n *NodeState, r *Request) []int {
-	var out []int
+func freeWhole(n *NodeState, r *Request) []int { return freeWholeInto(nil, n, r) }
+
+func freeWholeInto(out []int, n *NodeState, r *Request) []int {
 	for i := range n.GPUs {
 		if n.GPUs[i].FreeWhole() && r.modelAllowed(n.GPUs[i].Model) {
 			out = append(out, i)
@@ -199,7 +330,10 @@ func freeWhole(n *NodeState, r *Request) []int {
 	return out
 }
 
-func wholeUnfit(n *NodeState, r *Request, want, free int) *Unfit {
+func wholeUnfit(n *NodeState, r *Request, want, free int, explain bool) *Unfit {
+	if !explain {
+		return unfitQuiet
+	}
 	shared, owned := 0, 0
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
@@ -227,7 +361,7 @@ func wholeDevices(container int, gpus []int) []Device {
 // (NVLink before PCIe switch before host bridge ...), greedily from every starting GPU.
 func closestSet(n *NodeState, free []int, k int) []int {
 	if n.Dist == nil || k <= 1 || k == len(free) {
-		return append([]int(nil), free[:k]...)
+		return free[:k] // callers copy
 	}
 	var best []int
 	bestCost := -1
@@ -277,11 +411,11 @@ func TopologyCost(n *NodeState, p *Placement) int {
 
 // greedy places multi-share and multi-container requests container by container on a scratch copy,
 // once packing shares onto the fullest GPUs that fit and once onto the emptiest; policies choose.
-func greedy(n *NodeState, r *Request) ([]Placement, *Unfit) {
+func greedy(n *NodeState, r *Request, explain bool) ([]Placement, *Unfit) {
 	var out []Placement
 	var firstErr *Unfit
 	for _, packed := range []bool{true, false} {
-		p, u := greedyOnce(n, r, packed)
+		p, u := greedyOnce(n, r, packed, explain)
 		if u != nil {
 			if firstErr == nil {
 				firstErr = u
@@ -298,7 +432,7 @@ func greedy(n *NodeState, r *Request) ([]Placement, *Unfit) {
 	return out, nil
 }
 
-func greedyOnce(n *NodeState, r *Request, packed bool) (Placement, *Unfit) {
+func greedyOnce(n *NodeState, r *Request, packed, explain bool) (Placement, *Unfit) {
 	scratch := n.Clone()
 	var p Placement
 	for ci := range r.Containers {
@@ -306,7 +440,7 @@ func greedyOnce(n *NodeState, r *Request, packed bool) (Placement, *Unfit) {
 		if c.Whole > 0 {
 			free := freeWhole(scratch, r)
 			if len(free) < c.Whole {
-				return p, wholeUnfit(scratch, r, c.Whole, len(free))
+				return p, wholeUnfit(scratch, r, c.Whole, len(free), explain)
 			}
 			for _, d := range wholeDevices(ci, closestSet(scratch, free, c.Whole)) {
 				applyDevice(&scratch.GPUs[d.GPU], d, 1)
@@ -323,7 +457,7 @@ func greedyOnce(n *NodeState, r *Request, packed bool) (Placement, *Unfit) {
 			}
 		}
 		if len(fit) < c.Shares {
-			return p, shareUnfit(scratch, r, c, len(fit))
+			return p, shareUnfit(scratch, r, c, len(fit), explain)
 		}
 		sort.SliceStable(fit, func(a, b int) bool {
 			fa, fb := scratch.GPUs[fit[a]].FreeMilli(), scratch.GPUs[fit[b]].FreeMilli()

@@ -20,8 +20,9 @@ type ScoreContext struct {
 	Shapes []Shape
 	Cache  *FragCache
 	Rand   *rand.Rand
-	// after is scratch space for a node's state after a placement.
+	// after is scratch space for a node's state after a placement; arena holds candidates.
 	after NodeState
+	arena arena
 }
 
 // afterState returns the node as it would be after p (scratch memory, valid until the next call).

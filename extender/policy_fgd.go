@@ -2,6 +2,7 @@ package extender
 
 import (
 	"math"
+	"sync"
 
 	"github.com/tessera-gpu/tessera/api"
 )
@@ -60,22 +61,57 @@ func NodeFragmentation(n *NodeState, shapes []Shape) float64 {
 	return f
 }
 
-// fragKey identifies a node state for the fragmentation cache (nodes of up to 8 GPUs).
+// fragKey identifies a node state for the fragmentation cache (nodes of up to 8 GPUs): the
+// hardware type, the CPU and memory in use, and per GPU the free compute, the memory in use
+// and whether it is held whole or shared.
 type fragKey struct {
-	variant  uint8
-	typ      int32
-	cpu, mem int64
-	free     [8]int16
-	whole    uint8
+	variant       uint8
+	whole, shared uint8
+	typ           int32
+	cpu, mem      int64
+	free          [8]int16
+	usedMem       [8]int64
 }
 
 // FragCache memoises node fragmentation by node state for one fixed set of shapes. Nodes in the same
-// state (same hardware type, same free CPU and GPUs) score the same, and a cluster has few such states.
-// It is not safe for concurrent use; the simulator gives each run its own.
-type FragCache struct{ m map[fragKey]float64 }
+// state (same hardware type, same usage) score the same, and a cluster has few such states. A cache
+// from NewFragCache serves one goroutine (the simulator gives each run its own); NewSharedFragCache
+// is safe for concurrent use (the server's, one per typical-shape snapshot).
+type FragCache struct {
+	mu *sync.RWMutex
+	m  map[fragKey]float64
+}
 
-// NewFragCache returns an empty cache; it must be dropped when the shapes change.
+// maxFragCacheEntries bounds a cache; a full cache is emptied and refilled.
+const maxFragCacheEntries = 1 << 20
+
+// NewFragCache returns an empty cache for one goroutine; it must be dropped when the shapes change.
 func NewFragCache() *FragCache { return &FragCache{m: map[fragKey]float64{}} }
+
+// NewSharedFragCache returns an empty cache safe for concurrent use.
+func NewSharedFragCache() *FragCache {
+	return &FragCache{mu: &sync.RWMutex{}, m: map[fragKey]float64{}}
+}
+
+func (c *FragCache) get(k *fragKey) (float64, bool) {
+	if c.mu != nil {
+		c.mu.RLock()
+		defer c.mu.RUnlock()
+	}
+	v, ok := c.m[*k]
+	return v, ok
+}
+
+func (c *FragCache) put(k *fragKey, v float64) {
+	if c.mu != nil {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+	}
+	if len(c.m) >= maxFragCacheEntries {
+		clear(c.m)
+	}
+	c.m[*k] = v
+}
 
 // fragOf returns f(n), memoised when possible.
 func (sc *ScoreContext) fragOf(variant uint8, n *NodeState, f func(*NodeState) float64) float64 {
@@ -86,15 +122,19 @@ func (sc *ScoreContext) fragOf(variant uint8, n *NodeState, f func(*NodeState) f
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		k.free[i] = int16(g.FreeMilli())
-		if g.FreeWhole() {
+		k.usedMem[i] = g.UsedMemory
+		if g.Whole {
 			k.whole |= 1 << i
 		}
+		if g.Shares > 0 {
+			k.shared |= 1 << i
+		}
 	}
-	if v, ok := sc.Cache.m[k]; ok {
+	if v, ok := sc.Cache.get(&k); ok {
 		return v
 	}
 	v := f(n)
-	sc.Cache.m[k] = v
+	sc.Cache.put(&k, v)
 	return v
 }
 

@@ -2,6 +2,7 @@ package extender
 
 import (
 	"math"
+	"runtime"
 
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
@@ -30,14 +31,17 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (*extenderv1.HostPr
 	raw := make([]float64, len(names))
 	gen := make([]float64, len(names))
 	fits := make([]bool, len(names))
-	sc := &ScoreContext{Shapes: x.State.Shapes().Typical()}
-	i := 0
-	x.State.View(names, func(_ string, n *NodeState, _ string) {
-		defer func() { i++ }()
+	workers := runtime.GOMAXPROCS(0)
+	scs := make([]*ScoreContext, workers)
+	sc0 := x.State.Shapes().ScoreContext() // one snapshot for every worker: scores stay comparable
+	for w := range scs {
+		scs[w] = &ScoreContext{Shapes: sc0.Shapes, Cache: sc0.Cache}
+	}
+	x.State.viewIndexed(names, workers, func(w, i int, n *NodeState, _ string) {
 		if n == nil {
 			return
 		}
-		p, s, u := x.Engine.Evaluate(sc, n, req)
+		p, s, u := x.Engine.evaluate(scs[w], n, req, false)
 		if u != nil {
 			return
 		}

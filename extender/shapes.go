@@ -40,13 +40,25 @@ func keyOf(r *Request) (shapeKey, bool) {
 
 // ShapeStats counts the task shapes seen (the arrival distribution) and derives the typical ones.
 // It is safe for concurrent use.
+//
+// The typical-shape table is a snapshot: it is rebuilt only once the counts have moved by
+// refreshFraction of the total since the last snapshot (every change while few pods are known), so
+// a busy cluster does not re-sort shapes and drop its fragmentation cache on every pod event. The
+// simulator and the server share this rule.
 type ShapeStats struct {
 	mu      sync.Mutex
 	counts  map[shapeKey]*Shape
 	total   int
 	typical []Shape
-	dirty   bool
+	// changes counts Observe deltas since the snapshot; version numbers snapshots.
+	changes int
+	version uint64
+	cache   *FragCache
 }
+
+// refreshFraction is how far the counts must move (relative to their total) before the typical
+// shapes are recomputed: a 2% shift changes the weights by at most about 2% of a shape's weight.
+const refreshFraction = 0.02
 
 // NewShapeStats returns empty statistics.
 func NewShapeStats() *ShapeStats { return &ShapeStats{counts: map[shapeKey]*Shape{}} }
@@ -76,7 +88,23 @@ func (s *ShapeStats) Observe(r *Request, delta int) {
 	if sh.Count <= 0 {
 		delete(s.counts, k)
 	}
-	s.dirty = true
+	s.changes++
+}
+
+// Total is the number of pods counted.
+func (s *ShapeStats) Total() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.total
+}
+
+// ScoreContext returns a context for one goroutine's scoring with the current typical shapes and
+// the fragmentation cache shared by every context of this snapshot (safe for concurrent use).
+func (s *ShapeStats) ScoreContext() *ScoreContext {
+	shapes := s.Typical()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return &ScoreContext{Shapes: shapes, Cache: s.cache}
 }
 
 // Typical returns the most frequent shapes covering TypicalCoverage of observed pods, weights summing
@@ -84,7 +112,7 @@ func (s *ShapeStats) Observe(r *Request, delta int) {
 func (s *ShapeStats) Typical() []Shape {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if !s.dirty {
+	if s.changes == 0 || (s.typical != nil && float64(s.changes) < refreshFraction*float64(s.total)) {
 		return s.typical
 	}
 	all := make([]*Shape, 0, len(s.counts))
@@ -109,7 +137,9 @@ func (s *ShapeStats) Typical() []Shape {
 	for i := range out {
 		out[i].Weight = float64(out[i].Count) / float64(covered)
 	}
-	s.typical, s.dirty = out, false
+	s.typical, s.changes = out, 0
+	s.version++
+	s.cache = NewSharedFragCache()
 	return out
 }
 

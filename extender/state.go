@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"maps"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,9 +23,15 @@ type State struct {
 	nodes  map[string]*nodeEntry
 	pods   map[types.UID]*podEntry
 	shapes *ShapeStats
-	ttl    time.Duration
-	now    func() time.Time
-	log    *slog.Logger
+	// typeIDs interns node hardware types (NodeState.TypeKey) for the fragmentation cache.
+	typeIDs map[string]int
+	// podsOn indexes pod entries by node name, so a node (re)appearing re-applies only its own pods.
+	podsOn map[string]map[types.UID]*podEntry
+	// observed are the non-terminated pods counted in shapes (arrived: pending or assigned).
+	observed map[types.UID]*Request
+	ttl      time.Duration
+	now      func() time.Time
+	log      *slog.Logger
 }
 
 type nodeEntry struct {
@@ -33,7 +40,9 @@ type nodeEntry struct {
 	inv    *api.NodeInventory
 	// invErr explains why the node has no usable inventory (missing or invalid annotation).
 	invErr string
-	state  *NodeState
+	// raw is the inventory annotation the state was built from.
+	raw   string
+	state *NodeState
 	// holders are the pods (committed or reserved) whose devices are applied to state.
 	holders map[types.UID]bool
 }
@@ -58,7 +67,9 @@ func NewState(ttl time.Duration, log *slog.Logger) *State {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &State{nodes: map[string]*nodeEntry{}, pods: map[types.UID]*podEntry{}, shapes: NewShapeStats(), ttl: ttl, now: time.Now, log: log}
+	return &State{nodes: map[string]*nodeEntry{}, pods: map[types.UID]*podEntry{}, shapes: NewShapeStats(),
+		typeIDs: map[string]int{}, podsOn: map[string]map[types.UID]*podEntry{}, observed: map[types.UID]*Request{},
+		ttl: ttl, now: time.Now, log: log}
 }
 
 // Shapes returns the task-shape statistics of the pods seen so far (FGD's typical shapes).
@@ -74,6 +85,9 @@ func (s *State) UpsertNode(node *corev1.Node) {
 		s.nodes[node.Name] = e
 	}
 	raw := node.Annotations[api.AnnotationInventory]
+	if e.state != nil && e.raw == raw && maps.Equal(e.labels, node.Labels) {
+		return // status-only update: nothing placement sees changed
+	}
 	var inv *api.NodeInventory
 	invErr := ""
 	if raw == "" {
@@ -85,34 +99,25 @@ func (s *State) UpsertNode(node *corev1.Node) {
 	} else {
 		inv = d
 	}
-	if e.state != nil && maps.Equal(e.labels, node.Labels) && e.invErr == invErr && sameInventory(e.inv, inv) {
-		return
-	}
-	e.labels, e.inv, e.invErr = maps.Clone(node.Labels), inv, invErr
+	e.labels, e.inv, e.invErr, e.raw = maps.Clone(node.Labels), inv, invErr, raw
 	if inv == nil {
 		inv = &api.NodeInventory{Node: node.Name}
 	}
 	e.state = NewNodeState(inv, e.labels)
+	key := e.state.TypeKey()
+	if s.typeIDs[key] == 0 {
+		s.typeIDs[key] = len(s.typeIDs) + 1
+	}
+	e.state.TypeID = s.typeIDs[key]
 	// Re-apply every pod on this node, including those seen before the node (informers do not
-	// order nodes before pods). This scan runs only when the inventory or labels change.
-	for _, p := range s.pods {
-		if p.node == node.Name {
-			p.applied = false
-			s.applyLocked(p)
-		}
+	// order nodes before pods).
+	for _, p := range s.podsOn[node.Name] {
+		p.applied = false
+		s.applyLocked(p)
 	}
 	if invErr != "" {
 		s.log.Debug("node without usable inventory", "node", node.Name, "reason", invErr)
 	}
-}
-
-func sameInventory(a, b *api.NodeInventory) bool {
-	if a == nil || b == nil {
-		return a == b
-	}
-	ea, _ := api.EncodeInventory(a)
-	eb, _ := api.EncodeInventory(b)
-	return string(ea) == string(eb)
 }
 
 // DeleteNode forgets a node; pods that name it stay recorded for when it comes back.
@@ -139,6 +144,7 @@ func podTerminated(pod *corev1.Pod) bool {
 func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.observeLocked(pod, opts)
 	old := s.pods[pod.UID]
 	raw, annotated := pod.Annotations[api.AnnotationAssignment]
 	if podTerminated(pod) || !annotated {
@@ -164,11 +170,43 @@ func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
 		s.removeLocked(old)
 	}
 	p := &podEntry{uid: pod.UID, key: pod.Namespace + "/" + pod.Name, namespace: pod.Namespace, node: a.Node, req: req, assignment: a}
-	s.pods[pod.UID] = p
-	s.applyLocked(p)
-	if req != nil {
-		s.shapes.Observe(req, 1)
+	s.addLocked(p)
+}
+
+// observeLocked counts a pod's task shape once while it is not terminated: pending pods count too,
+// because the typical shapes are the arrival distribution (the FGD paper's), not what got placed.
+func (s *State) observeLocked(pod *corev1.Pod, opts ClassOptions) {
+	if podTerminated(pod) {
+		s.forgetLocked(pod.UID)
+		return
 	}
+	if _, ok := s.observed[pod.UID]; ok {
+		return
+	}
+	req, err := RequestFromPod(pod, opts)
+	if err != nil || !req.WantsGPU() {
+		return
+	}
+	s.observed[pod.UID] = req
+	s.shapes.Observe(req, 1)
+}
+
+func (s *State) forgetLocked(uid types.UID) {
+	if req, ok := s.observed[uid]; ok {
+		delete(s.observed, uid)
+		s.shapes.Observe(req, -1)
+	}
+}
+
+func (s *State) addLocked(p *podEntry) {
+	s.pods[p.uid] = p
+	on := s.podsOn[p.node]
+	if on == nil {
+		on = map[types.UID]*podEntry{}
+		s.podsOn[p.node] = on
+	}
+	on[p.uid] = p
+	s.applyLocked(p)
 }
 
 func sameAssignment(a, b *api.PodAssignment) bool {
@@ -181,6 +219,7 @@ func sameAssignment(a, b *api.PodAssignment) bool {
 func (s *State) DeletePod(uid types.UID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.forgetLocked(uid)
 	if p := s.pods[uid]; p != nil {
 		s.removeLocked(p)
 	}
@@ -194,8 +233,7 @@ func (s *State) Reserve(uid types.UID, key, namespace string, req *Request, a *a
 		s.removeLocked(old)
 	}
 	p := &podEntry{uid: uid, key: key, namespace: namespace, node: a.Node, req: req, assignment: a, reserved: true, expires: s.now().Add(s.ttl)}
-	s.pods[uid] = p
-	s.applyLocked(p)
+	s.addLocked(p)
 }
 
 // Unreserve drops an in-flight decision that did not land; committed assignments stay.
@@ -243,8 +281,11 @@ func (s *State) removeLocked(p *podEntry) {
 			e.state.Release(&Request{}, &p.placement)
 		}
 	}
-	if !p.reserved && p.req != nil {
-		s.shapes.Observe(p.req, -1)
+	if on := s.podsOn[p.node]; on != nil {
+		delete(on, p.uid)
+		if len(on) == 0 {
+			delete(s.podsOn, p.node)
+		}
 	}
 	delete(s.pods, p.uid)
 }
@@ -281,6 +322,52 @@ func (s *State) View(names []string, f func(name string, n *NodeState, missing s
 			f(name, e.state, "")
 		}
 	}
+}
+
+// parallelMin is the node count from which viewIndexed spreads the work over GOMAXPROCS goroutines.
+const parallelMin = 512
+
+// viewIndexed is View for hot loops: f gets the worker number (0..workers-1, for per-worker scratch)
+// and the name's index, and runs on up to workers goroutines at once, all under one read lock.
+func (s *State) viewIndexed(names []string, workers int, f func(w, i int, n *NodeState, missing string)) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	one := func(w, i int) {
+		e := s.nodes[names[i]]
+		switch {
+		case e == nil:
+			f(w, i, nil, "node is not known to the extender yet")
+		case e.inv == nil:
+			f(w, i, nil, e.invErr)
+		default:
+			f(w, i, e.state, "")
+		}
+	}
+	if workers <= 1 || len(names) < parallelMin {
+		for i := range names {
+			one(0, i)
+		}
+		return
+	}
+	const chunk = 64
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				start := int(next.Add(chunk)) - chunk
+				if start >= len(names) {
+					return
+				}
+				for i := start; i < min(start+chunk, len(names)); i++ {
+					one(w, i)
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // NamespaceUsage is the GPU resources held (committed or reserved) by pods of a namespace.

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"runtime"
 	"slices"
@@ -33,6 +34,7 @@ type options struct {
 	inflate     float64
 	limit       int
 	workers     int
+	oracle      bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -48,6 +50,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.inflate, "inflate", 1.3, "resample pods until the GPU request reaches this multiple of cluster capacity")
 	fs.IntVar(&o.limit, "limit", 0, "use only the first N pods of the pod list (0: all; for quick runs and tests)")
 	fs.IntVar(&o.workers, "workers", runtime.GOMAXPROCS(0), "runs simulated in parallel")
+	fs.BoolVar(&o.oracle, "oracle-shapes", false, "score with the typical shapes of the whole pod list (the FGD paper's simulator) instead of learning them from the pods arrived so far")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -90,8 +93,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		pods = pods[:o.limit]
 	}
 	cluster := simulate.NewCluster(nodes, pods)
-	fmt.Fprintf(stdout, "trace: %d nodes, %d GPUs, %d pods (%s); %d seeds from %d, inflate %.2f\n",
-		len(nodes), cluster.Capacity/1000, len(pods), o.pods, o.seeds, o.firstSeed, o.inflate)
+	shapes := "learned online from arrived pods"
+	if o.oracle {
+		cluster.UseOracleShapes()
+		shapes = "oracle (whole pod list)"
+	}
+	fmt.Fprintf(stdout, "trace: %d nodes, %d GPUs, %d pods (%s); %d seeds from %d, inflate %.2f; typical shapes %s\n",
+		len(nodes), cluster.Capacity/1000, len(pods), o.pods, o.seeds, o.firstSeed, o.inflate, shapes)
 
 	type job struct {
 		policy string
@@ -130,7 +138,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if firstErr != nil {
 		return firstErr
 	}
-	return report(stdout, o.policies, results)
+	return report(stdout, o.policies, results, cluster.Capacity)
 }
 
 func median(xs []float64) float64 {
@@ -142,7 +150,7 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-func report(w io.Writer, policies []string, results map[string][]simulate.Result) error {
+func report(w io.Writer, policies []string, results map[string][]simulate.Result, capacity int64) error {
 	fmt.Fprintf(w, "\nunallocated GPU %% (median over seeds) by arrived workload\n")
 	fmt.Fprintf(w, "%-10s", "policy")
 	for _, c := range simulate.Checkpoints {
@@ -165,6 +173,33 @@ func report(w io.Writer, policies []string, results map[string][]simulate.Result
 			failed = append(failed, float64(r.Failed))
 		}
 		fmt.Fprintf(w, " %7.2f-%-7.2f %10.0f\n", slices.Min(at100), slices.Max(at100), median(failed))
+	}
+	fmt.Fprintf(w, "\nfailed GPU request before 100%% arrival, %% of capacity (median over seeds) by pod class\n")
+	for _, p := range policies {
+		classes := map[string][]float64{}
+		for _, r := range results[p] {
+			for c := range r.FailedMilli {
+				classes[c] = nil
+			}
+		}
+		names := slices.Sorted(maps.Keys(classes))
+		fmt.Fprintf(w, "%-10s", p)
+		for _, c := range names {
+			var xs []float64
+			for _, r := range results[p] {
+				xs = append(xs, 100*float64(r.FailedMilli[c])/float64(capacity))
+			}
+			fmt.Fprintf(w, " %s=%.2f", c, median(xs))
+		}
+		fmt.Fprintf(w, "   free at 100%%:")
+		for _, c := range []string{"partial", "whole", "whole-cpu<4"} {
+			var xs []float64
+			for _, r := range results[p] {
+				xs = append(xs, 100*float64(r.Free100[c])/float64(capacity))
+			}
+			fmt.Fprintf(w, " %s=%.2f", c, median(xs))
+		}
+		fmt.Fprintln(w)
 	}
 	fmt.Fprintln(w)
 	for _, p := range policies {

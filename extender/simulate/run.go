@@ -17,6 +17,42 @@ type Result struct {
 	Unallocated []float64
 	Failed      int
 	Arrived     int
+	// FailedMilli is the GPU request (per-mille) of the pods that failed before the 100% checkpoint,
+	// by pod class ("share", "1gpu", "2gpu", ...): at 100% it is exactly the unallocated capacity.
+	FailedMilli map[string]int64
+	// Free100 breaks the free GPU compute at the 100% checkpoint down (per-mille): "partial" on GPUs
+	// already shared, "whole" free GPUs, and of those "whole-cpu<4" on nodes with under 4 free CPUs.
+	Free100 map[string]int64
+}
+
+func freeBreakdown(nodes []*extender.NodeState) map[string]int64 {
+	out := map[string]int64{}
+	for _, n := range nodes {
+		for i := range n.GPUs {
+			g := &n.GPUs[i]
+			switch {
+			case g.FreeWhole():
+				out["whole"] += extender.MilliPerGPU
+				if n.CPUMilli-n.UsedCPU < 4000 {
+					out["whole-cpu<4"] += extender.MilliPerGPU
+				}
+			default:
+				out["partial"] += int64(g.FreeMilli())
+			}
+		}
+	}
+	return out
+}
+
+// podClass names a pod's shape class for the failure breakdown.
+func podClass(p *Pod) string {
+	switch {
+	case p.NumGPU == 0 || p.GPUMilli == 0:
+		return "cpu"
+	case p.GPUMilli < extender.MilliPerGPU:
+		return "share"
+	}
+	return fmt.Sprintf("%dgpu", p.NumGPU)
 }
 
 // Cluster is a loaded trace.
@@ -28,19 +64,26 @@ type Cluster struct {
 	shapes   []extender.Shape
 }
 
-// NewCluster prepares a trace for runs. The typical shapes come from the pod list itself (as in
-// the FGD paper), not from an arrival order, so every policy and seed sees the same distribution.
+// NewCluster prepares a trace for runs.
 func NewCluster(nodes []Node, pods []Pod) *Cluster {
 	c := &Cluster{Nodes: nodes, Pods: pods}
 	for _, n := range nodes {
 		c.Capacity += int64(n.GPUs) * extender.MilliPerGPU
 	}
+	return c
+}
+
+// UseOracleShapes makes every run score with the typical shapes of the whole pod list, as the FGD
+// paper's simulator does, instead of learning them from the pods arrived so far (the default, and
+// all the server can know). It exists to reproduce the paper's protocol.
+func (c *Cluster) UseOracleShapes() {
 	st := extender.NewShapeStats()
-	for i := range pods {
-		st.Observe(pods[i].Request(), 1)
+	for i := range c.Pods {
+		if r := c.Pods[i].Request(); r.WantsGPU() {
+			st.Observe(r, 1)
+		}
 	}
 	c.shapes = st.Typical()
-	return c
 }
 
 // buildNodes returns fresh node states; nodes with identical hardware share a TypeID.
@@ -88,22 +131,40 @@ func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, erro
 		return Result{}, err
 	}
 	nodes := c.buildNodes()
-	sc := &extender.ScoreContext{Shapes: c.shapes, Cache: extender.NewFragCache(), Rand: rand.New(rand.NewPCG(seed, 7))}
-	res := Result{Policy: policy, Seed: seed}
+	rng := rand.New(rand.NewPCG(seed, 7))
+	oracle := &extender.ScoreContext{Shapes: c.shapes, Cache: extender.NewFragCache(), Rand: rng}
+	// Online: the shapes of the pods arrived so far, the current one included (in a cluster it is
+	// pending, and the server counts pending pods), through the server's own ShapeStats snapshots.
+	st := extender.NewShapeStats()
+	res := Result{Policy: policy, Seed: seed, FailedMilli: map[string]int64{}}
 	var arrived, allocated int64
 	next := 0
 	for _, pod := range c.Arrivals(seed, inflate) {
 		r := pod.Request()
+		sc := oracle
+		if c.shapes == nil {
+			if r.WantsGPU() {
+				st.Observe(r, 1)
+			}
+			sc = st.ScoreContext()
+			sc.Rand = rng
+		}
 		i, p := eng.Pick(sc, nodes, r, nil)
 		if i >= 0 {
 			nodes[i].Apply(r, &p)
 			allocated += int64(r.GPUMilli())
 		} else {
 			res.Failed++
+			if next < len(Checkpoints) {
+				res.FailedMilli[podClass(&pod)] += int64(pod.GPURequest())
+			}
 		}
 		res.Arrived++
 		arrived += int64(pod.GPURequest())
 		for next < len(Checkpoints) && float64(arrived)*100 >= Checkpoints[next]*float64(c.Capacity) {
+			if next == len(Checkpoints)-1 {
+				res.Free100 = freeBreakdown(nodes)
+			}
 			res.Unallocated = append(res.Unallocated, 100-100*float64(allocated)/float64(c.Capacity))
 			next++
 		}

@@ -1,0 +1,104 @@
+package extender
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// TestFastPathsMatchGreedy checks that the allocation-free paths (several shares of one container,
+// arena memory, no explanation) choose exactly what the general greedy placer chooses.
+func TestFastPathsMatchGreedy(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var a arena
+	for iter := 0; iter < 2000; iter++ {
+		n := &NodeState{CPUMilli: 64000, MemMiB: 1 << 20}
+		for g := 0; g < 1+rng.IntN(8); g++ {
+			gs := GPUState{Index: g, Model: "A", Usable: rng.IntN(10) > 0, Memory: 16 << 30}
+			switch rng.IntN(3) {
+			case 0:
+				gs.Whole = true
+			case 1:
+				gs.Shares = 1 + rng.IntN(3)
+				gs.UsedMilli = 100 * rng.IntN(10)
+				gs.UsedMemory = int64(rng.IntN(12)) << 30
+			}
+			n.GPUs = append(n.GPUs, gs)
+		}
+		r := &Request{Containers: []ContainerShape{{Name: "c", Shares: 2 + rng.IntN(3), Milli: 100 * rng.IntN(10), Memory: int64(1+rng.IntN(4)) << 30}}}
+		if checkStatic(n, r, true) != nil {
+			continue // greedy is only reached past the static checks
+		}
+		want, wu := greedy(n, r, true)
+		a.reset()
+		got, gu := candidates(&a, n, r, false)
+		if (wu == nil) != (gu == nil) {
+			t.Fatalf("iter %d: fit differs: greedy %v, fast %v", iter, wu, gu)
+		}
+		if len(want) != len(got) {
+			t.Fatalf("iter %d: %d candidates from greedy, %d from the fast path", iter, len(want), len(got))
+		}
+		for i := range want {
+			if !slices.Equal(want[i].Devices, got[i].Devices) {
+				t.Fatalf("iter %d candidate %d: greedy %v, fast %v", iter, i, want[i].Devices, got[i].Devices)
+			}
+		}
+		if _, u := Candidates(n, r); (u == nil) != (wu == nil) || (u != nil && u.Msg != wu.Msg) {
+			t.Fatalf("iter %d: explained unfit %v, greedy %v", iter, u, wu)
+		}
+	}
+}
+
+// TestShapeSnapshots checks that the typical shapes follow the counts while few pods are known and
+// are refreshed in steps of refreshFraction afterwards, with a fresh cache per snapshot.
+func TestShapeSnapshots(t *testing.T) {
+	st := NewShapeStats()
+	a := &Request{Containers: []ContainerShape{{Whole: 1}}}
+	b := &Request{Containers: []ContainerShape{{Shares: 1, Milli: 500}}}
+	st.Observe(a, 1)
+	if ts := st.Typical(); len(ts) != 1 || ts[0].Weight != 1 {
+		t.Fatalf("typical after one pod: %+v", ts)
+	}
+	for range 199 {
+		st.Observe(a, 1)
+	}
+	sc := st.ScoreContext()
+	st.Observe(b, 1) // 1 change of 201: below 2%, the snapshot stays
+	if sc2 := st.ScoreContext(); len(sc2.Shapes) != 1 || sc2.Cache != sc.Cache {
+		t.Fatalf("snapshot refreshed after a change below refreshFraction: %+v", sc2.Shapes)
+	}
+	for range 10 {
+		st.Observe(b, 1)
+	}
+	if sc3 := st.ScoreContext(); len(sc3.Shapes) != 2 || sc3.Cache == sc.Cache {
+		t.Fatalf("snapshot not refreshed after 11 changes of 211: %+v", sc3.Shapes)
+	}
+}
+
+// TestStateCountsArrivals checks that pending pods count in the shapes (the arrival distribution),
+// once each, and that a node seen after its pods gets them applied.
+func TestStateCountsArrivals(t *testing.T) {
+	s := NewState(time.Minute, nil)
+	p := sharePod("p", 1, 4, 30)
+	s.UpsertPod(p, ClassOptions{})
+	s.UpsertPod(p, ClassOptions{})
+	if got := s.Shapes().Total(); got != 1 {
+		t.Fatalf("pending pod counted %d times, want 1", got)
+	}
+	a := assigned(wholePod("w", 2), "n1", api.DeviceAssignment{UUID: gpuUUID(1, 0), Whole: true}, api.DeviceAssignment{UUID: gpuUUID(1, 1), Whole: true})
+	s.UpsertPod(a, ClassOptions{})
+	s.UpsertNode(testNode(testInventory("n1", 1, 4, "A100"), nil))
+	s.View([]string{"n1"}, func(_ string, n *NodeState, _ string) {
+		if n == nil || !n.GPUs[0].Whole || !n.GPUs[1].Whole || n.GPUs[2].Whole {
+			t.Fatalf("node seen after its pod: %+v", n)
+		}
+	})
+	s.DeletePod(p.UID)
+	s.DeletePod(a.UID)
+	if got := s.Shapes().Total(); got != 0 {
+		t.Fatalf("deleted pods still counted: %d", got)
+	}
+}
