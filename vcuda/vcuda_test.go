@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"debug/elf"
 	"fmt"
 	"os"
 	"os/exec"
@@ -207,4 +208,51 @@ func TestLimiter(t *testing.T) {
 			t.Errorf("left behind: %d bytes, %d processes", g.Used, len(r.Processes))
 		}
 	})
+}
+
+// The production library reads nothing from the environment but the limits
+// path (no test hooks compiled in), and exports only hooks.
+func TestLibrarySurface(t *testing.T) {
+	dir := build(t)
+	lib := filepath.Join(dir, "libvcuda.so")
+	f, err := elf.Open(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	syms, err := f.DynamicSymbols()
+	if err != nil {
+		t.Fatal(err)
+	}
+	exported := 0
+	for _, s := range syms {
+		if s.Section == elf.SHN_UNDEF {
+			if s.Name == "getenv" {
+				t.Errorf("libvcuda.so imports getenv; only secure_getenv of the limits path is allowed")
+			}
+			continue
+		}
+		if elf.ST_BIND(s.Info) == elf.STB_LOCAL || s.Name == "" {
+			continue
+		}
+		exported++
+		if !strings.HasPrefix(s.Name, "cu") && !strings.HasPrefix(s.Name, "nvml") && s.Name != "dlsym" {
+			t.Errorf("libvcuda.so exports %q", s.Name)
+		}
+	}
+	if exported < 40 {
+		t.Errorf("only %d exports", exported)
+	}
+	raw, err := os.ReadFile(lib)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"VCUDA_TEST", "FAKE_CUDA"} {
+		if bytes.Contains(raw, []byte(s)) {
+			t.Errorf("libvcuda.so mentions %s", s)
+		}
+	}
+	if !bytes.Contains(raw, []byte("TESSERA_VCUDA_LIMITS")) || !bytes.Contains(raw, []byte("/etc/tessera/vcuda/limits")) {
+		t.Errorf("libvcuda.so does not name its limits file")
+	}
 }

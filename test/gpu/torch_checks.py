@@ -42,6 +42,9 @@ def mode_oom(cap, slack_mib):
     """OOM at the cap and not before; mem_get_info reports the cap."""
     torch = torch_cuda()
     free0, total0 = torch.cuda.mem_get_info()
+    # 32 MiB blocks get segments of their own size, 2 MiB ones come from
+    # 20 MiB segments, 256 KiB ones from 2 MiB segments: the last step stops
+    # within ~4 MiB of the cap
     held, reached = fill(torch, [32 * MiB, 2 * MiB, 256 * 1024])
     free1, total1 = torch.cuda.mem_get_info()
     res = dict(mode="oom", alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), cap=cap,
@@ -79,7 +82,9 @@ def mode_share(cap, ready, start, out):
     open(ready, "w").close()
     while not os.path.exists(start):
         time.sleep(0.01)
-    held, reached = fill(torch, [16 * MiB, 2 * MiB])
+    # 16 MiB blocks get segments of their own size; 256 KiB ones come from
+    # 2 MiB small-pool segments, so each process stops < 2 MiB from the cap
+    held, reached = fill(torch, [16 * MiB, 256 * 1024])
     with open(out, "w") as f:
         f.write(str(reached))
     # hold until the other process is done too
