@@ -1,0 +1,670 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"hash/fnv"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/util/retry"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// The TestExtender* tests run the real tessera-extender behind a real kube-scheduler and
+// kube-apiserver (StartControlPlane). There is no kubelet: Nodes are API objects carrying the node
+// agent's inventory annotation and extended-resource capacity, and a bound pod stays Pending with
+// spec.nodeName set, which is all these tests look at. Every check recomputes the GPU usage from the
+// assignment annotations and the inventories, independently of the extender's own bookkeeping.
+
+const gib = int64(1) << 30
+
+// knownBug skips a test that fails because of a reported, not yet fixed bug outside the harness,
+// unless TESSERA_E2E_KNOWN_BUGS=1 (run it to check a fix; drop the call once the test passes).
+func knownBug(t *testing.T, what string) {
+	t.Helper()
+	if os.Getenv("TESSERA_E2E_KNOWN_BUGS") != "1" {
+		t.Skipf("known bug (TESSERA_E2E_KNOWN_BUGS=1 runs it anyway): %s", what)
+	}
+}
+
+// extenderStack is a control plane whose scheduler consults a running tessera-extender.
+type extenderStack struct {
+	*ControlPlane
+	Extender     *Process
+	extenderAddr string
+	ns           string
+
+	mu    sync.Mutex
+	nodes map[string]*api.NodeInventory
+}
+
+// startExtenderStack starts the control plane with the scheduler configured for the extender, then
+// the extender itself, and waits until it accepts connections.
+func startExtenderStack(t *testing.T) *extenderStack {
+	t.Helper()
+	bin := tesseraBinary(t, "tessera-extender")
+	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	// weight 5 as in deploy/helm/tessera/templates/scheduler.yaml
+	cp := StartControlPlane(t, ControlPlaneOptions{Extender: &ExtenderConfig{URLPrefix: "http://" + addr, Weight: 5}})
+	kc := cp.MintKubeconfig(t, "tessera-extender", CertSpec{CommonName: "tessera-extender", Organizations: []string{"system:masters"}})
+	cfg := filepath.Join(cp.Dir, "extender-config.yaml")
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("apiVersion: %s\nkind: %s\npolicy: %s\nreservationTTL: 30s\n",
+		api.Version, api.KindExtenderConfig, api.PolicyTessera)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	s := &extenderStack{ControlPlane: cp, extenderAddr: addr, ns: metav1.NamespaceDefault, nodes: map[string]*api.NodeInventory{}}
+	s.Extender = cp.StartProcess(t, "tessera-extender", bin, "--kubeconfig", kc, "--listen", addr, "--config", cfg, "--log-level=debug")
+	s.waitExtender(t)
+	return s
+}
+
+// waitExtender waits until the extender accepts TCP connections on its address.
+func (s *extenderStack) waitExtender(t *testing.T) {
+	t.Helper()
+	err := waitFor(30*time.Second, 50*time.Millisecond, func() (bool, error) {
+		if !s.Extender.Running() {
+			return false, fmt.Errorf("tessera-extender exited")
+		}
+		c, err := net.DialTimeout("tcp", s.extenderAddr, time.Second)
+		if err != nil {
+			return false, err
+		}
+		c.Close()
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("tessera-extender did not start listening on %s: %v\n%s", s.extenderAddr, err, s.Extender.LogTail(40))
+	}
+}
+
+// gpuNode describes a Node made through the API.
+type gpuNode struct {
+	name         string
+	pool         string // label tessera.dev/pool; test pods select their pool
+	gpus         int
+	memory       int64 // per GPU, bytes
+	sharesPerGPU int
+}
+
+// addNode creates a Ready Node with the agent's inventory annotation and capacity for whole GPUs
+// and shares, without the not-ready taint that node admission adds (no node-lifecycle controller
+// would remove it).
+func (s *extenderStack) addNode(t *testing.T, n gpuNode) *api.NodeInventory {
+	t.Helper()
+	h := fnv.New32a()
+	h.Write([]byte(n.name))
+	inv := &api.NodeInventory{Node: n.name, DriverVersion: "sim", SharesPerGPU: n.sharesPerGPU}
+	for i := 0; i < n.gpus; i++ {
+		inv.GPUs = append(inv.GPUs, api.GPU{
+			UUID:  fmt.Sprintf("GPU-%08x-0000-4000-8000-%012x", h.Sum32(), i),
+			Index: i, Model: "NVIDIA A100-SXM4-40GB", MemoryBytes: n.memory, SMCount: 108, ComputeCapability: "8.0",
+			NUMANode: i * 2 / n.gpus, PCIBusID: fmt.Sprintf("0000:%02x:00.0", 0x10+i), Minor: i, Healthy: true,
+		})
+	}
+	for a := 0; a < n.gpus; a++ {
+		for b := a + 1; b < n.gpus; b++ {
+			inv.Links = append(inv.Links, api.Link{A: a, B: b, Kind: api.LinkNVLink, NVLinks: 12})
+		}
+	}
+	data, err := api.EncodeInventory(inv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
+		Name:        n.name,
+		Labels:      map[string]string{"kubernetes.io/hostname": n.name, api.LabelPool: n.pool, api.LabelGPUModel: "A100-SXM4-40GB"},
+		Annotations: map[string]string{api.AnnotationInventory: string(data)},
+	}}
+	if _, err := s.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create node %s: %v", n.name, err)
+	}
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := s.Client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		cur.Spec.Taints = nil
+		_, err = s.Client.CoreV1().Nodes().Update(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("untaint node %s: %v", n.name, err)
+	}
+	res := corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("64"),
+		corev1.ResourceMemory: resource.MustParse("512Gi"),
+		corev1.ResourcePods:   resource.MustParse("250"),
+		api.ResourceGPU:       *resource.NewQuantity(int64(n.gpus), resource.DecimalSI),
+		api.ResourceShare:     *resource.NewQuantity(int64(n.gpus*n.sharesPerGPU), resource.DecimalSI),
+	}
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := s.Client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		now := metav1.Now()
+		cur.Status.Capacity, cur.Status.Allocatable = res, res
+		cur.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+			Reason: "KubeletReady", Message: "API-made node for the extender e2e", LastHeartbeatTime: now, LastTransitionTime: now}}
+		_, err = s.Client.CoreV1().Nodes().UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("node %s status: %v", n.name, err)
+	}
+	s.mu.Lock()
+	s.nodes[n.name] = inv
+	s.mu.Unlock()
+	return inv
+}
+
+// gpuPod describes a test pod with one container.
+type gpuPod struct {
+	name      string
+	pool      string
+	whole     int   // nvidia.com/gpu
+	shares    int   // tessera.dev/vgpu
+	memory    int64 // tessera.dev/vgpu-memory per share, bytes
+	memoryPct int   // tessera.dev/vgpu-memory-percent
+	cores     int   // tessera.dev/vgpu-cores
+}
+
+func (p gpuPod) object(ns string) *corev1.Pod {
+	lim := corev1.ResourceList{}
+	q := func(v int64) resource.Quantity { return *resource.NewQuantity(v, resource.DecimalSI) }
+	if p.whole > 0 {
+		lim[api.ResourceGPU] = q(int64(p.whole))
+	}
+	if p.shares > 0 {
+		lim[api.ResourceShare] = q(int64(p.shares))
+	}
+	if p.memory > 0 {
+		lim[api.ResourceShareMemory] = *resource.NewQuantity(p.memory, resource.BinarySI)
+	}
+	if p.memoryPct > 0 {
+		lim[api.ResourceShareMemoryPercent] = q(int64(p.memoryPct))
+	}
+	if p.cores > 0 {
+		lim[api.ResourceShareCores] = q(int64(p.cores))
+	}
+	no := false
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: ns, Labels: map[string]string{"e2e-pool": p.pool}},
+		Spec: corev1.PodSpec{
+			NodeSelector:                 map[string]string{api.LabelPool: p.pool},
+			AutomountServiceAccountToken: &no,
+			Containers: []corev1.Container{{
+				Name: "main", Image: "registry.k8s.io/pause:3.10",
+				Resources: corev1.ResourceRequirements{Limits: lim},
+			}},
+		},
+	}
+}
+
+func (s *extenderStack) createPod(t testing.TB, p gpuPod) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := s.Client.CoreV1().Pods(s.ns).Create(ctx, p.object(s.ns), metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create pod %s: %v", p.name, err)
+	}
+}
+
+// poolPods lists the pods of a pool.
+func (s *extenderStack) poolPods(t testing.TB, pool string) []corev1.Pod {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := s.Client.CoreV1().Pods(s.ns).List(ctx, metav1.ListOptions{LabelSelector: "e2e-pool=" + pool})
+	if err != nil {
+		t.Fatalf("list pods: %v", err)
+	}
+	sort.Slice(l.Items, func(i, j int) bool { return l.Items[i].Name < l.Items[j].Name })
+	return l.Items
+}
+
+// waitBound waits until every named pod of the pool has a node.
+func (s *extenderStack) waitBound(t *testing.T, pool string, names []string, timeout time.Duration) []corev1.Pod {
+	t.Helper()
+	var pods []corev1.Pod
+	err := waitFor(timeout, 200*time.Millisecond, func() (bool, error) {
+		pods = s.poolPods(t, pool)
+		bound := map[string]bool{}
+		for _, p := range pods {
+			if p.Spec.NodeName != "" {
+				bound[p.Name] = true
+			}
+		}
+		var missing []string
+		for _, n := range names {
+			if !bound[n] {
+				missing = append(missing, n)
+			}
+		}
+		if len(missing) > 0 {
+			return false, fmt.Errorf("%d pods not bound: %v", len(missing), missing)
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("pods of pool %s: %v\n%s%s", pool, err, describePending(pods), s.leases())
+	}
+	return pods
+}
+
+// leases describes the Leases of kube-system (the extender's leader and per-node bind Leases), for
+// failure messages.
+func (s *extenderStack) leases() string {
+	l, err := s.Client.CoordinationV1().Leases("kube-system").List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		return "leases: " + err.Error()
+	}
+	var b strings.Builder
+	b.WriteString("leases in kube-system at " + time.Now().Format("15:04:05.000") + ":\n")
+	for _, x := range l.Items {
+		holder, renew, dur := "<none>", "<none>", int32(0)
+		if x.Spec.HolderIdentity != nil {
+			holder = *x.Spec.HolderIdentity
+		}
+		if x.Spec.RenewTime != nil {
+			renew = x.Spec.RenewTime.Format("15:04:05.000")
+		}
+		if x.Spec.LeaseDurationSeconds != nil {
+			dur = *x.Spec.LeaseDurationSeconds
+		}
+		fmt.Fprintf(&b, "  %s: holder %q renewed %s for %ds (resourceVersion %s)\n", x.Name, holder, renew, dur, x.ResourceVersion)
+	}
+	return b.String()
+}
+
+// describePending summarises why pods are still unbound.
+func describePending(pods []corev1.Pod) string {
+	var b strings.Builder
+	for _, p := range pods {
+		if p.Spec.NodeName != "" {
+			continue
+		}
+		c := scheduledCondition(&p)
+		if c == nil {
+			fmt.Fprintf(&b, "  %s: no PodScheduled condition\n", p.Name)
+			continue
+		}
+		fmt.Fprintf(&b, "  %s: PodScheduled=%s %s: %s\n", p.Name, c.Status, c.Reason, c.Message)
+	}
+	return b.String()
+}
+
+func scheduledCondition(p *corev1.Pod) *corev1.PodCondition {
+	for i := range p.Status.Conditions {
+		if p.Status.Conditions[i].Type == corev1.PodScheduled {
+			return &p.Status.Conditions[i]
+		}
+	}
+	return nil
+}
+
+// waitUnschedulable waits until the pod has PodScheduled=False/Unschedulable with a message that
+// contains every want, and checks that it is still unbound; it returns the message.
+func (s *extenderStack) waitUnschedulable(t *testing.T, name string, want ...string) string {
+	t.Helper()
+	var msg string
+	err := waitFor(45*time.Second, 200*time.Millisecond, func() (bool, error) {
+		p, err := s.Client.CoreV1().Pods(s.ns).Get(context.Background(), name, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		if p.Spec.NodeName != "" {
+			return false, fmt.Errorf("pod %s was bound to %s", name, p.Spec.NodeName)
+		}
+		c := scheduledCondition(p)
+		if c == nil || c.Status != corev1.ConditionFalse || c.Reason != corev1.PodReasonUnschedulable {
+			return false, fmt.Errorf("pod %s: PodScheduled condition %+v", name, c)
+		}
+		msg = c.Message
+		for _, w := range want {
+			if !strings.Contains(msg, w) {
+				return false, fmt.Errorf("pod %s: Unschedulable message %q lacks %q", name, msg, w)
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("%v\nextender log:\n%s", err, s.Extender.LogTail(30))
+	}
+	return msg
+}
+
+// schedulingEvents returns the messages of FailedScheduling events of a pod.
+func (s *extenderStack) schedulingEvents(t *testing.T, name string) []string {
+	t.Helper()
+	sel := fields.AndSelectors(fields.OneTermEqualSelector("involvedObject.name", name),
+		fields.OneTermEqualSelector("reason", "FailedScheduling")).String()
+	l, err := s.Client.CoreV1().Events(s.ns).List(context.Background(), metav1.ListOptions{FieldSelector: sel})
+	if err != nil {
+		t.Fatalf("list events: %v", err)
+	}
+	var out []string
+	for _, e := range l.Items {
+		out = append(out, e.Message)
+	}
+	return out
+}
+
+// gpuUse is what the bound pods hold on one GPU, recomputed from their assignments.
+type gpuUse struct {
+	whole  []string // pods holding it whole
+	shares []string // pods holding a share
+	memory int64
+	cores  int
+}
+
+// checkAssignments verifies every bound pod's assignment annotation against its request and its
+// node's inventory (each share on a distinct GPU of that node, memory and cores as requested, whole
+// GPUs whole) and that no GPU is over-committed across all bound pods: a GPU is held whole by at
+// most one pod and then shared by none, and its shares' memory and cores stay within the GPU. It
+// returns the usage per GPU UUID.
+func (s *extenderStack) checkAssignments(t *testing.T, pods []corev1.Pod, specs map[string]gpuPod) map[string]*gpuUse {
+	t.Helper()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	use := map[string]*gpuUse{}
+	gpuOf := map[string]*api.GPU{}
+	for _, inv := range s.nodes {
+		for i := range inv.GPUs {
+			gpuOf[inv.GPUs[i].UUID] = &inv.GPUs[i]
+			use[inv.GPUs[i].UUID] = &gpuUse{}
+		}
+	}
+	for _, p := range pods {
+		if p.Spec.NodeName == "" {
+			if _, ok := p.Annotations[api.AnnotationAssignment]; ok {
+				// an assignment without a binding holds nothing the node agent would honour
+				t.Logf("pod %s is unbound but carries an assignment annotation", p.Name)
+			}
+			continue
+		}
+		spec, known := specs[p.Name]
+		raw, ok := p.Annotations[api.AnnotationAssignment]
+		if !ok {
+			t.Errorf("pod %s is bound to %s without a %s annotation", p.Name, p.Spec.NodeName, api.AnnotationAssignment)
+			continue
+		}
+		a, err := api.DecodeAssignment([]byte(raw))
+		if err != nil {
+			t.Errorf("pod %s: %v", p.Name, err)
+			continue
+		}
+		if a.Node != p.Spec.NodeName {
+			t.Errorf("pod %s is bound to %s but its assignment names node %s", p.Name, p.Spec.NodeName, a.Node)
+		}
+		inv := s.nodes[p.Spec.NodeName]
+		c := a.Container("main")
+		if c == nil || len(a.Containers) != 1 {
+			t.Errorf("pod %s: assignment %s does not hold exactly container main", p.Name, raw)
+			continue
+		}
+		if known {
+			want := spec.whole + spec.shares
+			if len(c.Devices) != want {
+				t.Errorf("pod %s asked for %d whole GPUs and %d shares, got %d devices: %s", p.Name, spec.whole, spec.shares, len(c.Devices), raw)
+			}
+		}
+		for _, d := range c.Devices {
+			g := gpuOf[d.UUID]
+			if g == nil || inv == nil || inv.GPUByUUID(d.UUID) == nil {
+				t.Errorf("pod %s on %s is assigned GPU %s, which that node does not have", p.Name, p.Spec.NodeName, d.UUID)
+				continue
+			}
+			u := use[d.UUID]
+			if d.Whole {
+				if known && spec.whole == 0 {
+					t.Errorf("pod %s asked for shares but got GPU %s whole", p.Name, d.UUID)
+				}
+				u.whole = append(u.whole, p.Name)
+				continue
+			}
+			if known {
+				if spec.whole > 0 {
+					t.Errorf("pod %s asked for whole GPUs but got a share of %s", p.Name, d.UUID)
+				}
+				wantMem := spec.memory
+				if spec.memoryPct > 0 {
+					wantMem = g.MemoryBytes * int64(spec.memoryPct) / 100
+				}
+				if d.MemoryBytes != wantMem {
+					t.Errorf("pod %s: share on %s has %d bytes, asked for %d", p.Name, d.UUID, d.MemoryBytes, wantMem)
+				}
+				if d.CoresPercent != spec.cores {
+					t.Errorf("pod %s: share on %s has %d%% cores, asked for %d%%", p.Name, d.UUID, d.CoresPercent, spec.cores)
+				}
+			}
+			u.shares = append(u.shares, p.Name)
+			u.memory += d.MemoryBytes
+			u.cores += d.CoresPercent
+		}
+	}
+	for uuid, u := range use {
+		g := gpuOf[uuid]
+		switch {
+		case len(u.whole) > 1:
+			t.Errorf("GPU %s is held whole by %d pods: %v", uuid, len(u.whole), u.whole)
+		case len(u.whole) == 1 && len(u.shares) > 0:
+			t.Errorf("GPU %s is held whole by %s and shared by %v", uuid, u.whole[0], u.shares)
+		}
+		if u.memory > g.MemoryBytes {
+			t.Errorf("GPU %s is over-committed: shares hold %d bytes of %d (%v)", uuid, u.memory, g.MemoryBytes, u.shares)
+		}
+		if u.cores > api.MaxCoresPercent {
+			t.Errorf("GPU %s is over-committed: shares hold %d%% of its cores (%v)", uuid, u.cores, u.shares)
+		}
+	}
+	return use
+}
+
+// TestExtenderPlacement: shares (with byte and percent memory caps), whole GPUs and n shares across
+// n GPUs are bound by the extender with assignments that match the requests, and no GPU is
+// over-committed; a pod without GPU requests is scheduled without the extender.
+func TestExtenderPlacement(t *testing.T) {
+	s := startExtenderStack(t)
+	const pool = "placement"
+	for _, n := range []string{"place-a", "place-b"} {
+		s.addNode(t, gpuNode{name: n, pool: pool, gpus: 8, memory: 40 * gib, sharesPerGPU: 4})
+	}
+	specs := map[string]gpuPod{}
+	// Phases keep the demand feasible whatever the placement policy prefers: whole GPUs first (7 of
+	// 16, so one node keeps at least 5 free), then shares across several GPUs, then single shares.
+	phases := [][]gpuPod{{
+		{name: "whole-1", pool: pool, whole: 1},
+		{name: "whole-2", pool: pool, whole: 2},
+		{name: "whole-4", pool: pool, whole: 4},
+	}, {
+		{name: "multi-5", pool: pool, shares: 5, memory: 8 * gib, cores: 20},
+		{name: "multi-3", pool: pool, shares: 3, memory: 4 * gib, cores: 10},
+	}, {
+		{name: "share-pct", pool: pool, shares: 1, memoryPct: 50, cores: 30},
+		{name: "share-uncapped", pool: pool, shares: 1, memory: 5 * gib},
+	}}
+	for i := 0; i < 6; i++ {
+		phases[2] = append(phases[2], gpuPod{name: fmt.Sprintf("share-%d", i), pool: pool, shares: 1, memory: 6 * gib, cores: 10})
+	}
+	var bound []corev1.Pod
+	for _, phase := range phases {
+		var names []string
+		for _, p := range phase {
+			s.createPod(t, p)
+			specs[p.name] = p
+			names = append(names, p.name)
+		}
+		bound = s.waitBound(t, pool, names, time.Minute)
+	}
+	use := s.checkAssignments(t, bound, specs)
+	whole := 0
+	for _, u := range use {
+		whole += len(u.whole)
+	}
+	if whole != 7 {
+		t.Errorf("%d GPUs are held whole, want 7", whole)
+	}
+
+	// A pod without GPU requests is not the extender's: the scheduler places it alone.
+	plain := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "plain", Namespace: s.ns},
+		Spec: corev1.PodSpec{NodeSelector: map[string]string{api.LabelPool: pool},
+			Containers: []corev1.Container{{Name: "main", Image: "registry.k8s.io/pause:3.10"}}}}
+	if _, err := s.Client.CoreV1().Pods(s.ns).Create(context.Background(), plain, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	err := waitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
+		p, err := s.Client.CoreV1().Pods(s.ns).Get(context.Background(), "plain", metav1.GetOptions{})
+		return err == nil && p.Spec.NodeName != "", err
+	})
+	if err != nil {
+		t.Fatalf("plain pod not scheduled: %v", err)
+	}
+	if strings.Contains(s.Extender.LogTail(1000), "plain") {
+		t.Logf("note: the extender's log mentions the plain pod (managedResources should keep it away)")
+	}
+}
+
+// TestExtenderUnschedulable: pods that cannot fit stay unbound with PodScheduled=False and the
+// extender's per-node reason in the message (and in a FailedScheduling event), while the pods that
+// fit are bound; a pod the node's capacity could hold in count but not in GPU memory is refused.
+func TestExtenderUnschedulable(t *testing.T) {
+	s := startExtenderStack(t)
+	const pool = "small"
+	// 2 GPUs x 40 GiB; 8 share tokens per GPU, so the scheduler's own count never says no first
+	s.addNode(t, gpuNode{name: "small-a", pool: pool, gpus: 2, memory: 40 * gib, sharesPerGPU: 8})
+	specs := map[string]gpuPod{}
+	create := func(p gpuPod) {
+		specs[p.name] = p
+		s.createPod(t, p)
+	}
+
+	// static misfits: more distinct GPUs than the node has; more memory per share than a GPU has
+	create(gpuPod{name: "too-many-shares", pool: pool, shares: 3, memory: gib, cores: 10})
+	create(gpuPod{name: "too-much-memory", pool: pool, shares: 1, memory: 48 * gib, cores: 10})
+	m1 := s.waitUnschedulable(t, "too-many-shares", "0/1 nodes are available", "3 distinct GPUs")
+	m2 := s.waitUnschedulable(t, "too-much-memory", "0/1 nodes are available", "49152 MiB")
+	t.Logf("too-many-shares: %s", m1)
+	t.Logf("too-much-memory: %s", m2)
+	for _, c := range []struct{ pod, msg string }{{"too-many-shares", m1}, {"too-much-memory", m2}} {
+		// the scheduler's own reasons would name the resource ("Insufficient tessera.dev/vgpu");
+		// the extender's reason is its own sentence
+		if strings.Contains(c.msg, "Insufficient") || !strings.Contains(strings.ToLower(c.msg), "gpu") {
+			t.Errorf("pod %s: message does not carry the extender's reason: %q", c.pod, c.msg)
+		}
+	}
+
+	// fill GPU memory with shares: 4 x 20 GiB fit (2 per GPU), the 5th does not
+	var names []string
+	for i := 0; i < 4; i++ {
+		n := fmt.Sprintf("fill-%d", i)
+		create(gpuPod{name: n, pool: pool, shares: 1, memory: 20 * gib, cores: 10})
+		names = append(names, n)
+	}
+	s.waitBound(t, pool, names, time.Minute)
+	create(gpuPod{name: "no-memory-left", pool: pool, shares: 1, memory: 20 * gib, cores: 10})
+	m3 := s.waitUnschedulable(t, "no-memory-left", "0/1 nodes are available", "20480 MiB")
+	t.Logf("no-memory-left: %s", m3)
+	// both GPUs now carry shares, so no GPU can be given whole
+	create(gpuPod{name: "whole-on-shared", pool: pool, whole: 1})
+	m4 := s.waitUnschedulable(t, "whole-on-shared", "0/1 nodes are available", "locked to shares")
+	t.Logf("whole-on-shared: %s", m4)
+	for _, c := range []struct{ pod, msg string }{{"no-memory-left", m3}, {"whole-on-shared", m4}} {
+		if strings.Contains(c.msg, "Insufficient") {
+			t.Errorf("pod %s was refused by the scheduler's own count, not by the extender: %q", c.pod, c.msg)
+		}
+	}
+	if ev := s.schedulingEvents(t, "no-memory-left"); len(ev) == 0 {
+		t.Errorf("no FailedScheduling event for no-memory-left")
+	} else if !strings.Contains(ev[len(ev)-1], "0/1 nodes are available") {
+		t.Errorf("FailedScheduling event for no-memory-left: %q", ev[len(ev)-1])
+	}
+	s.checkAssignments(t, s.poolPods(t, pool), specs)
+
+	// freeing a GPU's shares lets the waiting pods in
+	for _, p := range s.poolPods(t, pool) {
+		if strings.HasPrefix(p.Name, "fill-") {
+			if err := s.Client.CoreV1().Pods(s.ns).Delete(context.Background(), p.Name, metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	delete(specs, "fill-0")
+	delete(specs, "fill-1")
+	delete(specs, "fill-2")
+	delete(specs, "fill-3")
+	bound := s.waitBound(t, pool, []string{"no-memory-left", "whole-on-shared"}, time.Minute)
+	s.checkAssignments(t, bound, specs)
+}
+
+// TestExtenderRestart: the extender is killed (SIGKILL, then SIGTERM) and started again while pods
+// are being created. Demand equals capacity exactly (every GPU's memory and cores), so a lost
+// decision would leave a pod unbound for good and a forgotten one would over-commit a GPU: all pods
+// must be bound eventually with no GPU over-committed, and one more pod must then stay unbound.
+func TestExtenderRestart(t *testing.T) {
+	knownBug(t, "tessera-extender uses client-go's default 5 QPS / 10 burst: a burst of ~30 pods livelocks its binds "+
+		"(each over the scheduler's 5 s extender timeout) and starves its leader-election renewals; once it loses "+
+		"the lease it never campaigns again (see the e2e report)")
+	s := startExtenderStack(t)
+	const pool = "restart"
+	// 2 nodes x 4 GPUs x 40 GiB; 16 share tokens per GPU: memory and cores bind, not the token count
+	for _, n := range []string{"restart-a", "restart-b"} {
+		s.addNode(t, gpuNode{name: n, pool: pool, gpus: 4, memory: 40 * gib, sharesPerGPU: 16})
+	}
+	const total = 32 // 8 GPUs x 4 shares of 10 GiB and 25% each
+	specs := map[string]gpuPod{}
+	var names []string
+	for i := 0; i < total; i++ {
+		p := gpuPod{name: fmt.Sprintf("r-%02d", i), pool: pool, shares: 1, memory: 10 * gib, cores: 25}
+		specs[p.name] = p
+		names = append(names, p.name)
+	}
+	killAt := map[int]func(){
+		6:  func() { t.Log("killing the extender (SIGKILL)"); s.Extender.Kill(t) },
+		10: func() { t.Log("starting the extender"); s.Extender.Start(t) },
+		18: func() { t.Log("stopping the extender (SIGTERM)"); s.Extender.Stop(t) },
+		21: func() { t.Log("starting the extender"); s.Extender.Start(t) },
+	}
+	for i, n := range names {
+		if f := killAt[i]; f != nil {
+			f()
+		}
+		s.createPod(t, specs[n])
+		time.Sleep(100 * time.Millisecond) // a stream of pods, so that restarts land mid-stream
+	}
+	s.waitExtender(t)
+	bound := s.waitBound(t, pool, names, 90*time.Second)
+	use := s.checkAssignments(t, bound, specs)
+	for uuid, u := range use {
+		if len(u.shares) != 4 {
+			t.Errorf("GPU %s holds %d shares, want 4 (demand equals capacity)", uuid, len(u.shares))
+		}
+	}
+	if t.Failed() {
+		return
+	}
+	// full: one more share must not fit anywhere
+	extra := gpuPod{name: "r-extra", pool: pool, shares: 1, memory: 10 * gib, cores: 25}
+	specs[extra.name] = extra
+	s.createPod(t, extra)
+	msg := s.waitUnschedulable(t, extra.name, "0/2 nodes are available")
+	t.Logf("r-extra: %s", msg)
+	s.checkAssignments(t, s.poolPods(t, pool), specs)
+	if _, err := s.Client.CoreV1().Pods(s.ns).Get(context.Background(), extra.name, metav1.GetOptions{}); apierrors.IsNotFound(err) {
+		t.Errorf("r-extra disappeared")
+	}
+}
