@@ -89,6 +89,9 @@ type ExtenderConfig struct {
 	// ManagedResources are the resources that make a pod interesting to the extender; default
 	// TesseraManagedResources.
 	ManagedResources []ManagedResource
+	// NodeCacheCapable makes the scheduler send node names only, not whole Node objects (the
+	// extender then relies on its own node informer, as deploy/helm configures it).
+	NodeCacheCapable bool
 }
 
 // ManagedResource is one `managedResources` entry of an extender.
@@ -290,7 +293,7 @@ leaderElection:
 		if !e.NoBind {
 			fmt.Fprintf(&b, "  bindVerb: %s\n", verb(e.BindVerb, "bind"))
 		}
-		fmt.Fprintf(&b, "  weight: %d\n  enableHTTPS: false\n  nodeCacheCapable: false\n  ignorable: %t\n", weight, e.Ignorable)
+		fmt.Fprintf(&b, "  weight: %d\n  enableHTTPS: false\n  nodeCacheCapable: %t\n  ignorable: %t\n", weight, e.NodeCacheCapable, e.Ignorable)
 		if e.HTTPTimeout > 0 {
 			fmt.Fprintf(&b, "  httpTimeout: %s\n", e.HTTPTimeout)
 		}

@@ -53,12 +53,14 @@ type extenderStack struct {
 
 // startExtenderStack starts the control plane with the scheduler configured for the extender, then
 // the extender itself, and waits until it accepts connections.
-func startExtenderStack(t *testing.T) *extenderStack {
+// nodeCache selects the scheduler's nodeCacheCapable (node names only) against whole Node objects.
+func startExtenderStack(t *testing.T, nodeCache bool) *extenderStack {
 	t.Helper()
+	t0 := time.Now()
 	bin := tesseraBinary(t, "tessera-extender")
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	// weight 5 as in deploy/helm/tessera/templates/scheduler.yaml
-	cp := StartControlPlane(t, ControlPlaneOptions{Extender: &ExtenderConfig{URLPrefix: "http://" + addr, Weight: 5}})
+	cp := StartControlPlane(t, ControlPlaneOptions{Extender: &ExtenderConfig{URLPrefix: "http://" + addr, Weight: 5, NodeCacheCapable: nodeCache}})
 	kc := cp.MintKubeconfig(t, "tessera-extender", CertSpec{CommonName: "tessera-extender", Organizations: []string{"system:masters"}})
 	cfg := filepath.Join(cp.Dir, "extender-config.yaml")
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("apiVersion: %s\nkind: %s\npolicy: %s\nreservationTTL: 30s\n",
@@ -68,6 +70,7 @@ func startExtenderStack(t *testing.T) *extenderStack {
 	s := &extenderStack{ControlPlane: cp, extenderAddr: addr, ns: metav1.NamespaceDefault, nodes: map[string]*api.NodeInventory{}}
 	s.Extender = cp.StartProcess(t, "tessera-extender", bin, "--kubeconfig", kc, "--listen", addr, "--config", cfg, "--log-level=debug")
 	s.waitExtender(t)
+	t.Logf("control plane and tessera-extender up in %.1fs (nodeCacheCapable %t)", time.Since(t0).Seconds(), nodeCache)
 	return s
 }
 
@@ -479,7 +482,7 @@ func (s *extenderStack) checkAssignments(t *testing.T, pods []corev1.Pod, specs 
 // n GPUs are bound by the extender with assignments that match the requests, and no GPU is
 // over-committed; a pod without GPU requests is scheduled without the extender.
 func TestExtenderPlacement(t *testing.T) {
-	s := startExtenderStack(t)
+	s := startExtenderStack(t, false)
 	const pool = "placement"
 	for _, n := range []string{"place-a", "place-b"} {
 		s.addNode(t, gpuNode{name: n, pool: pool, gpus: 8, memory: 40 * gib, sharesPerGPU: 4})
@@ -509,7 +512,9 @@ func TestExtenderPlacement(t *testing.T) {
 			specs[p.name] = p
 			names = append(names, p.name)
 		}
+		t0 := time.Now()
 		bound = s.waitBound(t, pool, names, time.Minute)
+		t.Logf("%d pods bound in %.1fs", len(names), time.Since(t0).Seconds())
 	}
 	use := s.checkAssignments(t, bound, specs)
 	whole := 0
@@ -534,8 +539,9 @@ func TestExtenderPlacement(t *testing.T) {
 	if err != nil {
 		t.Fatalf("plain pod not scheduled: %v", err)
 	}
-	if strings.Contains(s.Extender.LogTail(1000), "plain") {
-		t.Logf("note: the extender's log mentions the plain pod (managedResources should keep it away)")
+	// the extender logs every filter call at debug level
+	if log, _ := os.ReadFile(s.Extender.Log); strings.Contains(string(log), `"default/plain"`) {
+		t.Errorf("the scheduler consulted the extender for a pod without GPU requests (managedResources)")
 	}
 }
 
@@ -543,7 +549,7 @@ func TestExtenderPlacement(t *testing.T) {
 // extender's per-node reason in the message (and in a FailedScheduling event), while the pods that
 // fit are bound; a pod the node's capacity could hold in count but not in GPU memory is refused.
 func TestExtenderUnschedulable(t *testing.T) {
-	s := startExtenderStack(t)
+	s := startExtenderStack(t, true)
 	const pool = "small"
 	// 2 GPUs x 40 GiB; 8 share tokens per GPU, so the scheduler's own count never says no first
 	s.addNode(t, gpuNode{name: "small-a", pool: pool, gpus: 2, memory: 40 * gib, sharesPerGPU: 8})
@@ -560,6 +566,10 @@ func TestExtenderUnschedulable(t *testing.T) {
 	m2 := s.waitUnschedulable(t, "too-much-memory", "0/1 nodes are available", "49152 MiB")
 	t.Logf("too-many-shares: %s", m1)
 	t.Logf("too-much-memory: %s", m2)
+	// an invalid request is refused with the parser's reason, never rounded
+	create(gpuPod{name: "cores-150", pool: pool, shares: 1, memory: gib, cores: 150})
+	m0 := s.waitUnschedulable(t, "cores-150", "0/1 nodes are available", api.ResourceShareCores)
+	t.Logf("cores-150: %s", m0)
 	for _, c := range []struct{ pod, msg string }{{"too-many-shares", m1}, {"too-much-memory", m2}} {
 		// the scheduler's own reasons would name the resource ("Insufficient tessera.dev/vgpu");
 		// the extender's reason is its own sentence
@@ -587,6 +597,23 @@ func TestExtenderUnschedulable(t *testing.T) {
 		if strings.Contains(c.msg, "Insufficient") {
 			t.Errorf("pod %s was refused by the scheduler's own count, not by the extender: %q", c.pod, c.msg)
 		}
+	}
+	// the extender's own Warning Event says why, too
+	err := waitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
+		l, err := s.Client.CoreV1().Events(s.ns).List(context.Background(), metav1.ListOptions{FieldSelector: fields.AndSelectors(
+			fields.OneTermEqualSelector("involvedObject.name", "too-many-shares"), fields.OneTermEqualSelector("source", "tessera-extender")).String()})
+		if err != nil {
+			return false, err
+		}
+		for _, e := range l.Items {
+			if e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, "3 distinct GPUs") {
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("events from tessera-extender: %+v", l.Items)
+	})
+	if err != nil {
+		t.Errorf("no Warning Event from tessera-extender on too-many-shares: %v", err)
 	}
 	if ev := s.schedulingEvents(t, "no-memory-left"); len(ev) == 0 {
 		t.Errorf("no FailedScheduling event for no-memory-left")
@@ -619,7 +646,7 @@ func TestExtenderRestart(t *testing.T) {
 	knownBug(t, "tessera-extender uses client-go's default 5 QPS / 10 burst: a burst of ~30 pods livelocks its binds "+
 		"(each over the scheduler's 5 s extender timeout) and starves its leader-election renewals; once it loses "+
 		"the lease it never campaigns again (see the e2e report)")
-	s := startExtenderStack(t)
+	s := startExtenderStack(t, true)
 	const pool = "restart"
 	// 2 nodes x 4 GPUs x 40 GiB; 16 share tokens per GPU: memory and cores bind, not the token count
 	for _, n := range []string{"restart-a", "restart-b"} {
