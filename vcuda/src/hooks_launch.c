@@ -12,19 +12,23 @@
  * cost = est(f) * blocks / SMs where est(f) is the measured device time of
  * one full wave (SMs blocks) of that function; so the same kernel costs the
  * same share of a 16-SM or a 132-SM GPU, and a grid smaller than the GPU is
- * charged for the SMs it occupies. est(f) is measured, not guessed: one
- * launch in SAMPLE_EVERY (and the first) is bracketed with two events and the
- * elapsed device time updates the estimate when the end event has completed
- * (polled, never waited for, except once per process to calibrate). Graph
+ * charged for the SMs it occupies. est(f) is measured, not guessed: the first
+ * launches of a function, then one about every SAMPLE_AGE, are bracketed
+ * with two events (behind a gate, see below) and the elapsed device time
+ * updates the estimate when the end event has completed (polled, never
+ * waited for, except once per process to calibrate). Graph
  * launches are measured per graph exec the same way (cost = est(exec)).
  *
- * Hot path when under the limit: a coarse clock read (vDSO, last tick), a
- * table lookup, one load and one fetch_add on tat. No lock, no syscall; a
- * sleep only when the container is over its share. When no GPU of the
- * container is limited (all at 100%), the hooks only forward.
+ * Hot path when under the limit: the device and capture state (two driver
+ * calls), a table lookup, loads of the remembered time and of tat, one
+ * fetch_add on tat; a clock is read only when tat gets near the remembered
+ * time. No lock, no syscall; a sleep only when the container is over its
+ * share. When no GPU of the container is limited (all at 100%), the hooks
+ * only forward.
  */
 #define _GNU_SOURCE
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "real.h"
@@ -34,6 +38,8 @@
 #define SLACK_NS 2000000ull    /* work admitted ahead of the clock */
 #define BURST_NS 20000000ull   /* credit earned by idling, at most */
 #define SAMPLE_EVERY 64
+#define SAMPLE_MAX 4096
+#define SAMPLE_AGE_NS 10000000ull
 #define EST_BITS 12
 
 #define ACTIVE() (vc_g.mode == VC_MODE_ENFORCE && !vc_exiting)
@@ -42,6 +48,7 @@
 typedef struct {
     _Atomic uint64_t key;
     _Atomic uint64_t est_ns;
+    _Atomic uint64_t sampled_at; /* last_now when last measured */
 } est_entry;
 static est_entry est_table[1u << EST_BITS];
 /* Fallback for keys not measured yet, per GPU: [0] kernels (ns per wave),
@@ -96,6 +103,19 @@ static void update_est(est_entry *e, int g, uint64_t v) {
     }
 }
 
+#define FACTOR_DEVS 256
+static _Atomic double kfactor[FACTOR_DEVS]; /* per device ordinal, 0 = not computed */
+
+/* The latest clock reading of any thread of this process: a lower bound of
+ * the current time that costs one load. */
+static _Atomic uint64_t last_now;
+static void remember_now(uint64_t now) {
+    uint64_t old = atomic_load_explicit(&last_now, memory_order_relaxed);
+    while (old < now && !atomic_compare_exchange_weak_explicit(&last_now, &old, now, memory_order_relaxed,
+                                                               memory_order_relaxed))
+        ;
+}
+
 static void charge_tat(int g, uint64_t cost_ns) {
     uint32_t p = vc_g.limits.gpu[g].cores;
     if (cost_ns)
@@ -127,7 +147,62 @@ typedef struct {
     int sample;
     int ptsz;
     CUstream stream;
+    struct gate *gate;
 } launch_ctx;
+
+/*
+ * A sample must time the kernel, not the host: on an idle GPU the start
+ * event would complete as soon as it is submitted, and the elapsed time would
+ * include the host's launch overhead between the two events (a launch-bound
+ * container would be charged for GPU time it never used). So a sampled launch
+ * is gated: a host function at the head of the stream holds it until the
+ * start event, the kernel and the end event are all queued, then the device
+ * runs them back to back. The gate opens within microseconds; the host
+ * function gives up after GATE_MAX_NS in any case, so the stream can never be
+ * held for long (e.g. if the launch blocks on a full queue).
+ */
+#define GATE_MAX_NS 5000000ull
+struct gate {
+    _Atomic int open;
+};
+static void gate_wait(void *p) {
+    struct gate *gt = p;
+    uint64_t start = 0;
+    for (unsigned i = 0; !atomic_load_explicit(&gt->open, memory_order_acquire); i++) {
+        if (i < 2000) {
+            VC_CPU_RELAX();
+            continue;
+        }
+        uint64_t now = vc_now_ns();
+        if (!start)
+            start = now;
+        else if (now - start > GATE_MAX_NS)
+            break;
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+    free(gt); /* the host function runs exactly once and owns the gate */
+}
+
+static struct gate *gate_close(launch_ctx *lc) {
+    CUresult (*fn)(CUstream, void (*)(void *), void *) =
+        lc->ptsz && vc_real.cuLaunchHostFunc_ptsz ? vc_real.cuLaunchHostFunc_ptsz : vc_real.cuLaunchHostFunc;
+    struct gate *gt = fn ? malloc(sizeof(*gt)) : NULL;
+    if (!gt)
+        return NULL;
+    atomic_store(&gt->open, 0);
+    if (fn(lc->stream, gate_wait, gt) != CUDA_SUCCESS) {
+        free(gt);
+        return NULL; /* sample ungated */
+    }
+    return gt;
+}
+
+static void gate_open(launch_ctx *lc) {
+    if (lc->gate)
+        atomic_store_explicit(&lc->gate->open, 1, memory_order_release);
+    lc->gate = NULL;
+}
 
 static int ensure_events(void) {
     CUcontext cur = NULL;
@@ -182,30 +257,44 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int gra
         return;
 
     harvest(0);
-    uint64_t sms = (uint64_t)vc_dev_sms(dev);
+    /* tat advance per ns of estimate: 100 / (SMs * p) per block for a
+     * kernel, 100 / p for a graph; floating point, since two 64-bit
+     * divisions per launch cost more than the rest of the hot path. */
+    double kf = dev >= 0 && dev < FACTOR_DEVS ? atomic_load_explicit(&kfactor[dev], memory_order_relaxed) : 0;
+    if (VC_UNLIKELY(kf == 0)) {
+        kf = 100.0 / ((double)vc_dev_sms(dev) * p);
+        if (dev >= 0 && dev < FACTOR_DEVS)
+            atomic_store_explicit(&kfactor[dev], kf, memory_order_relaxed);
+    }
     est_entry *e = est_get(key);
     uint64_t own = e ? atomic_load_explicit(&e->est_ns, memory_order_relaxed) : 0;
     uint64_t est = own ? own : atomic_load_explicit(&est_global[g][graph], memory_order_relaxed);
-    uint64_t cost = graph ? est : (blocks ? est * blocks / sms : est);
+    uint64_t inc = (uint64_t)((double)est * (graph || !blocks ? 100.0 / p : (double)blocks * kf));
 
-    /* Admission. The coarse clock (a vDSO read of the last tick) is never
-     * ahead of the real one, so "admit" decided on it is right; only when
-     * it says "wait" is the precise clock read. */
+    /* Admission: wait while tat is more than SLACK ahead of the clock.
+     * Any time value read earlier is a lower bound of "now", so deciding
+     * "admit" on it is safe: first try the last value any thread of this
+     * process read (no clock read at all), then the coarse clock (a vDSO
+     * read of the last tick), and only when both say "wait" the precise
+     * clock. Idle credit is forfeited only against a fresh reading; every
+     * reading is followed by that check, so between readings at most
+     * BURST + SLACK can be admitted, as with a precise clock. */
     _Atomic uint64_t *tat = &vc_region_gpu_rec(g)->tat;
-    uint64_t now = vc_now_coarse_ns(), slept = 0;
-    int precise = 0;
+    uint64_t now = atomic_load_explicit(&last_now, memory_order_relaxed), slept = 0;
+    int fresh = 0; /* 0: remembered, 1: coarse, 2: precise */
     for (;;) {
         uint64_t t = atomic_load_explicit(tat, memory_order_relaxed);
-        if (t + BURST_NS < now) {
+        if (fresh && t + BURST_NS < now) {
             /* Idle for a while: forfeit credit beyond BURST. */
             atomic_compare_exchange_strong(tat, &t, now - BURST_NS);
             continue;
         }
         if (t <= now + SLACK_NS)
             break;
-        if (!precise) {
-            precise = 1;
-            now = vc_now_ns();
+        if (fresh < 2) {
+            now = fresh == 0 ? vc_now_coarse_ns() : vc_now_ns();
+            fresh++;
+            remember_now(now);
             continue;
         }
         uint64_t wait = t - now - SLACK_NS;
@@ -214,22 +303,35 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int gra
         uint64_t after = vc_now_ns();
         slept += after - now;
         now = after;
+        remember_now(now);
     }
     if (slept)
         vc_region_add_throttle(g, slept);
-    charge_tat(g, cost);
+    if (inc)
+        atomic_fetch_add_explicit(tat, inc, memory_order_relaxed);
 
-    /* Measure a key until it has its own estimate, then one launch in
-     * SAMPLE_EVERY (per thread) to follow changes. */
-    if (!tls.pending && (!own || ++tls.launches % SAMPLE_EVERY == 0) && ensure_events() == 0) {
-        if (record(lc, tls.ev[0]) == CUDA_SUCCESS) {
+    /* Measure a key until it has its own estimate; then, to follow changes,
+     * again when it was last measured SAMPLE_AGE ago (checked every
+     * SAMPLE_EVERY launches of the thread, on the remembered time), and in
+     * any case every SAMPLE_MAX launches. */
+    uint32_t n = ++tls.launches;
+    int due = !own || n % SAMPLE_MAX == 0 ||
+              (n % SAMPLE_EVERY == 0 &&
+               (!e || now - atomic_load_explicit(&e->sampled_at, memory_order_relaxed) >= SAMPLE_AGE_NS));
+    if (!tls.pending && due && ensure_events() == 0) {
+        if (e)
+            atomic_store_explicit(&e->sampled_at, now, memory_order_relaxed);
+        lc->gate = gate_close(lc);
+        if (record(lc, tls.ev[0]) != CUDA_SUCCESS) {
+            gate_open(lc);
+        } else {
             lc->sample = 1;
             tls.g = g;
             tls.key = key;
             tls.blocks = blocks;
-            tls.sms = sms;
+            tls.sms = (uint64_t)vc_dev_sms(dev);
             tls.graph = graph;
-            tls.charged_ns = cost;
+            tls.charged_ns = graph || !blocks ? est : est * blocks / tls.sms;
         }
     }
 }
@@ -237,7 +339,9 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int gra
 static void after_launch(launch_ctx *lc, CUresult r) {
     if (!lc->sample)
         return;
-    if (r != CUDA_SUCCESS || record(lc, tls.ev[1]) != CUDA_SUCCESS)
+    int ok = r == CUDA_SUCCESS && record(lc, tls.ev[1]) == CUDA_SUCCESS;
+    gate_open(lc);
+    if (!ok)
         return;
     tls.pending = 1;
     /* Nothing known yet for this GPU: calibrate once, synchronously, rather
@@ -253,7 +357,7 @@ static void after_launch(launch_ctx *lc, CUresult r) {
 
 #define LAUNCH_BODY(fn, ptsz_, key, blocks, graph, stream_, call)                                  \
     PROLOGUE(fn);                                                                                  \
-    launch_ctx lc = {.ptsz = (ptsz_), .stream = (stream_)};                                        \
+    launch_ctx lc = {.ptsz = (ptsz_), .stream = (stream_), .gate = NULL};                          \
     before_launch(&lc, (uint64_t)(uintptr_t)(key), (blocks), (graph));                             \
     CUresult r = call;                                                                             \
     after_launch(&lc, r);                                                                          \

@@ -35,6 +35,8 @@
     X(cuEventRecord, (CUevent, CUstream))                                                          \
     X(cuEventRecord_ptsz, (CUevent, CUstream))                                                     \
     X(cuEventQuery, (CUevent))                                                                     \
+    X(cuLaunchHostFunc, (CUstream, void (*)(void *), void *))                                      \
+    X(cuLaunchHostFunc_ptsz, (CUstream, void (*)(void *), void *))                                 \
     X(cuEventSynchronize, (CUevent))                                                               \
     X(cuEventElapsedTime, (float *, CUevent, CUevent))                                             \
     X(cuEventDestroy_v2, (CUevent))                                                                \

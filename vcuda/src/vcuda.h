@@ -42,6 +42,14 @@ static inline uint64_t vc_now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+#if defined(__x86_64__) || defined(__i386__)
+#define VC_CPU_RELAX() __builtin_ia32_pause()
+#elif defined(__aarch64__)
+#define VC_CPU_RELAX() __asm__ __volatile__("yield" ::: "memory")
+#else
+#define VC_CPU_RELAX() ((void)0)
+#endif
+
 /* Last timer tick (vDSO, no hardware clock read): never ahead of
  * vc_now_ns(), behind it by at most one tick. */
 static inline uint64_t vc_now_coarse_ns(void) {

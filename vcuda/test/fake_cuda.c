@@ -734,14 +734,144 @@ EXPORT CUresult cuExternalMemoryGetMappedBuffer(CUdeviceptr *p, CUexternalMemory
     return CUDA_SUCCESS;
 }
 
+/* ---- host functions ----
+ * cuLaunchHostFunc holds the device's queue (for this process) until the
+ * function returns: work and events enqueued meanwhile are scheduled when
+ * it does, back to back, as on a real stream. A worker thread runs the
+ * functions in order. */
+
+typedef struct {
+    _Atomic uint64_t ts; /* UINT64_MAX while held behind a host function */
+    int recorded;
+} fake_event;
+static void schedule(int d, uint64_t dur);
+static void schedule_at(int d, uint64_t dur, uint64_t now);
+
+typedef struct held_item {
+    uint64_t dur;      /* launch: device time */
+    fake_event *ev;    /* or an event to timestamp */
+} held_item;
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
+static int held[FAKE_MAX_DEVS];
+static held_item *items[FAKE_MAX_DEVS];
+static int nitems[FAKE_MAX_DEVS], capitems[FAKE_MAX_DEVS];
+typedef struct hostjob {
+    void (*fn)(void *);
+    void *data;
+    int dev;
+    struct hostjob *next;
+} hostjob;
+static hostjob *jobs_head, *jobs_tail;
+static pid_t worker_pid;
+
+static void push_item(int d, uint64_t dur, fake_event *ev) {
+    if (nitems[d] == capitems[d]) {
+        capitems[d] = capitems[d] ? 2 * capitems[d] : 64;
+        items[d] = realloc(items[d], sizeof(held_item) * (size_t)capitems[d]);
+    }
+    items[d][nitems[d]].dur = dur;
+    items[d][nitems[d]].ev = ev;
+    nitems[d]++;
+}
+static int hold_launch(int d, uint64_t dur) {
+    if (!__atomic_load_n(&held[d], __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&hold_mu);
+    int h = held[d];
+    if (h)
+        push_item(d, dur, NULL);
+    pthread_mutex_unlock(&hold_mu);
+    return h;
+}
+static int hold_event(int d, fake_event *ev) {
+    if (!__atomic_load_n(&held[d], __ATOMIC_ACQUIRE))
+        return 0;
+    pthread_mutex_lock(&hold_mu);
+    int h = held[d];
+    if (h) {
+        atomic_store(&ev->ts, UINT64_MAX);
+        push_item(d, 0, ev);
+    }
+    pthread_mutex_unlock(&hold_mu);
+    return h;
+}
+static void *worker(void *arg) {
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&hold_mu);
+        while (!jobs_head)
+            pthread_cond_wait(&hold_cv, &hold_mu);
+        hostjob *j = jobs_head;
+        jobs_head = j->next;
+        if (!jobs_head)
+            jobs_tail = NULL;
+        pthread_mutex_unlock(&hold_mu);
+        j->fn(j->data);
+        pthread_mutex_lock(&hold_mu);
+        int d = j->dev;
+        if (--held[d] == 0) {
+            /* The device runs the held work back to back from now: one clock
+             * reading for all of it, so events bracket exactly the work
+             * between them. */
+            uint64_t now = now_ns();
+            for (int i = 0; i < nitems[d]; i++) {
+                if (items[d][i].ev) {
+                    uint64_t b = atomic_load(&F.sh->dev[d].busy_until);
+                    atomic_store(&items[d][i].ev->ts, b > now ? b : now);
+                } else {
+                    schedule_at(d, items[d][i].dur, now);
+                }
+            }
+            nitems[d] = 0;
+        }
+        pthread_mutex_unlock(&hold_mu);
+        free(j);
+    }
+    return NULL;
+}
+EXPORT CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *data) {
+    int d = stream_dev(s);
+    if (d < 0 || !fn)
+        return CUDA_ERROR_INVALID_VALUE;
+    hostjob *j = calloc(1, sizeof(*j));
+    j->fn = fn;
+    j->data = data;
+    j->dev = d;
+    pthread_mutex_lock(&hold_mu);
+    if (worker_pid != getpid()) { /* first use, or a forked child */
+        pthread_t t;
+        worker_pid = getpid();
+        pthread_create(&t, NULL, worker, NULL);
+        pthread_detach(t);
+    }
+    held[d]++;
+    if (jobs_tail)
+        jobs_tail->next = j;
+    else
+        jobs_head = j;
+    jobs_tail = j;
+    pthread_cond_signal(&hold_cv);
+    pthread_mutex_unlock(&hold_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream s, void (*fn)(void *), void *data) {
+    return cuLaunchHostFunc(s, fn, data);
+}
+
 /* ---- launches and events ---- */
 
 static void run(int d, uint64_t blocks) {
     if (d < 0 || d >= F.ndev)
         return;
-    shared_dev *s = &F.sh->dev[d];
     uint64_t dur = F.wave_ns * blocks / (uint64_t)F.sms[d];
-    uint64_t now = now_ns(), b = atomic_load(&s->busy_until);
+    if (!hold_launch(d, dur))
+        schedule(d, dur);
+}
+static void schedule(int d, uint64_t dur) { schedule_at(d, dur, now_ns()); }
+static void schedule_at(int d, uint64_t dur, uint64_t now) {
+    shared_dev *s = &F.sh->dev[d];
+    uint64_t b = atomic_load(&s->busy_until);
     for (;;) {
         uint64_t start = b > now ? b : now;
         if (atomic_compare_exchange_weak(&s->busy_until, &b, start + dur))
@@ -815,10 +945,6 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
 }
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return cuGraphLaunch(e, s); }
 
-typedef struct {
-    uint64_t ts;
-    int recorded;
-} fake_event;
 EXPORT CUresult cuEventCreate(CUevent *e, unsigned flags) {
     (void)flags;
     if (!e)
@@ -839,9 +965,11 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
     if (capturing(s))
         ((fake_stream *)s)->violations++;
     fake_event *ev = (fake_event *)e;
-    uint64_t now = now_ns(), b = atomic_load(&F.sh->dev[d].busy_until);
-    ev->ts = b > now ? b : now; /* reached when the queue before it drains */
     ev->recorded = 1;
+    if (hold_event(d, ev))
+        return CUDA_SUCCESS;
+    uint64_t now = now_ns(), b = atomic_load(&F.sh->dev[d].busy_until);
+    atomic_store(&ev->ts, b > now ? b : now); /* reached when the queue before it drains */
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
@@ -849,23 +977,29 @@ EXPORT CUresult cuEventQuery(CUevent e) {
     fake_event *ev = (fake_event *)e;
     if (!ev)
         return CUDA_ERROR_INVALID_HANDLE;
-    return !ev->recorded || now_ns() >= ev->ts ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    return !ev->recorded || now_ns() >= atomic_load(&ev->ts) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 EXPORT CUresult cuEventSynchronize(CUevent e) {
     fake_event *ev = (fake_event *)e;
     if (!ev)
         return CUDA_ERROR_INVALID_HANDLE;
-    if (ev->recorded)
-        sleep_until(ev->ts);
+    if (!ev->recorded)
+        return CUDA_SUCCESS;
+    while (atomic_load(&ev->ts) == UINT64_MAX) {
+        struct timespec ts = {0, 10000};
+        nanosleep(&ts, NULL);
+    }
+    sleep_until(atomic_load(&ev->ts));
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
     fake_event *x = (fake_event *)a, *y = (fake_event *)b;
     if (!ms || !x || !y || !x->recorded || !y->recorded)
         return CUDA_ERROR_INVALID_HANDLE;
-    if (now_ns() < y->ts || now_ns() < x->ts)
+    uint64_t xt = atomic_load(&x->ts), yt = atomic_load(&y->ts);
+    if (now_ns() < yt || now_ns() < xt)
         return CUDA_ERROR_NOT_READY;
-    *ms = (float)((double)((int64_t)(y->ts - x->ts)) / 1e6);
+    *ms = (float)((double)((int64_t)(yt - xt)) / 1e6);
     return CUDA_SUCCESS;
 }
 
@@ -933,7 +1067,7 @@ static const proc procs[] = {
     PT(cuMemAllocFromPoolAsync), PT(cuMemFreeAsync), P(cuIpcGetMemHandle),
     PV("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2), P(cuIpcCloseMemHandle),
     P(cuImportExternalMemory), P(cuDestroyExternalMemory), P(cuExternalMemoryGetMappedBuffer),
-    PT(cuLaunchKernel), PT(cuLaunchKernelEx), PT(cuLaunchCooperativeKernel), PT(cuGraphLaunch),
+    PT(cuLaunchHostFunc), PT(cuLaunchKernel), PT(cuLaunchKernelEx), PT(cuLaunchCooperativeKernel), PT(cuGraphLaunch),
     P(cuGraphExecDestroy), P(cuEventCreate), PV("cuEventDestroy", cuEventDestroy_v2),
     PT(cuEventRecord), P(cuEventQuery), P(cuEventSynchronize), P(cuEventElapsedTime),
 };

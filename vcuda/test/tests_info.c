@@ -2,6 +2,7 @@
  * total = cap, used = the container's use (all processes), free = the rest. */
 #define _GNU_SOURCE
 #include <signal.h>
+#include <stdint.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -124,4 +125,37 @@ TEST(info_dead_process_not_shown) {
     CHECK(m.used == 0 && m.free == CAP0, "dead process still shown: used %llu", m.used);
     CHECK(region_used(0) == 0 && region_live_slots() == 0, "region %llu, %d slots",
           (unsigned long long)region_used(0), region_live_slots());
+}
+
+/* Every hook handed NULLs returns the driver's error, never crashes, and
+ * charges nothing. */
+TEST(info_null_arguments_never_crash) {
+    gpu_line g[2] = {{0, CAP0, 50}, {1, CAP1, 100}}; /* limiter on for device 0 */
+    setup_limits(g, 2);
+    ctx_on(0);
+    size_t pitch;
+    CHECK(cuMemAlloc_v2(NULL, MiB) != CUDA_SUCCESS, "alloc NULL");
+    CHECK(cuMemAllocManaged(NULL, MiB, 1) != CUDA_SUCCESS, "managed NULL");
+    CHECK(cuMemAllocPitch_v2(NULL, &pitch, 100, 100, 4) != CUDA_SUCCESS, "pitch NULL ptr");
+    CUdeviceptr d;
+    CHECK(cuMemAllocPitch_v2(&d, NULL, 100, 100, 4) != CUDA_SUCCESS, "pitch NULL pitch");
+    CHECK(cuArrayCreate_v2(NULL, NULL) != CUDA_SUCCESS, "array NULL");
+    CUarray a;
+    CHECK(cuArray3DCreate_v2(&a, NULL) != CUDA_SUCCESS, "array3d NULL desc");
+    CHECK(cuMipmappedArrayCreate(NULL, NULL, 1) != CUDA_SUCCESS, "mipmap NULL");
+    CUmemGenericAllocationHandle h;
+    CHECK(cuMemCreate(&h, MiB, NULL, 0) != CUDA_SUCCESS, "cuMemCreate NULL prop");
+    CHECK(cuMemAllocAsync(NULL, MiB, NULL) != CUDA_SUCCESS, "async NULL");
+    CHECK(cuMemAllocFromPoolAsync(&d, MiB, NULL, NULL) != CUDA_SUCCESS, "pool NULL pool");
+    CHECK(cuMemPoolCreate(NULL, NULL) != CUDA_SUCCESS, "pool create NULL");
+    CHECK(cuDeviceGetDefaultMemPool(NULL, 0) != CUDA_SUCCESS, "default pool NULL");
+    CUipcMemHandle ih;
+    memset(&ih, 0, sizeof(ih));
+    CHECK(cuIpcOpenMemHandle_v2(NULL, ih, 1) != CUDA_SUCCESS, "ipc NULL");
+    CHECK(cuImportExternalMemory(NULL, NULL) != CUDA_SUCCESS, "extmem NULL");
+    CHECK(cuLaunchKernelEx(NULL, (CUfunction)(uintptr_t)0x10, NULL, NULL) != CUDA_SUCCESS, "launch ex NULL");
+    CHECK(cuLaunchKernel(NULL, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL) != CUDA_SUCCESS, "launch NULL f");
+    CHECK(cuGraphLaunch(NULL, NULL) != CUDA_SUCCESS, "graph NULL");
+    CHECK(cuGetProcAddress_v2(NULL, NULL, 12000, 0, NULL) != CUDA_SUCCESS, "getproc NULL");
+    CHECK(region_used(0) == 0 && region_used(1) == 0, "charged %llu", (unsigned long long)region_used(0));
 }

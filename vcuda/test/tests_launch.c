@@ -213,3 +213,26 @@ TEST(limiter_skips_stream_capture) {
         CHECK_CU(cuLaunchKernel((CUfunction)(uintptr_t)0x7000, 64, 1, 1, 32, 1, 1, 0, s, NULL, NULL));
     CHECK(atomic_load(&rgpu(0)->throttled_ns) > 0, "not limited after capture");
 }
+
+/* Tiny kernels launched back to back: the device is mostly idle, waiting for
+ * the host. Samples are gated (the kernel runs right behind its start event),
+ * so the container is charged for the device time it uses, not for the
+ * host's launch overhead, and is not throttled below its share. */
+TEST(limiter_launch_bound_not_overcharged) {
+    setenv("FAKE_CUDA_SMS", "16", 1);
+    setenv("FAKE_CUDA_WAVE_NS", "10", 1); /* 10 ns a launch: far below the host's cost */
+    gpu_line g[1] = {{0, 1ull << 30, 50}};
+    setup_limits(g, 1);
+    ctx_on(0);
+    CUstream s;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    uint64_t t0 = now_ns(), n = 0;
+    while (now_ns() < t0 + 1000000000ull) {
+        CHECK_CU(cuLaunchKernel((CUfunction)(uintptr_t)0x8000, 16, 1, 1, 32, 1, 1, 0, s, NULL, NULL));
+        n++;
+    }
+    uint64_t dt = now_ns() - t0, th = atomic_load(&rgpu(0)->throttled_ns);
+    fprintf(stderr, "%llu launches in %.0f ms, throttled %.1f ms in %llu waits\n", (unsigned long long)n, dt / 1e6, th / 1e6,
+            (unsigned long long)atomic_load(&rgpu(0)->throttle_events));
+    CHECK(th < dt / 20, "a launch-bound loop was throttled %.1f ms of %.0f ms", th / 1e6, dt / 1e6);
+}
