@@ -82,7 +82,16 @@ func DecodeLimits(data []byte) (*Limits, error) {
 			header = true
 			continue
 		}
-		f := strings.Fields(line)
+		// Fields are separated by exactly one space or tab, as vcuda parses them.
+		f := strings.FieldsFunc(line, func(r rune) bool { return r == ' ' || r == '\t' })
+		if strings.Join(f, " ") != strings.Map(func(r rune) rune {
+			if r == '\t' {
+				return ' '
+			}
+			return r
+		}, line) {
+			return nil, fail("empty field (a doubled, leading or trailing separator)")
+		}
 		want := map[string]int{"container": 2, "region": 2, "gpu": 4}[f[0]]
 		if want == 0 {
 			return nil, fail("unknown keyword %q (expected container, region or gpu)", f[0])

@@ -46,6 +46,8 @@ func TestDecodeLimitsRejects(t *testing.T) {
 		{"memory 0", head + g + "0 10\n", "gpu[0].memory: must be at least 1 byte"},
 		{"duplicate gpu", head + g + "1 1\n" + g + "1 1\n", "gpu[1].uuid: duplicated GPU"},
 		{"no gpu", head, "gpu: must list 1 to 64 GPUs, got 0"},
+		{"double space", head + "gpu  " + testUUID(0) + " 1 1\n", "line 4: empty field"},
+		{"trailing tab", head + g + "1 1\t\n", "line 4: empty field"},
 		{"relative region", LimitsHeader + "\ncontainer c\nregion r\n" + g + "1 1\n", "region: must be an absolute path"},
 		{"no container", LimitsHeader + "\nregion /r\n" + g + "1 1\n", "container: must be a non-empty id"},
 	}

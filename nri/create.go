@@ -247,6 +247,15 @@ func (p *Plugin) addVCUDA(c *nriapi.Container, e *ledger.Entry, adj *nriapi.Cont
 			return fmt.Errorf("write the container's %s: %w", name, err)
 		}
 	}
+	// The accounting region is created here, empty and writable by any user: the container's
+	// processes may run as any UID, and vcuda initialises an empty region on first use.
+	region := filepath.Join(dir, "vcuda", "region")
+	if err := os.WriteFile(region, nil, 0o666); err != nil {
+		return fmt.Errorf("create the container's vcuda region: %w", err)
+	}
+	if err := os.Chmod(region, 0o666); err != nil {
+		return fmt.Errorf("create the container's vcuda region: %w", err)
+	}
 	ro := []string{"bind", "ro", "nosuid", "nodev"}
 	adj.AddMount(&nriapi.Mount{Source: filepath.Join(dir, "limits"), Destination: api.LimitsPathInContainer, Type: "bind", Options: ro})
 	adj.AddMount(&nriapi.Mount{Source: filepath.Join(dir, "ld.so.preload"), Destination: "/etc/ld.so.preload", Type: "bind", Options: ro})

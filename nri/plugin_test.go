@@ -200,6 +200,9 @@ func TestCreateContainer(t *testing.T) {
 	if _, err := api.DecodeLimits(limits); err != nil {
 		t.Errorf("limits file does not decode: %v", err)
 	}
+	if st, err := os.Stat(filepath.Join(e.dir, "state", "containers", "c-share", "vcuda", "region")); err != nil || st.Mode().Perm() != 0o666 {
+		t.Errorf("region file not pre-created writable for any container user: %v %v", st, err)
+	}
 	if _, ok := e.agent.Ledger().Get("c-share"); !ok || adj.GetAnnotations()[AnnotationLedgerEntry] == "" {
 		t.Errorf("no ledger entry / annotation")
 	}
