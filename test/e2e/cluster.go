@@ -297,6 +297,25 @@ func (c *Cluster) MustExec(t testing.TB, pod, script string) string {
 	return out
 }
 
+// ExecEventually is MustExec that retries for up to 30 s while exec fails: right after a kubelet
+// restart the kubelet answers "pod does not exist" until it has synced its pods again.
+func (c *Cluster) ExecEventually(t testing.TB, pod, script string) string {
+	t.Helper()
+	var out string
+	err := waitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
+		var err error
+		out, err = c.Exec(t, pod, "main", script)
+		if err != nil {
+			return false, fmt.Errorf("%v: %s", err, out)
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("exec in %s: %v", pod, err)
+	}
+	return out
+}
+
 // Pod returns a pod of the default namespace.
 func (c *Cluster) Pod(t testing.TB, name string) *corev1.Pod {
 	t.Helper()
@@ -473,6 +492,15 @@ func (c *Cluster) DeleteAllPods(t testing.TB) {
 		names = append(names, p.Name)
 	}
 	c.DeletePods(t, names...)
+}
+
+// Reset deletes every pod of the default namespace and waits until tessera-node holds nothing and
+// the Node offers every GPU again, whole and in shares.
+func (c *Cluster) Reset(t testing.TB) {
+	t.Helper()
+	c.DeleteAllPods(t)
+	c.WaitLedgerEmpty(t)
+	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: SimWholeGPUs, api.ResourceShare: SimShares})
 }
 
 // ContainerID returns the CRI id of a pod's running container (crictl), "" when there is none.

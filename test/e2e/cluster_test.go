@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/tessera-gpu/tessera/api"
 )
@@ -18,7 +21,8 @@ import (
 // TestCluster runs Tessera end to end on one real node (StartCluster): pods go through the real
 // scheduler and tessera-extender, the real kubelet allocates from tessera-node's device plugins, and
 // containerd calls tessera-node's NRI plugin, which realises the extender's assignment. The subtests
-// share the cluster and run in order; each leaves it empty.
+// share the cluster and run in order; each leaves it empty (Reset), so one failing step does not
+// fail the next.
 func TestCluster(t *testing.T) {
 	c := StartCluster(t, ClusterOptions{})
 	steps := []struct {
@@ -34,10 +38,11 @@ func TestCluster(t *testing.T) {
 		{"ExtenderRestart", testClusterExtenderRestart},
 	}
 	for _, s := range steps {
-		if !t.Run(s.name, func(t *testing.T) { s.fn(t, c) }) {
-			// the cluster may be in any state now; later steps would only report that
-			t.Fatalf("%s failed; skipping the remaining steps", s.name)
-		}
+		t.Run(s.name, func(t *testing.T) {
+			// Each step starts from an empty cluster and leaves it empty, failed or not.
+			t.Cleanup(func() { c.Reset(t) })
+			s.fn(t, c)
+		})
 	}
 }
 
@@ -188,11 +193,312 @@ func testClusterWorkloads(t *testing.T, c *Cluster) {
 	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: SimWholeGPUs, api.ResourceShare: SimShares})
 }
 
-func testClusterDeleteFreesShare(t *testing.T, c *Cluster)  {}
-func testClusterForgedAssignment(t *testing.T, c *Cluster)  {}
-func testClusterKubeletRestart(t *testing.T, c *Cluster)    {}
-func testClusterContainerdRestart(t *testing.T, c *Cluster) {}
-func testClusterAgentKill(t *testing.T, c *Cluster)         {}
-func testClusterExtenderRestart(t *testing.T, c *Cluster)   {}
+// share is the limits of a pod with n shares of mem each (cores 0: uncapped).
+func share(n int, mem string, cores int) map[string]string {
+	l := map[string]string{api.ResourceShare: fmt.Sprint(n), api.ResourceShareMemory: mem}
+	if cores > 0 {
+		l[api.ResourceShareCores] = fmt.Sprint(cores)
+	}
+	return l
+}
 
-var _ = os.Getenv
+// whole is the limits of a pod with n whole GPUs.
+func whole(n int) map[string]string { return map[string]string{api.ResourceGPU: fmt.Sprint(n)} }
+
+// testClusterDeleteFreesShare: a pod holding all the GPU memory makes the next share pod wait with
+// the extender's reason; deleting it lets the waiting pod in.
+func testClusterDeleteFreesShare(t *testing.T, c *Cluster) {
+	c.CreatePod(t, TestPod("hog", map[string]string{api.ResourceShare: "6", api.ResourceShareMemoryPercent: "100"}, nil))
+	c.WaitRunning(t, 2*time.Minute, "hog")
+	c.CreatePod(t, TestPod("waiter", share(1, "1Gi", 10), nil))
+	msg := c.WaitUnschedulable(t, "waiter", "0/1 nodes are available")
+	t.Logf("waiter while hog runs: %s", msg)
+	if strings.Contains(msg, "Insufficient") {
+		t.Errorf("waiter was refused by the scheduler's count, not the extender: %q", msg)
+	}
+	c.DeletePods(t, "hog")
+	p := c.WaitRunning(t, 2*time.Minute, "waiter")[0]
+	a := c.Assignment(t, p)
+	if a == nil || len(a.Container("main").Devices) != 1 || a.Container("main").Devices[0].MemoryBytes != 1<<30 {
+		t.Errorf("waiter's assignment: %+v", a)
+	}
+	if out := c.MustExec(t, "waiter", "cat /etc/tessera/vcuda/limits"); !strings.Contains(out, fmt.Sprintf("gpu %s %d 10", a.Container("main").Devices[0].UUID, 1<<30)) {
+		t.Errorf("waiter's limits:\n%s", out)
+	}
+	if n := len(c.LedgerEntries(t)); n != 1 {
+		t.Errorf("ledger has %d entries with only waiter running:\n%s", n, c.Ledger(t))
+	}
+	c.DeletePods(t, "waiter")
+	c.WaitLedgerEmpty(t)
+}
+
+// testClusterForgedAssignment: a pod that asks for no GPU but carries an assignment annotation
+// naming a whole GPU (the default scheduler binds it: it asks for nothing the extender manages)
+// gets no GPU device, no preload and no ledger entry, and the GPU stays free for others.
+func testClusterForgedAssignment(t *testing.T, c *Cluster) {
+	g := c.Inventory.GPUs[0]
+	forged, err := json.Marshal(&api.PodAssignment{APIVersion: api.Version, Node: c.Node,
+		Containers: []api.ContainerAssignment{{Name: "main", Devices: []api.DeviceAssignment{{UUID: g.UUID, Whole: true}}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.CreatePod(t, TestPod("forged", nil, map[string]string{api.AnnotationAssignment: string(forged)}))
+	c.WaitRunning(t, 2*time.Minute, "forged")
+	out := c.MustExec(t, "forged", "ls /dev; echo ---; cat /etc/ld.so.preload 2>&1; ls /etc/tessera 2>&1; true")
+	if regexp.MustCompile(`(?m)^nvidia`).MatchString(out) || strings.Contains(out, "vcuda") {
+		t.Errorf("a pod without GPU requests got GPU devices or vcuda from a forged assignment:\n%s", out)
+	}
+	if n := len(c.LedgerEntries(t)); n != 0 {
+		t.Errorf("the forged pod is in the ledger:\n%s", c.Ledger(t))
+	}
+	// The forged annotation holds nothing in the extender either: all six GPUs can still be
+	// given whole, the forged one included.
+	c.CreatePod(t, TestPod("all-whole", whole(SimWholeGPUs), nil))
+	p := c.WaitRunning(t, 2*time.Minute, "all-whole")[0]
+	if a := c.Assignment(t, p); a == nil || len(a.Container("main").Devices) != SimWholeGPUs {
+		t.Errorf("all-whole's assignment: %+v", a)
+	}
+	c.DeletePods(t, "forged", "all-whole")
+	c.WaitLedgerEmpty(t)
+}
+
+// AgentLogCount counts the lines of tessera-node's log (across restarts) containing every part.
+func (c *Cluster) AgentLogCount(t testing.TB, parts ...string) int {
+	t.Helper()
+	data, err := os.ReadFile(c.Agent.Log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+lines:
+	for _, l := range strings.Split(string(data), "\n") {
+		for _, p := range parts {
+			if !strings.Contains(l, p) {
+				continue lines
+			}
+		}
+		n++
+	}
+	return n
+}
+
+// waitAgentLog waits until AgentLogCount(parts) exceeds before.
+func waitAgentLog(t *testing.T, c *Cluster, before int, parts ...string) {
+	t.Helper()
+	err := waitFor(time.Minute, 100*time.Millisecond, func() (bool, error) {
+		return c.AgentLogCount(t, parts...) > before, nil
+	})
+	if err != nil {
+		t.Fatalf("tessera-node never logged %q again: %v\n%s", parts, err, c.Agent.LogTail(30))
+	}
+}
+
+// podState is what must not change for a running pod across a component restart.
+type podState struct {
+	container string
+	restarts  int32
+	started   string
+	sees      string
+}
+
+func (c *Cluster) podState(t *testing.T, name string) podState {
+	t.Helper()
+	p := c.Pod(t, name)
+	if p.Status.Phase != corev1.PodRunning || len(p.Status.ContainerStatuses) != 1 || p.Status.ContainerStatuses[0].State.Running == nil {
+		t.Fatalf("pod %s is not running:\n%s", name, c.Describe(t, name))
+	}
+	cs := p.Status.ContainerStatuses[0]
+	return podState{container: cs.ContainerID, restarts: cs.RestartCount, started: cs.State.Running.StartedAt.String(),
+		sees: c.ExecEventually(t, name, "ls /dev | grep nvidia; cat /etc/tessera/vcuda/limits 2>/dev/null; true")}
+}
+
+// restartPods starts a share pod and a whole-GPU pod and returns their state.
+func restartPods(t *testing.T, c *Cluster, prefix string) map[string]podState {
+	t.Helper()
+	c.CreatePod(t, TestPod(prefix+"-share", share(1, "2Gi", 10), nil))
+	c.CreatePod(t, TestPod(prefix+"-whole", whole(1), nil))
+	c.WaitRunning(t, 2*time.Minute, prefix+"-share", prefix+"-whole")
+	return map[string]podState{prefix + "-share": c.podState(t, prefix+"-share"), prefix + "-whole": c.podState(t, prefix+"-whole")}
+}
+
+// checkPodsKept checks that the pods run on in the same containers, seeing the same devices.
+func checkPodsKept(t *testing.T, c *Cluster, before map[string]podState) {
+	t.Helper()
+	for name, b := range before {
+		if a := c.podState(t, name); a != b {
+			t.Errorf("pod %s changed:\nbefore %+v\nafter  %+v", name, b, a)
+		}
+	}
+}
+
+// checkNewPod runs one more share pod and checks it gets its GPU and limits, then deletes it.
+func checkNewPod(t *testing.T, c *Cluster, name string) {
+	t.Helper()
+	c.CreatePod(t, TestPod(name, share(1, "3Gi", 0), nil))
+	p := c.WaitRunning(t, 2*time.Minute, name)[0]
+	a := c.Assignment(t, p)
+	if a == nil || len(a.Container("main").Devices) != 1 {
+		t.Fatalf("%s's assignment: %+v", name, a)
+	}
+	d := a.Container("main").Devices[0]
+	out := c.MustExec(t, name, "ls /dev; cat /etc/tessera/vcuda/limits")
+	if got := deviceNodes(out); len(got) != 1 || got[0] != fmt.Sprintf("nvidia%d", c.GPU(d.UUID).Minor) ||
+		!strings.Contains(out, fmt.Sprintf("gpu %s %d 100", d.UUID, 3<<30)) {
+		t.Errorf("%s (assigned %+v) sees:\n%s", name, d, out)
+	}
+	c.DeletePods(t, name)
+}
+
+// testClusterKubeletRestart: the kubelet restarts (deleting every device-plugin socket): the
+// agent's device plugins register again, running pods keep their containers and devices, the
+// ledger is untouched, and a new pod gets its GPU.
+func testClusterKubeletRestart(t *testing.T, c *Cluster) {
+	before := restartPods(t, c, "kr")
+	ledgerBefore, alloc := c.Ledger(t), c.Allocatable(t)
+	regs := c.AgentLogCount(t, "registered with the kubelet", "resource="+api.ResourceShare+" ")
+	c.Kubelet.Restart(t)
+	waitAgentLog(t, c, regs, "registered with the kubelet", "resource="+api.ResourceShare+" ")
+	c.WaitAgentReady(t)
+	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: alloc[api.ResourceGPU], api.ResourceShare: alloc[api.ResourceShare]})
+	checkPodsKept(t, c, before)
+	if l := c.Ledger(t); l != ledgerBefore {
+		t.Errorf("ledger changed across a kubelet restart:\nbefore %s\nafter  %s", ledgerBefore, l)
+	}
+	checkNewPod(t, c, "after-kubelet")
+	c.DeletePods(t, "kr-share", "kr-whole")
+	c.WaitLedgerEmpty(t)
+}
+
+// testClusterContainerdRestart: containerd restarts under running pods: they keep running, the
+// agent's NRI plugin reconnects (its /healthz says so), and the next pod gets its GPU and limits.
+func testClusterContainerdRestart(t *testing.T, c *Cluster) {
+	before := restartPods(t, c, "cr")
+	ledgerBefore := c.Ledger(t)
+	conns := c.AgentLogCount(t, "NRI plugin connected")
+	c.RestartContainerd(t)
+	waitAgentLog(t, c, conns, "NRI plugin connected")
+	c.WaitAgentReady(t)
+	checkPodsKept(t, c, before)
+	if l := c.Ledger(t); l != ledgerBefore {
+		t.Errorf("ledger changed across a containerd restart:\nbefore %s\nafter  %s", ledgerBefore, l)
+	}
+	checkNewPod(t, c, "after-containerd")
+	c.DeletePods(t, "cr-share", "cr-whole")
+	c.WaitLedgerEmpty(t)
+}
+
+// testClusterAgentKill: tessera-node is killed (SIGKILL) with pods running and started again: its
+// ledger is restored unchanged, its device plugins register again, the pods keep their devices, a
+// new pod works, and once every pod is gone nothing is left held or written.
+func testClusterAgentKill(t *testing.T, c *Cluster) {
+	before := restartPods(t, c, "ak")
+	ledgerBefore, alloc := c.Ledger(t), c.Allocatable(t)
+	if n := len(c.LedgerEntries(t)); n != 2 {
+		t.Fatalf("ledger before the kill has %d entries:\n%s", n, ledgerBefore)
+	}
+	regs := c.AgentLogCount(t, "registered with the kubelet", "resource="+api.ResourceShare+" ")
+	c.Agent.Kill(t)
+	c.Agent.Start(t)
+	waitAgentLog(t, c, regs, "registered with the kubelet", "resource="+api.ResourceShare+" ")
+	c.WaitAgentReady(t)
+	if l := c.Ledger(t); l != ledgerBefore {
+		t.Errorf("ledger changed across an agent kill -9:\nbefore %s\nafter  %s", ledgerBefore, l)
+	}
+	if m := c.Metrics(t); !strings.Contains(m, "\ntessera_ledger_entries 2\n") {
+		t.Errorf("metrics after the restart:\n%s", m)
+	}
+	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: alloc[api.ResourceGPU], api.ResourceShare: alloc[api.ResourceShare]})
+	checkPodsKept(t, c, before)
+	checkNewPod(t, c, "after-agent")
+	c.DeletePods(t, "ak-share", "ak-whole")
+	c.WaitLedgerEmpty(t)
+	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: SimWholeGPUs, api.ResourceShare: SimShares})
+	// Nothing leaked: no per-container files are left in the agent's data directory.
+	var left []string
+	filepath.Walk(c.AgentDataDir, func(p string, fi os.FileInfo, err error) error {
+		if err == nil && !fi.IsDir() && filepath.Base(p) != "ledger.json" {
+			left = append(left, p)
+		}
+		return nil
+	})
+	if len(left) > 0 {
+		t.Errorf("files left in the agent's data dir with no pod running: %v", left)
+	}
+}
+
+// checkNoOvercommit recomputes every GPU's use from the assignments of the pods that hold devices
+// and checks none is over-committed.
+func checkNoOvercommit(t *testing.T, c *Cluster) {
+	t.Helper()
+	l, err := c.CP.Client.CoreV1().Pods(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type use struct {
+		whole, shares, cores int
+		mem                  int64
+	}
+	used := map[string]*use{}
+	for i := range l.Items {
+		p := &l.Items[i]
+		if p.Spec.NodeName == "" {
+			continue
+		}
+		a := c.Assignment(t, p)
+		if a == nil {
+			continue
+		}
+		for _, ca := range a.Containers {
+			for _, d := range ca.Devices {
+				u := used[d.UUID]
+				if u == nil {
+					u = &use{}
+					used[d.UUID] = u
+				}
+				if d.Whole {
+					u.whole++
+				} else {
+					u.shares++
+					u.mem += d.MemoryBytes
+					u.cores += d.CoresPercent
+				}
+			}
+		}
+	}
+	for uuid, u := range used {
+		g := c.GPU(uuid)
+		if g == nil {
+			t.Errorf("assignment names GPU %s, not on the node", uuid)
+			continue
+		}
+		if u.whole > 1 || (u.whole == 1 && u.shares > 0) || u.mem > g.MemoryBytes || u.cores > 100 || u.shares > c.Inventory.SharesPerGPU {
+			t.Errorf("GPU %d (%s) over-committed: %+v (memory %d)", g.Index, uuid, *u, g.MemoryBytes)
+		}
+	}
+}
+
+// testClusterExtenderRestart: the extender is killed (SIGKILL) with GPUs mostly taken and a pod
+// arrives while it is down: once it is back that pod is placed, and the extender, rebuilt from the
+// pods' annotations, over-commits nothing: a pod needing more memory than any GPU has left waits,
+// and pods that fit exactly in what is left run.
+func testClusterExtenderRestart(t *testing.T, c *Cluster) {
+	c.CreatePod(t, TestPod("hog", map[string]string{api.ResourceShare: "6", api.ResourceShareMemoryPercent: "75"}, nil))
+	c.WaitRunning(t, 2*time.Minute, "hog")
+	c.Extender.Kill(t)
+	c.CreatePod(t, TestPod("during", share(1, "10Gi", 0), nil))
+	c.Extender.Start(t)
+	c.WaitExtender(t)
+	c.WaitRunning(t, 2*time.Minute, "during")
+	// 10 GiB is left on five GPUs, nothing on the sixth
+	c.CreatePod(t, TestPod("too-much", share(1, "11Gi", 0), nil))
+	msg := c.WaitUnschedulable(t, "too-much", "0/1 nodes are available")
+	t.Logf("too-much after the extender restart: %s", msg)
+	c.CreatePod(t, TestPod("rest", share(5, "10Gi", 0), nil))
+	c.WaitRunning(t, 2*time.Minute, "rest")
+	checkNoOvercommit(t, c)
+	if n := len(c.LedgerEntries(t)); n != 3 {
+		t.Errorf("ledger has %d entries, want 3:\n%s", n, c.Ledger(t))
+	}
+	c.DeletePods(t, "hog", "during", "too-much", "rest")
+	c.WaitLedgerEmpty(t)
+}
