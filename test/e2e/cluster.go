@@ -644,3 +644,14 @@ func runStdin(t testing.TB, timeout time.Duration, stdin, name string, args ...s
 	out, err := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out)), err
 }
+
+// runEnv runs a command with extra environment variables and a timeout and returns its combined output.
+func runEnv(t testing.TB, timeout time.Duration, env []string, name string, args ...string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = append(os.Environ(), env...)
+	out, err := cmd.CombinedOutput()
+	return strings.TrimSpace(string(out)), err
+}

@@ -1,0 +1,147 @@
+package e2e
+
+import (
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/yaml"
+	sigyaml "sigs.k8s.io/yaml"
+
+	"github.com/tessera-gpu/tessera/api"
+)
+
+// helmChart is the project's Helm chart.
+func helmChart() string { return filepath.Join(repoRoot(), "deploy", "helm", "tessera") }
+
+// helm runs the helm built by test/tools/install-helm.sh with its cache, config and data homes in
+// a temporary directory (helm writes nothing to $HOME then).
+func helm(t testing.TB, args ...string) (string, error) {
+	t.Helper()
+	home := t.TempDir()
+	env := []string{"HELM_CACHE_HOME=" + filepath.Join(home, "cache"), "HELM_CONFIG_HOME=" + filepath.Join(home, "config"),
+		"HELM_DATA_HOME=" + filepath.Join(home, "data")}
+	return runEnv(t, 2*time.Minute, env, tool(t, "helm"), args...)
+}
+
+// HelmDryRun renders the chart with helm template (extra arguments: values, namespace) and applies
+// the output to the cluster's API server with a server-side dry run; it returns kubectl's output
+// and the number of rendered objects.
+func HelmDryRun(t testing.TB, kubeconfig string, args ...string) (string, int) {
+	t.Helper()
+	manifest, err := helm(t, append([]string{"template", "tessera", helmChart()}, args...)...)
+	if err != nil {
+		t.Fatalf("helm template %v: %v\n%s", args, err, manifest)
+	}
+	objects := len(regexp.MustCompile(`(?m)^kind: `).FindAllString(manifest, -1))
+	out, err := runStdin(t, 2*time.Minute, manifest, tool(t, "kubectl"), "--kubeconfig", kubeconfig, "apply", "--dry-run=server", "-f", "-")
+	if err != nil {
+		t.Fatalf("kubectl apply --dry-run=server of helm template %v: %v\n%s\n--- manifest:\n%s", args, err, out, manifest)
+	}
+	return out, objects
+}
+
+// TestClusterHelmTemplate renders deploy/helm/tessera with helm (test/tools/install-helm.sh) and
+// applies it to a real API server (the same control plane StartCluster runs, without the node, which
+// a server-side dry run never reaches) with `kubectl apply --dry-run=server`: every object must be
+// accepted by the API server's validation and admission, in the default and a custom namespace and
+// in both scheduler modes. `helm lint` must pass too, and the binaries must accept the flags the
+// chart passes them.
+func TestClusterHelmTemplate(t *testing.T) {
+	if out, err := helm(t, "lint", "--strict", helmChart()); err != nil {
+		t.Errorf("helm lint --strict: %v\n%s", err, out)
+	}
+	cp := StartControlPlane(t, ControlPlaneOptions{NoScheduler: true})
+	cp.CreateNamespace(t, "tessera-system")
+	for _, args := range [][]string{
+		nil,
+		{"--namespace", "tessera-system", "--set", "scheduler.mode=default", "--set", "extender.replicas=1"},
+		{"--namespace", "tessera-system", "--set", "runtimeClass.create=false", "--set", "node.backend=sim"},
+	} {
+		out, n := HelmDryRun(t, cp.Kubeconfig, args...)
+		accepted := strings.Count(out, "(server dry run)")
+		t.Logf("helm template %v: %d objects, %d accepted by the API server (dry run)", args, n, accepted)
+		if n == 0 || accepted != n {
+			t.Errorf("helm template %v rendered %d objects, the API server accepted %d:\n%s", args, n, accepted, out)
+		}
+	}
+	checkChartMatchesBinaries(t)
+}
+
+// checkChartMatchesBinaries checks what the API server cannot: that tessera-node and
+// tessera-extender accept the arguments the chart gives them, and that the chart's ExtenderConfig
+// loads.
+func checkChartMatchesBinaries(t *testing.T) {
+	manifest, err := helm(t, "template", "tessera", helmChart())
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, manifest)
+	}
+	dec := yaml.NewYAMLOrJSONDecoder(strings.NewReader(manifest), 4096)
+	checked := map[string]bool{}
+	for {
+		var doc map[string]any
+		if err := dec.Decode(&doc); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("decode rendered chart: %v", err)
+		}
+		raw, _ := sigyaml.Marshal(doc)
+		var spec *corev1.PodSpec
+		switch doc["kind"] {
+		case "DaemonSet":
+			var ds appsv1.DaemonSet
+			if err := sigyaml.Unmarshal(raw, &ds); err != nil {
+				t.Fatal(err)
+			}
+			spec = &ds.Spec.Template.Spec
+		case "Deployment":
+			var d appsv1.Deployment
+			if err := sigyaml.Unmarshal(raw, &d); err != nil {
+				t.Fatal(err)
+			}
+			spec = &d.Spec.Template.Spec
+		case "ConfigMap":
+			var cm corev1.ConfigMap
+			if err := sigyaml.Unmarshal(raw, &cm); err != nil {
+				t.Fatal(err)
+			}
+			if cfg, ok := cm.Data["config.yaml"]; ok && strings.Contains(cfg, "kind: "+api.KindExtenderConfig) {
+				f := filepath.Join(t.TempDir(), "config.yaml")
+				if err := os.WriteFile(f, []byte(cfg), 0o644); err != nil {
+					t.Fatal(err)
+				}
+				if _, err := api.LoadExtenderConfig(f); err != nil {
+					t.Errorf("the chart's ExtenderConfig (ConfigMap %s) does not load: %v\n%s", cm.Name, err, cfg)
+				}
+				checked["ExtenderConfig"] = true
+			}
+		}
+		if spec == nil {
+			continue
+		}
+		for _, c := range spec.Containers {
+			bin := map[string]string{"tessera-node": "tessera-node", "tessera-extender": "tessera-extender"}[c.Name]
+			if bin == "" {
+				continue
+			}
+			// Flags are parsed in order, so an unknown one fails before -help ends the parse.
+			out, err := runCmd(t, time.Minute, tesseraBinary(t, bin), append(append([]string{}, c.Args...), "-help")...)
+			if err != nil || strings.Contains(out, "flag provided but not defined") {
+				t.Errorf("%s does not accept the chart's args %q: %v\n%s", bin, c.Args, err, out)
+			}
+			checked[bin] = true
+		}
+	}
+	for _, want := range []string{"tessera-node", "tessera-extender", "ExtenderConfig"} {
+		if !checked[want] {
+			t.Errorf("the rendered chart has no %s to check", want)
+		}
+	}
+}
