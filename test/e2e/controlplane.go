@@ -244,7 +244,14 @@ func (cp *ControlPlane) waitAPIServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	err = waitFor(2*time.Minute, 200*time.Millisecond, func() (bool, error) {
+	cp.WaitAPIServerReady(t)
+}
+
+// WaitAPIServerReady waits until kube-apiserver answers /readyz, e.g. after cp.APIServer.Start
+// (etcd keeps the cluster's state across an API server restart).
+func (cp *ControlPlane) WaitAPIServerReady(t testing.TB) {
+	t.Helper()
+	err := waitFor(2*time.Minute, 200*time.Millisecond, func() (bool, error) {
 		if !cp.APIServer.Running() {
 			return false, fmt.Errorf("kube-apiserver exited")
 		}
