@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"math/rand"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/tessera-gpu/tessera/api"
 )
 
 // refLimits parses a limits file the way the spec in README.md reads, written
@@ -237,4 +240,49 @@ func FuzzParseRegion(f *testing.F) {
 			t.Fatalf("accepted %d gpus", len(r.GPUs))
 		}
 	})
+}
+
+// Every limits file the node agent can write (api.EncodeLimits) is read by
+// vcuda's C parser with exactly the values written.
+func TestAPIEncodedLimitsReadByVcuda(t *testing.T) {
+	h := startHelper(t)
+	rng := rand.New(rand.NewSource(1))
+	hex := func(n int) string {
+		const digits = "0123456789abcdefABCDEF"
+		b := make([]byte, n)
+		for i := range b {
+			b[i] = digits[rng.Intn(len(digits))]
+		}
+		return string(b)
+	}
+	for i := 0; i < 500; i++ {
+		l := &api.Limits{
+			ContainerID: fmt.Sprintf("ctr-%d-%s", i, hex(12)),
+			RegionPath:  fmt.Sprintf("/run/tessera/vcuda/%s.region", hex(8)),
+		}
+		n := 1 + rng.Intn(64)
+		if i < 3 {
+			n = []int{1, 64, 8}[i]
+		}
+		var want []string
+		for g := 0; g < n; g++ {
+			u := fmt.Sprintf("GPU-%08x-%s-%s-%s-%s", g, hex(4), hex(4), hex(4), hex(12))
+			mem := rng.Int63()%(1<<40) + 1
+			if g == 0 && i%7 == 0 {
+				mem = 1<<63 - 1
+			}
+			cores := 1 + rng.Intn(100)
+			l.GPUs = append(l.GPUs, api.GPULimit{UUID: u, MemoryBytes: mem, CoresPercent: cores})
+			want = append(want, fmt.Sprintf("GPU-%s %d %d", strings.ToLower(u[4:]), mem, cores))
+		}
+		data, err := api.EncodeLimits(l)
+		if err != nil {
+			t.Fatalf("EncodeLimits: %v", err)
+		}
+		got := h.parse(t, data)
+		exp := "OK " + l.ContainerID + "\t" + l.RegionPath + "\t" + strings.Join(want, "\t")
+		if got != exp {
+			t.Fatalf("api wrote\n%s\nvcuda read %q\nwant %q", data, got, exp)
+		}
+	}
 }
