@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
-	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -74,22 +74,24 @@ func startExtenderStack(t *testing.T, nodeCache bool) *extenderStack {
 	return s
 }
 
-// waitExtender waits until the extender accepts TCP connections on its address.
+// waitExtender waits until the extender answers GET /healthz with 200, which it does once its
+// informers have synced (it rebuilt its state from the API server).
 func (s *extenderStack) waitExtender(t *testing.T) {
 	t.Helper()
+	hc := &http.Client{Timeout: 2 * time.Second}
 	err := waitFor(30*time.Second, 50*time.Millisecond, func() (bool, error) {
 		if !s.Extender.Running() {
 			return false, fmt.Errorf("tessera-extender exited")
 		}
-		c, err := net.DialTimeout("tcp", s.extenderAddr, time.Second)
+		resp, err := hc.Get("http://" + s.extenderAddr + "/healthz")
 		if err != nil {
 			return false, err
 		}
-		c.Close()
-		return true, nil
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, fmt.Errorf("/healthz: %s", resp.Status)
 	})
 	if err != nil {
-		t.Fatalf("tessera-extender did not start listening on %s: %v\n%s", s.extenderAddr, err, s.Extender.LogTail(40))
+		t.Fatalf("tessera-extender did not become healthy on %s: %v\n%s", s.extenderAddr, err, s.Extender.LogTail(40))
 	}
 }
 
