@@ -17,11 +17,12 @@ import (
 
 // TestControlPlane checks the harness itself: the upstream control plane comes up on loopback, the
 // default scheduler binds a pod to an API-made node, the scheduler can be restarted mid-test, a
-// minted kubelet identity is subject to the Node authorizer, and teardown leaves no process behind.
+// minted kubelet identity is subject to the Node authorizer, kube-controller-manager runs its
+// controllers, and teardown leaves no process behind.
 func TestControlPlane(t *testing.T) {
 	var pids []int
 	t.Run("stack", func(t *testing.T) {
-		cp := StartControlPlane(t, ControlPlaneOptions{})
+		cp := StartControlPlane(t, ControlPlaneOptions{ControllerManager: true})
 		ctx := context.Background()
 		node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "cp-node", Labels: map[string]string{"kubernetes.io/hostname": "cp-node"}}}
 		if _, err := cp.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
@@ -78,6 +79,20 @@ func TestControlPlane(t *testing.T) {
 		}
 		if _, err := kubelet.CoreV1().Secrets("kube-system").List(ctx, metav1.ListOptions{}); err == nil || !strings.Contains(err.Error(), "forbidden") {
 			t.Errorf("kubelet identity may list secrets: %v", err)
+		}
+		// kube-controller-manager gives a new namespace its ServiceAccount and CA ConfigMap
+		if _, err := cp.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kcm-check"}}, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		err = waitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
+			if _, err := cp.Client.CoreV1().ServiceAccounts("kcm-check").Get(ctx, "default", metav1.GetOptions{}); err != nil {
+				return false, err
+			}
+			_, err := cp.Client.CoreV1().ConfigMaps("kcm-check").Get(ctx, "kube-root-ca.crt", metav1.GetOptions{})
+			return err == nil, err
+		})
+		if err != nil {
+			t.Errorf("kube-controller-manager did not populate namespace kcm-check: %v\n%s", err, cp.ControllerManager.LogTail(20))
 		}
 		for _, p := range cp.procs {
 			pids = append(pids, p.Pid())
