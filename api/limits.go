@@ -1,7 +1,6 @@
 package api
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"path/filepath"
@@ -62,17 +61,18 @@ func DecodeLimits(data []byte) (*Limits, error) {
 		return nil, fmt.Errorf("invalid vcuda limits: %d bytes exceeds the %d byte limit", len(data), maxDocumentBytes)
 	}
 	l := &Limits{}
-	sc := bufio.NewScanner(bytes.NewReader(data))
-	sc.Buffer(make([]byte, 0, 4096), maxDocumentBytes)
 	lineNo, header := 0, false
 	seen := map[string]bool{}
 	fail := func(format string, args ...any) error {
 		return fmt.Errorf("invalid vcuda limits: line %d: %s", lineNo, fmt.Sprintf(format, args...))
 	}
-	for sc.Scan() {
+	// Lines end at '\n' only: a '\r' is a control character, as vcuda sees it.
+	for _, line := range strings.Split(string(data), "\n") {
 		lineNo++
-		line := sc.Text()
-		if strings.TrimSpace(line) == "" || strings.HasPrefix(line, "#") {
+		if strings.IndexFunc(line, func(r rune) bool { return r > 0x7e || (r < 0x20 && r != '\t') }) >= 0 {
+			return nil, fail("non-ASCII or control character")
+		}
+		if strings.Trim(line, " \t") == "" || strings.HasPrefix(line, "#") {
 			continue
 		}
 		if !header {
@@ -112,18 +112,15 @@ func DecodeLimits(data []byte) (*Limits, error) {
 			l.RegionPath = f[1]
 		case "gpu":
 			mem, err := strconv.ParseInt(f[2], 10, 64)
-			if err != nil {
+			if err != nil || !digitsOnly(f[2]) {
 				return nil, fail("gpu %s: memory cap %q is not a byte count", f[1], f[2])
 			}
 			cores, err := strconv.Atoi(f[3])
-			if err != nil {
+			if err != nil || !digitsOnly(f[3]) {
 				return nil, fail("gpu %s: cores %q is not a percent", f[1], f[3])
 			}
 			l.GPUs = append(l.GPUs, GPULimit{UUID: f[1], MemoryBytes: mem, CoresPercent: cores})
 		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("invalid vcuda limits: %w", err)
 	}
 	if !header {
 		return nil, fmt.Errorf("invalid vcuda limits: missing %q header", LimitsHeader)
@@ -152,10 +149,11 @@ func (l *Limits) Validate() error {
 		if !IsGPUUUID(g.UUID) {
 			fe.add(p+".uuid", "must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got %q", g.UUID)
 		}
-		if seen[g.UUID] {
+		// vcuda compares UUIDs case-insensitively.
+		if seen[strings.ToLower(g.UUID)] {
 			fe.add(p+".uuid", "duplicated GPU %s", g.UUID)
 		}
-		seen[g.UUID] = true
+		seen[strings.ToLower(g.UUID)] = true
 		if g.MemoryBytes < 1 {
 			fe.add(p+".memory", "must be at least 1 byte, got %d", g.MemoryBytes)
 		}
@@ -164,4 +162,9 @@ func (l *Limits) Validate() error {
 		}
 	}
 	return fe.err()
+}
+
+// digitsOnly reports whether s is a plain decimal number (vcuda accepts no sign).
+func digitsOnly(s string) bool {
+	return s != "" && strings.Trim(s, "0123456789") == ""
 }
