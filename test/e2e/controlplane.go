@@ -117,7 +117,7 @@ func TesseraManagedResources() []ManagedResource {
 // StartControlPlane starts the control plane and waits until the API serves, the "default"
 // namespace has its "default" ServiceAccount and the scheduler is ready. The test's cleanup tears
 // everything down (processes the test added with StartProcess included).
-func StartControlPlane(t *testing.T, opts ControlPlaneOptions) *ControlPlane {
+func StartControlPlane(t testing.TB, opts ControlPlaneOptions) *ControlPlane {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "tsr-cp-")
 	if err != nil {
@@ -163,7 +163,7 @@ func (cp *ControlPlane) StartProcess(t testing.TB, name, bin string, args ...str
 	return p
 }
 
-func (cp *ControlPlane) startEtcd(t *testing.T) {
+func (cp *ControlPlane) startEtcd(t testing.TB) {
 	t.Helper()
 	client := "http://127.0.0.1:" + strconv.Itoa(freePort(t))
 	peer := "http://127.0.0.1:" + strconv.Itoa(freePort(t))
@@ -191,7 +191,7 @@ func (cp *ControlPlane) startEtcd(t *testing.T) {
 	cp.etcdURL = client
 }
 
-func (cp *ControlPlane) startAPIServer(t *testing.T) {
+func (cp *ControlPlane) startAPIServer(t testing.TB) {
 	t.Helper()
 	p := cp.PKI
 	port := freePort(t)
@@ -232,7 +232,7 @@ func (cp *ControlPlane) startAPIServer(t *testing.T) {
 	cp.saKey = saKey
 }
 
-func (cp *ControlPlane) waitAPIServer(t *testing.T) {
+func (cp *ControlPlane) waitAPIServer(t testing.TB) {
 	t.Helper()
 	cfg, err := clientcmd.BuildConfigFromFlags("", cp.Kubeconfig)
 	if err != nil {
@@ -316,7 +316,7 @@ leaderElection:
 	return b.String()
 }
 
-func (cp *ControlPlane) startScheduler(t *testing.T, opts ControlPlaneOptions) {
+func (cp *ControlPlane) startScheduler(t testing.TB, opts ControlPlaneOptions) {
 	t.Helper()
 	kc := cp.MintKubeconfig(t, "scheduler", CertSpec{CommonName: "system:kube-scheduler"})
 	cp.SchedulerConfig = filepath.Join(cp.Dir, "scheduler-config.yaml")
@@ -363,7 +363,7 @@ func (cp *ControlPlane) waitHealthz(t testing.TB, p *Process, port int, path str
 	}
 }
 
-func (cp *ControlPlane) startControllerManager(t *testing.T) {
+func (cp *ControlPlane) startControllerManager(t testing.TB) {
 	t.Helper()
 	kc := cp.MintKubeconfig(t, "controller-manager", CertSpec{CommonName: "system:kube-controller-manager"})
 	cp.kcmPort = freePort(t)
@@ -444,7 +444,7 @@ func (cp *ControlPlane) LogTails(lines int) string {
 
 // teardown stops every process, newest first, and removes Dir. On failure it logs the end of each
 // component's log first; with TESSERA_E2E_KEEP=1 it keeps Dir for inspection.
-func (cp *ControlPlane) teardown(t *testing.T) {
+func (cp *ControlPlane) teardown(t testing.TB) {
 	if t.Failed() {
 		t.Logf("control plane logs (%s):\n%s", cp.Dir, cp.LogTails(25))
 	}

@@ -34,7 +34,7 @@ type nodeStack struct {
 
 const stackNode = "node-a"
 
-func startNodeStack(t *testing.T) *nodeStack {
+func startNodeStack(t testing.TB) *nodeStack {
 	t.Helper()
 	s := &nodeStack{node: stackNode}
 	s.ctr = StartContainerd(t)
@@ -61,7 +61,7 @@ func startNodeStack(t *testing.T) *nodeStack {
 }
 
 // waitReady waits for the agent's device plugins and its published inventory.
-func (s *nodeStack) waitReady(t *testing.T) {
+func (s *nodeStack) waitReady(t testing.TB) {
 	t.Helper()
 	err := waitFor(60*time.Second, 100*time.Millisecond, func() (bool, error) {
 		n, err := s.cp.Client.CoreV1().Nodes().Get(context.Background(), s.node, metav1.GetOptions{})
@@ -90,7 +90,7 @@ func (s *nodeStack) healthz() bool {
 }
 
 // metric returns the agent's /metrics text.
-func (s *nodeStack) metric(t *testing.T) string {
+func (s *nodeStack) metric(t testing.TB) string {
 	t.Helper()
 	resp, err := http.Get("http://" + s.metrics + "/metrics")
 	if err != nil {
@@ -102,7 +102,7 @@ func (s *nodeStack) metric(t *testing.T) string {
 }
 
 // ledger returns the agent's persisted ledger file.
-func (s *nodeStack) ledger(t *testing.T) string {
+func (s *nodeStack) ledger(t testing.TB) string {
 	t.Helper()
 	b, err := os.ReadFile(filepath.Join(s.dir, "data", "ledger.json"))
 	if err != nil && !os.IsNotExist(err) {
@@ -129,7 +129,7 @@ type runningPod struct {
 // run creates the pod in the API server (bound to the node), lets the fake kubelet allocate its
 // devices, and creates the sandbox and container through CRI with the CDI names, as the kubelet
 // does. It returns crictl's error output when the container is refused.
-func (s *nodeStack) run(t *testing.T, p agentPod) (*runningPod, error) {
+func (s *nodeStack) run(t testing.TB, p agentPod) (*runningPod, error) {
 	t.Helper()
 	ann := map[string]string{}
 	for k, v := range p.annotations {
@@ -202,7 +202,7 @@ func (s *nodeStack) run(t *testing.T, p agentPod) (*runningPod, error) {
 }
 
 // exec runs a shell command in the pod's container.
-func (s *nodeStack) exec(t *testing.T, p *runningPod, script string) string {
+func (s *nodeStack) exec(t testing.TB, p *runningPod, script string) string {
 	t.Helper()
 	out, err := s.ctr.Crictl(t, "exec", p.container, "sh", "-c", script)
 	if err != nil {
@@ -212,7 +212,7 @@ func (s *nodeStack) exec(t *testing.T, p *runningPod, script string) string {
 }
 
 // remove stops and removes the pod through CRI and forgets its grant, as the kubelet would.
-func (s *nodeStack) remove(t *testing.T, p *runningPod) {
+func (s *nodeStack) remove(t testing.TB, p *runningPod) {
 	t.Helper()
 	s.ctr.Crictl(t, "stopp", p.sandbox)
 	s.ctr.Crictl(t, "rmp", p.sandbox)
@@ -220,7 +220,7 @@ func (s *nodeStack) remove(t *testing.T, p *runningPod) {
 	s.cp.Client.CoreV1().Pods("default").Delete(context.Background(), p.name, metav1.DeleteOptions{})
 }
 
-func writeJSON(t *testing.T, path string, v any) {
+func writeJSON(t testing.TB, path string, v any) {
 	t.Helper()
 	data, err := json.Marshal(v)
 	if err != nil {
