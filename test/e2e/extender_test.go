@@ -51,9 +51,15 @@ type extenderStack struct {
 	nodes map[string]*api.NodeInventory
 }
 
+// chartNamespace is the release namespace the chart's extender objects are rendered for.
+const chartNamespace = "tessera-system"
+
 // startExtenderStack starts the control plane with the scheduler configured for the extender, then
-// the extender itself, and waits until it accepts connections.
-// nodeCache selects the scheduler's nodeCacheCapable (node names only) against whole Node objects.
+// the extender itself as the chart deploys it: the ServiceAccount, ClusterRole, ClusterRoleBinding
+// and ConfigMap come from `helm template` of deploy/helm/tessera, the extender reads that
+// ConfigMap's config.yaml and authenticates as the ServiceAccount (a client certificate with the
+// ServiceAccount's user name and groups, which RBAC treats alike), so a permission missing from
+// the chart fails these tests. nodeCache selects the scheduler's nodeCacheCapable.
 func startExtenderStack(t *testing.T, nodeCache bool) *extenderStack {
 	t.Helper()
 	t0 := time.Now()
@@ -61,16 +67,31 @@ func startExtenderStack(t *testing.T, nodeCache bool) *extenderStack {
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	// weight 5 as in deploy/helm/tessera/templates/scheduler.yaml
 	cp := StartControlPlane(t, ControlPlaneOptions{Extender: &ExtenderConfig{URLPrefix: "http://" + addr, Weight: 5, NodeCacheCapable: nodeCache}})
-	kc := cp.MintKubeconfig(t, "tessera-extender", CertSpec{CommonName: "tessera-extender", Organizations: []string{"system:masters"}})
-	cfg := filepath.Join(cp.Dir, "extender-config.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("apiVersion: %s\nkind: %s\npolicy: %s\nreservationTTL: 30s\n",
-		api.Version, api.KindExtenderConfig, api.PolicyTessera)), 0o644); err != nil {
+	cp.CreateNamespace(t, chartNamespace)
+	rendered := mustRun(t, time.Minute, tool(t, "helm"), "template", "tessera", filepath.Join(repoRoot(), "deploy", "helm", "tessera"),
+		"--namespace", chartNamespace, "--show-only", "templates/extender.yaml")
+	manifest := filepath.Join(cp.Dir, "extender-chart.yaml")
+	if err := os.WriteFile(manifest, []byte(rendered), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// the Deployment and Service are inert here (no kube-controller-manager, no kubelet)
+	mustRun(t, time.Minute, tool(t, "kubectl"), "--kubeconfig", cp.Kubeconfig, "apply", "-f", manifest)
+	cm, err := cp.Client.CoreV1().ConfigMaps(chartNamespace).Get(context.Background(), "tessera-extender", metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("chart ConfigMap: %v", err)
+	}
+	cfg := filepath.Join(cp.Dir, "extender-config.yaml")
+	if err := os.WriteFile(cfg, []byte(cm.Data["config.yaml"]), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	kc := cp.MintKubeconfig(t, "tessera-extender", CertSpec{
+		CommonName:    "system:serviceaccount:" + chartNamespace + ":tessera-extender",
+		Organizations: []string{"system:serviceaccounts", "system:serviceaccounts:" + chartNamespace, "system:authenticated"},
+	})
 	s := &extenderStack{ControlPlane: cp, extenderAddr: addr, ns: metav1.NamespaceDefault, nodes: map[string]*api.NodeInventory{}}
 	s.Extender = cp.StartProcess(t, "tessera-extender", bin, "--kubeconfig", kc, "--listen", addr, "--config", cfg, "--log-level=debug")
 	s.waitExtender(t)
-	t.Logf("control plane and tessera-extender up in %.1fs (nodeCacheCapable %t)", time.Since(t0).Seconds(), nodeCache)
+	t.Logf("control plane and tessera-extender (chart RBAC and config) up in %.1fs (nodeCacheCapable %t)", time.Since(t0).Seconds(), nodeCache)
 	return s
 }
 
@@ -271,15 +292,15 @@ func (s *extenderStack) waitBound(t *testing.T, pool string, names []string, tim
 	return pods
 }
 
-// leases describes the Leases of kube-system (the extender's leader and per-node bind Leases), for
+// leases describes all Leases (the extender's leader and per-node bind Leases among them), for
 // failure messages.
 func (s *extenderStack) leases() string {
-	l, err := s.Client.CoordinationV1().Leases("kube-system").List(context.Background(), metav1.ListOptions{})
+	l, err := s.Client.CoordinationV1().Leases("").List(context.Background(), metav1.ListOptions{})
 	if err != nil {
 		return "leases: " + err.Error()
 	}
 	var b strings.Builder
-	b.WriteString("leases in kube-system at " + time.Now().Format("15:04:05.000") + ":\n")
+	b.WriteString("leases at " + time.Now().Format("15:04:05.000") + ":\n")
 	for _, x := range l.Items {
 		holder, renew, dur := "<none>", "<none>", int32(0)
 		if x.Spec.HolderIdentity != nil {
@@ -291,7 +312,7 @@ func (s *extenderStack) leases() string {
 		if x.Spec.LeaseDurationSeconds != nil {
 			dur = *x.Spec.LeaseDurationSeconds
 		}
-		fmt.Fprintf(&b, "  %s: holder %q renewed %s for %ds (resourceVersion %s)\n", x.Name, holder, renew, dur, x.ResourceVersion)
+		fmt.Fprintf(&b, "  %s/%s: holder %q renewed %s for %ds (resourceVersion %s)\n", x.Namespace, x.Name, holder, renew, dur, x.ResourceVersion)
 	}
 	return b.String()
 }
