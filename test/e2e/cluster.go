@@ -105,7 +105,7 @@ func StartCluster(t *testing.T, opts ClusterOptions) *Cluster {
 	})
 	// Build tessera's commands while containerd and the control plane start.
 	built := make(chan struct{})
-	go func() { defer close(built); tesseraBinary(t, "tessera-node") }()
+	go func() { defer close(built); tesseraBinary(&quietTB{TB: t}, "tessera-node") }()
 	c.Ctr = StartContainerd(t)
 	c.Dir = c.Ctr.Base
 	step("containerd up")
@@ -116,6 +116,7 @@ func StartCluster(t *testing.T, opts ClusterOptions) *Cluster {
 	t.Cleanup(func() { c.teardown(t) })
 	step("control plane up")
 	<-built
+	tesseraBinary(t, "tessera-node") // fails the test here, on its goroutine, if the build failed
 	lib := c.buildVCUDA(t)
 	c.startExtender(t, opts.Policy)
 	step("tessera-extender up")
@@ -655,3 +656,12 @@ func runEnv(t testing.TB, timeout time.Duration, env []string, name string, args
 	out, err := cmd.CombinedOutput()
 	return strings.TrimSpace(string(out)), err
 }
+
+// quietTB lets a helper that may call Fatalf run off the test's goroutine (where FailNow must not
+// be called): it only records the failure.
+type quietTB struct {
+	testing.TB
+	failed string
+}
+
+func (q *quietTB) Fatalf(format string, args ...any) { q.failed = fmt.Sprintf(format, args...) }
