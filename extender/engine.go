@@ -41,6 +41,7 @@ func (e *Engine) PolicyFor(r *Request) Policy {
 
 // Evaluate returns the best placement of r on n and its policy score, or why r does not fit n.
 func (e *Engine) Evaluate(sc *ScoreContext, n *NodeState, r *Request) (Placement, float64, *Unfit) {
+	sc.memoReq = nil
 	p, s, u := e.evaluate(sc, n, r, true)
 	return p.clone(), s, u
 }
@@ -49,11 +50,51 @@ func (e *Engine) Evaluate(sc *ScoreContext, n *NodeState, r *Request) (Placement
 // not fit and nobody reads why). The placement lives in sc's arena: valid until sc's next evaluate.
 func (e *Engine) evaluate(sc *ScoreContext, n *NodeState, r *Request, explain bool) (Placement, float64, *Unfit) {
 	sc.arena.reset()
+	pol := e.PolicyFor(r)
+	// Nodes in the same state (same hardware type, same usage) evaluate the same: remember each
+	// state's outcome for this request (clusters have far fewer states than nodes).
+	// The memo stops itself for a request when its first memoProbe lookups hit less than half the
+	// time (every node in its own state: remembering would only cost).
+	var key fragKey
+	memo := false
+	if sc.memoReq != r || sc.memoExplain != explain {
+		if sc.memo == nil {
+			sc.memo = map[fragKey]memoEntry{}
+		}
+		clear(sc.memo)
+		sc.memoReq, sc.memoExplain, sc.memoLookups, sc.memoHits = r, explain, 0, 0
+	}
+	if _, random := pol.(randomPolicy); !random && (sc.memoLookups < memoProbe || 2*sc.memoHits >= sc.memoLookups) && sc.stateKey(0, n, &key) {
+		sc.memoLookups++
+		if m, ok := sc.memo[key]; ok {
+			sc.memoHits++
+			return Placement{Devices: m.devs}, m.score, m.u
+		}
+		memo = true
+	}
+	p, s, u := e.evaluateAll(sc, pol, n, r, explain)
+	if memo {
+		sc.memo[key] = memoEntry{devs: slices.Clone(p.Devices), score: s, u: u}
+	}
+	return p, s, u
+}
+
+// memoProbe is how many nodes the evaluation memo is tried on before it judges its hit rate.
+const memoProbe = 256
+
+// memoEntry is one node state's outcome for the request being evaluated.
+type memoEntry struct {
+	devs  []Device
+	score float64
+	u     *Unfit
+}
+
+// evaluateAll scores every candidate placement of r on n.
+func (e *Engine) evaluateAll(sc *ScoreContext, pol Policy, n *NodeState, r *Request, explain bool) (Placement, float64, *Unfit) {
 	cands, u := candidates(&sc.arena, n, r, explain)
 	if u != nil {
 		return Placement{}, 0, u
 	}
-	pol := e.PolicyFor(r)
 	best, bestScore := 0, math.Inf(-1)
 	for i := range cands {
 		if s := pol.Score(sc, n, r, &cands[i]); s > bestScore {
@@ -71,6 +112,7 @@ func (e *Engine) Pick(sc *ScoreContext, nodes []*NodeState, r *Request, unfitFn 
 	best := -1
 	var bestP Placement
 	bestScore := math.Inf(-1)
+	sc.memoReq = nil // a new request: forget outcomes memoised for an earlier one
 	for i, n := range nodes {
 		p, s, u := e.evaluate(sc, n, r, unfitFn != nil)
 		if u != nil {

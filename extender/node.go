@@ -62,14 +62,17 @@ type NodeState struct {
 	TypeID int
 }
 
-// TypeKey describes the node's hardware as fragmentation sees it; nodes with equal keys may share a TypeID.
+// TypeKey describes everything static that placement and scoring read from a node (CPU, memory,
+// each GPU's model, size, health and generation, topology, MIG and mdev capacity); nodes with equal
+// keys may share a TypeID. Names, UUIDs and labels are not part of it.
 func (n *NodeState) TypeKey() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d/%d", n.CPUMilli, n.MemMiB)
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
-		fmt.Fprintf(&b, "|%s/%d/%t", g.Model, g.Memory, g.Usable)
+		fmt.Fprintf(&b, "|%q/%d/%t/%d", g.Model, g.Memory, g.Usable, g.Gen)
 	}
+	fmt.Fprintf(&b, "|dist=%v|mig=%v|mdev=%v", n.Dist, n.MIG, n.Mdev) // %v prints maps sorted
 	return b.String()
 }
 

@@ -23,6 +23,11 @@ type ScoreContext struct {
 	// after is scratch space for a node's state after a placement; arena holds candidates.
 	after NodeState
 	arena arena
+	// memo holds the outcome per node state for memoReq (Engine.evaluate).
+	memo                  map[fragKey]memoEntry
+	memoReq               *Request
+	memoExplain           bool
+	memoLookups, memoHits int
 }
 
 // afterState returns the node as it would be after p (scratch memory, valid until the next call).

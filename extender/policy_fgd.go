@@ -14,8 +14,10 @@ import (
 // over the typical shapes by popularity. Shapes without GPUs are skipped: every GPU is a fragment
 // to them wherever a pod goes, so they shift all nodes' scores equally.
 
-// shapeFrag is the free compute (per-mille) of n that a task of shape r cannot use.
-func shapeFrag(n *NodeState, r *Request, total int) int {
+// shapeFrag is the free compute (per-mille) of n that a task of shape r cannot use. With fed, a
+// whole-GPU shape can use only as many free GPUs as the node's free CPU and memory can feed tasks of
+// that shape (tessera's multi-resource fragmentation, see policy_tessera.go).
+func shapeFrag(n *NodeState, r *Request, total int, fed bool) int {
 	if n.CPUMilli > 0 && n.UsedCPU+r.CPUMilli > n.CPUMilli {
 		return total
 	}
@@ -41,11 +43,32 @@ func shapeFrag(n *NodeState, r *Request, total int) int {
 	if fit < c.Whole+c.Shares {
 		return total
 	}
-	return rest
+	if !fed || c.Whole == 0 {
+		return rest
+	}
+	usable := total - rest
+	per := c.Whole * MilliPerGPU
+	if n.CPUMilli > 0 && r.CPUMilli > 0 {
+		usable = min(usable, int((n.CPUMilli-n.UsedCPU)/r.CPUMilli)*per)
+	}
+	if n.MemMiB > 0 && r.MemMiB > 0 {
+		usable = min(usable, int((n.MemMiB-n.UsedMem)/r.MemMiB)*per)
+	}
+	return total - usable
 }
 
-// NodeFragmentation is the expected fragmentation of n over the shapes, in per-mille of a GPU.
+// NodeFragmentation is the expected fragmentation of n over the shapes, in per-mille of a GPU (FGD's).
 func NodeFragmentation(n *NodeState, shapes []Shape) float64 {
+	return nodeFragmentation(n, shapes, false)
+}
+
+// NodeFragmentationFed is NodeFragmentation where free GPUs that the node's CPU and memory cannot
+// feed to a whole-GPU shape are fragments of that shape too (tessera's).
+func NodeFragmentationFed(n *NodeState, shapes []Shape) float64 {
+	return nodeFragmentation(n, shapes, true)
+}
+
+func nodeFragmentation(n *NodeState, shapes []Shape, fed bool) float64 {
 	total := n.FreeMilli()
 	if total == 0 {
 		return 0
@@ -56,7 +79,7 @@ func NodeFragmentation(n *NodeState, shapes []Shape) float64 {
 		if len(s.Req.Containers) == 0 || !s.Req.WantsGPU() {
 			continue
 		}
-		f += s.Weight * float64(shapeFrag(n, &s.Req, total))
+		f += s.Weight * float64(shapeFrag(n, &s.Req, total, fed))
 	}
 	return f
 }
@@ -113,12 +136,12 @@ func (c *FragCache) put(k *fragKey, v float64) {
 	c.m[*k] = v
 }
 
-// fragOf returns f(n), memoised when possible.
-func (sc *ScoreContext) fragOf(variant uint8, n *NodeState, f func(*NodeState) float64) float64 {
-	if sc.Cache == nil || n.TypeID == 0 || len(n.GPUs) > 8 {
-		return f(n)
+// stateKey fills k with n's state; false when n cannot be keyed (no TypeID, more than 8 GPUs).
+func (sc *ScoreContext) stateKey(variant uint8, n *NodeState, k *fragKey) bool {
+	if n.TypeID == 0 || len(n.GPUs) > 8 {
+		return false
 	}
-	k := fragKey{variant: variant, typ: int32(n.TypeID), cpu: n.UsedCPU, mem: n.UsedMem}
+	*k = fragKey{variant: variant, typ: int32(n.TypeID), cpu: n.UsedCPU, mem: n.UsedMem}
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		k.free[i] = int16(g.FreeMilli())
@@ -129,6 +152,15 @@ func (sc *ScoreContext) fragOf(variant uint8, n *NodeState, f func(*NodeState) f
 		if g.Shares > 0 {
 			k.shared |= 1 << i
 		}
+	}
+	return true
+}
+
+// fragOf returns f(n), memoised when possible.
+func (sc *ScoreContext) fragOf(variant uint8, n *NodeState, f func(*NodeState) float64) float64 {
+	var k fragKey
+	if sc.Cache == nil || !sc.stateKey(variant, n, &k) {
+		return f(n)
 	}
 	if v, ok := sc.Cache.get(&k); ok {
 		return v

@@ -6,27 +6,30 @@ import (
 	"github.com/tessera-gpu/tessera/api"
 )
 
-// tesseraPolicy is FGD's fragmentation gain, taken at a fixed resolution, with ties broken by
-// best fit over GPU and CPU. Rationale: measured on the openb traces, exact fragmentation deltas
-// scatter pods over many nodes whose gains differ by noise (unallocated GPU rises from 4.8% to
-// 5.8% on the default trace), while the paper's scoring - the gain squashed through a sigmoid into
-// an integer 0..100 score, ties to the first node - packs nodes in order. tessera keeps that
-// resolution (so fragmentation still dominates) and makes the tie-break an explicit best fit
-// instead of list order, which keeps packing independent of how nodes happen to be listed.
-// Status: on par with FGD on the default trace (4.82 vs 4.84, 4 seeds), not yet the <= 4.5 goal;
-// see extender/README.md.
+// tesseraPolicy is FGD with multi-resource fragmentation, scored at FGD's resolution.
+//
+// Fragmentation: FGD counts a node's free GPU compute as a fragment for a task shape when the shape
+// cannot use it (the GPU is too full, or the task does not fit the node at all). tessera also counts
+// the free whole GPUs that the node's free CPU and memory cannot feed: a node with 4 free GPUs and CPU
+// for 2 more tasks of a 1-GPU shape can give that shape 2 GPUs, not 4 - the other 2 are stranded for
+// it. On the openb traces FGD leaves most of its whole-GPU waste exactly there (free GPUs on nodes whose
+// CPU is spent); the cap removes it. The cap applies to whole-GPU shapes only: a share's CPU is large
+// against its GPU fraction, so for shares the cap binds on nearly every node, shifts every node's score
+// alike and drowns the GPU-level signal (measured: worse than capping whole shapes only). No constant
+// is involved; the shapes are the arrival distribution learned online (ShapeStats).
+//
+// Score: the gain (expected fragmentation before minus after) squashed like FGD's into an integer
+// 0..100 score, so near-equal gains tie and ties go to the first node in list order (packing, as in
+// FGD's simulator; measured better than a best-fit node tie-break), and within a node to the GPUs
+// the placement leaves fullest (best fit on the GPU's remaining compute).
 type tesseraPolicy struct{}
 
 func (tesseraPolicy) Name() string { return api.PolicyTessera }
 func (tesseraPolicy) Score(sc *ScoreContext, n *NodeState, r *Request, p *Placement) float64 {
-	frag := func(x *NodeState) float64 { return NodeFragmentation(x, sc.Shapes) }
-	before := sc.fragOf(1, n, frag)
+	frag := func(x *NodeState) float64 { return NodeFragmentationFed(x, sc.Shapes) }
+	before := sc.fragOf(2, n, frag)
 	a := sc.afterState(n, r, p)
-	after := sc.fragOf(1, a, frag)
-	left := frac(int64(a.FreeMilli()), int64(a.CapacityMilli()))
-	if a.CPUMilli > 0 {
-		left = (left + frac(a.CPUMilli-a.UsedCPU, a.CPUMilli)) / 2
-	}
+	after := sc.fragOf(2, a, frag)
 	gain := math.Trunc(100 / (1 + math.Exp(-(before-after)/MilliPerGPU)))
-	return gain - left - 1e-3*gpuTightness(a, p)
+	return gain - 1e-3*gpuTightness(a, p)
 }

@@ -73,15 +73,13 @@ func NewCluster(nodes []Node, pods []Pod) *Cluster {
 	return c
 }
 
-// UseOracleShapes makes every run score with the typical shapes of the whole pod list, as the FGD
-// paper's simulator does, instead of learning them from the pods arrived so far (the default, and
-// all the server can know). It exists to reproduce the paper's protocol.
+// UseOracleShapes makes every run score with the typical shapes of the whole pod list (CPU-only
+// pods included), as the FGD paper's simulator does, instead of learning them from the GPU pods
+// arrived so far (the default, and all the server can know). It exists to reproduce the paper.
 func (c *Cluster) UseOracleShapes() {
 	st := extender.NewShapeStats()
 	for i := range c.Pods {
-		if r := c.Pods[i].Request(); r.WantsGPU() {
-			st.Observe(r, 1)
-		}
+		st.Observe(c.Pods[i].Request(), 1)
 	}
 	c.shapes = st.Typical()
 }
@@ -132,7 +130,7 @@ func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, erro
 	}
 	nodes := c.buildNodes()
 	rng := rand.New(rand.NewPCG(seed, 7))
-	oracle := &extender.ScoreContext{Shapes: c.shapes, Cache: extender.NewFragCache(), Rand: rng}
+	sc := &extender.ScoreContext{Shapes: c.shapes, Cache: extender.NewFragCache(), Rand: rng}
 	// Online: the shapes of the pods arrived so far, the current one included (in a cluster it is
 	// pending, and the server counts pending pods), through the server's own ShapeStats snapshots.
 	st := extender.NewShapeStats()
@@ -141,13 +139,12 @@ func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, erro
 	next := 0
 	for _, pod := range c.Arrivals(seed, inflate) {
 		r := pod.Request()
-		sc := oracle
 		if c.shapes == nil {
 			if r.WantsGPU() {
 				st.Observe(r, 1)
 			}
-			sc = st.ScoreContext()
-			sc.Rand = rng
+			fresh := st.ScoreContext()
+			sc.Shapes, sc.Cache = fresh.Shapes, fresh.Cache
 		}
 		i, p := eng.Pick(sc, nodes, r, nil)
 		if i >= 0 {
