@@ -14,6 +14,7 @@ require (
 	k8s.io/api v0.34.4
 	k8s.io/apimachinery v0.34.4
 	k8s.io/client-go v0.34.4
+	k8s.io/cri-api v0.34.4
 	k8s.io/kube-scheduler v0.34.4
 	k8s.io/kubelet v0.34.4
 	sigs.k8s.io/yaml v1.6.0

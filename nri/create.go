@@ -31,8 +31,12 @@ const AnnotationLedgerEntry = "tessera.dev/ledger-entry"
 
 // CreateContainer realises the container's GPU assignment or refuses the container with the reason.
 func (p *Plugin) CreateContainer(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container) (*nriapi.ContainerAdjustment, []*nriapi.ContainerUpdate, error) {
+	start := time.Now()
 	adj, err := p.create(ctx, pod, c)
+	p.creates.Add(1)
+	p.createNanos.Add(int64(time.Since(start)))
 	if err != nil {
+		p.refusals.Add(1)
 		slog.Error("refusing container", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "err", err)
 		return nil, nil, fmt.Errorf("tessera: %s/%s container %q: %w", pod.GetNamespace(), pod.GetName(), c.GetName(), err)
 	}
@@ -84,12 +88,9 @@ func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.C
 // assignment returns the verified devices for a container granted whole GPUs or shares: the
 // extender's assignment if the pod carries one, else a local placement.
 func (p *Plugin) assignment(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container, whole, shares int) ([]api.DeviceAssignment, bool, error) {
-	spec, err := p.pods.Pod(ctx, pod.GetNamespace(), pod.GetName())
+	spec, err := p.pods.Pod(ctx, pod.GetNamespace(), pod.GetName(), pod.GetUid())
 	if err != nil {
 		return nil, false, fmt.Errorf("read the pod's spec to check its requests: %w", err)
-	}
-	if string(spec.UID) != pod.GetUid() {
-		return nil, false, fmt.Errorf("the API server's pod has UID %s, the sandbox %s", spec.UID, pod.GetUid())
 	}
 	req, err := api.ParsePodRequest(spec)
 	if err != nil {

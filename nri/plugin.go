@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync/atomic"
+	"time"
 
 	nriapi "github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
@@ -37,9 +38,10 @@ type Grants interface {
 	Container(ctx context.Context, namespace, pod, container string) (podresources.Grant, error)
 }
 
-// Pods returns a pod's spec as the API server has it (the resource requests are checked against it).
+// Pods returns a pod's spec as the API server has it (the resource requests are checked against
+// it); the pod must have the given UID, or it is another pod of the same name.
 type Pods interface {
-	Pod(ctx context.Context, namespace, name string) (*corev1.Pod, error)
+	Pod(ctx context.Context, namespace, name, uid string) (*corev1.Pod, error)
 }
 
 // Plugin is the NRI plugin around one stub.
@@ -51,6 +53,13 @@ type Plugin struct {
 	stub   stub.Stub
 	// synced is true between a Synchronize from the runtime and the connection's loss.
 	synced atomic.Bool
+	// creates and createNanos time CreateContainer, for /metrics.
+	creates, createNanos, refusals atomic.Int64
+}
+
+// Stats are the plugin's counters: CreateContainer calls, the time spent in them, and refusals.
+func (p *Plugin) Stats() (creates int64, total time.Duration, refusals int64) {
+	return p.creates.Load(), time.Duration(p.createNanos.Load()), p.refusals.Load()
 }
 
 // Synced reports whether the plugin is connected to the runtime and synchronized with it.

@@ -33,12 +33,12 @@ type fakePods struct {
 	pods map[string]*corev1.Pod
 }
 
-func (f *fakePods) Pod(_ context.Context, ns, name string) (*corev1.Pod, error) {
+func (f *fakePods) Pod(_ context.Context, ns, name, uid string) (*corev1.Pod, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p, ok := f.pods[ns+"/"+name]
-	if !ok {
-		return nil, fmt.Errorf("pods %q not found", name)
+	if !ok || string(p.UID) != uid {
+		return nil, fmt.Errorf("pods %q with UID %s not found", name, uid)
 	}
 	return p, nil
 }

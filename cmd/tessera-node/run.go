@@ -92,7 +92,7 @@ func runAgent(args []string) error {
 	}
 	var pods nri.Pods = noPods{err}
 	if client != nil {
-		pods = nri.APIPods{Client: client}
+		pods = nri.NewAPIPods(ctx, client, cfg.NodeName)
 		a.WithPublisher(publisher(ctx, client, cfg.NodeName))
 	}
 	if err := a.Refresh(ctx); err != nil {
@@ -158,7 +158,7 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 // noPods answers when there is no API server: granted containers cannot be verified.
 type noPods struct{ err error }
 
-func (n noPods) Pod(context.Context, string, string) (*corev1.Pod, error) {
+func (n noPods) Pod(context.Context, string, string, string) (*corev1.Pod, error) {
 	return nil, fmt.Errorf("no API server access to read the pod (%v); start tessera-node with --kubeconfig or in-cluster credentials", n.err)
 }
 
@@ -185,7 +185,13 @@ func serveHTTP(addr string, a *agent.Agent, mgr *deviceplugin.Manager, plugin *n
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) { writeMetrics(w, a, plugin.RegionPath) })
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		writeMetrics(w, a, plugin.RegionPath)
+		n, total, refused := plugin.Stats()
+		fmt.Fprintf(w, "# HELP tessera_nri_create_container_total CreateContainer requests the NRI plugin handled.\n# TYPE tessera_nri_create_container_total counter\ntessera_nri_create_container_total %d\n", n)
+		fmt.Fprintf(w, "# HELP tessera_nri_create_container_seconds_total Time the NRI plugin spent in CreateContainer.\n# TYPE tessera_nri_create_container_seconds_total counter\ntessera_nri_create_container_seconds_total %g\n", total.Seconds())
+		fmt.Fprintf(w, "# HELP tessera_nri_refused_containers_total Containers the NRI plugin refused.\n# TYPE tessera_nri_refused_containers_total counter\ntessera_nri_refused_containers_total %d\n", refused)
+	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 	return srv, nil
