@@ -242,20 +242,21 @@ func (p *Plugin) addVCUDA(c *nriapi.Container, e *ledger.Entry, adj *nriapi.Cont
 	if err != nil {
 		return err
 	}
-	files := map[string][]byte{"limits": data, "ld.so.preload": []byte(api.VCUDALibraryInContainer + "\n")}
-	for name, content := range files {
-		if err := writeFileAtomic(filepath.Join(dir, name), content); err != nil {
-			return fmt.Errorf("write the container's %s: %w", name, err)
+	// Plain writes: the container does not exist yet, so nobody can read a half-written file.
+	// The accounting region is created empty and writable by any user: the container's processes
+	// may run as any UID, and vcuda initialises an empty region on first use.
+	for _, f := range []struct {
+		name string
+		data []byte
+		mode os.FileMode
+	}{{"limits", data, 0o644}, {"ld.so.preload", []byte(api.VCUDALibraryInContainer + "\n"), 0o644}, {"vcuda/region", nil, 0o666}} {
+		path := filepath.Join(dir, f.name)
+		if err := os.WriteFile(path, f.data, f.mode); err != nil {
+			return fmt.Errorf("write the container's %s: %w", f.name, err)
 		}
-	}
-	// The accounting region is created here, empty and writable by any user: the container's
-	// processes may run as any UID, and vcuda initialises an empty region on first use.
-	region := filepath.Join(dir, "vcuda", "region")
-	if err := os.WriteFile(region, nil, 0o666); err != nil {
-		return fmt.Errorf("create the container's vcuda region: %w", err)
-	}
-	if err := os.Chmod(region, 0o666); err != nil {
-		return fmt.Errorf("create the container's vcuda region: %w", err)
+		if err := os.Chmod(path, f.mode); err != nil { // past the umask
+			return fmt.Errorf("write the container's %s: %w", f.name, err)
+		}
 	}
 	ro := []string{"bind", "ro", "nosuid", "nodev"}
 	adj.AddMount(&nriapi.Mount{Source: filepath.Join(dir, "limits"), Destination: api.LimitsPathInContainer, Type: "bind", Options: ro})
@@ -296,12 +297,4 @@ func (p *Plugin) realiseKata(e *ledger.Entry, adj *nriapi.ContainerAdjustment) e
 	}
 	adj.AddAnnotation(key, value)
 	return nil
-}
-
-func writeFileAtomic(path string, data []byte) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, 0o644); err != nil {
-		return err
-	}
-	return os.Rename(tmp, path)
 }

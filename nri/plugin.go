@@ -23,7 +23,8 @@ import (
 
 // Config is the plugin's configuration.
 type Config struct {
-	// StateDir holds per-container files: <StateDir>/containers/<id>/{limits,vcuda/}.
+	// StateDir holds per-container files: <StateDir>/containers/<id>/{limits,ld.so.preload,vcuda/region}.
+	// They live only as long as their container, so a tmpfs (/run) suits them best.
 	StateDir string
 	// VCUDALibrary is the host path of libvcuda.so.
 	VCUDALibrary string

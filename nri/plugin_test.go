@@ -46,7 +46,7 @@ func (f *fakePods) Pod(_ context.Context, ns, name, uid string) (*corev1.Pod, er
 // env is the plugin connected to NRI's runtime-side adaptation over a real socket, with a real
 // simulated-node agent and ledger, and the kubelet's PodResources API served by podresources.Server.
 type env struct {
-	t       *testing.T
+	t       testing.TB
 	rt      *nriadapt.Adaptation
 	agent   *agent.Agent
 	grants  *podresources.Server
@@ -56,7 +56,7 @@ type env struct {
 	running []*nriapi.Container // what the runtime reports at Synchronize
 }
 
-func newEnv(t *testing.T, preexisting ...*nriapi.Container) *env {
+func newEnv(t testing.TB, preexisting ...*nriapi.Container) *env {
 	t.Helper()
 	dir, err := os.MkdirTemp("/tmp", "tsr-nri-")
 	if err != nil {
@@ -371,4 +371,26 @@ func newEnvWithLedgerEntries(t *testing.T, stale []ledger.Entry, live *nriapi.Co
 	e.running = []*nriapi.Container{live}
 	client := podresources.New(filepath.Join(e.dir, "none.sock"))
 	return e.start(client, l)
+}
+
+// BenchmarkCreateContainerShare is the plugin's own cost for a share container (grant lookup over
+// the PodResources socket, verification, ledger, limits file) through NRI's runtime adaptation over
+// a real socket, with a Stop between creates so the share is released each time.
+func BenchmarkCreateContainerShare(b *testing.B) {
+	e := newEnv(b)
+	g0 := e.agent.Inventory().GPUs[0].UUID
+	pod := e.pod("bench", map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "1Gi"}, assignment(api.DeviceAssignment{UUID: g0, MemoryBytes: 1 << 30}))
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "bench", Container: "main"}, api.ResourceShare, "vgpu-0")
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c := ctr(fmt.Sprintf("c-%d", i))
+		if _, err := e.create(pod, c); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: c}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
 }

@@ -32,6 +32,7 @@ type runFlags struct {
 	nodeFlags
 	nodeName          string
 	dataDir           string
+	runDir            string
 	pluginDir         string
 	podResources      string
 	nriSocket         string
@@ -49,7 +50,8 @@ func runAgent(args []string) error {
 	f.register(fs)
 	host, _ := os.Hostname()
 	fs.StringVar(&f.nodeName, "node-name", host, "Kubernetes node name (the inventory annotation goes on this Node)")
-	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/tessera", "persistent state: the ledger and per-container vcuda files")
+	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/tessera", "persistent state: the ledger")
+	fs.StringVar(&f.runDir, "run-dir", "/run/tessera", "per-container vcuda files (limits, preload list, accounting region); best on tmpfs")
 	fs.StringVar(&f.pluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device plugin directory (kubelet.sock lives here)")
 	fs.StringVar(&f.podResources, "pod-resources-socket", podresources.DefaultSocket, "the kubelet's PodResources API socket")
 	fs.StringVar(&f.nriSocket, "nri-socket", "/var/run/nri/nri.sock", "containerd's NRI socket")
@@ -99,7 +101,7 @@ func runAgent(args []string) error {
 		return err
 	}
 
-	plugin := nri.New(nri.Config{StateDir: f.dataDir, VCUDALibrary: cfg.VCUDALibrary, KataHandlers: []string{f.kataHandlerPrefix},
+	plugin := nri.New(nri.Config{StateDir: f.runDir, VCUDALibrary: cfg.VCUDALibrary, KataHandlers: []string{f.kataHandlerPrefix},
 		PluginIndex: f.nriPluginIndex}, a, grants, pods)
 	mgr := deviceplugin.NewManager(a, deviceplugin.Options{PluginDir: f.pluginDir})
 

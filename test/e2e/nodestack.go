@@ -52,7 +52,7 @@ func startNodeStack(t testing.TB) *nodeStack {
 	s.metrics = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s.agent = s.cp.StartProcess(t, "tessera-node", tesseraBinary(t, "tessera-node"), "run",
 		"--backend=sim", "--state-dir="+filepath.Join(s.dir, "sim"), "--cdi-dir="+s.ctr.CDIDir,
-		"--node-name="+s.node, "--data-dir="+filepath.Join(s.dir, "data"),
+		"--node-name="+s.node, "--data-dir="+filepath.Join(s.dir, "data"), "--run-dir="+filepath.Join(s.dir, "run-tessera"),
 		"--device-plugin-dir="+s.kubelet.PluginDir, "--pod-resources-socket="+s.kubelet.PodResSocket,
 		"--nri-socket="+s.ctr.NRISocket, "--kubeconfig="+s.cp.Kubeconfig, "--listen="+s.metrics,
 		"--vcuda-library="+lib)
