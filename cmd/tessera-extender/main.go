@@ -37,6 +37,7 @@ import (
 type options struct {
 	kubeconfig, listen, config, policy, identity, logLevel string
 	leaderElect                                            bool
+	qps                                                    int
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -49,6 +50,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.config, "config", "", "ExtenderConfig YAML file (apiVersion tessera.dev/v1, kind ExtenderConfig); empty: defaults")
 	fs.StringVar(&o.policy, "policy", "", "default placement policy, overriding the config file: "+fmt.Sprint(api.KnownPolicies))
 	fs.StringVar(&o.identity, "identity", fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's identity in leader election and node bind Leases")
+	fs.IntVar(&o.qps, "kube-api-qps", 100, "requests per second to the API server (burst twice that); a bind costs about seven")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "bind only while holding the leader Lease (the other replicas answer filter/prioritize)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return o, fs.Parse(args)
@@ -96,6 +98,9 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client config: %w", err)
 	}
+	// A bind costs about seven API calls; client-go's default 5 QPS would starve binds and the
+	// leader Lease renewals under a burst of pods.
+	rc.QPS, rc.Burst = float32(o.qps), o.qps*2
 	client, err := kubernetes.NewForConfig(rc)
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
@@ -152,14 +157,24 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			Client:     client.CoordinationV1(),
 			LockConfig: resourcelock.ResourceLockConfig{Identity: o.identity},
 		}
-		go leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
-			Lock: lock, LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
-			ReleaseOnCancel: true,
-			Callbacks: leaderelection.LeaderCallbacks{
-				OnStartedLeading: func(context.Context) { leader.Store(true); log.Info("leading: this replica binds") },
-				OnStoppedLeading: func() { leader.Store(false); log.Info("stopped leading") },
-			},
-		})
+		// RunOrDie returns when leadership is lost (an API server outage, say): stand again, or this
+		// replica would refuse every bind forever.
+		go func() {
+			for ctx.Err() == nil {
+				leaderelection.RunOrDie(ctx, leaderelection.LeaderElectionConfig{
+					Lock: lock, LeaseDuration: 15 * time.Second, RenewDeadline: 10 * time.Second, RetryPeriod: 2 * time.Second,
+					ReleaseOnCancel: true,
+					Callbacks: leaderelection.LeaderCallbacks{
+						OnStartedLeading: func(context.Context) { leader.Store(true); log.Info("leading: this replica binds") },
+						OnStoppedLeading: func() {
+							if leader.Swap(false) {
+								log.Warn("stopped leading; standing for election again")
+							}
+						},
+					},
+				})
+			}
+		}()
 	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {

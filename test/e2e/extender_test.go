@@ -31,15 +31,6 @@ import (
 
 const gib = int64(1) << 30
 
-// knownBug skips a test that fails because of a reported, not yet fixed bug outside the harness,
-// unless TESSERA_E2E_KNOWN_BUGS=1 (run it to check a fix; drop the call once the test passes).
-func knownBug(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv("TESSERA_E2E_KNOWN_BUGS") != "1" {
-		t.Skipf("known bug (TESSERA_E2E_KNOWN_BUGS=1 runs it anyway): %s", what)
-	}
-}
-
 // extenderStack is a control plane whose scheduler consults a running tessera-extender.
 type extenderStack struct {
 	*ControlPlane
@@ -666,9 +657,6 @@ func TestExtenderUnschedulable(t *testing.T) {
 // decision would leave a pod unbound for good and a forgotten one would over-commit a GPU: all pods
 // must be bound eventually with no GPU over-committed, and one more pod must then stay unbound.
 func TestExtenderRestart(t *testing.T) {
-	knownBug(t, "tessera-extender uses client-go's default 5 QPS / 10 burst: a burst of ~30 pods livelocks its binds "+
-		"(each over the scheduler's 5 s extender timeout) and starves its leader-election renewals; once it loses "+
-		"the lease it never campaigns again (see the e2e report)")
 	s := startExtenderStack(t, true)
 	const pool = "restart"
 	// 2 nodes x 4 GPUs x 40 GiB; 16 share tokens per GPU: memory and cores bind, not the token count
@@ -724,8 +712,6 @@ func TestExtenderRestart(t *testing.T) {
 // again afterwards: pods created after the outage are bound, and the ones bound before keep their
 // GPUs (no over-commit).
 func TestExtenderAPIServerRestart(t *testing.T) {
-	knownBug(t, "tessera-extender never campaigns again after losing its leader Lease (leaderelection.RunOrDie "+
-		"returns and nothing restarts it or exits the process): every later bind fails with \"not the leader\" (see the e2e report)")
 	s := startExtenderStack(t, true)
 	const pool = "outage"
 	s.addNode(t, gpuNode{name: "outage-a", pool: pool, gpus: 2, memory: 40 * gib, sharesPerGPU: 8})
