@@ -31,6 +31,7 @@ vet:
 tools:
 	bash test/tools/install.sh "$(TOOLS)"
 	bash test/tools/install-k8s.sh "$(TOOLS)"
+	bash test/tools/install-helm.sh "$(TOOLS)"
 
 unit:
 	$(GO) test -count=1 $(UNIT_PKGS)
