@@ -56,17 +56,19 @@ func (e *Engine) evaluate(sc *ScoreContext, n *NodeState, r *Request, explain bo
 	// The memo stops itself for a request when its first memoProbe lookups hit less than half the
 	// time (every node in its own state: remembering would only cost).
 	var key fragKey
+	var h stateHash
 	memo := false
 	if sc.memoReq != r || sc.memoExplain != explain {
 		if sc.memo == nil {
-			sc.memo = map[fragKey]memoEntry{}
+			sc.memo = map[stateHash]memoEntry{}
 		}
 		clear(sc.memo)
 		sc.memoReq, sc.memoExplain, sc.memoLookups, sc.memoHits = r, explain, 0, 0
 	}
 	if _, random := pol.(randomPolicy); !random && (sc.memoLookups < memoProbe || 2*sc.memoHits >= sc.memoLookups) && sc.stateKey(0, n, &key) {
 		sc.memoLookups++
-		if m, ok := sc.memo[key]; ok {
+		h = key.hash()
+		if m, ok := sc.memo[h]; ok {
 			sc.memoHits++
 			return Placement{Devices: m.devs}, m.score, m.u
 		}
@@ -74,7 +76,7 @@ func (e *Engine) evaluate(sc *ScoreContext, n *NodeState, r *Request, explain bo
 	}
 	p, s, u := e.evaluateAll(sc, pol, n, r, explain)
 	if memo {
-		sc.memo[key] = memoEntry{devs: slices.Clone(p.Devices), score: s, u: u}
+		sc.memo[h] = memoEntry{devs: slices.Clone(p.Devices), score: s, u: u}
 	}
 	return p, s, u
 }
@@ -95,6 +97,7 @@ func (e *Engine) evaluateAll(sc *ScoreContext, pol Policy, n *NodeState, r *Requ
 	if u != nil {
 		return Placement{}, 0, u
 	}
+	sc.lastNode = nil // n may have changed since it was last seen (fragBeforeAfter)
 	best, bestScore := 0, math.Inf(-1)
 	for i := range cands {
 		if s := pol.Score(sc, n, r, &cands[i]); s > bestScore {

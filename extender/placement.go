@@ -363,6 +363,50 @@ func closestSet(n *NodeState, free []int, k int) []int {
 	if n.Dist == nil || k <= 1 || k == len(free) {
 		return free[:k] // callers copy
 	}
+	if len(free) > 64 {
+		return closestSetSlow(n, free, k)
+	}
+	var setBuf, bestBuf [64]int
+	bestCost := -1
+	var best []int
+	for _, start := range free {
+		set := append(setBuf[:0], start)
+		var in uint64 // positions in free already in set
+		for i, g := range free {
+			if g == start {
+				in |= 1 << i
+			}
+		}
+		cost := 0
+		for len(set) < k {
+			pick, pickPos, pickCost := -1, -1, 0
+			for i, g := range free {
+				if in&(1<<i) != 0 {
+					continue
+				}
+				c := 0
+				for _, s := range set {
+					c += n.Dist[g][s]
+				}
+				if pick < 0 || c < pickCost {
+					pick, pickPos, pickCost = g, i, c
+				}
+			}
+			set = append(set, pick)
+			in |= 1 << pickPos
+			cost += pickCost
+		}
+		if bestCost < 0 || cost < bestCost {
+			best, bestCost = append(bestBuf[:0], set...), cost
+		}
+	}
+	out := slices.Clone(best)
+	slices.Sort(out)
+	return out
+}
+
+// closestSetSlow is closestSet for nodes with more than 64 free GPUs.
+func closestSetSlow(n *NodeState, free []int, k int) []int {
 	var best []int
 	bestCost := -1
 	for _, start := range free {

@@ -102,3 +102,79 @@ func TestStateCountsArrivals(t *testing.T) {
 		t.Fatalf("deleted pods still counted: %d", got)
 	}
 }
+
+// TestAfterKey checks the incremental state key against the key of the applied state, and that
+// tessera and fgd score the same through it as through a full copy.
+func TestAfterKey(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for iter := 0; iter < 3000; iter++ {
+		n := &NodeState{CPUMilli: 64000, MemMiB: 1 << 20, UsedCPU: int64(rng.IntN(32000)), TypeID: 1}
+		for g := 0; g < 1+rng.IntN(8); g++ {
+			gs := GPUState{Index: g, Model: "A", Usable: rng.IntN(10) > 0, Memory: 16 << 30}
+			switch rng.IntN(3) {
+			case 0:
+				gs.Whole = true
+			case 1:
+				gs.Shares = 1 + rng.IntN(3)
+				gs.UsedMilli = 100 * rng.IntN(10)
+				gs.UsedMemory = int64(rng.IntN(12)) << 30
+			}
+			n.GPUs = append(n.GPUs, gs)
+		}
+		var r *Request
+		if rng.IntN(2) == 0 {
+			r = &Request{CPUMilli: 4000, Containers: []ContainerShape{{Name: "c", Shares: 1 + rng.IntN(2), Milli: 100 * rng.IntN(10), Memory: int64(1+rng.IntN(4)) << 30}}}
+		} else {
+			r = &Request{CPUMilli: 8000, Containers: []ContainerShape{{Name: "c", Whole: 1 + rng.IntN(2)}}}
+		}
+		cands, u := Candidates(n, r)
+		if u != nil {
+			continue
+		}
+		sc := &ScoreContext{}
+		for i := range cands {
+			var before, want fragKey
+			sc.stateKey(7, n, &before)
+			sc.stateKey(7, sc.afterState(n, r, &cands[i]), &want)
+			afterKey(&before, n, r, &cands[i])
+			if before != want {
+				t.Fatalf("iter %d: incremental key %+v, applied %+v", iter, before, want)
+			}
+			if a, b := gpuTightnessAfter(n, &cands[i]), gpuTightness(sc.afterState(n, r, &cands[i]), &cands[i]); a != b {
+				t.Fatalf("iter %d: tightness %v, want %v", iter, a, b)
+			}
+		}
+	}
+}
+
+// TestClosestSetFastMatchesSlow checks the allocation-light closestSet against the original.
+func TestClosestSetFastMatchesSlow(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for iter := 0; iter < 500; iter++ {
+		g := 2 + rng.IntN(15)
+		n := &NodeState{Dist: make([][]int, g)}
+		for i := range n.Dist {
+			n.Dist[i] = make([]int, g)
+		}
+		for i := 0; i < g; i++ {
+			for j := i + 1; j < g; j++ {
+				d := 1 + rng.IntN(5)
+				n.Dist[i][j], n.Dist[j][i] = d, d
+			}
+		}
+		var free []int
+		for i := 0; i < g; i++ {
+			if rng.IntN(3) > 0 {
+				free = append(free, i)
+			}
+		}
+		if len(free) < 2 {
+			continue
+		}
+		k := 1 + rng.IntN(len(free))
+		want := closestSetSlow(n, free, k)
+		if got := closestSet(n, free, k); k > 1 && k < len(free) && !slices.Equal(got, want) {
+			t.Fatalf("iter %d: closestSet %v, original %v", iter, got, want)
+		}
+	}
+}

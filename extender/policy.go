@@ -24,10 +24,16 @@ type ScoreContext struct {
 	after NodeState
 	arena arena
 	// memo holds the outcome per node state for memoReq (Engine.evaluate).
-	memo                  map[fragKey]memoEntry
+	memo                  map[stateHash]memoEntry
 	memoReq               *Request
 	memoExplain           bool
 	memoLookups, memoHits int
+	// The last node fragBeforeAfter saw: its key and fragmentation (for its next candidates).
+	lastNode    *NodeState
+	lastVariant uint8
+	lastCache   *FragCache
+	lastKey     fragKey
+	lastFrag    float64
 }
 
 // afterState returns the node as it would be after p (scratch memory, valid until the next call).
@@ -68,6 +74,30 @@ func gpuTightness(after *NodeState, p *Placement) float64 {
 	s := 0
 	for _, d := range p.Devices {
 		s += after.GPUs[d.GPU].FreeMilli()
+	}
+	return float64(s) / float64(MilliPerGPU*len(p.Devices))
+}
+
+// gpuTightnessAfter is gpuTightness of n after p, computed from n without applying p.
+func gpuTightnessAfter(n *NodeState, p *Placement) float64 {
+	if len(p.Devices) == 0 {
+		return 0
+	}
+	s := 0
+	for _, d := range p.Devices {
+		g := &n.GPUs[d.GPU]
+		free := g.FreeMilli()
+		for _, o := range p.Devices {
+			if o.GPU != d.GPU {
+				continue
+			}
+			if o.Whole {
+				free = 0
+				break
+			}
+			free -= o.Milli
+		}
+		s += free
 	}
 	return float64(s) / float64(MilliPerGPU*len(p.Devices))
 }

@@ -102,30 +102,62 @@ type fragKey struct {
 // is safe for concurrent use (the server's, one per typical-shape snapshot).
 type FragCache struct {
 	mu *sync.RWMutex
-	m  map[fragKey]float64
+	m  map[stateHash]float64
+}
+
+// stateHash is a 128-bit digest of a fragKey: map keys of 16 bytes instead of ~110 keep the cache
+// small and fast. Two distinct states colliding needs a 128-bit collision (about 2^-128 per pair).
+type stateHash [2]uint64
+
+func (k *fragKey) hash() stateHash {
+	words := [...]uint64{
+		uint64(k.variant) | uint64(k.whole)<<8 | uint64(k.shared)<<16 | uint64(uint32(k.typ))<<32,
+		uint64(k.cpu), uint64(k.mem),
+		uint64(uint16(k.free[0])) | uint64(uint16(k.free[1]))<<16 | uint64(uint16(k.free[2]))<<32 | uint64(uint16(k.free[3]))<<48,
+		uint64(uint16(k.free[4])) | uint64(uint16(k.free[5]))<<16 | uint64(uint16(k.free[6]))<<32 | uint64(uint16(k.free[7]))<<48,
+		uint64(k.usedMem[0]), uint64(k.usedMem[1]), uint64(k.usedMem[2]), uint64(k.usedMem[3]),
+		uint64(k.usedMem[4]), uint64(k.usedMem[5]), uint64(k.usedMem[6]), uint64(k.usedMem[7]),
+	}
+	a, b := uint64(0x243f6a8885a308d3), uint64(0x13198a2e03707344)
+	for _, w := range words {
+		a = mix64(a ^ w)
+		b = mix64(b + w*0xc2b2ae3d27d4eb4f)
+	}
+	return stateHash{a, b}
+}
+
+// mix64 is the splitmix64 finaliser (a bijection with full avalanche).
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
 }
 
 // maxFragCacheEntries bounds a cache; a full cache is emptied and refilled.
 const maxFragCacheEntries = 1 << 20
 
 // NewFragCache returns an empty cache for one goroutine; it must be dropped when the shapes change.
-func NewFragCache() *FragCache { return &FragCache{m: map[fragKey]float64{}} }
+func NewFragCache() *FragCache { return &FragCache{m: map[stateHash]float64{}} }
 
 // NewSharedFragCache returns an empty cache safe for concurrent use.
 func NewSharedFragCache() *FragCache {
-	return &FragCache{mu: &sync.RWMutex{}, m: map[fragKey]float64{}}
+	return &FragCache{mu: &sync.RWMutex{}, m: map[stateHash]float64{}}
 }
 
 func (c *FragCache) get(k *fragKey) (float64, bool) {
+	h := k.hash()
 	if c.mu != nil {
 		c.mu.RLock()
 		defer c.mu.RUnlock()
 	}
-	v, ok := c.m[*k]
+	v, ok := c.m[h]
 	return v, ok
 }
 
 func (c *FragCache) put(k *fragKey, v float64) {
+	h := k.hash()
 	if c.mu != nil {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -133,7 +165,7 @@ func (c *FragCache) put(k *fragKey, v float64) {
 	if len(c.m) >= maxFragCacheEntries {
 		clear(c.m)
 	}
-	c.m[*k] = v
+	c.m[h] = v
 }
 
 // stateKey fills k with n's state; false when n cannot be keyed (no TypeID, more than 8 GPUs).
@@ -156,6 +188,51 @@ func (sc *ScoreContext) stateKey(variant uint8, n *NodeState, k *fragKey) bool {
 	return true
 }
 
+// fragBeforeAfter returns f(n) and f(n after p), memoised when possible. The state key after p is
+// derived from n's by changing only the GPUs p touches, so a cached placement costs one lookup and no
+// copy of the node; n's own key and value are remembered for the node's next candidate.
+func (sc *ScoreContext) fragBeforeAfter(variant uint8, n *NodeState, r *Request, p *Placement, f func(*NodeState) float64) (float64, float64) {
+	if sc.Cache == nil || n.TypeID == 0 || len(n.GPUs) > 8 {
+		return f(n), f(sc.afterState(n, r, p))
+	}
+	if sc.lastNode != n || sc.lastVariant != variant || sc.lastCache != sc.Cache {
+		sc.stateKey(variant, n, &sc.lastKey)
+		v, ok := sc.Cache.get(&sc.lastKey)
+		if !ok {
+			v = f(n)
+			sc.Cache.put(&sc.lastKey, v)
+		}
+		sc.lastNode, sc.lastVariant, sc.lastCache, sc.lastFrag = n, variant, sc.Cache, v
+	}
+	k := sc.lastKey
+	afterKey(&k, n, r, p)
+	if v, ok := sc.Cache.get(&k); ok {
+		return sc.lastFrag, v
+	}
+	v := f(sc.afterState(n, r, p))
+	sc.Cache.put(&k, v)
+	return sc.lastFrag, v
+}
+
+// afterKey turns n's state key into the key of n after p (what NodeState.Apply would do to the key).
+func afterKey(k *fragKey, n *NodeState, r *Request, p *Placement) {
+	k.cpu += r.CPUMilli
+	k.mem += r.MemMiB
+	for _, d := range p.Devices {
+		g := &n.GPUs[d.GPU]
+		if d.Whole {
+			k.whole |= 1 << d.GPU
+			k.free[d.GPU] = 0
+			continue
+		}
+		k.shared |= 1 << d.GPU
+		k.usedMem[d.GPU] += d.Memory
+		if g.Usable && k.whole&(1<<d.GPU) == 0 {
+			k.free[d.GPU] -= int16(d.Milli)
+		}
+	}
+}
+
 // fragOf returns f(n), memoised when possible.
 func (sc *ScoreContext) fragOf(variant uint8, n *NodeState, f func(*NodeState) float64) float64 {
 	var k fragKey
@@ -176,8 +253,7 @@ type fgdPolicy struct{}
 func (fgdPolicy) Name() string { return api.PolicyFGD }
 func (fgdPolicy) Score(sc *ScoreContext, n *NodeState, r *Request, p *Placement) float64 {
 	frag := func(x *NodeState) float64 { return NodeFragmentation(x, sc.Shapes) }
-	before := sc.fragOf(1, n, frag)
-	after := sc.fragOf(1, sc.afterState(n, r, p), frag)
+	before, after := sc.fragBeforeAfter(1, n, r, p, frag)
 	// The paper's implementation squashes the gain (in GPUs) through a sigmoid into an integer
 	// 0..100 node score; the truncation makes near-equal placements tie (broken at random), which
 	// the published numbers include, so the baseline keeps it.

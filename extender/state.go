@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,10 @@ type State struct {
 	podsOn map[string]map[types.UID]*podEntry
 	// observed are the non-terminated pods counted in shapes (arrived: pending or assigned).
 	observed map[types.UID]*Request
+	// nodeGen counts node entries created or deleted; resolved caches name lists resolved to
+	// entries under a nodeGen (the scheduler sends the same lists again and again).
+	nodeGen  uint64
+	resolved resolveCache
 	ttl      time.Duration
 	now      func() time.Time
 	log      *slog.Logger
@@ -83,6 +88,7 @@ func (s *State) UpsertNode(node *corev1.Node) {
 	if e == nil {
 		e = &nodeEntry{name: node.Name, holders: map[types.UID]bool{}}
 		s.nodes[node.Name] = e
+		s.nodeGen++
 	}
 	raw := node.Annotations[api.AnnotationInventory]
 	if e.state != nil && e.raw == raw && maps.Equal(e.labels, node.Labels) {
@@ -131,6 +137,7 @@ func (s *State) DeleteNode(name string) {
 			}
 		}
 		delete(s.nodes, name)
+		s.nodeGen++
 	}
 }
 
@@ -332,8 +339,9 @@ const parallelMin = 512
 func (s *State) viewIndexed(names []string, workers int, f func(w, i int, n *NodeState, missing string)) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	entries := s.resolved.resolve(names, s.nodeGen, s.nodes)
 	one := func(w, i int) {
-		e := s.nodes[names[i]]
+		e := entries[i]
 		switch {
 		case e == nil:
 			f(w, i, nil, "node is not known to the extender yet")
@@ -368,6 +376,39 @@ func (s *State) viewIndexed(names []string, workers int, f func(w, i int, n *Nod
 		}()
 	}
 	wg.Wait()
+}
+
+// resolveCache remembers the last few name lists resolved to node entries. Entries stay valid while
+// no node is created or deleted (an entry's state may change; the entry pointer does not).
+type resolveCache struct {
+	mu    sync.Mutex
+	slots [2]resolved
+	next  int
+}
+
+type resolved struct {
+	gen     uint64
+	names   []string
+	entries []*nodeEntry
+}
+
+// resolve returns the entries of names (nil where unknown); callers hold the State's read lock.
+func (c *resolveCache) resolve(names []string, gen uint64, nodes map[string]*nodeEntry) []*nodeEntry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range c.slots {
+		sl := &c.slots[i]
+		if sl.gen == gen && sl.entries != nil && slices.Equal(sl.names, names) {
+			return sl.entries
+		}
+	}
+	entries := make([]*nodeEntry, len(names))
+	for i, n := range names {
+		entries[i] = nodes[n]
+	}
+	c.slots[c.next] = resolved{gen: gen, names: slices.Clone(names), entries: entries}
+	c.next = (c.next + 1) % len(c.slots)
+	return entries
 }
 
 // NamespaceUsage is the GPU resources held (committed or reserved) by pods of a namespace.
