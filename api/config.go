@@ -2,8 +2,11 @@ package api
 
 import (
 	"fmt"
+	"net"
 	"os"
+	"path/filepath"
 	"regexp"
+	"time"
 
 	"sigs.k8s.io/yaml"
 )
@@ -35,6 +38,31 @@ type NodeConfig struct {
 	SharesPerGPU int `json:"sharesPerGPU,omitempty"`
 	// VCUDALibrary is the host path of libvcuda.so that share containers get.
 	VCUDALibrary string `json:"vcudaLibrary,omitempty"`
+	// StateDir is where the simulated node keeps its state (mig-minors, device nodes).
+	StateDir string `json:"stateDir,omitempty"`
+
+	// The rest configures `tessera-node run`.
+
+	// DataDir holds persistent state: the ledger.
+	DataDir string `json:"dataDir,omitempty"`
+	// RunDir holds per-container vcuda files; best on tmpfs.
+	RunDir string `json:"runDir,omitempty"`
+	// DevicePluginDir is the kubelet's device plugin directory (kubelet.sock lives there).
+	DevicePluginDir string `json:"devicePluginDir,omitempty"`
+	// PodResourcesSocket is the kubelet's PodResources API socket.
+	PodResourcesSocket string `json:"podResourcesSocket,omitempty"`
+	// NRISocket is containerd's NRI socket.
+	NRISocket string `json:"nriSocket,omitempty"`
+	// NRIPluginIndex orders Tessera among NRI plugins.
+	NRIPluginIndex string `json:"nriPluginIndex,omitempty"`
+	// KataRuntimeHandler: runtime handlers starting with it run pods in VMs.
+	KataRuntimeHandler string `json:"kataRuntimeHandler,omitempty"`
+	// Kubeconfig for the API server; empty means in-cluster credentials.
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// Listen is the address of /metrics and /healthz.
+	Listen string `json:"listen,omitempty"`
+	// RediscoverInterval is how often GPUs are rediscovered.
+	RediscoverInterval Duration `json:"rediscoverInterval,omitempty"`
 }
 
 // Node agent defaults.
@@ -44,6 +72,16 @@ const (
 	DefaultCDIVendor    = "tessera.dev"
 	DefaultSharesPerGPU = 10
 	DefaultVCUDALibrary = "/usr/local/lib/tessera/libvcuda.so"
+	DefaultSimStateDir  = "/var/run/tessera/sim"
+	DefaultDataDir      = "/var/lib/tessera"
+	DefaultRunDir       = "/run/tessera"
+	DefaultPluginDir    = "/var/lib/kubelet/device-plugins"
+	DefaultPodResources = "/var/lib/kubelet/pod-resources/kubelet.sock"
+	DefaultNRISocket    = "/var/run/nri/nri.sock"
+	DefaultNRIIndex     = "50"
+	DefaultKataHandler  = "kata"
+	DefaultNodeListen   = "127.0.0.1:9400"
+	DefaultRediscover   = time.Minute
 )
 
 // cdiVendorPattern is the CDI vendor rule (a DNS-like name).
@@ -69,8 +107,21 @@ func (c *NodeConfig) Defaults() {
 	if c.SharesPerGPU == 0 {
 		c.SharesPerGPU = DefaultSharesPerGPU
 	}
-	if c.VCUDALibrary == "" {
-		c.VCUDALibrary = DefaultVCUDALibrary
+	for _, d := range []struct {
+		field *string
+		value string
+	}{
+		{&c.VCUDALibrary, DefaultVCUDALibrary}, {&c.StateDir, DefaultSimStateDir}, {&c.DataDir, DefaultDataDir},
+		{&c.RunDir, DefaultRunDir}, {&c.DevicePluginDir, DefaultPluginDir}, {&c.PodResourcesSocket, DefaultPodResources},
+		{&c.NRISocket, DefaultNRISocket}, {&c.NRIPluginIndex, DefaultNRIIndex}, {&c.KataRuntimeHandler, DefaultKataHandler},
+		{&c.Listen, DefaultNodeListen},
+	} {
+		if *d.field == "" {
+			*d.field = d.value
+		}
+	}
+	if c.RediscoverInterval.Duration == 0 {
+		c.RediscoverInterval.Duration = DefaultRediscover
 	}
 }
 
@@ -88,6 +139,18 @@ func (c *NodeConfig) Validate() error {
 	}
 	if c.SharesPerGPU < 1 || c.SharesPerGPU > 1024 {
 		fe.add("sharesPerGPU", "must be between 1 and 1024, got %d", c.SharesPerGPU)
+	}
+	for name, path := range map[string]string{"vcudaLibrary": c.VCUDALibrary, "stateDir": c.StateDir, "dataDir": c.DataDir, "runDir": c.RunDir,
+		"devicePluginDir": c.DevicePluginDir, "podResourcesSocket": c.PodResourcesSocket, "nriSocket": c.NRISocket, "cdiDir": c.CDIDir} {
+		if !filepath.IsAbs(path) {
+			fe.add(name, "must be an absolute path, got %q", path)
+		}
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		fe.add("listen", "must be host:port, got %q", c.Listen)
+	}
+	if c.RediscoverInterval.Duration < time.Second {
+		fe.add("rediscoverInterval", "must be at least 1s, got %s", c.RediscoverInterval.Duration)
 	}
 	return fe.err()
 }

@@ -26,7 +26,7 @@ func cdiGenerate(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	backend, err := gpu.Open(f.gpuOptions(cfg))
+	backend, err := gpu.Open(gpuOptions(cfg))
 	if err != nil {
 		return err
 	}

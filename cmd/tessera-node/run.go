@@ -27,39 +27,13 @@ import (
 	"github.com/tessera-gpu/tessera/podresources"
 )
 
-// runFlags are tessera-node run's own flags, beside the shared nodeFlags.
-type runFlags struct {
-	nodeFlags
-	nodeName          string
-	dataDir           string
-	runDir            string
-	pluginDir         string
-	podResources      string
-	nriSocket         string
-	kubeconfig        string
-	listen            string
-	rediscoverEvery   time.Duration
-	nriPluginIndex    string
-	kataHandlerPrefix string
-}
-
 // runAgent is the node agent: inventory, CDI specs, device plugins, the NRI plugin, /metrics and /healthz.
 func runAgent(args []string) error {
 	fs := flag.NewFlagSet("tessera-node run", flag.ContinueOnError)
-	var f runFlags
+	var f nodeFlags
 	f.register(fs)
 	host, _ := os.Hostname()
-	fs.StringVar(&f.nodeName, "node-name", host, "Kubernetes node name (the inventory annotation goes on this Node)")
-	fs.StringVar(&f.dataDir, "data-dir", "/var/lib/tessera", "persistent state: the ledger")
-	fs.StringVar(&f.runDir, "run-dir", "/run/tessera", "per-container vcuda files (limits, preload list, accounting region); best on tmpfs")
-	fs.StringVar(&f.pluginDir, "device-plugin-dir", "/var/lib/kubelet/device-plugins", "the kubelet's device plugin directory (kubelet.sock lives here)")
-	fs.StringVar(&f.podResources, "pod-resources-socket", podresources.DefaultSocket, "the kubelet's PodResources API socket")
-	fs.StringVar(&f.nriSocket, "nri-socket", "/var/run/nri/nri.sock", "containerd's NRI socket")
-	fs.StringVar(&f.kubeconfig, "kubeconfig", "", "kubeconfig for the API server (empty: in-cluster config); pods are read from it and the inventory is published to the Node")
-	fs.StringVar(&f.listen, "listen", "127.0.0.1:9400", "address for /metrics and /healthz")
-	fs.DurationVar(&f.rediscoverEvery, "rediscover-interval", time.Minute, "how often the GPUs are rediscovered (MIG or mdev changes made outside Tessera)")
-	fs.StringVar(&f.nriPluginIndex, "nri-plugin-index", "50", "NRI plugin index (order among NRI plugins)")
-	fs.StringVar(&f.kataHandlerPrefix, "kata-runtime-handler", "kata", "runtime handlers starting with this run pods in VMs (VFIO devices, no /dev/nvidia*)")
+	f.registerRun(fs, host)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -67,28 +41,25 @@ func runAgent(args []string) error {
 	if err != nil {
 		return err
 	}
-	if cfg.NodeName == "" {
-		cfg.NodeName = f.nodeName
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	backend, err := gpu.Open(f.gpuOptions(cfg))
+	backend, err := gpu.Open(gpuOptions(cfg))
 	if err != nil {
 		return err
 	}
 	defer backend.Close()
-	l, err := ledger.Open(filepath.Join(f.dataDir, "ledger.json"))
+	l, err := ledger.Open(filepath.Join(cfg.DataDir, "ledger.json"))
 	if err != nil {
 		return err
 	}
 	a := agent.New(agent.Config{NodeName: cfg.NodeName, SharesPerGPU: cfg.SharesPerGPU, CDIDir: cfg.CDIDir,
 		Generator: &cdi.Generator{Vendor: cfg.CDIVendor, VCUDALibrary: cfg.VCUDALibrary}}, backend, l)
-	grants := podresources.New(f.podResources)
+	grants := podresources.New(cfg.PodResourcesSocket)
 	defer grants.Close()
 	a.WithAllocated(grants.List)
 
-	client, err := kubeClient(f.kubeconfig)
+	client, err := kubeClient(cfg.Kubeconfig)
 	if err != nil {
 		slog.Warn("no API server: pods granted GPUs cannot be verified and will be refused; the inventory is not published", "err", err)
 	}
@@ -101,21 +72,21 @@ func runAgent(args []string) error {
 		return err
 	}
 
-	plugin := nri.New(nri.Config{StateDir: f.runDir, VCUDALibrary: cfg.VCUDALibrary, KataHandlers: []string{f.kataHandlerPrefix},
-		PluginIndex: f.nriPluginIndex}, a, grants, pods)
-	mgr := deviceplugin.NewManager(a, deviceplugin.Options{PluginDir: f.pluginDir})
+	plugin := nri.New(nri.Config{StateDir: cfg.RunDir, VCUDALibrary: cfg.VCUDALibrary, KataHandlers: []string{cfg.KataRuntimeHandler},
+		PluginIndex: cfg.NRIPluginIndex}, a, grants, pods)
+	mgr := deviceplugin.NewManager(a, deviceplugin.Options{PluginDir: cfg.DevicePluginDir})
 
 	errc := make(chan error, 4)
 	go func() { errc <- named("device plugins", mgr.Run(ctx)) }()
-	go func() { errc <- named("NRI plugin", plugin.Run(ctx, f.nriSocket)) }()
+	go func() { errc <- named("NRI plugin", plugin.Run(ctx, cfg.NRISocket)) }()
 	go func() { errc <- named("health watch", a.WatchHealth(ctx)) }()
-	go rediscover(ctx, a, f.rediscoverEvery)
-	srv, err := serveHTTP(f.listen, a, mgr, plugin)
+	go rediscover(ctx, a, cfg.RediscoverInterval.Duration)
+	srv, err := serveHTTP(cfg.Listen, a, mgr, plugin)
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
-	slog.Info("tessera-node running", "node", cfg.NodeName, "backend", backend.Name(), "cdiDir", cfg.CDIDir, "nri", f.nriSocket, "listen", f.listen)
+	slog.Info("tessera-node running", "node", cfg.NodeName, "backend", backend.Name(), "cdiDir", cfg.CDIDir, "nri", cfg.NRISocket, "listen", cfg.Listen)
 	select {
 	case <-ctx.Done():
 		return nil
