@@ -228,3 +228,25 @@ func TestSimMdevCreateRemove(t *testing.T) {
 		t.Errorf("unknown parent: %v", err)
 	}
 }
+
+func FuzzParseDescription(f *testing.F) {
+	f.Add([]byte(DefaultDescription))
+	f.Add([]byte("apiVersion: tessera.dev/v1\nkind: SimulatedNode\ngpus:\n- {model: A30-PCIE-24GB, count: 2, mig: [1g.6gb]}\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		d, err := ParseDescription(data)
+		if err != nil {
+			return
+		}
+		// Whatever parses names known models and a sane GPU count.
+		total := 0
+		for _, g := range d.GPUs {
+			if _, ok := SimModels[g.Model]; !ok || g.Count < 1 {
+				t.Fatalf("accepted %+v", g)
+			}
+			total += g.Count
+		}
+		if total < 1 || total > 64 {
+			t.Fatalf("accepted %d GPUs", total)
+		}
+	})
+}
