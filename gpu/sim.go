@@ -120,8 +120,8 @@ func ParseDescription(data []byte) (*Description, error) {
 		if _, ok := SimModels[g.Model]; !ok {
 			errs = append(errs, fmt.Sprintf("%s.model: unknown model %q (known: %s)", p, g.Model, strings.Join(simModelNames(), ", ")))
 		}
-		if g.Count < 1 {
-			errs = append(errs, fmt.Sprintf("%s.count: must be at least 1, got %d", p, g.Count))
+		if g.Count < 1 || g.Count > 64 {
+			errs = append(errs, fmt.Sprintf("%s.count: must be between 1 and 64, got %d", p, g.Count))
 		}
 		if g.Mdev && len(g.MIG) > 0 {
 			errs = append(errs, fmt.Sprintf("%s: a GPU is either an mdev parent or in MIG mode, not both", p))
@@ -131,7 +131,7 @@ func ParseDescription(data []byte) (*Description, error) {
 				errs = append(errs, fmt.Sprintf("%s.mig[%d]: %q is not a MIG profile like 1g.5gb", p, j, prof))
 			}
 		}
-		total += g.Count
+		total += min(max(g.Count, 0), 65) // bounded: no overflow however large the counts
 	}
 	if total < 1 || total > 64 {
 		errs = append(errs, fmt.Sprintf("gpus: a node has 1 to 64 GPUs, got %d", total))

@@ -132,7 +132,7 @@ func TestSimDescriptionRejects(t *testing.T) {
 	head := "apiVersion: tessera.dev/v1\nkind: SimulatedNode\n"
 	for doc, want := range map[string]string{
 		head + "gpus:\n- model: GTX-1080\n  count: 1\n":                                      `gpus[0].model: unknown model "GTX-1080"`,
-		head + "gpus:\n- model: A100-SXM4-40GB\n  count: 0\n":                                "gpus[0].count: must be at least 1",
+		head + "gpus:\n- model: A100-SXM4-40GB\n  count: 0\n":                                "gpus[0].count: must be between 1 and 64",
 		head + "gpus:\n- model: A100-SXM4-40GB\n  count: 1\n  mig: [huge]\n":                 `gpus[0].mig[0]: "huge" is not a MIG profile`,
 		head + "gpus:\n- model: A100-SXM4-40GB\n  count: 1\n  mig: [1g.5gb]\n  mdev: true\n": "either an mdev parent or in MIG mode",
 		head + "topology: ring\ngpus:\n- model: A100-SXM4-40GB\n  count: 1\n":                `topology: must be nvswitch or pcie`,
