@@ -14,10 +14,8 @@ import (
 // over the typical shapes by popularity. Shapes without GPUs are skipped: every GPU is a fragment
 // to them wherever a pod goes, so they shift all nodes' scores equally.
 
-// shapeFrag is the free compute (per-mille) of n that a task of shape r cannot use. With fed, a
-// whole-GPU shape can use only as many free GPUs as the node's free CPU and memory can feed tasks of
-// that shape (tessera's multi-resource fragmentation, see policy_tessera.go).
-func shapeFrag(n *NodeState, r *Request, total int, fed bool) int {
+// shapeFrag is the free compute (per-mille) of n that a task of shape r cannot use.
+func shapeFrag(n *NodeState, r *Request, total int) int {
 	if n.CPUMilli > 0 && n.UsedCPU+r.CPUMilli > n.CPUMilli {
 		return total
 	}
@@ -43,32 +41,43 @@ func shapeFrag(n *NodeState, r *Request, total int, fed bool) int {
 	if fit < c.Whole+c.Shares {
 		return total
 	}
-	if !fed || c.Whole == 0 {
-		return rest
-	}
-	usable := total - rest
-	per := c.Whole * MilliPerGPU
-	if n.CPUMilli > 0 && r.CPUMilli > 0 {
-		usable = min(usable, int((n.CPUMilli-n.UsedCPU)/r.CPUMilli)*per)
-	}
-	if n.MemMiB > 0 && r.MemMiB > 0 {
-		usable = min(usable, int((n.MemMiB-n.UsedMem)/r.MemMiB)*per)
-	}
-	return total - usable
+	return rest
 }
 
 // NodeFragmentation is the expected fragmentation of n over the shapes, in per-mille of a GPU (FGD's).
-func NodeFragmentation(n *NodeState, shapes []Shape) float64 {
-	return nodeFragmentation(n, shapes, false)
-}
+func NodeFragmentation(n *NodeState, shapes []Shape) float64 { return nodeFragmentation(n, shapes, 0) }
 
-// NodeFragmentationFed is NodeFragmentation where free GPUs that the node's CPU and memory cannot
-// feed to a whole-GPU shape are fragments of that shape too (tessera's).
+// NodeFragmentationFed is tessera's multi-resource fragmentation: for every shape, at least the
+// node's stranded GPU compute is a fragment. Stranded is the free compute beyond what the node's free
+// CPU and memory can feed at the arrival mix's ratio (the shapes' weighted CPU and memory per GPU
+// per-mille): tasks arrive in that mix, so a node with less CPU per free GPU than the mix runs out of
+// CPU before its GPUs fill. A node whose free resources are in the mix's proportion (an empty,
+// balanced node) has none.
 func NodeFragmentationFed(n *NodeState, shapes []Shape) float64 {
-	return nodeFragmentation(n, shapes, true)
+	total := n.FreeMilli()
+	if total == 0 {
+		return 0
+	}
+	var cpu, mem, gpu float64
+	for i := range shapes {
+		if r := &shapes[i].Req; r.WantsGPU() {
+			cpu += shapes[i].Weight * float64(r.CPUMilli)
+			mem += shapes[i].Weight * float64(r.MemMiB)
+			gpu += shapes[i].Weight * float64(r.GPUMilli())
+		}
+	}
+	feed := float64(total)
+	if n.CPUMilli > 0 && cpu > 0 {
+		feed = min(feed, float64(n.CPUMilli-n.UsedCPU)*gpu/cpu)
+	}
+	if n.MemMiB > 0 && mem > 0 {
+		feed = min(feed, float64(n.MemMiB-n.UsedMem)*gpu/mem)
+	}
+	return nodeFragmentation(n, shapes, float64(total)-feed)
 }
 
-func nodeFragmentation(n *NodeState, shapes []Shape, fed bool) float64 {
+// nodeFragmentation weights max(floor, the shape's fragmentation) over the shapes.
+func nodeFragmentation(n *NodeState, shapes []Shape, floor float64) float64 {
 	total := n.FreeMilli()
 	if total == 0 {
 		return 0
@@ -79,7 +88,7 @@ func nodeFragmentation(n *NodeState, shapes []Shape, fed bool) float64 {
 		if len(s.Req.Containers) == 0 || !s.Req.WantsGPU() {
 			continue
 		}
-		f += s.Weight * float64(shapeFrag(n, &s.Req, total, fed))
+		f += s.Weight * max(floor, float64(shapeFrag(n, &s.Req, total)))
 	}
 	return f
 }

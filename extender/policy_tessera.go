@@ -9,19 +9,23 @@ import (
 // tesseraPolicy is FGD with multi-resource fragmentation, scored at FGD's resolution.
 //
 // Fragmentation: FGD counts a node's free GPU compute as a fragment for a task shape when the shape
-// cannot use it (the GPU is too full, or the task does not fit the node at all). tessera also counts
-// the free whole GPUs that the node's free CPU and memory cannot feed: a node with 4 free GPUs and CPU
-// for 2 more tasks of a 1-GPU shape can give that shape 2 GPUs, not 4 - the other 2 are stranded for
-// it. On the openb traces FGD leaves most of its whole-GPU waste exactly there (free GPUs on nodes whose
-// CPU is spent); the cap removes it. The cap applies to whole-GPU shapes only: a share's CPU is large
-// against its GPU fraction, so for shares the cap binds on nearly every node, shifts every node's score
-// alike and drowns the GPU-level signal (measured: worse than capping whole shapes only). No constant
-// is involved; the shapes are the arrival distribution learned online (ShapeStats).
+// cannot use it (the GPU is too full, or the task does not fit the node at all), so it sees CPU only
+// once a shape no longer fits. tessera also counts, for every shape, the node's stranded GPU compute:
+// the free compute beyond what the node's free CPU and memory can feed at the arrival mix's ratio
+// (NodeFragmentationFed). On the openb traces most of FGD's whole-GPU waste at 100% load is exactly
+// that (free GPUs on nodes whose CPU is spent); tessera leaves almost none. The ratio is learned from
+// the arrivals like the shapes; no constant is tuned.
+//
+// Alternatives measured on all four openb traces (exploration seeds 42-43, held-out seeds 46-49):
+// capping each whole-GPU shape by the CPU its own tasks need scored about the same on two traces
+// and worse on two, and made 8-GPU pods fail early (an empty node then looks fragmented for CPU-
+// hungry shapes, so empty nodes got broken up); capping share shapes too was worse still; a best-fit
+// node tie-break lost to list order; exact fragmentation deltas lose to the quantised score.
 //
 // Score: the gain (expected fragmentation before minus after) squashed like FGD's into an integer
 // 0..100 score, so near-equal gains tie and ties go to the first node in list order (packing, as in
-// FGD's simulator; measured better than a best-fit node tie-break), and within a node to the GPUs
-// the placement leaves fullest (best fit on the GPU's remaining compute).
+// FGD's simulator), and within a node to the GPUs the placement leaves fullest (best fit on the
+// GPU's remaining compute).
 type tesseraPolicy struct{}
 
 func (tesseraPolicy) Name() string { return api.PolicyTessera }
