@@ -60,6 +60,20 @@ type NodeState struct {
 	// TypeID groups nodes whose hardware is identical as fragmentation sees it (GPU models, sizes and
 	// health, CPU and memory); 0 is unknown. The simulator and State set it for the fragmentation cache.
 	TypeID int
+	// static caches facts of the hardware (set by Prepare; nil: computed per call).
+	static *nodeStatic
+}
+
+type nodeStatic struct {
+	usable int
+	maxMem int64
+}
+
+// Prepare caches the node's static facts for placement; call it after the GPUs are set up (their
+// models, sizes and health), not while others may read the node.
+func (n *NodeState) Prepare() {
+	u, m := usableGPUs(n, &Request{})
+	n.static = &nodeStatic{usable: u, maxMem: m}
 }
 
 // TypeKey describes everything static that placement and scoring read from a node (CPU, memory,
@@ -116,6 +130,7 @@ func NewNodeState(inv *api.NodeInventory, labels map[string]string) *NodeState {
 			n.Dist[a][b], n.Dist[b][a] = l.Kind.Distance(), l.Kind.Distance()
 		}
 	}
+	n.Prepare()
 	return n
 }
 

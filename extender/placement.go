@@ -138,16 +138,12 @@ func candidates(a *arena, n *NodeState, r *Request, explain bool) ([]Placement, 
 
 // checkStatic rejects what no amount of freeing on this node would fix.
 func checkStatic(n *NodeState, r *Request, explain bool) *Unfit {
-	usable, maxMem := 0, int64(0)
-	for i := range n.GPUs {
-		g := &n.GPUs[i]
-		if !g.Usable {
-			continue
-		}
-		if r.modelAllowed(g.Model) {
-			usable++
-			maxMem = max(maxMem, g.Memory)
-		}
+	var usable int
+	var maxMem int64
+	if n.static != nil && len(r.Models) == 0 {
+		usable, maxMem = n.static.usable, n.static.maxMem
+	} else {
+		usable, maxMem = usableGPUs(n, r)
 	}
 	need := 0
 	for _, c := range r.Containers {
@@ -196,6 +192,19 @@ func checkStatic(n *NodeState, r *Request, explain bool) *Unfit {
 	return nil
 }
 
+// usableGPUs counts the usable GPUs of allowed models and their largest memory.
+func usableGPUs(n *NodeState, r *Request) (int, int64) {
+	usable, maxMem := 0, int64(0)
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		if g.Usable && r.modelAllowed(g.Model) {
+			usable++
+			maxMem = max(maxMem, g.Memory)
+		}
+	}
+	return usable, maxMem
+}
+
 func sortedKeys(m map[string]bool) []string {
 	out := make([]string, 0, len(m))
 	for k := range m {
@@ -217,29 +226,29 @@ func shareFits(g *GPUState, r *Request, c *ContainerShape) bool {
 	return g.Memory == 0 || g.UsedMemory+mem <= g.Memory
 }
 
-// gpuKey identifies interchangeable GPUs: same model and size, same usage, same mode.
-type gpuKey struct {
-	model      string
-	mem, used  int64
-	milli      int
-	shared     bool
-	generation int
+// interchangeable reports whether two GPUs are the same for placement: same model and size, same
+// usage, same mode (the integer fields first: they usually differ, the model string rarely does).
+func interchangeable(a, b *GPUState) bool {
+	return a.UsedMilli == b.UsedMilli && a.UsedMemory == b.UsedMemory && (a.Shares > 0) == (b.Shares > 0) &&
+		a.Memory == b.Memory && a.Gen == b.Gen && a.Model == b.Model
 }
 
 func singleShare(a *arena, n *NodeState, r *Request, c *ContainerShape, explain bool) ([]Placement, *Unfit) {
 	out := a.placements()
-	var seenBuf [16]gpuKey
+	var seenBuf [16]int // GPUs offered so far
 	seen := seenBuf[:0]
+next:
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		if !shareFits(g, r, c) {
 			continue
 		}
-		k := gpuKey{g.Model, g.Memory, g.UsedMemory, g.UsedMilli, g.Shares > 0, g.Gen}
-		if slices.Contains(seen, k) {
-			continue
+		for _, j := range seen {
+			if interchangeable(g, &n.GPUs[j]) {
+				continue next
+			}
 		}
-		seen = append(seen, k)
+		seen = append(seen, i)
 		d := a.devices(1)
 		d[0] = Device{Container: 0, GPU: i, Memory: c.shareMemoryOn(g.Memory), Milli: c.Milli}
 		out = append(out, Placement{Devices: d})

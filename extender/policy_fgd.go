@@ -2,6 +2,7 @@ package extender
 
 import (
 	"math"
+	"math/bits"
 	"sync"
 
 	"github.com/tessera-gpu/tessera/api"
@@ -127,12 +128,13 @@ func (k *fragKey) hash() stateHash {
 		uint64(k.usedMem[0]), uint64(k.usedMem[1]), uint64(k.usedMem[2]), uint64(k.usedMem[3]),
 		uint64(k.usedMem[4]), uint64(k.usedMem[5]), uint64(k.usedMem[6]), uint64(k.usedMem[7]),
 	}
+	// a is a strong 64-bit chain; b an independent cheap one (multiply-rotate), finalised.
 	a, b := uint64(0x243f6a8885a308d3), uint64(0x13198a2e03707344)
 	for _, w := range words {
 		a = mix64(a ^ w)
-		b = mix64(b + w*0xc2b2ae3d27d4eb4f)
+		b = bits.RotateLeft64(b^(w*0xc2b2ae3d27d4eb4f), 31) * 0x9e3779b97f4a7c15
 	}
-	return stateHash{a, b}
+	return stateHash{a, mix64(b)}
 }
 
 // mix64 is the splitmix64 finaliser (a bijection with full avalanche).

@@ -97,6 +97,7 @@ func (c *Cluster) buildNodes() []*extender.NodeState {
 		for g := 0; g < n.GPUs; g++ {
 			ns.GPUs = append(ns.GPUs, extender.GPUState{Index: g, Model: n.Model, Usable: true})
 		}
+		ns.Prepare()
 		out[i] = ns
 	}
 	return out
