@@ -25,6 +25,8 @@ type Extender struct {
 	Log    *slog.Logger
 	// BindTimeout bounds one bind, lock wait included.
 	BindTimeout time.Duration
+	// lastEval carries Filter's scores to the Prioritize call of the same pod.
+	lastEval atomic.Pointer[filterEval]
 }
 
 func (x *Extender) log() *slog.Logger {

@@ -68,7 +68,11 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 	verdict := make([]uint8, len(names))
 	reason := make([]string, len(names))
 	workers := runtime.GOMAXPROCS(0)
-	arenas := make([]arena, workers)
+	// Fitting nodes are scored right away, for the Prioritize call that follows (filterEval).
+	scs, snapshot := x.scoreContexts(workers)
+	states := make([]*NodeState, len(names))
+	scores := make([]float64, len(names))
+	gens := make([]float64, len(names))
 	x.State.viewIndexed(names, workers, func(w, i int, n *NodeState, missing string) {
 		switch {
 		case n == nil && req.WantsGPU():
@@ -77,25 +81,37 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 		case hasPool && n.Labels[api.LabelPool] != pool:
 			verdict[i], reason[i] = unresolvable, fmt.Sprintf("node is in GPU pool %q, pod asks for pool %q", n.Labels[api.LabelPool], pool)
 		default:
-			arenas[w].reset()
-			if _, u := candidates(&arenas[w], n, req, true); u != nil {
+			p, s, u := x.Engine.evaluate(scs[w], n, req, true)
+			if u != nil {
 				verdict[i], reason[i] = failed, u.Msg
 				if u.Unresolvable {
 					verdict[i] = unresolvable
 				}
+				return
 			}
+			states[i], scores[i], gens[i] = n, s, placementGeneration(n, &p)
 		}
 	})
 	ok := make([]string, 0, len(names))
+	var ev *filterEval
+	if pod.UID != "" {
+		ev = &filterEval{uid: pod.UID, req: req, snapshot: snapshot, entries: make(map[*NodeState]evalEntry, len(names))}
+	}
 	for i, name := range names {
 		switch verdict[i] {
 		case fits:
 			ok = append(ok, name)
+			if ev != nil && states[i] != nil {
+				ev.entries[states[i]] = evalEntry{version: states[i].version, score: scores[i], gen: gens[i]}
+			}
 		case failed:
 			res.FailedNodes[name] = reason[i]
 		case unresolvable:
 			res.FailedAndUnresolvableNodes[name] = reason[i]
 		}
+	}
+	if ev != nil {
+		x.lastEval.Store(ev)
 	}
 	x.finishFilter(args, res, ok)
 	if len(ok) == 0 && len(names) > 0 {

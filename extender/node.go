@@ -62,6 +62,8 @@ type NodeState struct {
 	TypeID int
 	// static caches facts of the hardware (set by Prepare; nil: computed per call).
 	static *nodeStatic
+	// version counts the placements applied or released (Filter's evaluations stay valid while it holds).
+	version uint64
 }
 
 type nodeStatic struct {
@@ -189,6 +191,7 @@ func (n *NodeState) Apply(r *Request, p *Placement) { n.apply(r, p, 1) }
 func (n *NodeState) Release(r *Request, p *Placement) { n.apply(r, p, -1) }
 
 func (n *NodeState) apply(r *Request, p *Placement, sign int) {
+	n.version++
 	n.UsedCPU += int64(sign) * r.CPUMilli
 	n.UsedMem += int64(sign) * r.MemMiB
 	for _, d := range p.Devices {

@@ -1,9 +1,12 @@
 package extender
 
 import (
+	"maps"
 	"math"
 	"runtime"
+	"slices"
 
+	"k8s.io/apimachinery/pkg/types"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/tessera-gpu/tessera/api"
@@ -32,14 +35,20 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (*extenderv1.HostPr
 	gen := make([]float64, len(names))
 	fits := make([]bool, len(names))
 	workers := runtime.GOMAXPROCS(0)
-	scs := make([]*ScoreContext, workers)
-	sc0 := x.State.Shapes().ScoreContext() // one snapshot for every worker: scores stay comparable
-	for w := range scs {
-		scs[w] = &ScoreContext{Shapes: sc0.Shapes, Cache: sc0.Cache}
+	scs, snapshot := x.scoreContexts(workers)
+	ev := x.lastEval.Load()
+	if ev != nil && (ev.uid != args.Pod.UID || ev.snapshot != snapshot || !sameRequest(ev.req, req)) {
+		ev = nil
 	}
 	x.State.viewIndexed(names, workers, func(w, i int, n *NodeState, _ string) {
 		if n == nil {
 			return
+		}
+		if ev != nil {
+			if e, ok := ev.entries[n]; ok && e.version == n.version {
+				raw[i], fits[i], gen[i] = e.score, true, e.gen
+				return
+			}
 		}
 		p, s, u := x.Engine.evaluate(scs[w], n, req, false)
 		if u != nil {
@@ -61,6 +70,48 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (*extenderv1.HostPr
 		out = append(out, extenderv1.HostPriority{Host: n, Score: int64(math.Round(s))})
 	}
 	return &out, nil
+}
+
+// filterEval is what Filter computed for the pod's fitting nodes, for the Prioritize call that
+// follows it in the same scheduling cycle: the score and placement generation per node state,
+// valid while the node's version, the shape snapshot and the request are unchanged.
+type filterEval struct {
+	uid      types.UID
+	req      *Request
+	snapshot *FragCache
+	entries  map[*NodeState]evalEntry
+}
+
+type evalEntry struct {
+	version    uint64
+	score, gen float64
+}
+
+// scoreContexts returns one context per worker on one shape snapshot (scores stay comparable), and
+// the snapshot's identity (its cache).
+func (x *Extender) scoreContexts(workers int) ([]*ScoreContext, *FragCache) {
+	sc0 := x.State.Shapes().ScoreContext()
+	scs := make([]*ScoreContext, workers)
+	for w := range scs {
+		scs[w] = &ScoreContext{Shapes: sc0.Shapes, Cache: sc0.Cache}
+	}
+	return scs, sc0.Cache
+}
+
+// sameRequest reports whether two parsed requests place the same way.
+func sameRequest(a, b *Request) bool {
+	if a.CPUMilli != b.CPUMilli || a.MemMiB != b.MemMiB || a.Class != b.Class || a.Policy != b.Policy ||
+		!slices.Equal(a.Models, b.Models) || len(a.Containers) != len(b.Containers) {
+		return false
+	}
+	for i := range a.Containers {
+		ca, cb := &a.Containers[i], &b.Containers[i]
+		if ca.Name != cb.Name || ca.Whole != cb.Whole || ca.Shares != cb.Shares || ca.Memory != cb.Memory ||
+			ca.MemoryPercent != cb.MemoryPercent || ca.Milli != cb.Milli || !maps.Equal(ca.MIG, cb.MIG) || !maps.Equal(ca.Mdev, cb.Mdev) {
+			return false
+		}
+	}
+	return true
 }
 
 // placementGeneration is the newest compute capability among the GPUs a placement uses.
