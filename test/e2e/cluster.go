@@ -269,6 +269,37 @@ func (c *Cluster) WaitAllocatable(t testing.TB, want map[string]int64) {
 	}
 }
 
+// ExpectedAllocatable is what the Node's allocatable whole GPUs and shares must settle at, from
+// the assignments of the pods bound now: a GPU holding shares is not offered whole, a GPU held
+// whole offers no shares.
+func (c *Cluster) ExpectedAllocatable(t testing.TB) map[string]int64 {
+	t.Helper()
+	l, err := c.CP.Client.CoreV1().Pods(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared, whole := map[string]bool{}, map[string]bool{}
+	for i := range l.Items {
+		p := &l.Items[i]
+		if p.Spec.NodeName == "" || p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
+			continue
+		}
+		if a := c.Assignment(t, p); a != nil {
+			for _, ca := range a.Containers {
+				for _, d := range ca.Devices {
+					if d.Whole {
+						whole[d.UUID] = true
+					} else {
+						shared[d.UUID] = true
+					}
+				}
+			}
+		}
+	}
+	return map[string]int64{api.ResourceGPU: int64(SimWholeGPUs - len(shared)),
+		api.ResourceShare: int64(SimShares - len(whole)*c.Inventory.SharesPerGPU)}
+}
+
 // Kubectl runs kubectl against the cluster with the admin kubeconfig.
 func (c *Cluster) Kubectl(t testing.TB, args ...string) (string, error) {
 	t.Helper()

@@ -122,17 +122,7 @@ func TestDemo(t *testing.T) {
 	say("\n== why too-big is Pending (PodScheduled condition, from tessera-extender's filter)")
 	say("   %s", pending)
 	// The kubelet reports the device plugins' new health with its next status update.
-	shared := map[string]bool{}
-	for _, p := range pods {
-		if a := c.Assignment(t, p); a != nil {
-			for _, d := range a.Container("main").Devices {
-				if !d.Whole {
-					shared[d.UUID] = true
-				}
-			}
-		}
-	}
-	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: int64(SimWholeGPUs - len(shared)), api.ResourceShare: SimShares - int64(inv.SharesPerGPU)})
+	c.WaitAllocatable(t, c.ExpectedAllocatable(t))
 	say("\n== node allocatable now: %s", allocatable(c.Allocatable(t)))
 	say("   (GPUs holding shares are not offered whole; the GPU held whole offers no shares)")
 

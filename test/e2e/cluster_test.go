@@ -182,11 +182,7 @@ func testClusterWorkloads(t *testing.T, c *Cluster) {
 	if len(entries) != len(examplePods) {
 		t.Errorf("ledger has %d entries, want %d:\n%s", len(entries), len(examplePods), c.Ledger(t))
 	}
-	shared := map[string]bool{}
-	for _, d := range append(append(da, d2...), db...) {
-		shared[d.UUID] = true
-	}
-	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: int64(SimWholeGPUs - len(shared)), api.ResourceShare: SimShares - 10})
+	c.WaitAllocatable(t, c.ExpectedAllocatable(t))
 
 	c.DeleteAllPods(t)
 	c.WaitLedgerEmpty(t)
@@ -354,12 +350,14 @@ func checkNewPod(t *testing.T, c *Cluster, name string) {
 // ledger is untouched, and a new pod gets its GPU.
 func testClusterKubeletRestart(t *testing.T, c *Cluster) {
 	before := restartPods(t, c, "kr")
-	ledgerBefore, alloc := c.Ledger(t), c.Allocatable(t)
+	alloc := c.ExpectedAllocatable(t)
+	c.WaitAllocatable(t, alloc)
+	ledgerBefore := c.Ledger(t)
 	regs := c.AgentLogCount(t, "registered with the kubelet", "resource="+api.ResourceShare+" ")
 	c.Kubelet.Restart(t)
 	waitAgentLog(t, c, regs, "registered with the kubelet", "resource="+api.ResourceShare+" ")
 	c.WaitAgentReady(t)
-	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: alloc[api.ResourceGPU], api.ResourceShare: alloc[api.ResourceShare]})
+	c.WaitAllocatable(t, alloc)
 	checkPodsKept(t, c, before)
 	if l := c.Ledger(t); l != ledgerBefore {
 		t.Errorf("ledger changed across a kubelet restart:\nbefore %s\nafter  %s", ledgerBefore, l)
@@ -392,7 +390,9 @@ func testClusterContainerdRestart(t *testing.T, c *Cluster) {
 // new pod works, and once every pod is gone nothing is left held or written.
 func testClusterAgentKill(t *testing.T, c *Cluster) {
 	before := restartPods(t, c, "ak")
-	ledgerBefore, alloc := c.Ledger(t), c.Allocatable(t)
+	alloc := c.ExpectedAllocatable(t)
+	c.WaitAllocatable(t, alloc)
+	ledgerBefore := c.Ledger(t)
 	if n := len(c.LedgerEntries(t)); n != 2 {
 		t.Fatalf("ledger before the kill has %d entries:\n%s", n, ledgerBefore)
 	}
@@ -407,7 +407,7 @@ func testClusterAgentKill(t *testing.T, c *Cluster) {
 	if m := c.Metrics(t); !strings.Contains(m, "\ntessera_ledger_entries 2\n") {
 		t.Errorf("metrics after the restart:\n%s", m)
 	}
-	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: alloc[api.ResourceGPU], api.ResourceShare: alloc[api.ResourceShare]})
+	c.WaitAllocatable(t, alloc)
 	checkPodsKept(t, c, before)
 	checkNewPod(t, c, "after-agent")
 	c.DeletePods(t, "ak-share", "ak-whole")
