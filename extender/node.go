@@ -60,8 +60,9 @@ type NodeState struct {
 	// TypeID groups nodes whose hardware is identical as fragmentation sees it (GPU models, sizes and
 	// health, CPU and memory); 0 is unknown. The simulator and State set it for the fragmentation cache.
 	TypeID int
-	// static caches facts of the hardware (set by Prepare; nil: computed per call).
-	static *nodeStatic
+	// static caches facts of the hardware (valid when prepared; set by Prepare).
+	static   nodeStatic
+	prepared bool
 	// version counts the placements applied or released (Filter's evaluations stay valid while it holds).
 	version uint64
 }
@@ -75,7 +76,7 @@ type nodeStatic struct {
 // models, sizes and health), not while others may read the node.
 func (n *NodeState) Prepare() {
 	u, m := usableGPUs(n, &Request{})
-	n.static = &nodeStatic{usable: u, maxMem: m}
+	n.static, n.prepared = nodeStatic{usable: u, maxMem: m}, true
 }
 
 // TypeKey describes everything static that placement and scoring read from a node (CPU, memory,

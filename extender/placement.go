@@ -140,7 +140,7 @@ func candidates(a *arena, n *NodeState, r *Request, explain bool) ([]Placement, 
 func checkStatic(n *NodeState, r *Request, explain bool) *Unfit {
 	var usable int
 	var maxMem int64
-	if n.static != nil && len(r.Models) == 0 {
+	if n.prepared && len(r.Models) == 0 {
 		usable, maxMem = n.static.usable, n.static.maxMem
 	} else {
 		usable, maxMem = usableGPUs(n, r)
