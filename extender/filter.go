@@ -3,6 +3,7 @@ package extender
 import (
 	"fmt"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 
@@ -95,14 +96,18 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 	ok := make([]string, 0, len(names))
 	var ev *filterEval
 	if pod.UID != "" {
-		ev = &filterEval{uid: pod.UID, req: req, snapshot: snapshot, entries: make(map[*NodeState]evalEntry, len(names))}
+		ev = &filterEval{uid: pod.UID, req: req, snapshot: snapshot, entries: make([]evalEntry, 0, len(names))}
 	}
 	for i, name := range names {
 		switch verdict[i] {
 		case fits:
 			ok = append(ok, name)
-			if ev != nil && states[i] != nil {
-				ev.entries[states[i]] = evalEntry{version: states[i].version, score: scores[i], gen: gens[i]}
+			if ev != nil {
+				e := evalEntry{state: states[i], score: scores[i], gen: gens[i]}
+				if e.state != nil {
+					e.version = e.state.version
+				}
+				ev.entries = append(ev.entries, e)
 			}
 		case failed:
 			res.FailedNodes[name] = reason[i]
@@ -111,6 +116,7 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 		}
 	}
 	if ev != nil {
+		ev.names = slices.Clone(ok)
 		x.lastEval.Store(ev)
 	}
 	x.finishFilter(args, res, ok)

@@ -37,15 +37,15 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (*extenderv1.HostPr
 	workers := runtime.GOMAXPROCS(0)
 	scs, snapshot := x.scoreContexts(workers)
 	ev := x.lastEval.Load()
-	if ev != nil && (ev.uid != args.Pod.UID || ev.snapshot != snapshot || !sameRequest(ev.req, req)) {
-		ev = nil
+	if ev != nil && (ev.uid != args.Pod.UID || ev.snapshot != snapshot || !sameRequest(ev.req, req) || !slices.Equal(ev.names, names)) {
+		ev = nil // another pod, shape snapshot or node list: evaluate afresh
 	}
 	x.State.viewIndexed(names, workers, func(w, i int, n *NodeState, _ string) {
 		if n == nil {
 			return
 		}
 		if ev != nil {
-			if e, ok := ev.entries[n]; ok && e.version == n.version {
+			if e := &ev.entries[i]; e.state == n && e.version == n.version {
 				raw[i], fits[i], gen[i] = e.score, true, e.gen
 				return
 			}
@@ -73,16 +73,19 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (*extenderv1.HostPr
 }
 
 // filterEval is what Filter computed for the pod's fitting nodes, for the Prioritize call that
-// follows it in the same scheduling cycle: the score and placement generation per node state,
-// valid while the node's version, the shape snapshot and the request are unchanged.
+// follows it in the same scheduling cycle with the nodes Filter kept (names): per node, the score and
+// placement generation, valid while the node state is the same object at the same version and the
+// shape snapshot and the request are unchanged.
 type filterEval struct {
 	uid      types.UID
 	req      *Request
 	snapshot *FragCache
-	entries  map[*NodeState]evalEntry
+	names    []string
+	entries  []evalEntry // by position in names
 }
 
 type evalEntry struct {
+	state      *NodeState
 	version    uint64
 	score, gen float64
 }
