@@ -161,3 +161,23 @@ func TestStateRebuildAndRelease(t *testing.T) {
 	x.State.UpsertPod(done, x.Class)
 	check(0)
 }
+
+// An mdev parent GPU is never given whole or shared, and an assignment written on a pod that asks
+// for no GPU (a forged annotation) holds nothing.
+func TestMdevParentsAndForgedAssignments(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	inv := testInventory("n1", 1, 2, "A100")
+	inv.GPUs[1].Mdev = []api.MdevType{{Name: "A100-4C", ID: "nvidia-500", Available: 10}}
+	x.State.UpsertNode(testNode(inv, nil))
+	forged := testPod("forged", corev1.ResourceList{})
+	forged = assigned(forged, "n1", api.DeviceAssignment{UUID: gpuUUID(1, 0), Whole: true})
+	x.State.UpsertPod(forged, x.Class)
+	names := []string{"n1"}
+	// GPU 0 is free despite the forged whole assignment; GPU 1 is an mdev parent: one GPU fits.
+	if res := x.Filter(&extenderv1.ExtenderArgs{Pod: wholePod("one", 1), NodeNames: &names}); res.NodeNames == nil || len(*res.NodeNames) != 1 {
+		t.Errorf("one whole GPU: fit %v failed %v", res.NodeNames, res.FailedNodes)
+	}
+	if res := x.Filter(&extenderv1.ExtenderArgs{Pod: sharePod("two", 2, 1, 0), NodeNames: &names}); res.NodeNames != nil && len(*res.NodeNames) != 0 {
+		t.Errorf("two shares fit a node with one GPU usable for shares: %v", *res.NodeNames)
+	}
+}

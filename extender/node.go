@@ -101,7 +101,7 @@ func NewNodeState(inv *api.NodeInventory, labels map[string]string) *NodeState {
 		pos[g.Index] = len(n.GPUs)
 		n.GPUs = append(n.GPUs, GPUState{
 			UUID: g.UUID, Index: g.Index, Model: g.Model, Memory: g.MemoryBytes,
-			Usable: g.Healthy && g.MIG == nil, Gen: parseGen(g.ComputeCapability),
+			Usable: g.Healthy && g.Shareable(), Gen: parseGen(g.ComputeCapability),
 		})
 		if g.MIG != nil {
 			for _, m := range g.MIG.Instances {

@@ -169,7 +169,15 @@ func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
 		}
 		return
 	}
-	req, _ := RequestFromPod(pod, opts)
+	req, err := RequestFromPod(pod, opts)
+	if err != nil || !req.WantsGPU() {
+		// The extender writes assignments only for pods that ask for whole GPUs or shares: an
+		// assignment on any other pod (a user's forged annotation) holds nothing.
+		if old != nil {
+			s.removeLocked(old)
+		}
+		return
+	}
 	if old != nil {
 		if !old.reserved && old.node == a.Node && sameAssignment(old.assignment, a) {
 			return
