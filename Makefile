@@ -12,7 +12,7 @@ FUZZTIME ?= 5s
 # Packages whose tests need no upstream binaries.
 UNIT_PKGS = $$($(GO) list ./... | grep -v /test/)
 
-.PHONY: all build vcuda test unit e2e fuzz bench tools demo clean vet
+.PHONY: all build vcuda test unit e2e e2e-cluster fuzz bench tools demo demo-down clean vet
 
 all: build vcuda
 
@@ -51,6 +51,17 @@ test: tools vet
 # Benchmarks report ratios and latencies measured in one run; they assert nothing.
 bench: tools
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./...
+
+# The main job end to end: a one-node Kubernetes cluster with Tessera on the simulated 8-GPU node,
+# deploy/examples applied, a report, teardown. KEEP=1 leaves it up (make demo-down).
+demo: tools
+	KEEP=$(KEEP) $(GO) run ./test/demo
+
+demo-down:
+	$(GO) run ./test/demo down
+
+e2e-cluster: tools
+	$(GO) test -count=1 -timeout 15m -v -run TestCluster ./test/e2e/
 
 clean:
 	rm -rf $(BIN)

@@ -181,7 +181,7 @@ func (c *Cluster) startAgent(t *testing.T, lib string) {
 	c.AgentDataDir = filepath.Join(c.Dir, "agent-data")
 	c.Agent = c.CP.StartProcess(t, "tessera-node", tesseraBinary(t, "tessera-node"), "run",
 		"--backend=sim", "--state-dir="+filepath.Join(c.Dir, "sim"),
-		"--node-name="+c.Node, "--data-dir="+c.AgentDataDir,
+		"--node-name="+c.Node, "--data-dir="+c.AgentDataDir, "--run-dir="+filepath.Join(c.Dir, "agent-run"),
 		"--cdi-dir="+c.Ctr.CDIDir, "--nri-socket="+c.Ctr.NRISocket,
 		"--device-plugin-dir="+KubeletDevicePluginDir, "--pod-resources-socket="+c.Kubelet.PodResourcesSocket,
 		"--kubeconfig="+kc, "--listen="+c.AgentAddr, "--vcuda-library="+lib)
