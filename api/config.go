@@ -174,18 +174,26 @@ func DecodeYAML(data []byte, v any, doc string) error {
 	return decodeStrict(js, v, doc)
 }
 
-// LoadNodeConfig reads, defaults and validates a node agent config file.
+// LoadNodeConfig reads, defaults and validates a node agent config file ("" means all defaults).
 func LoadNodeConfig(path string) (*NodeConfig, error) {
 	c := &NodeConfig{}
+	return c, loadConfig(path, "node agent config", c)
+}
+
+// loadConfig strictly decodes a config file (if any) into c, then defaults and validates it.
+func loadConfig(path, doc string, c interface {
+	Defaults()
+	Validate() error
+}) error {
 	if path != "" {
 		data, err := os.ReadFile(path)
 		if err != nil {
-			return nil, fmt.Errorf("read node agent config: %w", err)
+			return fmt.Errorf("read %s: %w", doc, err)
 		}
-		if err := DecodeYAML(data, c, "node agent config "+path); err != nil {
-			return nil, err
+		if err := DecodeYAML(data, c, doc+" "+path); err != nil {
+			return err
 		}
 	}
 	c.Defaults()
-	return c, c.Validate()
+	return c.Validate()
 }

@@ -2,7 +2,6 @@ package api
 
 import (
 	"fmt"
-	"os"
 	"time"
 )
 
@@ -143,15 +142,5 @@ func (c *ExtenderConfig) Validate() error {
 // LoadExtenderConfig reads, defaults and validates an extender config file ("" means all defaults).
 func LoadExtenderConfig(path string) (*ExtenderConfig, error) {
 	c := &ExtenderConfig{}
-	if path != "" {
-		data, err := os.ReadFile(path)
-		if err != nil {
-			return nil, fmt.Errorf("read extender config: %w", err)
-		}
-		if err := DecodeYAML(data, c, "extender config "+path); err != nil {
-			return nil, err
-		}
-	}
-	c.Defaults()
-	return c, c.Validate()
+	return c, loadConfig(path, "extender config", c)
 }

@@ -157,21 +157,7 @@ func (c *Cluster) startExtender(t *testing.T, policy string) {
 // WaitExtender waits until tessera-extender answers /healthz.
 func (c *Cluster) WaitExtender(t testing.TB) {
 	t.Helper()
-	hc := &http.Client{Timeout: 2 * time.Second}
-	err := waitFor(time.Minute, 100*time.Millisecond, func() (bool, error) {
-		if !c.Extender.Running() {
-			return false, fmt.Errorf("tessera-extender exited")
-		}
-		resp, err := hc.Get("http://" + c.ExtenderAddr + "/healthz")
-		if err != nil {
-			return false, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, fmt.Errorf("/healthz: %s", resp.Status)
-	})
-	if err != nil {
-		t.Fatalf("tessera-extender not serving on %s: %v\n%s", c.ExtenderAddr, err, c.Extender.LogTail(40))
-	}
+	c.Extender.WaitHealthy(t, "http://"+c.ExtenderAddr+"/healthz", time.Minute)
 }
 
 func (c *Cluster) startAgent(t *testing.T, lib string) {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"strings"
@@ -147,5 +148,26 @@ func waitFor(timeout, interval time.Duration, cond func() (bool, error)) error {
 			return fmt.Errorf("after %s: %w", timeout, last)
 		}
 		time.Sleep(interval)
+	}
+}
+
+// WaitHealthy waits until the process answers 200 at url (its /healthz), failing the test with its
+// log tail when it exits or the timeout passes.
+func (p *Process) WaitHealthy(t testing.TB, url string, timeout time.Duration) {
+	t.Helper()
+	hc := &http.Client{Timeout: 2 * time.Second}
+	err := waitFor(timeout, 50*time.Millisecond, func() (bool, error) {
+		if !p.Running() {
+			return false, fmt.Errorf("%s exited", p.Name)
+		}
+		resp, err := hc.Get(url)
+		if err != nil {
+			return false, err
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK, fmt.Errorf("%s: %s", url, resp.Status)
+	})
+	if err != nil {
+		t.Fatalf("%s not healthy: %v\n%s", p.Name, err, p.LogTail(40))
 	}
 }

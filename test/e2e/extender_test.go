@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"hash/fnv"
-	"net/http"
 	"os"
 	"path/filepath"
 	"sort"
@@ -90,21 +89,7 @@ func startExtenderStack(t *testing.T, nodeCache bool) *extenderStack {
 // informers have synced (it rebuilt its state from the API server).
 func (s *extenderStack) waitExtender(t *testing.T) {
 	t.Helper()
-	hc := &http.Client{Timeout: 2 * time.Second}
-	err := waitFor(30*time.Second, 50*time.Millisecond, func() (bool, error) {
-		if !s.Extender.Running() {
-			return false, fmt.Errorf("tessera-extender exited")
-		}
-		resp, err := hc.Get("http://" + s.extenderAddr + "/healthz")
-		if err != nil {
-			return false, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, fmt.Errorf("/healthz: %s", resp.Status)
-	})
-	if err != nil {
-		t.Fatalf("tessera-extender did not become healthy on %s: %v\n%s", s.extenderAddr, err, s.Extender.LogTail(40))
-	}
+	s.Extender.WaitHealthy(t, "http://"+s.extenderAddr+"/healthz", 30*time.Second)
 }
 
 // gpuNode describes a Node made through the API.
