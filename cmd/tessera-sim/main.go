@@ -34,7 +34,7 @@ type options struct {
 	inflate     float64
 	limit       int
 	workers     int
-	oracle      bool
+	shapes      string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -50,7 +50,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.Float64Var(&o.inflate, "inflate", 1.3, "resample pods until the GPU request reaches this multiple of cluster capacity")
 	fs.IntVar(&o.limit, "limit", 0, "use only the first N pods of the pod list (0: all; for quick runs and tests)")
 	fs.IntVar(&o.workers, "workers", runtime.GOMAXPROCS(0), "runs simulated in parallel")
-	fs.BoolVar(&o.oracle, "oracle-shapes", false, "score with the typical shapes of the whole pod list (the FGD paper's simulator) instead of learning them from the pods arrived so far")
+	fs.StringVar(&o.shapes, "shapes", "paper", "typical task shapes: paper (from the whole pod list, the FGD paper's published protocol) or online (learned from the pods arrived so far, what the live extender can know)")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -93,10 +93,15 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		pods = pods[:o.limit]
 	}
 	cluster := simulate.NewCluster(nodes, pods)
-	shapes := "learned online from arrived pods"
-	if o.oracle {
+	var shapes string
+	switch o.shapes {
+	case "paper":
 		cluster.UseOracleShapes()
-		shapes = "oracle (whole pod list)"
+		shapes = "from the whole pod list (the paper's protocol)"
+	case "online":
+		shapes = "learned online from arrived pods"
+	default:
+		return fmt.Errorf("--shapes must be paper or online, got %q", o.shapes)
 	}
 	fmt.Fprintf(stdout, "trace: %d nodes, %d GPUs, %d pods (%s); %d seeds from %d, inflate %.2f; typical shapes %s\n",
 		len(nodes), cluster.Capacity/1000, len(pods), o.pods, o.seeds, o.firstSeed, o.inflate, shapes)
