@@ -24,6 +24,8 @@ const (
 	// CommonName is the whole-GPU token's device: the control nodes only. The GPU itself is added
 	// per container by the NRI plugin, which knows the pod and its assignment.
 	CommonName = "common"
+	// WholeTokenEnv is set by the common device: it marks a container granted whole-GPU tokens.
+	WholeTokenEnv = "TESSERA_GPU_TOKEN"
 )
 
 // Generator builds the specs for one node.
@@ -122,7 +124,7 @@ func wholeGPUDevices(n *gpu.Node) []specs.Device {
 	if len(all) > 0 {
 		devs = append(devs,
 			specs.Device{Name: AllName, ContainerEdits: specs.ContainerEdits{DeviceNodes: all}},
-			specs.Device{Name: CommonName, ContainerEdits: specs.ContainerEdits{Env: []string{"TESSERA_GPU_TOKEN=whole"}}})
+			specs.Device{Name: CommonName, ContainerEdits: specs.ContainerEdits{Env: []string{WholeTokenEnv + "=whole"}}})
 	}
 	return devs
 }

@@ -45,6 +45,9 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *nriapi.PodSandbox, c 
 
 func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container) (*nriapi.ContainerAdjustment, error) {
 	adj := &nriapi.ContainerAdjustment{}
+	if !p.mayHoldGPU(c) {
+		return adj, nil
+	}
 	grant, err := p.grants.Container(ctx, pod.GetNamespace(), pod.GetName(), c.GetName())
 	if err != nil {
 		return nil, err
@@ -152,6 +155,36 @@ func verify(devs []api.DeviceAssignment, cr *api.ContainerRequest, inv *api.Node
 		}
 	}
 	return nil
+}
+
+// mayHoldGPU is the fast path for the many containers without GPUs. Every device our plugins
+// allocate reaches the container through its CDI name, which containerd resolves before NRI sees the
+// container: the share token mounts libvcuda.so, the whole-GPU token sets TESSERA_GPU_TOKEN, MIG and
+// mdev devices bring their device nodes (the runtime may also list the CDI names themselves). A
+// container with none of these was granted nothing by us and has nothing to check.
+func (p *Plugin) mayHoldGPU(c *nriapi.Container) bool {
+	prefix := p.agent.Generator().Vendor + "/"
+	for _, d := range c.GetCDIDevices() {
+		if strings.HasPrefix(d.GetName(), prefix) {
+			return true
+		}
+	}
+	for _, d := range c.GetLinux().GetDevices() {
+		if gpuNodePattern.MatchString(d.GetPath()) {
+			return true
+		}
+	}
+	for _, m := range c.GetMounts() {
+		if m.GetDestination() == api.VCUDALibraryInContainer {
+			return true
+		}
+	}
+	for _, e := range c.GetEnv() {
+		if strings.HasPrefix(e, cdi.WholeTokenEnv+"=") {
+			return true
+		}
+	}
+	return false
 }
 
 // gpuNodePattern matches the GPU-granting device nodes a container may only have when granted.

@@ -136,7 +136,29 @@ func (e *env) pod(name string, limits map[string]string, annotations map[string]
 	return &nriapi.PodSandbox{Id: "sb-" + name, Name: name, Namespace: "ns", Uid: uid, Annotations: annotations}
 }
 
+// create passes the container to the runtime side as the kubelet would have made it: with the CDI
+// names the device plugins answered for its grant.
 func (e *env) create(pod *nriapi.PodSandbox, c *nriapi.Container) (*nriapi.ContainerAdjustment, error) {
+	list, err := e.grants.List(context.Background(), nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, pr := range list.GetPodResources() {
+		for _, cr := range pr.GetContainers() {
+			if pr.GetNamespace() != pod.GetNamespace() || pr.GetName() != pod.GetName() || cr.GetName() != c.GetName() {
+				continue
+			}
+			for _, d := range cr.GetDevices() {
+				resp, err := e.agent.Allocate(d.GetResourceName(), d.GetDeviceIds())
+				if err != nil {
+					return nil, err
+				}
+				for _, n := range resp.CdiDevices {
+					c.CDIDevices = append(c.CDIDevices, &nriapi.CDIDevice{Name: n.Name})
+				}
+			}
+		}
+	}
 	resp, err := e.rt.CreateContainer(context.Background(), &nriadapt.CreateContainerRequest{Pod: pod, Container: c})
 	if err != nil {
 		return nil, err

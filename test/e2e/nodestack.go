@@ -49,6 +49,12 @@ func startNodeStack(t testing.TB) *nodeStack {
 	if err := os.WriteFile(lib, []byte("stand-in for libvcuda.so\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	// Per-container files live on tmpfs, as /run is on a node; containerd's teardown unmounts it.
+	runDir := filepath.Join(s.dir, "run-tessera")
+	if err := os.MkdirAll(runDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, time.Minute, "mount", "-t", "tmpfs", "-o", "size=64m,mode=0755", "tessera-run", runDir)
 	s.metrics = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	s.agent = s.cp.StartProcess(t, "tessera-node", tesseraBinary(t, "tessera-node"), "run",
 		"--backend=sim", "--state-dir="+filepath.Join(s.dir, "sim"), "--cdi-dir="+s.ctr.CDIDir,
