@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"crypto/tls"
 	"fmt"
 	"net/http"
 	"os"
@@ -343,24 +342,7 @@ func (cp *ControlPlane) WaitSchedulerReady(t testing.TB) {
 
 func (cp *ControlPlane) waitHealthz(t testing.TB, p *Process, port int, path string) {
 	t.Helper()
-	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
-		// self-signed serving certificates; /healthz and /readyz need no authentication
-		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	url := fmt.Sprintf("https://127.0.0.1:%d%s", port, path)
-	err := waitFor(time.Minute, 100*time.Millisecond, func() (bool, error) {
-		if !p.Running() {
-			return false, fmt.Errorf("%s exited", p.Name)
-		}
-		resp, err := hc.Get(url)
-		if err != nil {
-			return false, err
-		}
-		resp.Body.Close()
-		return resp.StatusCode == http.StatusOK, fmt.Errorf("%s: %s", url, resp.Status)
-	})
-	if err != nil {
-		t.Fatalf("%s did not become ready: %v\n%s", p.Name, err, p.LogTail(40))
-	}
+	p.WaitHealthy(t, fmt.Sprintf("https://127.0.0.1:%d%s", port, path), time.Minute)
 }
 
 func (cp *ControlPlane) startControllerManager(t testing.TB) {

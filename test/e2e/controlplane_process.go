@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"crypto/tls"
 	"fmt"
 	"net"
 	"net/http"
@@ -151,11 +152,13 @@ func waitFor(timeout, interval time.Duration, cond func() (bool, error)) error {
 	}
 }
 
-// WaitHealthy waits until the process answers 200 at url (its /healthz), failing the test with its
-// log tail when it exits or the timeout passes.
+// WaitHealthy waits until the process answers 200 at url (its /healthz or /readyz, over http or
+// https), failing the test with its log tail when it exits or the timeout passes.
 func (p *Process) WaitHealthy(t testing.TB, url string, timeout time.Duration) {
 	t.Helper()
-	hc := &http.Client{Timeout: 2 * time.Second}
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		// self-signed serving certificates on loopback; health endpoints need no authentication
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
 	err := waitFor(timeout, 50*time.Millisecond, func() (bool, error) {
 		if !p.Running() {
 			return false, fmt.Errorf("%s exited", p.Name)
