@@ -15,7 +15,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/tessera-gpu/tessera/api"
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
 // refLimits parses a limits file the way the spec in README.md reads, written

@@ -30,8 +30,8 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
 
-	"github.com/tessera-gpu/tessera/api"
-	"github.com/tessera-gpu/tessera/extender"
+	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/extender"
 )
 
 type options struct {

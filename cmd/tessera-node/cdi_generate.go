@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 
-	"github.com/tessera-gpu/tessera/cdi"
-	"github.com/tessera-gpu/tessera/gpu"
+	"github.com/tessera-gpu/tessera/internal/cdi"
+	"github.com/tessera-gpu/tessera/internal/gpu"
 )
 
 // cdiGenerate writes the node's CDI specs and prints every device name, one per line, like

@@ -5,8 +5,8 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/tessera-gpu/tessera/api"
-	"github.com/tessera-gpu/tessera/gpu"
+	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/gpu"
 )
 
 // nodeFlags binds the flags of a subcommand to NodeConfig fields. Flags the user sets override the

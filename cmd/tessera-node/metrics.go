@@ -5,7 +5,7 @@ import (
 	"io"
 	"sort"
 
-	"github.com/tessera-gpu/tessera/agent"
+	"github.com/tessera-gpu/tessera/internal/agent"
 	"github.com/tessera-gpu/tessera/vcuda"
 )
 

@@ -7,11 +7,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/tessera-gpu/tessera/agent"
-	"github.com/tessera-gpu/tessera/api"
-	"github.com/tessera-gpu/tessera/cdi"
-	"github.com/tessera-gpu/tessera/gpu"
-	"github.com/tessera-gpu/tessera/ledger"
+	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/agent"
+	"github.com/tessera-gpu/tessera/internal/cdi"
+	"github.com/tessera-gpu/tessera/internal/gpu"
+	"github.com/tessera-gpu/tessera/internal/ledger"
 )
 
 func TestMetrics(t *testing.T) {

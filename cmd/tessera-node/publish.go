@@ -11,7 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/tessera-gpu/tessera/api"
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
 // publisher writes the inventory annotation (and the GPU model label) on the agent's Node, which

@@ -18,13 +18,13 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/tessera-gpu/tessera/agent"
-	"github.com/tessera-gpu/tessera/cdi"
-	"github.com/tessera-gpu/tessera/deviceplugin"
-	"github.com/tessera-gpu/tessera/gpu"
-	"github.com/tessera-gpu/tessera/ledger"
-	"github.com/tessera-gpu/tessera/nri"
-	"github.com/tessera-gpu/tessera/podresources"
+	"github.com/tessera-gpu/tessera/internal/agent"
+	"github.com/tessera-gpu/tessera/internal/cdi"
+	"github.com/tessera-gpu/tessera/internal/deviceplugin"
+	"github.com/tessera-gpu/tessera/internal/gpu"
+	"github.com/tessera-gpu/tessera/internal/ledger"
+	"github.com/tessera-gpu/tessera/internal/nri"
+	"github.com/tessera-gpu/tessera/internal/podresources"
 )
 
 // runAgent is the node agent: inventory, CDI specs, device plugins, the NRI plugin, /metrics and /healthz.

@@ -15,8 +15,8 @@ import (
 	"strings"
 	"sync"
 
-	"github.com/tessera-gpu/tessera/api"
-	"github.com/tessera-gpu/tessera/extender/simulate"
+	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/extender/simulate"
 )
 
 func main() {

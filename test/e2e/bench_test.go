@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	cri "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/tessera-gpu/tessera/api"
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
 // BenchmarkNodeAgentCreateContainer measures, on the real containerd in one run, CRI CreateContainer

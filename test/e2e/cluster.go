@@ -21,8 +21,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
-	"github.com/tessera-gpu/tessera/api"
-	"github.com/tessera-gpu/tessera/ledger"
+	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/ledger"
 )
 
 // Cluster is a one-node Kubernetes cluster with Tessera on the simulated 8-GPU node, every part

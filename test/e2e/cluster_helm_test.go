@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 	sigyaml "sigs.k8s.io/yaml"
 
-	"github.com/tessera-gpu/tessera/api"
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
 // helmChart is the project's Helm chart.

@@ -18,7 +18,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/tessera-gpu/tessera/api"
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
 // ControlPlane is a real, loopback-only Kubernetes control plane built from upstream by

@@ -14,7 +14,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/tessera-gpu/tessera/podresources"
+	"github.com/tessera-gpu/tessera/internal/podresources"
 )
 
 // FakeKubelet plays the kubelet's device-facing half over the real APIs: it serves Registration

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tessera-gpu/tessera/api"
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
 // TestNodeAgent runs the node agent on the simulated node against real containerd (NRI + CDI),

@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/tessera-gpu/tessera/api"
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
 // nodeStack is one simulated GPU node: real containerd (NRI + CDI), a real API server, the fake

@@ -1,0 +1,199 @@
+package v1
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"sigs.k8s.io/yaml"
+)
+
+// Config kinds (the "kind" of a versioned config file).
+const (
+	KindNodeConfig     = "NodeAgentConfig"
+	KindExtenderConfig = "ExtenderConfig"
+)
+
+// NodeConfig configures tessera-node. Flags override the file; zero values take the defaults below.
+type NodeConfig struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	// NodeName is the Kubernetes node name (default: the host name).
+	NodeName string `json:"nodeName,omitempty"`
+	// Backend is the GPU inventory: "auto" (NVML when a driver is present, else sim), "nvml" or "sim".
+	Backend string `json:"backend,omitempty"`
+	// NodeDescription is the simulated node's YAML file (sim backend; empty: the built-in 8 x A100).
+	NodeDescription string `json:"nodeDescription,omitempty"`
+	// DevRoot is the directory device nodes live under: "/" for real hardware; the sim backend
+	// creates its character devices there.
+	DevRoot string `json:"devRoot,omitempty"`
+	// CDIDir is where CDI specs are written.
+	CDIDir string `json:"cdiDir,omitempty"`
+	// CDIVendor is the vendor part of every CDI device name, e.g. tessera.dev/gpu=<uuid>.
+	CDIVendor string `json:"cdiVendor,omitempty"`
+	// SharesPerGPU is how many tessera.dev/vgpu tokens each GPU offers.
+	SharesPerGPU int `json:"sharesPerGPU,omitempty"`
+	// VCUDALibrary is the host path of libvcuda.so that share containers get.
+	VCUDALibrary string `json:"vcudaLibrary,omitempty"`
+	// StateDir is where the simulated node keeps its state (mig-minors, device nodes).
+	StateDir string `json:"stateDir,omitempty"`
+
+	// The rest configures `tessera-node run`.
+
+	// DataDir holds persistent state: the ledger.
+	DataDir string `json:"dataDir,omitempty"`
+	// RunDir holds per-container vcuda files; best on tmpfs.
+	RunDir string `json:"runDir,omitempty"`
+	// DevicePluginDir is the kubelet's device plugin directory (kubelet.sock lives there).
+	DevicePluginDir string `json:"devicePluginDir,omitempty"`
+	// PodResourcesSocket is the kubelet's PodResources API socket.
+	PodResourcesSocket string `json:"podResourcesSocket,omitempty"`
+	// NRISocket is containerd's NRI socket.
+	NRISocket string `json:"nriSocket,omitempty"`
+	// NRIPluginIndex orders Tessera among NRI plugins.
+	NRIPluginIndex string `json:"nriPluginIndex,omitempty"`
+	// KataRuntimeHandler: runtime handlers starting with it run pods in VMs.
+	KataRuntimeHandler string `json:"kataRuntimeHandler,omitempty"`
+	// Kubeconfig for the API server; empty means in-cluster credentials.
+	Kubeconfig string `json:"kubeconfig,omitempty"`
+	// Listen is the address of /metrics and /healthz.
+	Listen string `json:"listen,omitempty"`
+	// RediscoverInterval is how often GPUs are rediscovered.
+	RediscoverInterval Duration `json:"rediscoverInterval,omitempty"`
+}
+
+// Node agent defaults.
+const (
+	DefaultBackend      = "auto"
+	DefaultCDIDir       = "/etc/cdi"
+	DefaultCDIVendor    = "tessera.dev"
+	DefaultSharesPerGPU = 10
+	DefaultVCUDALibrary = "/usr/local/lib/tessera/libvcuda.so"
+	DefaultSimStateDir  = "/var/run/tessera/sim"
+	DefaultDataDir      = "/var/lib/tessera"
+	DefaultRunDir       = "/run/tessera"
+	DefaultPluginDir    = "/var/lib/kubelet/device-plugins"
+	DefaultPodResources = "/var/lib/kubelet/pod-resources/kubelet.sock"
+	DefaultNRISocket    = "/var/run/nri/nri.sock"
+	DefaultNRIIndex     = "50"
+	DefaultKataHandler  = "kata"
+	DefaultNodeListen   = "127.0.0.1:9400"
+	DefaultRediscover   = time.Minute
+)
+
+// cdiVendorPattern is the CDI vendor rule (a DNS-like name).
+var cdiVendorPattern = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9_.-]*[a-zA-Z0-9])?$`)
+
+// Defaults fills zero fields with defaults.
+func (c *NodeConfig) Defaults() {
+	if c.APIVersion == "" {
+		c.APIVersion = Version
+	}
+	if c.Kind == "" {
+		c.Kind = KindNodeConfig
+	}
+	if c.Backend == "" {
+		c.Backend = DefaultBackend
+	}
+	if c.CDIDir == "" {
+		c.CDIDir = DefaultCDIDir
+	}
+	if c.CDIVendor == "" {
+		c.CDIVendor = DefaultCDIVendor
+	}
+	if c.SharesPerGPU == 0 {
+		c.SharesPerGPU = DefaultSharesPerGPU
+	}
+	for _, d := range []struct {
+		field *string
+		value string
+	}{
+		{&c.VCUDALibrary, DefaultVCUDALibrary}, {&c.StateDir, DefaultSimStateDir}, {&c.DataDir, DefaultDataDir},
+		{&c.RunDir, DefaultRunDir}, {&c.DevicePluginDir, DefaultPluginDir}, {&c.PodResourcesSocket, DefaultPodResources},
+		{&c.NRISocket, DefaultNRISocket}, {&c.NRIPluginIndex, DefaultNRIIndex}, {&c.KataRuntimeHandler, DefaultKataHandler},
+		{&c.Listen, DefaultNodeListen},
+	} {
+		if *d.field == "" {
+			*d.field = d.value
+		}
+	}
+	if c.RediscoverInterval.Duration == 0 {
+		c.RediscoverInterval.Duration = DefaultRediscover
+	}
+}
+
+// Validate checks a defaulted NodeConfig.
+func (c *NodeConfig) Validate() error {
+	fe := &fieldErrors{doc: "node agent config"}
+	checkKind(fe, c.APIVersion, c.Kind, KindNodeConfig)
+	switch c.Backend {
+	case "auto", "nvml", "sim":
+	default:
+		fe.add("backend", "must be auto, nvml or sim, got %q", c.Backend)
+	}
+	if !cdiVendorPattern.MatchString(c.CDIVendor) {
+		fe.add("cdiVendor", "must be a vendor name like tessera.dev, got %q", c.CDIVendor)
+	}
+	if c.SharesPerGPU < 1 || c.SharesPerGPU > 1024 {
+		fe.add("sharesPerGPU", "must be between 1 and 1024, got %d", c.SharesPerGPU)
+	}
+	for name, path := range map[string]string{"vcudaLibrary": c.VCUDALibrary, "stateDir": c.StateDir, "dataDir": c.DataDir, "runDir": c.RunDir,
+		"devicePluginDir": c.DevicePluginDir, "podResourcesSocket": c.PodResourcesSocket, "nriSocket": c.NRISocket, "cdiDir": c.CDIDir} {
+		if !filepath.IsAbs(path) {
+			fe.add(name, "must be an absolute path, got %q", path)
+		}
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		fe.add("listen", "must be host:port, got %q", c.Listen)
+	}
+	if c.RediscoverInterval.Duration < time.Second {
+		fe.add("rediscoverInterval", "must be at least 1s, got %s", c.RediscoverInterval.Duration)
+	}
+	return fe.err()
+}
+
+func checkKind(fe *fieldErrors, apiVersion, kind, want string) {
+	if apiVersion != Version {
+		fe.add("apiVersion", "must be %q, got %q", Version, apiVersion)
+	}
+	if kind != want {
+		fe.add("kind", "must be %q, got %q", want, kind)
+	}
+}
+
+// DecodeYAML strictly decodes a YAML (or JSON) document into v: unknown fields and duplicated keys
+// are errors. doc names the document in messages.
+func DecodeYAML(data []byte, v any, doc string) error {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return fmt.Errorf("invalid %s: %w", doc, err)
+	}
+	return decodeStrict(js, v, doc)
+}
+
+// LoadNodeConfig reads, defaults and validates a node agent config file ("" means all defaults).
+func LoadNodeConfig(path string) (*NodeConfig, error) {
+	c := &NodeConfig{}
+	return c, loadConfig(path, "node agent config", c)
+}
+
+// loadConfig strictly decodes a config file (if any) into c, then defaults and validates it.
+func loadConfig(path, doc string, c interface {
+	Defaults()
+	Validate() error
+}) error {
+	if path != "" {
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return fmt.Errorf("read %s: %w", doc, err)
+		}
+		if err := DecodeYAML(data, c, doc+" "+path); err != nil {
+			return err
+		}
+	}
+	c.Defaults()
+	return c.Validate()
+}

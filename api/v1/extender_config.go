@@ -1,0 +1,146 @@
+package v1
+
+import (
+	"fmt"
+	"time"
+)
+
+// AnnotationGPUModel (pod) restricts a pod to GPUs of the listed models, separated by "|"
+// (e.g. "V100M16|V100M32"); it mirrors the gpu_spec column of the openb trace.
+const AnnotationGPUModel = "tessera.dev/gpu-model"
+
+// LabelAssignedNode (pod) is written together with AnnotationAssignment: the node the assignment is
+// for. It lets a binder list every assignment on a node straight from the API server (a label
+// selector), including pods annotated but not bound yet.
+const LabelAssignedNode = "tessera.dev/assigned-node"
+
+// Placement policy names understood by the extender (config Policy and pod annotation AnnotationPolicy).
+const (
+	PolicyTessera = "tessera"
+	PolicyFGD     = "fgd"
+	PolicyBestFit = "bestfit"
+	PolicyBinpack = "binpack"
+	PolicySpread  = "spread"
+	PolicyRandom  = "random"
+)
+
+// ExtenderConfig configures tessera-extender. Flags override the file; zero values take the defaults.
+type ExtenderConfig struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	// Policy is the default placement policy: tessera, fgd, bestfit, binpack, spread or random.
+	Policy string `json:"policy,omitempty"`
+	// AllowPolicyOverride lets a pod pick its policy with the tessera.dev/policy annotation (default true).
+	AllowPolicyOverride *bool `json:"allowPolicyOverride,omitempty"`
+	// ExperimentPriorityClasses and InferencePriorityClasses map priority class names to workload
+	// classes for pods without the tessera.dev/workload label (seed 002: experiment and inference pods
+	// prefer older, lower-compute GPUs). TrainingPriorityClasses mark training pods.
+	ExperimentPriorityClasses []string `json:"experimentPriorityClasses,omitempty"`
+	InferencePriorityClasses  []string `json:"inferencePriorityClasses,omitempty"`
+	TrainingPriorityClasses   []string `json:"trainingPriorityClasses,omitempty"`
+	// LeaseNamespace holds the leader-election Lease and the per-node bind Leases.
+	LeaseNamespace string `json:"leaseNamespace,omitempty"`
+	// LeaderElectionID names the leader-election Lease.
+	LeaderElectionID string `json:"leaderElectionID,omitempty"`
+	// ReservationTTL bounds how long an in-flight decision is held when no bind outcome is seen.
+	ReservationTTL Duration `json:"reservationTTL,omitempty"`
+}
+
+// Duration is a time.Duration written as a Go duration string ("30s") in config files.
+type Duration struct{ time.Duration }
+
+// UnmarshalJSON reads a duration string such as "30s".
+func (d *Duration) UnmarshalJSON(b []byte) error {
+	s := string(b)
+	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' {
+		return fmt.Errorf("duration must be a string such as \"30s\", got %s", s)
+	}
+	v, err := time.ParseDuration(s[1 : len(s)-1])
+	if err != nil {
+		return fmt.Errorf("invalid duration: %w", err)
+	}
+	d.Duration = v
+	return nil
+}
+
+// MarshalJSON writes the duration string.
+func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String() + `"`), nil }
+
+// Extender defaults.
+const (
+	DefaultExtenderPolicy   = PolicyTessera
+	DefaultLeaseNamespace   = "kube-system"
+	DefaultLeaderElectionID = "tessera-extender"
+	DefaultReservationTTL   = 2 * time.Minute
+)
+
+// KnownPolicies lists the policy names in a stable order.
+var KnownPolicies = []string{PolicyTessera, PolicyFGD, PolicyBestFit, PolicyBinpack, PolicySpread, PolicyRandom}
+
+// IsKnownPolicy reports whether name is one of KnownPolicies.
+func IsKnownPolicy(name string) bool {
+	for _, p := range KnownPolicies {
+		if p == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Defaults fills zero fields with defaults.
+func (c *ExtenderConfig) Defaults() {
+	if c.APIVersion == "" {
+		c.APIVersion = Version
+	}
+	if c.Kind == "" {
+		c.Kind = KindExtenderConfig
+	}
+	if c.Policy == "" {
+		c.Policy = DefaultExtenderPolicy
+	}
+	if c.AllowPolicyOverride == nil {
+		t := true
+		c.AllowPolicyOverride = &t
+	}
+	if c.LeaseNamespace == "" {
+		c.LeaseNamespace = DefaultLeaseNamespace
+	}
+	if c.LeaderElectionID == "" {
+		c.LeaderElectionID = DefaultLeaderElectionID
+	}
+	if c.ReservationTTL.Duration == 0 {
+		c.ReservationTTL.Duration = DefaultReservationTTL
+	}
+}
+
+// Validate checks a defaulted ExtenderConfig.
+func (c *ExtenderConfig) Validate() error {
+	fe := &fieldErrors{doc: "extender config"}
+	checkKind(fe, c.APIVersion, c.Kind, KindExtenderConfig)
+	if !IsKnownPolicy(c.Policy) {
+		fe.add("policy", "must be one of %v, got %q", KnownPolicies, c.Policy)
+	}
+	if c.ReservationTTL.Duration < time.Second {
+		fe.add("reservationTTL", "must be at least 1s, got %s", c.ReservationTTL.Duration)
+	}
+	seen := map[string]string{}
+	for field, names := range map[string][]string{
+		"experimentPriorityClasses": c.ExperimentPriorityClasses,
+		"inferencePriorityClasses":  c.InferencePriorityClasses,
+		"trainingPriorityClasses":   c.TrainingPriorityClasses,
+	} {
+		for _, n := range names {
+			if prev, dup := seen[n]; dup && prev != field {
+				fe.add(field, "priority class %q is also listed in %s", n, prev)
+			}
+			seen[n] = field
+		}
+	}
+	return fe.err()
+}
+
+// LoadExtenderConfig reads, defaults and validates an extender config file ("" means all defaults).
+func LoadExtenderConfig(path string) (*ExtenderConfig, error) {
+	c := &ExtenderConfig{}
+	return c, loadConfig(path, "extender config", c)
+}

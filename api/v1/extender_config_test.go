@@ -1,0 +1,56 @@
+package v1
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestLoadExtenderConfig(t *testing.T) {
+	dir := t.TempDir()
+	cases := []struct {
+		name, yaml, wantErr string
+		check               func(*testing.T, *ExtenderConfig)
+	}{
+		{name: "defaults", yaml: "", check: func(t *testing.T, c *ExtenderConfig) {
+			if c.Policy != PolicyTessera || !*c.AllowPolicyOverride || c.ReservationTTL.Duration != DefaultReservationTTL {
+				t.Fatalf("bad defaults: %+v", c)
+			}
+		}},
+		{name: "full", yaml: "apiVersion: tessera.dev/v1\nkind: ExtenderConfig\npolicy: fgd\nallowPolicyOverride: false\nreservationTTL: 30s\ninferencePriorityClasses: [serving]\n",
+			check: func(t *testing.T, c *ExtenderConfig) {
+				if c.Policy != PolicyFGD || *c.AllowPolicyOverride || c.ReservationTTL.Duration != 30*time.Second || c.InferencePriorityClasses[0] != "serving" {
+					t.Fatalf("bad config: %+v", c)
+				}
+			}},
+		{name: "unknown policy", yaml: "policy: worstfit\n", wantErr: "policy: must be one of"},
+		{name: "unknown field", yaml: "polcy: fgd\n", wantErr: "unknown field"},
+		{name: "wrong kind", yaml: "kind: NodeAgentConfig\n", wantErr: "kind: must be"},
+		{name: "bad duration", yaml: "reservationTTL: 10\n", wantErr: "duration must be a string"},
+		{name: "class twice", yaml: "inferencePriorityClasses: [a]\nexperimentPriorityClasses: [a]\n", wantErr: "is also listed"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			p := ""
+			if tc.yaml != "" {
+				p = filepath.Join(dir, strings.ReplaceAll(tc.name, " ", "_")+".yaml")
+				if err := os.WriteFile(p, []byte(tc.yaml), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			c, err := LoadExtenderConfig(p)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("want error containing %q, got %v", tc.wantErr, err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.check(t, c)
+		})
+	}
+}

@@ -1,0 +1,63 @@
+package v1
+
+import "strings"
+
+// Resource names a pod asks for (see docs/architecture.md, "Resource model").
+const (
+	// ResourceGPU is N whole, exclusive GPUs; the same name as NVIDIA's plugin so existing pods keep working.
+	ResourceGPU = "nvidia.com/gpu"
+	// ResourceShare is N fractional shares, each on a different physical GPU.
+	ResourceShare = "tessera.dev/vgpu"
+	// ResourceShareMemory is the memory cap of each share, in bytes.
+	ResourceShareMemory = "tessera.dev/vgpu-memory"
+	// ResourceShareMemoryPercent is the memory cap of each share as a percent of its GPU's memory.
+	ResourceShareMemoryPercent = "tessera.dev/vgpu-memory-percent"
+	// ResourceShareCores is the compute cap of each share, in percent of its GPU's SMs.
+	ResourceShareCores = "tessera.dev/vgpu-cores"
+
+	// MIGResourcePrefix + profile (e.g. "1g.10gb") names a MIG instance (mixed strategy).
+	MIGResourcePrefix = "nvidia.com/mig-"
+	// MdevResourcePrefix + type name (e.g. "A100-4C") names an mdev vGPU for VM runtimes.
+	MdevResourcePrefix = "tessera.dev/mdev-"
+)
+
+// Annotation and label keys.
+const (
+	// AnnotationAssignment (pod) holds the PodAssignment the extender wrote at bind time.
+	AnnotationAssignment = "tessera.dev/assignment"
+	// AnnotationInventory (node) holds the NodeInventory the node agent publishes.
+	AnnotationInventory = "tessera.dev/inventory"
+	// AnnotationPolicy (pod) overrides the extender's placement policy for this pod.
+	AnnotationPolicy = "tessera.dev/policy"
+	// LabelWorkload (pod) marks the workload class: experiment, training or inference.
+	LabelWorkload = "tessera.dev/workload"
+	// LabelGPUModel (node) is the GPU model of the node's GPUs, set by the node agent.
+	LabelGPUModel = "tessera.dev/gpu-model"
+	// LabelPool (node) puts a node into a named GPU pool; pods select pools with a node selector on it.
+	LabelPool = "tessera.dev/pool"
+)
+
+// Workload classes (values of LabelWorkload).
+const (
+	WorkloadExperiment = "experiment"
+	WorkloadTraining   = "training"
+	WorkloadInference  = "inference"
+)
+
+// MaxCoresPercent is the compute of a whole GPU.
+const MaxCoresPercent = 100
+
+// MIGResource returns the resource name of a MIG profile, e.g. "1g.10gb" -> "nvidia.com/mig-1g.10gb".
+func MIGResource(profile string) string { return MIGResourcePrefix + profile }
+
+// MdevResource returns the resource name of an mdev type, e.g. "A100-4C" -> "tessera.dev/mdev-A100-4C".
+func MdevResource(typeName string) string { return MdevResourcePrefix + typeName }
+
+// IsTesseraResource reports whether a resource name belongs to the GPU resource model.
+func IsTesseraResource(name string) bool {
+	switch name {
+	case ResourceGPU, ResourceShare, ResourceShareMemory, ResourceShareMemoryPercent, ResourceShareCores:
+		return true
+	}
+	return strings.HasPrefix(name, MIGResourcePrefix) || strings.HasPrefix(name, MdevResourcePrefix)
+}

@@ -1,0 +1,157 @@
+// Package agent is the heart of tessera-node: one inventory (with health), the CDI specs that
+// describe it, and the device-plugin view of it (Source), all derived from the GPU backend and the
+// ledger, and kept current when either changes.
+package agent
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sort"
+	"sync"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/cdi"
+	"github.com/tessera-gpu/tessera/internal/gpu"
+	"github.com/tessera-gpu/tessera/internal/ledger"
+	"github.com/tessera-gpu/tessera/internal/podresources"
+)
+
+// Config is what the agent needs beyond its parts.
+type Config struct {
+	NodeName     string
+	SharesPerGPU int
+	CDIDir       string
+	Generator    *cdi.Generator
+}
+
+// Agent owns the node's inventory. It is safe for concurrent use.
+type Agent struct {
+	cfg     Config
+	backend gpu.Backend
+	ledger  *ledger.Ledger
+	writer  *cdi.Writer
+	// allocated, when set, returns the device IDs the kubelet has handed out per resource, so that
+	// health marks spare tokens unhealthy rather than ones in use.
+	allocated func(ctx context.Context) (map[podresources.Key]podresources.Grant, error)
+	publish   func(*api.NodeInventory)
+
+	mu        sync.RWMutex
+	node      *gpu.Node
+	unhealthy map[string]string // GPU or MIG UUID -> reason
+	mdevSlots map[string]mdevSlot
+	changed   chan struct{}
+}
+
+// New builds the agent; call Refresh before serving.
+func New(cfg Config, backend gpu.Backend, l *ledger.Ledger) *Agent {
+	a := &Agent{cfg: cfg, backend: backend, ledger: l, writer: &cdi.Writer{Dir: cfg.CDIDir},
+		unhealthy: map[string]string{}, changed: make(chan struct{}, 1)}
+	l.OnChange(a.notify)
+	return a
+}
+
+// WithAllocated lets the agent ask the kubelet which devices are in use.
+func (a *Agent) WithAllocated(fn func(ctx context.Context) (map[podresources.Key]podresources.Grant, error)) {
+	a.allocated = fn
+}
+
+// WithPublisher is called with the inventory after every refresh (to annotate the Node object).
+func (a *Agent) WithPublisher(fn func(*api.NodeInventory)) { a.publish = fn }
+
+// Refresh rediscovers the GPUs, rewrites the CDI specs and tells the device plugins.
+func (a *Agent) Refresh(ctx context.Context) error {
+	n, err := a.backend.Discover(ctx)
+	if err != nil {
+		return fmt.Errorf("discover GPUs: %w", err)
+	}
+	specs, err := a.cfg.Generator.Specs(n)
+	if err != nil {
+		return err
+	}
+	if err := a.writer.Sync(specs); err != nil {
+		return err
+	}
+	a.mu.Lock()
+	a.node = n
+	a.mu.Unlock()
+	slog.Info("inventory refreshed", "backend", a.backend.Name(), "gpus", len(n.GPUs), "mdevs", len(n.Mdevs), "cdiDir", a.cfg.CDIDir)
+	a.notify()
+	if a.publish != nil {
+		a.publish(a.Inventory())
+	}
+	return nil
+}
+
+// WatchHealth marks GPUs unhealthy on XID errors until ctx ends.
+func (a *Agent) WatchHealth(ctx context.Context) error {
+	return a.backend.WatchHealth(ctx, func(e gpu.HealthEvent) {
+		a.mu.Lock()
+		if e.Healthy {
+			delete(a.unhealthy, e.UUID)
+		} else {
+			a.unhealthy[e.UUID] = e.Reason
+		}
+		a.mu.Unlock()
+		slog.Warn("GPU health changed", "uuid", e.UUID, "healthy", e.Healthy, "reason", e.Reason)
+		a.notify()
+		if a.publish != nil {
+			a.publish(a.Inventory())
+		}
+	})
+}
+
+// notify wakes the device plugins (coalesced).
+func (a *Agent) notify() {
+	select {
+	case a.changed <- struct{}{}:
+	default:
+	}
+}
+
+// Node is the last discovered node (nil before the first Refresh).
+func (a *Agent) Node() *gpu.Node {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return a.node
+}
+
+// Inventory is the node's inventory with health applied.
+func (a *Agent) Inventory() *api.NodeInventory {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	if a.node == nil {
+		return &api.NodeInventory{APIVersion: api.Version, Node: a.cfg.NodeName, SharesPerGPU: a.cfg.SharesPerGPU}
+	}
+	inv := a.node.Inventory(a.cfg.NodeName, a.cfg.SharesPerGPU)
+	inv.GPUs = append([]api.GPU(nil), inv.GPUs...)
+	for i := range inv.GPUs {
+		if _, bad := a.unhealthy[inv.GPUs[i].UUID]; bad {
+			inv.GPUs[i].Healthy = false
+		}
+	}
+	return inv
+}
+
+// Ledger is the agent's ledger.
+func (a *Agent) Ledger() *ledger.Ledger { return a.ledger }
+
+// Generator names CDI devices.
+func (a *Agent) Generator() *cdi.Generator { return a.cfg.Generator }
+
+// RemoveMdev removes an mdev device and refreshes the specs.
+func (a *Agent) RemoveMdev(ctx context.Context, uuid string) error {
+	if err := a.backend.RemoveMdev(uuid); err != nil {
+		return err
+	}
+	return a.Refresh(ctx)
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

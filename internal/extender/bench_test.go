@@ -1,0 +1,192 @@
+package extender
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"sort"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+// benchCluster is 5,000 nodes x 8 GPUs, half full. uniform: on each node GPUs 0-2 are whole-owned
+// and GPU 3 carries two 30% shares (4 of 8 GPUs' worth in use; every node in the same state).
+// varied: each node holds 0-6 whole GPUs and 1-3 shared GPUs with 1-3 shares of 5-45% compute and
+// 1-4 GiB each (about 4 of 8 GPUs' worth in use on average, nearly every node in its own state).
+func benchCluster(b *testing.B, varied bool) (*Extender, []string) {
+	x := newTestExtender(b, api.PolicyTessera)
+	names := make([]string, 5000)
+	rng := rand.New(rand.NewPCG(5000, 8))
+	for i := range names {
+		names[i] = fmt.Sprintf("node-%05d", i)
+		x.State.UpsertNode(testNode(testInventory(names[i], i, 8, "A100"), nil))
+		whole, shared, shares, cores, mem := 3, 1, 2, 30, 4
+		if varied {
+			whole, shared = rng.IntN(7), 1+rng.IntN(3)
+			shared = min(shared, 8-whole)
+		}
+		var devs []api.DeviceAssignment
+		for g := 0; g < whole; g++ {
+			devs = append(devs, api.DeviceAssignment{UUID: gpuUUID(i, g), Whole: true})
+		}
+		if whole > 0 {
+			x.State.UpsertPod(assigned(wholePod(fmt.Sprintf("w%d", i), whole), names[i], devs...), x.Class)
+		}
+		for g := whole; g < whole+shared; g++ {
+			if varied {
+				shares = 1 + rng.IntN(3)
+			}
+			for s := 0; s < shares; s++ {
+				if varied {
+					cores, mem = 5+rng.IntN(41), 1+rng.IntN(4)
+				}
+				p := assigned(sharePod(fmt.Sprintf("s%d-%d-%d", i, g, s), 1, mem, cores), names[i],
+					api.DeviceAssignment{UUID: gpuUUID(i, g), MemoryBytes: int64(mem) << 30, CoresPercent: cores})
+				x.State.UpsertPod(p, x.Class)
+			}
+		}
+	}
+	return x, names
+}
+
+var benchClusters = map[bool]*struct {
+	once  sync.Once
+	x     *Extender
+	names []string
+}{false: {}, true: {}}
+
+// sharedBenchCluster builds each benchCluster once per test binary (it takes seconds).
+func sharedBenchCluster(b *testing.B, varied bool) (*Extender, []string) {
+	c := benchClusters[varied]
+	c.once.Do(func() { c.x, c.names = benchCluster(b, varied) })
+	return c.x, c.names
+}
+
+// cpuTime is the process's user+system CPU time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// reportP99 reports wall-clock percentiles of the timed operations and the process CPU time per
+// operation (less sensitive than wall time to other load on a shared machine).
+func reportP99(b *testing.B, d []time.Duration, cpu time.Duration) {
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	b.ReportMetric(float64(d[len(d)*99/100].Microseconds())/1000, "p99-ms")
+	b.ReportMetric(float64(d[len(d)/2].Microseconds())/1000, "p50-ms")
+	b.ReportMetric(float64(cpu.Microseconds())/1000/float64(len(d)), "cpu-ms/op")
+}
+
+// benchPods are the pod shapes a scheduling cycle is measured for.
+var benchPods = []struct {
+	name string
+	pod  func() *corev1.Pod
+}{
+	{"share2x40", func() *corev1.Pod { return sharePod("new", 2, 8, 40) }},
+	{"share1x40", func() *corev1.Pod { return sharePod("new", 1, 8, 40) }},
+	{"whole1", func() *corev1.Pod { return wholePod("new", 1) }},
+	{"whole4", func() *corev1.Pod { return wholePod("new", 4) }},
+}
+
+// BenchmarkFilterPrioritize is one scheduling cycle's extender work for one pod: filter then
+// prioritize over all 5,000 nodes (nodeCacheCapable: node names only). Run with -benchtime 200x or
+// more for a meaningful p99.
+func BenchmarkFilterPrioritize(b *testing.B) {
+	for _, varied := range []bool{false, true} {
+		x, names := sharedBenchCluster(b, varied)
+		for _, bp := range benchPods {
+			b.Run(map[bool]string{false: "uniform", true: "varied"}[varied]+"/"+bp.name, func(b *testing.B) {
+				pod := bp.pod()
+				var d []time.Duration
+				runtime.GC()
+				cpu0 := cpuTime()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					start := time.Now()
+					fr := x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+					if _, err := x.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: fr.NodeNames}); err != nil {
+						b.Fatal(err)
+					}
+					d = append(d, time.Since(start))
+				}
+				reportP99(b, d, cpuTime()-cpu0)
+			})
+		}
+	}
+}
+
+// BenchmarkFilterPrioritizeHTTP is the extender's side of the same cycle through its HTTP handler:
+// decoding the JSON requests (pod and 5,000 node names for filter, the kept names for prioritize),
+// the work, and encoding the replies. The scheduler's own JSON work is not timed.
+func BenchmarkFilterPrioritizeHTTP(b *testing.B) {
+	x, names := sharedBenchCluster(b, true)
+	h := x.Handler(nil)
+	pod := sharePod("new", 2, 8, 40)
+	fbody, err := json.Marshal(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+	if err != nil {
+		b.Fatal(err)
+	}
+	call := func(path string, body []byte) *httptest.ResponseRecorder {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body)))
+		if rec.Code != http.StatusOK {
+			b.Fatalf("%s: %d %s", path, rec.Code, rec.Body.String())
+		}
+		return rec
+	}
+	var fr extenderv1.ExtenderFilterResult
+	if err := json.Unmarshal(call("/filter", fbody).Body.Bytes(), &fr); err != nil {
+		b.Fatal(err)
+	}
+	pbody, _ := json.Marshal(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: fr.NodeNames})
+	b.ReportMetric(float64(len(fbody))/1024, "filter-body-KiB")
+	var d []time.Duration
+	runtime.GC()
+	cpu0 := cpuTime()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		call("/filter", fbody)
+		call("/prioritize", pbody)
+		d = append(d, time.Since(start))
+	}
+	reportP99(b, d, cpuTime()-cpu0)
+}
+
+// BenchmarkBindDecision is bind's own work without API calls: place on a node rebuilt from its
+// assignments, and build the annotation.
+func BenchmarkBindDecision(b *testing.B) {
+	x, names := sharedBenchCluster(b, true)
+	req, _ := RequestFromPod(sharePod("new", 2, 8, 40), x.Class)
+	inv := testInventory(names[0], 0, 8, "A100")
+	var d []time.Duration
+	cpu0 := cpuTime()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		start := time.Now()
+		n := NewNodeState(inv, nil)
+		p := Placement{Devices: []Device{{GPU: 0, Whole: true}, {GPU: 1, Whole: true}, {GPU: 2, Whole: true}, {GPU: 3, Milli: 600, Memory: 8 << 30}}}
+		n.Apply(&Request{}, &p)
+		pl, _, u := x.Engine.Evaluate(x.State.Shapes().ScoreContext(), n, req)
+		if u != nil {
+			b.Fatal(u)
+		}
+		if _, err := api.EncodeAssignment(BuildAssignment(n, req, &pl)); err != nil {
+			b.Fatal(err)
+		}
+		d = append(d, time.Since(start))
+	}
+	reportP99(b, d, cpuTime()-cpu0)
+}

@@ -1,0 +1,177 @@
+package extender
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+// fakeAPI is a fake clientset made to behave like the API server where the bind protocol relies
+// on it: Lease updates are compare-and-swaps on resourceVersion (the fake tracker does not check
+// versions, so a reactor does), and pods/binding sets spec.nodeName (optionally failing).
+func fakeAPI(t *testing.T, objs ...runtime.Object) (*fake.Clientset, *bool) {
+	cs := fake.NewClientset(objs...)
+	var mu sync.Mutex
+	rv := 0
+	failBind := new(bool)
+	leases := schema.GroupVersionResource{Group: "coordination.k8s.io", Version: "v1", Resource: "leases"}
+	cs.PrependReactor("create", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		l := a.(k8stesting.CreateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
+		rv++
+		l.ResourceVersion = strconv.Itoa(rv)
+		if err := cs.Tracker().Create(leases, l, l.Namespace); err != nil {
+			return true, nil, err
+		}
+		return true, l, nil
+	})
+	cs.PrependReactor("update", "leases", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		l := a.(k8stesting.UpdateAction).GetObject().(*coordinationv1.Lease).DeepCopy()
+		cur, err := cs.Tracker().Get(leases, l.Namespace, l.Name)
+		if err != nil {
+			return true, nil, err
+		}
+		if cur.(*coordinationv1.Lease).ResourceVersion != l.ResourceVersion {
+			return true, nil, apierrors.NewConflict(leases.GroupResource(), l.Name, fmt.Errorf("resourceVersion %s is stale", l.ResourceVersion))
+		}
+		rv++
+		l.ResourceVersion = strconv.Itoa(rv)
+		return true, l, cs.Tracker().Update(leases, l, l.Namespace)
+	})
+	cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		if a.GetSubresource() != "binding" {
+			return false, nil, nil
+		}
+		if *failBind {
+			return true, nil, fmt.Errorf("injected binding failure")
+		}
+		b := a.(k8stesting.CreateAction).GetObject().(*corev1.Binding)
+		obj, err := cs.Tracker().Get(corev1.SchemeGroupVersion.WithResource("pods"), b.Namespace, b.Name)
+		if err != nil {
+			return true, nil, err
+		}
+		p := obj.(*corev1.Pod).DeepCopy()
+		p.Spec.NodeName = b.Target.Name
+		return true, b, cs.Tracker().Update(corev1.SchemeGroupVersion.WithResource("pods"), p, p.Namespace)
+	})
+	return cs, failBind
+}
+
+func newBinder(t *testing.T, cs *fake.Clientset, id string, node *corev1.Node) *Extender {
+	x := newTestExtender(t, api.PolicyTessera)
+	x.Client = cs
+	x.Locker = &NodeLocker{Client: cs, Namespace: "kube-system", Identity: id, Duration: 15 * time.Second}
+	x.State.UpsertNode(node)
+	return x
+}
+
+func TestBindWritesAssignment(t *testing.T) {
+	node := testNode(testInventory("n1", 1, 2, "T4"), nil)
+	pod := sharePod("s", 2, 4, 30)
+	cs, _ := fakeAPI(t, node, pod)
+	x := newBinder(t, cs, "a", node)
+	if err := x.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: "s", PodNamespace: "default", PodUID: pod.UID, Node: "n1"}); err != nil {
+		t.Fatal(err)
+	}
+	got, _ := cs.CoreV1().Pods("default").Get(context.Background(), "s", metav1.GetOptions{})
+	a, err := api.DecodeAssignment([]byte(got.Annotations[api.AnnotationAssignment]))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Spec.NodeName != "n1" || a.Node != "n1" || len(a.Containers[0].Devices) != 2 || a.Containers[0].Devices[0].CoresPercent != 30 ||
+		a.Containers[0].Devices[0].MemoryBytes != 4<<30 || got.Labels[api.LabelAssignedNode] != "n1" {
+		t.Fatalf("pod after bind: node %q labels %v assignment %+v", got.Spec.NodeName, got.Labels, a)
+	}
+	if !x.State.Holds(pod.UID) {
+		t.Fatal("bind left no reservation in the state")
+	}
+}
+
+func TestBindFailureReleases(t *testing.T) {
+	node := testNode(testInventory("n1", 1, 1, "T4"), nil)
+	pod := wholePod("w", 1)
+	cs, failBind := fakeAPI(t, node, pod)
+	*failBind = true
+	x := newBinder(t, cs, "a", node)
+	if err := x.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: "w", PodNamespace: "default", Node: "n1"}); err == nil {
+		t.Fatal("bind should fail")
+	}
+	got, _ := cs.CoreV1().Pods("default").Get(context.Background(), "w", metav1.GetOptions{})
+	if _, ok := got.Annotations[api.AnnotationAssignment]; ok || x.State.Holds(pod.UID) {
+		t.Fatalf("failed bind kept its assignment: %v holds=%v", got.Annotations, x.State.Holds(pod.UID))
+	}
+	*failBind = false
+	if err := x.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: "w", PodNamespace: "default", Node: "n1"}); err != nil {
+		t.Fatalf("the released GPU should be free again: %v", err)
+	}
+}
+
+// TestConcurrentBindersNeverOvercommit races two independent extender instances (each its own
+// State and NodeLocker identity, sharing only the fake API) binding 12 one-GPU pods onto a 4-GPU
+// node: exactly 4 must land and no GPU may be given twice. The fake API stands in for the API
+// server's resourceVersion checks through reactors (see fakeAPI); the same test against a real
+// kube-apiserver belongs to the control-plane e2e suite.
+func TestConcurrentBindersNeverOvercommit(t *testing.T) {
+	node := testNode(testInventory("n1", 1, 4, "A100"), nil)
+	objs := []runtime.Object{node}
+	for i := 0; i < 12; i++ {
+		objs = append(objs, wholePod(fmt.Sprintf("p%d", i), 1))
+	}
+	cs, _ := fakeAPI(t, objs...)
+	binders := []*Extender{newBinder(t, cs, "replica-a", node), newBinder(t, cs, "replica-b", node)}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	ok := 0
+	for i := 0; i < 12; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			err := binders[i%2].Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: fmt.Sprintf("p%d", i), PodNamespace: "default", Node: "n1"})
+			if err == nil {
+				mu.Lock()
+				ok++
+				mu.Unlock()
+			}
+		}(i)
+	}
+	wg.Wait()
+	list, _ := cs.CoreV1().Pods("default").List(context.Background(), metav1.ListOptions{})
+	owner := map[string]string{}
+	for _, p := range list.Items {
+		raw, has := p.Annotations[api.AnnotationAssignment]
+		if !has {
+			continue
+		}
+		a, err := api.DecodeAssignment([]byte(raw))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range a.Containers[0].Devices {
+			if prev, dup := owner[d.UUID]; dup {
+				t.Fatalf("GPU %s given to %s and %s", d.UUID, prev, p.Name)
+			}
+			owner[d.UUID] = p.Name
+		}
+	}
+	if ok != 4 || len(owner) != 4 {
+		t.Fatalf("%d binds succeeded, %d GPUs assigned; want 4 and 4", ok, len(owner))
+	}
+}

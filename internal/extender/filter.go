@@ -1,0 +1,179 @@
+package extender
+
+import (
+	"fmt"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+// nodeNames returns the candidate node names of an extender call (nodeCacheCapable or not).
+func nodeNames(args *extenderv1.ExtenderArgs) []string {
+	if args.NodeNames != nil {
+		return *args.NodeNames
+	}
+	if args.Nodes == nil {
+		return nil
+	}
+	out := make([]string, len(args.Nodes.Items))
+	for i := range args.Nodes.Items {
+		out[i] = args.Nodes.Items[i].Name
+	}
+	return out
+}
+
+// Filter keeps the nodes where the pod's GPU request really fits - a GPU for each share, whole
+// GPUs not locked to shares, allowed models, its pool - and says why for every other node.
+func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFilterResult {
+	res := &extenderv1.ExtenderFilterResult{FailedNodes: extenderv1.FailedNodesMap{}, FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}}
+	pod := args.Pod
+	names := nodeNames(args)
+	if pod == nil {
+		res.Error = "filter: no pod in the request"
+		return res
+	}
+	failAll := func(reason string, unresolvable bool) *extenderv1.ExtenderFilterResult {
+		for _, n := range names {
+			if unresolvable {
+				res.FailedAndUnresolvableNodes[n] = reason
+			} else {
+				res.FailedNodes[n] = reason
+			}
+		}
+		x.finishFilter(args, res, nil)
+		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "%s", reason)
+		return res
+	}
+	req, err := RequestFromPod(pod, x.Class)
+	if err != nil {
+		return failAll(err.Error(), true)
+	}
+	if x.Quotas != nil {
+		if reason := CheckQuota(x.Quotas(pod.Namespace), x.State.NamespaceUsage(pod.Namespace), req); reason != "" {
+			return failAll(reason, false)
+		}
+	}
+	pool, hasPool := pod.Spec.NodeSelector[api.LabelPool]
+	// Each node's verdict goes to its own slot (nodes are checked in parallel), then into the result.
+	const (
+		fits = iota
+		failed
+		unresolvable
+	)
+	verdict := make([]uint8, len(names))
+	reason := make([]string, len(names))
+	workers := runtime.GOMAXPROCS(0)
+	// Fitting nodes are scored right away, for the Prioritize call that follows (filterEval).
+	scs, snapshot := x.scoreContexts(workers)
+	states := make([]*NodeState, len(names))
+	scores := make([]float64, len(names))
+	gens := make([]float64, len(names))
+	x.State.viewIndexed(names, workers, func(w, i int, n *NodeState, missing string) {
+		switch {
+		case n == nil && req.WantsGPU():
+			verdict[i], reason[i] = failed, missing
+		case n == nil:
+		case hasPool && n.Labels[api.LabelPool] != pool:
+			verdict[i], reason[i] = unresolvable, fmt.Sprintf("node is in GPU pool %q, pod asks for pool %q", n.Labels[api.LabelPool], pool)
+		default:
+			p, s, u := x.Engine.evaluate(scs[w], n, req, true)
+			if u != nil {
+				verdict[i], reason[i] = failed, u.Msg
+				if u.Unresolvable {
+					verdict[i] = unresolvable
+				}
+				return
+			}
+			states[i], scores[i], gens[i] = n, s, placementGeneration(n, &p)
+		}
+	})
+	ok := make([]string, 0, len(names))
+	var ev *filterEval
+	if pod.UID != "" {
+		ev = &filterEval{uid: pod.UID, req: req, snapshot: snapshot, entries: make([]evalEntry, 0, len(names))}
+	}
+	for i, name := range names {
+		switch verdict[i] {
+		case fits:
+			ok = append(ok, name)
+			if ev != nil {
+				e := evalEntry{state: states[i], score: scores[i], gen: gens[i]}
+				if e.state != nil {
+					e.version = e.state.version
+				}
+				ev.entries = append(ev.entries, e)
+			}
+		case failed:
+			res.FailedNodes[name] = reason[i]
+		case unresolvable:
+			res.FailedAndUnresolvableNodes[name] = reason[i]
+		}
+	}
+	if ev != nil {
+		ev.names = slices.Clone(ok)
+		x.lastEval.Store(ev)
+	}
+	x.finishFilter(args, res, ok)
+	if len(ok) == 0 && len(names) > 0 {
+		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "0/%d nodes can hold the GPU request: %s", len(names), summarize(res))
+	}
+	x.log().Debug("filter", "pod", req.Key, "nodes", len(names), "fit", len(ok))
+	return res
+}
+
+// finishFilter fills the result's node list in the form the scheduler sent.
+func (x *Extender) finishFilter(args *extenderv1.ExtenderArgs, res *extenderv1.ExtenderFilterResult, ok []string) {
+	if args.NodeNames != nil || args.Nodes == nil {
+		if ok == nil {
+			ok = []string{}
+		}
+		res.NodeNames = &ok
+		return
+	}
+	keep := map[string]bool{}
+	for _, n := range ok {
+		keep[n] = true
+	}
+	list := &corev1.NodeList{}
+	for i := range args.Nodes.Items {
+		if keep[args.Nodes.Items[i].Name] {
+			list.Items = append(list.Items, args.Nodes.Items[i])
+		}
+	}
+	res.Nodes = list
+}
+
+// summarize counts the distinct reasons of a filter result, most frequent first (for Events).
+func summarize(res *extenderv1.ExtenderFilterResult) string {
+	counts := map[string]int{}
+	for _, m := range []extenderv1.FailedNodesMap{res.FailedNodes, res.FailedAndUnresolvableNodes} {
+		for _, r := range m {
+			counts[r]++
+		}
+	}
+	reasons := make([]string, 0, len(counts))
+	for r := range counts {
+		reasons = append(reasons, r)
+	}
+	sort.Slice(reasons, func(i, j int) bool {
+		if counts[reasons[i]] != counts[reasons[j]] {
+			return counts[reasons[i]] > counts[reasons[j]]
+		}
+		return reasons[i] < reasons[j]
+	})
+	parts := make([]string, 0, len(reasons))
+	for i, r := range reasons {
+		if i == 5 {
+			parts = append(parts, fmt.Sprintf("and %d more reasons", len(reasons)-5))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("%d x %s", counts[r], r))
+	}
+	return strings.Join(parts, "; ")
+}

@@ -1,0 +1,230 @@
+package extender
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+// TestFastPathsMatchGreedy checks that the allocation-free paths (several shares of one container,
+// arena memory, no explanation) choose exactly what the general greedy placer chooses.
+func TestFastPathsMatchGreedy(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var a arena
+	for iter := 0; iter < 2000; iter++ {
+		n := &NodeState{CPUMilli: 64000, MemMiB: 1 << 20}
+		for g := 0; g < 1+rng.IntN(8); g++ {
+			gs := GPUState{Index: g, Model: "A", Usable: rng.IntN(10) > 0, Memory: 16 << 30}
+			switch rng.IntN(3) {
+			case 0:
+				gs.Whole = true
+			case 1:
+				gs.Shares = 1 + rng.IntN(3)
+				gs.UsedMilli = 100 * rng.IntN(10)
+				gs.UsedMemory = int64(rng.IntN(12)) << 30
+			}
+			n.GPUs = append(n.GPUs, gs)
+		}
+		r := &Request{Containers: []ContainerShape{{Name: "c", Shares: 2 + rng.IntN(3), Milli: 100 * rng.IntN(10), Memory: int64(1+rng.IntN(4)) << 30}}}
+		if checkStatic(n, r, true) != nil {
+			continue // greedy is only reached past the static checks
+		}
+		want, wu := greedy(n, r, true)
+		a.reset()
+		got, gu := candidates(&a, n, r, false)
+		if (wu == nil) != (gu == nil) {
+			t.Fatalf("iter %d: fit differs: greedy %v, fast %v", iter, wu, gu)
+		}
+		if len(want) != len(got) {
+			t.Fatalf("iter %d: %d candidates from greedy, %d from the fast path", iter, len(want), len(got))
+		}
+		for i := range want {
+			if !slices.Equal(want[i].Devices, got[i].Devices) {
+				t.Fatalf("iter %d candidate %d: greedy %v, fast %v", iter, i, want[i].Devices, got[i].Devices)
+			}
+		}
+		if _, u := Candidates(n, r); (u == nil) != (wu == nil) || (u != nil && u.Msg != wu.Msg) {
+			t.Fatalf("iter %d: explained unfit %v, greedy %v", iter, u, wu)
+		}
+	}
+}
+
+// TestShapeSnapshots checks that the typical shapes follow the counts while few pods are known and
+// are refreshed in steps of refreshFraction afterwards, with a fresh cache per snapshot.
+func TestShapeSnapshots(t *testing.T) {
+	st := NewShapeStats()
+	a := &Request{Containers: []ContainerShape{{Whole: 1}}}
+	b := &Request{Containers: []ContainerShape{{Shares: 1, Milli: 500}}}
+	st.Observe(a, 1)
+	if ts := st.Typical(); len(ts) != 1 || ts[0].Weight != 1 {
+		t.Fatalf("typical after one pod: %+v", ts)
+	}
+	for range 199 {
+		st.Observe(a, 1)
+	}
+	sc := st.ScoreContext()
+	st.Observe(b, 1) // 1 change of 201: below 2%, the snapshot stays
+	if sc2 := st.ScoreContext(); len(sc2.Shapes) != 1 || sc2.Cache != sc.Cache {
+		t.Fatalf("snapshot refreshed after a change below refreshFraction: %+v", sc2.Shapes)
+	}
+	for range 10 {
+		st.Observe(b, 1)
+	}
+	if sc3 := st.ScoreContext(); len(sc3.Shapes) != 2 || sc3.Cache == sc.Cache {
+		t.Fatalf("snapshot not refreshed after 11 changes of 211: %+v", sc3.Shapes)
+	}
+}
+
+// TestStateCountsArrivals checks that pending pods count in the shapes (the arrival distribution),
+// once each, and that a node seen after its pods gets them applied.
+func TestStateCountsArrivals(t *testing.T) {
+	s := NewState(time.Minute, nil)
+	p := sharePod("p", 1, 4, 30)
+	s.UpsertPod(p, ClassOptions{})
+	s.UpsertPod(p, ClassOptions{})
+	if got := s.Shapes().Total(); got != 1 {
+		t.Fatalf("pending pod counted %d times, want 1", got)
+	}
+	a := assigned(wholePod("w", 2), "n1", api.DeviceAssignment{UUID: gpuUUID(1, 0), Whole: true}, api.DeviceAssignment{UUID: gpuUUID(1, 1), Whole: true})
+	s.UpsertPod(a, ClassOptions{})
+	s.UpsertNode(testNode(testInventory("n1", 1, 4, "A100"), nil))
+	s.View([]string{"n1"}, func(_ string, n *NodeState, _ string) {
+		if n == nil || !n.GPUs[0].Whole || !n.GPUs[1].Whole || n.GPUs[2].Whole {
+			t.Fatalf("node seen after its pod: %+v", n)
+		}
+	})
+	s.DeletePod(p.UID)
+	s.DeletePod(a.UID)
+	if got := s.Shapes().Total(); got != 0 {
+		t.Fatalf("deleted pods still counted: %d", got)
+	}
+}
+
+// TestAfterKey checks the incremental state key against the key of the applied state, and that
+// tessera and fgd score the same through it as through a full copy.
+func TestAfterKey(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for iter := 0; iter < 3000; iter++ {
+		n := &NodeState{CPUMilli: 64000, MemMiB: 1 << 20, UsedCPU: int64(rng.IntN(32000)), TypeID: 1}
+		for g := 0; g < 1+rng.IntN(8); g++ {
+			gs := GPUState{Index: g, Model: "A", Usable: rng.IntN(10) > 0, Memory: 16 << 30}
+			switch rng.IntN(3) {
+			case 0:
+				gs.Whole = true
+			case 1:
+				gs.Shares = 1 + rng.IntN(3)
+				gs.UsedMilli = 100 * rng.IntN(10)
+				gs.UsedMemory = int64(rng.IntN(12)) << 30
+			}
+			n.GPUs = append(n.GPUs, gs)
+		}
+		var r *Request
+		if rng.IntN(2) == 0 {
+			r = &Request{CPUMilli: 4000, Containers: []ContainerShape{{Name: "c", Shares: 1 + rng.IntN(2), Milli: 100 * rng.IntN(10), Memory: int64(1+rng.IntN(4)) << 30}}}
+		} else {
+			r = &Request{CPUMilli: 8000, Containers: []ContainerShape{{Name: "c", Whole: 1 + rng.IntN(2)}}}
+		}
+		cands, u := Candidates(n, r)
+		if u != nil {
+			continue
+		}
+		sc := &ScoreContext{}
+		for i := range cands {
+			var before, want fragKey
+			sc.stateKey(7, n, &before)
+			sc.stateKey(7, sc.afterState(n, r, &cands[i]), &want)
+			afterKey(&before, n, r, &cands[i])
+			if before != want {
+				t.Fatalf("iter %d: incremental key %+v, applied %+v", iter, before, want)
+			}
+			if a, b := gpuTightnessAfter(n, &cands[i]), gpuTightness(sc.afterState(n, r, &cands[i]), &cands[i]); a != b {
+				t.Fatalf("iter %d: tightness %v, want %v", iter, a, b)
+			}
+		}
+	}
+}
+
+// TestClosestSetFastMatchesSlow checks the allocation-light closestSet against the original.
+func TestClosestSetFastMatchesSlow(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for iter := 0; iter < 500; iter++ {
+		g := 2 + rng.IntN(15)
+		n := &NodeState{Dist: make([][]int, g)}
+		for i := range n.Dist {
+			n.Dist[i] = make([]int, g)
+		}
+		for i := 0; i < g; i++ {
+			for j := i + 1; j < g; j++ {
+				d := 1 + rng.IntN(5)
+				n.Dist[i][j], n.Dist[j][i] = d, d
+			}
+		}
+		var free []int
+		for i := 0; i < g; i++ {
+			if rng.IntN(3) > 0 {
+				free = append(free, i)
+			}
+		}
+		if len(free) < 2 {
+			continue
+		}
+		k := 1 + rng.IntN(len(free))
+		want := closestSetSlow(n, free, k)
+		if got := closestSet(n, free, k); k > 1 && k < len(free) && !slices.Equal(got, want) {
+			t.Fatalf("iter %d: closestSet %v, original %v", iter, got, want)
+		}
+	}
+}
+
+// TestPrioritizeReusesFilter checks that Prioritize after Filter scores exactly as Prioritize alone,
+// also when a node changed in between (its entry must not be reused).
+func TestPrioritizeReusesFilter(t *testing.T) {
+	build := func() (*Extender, []string) {
+		x := newTestExtender(t, api.PolicyTessera)
+		var names []string
+		for i := 0; i < 6; i++ {
+			name := fmt.Sprintf("n%d", i)
+			names = append(names, name)
+			x.State.UpsertNode(testNode(testInventory(name, i, 4, "A100"), nil))
+			for g := 0; g < i%4; g++ {
+				x.State.UpsertPod(assigned(sharePod(fmt.Sprintf("s%d-%d", i, g), 1, 2, 10*(g+i)), name,
+					api.DeviceAssignment{UUID: gpuUUID(i, g), MemoryBytes: 2 << 30, CoresPercent: 10 * (g + i)}), x.Class)
+			}
+		}
+		return x, names
+	}
+	pod := sharePod("new", 1, 4, 35)
+	// change fills n1 (the best node) through a reservation (no new pod is observed, so the shape snapshot stays and
+	// only the node's version tells Prioritize that Filter's score for n1 is stale).
+	change := func(x *Extender) {
+		var devs []api.DeviceAssignment
+		for g := 0; g < 4; g++ {
+			devs = append(devs, api.DeviceAssignment{UUID: gpuUUID(1, g), Whole: true})
+		}
+		req, _ := RequestFromPod(wholePod("late", 4), x.Class)
+		x.State.Reserve("uid-late", "default/late", "default", req, &api.PodAssignment{APIVersion: api.Version, Node: "n1",
+			Containers: []api.ContainerAssignment{{Name: "main", Devices: devs}}})
+	}
+	for _, changed := range []bool{false, true} {
+		xa, names := build()
+		fr := xa.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+		if changed {
+			change(xa)
+		}
+		got, _ := xa.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: fr.NodeNames})
+		xb, _ := build()
+		if changed {
+			change(xb)
+		}
+		want, _ := xb.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: fr.NodeNames})
+		if !slices.Equal(*got, *want) {
+			t.Fatalf("changed=%v: after Filter %v, alone %v", changed, *got, *want)
+		}
+	}
+}

@@ -1,0 +1,443 @@
+package extender
+
+import (
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+// State is the extender's view of the cluster: every node's GPU inventory and what is committed
+// on it. It is rebuilt from the API server (node inventory annotations, pod assignment annotations)
+// through informers and holds nothing else but in-flight reservations, which live until the bind
+// lands (the pod's annotation shows up) or fails (Unreserve) or their TTL passes.
+type State struct {
+	mu     sync.RWMutex
+	nodes  map[string]*nodeEntry
+	pods   map[types.UID]*podEntry
+	shapes *ShapeStats
+	// typeIDs interns node hardware types (NodeState.TypeKey) for the fragmentation cache.
+	typeIDs map[string]int
+	// podsOn indexes pod entries by node name, so a node (re)appearing re-applies only its own pods.
+	podsOn map[string]map[types.UID]*podEntry
+	// observed are the non-terminated pods counted in shapes (arrived: pending or assigned).
+	observed map[types.UID]*Request
+	// nodeGen counts node entries created or deleted; resolved caches name lists resolved to
+	// entries under a nodeGen (the scheduler sends the same lists again and again).
+	nodeGen  uint64
+	resolved resolveCache
+	ttl      time.Duration
+	now      func() time.Time
+	log      *slog.Logger
+}
+
+type nodeEntry struct {
+	name   string
+	labels map[string]string
+	inv    *api.NodeInventory
+	// invErr explains why the node has no usable inventory (missing or invalid annotation).
+	invErr string
+	// raw is the inventory annotation the state was built from.
+	raw   string
+	state *NodeState
+	// holders are the pods (committed or reserved) whose devices are applied to state.
+	holders map[types.UID]bool
+}
+
+type podEntry struct {
+	uid       types.UID
+	key       string
+	namespace string
+	node      string
+	req       *Request
+	// assignment is what the pod holds; placement is it resolved against the node's GPUs.
+	assignment *api.PodAssignment
+	placement  Placement
+	applied    bool
+	// reserved marks an in-flight decision (bind not landed yet); expires bounds it.
+	reserved bool
+	expires  time.Time
+}
+
+// NewState returns an empty state; ttl bounds in-flight reservations.
+func NewState(ttl time.Duration, log *slog.Logger) *State {
+	if log == nil {
+		log = slog.Default()
+	}
+	return &State{nodes: map[string]*nodeEntry{}, pods: map[types.UID]*podEntry{}, shapes: NewShapeStats(),
+		typeIDs: map[string]int{}, podsOn: map[string]map[types.UID]*podEntry{}, observed: map[types.UID]*Request{},
+		ttl: ttl, now: time.Now, log: log}
+}
+
+// Shapes returns the task-shape statistics of the pods seen so far (FGD's typical shapes).
+func (s *State) Shapes() *ShapeStats { return s.shapes }
+
+// UpsertNode records a node's labels and inventory; the node's GPU state is rebuilt when either changes.
+func (s *State) UpsertNode(node *corev1.Node) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	e := s.nodes[node.Name]
+	if e == nil {
+		e = &nodeEntry{name: node.Name, holders: map[types.UID]bool{}}
+		s.nodes[node.Name] = e
+		s.nodeGen++
+	}
+	raw := node.Annotations[api.AnnotationInventory]
+	if e.state != nil && e.raw == raw && maps.Equal(e.labels, node.Labels) {
+		return // status-only update: nothing placement sees changed
+	}
+	var inv *api.NodeInventory
+	invErr := ""
+	if raw == "" {
+		invErr = "node publishes no GPU inventory (annotation " + api.AnnotationInventory + "); is tessera-node running?"
+	} else if d, err := api.DecodeInventory([]byte(raw)); err != nil {
+		invErr = "node's GPU inventory is invalid: " + err.Error()
+	} else if d.Node != node.Name {
+		invErr = fmt.Sprintf("node's GPU inventory names node %q", d.Node)
+	} else {
+		inv = d
+	}
+	e.labels, e.inv, e.invErr, e.raw = maps.Clone(node.Labels), inv, invErr, raw
+	if inv == nil {
+		inv = &api.NodeInventory{Node: node.Name}
+	}
+	e.state = NewNodeState(inv, e.labels)
+	key := e.state.TypeKey()
+	if s.typeIDs[key] == 0 {
+		s.typeIDs[key] = len(s.typeIDs) + 1
+	}
+	e.state.TypeID = s.typeIDs[key]
+	// Re-apply every pod on this node, including those seen before the node (informers do not
+	// order nodes before pods).
+	for _, p := range s.podsOn[node.Name] {
+		p.applied = false
+		s.applyLocked(p)
+	}
+	if invErr != "" {
+		s.log.Debug("node without usable inventory", "node", node.Name, "reason", invErr)
+	}
+}
+
+// DeleteNode forgets a node; pods that name it stay recorded for when it comes back.
+func (s *State) DeleteNode(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e := s.nodes[name]; e != nil {
+		for uid := range e.holders {
+			if p := s.pods[uid]; p != nil {
+				p.applied = false
+			}
+		}
+		delete(s.nodes, name)
+		s.nodeGen++
+	}
+}
+
+// podTerminated reports whether a pod no longer holds devices.
+func podTerminated(pod *corev1.Pod) bool {
+	return pod.DeletionTimestamp != nil && pod.Status.Phase != corev1.PodRunning ||
+		pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
+}
+
+// UpsertPod records a pod's committed assignment (or its absence) and its task shape.
+func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.observeLocked(pod, opts)
+	old := s.pods[pod.UID]
+	raw, annotated := pod.Annotations[api.AnnotationAssignment]
+	if podTerminated(pod) || !annotated {
+		if old != nil && !(old.reserved && !podTerminated(pod)) {
+			s.removeLocked(old)
+		}
+		return
+	}
+	a, err := api.DecodeAssignment([]byte(raw))
+	if err != nil || (pod.Spec.NodeName != "" && pod.Spec.NodeName != a.Node) {
+		// An assignment for another node is void (api.PodAssignment); an invalid one holds nothing.
+		s.log.Warn("ignoring pod assignment", "pod", pod.Namespace+"/"+pod.Name, "err", err, "node", pod.Spec.NodeName)
+		if old != nil {
+			s.removeLocked(old)
+		}
+		return
+	}
+	req, err := RequestFromPod(pod, opts)
+	if err != nil || !req.WantsGPU() {
+		// The extender writes assignments only for pods that ask for whole GPUs or shares: an
+		// assignment on any other pod (a user's forged annotation) holds nothing.
+		if old != nil {
+			s.removeLocked(old)
+		}
+		return
+	}
+	if old != nil {
+		if !old.reserved && old.node == a.Node && sameAssignment(old.assignment, a) {
+			return
+		}
+		s.removeLocked(old)
+	}
+	p := &podEntry{uid: pod.UID, key: pod.Namespace + "/" + pod.Name, namespace: pod.Namespace, node: a.Node, req: req, assignment: a}
+	s.addLocked(p)
+}
+
+// observeLocked counts a pod's task shape once while it is not terminated: pending pods count too,
+// because the typical shapes are the arrival distribution (the FGD paper's), not what got placed.
+func (s *State) observeLocked(pod *corev1.Pod, opts ClassOptions) {
+	if podTerminated(pod) {
+		s.forgetLocked(pod.UID)
+		return
+	}
+	if _, ok := s.observed[pod.UID]; ok {
+		return
+	}
+	req, err := RequestFromPod(pod, opts)
+	if err != nil || !req.WantsGPU() {
+		return
+	}
+	s.observed[pod.UID] = req
+	s.shapes.Observe(req, 1)
+}
+
+func (s *State) forgetLocked(uid types.UID) {
+	if req, ok := s.observed[uid]; ok {
+		delete(s.observed, uid)
+		s.shapes.Observe(req, -1)
+	}
+}
+
+func (s *State) addLocked(p *podEntry) {
+	s.pods[p.uid] = p
+	on := s.podsOn[p.node]
+	if on == nil {
+		on = map[types.UID]*podEntry{}
+		s.podsOn[p.node] = on
+	}
+	on[p.uid] = p
+	s.applyLocked(p)
+}
+
+func sameAssignment(a, b *api.PodAssignment) bool {
+	ea, _ := api.EncodeAssignment(a)
+	eb, _ := api.EncodeAssignment(b)
+	return string(ea) == string(eb)
+}
+
+// DeletePod releases whatever the pod held.
+func (s *State) DeletePod(uid types.UID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.forgetLocked(uid)
+	if p := s.pods[uid]; p != nil {
+		s.removeLocked(p)
+	}
+}
+
+// Reserve holds an in-flight decision so that concurrent filter/prioritize/bind calls see it.
+func (s *State) Reserve(uid types.UID, key, namespace string, req *Request, a *api.PodAssignment) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old := s.pods[uid]; old != nil {
+		s.removeLocked(old)
+	}
+	p := &podEntry{uid: uid, key: key, namespace: namespace, node: a.Node, req: req, assignment: a, reserved: true, expires: s.now().Add(s.ttl)}
+	s.addLocked(p)
+}
+
+// Unreserve drops an in-flight decision that did not land; committed assignments stay.
+func (s *State) Unreserve(uid types.UID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.pods[uid]; p != nil && p.reserved {
+		s.removeLocked(p)
+	}
+}
+
+// ExpireReservations drops reservations older than the TTL (a bind whose outcome was never seen).
+func (s *State) ExpireReservations() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	n := 0
+	now := s.now()
+	for _, p := range s.pods {
+		if p.reserved && now.After(p.expires) {
+			s.removeLocked(p)
+			n++
+		}
+	}
+	return n
+}
+
+func (s *State) applyLocked(p *podEntry) {
+	e := s.nodes[p.node]
+	if e == nil {
+		return // applied when the node shows up
+	}
+	e.holders[p.uid] = true
+	if p.applied {
+		return
+	}
+	p.placement = placementOf(e.state, p.assignment)
+	e.state.Apply(&Request{}, &p.placement)
+	p.applied = true
+}
+
+func (s *State) removeLocked(p *podEntry) {
+	if e := s.nodes[p.node]; e != nil {
+		delete(e.holders, p.uid)
+		if p.applied {
+			e.state.Release(&Request{}, &p.placement)
+		}
+	}
+	if on := s.podsOn[p.node]; on != nil {
+		delete(on, p.uid)
+		if len(on) == 0 {
+			delete(s.podsOn, p.node)
+		}
+	}
+	delete(s.pods, p.uid)
+}
+
+// placementOf resolves an assignment's devices against a node's GPUs (unknown UUIDs are skipped:
+// the inventory changed under the pod, and the node agent refuses such devices anyway).
+func placementOf(n *NodeState, a *api.PodAssignment) Placement {
+	var p Placement
+	for ci, c := range a.Containers {
+		for _, d := range c.Devices {
+			i := n.GPUIndexByUUID(d.UUID)
+			if i < 0 {
+				continue
+			}
+			p.Devices = append(p.Devices, Device{Container: ci, GPU: i, Whole: d.Whole, Memory: d.MemoryBytes, Milli: d.CoresPercent * 10})
+		}
+	}
+	return p
+}
+
+// View runs f with read access to the named nodes' states (missing nodes get a nil state and the
+// reason). f must not keep the states after it returns.
+func (s *State) View(names []string, f func(name string, n *NodeState, missing string)) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	for _, name := range names {
+		e := s.nodes[name]
+		switch {
+		case e == nil:
+			f(name, nil, "node is not known to the extender yet")
+		case e.inv == nil:
+			f(name, nil, e.invErr)
+		default:
+			f(name, e.state, "")
+		}
+	}
+}
+
+// parallelMin is the node count from which viewIndexed spreads the work over GOMAXPROCS goroutines.
+const parallelMin = 512
+
+// viewIndexed is View for hot loops: f gets the worker number (0..workers-1, for per-worker scratch)
+// and the name's index, and runs on up to workers goroutines at once, all under one read lock.
+func (s *State) viewIndexed(names []string, workers int, f func(w, i int, n *NodeState, missing string)) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	entries := s.resolved.resolve(names, s.nodeGen, s.nodes)
+	one := func(w, i int) {
+		e := entries[i]
+		switch {
+		case e == nil:
+			f(w, i, nil, "node is not known to the extender yet")
+		case e.inv == nil:
+			f(w, i, nil, e.invErr)
+		default:
+			f(w, i, e.state, "")
+		}
+	}
+	if workers <= 1 || len(names) < parallelMin {
+		for i := range names {
+			one(0, i)
+		}
+		return
+	}
+	const chunk = 64
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				start := int(next.Add(chunk)) - chunk
+				if start >= len(names) {
+					return
+				}
+				for i := start; i < min(start+chunk, len(names)); i++ {
+					one(w, i)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// resolveCache remembers the last few name lists resolved to node entries. Entries stay valid while
+// no node is created or deleted (an entry's state may change; the entry pointer does not).
+type resolveCache struct {
+	mu    sync.Mutex
+	slots [2]resolved
+	next  int
+}
+
+type resolved struct {
+	gen     uint64
+	names   []string
+	entries []*nodeEntry
+}
+
+// resolve returns the entries of names (nil where unknown); callers hold the State's read lock.
+func (c *resolveCache) resolve(names []string, gen uint64, nodes map[string]*nodeEntry) []*nodeEntry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for i := range c.slots {
+		sl := &c.slots[i]
+		if sl.gen == gen && sl.entries != nil && slices.Equal(sl.names, names) {
+			return sl.entries
+		}
+	}
+	entries := make([]*nodeEntry, len(names))
+	for i, n := range names {
+		entries[i] = nodes[n]
+	}
+	c.slots[c.next] = resolved{gen: gen, names: slices.Clone(names), entries: entries}
+	c.next = (c.next + 1) % len(c.slots)
+	return entries
+}
+
+// NamespaceUsage is the GPU resources held (committed or reserved) by pods of a namespace.
+func (s *State) NamespaceUsage(ns string) map[string]int64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	out := map[string]int64{}
+	for _, p := range s.pods {
+		if p.namespace != ns || p.req == nil {
+			continue
+		}
+		for k, v := range requestQuantities(p.req) {
+			out[k] += v
+		}
+	}
+	return out
+}
+
+// Holds reports whether the state has an entry (committed or reserved) for the pod.
+func (s *State) Holds(uid types.UID) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.pods[uid] != nil
+}

@@ -1,0 +1,97 @@
+package gpu
+
+import (
+	"fmt"
+	"path/filepath"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+// Node is what a backend discovered: the GPUs in the api's terms plus where their device nodes are.
+type Node struct {
+	DriverVersion string
+	GPUs          []api.GPU
+	Links         []api.Link
+	// Mdevs are the live mdev devices (vGPUs), whichever parent they are on.
+	Mdevs []MdevDevice
+	// DevRoot is the host directory that plays /dev (e.g. "/dev", or the simulated node's own).
+	DevRoot string
+}
+
+// MdevDevice is one created mdev vGPU.
+type MdevDevice struct {
+	UUID       string
+	Type       string // type name, e.g. "A100-4C"
+	ParentBus  string // PCI address of the parent GPU
+	IOMMUGroup int
+}
+
+// DeviceNode is a device node as a container sees it (Path) and where it is on the host (HostPath).
+type DeviceNode struct {
+	Path     string
+	HostPath string
+}
+
+// node returns the DeviceNode for a /dev-relative name such as "nvidia0".
+func (n *Node) node(name string) DeviceNode {
+	return DeviceNode{Path: filepath.Join("/dev", name), HostPath: filepath.Join(n.DevRoot, name)}
+}
+
+// ControlNodes are the device nodes every GPU container needs besides its GPUs'.
+func (n *Node) ControlNodes() []DeviceNode {
+	return []DeviceNode{n.node("nvidiactl"), n.node("nvidia-uvm"), n.node("nvidia-uvm-tools")}
+}
+
+// GPUNode is the device node of a whole GPU.
+func (n *Node) GPUNode(g *api.GPU) DeviceNode { return n.node(fmt.Sprintf("nvidia%d", g.Minor)) }
+
+// MIGNodes are the device nodes of a MIG instance: its parent GPU and its GI and CI access caps.
+func (n *Node) MIGNodes(parent *api.GPU, m *api.MIGInstance) []DeviceNode {
+	return []DeviceNode{
+		n.GPUNode(parent),
+		n.node(fmt.Sprintf("nvidia-caps/nvidia-cap%d", m.GICapMinor)),
+		n.node(fmt.Sprintf("nvidia-caps/nvidia-cap%d", m.CICapMinor)),
+	}
+}
+
+// VFIONodes are the device nodes a VM runtime needs for an mdev device: its IOMMU group and the container.
+func (n *Node) VFIONodes(m *MdevDevice) []DeviceNode {
+	return []DeviceNode{n.node("vfio/vfio"), n.node(fmt.Sprintf("vfio/%d", m.IOMMUGroup))}
+}
+
+// Inventory turns the node into the document the agent publishes.
+func (n *Node) Inventory(nodeName string, sharesPerGPU int) *api.NodeInventory {
+	return &api.NodeInventory{
+		APIVersion:    api.Version,
+		Node:          nodeName,
+		DriverVersion: n.DriverVersion,
+		SharesPerGPU:  sharesPerGPU,
+		GPUs:          n.GPUs,
+		Links:         n.Links,
+	}
+}
+
+// GPUByUUID returns the GPU with this UUID, or nil.
+func (n *Node) GPUByUUID(uuid string) *api.GPU {
+	for i := range n.GPUs {
+		if n.GPUs[i].UUID == uuid {
+			return &n.GPUs[i]
+		}
+	}
+	return nil
+}
+
+// MIGByUUID returns a MIG instance and its parent GPU, or nils.
+func (n *Node) MIGByUUID(uuid string) (*api.GPU, *api.MIGInstance) {
+	for i := range n.GPUs {
+		if n.GPUs[i].MIG == nil {
+			continue
+		}
+		for j := range n.GPUs[i].MIG.Instances {
+			if n.GPUs[i].MIG.Instances[j].UUID == uuid {
+				return &n.GPUs[i], &n.GPUs[i].MIG.Instances[j]
+			}
+		}
+	}
+	return nil, nil
+}

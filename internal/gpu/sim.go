@@ -1,0 +1,549 @@
+package gpu
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
+	"github.com/NVIDIA/go-nvlib/pkg/nvmdev"
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+// KindSimulatedNode is the kind of a node description file.
+const KindSimulatedNode = "SimulatedNode"
+
+// Description is a simulated node: which GPUs, which of them run MIG or host mdev vGPUs, and the
+// topology. It is read from YAML (--node-description) or is DefaultDescription.
+type Description struct {
+	APIVersion    string `json:"apiVersion"`
+	Kind          string `json:"kind"`
+	DriverVersion string `json:"driverVersion,omitempty"`
+	// Seed makes UUIDs deterministic; two nodes of one simulated cluster need different seeds.
+	Seed string `json:"seed,omitempty"`
+	// Topology is "nvswitch" (every pair on NVLink, like a DGX) or "pcie" (pairs on a PCIe switch).
+	Topology string `json:"topology,omitempty"`
+	// GPUsPerNUMA groups consecutive GPUs into NUMA nodes.
+	GPUsPerNUMA int      `json:"gpusPerNUMA,omitempty"`
+	GPUs        []SimGPU `json:"gpus"`
+}
+
+// SimGPU is a group of identical simulated GPUs.
+type SimGPU struct {
+	// Model is one of the models in SimModels, e.g. "A100-SXM4-40GB".
+	Model string `json:"model"`
+	Count int    `json:"count"`
+	// MIG, when set, turns MIG mode on and creates these instances (profiles) on each GPU.
+	MIG []string `json:"mig,omitempty"`
+	// Mdev makes these GPUs mdev parents (a vGPU host), usable only through mdev vGPUs.
+	Mdev bool `json:"mdev,omitempty"`
+}
+
+// simModel is a GPU model go-nvml can mock, with the SM count its mock config lacks.
+type simModel struct {
+	config gpus.Config
+	sms    uint32
+}
+
+// SimModels are the models a description may use.
+var SimModels = map[string]simModel{
+	"A100-SXM4-40GB":  {gpus.A100_SXM4_40GB, 108},
+	"A100-SXM4-80GB":  {gpus.A100_SXM4_80GB, 108},
+	"A100-PCIE-40GB":  {gpus.A100_PCIE_40GB, 108},
+	"A100-PCIE-80GB":  {gpus.A100_PCIE_80GB, 108},
+	"A30-PCIE-24GB":   {gpus.A30_PCIE_24GB, 56},
+	"H100-SXM5-80GB":  {gpus.H100_SXM5_80GB, 132},
+	"H200-SXM5-141GB": {gpus.H200_SXM5_141GB, 132},
+	"B200-SXM5-180GB": {gpus.B200_SXM5_180GB, 148},
+}
+
+// DefaultDescription is the built-in node: a DGX-A100-like 8 x A100-SXM4-40GB on NVSwitch, six GPUs
+// for whole/shared use, one mdev parent for Kata vGPUs and one in MIG mode.
+const DefaultDescription = `apiVersion: tessera.dev/v1
+kind: SimulatedNode
+driverVersion: 550.54.15
+seed: tessera-sim
+topology: nvswitch
+gpusPerNUMA: 4
+gpus:
+- model: A100-SXM4-40GB
+  count: 6
+- model: A100-SXM4-40GB
+  count: 1
+  mdev: true
+- model: A100-SXM4-40GB
+  count: 1
+  mig: [3g.20gb, 2g.10gb, 1g.5gb, 1g.5gb]
+`
+
+// ParseDescription strictly decodes and checks a node description.
+func ParseDescription(data []byte) (*Description, error) {
+	d := &Description{}
+	if err := api.DecodeYAML(data, d, "simulated node description"); err != nil {
+		return nil, err
+	}
+	var errs []string
+	if d.APIVersion != api.Version || d.Kind != KindSimulatedNode {
+		errs = append(errs, fmt.Sprintf("apiVersion/kind must be %s/%s, got %q/%q", api.Version, KindSimulatedNode, d.APIVersion, d.Kind))
+	}
+	if d.Seed == "" {
+		d.Seed = "tessera-sim"
+	}
+	if d.DriverVersion == "" {
+		d.DriverVersion = "550.54.15"
+	}
+	switch d.Topology {
+	case "":
+		d.Topology = "nvswitch"
+	case "nvswitch", "pcie":
+	default:
+		errs = append(errs, fmt.Sprintf("topology: must be nvswitch or pcie, got %q", d.Topology))
+	}
+	if d.GPUsPerNUMA == 0 {
+		d.GPUsPerNUMA = 4
+	}
+	total := 0
+	for i, g := range d.GPUs {
+		p := fmt.Sprintf("gpus[%d]", i)
+		if _, ok := SimModels[g.Model]; !ok {
+			errs = append(errs, fmt.Sprintf("%s.model: unknown model %q (known: %s)", p, g.Model, strings.Join(simModelNames(), ", ")))
+		}
+		if g.Count < 1 || g.Count > 64 {
+			errs = append(errs, fmt.Sprintf("%s.count: must be between 1 and 64, got %d", p, g.Count))
+		}
+		if g.Mdev && len(g.MIG) > 0 {
+			errs = append(errs, fmt.Sprintf("%s: a GPU is either an mdev parent or in MIG mode, not both", p))
+		}
+		for j, prof := range g.MIG {
+			if !api.IsMIGProfile(prof) {
+				errs = append(errs, fmt.Sprintf("%s.mig[%d]: %q is not a MIG profile like 1g.5gb", p, j, prof))
+			}
+		}
+		total += min(max(g.Count, 0), 65) // bounded: no overflow however large the counts
+	}
+	if total < 1 || total > 64 {
+		errs = append(errs, fmt.Sprintf("gpus: a node has 1 to 64 GPUs, got %d", total))
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("invalid simulated node description: %s", strings.Join(errs, "; "))
+	}
+	return d, nil
+}
+
+func simModelNames() []string {
+	var names []string
+	for n := range SimModels {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// simBackend is the simulated node: a go-nvml mock server shaped by a Description, discovered
+// through the same code as real hardware.
+type simBackend struct {
+	desc     *Description
+	srv      *server.Server
+	devRoot  string
+	stateDir string
+	mdev     *nvmdev.MockNvmdev
+	events   chan nvml.EventData
+	// migs are the MIG device handles per parent GPU index.
+	migs map[int][]nvml.Device
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// OpenSim builds the simulated node and its device nodes.
+func OpenSim(opts Options) (Backend, error) {
+	raw := []byte(DefaultDescription)
+	if opts.NodeDescription != "" {
+		var err error
+		if raw, err = os.ReadFile(opts.NodeDescription); err != nil {
+			return nil, fmt.Errorf("read simulated node description: %w", err)
+		}
+	}
+	desc, err := ParseDescription(raw)
+	if err != nil {
+		return nil, err
+	}
+	stateDir := opts.StateDir
+	if stateDir == "" {
+		stateDir = "/var/run/tessera/sim"
+	}
+	devRoot := opts.DevRoot
+	if devRoot == "" {
+		devRoot = filepath.Join(stateDir, "dev")
+	}
+	if filepath.Clean(devRoot) == "/dev" {
+		return nil, fmt.Errorf("the simulated node must not create device nodes in the real /dev: pick another --dev-root")
+	}
+	b := &simBackend{desc: desc, devRoot: devRoot, stateDir: stateDir, events: make(chan nvml.EventData, 64), migs: map[int][]nvml.Device{}}
+	if err := b.build(); err != nil {
+		b.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *simBackend) Name() string { return "sim" }
+
+// build creates the mock server, MIG instances, mdev parents, the mig-minors table and device nodes.
+func (b *simBackend) build() error {
+	var configs []gpus.Config
+	var groups []SimGPU
+	for _, g := range b.desc.GPUs {
+		for i := 0; i < g.Count; i++ {
+			configs = append(configs, SimModels[g.Model].config)
+			groups = append(groups, g)
+		}
+	}
+	srv, err := server.New(server.WithGPUs(configs...), server.WithDriverVersion(b.desc.DriverVersion))
+	if err != nil {
+		return fmt.Errorf("build simulated NVML server: %w", err)
+	}
+	b.srv = srv
+	if err := os.MkdirAll(b.stateDir, 0o755); err != nil {
+		return fmt.Errorf("create simulated node state dir: %w", err)
+	}
+	if err := writeMigMinors(b.migMinorsPath(), len(configs)); err != nil {
+		return fmt.Errorf("write simulated mig-minors: %w", err)
+	}
+	devlib := device.New(srv)
+	for i, h := range srv.Devices {
+		d := h.(*server.Device)
+		g := groups[i]
+		b.shapeDevice(d, SimModels[g.Model].sms)
+		if len(g.MIG) > 0 {
+			if err := b.createMIG(devlib, d, g.MIG); err != nil {
+				return fmt.Errorf("simulated GPU %d: %w", i, err)
+			}
+		}
+		if g.Mdev {
+			if err := b.addMdevParent(d); err != nil {
+				return fmt.Errorf("simulated GPU %d mdev parent: %w", i, err)
+			}
+		}
+	}
+	b.shapeServer()
+	return nil
+}
+
+func (b *simBackend) migMinorsPath() string { return filepath.Join(b.stateDir, "mig-minors") }
+
+// uuid derives a stable UUID body from the description's seed.
+func (b *simBackend) uuid(parts ...any) string {
+	sum := sha256.Sum256([]byte(fmt.Sprint(append([]any{b.desc.Seed}, parts...)...)))
+	h := hex.EncodeToString(sum[:16])
+	return h[0:8] + "-" + h[8:12] + "-4" + h[13:16] + "-8" + h[17:20] + "-" + h[20:32]
+}
+
+// shapeDevice fills in what go-nvml's mock device leaves out: stable identity, PCI address, SM
+// count, NUMA node, NVLink state, MIG handles and event registration.
+func (b *simBackend) shapeDevice(d *server.Device, sms uint32) {
+	d.UUID = "GPU-" + b.uuid("gpu", d.Index)
+	d.PciBusID = fmt.Sprintf("0000:%02x:00.0", 0x07+d.Index*8)
+	d.MemoryInfo.Free = d.MemoryInfo.Total
+	name := strings.TrimPrefix(d.Config.Name, "Mock ")
+	numa := d.Index / b.desc.GPUsPerNUMA
+	d.GetNameFunc = func() (string, nvml.Return) { return name, nvml.SUCCESS }
+	d.GetPciInfoFunc = func() (nvml.PciInfo, nvml.Return) {
+		p := nvml.PciInfo{PciDeviceId: d.Config.PciDeviceId, Bus: uint32(0x07 + d.Index*8)}
+		for i, c := range "0000" + d.PciBusID {
+			p.BusId[i] = int8(c)
+		}
+		return p, nvml.SUCCESS
+	}
+	d.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) {
+		return nvml.DeviceAttributes{MultiprocessorCount: sms, MemorySizeMB: d.Config.MemoryMB}, nvml.SUCCESS
+	}
+	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return numa, nvml.SUCCESS }
+	d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
+		if b.desc.Topology == "nvswitch" && link < 12 {
+			return nvml.FEATURE_ENABLED, nvml.SUCCESS
+		}
+		return nvml.FEATURE_DISABLED, nvml.SUCCESS
+	}
+	d.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return false, nvml.SUCCESS }
+	d.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
+	d.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
+		migs := b.migs[d.Index]
+		if i < 0 || i >= len(migs) {
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+		return migs[i], nvml.SUCCESS
+	}
+	d.GetGpuInstanceByIdFunc = func(id int) (nvml.GpuInstance, nvml.Return) {
+		for gi := range d.GpuInstances {
+			if int(gi.Info.Id) == id {
+				return gi, nvml.SUCCESS
+			}
+		}
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+	d.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
+}
+
+// createMIG enables MIG mode and creates one GPU instance with a full compute instance per profile,
+// the way mig-parted would.
+func (b *simBackend) createMIG(devlib device.Interface, d *server.Device, profiles []string) error {
+	d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	for j, want := range profiles {
+		giInfo, ciProfile, err := findGIProfile(devlib, d, want)
+		if err != nil {
+			return err
+		}
+		gih, ret := d.CreateGpuInstance(&giInfo)
+		if ret != nvml.SUCCESS {
+			return nvmlErr("create GPU instance "+want, ret)
+		}
+		gi := gih.(*server.GpuInstance)
+		ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciProfile, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		if ret != nvml.SUCCESS {
+			return nvmlErr("get compute instance profile of "+want, ret)
+		}
+		cih, ret := gi.CreateComputeInstance(&ciInfo)
+		if ret != nvml.SUCCESS {
+			return nvmlErr("create compute instance "+want, ret)
+		}
+		ci := cih.(*server.ComputeInstance)
+		gi.GetComputeInstanceByIdFunc = func(id int) (nvml.ComputeInstance, nvml.Return) {
+			for c := range gi.ComputeInstances {
+				if int(c.Info.Id) == id {
+					return c, nvml.SUCCESS
+				}
+			}
+			return nil, nvml.ERROR_NOT_FOUND
+		}
+		uuid := "MIG-" + b.uuid("mig", d.Index, j)
+		m := &mock.Device{
+			IsMigDeviceHandleFunc: func() (bool, nvml.Return) { return true, nvml.SUCCESS },
+			GetUUIDFunc:           func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
+			GetAttributesFunc: func() (nvml.DeviceAttributes, nvml.Return) {
+				return nvml.DeviceAttributes{MultiprocessorCount: ciInfo.MultiprocessorCount, MemorySizeMB: giInfo.MemorySizeMB,
+					GpuInstanceSliceCount: giInfo.SliceCount, ComputeInstanceSliceCount: ciInfo.SliceCount}, nvml.SUCCESS
+			},
+			GetGpuInstanceIdFunc:                   func() (int, nvml.Return) { return int(gi.Info.Id), nvml.SUCCESS },
+			GetComputeInstanceIdFunc:               func() (int, nvml.Return) { return int(ci.Info.Id), nvml.SUCCESS },
+			GetDeviceHandleFromMigDeviceHandleFunc: func() (nvml.Device, nvml.Return) { return d, nvml.SUCCESS },
+		}
+		b.migs[d.Index] = append(b.migs[d.Index], m)
+	}
+	return nil
+}
+
+// findGIProfile finds the GPU instance profile whose name (as go-nvlib prints it) is want, and the
+// compute instance profile that spans it.
+func findGIProfile(devlib device.Interface, d *server.Device, want string) (nvml.GpuInstanceProfileInfo, int, error) {
+	ciBySlices := map[uint32]int{1: nvml.COMPUTE_INSTANCE_PROFILE_1_SLICE, 2: nvml.COMPUTE_INSTANCE_PROFILE_2_SLICE,
+		3: nvml.COMPUTE_INSTANCE_PROFILE_3_SLICE, 4: nvml.COMPUTE_INSTANCE_PROFILE_4_SLICE, 6: nvml.COMPUTE_INSTANCE_PROFILE_6_SLICE,
+		7: nvml.COMPUTE_INSTANCE_PROFILE_7_SLICE, 8: nvml.COMPUTE_INSTANCE_PROFILE_8_SLICE}
+	var known []string
+	for i := 0; i < nvml.GPU_INSTANCE_PROFILE_COUNT; i++ {
+		info, ret := d.GetGpuInstanceProfileInfo(i)
+		if ret != nvml.SUCCESS {
+			continue
+		}
+		ci, ok := ciBySlices[info.SliceCount]
+		if !ok {
+			continue
+		}
+		p, err := devlib.NewMigProfile(i, ci, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED, info.MemorySizeMB, d.MemoryInfo.Total)
+		if err != nil {
+			continue
+		}
+		if p.String() == want {
+			return info, ci, nil
+		}
+		known = append(known, p.String())
+	}
+	return nvml.GpuInstanceProfileInfo{}, 0, fmt.Errorf("MIG profile %q is not offered by %s (it offers %s)", want, d.Config.Name, strings.Join(known, ", "))
+}
+
+// addMdevParent registers the GPU as an mdev parent in go-nvlib's simulated sysfs tree.
+func (b *simBackend) addMdevParent(d *server.Device) error {
+	if b.mdev == nil {
+		m, err := nvmdev.NewMock()
+		if err != nil {
+			return err
+		}
+		b.mdev = m
+	}
+	if err := b.mdev.AddMockA100Parent(d.PciBusID, d.Index/b.desc.GPUsPerNUMA); err != nil {
+		return err
+	}
+	// The kernel provides a write-only "create" file per type; go-nvlib's mock tree lacks it.
+	parents, err := b.mdev.GetAllParentDevices()
+	if err != nil {
+		return err
+	}
+	for _, p := range parents {
+		dirs, _ := filepath.Glob(filepath.Join(p.Path, "mdev_supported_types", "nvidia-*"))
+		for _, dir := range dirs {
+			if err := os.WriteFile(filepath.Join(dir, "create"), nil, 0o200); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// shapeServer adds topology and an event set the tests can feed.
+func (b *simBackend) shapeServer() {
+	b.srv.DeviceGetP2PStatusFunc = func(d1, d2 nvml.Device, idx nvml.GpuP2PCapsIndex) (nvml.GpuP2PStatus, nvml.Return) {
+		if idx == nvml.P2P_CAPS_INDEX_NVLINK && b.desc.Topology == "nvswitch" {
+			return nvml.P2P_STATUS_OK, nvml.SUCCESS
+		}
+		return nvml.P2P_STATUS_NOT_SUPPORTED, nvml.SUCCESS
+	}
+	b.srv.DeviceGetTopologyCommonAncestorFunc = func(d1, d2 nvml.Device) (nvml.GpuTopologyLevel, nvml.Return) {
+		a, _ := d1.GetIndex()
+		c, _ := d2.GetIndex()
+		switch {
+		case a/2 == c/2:
+			return nvml.TOPOLOGY_SINGLE, nvml.SUCCESS
+		case a/b.desc.GPUsPerNUMA == c/b.desc.GPUsPerNUMA:
+			return nvml.TOPOLOGY_NODE, nvml.SUCCESS
+		}
+		return nvml.TOPOLOGY_SYSTEM, nvml.SUCCESS
+	}
+	b.srv.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
+		return &mock.EventSet{
+			WaitFunc: func(timeout uint32) (nvml.EventData, nvml.Return) {
+				select {
+				case e := <-b.events:
+					return e, nvml.SUCCESS
+				case <-time.After(time.Duration(timeout) * time.Millisecond):
+					return nvml.EventData{}, nvml.ERROR_TIMEOUT
+				}
+			},
+			FreeFunc: func() nvml.Return { return nvml.SUCCESS },
+		}, nvml.SUCCESS
+	}
+}
+
+func (b *simBackend) Discover(ctx context.Context) (*Node, error) {
+	n, err := discover(b.srv, discoverOptions{migMinorsPath: b.migMinorsPath()})
+	if err != nil {
+		return nil, err
+	}
+	n.DevRoot = b.devRoot
+	if b.mdev != nil {
+		if err := addMdev(n, b.mdev); err != nil {
+			return nil, err
+		}
+	}
+	if err := createDeviceNodes(n); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
+
+// CreateMdev creates the mdev through go-nvlib like on real sysfs, then plays the kernel's part in
+// the simulated tree: the device appears under its parent and the type has one instance fewer.
+func (b *simBackend) CreateMdev(parentBus, typeName, uuid string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.mdev == nil {
+		return fmt.Errorf("create mdev %s: the simulated node has no mdev parents", uuid)
+	}
+	if err := createMdev(b.mdev, parentBus, typeName, uuid); err != nil {
+		return err
+	}
+	parents, err := b.mdev.GetAllParentDevices()
+	if err != nil {
+		return err
+	}
+	for _, p := range parents {
+		if !strings.EqualFold(p.Address, parentBus) {
+			continue
+		}
+		types, err := mdevTypes(p)
+		if err != nil {
+			return err
+		}
+		for _, t := range types {
+			if t.Name != typeName {
+				continue
+			}
+			if t.Available < 1 {
+				return fmt.Errorf("create mdev %s: no %s instances left on %s", uuid, typeName, parentBus)
+			}
+			if err := b.mdev.AddMockA100Mdev(uuid, typeName, t.ID, p.Path); err != nil {
+				return fmt.Errorf("create simulated mdev %s: %w", uuid, err)
+			}
+			return setAvailable(p.Path, t.ID, t.Available-1)
+		}
+	}
+	return fmt.Errorf("create mdev %s: no type %s on %s", uuid, typeName, parentBus)
+}
+
+// RemoveMdev undoes CreateMdev in the simulated tree.
+func (b *simBackend) RemoveMdev(uuid string) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.mdev == nil {
+		return nil
+	}
+	return removeMdev(b.mdev, uuid, func(d *nvmdev.Device) error {
+		typeDir, err := filepath.EvalSymlinks(filepath.Join(d.Path, "mdev_type"))
+		if err != nil {
+			return err
+		}
+		raw, err := os.ReadFile(filepath.Join(typeDir, "available_instances"))
+		if err != nil {
+			return err
+		}
+		var avail int
+		fmt.Sscanf(string(raw), "%d", &avail)
+		parentDir := filepath.Dir(filepath.Dir(typeDir))
+		if err := os.Remove(d.Path); err != nil {
+			return err
+		}
+		if err := os.RemoveAll(filepath.Join(parentDir, uuid)); err != nil {
+			return err
+		}
+		return setAvailable(parentDir, filepath.Base(typeDir), avail+1)
+	})
+}
+
+func setAvailable(parentDir, typeID string, n int) error {
+	return os.WriteFile(filepath.Join(parentDir, "mdev_supported_types", typeID, "available_instances"), []byte(fmt.Sprint(n)), 0o644)
+}
+
+func (b *simBackend) WatchHealth(ctx context.Context, report func(HealthEvent)) error {
+	return watchXID(ctx, b.srv, report)
+}
+
+// InjectXID raises an XID error on the simulated GPU with this UUID, as the driver would.
+func (b *simBackend) InjectXID(uuid string, xid uint64) error {
+	h, ret := b.srv.DeviceGetHandleByUUID(uuid)
+	if ret != nvml.SUCCESS {
+		return fmt.Errorf("no simulated GPU %s", uuid)
+	}
+	b.events <- nvml.EventData{Device: h, EventType: nvml.EventTypeXidCriticalError, EventData: xid}
+	return nil
+}
+
+func (b *simBackend) Close() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.closed && b.mdev != nil {
+		b.mdev.Cleanup()
+	}
+	b.closed = true
+	return nil
+}

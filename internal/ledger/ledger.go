@@ -1,0 +1,303 @@
+// Package ledger is the node agent's persisted record of which container holds which GPU, share,
+// MIG instance or mdev device. It is the node's last line against over-commit: Reserve refuses any
+// entry that would give a GPU to two modes, a whole GPU to two containers, or more memory or
+// compute than a GPU has. Every change is written to disk (temp file + rename) before it is
+// acknowledged, so an agent restart or crash loses nothing.
+package ledger
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sort"
+	"sync"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+// Entry is what one container holds.
+type Entry struct {
+	ContainerID string `json:"containerID"`
+	PodUID      string `json:"podUID"`
+	Namespace   string `json:"namespace"`
+	Pod         string `json:"pod"`
+	Container   string `json:"container"`
+	// Devices are whole GPUs or shares.
+	Devices []api.DeviceAssignment `json:"devices,omitempty"`
+	// MIG and Mdev are the hardware-bound devices by UUID.
+	MIG  []string `json:"mig,omitempty"`
+	Mdev []string `json:"mdev,omitempty"`
+	// Local is set when the agent placed the container itself (no assignment from the extender).
+	Local bool `json:"local,omitempty"`
+}
+
+// Usage is how a GPU is used right now.
+type Usage struct {
+	Whole       bool
+	Shares      int
+	MemoryBytes int64
+	Cores       int
+}
+
+// file is the on-disk format.
+type file struct {
+	APIVersion string   `json:"apiVersion"`
+	Entries    []*Entry `json:"entries"`
+}
+
+// Ledger is safe for concurrent use.
+type Ledger struct {
+	path     string
+	mu       sync.Mutex
+	entries  map[string]*Entry
+	onChange func()
+}
+
+// Open loads the ledger at path (a missing file is an empty ledger).
+func Open(path string) (*Ledger, error) {
+	l := &Ledger{path: path, entries: map[string]*Entry{}}
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return l, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read ledger: %w", err)
+	}
+	var f file
+	if err := json.Unmarshal(data, &f); err != nil {
+		// The running containers carry their entries (nri.AnnotationLedgerEntry); Synchronize re-adopts them.
+		aside := path + ".corrupt"
+		slog.Error("ledger is corrupt; starting empty, running containers are re-adopted at the runtime's Synchronize", "path", path, "movedTo", aside, "err", err)
+		if err := os.Rename(path, aside); err != nil {
+			return nil, fmt.Errorf("move corrupt ledger %s aside: %w", path, err)
+		}
+		return l, nil
+	}
+	if f.APIVersion != api.Version {
+		return nil, fmt.Errorf("ledger %s has apiVersion %q, this agent reads %q", path, f.APIVersion, api.Version)
+	}
+	for _, e := range f.Entries {
+		l.entries[e.ContainerID] = e
+	}
+	return l, nil
+}
+
+// OnChange registers a callback run (outside the lock) after every committed change.
+func (l *Ledger) OnChange(fn func()) {
+	l.mu.Lock()
+	l.onChange = fn
+	l.mu.Unlock()
+}
+
+// Get returns a copy of the entry of a container.
+func (l *Ledger) Get(containerID string) (Entry, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	e, ok := l.entries[containerID]
+	if !ok {
+		return Entry{}, false
+	}
+	return *e, true
+}
+
+// Entries returns copies of all entries, ordered by container ID.
+func (l *Ledger) Entries() []Entry {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := make([]Entry, 0, len(l.entries))
+	for _, e := range l.entries {
+		out = append(out, *e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ContainerID < out[j].ContainerID })
+	return out
+}
+
+// Usage returns the use of every GPU that is in use, by UUID.
+func (l *Ledger) Usage() map[string]Usage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.usageLocked("")
+}
+
+func (l *Ledger) usageLocked(except string) map[string]Usage {
+	u := map[string]Usage{}
+	for id, e := range l.entries {
+		if id == except {
+			continue
+		}
+		for _, d := range e.Devices {
+			g := u[d.UUID]
+			if d.Whole {
+				g.Whole = true
+			} else {
+				g.Shares++
+				g.MemoryBytes += d.MemoryBytes
+				g.Cores += d.CoresPercent
+			}
+			u[d.UUID] = g
+		}
+	}
+	return u
+}
+
+// holders maps a MIG or mdev UUID to the container holding it.
+func (l *Ledger) holders(except string) map[string]string {
+	h := map[string]string{}
+	for id, e := range l.entries {
+		if id == except {
+			continue
+		}
+		for _, m := range append(append([]string{}, e.MIG...), e.Mdev...) {
+			h[m] = id
+		}
+	}
+	return h
+}
+
+// Reserve records an entry after checking it against the inventory and every other entry; the same
+// container ID may be reserved again (an idempotent retry of CreateContainer) with the same devices.
+func (l *Ledger) Reserve(e Entry, inv *api.NodeInventory) error {
+	if e.ContainerID == "" {
+		return errors.New("ledger: an entry needs a container ID")
+	}
+	l.mu.Lock()
+	if err := l.checkLocked(&e, inv); err != nil {
+		l.mu.Unlock()
+		return err
+	}
+	prev, had := l.entries[e.ContainerID]
+	l.entries[e.ContainerID] = &e
+	if err := l.saveLocked(); err != nil {
+		if had {
+			l.entries[e.ContainerID] = prev
+		} else {
+			delete(l.entries, e.ContainerID)
+		}
+		l.mu.Unlock()
+		return err
+	}
+	fn := l.onChange
+	l.mu.Unlock()
+	if fn != nil {
+		fn()
+	}
+	return nil
+}
+
+// checkLocked refuses over-commit: every rule names the GPU and what holds it.
+func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory) error {
+	usage := l.usageLocked(e.ContainerID)
+	for _, d := range e.Devices {
+		g := inv.GPUByUUID(d.UUID)
+		switch {
+		case g == nil:
+			return fmt.Errorf("GPU %s is not on node %s", d.UUID, inv.Node)
+		case !g.Shareable():
+			return fmt.Errorf("GPU %s is in MIG mode or an mdev parent; it cannot be given whole or shared", d.UUID)
+		case !g.Healthy:
+			return fmt.Errorf("GPU %s is unhealthy", d.UUID)
+		}
+		u := usage[d.UUID]
+		if u.Whole {
+			return fmt.Errorf("GPU %s is already held whole by another container", d.UUID)
+		}
+		if d.Whole {
+			if u.Shares > 0 {
+				return fmt.Errorf("GPU %s holds %d shares; it cannot also be given whole", d.UUID, u.Shares)
+			}
+			continue
+		}
+		if u.MemoryBytes+d.MemoryBytes > g.MemoryBytes {
+			return fmt.Errorf("GPU %s has %d bytes of memory and %d are already shared out; %d more would over-commit it", d.UUID, g.MemoryBytes, u.MemoryBytes, d.MemoryBytes)
+		}
+		if u.Cores+d.CoresPercent > api.MaxCoresPercent {
+			return fmt.Errorf("GPU %s has %d%% of its compute shared out; %d%% more would over-commit it", d.UUID, u.Cores, d.CoresPercent)
+		}
+		if u.Shares+1 > inv.SharesPerGPU {
+			return fmt.Errorf("GPU %s already holds %d shares, the most it offers", d.UUID, u.Shares)
+		}
+		usage[d.UUID] = Usage{Shares: u.Shares + 1, MemoryBytes: u.MemoryBytes + d.MemoryBytes, Cores: u.Cores + d.CoresPercent}
+	}
+	holders := l.holders(e.ContainerID)
+	for _, m := range append(append([]string{}, e.MIG...), e.Mdev...) {
+		if other, ok := holders[m]; ok {
+			return fmt.Errorf("device %s is already held by container %s", m, other)
+		}
+	}
+	return nil
+}
+
+// Release forgets a container and returns what it held.
+func (l *Ledger) Release(containerID string) (Entry, bool, error) {
+	l.mu.Lock()
+	e, ok := l.entries[containerID]
+	if !ok {
+		l.mu.Unlock()
+		return Entry{}, false, nil
+	}
+	delete(l.entries, containerID)
+	if err := l.saveLocked(); err != nil {
+		l.entries[containerID] = e
+		l.mu.Unlock()
+		return Entry{}, false, err
+	}
+	fn := l.onChange
+	l.mu.Unlock()
+	if fn != nil {
+		fn()
+	}
+	return *e, true, nil
+}
+
+// Retain releases every entry whose container is not in live and returns them.
+func (l *Ledger) Retain(live map[string]bool) ([]Entry, error) {
+	var gone []Entry
+	for _, e := range l.Entries() {
+		if live[e.ContainerID] {
+			continue
+		}
+		if _, ok, err := l.Release(e.ContainerID); err != nil {
+			return gone, err
+		} else if ok {
+			gone = append(gone, e)
+		}
+	}
+	return gone, nil
+}
+
+// saveLocked writes the ledger atomically: a crashed agent leaves the old or the new file, never
+// half. There is no fsync on this hot path (CreateContainer): after a power loss no container is
+// running, and the containers' own annotations are what Synchronize rebuilds the ledger from.
+func (l *Ledger) saveLocked() error {
+	f := file{APIVersion: api.Version, Entries: make([]*Entry, 0, len(l.entries))}
+	for _, e := range l.entries {
+		f.Entries = append(f.Entries, e)
+	}
+	sort.Slice(f.Entries, func(i, j int) bool { return f.Entries[i].ContainerID < f.Entries[j].ContainerID })
+	data, err := json.MarshalIndent(f, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(l.path), 0o755); err != nil {
+		return fmt.Errorf("save ledger: %w", err)
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(l.path), ".ledger-*")
+	if err != nil {
+		return fmt.Errorf("save ledger: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("save ledger: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("save ledger: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), l.path); err != nil {
+		return fmt.Errorf("save ledger: %w", err)
+	}
+	return nil
+}

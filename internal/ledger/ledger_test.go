@@ -1,0 +1,176 @@
+package ledger
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+func uuid(i int) string { return fmt.Sprintf("GPU-%08x-0000-4000-8000-%012x", i, i) }
+
+func testInventory() *api.NodeInventory {
+	inv := &api.NodeInventory{APIVersion: api.Version, Node: "n", SharesPerGPU: 3}
+	for i := 0; i < 3; i++ {
+		inv.GPUs = append(inv.GPUs, api.GPU{UUID: uuid(i), Index: i, Model: "A100", MemoryBytes: 40 << 30, SMCount: 108, PCIBusID: fmt.Sprintf("0000:%02x:00.0", i), Minor: i, Healthy: true})
+	}
+	inv.GPUs[2].MIG = &api.MIG{}
+	return inv
+}
+
+func share(i int, gib int64, cores int) api.DeviceAssignment {
+	return api.DeviceAssignment{UUID: uuid(i), MemoryBytes: gib << 30, CoresPercent: cores}
+}
+
+func TestReserveRules(t *testing.T) {
+	inv := testInventory()
+	l, err := Open(filepath.Join(t.TempDir(), "ledger.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	must := func(e Entry) {
+		t.Helper()
+		if err := l.Reserve(e, inv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	must(Entry{ContainerID: "a", Devices: []api.DeviceAssignment{share(0, 30, 60)}})
+	must(Entry{ContainerID: "w", Devices: []api.DeviceAssignment{{UUID: uuid(1), Whole: true}}})
+	must(Entry{ContainerID: "m", MIG: []string{"MIG-x"}})
+	cases := []struct {
+		name string
+		e    Entry
+		want string
+	}{
+		{"memory over-commit", Entry{ContainerID: "b", Devices: []api.DeviceAssignment{share(0, 11, 0)}}, "already shared out; 11811160064 more would over-commit it"},
+		{"compute over-commit", Entry{ContainerID: "b", Devices: []api.DeviceAssignment{share(0, 1, 41)}}, "60% of its compute shared out; 41% more"},
+		{"whole on shared", Entry{ContainerID: "b", Devices: []api.DeviceAssignment{{UUID: uuid(0), Whole: true}}}, "holds 1 shares; it cannot also be given whole"},
+		{"share on whole", Entry{ContainerID: "b", Devices: []api.DeviceAssignment{share(1, 1, 0)}}, "already held whole"},
+		{"whole twice", Entry{ContainerID: "b", Devices: []api.DeviceAssignment{{UUID: uuid(1), Whole: true}}}, "already held whole"},
+		{"MIG GPU", Entry{ContainerID: "b", Devices: []api.DeviceAssignment{share(2, 1, 0)}}, "is in MIG mode"},
+		{"unknown GPU", Entry{ContainerID: "b", Devices: []api.DeviceAssignment{share(9, 1, 0)}}, "is not on node n"},
+		{"MIG twice", Entry{ContainerID: "b", MIG: []string{"MIG-x"}}, "device MIG-x is already held by container m"},
+		{"no id", Entry{}, "needs a container ID"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := l.Reserve(tc.e, inv); err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want %q", err, tc.want)
+			}
+			if _, ok := l.Get("b"); ok {
+				t.Fatal("a refused entry was recorded")
+			}
+		})
+	}
+	// Share count limit: 3 shares per GPU in this inventory.
+	must(Entry{ContainerID: "s2", Devices: []api.DeviceAssignment{share(0, 1, 0)}})
+	must(Entry{ContainerID: "s3", Devices: []api.DeviceAssignment{share(0, 1, 0)}})
+	if err := l.Reserve(Entry{ContainerID: "s4", Devices: []api.DeviceAssignment{share(0, 1, 0)}}, inv); err == nil || !strings.Contains(err.Error(), "already holds 3 shares") {
+		t.Errorf("share count: %v", err)
+	}
+	// Re-reserving the same container (a retried CreateContainer) is not counted twice.
+	must(Entry{ContainerID: "a", Devices: []api.DeviceAssignment{share(0, 30, 60)}})
+	if u := l.Usage()[uuid(0)]; u.Shares != 3 || u.MemoryBytes != 32<<30 || u.Cores != 60 {
+		t.Errorf("usage %+v", u)
+	}
+	// An unhealthy GPU takes nothing new.
+	inv.GPUs[0].Healthy = false
+	if err := l.Reserve(Entry{ContainerID: "z", Devices: []api.DeviceAssignment{share(0, 1, 0)}}, inv); err == nil || !strings.Contains(err.Error(), "unhealthy") {
+		t.Errorf("unhealthy: %v", err)
+	}
+}
+
+func TestPersistenceAndRetain(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "sub", "ledger.json")
+	inv := testInventory()
+	l, _ := Open(path)
+	changes := 0
+	l.OnChange(func() { changes++ })
+	for _, id := range []string{"a", "b", "c"} {
+		if err := l.Reserve(Entry{ContainerID: id, Pod: "p-" + id, Devices: []api.DeviceAssignment{share(0, 1, 10)}}, inv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A restarted agent reads the same ledger.
+	again, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := again.Entries(); len(got) != 3 || got[1].Pod != "p-b" || got[1].Devices[0].MemoryBytes != 1<<30 {
+		t.Fatalf("reopened ledger: %+v", got)
+	}
+	gone, err := again.Retain(map[string]bool{"b": true})
+	if err != nil || len(gone) != 2 || gone[0].ContainerID != "a" || gone[1].ContainerID != "c" {
+		t.Fatalf("retain: %+v %v", gone, err)
+	}
+	if third, _ := Open(path); len(third.Entries()) != 1 {
+		t.Fatalf("release not persisted: %+v", third.Entries())
+	}
+	if e, ok, _ := again.Release("b"); !ok || e.Pod != "p-b" {
+		t.Errorf("release: %+v %v", e, ok)
+	}
+	if _, ok, _ := again.Release("b"); ok {
+		t.Error("released twice")
+	}
+	if changes != 3 {
+		t.Errorf("OnChange ran %d times, want 3", changes)
+	}
+	// A corrupt ledger is moved aside and the agent starts empty (Synchronize re-adopts containers).
+	os.WriteFile(path, []byte("{not json"), 0o644)
+	if l, err := Open(path); err != nil || len(l.Entries()) != 0 {
+		t.Errorf("corrupt ledger: %v", err)
+	}
+	if b, err := os.ReadFile(path + ".corrupt"); err != nil || string(b) != "{not json" {
+		t.Errorf("corrupt ledger not kept aside: %q %v", b, err)
+	}
+}
+
+func TestSaveFailureKeepsMemoryAndDiskInStep(t *testing.T) {
+	dir := t.TempDir()
+	l, _ := Open(filepath.Join(dir, "ledger.json"))
+	inv := testInventory()
+	if err := l.Reserve(Entry{ContainerID: "a", Devices: []api.DeviceAssignment{share(0, 1, 0)}}, inv); err != nil {
+		t.Fatal(err)
+	}
+	// Make the directory unusable: the next change must fail and leave the ledger as it was.
+	l.path = filepath.Join(dir, "ledger.json", "nested") // a path under a regular file
+	if err := l.Reserve(Entry{ContainerID: "b", Devices: []api.DeviceAssignment{share(0, 1, 0)}}, inv); err == nil {
+		t.Fatal("reserve succeeded although the ledger could not be saved")
+	}
+	if _, ok := l.Get("b"); ok {
+		t.Error("unsaved entry kept in memory")
+	}
+	if _, _, err := l.Release("a"); err == nil {
+		t.Fatal("release succeeded although the ledger could not be saved")
+	}
+	if _, ok := l.Get("a"); !ok {
+		t.Error("unsaved release dropped the entry from memory")
+	}
+}
+
+func TestPlaceLocally(t *testing.T) {
+	inv := testInventory()
+	l, _ := Open(filepath.Join(t.TempDir(), "l.json"))
+	l.Reserve(Entry{ContainerID: "a", Devices: []api.DeviceAssignment{share(1, 30, 0)}}, inv)
+	// Best fit: the 5 GiB share goes to GPU 1 (10 GiB free) rather than the empty GPU 0.
+	got, err := l.PlaceLocally(&api.ContainerRequest{Name: "c", Shares: 1, ShareMemoryBytes: 5 << 30, ShareCores: 20}, inv)
+	if err != nil || len(got) != 1 || got[0].UUID != uuid(1) || got[0].MemoryBytes != 5<<30 || got[0].CoresPercent != 20 {
+		t.Fatalf("share placed %+v %v", got, err)
+	}
+	// Two shares need two GPUs: 0 and 1 (2 is MIG).
+	got, err = l.PlaceLocally(&api.ContainerRequest{Name: "c", Shares: 2, ShareMemoryPercent: 25}, inv)
+	if err != nil || len(got) != 2 || got[0].MemoryBytes != 10<<30 {
+		t.Fatalf("two shares %+v %v", got, err)
+	}
+	// A whole GPU only where nothing is shared: GPU 0.
+	got, err = l.PlaceLocally(&api.ContainerRequest{Name: "c", WholeGPUs: 1}, inv)
+	if err != nil || got[0].UUID != uuid(0) || !got[0].Whole {
+		t.Fatalf("whole %+v %v", got, err)
+	}
+	if _, err := l.PlaceLocally(&api.ContainerRequest{Name: "c", WholeGPUs: 2}, inv); err == nil || !strings.Contains(err.Error(), "needs 2 GPUs but only 1") {
+		t.Fatalf("two whole: %v", err)
+	}
+}

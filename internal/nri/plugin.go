@@ -1,0 +1,124 @@
+// Package nri is Tessera's containerd NRI plugin. At CreateContainer it realises a container's GPU
+// assignment exactly: it checks what the pod claims against what the kubelet granted and what the pod
+// requested, records it in the ledger (which refuses over-commit), adds the assigned GPUs, and for
+// shares the vcuda preload and the container's limits file. It strips GPU device nodes nobody
+// granted. Stop/Remove events and Synchronize release what containers held.
+package nri
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sync/atomic"
+	"time"
+
+	nriapi "github.com/containerd/nri/pkg/api"
+	"github.com/containerd/nri/pkg/stub"
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/tessera-gpu/tessera/internal/agent"
+	"github.com/tessera-gpu/tessera/internal/podresources"
+)
+
+// Config is the plugin's configuration.
+type Config struct {
+	// StateDir holds per-container files: <StateDir>/containers/<id>/{limits,ld.so.preload,vcuda/region}.
+	// They live only as long as their container, so a tmpfs (/run) suits them best.
+	StateDir string
+	// VCUDALibrary is the host path of libvcuda.so.
+	VCUDALibrary string
+	// KataHandlers are runtime handlers (prefixes) that run pods in VMs.
+	KataHandlers []string
+	// PluginIndex orders Tessera among NRI plugins.
+	PluginIndex string
+}
+
+// Grants tells what the kubelet granted a container (the PodResources API in production).
+type Grants interface {
+	Container(ctx context.Context, namespace, pod, container string) (podresources.Grant, error)
+}
+
+// Pods returns a pod's spec as the API server has it (the resource requests are checked against
+// it); the pod must have the given UID, or it is another pod of the same name.
+type Pods interface {
+	Pod(ctx context.Context, namespace, name, uid string) (*corev1.Pod, error)
+}
+
+// Plugin is the NRI plugin around one stub.
+type Plugin struct {
+	cfg    Config
+	agent  *agent.Agent
+	grants Grants
+	pods   Pods
+	stub   stub.Stub
+	// synced is true between a Synchronize from the runtime and the connection's loss.
+	synced atomic.Bool
+	// creates and createNanos time CreateContainer, for /metrics.
+	creates, createNanos, refusals atomic.Int64
+}
+
+// Stats are the plugin's counters: CreateContainer calls, the time spent in them, and refusals.
+func (p *Plugin) Stats() (creates int64, total time.Duration, refusals int64) {
+	return p.creates.Load(), time.Duration(p.createNanos.Load()), p.refusals.Load()
+}
+
+// Synced reports whether the plugin is connected to the runtime and synchronized with it.
+func (p *Plugin) Synced() bool { return p.synced.Load() }
+
+// New builds the plugin.
+func New(cfg Config, a *agent.Agent, grants Grants, pods Pods) *Plugin {
+	if cfg.PluginIndex == "" {
+		cfg.PluginIndex = "50"
+	}
+	if len(cfg.KataHandlers) == 0 {
+		cfg.KataHandlers = []string{"kata"}
+	}
+	return &Plugin{cfg: cfg, agent: a, grants: grants, pods: pods}
+}
+
+// Run connects to the runtime's NRI socket and serves until ctx ends, reconnecting whenever the
+// runtime restarts (containerd drops its plugins when it goes away).
+func (p *Plugin) Run(ctx context.Context, socket string) error {
+	for ctx.Err() == nil {
+		closed := make(chan struct{})
+		s, err := stub.New(p, stub.WithPluginName("tessera"), stub.WithPluginIdx(p.cfg.PluginIndex),
+			stub.WithSocketPath(socket), stub.WithOnClose(func() { close(closed) }))
+		if err != nil {
+			return fmt.Errorf("create NRI stub: %w", err)
+		}
+		if err := s.Start(ctx); err != nil {
+			slog.Warn("cannot connect to the runtime's NRI socket, retrying", "socket", socket, "err", err)
+			select {
+			case <-ctx.Done():
+			case <-timeAfter(retryDelay):
+			}
+			continue
+		}
+		p.stub = s
+		slog.Info("NRI plugin connected", "socket", socket)
+		select {
+		case <-ctx.Done():
+			s.Stop()
+		case <-closed:
+			slog.Warn("runtime closed the NRI connection; reconnecting", "socket", socket)
+		}
+		p.synced.Store(false)
+	}
+	return nil
+}
+
+// Configure subscribes to the events the plugin handles.
+func (p *Plugin) Configure(ctx context.Context, config, runtime, version string) (nriapi.EventMask, error) {
+	slog.Info("NRI plugin configured", "runtime", runtime, "version", version)
+	return nriapi.MustParseEventMask("CreateContainer", "StopContainer", "RemoveContainer", "RemovePodSandbox"), nil
+}
+
+// RegionPath is where a share container's vcuda accounting region lives on the host.
+func (p *Plugin) RegionPath(containerID string) string {
+	return filepath.Join(p.containerDir(containerID), "vcuda", "region")
+}
+
+func (p *Plugin) containerDir(id string) string {
+	return filepath.Join(p.cfg.StateDir, "containers", id)
+}

@@ -1,0 +1,418 @@
+package nri
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	nriadapt "github.com/containerd/nri/pkg/adaptation"
+	nriapi "github.com/containerd/nri/pkg/api"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/agent"
+	"github.com/tessera-gpu/tessera/internal/cdi"
+	"github.com/tessera-gpu/tessera/internal/gpu"
+	"github.com/tessera-gpu/tessera/internal/ledger"
+	"github.com/tessera-gpu/tessera/internal/podresources"
+)
+
+// fakePods is the API server's pod store for the plugin.
+type fakePods struct {
+	mu   sync.Mutex
+	pods map[string]*corev1.Pod
+}
+
+func (f *fakePods) Pod(_ context.Context, ns, name, uid string) (*corev1.Pod, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p, ok := f.pods[ns+"/"+name]
+	if !ok || string(p.UID) != uid {
+		return nil, fmt.Errorf("pods %q with UID %s not found", name, uid)
+	}
+	return p, nil
+}
+
+// env is the plugin connected to NRI's runtime-side adaptation over a real socket, with a real
+// simulated-node agent and ledger, and the kubelet's PodResources API served by podresources.Server.
+type env struct {
+	t       testing.TB
+	rt      *nriadapt.Adaptation
+	agent   *agent.Agent
+	grants  *podresources.Server
+	pods    *fakePods
+	plugin  *Plugin
+	dir     string
+	running []*nriapi.Container // what the runtime reports at Synchronize
+}
+
+func newEnv(t testing.TB, preexisting ...*nriapi.Container) *env {
+	t.Helper()
+	dir, err := os.MkdirTemp("/tmp", "tsr-nri-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	e := &env{t: t, dir: dir, grants: podresources.NewServer(), pods: &fakePods{pods: map[string]*corev1.Pod{}}, running: preexisting}
+	backend, err := gpu.OpenSim(gpu.Options{StateDir: filepath.Join(dir, "sim")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { backend.Close() })
+	l, err := ledger.Open(filepath.Join(dir, "ledger.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.agent = agent.New(agent.Config{NodeName: "node-a", SharesPerGPU: 10, CDIDir: filepath.Join(dir, "cdi"),
+		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so"}}, backend, l)
+	if err := e.agent.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	srv, err := e.grants.Serve(filepath.Join(dir, "podres.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	client := podresources.New(filepath.Join(dir, "podres.sock"))
+	t.Cleanup(func() { client.Close() })
+	return e.start(client, l)
+}
+
+func (e *env) start(client *podresources.Client, l *ledger.Ledger) *env {
+	t := e.t
+	sock := filepath.Join(e.dir, "nri.sock")
+	rt, err := nriadapt.New("containerd", "2.2.9",
+		func(ctx context.Context, cb nriadapt.SyncCB) error {
+			_, err := cb(ctx, nil, e.running)
+			return err
+		},
+		func(context.Context, []*nriadapt.ContainerUpdate) ([]*nriadapt.ContainerUpdate, error) {
+			return nil, nil
+		},
+		nriadapt.WithSocketPath(sock), nriadapt.WithPluginPath(filepath.Join(e.dir, "plugins")), nriadapt.WithPluginConfigPath(filepath.Join(e.dir, "conf")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rt.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(rt.Stop)
+	e.rt = rt
+	e.plugin = New(Config{StateDir: filepath.Join(e.dir, "state"), VCUDALibrary: "/opt/libvcuda.so"}, e.agent, client, e.pods)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go e.plugin.Run(ctx, sock)
+	deadline := time.Now().Add(20 * time.Second)
+	for !e.plugin.Synced() {
+		if time.Now().After(deadline) {
+			t.Fatal("plugin did not connect and synchronize")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return e
+}
+
+// pod registers an API pod with one container "main" and returns its sandbox.
+func (e *env) pod(name string, limits map[string]string, annotations map[string]string) *nriapi.PodSandbox {
+	l := corev1.ResourceList{}
+	for k, v := range limits {
+		l[corev1.ResourceName(k)] = resource.MustParse(v)
+	}
+	uid := "uid-" + name
+	e.pods.mu.Lock()
+	e.pods.pods["ns/"+name] = &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", UID: types.UID(uid)},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Resources: corev1.ResourceRequirements{Limits: l}}}}}
+	e.pods.mu.Unlock()
+	return &nriapi.PodSandbox{Id: "sb-" + name, Name: name, Namespace: "ns", Uid: uid, Annotations: annotations}
+}
+
+// create passes the container to the runtime side as the kubelet would have made it: with the CDI
+// names the device plugins answered for its grant.
+func (e *env) create(pod *nriapi.PodSandbox, c *nriapi.Container) (*nriapi.ContainerAdjustment, error) {
+	list, err := e.grants.List(context.Background(), nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, pr := range list.GetPodResources() {
+		for _, cr := range pr.GetContainers() {
+			if pr.GetNamespace() != pod.GetNamespace() || pr.GetName() != pod.GetName() || cr.GetName() != c.GetName() {
+				continue
+			}
+			for _, d := range cr.GetDevices() {
+				resp, err := e.agent.Allocate(d.GetResourceName(), d.GetDeviceIds())
+				if err != nil {
+					return nil, err
+				}
+				for _, n := range resp.CdiDevices {
+					c.CDIDevices = append(c.CDIDevices, &nriapi.CDIDevice{Name: n.Name})
+				}
+			}
+		}
+	}
+	resp, err := e.rt.CreateContainer(context.Background(), &nriadapt.CreateContainerRequest{Pod: pod, Container: c})
+	if err != nil {
+		return nil, err
+	}
+	return resp.Adjust, nil
+}
+
+func ctr(id string, devices ...string) *nriapi.Container {
+	c := &nriapi.Container{Id: id, PodSandboxId: "sb", Name: "main", State: nriapi.ContainerState_CONTAINER_CREATED, Linux: &nriapi.LinuxContainer{}}
+	for _, d := range devices {
+		c.Linux.Devices = append(c.Linux.Devices, &nriapi.LinuxDevice{Path: d, Type: "c", Major: 195})
+	}
+	return c
+}
+
+func assignment(devs ...api.DeviceAssignment) map[string]string {
+	data, _ := json.Marshal(&api.PodAssignment{APIVersion: api.Version, Node: "node-a", Containers: []api.ContainerAssignment{{Name: "main", Devices: devs}}})
+	return map[string]string{api.AnnotationAssignment: string(data)}
+}
+
+func cdiNames(a *nriapi.ContainerAdjustment) []string {
+	var out []string
+	for _, d := range a.GetCDIDevices() {
+		out = append(out, d.Name)
+	}
+	return out
+}
+
+func mountDests(a *nriapi.ContainerAdjustment) []string {
+	var out []string
+	for _, m := range a.GetMounts() {
+		out = append(out, m.Destination)
+	}
+	slices.Sort(out)
+	return out
+}
+
+func TestCreateContainer(t *testing.T) {
+	e := newEnv(t)
+	inv := e.agent.Inventory()
+	g0, g1, g2 := inv.GPUs[0].UUID, inv.GPUs[1].UUID, inv.GPUs[2].UUID
+	shareLimits := map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "10Gi", api.ResourceShareCores: "30"}
+
+	// A share: the GPU by CDI name, the vcuda mounts, a limits file with the cap, a ledger entry.
+	pod := e.pod("share", shareLimits, assignment(api.DeviceAssignment{UUID: g0, MemoryBytes: 10 << 30, CoresPercent: 30}))
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "share", Container: "main"}, api.ResourceShare, "vgpu-0")
+	adj, err := e.create(pod, ctr("c-share"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cdiNames(adj); !slices.Equal(got, []string{"tessera.dev/gpu=" + g0}) {
+		t.Errorf("CDI devices %v", got)
+	}
+	if got, want := mountDests(adj), []string{"/etc/ld.so.preload", api.LimitsPathInContainer, api.RegionDirInContainer, api.VCUDALibraryInContainer}; !slices.Equal(got, want) {
+		t.Errorf("mounts %v, want %v", got, want)
+	}
+	limits, err := os.ReadFile(filepath.Join(e.dir, "state", "containers", "c-share", "limits"))
+	if err != nil || !strings.Contains(string(limits), "gpu "+g0+" 10737418240 30") {
+		t.Errorf("limits file %q %v", limits, err)
+	}
+	if _, err := api.DecodeLimits(limits); err != nil {
+		t.Errorf("limits file does not decode: %v", err)
+	}
+	if st, err := os.Stat(filepath.Join(e.dir, "state", "containers", "c-share", "vcuda", "region")); err != nil || st.Mode().Perm() != 0o666 {
+		t.Errorf("region file not pre-created writable for any container user: %v %v", st, err)
+	}
+	if _, ok := e.agent.Ledger().Get("c-share"); !ok || adj.GetAnnotations()[AnnotationLedgerEntry] == "" {
+		t.Errorf("no ledger entry / annotation")
+	}
+
+	// A whole GPU: the GPU, no vcuda.
+	pod = e.pod("whole", map[string]string{api.ResourceGPU: "1"}, assignment(api.DeviceAssignment{UUID: g2, Whole: true}))
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "whole", Container: "main"}, api.ResourceGPU, "gpu-0")
+	adj, err = e.create(pod, ctr("c-whole"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cdiNames(adj); !slices.Equal(got, []string{"tessera.dev/gpu=" + g2}) || len(adj.GetMounts()) != 0 {
+		t.Errorf("whole GPU: CDI %v mounts %v", got, mountDests(adj))
+	}
+
+	// No assignment: the agent places the share itself.
+	pod = e.pod("local", map[string]string{api.ResourceShare: "2", api.ResourceShareMemoryPercent: "50"}, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "local", Container: "main"}, api.ResourceShare, "vgpu-1", "vgpu-2")
+	adj, err = e.create(pod, ctr("c-local"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if entry, _ := e.agent.Ledger().Get("c-local"); !entry.Local || len(entry.Devices) != 2 || entry.Devices[0].MemoryBytes != inv.GPUs[0].MemoryBytes/2 {
+		t.Errorf("local placement %+v", entry)
+	}
+
+	// Refusals name the problem.
+	cases := []struct {
+		name   string
+		limits map[string]string
+		ann    map[string]string
+		grant  map[string][]string
+		want   string
+	}{
+		{"memory above request", shareLimits, assignment(api.DeviceAssignment{UUID: g1, MemoryBytes: 20 << 30, CoresPercent: 30}), map[string][]string{api.ResourceShare: {"vgpu-9"}},
+			"its assignment does not match its request: GPU " + g1 + ": memory cap 21474836480 bytes, the container requests 10737418240"},
+		{"cores above request", shareLimits, assignment(api.DeviceAssignment{UUID: g1, MemoryBytes: 10 << 30, CoresPercent: 90}), map[string][]string{api.ResourceShare: {"vgpu-9"}},
+			"compute cap 90%, the container requests 30%"},
+		{"held whole", shareLimits, assignment(api.DeviceAssignment{UUID: g2, MemoryBytes: 10 << 30, CoresPercent: 30}), map[string][]string{api.ResourceShare: {"vgpu-9"}},
+			"GPU " + g2 + " is already held whole"},
+		{"tokens differ from request", shareLimits, assignment(api.DeviceAssignment{UUID: g1, MemoryBytes: 10 << 30, CoresPercent: 30}), map[string][]string{api.ResourceShare: {"vgpu-8", "vgpu-9"}},
+			"the kubelet granted 0 whole GPUs and 2 shares, which is not what the pod requests"},
+		{"other node", shareLimits, map[string]string{api.AnnotationAssignment: `{"apiVersion":"tessera.dev/v1","node":"node-b","containers":[{"name":"main","devices":[{"uuid":"` + g1 + `","memoryBytes":10737418240,"coresPercent":30}]}]}`},
+			map[string][]string{api.ResourceShare: {"vgpu-9"}}, `its assignment is for node "node-b", this is "node-a"`},
+		{"malformed annotation", shareLimits, map[string]string{api.AnnotationAssignment: `{"apiVersion":"tessera.dev/v1","node":"node-a","extra":1}`},
+			map[string][]string{api.ResourceShare: {"vgpu-9"}}, "invalid GPU assignment: extra: unknown field"},
+	}
+	for i, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			name := fmt.Sprintf("bad-%d", i)
+			pod := e.pod(name, tc.limits, tc.ann)
+			for res, ids := range tc.grant {
+				e.grants.Add(podresources.Key{Namespace: "ns", Pod: name, Container: "main"}, res, ids...)
+			}
+			_, err := e.create(pod, ctr("c-"+name))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("error %v, want %q", err, tc.want)
+			}
+			if _, ok := e.agent.Ledger().Get("c-" + name); ok {
+				t.Error("a refused container is in the ledger")
+			}
+		})
+	}
+
+	// No grant at all, a forged assignment and GPU nodes smuggled in (CDI annotation): refused.
+	pod = e.pod("sneaky", nil, assignment(api.DeviceAssignment{UUID: g1, Whole: true}))
+	_, err = e.create(pod, ctr("c-sneaky", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-caps/nvidia-cap12"))
+	if err == nil || !strings.Contains(err.Error(), "GPU device nodes [/dev/nvidia1 /dev/nvidia-caps/nvidia-cap12] that the kubelet did not grant") {
+		t.Errorf("sneaky container: %v", err)
+	}
+	// Control nodes alone (a CPU container with nvidiactl) and no grant: nothing to do.
+	pod = e.pod("plain", nil, nil)
+	if adj, err = e.create(pod, ctr("c-plain", "/dev/nvidiactl")); err != nil || len(cdiNames(adj)) != 0 || len(adj.GetMounts()) != 0 {
+		t.Errorf("plain container: %v %+v", err, adj)
+	}
+
+	// A Kata pod with an mdev vGPU: the container-level CDI annotation Kata's agent resolves.
+	res := api.MdevResource("A100-4C")
+	devs := e.agent.Devices(res)
+	if len(devs) == 0 {
+		t.Fatalf("no %s devices", res)
+	}
+	if _, err := e.agent.Allocate(res, []string{devs[0].ID}); err != nil {
+		t.Fatal(err)
+	}
+	pod = e.pod("kata", map[string]string{res: "1"}, nil)
+	pod.RuntimeHandler = "kata-qemu"
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "kata", Container: "main"}, res, devs[0].ID)
+	adj, err = e.create(pod, ctr("c-kata", "/dev/vfio/200"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := adj.GetAnnotations()["cdi.k8s.io/tessera_c-kata"]; got != "tessera.dev/mdev="+devs[0].ID {
+		t.Errorf("Kata CDI annotation %q (annotations %v)", got, adj.GetAnnotations())
+	}
+	// A Kata pod cannot take a share.
+	pod = e.pod("kata-share", shareLimits, assignment(api.DeviceAssignment{UUID: g1, MemoryBytes: 10 << 30, CoresPercent: 30}))
+	pod.RuntimeHandler = "kata"
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "kata-share", Container: "main"}, api.ResourceShare, "vgpu-5")
+	if _, err := e.create(pod, ctr("c-kata-share")); err == nil || !strings.Contains(err.Error(), "under a Kata runtime ask for an mdev vGPU") {
+		t.Errorf("Kata share: %v", err)
+	}
+
+	// Stop releases the share and its files.
+	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: e.pod("share", shareLimits, nil), Container: ctr("c-share")}); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := e.agent.Ledger().Get("c-share"); ok {
+		t.Error("stopped container still in the ledger")
+	}
+	if _, err := os.Stat(filepath.Join(e.dir, "state", "containers", "c-share")); !os.IsNotExist(err) {
+		t.Errorf("container files left: %v", err)
+	}
+}
+
+func TestSynchronizeRebuildsLedger(t *testing.T) {
+	// The runtime reports one running container Tessera adjusted earlier (its annotation holds the
+	// entry) that the ledger lost, and the ledger holds one the runtime no longer has.
+	dir := t.TempDir()
+	l, _ := ledger.Open(filepath.Join(dir, "x.json"))
+	_ = l
+	entry := ledger.Entry{ContainerID: "c-live", PodUID: "u", Namespace: "ns", Pod: "p", Container: "main"}
+	live := ctr("c-live")
+	live.State = nriapi.ContainerState_CONTAINER_RUNNING
+	e := newEnvWithLedgerEntries(t, []ledger.Entry{{ContainerID: "c-gone", Pod: "old"}}, live, &entry)
+	if _, ok := e.agent.Ledger().Get("c-gone"); ok {
+		t.Error("entry of a container the runtime does not have survived Synchronize")
+	}
+	if got, ok := e.agent.Ledger().Get("c-live"); !ok || got.Devices[0].MemoryBytes != 1<<30 {
+		t.Errorf("running container not re-adopted: %+v", got)
+	}
+}
+
+// newEnvWithLedgerEntries starts an env whose ledger already holds stale entries and whose runtime
+// reports a live container annotated with entry (given a share on GPU 0).
+func newEnvWithLedgerEntries(t *testing.T, stale []ledger.Entry, live *nriapi.Container, entry *ledger.Entry) *env {
+	t.Helper()
+	e := &env{t: t}
+	var err error
+	e.dir, err = os.MkdirTemp("/tmp", "tsr-nri-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(e.dir) })
+	e.grants, e.pods = podresources.NewServer(), &fakePods{pods: map[string]*corev1.Pod{}}
+	backend, err := gpu.OpenSim(gpu.Options{StateDir: filepath.Join(e.dir, "sim")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { backend.Close() })
+	l, _ := ledger.Open(filepath.Join(e.dir, "ledger.json"))
+	e.agent = agent.New(agent.Config{NodeName: "node-a", SharesPerGPU: 10, CDIDir: filepath.Join(e.dir, "cdi"),
+		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so"}}, backend, l)
+	if err := e.agent.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	inv := e.agent.Inventory()
+	for _, s := range stale {
+		if err := l.Reserve(s, inv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	entry.Devices = []api.DeviceAssignment{{UUID: inv.GPUs[0].UUID, MemoryBytes: 1 << 30}}
+	raw, _ := json.Marshal(entry)
+	live.Annotations = map[string]string{AnnotationLedgerEntry: string(raw)}
+	e.running = []*nriapi.Container{live}
+	client := podresources.New(filepath.Join(e.dir, "none.sock"))
+	return e.start(client, l)
+}
+
+// BenchmarkCreateContainerShare is the plugin's own cost for a share container (grant lookup over
+// the PodResources socket, verification, ledger, limits file) through NRI's runtime adaptation over
+// a real socket, with a Stop between creates so the share is released each time.
+func BenchmarkCreateContainerShare(b *testing.B) {
+	e := newEnv(b)
+	g0 := e.agent.Inventory().GPUs[0].UUID
+	pod := e.pod("bench", map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "1Gi"}, assignment(api.DeviceAssignment{UUID: g0, MemoryBytes: 1 << 30}))
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "bench", Container: "main"}, api.ResourceShare, "vgpu-0")
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		c := ctr(fmt.Sprintf("c-%d", i))
+		if _, err := e.create(pod, c); err != nil {
+			b.Fatal(err)
+		}
+		b.StopTimer()
+		if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: c}); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+	}
+}
