@@ -27,7 +27,7 @@ import (
 
 // Cluster is a one-node Kubernetes cluster with Tessera on the simulated 8-GPU node, every part
 // real except the GPUs: containerd 2.2 (NRI + CDI), etcd, kube-apiserver, kube-scheduler wired to
-// tessera-extender (filter, prioritize, bind), a kubelet v1.34 running host-network pods on that
+// tessera-extender (filter, prioritize, bind), a kubelet v1.37 running host-network pods on that
 // containerd, and tessera-node (device plugins, CDI specs, NRI plugin) on `--backend=sim`.
 // Everything lives under private directories and is torn down by the test's cleanup, which leaves
 // nothing running or mounted.

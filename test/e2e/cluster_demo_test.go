@@ -44,7 +44,7 @@ func TestDemo(t *testing.T) {
 			return false
 		}
 	}
-	say("== bringing up the cluster: containerd 2.2 (NRI + CDI), etcd, kube-apiserver, kube-scheduler + tessera-extender, kubelet v1.34, tessera-node --backend=sim")
+	say("== bringing up the cluster: containerd 2.2 (NRI + CDI), etcd, kube-apiserver, kube-scheduler + tessera-extender, kubelet v1.37, tessera-node --backend=sim")
 	c := StartCluster(t, ClusterOptions{})
 	say("   up in %.0fs: node %q, API server %s", time.Since(t0).Seconds(), c.Node, c.CP.APIServerURL)
 	inv := c.Inventory

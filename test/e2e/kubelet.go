@@ -23,7 +23,7 @@ import (
 // --root-dir for it): plugins register through its kubelet.sock and put their sockets there.
 const KubeletDevicePluginDir = "/var/lib/kubelet/device-plugins"
 
-// Kubelet is a real kubelet (v1.34, built by test/tools/install-k8s.sh) running host-network pods
+// Kubelet is a real kubelet (v1.37, built by test/tools/install-k8s.sh) running host-network pods
 // on a private containerd, configured as ../shared/recipes/one-node-cluster found works on this kind
 // of machine: cgroup v1 (failCgroupV1: false), cgroupfs, no QoS cgroups, a serving certificate from
 // the control plane's CA, and ports picked free. Its root dir is private; only the device-plugin

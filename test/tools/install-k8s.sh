@@ -11,7 +11,7 @@
 # Cold: ~6 min on 2 cores (module download + compile); warm: ~1 s.
 set -euo pipefail
 TOOLS=${1:-$(cd "$(dirname "$0")/../.." && pwd)/.cache/tools}
-K8S_V=v1.34.4 ETCD_V=v3.6.4
+K8S_V=v1.37.2 ETCD_V=v3.6.4
 K8S_CMDS=(kube-apiserver kube-scheduler kube-controller-manager kubelet kubectl)
 BIN=$TOOLS/bin
 mkdir -p "$BIN" "$TOOLS/src"
