@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/tessera-gpu/tessera/internal/agent"
-	"github.com/tessera-gpu/tessera/internal/cdi"
 	"github.com/tessera-gpu/tessera/internal/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/gpu"
 	"github.com/tessera-gpu/tessera/internal/ledger"
@@ -53,8 +52,11 @@ func runAgent(args []string) error {
 	if err != nil {
 		return err
 	}
-	a := agent.New(agent.Config{NodeName: cfg.NodeName, SharesPerGPU: cfg.SharesPerGPU, CDIDir: cfg.CDIDir,
-		Generator: &cdi.Generator{Vendor: cfg.CDIVendor, VCUDALibrary: cfg.VCUDALibrary}}, backend, l)
+	gen, err := cdiGenerator(cfg, backend)
+	if err != nil {
+		return err
+	}
+	a := agent.New(agent.Config{NodeName: cfg.NodeName, SharesPerGPU: cfg.SharesPerGPU, CDIDir: cfg.CDIDir, Generator: gen}, backend, l)
 	grants := podresources.New(cfg.PodResourcesSocket)
 	defer grants.Close()
 	a.WithAllocated(grants.List)
