@@ -89,7 +89,7 @@ func writeSimGPUFile(n *Node) error {
 	var b bytes.Buffer
 	b.WriteString("# minor uuid memoryBytes smCount computeCapability name (written by tessera-node's simulated node)\n")
 	for _, g := range n.GPUs {
-		fmt.Fprintf(&b, "%d %s %d %d %s NVIDIA %s\n", g.Minor, g.UUID, g.MemoryBytes, g.SMCount, g.ComputeCapability, g.Model)
+		fmt.Fprintf(&b, "%d %s %d %d %s %s\n", g.Minor, g.UUID, g.MemoryBytes, g.SMCount, g.ComputeCapability, g.Model)
 	}
 	return writeIfChanged(n.SimGPUFile, b.Bytes(), 0o644)
 }
