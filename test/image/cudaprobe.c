@@ -75,7 +75,7 @@ static int fill(size_t granule) {
         if ((r = cuMemAlloc_v2(&p, granule)) != 0) break;
         got += granule;
     }
-    printf("allocated=%zu meminfo_total=%zu granule=%zu stopped_by=%d\n", got, total, granule, r);
+    printf("allocated=%zu meminfo_total=%zu meminfo_free=%zu granule=%zu stopped_by=%d\n", got, total, free, granule, r);
     return 0;
 }
 
