@@ -286,3 +286,49 @@ func TestSyncErrors(t *testing.T) {
 		t.Errorf("relative vcuda library: %v", err)
 	}
 }
+
+// A driver installed as a flat folder, like /usr/local/nvidia (lib64/, bin/) mounted read-only:
+// nvcdi finds its libraries and nvidia-smi there, and the specs mount them from it.
+func TestDriverFolderLayout(t *testing.T) {
+	n := simNode(t)
+	folder := t.TempDir()
+	v := "550.54.15"
+	for rel, data := range map[string]string{
+		"lib64/libcuda.so." + v:                  "lib",
+		"lib64/libnvidia-ml.so." + v:             "lib",
+		"lib64/libnvidia-ptxjitcompiler.so." + v: "lib",
+		"bin/nvidia-smi":                         "bin",
+	} {
+		p := filepath.Join(folder, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(folder, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	gen := *testGen
+	driver := *gen.Driver
+	driver.Root = folder
+	gen.Driver = &driver
+	all, err := gen.Specs(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounts := map[string]string{}
+	for _, m := range all[0].ContainerEdits.Mounts {
+		mounts[m.ContainerPath] = m.HostPath
+	}
+	for dst, src := range map[string]string{
+		"/lib64/libcuda.so." + v:      filepath.Join(folder, "lib64/libcuda.so."+v),
+		"/lib64/libnvidia-ml.so." + v: filepath.Join(folder, "lib64/libnvidia-ml.so."+v),
+		"/bin/nvidia-smi":             filepath.Join(folder, "bin/nvidia-smi"),
+	} {
+		if mounts[dst] != src {
+			t.Errorf("mount %s from %q, want %s (mounts: %v)", dst, mounts[dst], src, mounts)
+		}
+	}
+}
