@@ -323,7 +323,7 @@ func TestFakeNvidiaSMI(t *testing.T) {
 			"1 GPU-7063a1b2-0000-4000-8000-000000000001 85899345920 132 9.0 NVIDIA H100 80GB HBM3\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	smi := func(devRoot string, args ...string) (string, int) {
+	smiEnv := func(devRoot string, extra []string, args ...string) (string, int) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, filepath.Join(dir, "fake", "nvidia-smi"), args...)
@@ -334,7 +334,7 @@ func TestFakeNvidiaSMI(t *testing.T) {
 				env = append(env, kv)
 			}
 		}
-		cmd.Env = append(env, "FAKE_GPU_NODE_FILE="+nodeFile, "FAKE_DEV_ROOT="+devRoot)
+		cmd.Env = append(append(env, "FAKE_GPU_NODE_FILE="+nodeFile, "FAKE_DEV_ROOT="+devRoot), extra...)
 		out, err := cmd.CombinedOutput()
 		code := 0
 		if ee, ok := err.(*exec.ExitError); ok {
@@ -344,6 +344,7 @@ func TestFakeNvidiaSMI(t *testing.T) {
 		}
 		return string(out), code
 	}
+	smi := func(devRoot string, args ...string) (string, int) { return smiEnv(devRoot, nil, args...) }
 	out, code := smi(dev, "-L")
 	want := "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-7063a1b2-0000-4000-8000-000000000000)\n" +
 		"GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-7063a1b2-0000-4000-8000-000000000003)\n"
@@ -358,6 +359,22 @@ func TestFakeNvidiaSMI(t *testing.T) {
 		"  memory: 0 MiB / 40960 MiB\n  utilization: 0 %\n  processes:\n    none\n"
 	if code != 0 || out != want {
 		t.Errorf("nvidia-smi: exit %d\n%s\nwant\n%s", code, out, want)
+	}
+	// Under vcuda (a container with a 10 GiB share of the H100): the cap, and
+	// no GPU outside the share.
+	limits := filepath.Join(tmp, "limits")
+	if err := os.WriteFile(limits, []byte("tessera-vcuda-limits 1\ncontainer smi\nregion "+
+		filepath.Join(tmp, "region")+"\ngpu GPU-7063a1b2-0000-4000-8000-000000000000 10737418240 50\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, code = smiEnv(dev, []string{"LD_PRELOAD=" + filepath.Join(dir, "libvcuda.so"), "TESSERA_VCUDA_LIMITS=" + limits})
+	want = "Driver Version: 580.95.05   CUDA Version: 13.0\n" +
+		"GPU 0: NVIDIA H100 80GB HBM3\n  uuid: GPU-7063a1b2-0000-4000-8000-000000000000\n" +
+		"  memory: 0 MiB / 10240 MiB\n  utilization: 0 %\n  processes:\n    none\n" +
+		"GPU 1: NVIDIA A100-SXM4-40GB\n  uuid: GPU-7063a1b2-0000-4000-8000-000000000003\n" +
+		"  memory: 0 MiB / 0 MiB\n  utilization: 0 %\n  processes:\n    none\n"
+	if code != 0 || out != want {
+		t.Errorf("nvidia-smi under vcuda: exit %d\n%s\nwant\n%s", code, out, want)
 	}
 	if err := os.Remove(filepath.Join(dev, "nvidiactl")); err != nil {
 		t.Fatal(err)
