@@ -1,12 +1,14 @@
 package vcuda
 
 import (
+	"context"
 	"fmt"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 )
 
 // runBench runs the C bench binary once and returns its ns per operation
@@ -16,7 +18,10 @@ import (
 func runBench(b *testing.B, mode, lib, cores string, iters int) float64 {
 	b.Helper()
 	dir := build(b)
-	cmd := exec.Command(filepath.Join(dir, "vcuda_bench"), mode, strconv.Itoa(iters))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, "vcuda_bench"), mode, strconv.Itoa(iters))
+	cmd.WaitDelay = 5 * time.Second
 	cmd.Env = append(caseEnv(dir, lib, b.TempDir()),
 		// launches cost ~nothing on the fake device, so the limiter never
 		// has to wait: this measures the under-the-cap path

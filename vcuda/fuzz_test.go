@@ -14,6 +14,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
@@ -127,9 +128,11 @@ var (
 // builds its own copy, quickly) and starts it.
 func startHelper(tb testing.TB) *limitsHelper {
 	helperOnce.Do(func() {
-		if _, err := exec.LookPath("make"); err != nil {
-			helperErr = fmt.Errorf("skip: make not found: %v", err)
-			return
+		for _, tool := range []string{"make", "gcc"} {
+			if _, err := exec.LookPath(tool); err != nil {
+				helperErr = fmt.Errorf("%s not found (the limits fuzzer needs gcc and make): %v", tool, err)
+				return
+			}
 		}
 		dir, err := os.MkdirTemp("", "vcuda-limits-helper-")
 		if err != nil {
@@ -143,6 +146,7 @@ func startHelper(tb testing.TB) *limitsHelper {
 			return
 		}
 		cmd := exec.Command(bin)
+		cmd.WaitDelay = 5 * time.Second
 		in, err := cmd.StdinPipe()
 		if err != nil {
 			helperErr = err
@@ -160,9 +164,6 @@ func startHelper(tb testing.TB) *limitsHelper {
 		helper = &limitsHelper{in: in, out: bufio.NewReaderSize(out, 1<<20), cmd: cmd}
 	})
 	if helperErr != nil {
-		if strings.HasPrefix(helperErr.Error(), "skip: ") {
-			tb.Skip(helperErr)
-		}
 		tb.Fatal(helperErr)
 	}
 	return helper

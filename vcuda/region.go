@@ -27,6 +27,7 @@ type RegionGPU struct {
 	ThrottleEvents uint64 // launches that waited
 	OOMEvents      uint64 // allocations refused at the cap
 	Reclaims       uint64 // reclaims that dropped dead processes
+	BusyNs         uint64 // device time charged by the compute limiter
 }
 
 // RegionProcess is a process slot in use.
@@ -87,6 +88,7 @@ func ParseRegion(b []byte) (*Region, error) {
 			ThrottleEvents: le.Uint64(g[200:]),
 			OOMEvents:      le.Uint64(g[208:]),
 			Reclaims:       le.Uint64(g[216:]),
+			BusyNs:         le.Uint64(g[224:]),
 		})
 	}
 	for i := uint32(0); i < nslots; i++ {

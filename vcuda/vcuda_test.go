@@ -38,11 +38,8 @@ func TestMain(m *testing.M) {
 func build(tb testing.TB) string {
 	tb.Helper()
 	buildOnce.Do(func() {
-		for _, tool := range []string{"make", "gcc", "objdump"} {
-			if _, err := exec.LookPath(tool); err != nil {
-				buildErr = fmt.Errorf("skip: %s not found: %v", tool, err)
-				return
-			}
+		if buildErr = toolchainErr(exec.LookPath); buildErr != nil {
+			return
 		}
 		dir, err := os.MkdirTemp("", "vcuda-build-")
 		if err != nil {
@@ -50,26 +47,57 @@ func build(tb testing.TB) string {
 			return
 		}
 		buildDir = dir
-		cmd := exec.Command("make", "-s", "-j2", "BUILD="+dir)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, "make", "-s", "-j2", "BUILD="+dir)
+		cmd.WaitDelay = 10 * time.Second
 		out, err := cmd.CombinedOutput()
 		if err != nil {
 			buildErr = fmt.Errorf("make: %v\n%s", err, out)
 		}
 	})
 	if buildErr != nil {
-		if strings.HasPrefix(buildErr.Error(), "skip: ") {
-			tb.Skip(buildErr)
-		}
 		tb.Fatal(buildErr)
 	}
 	return buildDir
+}
+
+// toolchainErr: a missing toolchain is a broken test machine, not a reason
+// to pass, so the suite fails (never skips) without it.
+func toolchainErr(lookPath func(string) (string, error)) error {
+	for _, tool := range []string{"make", "gcc", "objdump"} {
+		if _, err := lookPath(tool); err != nil {
+			return fmt.Errorf("%s not found (vcuda's tests need gcc, make, objdump): %v", tool, err)
+		}
+	}
+	return nil
+}
+
+func TestMissingToolchainFails(t *testing.T) {
+	for _, missing := range []string{"make", "gcc", "objdump"} {
+		err := toolchainErr(func(name string) (string, error) {
+			if name == missing {
+				return "", exec.ErrNotFound
+			}
+			return "/usr/bin/" + name, nil
+		})
+		if err == nil || !strings.Contains(err.Error(), missing) {
+			t.Errorf("without %s: %v", missing, err)
+		}
+	}
+	if err := toolchainErr(func(name string) (string, error) { return "/usr/bin/" + name, nil }); err != nil {
+		t.Errorf("with everything: %v", err)
+	}
 }
 
 type cCase struct{ name, lib string }
 
 // listCases asks the C test binary for its cases.
 func listCases(t *testing.T, dir string) []cCase {
-	cmd := exec.Command(filepath.Join(dir, "vcuda_tests"), "--list")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, "vcuda_tests"), "--list")
+	cmd.WaitDelay = 5 * time.Second
 	cmd.Env = caseEnv(dir, "", t.TempDir())
 	out, err := cmd.Output()
 	if err != nil {
@@ -121,6 +149,9 @@ func runCase(t *testing.T, dir string, c cCase) string {
 	defer cancel()
 	tmp := t.TempDir()
 	cmd := exec.CommandContext(ctx, filepath.Join(dir, "vcuda_tests"), c.name)
+	// A grandchild holding the output pipe must not keep us waiting after
+	// the case has ended (children also die with their parent: PDEATHSIG).
+	cmd.WaitDelay = 5 * time.Second
 	cmd.Env = caseEnv(dir, c.lib, tmp)
 	out, err := cmd.CombinedOutput()
 	if ctx.Err() != nil {
@@ -176,6 +207,9 @@ func TestProcAddr(t *testing.T) { runGroup(t, "procaddr_") }
 // The fake driver's node-file mode: GPUs from the node file, visible where
 // their /dev nodes are; NVML per-process accounting; the driver version.
 func TestFakeNodeFile(t *testing.T) { runGroup(t, "nodefile_") }
+
+// The harness fails fast: a forked child dies with its parent.
+func TestHarness(t *testing.T) { runGroup(t, "harness_") }
 
 // SIGKILL inside the driver's allocation, inside vcuda's reservation, inside a
 // reclaim, and during concurrent churn: the region stays exact.
@@ -289,7 +323,7 @@ func TestFakeNvidiaSMI(t *testing.T) {
 			"1 GPU-7063a1b2-0000-4000-8000-000000000001 85899345920 132 9.0 NVIDIA H100 80GB HBM3\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	smi := func(devRoot string, args ...string) (string, int) {
+	smiEnv := func(devRoot string, extra []string, args ...string) (string, int) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
 		cmd := exec.CommandContext(ctx, filepath.Join(dir, "fake", "nvidia-smi"), args...)
@@ -300,7 +334,7 @@ func TestFakeNvidiaSMI(t *testing.T) {
 				env = append(env, kv)
 			}
 		}
-		cmd.Env = append(env, "FAKE_GPU_NODE_FILE="+nodeFile, "FAKE_DEV_ROOT="+devRoot)
+		cmd.Env = append(append(env, "FAKE_GPU_NODE_FILE="+nodeFile, "FAKE_DEV_ROOT="+devRoot), extra...)
 		out, err := cmd.CombinedOutput()
 		code := 0
 		if ee, ok := err.(*exec.ExitError); ok {
@@ -310,6 +344,7 @@ func TestFakeNvidiaSMI(t *testing.T) {
 		}
 		return string(out), code
 	}
+	smi := func(devRoot string, args ...string) (string, int) { return smiEnv(devRoot, nil, args...) }
 	out, code := smi(dev, "-L")
 	want := "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-7063a1b2-0000-4000-8000-000000000000)\n" +
 		"GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-7063a1b2-0000-4000-8000-000000000003)\n"
@@ -324,6 +359,22 @@ func TestFakeNvidiaSMI(t *testing.T) {
 		"  memory: 0 MiB / 40960 MiB\n  utilization: 0 %\n  processes:\n    none\n"
 	if code != 0 || out != want {
 		t.Errorf("nvidia-smi: exit %d\n%s\nwant\n%s", code, out, want)
+	}
+	// Under vcuda (a container with a 10 GiB share of the H100): the cap, and
+	// no GPU outside the share.
+	limits := filepath.Join(tmp, "limits")
+	if err := os.WriteFile(limits, []byte("tessera-vcuda-limits 1\ncontainer smi\nregion "+
+		filepath.Join(tmp, "region")+"\ngpu GPU-7063a1b2-0000-4000-8000-000000000000 10737418240 50\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, code = smiEnv(dev, []string{"LD_PRELOAD=" + filepath.Join(dir, "libvcuda.so"), "TESSERA_VCUDA_LIMITS=" + limits})
+	want = "Driver Version: 580.95.05   CUDA Version: 13.0\n" +
+		"GPU 0: NVIDIA H100 80GB HBM3\n  uuid: GPU-7063a1b2-0000-4000-8000-000000000000\n" +
+		"  memory: 0 MiB / 10240 MiB\n  utilization: 0 %\n  processes:\n    none\n" +
+		"GPU 1: NVIDIA A100-SXM4-40GB\n  uuid: GPU-7063a1b2-0000-4000-8000-000000000003\n" +
+		"  memory: 0 MiB / 0 MiB\n  utilization: 0 %\n  processes:\n    none\n"
+	if code != 0 || out != want {
+		t.Errorf("nvidia-smi under vcuda: exit %d\n%s\nwant\n%s", code, out, want)
 	}
 	if err := os.Remove(filepath.Join(dev, "nvidiactl")); err != nil {
 		t.Fatal(err)

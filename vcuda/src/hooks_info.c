@@ -179,3 +179,172 @@ VC_EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v
     mem->used = u;
     return r;
 }
+
+/* ---- NVML: processes and utilisation of the container ----
+ * Inside a container the driver's lists name host pids of every tenant of
+ * the GPU. While limits apply, the lists are built from the region instead:
+ * the container's live processes (pids as the container sees them) with
+ * the memory vcuda charged them. Graphics and MPS lists are empty (vcuda
+ * does not account them); a GPU not in the limits file shows nothing. */
+
+/* The gpu record of an NVML handle, checking the handle with the driver
+ * first so that errors (uninitialised, bad handle) are the driver's. */
+static nvmlReturn_t nvml_check(nvmlDevice_t dev, int *g) {
+    char uuid[NVML_DEVICE_UUID_V2_BUFFER_SIZE];
+    if (!vc_real.nvmlDeviceGetUUID)
+        return NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t r = vc_real.nvmlDeviceGetUUID(dev, uuid, sizeof(uuid));
+    if (r != NVML_SUCCESS)
+        return r;
+    *g = FAIL_CLOSED() ? -1 : nvml_gpu(dev);
+    return NVML_SUCCESS;
+}
+
+#define VC_LIST_MAX 1024
+typedef struct {
+    uint32_t pid[VC_LIST_MAX];
+    uint64_t used[VC_LIST_MAX];
+    int n;
+} proc_list;
+
+/* mode: 0 compute (the region's processes), 1 graphics / MPS (none). */
+static nvmlReturn_t container_procs(nvmlDevice_t dev, int mode, proc_list *l) {
+    int g;
+    nvmlReturn_t r = nvml_check(dev, &g);
+    if (r != NVML_SUCCESS)
+        return r;
+    l->n = 0;
+    if (g >= 0 && mode == 0) {
+        vc_region_maybe_reclaim(); /* the dead are not listed */
+        l->n = vc_region_procs(g, l->pid, l->used, VC_LIST_MAX);
+        if (l->n > VC_LIST_MAX)
+            l->n = VC_LIST_MAX;
+    }
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t fill_v1(nvmlDevice_t dev, int mode, unsigned int *count, nvmlProcessInfo_v1_t *infos) {
+    static __thread proc_list l;
+    nvmlReturn_t r = container_procs(dev, mode, &l);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (*count < (unsigned)l.n || (l.n > 0 && !infos)) {
+        *count = (unsigned)l.n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int i = 0; i < l.n; i++) {
+        infos[i].pid = l.pid[i];
+        infos[i].usedGpuMemory = l.used[i];
+    }
+    *count = (unsigned)l.n;
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t fill_v2(nvmlDevice_t dev, int mode, unsigned int *count, nvmlProcessInfo_t *infos) {
+    static __thread proc_list l;
+    nvmlReturn_t r = container_procs(dev, mode, &l);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (*count < (unsigned)l.n || (l.n > 0 && !infos)) {
+        *count = (unsigned)l.n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int i = 0; i < l.n; i++) {
+        infos[i].pid = l.pid[i];
+        infos[i].usedGpuMemory = l.used[i];
+        infos[i].gpuInstanceId = 0xFFFFFFFFu;
+        infos[i].computeInstanceId = 0xFFFFFFFFu;
+    }
+    *count = (unsigned)l.n;
+    return NVML_SUCCESS;
+}
+
+#define PROC_HOOK(name, mode, fill, type)                                                          \
+    VC_EXPORT nvmlReturn_t name(nvmlDevice_t dev, unsigned int *count, type *infos) {              \
+        vc_init_nvml();                                                                            \
+        if (!vc_real.name)                                                                         \
+            return NVML_ERROR_UNINITIALIZED;                                                       \
+        if (!(ACTIVE() || FAIL_CLOSED()))                                                          \
+            return vc_real.name(dev, count, infos);                                                \
+        return fill(dev, mode, count, infos);                                                      \
+    }
+PROC_HOOK(nvmlDeviceGetComputeRunningProcesses, 0, fill_v1, nvmlProcessInfo_v1_t)
+PROC_HOOK(nvmlDeviceGetComputeRunningProcesses_v2, 0, fill_v2, nvmlProcessInfo_t)
+PROC_HOOK(nvmlDeviceGetComputeRunningProcesses_v3, 0, fill_v2, nvmlProcessInfo_t)
+PROC_HOOK(nvmlDeviceGetGraphicsRunningProcesses, 1, fill_v1, nvmlProcessInfo_v1_t)
+PROC_HOOK(nvmlDeviceGetGraphicsRunningProcesses_v2, 1, fill_v2, nvmlProcessInfo_t)
+PROC_HOOK(nvmlDeviceGetGraphicsRunningProcesses_v3, 1, fill_v2, nvmlProcessInfo_t)
+PROC_HOOK(nvmlDeviceGetMPSComputeRunningProcesses, 1, fill_v1, nvmlProcessInfo_v1_t)
+PROC_HOOK(nvmlDeviceGetMPSComputeRunningProcesses_v2, 1, fill_v2, nvmlProcessInfo_t)
+PROC_HOOK(nvmlDeviceGetMPSComputeRunningProcesses_v3, 1, fill_v2, nvmlProcessInfo_t)
+
+VC_EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t dev, nvmlProcessDetailList_t *pl) {
+    vc_init_nvml();
+    if (!vc_real.nvmlDeviceGetRunningProcessDetailList)
+        return NVML_ERROR_UNINITIALIZED;
+    if (!(ACTIVE() || FAIL_CLOSED()))
+        return vc_real.nvmlDeviceGetRunningProcessDetailList(dev, pl);
+    static __thread proc_list l;
+    if (!pl)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (pl->version != nvmlProcessDetailList_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    nvmlReturn_t r = container_procs(dev, pl->mode == 0 ? 0 : 1, &l);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (pl->numProcArrayEntries < (unsigned)l.n || (l.n > 0 && !pl->procArray)) {
+        pl->numProcArrayEntries = (unsigned)l.n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int i = 0; i < l.n; i++) {
+        memset(&pl->procArray[i], 0, sizeof(pl->procArray[i]));
+        pl->procArray[i].pid = l.pid[i];
+        pl->procArray[i].usedGpuMemory = l.used[i];
+        pl->procArray[i].gpuInstanceId = 0xFFFFFFFFu;
+        pl->procArray[i].computeInstanceId = 0xFFFFFFFFu;
+    }
+    pl->numProcArrayEntries = (unsigned)l.n;
+    return NVML_SUCCESS;
+}
+
+/* Utilisation: for a limited GPU, the container's share of the device time
+ * as the limiter charged it (busy_ns) since this process's previous query
+ * (never above the device's own figure plus rounding, never above 100);
+ * unlimited GPUs report the device's figure (the container cannot be told
+ * apart from its co-tenants there), GPUs outside the limits file 0. */
+static struct {
+    uint64_t at, busy;
+} util_prev[VC_MAX_GPUS];
+static pthread_mutex_t util_mu = PTHREAD_MUTEX_INITIALIZER;
+
+VC_EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *u) {
+    vc_init_nvml();
+    if (!vc_real.nvmlDeviceGetUtilizationRates)
+        return NVML_ERROR_UNINITIALIZED;
+    nvmlReturn_t r = vc_real.nvmlDeviceGetUtilizationRates(dev, u);
+    if (r != NVML_SUCCESS || !u || !(ACTIVE() || FAIL_CLOSED()))
+        return r;
+    int g = FAIL_CLOSED() ? -1 : nvml_gpu(dev);
+    if (g < 0) {
+        u->gpu = u->memory = 0;
+        return r;
+    }
+    if (vc_g.limits.gpu[g].cores >= 100)
+        return r;
+    uint64_t now = vc_now_ns(), busy = atomic_load(&vc_region_gpu_rec(g)->busy_ns);
+    pthread_mutex_lock(&util_mu);
+    uint64_t dt = now - util_prev[g].at, db = busy - util_prev[g].busy;
+    int first = util_prev[g].at == 0;
+    util_prev[g].at = now;
+    util_prev[g].busy = busy;
+    pthread_mutex_unlock(&util_mu);
+    unsigned pct = first || dt == 0 ? 0 : (unsigned)(db >= dt ? 100 : db * 100 / dt);
+    if (pct > u->gpu)
+        pct = u->gpu; /* the container cannot be busier than the device */
+    u->gpu = pct;
+    return r;
+}

@@ -80,6 +80,10 @@ typedef struct {
     int graph;
     uint64_t key, blocks, sms, charged_ns;
     uint32_t launches;
+    /* Device time charged but not yet added to the region's busy_ns
+     * (batched: one shared write per SAMPLE_EVERY launches). */
+    int busy_g;
+    uint64_t busy_acc;
 } sampler;
 /* vcuda is loaded at process start (preload), so its TLS can live in the
  * static block: no __tls_get_addr call on the hot path. */
@@ -116,11 +120,26 @@ static void remember_now(uint64_t now) {
         ;
 }
 
+static void flush_busy(void) {
+    if (tls.busy_acc)
+        atomic_fetch_add_explicit(&vc_region_gpu_rec(tls.busy_g)->busy_ns, tls.busy_acc, memory_order_relaxed);
+    tls.busy_acc = 0;
+}
+static inline void add_busy(int g, uint64_t ns) {
+    if (VC_UNLIKELY(tls.busy_g != g)) {
+        flush_busy();
+        tls.busy_g = g;
+    }
+    tls.busy_acc += ns;
+}
+
 static void charge_tat(int g, uint64_t cost_ns) {
     uint32_t p = vc_g.limits.gpu[g].cores;
-    if (cost_ns)
+    if (cost_ns) {
         atomic_fetch_add_explicit(&vc_region_gpu_rec(g)->tat, cost_ns * 100 / p,
                                   memory_order_relaxed);
+        add_busy(g, cost_ns);
+    }
 }
 
 /* Harvest this thread's finished measurement, if any. wait: block for it. */
@@ -307,14 +326,18 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int gra
     }
     if (slept)
         vc_region_add_throttle(g, slept);
-    if (inc)
+    if (inc) {
         atomic_fetch_add_explicit(tat, inc, memory_order_relaxed);
+        add_busy(g, inc * p / 100);
+    }
 
     /* Measure a key until it has its own estimate; then, to follow changes,
      * again when it was last measured SAMPLE_AGE ago (checked every
      * SAMPLE_EVERY launches of the thread, on the remembered time), and in
      * any case every SAMPLE_MAX launches. */
     uint32_t n = ++tls.launches;
+    if (n % SAMPLE_EVERY == 0)
+        flush_busy();
     int due = !own || n % SAMPLE_MAX == 0 ||
               (n % SAMPLE_EVERY == 0 &&
                (!e || now - atomic_load_explicit(&e->sampled_at, memory_order_relaxed) >= SAMPLE_AGE_NS));
@@ -413,4 +436,32 @@ VC_EXPORT CUresult cuGraphLaunch(CUgraphExec ge, CUstream s) {
 
 VC_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec ge, CUstream s) {
     LAUNCH_BODY(cuGraphLaunch_ptsz, 1, ge, 0, 1, s, vc_real.cuGraphLaunch_ptsz(ge, s));
+}
+
+/* Legacy launches (block shape and parameters set beforehand through
+ * cuFuncSetBlockShape / cuParamSet*): grid w x h, or 1 x 1 for cuLaunch.
+ * Throttled like cuLaunchKernel. */
+VC_EXPORT CUresult cuLaunch(CUfunction f) {
+    LAUNCH_BODY(cuLaunch, 0, f, 1, 0, NULL, vc_real.cuLaunch(f));
+}
+
+VC_EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h) {
+    LAUNCH_BODY(cuLaunchGrid, 0, f, w > 0 && h > 0 ? (uint64_t)w * (uint64_t)h : 0, 0, NULL,
+                vc_real.cuLaunchGrid(f, w, h));
+}
+
+VC_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) {
+    LAUNCH_BODY(cuLaunchGridAsync, 0, f, w > 0 && h > 0 ? (uint64_t)w * (uint64_t)h : 0, 0, s,
+                vc_real.cuLaunchGridAsync(f, w, h, s));
+}
+
+/* One launch across several devices (deprecated since CUDA 11.3): it cannot
+ * be charged per device with one admission, so it is refused while any GPU
+ * of the container is limited (the application falls back to per-device
+ * cooperative launches, which are throttled). */
+VC_EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void *params, unsigned int n, unsigned int flags) {
+    PROLOGUE(cuLaunchCooperativeKernelMultiDevice);
+    if (ACTIVE() && vc_g.any_limited)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    return vc_real.cuLaunchCooperativeKernelMultiDevice(params, n, flags);
 }

@@ -34,6 +34,13 @@ H(cuLaunchKernelEx_ptsz) H(cuLaunchCooperativeKernel) H(cuLaunchCooperativeKerne
 H(cuGraphLaunch) H(cuGraphLaunch_ptsz) H(cuCtxDestroy) H(cuCtxDestroy_v2) H(cuDevicePrimaryCtxRelease)
 H(cuDevicePrimaryCtxRelease_v2) H(cuDevicePrimaryCtxReset) H(cuDevicePrimaryCtxReset_v2)
 H(nvmlDeviceGetMemoryInfo) H(nvmlDeviceGetMemoryInfo_v2)
+H(cuLaunch) H(cuLaunchGrid) H(cuLaunchGridAsync) H(cuLaunchCooperativeKernelMultiDevice)
+H(nvmlDeviceGetComputeRunningProcesses) H(nvmlDeviceGetComputeRunningProcesses_v2)
+H(nvmlDeviceGetComputeRunningProcesses_v3) H(nvmlDeviceGetGraphicsRunningProcesses)
+H(nvmlDeviceGetGraphicsRunningProcesses_v2) H(nvmlDeviceGetGraphicsRunningProcesses_v3)
+H(nvmlDeviceGetMPSComputeRunningProcesses) H(nvmlDeviceGetMPSComputeRunningProcesses_v2)
+H(nvmlDeviceGetMPSComputeRunningProcesses_v3) H(nvmlDeviceGetRunningProcessDetailList)
+H(nvmlDeviceGetUtilizationRates)
 #undef H
 VC_EXPORT CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
 VC_EXPORT CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t,
@@ -102,6 +109,21 @@ static const hook_entry hooks[] = {
     E(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0),
     E(nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo", 0, 0),
     E(nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2", 0, 0),
+    E(cuLaunch, "cuLaunch", 0, 0),
+    E(cuLaunchGrid, "cuLaunchGrid", 0, 0),
+    E(cuLaunchGridAsync, "cuLaunchGridAsync", 0, 0),
+    E(cuLaunchCooperativeKernelMultiDevice, "cuLaunchCooperativeKernelMultiDevice", 0, 0),
+    E(nvmlDeviceGetComputeRunningProcesses, "nvmlDeviceGetComputeRunningProcesses", 0, 0),
+    E(nvmlDeviceGetComputeRunningProcesses_v2, "nvmlDeviceGetComputeRunningProcesses_v2", 0, 0),
+    E(nvmlDeviceGetComputeRunningProcesses_v3, "nvmlDeviceGetComputeRunningProcesses_v3", 0, 0),
+    E(nvmlDeviceGetGraphicsRunningProcesses, "nvmlDeviceGetGraphicsRunningProcesses", 0, 0),
+    E(nvmlDeviceGetGraphicsRunningProcesses_v2, "nvmlDeviceGetGraphicsRunningProcesses_v2", 0, 0),
+    E(nvmlDeviceGetGraphicsRunningProcesses_v3, "nvmlDeviceGetGraphicsRunningProcesses_v3", 0, 0),
+    E(nvmlDeviceGetMPSComputeRunningProcesses, "nvmlDeviceGetMPSComputeRunningProcesses", 0, 0),
+    E(nvmlDeviceGetMPSComputeRunningProcesses_v2, "nvmlDeviceGetMPSComputeRunningProcesses_v2", 0, 0),
+    E(nvmlDeviceGetMPSComputeRunningProcesses_v3, "nvmlDeviceGetMPSComputeRunningProcesses_v3", 0, 0),
+    E(nvmlDeviceGetRunningProcessDetailList, "nvmlDeviceGetRunningProcessDetailList", 0, 0),
+    E(nvmlDeviceGetUtilizationRates, "nvmlDeviceGetUtilizationRates", 0, 0),
 };
 #undef E
 #define NHOOKS (sizeof(hooks) / sizeof(hooks[0]))

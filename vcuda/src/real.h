@@ -81,12 +81,27 @@
     X(cuLaunchCooperativeKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
     X(cuLaunchCooperativeKernel_ptsz, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
     X(cuGraphLaunch, (CUgraphExec, CUstream))                                                      \
-    X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))
+    X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))                                                 \
+    X(cuLaunch, (CUfunction))                                                                      \
+    X(cuLaunchGrid, (CUfunction, int, int))                                                        \
+    X(cuLaunchGridAsync, (CUfunction, int, int, CUstream))                                         \
+    X(cuLaunchCooperativeKernelMultiDevice, (void *, unsigned int, unsigned int))
 
 #define VC_NVML_FUNCS(X)                                                                           \
     X(nvmlDeviceGetUUID, (nvmlDevice_t, char *, unsigned int))                                     \
     X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t, nvmlMemory_t *))                                     \
-    X(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t, nvmlMemory_v2_t *))
+    X(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t, nvmlMemory_v2_t *))                               \
+    X(nvmlDeviceGetComputeRunningProcesses, (nvmlDevice_t, unsigned int *, nvmlProcessInfo_v1_t *)) \
+    X(nvmlDeviceGetComputeRunningProcesses_v2, (nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *)) \
+    X(nvmlDeviceGetComputeRunningProcesses_v3, (nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *)) \
+    X(nvmlDeviceGetGraphicsRunningProcesses, (nvmlDevice_t, unsigned int *, nvmlProcessInfo_v1_t *)) \
+    X(nvmlDeviceGetGraphicsRunningProcesses_v2, (nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *)) \
+    X(nvmlDeviceGetGraphicsRunningProcesses_v3, (nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *)) \
+    X(nvmlDeviceGetMPSComputeRunningProcesses, (nvmlDevice_t, unsigned int *, nvmlProcessInfo_v1_t *)) \
+    X(nvmlDeviceGetMPSComputeRunningProcesses_v2, (nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *)) \
+    X(nvmlDeviceGetMPSComputeRunningProcesses_v3, (nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *)) \
+    X(nvmlDeviceGetRunningProcessDetailList, (nvmlDevice_t, nvmlProcessDetailList_t *))            \
+    X(nvmlDeviceGetUtilizationRates, (nvmlDevice_t, nvmlUtilization_t *))
 
 #define VC_DECL_REAL(name, params) int(*name) params;
 typedef struct vc_real_fns {

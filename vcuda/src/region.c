@@ -432,6 +432,24 @@ void vc_region_add_throttle(int g, uint64_t ns) {
     atomic_fetch_add_explicit(&R.gpu[g].throttle_events, 1, memory_order_relaxed);
 }
 
+int vc_region_procs(int g, uint32_t *pids, uint64_t *used, int max) {
+    if (!R.base || g < 0 || g >= R.ngpus)
+        return 0;
+    int n = 0;
+    for (int s = 0; s < VC_MAX_SLOTS; s++) {
+        uint32_t pid = atomic_load(&R.slot[s].pid);
+        uint64_t u = atomic_load(&R.slot[s].used[g]);
+        if (pid == 0 || u == 0 || atomic_load(&R.slot[s].state) != VC_SLOT_LIVE)
+            continue;
+        if (n < max) {
+            pids[n] = pid;
+            used[n] = u;
+        }
+        n++;
+    }
+    return n;
+}
+
 void vc_region_detach(void) {
     vc_region_slot *me = atomic_load(&R.me);
     if (!me)

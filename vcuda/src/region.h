@@ -50,7 +50,10 @@ typedef struct vc_region_gpu {
     _Atomic uint64_t throttle_events;
     _Atomic uint64_t oom_events;
     _Atomic uint64_t reclaims;
-    uint8_t pad1[32];
+    /* Device time charged by the limiter (ns, monotonic): the container's
+     * busy time as the limiter counts it (what NVML utilisation reports). */
+    _Atomic uint64_t busy_ns;
+    uint8_t pad1[24];
 } vc_region_gpu;
 
 typedef struct vc_region_slot {
@@ -95,6 +98,10 @@ void vc_region_detach(void);
 /* Called in the child after fork(). */
 void vc_region_atfork_child(void);
 void vc_region_add_throttle(int g, uint64_t ns);
+/* Live processes holding memory on gpu record g, as the container sees them
+ * (pids of the container's namespace). Returns how many there are; at most
+ * max are written. */
+int vc_region_procs(int g, uint32_t *pids, uint64_t *used, int max);
 vc_region_gpu *vc_region_gpu_rec(int g);
 
 #endif

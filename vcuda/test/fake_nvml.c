@@ -250,6 +250,23 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsi
                                                             nvmlProcessInfo_t *infos) {
     return procs_v2(d, count, infos);
 }
+/* No graphics or MPS clients on the fake. */
+#define EMPTY_LIST(name, type)                                                                     \
+    EXPORT nvmlReturn_t name(nvmlDevice_t d, unsigned int *count, type *infos) {                   \
+        (void)infos;                                                                               \
+        NEED_DEV(d);                                                                               \
+        if (!count)                                                                                \
+            return NVML_ERROR_INVALID_ARGUMENT;                                                    \
+        *count = 0;                                                                                \
+        return NVML_SUCCESS;                                                                       \
+    }
+EMPTY_LIST(nvmlDeviceGetGraphicsRunningProcesses, nvmlProcessInfo_v1_t)
+EMPTY_LIST(nvmlDeviceGetGraphicsRunningProcesses_v2, nvmlProcessInfo_t)
+EMPTY_LIST(nvmlDeviceGetGraphicsRunningProcesses_v3, nvmlProcessInfo_t)
+EMPTY_LIST(nvmlDeviceGetMPSComputeRunningProcesses, nvmlProcessInfo_v1_t)
+EMPTY_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v2, nvmlProcessInfo_t)
+EMPTY_LIST(nvmlDeviceGetMPSComputeRunningProcesses_v3, nvmlProcessInfo_t)
+
 EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, nvmlProcessDetailList_t *l) {
     fake_proc p[FAKE_MAX_PROCS];
     int n;

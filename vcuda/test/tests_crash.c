@@ -226,3 +226,45 @@ TEST(crash_churn_with_kills) {
     CHECK(region_used(0) == 0 && region_live_slots() == 0, "region %llu, %d slots",
           (unsigned long long)region_used(0), region_live_slots());
 }
+
+/* The harness: a child forked by spawn() dies with its parent, so a failed
+ * case never leaves a process holding the Go side's output pipe. */
+static int sleeper(int i, void *arg) {
+    (void)i;
+    (void)arg;
+    for (;;)
+        pause();
+    return 0;
+}
+static int middle(int i, void *arg) {
+    (void)i;
+    chan *c = arg;
+    chan_send_up(c, (uint64_t)spawn(sleeper, 0, NULL));
+    _exit(1); /* a failed parent */
+}
+TEST(harness_child_dies_with_parent) {
+    chan c;
+    chan_init(&c);
+    pid_t m = spawn(middle, 0, &c);
+    pid_t g = (pid_t)chan_recv_up(&c);
+    CHECK(wait_child(m) == 1, "middle");
+    char path[64], st[256];
+    snprintf(path, sizeof(path), "/proc/%d/stat", (int)g);
+    uint64_t end = now_ns() + 5000000000ull;
+    for (;;) {
+        FILE *f = fopen(path, "r");
+        char state = 'X';
+        if (f) {
+            if (fgets(st, sizeof(st), f)) {
+                char *p = strrchr(st, ')');
+                if (p && p[1] == ' ')
+                    state = p[2];
+            }
+            fclose(f);
+        }
+        if (state == 'X' || state == 'Z')
+            break; /* gone, or dead and waiting for its new parent to reap it */
+        CHECK(now_ns() < end, "grandchild %d outlived its parent (state %c)", (int)g, state);
+        usleep(1000);
+    }
+}

@@ -159,3 +159,101 @@ TEST(info_null_arguments_never_crash) {
     CHECK(cuGetProcAddress_v2(NULL, NULL, 12000, 0, NULL) != CUDA_SUCCESS, "getproc NULL");
     CHECK(region_used(0) == 0 && region_used(1) == 0, "charged %llu", (unsigned long long)region_used(0));
 }
+
+/* nvidia-smi in a pod tells the truth about the pod: the process lists name
+ * the container's processes (its own pids) with the memory charged to them,
+ * not the other tenants the driver sees on the same GPU. */
+static int other_container(int i, void *arg) {
+    (void)i;
+    chan *c = arg;
+    /* a second container on the same fake GPU: its own limits and region */
+    char text[1024];
+    snprintf(text, sizeof(text), "tessera-vcuda-limits 1\ncontainer other\nregion %s\ngpu %s %llu 100\n",
+             tpath("other-region"), fake_uuid(0), (unsigned long long)CAP0);
+    write_file(tpath("other-limits"), text);
+    setenv("TESSERA_VCUDA_LIMITS", tpath("other-limits"), 1);
+    ctx_on(0);
+    CUdeviceptr d;
+    if (cuMemAlloc_v2(&d, 7 * MiB) != CUDA_SUCCESS)
+        return 1;
+    chan_send_up(c, 1);
+    chan_recv_down(c);
+    return 0;
+}
+
+TEST(info_nvml_process_list_is_the_container) {
+    two_gpus();
+    chan co, ch;
+    chan_init(&co);
+    chan_init(&ch);
+    pid_t other = spawn(other_container, 0, &co);
+    chan_recv_up(&co);
+    pid_t p = spawn(holder, 0, &ch); /* 10 MiB, this container */
+    chan_recv_up(&ch);
+    ctx_on(0);
+    CUdeviceptr d;
+    CHECK_CU(cuMemAlloc_v2(&d, 3 * MiB));
+    CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit");
+    nvmlDevice_t dev0, dev1;
+    CHECK(nvmlDeviceGetHandleByIndex_v2(0, &dev0) == NVML_SUCCESS, "handle 0");
+    CHECK(nvmlDeviceGetHandleByIndex_v2(1, &dev1) == NVML_SUCCESS, "handle 1");
+    /* the driver itself sees three tenants */
+    fake_proc fp[8];
+    CHECK(fakeDeviceProcesses(0, fp, 8) == 3, "the fake driver lists %d", fakeDeviceProcesses(0, fp, 8));
+
+    unsigned n = 0;
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(dev0, &n, NULL) == NVML_ERROR_INSUFFICIENT_SIZE && n == 2,
+          "v3 count query: %u", n);
+    nvmlProcessInfo_t v3[4];
+    n = 1;
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(dev0, &n, v3) == NVML_ERROR_INSUFFICIENT_SIZE && n == 2,
+          "v3 short buffer: %u", n);
+    n = 4;
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(dev0, &n, v3) == NVML_SUCCESS && n == 2, "v3 %u", n);
+    uint64_t seen = 0;
+    for (unsigned i = 0; i < n; i++) {
+        CHECK(v3[i].pid == (unsigned)getpid() || v3[i].pid == (unsigned)p, "pid %u not in the container", v3[i].pid);
+        CHECK(v3[i].usedGpuMemory == (v3[i].pid == (unsigned)p ? 10 * MiB : 3 * MiB), "pid %u used %llu",
+              v3[i].pid, v3[i].usedGpuMemory);
+        CHECK(v3[i].gpuInstanceId == 0xFFFFFFFFu, "instance id");
+        seen += v3[i].usedGpuMemory;
+    }
+    CHECK(seen == 13 * MiB, "listed %llu", (unsigned long long)seen);
+    nvmlProcessInfo_t v2[4];
+    n = 4;
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v2(dev0, &n, v2) == NVML_SUCCESS && n == 2, "v2 %u", n);
+    nvmlProcessInfo_v1_t v1[4];
+    n = 4;
+    CHECK(nvmlDeviceGetComputeRunningProcesses(dev0, &n, v1) == NVML_SUCCESS && n == 2, "v1 %u", n);
+    CHECK(v1[0].usedGpuMemory + v1[1].usedGpuMemory == 13 * MiB, "v1 memory");
+    nvmlProcessDetail_v1_t det[4];
+    nvmlProcessDetailList_t dl = {nvmlProcessDetailList_v1, 0, 4, det};
+    CHECK(nvmlDeviceGetRunningProcessDetailList(dev0, &dl) == NVML_SUCCESS && dl.numProcArrayEntries == 2,
+          "detail list %u", dl.numProcArrayEntries);
+    dl.version = 0;
+    CHECK(nvmlDeviceGetRunningProcessDetailList(dev0, &dl) == NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "version");
+    /* no memory on gpu 1: nobody listed there */
+    n = 4;
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(dev1, &n, v3) == NVML_SUCCESS && n == 0, "gpu 1 %u", n);
+    /* a process that dies is no longer listed */
+    kill(p, SIGKILL);
+    CHECK(wait_child(p) == 128 + SIGKILL, "not killed");
+    usleep(250000); /* past the info-reclaim rate limit */
+    n = 4;
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(dev0, &n, v3) == NVML_SUCCESS && n == 1 &&
+              v3[0].pid == (unsigned)getpid(), "after the kill: %u", n);
+    chan_send_down(&co, 1);
+    CHECK(wait_child(other) == 0, "other container");
+}
+
+/* A GPU outside the limits file lists nobody, even if the driver does. */
+TEST(info_nvml_process_list_unlisted_gpu) {
+    gpu_line g[1] = {{1, CAP1, 100}};
+    setup_limits(g, 1);
+    CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit");
+    nvmlDevice_t dev0;
+    CHECK(nvmlDeviceGetHandleByIndex_v2(0, &dev0) == NVML_SUCCESS, "handle");
+    unsigned n = 4;
+    nvmlProcessInfo_t v3[4];
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(dev0, &n, v3) == NVML_SUCCESS && n == 0, "listed %u", n);
+}

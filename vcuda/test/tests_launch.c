@@ -236,3 +236,38 @@ TEST(limiter_launch_bound_not_overcharged) {
             (unsigned long long)atomic_load(&rgpu(0)->throttle_events));
     CHECK(th < dt / 20, "a launch-bound loop was throttled %.1f ms of %.0f ms", th / 1e6, dt / 1e6);
 }
+
+/* NVML utilisation reports the container's share (the limiter's charged
+ * device time), and the legacy launch entry points are throttled. */
+CUresult cuLaunchGrid(CUfunction, int, int);
+CUresult cuLaunchCooperativeKernelMultiDevice(void *, unsigned, unsigned);
+TEST(limiter_legacy_launches_and_nvml_utilisation) {
+    setenv("FAKE_CUDA_SMS", "32", 1);
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%llu", WAVE_NS);
+    setenv("FAKE_CUDA_WAVE_NS", buf, 1);
+    gpu_line g[1] = {{0, 1ull << 30, 30}};
+    setup_limits(g, 1);
+    ctx_on(0);
+    char params[64] = {0};
+    CHECK(cuLaunchCooperativeKernelMultiDevice(params, 1, 0) == CUDA_ERROR_NOT_SUPPORTED,
+          "multi-device cooperative launch not refused");
+    CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit");
+    nvmlDevice_t dev;
+    CHECK(nvmlDeviceGetHandleByIndex_v2(0, &dev) == NVML_SUCCESS, "handle");
+    nvmlUtilization_t u;
+    uint64_t end = now_ns() + WARMUP_NS;
+    while (now_ns() < end)
+        CHECK_CU(cuLaunchGrid((CUfunction)(uintptr_t)0x9000, 128, 1));
+    CHECK(nvmlDeviceGetUtilizationRates(dev, &u) == NVML_SUCCESS, "util");
+    uint64_t w0 = rq_wait_ns();
+    snap a = take_snap(0);
+    while (now_ns() < a.t + WINDOW_NS)
+        CHECK_CU(cuLaunchGrid((CUfunction)(uintptr_t)0x9000, 128, 1));
+    snap b = take_snap(0);
+    CHECK(nvmlDeviceGetUtilizationRates(dev, &u) == NVML_SUCCESS, "util");
+    check_util(utilisation(a, b), 30, (double)(rq_wait_ns() - w0) / (double)(b.t - a.t));
+    fprintf(stderr, "nvml utilisation %u%%\n", u.gpu);
+    CHECK(u.gpu >= 24 && u.gpu <= 33, "nvml says %u%% for a container held to 30%%", u.gpu);
+    CHECK(atomic_load(&rgpu(0)->throttled_ns) > 0, "cuLaunchGrid not throttled");
+}

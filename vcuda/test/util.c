@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -125,9 +126,14 @@ CUcontext ctx_on(int d) {
 
 pid_t spawn(child_fn fn, int i, void *arg) {
     fflush(NULL);
+    pid_t parent = getpid();
     pid_t p = fork();
     CHECK(p >= 0, "fork: %s", strerror(errno));
     if (p == 0) {
+        /* A child never outlives a failed parent: the harness would wait
+         * for its pipes to close until its timeout. */
+        if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
+            _exit(99);
         int rc = fn(i, arg);
         fflush(NULL);
         exit(rc);
