@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -17,7 +18,15 @@ type nodeFlags struct {
 	fields       map[string]func(*api.NodeConfig) *string
 	sharesPerGPU int
 	rediscover   time.Duration
+	// adminNamespaces are added to the config's.
+	adminNamespaces stringList
 }
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 // stringFlag declares a flag that overrides one string field of the config.
 func (f *nodeFlags) stringFlag(fs *flag.FlagSet, name, def, usage string, field func(*api.NodeConfig) *string) {
@@ -53,6 +62,8 @@ func (f *nodeFlags) registerRun(fs *flag.FlagSet, host string) {
 	f.stringFlag(fs, "kata-runtime-handler", api.DefaultKataHandler, "runtime handlers starting with this run pods in VMs (VFIO devices, no /dev/nvidia*)", func(c *api.NodeConfig) *string { return &c.KataRuntimeHandler })
 	f.stringFlag(fs, "kubeconfig", "", "kubeconfig for the API server (empty: in-cluster config); pods are read from it and the inventory is published to the Node", func(c *api.NodeConfig) *string { return &c.Kubeconfig })
 	f.stringFlag(fs, "listen", api.DefaultNodeListen, "address for /metrics and /healthz", func(c *api.NodeConfig) *string { return &c.Listen })
+	f.stringFlag(fs, "hook-binary", "", "host path of tessera-node for the realisation hook in the CDI specs (default: this binary)", func(c *api.NodeConfig) *string { return &c.HookBinary })
+	fs.Var(&f.adminNamespaces, "admin-namespace", "namespace whose pods may see every GPU (monitoring, e.g. dcgm-exporter); repeatable")
 	fs.DurationVar(&f.rediscover, "rediscover-interval", api.DefaultRediscover, "how often the GPUs are rediscovered (MIG or mdev changes made outside Tessera)")
 }
 
@@ -79,6 +90,7 @@ func (f *nodeFlags) load(fs *flag.FlagSet) (*api.NodeConfig, error) {
 	if set["rediscover-interval"] || cfg.RediscoverInterval.Duration == 0 {
 		cfg.RediscoverInterval.Duration = f.rediscover
 	}
+	cfg.AdminNamespaces = append(cfg.AdminNamespaces, f.adminNamespaces...)
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("flags: %w", err)

@@ -2,6 +2,7 @@
 //
 //	tessera-node run            the node agent (device plugins, NRI plugin, CDI specs)
 //	tessera-node cdi generate   write CDI specs for this node's GPUs and print the device names
+//	tessera-node hook check-realised   the OCI hook in Tessera's CDI specs (run by the runtime)
 //
 // Run "tessera-node <subcommand> --help" for the flags.
 package main
@@ -30,11 +31,16 @@ const usage = `usage: tessera-node <command> [flags]
 commands:
   run            the node agent: device plugins, NRI plugin, CDI specs, /metrics and /healthz
   cdi generate   write CDI specs for this node's GPUs (real or simulated) and print the device names
+  hook check-realised
+                 the OCI hook Tessera's CDI specs carry: refuses a container the NRI plugin did not realise
 `
 
 func run(args []string) error {
 	if len(args) >= 1 && args[0] == "run" {
 		return runAgent(args[1:])
+	}
+	if len(args) >= 1 && args[0] == "hook" {
+		return hook(args[1:], os.Stdin)
 	}
 	if len(args) >= 2 && args[0] == "cdi" && args[1] == "generate" {
 		return cdiGenerate(args[2:], os.Stdout)

@@ -34,6 +34,9 @@ type Generator struct {
 	Vendor string
 	// VCUDALibrary is the host path of libvcuda.so mounted into share containers.
 	VCUDALibrary string
+	// HookBinary is the host path of tessera-node, run as the realisation check (hooks.go); RunDir
+	// is the agent's per-container directory on the host, where the check looks.
+	HookBinary, RunDir string
 }
 
 // Name returns the fully qualified CDI device name vendor/class=device.
@@ -63,7 +66,7 @@ func (g *Generator) Specs(n *gpu.Node) ([]*specs.Spec, error) {
 		out = append(out, s)
 		return nil
 	}
-	control := controlEdits(n)
+	control := g.controlEdits(n)
 	if err := add(ClassGPU, control, wholeGPUDevices(n)); err != nil {
 		return nil, err
 	}
@@ -81,10 +84,11 @@ func (g *Generator) Specs(n *gpu.Node) ([]*specs.Spec, error) {
 	return out, nil
 }
 
-// controlEdits are what every GPU container needs: the control nodes, and NVIDIA_VISIBLE_DEVICES=void
-// so a legacy nvidia-container-runtime hook does not add devices on its own.
-func controlEdits(n *gpu.Node) specs.ContainerEdits {
-	return specs.ContainerEdits{Env: []string{"NVIDIA_VISIBLE_DEVICES=void"}, DeviceNodes: deviceNodes(n.ControlNodes())}
+// controlEdits are what every GPU container needs: the control nodes, NVIDIA_VISIBLE_DEVICES=void
+// so a legacy nvidia-container-runtime hook does not add devices on its own, and the realisation
+// check (hooks.go).
+func (g *Generator) controlEdits(n *gpu.Node) specs.ContainerEdits {
+	return specs.ContainerEdits{Env: []string{"NVIDIA_VISIBLE_DEVICES=void"}, DeviceNodes: deviceNodes(n.ControlNodes()), Hooks: g.realisationHooks()}
 }
 
 func deviceNodes(nodes []gpu.DeviceNode) []*specs.DeviceNode {
