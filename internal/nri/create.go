@@ -246,22 +246,26 @@ var gpuNodePattern = regexp.MustCompile(`^/dev/(nvidia[0-9]+|nvidia-caps/nvidia-
 func (p *Plugin) checkDevices(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container, e *ledger.Entry, admin bool) error {
 	x := p.devices()
 	bad := ungranted(c.GetLinux().GetDevices(), "the container's devices", x, p.grantedNumbers(e, x))
-	return p.allowUngranted(ctx, pod, c, bad, admin)
+	return p.allowUngranted(ctx, pod, c, bad, admin, true)
 }
 
 // allowUngranted decides on a container holding GPU devices nobody granted: admin namespaces and
 // privileged containers (as the API server's pod spec says) run and are counted; others are refused
-// with the devices named.
-func (p *Plugin) allowUngranted(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container, bad []string, admin bool) error {
+// with the devices named. count is false on the validator's second look at the same container.
+func (p *Plugin) allowUngranted(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container, bad []string, admin, count bool) error {
 	if len(bad) == 0 {
 		return nil
 	}
 	if admin {
-		p.admin.Add(1)
+		if count {
+			p.admin.Add(1)
+		}
 		return nil
 	}
 	if priv, err := p.privilegedContainer(ctx, pod, c.GetName()); err == nil && priv {
-		p.privileged.Add(1)
+		if count {
+			p.privileged.Add(1)
+		}
 		slog.Warn("privileged container holds every GPU: outside isolation", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName())
 		return nil
 	}

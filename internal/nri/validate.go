@@ -44,7 +44,7 @@ func (p *Plugin) validate(ctx context.Context, req *nriapi.ValidateContainerAdju
 	bad = append(bad, ungranted(adj.GetLinux().GetDevices(), "an NRI plugin's adjustment", x, granted)...)
 	bad = append(bad, ungrantedMounts(c.GetMounts(), "a volume of the pod", x, granted)...)
 	bad = append(bad, ungrantedMounts(adj.GetMounts(), "an NRI plugin's adjustment", x, granted)...)
-	if err := p.allowUngranted(ctx, pod, c, bad, admin); err != nil {
+	if err := p.allowUngranted(ctx, pod, c, bad, admin, false); err != nil {
 		return err
 	}
 	if err := checkCDIAnnotations(c.GetAnnotations(), adj.GetAnnotations(), req.GetOwners(), c.GetId()); err != nil {
