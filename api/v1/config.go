@@ -80,6 +80,13 @@ type NodeConfig struct {
 	Listen string `json:"listen,omitempty"`
 	// RediscoverInterval is how often GPUs are rediscovered.
 	RediscoverInterval Duration `json:"rediscoverInterval,omitempty"`
+	// HookBinary is the host path of the tessera-node binary that Tessera's CDI specs name as the
+	// realisation hook (the runtime runs it on the host; empty: the running binary's own path).
+	HookBinary string `json:"hookBinary,omitempty"`
+	// AdminNamespaces are the namespaces an administrator marks for pods that see every GPU
+	// (monitoring such as dcgm-exporter): their containers get no device checks and keep their
+	// NVIDIA_VISIBLE_DEVICES. Only this config marks them; no pod annotation can.
+	AdminNamespaces []string `json:"adminNamespaces,omitempty"`
 }
 
 // Node agent defaults.
@@ -166,6 +173,14 @@ func (c *NodeConfig) Validate() error {
 		"devicePluginDir": c.DevicePluginDir, "podResourcesSocket": c.PodResourcesSocket, "nriSocket": c.NRISocket, "cdiDir": c.CDIDir} {
 		if !filepath.IsAbs(path) {
 			fe.add(name, "must be an absolute path, got %q", path)
+		}
+	}
+	if c.HookBinary != "" && !filepath.IsAbs(c.HookBinary) {
+		fe.add("hookBinary", "must be an absolute path on the host, got %q", c.HookBinary)
+	}
+	for i, ns := range c.AdminNamespaces {
+		if ns == "" {
+			fe.add(fmt.Sprintf("adminNamespaces[%d]", i), "must name a namespace")
 		}
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {

@@ -35,7 +35,7 @@ func cdiGenerate(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	gen, err := cdiGenerator(cfg, backend)
+	gen, err := cdiGenerator(cfg, backend, false)
 	if err != nil {
 		return err
 	}

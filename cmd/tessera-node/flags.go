@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"strings"
 	"time"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -18,7 +19,15 @@ type nodeFlags struct {
 	fields       map[string]func(*api.NodeConfig) *string
 	sharesPerGPU int
 	rediscover   time.Duration
+	// adminNamespaces are added to the config's.
+	adminNamespaces stringList
 }
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
 
 // stringFlag declares a flag that overrides one string field of the config.
 func (f *nodeFlags) stringFlag(fs *flag.FlagSet, name, def, usage string, field func(*api.NodeConfig) *string) {
@@ -58,6 +67,8 @@ func (f *nodeFlags) registerRun(fs *flag.FlagSet, host string) {
 	f.stringFlag(fs, "kata-runtime-handler", api.DefaultKataHandler, "runtime handlers starting with this run pods in VMs (VFIO devices, no /dev/nvidia*)", func(c *api.NodeConfig) *string { return &c.KataRuntimeHandler })
 	f.stringFlag(fs, "kubeconfig", "", "kubeconfig for the API server (empty: in-cluster config); pods are read from it and the inventory is published to the Node", func(c *api.NodeConfig) *string { return &c.Kubeconfig })
 	f.stringFlag(fs, "listen", api.DefaultNodeListen, "address for /metrics and /healthz", func(c *api.NodeConfig) *string { return &c.Listen })
+	f.stringFlag(fs, "hook-binary", "", "host path of tessera-node for the realisation hook in the CDI specs (default: this binary)", func(c *api.NodeConfig) *string { return &c.HookBinary })
+	fs.Var(&f.adminNamespaces, "admin-namespace", "namespace whose pods may see every GPU (monitoring, e.g. dcgm-exporter); repeatable")
 	fs.DurationVar(&f.rediscover, "rediscover-interval", api.DefaultRediscover, "how often the GPUs are rediscovered (MIG or mdev changes made outside Tessera)")
 }
 
@@ -84,6 +95,7 @@ func (f *nodeFlags) load(fs *flag.FlagSet) (*api.NodeConfig, error) {
 	if set["rediscover-interval"] || cfg.RediscoverInterval.Duration == 0 {
 		cfg.RediscoverInterval.Duration = f.rediscover
 	}
+	cfg.AdminNamespaces = append(cfg.AdminNamespaces, f.adminNamespaces...)
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("flags: %w", err)
@@ -101,11 +113,17 @@ func gpuOptions(cfg *api.NodeConfig) gpu.Options {
 }
 
 // cdiGenerator builds the CDI spec generator: the driver's files from nvcdi, named by host paths.
-func cdiGenerator(cfg *api.NodeConfig, backend gpu.Backend) (*cdi.Generator, error) {
-	hook, err := resolveHookPath(cfg)
+// realise adds the realisation check to every GPU spec: the agent's specs carry it; specs written
+// by hand with `cdi generate` (no NRI plugin to realise anything) do not.
+func cdiGenerator(cfg *api.NodeConfig, backend gpu.Backend, realise bool) (*cdi.Generator, error) {
+	tesseraNode, nvidiaHook, err := hookBinaries(cfg)
 	if err != nil {
 		return nil, err
 	}
-	return &cdi.Generator{Vendor: cfg.CDIVendor, VCUDALibrary: cfg.VCUDALibrary,
-		Driver: &cdi.Driver{HostRoot: cfg.DriverRoot, HookPath: hook, NVML: backend.NVML()}}, nil
+	gen := &cdi.Generator{Vendor: cfg.CDIVendor, VCUDALibrary: cfg.VCUDALibrary,
+		Driver: &cdi.Driver{HostRoot: cfg.DriverRoot, HookPath: nvidiaHook, NVML: backend.NVML()}}
+	if realise {
+		gen.HookBinary, gen.RunDir = tesseraNode, cfg.RunDir
+	}
+	return gen, nil
 }

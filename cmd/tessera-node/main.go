@@ -3,6 +3,7 @@
 //	tessera-node run            the node agent (device plugins, NRI plugin, CDI specs)
 //	tessera-node cdi generate   write CDI specs for this node's GPUs and print the device names
 //	tessera-node cdi-hook ...   the NVIDIA Container Toolkit's CDI hook commands (also when run as nvidia-cdi-hook)
+//	tessera-node hook check-realised   the OCI hook in Tessera's CDI specs (run by the runtime)
 //
 // Run "tessera-node <subcommand> --help" for the flags.
 package main
@@ -41,6 +42,8 @@ commands:
   cdi generate   write CDI specs for this node's GPUs (real or simulated) and print the device names
   cdi-hook       the NVIDIA Container Toolkit's CDI hook commands, built in (tessera-node installs
                  itself as <data-dir>/bin/nvidia-cdi-hook where the toolkit's hook is not installed)
+  hook check-realised
+                 the OCI hook Tessera's CDI specs carry: refuses a container the NRI plugin did not realise
 `
 
 func run(args []string) error {
@@ -49,6 +52,9 @@ func run(args []string) error {
 	}
 	if len(args) >= 1 && args[0] == "cdi-hook" {
 		return runCDIHook(args[1:])
+	}
+	if len(args) >= 1 && args[0] == "hook" {
+		return hook(args[1:], os.Stdin)
 	}
 	if len(args) >= 2 && args[0] == "cdi" && args[1] == "generate" {
 		return cdiGenerate(args[2:], os.Stdout)

@@ -10,7 +10,10 @@ import (
 )
 
 // writeMetrics renders the Prometheus text format by hand: a handful of gauges do not need a client library.
-func writeMetrics(w io.Writer, a *agent.Agent, regionPath func(containerID string) string) {
+// readRegion returns a container's accounting region, read without trusting it (nri.Plugin.ReadRegion).
+type readRegion func(containerID string) ([]byte, error)
+
+func writeMetrics(w io.Writer, a *agent.Agent, regionPath readRegion) {
 	inv := a.Inventory()
 	usage := a.Ledger().Usage()
 	fmt.Fprintln(w, "# HELP tessera_gpu_memory_bytes Memory of each GPU.\n# TYPE tessera_gpu_memory_bytes gauge")
@@ -51,7 +54,7 @@ func b2i(b bool) int {
 
 // writeContainerMetrics reports what vcuda measured in each share container's accounting region:
 // memory in use against the cap, and how long the compute limiter held launches back.
-func writeContainerMetrics(w io.Writer, a *agent.Agent, regionPath func(string) string) {
+func writeContainerMetrics(w io.Writer, a *agent.Agent, read readRegion) {
 	type row struct {
 		labels string
 		g      vcuda.RegionGPU
@@ -61,9 +64,13 @@ func writeContainerMetrics(w io.Writer, a *agent.Agent, regionPath func(string) 
 		if len(e.Devices) == 0 || e.Devices[0].Whole {
 			continue
 		}
-		r, err := vcuda.ReadRegion(regionPath(e.ContainerID))
+		data, err := read(e.ContainerID)
 		if err != nil {
-			continue // no CUDA process has run in the container yet
+			continue // the container is gone, or its region is not a regular file
+		}
+		r, err := vcuda.ParseRegion(data)
+		if err != nil {
+			continue // no CUDA process has run in the container yet, or it wrote garbage
 		}
 		for _, g := range r.GPUs {
 			rows = append(rows, row{fmt.Sprintf("namespace=%q,pod=%q,container=%q,uuid=%q", e.Namespace, e.Pod, e.Container, g.UUID), g})

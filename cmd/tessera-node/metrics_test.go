@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -32,7 +33,7 @@ func TestMetrics(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	writeMetrics(&out, a, func(id string) string { return filepath.Join(dir, "no-region", id) })
+	writeMetrics(&out, a, func(id string) ([]byte, error) { return os.ReadFile(filepath.Join(dir, "no-region", id)) })
 	for _, want := range []string{
 		`tessera_gpu_memory_bytes{uuid="` + g.UUID + `",index="1",model="NVIDIA A100-SXM4-40GB"} 42949672960`,
 		`tessera_gpu_shares{uuid="` + g.UUID + `"} 1`,

@@ -12,6 +12,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/ledger"
 )
 
 // publisher writes the inventory annotation (and the GPU model label) on the agent's Node, which
@@ -47,4 +48,57 @@ func labelValue(s string) string {
 		return '-'
 	}, s)
 	return strings.Trim(s[:min(len(s), 63)], "-_.")
+}
+
+// holdingsOf is what the ledger holds, per pod, as the extender counts it: whole GPUs and shares of
+// running containers and of stopped containers' holds alike (MIG and mdev are the kubelet's to count).
+func holdingsOf(node string, entries []ledger.Entry) *api.NodeHoldings {
+	h := &api.NodeHoldings{Node: node, Pods: []api.PodHolding{}}
+	at := map[string]int{}
+	for _, e := range entries {
+		if len(e.Devices) == 0 {
+			continue
+		}
+		i, ok := at[e.PodUID]
+		if !ok {
+			i = len(h.Pods)
+			at[e.PodUID] = i
+			h.Pods = append(h.Pods, api.PodHolding{Namespace: e.Namespace, Pod: e.Pod, UID: e.PodUID})
+		}
+		p := &h.Pods[i]
+		p.Local = p.Local || e.Local
+		p.Containers = append(p.Containers, api.ContainerAssignment{Name: e.Container, Devices: e.Devices})
+	}
+	return h
+}
+
+// publishHoldings keeps the holdings annotation on the agent's Node equal to the ledger: it checks
+// every second and patches only when the content changed (or the last patch failed).
+func publishHoldings(ctx context.Context, client kubernetes.Interface, nodeName string, l *ledger.Ledger) {
+	go func() {
+		last := ""
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			data, err := api.EncodeHoldings(holdingsOf(nodeName, l.Entries()))
+			if err != nil {
+				slog.Error("ledger holdings do not encode; not published", "err", err)
+			} else if string(data) != last {
+				patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.AnnotationHoldings: string(data)}}})
+				pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+				_, err := client.CoreV1().Nodes().Patch(pctx, nodeName, types.MergePatchType, patch, metav1.PatchOptions{})
+				cancel()
+				if err != nil {
+					slog.Error("publish ledger holdings on the Node", "node", nodeName, "err", err)
+				} else {
+					last = string(data)
+				}
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
 }

@@ -52,7 +52,7 @@ func runAgent(args []string) error {
 	if err != nil {
 		return err
 	}
-	gen, err := cdiGenerator(cfg, backend)
+	gen, err := cdiGenerator(cfg, backend, true)
 	if err != nil {
 		return err
 	}
@@ -66,16 +66,19 @@ func runAgent(args []string) error {
 		slog.Warn("no API server: pods granted GPUs cannot be verified and will be refused; the inventory is not published", "err", err)
 	}
 	var pods nri.Pods = noPods{err}
+	var events nri.Events
 	if client != nil {
-		pods = nri.NewAPIPods(ctx, client, cfg.NodeName)
+		apiPods := nri.NewAPIPods(ctx, client, cfg.NodeName)
+		pods, events = apiPods, apiPods
 		a.WithPublisher(publisher(ctx, client, cfg.NodeName))
+		publishHoldings(ctx, client, cfg.NodeName, l)
 	}
 	if err := a.Refresh(ctx); err != nil {
 		return err
 	}
 
 	plugin := nri.New(nri.Config{StateDir: cfg.RunDir, VCUDALibrary: cfg.VCUDALibrary, KataHandlers: []string{cfg.KataRuntimeHandler},
-		PluginIndex: cfg.NRIPluginIndex}, a, grants, pods)
+		PluginIndex: cfg.NRIPluginIndex, AdminNamespaces: cfg.AdminNamespaces, Events: events}, a, grants, pods)
 	mgr := deviceplugin.NewManager(a, deviceplugin.Options{PluginDir: cfg.DevicePluginDir})
 
 	errc := make(chan error, 4)
@@ -161,7 +164,11 @@ func serveHTTP(addr string, a *agent.Agent, mgr *deviceplugin.Manager, plugin *n
 		fmt.Fprintln(w, "ok")
 	})
 	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
-		writeMetrics(w, a, plugin.RegionPath)
+		writeMetrics(w, a, plugin.ReadRegion)
+		priv, admin, unrealised := plugin.SecurityStats()
+		fmt.Fprintf(w, "# HELP tessera_privileged_gpu_containers_total Privileged containers admitted holding GPU device nodes (outside isolation).\n# TYPE tessera_privileged_gpu_containers_total counter\ntessera_privileged_gpu_containers_total %d\n", priv)
+		fmt.Fprintf(w, "# HELP tessera_admin_gpu_containers_total Containers of admin namespaces admitted with GPUs nobody granted (monitoring).\n# TYPE tessera_admin_gpu_containers_total counter\ntessera_admin_gpu_containers_total %d\n", admin)
+		fmt.Fprintf(w, "# HELP tessera_unrealised_gpu_containers Running containers holding GPU devices with no ledger entry, at the last Synchronize.\n# TYPE tessera_unrealised_gpu_containers gauge\ntessera_unrealised_gpu_containers %d\n", unrealised)
 		n, total, refused := plugin.Stats()
 		fmt.Fprintf(w, "# HELP tessera_nri_create_container_total CreateContainer requests the NRI plugin handled.\n# TYPE tessera_nri_create_container_total counter\ntessera_nri_create_container_total %d\n", n)
 		fmt.Fprintf(w, "# HELP tessera_nri_create_container_seconds_total Time the NRI plugin spent in CreateContainer.\n# TYPE tessera_nri_create_container_seconds_total counter\ntessera_nri_create_container_seconds_total %g\n", total.Seconds())

@@ -37,6 +37,9 @@ type Generator struct {
 	VCUDALibrary string
 	// Driver is where the NVIDIA driver is; every GPU spec carries its files.
 	Driver *Driver
+	// HookBinary is the host path of tessera-node, run as the realisation check (hooks.go); RunDir
+	// is the agent's per-container directory on the host, where the check looks.
+	HookBinary, RunDir string
 }
 
 // Name returns the fully qualified CDI device name vendor/class=device.
@@ -137,7 +140,7 @@ func fillSpecDeviceNumbers(s *specs.Spec) error {
 // controlEdits are what every GPU container needs: the driver's common edits from nvcdi (control
 // device nodes, libraries, nvidia-smi, firmware, IPC sockets, hooks), NVIDIA_VISIBLE_DEVICES=void so
 // a legacy nvidia-container-runtime hook adds no devices on its own, and on the simulated node the
-// file its driver reads its GPUs from.
+// file its driver reads its GPUs from, and the realisation check (hooks.go).
 func (g *Generator) controlEdits(n *gpu.Node, driver *Driver) (specs.ContainerEdits, error) {
 	edits, err := driver.CommonEdits()
 	if err != nil {
@@ -145,6 +148,7 @@ func (g *Generator) controlEdits(n *gpu.Node, driver *Driver) (specs.ContainerEd
 	}
 	edits.Env = append(edits.Env, "NVIDIA_VISIBLE_DEVICES=void")
 	edits.Mounts = append(edits.Mounts, simEdits(n)...)
+	edits.Hooks = append(edits.Hooks, g.realisationHooks()...)
 	return edits, nil
 }
 

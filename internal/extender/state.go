@@ -50,6 +50,10 @@ type nodeEntry struct {
 	state *NodeState
 	// holders are the pods (committed or reserved) whose devices are applied to state.
 	holders map[types.UID]bool
+	// heldRaw is the node agent's holdings annotation; held are its pods this state does not track
+	// (local placements, holds of restarting containers), applied to state as occupied.
+	heldRaw string
+	held    map[types.UID]Placement
 }
 
 type podEntry struct {
@@ -92,7 +96,8 @@ func (s *State) UpsertNode(node *corev1.Node) {
 	}
 	raw := node.Annotations[api.AnnotationInventory]
 	if e.state != nil && e.raw == raw && maps.Equal(e.labels, node.Labels) {
-		return // status-only update: nothing placement sees changed
+		s.applyHoldingsLocked(e, node.Annotations[api.AnnotationHoldings])
+		return // status-only update: nothing else placement sees changed
 	}
 	var inv *api.NodeInventory
 	invErr := ""
@@ -121,6 +126,8 @@ func (s *State) UpsertNode(node *corev1.Node) {
 		p.applied = false
 		s.applyLocked(p)
 	}
+	e.held, e.heldRaw = nil, ""
+	s.applyHoldingsLocked(e, node.Annotations[api.AnnotationHoldings])
 	if invErr != "" {
 		s.log.Debug("node without usable inventory", "node", node.Name, "reason", invErr)
 	}
@@ -221,7 +228,43 @@ func (s *State) addLocked(p *podEntry) {
 		s.podsOn[p.node] = on
 	}
 	on[p.uid] = p
+	if e := s.nodes[p.node]; e != nil {
+		if pl, ok := e.held[p.uid]; ok { // now tracked as the extender's own: count it once
+			e.state.Release(&Request{}, &pl)
+			delete(e.held, p.uid)
+		}
+	}
 	s.applyLocked(p)
+}
+
+// applyHoldingsLocked counts what the node agent's ledger holds for pods this state does not track
+// (pods bound by another scheduler and placed locally, holds of restarting containers): occupied,
+// so no bind collides with them. An invalid annotation counts nothing and is logged.
+func (s *State) applyHoldingsLocked(e *nodeEntry, raw string) {
+	if raw == e.heldRaw {
+		return
+	}
+	for _, pl := range e.held {
+		e.state.Release(&Request{}, &pl)
+	}
+	e.held, e.heldRaw = map[types.UID]Placement{}, raw
+	if raw == "" {
+		return
+	}
+	h, err := api.DecodeHoldings([]byte(raw))
+	if err != nil || h.Node != e.name {
+		s.log.Warn("ignoring node holdings", "node", e.name, "err", err)
+		return
+	}
+	for _, ph := range h.Pods {
+		uid := types.UID(ph.UID)
+		if e.holders[uid] {
+			continue // the extender's own pod: already counted
+		}
+		pl := placementOf(e.state, &api.PodAssignment{APIVersion: api.Version, Node: h.Node, Containers: ph.Containers})
+		e.state.Apply(&Request{}, &pl)
+		e.held[uid] = pl
+	}
 }
 
 func sameAssignment(a, b *api.PodAssignment) bool {

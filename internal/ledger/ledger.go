@@ -187,6 +187,46 @@ func (l *Ledger) Reserve(e Entry, inv *api.NodeInventory) error {
 	return nil
 }
 
+// Move replaces the entry under fromID by e in one step, checking e against every other entry: a
+// stopped container's devices become its pod's hold, and a restarted container takes its hold back,
+// with no moment where another container could take them.
+func (l *Ledger) Move(fromID string, e Entry, inv *api.NodeInventory) error {
+	if e.ContainerID == "" {
+		return errors.New("ledger: an entry needs a container ID")
+	}
+	l.mu.Lock()
+	prevFrom, hadFrom := l.entries[fromID]
+	delete(l.entries, fromID)
+	restore := func() {
+		if hadFrom {
+			l.entries[fromID] = prevFrom
+		}
+	}
+	if err := l.checkLocked(&e, inv); err != nil {
+		restore()
+		l.mu.Unlock()
+		return err
+	}
+	prev, had := l.entries[e.ContainerID]
+	l.entries[e.ContainerID] = &e
+	if err := l.saveLocked(); err != nil {
+		if had {
+			l.entries[e.ContainerID] = prev
+		} else {
+			delete(l.entries, e.ContainerID)
+		}
+		restore()
+		l.mu.Unlock()
+		return err
+	}
+	fn := l.onChange
+	l.mu.Unlock()
+	if fn != nil {
+		fn()
+	}
+	return nil
+}
+
 // checkLocked refuses over-commit: every rule names the GPU and what holds it.
 func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory) error {
 	usage := l.usageLocked(e.ContainerID)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	nriapi "github.com/containerd/nri/pkg/api"
+	corev1 "k8s.io/api/core/v1"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -45,6 +46,10 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *nriapi.PodSandbox, c 
 
 func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container) (*nriapi.ContainerAdjustment, error) {
 	adj := &nriapi.ContainerAdjustment{}
+	admin := p.isAdmin(pod)
+	if !admin {
+		voidVisibleDevices(adj)
+	}
 	if !p.mayHoldGPU(c) {
 		return adj, nil
 	}
@@ -62,35 +67,73 @@ func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.C
 			entry.Mdev = append(entry.Mdev, ids...)
 		}
 	}
+	// A restarted container gets back what it held (release.go): its hold is moved, not re-placed.
+	hold, held := p.agent.Ledger().Get(holdID(entry.PodUID, entry.Container))
 	if whole > 0 || shares > 0 {
-		devs, local, err := p.assignment(ctx, pod, c, whole, shares)
+		devs, local, err := p.assignment(ctx, pod, c, whole, shares, hold.Devices)
 		if err != nil {
 			return nil, err
 		}
 		entry.Devices, entry.Local = devs, local
 	}
-	if err := p.checkUngranted(c, p.grantedNodes(&entry)); err != nil {
+	if err := p.checkDevices(ctx, pod, c, &entry, admin); err != nil {
 		return nil, err
 	}
 	if len(entry.Devices) == 0 && len(entry.MIG) == 0 && len(entry.Mdev) == 0 {
+		if names := p.ourCDINames(c); len(names) > 0 && !admin {
+			return nil, fmt.Errorf("it holds Tessera CDI devices %v but the kubelet granted it none (a cdi.k8s.io annotation?); request GPUs through resources instead", names)
+		}
+		if admin {
+			return adj, p.markRealised(c.GetId(), adj)
+		}
 		return adj, nil
 	}
-	if err := p.agent.Ledger().Reserve(entry, p.agent.Inventory()); err != nil {
+	if held {
+		err = p.agent.Ledger().Move(hold.ContainerID, entry, p.agent.Inventory())
+	} else {
+		err = p.agent.Ledger().Reserve(entry, p.agent.Inventory())
+	}
+	if err != nil {
 		return nil, err
 	}
 	if err := p.realise(pod, c, &entry, adj); err != nil {
-		p.agent.Ledger().Release(entry.ContainerID)
-		os.RemoveAll(p.containerDir(entry.ContainerID))
+		p.release(entry.ContainerID)
+		return nil, err
+	}
+	if err := p.markRealised(c.GetId(), adj); err != nil {
+		p.release(entry.ContainerID)
 		return nil, err
 	}
 	slog.Info("GPU assignment realised", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "id", c.GetId(),
-		"devices", entry.Devices, "mig", entry.MIG, "mdev", entry.Mdev, "local", entry.Local)
+		"devices", entry.Devices, "mig", entry.MIG, "mdev", entry.Mdev, "local", entry.Local, "restarted", held)
 	return adj, nil
+}
+
+// VisibleDevicesEnv is read by nvidia-container-runtime (legacy mode or the
+// accept-nvidia-visible-devices-envvar settings): from a pod's env or an image's ENV it would inject
+// GPUs after NRI. Every container gets "void" unless its namespace is an admin namespace; Tessera's
+// own GPUs come as CDI devices, which need no env.
+const VisibleDevicesEnv = "NVIDIA_VISIBLE_DEVICES"
+
+func voidVisibleDevices(adj *nriapi.ContainerAdjustment) {
+	adj.AddEnv(VisibleDevicesEnv, "void")
+}
+
+// ourCDINames are the container's CDI devices of our vendor.
+func (p *Plugin) ourCDINames(c *nriapi.Container) []string {
+	prefix := p.agent.Generator().Vendor + "/"
+	var names []string
+	for _, d := range c.GetCDIDevices() {
+		if strings.HasPrefix(d.GetName(), prefix) {
+			names = append(names, d.GetName())
+		}
+	}
+	return names
 }
 
 // assignment returns the verified devices for a container granted whole GPUs or shares: the
 // extender's assignment if the pod carries one, else a local placement.
-func (p *Plugin) assignment(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container, whole, shares int) ([]api.DeviceAssignment, bool, error) {
+func (p *Plugin) assignment(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container, whole, shares int, held []api.DeviceAssignment) ([]api.DeviceAssignment, bool, error) {
 	spec, err := p.pods.Pod(ctx, pod.GetNamespace(), pod.GetName(), pod.GetUid())
 	if err != nil {
 		return nil, false, fmt.Errorf("read the pod's spec to check its requests: %w", err)
@@ -111,6 +154,9 @@ func (p *Plugin) assignment(ctx context.Context, pod *nriapi.PodSandbox, c *nria
 	inv := p.agent.Inventory()
 	raw, ok := pod.GetAnnotations()[api.AnnotationAssignment]
 	if !ok {
+		if len(held) > 0 {
+			return held, true, verify(held, cr, inv)
+		}
 		devs, err := p.agent.Ledger().PlaceLocally(cr, inv)
 		return devs, true, err
 	}
@@ -190,50 +236,60 @@ func (p *Plugin) mayHoldGPU(c *nriapi.Container) bool {
 // gpuNodePattern matches the GPU-granting device nodes a container may only have when granted.
 var gpuNodePattern = regexp.MustCompile(`^/dev/(nvidia[0-9]+|nvidia-caps/nvidia-cap[0-9]+|vfio/[0-9]+)$`)
 
-// grantedNodes are the container paths of the device nodes the entry grants.
-func (p *Plugin) grantedNodes(e *ledger.Entry) map[string]bool {
-	n := p.agent.Node()
-	ok := map[string]bool{}
-	if n == nil {
-		return ok
-	}
-	for _, d := range e.Devices {
-		if g := n.GPUByUUID(d.UUID); g != nil {
-			ok[n.GPUNode(g).Path] = true
-		}
-	}
-	for _, id := range e.MIG {
-		if parent, m := n.MIGByUUID(id); m != nil {
-			for _, d := range n.MIGNodes(parent, m) {
-				ok[d.Path] = true
-			}
-		}
-	}
-	for i := range n.Mdevs {
-		if slices.Contains(e.Mdev, n.Mdevs[i].UUID) {
-			for _, d := range n.VFIONodes(&n.Mdevs[i]) {
-				ok[d.Path] = true
-			}
-		}
-	}
-	return ok
-}
-
-// checkUngranted refuses a container that carries GPU device nodes nobody granted it: a pod can
-// ask containerd for CDI devices through cdi.k8s.io annotations, but only the kubelet's grant counts.
+// checkDevices refuses a container that carries GPU device nodes nobody granted it, recognised by
+// major:minor whatever their path (a CDI device containerd resolved from an annotation, a device in
+// the CRI request). Privileged containers get every host device: they are root on the node and
+// outside isolation (PodSecurity admission is the place to forbid them), so they run and are
+// counted. Admin namespaces see every GPU by design.
 // (Refusing rather than removing the nodes: NRI's runtime side does not pass device removals of
 // nodes already in the container on to the runtime.)
-func (p *Plugin) checkUngranted(c *nriapi.Container, granted map[string]bool) error {
-	var extra []string
-	for _, d := range c.GetLinux().GetDevices() {
-		if gpuNodePattern.MatchString(d.GetPath()) && !granted[d.GetPath()] {
-			extra = append(extra, d.GetPath())
+func (p *Plugin) checkDevices(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container, e *ledger.Entry, admin bool) error {
+	x := p.devices()
+	bad := ungranted(c.GetLinux().GetDevices(), "the container's devices", x, p.grantedNumbers(e, x))
+	return p.allowUngranted(ctx, pod, c, bad, admin, true)
+}
+
+// allowUngranted decides on a container holding GPU devices nobody granted: admin namespaces and
+// privileged containers (as the API server's pod spec says) run and are counted; others are refused
+// with the devices named. count is false on the validator's second look at the same container.
+func (p *Plugin) allowUngranted(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container, bad []string, admin, count bool) error {
+	if len(bad) == 0 {
+		return nil
+	}
+	if admin {
+		if count {
+			p.admin.Add(1)
+		}
+		return nil
+	}
+	if priv, err := p.privilegedContainer(ctx, pod, c.GetName()); err == nil && priv {
+		if count {
+			p.privileged.Add(1)
+		}
+		slog.Warn("privileged container holds every GPU: outside isolation", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName())
+		return nil
+	}
+	return fmt.Errorf("it has GPU devices the kubelet did not grant it: %s; request GPUs through resources (%s, %s, %s<profile>) instead",
+		strings.Join(bad, "; "), api.ResourceGPU, api.ResourceShare, api.MIGResourcePrefix)
+}
+
+// privilegedContainer reads from the API server whether the container runs privileged.
+func (p *Plugin) privilegedContainer(ctx context.Context, pod *nriapi.PodSandbox, name string) (bool, error) {
+	spec, err := p.pods.Pod(ctx, pod.GetNamespace(), pod.GetName(), pod.GetUid())
+	if err != nil {
+		return false, err
+	}
+	var all []corev1.Container
+	all = append(append(all, spec.Spec.InitContainers...), spec.Spec.Containers...)
+	for _, ec := range spec.Spec.EphemeralContainers {
+		all = append(all, corev1.Container(ec.EphemeralContainerCommon))
+	}
+	for _, c := range all {
+		if c.Name == name {
+			return c.SecurityContext != nil && c.SecurityContext.Privileged != nil && *c.SecurityContext.Privileged, nil
 		}
 	}
-	if len(extra) > 0 {
-		return fmt.Errorf("it has GPU device nodes %v that the kubelet did not grant it (a cdi.k8s.io annotation on the pod?); request GPUs through resources instead", extra)
-	}
-	return nil
+	return false, nil
 }
 
 // realise adds devices, the preload and the limits to the container.
@@ -256,12 +312,14 @@ func (p *Plugin) realise(pod *nriapi.PodSandbox, c *nriapi.Container, e *ledger.
 	return p.addVCUDA(c, e, adj)
 }
 
-// addVCUDA writes the container's limits file and mounts it, its accounting directory, the library
-// and a read-only /etc/ld.so.preload naming the library.
+// addVCUDA writes the container's limits file and mounts it, its accounting region (the file
+// alone, on its own size-limited tmpfs: region.go), the library and a read-only /etc/ld.so.preload
+// naming the library.
 func (p *Plugin) addVCUDA(c *nriapi.Container, e *ledger.Entry, adj *nriapi.ContainerAdjustment) error {
 	dir := p.containerDir(e.ContainerID)
-	if err := os.MkdirAll(filepath.Join(dir, "vcuda"), 0o755); err != nil {
-		return fmt.Errorf("create the container's vcuda directory: %w", err)
+	region, err := p.createRegion(e.ContainerID)
+	if err != nil {
+		return err
 	}
 	l := &api.Limits{ContainerID: e.ContainerID, RegionPath: api.RegionDirInContainer + "/region"}
 	for _, d := range e.Devices {
@@ -276,25 +334,22 @@ func (p *Plugin) addVCUDA(c *nriapi.Container, e *ledger.Entry, adj *nriapi.Cont
 		return err
 	}
 	// Plain writes: the container does not exist yet, so nobody can read a half-written file.
-	// The accounting region is created empty and writable by any user: the container's processes
-	// may run as any UID, and vcuda initialises an empty region on first use.
 	for _, f := range []struct {
 		name string
 		data []byte
-		mode os.FileMode
-	}{{"limits", data, 0o644}, {"ld.so.preload", []byte(api.VCUDALibraryInContainer + "\n"), 0o644}, {"vcuda/region", nil, 0o666}} {
+	}{{"limits", data}, {"ld.so.preload", []byte(api.VCUDALibraryInContainer + "\n")}} {
 		path := filepath.Join(dir, f.name)
-		if err := os.WriteFile(path, f.data, f.mode); err != nil {
+		if err := os.WriteFile(path, f.data, 0o644); err != nil {
 			return fmt.Errorf("write the container's %s: %w", f.name, err)
 		}
-		if err := os.Chmod(path, f.mode); err != nil { // past the umask
+		if err := os.Chmod(path, 0o644); err != nil { // past the umask
 			return fmt.Errorf("write the container's %s: %w", f.name, err)
 		}
 	}
 	ro := []string{"bind", "ro", "nosuid", "nodev"}
 	adj.AddMount(&nriapi.Mount{Source: filepath.Join(dir, "limits"), Destination: api.LimitsPathInContainer, Type: "bind", Options: ro})
 	adj.AddMount(&nriapi.Mount{Source: filepath.Join(dir, "ld.so.preload"), Destination: "/etc/ld.so.preload", Type: "bind", Options: ro})
-	adj.AddMount(&nriapi.Mount{Source: filepath.Join(dir, "vcuda"), Destination: api.RegionDirInContainer, Type: "bind", Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}})
+	adj.AddMount(&nriapi.Mount{Source: region, Destination: api.RegionDirInContainer + "/region", Type: "bind", Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}})
 	if !slices.ContainsFunc(c.GetMounts(), func(m *nriapi.Mount) bool { return m.GetDestination() == api.VCUDALibraryInContainer }) {
 		adj.AddMount(&nriapi.Mount{Source: p.cfg.VCUDALibrary, Destination: api.VCUDALibraryInContainer, Type: "bind", Options: ro})
 	}

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -32,7 +33,20 @@ type Config struct {
 	KataHandlers []string
 	// PluginIndex orders Tessera among NRI plugins.
 	PluginIndex string
+	// AdminNamespaces are the namespaces an administrator marked for pods that see every GPU
+	// (monitoring): no device checks, NVIDIA_VISIBLE_DEVICES left alone.
+	AdminNamespaces []string
+	// Events reports problems on pods (nil: log only).
+	Events Events
 }
+
+// Events records a Warning Event on a pod.
+type Events interface {
+	Warn(ctx context.Context, namespace, pod, uid, reason, message string)
+}
+
+// pluginName is how NRI knows the plugin (containerd's required_plugins may name it).
+const pluginName = "tessera"
 
 // Grants tells what the kubelet granted a container (the PodResources API in production).
 type Grants interface {
@@ -56,11 +70,25 @@ type Plugin struct {
 	synced atomic.Bool
 	// creates and createNanos time CreateContainer, for /metrics.
 	creates, createNanos, refusals atomic.Int64
+	// privileged counts privileged containers admitted with GPU device nodes (outside isolation);
+	// admin counts containers of admin namespaces that hold GPU device nodes nobody granted.
+	privileged, admin atomic.Int64
+	// unrealised is how many running containers held GPU devices without a ledger entry at the last
+	// Synchronize.
+	unrealised atomic.Int64
+	index      indexCache
 }
 
 // Stats are the plugin's counters: CreateContainer calls, the time spent in them, and refusals.
 func (p *Plugin) Stats() (creates int64, total time.Duration, refusals int64) {
 	return p.creates.Load(), time.Duration(p.createNanos.Load()), p.refusals.Load()
+}
+
+// SecurityStats are the counters outside isolation: privileged containers admitted with GPU device
+// nodes, admin-namespace containers with ungranted GPUs, and running containers holding GPU
+// devices with no ledger entry (at the last Synchronize).
+func (p *Plugin) SecurityStats() (privileged, admin, unrealised int64) {
+	return p.privileged.Load(), p.admin.Load(), p.unrealised.Load()
 }
 
 // Synced reports whether the plugin is connected to the runtime and synchronized with it.
@@ -82,7 +110,7 @@ func New(cfg Config, a *agent.Agent, grants Grants, pods Pods) *Plugin {
 func (p *Plugin) Run(ctx context.Context, socket string) error {
 	for ctx.Err() == nil {
 		closed := make(chan struct{})
-		s, err := stub.New(p, stub.WithPluginName("tessera"), stub.WithPluginIdx(p.cfg.PluginIndex),
+		s, err := stub.New(p, stub.WithPluginName(pluginName), stub.WithPluginIdx(p.cfg.PluginIndex),
 			stub.WithSocketPath(socket), stub.WithOnClose(func() { close(closed) }))
 		if err != nil {
 			return fmt.Errorf("create NRI stub: %w", err)
@@ -111,12 +139,24 @@ func (p *Plugin) Run(ctx context.Context, socket string) error {
 // Configure subscribes to the events the plugin handles.
 func (p *Plugin) Configure(ctx context.Context, config, runtime, version string) (nriapi.EventMask, error) {
 	slog.Info("NRI plugin configured", "runtime", runtime, "version", version)
-	return nriapi.MustParseEventMask("CreateContainer", "StopContainer", "RemoveContainer", "RemovePodSandbox"), nil
+	// ValidateContainerAdjustment: the device checks run again on what the container gets after
+	// every plugin has made its adjustments.
+	return nriapi.MustParseEventMask("CreateContainer", "StopContainer", "RemoveContainer", "StopPodSandbox", "RemovePodSandbox", "ValidateContainerAdjustment"), nil
 }
 
 // RegionPath is where a share container's vcuda accounting region lives on the host.
 func (p *Plugin) RegionPath(containerID string) string {
 	return filepath.Join(p.containerDir(containerID), "vcuda", "region")
+}
+
+func (p *Plugin) isAdmin(pod *nriapi.PodSandbox) bool {
+	return slices.Contains(p.cfg.AdminNamespaces, pod.GetNamespace())
+}
+
+func (p *Plugin) warn(ctx context.Context, pod *nriapi.PodSandbox, reason, msg string) {
+	if p.cfg.Events != nil {
+		p.cfg.Events.Warn(ctx, pod.GetNamespace(), pod.GetName(), pod.GetUid(), reason, msg)
+	}
 }
 
 func (p *Plugin) containerDir(id string) string {

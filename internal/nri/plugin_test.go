@@ -166,10 +166,22 @@ func (e *env) create(pod *nriapi.PodSandbox, c *nriapi.Container) (*nriapi.Conta
 	return resp.Adjust, nil
 }
 
-func ctr(id string, devices ...string) *nriapi.Container {
-	c := &nriapi.Container{Id: id, PodSandboxId: "sb", Name: "main", State: nriapi.ContainerState_CONTAINER_CREATED, Linux: &nriapi.LinuxContainer{}}
+func ctr(id string) *nriapi.Container {
+	return &nriapi.Container{Id: id, PodSandboxId: "sb", Name: "main", State: nriapi.ContainerState_CONTAINER_CREATED, Linux: &nriapi.LinuxContainer{}}
+}
+
+// ctr is a container with device nodes as the runtime lists them: the path inside the container
+// and the number of the simulated node's device behind it (host is its /dev-relative name, or the
+// same as the path).
+func (e *env) ctr(id string, devices ...string) *nriapi.Container {
+	c := ctr(id)
 	for _, d := range devices {
-		c.Linux.Devices = append(c.Linux.Devices, &nriapi.LinuxDevice{Path: d, Type: "c", Major: 195})
+		path, host, _ := strings.Cut(d, "=")
+		if host == "" {
+			host = path
+		}
+		num, _ := statDevice(filepath.Join(e.agent.Node().DevRoot, "dev", strings.TrimPrefix(host, "/dev/")))
+		c.Linux.Devices = append(c.Linux.Devices, &nriapi.LinuxDevice{Path: path, Type: "c", Major: num.major, Minor: num.minor})
 	}
 	return c
 }
@@ -212,7 +224,7 @@ func TestCreateContainer(t *testing.T) {
 	if got := cdiNames(adj); !slices.Equal(got, []string{"tessera.dev/gpu=" + g0}) {
 		t.Errorf("CDI devices %v", got)
 	}
-	if got, want := mountDests(adj), []string{"/etc/ld.so.preload", api.LimitsPathInContainer, api.RegionDirInContainer, api.VCUDALibraryInContainer}; !slices.Equal(got, want) {
+	if got, want := mountDests(adj), []string{"/etc/ld.so.preload", api.LimitsPathInContainer, api.RegionDirInContainer + "/region", api.VCUDALibraryInContainer}; !slices.Equal(got, want) {
 		t.Errorf("mounts %v, want %v", got, want)
 	}
 	limits, err := os.ReadFile(filepath.Join(e.dir, "state", "containers", "c-share", "limits"))
@@ -291,13 +303,13 @@ func TestCreateContainer(t *testing.T) {
 
 	// No grant at all, a forged assignment and GPU nodes smuggled in (CDI annotation): refused.
 	pod = e.pod("sneaky", nil, assignment(api.DeviceAssignment{UUID: g1, Whole: true}))
-	_, err = e.create(pod, ctr("c-sneaky", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-caps/nvidia-cap12"))
-	if err == nil || !strings.Contains(err.Error(), "GPU device nodes [/dev/nvidia1 /dev/nvidia-caps/nvidia-cap12] that the kubelet did not grant") {
+	_, err = e.create(pod, e.ctr("c-sneaky", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-caps/nvidia-cap12"))
+	if err == nil || !strings.Contains(err.Error(), "GPU devices the kubelet did not grant it: /dev/nvidia1 (195:") || strings.Contains(err.Error(), "/dev/nvidiactl (") {
 		t.Errorf("sneaky container: %v", err)
 	}
 	// Control nodes alone (a CPU container with nvidiactl) and no grant: nothing to do.
 	pod = e.pod("plain", nil, nil)
-	if adj, err = e.create(pod, ctr("c-plain", "/dev/nvidiactl")); err != nil || len(cdiNames(adj)) != 0 || len(adj.GetMounts()) != 0 {
+	if adj, err = e.create(pod, e.ctr("c-plain", "/dev/nvidiactl")); err != nil || len(cdiNames(adj)) != 0 || len(adj.GetMounts()) != 0 {
 		t.Errorf("plain container: %v %+v", err, adj)
 	}
 
@@ -313,7 +325,7 @@ func TestCreateContainer(t *testing.T) {
 	pod = e.pod("kata", map[string]string{res: "1"}, nil)
 	pod.RuntimeHandler = "kata-qemu"
 	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "kata", Container: "main"}, res, devs[0].ID)
-	adj, err = e.create(pod, ctr("c-kata", "/dev/vfio/200"))
+	adj, err = e.create(pod, e.ctr("c-kata", "/dev/vfio/200"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -328,12 +340,15 @@ func TestCreateContainer(t *testing.T) {
 		t.Errorf("Kata share: %v", err)
 	}
 
-	// Stop releases the share and its files.
+	// Stop keeps the share for the pod (a restart gets it back) and removes the container's files.
 	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: e.pod("share", shareLimits, nil), Container: ctr("c-share")}); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := e.agent.Ledger().Get("c-share"); ok {
 		t.Error("stopped container still in the ledger")
+	}
+	if h, ok := e.agent.Ledger().Get(holdID("uid-share", "main")); !ok || h.Devices[0].UUID != g0 {
+		t.Errorf("stopped container's share not held for its pod: %+v", h)
 	}
 	if _, err := os.Stat(filepath.Join(e.dir, "state", "containers", "c-share")); !os.IsNotExist(err) {
 		t.Errorf("container files left: %v", err)

@@ -3,113 +3,199 @@ package nri
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
-	"os"
+	"strings"
 
 	nriapi "github.com/containerd/nri/pkg/api"
 
 	"github.com/tessera-gpu/tessera/internal/ledger"
 )
 
-// podEntryID keeps a pod's mdev devices in the ledger after its containers stop: a restarted
-// container reuses them (the kubelet does not call Allocate again), so they go with the pod.
-func podEntryID(podUID string) string { return "pod:" + podUID }
+// holdPrefix marks ledger entries that keep a stopped container's devices for its pod: the kubelet
+// restarts a container with the same grant (no new Allocate), so the devices stay reserved to the
+// pod and container name until the pod goes, and a crash-looping container gets the same GPU back
+// with no window for another pod. ("pod:" is the older per-pod form of mdev holds, still released.)
+const holdPrefix = "hold:"
 
-// StopContainer frees what the container held as soon as its processes are gone.
+func holdID(podUID, container string) string { return holdPrefix + podUID + "/" + container }
+
+func isHold(id string) bool {
+	return strings.HasPrefix(id, holdPrefix) || strings.HasPrefix(id, "pod:")
+}
+
+// StopContainer turns what the container held into its pod's hold as soon as its processes are gone.
 func (p *Plugin) StopContainer(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container) ([]*nriapi.ContainerUpdate, error) {
 	p.release(c.GetId())
 	return nil, nil
 }
 
-// RemoveContainer releases idempotently (a container removed without a stop event).
+// RemoveContainer releases idempotently (a container removed without a stop event, or whose
+// creation failed after the plugin approved it).
 func (p *Plugin) RemoveContainer(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container) error {
 	p.release(c.GetId())
 	return nil
 }
 
-// RemovePodSandbox removes the pod's mdev devices.
-func (p *Plugin) RemovePodSandbox(ctx context.Context, pod *nriapi.PodSandbox) error {
-	e, ok, err := p.agent.Ledger().Release(podEntryID(pod.GetUid()))
-	if err != nil {
-		slog.Error("release pod devices", "pod", pod.GetNamespace()+"/"+pod.GetName(), "err", err)
-		return nil
-	}
-	if ok {
-		for _, id := range e.Mdev {
-			if err := p.agent.RemoveMdev(ctx, id); err != nil {
-				slog.Error("remove mdev device", "uuid", id, "err", err)
-			}
-		}
-		slog.Info("pod devices released", "pod", pod.GetNamespace()+"/"+pod.GetName(), "mdev", e.Mdev)
-	}
+// StopPodSandbox frees the pod's holds: once its sandbox is stopped no container of it restarts
+// (a pod that completed or is being deleted), and the extender counts it as holding nothing.
+func (p *Plugin) StopPodSandbox(ctx context.Context, pod *nriapi.PodSandbox) error {
+	p.releasePod(ctx, pod.GetUid())
 	return nil
 }
 
-func (p *Plugin) release(containerID string) {
+// RemovePodSandbox frees the pod's holds and removes its mdev devices.
+func (p *Plugin) RemovePodSandbox(ctx context.Context, pod *nriapi.PodSandbox) error {
+	p.releasePod(ctx, pod.GetUid())
+	return nil
+}
+
+// releasePod frees every hold of a pod.
+func (p *Plugin) releasePod(ctx context.Context, podUID string) {
 	l := p.agent.Ledger()
-	e, ok, err := l.Release(containerID)
-	if err != nil {
-		slog.Error("release container", "id", containerID, "err", err)
-		return
-	}
-	os.RemoveAll(p.containerDir(containerID))
-	if !ok {
-		return
-	}
-	slog.Info("container released", "pod", e.Namespace+"/"+e.Pod, "container", e.Container, "id", containerID)
-	if len(e.Mdev) > 0 {
-		keep := ledger.Entry{ContainerID: podEntryID(e.PodUID), PodUID: e.PodUID, Namespace: e.Namespace, Pod: e.Pod, Mdev: e.Mdev}
-		if prev, had := l.Get(keep.ContainerID); had {
-			keep.Mdev = append(prev.Mdev, e.Mdev...)
+	for _, e := range l.Entries() {
+		if e.PodUID != podUID || !isHold(e.ContainerID) {
+			continue
 		}
-		if err := l.Reserve(keep, p.agent.Inventory()); err != nil {
-			slog.Error("keep pod mdev devices", "pod", e.Namespace+"/"+e.Pod, "err", err)
+		if _, ok, err := l.Release(e.ContainerID); err != nil || !ok {
+			if err != nil {
+				slog.Error("release pod devices", "pod", e.Namespace+"/"+e.Pod, "err", err)
+			}
+			continue
+		}
+		p.removeMdevs(ctx, e.Mdev)
+		slog.Info("pod devices released", "pod", e.Namespace+"/"+e.Pod, "container", e.Container, "devices", e.Devices, "mig", e.MIG, "mdev", e.Mdev)
+	}
+}
+
+func (p *Plugin) removeMdevs(ctx context.Context, ids []string) {
+	for _, id := range ids {
+		if err := p.agent.RemoveMdev(ctx, id); err != nil {
+			slog.Error("remove mdev device", "uuid", id, "err", err)
 		}
 	}
 }
 
+// release moves a container's entry to its pod's hold and removes its files.
+func (p *Plugin) release(containerID string) {
+	l := p.agent.Ledger()
+	p.removeContainerDir(containerID)
+	e, ok := l.Get(containerID)
+	if !ok {
+		return
+	}
+	hold := e
+	hold.ContainerID = holdID(e.PodUID, e.Container)
+	if err := l.Move(containerID, hold, p.agent.Inventory()); err != nil {
+		// Moving cannot over-commit (same devices); if it fails the container's entry stays, which
+		// over-reserves rather than gives the GPU away; Synchronize retries.
+		slog.Error("keep stopped container's devices for its pod", "id", containerID, "err", err)
+		return
+	}
+	slog.Info("container stopped; its devices stay with its pod", "pod", e.Namespace+"/"+e.Pod, "container", e.Container, "id", containerID)
+}
+
 // Synchronize rebuilds the ledger from the containers the runtime has: entries of containers that
-// are gone are released, live containers the ledger does not know (it was lost) are re-adopted from
-// the entry Tessera annotated them with.
+// are gone become holds of their pod, holds of pods that are gone are released, live containers the
+// ledger does not know (it was lost) are re-adopted from the entry Tessera annotated them with, and
+// running containers that hold GPU devices with no entry are reported (metric and Event).
 func (p *Plugin) Synchronize(ctx context.Context, pods []*nriapi.PodSandbox, containers []*nriapi.Container) ([]*nriapi.ContainerUpdate, error) {
 	l := p.agent.Ledger()
-	live := map[string]bool{}
+	livePods := map[string]*nriapi.PodSandbox{}
 	for _, pod := range pods {
-		live[podEntryID(pod.GetUid())] = true
+		livePods[pod.GetUid()] = pod
 	}
+	live := map[string]bool{}
+	var unrealised int64
 	for _, c := range containers {
 		if c.GetState() == nriapi.ContainerState_CONTAINER_STOPPED {
 			continue
 		}
 		live[c.GetId()] = true
-		raw, ok := c.GetAnnotations()[AnnotationLedgerEntry]
-		if _, known := l.Get(c.GetId()); known || !ok {
-			continue
+		p.readopt(c)
+		if pod := livePods[sandboxUID(pods, c)]; pod != nil && p.reportUnrealised(ctx, pod, c) {
+			unrealised++
 		}
-		var e ledger.Entry
-		if err := json.Unmarshal([]byte(raw), &e); err != nil || e.ContainerID != c.GetId() {
-			slog.Error("cannot re-adopt container: bad ledger annotation", "id", c.GetId(), "err", err)
-			continue
-		}
-		if err := l.Reserve(e, p.agent.Inventory()); err != nil {
-			slog.Error("cannot re-adopt container", "id", c.GetId(), "err", err)
-			continue
-		}
-		slog.Info("re-adopted running container", "id", c.GetId(), "pod", e.Namespace+"/"+e.Pod)
 	}
-	gone, err := l.Retain(live)
-	if err != nil {
-		return nil, err
-	}
-	for _, e := range gone {
-		os.RemoveAll(p.containerDir(e.ContainerID))
-		for _, id := range e.Mdev {
-			if e.ContainerID == podEntryID(e.PodUID) {
-				p.agent.RemoveMdev(ctx, id)
+	p.unrealised.Store(unrealised)
+	for _, e := range l.Entries() {
+		switch {
+		case live[e.ContainerID]:
+		case isHold(e.ContainerID) && livePods[e.PodUID] != nil:
+		case isHold(e.ContainerID):
+			p.releasePod(ctx, e.PodUID)
+		case livePods[e.PodUID] != nil:
+			p.release(e.ContainerID)
+		default:
+			if _, _, err := l.Release(e.ContainerID); err != nil {
+				return nil, err
 			}
+			p.removeContainerDir(e.ContainerID)
+			p.removeMdevs(ctx, e.Mdev)
 		}
 	}
 	p.synced.Store(true)
-	slog.Info("synchronized with the runtime", "containers", len(containers), "released", len(gone), "held", len(l.Entries()))
+	slog.Info("synchronized with the runtime", "containers", len(containers), "held", len(l.Entries()), "unrealised", unrealised)
 	return nil, nil
+}
+
+func sandboxUID(pods []*nriapi.PodSandbox, c *nriapi.Container) string {
+	for _, pod := range pods {
+		if pod.GetId() == c.GetPodSandboxId() {
+			return pod.GetUid()
+		}
+	}
+	return ""
+}
+
+// readopt re-adopts a running container the ledger lost, from its tessera.dev/ledger-entry
+// annotation (which only the plugin's adjustment sets; the ledger still refuses any over-commit).
+func (p *Plugin) readopt(c *nriapi.Container) {
+	l := p.agent.Ledger()
+	raw, ok := c.GetAnnotations()[AnnotationLedgerEntry]
+	if _, known := l.Get(c.GetId()); known || !ok {
+		return
+	}
+	var e ledger.Entry
+	if err := json.Unmarshal([]byte(raw), &e); err != nil || e.ContainerID != c.GetId() {
+		slog.Error("cannot re-adopt container: bad ledger annotation", "id", c.GetId(), "err", err)
+		return
+	}
+	var err error
+	if _, held := l.Get(holdID(e.PodUID, e.Container)); held {
+		err = l.Move(holdID(e.PodUID, e.Container), e, p.agent.Inventory())
+	} else {
+		err = l.Reserve(e, p.agent.Inventory())
+	}
+	if err != nil {
+		slog.Error("cannot re-adopt container", "id", c.GetId(), "err", err)
+		return
+	}
+	slog.Info("re-adopted running container", "id", c.GetId(), "pod", e.Namespace+"/"+e.Pod)
+}
+
+// reportUnrealised reports a running container holding GPU devices with no ledger entry: it started
+// without the plugin (before Tessera was installed, or past a runtime without the realisation hook).
+func (p *Plugin) reportUnrealised(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container) bool {
+	if p.isAdmin(pod) {
+		return false
+	}
+	e, known := p.agent.Ledger().Get(c.GetId())
+	x := p.devices()
+	var entry *ledger.Entry
+	if known {
+		entry = &e
+	}
+	bad := ungranted(c.GetLinux().GetDevices(), "the running container", x, p.grantedNumbers(entry, x))
+	if len(bad) == 0 {
+		return false
+	}
+	if priv, err := p.privilegedContainer(ctx, pod, c.GetName()); err == nil && priv {
+		return false
+	}
+	msg := fmt.Sprintf("container %q is running with GPU devices Tessera did not grant or record: %s; delete the pod so it is recreated through the kubelet's grant",
+		c.GetName(), strings.Join(bad, "; "))
+	slog.Error("unrealised GPU container", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "devices", bad)
+	p.warn(ctx, pod, "TesseraUnrealisedGPU", msg)
+	return true
 }

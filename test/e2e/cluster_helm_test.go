@@ -18,19 +18,6 @@ import (
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
-// helmChart is the project's Helm chart.
-func helmChart() string { return filepath.Join(repoRoot(), "deploy", "helm", "tessera") }
-
-// helm runs the helm built by test/tools/install-helm.sh with its cache, config and data homes in
-// a temporary directory (helm writes nothing to $HOME then).
-func helm(t testing.TB, args ...string) (string, error) {
-	t.Helper()
-	home := t.TempDir()
-	env := []string{"HELM_CACHE_HOME=" + filepath.Join(home, "cache"), "HELM_CONFIG_HOME=" + filepath.Join(home, "config"),
-		"HELM_DATA_HOME=" + filepath.Join(home, "data")}
-	return runEnv(t, 2*time.Minute, env, tool(t, "helm"), args...)
-}
-
 // HelmDryRun renders the chart with helm template (extra arguments: values, namespace) and applies
 // the output to the cluster's API server with a server-side dry run; it returns kubectl's output
 // and the number of rendered objects.

@@ -1,0 +1,258 @@
+package nri
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+
+	nriadapt "github.com/containerd/nri/pkg/adaptation"
+	nriapi "github.com/containerd/nri/pkg/api"
+	corev1 "k8s.io/api/core/v1"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/podresources"
+)
+
+var shareReq = map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "10Gi", api.ResourceShareCores: "30"}
+
+// victim creates a share container placed locally and returns its ledger entry's GPU.
+func (e *env) victim(t *testing.T) string {
+	t.Helper()
+	pod := e.pod("victim", shareReq, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "victim", Container: "main"}, api.ResourceShare, "vgpu-0")
+	if _, err := e.create(pod, ctr("c-victim")); err != nil {
+		t.Fatal(err)
+	}
+	v, ok := e.agent.Ledger().Get("c-victim")
+	if !ok {
+		t.Fatal("victim not in the ledger")
+	}
+	return v.Devices[0].UUID
+}
+
+// victimUntouched checks the victim still holds its GPU.
+func (e *env) victimUntouched(t *testing.T, gpu string) {
+	t.Helper()
+	if v, ok := e.agent.Ledger().Get("c-victim"); !ok || v.Devices[0].UUID != gpu {
+		t.Errorf("victim lost its GPU %s: %+v", gpu, v)
+	}
+}
+
+func ociState(id string, ann map[string]string) *strings.Reader {
+	data, _ := json.Marshal(map[string]any{"ociVersion": "1.2.0", "id": id, "annotations": ann})
+	return strings.NewReader(string(data))
+}
+
+// The realisation hook passes only a container the plugin approved: the nonce in its annotations
+// must match the mark on the host.
+func TestSecurityRealisationHook(t *testing.T) {
+	e := newEnv(t)
+	g := e.victim(t)
+	adj, err := e.create(e.pod("victim", shareReq, nil), ctr("c-victim"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runDir := filepath.Join(e.dir, "state")
+	nonce := adj.GetAnnotations()[AnnotationRealised]
+	if nonce == "" {
+		t.Fatal("the plugin added no realisation annotation")
+	}
+	if err := CheckRealised(runDir, ociState("c-victim", map[string]string{AnnotationRealised: nonce})); err != nil {
+		t.Errorf("realised container refused: %v", err)
+	}
+	for name, tc := range map[string]struct {
+		id  string
+		ann map[string]string
+	}{
+		"no annotation (plugin timed out)": {"c-victim", nil},
+		"forged nonce":                     {"c-victim", map[string]string{AnnotationRealised: "0123"}},
+		"never realised":                   {"c-other", map[string]string{AnnotationRealised: nonce}},
+		"path as id":                       {"../c-victim", map[string]string{AnnotationRealised: nonce}},
+	} {
+		err := CheckRealised(runDir, ociState(tc.id, tc.ann))
+		if err == nil {
+			t.Errorf("%s: hook passed", name)
+		} else if !strings.Contains(err.Error(), "not") {
+			t.Errorf("%s: unclear error %v", name, err)
+		}
+	}
+	e.victimUntouched(t, g)
+}
+
+// A GPU node under another path (195:N mounted as /dev/gpu3) is recognised by its number.
+func TestSecurityDeviceByNumber(t *testing.T) {
+	e := newEnv(t)
+	g := e.victim(t)
+	_, err := e.create(e.pod("renamed", nil, nil), e.ctr("c-renamed", "/dev/gpu3=/dev/nvidia3"))
+	if err == nil || !strings.Contains(err.Error(), "/dev/gpu3 (195:3") {
+		t.Errorf("renamed GPU node: %v", err)
+	}
+	e.victimUntouched(t, g)
+}
+
+// The validator sees what every plugin added: GPU devices, host GPU nodes bind-mounted, CDI
+// annotations a later runtime would resolve, NVIDIA_VISIBLE_DEVICES turned back on.
+func TestSecurityValidatorAfterAllPlugins(t *testing.T) {
+	e := newEnv(t)
+	g := e.victim(t)
+	dev := e.ctr("x", "/dev/gpu5=/dev/nvidia5").Linux.Devices[0]
+	host := filepath.Join(e.agent.Node().DevRoot, "dev", "nvidia4")
+	pod := e.pod("late", nil, nil)
+	base := func() *nriapi.ValidateContainerAdjustmentRequest {
+		adj := &nriapi.ContainerAdjustment{}
+		adj.AddEnv(VisibleDevicesEnv, "void")
+		return &nriapi.ValidateContainerAdjustmentRequest{Pod: pod, Container: ctr("c-late"), Adjust: adj, Owners: &nriapi.OwningPlugins{}}
+	}
+	if err := e.plugin.ValidateContainerAdjustment(context.Background(), base()); err != nil {
+		t.Fatalf("clean container refused: %v", err)
+	}
+	cases := map[string]struct {
+		edit func(*nriapi.ValidateContainerAdjustmentRequest)
+		want string
+	}{
+		"device from a later plugin": {func(r *nriapi.ValidateContainerAdjustmentRequest) { r.Adjust.AddDevice(dev) }, "/dev/gpu5 (195:5"},
+		"hostPath character device": {func(r *nriapi.ValidateContainerAdjustmentRequest) {
+			r.Container.Mounts = []*nriapi.Mount{{Source: host, Destination: "/dev/x"}}
+		}, "mounted from host " + host},
+		"CDI annotation passed through": {func(r *nriapi.ValidateContainerAdjustmentRequest) {
+			r.Container.Annotations = map[string]string{"cdi.k8s.io/evil": "nvidia.com/gpu=all"}
+		}, "cdi.k8s.io/evil=nvidia.com/gpu=all"},
+		"env turned back on": {func(r *nriapi.ValidateContainerAdjustmentRequest) { r.Adjust.AddEnv(VisibleDevicesEnv, "all") }, `NVIDIA_VISIBLE_DEVICES is "all"`},
+	}
+	for name, tc := range cases {
+		r := base()
+		tc.edit(r)
+		err := e.plugin.ValidateContainerAdjustment(context.Background(), r)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want %q", name, err, tc.want)
+		}
+	}
+	e.victimUntouched(t, g)
+}
+
+// Environment cannot pull GPUs: every container gets NVIDIA_VISIBLE_DEVICES=void, except in an
+// administrator's namespace.
+func TestSecurityVisibleDevicesVoid(t *testing.T) {
+	e := newEnv(t)
+	c := ctr("c-env")
+	c.Env = []string{"NVIDIA_VISIBLE_DEVICES=all"}
+	adj, err := e.create(e.pod("env", nil, nil), c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if v := finalEnv(c.Env, adj.GetEnv(), VisibleDevicesEnv); v != "void" {
+		t.Errorf("NVIDIA_VISIBLE_DEVICES after the plugin: %q", v)
+	}
+	e.plugin.cfg.AdminNamespaces = []string{"ns"}
+	adj, err = e.create(e.pod("monitor", nil, nil), e.ctr("c-mon", "/dev/nvidia0", "/dev/nvidia1"))
+	if err != nil {
+		t.Fatalf("admin namespace pod refused: %v", err)
+	}
+	if v := finalEnv([]string{"NVIDIA_VISIBLE_DEVICES=all"}, adj.GetEnv(), VisibleDevicesEnv); v != "all" {
+		t.Errorf("admin namespace: NVIDIA_VISIBLE_DEVICES %q", v)
+	}
+	if _, admin, _ := e.plugin.SecurityStats(); admin != 1 {
+		t.Errorf("admin containers counted %d", admin)
+	}
+}
+
+// Privileged containers run (they are root on the node, outside isolation) and are counted.
+func TestSecurityPrivilegedRuns(t *testing.T) {
+	e := newEnv(t)
+	g := e.victim(t)
+	pod := e.pod("priv", nil, nil)
+	yes := true
+	e.pods.pods["ns/priv"].Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &yes}
+	if _, err := e.create(pod, e.ctr("c-priv", "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl")); err != nil {
+		t.Fatalf("privileged container refused: %v", err)
+	}
+	if priv, _, _ := e.plugin.SecurityStats(); priv != 1 {
+		t.Errorf("privileged containers counted %d", priv)
+	}
+	// The same devices in a pod that is not privileged: refused.
+	if _, err := e.create(e.pod("notpriv", nil, nil), e.ctr("c-np", "/dev/nvidia0")); err == nil {
+		t.Error("unprivileged container with every GPU admitted")
+	}
+	e.victimUntouched(t, g)
+}
+
+// A stopped container's GPU stays with its pod: another pod cannot take it and the restarted
+// container gets the same GPU back; the pod's sandbox going frees it.
+func TestSecurityRestartKeepsGPU(t *testing.T) {
+	e := newEnv(t)
+	req := map[string]string{api.ResourceGPU: "6"}
+	pod := e.pod("crash", req, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "crash", Container: "main"}, api.ResourceGPU, "gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5")
+	if _, err := e.create(pod, ctr("c-crash-1")); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := e.agent.Ledger().Get("c-crash-1")
+	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: ctr("c-crash-1")}); err != nil {
+		t.Fatal(err)
+	}
+	// Another pod scheduled without the extender, while the container is down: nothing free.
+	other := e.pod("thief", map[string]string{api.ResourceGPU: "1"}, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "thief", Container: "main"}, api.ResourceGPU, "gpu-6")
+	if _, err := e.create(other, ctr("c-thief")); err == nil {
+		t.Error("another pod took a GPU held for a restarting container")
+	}
+	if _, err := e.create(pod, ctr("c-crash-2")); err != nil {
+		t.Fatalf("restarted container refused: %v", err)
+	}
+	again, _ := e.agent.Ledger().Get("c-crash-2")
+	if len(again.Devices) != 6 || again.Devices[0].UUID != first.Devices[0].UUID {
+		t.Errorf("restart got %+v, first run had %+v", again.Devices, first.Devices)
+	}
+	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: ctr("c-crash-2")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rt.StopPodSandbox(context.Background(), &nriadapt.StopPodSandboxRequest{Pod: pod}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.agent.Ledger().Entries()); n != 0 {
+		t.Errorf("pod stopped but the ledger holds %d entries: %+v", n, e.agent.Ledger().Entries())
+	}
+}
+
+// The accounting region is a file on its own small tmpfs: writing past the limit fails (the node's
+// /run cannot fill), and a region swapped for a FIFO or a symlink is refused without blocking.
+func TestSecurityRegionBounded(t *testing.T) {
+	e := newEnv(t)
+	e.victim(t)
+	path := e.plugin.RegionPath("c-victim")
+	f, err := os.OpenFile(path, os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.Write(make([]byte, RegionLimit+1<<20))
+	f.Close()
+	if err == nil || !strings.Contains(err.Error(), "no space left") {
+		t.Errorf("writing past the region's limit: %v", err)
+	}
+	if data, err := e.plugin.ReadRegion("c-victim"); err != nil || len(data) > RegionLimit {
+		t.Errorf("region read: %d bytes, %v", len(data), err)
+	}
+	os.Remove(path)
+	if err := syscall.Mkfifo(path, 0o666); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.plugin.ReadRegion("c-victim"); err == nil || !strings.Contains(err.Error(), "not a regular file") {
+		t.Errorf("FIFO region: %v", err)
+	}
+	os.Remove(path)
+	if err := os.Symlink("/dev/zero", path); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.plugin.ReadRegion("c-victim"); err == nil {
+		t.Error("symlinked region was followed")
+	}
+	// The region's tmpfs goes with the container.
+	e.plugin.removeContainerDir("c-victim")
+	if _, err := os.Stat(filepath.Dir(path)); !os.IsNotExist(err) {
+		t.Errorf("container dir left: %v", err)
+	}
+}

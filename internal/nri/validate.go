@@ -1,0 +1,102 @@
+package nri
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+
+	nriapi "github.com/containerd/nri/pkg/api"
+
+	"github.com/tessera-gpu/tessera/internal/ledger"
+)
+
+// cdiAnnotationPrefix is the CDI annotation namespace: a runtime that resolves CDI annotations itself
+// after NRI (nvidia-container-runtime in CDI mode, Kata) would add their devices behind our back.
+const cdiAnnotationPrefix = "cdi.k8s.io/"
+
+// ValidateContainerAdjustment checks what the container gets after every NRI plugin has adjusted it:
+// GPU devices by major:minor (whoever added them and under whatever path), host character devices
+// bind-mounted into it, CDI annotations a later runtime would resolve, and NVIDIA_VISIBLE_DEVICES.
+func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *nriapi.ValidateContainerAdjustmentRequest) error {
+	if err := p.validate(ctx, req); err != nil {
+		p.refusals.Add(1)
+		pod, c := req.GetPod(), req.GetContainer()
+		slog.Error("refusing container after all plugins' adjustments", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "err", err)
+		return fmt.Errorf("tessera: %s/%s container %q: %w", pod.GetNamespace(), pod.GetName(), c.GetName(), err)
+	}
+	return nil
+}
+
+func (p *Plugin) validate(ctx context.Context, req *nriapi.ValidateContainerAdjustmentRequest) error {
+	pod, c, adj := req.GetPod(), req.GetContainer(), req.GetAdjust()
+	admin := p.isAdmin(pod)
+	if admin {
+		return nil
+	}
+	var entry *ledger.Entry
+	if e, ok := p.agent.Ledger().Get(c.GetId()); ok {
+		entry = &e
+	}
+	x := p.devices()
+	granted := p.grantedNumbers(entry, x)
+	bad := ungranted(c.GetLinux().GetDevices(), "the container's devices", x, granted)
+	bad = append(bad, ungranted(adj.GetLinux().GetDevices(), "an NRI plugin's adjustment", x, granted)...)
+	bad = append(bad, ungrantedMounts(c.GetMounts(), "a volume of the pod", x, granted)...)
+	bad = append(bad, ungrantedMounts(adj.GetMounts(), "an NRI plugin's adjustment", x, granted)...)
+	if err := p.allowUngranted(ctx, pod, c, bad, admin, false); err != nil {
+		return err
+	}
+	if err := checkCDIAnnotations(c.GetAnnotations(), adj.GetAnnotations(), req.GetOwners(), c.GetId()); err != nil {
+		return err
+	}
+	if v := finalEnv(c.GetEnv(), adj.GetEnv(), VisibleDevicesEnv); v != "void" {
+		return fmt.Errorf("its %s is %q after all plugins' adjustments, not \"void\": nvidia-container-runtime would inject GPUs the kubelet did not grant; request GPUs through resources instead", VisibleDevicesEnv, v)
+	}
+	return nil
+}
+
+// checkCDIAnnotations refuses cdi.k8s.io annotations that would reach the OCI spec (a runtime's
+// pod-annotation passthrough) unless Tessera added them (the Kata mdev annotation).
+func checkCDIAnnotations(orig, adjusted map[string]string, owners *nriapi.OwningPlugins, id string) error {
+	var bad []string
+	for k, v := range orig {
+		if strings.HasPrefix(k, cdiAnnotationPrefix) {
+			if _, ours := adjusted[k]; !ours {
+				bad = append(bad, k+"="+v)
+			}
+		}
+	}
+	for k, v := range adjusted {
+		if !strings.HasPrefix(k, cdiAnnotationPrefix) {
+			continue
+		}
+		// NRI names owners "<index>-<name>".
+		if owner, ok := owners.AnnotationOwner(id, k); ok && owner != pluginName && !strings.HasSuffix(owner, "-"+pluginName) {
+			bad = append(bad, k+"="+v+" (set by plugin "+owner+")")
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("it carries CDI annotations %v that a runtime would resolve into devices after the kubelet's grant was checked; request GPUs through resources instead", bad)
+	}
+	return nil
+}
+
+// finalEnv is the value a variable has after the adjustment (NRI marks removals with a "-" key).
+func finalEnv(env []string, adj []*nriapi.KeyValue, key string) string {
+	v := ""
+	for _, e := range env {
+		if k, val, ok := strings.Cut(e, "="); ok && k == key {
+			v = val
+		}
+	}
+	for _, kv := range adj {
+		switch kv.GetKey() {
+		case key:
+			v = kv.GetValue()
+		case "-" + key:
+			v = ""
+		}
+	}
+	return v
+}
