@@ -32,6 +32,7 @@ import (
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/extender"
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
 type options struct {
@@ -105,7 +106,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client: %w", err)
 	}
-	eng, err := extender.NewEngine(cfg.Policy)
+	eng, err := placement.NewEngine(cfg.Policy)
 	if err != nil {
 		return err
 	}

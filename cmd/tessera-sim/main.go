@@ -16,7 +16,7 @@ import (
 	"sync"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
-	"github.com/tessera-gpu/tessera/internal/extender/simulate"
+	"github.com/tessera-gpu/tessera/internal/placement/simulate"
 )
 
 func main() {

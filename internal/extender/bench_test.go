@@ -18,6 +18,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
 // benchCluster is 5,000 nodes x 8 GPUs, half full. uniform: on each node GPUs 0-2 are whole-owned
@@ -176,9 +177,9 @@ func BenchmarkBindDecision(b *testing.B) {
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		start := time.Now()
-		n := NewNodeState(inv, nil)
-		p := Placement{Devices: []Device{{GPU: 0, Whole: true}, {GPU: 1, Whole: true}, {GPU: 2, Whole: true}, {GPU: 3, Milli: 600, Memory: 8 << 30}}}
-		n.Apply(&Request{}, &p)
+		n := placement.NewNodeState(inv, nil)
+		p := placement.Placement{Devices: []placement.Device{{GPU: 0, Whole: true}, {GPU: 1, Whole: true}, {GPU: 2, Whole: true}, {GPU: 3, Milli: 600, Memory: 8 << 30}}}
+		n.Apply(&placement.Request{}, &p)
 		pl, _, u := x.Engine.Evaluate(x.State.Shapes().ScoreContext(), n, req)
 		if u != nil {
 			b.Fatal(u)

@@ -14,6 +14,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
 // ErrNotLeader is returned by Bind on a replica that does not hold the leader Lease.
@@ -68,7 +69,7 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 }
 
 // assign picks and writes the assignment under the node lock.
-func (x *Extender) assign(ctx context.Context, pod *corev1.Pod, req *Request, node string) error {
+func (x *Extender) assign(ctx context.Context, pod *corev1.Pod, req *placement.Request, node string) error {
 	lock, err := x.Locker.Lock(ctx, node)
 	if err != nil {
 		return err
@@ -98,7 +99,7 @@ func (x *Extender) assign(ctx context.Context, pod *corev1.Pod, req *Request, no
 }
 
 // decide builds the node's state from the API server's view of its assignments and places req.
-func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *Request, node string) (*api.PodAssignment, error) {
+func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.Request, node string) (*api.PodAssignment, error) {
 	var inv *api.NodeInventory
 	var labelsOf map[string]string
 	missing := ""
@@ -120,7 +121,7 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *Request, no
 	if err != nil {
 		return nil, fmt.Errorf("list assignments on node %s: %w", node, err)
 	}
-	n := NewNodeState(inv, labelsOf)
+	n := placement.NewNodeState(inv, labelsOf)
 	for i := range list.Items {
 		other := &list.Items[i]
 		if other.UID == pod.UID || podTerminated(other) {
@@ -131,7 +132,7 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *Request, no
 			continue
 		}
 		p := placementOf(n, a)
-		n.Apply(&Request{}, &p)
+		n.Apply(&placement.Request{}, &p)
 	}
 	sc := x.State.Shapes().ScoreContext()
 	p, _, u := x.Engine.Evaluate(sc, n, req)
@@ -142,7 +143,7 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *Request, no
 }
 
 // BuildAssignment turns a placement into the per-container annotation document.
-func BuildAssignment(n *NodeState, req *Request, p *Placement) *api.PodAssignment {
+func BuildAssignment(n *placement.NodeState, req *placement.Request, p *placement.Placement) *api.PodAssignment {
 	a := &api.PodAssignment{APIVersion: api.Version, Node: n.Name}
 	for ci, c := range req.Containers {
 		ca := api.ContainerAssignment{Name: c.Name}

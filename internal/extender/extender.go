@@ -8,11 +8,13 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
+
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
-// Extender answers the kube-scheduler extender verbs from a State with an Engine.
+// Extender answers the kube-scheduler extender verbs from a State with a placement.Engine.
 type Extender struct {
-	Engine *Engine
+	Engine *placement.Engine
 	State  *State
 	Client kubernetes.Interface
 	// Quotas returns the ResourceQuotas of a namespace (an informer lister in the server).

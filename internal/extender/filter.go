@@ -11,6 +11,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
 // nodeNames returns the candidate node names of an extender call (nodeCacheCapable or not).
@@ -71,10 +72,10 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 	workers := runtime.GOMAXPROCS(0)
 	// Fitting nodes are scored right away, for the Prioritize call that follows (filterEval).
 	scs, snapshot := x.scoreContexts(workers)
-	states := make([]*NodeState, len(names))
+	states := make([]*placement.NodeState, len(names))
 	scores := make([]float64, len(names))
 	gens := make([]float64, len(names))
-	x.State.viewIndexed(names, workers, func(w, i int, n *NodeState, missing string) {
+	x.State.viewIndexed(names, workers, func(w, i int, n *placement.NodeState, missing string) {
 		switch {
 		case n == nil && req.WantsGPU():
 			verdict[i], reason[i] = failed, missing
@@ -82,7 +83,7 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 		case hasPool && n.Labels[api.LabelPool] != pool:
 			verdict[i], reason[i] = unresolvable, fmt.Sprintf("node is in GPU pool %q, pod asks for pool %q", n.Labels[api.LabelPool], pool)
 		default:
-			p, s, u := x.Engine.evaluate(scs[w], n, req, true)
+			p, s, u := x.Engine.EvaluateScratch(scs[w], n, req, true)
 			if u != nil {
 				verdict[i], reason[i] = failed, u.Msg
 				if u.Unresolvable {
@@ -105,7 +106,7 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 			if ev != nil {
 				e := evalEntry{state: states[i], score: scores[i], gen: gens[i]}
 				if e.state != nil {
-					e.version = e.state.version
+					e.version = e.state.Version()
 				}
 				ev.entries = append(ev.entries, e)
 			}

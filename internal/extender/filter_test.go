@@ -10,11 +10,12 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
 func newTestExtender(t testing.TB, policy string) *Extender {
 	t.Helper()
-	eng, err := NewEngine(policy)
+	eng, err := placement.NewEngine(policy)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -133,10 +134,10 @@ func TestPrioritizeOrdering(t *testing.T) {
 }
 
 func TestTopologyClosePair(t *testing.T) {
-	n := NewNodeState(testInventory("n", 1, 4, "A100"), nil)
+	n := placement.NewNodeState(testInventory("n", 1, 4, "A100"), nil)
 	n.GPUs[0].Whole = true // GPU 0 taken: the NVLink pair left is 2-3, not 1-2
-	r := &Request{Containers: []ContainerShape{{Name: "main", Whole: 2}}}
-	c, u := Candidates(n, r)
+	r := &placement.Request{Containers: []placement.ContainerShape{{Name: "main", Whole: 2}}}
+	c, u := placement.Candidates(n, r)
 	if u != nil || len(c) != 1 || c[0].Devices[0].GPU != 2 || c[0].Devices[1].GPU != 3 {
 		t.Fatalf("candidates %+v %v, want GPUs 2 and 3", c, u)
 	}
@@ -149,7 +150,7 @@ func TestStateRebuildAndRelease(t *testing.T) {
 	x.State.UpsertNode(testNode(testInventory("n1", 1, 1, "T4"), nil))
 	check := func(wantMilli int) {
 		t.Helper()
-		x.State.View([]string{"n1"}, func(_ string, n *NodeState, _ string) {
+		x.State.View([]string{"n1"}, func(_ string, n *placement.NodeState, _ string) {
 			if got := n.GPUs[0].UsedMilli; got != wantMilli {
 				t.Fatalf("used milli %d, want %d", got, wantMilli)
 			}

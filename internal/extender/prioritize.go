@@ -10,6 +10,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
 // classWeight is the share of the 0..10 score given to the workload-class preference (older GPUs
@@ -40,17 +41,17 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (*extenderv1.HostPr
 	if ev != nil && (ev.uid != args.Pod.UID || ev.snapshot != snapshot || !sameRequest(ev.req, req) || !slices.Equal(ev.names, names)) {
 		ev = nil // another pod, shape snapshot or node list: evaluate afresh
 	}
-	x.State.viewIndexed(names, workers, func(w, i int, n *NodeState, _ string) {
+	x.State.viewIndexed(names, workers, func(w, i int, n *placement.NodeState, _ string) {
 		if n == nil {
 			return
 		}
 		if ev != nil {
-			if e := &ev.entries[i]; e.state == n && e.version == n.version {
+			if e := &ev.entries[i]; e.state == n && e.version == n.Version() {
 				raw[i], fits[i], gen[i] = e.score, true, e.gen
 				return
 			}
 		}
-		p, s, u := x.Engine.evaluate(scs[w], n, req, false)
+		p, s, u := x.Engine.EvaluateScratch(scs[w], n, req, false)
 		if u != nil {
 			return
 		}
@@ -78,31 +79,31 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (*extenderv1.HostPr
 // shape snapshot and the request are unchanged.
 type filterEval struct {
 	uid      types.UID
-	req      *Request
-	snapshot *FragCache
+	req      *placement.Request
+	snapshot *placement.FragCache
 	names    []string
 	entries  []evalEntry // by position in names
 }
 
 type evalEntry struct {
-	state      *NodeState
+	state      *placement.NodeState
 	version    uint64
 	score, gen float64
 }
 
 // scoreContexts returns one context per worker on one shape snapshot (scores stay comparable), and
 // the snapshot's identity (its cache).
-func (x *Extender) scoreContexts(workers int) ([]*ScoreContext, *FragCache) {
+func (x *Extender) scoreContexts(workers int) ([]*placement.ScoreContext, *placement.FragCache) {
 	sc0 := x.State.Shapes().ScoreContext()
-	scs := make([]*ScoreContext, workers)
+	scs := make([]*placement.ScoreContext, workers)
 	for w := range scs {
-		scs[w] = &ScoreContext{Shapes: sc0.Shapes, Cache: sc0.Cache}
+		scs[w] = &placement.ScoreContext{Shapes: sc0.Shapes, Cache: sc0.Cache}
 	}
 	return scs, sc0.Cache
 }
 
 // sameRequest reports whether two parsed requests place the same way.
-func sameRequest(a, b *Request) bool {
+func sameRequest(a, b *placement.Request) bool {
 	if a.CPUMilli != b.CPUMilli || a.MemMiB != b.MemMiB || a.Class != b.Class || a.Policy != b.Policy ||
 		!slices.Equal(a.Models, b.Models) || len(a.Containers) != len(b.Containers) {
 		return false
@@ -118,7 +119,7 @@ func sameRequest(a, b *Request) bool {
 }
 
 // placementGeneration is the newest compute capability among the GPUs a placement uses.
-func placementGeneration(n *NodeState, p *Placement) float64 {
+func placementGeneration(n *placement.NodeState, p *placement.Placement) float64 {
 	g := 0
 	for _, d := range p.Devices {
 		g = max(g, n.GPUs[d.GPU].Gen)
@@ -139,7 +140,7 @@ func normalise(v []float64, fits []bool, invert bool) []float64 {
 	for i, x := range v {
 		switch {
 		case !fits[i]:
-		case hi-lo < scoreEpsilon:
+		case hi-lo < placement.ScoreEpsilon:
 			out[i] = float64(extenderv1.MaxExtenderPriority)
 		case invert:
 			out[i] = float64(extenderv1.MaxExtenderPriority) * (hi - x) / (hi - lo)

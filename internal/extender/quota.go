@@ -8,11 +8,12 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
 // requestQuantities is what a request charges against ResourceQuota, by resource name: whole GPUs,
 // shares, and each share's memory and cores summed over shares.
-func requestQuantities(r *Request) map[string]int64 {
+func requestQuantities(r *placement.Request) map[string]int64 {
 	out := map[string]int64{}
 	for _, c := range r.Containers {
 		if c.Whole > 0 {
@@ -32,7 +33,7 @@ func requestQuantities(r *Request) map[string]int64 {
 // The API server's quota admission charges pods at creation; this check charges placement, so a
 // quota lowered after creation, or pods created before it, cannot push the namespace over at bind.
 // It returns a user-facing reason, or "" when the request fits.
-func CheckQuota(quotas []*corev1.ResourceQuota, used map[string]int64, r *Request) string {
+func CheckQuota(quotas []*corev1.ResourceQuota, used map[string]int64, r *placement.Request) string {
 	want := requestQuantities(r)
 	var over []string
 	for _, q := range quotas {

@@ -8,70 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
-
-// ContainerShape is the GPU need of one container in placement units.
-type ContainerShape struct {
-	Name string
-	// Whole is the number of exclusive GPUs.
-	Whole int
-	// Shares is the number of shares, each on a different GPU.
-	Shares int
-	// Memory is each share's memory cap in bytes; MemoryPercent the same in percent of its GPU.
-	Memory        int64
-	MemoryPercent int
-	// Milli is each share's reserved compute, per-mille (0 = nothing reserved).
-	Milli int
-	MIG   map[string]int
-	Mdev  map[string]int
-}
-
-// shareMemoryOn is the memory one share takes on a GPU of gpuMemory bytes.
-func (c *ContainerShape) shareMemoryOn(gpuMemory int64) int64 {
-	if c.MemoryPercent > 0 {
-		return gpuMemory * int64(c.MemoryPercent) / 100
-	}
-	return c.Memory
-}
-
-// Request is a pod's placement request.
-type Request struct {
-	// Key is namespace/name (empty in the simulator).
-	Key        string
-	Containers []ContainerShape
-	// CPUMilli and MemMiB are hard constraints where the node tracks them (the simulator).
-	CPUMilli, MemMiB int64
-	// Models restricts the pod to GPUs of these models (nil: any).
-	Models []string
-	// Class is the workload class (api.WorkloadExperiment/Training/Inference or "").
-	Class string
-	// Policy overrides the engine's default policy ("" = default).
-	Policy string
-}
-
-// GPUMilli is the GPU compute the request takes, per-mille: 1000 per whole GPU plus each share's compute.
-func (r *Request) GPUMilli() int {
-	s := 0
-	for _, c := range r.Containers {
-		s += c.Whole*MilliPerGPU + c.Shares*c.Milli
-	}
-	return s
-}
-
-// WantsGPU reports whether the request places any whole GPU or share.
-func (r *Request) WantsGPU() bool {
-	for _, c := range r.Containers {
-		if c.Whole > 0 || c.Shares > 0 {
-			return true
-		}
-	}
-	return false
-}
-
-// modelAllowed reports whether a GPU model satisfies the request's model constraint.
-func (r *Request) modelAllowed(model string) bool {
-	return len(r.Models) == 0 || slices.Contains(r.Models, model)
-}
 
 // ClassOptions maps priority class names to workload classes for pods without the workload label.
 type ClassOptions struct {
@@ -79,16 +17,16 @@ type ClassOptions struct {
 	AllowPolicyOverride             bool
 }
 
-// RequestFromPod parses a pod into a Request; it fails for invalid GPU requests (api.ParsePodRequest)
+// RequestFromPod parses a pod into a placement.Request; it fails for invalid GPU requests (api.ParsePodRequest)
 // and unknown policy overrides, with a message meant for the pod's events.
-func RequestFromPod(pod *corev1.Pod, opts ClassOptions) (*Request, error) {
+func RequestFromPod(pod *corev1.Pod, opts ClassOptions) (*placement.Request, error) {
 	pr, err := api.ParsePodRequest(pod)
 	if err != nil {
 		return nil, err
 	}
-	r := &Request{Key: pod.Namespace + "/" + pod.Name}
+	r := &placement.Request{Key: pod.Namespace + "/" + pod.Name}
 	for _, c := range pr.Containers {
-		cs := ContainerShape{Name: c.Name, Whole: c.WholeGPUs, Shares: c.Shares, Memory: c.ShareMemoryBytes,
+		cs := placement.ContainerShape{Name: c.Name, Whole: c.WholeGPUs, Shares: c.Shares, Memory: c.ShareMemoryBytes,
 			MemoryPercent: c.ShareMemoryPercent, Milli: c.ShareCores * 10, MIG: c.MIG, Mdev: c.Mdev}
 		r.Containers = append(r.Containers, cs)
 	}

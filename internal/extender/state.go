@@ -13,6 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
 // State is the extender's view of the cluster: every node's GPU inventory and what is committed
@@ -23,13 +24,13 @@ type State struct {
 	mu     sync.RWMutex
 	nodes  map[string]*nodeEntry
 	pods   map[types.UID]*podEntry
-	shapes *ShapeStats
-	// typeIDs interns node hardware types (NodeState.TypeKey) for the fragmentation cache.
+	shapes *placement.ShapeStats
+	// typeIDs interns node hardware types (placement.NodeState.TypeKey) for the fragmentation cache.
 	typeIDs map[string]int
 	// podsOn indexes pod entries by node name, so a node (re)appearing re-applies only its own pods.
 	podsOn map[string]map[types.UID]*podEntry
 	// observed are the non-terminated pods counted in shapes (arrived: pending or assigned).
-	observed map[types.UID]*Request
+	observed map[types.UID]*placement.Request
 	// nodeGen counts node entries created or deleted; resolved caches name lists resolved to
 	// entries under a nodeGen (the scheduler sends the same lists again and again).
 	nodeGen  uint64
@@ -47,7 +48,7 @@ type nodeEntry struct {
 	invErr string
 	// raw is the inventory annotation the state was built from.
 	raw   string
-	state *NodeState
+	state *placement.NodeState
 	// holders are the pods (committed or reserved) whose devices are applied to state.
 	holders map[types.UID]bool
 	// heldRaw is the node agent's holdings annotation; held are its pods this state does not track
@@ -61,10 +62,10 @@ type podEntry struct {
 	key       string
 	namespace string
 	node      string
-	req       *Request
+	req       *placement.Request
 	// assignment is what the pod holds; placement is it resolved against the node's GPUs.
 	assignment *api.PodAssignment
-	placement  Placement
+	placement  placement.Placement
 	applied    bool
 	// reserved marks an in-flight decision (bind not landed yet); expires bounds it.
 	reserved bool
@@ -76,13 +77,13 @@ func NewState(ttl time.Duration, log *slog.Logger) *State {
 	if log == nil {
 		log = slog.Default()
 	}
-	return &State{nodes: map[string]*nodeEntry{}, pods: map[types.UID]*podEntry{}, shapes: NewShapeStats(),
-		typeIDs: map[string]int{}, podsOn: map[string]map[types.UID]*podEntry{}, observed: map[types.UID]*Request{},
+	return &State{nodes: map[string]*nodeEntry{}, pods: map[types.UID]*podEntry{}, shapes: placement.NewShapeStats(),
+		typeIDs: map[string]int{}, podsOn: map[string]map[types.UID]*podEntry{}, observed: map[types.UID]*placement.Request{},
 		ttl: ttl, now: time.Now, log: log}
 }
 
 // Shapes returns the task-shape statistics of the pods seen so far (FGD's typical shapes).
-func (s *State) Shapes() *ShapeStats { return s.shapes }
+func (s *State) Shapes() *placement.ShapeStats { return s.shapes }
 
 // UpsertNode records a node's labels and inventory; the node's GPU state is rebuilt when either changes.
 func (s *State) UpsertNode(node *corev1.Node) {
@@ -114,7 +115,7 @@ func (s *State) UpsertNode(node *corev1.Node) {
 	if inv == nil {
 		inv = &api.NodeInventory{Node: node.Name}
 	}
-	e.state = NewNodeState(inv, e.labels)
+	e.state = placement.NewNodeState(inv, e.labels)
 	key := e.state.TypeKey()
 	if s.typeIDs[key] == 0 {
 		s.typeIDs[key] = len(s.typeIDs) + 1
@@ -284,7 +285,7 @@ func (s *State) DeletePod(uid types.UID) {
 }
 
 // Reserve holds an in-flight decision so that concurrent filter/prioritize/bind calls see it.
-func (s *State) Reserve(uid types.UID, key, namespace string, req *Request, a *api.PodAssignment) {
+func (s *State) Reserve(uid types.UID, key, namespace string, req *placement.Request, a *api.PodAssignment) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old := s.pods[uid]; old != nil {
@@ -328,7 +329,7 @@ func (s *State) applyLocked(p *podEntry) {
 		return
 	}
 	p.placement = placementOf(e.state, p.assignment)
-	e.state.Apply(&Request{}, &p.placement)
+	e.state.Apply(&placement.Request{}, &p.placement)
 	p.applied = true
 }
 
@@ -336,7 +337,7 @@ func (s *State) removeLocked(p *podEntry) {
 	if e := s.nodes[p.node]; e != nil {
 		delete(e.holders, p.uid)
 		if p.applied {
-			e.state.Release(&Request{}, &p.placement)
+			e.state.Release(&placement.Request{}, &p.placement)
 		}
 	}
 	if on := s.podsOn[p.node]; on != nil {
@@ -350,15 +351,15 @@ func (s *State) removeLocked(p *podEntry) {
 
 // placementOf resolves an assignment's devices against a node's GPUs (unknown UUIDs are skipped:
 // the inventory changed under the pod, and the node agent refuses such devices anyway).
-func placementOf(n *NodeState, a *api.PodAssignment) Placement {
-	var p Placement
+func placementOf(n *placement.NodeState, a *api.PodAssignment) placement.Placement {
+	var p placement.Placement
 	for ci, c := range a.Containers {
 		for _, d := range c.Devices {
 			i := n.GPUIndexByUUID(d.UUID)
 			if i < 0 {
 				continue
 			}
-			p.Devices = append(p.Devices, Device{Container: ci, GPU: i, Whole: d.Whole, Memory: d.MemoryBytes, Milli: d.CoresPercent * 10})
+			p.Devices = append(p.Devices, placement.Device{Container: ci, GPU: i, Whole: d.Whole, Memory: d.MemoryBytes, Milli: d.CoresPercent * 10})
 		}
 	}
 	return p
@@ -366,7 +367,7 @@ func placementOf(n *NodeState, a *api.PodAssignment) Placement {
 
 // View runs f with read access to the named nodes' states (missing nodes get a nil state and the
 // reason). f must not keep the states after it returns.
-func (s *State) View(names []string, f func(name string, n *NodeState, missing string)) {
+func (s *State) View(names []string, f func(name string, n *placement.NodeState, missing string)) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	for _, name := range names {
@@ -387,7 +388,7 @@ const parallelMin = 512
 
 // viewIndexed is View for hot loops: f gets the worker number (0..workers-1, for per-worker scratch)
 // and the name's index, and runs on up to workers goroutines at once, all under one read lock.
-func (s *State) viewIndexed(names []string, workers int, f func(w, i int, n *NodeState, missing string)) {
+func (s *State) viewIndexed(names []string, workers int, f func(w, i int, n *placement.NodeState, missing string)) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	entries := s.resolved.resolve(names, s.nodeGen, s.nodes)

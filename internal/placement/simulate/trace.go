@@ -12,7 +12,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/tessera-gpu/tessera/internal/extender"
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
 // Node is one row of openb_node_list_gpu_node.csv.
@@ -40,14 +40,14 @@ func (p *Pod) GPURequest() int { return p.NumGPU * p.GPUMilli }
 
 // Request converts the pod to the engine's request: gpu_milli < 1000 is one share with that compute
 // (GPU memory is not in the trace, so shares take none), otherwise num_gpu whole GPUs.
-func (p *Pod) Request() *extender.Request {
-	r := &extender.Request{CPUMilli: p.CPUMilli, MemMiB: p.MemMiB, Models: p.Models}
+func (p *Pod) Request() *placement.Request {
+	r := &placement.Request{CPUMilli: p.CPUMilli, MemMiB: p.MemMiB, Models: p.Models}
 	switch {
 	case p.NumGPU == 0 || p.GPUMilli == 0:
-	case p.GPUMilli < extender.MilliPerGPU:
-		r.Containers = []extender.ContainerShape{{Name: "main", Shares: p.NumGPU, Milli: p.GPUMilli}}
+	case p.GPUMilli < placement.MilliPerGPU:
+		r.Containers = []placement.ContainerShape{{Name: "main", Shares: p.NumGPU, Milli: p.GPUMilli}}
 	default:
-		r.Containers = []extender.ContainerShape{{Name: "main", Whole: p.NumGPU}}
+		r.Containers = []placement.ContainerShape{{Name: "main", Whole: p.NumGPU}}
 	}
 	return r
 }
@@ -137,7 +137,7 @@ func LoadPods(path string) ([]Pod, error) {
 				return nil, err
 			}
 		}
-		if gm > extender.MilliPerGPU || (gm < extender.MilliPerGPU && ng > 1) {
+		if gm > placement.MilliPerGPU || (gm < placement.MilliPerGPU && ng > 1) {
 			return nil, fmt.Errorf("%s row %d: gpu_milli %d with num_gpu %d: shares below a whole GPU come one per pod", path, i+1, gm, ng)
 		}
 		p.NumGPU, p.GPUMilli = int(ng), int(gm)

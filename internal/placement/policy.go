@@ -1,4 +1,4 @@
-package extender
+package placement
 
 import (
 	"fmt"
@@ -23,7 +23,7 @@ type ScoreContext struct {
 	// after is scratch space for a node's state after a placement; arena holds candidates.
 	after NodeState
 	arena arena
-	// memo holds the outcome per node state for memoReq (Engine.evaluate).
+	// memo holds the outcome per node state for memoReq (Engine.EvaluateScratch).
 	memo                  map[stateHash]memoEntry
 	memoReq               *Request
 	memoExplain           bool

@@ -1,4 +1,4 @@
-package extender
+package placement
 
 import (
 	"fmt"
@@ -164,6 +164,10 @@ func (n *NodeState) Clone() *NodeState {
 	c.GPUs = append([]GPUState(nil), n.GPUs...)
 	return &c
 }
+
+// Version counts the placements applied to or released from the node: an evaluation made at one
+// version stays valid while the version holds.
+func (n *NodeState) Version() uint64 { return n.version }
 
 // FreeMilli is the node's free GPU compute (per-mille), counting whole-owned GPUs as used.
 func (n *NodeState) FreeMilli() int {

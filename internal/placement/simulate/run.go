@@ -4,7 +4,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 
-	"github.com/tessera-gpu/tessera/internal/extender"
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
 // Checkpoints are the arrived-workload percentages the report shows.
@@ -25,16 +25,16 @@ type Result struct {
 	Free100 map[string]int64
 }
 
-func freeBreakdown(nodes []*extender.NodeState) map[string]int64 {
+func freeBreakdown(nodes []*placement.NodeState) map[string]int64 {
 	out := map[string]int64{}
 	for _, n := range nodes {
 		for i := range n.GPUs {
 			g := &n.GPUs[i]
 			switch {
 			case g.FreeWhole():
-				out["whole"] += extender.MilliPerGPU
+				out["whole"] += placement.MilliPerGPU
 				if n.CPUMilli-n.UsedCPU < 4000 {
-					out["whole-cpu<4"] += extender.MilliPerGPU
+					out["whole-cpu<4"] += placement.MilliPerGPU
 				}
 			default:
 				out["partial"] += int64(g.FreeMilli())
@@ -49,7 +49,7 @@ func podClass(p *Pod) string {
 	switch {
 	case p.NumGPU == 0 || p.GPUMilli == 0:
 		return "cpu"
-	case p.GPUMilli < extender.MilliPerGPU:
+	case p.GPUMilli < placement.MilliPerGPU:
 		return "share"
 	}
 	return fmt.Sprintf("%dgpu", p.NumGPU)
@@ -61,14 +61,14 @@ type Cluster struct {
 	Pods  []Pod
 	// Capacity is the cluster's GPU compute in per-mille.
 	Capacity int64
-	shapes   []extender.Shape
+	shapes   []placement.Shape
 }
 
 // NewCluster prepares a trace for runs.
 func NewCluster(nodes []Node, pods []Pod) *Cluster {
 	c := &Cluster{Nodes: nodes, Pods: pods}
 	for _, n := range nodes {
-		c.Capacity += int64(n.GPUs) * extender.MilliPerGPU
+		c.Capacity += int64(n.GPUs) * placement.MilliPerGPU
 	}
 	return c
 }
@@ -77,7 +77,7 @@ func NewCluster(nodes []Node, pods []Pod) *Cluster {
 // pods included), as the FGD paper's simulator does, instead of learning them from the GPU pods
 // arrived so far (the default, and all the server can know). It exists to reproduce the paper.
 func (c *Cluster) UseOracleShapes() {
-	st := extender.NewShapeStats()
+	st := placement.NewShapeStats()
 	for i := range c.Pods {
 		st.Observe(c.Pods[i].Request(), 1)
 	}
@@ -85,17 +85,17 @@ func (c *Cluster) UseOracleShapes() {
 }
 
 // buildNodes returns fresh node states; nodes with identical hardware share a TypeID.
-func (c *Cluster) buildNodes() []*extender.NodeState {
+func (c *Cluster) buildNodes() []*placement.NodeState {
 	types := map[string]int{}
-	out := make([]*extender.NodeState, len(c.Nodes))
+	out := make([]*placement.NodeState, len(c.Nodes))
 	for i, n := range c.Nodes {
 		key := fmt.Sprintf("%d/%s/%d/%d", n.GPUs, n.Model, n.CPUMilli, n.MemMiB)
 		if types[key] == 0 {
 			types[key] = len(types) + 1
 		}
-		ns := &extender.NodeState{Name: n.Name, CPUMilli: n.CPUMilli, MemMiB: n.MemMiB, TypeID: types[key]}
+		ns := &placement.NodeState{Name: n.Name, CPUMilli: n.CPUMilli, MemMiB: n.MemMiB, TypeID: types[key]}
 		for g := 0; g < n.GPUs; g++ {
-			ns.GPUs = append(ns.GPUs, extender.GPUState{Index: g, Model: n.Model, Usable: true})
+			ns.GPUs = append(ns.GPUs, placement.GPUState{Index: g, Model: n.Model, Usable: true})
 		}
 		ns.Prepare()
 		out[i] = ns
@@ -125,16 +125,16 @@ func (c *Cluster) Arrivals(seed uint64, inflate float64) []Pod {
 
 // Run replays one arrival order under one policy through the engine.
 func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, error) {
-	eng, err := extender.NewEngine(policy)
+	eng, err := placement.NewEngine(policy)
 	if err != nil {
 		return Result{}, err
 	}
 	nodes := c.buildNodes()
 	rng := rand.New(rand.NewPCG(seed, 7))
-	sc := &extender.ScoreContext{Shapes: c.shapes, Cache: extender.NewFragCache(), Rand: rng}
+	sc := &placement.ScoreContext{Shapes: c.shapes, Cache: placement.NewFragCache(), Rand: rng}
 	// Online: the shapes of the pods arrived so far, the current one included (in a cluster it is
 	// pending, and the server counts pending pods), through the server's own ShapeStats snapshots.
-	st := extender.NewShapeStats()
+	st := placement.NewShapeStats()
 	res := Result{Policy: policy, Seed: seed, FailedMilli: map[string]int64{}}
 	var arrived, allocated int64
 	next := 0

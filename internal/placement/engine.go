@@ -1,4 +1,4 @@
-package extender
+package placement
 
 import (
 	"fmt"
@@ -42,13 +42,13 @@ func (e *Engine) PolicyFor(r *Request) Policy {
 // Evaluate returns the best placement of r on n and its policy score, or why r does not fit n.
 func (e *Engine) Evaluate(sc *ScoreContext, n *NodeState, r *Request) (Placement, float64, *Unfit) {
 	sc.memoReq = nil
-	p, s, u := e.evaluate(sc, n, r, true)
+	p, s, u := e.EvaluateScratch(sc, n, r, true)
 	return p.clone(), s, u
 }
 
-// evaluate is Evaluate; without explain, an Unfit carries no message (cheaper when most nodes do
+// EvaluateScratch is Evaluate for hot loops; without explain, an Unfit carries no message (cheaper when most nodes do
 // not fit and nobody reads why). The placement lives in sc's arena: valid until sc's next evaluate.
-func (e *Engine) evaluate(sc *ScoreContext, n *NodeState, r *Request, explain bool) (Placement, float64, *Unfit) {
+func (e *Engine) EvaluateScratch(sc *ScoreContext, n *NodeState, r *Request, explain bool) (Placement, float64, *Unfit) {
 	sc.arena.reset()
 	pol := e.PolicyFor(r)
 	// Nodes in the same state (same hardware type, same usage) evaluate the same: remember each
@@ -117,14 +117,14 @@ func (e *Engine) Pick(sc *ScoreContext, nodes []*NodeState, r *Request, unfitFn 
 	bestScore := math.Inf(-1)
 	sc.memoReq = nil // a new request: forget outcomes memoised for an earlier one
 	for i, n := range nodes {
-		p, s, u := e.evaluate(sc, n, r, unfitFn != nil)
+		p, s, u := e.EvaluateScratch(sc, n, r, unfitFn != nil)
 		if u != nil {
 			if unfitFn != nil {
 				unfitFn(i, u)
 			}
 			continue
 		}
-		if best < 0 || s > bestScore+scoreEpsilon {
+		if best < 0 || s > bestScore+ScoreEpsilon {
 			best, bestScore = i, s
 			bestP.Devices = append(bestP.Devices[:0], p.Devices...)
 		}
@@ -136,5 +136,5 @@ func (p Placement) clone() Placement {
 	return Placement{Devices: slices.Clone(p.Devices)}
 }
 
-// scoreEpsilon treats scores this close as equal (floating-point noise of weighted sums).
-const scoreEpsilon = 1e-9
+// ScoreEpsilon treats scores this close as equal (floating-point noise of weighted sums).
+const ScoreEpsilon = 1e-9

@@ -1,0 +1,85 @@
+package extender
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/placement"
+)
+
+// TestStateCountsArrivals checks that pending pods count in the shapes (the arrival distribution),
+// once each, and that a node seen after its pods gets them applied.
+func TestStateCountsArrivals(t *testing.T) {
+	s := NewState(time.Minute, nil)
+	p := sharePod("p", 1, 4, 30)
+	s.UpsertPod(p, ClassOptions{})
+	s.UpsertPod(p, ClassOptions{})
+	if got := s.Shapes().Total(); got != 1 {
+		t.Fatalf("pending pod counted %d times, want 1", got)
+	}
+	a := assigned(wholePod("w", 2), "n1", api.DeviceAssignment{UUID: gpuUUID(1, 0), Whole: true}, api.DeviceAssignment{UUID: gpuUUID(1, 1), Whole: true})
+	s.UpsertPod(a, ClassOptions{})
+	s.UpsertNode(testNode(testInventory("n1", 1, 4, "A100"), nil))
+	s.View([]string{"n1"}, func(_ string, n *placement.NodeState, _ string) {
+		if n == nil || !n.GPUs[0].Whole || !n.GPUs[1].Whole || n.GPUs[2].Whole {
+			t.Fatalf("node seen after its pod: %+v", n)
+		}
+	})
+	s.DeletePod(p.UID)
+	s.DeletePod(a.UID)
+	if got := s.Shapes().Total(); got != 0 {
+		t.Fatalf("deleted pods still counted: %d", got)
+	}
+}
+
+// TestPrioritizeReusesFilter checks that Prioritize after Filter scores exactly as Prioritize alone,
+// also when a node changed in between (its entry must not be reused).
+func TestPrioritizeReusesFilter(t *testing.T) {
+	build := func() (*Extender, []string) {
+		x := newTestExtender(t, api.PolicyTessera)
+		var names []string
+		for i := 0; i < 6; i++ {
+			name := fmt.Sprintf("n%d", i)
+			names = append(names, name)
+			x.State.UpsertNode(testNode(testInventory(name, i, 4, "A100"), nil))
+			for g := 0; g < i%4; g++ {
+				x.State.UpsertPod(assigned(sharePod(fmt.Sprintf("s%d-%d", i, g), 1, 2, 10*(g+i)), name,
+					api.DeviceAssignment{UUID: gpuUUID(i, g), MemoryBytes: 2 << 30, CoresPercent: 10 * (g + i)}), x.Class)
+			}
+		}
+		return x, names
+	}
+	pod := sharePod("new", 1, 4, 35)
+	// change fills n1 (the best node) through a reservation (no new pod is observed, so the shape snapshot stays and
+	// only the node's version tells Prioritize that Filter's score for n1 is stale).
+	change := func(x *Extender) {
+		var devs []api.DeviceAssignment
+		for g := 0; g < 4; g++ {
+			devs = append(devs, api.DeviceAssignment{UUID: gpuUUID(1, g), Whole: true})
+		}
+		req, _ := RequestFromPod(wholePod("late", 4), x.Class)
+		x.State.Reserve("uid-late", "default/late", "default", req, &api.PodAssignment{APIVersion: api.Version, Node: "n1",
+			Containers: []api.ContainerAssignment{{Name: "main", Devices: devs}}})
+	}
+	for _, changed := range []bool{false, true} {
+		xa, names := build()
+		fr := xa.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+		if changed {
+			change(xa)
+		}
+		got, _ := xa.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: fr.NodeNames})
+		xb, _ := build()
+		if changed {
+			change(xb)
+		}
+		want, _ := xb.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: fr.NodeNames})
+		if !slices.Equal(*got, *want) {
+			t.Fatalf("changed=%v: after Filter %v, alone %v", changed, *got, *want)
+		}
+	}
+}
