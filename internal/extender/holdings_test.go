@@ -5,6 +5,7 @@ import (
 	"time"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
 // TestSecurityExtenderCountsHoldings: what the node agent's ledger holds for pods the extender does
@@ -31,7 +32,7 @@ func TestSecurityExtenderCountsHoldings(t *testing.T) {
 	s.UpsertNode(node)
 	check := func(when string, whole0 bool, shares1 int) {
 		t.Helper()
-		s.View([]string{"n1"}, func(_ string, n *NodeState, missing string) {
+		s.View([]string{"n1"}, func(_ string, n *placement.NodeState, missing string) {
 			if n == nil {
 				t.Fatalf("%s: node missing: %s", when, missing)
 			}

@@ -54,7 +54,7 @@ type nodeEntry struct {
 	// heldRaw is the node agent's holdings annotation; held are its pods this state does not track
 	// (local placements, holds of restarting containers), applied to state as occupied.
 	heldRaw string
-	held    map[types.UID]Placement
+	held    map[types.UID]placement.Placement
 }
 
 type podEntry struct {
@@ -231,7 +231,7 @@ func (s *State) addLocked(p *podEntry) {
 	on[p.uid] = p
 	if e := s.nodes[p.node]; e != nil {
 		if pl, ok := e.held[p.uid]; ok { // now tracked as the extender's own: count it once
-			e.state.Release(&Request{}, &pl)
+			e.state.Release(&placement.Request{}, &pl)
 			delete(e.held, p.uid)
 		}
 	}
@@ -246,9 +246,9 @@ func (s *State) applyHoldingsLocked(e *nodeEntry, raw string) {
 		return
 	}
 	for _, pl := range e.held {
-		e.state.Release(&Request{}, &pl)
+		e.state.Release(&placement.Request{}, &pl)
 	}
-	e.held, e.heldRaw = map[types.UID]Placement{}, raw
+	e.held, e.heldRaw = map[types.UID]placement.Placement{}, raw
 	if raw == "" {
 		return
 	}
@@ -263,7 +263,7 @@ func (s *State) applyHoldingsLocked(e *nodeEntry, raw string) {
 			continue // the extender's own pod: already counted
 		}
 		pl := placementOf(e.state, &api.PodAssignment{APIVersion: api.Version, Node: h.Node, Containers: ph.Containers})
-		e.state.Apply(&Request{}, &pl)
+		e.state.Apply(&placement.Request{}, &pl)
 		e.held[uid] = pl
 	}
 }
