@@ -86,6 +86,7 @@ func runAgent(args []string) error {
 	go func() { errc <- named("NRI plugin", plugin.Run(ctx, cfg.NRISocket)) }()
 	go func() { errc <- named("health watch", a.WatchHealth(ctx)) }()
 	go rediscover(ctx, a, cfg.RediscoverInterval.Duration)
+	go plugin.ReleaseUnlistedEvery(ctx, grants.List, holdReconcileInterval)
 	srv, err := serveHTTP(cfg.Listen, a, mgr, plugin)
 	if err != nil {
 		return err
@@ -99,6 +100,9 @@ func runAgent(args []string) error {
 		return err
 	}
 }
+
+// holdReconcileInterval is how often holds are checked against the pods the kubelet lists.
+const holdReconcileInterval = 10 * time.Second
 
 func named(what string, err error) error {
 	if err == nil || errors.Is(err, context.Canceled) {

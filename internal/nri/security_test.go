@@ -218,6 +218,31 @@ func TestSecurityRestartKeepsGPU(t *testing.T) {
 	}
 }
 
+// A hold lasts only as long as the kubelet lists its pod: after a containerd restart no sandbox
+// event comes for pods restored from before it, so the kubelet's list releases their holds.
+func TestSecurityHoldReleasedWhenKubeletForgetsPod(t *testing.T) {
+	e := newEnv(t)
+	pod := e.pod("gone", map[string]string{api.ResourceGPU: "1"}, nil)
+	key := podresources.Key{Namespace: "ns", Pod: "gone", Container: "main"}
+	e.grants.Add(key, api.ResourceGPU, "gpu-0")
+	if _, err := e.create(pod, ctr("c-gone")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: ctr("c-gone")}); err != nil {
+		t.Fatal(err)
+	}
+	// Still listed (a restarting container): the hold stays.
+	e.plugin.ReleaseUnlisted(context.Background(), map[podresources.Key]podresources.Grant{key: {api.ResourceGPU: {"gpu-0"}}})
+	if n := len(e.agent.Ledger().Entries()); n != 1 {
+		t.Fatalf("hold of a listed pod released: %d entries", n)
+	}
+	// Another pod listed, this one not: its hold goes.
+	e.plugin.ReleaseUnlisted(context.Background(), map[podresources.Key]podresources.Grant{{Namespace: "ns", Pod: "other", Container: "main"}: {}})
+	if n := len(e.agent.Ledger().Entries()); n != 0 {
+		t.Errorf("hold of a pod the kubelet no longer lists kept: %+v", e.agent.Ledger().Entries())
+	}
+}
+
 // The accounting region is a file on its own small tmpfs: writing past the limit fails (the node's
 // /run cannot fill), and a region swapped for a FIFO or a symlink is refused without blocking.
 func TestSecurityRegionBounded(t *testing.T) {
