@@ -184,7 +184,15 @@ static void load_node_file(void) {
         parse_uuid(F.uuid[i], F.raw[i]);
 }
 
+/* getpid() is a system call; the fake's hot paths use a cached copy,
+ * refreshed in a forked child. */
+static pid_t cached_pid;
+static void refresh_pid(void) { cached_pid = getpid(); }
+static pid_t fake_pid(void) { return cached_pid ? cached_pid : getpid(); }
+
 static void init(void) {
+    refresh_pid();
+    pthread_atfork(NULL, NULL, refresh_pid);
     const char *e = getenv("FAKE_DRIVER_VERSION");
     snprintf(F.version, sizeof(F.version), "%s", e && *e ? e : FAKE_DRIVER_VERSION_DEFAULT);
     /* The CUDA version a driver branch supports (r580: 13.0, r570: 12.8, ...). */
@@ -648,8 +656,9 @@ static void maybe_block(void) {
  * allocation; a forked child claims its own). */
 static int my_slot = -1;
 static pid_t my_slot_pid;
+static pid_t fake_pid(void);
 static shared_proc *self_proc(void) {
-    pid_t me = getpid();
+    pid_t me = fake_pid();
     if (my_slot >= 0 && my_slot_pid == me)
         return &F.sh->proc[my_slot];
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
@@ -1103,7 +1112,7 @@ static shared_proc *self_proc(void);
 static uint64_t schedule_at(int d, _Atomic uint64_t *su, uint64_t dur, int full, uint64_t now) {
     shared_dev *s = &F.sh->dev[d];
     shared_proc *me = self_proc();
-    int pid = getpid();
+    int pid = fake_pid();
     spin_lock(&s->lock);
     uint64_t all = atomic_load(&s->busy_until);
     uint64_t start = atomic_load(su);
