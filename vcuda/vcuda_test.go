@@ -138,6 +138,10 @@ func caseEnv(dir, lib, tmp string) []string {
 		env = append(env, "LD_PRELOAD="+filepath.Join(dir, "libvcuda.so"))
 	case "testhooks":
 		env = append(env, "LD_PRELOAD="+filepath.Join(dir, "libvcuda-testhooks.so"))
+	default:
+		if strings.HasPrefix(lib, "mut-") { // a limiter mutant (see Makefile)
+			env = append(env, "LD_PRELOAD="+filepath.Join(dir, "libvcuda-"+lib+".so"))
+		}
 	}
 	return env
 }
@@ -233,25 +237,65 @@ func TestCrash(t *testing.T) {
 // region each case left behind, and nothing still charged.
 func TestLimiter(t *testing.T) {
 	runGroup(t, "limiter_", func(t *testing.T, name, tmp string) {
-		r, err := ReadRegion(filepath.Join(tmp, "region"))
-		if err != nil {
-			t.Fatal(err)
+		regions := []string{"region"}
+		if strings.Contains(name, "two_containers") { // one region per container
+			regions = []string{"c0-region", "c1-region"}
 		}
-		if len(r.GPUs) != 1 || !strings.HasPrefix(r.GPUs[0].UUID, "GPU-fa4e0000-") {
-			t.Fatalf("region gpus %+v", r.GPUs)
-		}
-		g := r.GPUs[0]
-		// Every limited loop runs over its share and is throttled; an unlimited one never is. The
-		// launch-bound loop's bound (under 5% of its time) is the C case's own: on a loaded machine a
-		// descheduled launcher can look like a device that fell behind, so a little throttling is fair.
-		throttled := g.ThrottledNs > 0 && g.ThrottleEvents > 0
-		if !strings.Contains(name, "launch_bound") && throttled != (g.Cores < 100) {
-			t.Errorf("cores %d%%: throttled %v ns in %d waits", g.Cores, g.ThrottledNs, g.ThrottleEvents)
-		}
-		if g.Used != 0 || len(r.Processes) != 0 {
-			t.Errorf("left behind: %d bytes, %d processes", g.Used, len(r.Processes))
+		for _, rf := range regions {
+			r, err := ReadRegion(filepath.Join(tmp, rf))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(r.GPUs) != 1 || !strings.HasPrefix(r.GPUs[0].UUID, "GPU-fa4e0000-") {
+				t.Fatalf("region gpus %+v", r.GPUs)
+			}
+			g := r.GPUs[0]
+			// Every limited loop runs over its share and is throttled; an unlimited one never is. The
+			// launch-bound loop's bound (under 5% of its time) is the C case's own: on a loaded machine a
+			// descheduled launcher can look like a device that fell behind, so a little throttling is fair.
+			throttled := g.ThrottledNs > 0 && g.ThrottleEvents > 0
+			if !strings.Contains(name, "launch_bound") && throttled != (g.Cores < 100) {
+				t.Errorf("%s: cores %d%%: throttled %v ns in %d waits", rf, g.Cores, g.ThrottledNs, g.ThrottleEvents)
+			}
+			// The limiter's charged device time is exported for utilisation.
+			if g.Cores < 100 && g.BusyNs == 0 {
+				t.Errorf("%s: no busy time exported", rf)
+			}
+			if g.Used != 0 || len(r.Processes) != 0 {
+				t.Errorf("%s: left behind: %d bytes, %d processes", rf, g.Used, len(r.Processes))
+			}
 		}
 	})
+}
+
+// The accuracy cases can fail: each limiter mutant (one part broken on
+// purpose, built by the Makefile) must fail the case that guards that part.
+func TestLimiterMutation(t *testing.T) {
+	dir := build(t)
+	for _, m := range []struct{ mutant, kase, why string }{
+		{"nonorm", "limiter_grid_mix_30pct", "utilisation"},
+		{"nonorm", "limiter_grid_mix_70pct", "utilisation"},
+		{"nooverlap", "limiter_multi_stream_small_grids_30pct", "serialised"},
+		{"nofeedback", "limiter_grid_mix_30pct", "utilisation"},
+	} {
+		t.Run(m.mutant+"/"+strings.TrimPrefix(m.kase, "limiter_"), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			cmd := exec.CommandContext(ctx, filepath.Join(dir, "vcuda_tests"), m.kase)
+			cmd.WaitDelay = 5 * time.Second
+			cmd.Env = caseEnv(dir, "mut-"+m.mutant, t.TempDir())
+			out, err := cmd.CombinedOutput()
+			if ctx.Err() != nil {
+				t.Fatalf("timed out\n%s", out)
+			}
+			if err == nil || !strings.Contains(string(out), m.why) {
+				t.Errorf("the %s mutant passes %s (err %v): the case cannot catch that regression\n%s",
+					m.mutant, m.kase, err, out)
+			} else if testing.Verbose() {
+				t.Logf("%s", bytes.TrimSpace(out))
+			}
+		})
+	}
 }
 
 // The production library reads nothing from the environment but the limits

@@ -8,16 +8,33 @@
  * is more than SLACK ahead of the clock. Idle time earns at most BURST of
  * credit.
  *
- * Cost: the device time a launch occupies, normalised per SM. For a kernel,
- * cost = est(f) * blocks / SMs where est(f) is the measured device time of
- * one full wave (SMs blocks) of that function; so the same kernel costs the
- * same share of a 16-SM or a 132-SM GPU, and a grid smaller than the GPU is
- * charged for the SMs it occupies. est(f) is measured, not guessed: the first
- * launches of a function, then one about every SAMPLE_AGE, are bracketed
- * with two events (behind a gate, see below) and the elapsed device time
- * updates the estimate when the end event has completed (polled, never
- * waited for, except once per process to calibrate). Graph
- * launches are measured per graph exec the same way (cost = est(exec)).
+ * Cost: the device time a launch keeps the GPU busy. A GPU runs a grid in
+ * waves of SMs x occ blocks (occ: resident blocks per SM for this block
+ * size and shared memory, asked of the driver once per function and shape
+ * with cuOccupancyMaxActiveBlocksPerMultiprocessor), so a kernel costs
+ *     est(f, shape, bucket) * waves,   waves = ceil(blocks / (SMs * occ))
+ * where est is the measured device time per wave for launches of that
+ * function and shape whose wave count falls in the same power-of-two
+ * bucket (a 1-block grid costs a whole wave; per-launch overheads stay
+ * within their bucket). est is measured, not guessed: the first launches of
+ * each bucket, then one about every SAMPLE_AGE, are bracketed with two
+ * events (behind a gate, see below) and the elapsed device time updates the
+ * estimate when the end event has completed (polled, never waited for,
+ * except once per process to calibrate); a sampled launch is then settled
+ * at its measured cost. Graph launches are measured per graph exec the same
+ * way (cost = est(exec)).
+ *
+ * Overlap: kernels on different streams of a process run concurrently
+ * unless one fills the device, and the GPU is busy for the union of their
+ * intervals, not the sum. The limiter keeps a predicted timeline per stream
+ * and device (start = max(now, the stream's predicted end), after the last
+ * device-filling kernel; a device-filling kernel after everything) and
+ * charges only what a launch adds to the union.
+ *
+ * Stream capture: PyTorch captures graphs in global mode, where an event
+ * query or synchronize from any thread invalidates the capture. The
+ * limiter's own event calls run with the thread switched to relaxed
+ * capture mode (cuThreadExchangeStreamCaptureMode), which the rule exempts.
  *
  * Hot path when under the limit: the device and capture state (two driver
  * calls), a table lookup, loads of the remembered time and of tat, one
@@ -44,11 +61,14 @@
 
 #define ACTIVE() (vc_g.mode == VC_MODE_ENFORCE && !vc_exiting)
 
-/* Per-process estimates: key (function or graph exec) -> ns per wave. */
+/* Per-process estimates: key (function and shape, or graph exec; plus the
+ * wave bucket) -> ns per wave, and the shape's occupancy. */
 typedef struct {
     _Atomic uint64_t key;
     _Atomic uint64_t est_ns;
     _Atomic uint64_t sampled_at; /* last_now when last measured */
+    _Atomic uint32_t occ;        /* resident blocks per SM; 0 = not asked yet */
+    uint32_t pad;
 } est_entry;
 static est_entry est_table[1u << EST_BITS];
 /* Fallback for keys not measured yet, per GPU: [0] kernels (ns per wave),
@@ -78,12 +98,16 @@ typedef struct {
     int pending;
     int g;
     int graph;
-    uint64_t key, blocks, sms, charged_ns;
+    uint64_t key, waves, charged_ns, pred_wait;
+    double charged_frac; /* share of the sampled launch's cost that was charged (overlap) */
     uint32_t launches;
     /* Device time charged but not yet added to the region's busy_ns
      * (batched: one shared write per SAMPLE_EVERY launches). */
     int busy_g;
     uint64_t busy_acc;
+    /* A failed measurement backs sampling off for SAMPLE_EVERY launches, so
+     * a driver that refuses event calls never gates every launch. */
+    uint32_t no_sample_until;
 } sampler;
 /* vcuda is loaded at process start (preload), so its TLS can live in the
  * static block: no __tls_get_addr call on the hot path. */
@@ -142,24 +166,51 @@ static void charge_tat(int g, uint64_t cost_ns) {
     }
 }
 
+/* The limiter's event calls must not count as the application's: under
+ * global capture mode they would invalidate a capture in progress on any
+ * thread. Relaxed mode is exempt; the thread's own mode is restored after. */
+static int relax(void) {
+    int mode = 2; /* CU_STREAM_CAPTURE_MODE_RELAXED */
+    if (!vc_real.cuThreadExchangeStreamCaptureMode || vc_real.cuThreadExchangeStreamCaptureMode(&mode) != CUDA_SUCCESS)
+        return -1;
+    return mode;
+}
+static void unrelax(int mode) {
+    if (mode >= 0)
+        vc_real.cuThreadExchangeStreamCaptureMode(&mode);
+}
+
 /* Harvest this thread's finished measurement, if any. wait: block for it. */
 static void harvest(int wait) {
     if (!tls.pending)
         return;
+#ifndef VC_MUTATE_NO_RELAX
+    int mode = relax();
+#else
+    int mode = -1;
+#endif
     CUresult r = wait ? vc_real.cuEventSynchronize(tls.ev[1]) : vc_real.cuEventQuery(tls.ev[1]);
+    unrelax(mode);
     if (r == CUDA_ERROR_NOT_READY)
         return;
     tls.pending = 0;
     float ms = 0;
     if (r != CUDA_SUCCESS || vc_real.cuEventElapsedTime(&ms, tls.ev[0], tls.ev[1]) != CUDA_SUCCESS ||
-        ms < 0)
+        ms < 0) {
+        tls.no_sample_until = tls.launches + SAMPLE_EVERY;
         return;
+    }
     uint64_t t = (uint64_t)((double)ms * 1e6);
-    uint64_t v = tls.graph ? t : (tls.blocks ? t * tls.sms / tls.blocks : t);
+    /* A kernel that fills the device first waits for other streams' work;
+     * the predicted wait is not its own time. */
+    if (t > 2 * tls.pred_wait)
+        t -= tls.pred_wait;
+    uint64_t v = tls.waves ? t / tls.waves : t;
     update_est(est_get(tls.key), tls.g, v);
-    /* Settle the sampled launch itself at its measured cost. */
+    /* Settle the sampled launch itself at its measured cost (the part of
+     * it that was not predicted to overlap other streams' work). */
     if (t > tls.charged_ns)
-        charge_tat(tls.g, t - tls.charged_ns);
+        charge_tat(tls.g, (uint64_t)((double)(t - tls.charged_ns) * tls.charged_frac));
 }
 
 typedef struct {
@@ -247,9 +298,84 @@ static CUresult record(launch_ctx *lc, CUevent ev) {
     return vc_real.cuEventRecord(ev, lc->stream);
 }
 
-/* Before a launch of `blocks` blocks (0 for a graph) keyed by key. Waits if
- * the container is over its share. */
-static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int graph) {
+/* ---- the predicted device timeline (overlap of streams) ---- */
+
+/* Per process and device: when the predicted work ends, and when the last
+ * device-filling kernel ends. Per stream: when its predicted work ends. */
+static _Atomic uint64_t pred_all[FACTOR_DEVS], pred_excl[FACTOR_DEVS];
+#define STREAM_BITS 8
+static struct {
+    _Atomic uint64_t key;
+    _Atomic uint64_t until;
+} pred_stream[1u << STREAM_BITS];
+static _Thread_local uint64_t tls_skey __attribute__((tls_model("initial-exec")));
+static _Thread_local _Atomic uint64_t *tls_suntil __attribute__((tls_model("initial-exec")));
+
+static _Atomic uint64_t *stream_slot(uint64_t skey) {
+    if (VC_LIKELY(tls_skey == skey && tls_suntil))
+        return tls_suntil;
+    uint64_t mask = (1u << STREAM_BITS) - 1, i = (skey * 0x9e3779b97f4a7c15ULL) >> (64 - STREAM_BITS);
+    _Atomic uint64_t *slot = NULL;
+    for (unsigned n = 0; n < 16 && !slot; n++, i = (i + 1) & mask) {
+        uint64_t k = atomic_load_explicit(&pred_stream[i].key, memory_order_relaxed);
+        if (k == skey || (k == 0 && (atomic_compare_exchange_strong(&pred_stream[i].key, &k, skey) || k == skey)))
+            slot = &pred_stream[i].until;
+    }
+    tls_skey = skey;
+    tls_suntil = slot;
+    return slot; /* NULL: table crowded; the launch is charged in full */
+}
+
+static inline void atomic_max64(_Atomic uint64_t *a, uint64_t v) {
+    uint64_t o = atomic_load_explicit(a, memory_order_relaxed);
+    while (o < v && !atomic_compare_exchange_weak_explicit(a, &o, v, memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+/* What a launch of `cost` ns starting no earlier than `now` adds to the
+ * predicted busy union; commit: record it in the prediction. */
+static _Thread_local uint64_t tls_pred_wait __attribute__((tls_model("initial-exec")));
+static uint64_t union_charge(CUdevice dev, CUstream stream, uint64_t cost, int full, uint64_t now, int commit) {
+#ifdef VC_MUTATE_NO_OVERLAP
+    (void)dev, (void)stream, (void)full, (void)now, (void)commit, (void)pred_all, (void)pred_excl, (void)stream_slot;
+    return cost;
+#else
+    if (dev < 0 || dev >= FACTOR_DEVS)
+        return cost;
+    _Atomic uint64_t *su = stream_slot((uint64_t)(uintptr_t)stream ^ ((uint64_t)(dev + 1) << 56));
+    if (!su)
+        return cost;
+    uint64_t start = atomic_load_explicit(su, memory_order_relaxed);
+    uint64_t all = atomic_load_explicit(&pred_all[dev], memory_order_relaxed);
+    if (start < now)
+        start = now;
+    uint64_t own_start = start; /* when its own stream lets it go */
+    if (full) {
+        if (start < all)
+            start = all;
+    } else {
+        uint64_t ex = atomic_load_explicit(&pred_excl[dev], memory_order_relaxed);
+        if (start < ex)
+            start = ex;
+    }
+    uint64_t end = start + cost;
+    tls_pred_wait = start - own_start; /* waiting for other streams: not its own time */
+    if (commit) {
+        atomic_store_explicit(su, end, memory_order_relaxed);
+        atomic_max64(&pred_all[dev], end);
+        if (full)
+            atomic_max64(&pred_excl[dev], end);
+    }
+    if (end <= all)
+        return 0; /* entirely under work already charged */
+    return start >= all ? cost : end - all;
+#endif
+}
+
+/* Before a launch of `blocks` blocks of `threads` threads with `smem` bytes
+ * of dynamic shared memory (blocks 0: a graph) keyed by key. Waits if the
+ * container is over its share. */
+static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_t threads, uint64_t smem, int graph) {
     lc->sample = 0;
     if (!ACTIVE() || !vc_g.any_limited)
         return;
@@ -276,35 +402,103 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int gra
         return;
 
     harvest(0);
-    /* tat advance per ns of estimate: 100 / (SMs * p) per block for a
-     * kernel, 100 / p for a graph; floating point, since two 64-bit
-     * divisions per launch cost more than the rest of the hot path. */
+    /* tat advance per ns of device time: 100 / p (floating point: a 64-bit
+     * division per launch costs more than the rest of the hot path). */
     double kf = dev >= 0 && dev < FACTOR_DEVS ? atomic_load_explicit(&kfactor[dev], memory_order_relaxed) : 0;
     if (VC_UNLIKELY(kf == 0)) {
-        kf = 100.0 / ((double)vc_dev_sms(dev) * p);
+        kf = 100.0 / p;
         if (dev >= 0 && dev < FACTOR_DEVS)
             atomic_store_explicit(&kfactor[dev], kf, memory_order_relaxed);
     }
-    est_entry *e = est_get(key);
-    uint64_t own = e ? atomic_load_explicit(&e->est_ns, memory_order_relaxed) : 0;
-    uint64_t est = own ? own : atomic_load_explicit(&est_global[g][graph], memory_order_relaxed);
-    uint64_t inc = (uint64_t)((double)est * (graph || !blocks ? 100.0 / p : (double)blocks * kf));
 
-    /* Admission: wait while tat is more than SLACK ahead of the clock.
+    /* Waves: blocks over what the device holds at once. */
+    uint64_t skey = graph ? key : key ^ (threads * 0x100000001b3ULL) ^ (smem << 40);
+    est_entry *e0 = est_get(skey), *e = e0;
+    uint64_t waves = 1;
+    int full = 1;
+    if (!graph && blocks) {
+#ifdef VC_MUTATE_NO_NORMALISE
+        /* the old model: charged per block, as a share of the SMs */
+        (void)threads, (void)smem;
+        uint64_t sms = (uint64_t)vc_dev_sms(dev);
+        waves = 0; /* cost below is est * blocks / sms */
+        full = blocks >= sms;
+        uint64_t per_wave = sms;
+#else
+        uint32_t occ = e0 ? atomic_load_explicit(&e0->occ, memory_order_relaxed) : 0;
+        if (VC_UNLIKELY(occ == 0)) {
+            int n = 0;
+            if (!vc_real.cuOccupancyMaxActiveBlocksPerMultiprocessor ||
+                vc_real.cuOccupancyMaxActiveBlocksPerMultiprocessor(&n, (CUfunction)(uintptr_t)key, (int)threads,
+                                                                    (size_t)smem) != CUDA_SUCCESS ||
+                n <= 0)
+                n = 1; /* unknown: one block an SM, the most a launch can cost */
+            occ = (uint32_t)n;
+            if (e0)
+                atomic_store_explicit(&e0->occ, occ, memory_order_relaxed);
+        }
+        uint64_t per_wave = (uint64_t)vc_dev_sms(dev) * occ;
+        if (blocks > per_wave) {
+            waves = (blocks + per_wave - 1) / per_wave;
+            /* per-wave time is kept per power-of-two bucket of waves */
+            e = est_get(skey ^ ((uint64_t)(63 - __builtin_clzll(waves)) << 58) ^ 0x5bd1e995ULL);
+        }
+        full = blocks >= per_wave;
+#endif
+        (void)per_wave;
+    }
+    uint64_t own = e ? atomic_load_explicit(&e->est_ns, memory_order_relaxed) : 0;
+    if (!own && e != e0 && e0) /* a new bucket: the 1-wave figure (per wave: an upper bound) */
+        own = atomic_load_explicit(&e0->est_ns, memory_order_relaxed);
+    uint64_t est = own ? own : atomic_load_explicit(&est_global[g][graph], memory_order_relaxed);
+#ifdef VC_MUTATE_NO_NORMALISE
+    uint64_t cost = graph || !blocks ? est : est * blocks / (uint64_t)vc_dev_sms(dev);
+    (void)waves;
+#else
+    uint64_t cost = est * waves;
+#endif
+
+    /* What the launch adds to the predicted busy union. The prediction needs
+     * the real time when streams interleave (a stale "now" could predict
+     * overlap with work that has ended); one stream needs no clock. */
+    uint64_t now = atomic_load_explicit(&last_now, memory_order_relaxed), slept = 0;
+    uint64_t pnow = now;
+    if (tls_skey != ((uint64_t)(uintptr_t)lc->stream ^ ((uint64_t)(dev + 1) << 56))) {
+        pnow = vc_now_ns();
+        remember_now(pnow);
+    }
+    /* A first look decides whether the launch must wait; the charge is
+     * settled after admission, from when it really goes. */
+    uint64_t charge = union_charge(dev, lc->stream, cost, full, pnow, 0);
+    uint64_t inc = (uint64_t)((double)charge * kf);
+
+    /* Admission: wait while tat is more than SLACK ahead of the clock; a
+     * launch that adds less than half its cost (it runs mostly under work
+     * already paid for on another stream) is not held back, or pacing would
+     * serialise the application's streams. 
      * Any time value read earlier is a lower bound of "now", so deciding
      * "admit" on it is safe: first try the last value any thread of this
      * process read (no clock read at all), then the coarse clock (a vDSO
      * read of the last tick), and only when both say "wait" the precise
-     * clock. Idle credit is forfeited only against a fresh reading; every
-     * reading is followed by that check, so between readings at most
-     * BURST + SLACK can be admitted, as with a precise clock. */
+     * clock. Idle credit is forfeited (against a fresh reading) whenever tat
+     * is BURST behind any reading, so at most BURST + SLACK can be admitted
+     * between readings, as with a precise clock. */
     _Atomic uint64_t *tat = &vc_region_gpu_rec(g)->tat;
-    uint64_t now = atomic_load_explicit(&last_now, memory_order_relaxed), slept = 0;
     int fresh = 0; /* 0: remembered, 1: coarse, 2: precise */
-    for (;;) {
+    /* A launch that mostly runs under work already charged (another
+     * stream's) goes at once: its small charge still lands on tat, so the
+     * next launch that adds real busy time pays for it. */
+    int must_wait = inc && charge * 2 > cost;
+    for (; must_wait;) {
         uint64_t t = atomic_load_explicit(tat, memory_order_relaxed);
-        if (fresh && t + BURST_NS < now) {
-            /* Idle for a while: forfeit credit beyond BURST. */
+        if (t + BURST_NS < now) {
+            /* Idle for a while: forfeit credit beyond BURST, against a
+             * fresh reading (a remembered one may be far behind). */
+            if (fresh < 2) {
+                now = vc_now_ns();
+                fresh = 2;
+                remember_now(now);
+            }
             atomic_compare_exchange_strong(tat, &t, now - BURST_NS);
             continue;
         }
@@ -324,11 +518,15 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int gra
         now = after;
         remember_now(now);
     }
-    if (slept)
+    if (slept) {
         vc_region_add_throttle(g, slept);
+        pnow = now;
+    }
+    charge = union_charge(dev, lc->stream, cost, full, pnow, 1);
+    inc = (uint64_t)((double)charge * kf);
     if (inc) {
         atomic_fetch_add_explicit(tat, inc, memory_order_relaxed);
-        add_busy(g, inc * p / 100);
+        add_busy(g, charge);
     }
 
     /* Measure a key until it has its own estimate; then, to follow changes,
@@ -338,9 +536,15 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int gra
     uint32_t n = ++tls.launches;
     if (n % SAMPLE_EVERY == 0)
         flush_busy();
-    int due = !own || n % SAMPLE_MAX == 0 ||
+    uint64_t mine = e ? atomic_load_explicit(&e->est_ns, memory_order_relaxed) : 0;
+    int due = !mine || n % SAMPLE_MAX == 0 ||
               (n % SAMPLE_EVERY == 0 &&
                (!e || now - atomic_load_explicit(&e->sampled_at, memory_order_relaxed) >= SAMPLE_AGE_NS));
+    if (VC_UNLIKELY((int32_t)(n - tls.no_sample_until) < 0))
+        due = 0;
+#ifdef VC_MUTATE_NO_FEEDBACK
+    due = 0; /* nothing measured: nothing learned, nothing settled */
+#endif
     if (!tls.pending && due && ensure_events() == 0) {
         if (e)
             atomic_store_explicit(&e->sampled_at, now, memory_order_relaxed);
@@ -350,11 +554,23 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, int gra
         } else {
             lc->sample = 1;
             tls.g = g;
-            tls.key = key;
-            tls.blocks = blocks;
-            tls.sms = (uint64_t)vc_dev_sms(dev);
+            tls.key = e == e0 ? skey : e ? atomic_load_explicit(&e->key, memory_order_relaxed) : skey;
+#ifdef VC_MUTATE_NO_NORMALISE
+            tls.waves = graph || !blocks ? 1 : 0;
+            if (!graph && blocks) {
+                uint64_t sms = (uint64_t)vc_dev_sms(dev);
+                tls.waves = 1;
+                tls.key = skey;
+                /* per-SM normalisation of the old model: t * sms / blocks */
+                tls.waves = blocks >= sms ? blocks / sms : 1;
+            }
+#else
+            tls.waves = waves;
+#endif
             tls.graph = graph;
-            tls.charged_ns = graph || !blocks ? est : est * blocks / tls.sms;
+            tls.charged_ns = cost;
+            tls.pred_wait = tls_pred_wait;
+            tls.charged_frac = cost ? (double)charge / (double)cost : 1;
         }
     }
 }
@@ -378,10 +594,10 @@ static void after_launch(launch_ctx *lc, CUresult r) {
     if (VC_UNLIKELY(!vc_real.fn))                                                                  \
         return CUDA_ERROR_NOT_INITIALIZED;
 
-#define LAUNCH_BODY(fn, ptsz_, key, blocks, graph, stream_, call)                                  \
+#define LAUNCH_BODY(fn, ptsz_, key, blocks, threads, smem, graph, stream_, call)                   \
     PROLOGUE(fn);                                                                                  \
     launch_ctx lc = {.ptsz = (ptsz_), .stream = (stream_), .gate = NULL};                          \
-    before_launch(&lc, (uint64_t)(uintptr_t)(key), (blocks), (graph));                             \
+    before_launch(&lc, (uint64_t)(uintptr_t)(key), (blocks), (threads), (smem), (graph));          \
     CUresult r = call;                                                                             \
     after_launch(&lc, r);                                                                          \
     return r;
@@ -391,34 +607,36 @@ static void after_launch(launch_ctx *lc, CUresult r) {
 VC_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
                                   unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
                                   void **extra) {
-    LAUNCH_BODY(cuLaunchKernel, 0, f, GRID(gx, gy, gz), 0, s,
+    LAUNCH_BODY(cuLaunchKernel, 0, f, GRID(gx, gy, gz), GRID(bx, by, bz), shm, 0, s,
                 vc_real.cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, params, extra));
 }
 
 VC_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                        unsigned bx, unsigned by, unsigned bz, unsigned shm,
                                        CUstream s, void **params, void **extra) {
-    LAUNCH_BODY(cuLaunchKernel_ptsz, 1, f, GRID(gx, gy, gz), 0, s,
+    LAUNCH_BODY(cuLaunchKernel_ptsz, 1, f, GRID(gx, gy, gz), GRID(bx, by, bz), shm, 0, s,
                 vc_real.cuLaunchKernel_ptsz(f, gx, gy, gz, bx, by, bz, shm, s, params, extra));
 }
 
 VC_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *cfg, CUfunction f, void **params,
                                     void **extra) {
     LAUNCH_BODY(cuLaunchKernelEx, 0, f, cfg ? GRID(cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ) : 0,
+                cfg ? GRID(cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ) : 0, cfg ? cfg->sharedMemBytes : 0,
                 0, cfg ? cfg->hStream : NULL, vc_real.cuLaunchKernelEx(cfg, f, params, extra));
 }
 
 VC_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *cfg, CUfunction f, void **params,
                                          void **extra) {
     LAUNCH_BODY(cuLaunchKernelEx_ptsz, 1, f,
-                cfg ? GRID(cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ) : 0, 0,
+                cfg ? GRID(cfg->gridDimX, cfg->gridDimY, cfg->gridDimZ) : 0,
+                cfg ? GRID(cfg->blockDimX, cfg->blockDimY, cfg->blockDimZ) : 0, cfg ? cfg->sharedMemBytes : 0, 0,
                 cfg ? cfg->hStream : NULL, vc_real.cuLaunchKernelEx_ptsz(cfg, f, params, extra));
 }
 
 VC_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                              unsigned bx, unsigned by, unsigned bz, unsigned shm,
                                              CUstream s, void **params) {
-    LAUNCH_BODY(cuLaunchCooperativeKernel, 0, f, GRID(gx, gy, gz), 0, s,
+    LAUNCH_BODY(cuLaunchCooperativeKernel, 0, f, GRID(gx, gy, gz), GRID(bx, by, bz), shm, 0, s,
                 vc_real.cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shm, s, params));
 }
 
@@ -426,32 +644,32 @@ VC_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, uns
                                                   unsigned gz, unsigned bx, unsigned by,
                                                   unsigned bz, unsigned shm, CUstream s,
                                                   void **params) {
-    LAUNCH_BODY(cuLaunchCooperativeKernel_ptsz, 1, f, GRID(gx, gy, gz), 0, s,
+    LAUNCH_BODY(cuLaunchCooperativeKernel_ptsz, 1, f, GRID(gx, gy, gz), GRID(bx, by, bz), shm, 0, s,
                 vc_real.cuLaunchCooperativeKernel_ptsz(f, gx, gy, gz, bx, by, bz, shm, s, params));
 }
 
 VC_EXPORT CUresult cuGraphLaunch(CUgraphExec ge, CUstream s) {
-    LAUNCH_BODY(cuGraphLaunch, 0, ge, 0, 1, s, vc_real.cuGraphLaunch(ge, s));
+    LAUNCH_BODY(cuGraphLaunch, 0, ge, 0, 0, 0, 1, s, vc_real.cuGraphLaunch(ge, s));
 }
 
 VC_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec ge, CUstream s) {
-    LAUNCH_BODY(cuGraphLaunch_ptsz, 1, ge, 0, 1, s, vc_real.cuGraphLaunch_ptsz(ge, s));
+    LAUNCH_BODY(cuGraphLaunch_ptsz, 1, ge, 0, 0, 0, 1, s, vc_real.cuGraphLaunch_ptsz(ge, s));
 }
 
 /* Legacy launches (block shape and parameters set beforehand through
  * cuFuncSetBlockShape / cuParamSet*): grid w x h, or 1 x 1 for cuLaunch.
  * Throttled like cuLaunchKernel. */
 VC_EXPORT CUresult cuLaunch(CUfunction f) {
-    LAUNCH_BODY(cuLaunch, 0, f, 1, 0, NULL, vc_real.cuLaunch(f));
+    LAUNCH_BODY(cuLaunch, 0, f, 1, 32, 0, 0, NULL, vc_real.cuLaunch(f));
 }
 
 VC_EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h) {
-    LAUNCH_BODY(cuLaunchGrid, 0, f, w > 0 && h > 0 ? (uint64_t)w * (uint64_t)h : 0, 0, NULL,
+    LAUNCH_BODY(cuLaunchGrid, 0, f, w > 0 && h > 0 ? (uint64_t)w * (uint64_t)h : 0, 32, 0, 0, NULL,
                 vc_real.cuLaunchGrid(f, w, h));
 }
 
 VC_EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) {
-    LAUNCH_BODY(cuLaunchGridAsync, 0, f, w > 0 && h > 0 ? (uint64_t)w * (uint64_t)h : 0, 0, s,
+    LAUNCH_BODY(cuLaunchGridAsync, 0, f, w > 0 && h > 0 ? (uint64_t)w * (uint64_t)h : 0, 32, 0, 0, s,
                 vc_real.cuLaunchGridAsync(f, w, h, s));
 }
 

@@ -82,6 +82,8 @@
     X(cuLaunchCooperativeKernel_ptsz, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
     X(cuGraphLaunch, (CUgraphExec, CUstream))                                                      \
     X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))                                                 \
+    X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int *, CUfunction, int, size_t))                \
+    X(cuThreadExchangeStreamCaptureMode, (int *))                                                  \
     X(cuLaunch, (CUfunction))                                                                      \
     X(cuLaunchGrid, (CUfunction, int, int))                                                        \
     X(cuLaunchGridAsync, (CUfunction, int, int, CUstream))                                         \

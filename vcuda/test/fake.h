@@ -33,10 +33,15 @@
  * what nvmlSystemGetDriverVersion prints; cuDriverGetVersion reports the
  * CUDA version of that driver branch (FAKE_CUDA_VERSION_DEFAULT).
  *
- * Launch model: a launch of G blocks on a device with S SMs occupies the
- * device for WAVE_NS * G / S ns; launches queue on one timeline per device
- * (shared by all processes when FAKE_CUDA_SHM is set). Events complete when
- * the timeline reaches them.
+ * Launch model (see "the device timeline" in fake_cuda.c): a kernel runs
+ * in whole waves of SMs x resident blocks per SM (occupancy from its block
+ * size, registers and shared memory), each wave taking the function's
+ * wave time (FAKE_CUDA_WAVE_NS unless set per function), plus a fixed
+ * overhead (FAKE_CUDA_LAUNCH_NS, default 0); streams overlap unless a
+ * kernel fills the device; processes time-slice. Busy time is the union
+ * of kernel intervals. Events complete when their stream reaches them.
+ * Under global stream-capture mode an unsafe call from any thread (event
+ * query/synchronize, stream/context synchronize) invalidates the capture.
  */
 #ifndef VCUDA_FAKE_H
 #define VCUDA_FAKE_H
@@ -58,7 +63,22 @@ typedef struct fake_stats {
     uint64_t busy_total; /* ns of device time scheduled so far */
     uint64_t busy_until; /* CLOCK_MONOTONIC ns when the queue drains */
     uint64_t launches;
+    uint64_t busy;       /* ns at least one kernel ran (union), by `at` */
+    uint64_t at;         /* CLOCK_MONOTONIC ns of this reading */
 } fake_stats;
+
+/* How a function behaves on the fake device: registers per thread and
+ * static shared memory (occupancy), the device time of one wave of
+ * resident blocks and a fixed per-launch overhead. */
+typedef struct fake_func {
+    int regs;
+    int smem;
+    uint64_t wave_ns;
+    uint64_t overhead_ns;
+} fake_func;
+int fakeFunctionSet(CUfunction f, const fake_func *cfg);
+/* Busy time (union of its kernels) of process pid on dev, by *at. */
+int fakeProcessBusy(int dev, int pid, uint64_t *busy, uint64_t *at);
 
 /* What the driver knows of a device. */
 typedef struct fake_desc {

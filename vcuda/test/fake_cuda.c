@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -21,15 +22,28 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
+/* Busy time as the union of kernel intervals (what "utilisation" means: the
+ * share of time at least one kernel ran). Intervals that ended before the
+ * latest insert are folded into `done`; the rest are kept sorted. */
+#define NIV 64
+typedef struct {
+    uint64_t done;
+    int n;
+    uint64_t s[NIV], e[NIV];
+} ivset;
 typedef struct {
     _Atomic uint64_t used, peak, mapped, busy_until, busy_total, launches;
-    uint64_t pad[2];
+    _Atomic int lock;       /* guards the scheduling fields below */
+    int last_pid;           /* process whose work was queued last */
+    uint64_t excl_until;    /* end of the last kernel that filled the device */
+    ivset busy;
 } shared_dev;
 /* The driver's per-process accounting (what NVML's process list shows). */
 typedef struct {
     _Atomic int pid;
     int pad;
     _Atomic uint64_t used[FAKE_MAX_DEVS];
+    ivset busy[FAKE_MAX_DEVS]; /* this process's kernels (under the device lock) */
 } shared_proc;
 typedef struct {
     shared_dev dev[FAKE_MAX_DEVS];
@@ -48,7 +62,7 @@ static struct {
     int ctl_ok;     /* the control device exists: the driver is "loaded" */
     char version[32];
     int cuda_version;
-    uint64_t wave_ns;
+    uint64_t wave_ns, overhead_ns;
     shared_state *sh;
     _Atomic int inited; /* cuInit succeeded */
     const char *block_path;
@@ -170,7 +184,15 @@ static void load_node_file(void) {
         parse_uuid(F.uuid[i], F.raw[i]);
 }
 
+/* getpid() is a system call; the fake's hot paths use a cached copy,
+ * refreshed in a forked child. */
+static pid_t cached_pid;
+static void refresh_pid(void) { cached_pid = getpid(); }
+static pid_t fake_pid(void) { return cached_pid ? cached_pid : getpid(); }
+
 static void init(void) {
+    refresh_pid();
+    pthread_atfork(NULL, NULL, refresh_pid);
     const char *e = getenv("FAKE_DRIVER_VERSION");
     snprintf(F.version, sizeof(F.version), "%s", e && *e ? e : FAKE_DRIVER_VERSION_DEFAULT);
     /* The CUDA version a driver branch supports (r580: 13.0, r570: 12.8, ...). */
@@ -212,6 +234,10 @@ static void init(void) {
     }
     e = getenv("FAKE_CUDA_WAVE_NS");
     F.wave_ns = e ? strtoull(e, NULL, 10) : 100000;
+    if (F.wave_ns == 0)
+        F.wave_ns = 1;
+    e = getenv("FAKE_CUDA_LAUNCH_NS");
+    F.overhead_ns = e ? strtoull(e, NULL, 10) : 0;
     F.block_path = getenv("FAKE_CUDA_BLOCK_ALLOC");
     e = getenv("FAKE_CUDA_BLOCK_AFTER");
     F.block_after = e ? atol(e) : 0;
@@ -238,18 +264,28 @@ typedef struct fake_ctx {
     int dev;
     int refs; /* primary contexts */
 } fake_ctx;
+/* Stream capture, process-wide: captures in global mode in progress, and
+ * each thread's capture mode (cuThreadExchangeStreamCaptureMode). */
+static _Atomic int global_captures;
+static _Atomic int capture_poisoned; /* bumped when an unsafe call invalidates them */
 static void ctx_free_all(fake_ctx *c);
 static fake_ctx primary[FAKE_MAX_DEVS];
 #define TLS __thread __attribute__((tls_model("initial-exec")))
 static TLS fake_ctx *cur;
 static TLS fake_ctx *stack[16];
 static TLS int depth;
+static TLS int thread_capture_mode; /* 0 global (the default), 1 thread local, 2 relaxed */
 
 typedef struct fake_stream {
     fake_ctx *ctx;
     int capturing;
+    int mode;       /* capture mode: 0 global, 1 thread local, 2 relaxed */
     int violations; /* event calls made on it while capturing */
+    int poison0;    /* capture_poisoned when the capture began */
+    _Atomic uint64_t until; /* when the work queued on it so far ends */
 } fake_stream;
+/* The legacy default stream of each device (per process). */
+static _Atomic uint64_t null_until[FAKE_MAX_DEVS];
 
 static int ctx_dev(void) { return cur ? cur->dev : -1; }
 
@@ -425,9 +461,12 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *c) {
     cur = stack[--depth];
     return CUDA_SUCCESS;
 }
+static int unsafe_call(void);
 EXPORT CUresult cuCtxSynchronize(void) {
     if (!cur)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if (unsafe_call())
+        return 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED */
     sleep_until(atomic_load(&F.sh->dev[cur->dev].busy_until));
     return CUDA_SUCCESS;
 }
@@ -454,13 +493,39 @@ EXPORT CUresult cuStreamGetCtx(CUstream s, CUcontext *c) {
 }
 /* Stream capture, reduced to what vcuda must respect: while a stream is
  * capturing, launches into it are recorded, not run, and nobody but the
- * application may put events into it. */
-EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
-    (void)mode;
-    if ((uintptr_t)s <= 2)
+ * application may put events into it. In global mode (the default, and
+ * PyTorch's), while the capture is in progress no thread of the process
+ * that is not in relaxed mode may make a potentially unsafe call (event
+ * query/synchronize, stream/context synchronize): the call fails with
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED and the capture is invalidated. */
+#define CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED 900
+#define CUDA_ERROR_STREAM_CAPTURE_INVALIDATED 901
+static int unsafe_call(void) {
+    if (atomic_load(&global_captures) == 0 || thread_capture_mode == 2)
+        return 0;
+    atomic_fetch_add(&capture_poisoned, 1);
+    return 1;
+}
+EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
+    if (!mode || *mode < 0 || *mode > 2)
         return CUDA_ERROR_INVALID_VALUE;
-    ((fake_stream *)s)->capturing = 1;
-    ((fake_stream *)s)->violations = 0;
+    int old = thread_capture_mode;
+    thread_capture_mode = *mode;
+    *mode = old;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
+    if ((uintptr_t)s <= 2 || mode < 0 || mode > 2)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_stream *x = (fake_stream *)s;
+    if (x->capturing)
+        return CUDA_ERROR_INVALID_VALUE;
+    x->violations = 0;
+    x->poison0 = atomic_load(&capture_poisoned);
+    x->mode = mode;
+    x->capturing = 1;
+    if (mode == 0)
+        atomic_fetch_add(&global_captures, 1);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamEndCapture(CUstream s, void **graph) {
@@ -468,9 +533,12 @@ EXPORT CUresult cuStreamEndCapture(CUstream s, void **graph) {
         return CUDA_ERROR_INVALID_VALUE;
     fake_stream *x = (fake_stream *)s;
     x->capturing = 0;
+    if (x->mode == 0)
+        atomic_fetch_sub(&global_captures, 1);
     if (graph)
         *graph = NULL;
-    return x->violations ? 901 /* CUDA_ERROR_STREAM_CAPTURE_INVALIDATED */ : CUDA_SUCCESS;
+    int bad = x->violations || (x->mode == 0 && atomic_load(&capture_poisoned) != x->poison0);
+    return bad ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) {
     if (!status)
@@ -481,11 +549,16 @@ EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) {
 EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { return cuStreamIsCapturing(s, status); }
 static int capturing(CUstream s) { return (uintptr_t)s > 2 && ((fake_stream *)s)->capturing; }
 
+static _Atomic uint64_t *stream_until(CUstream s, int d) {
+    return (uintptr_t)s <= 2 ? &null_until[d] : &((fake_stream *)s)->until;
+}
 EXPORT CUresult cuStreamSynchronize(CUstream s) {
     int d = stream_dev(s);
     if (d < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
-    sleep_until(atomic_load(&F.sh->dev[d].busy_until));
+    if (unsafe_call())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    sleep_until(atomic_load(stream_until(s, d)));
     return CUDA_SUCCESS;
 }
 
@@ -583,8 +656,9 @@ static void maybe_block(void) {
  * allocation; a forked child claims its own). */
 static int my_slot = -1;
 static pid_t my_slot_pid;
+static pid_t fake_pid(void);
 static shared_proc *self_proc(void) {
-    pid_t me = getpid();
+    pid_t me = fake_pid();
     if (my_slot >= 0 && my_slot_pid == me)
         return &F.sh->proc[my_slot];
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
@@ -883,6 +957,194 @@ EXPORT CUresult cuExternalMemoryGetMappedBuffer(CUdeviceptr *p, CUexternalMemory
     return CUDA_SUCCESS;
 }
 
+/* ---- the device timeline ----
+ *
+ * A kernel of G blocks runs in waves: each of the S SMs holds `occ` blocks
+ * at once (occupancy from the block size, registers per thread and shared
+ * memory per block, as the hardware limits them), so it takes
+ *     overhead + ceil(G / (S * occ)) * wave_ns
+ * where overhead and wave_ns are the function's own (fakeFunctionSet, or
+ * derived from the handle). A grid of 1 block costs a whole wave.
+ * Streams: work on one stream runs in order; kernels on different streams
+ * of one process overlap unless one of them fills the device (G >= S * occ),
+ * which waits for everything queued before it and holds off later ones.
+ * Processes time-slice: work of a process waits for all work queued before
+ * it by another. Busy time is the union of kernel intervals, per device and
+ * per process. */
+
+static void spin_lock(_Atomic int *l) {
+    int z = 0;
+    while (!atomic_compare_exchange_weak(l, &z, 1)) {
+        z = 0;
+        sched_yield();
+    }
+}
+static void spin_unlock(_Atomic int *l) { atomic_store(l, 0); }
+
+/* Adds [st, en) to the set; intervals that ended by `now` (and before st)
+ * are folded into `done`. */
+static void iv_add(ivset *v, uint64_t st, uint64_t en, uint64_t now) {
+    int w = 0;
+    for (int i = 0; i < v->n; i++) {
+        if (v->e[i] <= now && v->e[i] < st) {
+            v->done += v->e[i] - v->s[i];
+            continue;
+        }
+        v->s[w] = v->s[i];
+        v->e[w] = v->e[i];
+        w++;
+    }
+    v->n = w;
+    int i = 0;
+    while (i < v->n && v->e[i] < st)
+        i++;
+    int j = i;
+    while (j < v->n && v->s[j] <= en) { /* merge every interval it touches */
+        if (v->s[j] < st)
+            st = v->s[j];
+        if (v->e[j] > en)
+            en = v->e[j];
+        j++;
+    }
+    if (j == i && v->n == NIV) {
+        /* full: fold the oldest into `done` */
+        if (i == 0) {
+            v->done += en - st;
+            return;
+        }
+        v->done += v->e[0] - v->s[0];
+        memmove(&v->s[0], &v->s[1], sizeof(uint64_t) * (size_t)(v->n - 1));
+        memmove(&v->e[0], &v->e[1], sizeof(uint64_t) * (size_t)(v->n - 1));
+        v->n--;
+        i--;
+        j--;
+    }
+    int tail = v->n - j;
+    memmove(&v->s[i + 1], &v->s[j], sizeof(uint64_t) * (size_t)tail);
+    memmove(&v->e[i + 1], &v->e[j], sizeof(uint64_t) * (size_t)tail);
+    v->s[i] = st;
+    v->e[i] = en;
+    v->n = i + 1 + tail;
+}
+/* Busy ns elapsed by `now`. */
+static uint64_t iv_busy(const ivset *v, uint64_t now) {
+    uint64_t b = v->done;
+    for (int i = 0; i < v->n; i++)
+        if (v->s[i] < now)
+            b += (v->e[i] < now ? v->e[i] : now) - v->s[i];
+    return b;
+}
+
+/* Per-function behaviour (process-local, like function handles). */
+#define NFUNC 1024
+static struct {
+    uint64_t key;
+    fake_func cfg;
+} funcs[NFUNC];
+static pthread_mutex_t func_mu = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return x;
+}
+EXPORT int fakeFunctionSet(CUfunction f, const fake_func *cfg) {
+    if (!f || !cfg || cfg->wave_ns == 0)
+        return -1;
+    pthread_mutex_lock(&func_mu);
+    uint64_t k = (uint64_t)(uintptr_t)f;
+    for (unsigned n = 0, i = (unsigned)(mix64(k) % NFUNC); n < NFUNC; n++, i = (i + 1) % NFUNC) {
+        if (funcs[i].key == 0 || funcs[i].key == k) {
+            funcs[i].key = k;
+            funcs[i].cfg = *cfg;
+            pthread_mutex_unlock(&func_mu);
+            return 0;
+        }
+    }
+    pthread_mutex_unlock(&func_mu);
+    return -1;
+}
+static fake_func func_cfg(CUfunction f) {
+    uint64_t k = (uint64_t)(uintptr_t)f;
+    pthread_mutex_lock(&func_mu);
+    for (unsigned n = 0, i = (unsigned)(mix64(k) % NFUNC); n < NFUNC && funcs[i].key; n++, i = (i + 1) % NFUNC) {
+        if (funcs[i].key == k) {
+            fake_func c = funcs[i].cfg;
+            pthread_mutex_unlock(&func_mu);
+            return c;
+        }
+    }
+    pthread_mutex_unlock(&func_mu);
+    /* Not configured: registers from the handle (32..128 a thread), no
+     * static shared memory, the device's wave time and launch overhead. */
+    fake_func c = {(int)(32 + 8 * (mix64(k) % 13)), 0, F.wave_ns, F.overhead_ns};
+    return c;
+}
+/* Resident blocks per SM (Hopper-class limits), 0 if the block cannot run. */
+static int occupancy(const fake_func *c, uint64_t threads, uint64_t dyn_smem) {
+    if (threads == 0 || threads > 1024)
+        return 0;
+    uint64_t warps = (threads + 31) / 32;
+    uint64_t regs_block = (uint64_t)(c->regs > 0 ? c->regs : 32) * 32 * warps;
+    uint64_t smem_block = (uint64_t)c->smem + dyn_smem;
+    if (regs_block > 65536 || smem_block > 227 * 1024)
+        return 0;
+    uint64_t occ = 32;
+    if (64 / warps < occ)
+        occ = 64 / warps;
+    if (65536 / regs_block < occ)
+        occ = 65536 / regs_block;
+    if (smem_block && (228 * 1024) / (smem_block + 1024) < occ)
+        occ = (228 * 1024) / (smem_block + 1024);
+    return (int)occ;
+}
+EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int block, size_t dyn) {
+    if (!n || !f || block <= 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_func c = func_cfg(f);
+    *n = occupancy(&c, (uint64_t)block, dyn);
+    return CUDA_SUCCESS;
+}
+
+static shared_proc *self_proc(void);
+/* Queues dur ns of work on stream timeline `su` of device d; full: the
+ * kernel fills the device. Returns its end. */
+static uint64_t schedule_at(int d, _Atomic uint64_t *su, uint64_t dur, int full, uint64_t now) {
+    shared_dev *s = &F.sh->dev[d];
+    shared_proc *me = self_proc();
+    int pid = fake_pid();
+    spin_lock(&s->lock);
+    uint64_t all = atomic_load(&s->busy_until);
+    uint64_t start = atomic_load(su);
+    if (start < now)
+        start = now;
+    int other = s->last_pid && s->last_pid != pid;
+    if (full || other) {
+        if (start < all)
+            start = all;
+    } else if (start < s->excl_until) {
+        start = s->excl_until;
+    }
+    uint64_t end = start + dur;
+    atomic_store(su, end);
+    if (end > all)
+        atomic_store(&s->busy_until, end);
+    if ((full || other) && end > s->excl_until)
+        s->excl_until = end;
+    s->last_pid = pid;
+    if (dur) {
+        iv_add(&s->busy, start, end, now);
+        if (me)
+            iv_add(&me->busy[d], start, end, now);
+    }
+    if (dur) {
+        atomic_fetch_add(&s->busy_total, dur);
+        atomic_fetch_add(&s->launches, 1);
+    }
+    spin_unlock(&s->lock);
+    return end;
+}
+
 /* ---- host functions ----
  * cuLaunchHostFunc holds the device's queue (for this process) until the
  * function returns: work and events enqueued meanwhile are scheduled when
@@ -893,12 +1155,12 @@ typedef struct {
     _Atomic uint64_t ts; /* UINT64_MAX while held behind a host function */
     int recorded;
 } fake_event;
-static void schedule(int d, uint64_t dur);
-static void schedule_at(int d, uint64_t dur, uint64_t now);
 
 typedef struct held_item {
-    uint64_t dur;      /* launch: device time */
-    fake_event *ev;    /* or an event to timestamp */
+    uint64_t dur;         /* launch: device time */
+    int full;
+    _Atomic uint64_t *su; /* its stream's timeline */
+    fake_event *ev;       /* or an event to timestamp */
 } held_item;
 static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
@@ -914,33 +1176,31 @@ typedef struct hostjob {
 static hostjob *jobs_head, *jobs_tail;
 static pid_t worker_pid;
 
-static void push_item(int d, uint64_t dur, fake_event *ev) {
+static void push_item(int d, held_item it) {
     if (nitems[d] == capitems[d]) {
         capitems[d] = capitems[d] ? 2 * capitems[d] : 64;
         items[d] = realloc(items[d], sizeof(held_item) * (size_t)capitems[d]);
     }
-    items[d][nitems[d]].dur = dur;
-    items[d][nitems[d]].ev = ev;
-    nitems[d]++;
+    items[d][nitems[d]++] = it;
 }
-static int hold_launch(int d, uint64_t dur) {
+static int hold_launch(int d, _Atomic uint64_t *su, uint64_t dur, int full) {
     if (!__atomic_load_n(&held[d], __ATOMIC_ACQUIRE))
         return 0;
     pthread_mutex_lock(&hold_mu);
     int h = held[d];
     if (h)
-        push_item(d, dur, NULL);
+        push_item(d, (held_item){dur, full, su, NULL});
     pthread_mutex_unlock(&hold_mu);
     return h;
 }
-static int hold_event(int d, fake_event *ev) {
+static int hold_event(int d, _Atomic uint64_t *su, fake_event *ev) {
     if (!__atomic_load_n(&held[d], __ATOMIC_ACQUIRE))
         return 0;
     pthread_mutex_lock(&hold_mu);
     int h = held[d];
     if (h) {
         atomic_store(&ev->ts, UINT64_MAX);
-        push_item(d, 0, ev);
+        push_item(d, (held_item){0, 0, su, ev});
     }
     pthread_mutex_unlock(&hold_mu);
     return h;
@@ -965,11 +1225,11 @@ static void *worker(void *arg) {
              * between them. */
             uint64_t now = now_ns();
             for (int i = 0; i < nitems[d]; i++) {
-                if (items[d][i].ev) {
-                    uint64_t b = atomic_load(&F.sh->dev[d].busy_until);
-                    atomic_store(&items[d][i].ev->ts, b > now ? b : now);
+                held_item *it = &items[d][i];
+                if (it->ev) {
+                    atomic_store(&it->ev->ts, schedule_at(d, it->su, 0, 0, now));
                 } else {
-                    schedule_at(d, items[d][i].dur, now);
+                    schedule_at(d, it->su, it->dur, it->full, now);
                 }
             }
             nitems[d] = 0;
@@ -1010,39 +1270,37 @@ EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream s, void (*fn)(void *), void *data
 
 /* ---- launches and events ---- */
 
-static void run(int d, uint64_t blocks) {
-    if (d < 0 || d >= F.ndev)
-        return;
-    uint64_t dur = F.wave_ns * blocks / (uint64_t)F.sms[d];
-    if (!hold_launch(d, dur))
-        schedule(d, dur);
-}
-static void schedule(int d, uint64_t dur) { schedule_at(d, dur, now_ns()); }
-static void schedule_at(int d, uint64_t dur, uint64_t now) {
-    shared_dev *s = &F.sh->dev[d];
-    uint64_t b = atomic_load(&s->busy_until);
-    for (;;) {
-        uint64_t start = b > now ? b : now;
-        if (atomic_compare_exchange_weak(&s->busy_until, &b, start + dur))
-            break;
-    }
-    atomic_fetch_add(&s->busy_total, dur);
-    atomic_fetch_add(&s->launches, 1);
+static void run(int d, CUstream s, uint64_t dur, int full) {
+    _Atomic uint64_t *su = stream_until(s, d);
+    if (!hold_launch(d, su, dur, full))
+        schedule_at(d, su, dur, full, now_ns());
 }
 
 #define GRID(x, y, z) ((uint64_t)(x) * (y) * (z))
-EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
-                               unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
-                               void **extra) {
-    (void)bx, (void)by, (void)bz, (void)shm, (void)params, (void)extra;
+static CUresult launch(CUfunction f, uint64_t grid, uint64_t threads, unsigned shm, CUstream s, int coop) {
     if (!f)
         return CUDA_ERROR_INVALID_HANDLE;
     int d = stream_dev(s);
     if (d < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if (grid == 0 || threads == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_func c = func_cfg(f);
+    int occ = occupancy(&c, threads, shm);
+    if (occ == 0)
+        return 701; /* CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES */
+    uint64_t per_wave = (uint64_t)F.sms[d] * (uint64_t)occ;
+    if (coop && grid > per_wave)
+        return 720; /* CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE */
     if (!capturing(s))
-        run(d, GRID(gx, gy, gz));
+        run(d, s, c.overhead_ns + (grid + per_wave - 1) / per_wave * c.wave_ns, grid >= per_wave);
     return CUDA_SUCCESS;
+}
+EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                               unsigned by, unsigned bz, unsigned shm, CUstream s, void **params,
+                               void **extra) {
+    (void)params, (void)extra;
+    return launch(f, GRID(gx, gy, gz), GRID(bx, by, bz), shm, s, 0);
 }
 EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                     unsigned bx, unsigned by, unsigned bz, unsigned shm, CUstream s,
@@ -1063,13 +1321,20 @@ EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *c, CUfunction f, voi
 EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
                                           unsigned bx, unsigned by, unsigned bz, unsigned shm,
                                           CUstream s, void **params) {
-    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, params, NULL);
+    (void)params;
+    return launch(f, GRID(gx, gy, gz), GRID(bx, by, bz), shm, s, 1);
 }
-/* Legacy launches: the block shape was set with cuFuncSetBlockShape. */
+EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
+                                               unsigned bx, unsigned by, unsigned bz, unsigned shm,
+                                               CUstream s, void **params) {
+    return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, shm, s, params);
+}
+/* Legacy launches: the block shape was set with cuFuncSetBlockShape (the
+ * fake assumes 32 threads). */
 EXPORT CUresult cuLaunchGridAsync(CUfunction f, int w, int h, CUstream s) {
     if (w <= 0 || h <= 0)
         return CUDA_ERROR_INVALID_VALUE;
-    return cuLaunchKernel(f, (unsigned)w, (unsigned)h, 1, 32, 1, 1, 0, s, NULL, NULL);
+    return launch(f, (uint64_t)w * (uint64_t)h, 32, 0, s, 0);
 }
 EXPORT CUresult cuLaunchGrid(CUfunction f, int w, int h) { return cuLaunchGridAsync(f, w, h, NULL); }
 EXPORT CUresult cuLaunch(CUfunction f) { return cuLaunchGridAsync(f, 1, 1, NULL); }
@@ -1079,11 +1344,8 @@ EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void *params, unsigned n, u
         return CUDA_ERROR_INVALID_VALUE;
     return CUDA_SUCCESS; /* the tests only check that vcuda refuses it */
 }
-EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz,
-                                               unsigned bx, unsigned by, unsigned bz, unsigned shm,
-                                               CUstream s, void **params) {
-    return cuLaunchKernel(f, gx, gy, gz, bx, by, bz, shm, s, params, NULL);
-}
+/* A graph runs as one piece of work that fills the device for its blocks'
+ * full waves (4 resident blocks an SM). */
 typedef struct {
     uint64_t blocks;
 } fake_graph;
@@ -1103,7 +1365,8 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
     int d = stream_dev(s);
     if (d < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
-    run(d, ((fake_graph *)e)->blocks);
+    uint64_t b = ((fake_graph *)e)->blocks, per_wave = (uint64_t)F.sms[d] * 4;
+    run(d, s, F.overhead_ns + (b + per_wave - 1) / per_wave * F.wave_ns, 1);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return cuGraphLaunch(e, s); }
@@ -1129,10 +1392,13 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
         ((fake_stream *)s)->violations++;
     fake_event *ev = (fake_event *)e;
     ev->recorded = 1;
-    if (hold_event(d, ev))
+    _Atomic uint64_t *su = stream_until(s, d);
+    if (hold_event(d, su, ev))
         return CUDA_SUCCESS;
-    uint64_t now = now_ns(), b = atomic_load(&F.sh->dev[d].busy_until);
-    atomic_store(&ev->ts, b > now ? b : now); /* reached when the queue before it drains */
+    /* Reached when its stream's earlier work has run and the process has the
+     * device (an event is a command of its context, time-sliced like a
+     * kernel): a zero-length item on the timeline. */
+    atomic_store(&ev->ts, schedule_at(d, su, 0, 0, now_ns()));
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
@@ -1140,12 +1406,16 @@ EXPORT CUresult cuEventQuery(CUevent e) {
     fake_event *ev = (fake_event *)e;
     if (!ev)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (unsafe_call())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     return !ev->recorded || now_ns() >= atomic_load(&ev->ts) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 EXPORT CUresult cuEventSynchronize(CUevent e) {
     fake_event *ev = (fake_event *)e;
     if (!ev)
         return CUDA_ERROR_INVALID_HANDLE;
+    if (unsafe_call())
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (!ev->recorded)
         return CUDA_SUCCESS;
     while (atomic_load(&ev->ts) == UINT64_MAX) {
@@ -1162,7 +1432,8 @@ EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
     uint64_t xt = atomic_load(&x->ts), yt = atomic_load(&y->ts);
     if (now_ns() < yt || now_ns() < xt)
         return CUDA_ERROR_NOT_READY;
-    *ms = (float)((double)((int64_t)(yt - xt)) / 1e6);
+    /* the real driver's resolution is about half a microsecond */
+    *ms = (float)((double)(((int64_t)(yt - xt)) / 500 * 500) / 1e6);
     return CUDA_SUCCESS;
 }
 
@@ -1237,7 +1508,32 @@ EXPORT int fakeDeviceStats(int d, fake_stats *o) {
     o->busy_total = atomic_load(&s->busy_total);
     o->busy_until = atomic_load(&s->busy_until);
     o->launches = atomic_load(&s->launches);
+    uint64_t now = now_ns();
+    spin_lock(&s->lock);
+    o->busy = iv_busy(&s->busy, now);
+    spin_unlock(&s->lock);
+    o->at = now;
     return 0;
+}
+EXPORT int fakeProcessBusy(int d, int pid, uint64_t *busy, uint64_t *at) {
+    INIT();
+    if (d < 0 || d >= F.ndev)
+        return -1;
+    shared_dev *s = &F.sh->dev[d];
+    uint64_t now = now_ns();
+    int found = -1;
+    spin_lock(&s->lock);
+    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+        if (atomic_load(&F.sh->proc[i].pid) == pid) {
+            *busy = iv_busy(&F.sh->proc[i].busy[d], now);
+            found = 0;
+            break;
+        }
+    }
+    spin_unlock(&s->lock);
+    if (at)
+        *at = now;
+    return found;
 }
 
 /* ---- cuGetProcAddress ---- */
@@ -1275,7 +1571,9 @@ static const proc procs[] = {
     P(cuLaunch), P(cuLaunchGrid), P(cuLaunchGridAsync), P(cuLaunchCooperativeKernelMultiDevice),
     PT(cuLaunchHostFunc), PT(cuLaunchKernel), PT(cuLaunchKernelEx), PT(cuLaunchCooperativeKernel), PT(cuGraphLaunch),
     P(cuGraphExecDestroy), P(cuEventCreate), PV("cuEventDestroy", cuEventDestroy_v2),
-    PT(cuEventRecord), P(cuEventQuery), P(cuEventSynchronize), P(cuEventElapsedTime),
+    PT(cuEventRecord), P(cuEventQuery), P(cuThreadExchangeStreamCaptureMode),
+    P(cuOccupancyMaxActiveBlocksPerMultiprocessor), PV("cuStreamBeginCapture", cuStreamBeginCapture_v2),
+    P(cuStreamEndCapture), PT(cuStreamIsCapturing), P(cuEventSynchronize), P(cuEventElapsedTime),
 };
 
 EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, cuuint64_t flags,

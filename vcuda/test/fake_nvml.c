@@ -302,19 +302,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, nvmlPr
 static struct {
     uint64_t at, busy;
 } util_last[FAKE_MAX_DEVS];
-static uint64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
     fake_stats st;
     NEED_DEV(d);
     if (!u || fakeDeviceStats(d->idx, &st) != 0)
         return NVML_ERROR_INVALID_ARGUMENT;
-    uint64_t now = mono_ns();
-    /* busy time scheduled but not yet run does not count */
-    uint64_t busy = st.busy_total - (st.busy_until > now ? st.busy_until - now : 0);
+    uint64_t now = st.at, busy = st.busy; /* the union of kernel intervals so far */
     pthread_mutex_lock(&mu);
     uint64_t dt = now - util_last[d->idx].at, db = busy - util_last[d->idx].busy;
     int first = util_last[d->idx].at == 0;
