@@ -14,6 +14,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/agent"
+	"github.com/tessera-gpu/tessera/internal/cdi"
+	"github.com/tessera-gpu/tessera/internal/gpu"
+	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/podresources"
 )
 
@@ -90,6 +94,23 @@ func TestSecurityDeviceByNumber(t *testing.T) {
 	_, err := e.create(e.pod("renamed", nil, nil), e.ctr("c-renamed", "/dev/gpu3=/dev/nvidia3"))
 	if err == nil || !strings.Contains(err.Error(), "/dev/gpu3 (195:3") {
 		t.Errorf("renamed GPU node: %v", err)
+	}
+	// A GPU the inventory does not list (excluded, fallen off the bus) is still a GPU; a MIG
+	// instance's access cap (not major 195) is known from the inventory.
+	unknown := ctr("c-unknown")
+	unknown.Linux.Devices = []*nriapi.LinuxDevice{{Path: "/dev/x", Type: "c", Major: 195, Minor: 200}}
+	if _, err := e.create(e.pod("unknown", nil, nil), unknown); err == nil || !strings.Contains(err.Error(), "NVIDIA GPU minor 200") {
+		t.Errorf("unknown GPU minor: %v", err)
+	}
+	n := e.agent.Node()
+	var capPath string
+	for i := range n.GPUs {
+		if n.GPUs[i].MIG != nil && len(n.GPUs[i].MIG.Instances) > 0 {
+			capPath = n.MIGNodes(&n.GPUs[i], &n.GPUs[i].MIG.Instances[0])[1].Path
+		}
+	}
+	if _, err := e.create(e.pod("cap", nil, nil), e.ctr("c-cap", "/dev/mycap="+capPath)); err == nil || !strings.Contains(err.Error(), "/dev/mycap (") || !strings.Contains(err.Error(), "MIG ") {
+		t.Errorf("MIG cap under another path: %v", err)
 	}
 	e.victimUntouched(t, g)
 }
@@ -244,15 +265,56 @@ func TestSecurityRegionBounded(t *testing.T) {
 		t.Errorf("FIFO region: %v", err)
 	}
 	os.Remove(path)
-	if err := os.Symlink("/dev/zero", path); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.plugin.ReadRegion("c-victim"); err == nil {
-		t.Error("symlinked region was followed")
+	for _, target := range []string{"/dev/zero", filepath.Join(e.dir, "ledger.json")} {
+		os.Remove(path)
+		if err := os.Symlink(target, path); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.plugin.ReadRegion("c-victim"); err == nil {
+			t.Errorf("region symlinked to %s was followed", target)
+		}
 	}
 	// The region's tmpfs goes with the container.
 	e.plugin.removeContainerDir("c-victim")
 	if _, err := os.Stat(filepath.Dir(path)); !os.IsNotExist(err) {
 		t.Errorf("container dir left: %v", err)
+	}
+}
+
+// A running container that holds a GPU with no ledger entry (it started without the plugin) is
+// reported at Synchronize: metric and Event; a container with its entry is not.
+func TestSecurityUnrealisedReported(t *testing.T) {
+	e := &env{t: t}
+	var err error
+	e.dir, err = os.MkdirTemp("/tmp", "tsr-nri-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(e.dir) })
+	e.grants, e.pods = podresources.NewServer(), &fakePods{pods: map[string]*corev1.Pod{}}
+	backend, err := gpu.OpenSim(gpu.Options{StateDir: filepath.Join(e.dir, "sim")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { backend.Close() })
+	l, _ := ledger.Open(filepath.Join(e.dir, "ledger.json"))
+	e.agent = agent.New(agent.Config{NodeName: "node-a", SharesPerGPU: 10, CDIDir: filepath.Join(e.dir, "cdi"),
+		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so"}}, backend, l)
+	if err := e.agent.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rogue := e.ctr("c-rogue", "/dev/nvidia2")
+	rogue.State = nriapi.ContainerState_CONTAINER_RUNNING
+	e.pod("rogue", nil, nil)
+	e.sandboxes = []*nriapi.PodSandbox{{Id: "sb", Name: "rogue", Namespace: "ns", Uid: "uid-rogue"}}
+	e.running = []*nriapi.Container{rogue}
+	e.start(podresources.New(filepath.Join(e.dir, "none.sock")), l)
+	if _, _, n := e.plugin.SecurityStats(); n != 1 {
+		t.Errorf("unrealised containers: %d, want 1", n)
+	}
+	e.events.mu.Lock()
+	defer e.events.mu.Unlock()
+	if len(e.events.events) != 1 || !strings.Contains(e.events.events[0], "TesseraUnrealisedGPU") || !strings.Contains(e.events.events[0], "/dev/nvidia2 (195:2") {
+		t.Errorf("events: %v", e.events.events)
 	}
 }
