@@ -88,6 +88,7 @@ func runAgent(args []string) error {
 	go func() { errc <- named("NRI plugin", plugin.Run(ctx, cfg.NRISocket)) }()
 	go func() { errc <- named("health watch", a.WatchHealth(ctx)) }()
 	go rediscover(ctx, a, cfg.RediscoverInterval.Duration)
+	go releaseUnlisted(ctx, plugin, grants, cfg.RediscoverInterval.Duration)
 	srv, err := serveHTTP(cfg.Listen, a, mgr, plugin)
 	if err != nil {
 		return err
@@ -133,6 +134,25 @@ func rediscover(ctx context.Context, a *agent.Agent, every time.Duration) {
 			if err := a.Refresh(ctx); err != nil {
 				slog.Error("rediscover GPUs", "err", err)
 			}
+		}
+	}
+}
+
+// releaseUnlisted frees the holds of pods the kubelet no longer lists (nri.Plugin.ReleaseUnlisted).
+func releaseUnlisted(ctx context.Context, plugin *nri.Plugin, grants *podresources.Client, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			listed, err := grants.List(ctx)
+			if err != nil {
+				slog.Warn("list the kubelet's pods to release stale holds", "err", err)
+				continue
+			}
+			plugin.ReleaseUnlisted(ctx, listed)
 		}
 	}
 }

@@ -10,6 +10,7 @@ import (
 	nriapi "github.com/containerd/nri/pkg/api"
 
 	"github.com/tessera-gpu/tessera/internal/ledger"
+	"github.com/tessera-gpu/tessera/internal/podresources"
 )
 
 // holdPrefix marks ledger entries that keep a stopped container's devices for its pod: the kubelet
@@ -198,4 +199,28 @@ func (p *Plugin) reportUnrealised(ctx context.Context, pod *nriapi.PodSandbox, c
 	slog.Error("unrealised GPU container", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "devices", bad)
 	p.warn(ctx, pod, "TesseraUnrealisedGPU", msg)
 	return true
+}
+
+// ReleaseUnlisted frees the holds of pods the kubelet no longer lists (PodResources), for when the
+// runtime's sandbox events were missed. A hold goes only when two consecutive lists both lack its
+// pod, so a kubelet that has just restarted and lists nothing yet frees nothing at once.
+func (p *Plugin) ReleaseUnlisted(ctx context.Context, listed map[podresources.Key]podresources.Grant) {
+	pods := map[string]bool{}
+	for k := range listed {
+		pods[k.Namespace+"/"+k.Pod] = true
+	}
+	p.unlistedMu.Lock()
+	defer p.unlistedMu.Unlock()
+	missing := map[string]bool{}
+	for _, e := range p.agent.Ledger().Entries() {
+		if !isHold(e.ContainerID) || pods[e.Namespace+"/"+e.Pod] {
+			continue
+		}
+		missing[e.PodUID] = true
+		if p.unlisted[e.PodUID] {
+			slog.Info("the kubelet no longer lists the pod; releasing its holds", "pod", e.Namespace+"/"+e.Pod)
+			p.releasePod(ctx, e.PodUID)
+		}
+	}
+	p.unlisted = missing
 }

@@ -38,6 +38,30 @@ func (e *env) victim(t *testing.T) string {
 	return v.Devices[0].UUID
 }
 
+// Holds of a pod the kubelet stopped listing go after two lists without it.
+func TestSecurityHoldReleasedWhenUnlisted(t *testing.T) {
+	e := newEnv(t)
+	g := e.victim(t)
+	pod := e.pod("gone", shareReq, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "gone", Container: "main"}, api.ResourceShare, "vgpu-1")
+	if _, err := e.create(pod, ctr("c-gone")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: ctr("c-gone")}); err != nil {
+		t.Fatal(err)
+	}
+	victimOnly := map[podresources.Key]podresources.Grant{{Namespace: "ns", Pod: "victim", Container: "main"}: nil}
+	e.plugin.ReleaseUnlisted(context.Background(), victimOnly)
+	if _, ok := e.agent.Ledger().Get(holdID("uid-gone", "main")); !ok {
+		t.Fatal("hold released after one list")
+	}
+	e.plugin.ReleaseUnlisted(context.Background(), victimOnly)
+	if _, ok := e.agent.Ledger().Get(holdID("uid-gone", "main")); ok {
+		t.Error("hold of a pod the kubelet no longer lists survived two lists")
+	}
+	e.victimUntouched(t, g)
+}
+
 // victimUntouched checks the victim still holds its GPU.
 func (e *env) victimUntouched(t *testing.T, gpu string) {
 	t.Helper()
@@ -230,6 +254,14 @@ func TestSecurityRestartKeepsGPU(t *testing.T) {
 	}
 	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: ctr("c-crash-2")}); err != nil {
 		t.Fatal(err)
+	}
+	// The kubelet still lists the pod: its hold stays; one list without it is not enough either.
+	listed := map[podresources.Key]podresources.Grant{{Namespace: "ns", Pod: "crash", Container: "main"}: nil}
+	e.plugin.ReleaseUnlisted(context.Background(), listed)
+	e.plugin.ReleaseUnlisted(context.Background(), listed)
+	e.plugin.ReleaseUnlisted(context.Background(), nil)
+	if _, ok := e.agent.Ledger().Get(holdID("uid-crash", "main")); !ok {
+		t.Error("hold released while the kubelet listed the pod a moment ago")
 	}
 	if err := e.rt.StopPodSandbox(context.Background(), &nriadapt.StopPodSandboxRequest{Pod: pod}); err != nil {
 		t.Fatal(err)
