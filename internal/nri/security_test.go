@@ -168,6 +168,11 @@ func TestSecurityValidatorAfterAllPlugins(t *testing.T) {
 		}, "cdi.k8s.io/evil=nvidia.com/gpu=all"},
 		"env turned back on": {func(r *nriapi.ValidateContainerAdjustmentRequest) { r.Adjust.AddEnv(VisibleDevicesEnv, "all") }, `NVIDIA_VISIBLE_DEVICES is "all"`},
 	}
+	nic := base()
+	nic.Container.Annotations = map[string]string{"cdi.k8s.io/nic": "example.com/nic=eth1"}
+	if err := e.plugin.ValidateContainerAdjustment(context.Background(), nic); err != nil {
+		t.Errorf("another vendor's CDI annotation refused: %v", err)
+	}
 	for name, tc := range cases {
 		r := base()
 		tc.edit(r)
@@ -348,5 +353,36 @@ func TestSecurityUnrealisedReported(t *testing.T) {
 	defer e.events.mu.Unlock()
 	if len(e.events.events) != 1 || !strings.Contains(e.events.events[0], "TesseraUnrealisedGPU") || !strings.Contains(e.events.events[0], "/dev/nvidia2 (195:2") {
 		t.Errorf("events: %v", e.events.events)
+	}
+}
+
+// A Kata pod's mdev container restarts with its mdev vGPU (it used to be refused: the pod kept the
+// device under another entry).
+func TestSecurityRestartKeepsMdev(t *testing.T) {
+	e := newEnv(t)
+	res := api.MdevResource("A100-4C")
+	devs := e.agent.Devices(res)
+	if len(devs) == 0 {
+		t.Fatalf("no %s devices", res)
+	}
+	if _, err := e.agent.Allocate(res, []string{devs[0].ID}); err != nil {
+		t.Fatal(err)
+	}
+	pod := e.pod("vm", map[string]string{res: "1"}, nil)
+	pod.RuntimeHandler = "kata-qemu"
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "vm", Container: "main"}, res, devs[0].ID)
+	for i, id := range []string{"c-vm-1", "c-vm-2"} {
+		if _, err := e.create(pod, ctr(id)); err != nil {
+			t.Fatalf("run %d: %v", i+1, err)
+		}
+		if got, _ := e.agent.Ledger().Get(id); len(got.Mdev) != 1 || got.Mdev[0] != devs[0].ID {
+			t.Errorf("run %d holds %+v", i+1, got.Mdev)
+		}
+		if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: ctr(id)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h, ok := e.agent.Ledger().Get(holdID("uid-vm", "main")); !ok || len(h.Mdev) != 1 {
+		t.Errorf("the mdev is not held for the pod: %+v", h)
 	}
 }
