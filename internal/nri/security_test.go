@@ -217,8 +217,14 @@ func TestSecurityPrivilegedRuns(t *testing.T) {
 	pod := e.pod("priv", nil, nil)
 	yes := true
 	e.pods.pods["ns/priv"].Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &yes}
-	if _, err := e.create(pod, e.ctr("c-priv", "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl")); err != nil {
+	adj, err := e.create(pod, e.ctr("c-priv", "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"))
+	if err != nil {
 		t.Fatalf("privileged container refused: %v", err)
+	}
+	// Driver and operator pods rely on their NVIDIA_VISIBLE_DEVICES; a privileged container has
+	// every device anyway.
+	if v := finalEnv([]string{"NVIDIA_VISIBLE_DEVICES=all"}, adj.GetEnv(), VisibleDevicesEnv); v != "all" {
+		t.Errorf("privileged container's NVIDIA_VISIBLE_DEVICES: %q", v)
 	}
 	if priv, _, _ := e.plugin.SecurityStats(); priv != 1 {
 		t.Errorf("privileged containers counted %d", priv)

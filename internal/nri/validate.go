@@ -44,13 +44,16 @@ func (p *Plugin) validate(ctx context.Context, req *nriapi.ValidateContainerAdju
 	bad = append(bad, ungranted(adj.GetLinux().GetDevices(), "an NRI plugin's adjustment", x, granted)...)
 	bad = append(bad, ungrantedMounts(c.GetMounts(), "a volume of the pod", x, granted)...)
 	bad = append(bad, ungrantedMounts(adj.GetMounts(), "an NRI plugin's adjustment", x, granted)...)
-	if err := p.allowUngranted(ctx, pod, c, bad, admin, false); err != nil {
+	privileged, err := p.allowUngranted(ctx, pod, c, bad, admin, false)
+	if err != nil {
 		return err
 	}
 	if err := p.checkCDIAnnotations(c.GetAnnotations(), adj.GetAnnotations(), req.GetOwners(), c.GetId()); err != nil {
 		return err
 	}
-	if v := finalEnv(c.GetEnv(), adj.GetEnv(), VisibleDevicesEnv); v != "void" {
+	// Privileged containers keep their NVIDIA_VISIBLE_DEVICES (driver and operator pods rely on it):
+	// they hold every device anyway.
+	if v := finalEnv(c.GetEnv(), adj.GetEnv(), VisibleDevicesEnv); v != "void" && !privileged {
 		return fmt.Errorf("its %s is %q after all plugins' adjustments, not \"void\": nvidia-container-runtime would inject GPUs the kubelet did not grant; request GPUs through resources instead", VisibleDevicesEnv, v)
 	}
 	return nil
