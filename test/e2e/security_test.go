@@ -32,6 +32,7 @@ func TestSecurityCluster(t *testing.T) {
 		{"AgentKilledBeforeCreate", testSecurityAgentKilled},
 		{"ContainerdRestartDuringCreate", testSecurityContainerdRestartDuringCreate},
 		{"HostPathGPUDevice", testSecurityHostPathDevice},
+		{"CDIAnnotationPassthrough", testSecurityCDIAnnotationPassthrough},
 		{"VisibleDevicesEnv", testSecurityVisibleDevicesEnv},
 		{"PrivilegedRuns", testSecurityPrivilegedRuns},
 	}
@@ -216,6 +217,16 @@ func testSecurityHostPathDevice(t *testing.T, c *Cluster) {
 	msg := waitContainerError(t, c, "hostdev", "/dev/gpu3 (195:")
 	t.Logf("refused: %s", msg)
 	c.DeletePods(t, "hostdev")
+}
+
+// A CDI annotation on the pod, passed through to the OCI spec by the runtime (for a runtime that
+// resolves CDI itself, after NRI), is refused.
+func testSecurityCDIAnnotationPassthrough(t *testing.T, c *Cluster) {
+	g := c.Inventory.GPUs[5]
+	c.CreatePod(t, TestPod("cdi-ann", nil, map[string]string{"cdi.k8s.io/evil": "tessera.dev/gpu=" + g.UUID}))
+	msg := waitContainerError(t, c, "cdi-ann", "cdi.k8s.io/evil")
+	t.Logf("refused: %s", msg)
+	c.DeletePods(t, "cdi-ann")
 }
 
 // NVIDIA_VISIBLE_DEVICES from the pod is overridden with void.
