@@ -86,7 +86,7 @@ func runAgent(args []string) error {
 	go func() { errc <- named("NRI plugin", plugin.Run(ctx, cfg.NRISocket)) }()
 	go func() { errc <- named("health watch", a.WatchHealth(ctx)) }()
 	go rediscover(ctx, a, cfg.RediscoverInterval.Duration)
-	go plugin.ReleaseUnlistedEvery(ctx, grants.List, holdReconcileInterval)
+	go releaseUnlisted(ctx, plugin, grants, holdReconcileInterval)
 	srv, err := serveHTTP(cfg.Listen, a, mgr, plugin)
 	if err != nil {
 		return err
@@ -100,9 +100,6 @@ func runAgent(args []string) error {
 		return err
 	}
 }
-
-// holdReconcileInterval is how often holds are checked against the pods the kubelet lists.
-const holdReconcileInterval = 10 * time.Second
 
 func named(what string, err error) error {
 	if err == nil || errors.Is(err, context.Canceled) {
@@ -122,6 +119,28 @@ func rediscover(ctx context.Context, a *agent.Agent, every time.Duration) {
 			if err := a.Refresh(ctx); err != nil {
 				slog.Error("rediscover GPUs", "err", err)
 			}
+		}
+	}
+}
+
+// releaseUnlisted frees the holds of pods the kubelet no longer lists (nri.Plugin.ReleaseUnlisted).
+// holdReconcileInterval is how often holds are checked against the pods the kubelet lists.
+const holdReconcileInterval = 10 * time.Second
+
+func releaseUnlisted(ctx context.Context, plugin *nri.Plugin, grants *podresources.Client, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			listed, err := grants.List(ctx)
+			if err != nil {
+				slog.Warn("list the kubelet's pods to release stale holds", "err", err)
+				continue
+			}
+			plugin.ReleaseUnlisted(ctx, listed)
 		}
 	}
 }

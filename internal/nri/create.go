@@ -47,10 +47,10 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *nriapi.PodSandbox, c 
 func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container) (*nriapi.ContainerAdjustment, error) {
 	adj := &nriapi.ContainerAdjustment{}
 	admin := p.isAdmin(pod)
-	if !admin {
-		voidVisibleDevices(adj)
-	}
 	if !p.mayHoldGPU(c) {
+		if !admin {
+			voidVisibleDevices(adj)
+		}
 		return adj, nil
 	}
 	grant, err := p.grants.Container(ctx, pod.GetNamespace(), pod.GetName(), c.GetName())
@@ -76,8 +76,12 @@ func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.C
 		}
 		entry.Devices, entry.Local = devs, local
 	}
-	if err := p.checkDevices(ctx, pod, c, &entry, admin); err != nil {
+	privileged, err := p.checkDevices(ctx, pod, c, &entry, admin)
+	if err != nil {
 		return nil, err
+	}
+	if !admin && !privileged {
+		voidVisibleDevices(adj)
 	}
 	if len(entry.Devices) == 0 && len(entry.MIG) == 0 && len(entry.Mdev) == 0 {
 		if names := p.ourCDINames(c); len(names) > 0 && !admin {
@@ -243,7 +247,7 @@ var gpuNodePattern = regexp.MustCompile(`^/dev/(nvidia[0-9]+|nvidia-caps/nvidia-
 // counted. Admin namespaces see every GPU by design.
 // (Refusing rather than removing the nodes: NRI's runtime side does not pass device removals of
 // nodes already in the container on to the runtime.)
-func (p *Plugin) checkDevices(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container, e *ledger.Entry, admin bool) error {
+func (p *Plugin) checkDevices(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container, e *ledger.Entry, admin bool) (privileged bool, err error) {
 	x := p.devices()
 	bad := ungranted(c.GetLinux().GetDevices(), "the container's devices", x, p.grantedNumbers(e, x))
 	return p.allowUngranted(ctx, pod, c, bad, admin, true)
@@ -251,25 +255,26 @@ func (p *Plugin) checkDevices(ctx context.Context, pod *nriapi.PodSandbox, c *nr
 
 // allowUngranted decides on a container holding GPU devices nobody granted: admin namespaces and
 // privileged containers (as the API server's pod spec says) run and are counted; others are refused
-// with the devices named. count is false on the validator's second look at the same container.
-func (p *Plugin) allowUngranted(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container, bad []string, admin, count bool) error {
+// with the devices named. count is false on the validator's second look at the same container. It
+// reports whether the container is privileged (known only when it holds ungranted devices).
+func (p *Plugin) allowUngranted(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container, bad []string, admin, count bool) (bool, error) {
 	if len(bad) == 0 {
-		return nil
+		return false, nil
 	}
 	if admin {
 		if count {
 			p.admin.Add(1)
 		}
-		return nil
+		return false, nil
 	}
 	if priv, err := p.privilegedContainer(ctx, pod, c.GetName()); err == nil && priv {
 		if count {
 			p.privileged.Add(1)
+			slog.Warn("privileged container holds every GPU: outside isolation", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName())
 		}
-		slog.Warn("privileged container holds every GPU: outside isolation", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName())
-		return nil
+		return true, nil
 	}
-	return fmt.Errorf("it has GPU devices the kubelet did not grant it: %s; request GPUs through resources (%s, %s, %s<profile>) instead",
+	return false, fmt.Errorf("it has GPU devices the kubelet did not grant it: %s; request GPUs through resources (%s, %s, %s<profile>) instead",
 		strings.Join(bad, "; "), api.ResourceGPU, api.ResourceShare, api.MIGResourcePrefix)
 }
 

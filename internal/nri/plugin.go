@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -77,6 +78,9 @@ type Plugin struct {
 	// Synchronize.
 	unrealised atomic.Int64
 	index      indexCache
+	// unlisted are the pods (by UID) whose holds the kubelet did not list last time.
+	unlistedMu sync.Mutex
+	unlisted   map[string]bool
 }
 
 // Stats are the plugin's counters: CreateContainer calls, the time spent in them, and refusals.

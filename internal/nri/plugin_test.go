@@ -46,14 +46,28 @@ func (f *fakePods) Pod(_ context.Context, ns, name, uid string) (*corev1.Pod, er
 // env is the plugin connected to NRI's runtime-side adaptation over a real socket, with a real
 // simulated-node agent and ledger, and the kubelet's PodResources API served by podresources.Server.
 type env struct {
-	t       testing.TB
-	rt      *nriadapt.Adaptation
-	agent   *agent.Agent
-	grants  *podresources.Server
-	pods    *fakePods
-	plugin  *Plugin
-	dir     string
-	running []*nriapi.Container // what the runtime reports at Synchronize
+	t         testing.TB
+	rt        *nriadapt.Adaptation
+	agent     *agent.Agent
+	grants    *podresources.Server
+	pods      *fakePods
+	plugin    *Plugin
+	dir       string
+	running   []*nriapi.Container // what the runtime reports at Synchronize
+	sandboxes []*nriapi.PodSandbox
+	events    *fakeEvents
+}
+
+// fakeEvents records the Warning Events the plugin reports.
+type fakeEvents struct {
+	mu     sync.Mutex
+	events []string
+}
+
+func (f *fakeEvents) Warn(_ context.Context, namespace, pod, uid, reason, message string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.events = append(f.events, namespace+"/"+pod+" "+reason+": "+message)
 }
 
 func newEnv(t testing.TB, preexisting ...*nriapi.Container) *env {
@@ -93,7 +107,7 @@ func (e *env) start(client *podresources.Client, l *ledger.Ledger) *env {
 	sock := filepath.Join(e.dir, "nri.sock")
 	rt, err := nriadapt.New("containerd", "2.2.9",
 		func(ctx context.Context, cb nriadapt.SyncCB) error {
-			_, err := cb(ctx, nil, e.running)
+			_, err := cb(ctx, e.sandboxes, e.running)
 			return err
 		},
 		func(context.Context, []*nriadapt.ContainerUpdate) ([]*nriadapt.ContainerUpdate, error) {
@@ -108,7 +122,8 @@ func (e *env) start(client *podresources.Client, l *ledger.Ledger) *env {
 	}
 	t.Cleanup(rt.Stop)
 	e.rt = rt
-	e.plugin = New(Config{StateDir: filepath.Join(e.dir, "state"), VCUDALibrary: "/opt/libvcuda.so"}, e.agent, client, e.pods)
+	e.events = &fakeEvents{}
+	e.plugin = New(Config{StateDir: filepath.Join(e.dir, "state"), VCUDALibrary: "/opt/libvcuda.so", Events: e.events}, e.agent, client, e.pods)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go e.plugin.Run(ctx, sock)

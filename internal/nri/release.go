@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"time"
-
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	nriapi "github.com/containerd/nri/pkg/api"
 
@@ -52,36 +49,6 @@ func (p *Plugin) StopPodSandbox(ctx context.Context, pod *nriapi.PodSandbox) err
 func (p *Plugin) RemovePodSandbox(ctx context.Context, pod *nriapi.PodSandbox) error {
 	p.releasePod(ctx, pod.GetUid())
 	return nil
-}
-
-// ReleaseUnlisted frees the holds of pods the kubelet no longer lists. The sandbox events above are
-// the usual release, but containerd does not deliver them for sandboxes it restored after a restart,
-// and a hold must not outlive its pod: the kubelet's PodResources list (the trusted record of which
-// pods are active on the node) decides. listed must come from a successful List call.
-func (p *Plugin) ReleaseUnlisted(ctx context.Context, listed map[podresources.Key]podresources.Grant) {
-	active := map[[2]string]bool{}
-	for k := range listed {
-		active[[2]string{k.Namespace, k.Pod}] = true
-	}
-	for _, e := range p.agent.Ledger().Entries() {
-		if isHold(e.ContainerID) && !active[[2]string{e.Namespace, e.Pod}] {
-			slog.Info("the kubelet no longer lists the pod: releasing its holds", "pod", e.Namespace+"/"+e.Pod)
-			p.releasePod(ctx, e.PodUID)
-		}
-	}
-}
-
-// ReleaseUnlistedEvery runs ReleaseUnlisted with the kubelet's list until ctx ends; a failed List
-// releases nothing (the kubelet may be restarting).
-func (p *Plugin) ReleaseUnlistedEvery(ctx context.Context, list func(context.Context) (map[podresources.Key]podresources.Grant, error), every time.Duration) {
-	wait.UntilWithContext(ctx, func(ctx context.Context) {
-		listed, err := list(ctx)
-		if err != nil {
-			slog.Warn("holds not reconciled with the kubelet", "err", err)
-			return
-		}
-		p.ReleaseUnlisted(ctx, listed)
-	}, every)
 }
 
 // releasePod frees every hold of a pod.
@@ -232,4 +199,28 @@ func (p *Plugin) reportUnrealised(ctx context.Context, pod *nriapi.PodSandbox, c
 	slog.Error("unrealised GPU container", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "devices", bad)
 	p.warn(ctx, pod, "TesseraUnrealisedGPU", msg)
 	return true
+}
+
+// ReleaseUnlisted frees the holds of pods the kubelet no longer lists (PodResources), for when the
+// runtime's sandbox events were missed. A hold goes only when two consecutive lists both lack its
+// pod, so a kubelet that has just restarted and lists nothing yet frees nothing at once.
+func (p *Plugin) ReleaseUnlisted(ctx context.Context, listed map[podresources.Key]podresources.Grant) {
+	pods := map[string]bool{}
+	for k := range listed {
+		pods[k.Namespace+"/"+k.Pod] = true
+	}
+	p.unlistedMu.Lock()
+	defer p.unlistedMu.Unlock()
+	missing := map[string]bool{}
+	for _, e := range p.agent.Ledger().Entries() {
+		if !isHold(e.ContainerID) || pods[e.Namespace+"/"+e.Pod] {
+			continue
+		}
+		missing[e.PodUID] = true
+		if p.unlisted[e.PodUID] {
+			slog.Info("the kubelet no longer lists the pod; releasing its holds", "pod", e.Namespace+"/"+e.Pod)
+			p.releasePod(ctx, e.PodUID)
+		}
+	}
+	p.unlisted = missing
 }

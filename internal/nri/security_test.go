@@ -14,6 +14,10 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/agent"
+	"github.com/tessera-gpu/tessera/internal/cdi"
+	"github.com/tessera-gpu/tessera/internal/gpu"
+	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/podresources"
 )
 
@@ -32,6 +36,30 @@ func (e *env) victim(t *testing.T) string {
 		t.Fatal("victim not in the ledger")
 	}
 	return v.Devices[0].UUID
+}
+
+// Holds of a pod the kubelet stopped listing go after two lists without it.
+func TestSecurityHoldReleasedWhenUnlisted(t *testing.T) {
+	e := newEnv(t)
+	g := e.victim(t)
+	pod := e.pod("gone", shareReq, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "gone", Container: "main"}, api.ResourceShare, "vgpu-1")
+	if _, err := e.create(pod, ctr("c-gone")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: ctr("c-gone")}); err != nil {
+		t.Fatal(err)
+	}
+	victimOnly := map[podresources.Key]podresources.Grant{{Namespace: "ns", Pod: "victim", Container: "main"}: nil}
+	e.plugin.ReleaseUnlisted(context.Background(), victimOnly)
+	if _, ok := e.agent.Ledger().Get(holdID("uid-gone", "main")); !ok {
+		t.Fatal("hold released after one list")
+	}
+	e.plugin.ReleaseUnlisted(context.Background(), victimOnly)
+	if _, ok := e.agent.Ledger().Get(holdID("uid-gone", "main")); ok {
+		t.Error("hold of a pod the kubelet no longer lists survived two lists")
+	}
+	e.victimUntouched(t, g)
 }
 
 // victimUntouched checks the victim still holds its GPU.
@@ -91,6 +119,23 @@ func TestSecurityDeviceByNumber(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "/dev/gpu3 (195:3") {
 		t.Errorf("renamed GPU node: %v", err)
 	}
+	// A GPU the inventory does not list (excluded, fallen off the bus) is still a GPU; a MIG
+	// instance's access cap (not major 195) is known from the inventory.
+	unknown := ctr("c-unknown")
+	unknown.Linux.Devices = []*nriapi.LinuxDevice{{Path: "/dev/x", Type: "c", Major: 195, Minor: 200}}
+	if _, err := e.create(e.pod("unknown", nil, nil), unknown); err == nil || !strings.Contains(err.Error(), "NVIDIA GPU minor 200") {
+		t.Errorf("unknown GPU minor: %v", err)
+	}
+	n := e.agent.Node()
+	var capPath string
+	for i := range n.GPUs {
+		if n.GPUs[i].MIG != nil && len(n.GPUs[i].MIG.Instances) > 0 {
+			capPath = n.MIGNodes(&n.GPUs[i], &n.GPUs[i].MIG.Instances[0])[1].Path
+		}
+	}
+	if _, err := e.create(e.pod("cap", nil, nil), e.ctr("c-cap", "/dev/mycap="+capPath)); err == nil || !strings.Contains(err.Error(), "/dev/mycap (") || !strings.Contains(err.Error(), "MIG ") {
+		t.Errorf("MIG cap under another path: %v", err)
+	}
 	e.victimUntouched(t, g)
 }
 
@@ -122,6 +167,11 @@ func TestSecurityValidatorAfterAllPlugins(t *testing.T) {
 			r.Container.Annotations = map[string]string{"cdi.k8s.io/evil": "nvidia.com/gpu=all"}
 		}, "cdi.k8s.io/evil=nvidia.com/gpu=all"},
 		"env turned back on": {func(r *nriapi.ValidateContainerAdjustmentRequest) { r.Adjust.AddEnv(VisibleDevicesEnv, "all") }, `NVIDIA_VISIBLE_DEVICES is "all"`},
+	}
+	nic := base()
+	nic.Container.Annotations = map[string]string{"cdi.k8s.io/nic": "example.com/nic=eth1"}
+	if err := e.plugin.ValidateContainerAdjustment(context.Background(), nic); err != nil {
+		t.Errorf("another vendor's CDI annotation refused: %v", err)
 	}
 	for name, tc := range cases {
 		r := base()
@@ -167,8 +217,14 @@ func TestSecurityPrivilegedRuns(t *testing.T) {
 	pod := e.pod("priv", nil, nil)
 	yes := true
 	e.pods.pods["ns/priv"].Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &yes}
-	if _, err := e.create(pod, e.ctr("c-priv", "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl")); err != nil {
+	adj, err := e.create(pod, e.ctr("c-priv", "/dev/nvidia0", "/dev/nvidia1", "/dev/nvidiactl"))
+	if err != nil {
 		t.Fatalf("privileged container refused: %v", err)
+	}
+	// Driver and operator pods rely on their NVIDIA_VISIBLE_DEVICES; a privileged container has
+	// every device anyway.
+	if v := finalEnv([]string{"NVIDIA_VISIBLE_DEVICES=all"}, adj.GetEnv(), VisibleDevicesEnv); v != "all" {
+		t.Errorf("privileged container's NVIDIA_VISIBLE_DEVICES: %q", v)
 	}
 	if priv, _, _ := e.plugin.SecurityStats(); priv != 1 {
 		t.Errorf("privileged containers counted %d", priv)
@@ -210,36 +266,19 @@ func TestSecurityRestartKeepsGPU(t *testing.T) {
 	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: ctr("c-crash-2")}); err != nil {
 		t.Fatal(err)
 	}
+	// The kubelet still lists the pod: its hold stays; one list without it is not enough either.
+	listed := map[podresources.Key]podresources.Grant{{Namespace: "ns", Pod: "crash", Container: "main"}: nil}
+	e.plugin.ReleaseUnlisted(context.Background(), listed)
+	e.plugin.ReleaseUnlisted(context.Background(), listed)
+	e.plugin.ReleaseUnlisted(context.Background(), nil)
+	if _, ok := e.agent.Ledger().Get(holdID("uid-crash", "main")); !ok {
+		t.Error("hold released while the kubelet listed the pod a moment ago")
+	}
 	if err := e.rt.StopPodSandbox(context.Background(), &nriadapt.StopPodSandboxRequest{Pod: pod}); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(e.agent.Ledger().Entries()); n != 0 {
 		t.Errorf("pod stopped but the ledger holds %d entries: %+v", n, e.agent.Ledger().Entries())
-	}
-}
-
-// A hold lasts only as long as the kubelet lists its pod: after a containerd restart no sandbox
-// event comes for pods restored from before it, so the kubelet's list releases their holds.
-func TestSecurityHoldReleasedWhenKubeletForgetsPod(t *testing.T) {
-	e := newEnv(t)
-	pod := e.pod("gone", map[string]string{api.ResourceGPU: "1"}, nil)
-	key := podresources.Key{Namespace: "ns", Pod: "gone", Container: "main"}
-	e.grants.Add(key, api.ResourceGPU, "gpu-0")
-	if _, err := e.create(pod, ctr("c-gone")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: ctr("c-gone")}); err != nil {
-		t.Fatal(err)
-	}
-	// Still listed (a restarting container): the hold stays.
-	e.plugin.ReleaseUnlisted(context.Background(), map[podresources.Key]podresources.Grant{key: {api.ResourceGPU: {"gpu-0"}}})
-	if n := len(e.agent.Ledger().Entries()); n != 1 {
-		t.Fatalf("hold of a listed pod released: %d entries", n)
-	}
-	// Another pod listed, this one not: its hold goes.
-	e.plugin.ReleaseUnlisted(context.Background(), map[podresources.Key]podresources.Grant{{Namespace: "ns", Pod: "other", Container: "main"}: {}})
-	if n := len(e.agent.Ledger().Entries()); n != 0 {
-		t.Errorf("hold of a pod the kubelet no longer lists kept: %+v", e.agent.Ledger().Entries())
 	}
 }
 
@@ -269,15 +308,87 @@ func TestSecurityRegionBounded(t *testing.T) {
 		t.Errorf("FIFO region: %v", err)
 	}
 	os.Remove(path)
-	if err := os.Symlink("/dev/zero", path); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := e.plugin.ReadRegion("c-victim"); err == nil {
-		t.Error("symlinked region was followed")
+	for _, target := range []string{"/dev/zero", filepath.Join(e.dir, "ledger.json")} {
+		os.Remove(path)
+		if err := os.Symlink(target, path); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.plugin.ReadRegion("c-victim"); err == nil {
+			t.Errorf("region symlinked to %s was followed", target)
+		}
 	}
 	// The region's tmpfs goes with the container.
 	e.plugin.removeContainerDir("c-victim")
 	if _, err := os.Stat(filepath.Dir(path)); !os.IsNotExist(err) {
 		t.Errorf("container dir left: %v", err)
+	}
+}
+
+// A running container that holds a GPU with no ledger entry (it started without the plugin) is
+// reported at Synchronize: metric and Event; a container with its entry is not.
+func TestSecurityUnrealisedReported(t *testing.T) {
+	e := &env{t: t}
+	var err error
+	e.dir, err = os.MkdirTemp("/tmp", "tsr-nri-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(e.dir) })
+	e.grants, e.pods = podresources.NewServer(), &fakePods{pods: map[string]*corev1.Pod{}}
+	backend, err := gpu.OpenSim(gpu.Options{StateDir: filepath.Join(e.dir, "sim")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { backend.Close() })
+	l, _ := ledger.Open(filepath.Join(e.dir, "ledger.json"))
+	e.agent = agent.New(agent.Config{NodeName: "node-a", SharesPerGPU: 10, CDIDir: filepath.Join(e.dir, "cdi"),
+		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so"}}, backend, l)
+	if err := e.agent.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	rogue := e.ctr("c-rogue", "/dev/nvidia2")
+	rogue.State = nriapi.ContainerState_CONTAINER_RUNNING
+	e.pod("rogue", nil, nil)
+	e.sandboxes = []*nriapi.PodSandbox{{Id: "sb", Name: "rogue", Namespace: "ns", Uid: "uid-rogue"}}
+	e.running = []*nriapi.Container{rogue}
+	e.start(podresources.New(filepath.Join(e.dir, "none.sock")), l)
+	if _, _, n := e.plugin.SecurityStats(); n != 1 {
+		t.Errorf("unrealised containers: %d, want 1", n)
+	}
+	e.events.mu.Lock()
+	defer e.events.mu.Unlock()
+	if len(e.events.events) != 1 || !strings.Contains(e.events.events[0], "TesseraUnrealisedGPU") || !strings.Contains(e.events.events[0], "/dev/nvidia2 (195:2") {
+		t.Errorf("events: %v", e.events.events)
+	}
+}
+
+// A Kata pod's mdev container restarts with its mdev vGPU (it used to be refused: the pod kept the
+// device under another entry).
+func TestSecurityRestartKeepsMdev(t *testing.T) {
+	e := newEnv(t)
+	res := api.MdevResource("A100-4C")
+	devs := e.agent.Devices(res)
+	if len(devs) == 0 {
+		t.Fatalf("no %s devices", res)
+	}
+	if _, err := e.agent.Allocate(res, []string{devs[0].ID}); err != nil {
+		t.Fatal(err)
+	}
+	pod := e.pod("vm", map[string]string{res: "1"}, nil)
+	pod.RuntimeHandler = "kata-qemu"
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "vm", Container: "main"}, res, devs[0].ID)
+	for i, id := range []string{"c-vm-1", "c-vm-2"} {
+		if _, err := e.create(pod, ctr(id)); err != nil {
+			t.Fatalf("run %d: %v", i+1, err)
+		}
+		if got, _ := e.agent.Ledger().Get(id); len(got.Mdev) != 1 || got.Mdev[0] != devs[0].ID {
+			t.Errorf("run %d holds %+v", i+1, got.Mdev)
+		}
+		if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: ctr(id)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if h, ok := e.agent.Ledger().Get(holdID("uid-vm", "main")); !ok || len(h.Mdev) != 1 {
+		t.Errorf("the mdev is not held for the pod: %+v", h)
 	}
 }

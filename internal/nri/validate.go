@@ -44,31 +44,39 @@ func (p *Plugin) validate(ctx context.Context, req *nriapi.ValidateContainerAdju
 	bad = append(bad, ungranted(adj.GetLinux().GetDevices(), "an NRI plugin's adjustment", x, granted)...)
 	bad = append(bad, ungrantedMounts(c.GetMounts(), "a volume of the pod", x, granted)...)
 	bad = append(bad, ungrantedMounts(adj.GetMounts(), "an NRI plugin's adjustment", x, granted)...)
-	if err := p.allowUngranted(ctx, pod, c, bad, admin, false); err != nil {
+	privileged, err := p.allowUngranted(ctx, pod, c, bad, admin, false)
+	if err != nil {
 		return err
 	}
-	if err := checkCDIAnnotations(c.GetAnnotations(), adj.GetAnnotations(), req.GetOwners(), c.GetId()); err != nil {
+	if err := p.checkCDIAnnotations(c.GetAnnotations(), adj.GetAnnotations(), req.GetOwners(), c.GetId()); err != nil {
 		return err
 	}
-	if v := finalEnv(c.GetEnv(), adj.GetEnv(), VisibleDevicesEnv); v != "void" {
+	// Privileged containers keep their NVIDIA_VISIBLE_DEVICES (driver and operator pods rely on it):
+	// they hold every device anyway.
+	if v := finalEnv(c.GetEnv(), adj.GetEnv(), VisibleDevicesEnv); v != "void" && !privileged {
 		return fmt.Errorf("its %s is %q after all plugins' adjustments, not \"void\": nvidia-container-runtime would inject GPUs the kubelet did not grant; request GPUs through resources instead", VisibleDevicesEnv, v)
 	}
 	return nil
 }
 
 // checkCDIAnnotations refuses cdi.k8s.io annotations that would reach the OCI spec (a runtime's
-// pod-annotation passthrough) unless Tessera added them (the Kata mdev annotation).
-func checkCDIAnnotations(orig, adjusted map[string]string, owners *nriapi.OwningPlugins, id string) error {
+// pod-annotation passthrough) naming GPU devices (Tessera's vendor or NVIDIA's), unless Tessera added
+// them (the Kata mdev annotation). Other vendors' devices (a NIC's device plugin) pass.
+func (p *Plugin) checkCDIAnnotations(orig, adjusted map[string]string, owners *nriapi.OwningPlugins, id string) error {
+	gpuNames := func(v string) bool {
+		l := strings.ToLower(v)
+		return strings.Contains(l, strings.ToLower(p.agent.Generator().Vendor)+"/") || strings.Contains(l, "nvidia")
+	}
 	var bad []string
 	for k, v := range orig {
-		if strings.HasPrefix(k, cdiAnnotationPrefix) {
+		if strings.HasPrefix(k, cdiAnnotationPrefix) && gpuNames(v) {
 			if _, ours := adjusted[k]; !ours {
 				bad = append(bad, k+"="+v)
 			}
 		}
 	}
 	for k, v := range adjusted {
-		if !strings.HasPrefix(k, cdiAnnotationPrefix) {
+		if !strings.HasPrefix(k, cdiAnnotationPrefix) || !gpuNames(v) {
 			continue
 		}
 		// NRI names owners "<index>-<name>".
@@ -77,7 +85,7 @@ func checkCDIAnnotations(orig, adjusted map[string]string, owners *nriapi.Owning
 		}
 	}
 	if len(bad) > 0 {
-		return fmt.Errorf("it carries CDI annotations %v that a runtime would resolve into devices after the kubelet's grant was checked; request GPUs through resources instead", bad)
+		return fmt.Errorf("it carries CDI annotations %v that a runtime would resolve into GPU devices after the kubelet's grant was checked; request GPUs through resources instead", bad)
 	}
 	return nil
 }

@@ -70,6 +70,9 @@ state = '%[1]s/state'
       default_runtime_name = 'runc'
       [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
         runtime_type = 'io.containerd.runc.v2'
+        # A runtime that passes CDI pod annotations through to the OCI spec (as set up for
+        # nvidia-container-runtime's CDI mode or Kata): TestSecurityCluster checks they are refused.
+        pod_annotations = ['cdi.k8s.io/*']
         [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
           BinaryName = '%[4]s'
           Root = '%[1]s/runc-root'

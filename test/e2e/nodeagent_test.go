@@ -111,7 +111,7 @@ func TestNodeAgent(t *testing.T) {
 		t.Errorf("a pod without GPU requests got a GPU:\n%s", out)
 	}
 	sneaky, err := s.run(t, agentPod{name: "cdi-annotation", ctrAnnotations: map[string]string{"cdi.k8s.io/sneaky": "tessera.dev/gpu=" + g1.UUID}})
-	if err == nil || !strings.Contains(err.Error(), "that the kubelet did not grant it") {
+	if err == nil || !strings.Contains(err.Error(), "the kubelet did not grant it") {
 		t.Errorf("a pod smuggling a GPU in through a CDI annotation: %v", err)
 	}
 	s.remove(t, sneaky)

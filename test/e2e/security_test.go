@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
@@ -25,8 +27,12 @@ func TestSecurityCluster(t *testing.T) {
 		name string
 		fn   func(*testing.T, *Cluster)
 	}{
+		{"ForgedAssignmentRejected", testSecurityForgedAssignmentRejected},
 		{"AgentStalled", testSecurityAgentStalled},
+		{"AgentKilledBeforeCreate", testSecurityAgentKilled},
+		{"ContainerdRestartDuringCreate", testSecurityContainerdRestartDuringCreate},
 		{"HostPathGPUDevice", testSecurityHostPathDevice},
+		{"CDIAnnotationPassthrough", testSecurityCDIAnnotationPassthrough},
 		{"VisibleDevicesEnv", testSecurityVisibleDevicesEnv},
 		{"PrivilegedRuns", testSecurityPrivilegedRuns},
 	}
@@ -77,10 +83,44 @@ func waitContainerError(t *testing.T, c *Cluster, pod, want string) string {
 	return msg
 }
 
-// The agent stalls (SIGSTOP) past NRI's 2 s timeout: NRI drops the plugin and would create the
-// container unrealised, but the realisation hook in the CDI spec refuses it. After SIGCONT the
-// plugin reconnects and the kubelet's retry succeeds.
+// initPod is a share pod whose init container sleeps for a while: the kubelet's Allocate is done
+// once the init container runs, and the share container is created only after it ends, so a fault
+// injected meanwhile falls between Allocate and CreateContainer. It waits for the init container.
+func initPod(t *testing.T, c *Cluster, name string, sleep int) {
+	t.Helper()
+	p := TestPod(name, map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "2Gi", api.ResourceShareCores: "10"}, nil)
+	p.Spec.RestartPolicy = corev1.RestartPolicyAlways
+	p.Spec.InitContainers = []corev1.Container{{Name: "wait", Image: "docker.io/library/bbox:latest", ImagePullPolicy: corev1.PullNever,
+		Command: []string{"sh", "-c", fmt.Sprintf("sleep %d", sleep)}}}
+	c.CreatePod(t, p)
+	if err := waitFor(time.Minute, 100*time.Millisecond, func() (bool, error) {
+		for _, cs := range c.Pod(t, name).Status.InitContainerStatuses {
+			if cs.State.Running != nil {
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("init container not running")
+	}); err != nil {
+		t.Fatalf("%v\n%s", err, c.Describe(t, name))
+	}
+}
+
+// checkRealised checks the pod's share container got its GPU and vcuda, then deletes the pod.
+func checkRealised(t *testing.T, c *Cluster, name string) {
+	t.Helper()
+	c.WaitRunning(t, 3*time.Minute, name)
+	out := c.MustExec(t, name, "cat /etc/ld.so.preload; ls /dev")
+	if !strings.Contains(out, "libvcuda") || len(deviceNodes(out)) != 1 {
+		t.Errorf("%s: the retried container is not realised:\n%s", name, out)
+	}
+	c.DeletePods(t, name)
+}
+
+// The agent stalls (SIGSTOP) past NRI's 2 s timeout between Allocate and CreateContainer: NRI drops
+// the plugin and would create the container unrealised, but the realisation hook in the CDI spec
+// refuses it. After SIGCONT the plugin reconnects and the kubelet's retry succeeds.
 func testSecurityAgentStalled(t *testing.T, c *Cluster) {
+	initPod(t, c, "stalled", 6)
 	pid := c.Agent.Pid()
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -91,20 +131,79 @@ func testSecurityAgentStalled(t *testing.T, c *Cluster) {
 			syscall.Kill(pid, syscall.SIGCONT)
 		}
 	}()
-	p := TestPod("stalled", map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "2Gi", api.ResourceShareCores: "10"}, nil)
-	p.Spec.RestartPolicy = corev1.RestartPolicyAlways
-	c.CreatePod(t, p)
 	msg := waitContainerError(t, c, "stalled", "did not realise it")
 	t.Logf("refused while the agent was stalled: %s", msg)
 	syscall.Kill(pid, syscall.SIGCONT)
 	stopped = false
 	c.WaitAgentReady(t)
-	c.WaitRunning(t, 3*time.Minute, "stalled")
-	out := c.MustExec(t, "stalled", "cat /etc/ld.so.preload; ls /dev")
-	if !strings.Contains(out, "libvcuda") || len(deviceNodes(out)) != 1 {
-		t.Errorf("the retried container is not realised:\n%s", out)
+	checkRealised(t, c, "stalled")
+}
+
+// The agent is killed between Allocate and CreateContainer: the container is refused (hook) while
+// it is gone; once it is back (ledger intact) the kubelet's retry succeeds.
+func testSecurityAgentKilled(t *testing.T, c *Cluster) {
+	initPod(t, c, "orphan", 4)
+	c.Agent.Kill(t)
+	msg := waitContainerError(t, c, "orphan", "did not realise it")
+	t.Logf("refused while the agent was down: %s", msg)
+	c.Agent.Start(t)
+	c.WaitAgentReady(t)
+	checkRealised(t, c, "orphan")
+}
+
+// containerd goes down while the kubelet is about to create the share container and comes back:
+// the plugin reconnects (Synchronize) and the container is created realised.
+func testSecurityContainerdRestartDuringCreate(t *testing.T, c *Cluster) {
+	initPod(t, c, "crestart", 3)
+	c.Ctr.Stop(t)
+	time.Sleep(4 * time.Second) // the init container ends while containerd is down
+	c.Ctr.Start(t)
+	c.WaitAgentReady(t)
+	c.Kubelet.WaitReady(t)
+	checkRealised(t, c, "crestart")
+}
+
+// forgedAssignmentPolicy applies the chart's ValidatingAdmissionPolicy, with the e2e extender's
+// user name as the assignment writer, and waits until the API server enforces it.
+func testSecurityForgedAssignmentRejected(t *testing.T, c *Cluster) {
+	manifest, err := helm(t, "template", "tessera", helmChart(), "--namespace", "tessera-system", "-s", "templates/admission.yaml",
+		"--set", "admission.assignmentWriters={tessera-extender}")
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, manifest)
 	}
-	c.DeletePods(t, "stalled")
+	if out, err := c.KubectlStdin(t, manifest, "apply", "-f", "-"); err != nil {
+		t.Fatalf("kubectl apply: %v\n%s", err, out)
+	}
+	g := c.Inventory.GPUs[0]
+	forged, _ := api.EncodeAssignment(&api.PodAssignment{APIVersion: api.Version, Node: c.Node,
+		Containers: []api.ContainerAssignment{{Name: "main", Devices: []api.DeviceAssignment{{UUID: g.UUID, Whole: true}}}}})
+	var msg string
+	if err := waitFor(time.Minute, 500*time.Millisecond, func() (bool, error) {
+		_, err := c.CP.Client.CoreV1().Pods("default").Create(context.Background(),
+			TestPod("forged-vap", map[string]string{api.ResourceGPU: "1"}, map[string]string{api.AnnotationAssignment: string(forged)}), metav1.CreateOptions{})
+		if err == nil {
+			c.DeletePods(t, "forged-vap")
+			return false, fmt.Errorf("pod with a forged assignment was admitted")
+		}
+		msg = err.Error()
+		return strings.Contains(msg, "only tessera-extender may set or change the tessera.dev/assignment annotation"), err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("rejected: %s", msg)
+	p := TestPod("forged-label", nil, nil)
+	p.Labels = map[string]string{api.LabelAssignedNode: c.Node}
+	if _, err := c.CP.Client.CoreV1().Pods("default").Create(context.Background(), p, metav1.CreateOptions{}); err == nil ||
+		!strings.Contains(err.Error(), "tessera.dev/assigned-node label") {
+		t.Errorf("pod with the assigned-node label: %v", err)
+	}
+	// The extender still writes assignments: a share pod is bound and realised.
+	c.CreatePod(t, TestPod("after-policy", map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "1Gi"}, nil))
+	c.WaitRunning(t, 2*time.Minute, "after-policy")
+	if a := c.Assignment(t, c.Pod(t, "after-policy")); a == nil {
+		t.Error("the extender's assignment is missing")
+	}
+	c.DeletePods(t, "after-policy")
 }
 
 // A hostPath volume of a GPU's device node under another name is refused by its number.
@@ -118,6 +217,16 @@ func testSecurityHostPathDevice(t *testing.T, c *Cluster) {
 	msg := waitContainerError(t, c, "hostdev", "/dev/gpu3 (195:")
 	t.Logf("refused: %s", msg)
 	c.DeletePods(t, "hostdev")
+}
+
+// A CDI annotation on the pod, passed through to the OCI spec by the runtime (for a runtime that
+// resolves CDI itself, after NRI), is refused.
+func testSecurityCDIAnnotationPassthrough(t *testing.T, c *Cluster) {
+	g := c.Inventory.GPUs[5]
+	c.CreatePod(t, TestPod("cdi-ann", nil, map[string]string{"cdi.k8s.io/evil": "tessera.dev/gpu=" + g.UUID}))
+	msg := waitContainerError(t, c, "cdi-ann", "cdi.k8s.io/evil")
+	t.Logf("refused: %s", msg)
+	c.DeletePods(t, "cdi-ann")
 }
 
 // NVIDIA_VISIBLE_DEVICES from the pod is overridden with void.
