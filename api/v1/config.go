@@ -25,7 +25,7 @@ type NodeConfig struct {
 	NodeName string `json:"nodeName,omitempty"`
 	// Backend is the GPU inventory: "auto" (NVML when a driver is present, else sim), "nvml" or "sim".
 	Backend string `json:"backend,omitempty"`
-	// NodeDescription is the simulated node's YAML file (sim backend; empty: the built-in 8 x A100).
+	// NodeDescription is the simulated node (sim backend): a YAML file or a built-in name, dgx-a100 (the default, 8 x A100) or dgx-h100 (8 x H100).
 	NodeDescription string `json:"nodeDescription,omitempty"`
 	// DevRoot is the directory device nodes live under: "/" for real hardware; the sim backend
 	// creates its character devices there.
@@ -63,7 +63,18 @@ type NodeConfig struct {
 	Listen string `json:"listen,omitempty"`
 	// RediscoverInterval is how often GPUs are rediscovered.
 	RediscoverInterval Duration `json:"rediscoverInterval,omitempty"`
+	// IgnoredXIDs are XIDs that do not make a GPU unhealthy (application errors). Absent: NVIDIA's
+	// device plugin's list, DefaultIgnoredXIDs; an empty list ignores none.
+	IgnoredXIDs []uint64 `json:"ignoredXIDs,omitempty"`
+	// HealthCheckInterval is how often every GPU is probed; an unhealthy GPU recovers when a probe
+	// passes after a whole interval without bad news.
+	HealthCheckInterval Duration `json:"healthCheckInterval,omitempty"`
 }
+
+// DefaultIgnoredXIDs are the XIDs NVIDIA's device plugin ignores as application errors: 13 graphics
+// engine exception, 31 GPU memory page fault, 43 GPU stopped processing, 45 preemptive cleanup,
+// 68 video processor exception, 109 context switch timeout.
+var DefaultIgnoredXIDs = []uint64{13, 31, 43, 45, 68, 109}
 
 // Node agent defaults.
 const (
@@ -82,7 +93,12 @@ const (
 	DefaultKataHandler  = "kata"
 	DefaultNodeListen   = "127.0.0.1:9400"
 	DefaultRediscover   = time.Minute
+	// DefaultHealthCheckInterval is how often GPUs are probed for health.
+	DefaultHealthCheckInterval = 30 * time.Second
 )
+
+// maxXID bounds XIDs; NVML reports 999 for an unknown one.
+const maxXID = 999
 
 // cdiVendorPattern is the CDI vendor rule (a DNS-like name).
 var cdiVendorPattern = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9_.-]*[a-zA-Z0-9])?$`)
@@ -123,6 +139,12 @@ func (c *NodeConfig) Defaults() {
 	if c.RediscoverInterval.Duration == 0 {
 		c.RediscoverInterval.Duration = DefaultRediscover
 	}
+	if c.IgnoredXIDs == nil {
+		c.IgnoredXIDs = append([]uint64{}, DefaultIgnoredXIDs...)
+	}
+	if c.HealthCheckInterval.Duration == 0 {
+		c.HealthCheckInterval.Duration = DefaultHealthCheckInterval
+	}
 }
 
 // Validate checks a defaulted NodeConfig.
@@ -151,6 +173,14 @@ func (c *NodeConfig) Validate() error {
 	}
 	if c.RediscoverInterval.Duration < time.Second {
 		fe.add("rediscoverInterval", "must be at least 1s, got %s", c.RediscoverInterval.Duration)
+	}
+	for i, x := range c.IgnoredXIDs {
+		if x == 0 || x > maxXID {
+			fe.add(fmt.Sprintf("ignoredXIDs[%d]", i), "must be an XID between 1 and %d, got %d", maxXID, x)
+		}
+	}
+	if c.HealthCheckInterval.Duration < time.Second {
+		fe.add("healthCheckInterval", "must be at least 1s, got %s", c.HealthCheckInterval.Duration)
 	}
 	return fe.err()
 }

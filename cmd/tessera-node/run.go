@@ -53,16 +53,24 @@ func runAgent(args []string) error {
 	if err != nil {
 		return err
 	}
-	a := agent.New(agent.Config{NodeName: cfg.NodeName, SharesPerGPU: cfg.SharesPerGPU, CDIDir: cfg.CDIDir,
-		Generator: &cdi.Generator{Vendor: cfg.CDIVendor, VCUDALibrary: cfg.VCUDALibrary}}, backend, l)
-	grants := podresources.New(cfg.PodResourcesSocket)
-	defer grants.Close()
-	a.WithAllocated(grants.List)
-
 	client, err := kubeClient(cfg.Kubeconfig)
 	if err != nil {
 		slog.Warn("no API server: pods granted GPUs cannot be verified and will be refused; the inventory is not published", "err", err)
 	}
+	acfg := agent.Config{NodeName: cfg.NodeName, SharesPerGPU: cfg.SharesPerGPU, CDIDir: cfg.CDIDir,
+		Generator:       &cdi.Generator{Vendor: cfg.CDIVendor, VCUDALibrary: cfg.VCUDALibrary},
+		HealthStatePath: filepath.Join(cfg.DataDir, "health.json"),
+		Health:          gpu.HealthOptions{IgnoredXIDs: cfg.IgnoredXIDs, CheckInterval: cfg.HealthCheckInterval.Duration}}
+	if client != nil {
+		var stopEvents func()
+		acfg.Recorder, stopEvents = agent.NewEventRecorder(client, cfg.NodeName)
+		defer stopEvents()
+	}
+	a := agent.New(acfg, backend, l)
+	grants := podresources.New(cfg.PodResourcesSocket)
+	defer grants.Close()
+	a.WithAllocated(grants.List)
+
 	var pods nri.Pods = noPods{err}
 	if client != nil {
 		pods = nri.NewAPIPods(ctx, client, cfg.NodeName)

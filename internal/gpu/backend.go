@@ -21,24 +21,18 @@ type Backend interface {
 	CreateMdev(parentBus, typeName, uuid string) error
 	// RemoveMdev removes an mdev vGPU (a missing one is not an error).
 	RemoveMdev(uuid string) error
-	// WatchHealth calls report for every health change until ctx ends.
-	WatchHealth(ctx context.Context, report func(HealthEvent)) error
+	// WatchHealth calls report for every health change until ctx ends; NVML errors become
+	// health changes, never the end of the watch.
+	WatchHealth(ctx context.Context, opts HealthOptions, report func(HealthEvent)) error
 	// Close releases the library.
 	Close() error
-}
-
-// HealthEvent says a GPU (or MIG instance) became unhealthy, and why.
-type HealthEvent struct {
-	UUID    string
-	Healthy bool
-	Reason  string
 }
 
 // Options configure a backend.
 type Options struct {
 	// Backend: "auto", "nvml" or "sim".
 	Backend string
-	// NodeDescription is the simulated node's YAML file ("" for the built-in default).
+	// NodeDescription is the simulated node: a YAML file, or a name in BuiltinDescriptions ("" is dgx-a100).
 	NodeDescription string
 	// DevRoot is the host directory that plays /dev; the sim backend creates its device nodes there.
 	DevRoot string
@@ -106,8 +100,8 @@ func (b *nvmlBackend) RemoveMdev(uuid string) error {
 	return removeMdev(openSysfsMdev(), uuid, func(d *nvmdev.Device) error { return d.Delete() })
 }
 
-func (b *nvmlBackend) WatchHealth(ctx context.Context, report func(HealthEvent)) error {
-	return watchXID(ctx, b.lib, report)
+func (b *nvmlBackend) WatchHealth(ctx context.Context, opts HealthOptions, report func(HealthEvent)) error {
+	return watchHealth(ctx, b.lib, opts, report)
 }
 
 func (b *nvmlBackend) Close() error {
