@@ -11,6 +11,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/utils/clock"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
@@ -34,6 +35,8 @@ type HealthOptions struct {
 	// Unhealthy is the health the watch starts from (UUID -> reason), e.g. as persisted before a
 	// restart. These stay unhealthy until a full quiet interval has passed and a probe succeeds.
 	Unhealthy map[string]string
+	// Clock ticks the periodic check (nil: the real clock); tests step a fake one.
+	Clock clock.WithTicker
 }
 
 // healthEvents are the events health registers for, each masked by what the GPU supports.
@@ -88,8 +91,25 @@ func newHealthMonitor(lib nvml.Interface, opts HealthOptions, report func(Health
 // watchHealth runs the monitor until ctx ends. Nothing NVML answers ends it: errors become health.
 func watchHealth(ctx context.Context, lib nvml.Interface, opts HealthOptions, report func(HealthEvent)) error {
 	m := newHealthMonitor(lib, opts, report)
+	clk := opts.Clock
+	if clk == nil {
+		clk = clock.RealClock{}
+	}
+	// The first probe runs now; the next only a whole interval later (not wait.Until, which would
+	// run one straight away and let a GPU persisted as unhealthy skip its quiet interval).
 	m.check()
-	go wait.UntilWithContext(ctx, func(context.Context) { m.check() }, m.interval)
+	go func() {
+		t := clk.NewTicker(m.interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C():
+				m.check()
+			}
+		}
+	}()
 	backoff := wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Cap: m.interval, Steps: 1 << 30}
 	for ctx.Err() == nil {
 		if err := m.watchEvents(ctx); err != nil {
@@ -98,7 +118,6 @@ func watchHealth(ctx context.Context, lib nvml.Interface, opts HealthOptions, re
 			case <-ctx.Done():
 			case <-time.After(backoff.Step()):
 			}
-			continue
 		}
 	}
 	return nil

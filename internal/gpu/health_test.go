@@ -10,6 +10,7 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"k8s.io/apimachinery/pkg/util/wait"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // healthLog collects health changes.
@@ -264,4 +265,54 @@ func ignoreNotWatched(err error) error {
 		return nil
 	}
 	return err
+}
+
+// TestHealthWatchWaitsAWholeIntervalBeforeRecovery runs the loop on a fake clock: a GPU persisted
+// as unhealthy stays so through the start and its first check, and recovers only after ticks.
+func TestHealthWatchWaitsAWholeIntervalBeforeRecovery(t *testing.T) {
+	b, n := openTestSim(t, "")
+	fc := clocktesting.NewFakeClock(time.Now())
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	log := &healthLog{}
+	persisted := n.GPUs[3].UUID
+	done := make(chan error, 1)
+	go func() {
+		done <- watchHealth(ctx, b.srv, HealthOptions{Unhealthy: map[string]string{persisted: "XID 79"}, Clock: fc, CheckInterval: time.Minute}, log.add)
+	}()
+	// Once XIDs are heard the start-up check is over and the event loop runs; the clock has not moved.
+	err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		err := b.InjectXID(n.GPUs[1].UUID, 79)
+		return err == nil, ignoreNotWatched(err)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := func(uuid string, healthy bool) bool {
+		log.mu.Lock()
+		defer log.mu.Unlock()
+		for _, e := range log.events {
+			if e.UUID == uuid && e.Healthy == healthy {
+				return true
+			}
+		}
+		return false
+	}
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		return seen(n.GPUs[1].UUID, false), nil
+	}); err != nil {
+		t.Fatalf("XID not reported: %v", err)
+	}
+	if seen(persisted, true) {
+		t.Fatal("a GPU persisted as unhealthy recovered before any check interval had passed")
+	}
+	// Ticks: both the persisted GPU and the XID'd one come back.
+	if err := wait.PollUntilContextTimeout(ctx, 10*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		fc.Step(time.Minute)
+		return seen(persisted, true) && seen(n.GPUs[1].UUID, true), nil
+	}); err != nil {
+		t.Fatalf("no recovery after check intervals: %+v", log.take())
+	}
+	cancel()
+	<-done
 }
