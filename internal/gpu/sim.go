@@ -285,7 +285,7 @@ func (b *simBackend) shapeDevice(d *server.Device, migCapable bool) {
 	}
 	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return numa, nvml.SUCCESS }
 	d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
-		if b.desc.Topology == "nvswitch" && link < 12 {
+		if b.desc.Topology == "nvswitch" && link < nvlinksOf(d.Config.Architecture) {
 			return nvml.FEATURE_ENABLED, nvml.SUCCESS
 		}
 		return nvml.FEATURE_DISABLED, nvml.SUCCESS

@@ -36,8 +36,8 @@ func TestSimH100Node(t *testing.T) {
 		t.Fatalf("links: %d", len(n.Links))
 	}
 	for _, l := range n.Links {
-		if l.Kind != api.LinkNVLink {
-			t.Errorf("GPUs %d-%d linked by %s, want NVLink", l.A, l.B, l.Kind)
+		if l.Kind != api.LinkNVLink || l.NVLinks != 18 {
+			t.Errorf("GPUs %d-%d linked by %s x %d, want NVLink x 18 (NVLink4)", l.A, l.B, l.Kind, l.NVLinks)
 		}
 	}
 	got := map[string]api.MIGInstance{}

@@ -28,6 +28,15 @@ type simModel struct {
 // NOT_SUPPORTED to every MIG call on it).
 func (m simModel) migCapable() bool { return len(m.config.MIGProfiles.GpuInstanceProfiles) > 0 }
 
+// nvlinksOf is the number of NVLinks of an SXM GPU: 12 NVLink3 on Ampere, 18 NVLink4/5 on Hopper
+// and Blackwell.
+func nvlinksOf(arch nvml.DeviceArchitecture) int {
+	if arch == nvml.DEVICE_ARCH_HOPPER || arch == nvml.DEVICE_ARCH_BLACKWELL {
+		return 18
+	}
+	return 12
+}
+
 func withPCIDevice(c gpus.Config, device uint32) gpus.Config {
 	c.PciDeviceId = device<<16 | 0x10de
 	return c
