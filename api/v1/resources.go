@@ -15,7 +15,7 @@ const (
 	// ResourceShareCores is the compute cap of each share, in percent of its GPU's SMs.
 	ResourceShareCores = "tessera.dev/vgpu-cores"
 
-	// MIGResourcePrefix + profile (e.g. "1g.10gb") names a MIG instance (mixed strategy).
+	// MIGResourcePrefix + profile (e.g. "1g.10gb") names a MIG instance (mixed strategy); see MIGResource for "+".
 	MIGResourcePrefix = "nvidia.com/mig-"
 	// MdevResourcePrefix + type name (e.g. "A100-4C") names an mdev vGPU for VM runtimes.
 	MdevResourcePrefix = "tessera.dev/mdev-"
