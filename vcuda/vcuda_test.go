@@ -94,13 +94,15 @@ func caseEnv(dir, lib, tmp string) []string {
 	for _, kv := range os.Environ() {
 		k := kv[:strings.IndexByte(kv, '=')+1]
 		switch {
-		case strings.HasPrefix(k, "TESSERA_VCUDA"), strings.HasPrefix(k, "FAKE_CUDA"),
+		case strings.HasPrefix(k, "TESSERA_VCUDA"), strings.HasPrefix(k, "FAKE_"),
 			strings.HasPrefix(k, "VCUDA_TEST"), k == "LD_PRELOAD=", k == "LD_LIBRARY_PATH=":
 			continue
 		}
 		env = append(env, kv)
 	}
-	env = append(env, "LD_LIBRARY_PATH="+filepath.Join(dir, "fake"), "VCUDA_TEST_TMP="+tmp,
+	// FAKE_CUDA_DEVICES selects the fake's environment mode (two GPUs unless
+	// a case says otherwise); cases of its node-file mode unset it.
+	env = append(env, "LD_LIBRARY_PATH="+filepath.Join(dir, "fake"), "VCUDA_TEST_TMP="+tmp, "FAKE_CUDA_DEVICES=2",
 		// where the test build of vcuda looks for the node agent's file
 		"VCUDA_TEST_ETC_LIMITS="+filepath.Join(dir, "etc/tessera/vcuda/limits"))
 	switch lib {
@@ -170,6 +172,10 @@ func TestInfo(t *testing.T) { runGroup(t, "info_") }
 // cuGetProcAddress (v1, v2, per-thread-stream variants), dlsym on a dlopen()ed
 // driver, RTLD_NEXT semantics, linked symbols.
 func TestProcAddr(t *testing.T) { runGroup(t, "procaddr_") }
+
+// The fake driver's node-file mode: GPUs from the node file, visible where
+// their /dev nodes are; NVML per-process accounting; the driver version.
+func TestFakeNodeFile(t *testing.T) { runGroup(t, "nodefile_") }
 
 // SIGKILL inside the driver's allocation, inside vcuda's reservation, inside a
 // reclaim, and during concurrent churn: the region stays exact.
@@ -258,5 +264,71 @@ func TestLibrarySurface(t *testing.T) {
 	}
 	if !bytes.Contains(raw, []byte("TESSERA_VCUDA_LIMITS")) || !bytes.Contains(raw, []byte("/etc/tessera/vcuda/limits")) {
 		t.Errorf("libvcuda.so does not name its limits file")
+	}
+}
+
+// The simulated node's nvidia-smi prints what NVML answers, in the format
+// vcuda/README.md documents; with no control device it fails as the real
+// one does (exit 9).
+func TestFakeNvidiaSMI(t *testing.T) {
+	dir := build(t)
+	tmp := t.TempDir()
+	dev := filepath.Join(tmp, "dev")
+	if err := os.Mkdir(dev, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"nvidiactl", "nvidia0", "nvidia3"} {
+		if err := os.Symlink("/dev/null", filepath.Join(dev, n)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nodeFile := filepath.Join(tmp, "gpus")
+	if err := os.WriteFile(nodeFile, []byte(
+		"3 GPU-7063a1b2-0000-4000-8000-000000000003 42949672960 108 8.0 NVIDIA A100-SXM4-40GB\n"+
+			"0 GPU-7063a1b2-0000-4000-8000-000000000000 85899345920 132 9.0 NVIDIA H100 80GB HBM3\n"+
+			"1 GPU-7063a1b2-0000-4000-8000-000000000001 85899345920 132 9.0 NVIDIA H100 80GB HBM3\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	smi := func(devRoot string, args ...string) (string, int) {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, filepath.Join(dir, "fake", "nvidia-smi"), args...)
+		cmd.WaitDelay = 5 * time.Second
+		var env []string
+		for _, kv := range caseEnv(dir, "", tmp) {
+			if kv != "FAKE_CUDA_DEVICES=2" {
+				env = append(env, kv)
+			}
+		}
+		cmd.Env = append(env, "FAKE_GPU_NODE_FILE="+nodeFile, "FAKE_DEV_ROOT="+devRoot)
+		out, err := cmd.CombinedOutput()
+		code := 0
+		if ee, ok := err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		} else if err != nil {
+			t.Fatalf("nvidia-smi: %v", err)
+		}
+		return string(out), code
+	}
+	out, code := smi(dev, "-L")
+	want := "GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-7063a1b2-0000-4000-8000-000000000000)\n" +
+		"GPU 1: NVIDIA A100-SXM4-40GB (UUID: GPU-7063a1b2-0000-4000-8000-000000000003)\n"
+	if code != 0 || out != want {
+		t.Errorf("nvidia-smi -L: exit %d\n%s\nwant\n%s", code, out, want)
+	}
+	out, code = smi(dev)
+	want = "Driver Version: 580.95.05   CUDA Version: 13.0\n" +
+		"GPU 0: NVIDIA H100 80GB HBM3\n  uuid: GPU-7063a1b2-0000-4000-8000-000000000000\n" +
+		"  memory: 0 MiB / 81920 MiB\n  utilization: 0 %\n  processes:\n    none\n" +
+		"GPU 1: NVIDIA A100-SXM4-40GB\n  uuid: GPU-7063a1b2-0000-4000-8000-000000000003\n" +
+		"  memory: 0 MiB / 40960 MiB\n  utilization: 0 %\n  processes:\n    none\n"
+	if code != 0 || out != want {
+		t.Errorf("nvidia-smi: exit %d\n%s\nwant\n%s", code, out, want)
+	}
+	if err := os.Remove(filepath.Join(dev, "nvidiactl")); err != nil {
+		t.Fatal(err)
+	}
+	if out, code = smi(dev); code != 9 || !strings.Contains(out, "couldn't communicate with the NVIDIA driver") {
+		t.Errorf("without nvidiactl: exit %d\n%s", code, out)
 	}
 }

@@ -23,13 +23,30 @@ type NodeConfig struct {
 	Kind       string `json:"kind"`
 	// NodeName is the Kubernetes node name (default: the host name).
 	NodeName string `json:"nodeName,omitempty"`
-	// Backend is the GPU inventory: "auto" (NVML when a driver is present, else sim), "nvml" or "sim".
+	// Backend is the GPU inventory: "nvml" (the real driver; the default) or "sim" (the simulated
+	// node). There is no automatic fallback: a GPU node whose driver cannot be loaded must fail loudly,
+	// not advertise simulated GPUs.
 	Backend string `json:"backend,omitempty"`
 	// NodeDescription is the simulated node (sim backend): a YAML file or a built-in name, dgx-a100 (the default, 8 x A100) or dgx-h100 (8 x H100).
 	NodeDescription string `json:"nodeDescription,omitempty"`
-	// DevRoot is the directory device nodes live under: "/" for real hardware; the sim backend
-	// creates its character devices there.
+	// DriverRoot is the host path of the root the NVIDIA driver is installed under: "/" for a driver
+	// on the host, "/run/nvidia/driver" for the GPU Operator's driver container, or a read-only
+	// folder such as "/usr/local/nvidia". The sim backend defaults it to its simulated driver root.
+	DriverRoot string `json:"driverRoot,omitempty"`
+	// ContainerDriverRoot is where the agent sees DriverRoot when it runs in a container that
+	// mounts the host's driver root elsewhere (the DaemonSet: /driver-root). Empty: DriverRoot.
+	ContainerDriverRoot string `json:"containerDriverRoot,omitempty"`
+	// DevRoot is the host path of the root whose dev/ holds the NVIDIA device nodes ("/" on real
+	// hardware, also with the GPU Operator). The sim backend defaults it to its simulated root.
 	DevRoot string `json:"devRoot,omitempty"`
+	// CDIHookPath is the host path of the nvidia-cdi-hook binary the CDI specs' hooks run. Empty:
+	// the toolkit's hook when it is installed at /usr/bin/nvidia-cdi-hook, otherwise tessera-node
+	// installs itself as <dataDir>/bin/nvidia-cdi-hook (it embeds the toolkit's hook commands).
+	CDIHookPath string `json:"cdiHookPath,omitempty"`
+	// SimDriverDir holds the files the simulated driver root is made of (sim backend only):
+	// libcuda.so.1, libnvidia-ml.so.1 and nvidia-smi, as built by `make vcuda` (bin/vcuda/fake).
+	// Empty: placeholders, so specs are complete but CUDA does not run in containers.
+	SimDriverDir string `json:"simDriverDir,omitempty"`
 	// CDIDir is where CDI specs are written.
 	CDIDir string `json:"cdiDir,omitempty"`
 	// CDIVendor is the vendor part of every CDI device name, e.g. tessera.dev/gpu=<uuid>.
@@ -78,7 +95,7 @@ var DefaultIgnoredXIDs = []uint64{13, 31, 43, 45, 68, 109}
 
 // Node agent defaults.
 const (
-	DefaultBackend      = "auto"
+	DefaultBackend      = "nvml"
 	DefaultCDIDir       = "/etc/cdi"
 	DefaultCDIVendor    = "tessera.dev"
 	DefaultSharesPerGPU = 10
@@ -152,9 +169,14 @@ func (c *NodeConfig) Validate() error {
 	fe := &fieldErrors{doc: "node agent config"}
 	checkKind(fe, c.APIVersion, c.Kind, KindNodeConfig)
 	switch c.Backend {
-	case "auto", "nvml", "sim":
+	case "nvml", "sim":
 	default:
-		fe.add("backend", "must be auto, nvml or sim, got %q", c.Backend)
+		fe.add("backend", "must be nvml (a real NVIDIA driver) or sim (the simulated node), got %q", c.Backend)
+	}
+	for name, path := range map[string]string{"driverRoot": c.DriverRoot, "containerDriverRoot": c.ContainerDriverRoot, "devRoot": c.DevRoot, "cdiHookPath": c.CDIHookPath, "simDriverDir": c.SimDriverDir} {
+		if path != "" && !filepath.IsAbs(path) {
+			fe.add(name, "must be an absolute path, got %q", path)
+		}
 	}
 	if !cdiVendorPattern.MatchString(c.CDIVendor) {
 		fe.add("cdiVendor", "must be a vendor name like tessera.dev, got %q", c.CDIVendor)

@@ -28,7 +28,7 @@ func TestLoadNodeConfig(t *testing.T) {
 		t.Fatalf("defaults: %+v %v", c, err)
 	}
 	for doc, want := range map[string]string{
-		"apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\nbackend: cuda\n":              `backend: must be auto, nvml or sim, got "cuda"`,
+		"apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\nbackend: cuda\n":              `backend: must be nvml (a real NVIDIA driver) or sim (the simulated node), got "cuda"`,
 		"apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\nbackend: sim\nbackend: sim\n": `key "backend" already set`,
 		"apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\ncdiDirectory: /x\n":           "cdiDirectory: unknown field",
 		"apiVersion: v2\nkind: NodeAgentConfig\n":                                         `apiVersion: must be "tessera.dev/v1"`,

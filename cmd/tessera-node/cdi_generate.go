@@ -35,7 +35,10 @@ func cdiGenerate(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	gen := &cdi.Generator{Vendor: cfg.CDIVendor, VCUDALibrary: cfg.VCUDALibrary}
+	gen, err := cdiGenerator(cfg, backend)
+	if err != nil {
+		return err
+	}
 	specs, err := gen.Specs(node)
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/cdi"
 	"github.com/tessera-gpu/tessera/internal/gpu"
 )
 
@@ -35,10 +36,15 @@ func (f *nodeFlags) stringFlag(fs *flag.FlagSet, name, def, usage string, field 
 // register declares the flags every subcommand that looks at the node's GPUs has.
 func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.config, "config", "", "versioned config file (apiVersion: "+api.Version+", kind: "+api.KindNodeConfig+"); flags override it")
-	f.stringFlag(fs, "backend", api.DefaultBackend, "GPU inventory: auto (NVML if a driver is present, else simulated), nvml or sim", func(c *api.NodeConfig) *string { return &c.Backend })
+	f.stringFlag(fs, "backend", api.DefaultBackend, "GPU inventory: nvml (the NVIDIA driver under --driver-root; fails when it cannot be loaded) or sim (the simulated node)", func(c *api.NodeConfig) *string { return &c.Backend })
 	f.stringFlag(fs, "node-description", "", "simulated node: a description file (YAML) or a built-in name, dgx-a100 (8 x A100-SXM4-40GB, the default) or dgx-h100 (8 x H100-SXM5-80GB)", func(c *api.NodeConfig) *string { return &c.NodeDescription })
-	f.stringFlag(fs, "dev-root", "", "host directory playing /dev: /dev for real GPUs; the simulated node creates its device nodes here (default <state-dir>/dev)", func(c *api.NodeConfig) *string { return &c.DevRoot })
-	f.stringFlag(fs, "state-dir", api.DefaultSimStateDir, "where the simulated node keeps its state (mig-minors, device nodes)", func(c *api.NodeConfig) *string { return &c.StateDir })
+	f.stringFlag(fs, "driver-root", "", "host path of the NVIDIA driver's root: / for a driver on the host, /run/nvidia/driver with the GPU Operator, or a folder like /usr/local/nvidia (default /; the simulated node's own root with --backend=sim)", func(c *api.NodeConfig) *string { return &c.DriverRoot })
+	f.stringFlag(fs, "container-driver-root", "", "where this process sees --driver-root, when it runs in a container with the host's driver root mounted elsewhere (default: --driver-root)", func(c *api.NodeConfig) *string { return &c.ContainerDriverRoot })
+	f.stringFlag(fs, "dev-root", "", "host path of the root whose dev/ holds the NVIDIA device nodes (default /; the simulated node's own root with --backend=sim)", func(c *api.NodeConfig) *string { return &c.DevRoot })
+	f.stringFlag(fs, "cdi-hook-path", "", "host path of nvidia-cdi-hook for the CDI specs' hooks (default: "+toolkitHookPath+" if installed, else tessera-node installs itself as <data-dir>/bin/nvidia-cdi-hook)", func(c *api.NodeConfig) *string { return &c.CDIHookPath })
+	f.stringFlag(fs, "sim-driver-dir", "", "simulated node: folder with the simulated driver's libcuda.so.1, libnvidia-ml.so.1 and nvidia-smi (`make vcuda` builds them in bin/vcuda/fake); empty: placeholders, CUDA does not run", func(c *api.NodeConfig) *string { return &c.SimDriverDir })
+	f.stringFlag(fs, "state-dir", api.DefaultSimStateDir, "where the simulated node keeps its state (its root: dev/, proc/, the driver; mig-minors)", func(c *api.NodeConfig) *string { return &c.StateDir })
+	f.stringFlag(fs, "data-dir", api.DefaultDataDir, "persistent state: the ledger, and the CDI hook binary when the toolkit's is not installed", func(c *api.NodeConfig) *string { return &c.DataDir })
 	f.stringFlag(fs, "cdi-dir", api.DefaultCDIDir, "directory the CDI specs are written to", func(c *api.NodeConfig) *string { return &c.CDIDir })
 	f.stringFlag(fs, "vendor", api.DefaultCDIVendor, "vendor of the CDI device names (<vendor>/gpu=<uuid>)", func(c *api.NodeConfig) *string { return &c.CDIVendor })
 	f.stringFlag(fs, "vcuda-library", api.DefaultVCUDALibrary, "host path of libvcuda.so, mounted read-only into share containers", func(c *api.NodeConfig) *string { return &c.VCUDALibrary })
@@ -48,7 +54,6 @@ func (f *nodeFlags) register(fs *flag.FlagSet) {
 // registerRun declares the flags of `tessera-node run`.
 func (f *nodeFlags) registerRun(fs *flag.FlagSet, host string) {
 	f.stringFlag(fs, "node-name", host, "Kubernetes node name (the inventory annotation goes on this Node)", func(c *api.NodeConfig) *string { return &c.NodeName })
-	f.stringFlag(fs, "data-dir", api.DefaultDataDir, "persistent state: the ledger", func(c *api.NodeConfig) *string { return &c.DataDir })
 	f.stringFlag(fs, "run-dir", api.DefaultRunDir, "per-container vcuda files (limits, preload list, accounting region); best on tmpfs", func(c *api.NodeConfig) *string { return &c.RunDir })
 	f.stringFlag(fs, "device-plugin-dir", api.DefaultPluginDir, "the kubelet's device plugin directory (kubelet.sock lives here)", func(c *api.NodeConfig) *string { return &c.DevicePluginDir })
 	f.stringFlag(fs, "pod-resources-socket", api.DefaultPodResources, "the kubelet's PodResources API socket", func(c *api.NodeConfig) *string { return &c.PodResourcesSocket })
@@ -127,5 +132,20 @@ func (f *nodeFlags) load(fs *flag.FlagSet) (*api.NodeConfig, error) {
 }
 
 func gpuOptions(cfg *api.NodeConfig) gpu.Options {
-	return gpu.Options{Backend: cfg.Backend, NodeDescription: cfg.NodeDescription, DevRoot: cfg.DevRoot, StateDir: cfg.StateDir}
+	driverRoot := cfg.ContainerDriverRoot
+	if driverRoot == "" {
+		driverRoot = cfg.DriverRoot
+	}
+	return gpu.Options{Backend: cfg.Backend, NodeDescription: cfg.NodeDescription, DriverRoot: driverRoot, DevRoot: cfg.DevRoot,
+		StateDir: cfg.StateDir, SimDriverDir: cfg.SimDriverDir}
+}
+
+// cdiGenerator builds the CDI spec generator: the driver's files from nvcdi, named by host paths.
+func cdiGenerator(cfg *api.NodeConfig, backend gpu.Backend) (*cdi.Generator, error) {
+	hook, err := resolveHookPath(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &cdi.Generator{Vendor: cfg.CDIVendor, VCUDALibrary: cfg.VCUDALibrary,
+		Driver: &cdi.Driver{HostRoot: cfg.DriverRoot, HookPath: hook, NVML: backend.NVML()}}, nil
 }

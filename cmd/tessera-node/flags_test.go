@@ -38,7 +38,7 @@ func TestFlagsAndConfigFile(t *testing.T) {
 		t.Errorf("merged config %+v", cfg)
 	}
 	for args, want := range map[string]string{
-		"--backend=cuda":             `backend: must be auto, nvml or sim, got "cuda"`,
+		"--backend=cuda":             `backend: must be nvml (a real NVIDIA driver) or sim (the simulated node), got "cuda"`,
 		"--run-dir=relative":         `runDir: must be an absolute path, got "relative"`,
 		"--listen=9400":              `listen: must be host:port`,
 		"--rediscover-interval=10ms": "rediscoverInterval: must be at least 1s",

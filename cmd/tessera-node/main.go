@@ -2,6 +2,7 @@
 //
 //	tessera-node run            the node agent (device plugins, NRI plugin, CDI specs)
 //	tessera-node cdi generate   write CDI specs for this node's GPUs and print the device names
+//	tessera-node cdi-hook ...   the NVIDIA Container Toolkit's CDI hook commands (also when run as nvidia-cdi-hook)
 //
 // Run "tessera-node <subcommand> --help" for the flags.
 package main
@@ -12,9 +13,17 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 )
 
 func main() {
+	if filepath.Base(os.Args[0]) == hookName {
+		if err := runCDIHook(os.Args[1:]); err != nil {
+			fmt.Fprintln(os.Stderr, hookName+":", err)
+			os.Exit(1)
+		}
+		return
+	}
 	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	if err := run(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -30,11 +39,16 @@ const usage = `usage: tessera-node <command> [flags]
 commands:
   run            the node agent: device plugins, NRI plugin, CDI specs, /metrics and /healthz
   cdi generate   write CDI specs for this node's GPUs (real or simulated) and print the device names
+  cdi-hook       the NVIDIA Container Toolkit's CDI hook commands, built in (tessera-node installs
+                 itself as <data-dir>/bin/nvidia-cdi-hook where the toolkit's hook is not installed)
 `
 
 func run(args []string) error {
 	if len(args) >= 1 && args[0] == "run" {
 		return runAgent(args[1:])
+	}
+	if len(args) >= 1 && args[0] == "cdi-hook" {
+		return runCDIHook(args[1:])
 	}
 	if len(args) >= 2 && args[0] == "cdi" && args[1] == "generate" {
 		return cdiGenerate(args[2:], os.Stdout)

@@ -22,7 +22,7 @@ func TestMetrics(t *testing.T) {
 	}
 	defer b.Close()
 	l, _ := ledger.Open(filepath.Join(dir, "ledger.json"))
-	a := agent.New(agent.Config{NodeName: "n", SharesPerGPU: 4, CDIDir: filepath.Join(dir, "cdi"), Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so"}}, b, l)
+	a := agent.New(agent.Config{NodeName: "n", SharesPerGPU: 4, CDIDir: filepath.Join(dir, "cdi"), Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so", Driver: &cdi.Driver{HookPath: "/usr/bin/nvidia-cdi-hook"}}}, b, l)
 	if err := a.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/tessera-gpu/tessera/internal/agent"
-	"github.com/tessera-gpu/tessera/internal/cdi"
 	"github.com/tessera-gpu/tessera/internal/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/gpu"
 	"github.com/tessera-gpu/tessera/internal/ledger"
@@ -53,12 +52,16 @@ func runAgent(args []string) error {
 	if err != nil {
 		return err
 	}
+	gen, err := cdiGenerator(cfg, backend)
+	if err != nil {
+		return err
+	}
 	client, err := kubeClient(cfg.Kubeconfig)
 	if err != nil {
 		slog.Warn("no API server: pods granted GPUs cannot be verified and will be refused; the inventory is not published", "err", err)
 	}
 	acfg := agent.Config{NodeName: cfg.NodeName, SharesPerGPU: cfg.SharesPerGPU, CDIDir: cfg.CDIDir,
-		Generator:       &cdi.Generator{Vendor: cfg.CDIVendor, VCUDALibrary: cfg.VCUDALibrary},
+		Generator:       gen,
 		HealthStatePath: filepath.Join(cfg.DataDir, "health.json"),
 		Health:          gpu.HealthOptions{IgnoredXIDs: cfg.IgnoredXIDs, CheckInterval: cfg.HealthCheckInterval.Duration}}
 	if client != nil {

@@ -55,6 +55,12 @@ type Agent struct {
 
 // New builds the agent; call Refresh before serving.
 func New(cfg Config, backend gpu.Backend, l *ledger.Ledger) *Agent {
+	if cfg.Generator != nil && cfg.Generator.Driver != nil && cfg.Generator.Driver.NVML == nil {
+		gen, driver := *cfg.Generator, *cfg.Generator.Driver
+		driver.NVML = backend.NVML()
+		gen.Driver = &driver
+		cfg.Generator = &gen
+	}
 	a := &Agent{cfg: cfg, backend: backend, ledger: l, writer: &cdi.Writer{Dir: cfg.CDIDir},
 		unhealthy: map[string]string{}, changed: make(chan struct{}, 1)}
 	l.OnChange(a.notify)

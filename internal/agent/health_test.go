@@ -44,7 +44,7 @@ func healthAgent(t *testing.T, dir string, b gpu.Backend, cfg Config) *Agent {
 		t.Fatal(err)
 	}
 	cfg.NodeName, cfg.SharesPerGPU, cfg.CDIDir = "node-a", 10, filepath.Join(dir, "cdi")
-	cfg.Generator = &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so"}
+	cfg.Generator = &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so", Driver: &cdi.Driver{HookPath: "/usr/bin/nvidia-cdi-hook"}}
 	cfg.HealthStatePath = filepath.Join(dir, "health.json")
 	a := New(cfg, b, l)
 	if err := a.Refresh(context.Background()); err != nil {

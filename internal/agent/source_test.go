@@ -29,7 +29,7 @@ func newAgent(t *testing.T) (*Agent, gpu.Backend) {
 		t.Fatal(err)
 	}
 	a := New(Config{NodeName: "n", SharesPerGPU: 10, CDIDir: filepath.Join(dir, "cdi"),
-		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so"}}, b, l)
+		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so", Driver: &cdi.Driver{HookPath: "/usr/bin/nvidia-cdi-hook"}}}, b, l)
 	if err := a.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -16,6 +16,11 @@ import (
 	"github.com/tessera-gpu/tessera/internal/gpu"
 )
 
+// testGen is set by simNode: the generator over that simulated node's NVML and driver root.
+var testGen *Generator
+
+const testHook = "/usr/local/bin/nvidia-cdi-hook"
+
 func simNode(t *testing.T) *gpu.Node {
 	t.Helper()
 	b, err := gpu.OpenSim(gpu.Options{StateDir: t.TempDir()})
@@ -27,10 +32,9 @@ func simNode(t *testing.T) *gpu.Node {
 	if err != nil {
 		t.Fatal(err)
 	}
+	testGen = &Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/tessera/libvcuda.so", Driver: &Driver{HookPath: testHook, NVML: b.NVML()}}
 	return n
 }
-
-var testGen = &Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/tessera/libvcuda.so"}
 
 func writeSpecs(t *testing.T, n *gpu.Node, dir string) []string {
 	t.Helper()
@@ -96,10 +100,15 @@ func TestSpecsLoadAndInject(t *testing.T) {
 		if d.Path == "/dev/nvidia3" && (d.Major != 195 || d.Minor != 3 || d.Type != "c") {
 			t.Errorf("/dev/nvidia3 injected as %+v", d)
 		}
+		// nvidia-uvm's major is dynamic: it must be the one the (simulated) kernel lists, read from the node.
+		if d.Path == "/dev/nvidia-uvm" && (d.Major != 511 || d.Minor != 0 || d.Type != "c") {
+			t.Errorf("/dev/nvidia-uvm injected as %+v", d)
+		}
 	}
 	if !slices.Contains(s.Process.Env, "NVIDIA_VISIBLE_DEVICES=void") || !slices.Contains(s.Process.Env, "TESSERA_GPU_3="+g3.UUID) {
 		t.Errorf("env %v", s.Process.Env)
 	}
+	checkDriverEdits(t, n, s)
 	// By index: the same device.
 	if got := devicePaths(inject(t, dir, "tessera.dev/gpu=3")); !slices.Contains(got, "/dev/nvidia3") {
 		t.Errorf("gpu=3 gave %v", got)
@@ -112,11 +121,13 @@ func TestSpecsLoadAndInject(t *testing.T) {
 			t.Errorf("MIG device lacks %s: %v", want, got)
 		}
 	}
-	// The share token: control nodes and the vcuda library, read-only, and no GPU of its own.
+	// The share token: the driver's common edits, the vcuda library read-only, and no GPU of its own.
 	s = inject(t, dir, "tessera.dev/vgpu=share")
-	if len(s.Mounts) != 1 || s.Mounts[0].Destination != api.VCUDALibraryInContainer || s.Mounts[0].Source != "/opt/tessera/libvcuda.so" || !slices.Contains(s.Mounts[0].Options, "ro") {
+	vcuda := mountAt(s, api.VCUDALibraryInContainer)
+	if vcuda == nil || vcuda.Source != "/opt/tessera/libvcuda.so" || !slices.Contains(vcuda.Options, "ro") {
 		t.Errorf("share mounts %+v", s.Mounts)
 	}
+	checkDriverEdits(t, n, s)
 	if got := devicePaths(s); slices.ContainsFunc(got, func(p string) bool {
 		return strings.HasPrefix(p, "/dev/nvidia") && p != "/dev/nvidiactl" && !strings.HasPrefix(p, "/dev/nvidia-uvm")
 	}) {
@@ -125,6 +136,56 @@ func TestSpecsLoadAndInject(t *testing.T) {
 }
 
 func itoa(i int) string { return strconv.Itoa(i) }
+
+func mountAt(s *oci.Spec, dst string) *oci.Mount {
+	for i := range s.Mounts {
+		if s.Mounts[i].Destination == dst {
+			return &s.Mounts[i]
+		}
+	}
+	return nil
+}
+
+// checkDriverEdits asserts what nvcdi puts in every GPU container, from the simulated driver root:
+// the versioned driver libraries, nvidia-smi, GSP firmware and the persistenced socket, read-only
+// where they are files, and the hooks that make libcuda.so.1 resolvable (symlinks, ldcache).
+func checkDriverEdits(t *testing.T, n *gpu.Node, s *oci.Spec) {
+	t.Helper()
+	v := "550.54.15"
+	for dst, src := range map[string]string{
+		"/usr/lib/x86_64-linux-gnu/libcuda.so." + v:      "usr/lib/x86_64-linux-gnu/libcuda.so." + v,
+		"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so." + v: "usr/lib/x86_64-linux-gnu/libnvidia-ml.so." + v,
+		"/usr/bin/nvidia-smi":                            "usr/bin/nvidia-smi",
+		"/lib/firmware/nvidia/" + v + "/gsp_ga10x.bin":   "lib/firmware/nvidia/" + v + "/gsp_ga10x.bin",
+		"/run/nvidia-persistenced/socket":                "run/nvidia-persistenced/socket",
+		gpu.SimGPUFileInContainer:                        strings.TrimPrefix(gpu.SimGPUFileInContainer, "/"),
+	} {
+		m := mountAt(s, dst)
+		if m == nil {
+			t.Errorf("no mount at %s: %+v", dst, s.Mounts)
+			continue
+		}
+		if m.Source != filepath.Join(n.DriverRoot, src) {
+			t.Errorf("%s mounted from %s, want the driver root's %s", dst, m.Source, src)
+		}
+		if !strings.HasSuffix(dst, "socket") && !slices.Contains(m.Options, "ro") {
+			t.Errorf("%s is not read-only: %v", dst, m.Options)
+		}
+	}
+	var hooks []string
+	for _, h := range s.Hooks.CreateContainer {
+		if h.Path != testHook {
+			t.Errorf("hook %v does not run the configured nvidia-cdi-hook", h)
+		}
+		hooks = append(hooks, strings.Join(h.Args, " "))
+	}
+	joined := strings.Join(hooks, "\n")
+	for _, want := range []string{"create-symlinks --link libcuda.so.1::/usr/lib/x86_64-linux-gnu/libcuda.so", "update-ldcache --folder /usr/lib/x86_64-linux-gnu"} {
+		if !strings.Contains(joined, want) {
+			t.Errorf("hooks lack %q:\n%s", want, joined)
+		}
+	}
+}
 
 func TestSyncOwnsOnlyItsFilesAndRemovesStale(t *testing.T) {
 	n := simNode(t)
@@ -160,6 +221,55 @@ func TestSyncOwnsOnlyItsFilesAndRemovesStale(t *testing.T) {
 	}
 }
 
+// In the DaemonSet the agent sees the host's driver root through a mount: the specs must name host
+// paths, and the device numbers still come from the nodes the agent sees.
+func TestSpecsNameHostPaths(t *testing.T) {
+	n := simNode(t)
+	gen := *testGen
+	driver := *gen.Driver
+	driver.HostRoot = "/run/nvidia/driver"
+	gen.Driver = &driver
+	all, err := gen.Specs(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sawLib bool
+	for _, s := range all {
+		for _, m := range s.ContainerEdits.Mounts {
+			if strings.HasPrefix(m.HostPath, n.DriverRoot) {
+				t.Errorf("%s: mount %s names the agent's view of the driver root", s.Kind, m.HostPath)
+			}
+			sawLib = sawLib || m.HostPath == "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
+		}
+		for _, d := range s.ContainerEdits.DeviceNodes {
+			if d.Major == 0 || d.Type != "c" {
+				t.Errorf("%s: device node %+v without its host numbers", s.Kind, d)
+			}
+		}
+	}
+	if !sawLib {
+		t.Error("libcuda is not mounted from the host driver root")
+	}
+	// A device node that does not exist is never promised: a missing control node is left out
+	// (nvcdi emits only what exists; discovery recreates it first), a missing GPU node fails.
+	os.Remove(filepath.Join(n.DevRoot, "dev/nvidia-uvm-tools"))
+	all, err = gen.Specs(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range all {
+		for _, d := range s.ContainerEdits.DeviceNodes {
+			if d.Path == "/dev/nvidia-uvm-tools" {
+				t.Errorf("%s promises the missing /dev/nvidia-uvm-tools", s.Kind)
+			}
+		}
+	}
+	os.Remove(filepath.Join(n.DevRoot, "dev/nvidia3"))
+	if _, err := gen.Specs(n); err == nil || !strings.Contains(err.Error(), "nvidia3") {
+		t.Errorf("missing GPU node: %v", err)
+	}
+}
+
 func TestSyncErrors(t *testing.T) {
 	n := simNode(t)
 	all, _ := testGen.Specs(n)
@@ -174,5 +284,51 @@ func TestSyncErrors(t *testing.T) {
 	}
 	if _, err := (&Generator{Vendor: "tessera.dev", VCUDALibrary: "libvcuda.so"}).Specs(n); err == nil || !strings.Contains(err.Error(), "must be absolute") {
 		t.Errorf("relative vcuda library: %v", err)
+	}
+}
+
+// A driver installed as a flat folder, like /usr/local/nvidia (lib64/, bin/) mounted read-only:
+// nvcdi finds its libraries and nvidia-smi there, and the specs mount them from it.
+func TestDriverFolderLayout(t *testing.T) {
+	n := simNode(t)
+	folder := t.TempDir()
+	v := "550.54.15"
+	for rel, data := range map[string]string{
+		"lib64/libcuda.so." + v:                  "lib",
+		"lib64/libnvidia-ml.so." + v:             "lib",
+		"lib64/libnvidia-ptxjitcompiler.so." + v: "lib",
+		"bin/nvidia-smi":                         "bin",
+	} {
+		p := filepath.Join(folder, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(data), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(folder, 0o555); err != nil {
+		t.Fatal(err)
+	}
+	gen := *testGen
+	driver := *gen.Driver
+	driver.Root = folder
+	gen.Driver = &driver
+	all, err := gen.Specs(n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mounts := map[string]string{}
+	for _, m := range all[0].ContainerEdits.Mounts {
+		mounts[m.ContainerPath] = m.HostPath
+	}
+	for dst, src := range map[string]string{
+		"/lib64/libcuda.so." + v:      filepath.Join(folder, "lib64/libcuda.so."+v),
+		"/lib64/libnvidia-ml.so." + v: filepath.Join(folder, "lib64/libnvidia-ml.so."+v),
+		"/bin/nvidia-smi":             filepath.Join(folder, "bin/nvidia-smi"),
+	} {
+		if mounts[dst] != src {
+			t.Errorf("mount %s from %q, want %s (mounts: %v)", dst, mounts[dst], src, mounts)
+		}
 	}
 }

@@ -1,6 +1,7 @@
 package cdi
 
 import (
+	"encoding/json"
 	"fmt"
 	"path/filepath"
 	"strconv"
@@ -34,6 +35,8 @@ type Generator struct {
 	Vendor string
 	// VCUDALibrary is the host path of libvcuda.so mounted into share containers.
 	VCUDALibrary string
+	// Driver is where the NVIDIA driver is; every GPU spec carries its files.
+	Driver *Driver
 }
 
 // Name returns the fully qualified CDI device name vendor/class=device.
@@ -54,7 +57,12 @@ func (g *Generator) Specs(n *gpu.Node) ([]*specs.Spec, error) {
 		if len(devices) == 0 {
 			return nil
 		}
-		s := &specs.Spec{Kind: g.Vendor + "/" + class, ContainerEdits: common, Devices: devices}
+		// Each spec gets its own copy: the edits are rewritten in place (numbers, host paths).
+		own, err := copyEdits(common)
+		if err != nil {
+			return err
+		}
+		s := &specs.Spec{Kind: g.Vendor + "/" + class, ContainerEdits: own, Devices: devices}
 		v, err := cdiapi.MinimumRequiredVersion(s)
 		if err != nil {
 			return fmt.Errorf("CDI spec %s: %w", s.Kind, err)
@@ -63,7 +71,20 @@ func (g *Generator) Specs(n *gpu.Node) ([]*specs.Spec, error) {
 		out = append(out, s)
 		return nil
 	}
-	control := controlEdits(n)
+	if g.Driver == nil {
+		return nil, fmt.Errorf("no NVIDIA driver configured for the CDI specs: they would carry no libcuda")
+	}
+	driver := *g.Driver
+	if driver.Root == "" {
+		driver.Root = n.DriverRoot
+	}
+	if driver.DevRoot == "" {
+		driver.DevRoot = n.DevRoot
+	}
+	control, err := g.controlEdits(n, &driver)
+	if err != nil {
+		return nil, err
+	}
 	if err := add(ClassGPU, control, wholeGPUDevices(n)); err != nil {
 		return nil, err
 	}
@@ -78,13 +99,53 @@ func (g *Generator) Specs(n *gpu.Node) ([]*specs.Spec, error) {
 			return nil, err
 		}
 	}
+	for _, s := range out {
+		if err := fillSpecDeviceNumbers(s); err != nil {
+			return nil, err
+		}
+		if err := driver.toHostPaths(s); err != nil {
+			return nil, err
+		}
+	}
 	return out, nil
 }
 
-// controlEdits are what every GPU container needs: the control nodes, and NVIDIA_VISIBLE_DEVICES=void
-// so a legacy nvidia-container-runtime hook does not add devices on its own.
-func controlEdits(n *gpu.Node) specs.ContainerEdits {
-	return specs.ContainerEdits{Env: []string{"NVIDIA_VISIBLE_DEVICES=void"}, DeviceNodes: deviceNodes(n.ControlNodes())}
+func copyEdits(e specs.ContainerEdits) (specs.ContainerEdits, error) {
+	var out specs.ContainerEdits
+	data, err := json.Marshal(e)
+	if err == nil {
+		err = json.Unmarshal(data, &out)
+	}
+	if err != nil {
+		return out, fmt.Errorf("copy CDI edits: %w", err)
+	}
+	return out, nil
+}
+
+func fillSpecDeviceNumbers(s *specs.Spec) error {
+	if err := fillDeviceNumbers(&s.ContainerEdits); err != nil {
+		return fmt.Errorf("CDI spec %s: %w", s.Kind, err)
+	}
+	for i := range s.Devices {
+		if err := fillDeviceNumbers(&s.Devices[i].ContainerEdits); err != nil {
+			return fmt.Errorf("CDI device %s=%s: %w", s.Kind, s.Devices[i].Name, err)
+		}
+	}
+	return nil
+}
+
+// controlEdits are what every GPU container needs: the driver's common edits from nvcdi (control
+// device nodes, libraries, nvidia-smi, firmware, IPC sockets, hooks), NVIDIA_VISIBLE_DEVICES=void so
+// a legacy nvidia-container-runtime hook adds no devices on its own, and on the simulated node the
+// file its driver reads its GPUs from.
+func (g *Generator) controlEdits(n *gpu.Node, driver *Driver) (specs.ContainerEdits, error) {
+	edits, err := driver.CommonEdits()
+	if err != nil {
+		return specs.ContainerEdits{}, err
+	}
+	edits.Env = append(edits.Env, "NVIDIA_VISIBLE_DEVICES=void")
+	edits.Mounts = append(edits.Mounts, simEdits(n)...)
+	return edits, nil
 }
 
 func deviceNodes(nodes []gpu.DeviceNode) []*specs.DeviceNode {

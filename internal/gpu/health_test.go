@@ -97,12 +97,12 @@ func TestHealthIgnoredXIDs(t *testing.T) {
 		xid     uint64
 		marks   bool
 	}{
-		{"default list ignores 43", nil, 43, false},
-		{"default list ignores 13", nil, 13, false},
-		{"default list keeps 79", nil, 79, true},
-		{"configured list ignores 79", []uint64{79}, 79, false},
-		{"configured list no longer ignores 43", []uint64{79}, 43, true},
-		{"empty list ignores none", []uint64{}, 31, true},
+		{"43 default", nil, 43, false},
+		{"13 default", nil, 13, false},
+		{"79 default", nil, 79, true},
+		{"79 ignored", []uint64{79}, 79, false},
+		{"43 not ignored", []uint64{79}, 43, true},
+		{"31 none ignored", []uint64{}, 31, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b, n, m, log, set := newTestMonitor(t, "", HealthOptions{IgnoredXIDs: c.ignored})

@@ -14,9 +14,20 @@ type Node struct {
 	Links         []api.Link
 	// Mdevs are the live mdev devices (vGPUs), whichever parent they are on.
 	Mdevs []MdevDevice
-	// DevRoot is the host directory that plays /dev (e.g. "/dev", or the simulated node's own).
+	// DevRoot is the host root whose dev/ holds the device nodes ("/", or the simulated node's root).
 	DevRoot string
+	// DriverRoot is the host root the driver's libraries and binaries are installed under.
+	DriverRoot string
+	// ProcDevices is the kernel's list of device majors (/proc/devices, or the simulated node's).
+	ProcDevices string
+	// SimGPUFile is the simulated node only: the host path of the file that tells the simulated
+	// driver inside containers which GPU each /dev/nvidiaN is (mounted at SimGPUFileInContainer).
+	SimGPUFile string
 }
+
+// SimGPUFileInContainer is where the simulated driver (vcuda/test's fake libcuda and NVML) reads
+// its GPUs from inside a container.
+const SimGPUFileInContainer = "/etc/tessera-sim/gpus"
 
 // MdevDevice is one created mdev vGPU.
 type MdevDevice struct {
@@ -34,7 +45,7 @@ type DeviceNode struct {
 
 // node returns the DeviceNode for a /dev-relative name such as "nvidia0".
 func (n *Node) node(name string) DeviceNode {
-	return DeviceNode{Path: filepath.Join("/dev", name), HostPath: filepath.Join(n.DevRoot, name)}
+	return DeviceNode{Path: filepath.Join("/dev", name), HostPath: filepath.Join(n.DevRoot, "dev", name)}
 }
 
 // ControlNodes are the device nodes every GPU container needs besides its GPUs'.

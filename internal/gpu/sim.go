@@ -164,12 +164,14 @@ func simModelNames() []string {
 // simBackend is the simulated node: a go-nvml mock server shaped by a Description, discovered
 // through the same code as real hardware.
 type simBackend struct {
-	desc     *Description
-	srv      *server.Server
-	devRoot  string
-	stateDir string
-	mdev     *nvmdev.MockNvmdev
-	events   simEvents
+	desc       *Description
+	srv        *server.Server
+	devRoot    string
+	driverRoot string
+	simRoot    string
+	stateDir   string
+	mdev       *nvmdev.MockNvmdev
+	events     simEvents
 	// migs are the MIG device handles per parent GPU index.
 	migs map[int][]nvml.Device
 
@@ -199,15 +201,24 @@ func OpenSim(opts Options) (Backend, error) {
 	if stateDir == "" {
 		stateDir = "/var/run/tessera/sim"
 	}
-	devRoot := opts.DevRoot
+	root := filepath.Join(stateDir, "root")
+	devRoot, driverRoot := opts.DevRoot, opts.DriverRoot
 	if devRoot == "" {
-		devRoot = filepath.Join(stateDir, "dev")
+		devRoot = root
 	}
-	if filepath.Clean(devRoot) == "/dev" {
-		return nil, fmt.Errorf("the simulated node must not create device nodes in the real /dev: pick another --dev-root")
+	if driverRoot == "" {
+		driverRoot = root
 	}
-	b := &simBackend{desc: desc, devRoot: devRoot, stateDir: stateDir, migs: map[int][]nvml.Device{}, faults: map[int]*simGPUState{},
-		events: simEvents{sets: map[*simEventSet]bool{}, waitErrs: make(chan nvml.Return, 16)}}
+	if filepath.Clean(devRoot) == "/" {
+		return nil, fmt.Errorf("the simulated node must not create device nodes in the real /dev: leave --dev-root empty or pick another root")
+	}
+	b := &simBackend{desc: desc, devRoot: devRoot, driverRoot: driverRoot, simRoot: root, stateDir: stateDir, migs: map[int][]nvml.Device{},
+		faults: map[int]*simGPUState{}, events: simEvents{sets: map[*simEventSet]bool{}, waitErrs: make(chan nvml.Return, 16)}}
+	if driverRoot == root {
+		if err := writeSimDriverRoot(root, desc.DriverVersion, opts.SimDriverDir); err != nil {
+			return nil, err
+		}
+	}
 	if err := b.build(); err != nil {
 		b.Close()
 		return nil, err
@@ -216,6 +227,8 @@ func OpenSim(opts Options) (Backend, error) {
 }
 
 func (b *simBackend) Name() string { return "sim" }
+
+func (b *simBackend) NVML() nvml.Interface { return b.srv }
 
 // build creates the mock server, MIG instances, mdev parents, the mig-minors table and device nodes.
 func (b *simBackend) build() error {
@@ -441,13 +454,21 @@ func (b *simBackend) Discover(ctx context.Context) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n.DevRoot = b.devRoot
+	n.DevRoot, n.DriverRoot = b.devRoot, b.driverRoot
+	n.ProcDevices = filepath.Join(b.simRoot, "proc/devices")
+	n.SimGPUFile = filepath.Join(b.simRoot, SimGPUFileInContainer)
 	if b.mdev != nil {
 		if err := addMdev(n, b.mdev); err != nil {
 			return nil, err
 		}
 	}
-	if err := createDeviceNodes(n); err != nil {
+	if err := writeSimGPUFile(n); err != nil {
+		return nil, fmt.Errorf("simulated driver GPU file: %w", err)
+	}
+	if err := EnsureDeviceNodes(n); err != nil {
+		return nil, err
+	}
+	if err := createVFIONodes(n); err != nil {
 		return nil, err
 	}
 	return n, nil

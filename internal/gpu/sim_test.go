@@ -94,15 +94,39 @@ func TestSimDeviceNodes(t *testing.T) {
 	check(n.ControlNodes()[0], 195, 255)
 	m := n.GPUs[7].MIG.Instances[2]
 	nodes := n.MIGNodes(&n.GPUs[7], &m)
-	check(nodes[1], simCapsMajor, uint32(m.GICapMinor))
-	check(nodes[2], simCapsMajor, uint32(m.CICapMinor))
+	check(nodes[1], 510, uint32(m.GICapMinor))
+	check(nodes[2], 510, uint32(m.CICapMinor))
 	// A file of the wrong kind is replaced on the next discovery.
 	os.Remove(n.GPUNode(&n.GPUs[3]).HostPath)
 	os.WriteFile(n.GPUNode(&n.GPUs[3]).HostPath, nil, 0o644)
-	if err := createDeviceNodes(n); err != nil {
+	if err := EnsureDeviceNodes(n); err != nil {
 		t.Fatal(err)
 	}
 	check(n.GPUNode(&n.GPUs[3]), 195, 3)
+	// Missing uvm and caps nodes are created as nvidia-modprobe would, on the majors /proc/devices lists.
+	uvm := filepath.Join(n.DevRoot, "dev/nvidia-uvm")
+	for _, p := range []string{uvm, filepath.Join(n.DevRoot, "dev/nvidia-uvm-tools"), nodes[1].HostPath, nodes[2].HostPath} {
+		if err := os.Remove(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := EnsureDeviceNodes(n); err != nil {
+		t.Fatal(err)
+	}
+	check(DeviceNode{Path: "/dev/nvidia-uvm", HostPath: uvm}, 511, 0)
+	check(DeviceNode{Path: "/dev/nvidia-uvm-tools", HostPath: filepath.Join(n.DevRoot, "dev/nvidia-uvm-tools")}, 511, 1)
+	check(nodes[1], 510, uint32(m.GICapMinor))
+	// Without the uvm module the node cannot be made: the error names the module and the fix.
+	if err := os.WriteFile(n.ProcDevices, []byte("Character devices:\n195 nvidia\n510 nvidia-caps\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.Remove(uvm)
+	if err := EnsureDeviceNodes(n); err == nil || !strings.Contains(err.Error(), "nvidia-uvm kernel module is not loaded") || !strings.Contains(err.Error(), "nvidia-modprobe") {
+		t.Errorf("no uvm module: %v", err)
+	}
+	if _, err := os.Stat(uvm); err == nil {
+		t.Error("created /dev/nvidia-uvm without a major")
+	}
 }
 
 func TestSimDescription(t *testing.T) {
@@ -148,7 +172,7 @@ func TestSimDescriptionRejects(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `MIG profile "1g.6gb" is not offered`) || !strings.Contains(err.Error(), "1g.5gb") {
 		t.Errorf("unknown profile: %v", err)
 	}
-	if _, err := OpenSim(Options{DevRoot: "/dev"}); err == nil || !strings.Contains(err.Error(), "real /dev") {
+	if _, err := OpenSim(Options{DevRoot: "/"}); err == nil || !strings.Contains(err.Error(), "real /dev") {
 		t.Errorf("sim in /dev: %v", err)
 	}
 }

@@ -74,7 +74,7 @@ func newEnv(t testing.TB, preexisting ...*nriapi.Container) *env {
 		t.Fatal(err)
 	}
 	e.agent = agent.New(agent.Config{NodeName: "node-a", SharesPerGPU: 10, CDIDir: filepath.Join(dir, "cdi"),
-		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so"}}, backend, l)
+		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so", Driver: &cdi.Driver{HookPath: "/usr/bin/nvidia-cdi-hook"}}}, backend, l)
 	if err := e.agent.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -377,7 +377,7 @@ func newEnvWithLedgerEntries(t *testing.T, stale []ledger.Entry, live *nriapi.Co
 	t.Cleanup(func() { backend.Close() })
 	l, _ := ledger.Open(filepath.Join(e.dir, "ledger.json"))
 	e.agent = agent.New(agent.Config{NodeName: "node-a", SharesPerGPU: 10, CDIDir: filepath.Join(e.dir, "cdi"),
-		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so"}}, backend, l)
+		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so", Driver: &cdi.Driver{HookPath: "/usr/bin/nvidia-cdi-hook"}}}, backend, l)
 	if err := e.agent.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}

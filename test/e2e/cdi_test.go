@@ -16,7 +16,8 @@ func TestCDIGenerateNerdctl(t *testing.T) {
 	ctr := StartContainerd(t)
 	node := tesseraBinary(t, "tessera-node")
 	out := mustRun(t, time.Minute, node, "cdi", "generate", "--backend=sim", "--cdi-dir="+ctr.CDIDir,
-		"--state-dir="+filepath.Join(ctr.Base, "sim"), "--vendor=tessera.dev")
+		"--state-dir="+filepath.Join(ctr.Base, "sim"), "--data-dir="+filepath.Join(ctr.Base, "data"), "--vendor=tessera.dev",
+		"--sim-driver-dir="+BuildSimDriver(t).FakeDir)
 	names := strings.Split(out, "\n")
 	uuid := ""
 	for i, n := range names {
@@ -49,6 +50,27 @@ func TestCDIGenerateNerdctl(t *testing.T) {
 		if regexp.MustCompile(`(?m) ` + other + `$`).MatchString(got) {
 			t.Errorf("container sees %s, which it was not given:\n%s", other, got)
 		}
+	}
+
+	// CUDA runs from the CDI edits alone: cudaprobe (linked against libcuda.so.1) finds the driver
+	// the spec mounted from the simulated driver root, and it and nvidia-smi see exactly that GPU.
+	got, err = ctr.Nerdctl(t, "--cdi-spec-dirs", ctr.CDIDir, "run", "--rm", "--net", "none",
+		"--device", "tessera.dev/gpu="+uuid, "bbox", "sh", "-c", "cudaprobe info; nvidia-smi -L; ls -l /usr/lib/x86_64-linux-gnu/")
+	if err != nil {
+		t.Fatalf("CUDA in a CDI container: %v\n%s", err, got)
+	}
+	for _, want := range []string{
+		`(?m)^devices=1$`,
+		`(?m)^device=0 name=NVIDIA_A100-SXM4-40GB total_mem=42949672960 `,
+		`(?m)^GPU 0: NVIDIA A100-SXM4-40GB \(UUID: ` + uuid + `\)$`,
+		`(?m) libcuda\.so\.1 -> libcuda\.so\.550\.54\.15$`,
+	} {
+		if !regexp.MustCompile(want).MatchString(got) {
+			t.Errorf("CUDA container output lacks %s:\n%s", want, got)
+		}
+	}
+	if n := strings.Count(got, "\nGPU "); n != 1 {
+		t.Errorf("nvidia-smi -L lists %d GPUs, want exactly the one granted:\n%s", n, got)
 	}
 
 	// A MIG instance: its parent's node and its two capability nodes.

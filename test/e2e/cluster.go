@@ -117,26 +117,16 @@ func StartCluster(t *testing.T, opts ClusterOptions) *Cluster {
 	step("control plane up")
 	<-built
 	tesseraBinary(t, "tessera-node") // fails the test here, on its goroutine, if the build failed
-	lib := c.buildVCUDA(t)
+	driver := BuildSimDriver(t)
 	c.startExtender(t, opts.Policy)
 	step("tessera-extender up")
 	c.Kubelet = StartKubelet(t, c.CP, c.Ctr, c.Node)
 	step("kubelet up, node Ready")
-	c.startAgent(t, lib)
+	c.startAgent(t, driver)
 	c.WaitAgentReady(t)
 	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: SimWholeGPUs, api.ResourceShare: SimShares})
 	step("tessera-node up, device plugins registered")
 	return c
-}
-
-// buildVCUDA builds the real libvcuda.so into the cluster's directory; the agent mounts it into
-// share containers (busybox is static, so the preload is named but never loaded there).
-func (c *Cluster) buildVCUDA(t *testing.T) string {
-	t.Helper()
-	dir := filepath.Join(c.Dir, "vcuda")
-	lib := filepath.Join(dir, "libvcuda.so")
-	mustRun(t, 2*time.Minute, "make", "-s", "-C", filepath.Join(repoRoot(), "vcuda"), "BUILD="+dir, lib)
-	return lib
 }
 
 func (c *Cluster) startExtender(t *testing.T, policy string) {
@@ -160,9 +150,36 @@ func (c *Cluster) WaitExtender(t testing.TB) {
 	c.Extender.WaitHealthy(t, "http://"+c.ExtenderAddr+"/healthz", time.Minute)
 }
 
-func (c *Cluster) startAgent(t *testing.T, lib string) {
+// agentNamespace is where the chart's node agent ServiceAccount lives in the e2e cluster.
+const agentNamespace = "tessera-system"
+
+// applyAgentRBAC applies the chart's node-agent ServiceAccount, ClusterRole and binding (rendered by
+// helm; the DaemonSet left out: the agent runs as a host process here) and returns a kubeconfig
+// with that ServiceAccount's identity, so the agent has exactly the rights the chart grants.
+func (c *Cluster) applyAgentRBAC(t *testing.T) string {
 	t.Helper()
-	kc := c.CP.MintKubeconfig(t, "tessera-node", CertSpec{CommonName: "tessera-node", Organizations: []string{"system:masters"}})
+	manifest, err := helm(t, "template", "tessera", helmChart(), "--namespace", agentNamespace, "--show-only", "templates/node-agent.yaml")
+	if err != nil {
+		t.Fatalf("helm template node-agent.yaml: %v\n%s", err, manifest)
+	}
+	var keep []string
+	for _, doc := range strings.Split(manifest, "\n---") {
+		if !strings.Contains(doc, "\nkind: DaemonSet") {
+			keep = append(keep, doc)
+		}
+	}
+	c.CP.CreateNamespace(t, agentNamespace)
+	if out, err := runStdin(t, time.Minute, strings.Join(keep, "\n---"), tool(t, "kubectl"), "--kubeconfig", c.CP.Kubeconfig, "apply", "-f", "-"); err != nil {
+		t.Fatalf("apply the chart's node-agent RBAC: %v\n%s", err, out)
+	}
+	// RBAC matches a ServiceAccount subject by this user name.
+	return c.CP.MintKubeconfig(t, "tessera-node", CertSpec{CommonName: "system:serviceaccount:" + agentNamespace + ":tessera-node",
+		Organizations: []string{"system:serviceaccounts", "system:serviceaccounts:" + agentNamespace}})
+}
+
+func (c *Cluster) startAgent(t *testing.T, driver SimDriver) {
+	t.Helper()
+	kc := c.applyAgentRBAC(t)
 	c.AgentAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	c.AgentDataDir = filepath.Join(c.Dir, "agent-data")
 	c.Agent = c.CP.StartProcess(t, "tessera-node", tesseraBinary(t, "tessera-node"), "run",
@@ -170,7 +187,7 @@ func (c *Cluster) startAgent(t *testing.T, lib string) {
 		"--node-name="+c.Node, "--data-dir="+c.AgentDataDir, "--run-dir="+filepath.Join(c.Dir, "agent-run"),
 		"--cdi-dir="+c.Ctr.CDIDir, "--nri-socket="+c.Ctr.NRISocket,
 		"--device-plugin-dir="+KubeletDevicePluginDir, "--pod-resources-socket="+c.Kubelet.PodResourcesSocket,
-		"--kubeconfig="+kc, "--listen="+c.AgentAddr, "--vcuda-library="+lib)
+		"--kubeconfig="+kc, "--listen="+c.AgentAddr, "--vcuda-library="+driver.VCUDALibrary, "--sim-driver-dir="+driver.FakeDir)
 }
 
 // AgentHealthy reports whether tessera-node's /healthz is ok: inventory discovered, every device

@@ -119,6 +119,18 @@ func TestDemo(t *testing.T) {
 		}
 	}
 
+	say("\n== a real CUDA program in the containers (test/image/cudaprobe.c, linked against libcuda.so.1; in")
+	say("   share containers /etc/ld.so.preload loads libvcuda.so first; the driver is the simulated one")
+	say("   nvcdi mounted from the simulated driver root)")
+	for _, name := range []string{"share-a", "share-b", "whole"} {
+		out := c.MustExec(t, name, fmt.Sprintf("cudaprobe info | grep '^device='; cudaprobe fill %d; "+
+			"cudaprobe hold 1073741824 6 >/dev/null & sleep 2; nvidia-smi | grep -E 'memory:|pid'; wait", cudaGranule))
+		say("   %s", name)
+		for _, l := range strings.Split(out, "\n") {
+			say("      %s", l)
+		}
+	}
+
 	say("\n== why too-big is Pending (PodScheduled condition, from tessera-extender's filter)")
 	say("   %s", pending)
 	// The kubelet reports the device plugins' new health with its next status update.

@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -60,6 +61,65 @@ func ApplyExamples(t testing.TB, c *Cluster) {
 	}
 }
 
+// cudaGranule is the allocation step of `cudaprobe fill` in the e2e checks.
+const cudaGranule = 64 << 20
+
+// probeValues parses one "key=value ..." line of cudaprobe's output that has the given key.
+func probeValues(t *testing.T, out, key string) map[string]uint64 {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		if !strings.HasPrefix(line, key+"=") && !strings.Contains(line, " "+key+"=") {
+			continue
+		}
+		vals := map[string]uint64{}
+		for _, f := range strings.Fields(line) {
+			if k, v, ok := strings.Cut(f, "="); ok {
+				n, err := strconv.ParseUint(v, 10, 64)
+				if err == nil {
+					vals[k] = n
+				}
+			}
+		}
+		return vals
+	}
+	t.Fatalf("cudaprobe printed no %s= line:\n%s", key, out)
+	return nil
+}
+
+// checkShareCUDA runs a real CUDA program in a share container, through the real path:
+// /etc/ld.so.preload -> libvcuda.so -> the driver's libcuda.so.1 mounted by the CDI spec. CUDA
+// must report the share's cap as the GPU's memory, stop allocating at the cap (within one
+// allocation), count a second process's memory against the same cap, and nvidia-smi must show it.
+func checkShareCUDA(t *testing.T, c *Cluster, pod string, capBytes int64) {
+	t.Helper()
+	out := c.MustExec(t, pod, "cudaprobe info")
+	info := probeValues(t, out, "device")
+	if info["total_mem"] != uint64(capBytes) || info["meminfo_total"] != uint64(capBytes) {
+		t.Errorf("%s: CUDA reports %d bytes (cuDeviceTotalMem) and %d (cuMemGetInfo), want the cap %d:\n%s",
+			pod, info["total_mem"], info["meminfo_total"], capBytes, out)
+	}
+	out = c.MustExec(t, pod, fmt.Sprintf("cudaprobe fill %d", cudaGranule))
+	fill := probeValues(t, out, "allocated")
+	if fill["stopped_by"] != 2 || fill["allocated"] > fill["meminfo_free"] || fill["meminfo_free"]-fill["allocated"] >= cudaGranule ||
+		fill["meminfo_free"] > uint64(capBytes) {
+		t.Errorf("%s: filled %d bytes with %d free of a %d cap, stopped by CUDA error %d; want CUDA_ERROR_OUT_OF_MEMORY (2) within one %d-byte allocation of the free memory:\n%s",
+			pod, fill["allocated"], fill["meminfo_free"], capBytes, fill["stopped_by"], cudaGranule, out)
+	}
+	// Two processes of one container share one cap: what one holds, the other cannot take.
+	held := uint64(capBytes) / 4
+	out = c.MustExec(t, pod, fmt.Sprintf("cudaprobe hold %d 8 & sleep 2; cudaprobe fill %d; nvidia-smi; wait", held, cudaGranule))
+	if h := probeValues(t, out, "held"); h["held"] != held {
+		t.Fatalf("%s: the first process could not hold %d bytes:\n%s", pod, held, out)
+	}
+	fill = probeValues(t, out, "allocated")
+	if fill["allocated"]+held > uint64(capBytes) || fill["stopped_by"] != 2 {
+		t.Errorf("%s: a second process allocated %d bytes beside %d held by the first, over the %d cap:\n%s", pod, fill["allocated"], held, capBytes, out)
+	}
+	if want := fmt.Sprintf("/ %d MiB", capBytes>>20); !strings.Contains(out, want) {
+		t.Errorf("%s: nvidia-smi does not show the cap (%q):\n%s", pod, want, out)
+	}
+}
+
 // deviceNodes lists the GPU device nodes (/dev/nvidia<N>) in `ls /dev` output.
 func deviceNodes(ls string) []string {
 	return regexp.MustCompile(`(?m)^nvidia[0-9]+$`).FindAllString(ls, -1)
@@ -108,6 +168,7 @@ func testClusterWorkloads(t *testing.T, c *Cluster) {
 		if out, err := c.Exec(t, s.pod, "main", "echo x > /etc/ld.so.preload || exit 1; echo y > /etc/tessera/vcuda/limits"); err == nil {
 			t.Errorf("%s can write its preload or limits file: %s", s.pod, out)
 		}
+		checkShareCUDA(t, c, s.pod, s.d.MemoryBytes)
 	}
 
 	// two-shares: two shares of 50% memory on two different GPUs, both visible, both capped.
@@ -153,6 +214,11 @@ func testClusterWorkloads(t *testing.T, c *Cluster) {
 	}
 	if !strings.Contains(out, "can't open '/etc/ld.so.preload'") || strings.Contains(out, "vcuda") {
 		t.Errorf("whole-GPU container has a preload or limits:\n%s", out)
+	}
+	// A whole GPU is the full GPU to CUDA, with nothing in between.
+	out = c.MustExec(t, "whole", "cudaprobe info")
+	if info := probeValues(t, out, "device"); info["total_mem"] != uint64(wg.MemoryBytes) || info["meminfo_total"] != uint64(wg.MemoryBytes) {
+		t.Errorf("whole: CUDA sees %d bytes, want the GPU's %d:\n%s", info["total_mem"], wg.MemoryBytes, out)
 	}
 
 	// mig: the MIG GPU's node and two nvidia-caps nodes (GI and CI), no preload, no assignment.
@@ -413,10 +479,12 @@ func testClusterAgentKill(t *testing.T, c *Cluster) {
 	c.DeletePods(t, "ak-share", "ak-whole")
 	c.WaitLedgerEmpty(t)
 	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: SimWholeGPUs, api.ResourceShare: SimShares})
-	// Nothing leaked: no per-container files are left in the agent's data directory.
+	// Nothing leaked: no per-container files are left in the agent's data directory (the ledger and
+	// the CDI hook the agent installed for the specs are its own).
 	var left []string
+	hook := filepath.Join(c.AgentDataDir, "bin", "nvidia-cdi-hook")
 	filepath.Walk(c.AgentDataDir, func(p string, fi os.FileInfo, err error) error {
-		if err == nil && !fi.IsDir() && filepath.Base(p) != "ledger.json" {
+		if err == nil && !fi.IsDir() && filepath.Base(p) != "ledger.json" && p != hook {
 			left = append(left, p)
 		}
 		return nil

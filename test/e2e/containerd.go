@@ -140,12 +140,22 @@ func (c *Containerd) importImages(t testing.TB) {
 	t.Helper()
 	bb := filepath.Join(toolsDir(), "busybox", "bin", "busybox")
 	mk := filepath.Join(repoRoot(), "test", "tools", "make-image.sh")
-	for _, img := range []struct{ file, name, cmd string }{
-		{"bbox.tar", "docker.io/library/bbox:latest", `["/bin/sh"]`},
-		{"pause.tar", "docker.io/library/bbox-pause:latest", `["/bin/sleep","2147483647"]`},
+	glibc := filepath.Join(toolsDir(), "glibc")
+	if _, err := os.Stat(filepath.Join(glibc, "lib64", "ld-linux-x86-64.so.2")); err != nil {
+		t.Fatalf("Debian's glibc for the test image is not unpacked: run `make tools`: %v", err)
+	}
+	// bbox is busybox plus glibc and cudaprobe, so a share container's dynamically linked CUDA
+	// program really loads /etc/ld.so.preload -> libvcuda.so -> the driver's libcuda.so.1.
+	probe := BuildSimDriver(t).ProbeOverlay
+	for _, img := range []struct {
+		file, name, cmd string
+		overlays        []string
+	}{
+		{"bbox.tar", "docker.io/library/bbox:latest", `["/bin/sh"]`, []string{glibc, probe}},
+		{"pause.tar", "docker.io/library/bbox-pause:latest", `["/bin/sleep","2147483647"]`, nil},
 	} {
 		tar := filepath.Join(c.Base, img.file)
-		mustRun(t, time.Minute, "bash", mk, bb, tar, img.name, img.cmd)
+		mustRun(t, time.Minute, "bash", append([]string{mk, bb, tar, img.name, img.cmd}, img.overlays...)...)
 		for _, ns := range []string{"default", "k8s.io"} {
 			mustRun(t, time.Minute, tool(t, "ctr"), "-a", c.Socket, "-n", ns, "images", "import", tar)
 		}

@@ -61,7 +61,7 @@ func startNodeStack(t testing.TB) *nodeStack {
 		"--node-name="+s.node, "--data-dir="+filepath.Join(s.dir, "data"), "--run-dir="+filepath.Join(s.dir, "run-tessera"),
 		"--device-plugin-dir="+s.kubelet.PluginDir, "--pod-resources-socket="+s.kubelet.PodResSocket,
 		"--nri-socket="+s.ctr.NRISocket, "--kubeconfig="+s.cp.Kubeconfig, "--listen="+s.metrics,
-		"--vcuda-library="+lib)
+		"--vcuda-library="+lib, "--sim-driver-dir="+BuildSimDriver(t).FakeDir)
 	s.waitReady(t)
 	return s
 }

@@ -92,3 +92,52 @@ func mustRun(t testing.TB, timeout time.Duration, name string, args ...string) s
 	}
 	return out
 }
+
+// SimDriver is what `make vcuda` builds for the simulated node, once per test binary run: the fake
+// driver (libcuda.so.1, libnvidia-ml.so.1, nvidia-smi) that the agent's --sim-driver-dir installs
+// as the simulated driver root, the real libvcuda.so, and an image overlay holding
+// /usr/local/bin/cudaprobe (test/image/cudaprobe.c, linked against libcuda.so.1).
+type SimDriver struct {
+	FakeDir      string // --sim-driver-dir
+	VCUDALibrary string // --vcuda-library
+	ProbeOverlay string // copied over the test image's root
+}
+
+var (
+	simDriverOnce sync.Once
+	simDriver     SimDriver
+	simDriverErr  error
+)
+
+// BuildSimDriver builds the simulated driver, libvcuda.so and cudaprobe (gcc and make are required:
+// a missing toolchain fails the test).
+func BuildSimDriver(t testing.TB) SimDriver {
+	t.Helper()
+	simDriverOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "tessera-e2e-vcuda-")
+		if err != nil {
+			simDriverErr = err
+			return
+		}
+		fake := filepath.Join(dir, "fake")
+		probe := filepath.Join(dir, "probe-root", "usr", "local", "bin")
+		steps := [][]string{
+			{"make", "-s", "-C", filepath.Join(repoRoot(), "vcuda"), "BUILD=" + dir,
+				filepath.Join(dir, "libvcuda.so"), filepath.Join(fake, "libcuda.so.1"), filepath.Join(fake, "libnvidia-ml.so.1"), filepath.Join(fake, "nvidia-smi")},
+			{"mkdir", "-p", probe},
+			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(probe, "cudaprobe"), filepath.Join(repoRoot(), "test", "image", "cudaprobe.c"),
+				"-L" + fake, "-l:libcuda.so.1"},
+		}
+		for _, s := range steps {
+			if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
+				simDriverErr = &buildError{err: err, out: strings.Join(s, " ") + "\n" + string(out)}
+				return
+			}
+		}
+		simDriver = SimDriver{FakeDir: fake, VCUDALibrary: filepath.Join(dir, "libvcuda.so"), ProbeOverlay: filepath.Join(dir, "probe-root")}
+	})
+	if simDriverErr != nil {
+		t.Fatalf("build the simulated driver (make vcuda, gcc): %v", simDriverErr)
+	}
+	return simDriver
+}

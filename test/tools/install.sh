@@ -26,6 +26,16 @@ if ! stamp busybox || [ ! -x "$TOOLS/busybox/bin/busybox" ]; then
   (cd "$TOOLS/debs" && { apt-get download -qq busybox-static 2>/dev/null || { apt-get update -qq && apt-get download -qq busybox-static; }; } && dpkg -x busybox-static_*.deb "$TOOLS/busybox")
   mark busybox
 fi
+# glibc for the CUDA test image (test/image): Debian's libc6, the same release as this machine's gcc
+# links against, so test/image/cudaprobe.c runs inside containers as it does here.
+LIBC_V=$(dpkg-query -W -f '${Version}' libc6)
+if ! stamp "glibc-$LIBC_V" || [ ! -e "$TOOLS/glibc/lib64/ld-linux-x86-64.so.2" ]; then
+  log "glibc $LIBC_V (libc6 from Debian)"
+  rm -rf "$TOOLS/glibc" "$TOOLS/debs-libc" && mkdir -p "$TOOLS/debs-libc"
+  (cd "$TOOLS/debs-libc" && { apt-get download -qq "libc6=$LIBC_V" 2>/dev/null || { apt-get update -qq && apt-get download -qq "libc6=$LIBC_V"; }; } && dpkg -x libc6_*.deb "$TOOLS/glibc")
+  rm -rf "$TOOLS/glibc/usr/share"
+  mark "glibc-$LIBC_V"
+fi
 if ! stamp "containerd-$CONTAINERD_V"; then
   log "containerd $CONTAINERD_V"
   # -X sets a real version so NRI plugins can infer the NRI API level.

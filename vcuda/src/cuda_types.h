@@ -154,6 +154,7 @@ enum {
     NVML_ERROR_INVALID_ARGUMENT = 2,
     NVML_ERROR_NOT_SUPPORTED = 3,
     NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
     NVML_ERROR_INSUFFICIENT_SIZE = 7,
     NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     NVML_ERROR_UNKNOWN = 999,
@@ -173,11 +174,46 @@ typedef struct nvmlMemory_v2_st {
 #define nvmlMemory_v2 ((unsigned int)(sizeof(nvmlMemory_v2_t) | (2u << 24)))
 #define NVML_DEVICE_UUID_V2_BUFFER_SIZE 96
 
+/* Process lists: the unsuffixed call takes v1 entries, _v2 and _v3 the
+ * 24-byte layout (same fields). Instance ids are ~0 without MIG. */
+typedef struct nvmlProcessInfo_v1_st {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+} nvmlProcessInfo_v1_t;
+typedef struct nvmlProcessInfo_st {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+} nvmlProcessInfo_t;
+typedef struct nvmlProcessDetail_v1_st {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId;
+    unsigned int computeInstanceId;
+    unsigned long long usedGpuCcProtectedMemory;
+} nvmlProcessDetail_v1_t;
+typedef struct nvmlProcessDetailList_v1_st {
+    unsigned int version;
+    unsigned int mode; /* 0 compute, 1 graphics, 2 MPS compute */
+    unsigned int numProcArrayEntries;
+    nvmlProcessDetail_v1_t *procArray;
+} nvmlProcessDetailList_t;
+#define nvmlProcessDetailList_v1 ((unsigned int)(sizeof(nvmlProcessDetailList_t) | (1u << 24)))
+typedef struct nvmlUtilization_st {
+    unsigned int gpu;
+    unsigned int memory;
+} nvmlUtilization_t;
+
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp ABI");
 _Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps ABI");
 _Static_assert(offsetof(CUDA_EXTERNAL_MEMORY_HANDLE_DESC, size) == 24, "ext mem desc ABI");
 _Static_assert(offsetof(CUlaunchConfig, hStream) == 32, "CUlaunchConfig ABI");
 _Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40, "CUDA_ARRAY3D_DESCRIPTOR ABI");
 _Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t ABI");
+_Static_assert(sizeof(nvmlProcessInfo_v1_t) == 16, "nvmlProcessInfo_v1_t ABI");
+_Static_assert(sizeof(nvmlProcessInfo_t) == 24, "nvmlProcessInfo_t ABI");
+_Static_assert(sizeof(nvmlProcessDetail_v1_t) == 32, "nvmlProcessDetail_v1_t ABI");
+_Static_assert(sizeof(nvmlProcessDetailList_t) == 24, "nvmlProcessDetailList_t ABI");
 
 #endif

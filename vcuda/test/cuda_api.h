@@ -6,6 +6,12 @@
 #include "../src/cuda_types.h"
 
 CUresult cuInit(unsigned);
+CUresult cuDriverGetVersion(int *);
+CUresult cuDeviceGetCount(int *);
+CUresult cuDeviceGet(CUdevice *, int);
+CUresult cuDeviceGetName(char *, int, CUdevice);
+CUresult cuDeviceGetAttribute(int *, int, CUdevice);
+CUresult cuDeviceGetUuid(CUuuid *, CUdevice);
 CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
 CUresult cuCtxSetCurrent(CUcontext);
 CUresult cuCtxDestroy_v2(CUcontext);
@@ -57,6 +63,17 @@ CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t,
                              CUdriverProcAddressQueryResult *);
 
 nvmlReturn_t nvmlInit_v2(void);
+nvmlReturn_t nvmlShutdown(void);
+nvmlReturn_t nvmlSystemGetDriverVersion(char *, unsigned int);
+nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *);
+nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t, char *, unsigned int);
+nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t, char *, unsigned int);
+nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t, unsigned int *);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t, unsigned int *, nvmlProcessInfo_v1_t *);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t, unsigned int *, nvmlProcessInfo_t *);
+nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t, nvmlProcessDetailList_t *);
+nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t, nvmlUtilization_t *);
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned, nvmlDevice_t *);
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t, nvmlMemory_t *);
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t, nvmlMemory_v2_t *);

@@ -4,8 +4,10 @@
  * bookkeeping: per-device capacity, fake device addresses (never
  * dereferenced), and a modelled device timeline for launches.
  *
- * Configuration (environment, read at first use; fake only):
- *   FAKE_CUDA_DEVICES   number of devices (default 2, max 16)
+ * Two ways to configure it, decided at first use:
+ *
+ * Environment mode (the unit tests), when FAKE_CUDA_DEVICES is set:
+ *   FAKE_CUDA_DEVICES   number of devices (max 16)
  *   FAKE_CUDA_MEM       bytes per device, one value or a comma list (16 GiB)
  *   FAKE_CUDA_SMS       SMs per device, one value or a comma list (16)
  *   FAKE_CUDA_UUIDS     comma list of GPU-... UUIDs (default derived from index)
@@ -13,6 +15,23 @@
  *   FAKE_CUDA_SHM       file holding the device counters, shared by processes
  *   FAKE_CUDA_BLOCK_ALLOC  file to create, then block forever, inside the
  *                          (FAKE_CUDA_BLOCK_AFTER+1)-th device allocation
+ *
+ * Node-file mode (inside containers of the simulated node), when
+ * FAKE_CUDA_DEVICES is not set: the GPUs are read from a node file,
+ *   FAKE_GPU_NODE_FILE  path (default /etc/tessera-sim/gpus), one GPU a line,
+ *                       '#' comments: <minor> <uuid> <memoryBytes> <smCount>
+ *                       <ccMajor>.<ccMinor> <name with spaces...>
+ *   FAKE_DEV_ROOT       where the device nodes are (default /dev)
+ * As with the real driver, a GPU is visible only if <root>/nvidia<minor> is a
+ * character device and <root>/nvidiactl exists; GPUs enumerate in minor
+ * order. No node file or no visible GPU: cuInit returns
+ * CUDA_ERROR_NO_DEVICE; NVML initialises with 0 devices, or fails with
+ * NVML_ERROR_DRIVER_NOT_LOADED when nvidiactl is missing. State is private
+ * to each process unless FAKE_CUDA_SHM is set.
+ *
+ * Both modes: FAKE_DRIVER_VERSION (default FAKE_DRIVER_VERSION_DEFAULT) is
+ * what nvmlSystemGetDriverVersion prints; cuDriverGetVersion reports the
+ * CUDA version of that driver branch (FAKE_CUDA_VERSION_DEFAULT).
  *
  * Launch model: a launch of G blocks on a device with S SMs occupies the
  * device for WAVE_NS * G / S ns; launches queue on one timeline per device
@@ -27,6 +46,10 @@
 #include "../src/cuda_types.h"
 
 #define FAKE_MAX_DEVS 16
+#define FAKE_MAX_PROCS 64
+#define FAKE_DRIVER_VERSION_DEFAULT "580.95.05"
+#define FAKE_CUDA_VERSION_DEFAULT 13000
+#define FAKE_NODE_FILE_DEFAULT "/etc/tessera-sim/gpus"
 
 typedef struct fake_stats {
     uint64_t used;       /* bytes of device memory held (all processes) */
@@ -37,7 +60,30 @@ typedef struct fake_stats {
     uint64_t launches;
 } fake_stats;
 
+/* What the driver knows of a device. */
+typedef struct fake_desc {
+    char uuid[64];
+    char name[96];
+    uint64_t mem;
+    int sms, minor, cc_major, cc_minor;
+} fake_desc;
+
+/* A process holding device memory (the driver's per-process accounting,
+ * which NVML's process list reports). */
+typedef struct fake_proc {
+    int pid;
+    uint64_t used;
+} fake_proc;
+
 int fakeDeviceStats(int dev, fake_stats *out);
+int fakeDeviceDesc(int dev, fake_desc *out);
+/* Processes alive and holding memory on dev; returns how many there are (at
+ * most max written). */
+int fakeDeviceProcesses(int dev, fake_proc *out, int max);
+/* The driver version string and its CUDA version (e.g. 13000). */
+const char *fakeDriverVersion(int *cuda);
+/* 1 when the control device is present (NVML would load). */
+int fakeDriverLoaded(void);
 int fakeDeviceInfo(int dev, char uuid[64], uint64_t *mem, int *sms);
 int fakeDeviceCount(void);
 CUresult fakeGraphExecCreate(CUgraphExec *exec, unsigned long long blocks);

@@ -11,7 +11,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -23,8 +25,15 @@ typedef struct {
     _Atomic uint64_t used, peak, mapped, busy_until, busy_total, launches;
     uint64_t pad[2];
 } shared_dev;
+/* The driver's per-process accounting (what NVML's process list shows). */
+typedef struct {
+    _Atomic int pid;
+    int pad;
+    _Atomic uint64_t used[FAKE_MAX_DEVS];
+} shared_proc;
 typedef struct {
     shared_dev dev[FAKE_MAX_DEVS];
+    shared_proc proc[FAKE_MAX_PROCS];
 } shared_state;
 
 static struct {
@@ -32,9 +41,16 @@ static struct {
     uint64_t mem[FAKE_MAX_DEVS];
     int sms[FAKE_MAX_DEVS];
     char uuid[FAKE_MAX_DEVS][64];
+    char name[FAKE_MAX_DEVS][96];
+    int minor[FAKE_MAX_DEVS], cc[FAKE_MAX_DEVS][2];
     unsigned char raw[FAKE_MAX_DEVS][16];
+    int node_mode;  /* devices from the node file */
+    int ctl_ok;     /* the control device exists: the driver is "loaded" */
+    char version[32];
+    int cuda_version;
     uint64_t wave_ns;
     shared_state *sh;
+    _Atomic int inited; /* cuInit succeeded */
     const char *block_path;
     long block_after;
     _Atomic long allocs;
@@ -88,30 +104,111 @@ static int parse_uuid(const char *s, unsigned char raw[16]) {
     return 0;
 }
 
-static void init(void) {
-    const char *e = getenv("FAKE_CUDA_DEVICES");
-    F.ndev = e ? atoi(e) : 2;
-    if (F.ndev < 0)
-        F.ndev = 0;
-    if (F.ndev > FAKE_MAX_DEVS)
-        F.ndev = FAKE_MAX_DEVS;
-    list_u64("FAKE_CUDA_MEM", 16ull << 30, F.mem, FAKE_MAX_DEVS);
-    uint64_t sms[FAKE_MAX_DEVS];
-    list_u64("FAKE_CUDA_SMS", 16, sms, FAKE_MAX_DEVS);
-    const char *u = getenv("FAKE_CUDA_UUIDS");
-    for (int i = 0; i < FAKE_MAX_DEVS; i++) {
-        F.sms[i] = sms[i] ? (int)sms[i] : 1;
-        snprintf(F.uuid[i], 64, "GPU-%08x-0000-4000-8000-%012x", 0xfa4e0000u + (unsigned)i, i);
-        if (u && *u) {
-            const char *c = strchr(u, ',');
-            size_t n = c ? (size_t)(c - u) : strlen(u);
-            if (n < 64) {
-                memcpy(F.uuid[i], u, n);
-                F.uuid[i][n] = '\0';
-            }
-            u = c ? c + 1 : u + n;
+static int is_chr(const char *root, const char *name) {
+    char p[4096];
+    struct stat st;
+    snprintf(p, sizeof(p), "%s/%s", root, name);
+    return stat(p, &st) == 0 && S_ISCHR(st.st_mode);
+}
+
+/* Node-file mode: the GPUs of the simulated node, visible where their
+ * device nodes are, as the real driver enumerates what /dev exposes. */
+static void load_node_file(void) {
+    const char *path = getenv("FAKE_GPU_NODE_FILE");
+    const char *root = getenv("FAKE_DEV_ROOT");
+    if (!path || !*path)
+        path = FAKE_NODE_FILE_DEFAULT;
+    if (!root || !*root)
+        root = "/dev";
+    F.node_mode = 1;
+    F.ctl_ok = is_chr(root, "nvidiactl");
+    F.ndev = 0;
+    FILE *f = fopen(path, "re");
+    if (!f)
+        return;
+    char line[512];
+    while (fgets(line, sizeof(line), f) && F.ndev < FAKE_MAX_DEVS) {
+        char *h = strchr(line, '#');
+        if (h)
+            *h = '\0';
+        unsigned minor;
+        char uuid[64];
+        unsigned long long mem;
+        int sms, ccmaj, ccmin, off = 0;
+        if (sscanf(line, " %u %63s %llu %d %d.%d %n", &minor, uuid, &mem, &sms, &ccmaj, &ccmin, &off) != 6 ||
+            sms <= 0 || mem == 0)
+            continue; /* blank, comment or malformed: the node has no such GPU */
+        char dn[32];
+        snprintf(dn, sizeof(dn), "nvidia%u", minor);
+        if (!F.ctl_ok || !is_chr(root, dn))
+            continue;
+        char *name = line + off;
+        size_t n = strlen(name);
+        while (n && (name[n - 1] == '\n' || name[n - 1] == ' ' || name[n - 1] == '\t' || name[n - 1] == '\r'))
+            name[--n] = '\0';
+        /* insert in minor order */
+        int i = F.ndev++;
+        while (i > 0 && F.minor[i - 1] > (int)minor) {
+            F.minor[i] = F.minor[i - 1];
+            F.mem[i] = F.mem[i - 1];
+            F.sms[i] = F.sms[i - 1];
+            memcpy(F.cc[i], F.cc[i - 1], sizeof(F.cc[i]));
+            memcpy(F.uuid[i], F.uuid[i - 1], 64);
+            memcpy(F.name[i], F.name[i - 1], 96);
+            i--;
         }
+        F.minor[i] = (int)minor;
+        F.mem[i] = mem;
+        F.sms[i] = sms;
+        F.cc[i][0] = ccmaj;
+        F.cc[i][1] = ccmin;
+        snprintf(F.uuid[i], 64, "%s", uuid);
+        snprintf(F.name[i], 96, "%s", *name ? name : "NVIDIA GPU");
+    }
+    fclose(f);
+    for (int i = 0; i < F.ndev; i++)
         parse_uuid(F.uuid[i], F.raw[i]);
+}
+
+static void init(void) {
+    const char *e = getenv("FAKE_DRIVER_VERSION");
+    snprintf(F.version, sizeof(F.version), "%s", e && *e ? e : FAKE_DRIVER_VERSION_DEFAULT);
+    /* The CUDA version a driver branch supports (r580: 13.0, r570: 12.8, ...). */
+    int major = atoi(F.version);
+    F.cuda_version = major >= 580 ? 13000 : major >= 575 ? 12090 : major >= 570 ? 12080
+                   : major >= 560 ? 12060 : major >= 550 ? 12040 : 12000;
+    e = getenv("FAKE_CUDA_DEVICES");
+    if (!e) {
+        load_node_file();
+    } else {
+        F.ctl_ok = 1;
+        F.ndev = atoi(e);
+        if (F.ndev < 0)
+            F.ndev = 0;
+        if (F.ndev > FAKE_MAX_DEVS)
+            F.ndev = FAKE_MAX_DEVS;
+        list_u64("FAKE_CUDA_MEM", 16ull << 30, F.mem, FAKE_MAX_DEVS);
+        uint64_t sms[FAKE_MAX_DEVS];
+        list_u64("FAKE_CUDA_SMS", 16, sms, FAKE_MAX_DEVS);
+        const char *u = getenv("FAKE_CUDA_UUIDS");
+        for (int i = 0; i < FAKE_MAX_DEVS; i++) {
+            F.sms[i] = sms[i] ? (int)sms[i] : 1;
+            F.minor[i] = i;
+            F.cc[i][0] = 9;
+            F.cc[i][1] = 0;
+            snprintf(F.name[i], 96, "Fake GPU %d", i);
+            snprintf(F.uuid[i], 64, "GPU-%08x-0000-4000-8000-%012x", 0xfa4e0000u + (unsigned)i, i);
+            if (u && *u) {
+                const char *c = strchr(u, ',');
+                size_t n = c ? (size_t)(c - u) : strlen(u);
+                if (n < 64) {
+                    memcpy(F.uuid[i], u, n);
+                    F.uuid[i][n] = '\0';
+                }
+                u = c ? c + 1 : u + n;
+            }
+            parse_uuid(F.uuid[i], F.raw[i]);
+        }
     }
     e = getenv("FAKE_CUDA_WAVE_NS");
     F.wave_ns = e ? strtoull(e, NULL, 10) : 100000;
@@ -162,26 +259,40 @@ static int stream_dev(CUstream s) {
     return ((fake_stream *)s)->ctx->dev;
 }
 
+/* Like the real driver: no visible GPU (or no control device) is
+ * CUDA_ERROR_NO_DEVICE, and device queries need a successful cuInit (in
+ * node-file mode; the unit tests' environment mode is lenient there). */
 EXPORT CUresult cuInit(unsigned flags) {
-    (void)flags;
     INIT();
+    if (flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (F.ndev == 0 || !F.ctl_ok)
+        return CUDA_ERROR_NO_DEVICE;
+    atomic_store(&F.inited, 1);
     return CUDA_SUCCESS;
 }
+#define NEED_INIT()                                                                                \
+    do {                                                                                           \
+        INIT();                                                                                    \
+        if (F.node_mode && !atomic_load(&F.inited))                                                \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+    } while (0)
 EXPORT CUresult cuDriverGetVersion(int *v) {
+    INIT();
     if (!v)
         return CUDA_ERROR_INVALID_VALUE;
-    *v = 12040;
+    *v = F.cuda_version; /* works before cuInit, as on the real driver */
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetCount(int *n) {
-    INIT();
+    NEED_INIT();
     if (!n)
         return CUDA_ERROR_INVALID_VALUE;
     *n = F.ndev;
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
-    INIT();
+    NEED_INIT();
     if (!d || ordinal < 0 || ordinal >= F.ndev)
         return CUDA_ERROR_INVALID_DEVICE;
     *d = ordinal;
@@ -189,7 +300,7 @@ EXPORT CUresult cuDeviceGet(CUdevice *d, int ordinal) {
 }
 #define CHECK_DEV(d)                                                                               \
     do {                                                                                           \
-        INIT();                                                                                    \
+        NEED_INIT();                                                                               \
         if ((d) < 0 || (d) >= F.ndev)                                                              \
             return CUDA_ERROR_INVALID_DEVICE;                                                      \
     } while (0)
@@ -205,14 +316,20 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
     CHECK_DEV(d);
     if (!name || len <= 0)
         return CUDA_ERROR_INVALID_VALUE;
-    snprintf(name, (size_t)len, "Fake GPU %d", d);
+    snprintf(name, (size_t)len, "%s", F.name[d]);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
     CHECK_DEV(d);
     if (!v)
         return CUDA_ERROR_INVALID_VALUE;
-    *v = attr == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT ? F.sms[d] : 0;
+    switch (attr) {
+    case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: *v = F.sms[d]; break;
+    case 75 /* COMPUTE_CAPABILITY_MAJOR */: *v = F.cc[d][0]; break;
+    case 76 /* COMPUTE_CAPABILITY_MINOR */: *v = F.cc[d][1]; break;
+    case 33 /* PCI_BUS_ID */: *v = F.minor[d] + 1; break;
+    default: *v = 0;
+    }
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
@@ -462,6 +579,30 @@ static void maybe_block(void) {
         pause();
 }
 
+/* This process's slot in the driver's process table (claimed at first
+ * allocation; a forked child claims its own). */
+static int my_slot = -1;
+static pid_t my_slot_pid;
+static shared_proc *self_proc(void) {
+    pid_t me = getpid();
+    if (my_slot >= 0 && my_slot_pid == me)
+        return &F.sh->proc[my_slot];
+    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+        int p = atomic_load(&F.sh->proc[i].pid);
+        if (p == 0 || p == me || (kill(p, 0) != 0 && errno == ESRCH)) {
+            if (p == me || atomic_compare_exchange_strong(&F.sh->proc[i].pid, &p, me)) {
+                if (p != me)
+                    for (int d = 0; d < FAKE_MAX_DEVS; d++)
+                        atomic_store(&F.sh->proc[i].used[d], 0);
+                my_slot = i;
+                my_slot_pid = me;
+                return &F.sh->proc[i];
+            }
+        }
+    }
+    return NULL; /* table full: the process is not listed */
+}
+
 /* Takes size bytes of device d's capacity. */
 static CUresult take(int d, uint64_t size) {
     if (d < 0 || d >= F.ndev)
@@ -475,9 +616,17 @@ static CUresult take(int d, uint64_t size) {
     uint64_t p = atomic_load(&s->peak);
     while (u + size > p && !atomic_compare_exchange_weak(&s->peak, &p, u + size))
         ;
+    shared_proc *me = self_proc();
+    if (me)
+        atomic_fetch_add(&me->used[d], size);
     return CUDA_SUCCESS;
 }
-static void give(int d, uint64_t size) { atomic_fetch_sub(&F.sh->dev[d].used, size); }
+static void give(int d, uint64_t size) {
+    atomic_fetch_sub(&F.sh->dev[d].used, size);
+    shared_proc *me = self_proc();
+    if (me)
+        atomic_fetch_sub(&me->used[d], size);
+}
 
 static CUresult dev_alloc_ctx(uint64_t *key, uint64_t size, int d, int kind, fake_ctx *ctx) {
     INIT();
@@ -1020,6 +1169,48 @@ EXPORT int fakeDeviceInfo(int d, char uuid[64], uint64_t *mem, int *sms) {
     if (sms)
         *sms = F.sms[d];
     return 0;
+}
+EXPORT int fakeDeviceDesc(int d, fake_desc *o) {
+    INIT();
+    if (d < 0 || d >= F.ndev || !o)
+        return -1;
+    memset(o, 0, sizeof(*o));
+    memcpy(o->uuid, F.uuid[d], 64);
+    memcpy(o->name, F.name[d], 96);
+    o->mem = F.mem[d];
+    o->sms = F.sms[d];
+    o->minor = F.minor[d];
+    o->cc_major = F.cc[d][0];
+    o->cc_minor = F.cc[d][1];
+    return 0;
+}
+EXPORT int fakeDeviceProcesses(int d, fake_proc *out, int max) {
+    INIT();
+    if (d < 0 || d >= F.ndev)
+        return -1;
+    int n = 0;
+    for (int i = 0; i < FAKE_MAX_PROCS; i++) {
+        int p = atomic_load(&F.sh->proc[i].pid);
+        uint64_t u = atomic_load(&F.sh->proc[i].used[d]);
+        if (p == 0 || u == 0 || (kill(p, 0) != 0 && errno == ESRCH))
+            continue;
+        if (n < max && out) {
+            out[n].pid = p;
+            out[n].used = u;
+        }
+        n++;
+    }
+    return n;
+}
+EXPORT const char *fakeDriverVersion(int *cuda) {
+    INIT();
+    if (cuda)
+        *cuda = F.cuda_version;
+    return F.version;
+}
+EXPORT int fakeDriverLoaded(void) {
+    INIT();
+    return F.ctl_ok;
 }
 EXPORT int fakeDeviceStats(int d, fake_stats *o) {
     INIT();

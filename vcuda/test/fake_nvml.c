@@ -1,6 +1,14 @@
 /* fake_nvml.c - a stand-in for libnvidia-ml.so.1, backed by the fake
- * libcuda's devices (same UUIDs, capacities and shared usage counters). */
+ * libcuda's devices (same UUIDs, names, capacities, shared usage counters
+ * and per-process accounting). Like the real library: init is reference
+ * counted, every call before it is NVML_ERROR_UNINITIALIZED, a missing
+ * control device is NVML_ERROR_DRIVER_NOT_LOADED, and list calls answer
+ * NVML_ERROR_INSUFFICIENT_SIZE with the count needed. */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #include "fake.h"
 
@@ -10,58 +18,163 @@ typedef struct nvmlDevice_st {
     int idx;
 } fake_nvml_dev;
 static fake_nvml_dev devs[FAKE_MAX_DEVS];
-static int inited;
+static int inited; /* reference count */
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
 EXPORT nvmlReturn_t nvmlInit_v2(void) {
-    inited = 1;
+    if (!fakeDriverLoaded())
+        return NVML_ERROR_DRIVER_NOT_LOADED;
+    pthread_mutex_lock(&mu);
+    inited++;
     for (int i = 0; i < FAKE_MAX_DEVS; i++)
         devs[i].idx = i;
+    pthread_mutex_unlock(&mu);
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlInit(void) { return nvmlInit_v2(); }
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
+    (void)flags;
+    return nvmlInit_v2();
+}
 EXPORT nvmlReturn_t nvmlShutdown(void) {
-    inited = 0;
+    pthread_mutex_lock(&mu);
+    nvmlReturn_t r = inited > 0 ? NVML_SUCCESS : NVML_ERROR_UNINITIALIZED;
+    if (inited > 0)
+        inited--;
+    pthread_mutex_unlock(&mu);
+    return r;
+}
+EXPORT const char *nvmlErrorString(nvmlReturn_t r) {
+    switch (r) {
+    case NVML_SUCCESS: return "Success";
+    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
+    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
+    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
+    case NVML_ERROR_NOT_FOUND: return "Not Found";
+    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
+    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
+    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument Version Mismatch";
+    default: return "Unknown Error";
+    }
+}
+#define NEED_INIT()                                                                                \
+    do {                                                                                           \
+        if (!__atomic_load_n(&inited, __ATOMIC_ACQUIRE))                                           \
+            return NVML_ERROR_UNINITIALIZED;                                                       \
+    } while (0)
+#define NEED_DEV(d)                                                                                \
+    do {                                                                                           \
+        NEED_INIT();                                                                               \
+        if (!(d) || (d) < devs || (d) >= devs + FAKE_MAX_DEVS || (d)->idx >= fakeDeviceCount())    \
+            return NVML_ERROR_INVALID_ARGUMENT;                                                    \
+    } while (0)
+
+EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *buf, unsigned int len) {
+    NEED_INIT();
+    if (!buf)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    const char *v = fakeDriverVersion(NULL);
+    if (strlen(v) + 1 > len)
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(buf, v);
     return NVML_SUCCESS;
 }
-EXPORT const char *nvmlErrorString(nvmlReturn_t r) { return r == NVML_SUCCESS ? "Success" : "Error"; }
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) {
+    NEED_INIT();
+    if (!v)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    fakeDriverVersion(v);
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { return nvmlSystemGetCudaDriverVersion(v); }
+
 EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) {
-    if (!inited)
-        return NVML_ERROR_UNINITIALIZED;
+    NEED_INIT();
     if (!n)
         return NVML_ERROR_INVALID_ARGUMENT;
     *n = (unsigned)fakeDeviceCount();
     return NVML_SUCCESS;
 }
+EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *n) { return nvmlDeviceGetCount_v2(n); }
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) {
-    if (!inited)
-        return NVML_ERROR_UNINITIALIZED;
+    NEED_INIT();
     if (!d || (int)i >= fakeDeviceCount())
         return NVML_ERROR_INVALID_ARGUMENT;
     *d = &devs[i];
     return NVML_SUCCESS;
 }
-EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *buf, unsigned int len) {
-    char uuid[64];
-    if (!inited)
-        return NVML_ERROR_UNINITIALIZED;
-    if (!d || !buf || fakeDeviceInfo(d->idx, uuid, NULL, NULL) != 0)
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *d) {
+    return nvmlDeviceGetHandleByIndex_v2(i, d);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d) {
+    NEED_INIT();
+    if (!uuid || !d)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (strlen(uuid) + 1 > len)
+    for (int i = 0; i < fakeDeviceCount(); i++) {
+        fake_desc x;
+        if (fakeDeviceDesc(i, &x) == 0 && strcmp(x.uuid, uuid) == 0) {
+            *d = &devs[i];
+            return NVML_SUCCESS;
+        }
+    }
+    return NVML_ERROR_NOT_FOUND;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i) {
+    NEED_DEV(d);
+    if (!i)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *i = (unsigned)d->idx;
+    return NVML_SUCCESS;
+}
+static nvmlReturn_t copy_str(const char *s, char *buf, unsigned int len) {
+    if (!buf)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(s) + 1 > len)
         return NVML_ERROR_INSUFFICIENT_SIZE;
-    strcpy(buf, uuid);
+    strcpy(buf, s);
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *buf, unsigned int len) {
+    fake_desc x;
+    NEED_DEV(d);
+    if (fakeDeviceDesc(d->idx, &x) != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return copy_str(x.uuid, buf, len);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *buf, unsigned int len) {
+    fake_desc x;
+    NEED_DEV(d);
+    if (fakeDeviceDesc(d->idx, &x) != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    return copy_str(x.name, buf, len);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *minor) {
+    fake_desc x;
+    NEED_DEV(d);
+    if (!minor || fakeDeviceDesc(d->idx, &x) != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *minor = (unsigned)x.minor;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor) {
+    fake_desc x;
+    NEED_DEV(d);
+    if (!major || !minor || fakeDeviceDesc(d->idx, &x) != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    *major = x.cc_major;
+    *minor = x.cc_minor;
     return NVML_SUCCESS;
 }
 static nvmlReturn_t mem(nvmlDevice_t d, unsigned long long *total, unsigned long long *free,
                         unsigned long long *used) {
-    uint64_t cap;
+    fake_desc x;
     fake_stats st;
-    if (!inited)
-        return NVML_ERROR_UNINITIALIZED;
-    if (!d || fakeDeviceInfo(d->idx, NULL, &cap, NULL) != 0 || fakeDeviceStats(d->idx, &st) != 0)
+    NEED_DEV(d);
+    if (fakeDeviceDesc(d->idx, &x) != 0 || fakeDeviceStats(d->idx, &st) != 0)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *total = cap;
+    *total = x.mem;
     *used = st.used;
-    *free = cap - st.used;
+    *free = x.mem - st.used;
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t d, nvmlMemory_t *m) {
@@ -76,4 +189,123 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
     m->reserved = 1 << 20; /* the real driver reserves some; vcuda must hide it */
     return mem(d, &m->total, &m->free, &m->used);
+}
+
+/* ---- processes and utilisation ---- */
+
+/* The driver's view: every live process holding memory on the device. */
+static nvmlReturn_t procs(nvmlDevice_t d, fake_proc *out, int *n) {
+    NEED_DEV(d);
+    *n = fakeDeviceProcesses(d->idx, out, FAKE_MAX_PROCS);
+    if (*n > FAKE_MAX_PROCS)
+        *n = FAKE_MAX_PROCS;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *count,
+                                                         nvmlProcessInfo_v1_t *infos) {
+    fake_proc p[FAKE_MAX_PROCS];
+    int n;
+    nvmlReturn_t r = procs(d, p, &n);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (*count < (unsigned)n || (n > 0 && !infos)) {
+        *count = (unsigned)n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int i = 0; i < n; i++) {
+        infos[i].pid = (unsigned)p[i].pid;
+        infos[i].usedGpuMemory = p[i].used;
+    }
+    *count = (unsigned)n;
+    return NVML_SUCCESS;
+}
+static nvmlReturn_t procs_v2(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
+    fake_proc p[FAKE_MAX_PROCS];
+    int n;
+    nvmlReturn_t r = procs(d, p, &n);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!count)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (*count < (unsigned)n || (n > 0 && !infos)) {
+        *count = (unsigned)n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int i = 0; i < n; i++) {
+        infos[i].pid = (unsigned)p[i].pid;
+        infos[i].usedGpuMemory = p[i].used;
+        infos[i].gpuInstanceId = 0xFFFFFFFFu;
+        infos[i].computeInstanceId = 0xFFFFFFFFu;
+    }
+    *count = (unsigned)n;
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t d, unsigned int *count,
+                                                            nvmlProcessInfo_t *infos) {
+    return procs_v2(d, count, infos);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t d, unsigned int *count,
+                                                            nvmlProcessInfo_t *infos) {
+    return procs_v2(d, count, infos);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, nvmlProcessDetailList_t *l) {
+    fake_proc p[FAKE_MAX_PROCS];
+    int n;
+    nvmlReturn_t r = procs(d, p, &n);
+    if (r != NVML_SUCCESS)
+        return r;
+    if (!l)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    if (l->version != nvmlProcessDetailList_v1)
+        return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (l->mode != 0) { /* graphics and MPS: none on the fake */
+        l->numProcArrayEntries = 0;
+        return NVML_SUCCESS;
+    }
+    if (l->numProcArrayEntries < (unsigned)n || (n > 0 && !l->procArray)) {
+        l->numProcArrayEntries = (unsigned)n;
+        return NVML_ERROR_INSUFFICIENT_SIZE;
+    }
+    for (int i = 0; i < n; i++) {
+        memset(&l->procArray[i], 0, sizeof(l->procArray[i]));
+        l->procArray[i].pid = (unsigned)p[i].pid;
+        l->procArray[i].usedGpuMemory = p[i].used;
+        l->procArray[i].gpuInstanceId = 0xFFFFFFFFu;
+        l->procArray[i].computeInstanceId = 0xFFFFFFFFu;
+    }
+    l->numProcArrayEntries = (unsigned)n;
+    return NVML_SUCCESS;
+}
+
+/* Utilisation: the share of wall time the device's queue was busy since the
+ * previous call from this process (the first call: since the first launch
+ * it saw, or 0). */
+static struct {
+    uint64_t at, busy;
+} util_last[FAKE_MAX_DEVS];
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
+    fake_stats st;
+    NEED_DEV(d);
+    if (!u || fakeDeviceStats(d->idx, &st) != 0)
+        return NVML_ERROR_INVALID_ARGUMENT;
+    uint64_t now = mono_ns();
+    /* busy time scheduled but not yet run does not count */
+    uint64_t busy = st.busy_total - (st.busy_until > now ? st.busy_until - now : 0);
+    pthread_mutex_lock(&mu);
+    uint64_t dt = now - util_last[d->idx].at, db = busy - util_last[d->idx].busy;
+    int first = util_last[d->idx].at == 0;
+    util_last[d->idx].at = now;
+    util_last[d->idx].busy = busy;
+    pthread_mutex_unlock(&mu);
+    unsigned pct = first || dt == 0 ? 0 : (unsigned)(db >= dt ? 100 : db * 100 / dt);
+    u->gpu = pct;
+    u->memory = pct / 2;
+    return NVML_SUCCESS;
 }

@@ -1,0 +1,139 @@
+package gpu
+
+import (
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// The simulated node is a host root of its own, shaped like a real one, so the same code paths run
+// on it as on a GPU node: dev/ holds the device nodes, proc/devices the kernel's majors, and the
+// driver root the libraries, binaries, firmware and IPC socket NVIDIA's nvcdi looks for.
+//
+//	<root>/dev/nvidiactl, nvidia0..N, nvidia-uvm, nvidia-uvm-tools, nvidia-caps/*, vfio/*
+//	<root>/proc/devices
+//	<root>/usr/lib/x86_64-linux-gnu/libcuda.so.<version> (+ libcuda.so.1), libnvidia-ml.so.<version> (+ .so.1)
+//	<root>/usr/bin/nvidia-smi
+//	<root>/lib/firmware/nvidia/<version>/gsp_*.bin
+//	<root>/run/nvidia-persistenced/socket
+//	<root>/etc/tessera-sim/gpus   which GPU each /dev/nvidiaN is, for the simulated driver in containers
+//
+// The libraries and nvidia-smi are vcuda/test's fake driver (`make vcuda`: bin/vcuda/fake), read
+// from Options.SimDriverDir; without it they are placeholders and CUDA does not run in containers.
+const simLibDir = "usr/lib/x86_64-linux-gnu"
+
+// simProcDevices lists the majors the simulated kernel gave its drivers (195 is NVIDIA's fixed one;
+// the dynamic ones are unused numbers here).
+const simProcDevices = `Character devices:
+  1 mem
+ 10 misc
+195 nvidia-frontend
+195 nvidia
+509 vfio
+510 nvidia-caps
+511 nvidia-uvm
+
+Block devices:
+  8 sd
+`
+
+const simPlaceholder = "tessera simulated driver placeholder: build the fake driver with `make vcuda` and pass --sim-driver-dir\n"
+
+// writeSimDriverRoot lays out the simulated root's driver files for this driver version.
+func writeSimDriverRoot(root, version, driverDir string) error {
+	if version == "" || strings.ContainsAny(version, "/ ") {
+		return fmt.Errorf("simulated driver version %q is not a version like 580.95.05", version)
+	}
+	files := []struct {
+		rel, src string
+		mode     os.FileMode
+	}{
+		{filepath.Join(simLibDir, "libcuda.so."+version), "libcuda.so.1", 0o755},
+		{filepath.Join(simLibDir, "libnvidia-ml.so."+version), "libnvidia-ml.so.1", 0o755},
+		{"usr/bin/nvidia-smi", "nvidia-smi", 0o755},
+	}
+	for _, f := range files {
+		data := []byte(simPlaceholder)
+		if driverDir != "" {
+			var err error
+			if data, err = os.ReadFile(filepath.Join(driverDir, f.src)); err != nil {
+				return fmt.Errorf("simulated driver: %w (build it with `make vcuda`, or point --sim-driver-dir at bin/vcuda/fake)", err)
+			}
+		}
+		if err := writeIfChanged(filepath.Join(root, f.rel), data, f.mode); err != nil {
+			return err
+		}
+	}
+	for link, target := range map[string]string{"libcuda.so.1": "libcuda.so." + version, "libnvidia-ml.so.1": "libnvidia-ml.so." + version} {
+		if err := symlinkIfChanged(filepath.Join(root, simLibDir, link), target); err != nil {
+			return err
+		}
+	}
+	for _, fw := range []string{"gsp_ga10x.bin", "gsp_tu10x.bin"} {
+		if err := writeIfChanged(filepath.Join(root, "lib/firmware/nvidia", version, fw), []byte("simulated GSP firmware\n"), 0o644); err != nil {
+			return err
+		}
+	}
+	if err := writeIfChanged(filepath.Join(root, "proc/devices"), []byte(simProcDevices), 0o644); err != nil {
+		return err
+	}
+	return simSocket(filepath.Join(root, "run/nvidia-persistenced/socket"))
+}
+
+// writeSimGPUFile records which GPU each device minor is, in the format vcuda/test's fake driver
+// reads: "<minor> <uuid> <memory bytes> <SMs> <compute capability> <name>".
+func writeSimGPUFile(n *Node) error {
+	var b bytes.Buffer
+	b.WriteString("# minor uuid memoryBytes smCount computeCapability name (written by tessera-node's simulated node)\n")
+	for _, g := range n.GPUs {
+		fmt.Fprintf(&b, "%d %s %d %d %s %s\n", g.Minor, g.UUID, g.MemoryBytes, g.SMCount, g.ComputeCapability, g.Model)
+	}
+	return writeIfChanged(n.SimGPUFile, b.Bytes(), 0o644)
+}
+
+// simSocket leaves a unix socket file where nvidia-persistenced's would be (nvcdi mounts it).
+func simSocket(path string) error {
+	if st, err := os.Lstat(path); err == nil && st.Mode()&os.ModeSocket != 0 {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	_ = os.Remove(path)
+	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return fmt.Errorf("simulated persistenced socket: %w", err)
+	}
+	l.SetUnlinkOnClose(false)
+	return l.Close()
+}
+
+// writeIfChanged replaces a file atomically, and only when its content differs, so files already
+// bind-mounted into running containers are not swapped under them for nothing.
+func writeIfChanged(path string, data []byte, mode os.FileMode) error {
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		return nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, mode); err != nil {
+		return err
+	}
+	if err := os.Chmod(tmp, mode); err != nil {
+		return err
+	}
+	return os.Rename(tmp, path)
+}
+
+func symlinkIfChanged(path, target string) error {
+	if old, err := os.Readlink(path); err == nil && old == target {
+		return nil
+	}
+	_ = os.Remove(path)
+	return os.Symlink(target, path)
+}

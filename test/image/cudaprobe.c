@@ -1,0 +1,107 @@
+/*
+ * cudaprobe: a small CUDA driver API program for Tessera's test image. It is linked dynamically
+ * against libcuda.so.1 and finds it the way any CUDA program in a container does: through the
+ * driver files the CDI specs mount. In a share container the dynamic linker first loads
+ * /etc/ld.so.preload's libvcuda.so, so everything it sees passes through vcuda.
+ *
+ *   cudaprobe info              one line per visible GPU: index, name, cuDeviceTotalMem, cuMemGetInfo
+ *   cudaprobe fill [granule]    allocate granule-sized blocks (default 64 MiB) on GPU 0 until an
+ *                               error; print how much was allocated and the error code
+ *   cudaprobe hold <bytes> <s>  allocate <bytes> on GPU 0, print "held", sleep <s> seconds, exit
+ *
+ * Output is "key=value" words so tests can parse it; the exit code is 0 unless CUDA itself failed
+ * before the probe could say anything.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+typedef int CUresult;
+typedef int CUdevice;
+typedef void *CUcontext;
+typedef unsigned long long CUdeviceptr;
+
+CUresult cuInit(unsigned flags);
+CUresult cuDeviceGetCount(int *n);
+CUresult cuDeviceGet(CUdevice *d, int ordinal);
+CUresult cuDeviceGetName(char *name, int len, CUdevice d);
+CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d);
+CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d);
+CUresult cuCtxSetCurrent(CUcontext c);
+CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
+CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size);
+
+static int use_device(int ordinal, CUdevice *d) {
+    CUcontext ctx;
+    CUresult r = cuDeviceGet(d, ordinal);
+    if (r == 0) r = cuDevicePrimaryCtxRetain(&ctx, *d);
+    if (r == 0) r = cuCtxSetCurrent(ctx);
+    if (r != 0) printf("error=%d during=context device=%d\n", r, ordinal);
+    return r;
+}
+
+static int info(void) {
+    int n = 0;
+    CUresult r = cuDeviceGetCount(&n);
+    if (r != 0) {
+        printf("error=%d during=cuDeviceGetCount\n", r);
+        return 1;
+    }
+    printf("devices=%d\n", n);
+    for (int i = 0; i < n; i++) {
+        CUdevice d;
+        char name[128] = "";
+        size_t total = 0, free = 0, ctxtotal = 0;
+        if (use_device(i, &d) != 0) return 1;
+        cuDeviceGetName(name, sizeof name, d);
+        for (char *c = name; *c; c++)
+            if (*c == ' ') *c = '_';
+        cuDeviceTotalMem_v2(&total, d);
+        cuMemGetInfo_v2(&free, &ctxtotal);
+        printf("device=%d name=%s total_mem=%zu meminfo_total=%zu meminfo_free=%zu\n", i, name, total, ctxtotal, free);
+    }
+    return 0;
+}
+
+static int fill(size_t granule) {
+    CUdevice d;
+    if (use_device(0, &d) != 0) return 1;
+    size_t total = 0, free = 0, got = 0;
+    cuMemGetInfo_v2(&free, &total);
+    CUresult r = 0;
+    for (;;) {
+        CUdeviceptr p;
+        if ((r = cuMemAlloc_v2(&p, granule)) != 0) break;
+        got += granule;
+    }
+    printf("allocated=%zu meminfo_total=%zu meminfo_free=%zu granule=%zu stopped_by=%d\n", got, total, free, granule, r);
+    return 0;
+}
+
+static int hold(size_t bytes, unsigned seconds) {
+    CUdevice d;
+    if (use_device(0, &d) != 0) return 1;
+    CUdeviceptr p;
+    CUresult r = cuMemAlloc_v2(&p, bytes);
+    printf("held=%zu error=%d\n", r == 0 ? bytes : 0, r);
+    fflush(stdout);
+    sleep(seconds);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    CUresult r = cuInit(0);
+    if (r != 0) {
+        printf("error=%d during=cuInit\n", r);
+        return 1;
+    }
+    if (argc >= 2 && strcmp(argv[1], "info") == 0) return info();
+    if (argc >= 2 && strcmp(argv[1], "fill") == 0)
+        return fill(argc >= 3 ? strtoull(argv[2], NULL, 0) : 64ull << 20);
+    if (argc >= 4 && strcmp(argv[1], "hold") == 0)
+        return hold(strtoull(argv[2], NULL, 0), (unsigned)atoi(argv[3]));
+    fprintf(stderr, "usage: cudaprobe info | fill [granule] | hold <bytes> <seconds>\n");
+    return 2;
+}

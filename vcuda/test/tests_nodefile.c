@@ -1,0 +1,177 @@
+/* tests_nodefile.c - the fake driver's node-file mode (how it runs inside
+ * the simulated node's containers): GPUs come from the node file and are
+ * visible only where their device nodes are, like the real driver. Each
+ * scenario runs in a fresh child, since the driver reads its world once. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cuda_api.h"
+#include "util.h"
+
+#define UUID0 "GPU-7063a1b2-0000-4000-8000-000000000000"
+#define UUID1 "GPU-7063a1b2-0000-4000-8000-000000000001"
+#define UUID2 "GPU-7063a1b2-0000-4000-8000-000000000002"
+
+/* A device root: nvidiactl and the given minors as character devices
+ * (symlinks to /dev/null: stat() sees a character device, as for a node a
+ * runtime creates), and minor 1 as a plain file, which must not count. */
+static const char *make_dev_root(const char *name, int ctl, const int *minors, int n) {
+    const char *root = tpath(name);
+    CHECK(mkdir(root, 0700) == 0, "mkdir %s: %s", root, strerror(errno));
+    char p[4096];
+    if (ctl) {
+        snprintf(p, sizeof(p), "%s/nvidiactl", root);
+        CHECK(symlink("/dev/null", p) == 0, "symlink: %s", strerror(errno));
+    }
+    for (int i = 0; i < n; i++) {
+        snprintf(p, sizeof(p), "%s/nvidia%d", root, minors[i]);
+        CHECK(symlink("/dev/null", p) == 0, "symlink: %s", strerror(errno));
+    }
+    snprintf(p, sizeof(p), "%s/nvidia1", root);
+    write_file(p, "not a device\n");
+    return strdup(root);
+}
+
+static const char *node_file(void) {
+    const char *p = tpath("gpus");
+    write_file(p, "# simulated node\n"
+                  "2 " UUID2 " 42949672960 108 8.0 NVIDIA A100-SXM4-40GB\n"
+                  "1 " UUID1 " 85899345920 132 9.0 NVIDIA H100 80GB HBM3\n"
+                  "this line is not a gpu\n"
+                  "0 " UUID0 " 85899345920 132 9.0 NVIDIA H100 80GB HBM3   # first\n");
+    return strdup(p);
+}
+
+static void node_env(const char *file, const char *root) {
+    unsetenv("FAKE_CUDA_DEVICES");
+    unsetenv("FAKE_CUDA_SHM");
+    if (file)
+        setenv("FAKE_GPU_NODE_FILE", file, 1);
+    else
+        setenv("FAKE_GPU_NODE_FILE", tpath("no-such-file"), 1);
+    setenv("FAKE_DEV_ROOT", root, 1);
+}
+
+static int visible(int i, void *arg) {
+    (void)i;
+    (void)arg;
+    int n = -1, v = 0;
+    /* the driver answers nothing about devices before cuInit */
+    CHECK(cuDeviceGetCount(&n) == CUDA_ERROR_NOT_INITIALIZED, "count before cuInit");
+    CHECK_CU(cuDriverGetVersion(&v));
+    CHECK(v == FAKE_CUDA_VERSION_DEFAULT, "cuda version %d", v);
+    CHECK_CU(cuInit(0));
+    CHECK_CU(cuDeviceGetCount(&n));
+    CHECK(n == 2, "%d devices: nvidia1 is not a character device", n);
+    char name[96];
+    CHECK_CU(cuDeviceGetName(name, sizeof(name), 0));
+    CHECK(strcmp(name, "NVIDIA H100 80GB HBM3") == 0, "name 0 %s", name);
+    CHECK_CU(cuDeviceGetName(name, sizeof(name), 1));
+    CHECK(strcmp(name, "NVIDIA A100-SXM4-40GB") == 0, "name 1 %s (minor order)", name);
+    int sms, maj, min;
+    CHECK_CU(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 1));
+    CHECK_CU(cuDeviceGetAttribute(&maj, 75, 1));
+    CHECK_CU(cuDeviceGetAttribute(&min, 76, 1));
+    CHECK(sms == 108 && maj == 8 && min == 0, "dev1 sms %d cc %d.%d", sms, maj, min);
+    size_t tot;
+    CHECK_CU(cuDeviceTotalMem_v2(&tot, 0));
+    CHECK(tot == 85899345920ull, "mem %zu", tot);
+    CUuuid u;
+    CHECK_CU(cuDeviceGetUuid(&u, 1));
+    CHECK((unsigned char)u.bytes[15] == 0x02 && (unsigned char)u.bytes[0] == 0x70, "uuid bytes");
+
+    CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit");
+    unsigned cnt = 0, minor = 9;
+    CHECK(nvmlDeviceGetCount_v2(&cnt) == NVML_SUCCESS && cnt == 2, "nvml count %u", cnt);
+    nvmlDevice_t d;
+    CHECK(nvmlDeviceGetHandleByIndex_v2(1, &d) == NVML_SUCCESS, "handle");
+    char uuid[96], ver[80];
+    CHECK(nvmlDeviceGetUUID(d, uuid, sizeof(uuid)) == NVML_SUCCESS && strcmp(uuid, UUID2) == 0, "uuid %s", uuid);
+    CHECK(nvmlDeviceGetMinorNumber(d, &minor) == NVML_SUCCESS && minor == 2, "minor %u", minor);
+    CHECK(nvmlDeviceGetName(d, name, 4) == NVML_ERROR_INSUFFICIENT_SIZE, "short name buffer");
+    CHECK(nvmlSystemGetDriverVersion(ver, sizeof(ver)) == NVML_SUCCESS &&
+              strcmp(ver, FAKE_DRIVER_VERSION_DEFAULT) == 0, "driver %s", ver);
+
+    /* the driver accounts memory per process; NVML lists the holders */
+    CUcontext c;
+    CHECK_CU(cuCtxCreate_v2(&c, 0, 1));
+    CUdeviceptr p;
+    CHECK_CU(cuMemAlloc_v2(&p, 10 * MiB));
+    unsigned k = 0;
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(d, &k, NULL) == NVML_ERROR_INSUFFICIENT_SIZE && k == 1,
+          "count query %u", k);
+    nvmlProcessInfo_t pi[4];
+    k = 4;
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(d, &k, pi) == NVML_SUCCESS && k == 1, "list %u", k);
+    CHECK(pi[0].pid == (unsigned)getpid() && pi[0].usedGpuMemory == 10 * MiB, "pid %u used %llu", pi[0].pid,
+          pi[0].usedGpuMemory);
+    nvmlDevice_t d0;
+    CHECK(nvmlDeviceGetHandleByIndex_v2(0, &d0) == NVML_SUCCESS, "handle 0");
+    k = 4;
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(d0, &k, pi) == NVML_SUCCESS && k == 0, "gpu 0 list %u", k);
+    CHECK_CU(cuMemFree_v2(p));
+    k = 4;
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(d, &k, pi) == NVML_SUCCESS && k == 0, "after free %u", k);
+    CHECK(nvmlShutdown() == NVML_SUCCESS, "shutdown");
+    CHECK(nvmlDeviceGetCount_v2(&cnt) == NVML_ERROR_UNINITIALIZED, "count after shutdown");
+    return 0;
+}
+
+static int no_ctl(int i, void *arg) {
+    (void)i;
+    (void)arg;
+    CHECK(cuInit(0) == CUDA_ERROR_NO_DEVICE, "cuInit without nvidiactl");
+    CHECK(nvmlInit_v2() == NVML_ERROR_DRIVER_NOT_LOADED, "nvmlInit without nvidiactl");
+    return 0;
+}
+
+static int no_gpu(int i, void *arg) {
+    (void)i;
+    (void)arg;
+    int n = -1;
+    CHECK(cuInit(0) == CUDA_ERROR_NO_DEVICE, "cuInit with no gpu");
+    CHECK(cuDeviceGetCount(&n) == CUDA_ERROR_NOT_INITIALIZED, "count after failed cuInit");
+    unsigned cnt = 9;
+    CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit with no gpu");
+    CHECK(nvmlDeviceGetCount_v2(&cnt) == NVML_SUCCESS && cnt == 0, "nvml count %u", cnt);
+    return 0;
+}
+
+static int version(int i, void *arg) {
+    (void)i;
+    (void)arg;
+    int v = 0;
+    char ver[80];
+    CHECK_CU(cuDriverGetVersion(&v));
+    CHECK(v == 12080, "r570 is CUDA 12.8: %d", v);
+    CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit");
+    CHECK(nvmlSystemGetDriverVersion(ver, sizeof(ver)) == NVML_SUCCESS && strcmp(ver, "570.86.15") == 0,
+          "driver %s", ver);
+    return 0;
+}
+
+static void in_child(child_fn fn) {
+    int rc = wait_child(spawn(fn, 0, NULL));
+    CHECK(rc == 0, "scenario exited %d", rc);
+}
+
+/* Under the production library without a limits file (what a container
+ * without a share sees): vcuda passes through to the node-file driver. */
+TEST(nodefile_visibility_follows_dev_nodes) {
+    const char *file = node_file();
+    const int all[] = {0, 2};
+    node_env(file, make_dev_root("dev", 1, all, 2));
+    in_child(visible);
+    node_env(file, make_dev_root("dev-noctl", 0, all, 2));
+    in_child(no_ctl);
+    node_env(file, make_dev_root("dev-empty", 1, NULL, 0));
+    in_child(no_gpu);
+    node_env(NULL, make_dev_root("dev-nofile", 1, all, 2));
+    in_child(no_gpu);
+    node_env(file, make_dev_root("dev-ver", 1, all, 2));
+    setenv("FAKE_DRIVER_VERSION", "570.86.15", 1);
+    in_child(version);
+}
