@@ -98,7 +98,15 @@ func TestHealthEventsAndRecovery(t *testing.T) {
 	injectXID(t, b, uuid, 79)
 
 	events := nodeEvents(t, client, 2)
-	warn, normal := events[0], events[1]
+	var warn, normal corev1.Event
+	for _, e := range events {
+		switch e.Reason {
+		case EventGPUUnhealthy:
+			warn = e
+		case EventGPURecovered:
+			normal = e
+		}
+	}
 	if warn.Type != corev1.EventTypeWarning || warn.Reason != EventGPUUnhealthy || !strings.Contains(warn.Message, "GPU 2 (") ||
 		!strings.Contains(warn.Message, uuid) || !strings.Contains(warn.Message, "XID 79") {
 		t.Errorf("unhealthy event %s %s %q", warn.Type, warn.Reason, warn.Message)
