@@ -27,7 +27,7 @@ type NodeConfig struct {
 	// node). There is no automatic fallback: a GPU node whose driver cannot be loaded must fail loudly,
 	// not advertise simulated GPUs.
 	Backend string `json:"backend,omitempty"`
-	// NodeDescription is the simulated node's YAML file (sim backend; empty: the built-in 8 x A100).
+	// NodeDescription is the simulated node (sim backend): a YAML file or a built-in name, dgx-a100 (the default, 8 x A100) or dgx-h100 (8 x H100).
 	NodeDescription string `json:"nodeDescription,omitempty"`
 	// DriverRoot is the host path of the root the NVIDIA driver is installed under: "/" for a driver
 	// on the host, "/run/nvidia/driver" for the GPU Operator's driver container, or a read-only
@@ -87,7 +87,18 @@ type NodeConfig struct {
 	// (monitoring such as dcgm-exporter): their containers get no device checks and keep their
 	// NVIDIA_VISIBLE_DEVICES. Only this config marks them; no pod annotation can.
 	AdminNamespaces []string `json:"adminNamespaces,omitempty"`
+	// IgnoredXIDs are XIDs that do not make a GPU unhealthy (application errors). Absent: NVIDIA's
+	// device plugin's list, DefaultIgnoredXIDs; an empty list ignores none.
+	IgnoredXIDs []uint64 `json:"ignoredXIDs,omitempty"`
+	// HealthCheckInterval is how often every GPU is probed; an unhealthy GPU recovers when a probe
+	// passes after a whole interval without bad news.
+	HealthCheckInterval Duration `json:"healthCheckInterval,omitempty"`
 }
+
+// DefaultIgnoredXIDs are the XIDs NVIDIA's device plugin ignores as application errors: 13 graphics
+// engine exception, 31 GPU memory page fault, 43 GPU stopped processing, 45 preemptive cleanup,
+// 68 video processor exception, 109 context switch timeout.
+var DefaultIgnoredXIDs = []uint64{13, 31, 43, 45, 68, 109}
 
 // Node agent defaults.
 const (
@@ -106,7 +117,12 @@ const (
 	DefaultKataHandler  = "kata"
 	DefaultNodeListen   = "127.0.0.1:9400"
 	DefaultRediscover   = time.Minute
+	// DefaultHealthCheckInterval is how often GPUs are probed for health.
+	DefaultHealthCheckInterval = 30 * time.Second
 )
+
+// maxXID bounds XIDs; NVML reports 999 for an unknown one.
+const maxXID = 999
 
 // cdiVendorPattern is the CDI vendor rule (a DNS-like name).
 var cdiVendorPattern = regexp.MustCompile(`^[a-zA-Z0-9]([a-zA-Z0-9_.-]*[a-zA-Z0-9])?$`)
@@ -146,6 +162,12 @@ func (c *NodeConfig) Defaults() {
 	}
 	if c.RediscoverInterval.Duration == 0 {
 		c.RediscoverInterval.Duration = DefaultRediscover
+	}
+	if c.IgnoredXIDs == nil {
+		c.IgnoredXIDs = append([]uint64{}, DefaultIgnoredXIDs...)
+	}
+	if c.HealthCheckInterval.Duration == 0 {
+		c.HealthCheckInterval.Duration = DefaultHealthCheckInterval
 	}
 }
 
@@ -188,6 +210,14 @@ func (c *NodeConfig) Validate() error {
 	}
 	if c.RediscoverInterval.Duration < time.Second {
 		fe.add("rediscoverInterval", "must be at least 1s, got %s", c.RediscoverInterval.Duration)
+	}
+	for i, x := range c.IgnoredXIDs {
+		if x == 0 || x > maxXID {
+			fe.add(fmt.Sprintf("ignoredXIDs[%d]", i), "must be an XID between 1 and %d, got %d", maxXID, x)
+		}
+	}
+	if c.HealthCheckInterval.Duration < time.Second {
+		fe.add("healthCheckInterval", "must be at least 1s, got %s", c.HealthCheckInterval.Duration)
 	}
 	return fe.err()
 }

@@ -3,6 +3,7 @@ package v1
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -54,4 +55,48 @@ func FuzzDecodeNodeConfig(f *testing.F) {
 		c.Defaults()
 		_ = c.Validate() // must not panic on anything that decodes
 	})
+}
+
+func TestNodeConfigHealth(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	load := func(body string) (*NodeConfig, error) {
+		if err := os.WriteFile(p, []byte("apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\n"+body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return LoadNodeConfig(p)
+	}
+	for body, want := range map[string][]uint64{
+		"":                         DefaultIgnoredXIDs,
+		"ignoredXIDs: [79]\n":      {79},
+		"ignoredXIDs: []\n":        {}, // explicitly none, not the default
+		"ignoredXIDs: [13, 999]\n": {13, 999},
+	} {
+		c, err := load(body)
+		if err != nil {
+			t.Fatalf("%q: %v", body, err)
+		}
+		if !slices.Equal(c.IgnoredXIDs, want) || c.IgnoredXIDs == nil {
+			t.Errorf("%q: ignored XIDs %v, want %v", body, c.IgnoredXIDs, want)
+		}
+		if c.HealthCheckInterval.Duration != DefaultHealthCheckInterval {
+			t.Errorf("%q: health check interval %s", body, c.HealthCheckInterval.Duration)
+		}
+	}
+	for body, want := range map[string]string{
+		"ignoredXIDs: [0]\n":          "ignoredXIDs[0]: must be an XID between 1 and 999",
+		"ignoredXIDs: [1000]\n":       "ignoredXIDs[0]: must be an XID between 1 and 999",
+		"ignoredXIDs: \"13,31\"\n":    "ignoredXIDs: expected []uint64",
+		"ignoreXIDs: [13]\n":          "ignoreXIDs: unknown field",
+		"healthCheckInterval: 10ms\n": "healthCheckInterval: must be at least 1s",
+	} {
+		if _, err := load(body); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want %q", body, err, want)
+		}
+	}
+	// Defaults hand out a copy: changing one config's list does not change the default.
+	c, _ := load("")
+	c.IgnoredXIDs[0] = 1
+	if DefaultIgnoredXIDs[0] != 13 {
+		t.Error("the default ignored XIDs were shared with a config")
+	}
 }

@@ -136,8 +136,11 @@ var (
 	migUUIDPattern  = regexp.MustCompile(`^MIG-[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 	mdevUUIDPattern = regexp.MustCompile(`^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$`)
 	pciBusIDPattern = regexp.MustCompile(`^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$`)
-	// migProfilePattern matches device-plugin profile names: 1g.5gb, 2g.20gb, 1g.10gb+me, 1c.3g.20gb.
-	migProfilePattern = regexp.MustCompile(`^([1-9]c\.)?[1-9]g\.[1-9][0-9]*gb(\+me)?$`)
+	// migProfilePattern matches go-nvlib's profile names: 1g.5gb, 2g.20gb, 1c.3g.20gb, and with
+	// attributes 1g.10gb+me, 1g.20gb+me.all, 1g.24gb+gfx or without media extensions 1g.10gb-me.
+	migProfilePattern = regexp.MustCompile(`^([1-9]c\.)?[1-9]g\.[1-9][0-9]*gb([+-](me|me\.all|gfx))?$`)
+	// migResourceSuffixPattern is a MIG resource name after the prefix: the profile with "+" as ".".
+	migResourceSuffixPattern = regexp.MustCompile(`^((?:[1-9]c\.)?[1-9]g\.[1-9][0-9]*gb)(?:\.(me|me\.all|gfx)|(-me))?$`)
 	// resourceSuffixPattern is what may follow a resource prefix (Kubernetes qualified-name rules).
 	resourceSuffixPattern = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
 )

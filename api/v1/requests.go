@@ -22,7 +22,7 @@ type ContainerRequest struct {
 	ShareMemoryPercent int
 	// ShareCores is each share's compute cap in percent; 0 means not capped (nothing reserved).
 	ShareCores int
-	// MIG maps a MIG profile (e.g. "1g.10gb") to the instance count.
+	// MIG maps a MIG profile as NVML names it (e.g. "1g.10gb", "1g.10gb+me") to the instance count.
 	MIG map[string]int
 	// Mdev maps an mdev type (e.g. "A100-4C") to the instance count.
 	Mdev map[string]int
@@ -146,9 +146,9 @@ func parseContainer(c corev1.Container) (ContainerRequest, []string) {
 				bad(name, "must be between 1 and 100 percent of the GPU's SMs, got %d", v)
 			}
 		case strings.HasPrefix(name, MIGResourcePrefix):
-			profile := strings.TrimPrefix(name, MIGResourcePrefix)
-			if !IsMIGProfile(profile) {
-				bad(name, "%q is not a MIG profile (expected e.g. nvidia.com/mig-1g.10gb)", profile)
+			profile, ok := MIGProfileOfResource(name)
+			if !ok {
+				bad(name, "%q is not a MIG profile (expected e.g. nvidia.com/mig-1g.10gb or nvidia.com/mig-1g.10gb.me)", strings.TrimPrefix(name, MIGResourcePrefix))
 			} else if v < 0 || v > maxGPUsPerNode*7 {
 				bad(name, "must be between 0 and %d, got %d", maxGPUsPerNode*7, v)
 			} else if v > 0 {

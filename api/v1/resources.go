@@ -15,7 +15,7 @@ const (
 	// ResourceShareCores is the compute cap of each share, in percent of its GPU's SMs.
 	ResourceShareCores = "tessera.dev/vgpu-cores"
 
-	// MIGResourcePrefix + profile (e.g. "1g.10gb") names a MIG instance (mixed strategy).
+	// MIGResourcePrefix + profile (e.g. "1g.10gb") names a MIG instance (mixed strategy); see MIGResource for "+".
 	MIGResourcePrefix = "nvidia.com/mig-"
 	// MdevResourcePrefix + type name (e.g. "A100-4C") names an mdev vGPU for VM runtimes.
 	MdevResourcePrefix = "tessera.dev/mdev-"
@@ -48,7 +48,30 @@ const (
 const MaxCoresPercent = 100
 
 // MIGResource returns the resource name of a MIG profile, e.g. "1g.10gb" -> "nvidia.com/mig-1g.10gb".
-func MIGResource(profile string) string { return MIGResourcePrefix + profile }
+// A "+" (attribute profiles such as "1g.10gb+me") is not allowed in a resource name; like NVIDIA's
+// device plugin it becomes ".": "nvidia.com/mig-1g.10gb.me".
+func MIGResource(profile string) string {
+	return MIGResourcePrefix + strings.ReplaceAll(profile, "+", ".")
+}
+
+// MIGProfileOfResource is the inverse of MIGResource: "nvidia.com/mig-1g.10gb.me" -> "1g.10gb+me".
+// It reports false for names that are not a MIG resource of a well-formed profile.
+func MIGProfileOfResource(name string) (string, bool) {
+	suffix, ok := strings.CutPrefix(name, MIGResourcePrefix)
+	if !ok {
+		return "", false
+	}
+	m := migResourceSuffixPattern.FindStringSubmatch(suffix)
+	if m == nil {
+		return "", false
+	}
+	// The first "." after the memory size "...gb" is the one MIGResource made from "+".
+	profile := m[1]
+	if m[2] != "" {
+		profile += "+" + m[2]
+	}
+	return profile + m[3], true
+}
 
 // MdevResource returns the resource name of an mdev type, e.g. "A100-4C" -> "tessera.dev/mdev-A100-4C".
 func MdevResource(typeName string) string { return MdevResourcePrefix + typeName }

@@ -3,6 +3,7 @@ package main
 import (
 	"flag"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -21,6 +22,8 @@ type nodeFlags struct {
 	rediscover   time.Duration
 	// adminNamespaces are added to the config's.
 	adminNamespaces stringList
+	ignoredXIDs     string
+	healthCheck     time.Duration
 }
 
 // stringList is a repeatable string flag.
@@ -42,7 +45,7 @@ func (f *nodeFlags) stringFlag(fs *flag.FlagSet, name, def, usage string, field 
 func (f *nodeFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.config, "config", "", "versioned config file (apiVersion: "+api.Version+", kind: "+api.KindNodeConfig+"); flags override it")
 	f.stringFlag(fs, "backend", api.DefaultBackend, "GPU inventory: nvml (the NVIDIA driver under --driver-root; fails when it cannot be loaded) or sim (the simulated node)", func(c *api.NodeConfig) *string { return &c.Backend })
-	f.stringFlag(fs, "node-description", "", "simulated node description (YAML); empty: the built-in 8 x A100-SXM4-40GB", func(c *api.NodeConfig) *string { return &c.NodeDescription })
+	f.stringFlag(fs, "node-description", "", "simulated node: a description file (YAML) or a built-in name, dgx-a100 (8 x A100-SXM4-40GB, the default) or dgx-h100 (8 x H100-SXM5-80GB)", func(c *api.NodeConfig) *string { return &c.NodeDescription })
 	f.stringFlag(fs, "driver-root", "", "host path of the NVIDIA driver's root: / for a driver on the host, /run/nvidia/driver with the GPU Operator, or a folder like /usr/local/nvidia (default /; the simulated node's own root with --backend=sim)", func(c *api.NodeConfig) *string { return &c.DriverRoot })
 	f.stringFlag(fs, "container-driver-root", "", "where this process sees --driver-root, when it runs in a container with the host's driver root mounted elsewhere (default: --driver-root)", func(c *api.NodeConfig) *string { return &c.ContainerDriverRoot })
 	f.stringFlag(fs, "dev-root", "", "host path of the root whose dev/ holds the NVIDIA device nodes (default /; the simulated node's own root with --backend=sim)", func(c *api.NodeConfig) *string { return &c.DevRoot })
@@ -70,6 +73,32 @@ func (f *nodeFlags) registerRun(fs *flag.FlagSet, host string) {
 	f.stringFlag(fs, "hook-binary", "", "host path of tessera-node for the realisation hook in the CDI specs (default: this binary)", func(c *api.NodeConfig) *string { return &c.HookBinary })
 	fs.Var(&f.adminNamespaces, "admin-namespace", "namespace whose pods may see every GPU (monitoring, e.g. dcgm-exporter); repeatable")
 	fs.DurationVar(&f.rediscover, "rediscover-interval", api.DefaultRediscover, "how often the GPUs are rediscovered (MIG or mdev changes made outside Tessera)")
+	fs.StringVar(&f.ignoredXIDs, "ignored-xids", formatXIDs(api.DefaultIgnoredXIDs), "comma-separated XIDs that do not make a GPU unhealthy (application errors); \"none\" ignores none")
+	fs.DurationVar(&f.healthCheck, "health-check-interval", api.DefaultHealthCheckInterval, "how often GPUs are probed; an unhealthy GPU recovers when a probe passes after a whole interval without errors")
+}
+
+// parseXIDs reads --ignored-xids: "13,31,43" or "none".
+func parseXIDs(s string) ([]uint64, error) {
+	out := []uint64{}
+	if strings.TrimSpace(s) == "none" {
+		return out, nil
+	}
+	for _, f := range strings.Split(s, ",") {
+		x, err := strconv.ParseUint(strings.TrimSpace(f), 10, 64)
+		if err != nil {
+			return nil, fmt.Errorf("--ignored-xids: %q is not an XID (want e.g. 13,31,43 or none)", f)
+		}
+		out = append(out, x)
+	}
+	return out, nil
+}
+
+func formatXIDs(xids []uint64) string {
+	s := make([]string, len(xids))
+	for i, x := range xids {
+		s[i] = strconv.FormatUint(x, 10)
+	}
+	return strings.Join(s, ",")
 }
 
 // load merges the config file with the flags: a flag the user set wins, then the file, then the
@@ -96,6 +125,16 @@ func (f *nodeFlags) load(fs *flag.FlagSet) (*api.NodeConfig, error) {
 		cfg.RediscoverInterval.Duration = f.rediscover
 	}
 	cfg.AdminNamespaces = append(cfg.AdminNamespaces, f.adminNamespaces...)
+	if set["ignored-xids"] {
+		xids, err := parseXIDs(f.ignoredXIDs)
+		if err != nil {
+			return nil, err
+		}
+		cfg.IgnoredXIDs = xids
+	}
+	if set["health-check-interval"] || cfg.HealthCheckInterval.Duration == 0 {
+		cfg.HealthCheckInterval.Duration = f.healthCheck
+	}
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("flags: %w", err)

@@ -5,9 +5,12 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
 func TestFlagsAndConfigFile(t *testing.T) {
@@ -42,6 +45,49 @@ func TestFlagsAndConfigFile(t *testing.T) {
 	} {
 		f, fs := parse(args)
 		if _, err := f.load(fs); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want %q", args, err, want)
+		}
+	}
+}
+
+func TestHealthFlags(t *testing.T) {
+	cfgFile := filepath.Join(t.TempDir(), "node.yaml")
+	os.WriteFile(cfgFile, []byte("apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\nignoredXIDs: [13, 94]\nhealthCheckInterval: 10s\n"), 0o644)
+	load := func(args ...string) (*api.NodeConfig, error) {
+		fs := flag.NewFlagSet("t", flag.ContinueOnError)
+		fs.SetOutput(io.Discard)
+		var f nodeFlags
+		f.register(fs)
+		f.registerRun(fs, "host-a")
+		if err := fs.Parse(args); err != nil {
+			t.Fatal(err)
+		}
+		return f.load(fs)
+	}
+	for _, tc := range []struct {
+		args     []string
+		xids     []uint64
+		interval time.Duration
+	}{
+		{nil, api.DefaultIgnoredXIDs, api.DefaultHealthCheckInterval},
+		{[]string{"--config", cfgFile}, []uint64{13, 94}, 10 * time.Second},
+		{[]string{"--config", cfgFile, "--ignored-xids=none", "--health-check-interval=2m"}, []uint64{}, 2 * time.Minute},
+		{[]string{"--ignored-xids", "43, 79"}, []uint64{43, 79}, api.DefaultHealthCheckInterval},
+	} {
+		cfg, err := load(tc.args...)
+		if err != nil {
+			t.Fatalf("%v: %v", tc.args, err)
+		}
+		if !slices.Equal(cfg.IgnoredXIDs, tc.xids) || cfg.IgnoredXIDs == nil || cfg.HealthCheckInterval.Duration != tc.interval {
+			t.Errorf("%v: ignored XIDs %v (want %v), interval %s (want %s)", tc.args, cfg.IgnoredXIDs, tc.xids, cfg.HealthCheckInterval.Duration, tc.interval)
+		}
+	}
+	for args, want := range map[string]string{
+		"--ignored-xids=13,x":           `"x" is not an XID`,
+		"--ignored-xids=0":              "ignoredXIDs[0]: must be an XID between 1 and 999",
+		"--health-check-interval=100ms": "healthCheckInterval: must be at least 1s",
+	} {
+		if _, err := load(args); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want %q", args, err, want)
 		}
 	}

@@ -56,15 +56,24 @@ func runAgent(args []string) error {
 	if err != nil {
 		return err
 	}
-	a := agent.New(agent.Config{NodeName: cfg.NodeName, SharesPerGPU: cfg.SharesPerGPU, CDIDir: cfg.CDIDir, Generator: gen}, backend, l)
-	grants := podresources.New(cfg.PodResourcesSocket)
-	defer grants.Close()
-	a.WithAllocated(grants.List)
-
 	client, err := kubeClient(cfg.Kubeconfig)
 	if err != nil {
 		slog.Warn("no API server: pods granted GPUs cannot be verified and will be refused; the inventory is not published", "err", err)
 	}
+	acfg := agent.Config{NodeName: cfg.NodeName, SharesPerGPU: cfg.SharesPerGPU, CDIDir: cfg.CDIDir,
+		Generator:       gen,
+		HealthStatePath: filepath.Join(cfg.DataDir, "health.json"),
+		Health:          gpu.HealthOptions{IgnoredXIDs: cfg.IgnoredXIDs, CheckInterval: cfg.HealthCheckInterval.Duration}}
+	if client != nil {
+		var stopEvents func()
+		acfg.Recorder, stopEvents = agent.NewEventRecorder(client, cfg.NodeName)
+		defer stopEvents()
+	}
+	a := agent.New(acfg, backend, l)
+	grants := podresources.New(cfg.PodResourcesSocket)
+	defer grants.Close()
+	a.WithAllocated(grants.List)
+
 	var pods nri.Pods = noPods{err}
 	var events nri.Events
 	if client != nil {

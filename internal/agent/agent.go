@@ -10,6 +10,8 @@ import (
 	"sort"
 	"sync"
 
+	"k8s.io/client-go/tools/record"
+
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
 	"github.com/tessera-gpu/tessera/internal/gpu"
@@ -23,6 +25,12 @@ type Config struct {
 	SharesPerGPU int
 	CDIDir       string
 	Generator    *cdi.Generator
+	// HealthStatePath is where GPU health is persisted across restarts ("" keeps it in memory).
+	HealthStatePath string
+	// Health configures the health watch (ignored XIDs, check interval).
+	Health gpu.HealthOptions
+	// Recorder, when set, records a Node event for every GPU health change.
+	Recorder record.EventRecorder
 }
 
 // Agent owns the node's inventory. It is safe for concurrent use.
@@ -39,8 +47,10 @@ type Agent struct {
 	mu        sync.RWMutex
 	node      *gpu.Node
 	unhealthy map[string]string // GPU or MIG UUID -> reason
-	mdevSlots map[string]mdevSlot
-	changed   chan struct{}
+	// suspectAll, when set, marks every GPU of the next Refresh unhealthy (health state unreadable).
+	suspectAll string
+	mdevSlots  map[string]mdevSlot
+	changed    chan struct{}
 }
 
 // New builds the agent; call Refresh before serving.
@@ -54,6 +64,7 @@ func New(cfg Config, backend gpu.Backend, l *ledger.Ledger) *Agent {
 	a := &Agent{cfg: cfg, backend: backend, ledger: l, writer: &cdi.Writer{Dir: cfg.CDIDir},
 		unhealthy: map[string]string{}, changed: make(chan struct{}, 1)}
 	l.OnChange(a.notify)
+	a.loadHealth()
 	return a
 }
 
@@ -80,6 +91,7 @@ func (a *Agent) Refresh(ctx context.Context) error {
 	}
 	a.mu.Lock()
 	a.node = n
+	a.suspectUnknownLocked(n)
 	a.mu.Unlock()
 	slog.Info("inventory refreshed", "backend", a.backend.Name(), "gpus", len(n.GPUs), "mdevs", len(n.Mdevs), "cdiDir", a.cfg.CDIDir)
 	a.notify()
@@ -87,24 +99,6 @@ func (a *Agent) Refresh(ctx context.Context) error {
 		a.publish(a.Inventory())
 	}
 	return nil
-}
-
-// WatchHealth marks GPUs unhealthy on XID errors until ctx ends.
-func (a *Agent) WatchHealth(ctx context.Context) error {
-	return a.backend.WatchHealth(ctx, func(e gpu.HealthEvent) {
-		a.mu.Lock()
-		if e.Healthy {
-			delete(a.unhealthy, e.UUID)
-		} else {
-			a.unhealthy[e.UUID] = e.Reason
-		}
-		a.mu.Unlock()
-		slog.Warn("GPU health changed", "uuid", e.UUID, "healthy", e.Healthy, "reason", e.Reason)
-		a.notify()
-		if a.publish != nil {
-			a.publish(a.Inventory())
-		}
-	})
 }
 
 // notify wakes the device plugins (coalesced).

@@ -80,14 +80,13 @@ func (a *Agent) Devices(resource string) []*pluginapi.Device {
 		}
 		return a.tokens(resource, prefix, gpus*per, free*per)
 	case strings.HasPrefix(resource, api.MIGResourcePrefix):
-		profile := strings.TrimPrefix(resource, api.MIGResourcePrefix)
 		var out []*pluginapi.Device
 		for _, g := range inv.GPUs {
 			if g.MIG == nil {
 				continue
 			}
 			for _, m := range g.MIG.Instances {
-				if m.Profile == profile {
+				if api.MIGResource(m.Profile) == resource {
 					out = append(out, device(m.UUID, g.Healthy && a.healthy(m.UUID), g.NUMANode))
 				}
 			}

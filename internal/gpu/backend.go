@@ -22,26 +22,20 @@ type Backend interface {
 	CreateMdev(parentBus, typeName, uuid string) error
 	// RemoveMdev removes an mdev vGPU (a missing one is not an error).
 	RemoveMdev(uuid string) error
-	// WatchHealth calls report for every health change until ctx ends.
-	WatchHealth(ctx context.Context, report func(HealthEvent)) error
+	// WatchHealth calls report for every health change until ctx ends; NVML errors become
+	// health changes, never the end of the watch.
+	WatchHealth(ctx context.Context, opts HealthOptions, report func(HealthEvent)) error
 	// Close releases the library.
 	Close() error
 	// NVML is the library the backend discovers through (nvcdi asks it the driver version).
 	NVML() nvml.Interface
 }
 
-// HealthEvent says a GPU (or MIG instance) became unhealthy, and why.
-type HealthEvent struct {
-	UUID    string
-	Healthy bool
-	Reason  string
-}
-
 // Options configure a backend.
 type Options struct {
 	// Backend: "nvml" or "sim".
 	Backend string
-	// NodeDescription is the simulated node's YAML file ("" for the built-in default).
+	// NodeDescription is the simulated node: a YAML file, or a name in BuiltinDescriptions ("" is dgx-a100).
 	NodeDescription string
 	// DriverRoot is the host root the driver is installed under ("/", "/run/nvidia/driver", ...);
 	// the sim backend defaults it to its own simulated root.
@@ -142,8 +136,8 @@ func (b *nvmlBackend) RemoveMdev(uuid string) error {
 	return removeMdev(openSysfsMdev(), uuid, func(d *nvmdev.Device) error { return d.Delete() })
 }
 
-func (b *nvmlBackend) WatchHealth(ctx context.Context, report func(HealthEvent)) error {
-	return watchXID(ctx, b.lib, report)
+func (b *nvmlBackend) WatchHealth(ctx context.Context, opts HealthOptions, report func(HealthEvent)) error {
+	return watchHealth(ctx, b.lib, opts, report)
 }
 
 func (b *nvmlBackend) Close() error {

@@ -76,11 +76,12 @@ func describeGPU(d device.Device) (api.GPU, error) {
 		return g, nvmlErr("get memory info", ret)
 	}
 	g.MemoryBytes = int64(mem.Total)
-	attrs, ret := d.GetAttributes()
-	if ret != nvml.SUCCESS {
-		return g, nvmlErr("get attributes (SM count)", ret)
+	// Not GetAttributes: NVML documents it for MIG device handles only (see smcount.go).
+	sms, err := smCount(d, g.Model)
+	if err != nil {
+		return g, err
 	}
-	g.SMCount = int(attrs.MultiprocessorCount)
+	g.SMCount = sms
 	if cc, err := d.GetCudaComputeCapabilityAsString(); err == nil {
 		g.ComputeCapability = cc
 	}

@@ -10,7 +10,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
 	"github.com/NVIDIA/go-nvlib/pkg/nvmdev"
@@ -51,24 +50,6 @@ type SimGPU struct {
 	Mdev bool `json:"mdev,omitempty"`
 }
 
-// simModel is a GPU model go-nvml can mock, with the SM count its mock config lacks.
-type simModel struct {
-	config gpus.Config
-	sms    uint32
-}
-
-// SimModels are the models a description may use.
-var SimModels = map[string]simModel{
-	"A100-SXM4-40GB":  {gpus.A100_SXM4_40GB, 108},
-	"A100-SXM4-80GB":  {gpus.A100_SXM4_80GB, 108},
-	"A100-PCIE-40GB":  {gpus.A100_PCIE_40GB, 108},
-	"A100-PCIE-80GB":  {gpus.A100_PCIE_80GB, 108},
-	"A30-PCIE-24GB":   {gpus.A30_PCIE_24GB, 56},
-	"H100-SXM5-80GB":  {gpus.H100_SXM5_80GB, 132},
-	"H200-SXM5-141GB": {gpus.H200_SXM5_141GB, 132},
-	"B200-SXM5-180GB": {gpus.B200_SXM5_180GB, 148},
-}
-
 // DefaultDescription is the built-in node: a DGX-A100-like 8 x A100-SXM4-40GB on NVSwitch, six GPUs
 // for whole/shared use, one mdev parent for Kata vGPUs and one in MIG mode.
 const DefaultDescription = `apiVersion: tessera.dev/v1
@@ -87,6 +68,32 @@ gpus:
   count: 1
   mig: [3g.20gb, 2g.10gb, 1g.5gb, 1g.5gb]
 `
+
+// H100Description is a DGX-H100-like 8 x H100 SXM5 80GB on NVSwitch (every pair on NVLink): six
+// GPUs for whole/shared use and two in MIG mode holding between them every H100 profile kind,
+// each GPU's instances fitting its 7 compute and 8 memory slices.
+const H100Description = `apiVersion: tessera.dev/v1
+kind: SimulatedNode
+driverVersion: 550.54.15
+seed: tessera-sim-h100
+topology: nvswitch
+gpusPerNUMA: 4
+gpus:
+- model: H100-SXM5-80GB
+  count: 6
+- model: H100-SXM5-80GB
+  count: 1
+  mig: [3g.40gb, 2g.20gb, 1g.10gb+me, 1g.10gb]
+- model: H100-SXM5-80GB
+  count: 1
+  mig: [4g.40gb, 1g.20gb, 1g.10gb]
+`
+
+// BuiltinDescriptions are the node descriptions --node-description accepts by name instead of a file.
+var BuiltinDescriptions = map[string]string{
+	"dgx-a100": DefaultDescription,
+	"dgx-h100": H100Description,
+}
 
 // ParseDescription strictly decodes and checks a node description.
 func ParseDescription(data []byte) (*Description, error) {
@@ -131,6 +138,9 @@ func ParseDescription(data []byte) (*Description, error) {
 				errs = append(errs, fmt.Sprintf("%s.mig[%d]: %q is not a MIG profile like 1g.5gb", p, j, prof))
 			}
 		}
+		if m, ok := SimModels[g.Model]; ok && len(g.MIG) > 0 && !m.migCapable() {
+			errs = append(errs, fmt.Sprintf("%s.mig: %s has no MIG mode", p, g.Model))
+		}
 		total += min(max(g.Count, 0), 65) // bounded: no overflow however large the counts
 	}
 	if total < 1 || total > 64 {
@@ -161,9 +171,12 @@ type simBackend struct {
 	simRoot    string
 	stateDir   string
 	mdev       *nvmdev.MockNvmdev
-	events     chan nvml.EventData
+	events     simEvents
 	// migs are the MIG device handles per parent GPU index.
 	migs map[int][]nvml.Device
+
+	faultMu sync.Mutex
+	faults  map[int]*simGPUState
 
 	mu     sync.Mutex
 	closed bool
@@ -172,7 +185,9 @@ type simBackend struct {
 // OpenSim builds the simulated node and its device nodes.
 func OpenSim(opts Options) (Backend, error) {
 	raw := []byte(DefaultDescription)
-	if opts.NodeDescription != "" {
+	if builtin, ok := BuiltinDescriptions[opts.NodeDescription]; ok {
+		raw = []byte(builtin)
+	} else if opts.NodeDescription != "" {
 		var err error
 		if raw, err = os.ReadFile(opts.NodeDescription); err != nil {
 			return nil, fmt.Errorf("read simulated node description: %w", err)
@@ -197,7 +212,8 @@ func OpenSim(opts Options) (Backend, error) {
 	if filepath.Clean(devRoot) == "/" {
 		return nil, fmt.Errorf("the simulated node must not create device nodes in the real /dev: leave --dev-root empty or pick another root")
 	}
-	b := &simBackend{desc: desc, devRoot: devRoot, driverRoot: driverRoot, simRoot: root, stateDir: stateDir, events: make(chan nvml.EventData, 64), migs: map[int][]nvml.Device{}}
+	b := &simBackend{desc: desc, devRoot: devRoot, driverRoot: driverRoot, simRoot: root, stateDir: stateDir, migs: map[int][]nvml.Device{},
+		faults: map[int]*simGPUState{}, events: simEvents{sets: map[*simEventSet]bool{}, waitErrs: make(chan nvml.Return, 16)}}
 	if driverRoot == root {
 		if err := writeSimDriverRoot(root, desc.DriverVersion, opts.SimDriverDir); err != nil {
 			return nil, err
@@ -239,7 +255,7 @@ func (b *simBackend) build() error {
 	for i, h := range srv.Devices {
 		d := h.(*server.Device)
 		g := groups[i]
-		b.shapeDevice(d, SimModels[g.Model].sms)
+		b.shapeDevice(d, SimModels[g.Model].migCapable())
 		if len(g.MIG) > 0 {
 			if err := b.createMIG(devlib, d, g.MIG); err != nil {
 				return fmt.Errorf("simulated GPU %d: %w", i, err)
@@ -264,9 +280,9 @@ func (b *simBackend) uuid(parts ...any) string {
 	return h[0:8] + "-" + h[8:12] + "-4" + h[13:16] + "-8" + h[17:20] + "-" + h[20:32]
 }
 
-// shapeDevice fills in what go-nvml's mock device leaves out: stable identity, PCI address, SM
-// count, NUMA node, NVLink state, MIG handles and event registration.
-func (b *simBackend) shapeDevice(d *server.Device, sms uint32) {
+// shapeDevice fills in what go-nvml's mock device leaves out: stable identity, PCI address, NUMA
+// node, NVLink state; strictDevice makes it refuse what real NVML refuses.
+func (b *simBackend) shapeDevice(d *server.Device, migCapable bool) {
 	d.UUID = "GPU-" + b.uuid("gpu", d.Index)
 	d.PciBusID = fmt.Sprintf("0000:%02x:00.0", 0x07+d.Index*8)
 	d.MemoryInfo.Free = d.MemoryInfo.Total
@@ -280,34 +296,14 @@ func (b *simBackend) shapeDevice(d *server.Device, sms uint32) {
 		}
 		return p, nvml.SUCCESS
 	}
-	d.GetAttributesFunc = func() (nvml.DeviceAttributes, nvml.Return) {
-		return nvml.DeviceAttributes{MultiprocessorCount: sms, MemorySizeMB: d.Config.MemoryMB}, nvml.SUCCESS
-	}
 	d.GetNumaNodeIdFunc = func() (int, nvml.Return) { return numa, nvml.SUCCESS }
 	d.GetNvLinkStateFunc = func(link int) (nvml.EnableState, nvml.Return) {
-		if b.desc.Topology == "nvswitch" && link < 12 {
+		if b.desc.Topology == "nvswitch" && link < nvlinksOf(d.Config.Architecture) {
 			return nvml.FEATURE_ENABLED, nvml.SUCCESS
 		}
 		return nvml.FEATURE_DISABLED, nvml.SUCCESS
 	}
-	d.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return false, nvml.SUCCESS }
-	d.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 7, nvml.SUCCESS }
-	d.GetMigDeviceHandleByIndexFunc = func(i int) (nvml.Device, nvml.Return) {
-		migs := b.migs[d.Index]
-		if i < 0 || i >= len(migs) {
-			return nil, nvml.ERROR_NOT_FOUND
-		}
-		return migs[i], nvml.SUCCESS
-	}
-	d.GetGpuInstanceByIdFunc = func(id int) (nvml.GpuInstance, nvml.Return) {
-		for gi := range d.GpuInstances {
-			if int(gi.Info.Id) == id {
-				return gi, nvml.SUCCESS
-			}
-		}
-		return nil, nvml.ERROR_NOT_FOUND
-	}
-	d.RegisterEventsFunc = func(uint64, nvml.EventSet) nvml.Return { return nvml.SUCCESS }
+	b.strictDevice(d, migCapable)
 }
 
 // createMIG enables MIG mode and creates one GPU instance with a full compute instance per profile,
@@ -353,6 +349,7 @@ func (b *simBackend) createMIG(devlib device.Interface, d *server.Device, profil
 			GetComputeInstanceIdFunc:               func() (int, nvml.Return) { return int(ci.Info.Id), nvml.SUCCESS },
 			GetDeviceHandleFromMigDeviceHandleFunc: func() (nvml.Device, nvml.Return) { return d, nvml.SUCCESS },
 		}
+		b.strictMIGDevice(m, d, fmt.Sprintf("%s MIG %s", strings.TrimPrefix(d.Config.Name, "Mock "), want), giInfo.MemorySizeMB)
 		b.migs[d.Index] = append(b.migs[d.Index], m)
 	}
 	return nil
@@ -433,18 +430,22 @@ func (b *simBackend) shapeServer() {
 		}
 		return nvml.TOPOLOGY_SYSTEM, nvml.SUCCESS
 	}
-	b.srv.EventSetCreateFunc = func() (nvml.EventSet, nvml.Return) {
-		return &mock.EventSet{
-			WaitFunc: func(timeout uint32) (nvml.EventData, nvml.Return) {
-				select {
-				case e := <-b.events:
-					return e, nvml.SUCCESS
-				case <-time.After(time.Duration(timeout) * time.Millisecond):
-					return nvml.EventData{}, nvml.ERROR_TIMEOUT
+	b.srv.EventSetCreateFunc = b.newEventSet
+	// "The UUID of the target GPU or MIG instance"; NOT_FOUND "if uuid does not match a valid device".
+	b.srv.DeviceGetHandleByUUIDFunc = func(uuid string) (nvml.Device, nvml.Return) {
+		for _, d := range b.srv.Devices {
+			if d.(*server.Device).UUID == uuid {
+				return d, nvml.SUCCESS
+			}
+		}
+		for _, migs := range b.migs {
+			for _, m := range migs {
+				if u, _ := m.GetUUID(); u == uuid {
+					return m, nvml.SUCCESS
 				}
-			},
-			FreeFunc: func() nvml.Return { return nvml.SUCCESS },
-		}, nvml.SUCCESS
+			}
+		}
+		return nil, nvml.ERROR_NOT_FOUND
 	}
 }
 
@@ -545,18 +546,8 @@ func setAvailable(parentDir, typeID string, n int) error {
 	return os.WriteFile(filepath.Join(parentDir, "mdev_supported_types", typeID, "available_instances"), []byte(fmt.Sprint(n)), 0o644)
 }
 
-func (b *simBackend) WatchHealth(ctx context.Context, report func(HealthEvent)) error {
-	return watchXID(ctx, b.srv, report)
-}
-
-// InjectXID raises an XID error on the simulated GPU with this UUID, as the driver would.
-func (b *simBackend) InjectXID(uuid string, xid uint64) error {
-	h, ret := b.srv.DeviceGetHandleByUUID(uuid)
-	if ret != nvml.SUCCESS {
-		return fmt.Errorf("no simulated GPU %s", uuid)
-	}
-	b.events <- nvml.EventData{Device: h, EventType: nvml.EventTypeXidCriticalError, EventData: xid}
-	return nil
+func (b *simBackend) WatchHealth(ctx context.Context, opts HealthOptions, report func(HealthEvent)) error {
+	return watchHealth(ctx, b.srv, opts, report)
 }
 
 func (b *simBackend) Close() error {

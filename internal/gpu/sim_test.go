@@ -6,7 +6,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -184,30 +183,6 @@ func writeTemp(t *testing.T, s string) string {
 		t.Fatal(err)
 	}
 	return p
-}
-
-func TestSimXIDHealth(t *testing.T) {
-	b, n := openTestSim(t, "")
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	events := make(chan HealthEvent, 4)
-	go b.WatchHealth(ctx, func(e HealthEvent) { events <- e })
-	// An application XID (43: a kernel was killed) must not mark the GPU unhealthy; XID 79 (fell off the bus) must.
-	b.InjectXID(n.GPUs[2].UUID, 43)
-	b.InjectXID(n.GPUs[2].UUID, 79)
-	select {
-	case e := <-events:
-		if e.UUID != n.GPUs[2].UUID || e.Healthy || e.Reason != "XID 79" {
-			t.Fatalf("event %+v", e)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("no health event for XID 79")
-	}
-	select {
-	case e := <-events:
-		t.Fatalf("unexpected second event %+v", e)
-	case <-time.After(200 * time.Millisecond):
-	}
 }
 
 func TestSimMdevCreateRemove(t *testing.T) {

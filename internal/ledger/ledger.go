@@ -321,23 +321,30 @@ func (l *Ledger) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(l.path), 0o755); err != nil {
+	if err := WriteFileAtomic(l.path, data); err != nil {
 		return fmt.Errorf("save ledger: %w", err)
 	}
-	tmp, err := os.CreateTemp(filepath.Dir(l.path), ".ledger-*")
+	return nil
+}
+
+// WriteFileAtomic replaces path with data through a temporary file and a rename, so a reader (or a
+// crash) sees the old content or the new, never a torn file. The node agent's other state files use
+// it too.
+func WriteFileAtomic(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
 	if err != nil {
-		return fmt.Errorf("save ledger: %w", err)
+		return err
 	}
 	defer os.Remove(tmp.Name())
 	if _, err := tmp.Write(data); err != nil {
 		tmp.Close()
-		return fmt.Errorf("save ledger: %w", err)
+		return err
 	}
 	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("save ledger: %w", err)
+		return err
 	}
-	if err := os.Rename(tmp.Name(), l.path); err != nil {
-		return fmt.Errorf("save ledger: %w", err)
-	}
-	return nil
+	return os.Rename(tmp.Name(), path)
 }

@@ -342,7 +342,7 @@ func TestSecurityUnrealisedReported(t *testing.T) {
 	t.Cleanup(func() { backend.Close() })
 	l, _ := ledger.Open(filepath.Join(e.dir, "ledger.json"))
 	e.agent = agent.New(agent.Config{NodeName: "node-a", SharesPerGPU: 10, CDIDir: filepath.Join(e.dir, "cdi"),
-		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so"}}, backend, l)
+		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so", Driver: &cdi.Driver{HookPath: "/usr/bin/nvidia-cdi-hook"}}}, backend, l)
 	if err := e.agent.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,161 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes/fake"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/cdi"
+	"github.com/tessera-gpu/tessera/internal/gpu"
+	"github.com/tessera-gpu/tessera/internal/ledger"
+)
+
+// injectXID raises an XID once the agent's health watch has registered for it (before that the
+// driver, and the sim, deliver it to nobody).
+func injectXID(t *testing.T, b gpu.Backend, uuid string, xid uint64) {
+	t.Helper()
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
+		err := b.(gpu.Faults).InjectXID(uuid, xid)
+		if errors.Is(err, gpu.ErrNotWatched) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+	if err != nil {
+		t.Fatalf("inject XID %d on %s: %v", xid, uuid, err)
+	}
+}
+
+// healthAgent is an agent on the simulated node with its health persisted in dir.
+func healthAgent(t *testing.T, dir string, b gpu.Backend, cfg Config) *Agent {
+	t.Helper()
+	l, err := ledger.Open(filepath.Join(dir, "ledger.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.NodeName, cfg.SharesPerGPU, cfg.CDIDir = "node-a", 10, filepath.Join(dir, "cdi")
+	cfg.Generator = &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so", Driver: &cdi.Driver{HookPath: "/usr/bin/nvidia-cdi-hook"}}
+	cfg.HealthStatePath = filepath.Join(dir, "health.json")
+	a := New(cfg, b, l)
+	if err := a.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+func openSim(t *testing.T, dir string) gpu.Backend {
+	t.Helper()
+	b, err := gpu.OpenSim(gpu.Options{StateDir: filepath.Join(dir, "sim")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// nodeEvents waits until the fake API server holds n events about the Node, and returns them.
+func nodeEvents(t *testing.T, client *fake.Clientset, n int) []corev1.Event {
+	t.Helper()
+	var events []corev1.Event
+	err := wait.PollUntilContextTimeout(context.Background(), 10*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		list, err := client.CoreV1().Events(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		events = list.Items
+		return len(events) >= n, nil
+	})
+	if err != nil {
+		t.Fatalf("waiting for %d Node events, have %+v: %v", n, events, err)
+	}
+	return events
+}
+
+// TestHealthEventsAndRecovery runs the agent's health watch on the simulated node: an XID makes
+// the GPU unhealthy with a Warning event on the Node naming the XID; once the GPU has been quiet
+// for a check interval and its probe passes it is healthy again, with a Normal event.
+func TestHealthEventsAndRecovery(t *testing.T) {
+	dir := t.TempDir()
+	b := openSim(t, dir)
+	client := fake.NewClientset()
+	rec, stop := NewEventRecorder(client, "node-a")
+	defer stop()
+	a := healthAgent(t, dir, b, Config{Recorder: rec, Health: gpu.HealthOptions{CheckInterval: 20 * time.Millisecond}})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go a.WatchHealth(ctx)
+	uuid := a.Inventory().GPUs[2].UUID
+	injectXID(t, b, uuid, 79)
+
+	events := nodeEvents(t, client, 2)
+	var warn, normal corev1.Event
+	for _, e := range events {
+		switch e.Reason {
+		case EventGPUUnhealthy:
+			warn = e
+		case EventGPURecovered:
+			normal = e
+		}
+	}
+	if warn.Type != corev1.EventTypeWarning || warn.Reason != EventGPUUnhealthy || !strings.Contains(warn.Message, "GPU 2 (") ||
+		!strings.Contains(warn.Message, uuid) || !strings.Contains(warn.Message, "XID 79") {
+		t.Errorf("unhealthy event %s %s %q", warn.Type, warn.Reason, warn.Message)
+	}
+	if normal.Type != corev1.EventTypeNormal || normal.Reason != EventGPURecovered || !strings.Contains(normal.Message, uuid) {
+		t.Errorf("recovery event %s %s %q", normal.Type, normal.Reason, normal.Message)
+	}
+	for _, e := range events {
+		if e.InvolvedObject.Kind != "Node" || e.InvolvedObject.Name != "node-a" || e.Source.Component != "tessera-node" {
+			t.Errorf("event about %+v from %+v", e.InvolvedObject, e.Source)
+		}
+	}
+	if !a.Inventory().GPUs[2].Healthy {
+		t.Error("inventory still says GPU 2 is unhealthy after the recovery event")
+	}
+}
+
+// TestHealthPersistsAcrossRestart: an unhealthy GPU is still unhealthy in the first inventory of a
+// restarted agent, before any health check; an unreadable state file makes every GPU suspect.
+func TestHealthPersistsAcrossRestart(t *testing.T) {
+	dir := t.TempDir()
+	b := openSim(t, dir)
+	a := healthAgent(t, dir, b, Config{})
+	bad := a.Inventory().GPUs[4].UUID
+	a.healthChanged(gpu.HealthEvent{UUID: bad, Reason: "XID 79", XID: 79})
+
+	restarted := healthAgent(t, dir, b, Config{})
+	for _, g := range restarted.Inventory().GPUs {
+		if g.Healthy == (g.UUID == bad) {
+			t.Errorf("after restart GPU %d healthy=%v", g.Index, g.Healthy)
+		}
+	}
+	if got := len(healthy(restarted.Devices(api.ResourceGPU))); got != 5 {
+		t.Errorf("whole tokens healthy after restart: %d, want 5 (GPU 4 still out)", got)
+	}
+	// Recovered GPUs are saved as such.
+	restarted.healthChanged(gpu.HealthEvent{UUID: bad, Healthy: true, Reason: "periodic check passed"})
+	again := healthAgent(t, dir, b, Config{})
+	if !again.Inventory().GPUs[4].Healthy {
+		t.Error("a recovered GPU came back unhealthy after a restart")
+	}
+
+	if err := os.WriteFile(filepath.Join(dir, "health.json"), []byte("{not json"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	corrupt := healthAgent(t, dir, b, Config{})
+	for _, g := range corrupt.Inventory().GPUs {
+		if g.Healthy {
+			t.Errorf("GPU %d healthy although the health state was unreadable", g.Index)
+		}
+	}
+}
