@@ -148,36 +148,26 @@ func podTerminated(pod *corev1.Pod) bool {
 		pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 }
 
-// UpsertPod records a pod's committed assignment (or its absence) and its task shape.
+// UpsertPod records a pod's committed assignment (or its absence) and its task shape. What an
+// assignment holds is decided by counted (trust.go), the same rule bind applies to its fresh list.
 func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.observeLocked(pod, opts)
 	old := s.pods[pod.UID]
-	raw, annotated := pod.Annotations[api.AnnotationAssignment]
-	if podTerminated(pod) || !annotated {
+	a, req := counted(pod, opts, s.reservedLocked)
+	if a == nil {
+		// A reservation stays while its pod lives: the pod's update may predate our own write.
 		if old != nil && !(old.reserved && !podTerminated(pod)) {
 			s.removeLocked(old)
 		}
-		return
-	}
-	a, err := api.DecodeAssignment([]byte(raw))
-	if err != nil || (pod.Spec.NodeName != "" && pod.Spec.NodeName != a.Node) {
-		// An assignment for another node is void (api.PodAssignment); an invalid one holds nothing.
-		s.log.Warn("ignoring pod assignment", "pod", pod.Namespace+"/"+pod.Name, "err", err, "node", pod.Spec.NodeName)
-		if old != nil {
-			s.removeLocked(old)
+		if _, annotated := pod.Annotations[api.AnnotationAssignment]; annotated && !podTerminated(pod) && (old == nil || !old.reserved) {
+			s.log.Debug("assignment holds nothing (not bound there, not ours, or not the pod's request)", "pod", pod.Namespace+"/"+pod.Name, "node", pod.Spec.NodeName)
 		}
 		return
 	}
-	req, err := RequestFromPod(pod, opts)
-	if err != nil || !req.WantsGPU() {
-		// The extender writes assignments only for pods that ask for whole GPUs or shares: an
-		// assignment on any other pod (a user's forged annotation) holds nothing.
-		if old != nil {
-			s.removeLocked(old)
-		}
-		return
+	if pod.Spec.NodeName == "" {
+		return // our own reservation, already applied
 	}
 	if old != nil {
 		if !old.reserved && old.node == a.Node && sameAssignment(old.assignment, a) {
@@ -187,6 +177,19 @@ func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
 	}
 	p := &podEntry{uid: pod.UID, key: pod.Namespace + "/" + pod.Name, namespace: pod.Namespace, node: a.Node, req: req, assignment: a}
 	s.addLocked(p)
+}
+
+// reservedLocked reports whether a is this extender's in-flight reservation for the pod.
+func (s *State) reservedLocked(uid types.UID, a *api.PodAssignment) bool {
+	p := s.pods[uid]
+	return p != nil && p.reserved && p.node == a.Node && sameAssignment(p.assignment, a)
+}
+
+// Reserved is reservedLocked for callers outside the lock (bind's fresh list).
+func (s *State) Reserved(uid types.UID, a *api.PodAssignment) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.reservedLocked(uid, a)
 }
 
 // observeLocked counts a pod's task shape once while it is not terminated: pending pods count too,
