@@ -37,6 +37,7 @@ import (
 
 type options struct {
 	kubeconfig, listen, config, policy, identity, logLevel string
+	advertiseURL                                           string
 	leaderElect                                            bool
 	qps                                                    int
 }
@@ -52,6 +53,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.policy, "policy", "", "default placement policy, overriding the config file: "+fmt.Sprint(api.KnownPolicies))
 	fs.StringVar(&o.identity, "identity", fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's identity in leader election and node bind Leases")
 	fs.IntVar(&o.qps, "kube-api-qps", 100, "requests per second to the API server (burst twice that); a bind costs about seven")
+	fs.StringVar(&o.advertiseURL, "advertise-url", "", "URL other replicas reach this one at (http://POD_IP:PORT); non-leaders pass binds on to the leader's")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "bind only while holding the leader Lease (the other replicas answer filter/prioritize)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return o, fs.Parse(args)
@@ -130,6 +132,8 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	}
 	if o.leaderElect {
 		x.Leader = leader
+		x.LeaderURL = extender.LeaseLeaderURL(client, cfg.LeaseNamespace, cfg.LeaderElectionID)
+		x.Forward = &http.Client{Timeout: 35 * time.Second}
 	}
 	factory.Start(ctx.Done())
 	var synced atomic.Bool
@@ -156,7 +160,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		lock := &resourcelock.LeaseLock{
 			LeaseMeta:  metav1ObjectMeta(cfg.LeaderElectionID, cfg.LeaseNamespace),
 			Client:     client.CoordinationV1(),
-			LockConfig: resourcelock.ResourceLockConfig{Identity: o.identity},
+			LockConfig: resourcelock.ResourceLockConfig{Identity: extender.LeaderIdentity(o.identity, o.advertiseURL)},
 		}
 		// RunOrDie returns when leadership is lost (an API server outage, say): stand again, or this
 		// replica would refuse every bind forever.

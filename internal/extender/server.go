@@ -1,10 +1,13 @@
 package extender
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -13,11 +16,25 @@ import (
 // maxBodyBytes bounds a request body; a filter call for 5,000 full Node objects stays well below.
 const maxBodyBytes = 256 << 20
 
+// forwardedHeader marks a bind a non-leader passed on, so that it is never passed on twice.
+const forwardedHeader = "X-Tessera-Forwarded-Bind"
+
 // Handler serves the extender verbs (POST /filter, /prioritize, /bind, JSON of
-// k8s.io/kube-scheduler/extender/v1) and GET /healthz. ready reports readiness (informers synced).
+// k8s.io/kube-scheduler/extender/v1) and GET /healthz. ready reports readiness (informers synced):
+// until then every verb answers 503, since an answer from a partial state could over-commit.
 func (x *Extender) Handler(ready func() bool) http.Handler {
 	mux := http.NewServeMux()
+	synced := func(w http.ResponseWriter) bool {
+		if ready != nil && !ready() {
+			http.Error(w, "tessera-extender: informers not synced yet", http.StatusServiceUnavailable)
+			return false
+		}
+		return true
+	}
 	mux.HandleFunc("POST /filter", func(w http.ResponseWriter, r *http.Request) {
+		if !synced(w) {
+			return
+		}
 		var args extenderv1.ExtenderArgs
 		if !x.decode(w, r, &args) {
 			return
@@ -25,6 +42,9 @@ func (x *Extender) Handler(ready func() bool) http.Handler {
 		x.reply(w, r, x.Filter(&args))
 	})
 	mux.HandleFunc("POST /prioritize", func(w http.ResponseWriter, r *http.Request) {
+		if !synced(w) {
+			return
+		}
 		var args extenderv1.ExtenderArgs
 		if !x.decode(w, r, &args) {
 			return
@@ -37,12 +57,18 @@ func (x *Extender) Handler(ready func() bool) http.Handler {
 		x.reply(w, r, list)
 	})
 	mux.HandleFunc("POST /bind", func(w http.ResponseWriter, r *http.Request) {
+		if !synced(w) {
+			return
+		}
 		var args extenderv1.ExtenderBindingArgs
 		if !x.decode(w, r, &args) {
 			return
 		}
 		res := &extenderv1.ExtenderBindingResult{}
-		if err := x.Bind(r.Context(), &args); err != nil {
+		if x.Leader != nil && !x.Leader.Load() && r.Header.Get(forwardedHeader) == "" && x.LeaderURL != nil {
+			// Only the leader binds; a replica the Service routed the bind to passes it on.
+			res = x.forwardBind(r.Context(), &args)
+		} else if err := x.Bind(r.Context(), &args); err != nil {
 			res.Error = err.Error()
 		}
 		x.reply(w, r, res)
@@ -55,6 +81,45 @@ func (x *Extender) Handler(ready func() bool) http.Handler {
 		fmt.Fprintln(w, "ok")
 	})
 	return mux
+}
+
+// forwardBind passes a bind to the leader and returns its answer.
+func (x *Extender) forwardBind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) *extenderv1.ExtenderBindingResult {
+	res := &extenderv1.ExtenderBindingResult{}
+	url, err := x.LeaderURL(ctx)
+	if err != nil {
+		res.Error = fmt.Sprintf("%v: %v", ErrNotLeader, err)
+		return res
+	}
+	body, _ := json.Marshal(args)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(url, "/")+"/bind", bytes.NewReader(body))
+	if err != nil {
+		res.Error = fmt.Sprintf("forward bind to the leader at %s: %v", url, err)
+		return res
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(forwardedHeader, "1")
+	client := x.Forward
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		res.Error = fmt.Sprintf("forward bind to the leader at %s: %v", url, err)
+		return res
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))
+	}
+	if err == nil {
+		err = json.Unmarshal(raw, res)
+	}
+	if err != nil {
+		res.Error = fmt.Sprintf("forward bind to the leader at %s: %v", url, err)
+	}
+	return res
 }
 
 func (x *Extender) decode(w http.ResponseWriter, r *http.Request, v any) bool {
