@@ -31,6 +31,9 @@ type Extender struct {
 	// Forward is the HTTP client for passed-on binds (nil: http.DefaultClient).
 	Forward *http.Client
 	Log     *slog.Logger
+	// PickOne makes Filter keep only the policy's chosen node (and hold it until the bind), so that the
+	// kube-scheduler binds where the policy prefers despite its own scores and random ties.
+	PickOne bool
 	// BindTimeout bounds one bind, lock wait included.
 	BindTimeout time.Duration
 	// lastEval carries Filter's scores to the Prioritize call of the same pod.

@@ -39,6 +39,15 @@ func (x *Extender) Handler(ready func() bool) http.Handler {
 		if !x.decode(w, r, &args) {
 			return
 		}
+		if x.PickOne && x.passOn(r) {
+			// The leader holds the choices made so far (Filter's holds): one state decides.
+			var res extenderv1.ExtenderFilterResult
+			if err := x.forward(r.Context(), "/filter", &args, &res); err != nil {
+				res = extenderv1.ExtenderFilterResult{Error: err.Error()}
+			}
+			x.reply(w, r, &res)
+			return
+		}
 		x.reply(w, r, x.Filter(&args))
 	})
 	mux.HandleFunc("POST /prioritize", func(w http.ResponseWriter, r *http.Request) {
@@ -47,6 +56,15 @@ func (x *Extender) Handler(ready func() bool) http.Handler {
 		}
 		var args extenderv1.ExtenderArgs
 		if !x.decode(w, r, &args) {
+			return
+		}
+		if x.PickOne && x.passOn(r) {
+			var list extenderv1.HostPriorityList
+			if err := x.forward(r.Context(), "/prioritize", &args, &list); err != nil {
+				http.Error(w, err.Error(), http.StatusBadGateway)
+				return
+			}
+			x.reply(w, r, &list)
 			return
 		}
 		list, err := x.Prioritize(&args)
@@ -65,9 +83,11 @@ func (x *Extender) Handler(ready func() bool) http.Handler {
 			return
 		}
 		res := &extenderv1.ExtenderBindingResult{}
-		if x.Leader != nil && !x.Leader.Load() && r.Header.Get(forwardedHeader) == "" && x.LeaderURL != nil {
+		if x.passOn(r) {
 			// Only the leader binds; a replica the Service routed the bind to passes it on.
-			res = x.forwardBind(r.Context(), &args)
+			if err := x.forward(r.Context(), "/bind", &args, res); err != nil {
+				res.Error = err.Error()
+			}
 		} else if err := x.Bind(r.Context(), &args); err != nil {
 			res.Error = err.Error()
 		}
@@ -83,19 +103,22 @@ func (x *Extender) Handler(ready func() bool) http.Handler {
 	return mux
 }
 
-// forwardBind passes a bind to the leader and returns its answer.
-func (x *Extender) forwardBind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) *extenderv1.ExtenderBindingResult {
-	res := &extenderv1.ExtenderBindingResult{}
+// passOn reports whether this replica passes the request on to the leader: it is not the leader,
+// knows how to reach it, and the request was not passed on already.
+func (x *Extender) passOn(r *http.Request) bool {
+	return x.Leader != nil && !x.Leader.Load() && r.Header.Get(forwardedHeader) == "" && x.LeaderURL != nil
+}
+
+// forward posts a verb's arguments to the leader and decodes its answer into out.
+func (x *Extender) forward(ctx context.Context, path string, args, out any) error {
 	url, err := x.LeaderURL(ctx)
 	if err != nil {
-		res.Error = fmt.Sprintf("%v: %v", ErrNotLeader, err)
-		return res
+		return fmt.Errorf("%w: %w", ErrNotLeader, err)
 	}
 	body, _ := json.Marshal(args)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(url, "/")+"/bind", bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(url, "/")+path, bytes.NewReader(body))
 	if err != nil {
-		res.Error = fmt.Sprintf("forward bind to the leader at %s: %v", url, err)
-		return res
+		return fmt.Errorf("pass %s on to the leader at %s: %w", path, url, err)
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set(forwardedHeader, "1")
@@ -105,21 +128,20 @@ func (x *Extender) forwardBind(ctx context.Context, args *extenderv1.ExtenderBin
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		res.Error = fmt.Sprintf("forward bind to the leader at %s: %v", url, err)
-		return res
+		return fmt.Errorf("pass %s on to the leader at %s: %w", path, url, err)
 	}
 	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxBodyBytes))
 	if err == nil && resp.StatusCode != http.StatusOK {
 		err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))
 	}
 	if err == nil {
-		err = json.Unmarshal(raw, res)
+		err = json.Unmarshal(raw, out)
 	}
 	if err != nil {
-		res.Error = fmt.Sprintf("forward bind to the leader at %s: %v", url, err)
+		return fmt.Errorf("pass %s on to the leader at %s: %w", path, url, err)
 	}
-	return res
+	return nil
 }
 
 func (x *Extender) decode(w http.ResponseWriter, r *http.Request, v any) bool {

@@ -31,6 +31,11 @@ type State struct {
 	podsOn map[string]map[types.UID]*podEntry
 	// observed are the non-terminated pods counted in shapes (arrived: pending or assigned).
 	observed map[types.UID]*placement.Request
+	// uses are the CPU and memory requests of pods bound to a node (every pod, not only GPU pods) and
+	// of our reservations, charged to the node's state so that CPU shapes placement as in the
+	// simulator; usesOn indexes them by node.
+	uses   map[types.UID]*podUse
+	usesOn map[string]map[types.UID]*podUse
 	// nodeGen counts node entries created or deleted; resolved caches name lists resolved to
 	// entries under a nodeGen (the scheduler sends the same lists again and again).
 	nodeGen  uint64
@@ -68,6 +73,16 @@ type podEntry struct {
 	expires  time.Time
 }
 
+// podUse is one pod's CPU and memory on a node; reserved ones are ours, in flight, until expires.
+type podUse struct {
+	uid      types.UID
+	node     string
+	cpu, mem int64
+	applied  bool
+	reserved bool
+	expires  time.Time
+}
+
 // NewState returns an empty state; ttl bounds in-flight reservations.
 func NewState(ttl time.Duration, log *slog.Logger) *State {
 	if log == nil {
@@ -75,6 +90,7 @@ func NewState(ttl time.Duration, log *slog.Logger) *State {
 	}
 	return &State{nodes: map[string]*nodeEntry{}, pods: map[types.UID]*podEntry{}, shapes: placement.NewShapeStats(),
 		typeIDs: map[string]int{}, podsOn: map[string]map[types.UID]*podEntry{}, observed: map[types.UID]*placement.Request{},
+		uses: map[types.UID]*podUse{}, usesOn: map[string]map[types.UID]*podUse{},
 		ttl: ttl, now: time.Now, log: log}
 }
 
@@ -92,7 +108,8 @@ func (s *State) UpsertNode(node *corev1.Node) {
 		s.nodeGen++
 	}
 	raw := node.Annotations[api.AnnotationInventory]
-	if e.state != nil && e.raw == raw && maps.Equal(e.labels, node.Labels) {
+	cpu, mem := node.Status.Allocatable.Cpu().MilliValue(), node.Status.Allocatable.Memory().Value()>>20
+	if e.state != nil && e.raw == raw && maps.Equal(e.labels, node.Labels) && e.state.CPUMilli == cpu && e.state.MemMiB == mem {
 		return // status-only update: nothing placement sees changed
 	}
 	var inv *api.NodeInventory
@@ -111,6 +128,9 @@ func (s *State) UpsertNode(node *corev1.Node) {
 		inv = &api.NodeInventory{Node: node.Name}
 	}
 	e.state = placement.NewNodeState(inv, e.labels)
+	// Allocatable CPU and memory make them hard constraints and feed tessera's stranded-GPU term, as
+	// in the simulator (a node without them in its status leaves them to the kube-scheduler).
+	e.state.CPUMilli, e.state.MemMiB = cpu, mem
 	key := e.state.TypeKey()
 	if s.typeIDs[key] == 0 {
 		s.typeIDs[key] = len(s.typeIDs) + 1
@@ -121,6 +141,10 @@ func (s *State) UpsertNode(node *corev1.Node) {
 	for _, p := range s.podsOn[node.Name] {
 		p.applied = false
 		s.applyLocked(p)
+	}
+	for _, u := range s.usesOn[node.Name] {
+		u.applied = false
+		s.applyUseLocked(u)
 	}
 	if invErr != "" {
 		s.log.Debug("node without usable inventory", "node", node.Name, "reason", invErr)
@@ -136,6 +160,9 @@ func (s *State) DeleteNode(name string) {
 			if p := s.pods[uid]; p != nil {
 				p.applied = false
 			}
+		}
+		for _, u := range s.usesOn[name] {
+			u.applied = false
 		}
 		delete(s.nodes, name)
 		s.nodeGen++
@@ -154,6 +181,13 @@ func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.observeLocked(pod, opts)
+	switch {
+	case podTerminated(pod):
+		s.clearUseLocked(pod.UID, false)
+	case pod.Spec.NodeName != "":
+		cpu, mem := podCPUMem(pod)
+		s.setUseLocked(&podUse{uid: pod.UID, node: pod.Spec.NodeName, cpu: cpu, mem: mem})
+	}
 	old := s.pods[pod.UID]
 	a, req := counted(pod, opts, s.reservedLocked)
 	if a == nil {
@@ -239,20 +273,85 @@ func (s *State) DeletePod(uid types.UID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.forgetLocked(uid)
+	s.clearUseLocked(uid, false)
 	if p := s.pods[uid]; p != nil {
 		s.removeLocked(p)
 	}
 }
 
+// setUseLocked records a pod's CPU and memory on a node, replacing what it held before; a bound
+// pod's use replaces our reservation of it.
+func (s *State) setUseLocked(u *podUse) {
+	if old := s.uses[u.uid]; old != nil {
+		if !old.reserved && !u.reserved && old.node == u.node && old.cpu == u.cpu && old.mem == u.mem {
+			return
+		}
+		if !old.reserved && u.reserved {
+			return // a bound pod's use is not replaced by a reservation
+		}
+		s.clearUseLocked(u.uid, false)
+	}
+	s.uses[u.uid] = u
+	on := s.usesOn[u.node]
+	if on == nil {
+		on = map[types.UID]*podUse{}
+		s.usesOn[u.node] = on
+	}
+	on[u.uid] = u
+	s.applyUseLocked(u)
+}
+
+func (s *State) applyUseLocked(u *podUse) {
+	if e := s.nodes[u.node]; e != nil && !u.applied {
+		e.state.AddUse(u.cpu, u.mem)
+		u.applied = true
+	}
+}
+
+// clearUseLocked forgets a pod's use (only a reservation when reservedOnly).
+func (s *State) clearUseLocked(uid types.UID, reservedOnly bool) {
+	u := s.uses[uid]
+	if u == nil || reservedOnly && !u.reserved {
+		return
+	}
+	if e := s.nodes[u.node]; e != nil && u.applied {
+		e.state.AddUse(-u.cpu, -u.mem)
+	}
+	if on := s.usesOn[u.node]; on != nil {
+		delete(on, uid)
+		if len(on) == 0 {
+			delete(s.usesOn, u.node)
+		}
+	}
+	delete(s.uses, uid)
+}
+
 // Reserve holds an in-flight decision so that concurrent filter/prioritize/bind calls see it.
 func (s *State) Reserve(uid types.UID, key, namespace string, req *placement.Request, a *api.PodAssignment) {
+	s.ReserveFor(uid, key, namespace, req, a, s.ttl)
+}
+
+// ReserveFor is Reserve with its own lifetime (Filter's choice is held briefly: if no bind follows,
+// the scheduler went elsewhere).
+func (s *State) ReserveFor(uid types.UID, key, namespace string, req *placement.Request, a *api.PodAssignment, ttl time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old := s.pods[uid]; old != nil {
 		s.removeLocked(old)
 	}
-	p := &podEntry{uid: uid, key: key, namespace: namespace, node: a.Node, req: req, assignment: a, reserved: true, expires: s.now().Add(s.ttl)}
+	p := &podEntry{uid: uid, key: key, namespace: namespace, node: a.Node, req: req, assignment: a, reserved: true, expires: s.now().Add(ttl)}
 	s.addLocked(p)
+	s.setUseLocked(&podUse{uid: uid, node: a.Node, cpu: req.CPUMilli, mem: req.MemMiB, reserved: true, expires: p.expires})
+}
+
+// ReserveUse holds an in-flight decision of a pod without GPUs (its CPU and memory on a node).
+func (s *State) ReserveUse(uid types.UID, node string, req *placement.Request, ttl time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.pods[uid]; p != nil && p.reserved {
+		s.removeLocked(p)
+	}
+	s.setUseLocked(&podUse{uid: uid, node: node, cpu: req.CPUMilli, mem: req.MemMiB, reserved: true, expires: s.now().Add(ttl)})
 }
 
 // Unreserve drops an in-flight decision that did not land; committed assignments stay.
@@ -262,6 +361,7 @@ func (s *State) Unreserve(uid types.UID) {
 	if p := s.pods[uid]; p != nil && p.reserved {
 		s.removeLocked(p)
 	}
+	s.clearUseLocked(uid, true)
 }
 
 // ExpireReservations drops reservations older than the TTL (a bind whose outcome was never seen).
@@ -273,6 +373,12 @@ func (s *State) ExpireReservations() int {
 	for _, p := range s.pods {
 		if p.reserved && now.After(p.expires) {
 			s.removeLocked(p)
+			n++
+		}
+	}
+	for uid, u := range s.uses {
+		if u.reserved && now.After(u.expires) {
+			s.clearUseLocked(uid, true)
 			n++
 		}
 	}
