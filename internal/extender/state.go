@@ -229,7 +229,9 @@ func (s *State) Reserved(uid types.UID, a *api.PodAssignment) bool {
 // observeLocked counts a pod's task shape once while it is not terminated: pending pods count too,
 // because the typical shapes are the arrival distribution (the FGD paper's), not what got placed.
 func (s *State) observeLocked(pod *corev1.Pod, opts ClassOptions) {
-	if podTerminated(pod) {
+	if podTerminated(pod) || unschedulable(pod) {
+		// A pending pod the scheduler found no node for is not an arrival the cluster can serve:
+		// junk pods must not collapse the learned mix (the simulator forgets failed pods alike).
 		s.forgetLocked(pod.UID)
 		return
 	}
@@ -242,6 +244,19 @@ func (s *State) observeLocked(pod *corev1.Pod, opts ClassOptions) {
 	}
 	s.observed[pod.UID] = req
 	s.shapes.Observe(req, 1)
+}
+
+// unschedulable reports whether a pending pod was found to fit no node.
+func unschedulable(pod *corev1.Pod) bool {
+	if pod.Spec.NodeName != "" {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *State) forgetLocked(uid types.UID) {

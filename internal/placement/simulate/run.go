@@ -93,16 +93,7 @@ func (c *Cluster) UseOracleShapes() {
 // breaks ties by list order, so the list is put in that renamed order.
 func (c *Cluster) buildNodes(seed uint64) []*placement.NodeState {
 	types := map[string]int{}
-	byName := make([]int, len(c.Nodes))
-	for i := range byName {
-		byName[i] = i
-	}
-	sort.SliceStable(byName, func(a, b int) bool { return c.Nodes[byName[a]].Name < c.Nodes[byName[b]].Name })
-	perm := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15)).Perm(len(byName))
-	order := make([]int, len(byName)) // order[perm[k]] = the k-th node by name
-	for k, idx := range byName {
-		order[perm[k]] = idx
-	}
+	order := c.NodeOrder(seed)
 	out := make([]*placement.NodeState, len(c.Nodes))
 	for pos, i := range order {
 		n := c.Nodes[i]
@@ -118,6 +109,22 @@ func (c *Cluster) buildNodes(seed uint64) []*placement.NodeState {
 		out[pos] = ns
 	}
 	return out
+}
+
+// NodeOrder returns the seed's node order (indexes into Nodes): position k holds the node the
+// reference renames "%04d-" with k, so this order is also the order of the renamed names.
+func (c *Cluster) NodeOrder(seed uint64) []int {
+	byName := make([]int, len(c.Nodes))
+	for i := range byName {
+		byName[i] = i
+	}
+	sort.SliceStable(byName, func(a, b int) bool { return c.Nodes[byName[a]].Name < c.Nodes[byName[b]].Name })
+	perm := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15)).Perm(len(byName))
+	order := make([]int, len(byName)) // order[perm[k]] = the k-th node by name
+	for k, idx := range byName {
+		order[perm[k]] = idx
+	}
+	return order
 }
 
 // Arrivals is the published protocol's arrival order: the pod list shuffled with the seed, then
@@ -211,6 +218,9 @@ func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, erro
 			nodes[i].Apply(r, &p)
 			allocated += int64(r.GPUMilli())
 		} else {
+			if c.shapes == nil && r.WantsGPU() {
+				st.Observe(r, -1) // a pod that cannot run leaves the learned mix, as in the extender
+			}
 			res.Failed++
 			if 100*float64(arrived) < Checkpoints[last]*float64(c.Capacity) {
 				res.FailedMilli[podClass(&pod)] += int64(pod.GPURequest())
