@@ -37,7 +37,8 @@ import (
 
 type options struct {
 	kubeconfig, listen, config, policy, identity, logLevel string
-	leaderElect                                            bool
+	advertiseURL                                           string
+	leaderElect, pickOne                                   bool
 	qps                                                    int
 }
 
@@ -52,6 +53,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.policy, "policy", "", "default placement policy, overriding the config file: "+fmt.Sprint(api.KnownPolicies))
 	fs.StringVar(&o.identity, "identity", fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's identity in leader election and node bind Leases")
 	fs.IntVar(&o.qps, "kube-api-qps", 100, "requests per second to the API server (burst twice that); a bind costs about seven")
+	fs.StringVar(&o.advertiseURL, "advertise-url", "", "URL other replicas reach this one at (http://POD_IP:PORT); non-leaders pass binds on to the leader's")
+	fs.BoolVar(&o.pickOne, "filter-pick-one", true, "filter keeps only the placement policy's chosen node (ties to the smallest name) and holds it until the bind, so the kube-scheduler binds where the policy prefers")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "bind only while holding the leader Lease (the other replicas answer filter/prioritize)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return o, fs.Parse(args)
@@ -127,9 +130,12 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		Events:      broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "tessera-extender"}),
 		Locker:      &extender.NodeLocker{Client: client, Namespace: cfg.LeaseNamespace, Identity: o.identity, Duration: 15 * time.Second},
 		BindTimeout: 30 * time.Second,
+		PickOne:     o.pickOne,
 	}
 	if o.leaderElect {
 		x.Leader = leader
+		x.LeaderURL = extender.LeaseLeaderURL(client, cfg.LeaseNamespace, cfg.LeaderElectionID)
+		x.Forward = &http.Client{Timeout: 35 * time.Second}
 	}
 	factory.Start(ctx.Done())
 	var synced atomic.Bool
@@ -156,7 +162,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		lock := &resourcelock.LeaseLock{
 			LeaseMeta:  metav1ObjectMeta(cfg.LeaderElectionID, cfg.LeaseNamespace),
 			Client:     client.CoordinationV1(),
-			LockConfig: resourcelock.ResourceLockConfig{Identity: o.identity},
+			LockConfig: resourcelock.ResourceLockConfig{Identity: extender.LeaderIdentity(o.identity, o.advertiseURL)},
 		}
 		// RunOrDie returns when leadership is lost (an API server outage, say): stand again, or this
 		// replica would refuse every bind forever.

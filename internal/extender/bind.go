@@ -20,11 +20,13 @@ import (
 // ErrNotLeader is returned by Bind on a replica that does not hold the leader Lease.
 var ErrNotLeader = errors.New("this tessera-extender replica is not the leader; the scheduler will retry")
 
-// Bind chooses the pod's GPUs on the node, writes the assignment annotation, then binds. The
-// choice is made under the node's Lease lock against the assignments read from the API server
-// (not the informer cache, which may lag another process), and the annotation is written before
-// the lock is released, so concurrent binders - in this process or another - never over-commit
-// a GPU. A failed bind removes the annotation and releases the reservation.
+// Bind chooses the pod's GPUs on the node, writes the assignment annotation, then binds, all under
+// the node's Lease lock. The choice is made against the assignments read from the API server (not the
+// informer cache, which may lag another process) and counted by the same rule as the state (trust.go:
+// bound pods, and this process's own reservations). The Binding is made before the lock is released,
+// so the next holder's list never meets an assignment still in flight from another process. The write
+// is fenced: the annotation PATCH carries the pod's resourceVersion, the Binding must finish while the
+// lock is still well inside its duration, and a write that landed too late is rolled back.
 func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) error {
 	if x.Leader != nil && !x.Leader.Load() {
 		return ErrNotLeader
@@ -42,60 +44,94 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 	if args.PodUID != "" && pod.UID != args.PodUID {
 		return fmt.Errorf("bind %s/%s: pod UID is %s, the scheduler asked for %s (pod was recreated)", args.PodNamespace, args.PodName, pod.UID, args.PodUID)
 	}
+	if pod.Spec.NodeName != "" {
+		if pod.Spec.NodeName == args.Node {
+			return nil // an earlier attempt landed (its answer was lost)
+		}
+		return fmt.Errorf("bind %s/%s: already bound to %s", args.PodNamespace, args.PodName, pod.Spec.NodeName)
+	}
 	req, err := RequestFromPod(pod, x.Class)
 	if err != nil {
 		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "%v", err)
 		return err
 	}
-	if req.WantsGPU() {
-		if err := x.assign(ctx, pod, req, args.Node); err != nil {
-			x.event(pod, corev1.EventTypeWarning, "GPUBindFailed", "node %s: %v", args.Node, err)
-			return err
-		}
+	if !req.WantsGPU() {
+		return x.bind(ctx, pod, req, args.Node)
 	}
-	err = pods.Bind(ctx, &corev1.Binding{
-		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID},
-		Target:     corev1.ObjectReference{Kind: "Node", Name: args.Node},
-	}, metav1.CreateOptions{})
+	lock, err := x.Locker.Lock(ctx, args.Node)
 	if err != nil {
-		if req.WantsGPU() {
-			x.release(pod)
-		}
-		x.event(pod, corev1.EventTypeWarning, "GPUBindFailed", "binding to node %s failed, GPUs released: %v", args.Node, err)
-		return fmt.Errorf("bind %s to %s: %w", req.Key, args.Node, err)
-	}
-	x.log().Info("bound", "pod", req.Key, "node", args.Node, "policy", x.Engine.PolicyFor(req).Name())
-	return nil
-}
-
-// assign picks and writes the assignment under the node lock.
-func (x *Extender) assign(ctx context.Context, pod *corev1.Pod, req *placement.Request, node string) error {
-	lock, err := x.Locker.Lock(ctx, node)
-	if err != nil {
+		x.event(pod, corev1.EventTypeWarning, "GPUBindFailed", "node %s: %v", args.Node, err)
 		return err
 	}
 	defer lock.Unlock(context.WithoutCancel(ctx))
-	a, err := x.decide(ctx, pod, req, node)
+	// Every API call from here must end while the lock is safely held.
+	lctx, cancel := context.WithDeadline(ctx, lock.SafeUntil())
+	defer cancel()
+	written, err := x.assign(lctx, lock, pod, req, args.Node)
 	if err != nil {
+		x.event(pod, corev1.EventTypeWarning, "GPUBindFailed", "node %s: %v", args.Node, err)
 		return err
 	}
+	if err := x.bind(lctx, written, req, args.Node); err != nil {
+		x.release(written)
+		return err
+	}
+	return nil
+}
+
+// bind posts the Binding. An error is ambiguous (the Binding may have landed and its answer been
+// lost): the pod is read again, and one bound to the node is a success.
+func (x *Extender) bind(ctx context.Context, pod *corev1.Pod, req *placement.Request, node string) error {
+	pods := x.Client.CoreV1().Pods(pod.Namespace)
+	err := pods.Bind(ctx, &corev1.Binding{
+		ObjectMeta: metav1.ObjectMeta{Name: pod.Name, Namespace: pod.Namespace, UID: pod.UID},
+		Target:     corev1.ObjectReference{Kind: "Node", Name: node},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+		defer cancel()
+		if cur, gerr := pods.Get(rctx, pod.Name, metav1.GetOptions{}); gerr == nil && cur.UID == pod.UID && cur.Spec.NodeName == node {
+			x.log().Info("bound (the Binding's answer was an error, the pod is bound)", "pod", req.Key, "node", node, "err", err)
+			return nil
+		}
+		x.event(pod, corev1.EventTypeWarning, "GPUBindFailed", "binding to node %s failed: %v", node, err)
+		return fmt.Errorf("bind %s to %s: %w", req.Key, node, err)
+	}
+	x.log().Info("bound", "pod", req.Key, "node", node, "policy", x.Engine.PolicyFor(req).Name())
+	return nil
+}
+
+// assign picks and writes the assignment under the node lock and returns the pod as written.
+func (x *Extender) assign(ctx context.Context, lock *NodeLock, pod *corev1.Pod, req *placement.Request, node string) (*corev1.Pod, error) {
+	a, err := x.decide(ctx, pod, req, node)
+	if err != nil {
+		return nil, err
+	}
 	if !lock.Valid() {
-		return fmt.Errorf("node lock for %s held too long (%s); retrying is safer than writing on stale state", node, x.Locker.Duration/2)
+		return nil, fmt.Errorf("node lock for %s held too long (%s); retrying is safer than writing on stale state", node, x.Locker.Duration/2)
 	}
 	enc, err := api.EncodeAssignment(a)
 	if err != nil {
-		return fmt.Errorf("encode assignment: %w", err)
+		return nil, fmt.Errorf("encode assignment: %w", err)
 	}
+	// resourceVersion makes the PATCH a compare-and-swap on the pod we decided for.
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
-		"annotations": map[string]string{api.AnnotationAssignment: string(enc)},
-		"labels":      map[string]string{api.LabelAssignedNode: node},
+		"resourceVersion": pod.ResourceVersion,
+		"annotations":     map[string]string{api.AnnotationAssignment: string(enc)},
+		"labels":          map[string]string{api.LabelAssignedNode: node},
 	}})
 	x.State.Reserve(pod.UID, req.Key, pod.Namespace, req, a)
-	if _, err := x.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+	written, err := x.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+	if err != nil {
 		x.State.Unreserve(pod.UID)
-		return fmt.Errorf("write assignment of %s: %w", req.Key, err)
+		return nil, fmt.Errorf("write assignment of %s: %w", req.Key, err)
 	}
-	return nil
+	if !lock.Valid() {
+		// The write may have landed after another process could take the lock: undo it.
+		x.release(written)
+		return nil, fmt.Errorf("node lock for %s expired while the assignment was written; rolled back", node)
+	}
+	return written, nil
 }
 
 // decide builds the node's state from the API server's view of its assignments and places req.
@@ -124,11 +160,12 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 	n := placement.NewNodeState(inv, labelsOf)
 	for i := range list.Items {
 		other := &list.Items[i]
-		if other.UID == pod.UID || podTerminated(other) {
+		if other.UID == pod.UID {
 			continue
 		}
-		a, err := api.DecodeAssignment([]byte(other.Annotations[api.AnnotationAssignment]))
-		if err != nil || a.Node != node || (other.Spec.NodeName != "" && other.Spec.NodeName != node) {
+		// The same rule as the informer state (trust.go): the label only narrows the list.
+		a, _ := counted(other, x.Class, x.State.Reserved)
+		if a == nil || a.Node != node {
 			continue
 		}
 		p := placementOf(n, a)
@@ -164,12 +201,14 @@ func BuildAssignment(n *placement.NodeState, req *placement.Request, p *placemen
 	return a
 }
 
-// release removes a pod's assignment after a failed bind.
+// release removes a pod's assignment after a failed bind (fenced on the version we wrote, so an
+// assignment someone wrote since stays).
 func (x *Extender) release(pod *corev1.Pod) {
 	x.State.Unreserve(pod.UID)
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
-		"annotations": map[string]any{api.AnnotationAssignment: nil},
-		"labels":      map[string]any{api.LabelAssignedNode: nil},
+		"resourceVersion": pod.ResourceVersion,
+		"annotations":     map[string]any{api.AnnotationAssignment: nil},
+		"labels":          map[string]any{api.LabelAssignedNode: nil},
 	}})
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()

@@ -1,7 +1,9 @@
 package extender
 
 import (
+	"context"
 	"log/slog"
+	"net/http"
 	"sync/atomic"
 	"time"
 
@@ -24,7 +26,14 @@ type Extender struct {
 	Locker *NodeLocker
 	// Leader reports whether this replica may bind; nil means always (no leader election).
 	Leader *atomic.Bool
-	Log    *slog.Logger
+	// LeaderURL returns the leader's base URL; a non-leader passes binds there (nil: it refuses them).
+	LeaderURL func(ctx context.Context) (string, error)
+	// Forward is the HTTP client for passed-on binds (nil: http.DefaultClient).
+	Forward *http.Client
+	Log     *slog.Logger
+	// PickOne makes Filter keep only the policy's chosen node (and hold it until the bind), so that the
+	// kube-scheduler binds where the policy prefers despite its own scores and random ties.
+	PickOne bool
 	// BindTimeout bounds one bind, lock wait included.
 	BindTimeout time.Duration
 	// lastEval carries Filter's scores to the Prioritize call of the same pod.

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -54,6 +55,9 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 	req, err := RequestFromPod(pod, x.Class)
 	if err != nil {
 		return failAll(err.Error(), true)
+	}
+	if x.PickOne && pod.UID != "" {
+		x.State.Unreserve(pod.UID) // an earlier cycle's hold of this pod is not capacity taken from it
 	}
 	if x.Quotas != nil {
 		if reason := CheckQuota(x.Quotas(pod.Namespace), x.State.NamespaceUsage(pod.Namespace), req); reason != "" {
@@ -116,6 +120,13 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 			res.FailedAndUnresolvableNodes[name] = reason[i]
 		}
 	}
+	if x.PickOne && len(ok) > 1 {
+		ok = x.keepBest(res, req, names, verdict, scores, gens)
+		ev = nil // Prioritize sees one node; nothing to carry over
+	}
+	if x.PickOne && len(ok) == 1 && pod.UID != "" {
+		x.holdChoice(pod, req, ok[0])
+	}
 	if ev != nil {
 		ev.names = slices.Clone(ok)
 		x.lastEval.Store(ev)
@@ -177,4 +188,60 @@ func summarize(res *extenderv1.ExtenderFilterResult) string {
 		parts = append(parts, fmt.Sprintf("%d x %s", counts[r], r))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// choiceTTL is how long Filter's choice is held for the bind that should follow within milliseconds.
+const choiceTTL = 15 * time.Second
+
+// keepBest reduces the fitting nodes to the policy's choice: the best score, then (experiment and
+// inference pods) the oldest GPU generation, then the smallest name, which is how the FGD paper's
+// simulator breaks ties. The kube-scheduler then has one node to bind, whatever its own scores and
+// random tie-breaking would prefer; the others are reported as fitting but not chosen.
+func (x *Extender) keepBest(res *extenderv1.ExtenderFilterResult, req *placement.Request, names []string, verdict []uint8, scores, gens []float64) []string {
+	prefOld := req.Class == api.WorkloadExperiment || req.Class == api.WorkloadInference
+	best := -1
+	for i := range names {
+		if verdict[i] != 0 {
+			continue
+		}
+		switch {
+		case best < 0, scores[i] > scores[best]+placement.ScoreEpsilon:
+			best = i
+		case scores[i] < scores[best]-placement.ScoreEpsilon:
+		case prefOld && gens[i] != gens[best]:
+			if gens[i] < gens[best] {
+				best = i
+			}
+		case names[i] < names[best]:
+			best = i
+		}
+	}
+	for i, n := range names {
+		if verdict[i] == 0 && i != best {
+			res.FailedNodes[n] = "fits, but node " + names[best] + " is the placement policy's choice"
+		}
+	}
+	return []string{names[best]}
+}
+
+// holdChoice reserves Filter's choice (GPUs, CPU and memory) until the bind lands, so that the pods
+// the scheduler filters meanwhile see it, as the simulator places pods one after another.
+func (x *Extender) holdChoice(pod *corev1.Pod, req *placement.Request, node string) {
+	if !req.WantsGPU() {
+		x.State.ReserveUse(pod.UID, node, req, choiceTTL)
+		return
+	}
+	var a *api.PodAssignment
+	x.State.View([]string{node}, func(_ string, n *placement.NodeState, _ string) {
+		if n == nil {
+			return
+		}
+		sc := x.State.Shapes().ScoreContext()
+		if p, _, u := x.Engine.Evaluate(sc, n, req); u == nil {
+			a = BuildAssignment(n, req, &p)
+		}
+	})
+	if a != nil {
+		x.State.ReserveFor(pod.UID, req.Key, pod.Namespace, req, a, choiceTTL)
+	}
 }

@@ -112,7 +112,11 @@ func leaseFree(l *coordinationv1.Lease, now time.Time) bool {
 
 // Valid reports whether the lock is still safely held: well inside its duration, so that a
 // holder delayed past it (and possibly overtaken) does not write on stale information.
-func (nl *NodeLock) Valid() bool { return time.Since(nl.acquired) < nl.l.Duration/2 }
+func (nl *NodeLock) Valid() bool { return time.Now().Before(nl.SafeUntil()) }
+
+// SafeUntil is when the lock stops being safely held (half its duration after acquiring: another
+// process can take it only after the whole duration).
+func (nl *NodeLock) SafeUntil() time.Time { return nl.acquired.Add(nl.l.Duration / 2) }
 
 // Unlock frees the Lease (a compare-and-swap on the version we wrote; if it fails the Lease
 // simply expires) and the process-local mutex.

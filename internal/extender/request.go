@@ -44,7 +44,27 @@ func RequestFromPod(pod *corev1.Pod, opts ClassOptions) (*placement.Request, err
 		r.Policy = p
 	}
 	r.Class = workloadClass(pod, opts)
+	r.CPUMilli, r.MemMiB = podCPUMem(pod)
 	return r, nil
+}
+
+// podCPUMem is the pod's effective CPU (milli) and memory (MiB) request as the kube-scheduler counts
+// it: the containers' sum or the largest init container, whichever is more, plus the pod overhead.
+func podCPUMem(pod *corev1.Pod) (int64, int64) {
+	var cpu, mem int64
+	for i := range pod.Spec.Containers {
+		r := pod.Spec.Containers[i].Resources.Requests
+		cpu += r.Cpu().MilliValue()
+		mem += r.Memory().Value()
+	}
+	for i := range pod.Spec.InitContainers {
+		r := pod.Spec.InitContainers[i].Resources.Requests
+		cpu = max(cpu, r.Cpu().MilliValue())
+		mem = max(mem, r.Memory().Value())
+	}
+	cpu += pod.Spec.Overhead.Cpu().MilliValue()
+	mem += pod.Spec.Overhead.Memory().Value()
+	return cpu, (mem + 1<<20 - 1) >> 20
 }
 
 // workloadClass is the pod's label when set, else the class its priority class name maps to.

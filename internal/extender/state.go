@@ -31,6 +31,11 @@ type State struct {
 	podsOn map[string]map[types.UID]*podEntry
 	// observed are the non-terminated pods counted in shapes (arrived: pending or assigned).
 	observed map[types.UID]*placement.Request
+	// uses are the CPU and memory requests of pods bound to a node (every pod, not only GPU pods) and
+	// of our reservations, charged to the node's state so that CPU shapes placement as in the
+	// simulator; usesOn indexes them by node.
+	uses   map[types.UID]*podUse
+	usesOn map[string]map[types.UID]*podUse
 	// nodeGen counts node entries created or deleted; resolved caches name lists resolved to
 	// entries under a nodeGen (the scheduler sends the same lists again and again).
 	nodeGen  uint64
@@ -72,6 +77,16 @@ type podEntry struct {
 	expires  time.Time
 }
 
+// podUse is one pod's CPU and memory on a node; reserved ones are ours, in flight, until expires.
+type podUse struct {
+	uid      types.UID
+	node     string
+	cpu, mem int64
+	applied  bool
+	reserved bool
+	expires  time.Time
+}
+
 // NewState returns an empty state; ttl bounds in-flight reservations.
 func NewState(ttl time.Duration, log *slog.Logger) *State {
 	if log == nil {
@@ -79,6 +94,7 @@ func NewState(ttl time.Duration, log *slog.Logger) *State {
 	}
 	return &State{nodes: map[string]*nodeEntry{}, pods: map[types.UID]*podEntry{}, shapes: placement.NewShapeStats(),
 		typeIDs: map[string]int{}, podsOn: map[string]map[types.UID]*podEntry{}, observed: map[types.UID]*placement.Request{},
+		uses: map[types.UID]*podUse{}, usesOn: map[string]map[types.UID]*podUse{},
 		ttl: ttl, now: time.Now, log: log}
 }
 
@@ -96,7 +112,8 @@ func (s *State) UpsertNode(node *corev1.Node) {
 		s.nodeGen++
 	}
 	raw := node.Annotations[api.AnnotationInventory]
-	if e.state != nil && e.raw == raw && maps.Equal(e.labels, node.Labels) {
+	cpu, mem := node.Status.Allocatable.Cpu().MilliValue(), node.Status.Allocatable.Memory().Value()>>20
+	if e.state != nil && e.raw == raw && maps.Equal(e.labels, node.Labels) && e.state.CPUMilli == cpu && e.state.MemMiB == mem {
 		s.applyHoldingsLocked(e, node.Annotations[api.AnnotationHoldings])
 		return // status-only update: nothing else placement sees changed
 	}
@@ -116,6 +133,9 @@ func (s *State) UpsertNode(node *corev1.Node) {
 		inv = &api.NodeInventory{Node: node.Name}
 	}
 	e.state = placement.NewNodeState(inv, e.labels)
+	// Allocatable CPU and memory make them hard constraints and feed tessera's stranded-GPU term, as
+	// in the simulator (a node without them in its status leaves them to the kube-scheduler).
+	e.state.CPUMilli, e.state.MemMiB = cpu, mem
 	key := e.state.TypeKey()
 	if s.typeIDs[key] == 0 {
 		s.typeIDs[key] = len(s.typeIDs) + 1
@@ -126,6 +146,10 @@ func (s *State) UpsertNode(node *corev1.Node) {
 	for _, p := range s.podsOn[node.Name] {
 		p.applied = false
 		s.applyLocked(p)
+	}
+	for _, u := range s.usesOn[node.Name] {
+		u.applied = false
+		s.applyUseLocked(u)
 	}
 	e.held, e.heldRaw = nil, ""
 	s.applyHoldingsLocked(e, node.Annotations[api.AnnotationHoldings])
@@ -144,6 +168,9 @@ func (s *State) DeleteNode(name string) {
 				p.applied = false
 			}
 		}
+		for _, u := range s.usesOn[name] {
+			u.applied = false
+		}
 		delete(s.nodes, name)
 		s.nodeGen++
 	}
@@ -155,36 +182,33 @@ func podTerminated(pod *corev1.Pod) bool {
 		pod.Status.Phase == corev1.PodSucceeded || pod.Status.Phase == corev1.PodFailed
 }
 
-// UpsertPod records a pod's committed assignment (or its absence) and its task shape.
+// UpsertPod records a pod's committed assignment (or its absence) and its task shape. What an
+// assignment holds is decided by counted (trust.go), the same rule bind applies to its fresh list.
 func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.observeLocked(pod, opts)
+	switch {
+	case podTerminated(pod):
+		s.clearUseLocked(pod.UID, false)
+	case pod.Spec.NodeName != "":
+		cpu, mem := podCPUMem(pod)
+		s.setUseLocked(&podUse{uid: pod.UID, node: pod.Spec.NodeName, cpu: cpu, mem: mem})
+	}
 	old := s.pods[pod.UID]
-	raw, annotated := pod.Annotations[api.AnnotationAssignment]
-	if podTerminated(pod) || !annotated {
+	a, req := counted(pod, opts, s.reservedLocked)
+	if a == nil {
+		// A reservation stays while its pod lives: the pod's update may predate our own write.
 		if old != nil && !(old.reserved && !podTerminated(pod)) {
 			s.removeLocked(old)
 		}
-		return
-	}
-	a, err := api.DecodeAssignment([]byte(raw))
-	if err != nil || (pod.Spec.NodeName != "" && pod.Spec.NodeName != a.Node) {
-		// An assignment for another node is void (api.PodAssignment); an invalid one holds nothing.
-		s.log.Warn("ignoring pod assignment", "pod", pod.Namespace+"/"+pod.Name, "err", err, "node", pod.Spec.NodeName)
-		if old != nil {
-			s.removeLocked(old)
+		if _, annotated := pod.Annotations[api.AnnotationAssignment]; annotated && !podTerminated(pod) && (old == nil || !old.reserved) {
+			s.log.Debug("assignment holds nothing (not bound there, not ours, or not the pod's request)", "pod", pod.Namespace+"/"+pod.Name, "node", pod.Spec.NodeName)
 		}
 		return
 	}
-	req, err := RequestFromPod(pod, opts)
-	if err != nil || !req.WantsGPU() {
-		// The extender writes assignments only for pods that ask for whole GPUs or shares: an
-		// assignment on any other pod (a user's forged annotation) holds nothing.
-		if old != nil {
-			s.removeLocked(old)
-		}
-		return
+	if pod.Spec.NodeName == "" {
+		return // our own reservation, already applied
 	}
 	if old != nil {
 		if !old.reserved && old.node == a.Node && sameAssignment(old.assignment, a) {
@@ -196,10 +220,25 @@ func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
 	s.addLocked(p)
 }
 
+// reservedLocked reports whether a is this extender's in-flight reservation for the pod.
+func (s *State) reservedLocked(uid types.UID, a *api.PodAssignment) bool {
+	p := s.pods[uid]
+	return p != nil && p.reserved && p.node == a.Node && sameAssignment(p.assignment, a)
+}
+
+// Reserved is reservedLocked for callers outside the lock (bind's fresh list).
+func (s *State) Reserved(uid types.UID, a *api.PodAssignment) bool {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.reservedLocked(uid, a)
+}
+
 // observeLocked counts a pod's task shape once while it is not terminated: pending pods count too,
 // because the typical shapes are the arrival distribution (the FGD paper's), not what got placed.
 func (s *State) observeLocked(pod *corev1.Pod, opts ClassOptions) {
-	if podTerminated(pod) {
+	if podTerminated(pod) || unschedulable(pod) {
+		// A pending pod the scheduler found no node for is not an arrival the cluster can serve:
+		// junk pods must not collapse the learned mix (the simulator forgets failed pods alike).
 		s.forgetLocked(pod.UID)
 		return
 	}
@@ -212,6 +251,19 @@ func (s *State) observeLocked(pod *corev1.Pod, opts ClassOptions) {
 	}
 	s.observed[pod.UID] = req
 	s.shapes.Observe(req, 1)
+}
+
+// unschedulable reports whether a pending pod was found to fit no node.
+func unschedulable(pod *corev1.Pod) bool {
+	if pod.Spec.NodeName != "" {
+		return false
+	}
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *State) forgetLocked(uid types.UID) {
@@ -279,20 +331,85 @@ func (s *State) DeletePod(uid types.UID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.forgetLocked(uid)
+	s.clearUseLocked(uid, false)
 	if p := s.pods[uid]; p != nil {
 		s.removeLocked(p)
 	}
 }
 
+// setUseLocked records a pod's CPU and memory on a node, replacing what it held before; a bound
+// pod's use replaces our reservation of it.
+func (s *State) setUseLocked(u *podUse) {
+	if old := s.uses[u.uid]; old != nil {
+		if !old.reserved && !u.reserved && old.node == u.node && old.cpu == u.cpu && old.mem == u.mem {
+			return
+		}
+		if !old.reserved && u.reserved {
+			return // a bound pod's use is not replaced by a reservation
+		}
+		s.clearUseLocked(u.uid, false)
+	}
+	s.uses[u.uid] = u
+	on := s.usesOn[u.node]
+	if on == nil {
+		on = map[types.UID]*podUse{}
+		s.usesOn[u.node] = on
+	}
+	on[u.uid] = u
+	s.applyUseLocked(u)
+}
+
+func (s *State) applyUseLocked(u *podUse) {
+	if e := s.nodes[u.node]; e != nil && !u.applied {
+		e.state.AddUse(u.cpu, u.mem)
+		u.applied = true
+	}
+}
+
+// clearUseLocked forgets a pod's use (only a reservation when reservedOnly).
+func (s *State) clearUseLocked(uid types.UID, reservedOnly bool) {
+	u := s.uses[uid]
+	if u == nil || reservedOnly && !u.reserved {
+		return
+	}
+	if e := s.nodes[u.node]; e != nil && u.applied {
+		e.state.AddUse(-u.cpu, -u.mem)
+	}
+	if on := s.usesOn[u.node]; on != nil {
+		delete(on, uid)
+		if len(on) == 0 {
+			delete(s.usesOn, u.node)
+		}
+	}
+	delete(s.uses, uid)
+}
+
 // Reserve holds an in-flight decision so that concurrent filter/prioritize/bind calls see it.
 func (s *State) Reserve(uid types.UID, key, namespace string, req *placement.Request, a *api.PodAssignment) {
+	s.ReserveFor(uid, key, namespace, req, a, s.ttl)
+}
+
+// ReserveFor is Reserve with its own lifetime (Filter's choice is held briefly: if no bind follows,
+// the scheduler went elsewhere).
+func (s *State) ReserveFor(uid types.UID, key, namespace string, req *placement.Request, a *api.PodAssignment, ttl time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old := s.pods[uid]; old != nil {
 		s.removeLocked(old)
 	}
-	p := &podEntry{uid: uid, key: key, namespace: namespace, node: a.Node, req: req, assignment: a, reserved: true, expires: s.now().Add(s.ttl)}
+	p := &podEntry{uid: uid, key: key, namespace: namespace, node: a.Node, req: req, assignment: a, reserved: true, expires: s.now().Add(ttl)}
 	s.addLocked(p)
+	s.setUseLocked(&podUse{uid: uid, node: a.Node, cpu: req.CPUMilli, mem: req.MemMiB, reserved: true, expires: p.expires})
+}
+
+// ReserveUse holds an in-flight decision of a pod without GPUs (its CPU and memory on a node).
+func (s *State) ReserveUse(uid types.UID, node string, req *placement.Request, ttl time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.pods[uid]; p != nil && p.reserved {
+		s.removeLocked(p)
+	}
+	s.setUseLocked(&podUse{uid: uid, node: node, cpu: req.CPUMilli, mem: req.MemMiB, reserved: true, expires: s.now().Add(ttl)})
 }
 
 // Unreserve drops an in-flight decision that did not land; committed assignments stay.
@@ -302,6 +419,7 @@ func (s *State) Unreserve(uid types.UID) {
 	if p := s.pods[uid]; p != nil && p.reserved {
 		s.removeLocked(p)
 	}
+	s.clearUseLocked(uid, true)
 }
 
 // ExpireReservations drops reservations older than the TTL (a bind whose outcome was never seen).
@@ -313,6 +431,12 @@ func (s *State) ExpireReservations() int {
 	for _, p := range s.pods {
 		if p.reserved && now.After(p.expires) {
 			s.removeLocked(p)
+			n++
+		}
+	}
+	for uid, u := range s.uses {
+		if u.reserved && now.After(u.expires) {
+			s.clearUseLocked(uid, true)
 			n++
 		}
 	}

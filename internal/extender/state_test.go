@@ -2,6 +2,7 @@ package extender
 
 import (
 	"fmt"
+	corev1 "k8s.io/api/core/v1"
 	"slices"
 	"testing"
 	"time"
@@ -81,5 +82,21 @@ func TestPrioritizeReusesFilter(t *testing.T) {
 		if !slices.Equal(*got, *want) {
 			t.Fatalf("changed=%v: after Filter %v, alone %v", changed, *got, *want)
 		}
+	}
+}
+
+// TestUnschedulablePodsDoNotShape: pending pods the scheduler found no node for leave the mix.
+func TestUnschedulablePodsDoNotShape(t *testing.T) {
+	s := NewState(time.Minute, nil)
+	p := sharePod("junk", 1, 4, 30)
+	s.UpsertPod(p, ClassOptions{})
+	if s.Shapes().Total() != 1 {
+		t.Fatal("pending pod not counted")
+	}
+	p = p.DeepCopy()
+	p.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse, Reason: corev1.PodReasonUnschedulable}}
+	s.UpsertPod(p, ClassOptions{})
+	if got := s.Shapes().Total(); got != 0 {
+		t.Fatalf("unschedulable pod still shapes the mix (%d)", got)
 	}
 }

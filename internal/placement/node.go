@@ -192,6 +192,14 @@ func (n *NodeState) CapacityMilli() int {
 // Apply commits a placement of r on the node.
 func (n *NodeState) Apply(r *Request, p *Placement) { n.apply(r, p, 1) }
 
+// AddUse charges (or with negative values releases) CPU and host memory that pods outside
+// placement's own Apply hold on the node (the live extender counts every pod bound there).
+func (n *NodeState) AddUse(cpuMilli, memMiB int64) {
+	n.version++
+	n.UsedCPU += cpuMilli
+	n.UsedMem += memMiB
+}
+
 // Release undoes Apply.
 func (n *NodeState) Release(r *Request, p *Placement) { n.apply(r, p, -1) }
 

@@ -8,19 +8,25 @@ import (
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
-// Fragmentation follows the FGD paper (Weng et al., USENIX ATC 2023): the fragmentation of a node
-// for a task shape is the free GPU compute that a task of that shape cannot use there - all of it
-// when the task does not fit the node at all (CPU, GPU model, too few GPUs), otherwise the free
-// compute of the GPUs that cannot take the task. The node's expected fragmentation weights this
-// over the typical shapes by popularity. Shapes without GPUs are skipped: every GPU is a fragment
-// to them wherever a pod goes, so they shift all nodes' scores equally.
+// Fragmentation follows the FGD paper (Weng et al., USENIX ATC 2023) as its reference simulator
+// computes it (github.com/hkust-adsl/kubernetes-scheduler-simulator, pkg/utils/frag.go:
+// NodeGpuShareFragAmount, GetNodePodFrag, CanNodeHostPodOnGpuMemory, GetGpuFragMilliByNodeResAndPodRes).
+// The fragmentation of a node for a task shape is the node's free GPU compute that a task of that shape
+// cannot use there: all of it when the task does not fit the node at all (a CPU-only shape, a GPU model
+// the task may not use, too little CPU, too few GPUs with room), otherwise the free compute of the GPUs
+// too full for the task. The node's expected fragmentation weights this over the typical shapes by
+// popularity. Host memory plays no part in the reference's measure.
 
-// shapeFrag is the free compute (per-mille) of n that a task of shape r cannot use.
-func shapeFrag(n *NodeState, r *Request, total int) int {
-	if n.CPUMilli > 0 && n.UsedCPU+r.CPUMilli > n.CPUMilli {
-		return total
+// shapeFrag is the free compute (per-mille) of n that a task of shape r cannot use; hostMem makes host
+// memory a condition of fitting too (tessera's measure; the reference's ignores it).
+func shapeFrag(n *NodeState, r *Request, total int, hostMem bool) int {
+	if !r.WantsGPU() {
+		return total // frag.go GetNodePodFrag: MilliGpu == 0 is XL/XR, never Q3: every free GPU counts
 	}
-	if n.MemMiB > 0 && n.UsedMem+r.MemMiB > n.MemMiB {
+	if n.CPUMilli > 0 && n.UsedCPU+r.CPUMilli > n.CPUMilli {
+		return total // Q1 / Q4: lacks CPU
+	}
+	if hostMem && n.MemMiB > 0 && n.UsedMem+r.MemMiB > n.MemMiB {
 		return total
 	}
 	c := &r.Containers[0]
@@ -40,25 +46,42 @@ func shapeFrag(n *NodeState, r *Request, total int) int {
 		}
 	}
 	if fit < c.Whole+c.Shares {
-		return total
+		return total // Q2 (or no access: no GPU of an allowed model fits)
 	}
-	return rest
+	return rest // Q3: the GPUs with less free compute than the task's share
 }
 
-// NodeFragmentation is the expected fragmentation of n over the shapes, in per-mille of a GPU (FGD's).
-func NodeFragmentation(n *NodeState, shapes []Shape) float64 { return nodeFragmentation(n, shapes, 0) }
+// NodeFragmentation is FGD's expected fragmentation of n over the shapes (CPU-only shapes included,
+// host memory ignored), in per-mille of a GPU: frag.go NodeGpuShareFragAmountScore.
+func NodeFragmentation(n *NodeState, shapes []Shape) float64 {
+	total := n.FreeMilli()
+	if total == 0 {
+		return 0
+	}
+	f := 0.0
+	for i := range shapes {
+		f += shapes[i].Weight * float64(shapeFrag(n, &shapes[i].Req, total, false))
+	}
+	return f
+}
 
-// NodeFragmentationFed is tessera's multi-resource fragmentation: for every shape, at least the
+// NodeFragmentationFed is tessera's multi-resource fragmentation: for every GPU shape, at least the
 // node's stranded GPU compute is a fragment. Stranded is the free compute beyond what the node's free
 // CPU and memory can feed at the arrival mix's ratio (the shapes' weighted CPU and memory per GPU
 // per-mille): tasks arrive in that mix, so a node with less CPU per free GPU than the mix runs out of
 // CPU before its GPUs fill. A node whose free resources are in the mix's proportion (an empty,
-// balanced node) has none.
+// balanced node) has none. CPU-only shapes are left out: every free GPU is a fragment to them wherever
+// a pod goes.
 func NodeFragmentationFed(n *NodeState, shapes []Shape) float64 {
 	total := n.FreeMilli()
 	if total == 0 {
 		return 0
 	}
+	return nodeFragmentationFed(n, shapes, stranded(n, shapes, total))
+}
+
+// stranded is the free GPU compute of n that its free CPU and memory cannot feed at the mix's ratio.
+func stranded(n *NodeState, shapes []Shape, total int) float64 {
 	var cpu, mem, gpu float64
 	for i := range shapes {
 		if r := &shapes[i].Req; r.WantsGPU() {
@@ -74,11 +97,11 @@ func NodeFragmentationFed(n *NodeState, shapes []Shape) float64 {
 	if n.MemMiB > 0 && mem > 0 {
 		feed = min(feed, float64(n.MemMiB-n.UsedMem)*gpu/mem)
 	}
-	return nodeFragmentation(n, shapes, float64(total)-feed)
+	return float64(total) - feed
 }
 
-// nodeFragmentation weights max(floor, the shape's fragmentation) over the shapes.
-func nodeFragmentation(n *NodeState, shapes []Shape, floor float64) float64 {
+// nodeFragmentationFed weights max(floor, the shape's fragmentation) over the GPU shapes.
+func nodeFragmentationFed(n *NodeState, shapes []Shape, floor float64) float64 {
 	total := n.FreeMilli()
 	if total == 0 {
 		return 0
@@ -89,7 +112,7 @@ func nodeFragmentation(n *NodeState, shapes []Shape, floor float64) float64 {
 		if len(s.Req.Containers) == 0 || !s.Req.WantsGPU() {
 			continue
 		}
-		f += s.Weight * max(floor, float64(shapeFrag(n, &s.Req, total)))
+		f += s.Weight * max(floor, float64(shapeFrag(n, &s.Req, total, true)))
 	}
 	return f
 }

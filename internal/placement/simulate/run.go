@@ -2,7 +2,9 @@ package simulate
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
+	"sort"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
 )
@@ -84,11 +86,17 @@ func (c *Cluster) UseOracleShapes() {
 	c.shapes = st.Typical()
 }
 
-// buildNodes returns fresh node states; nodes with identical hardware share a TypeID.
-func (c *Cluster) buildNodes() []*placement.NodeState {
+// buildNodes returns fresh node states in the seed's order; nodes with identical hardware share a
+// TypeID. The reference simulator sorts the nodes by name, renames node i to "%04d-<name>" with
+// perm[i] of rand.Perm (pkg/simulator/simulator.go syncClusterResourceList) and breaks equal scores
+// by the smallest name, so the order in which ties fall is a fresh permutation per seed. Engine.Pick
+// breaks ties by list order, so the list is put in that renamed order.
+func (c *Cluster) buildNodes(seed uint64) []*placement.NodeState {
 	types := map[string]int{}
+	order := c.NodeOrder(seed)
 	out := make([]*placement.NodeState, len(c.Nodes))
-	for i, n := range c.Nodes {
+	for pos, i := range order {
+		n := c.Nodes[i]
 		key := fmt.Sprintf("%d/%s/%d/%d", n.GPUs, n.Model, n.CPUMilli, n.MemMiB)
 		if types[key] == 0 {
 			types[key] = len(types) + 1
@@ -98,13 +106,30 @@ func (c *Cluster) buildNodes() []*placement.NodeState {
 			ns.GPUs = append(ns.GPUs, placement.GPUState{Index: g, Model: n.Model, Usable: true})
 		}
 		ns.Prepare()
-		out[i] = ns
+		out[pos] = ns
 	}
 	return out
 }
 
+// NodeOrder returns the seed's node order (indexes into Nodes): position k holds the node the
+// reference renames "%04d-" with k, so this order is also the order of the renamed names.
+func (c *Cluster) NodeOrder(seed uint64) []int {
+	byName := make([]int, len(c.Nodes))
+	for i := range byName {
+		byName[i] = i
+	}
+	sort.SliceStable(byName, func(a, b int) bool { return c.Nodes[byName[a]].Name < c.Nodes[byName[b]].Name })
+	perm := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15)).Perm(len(byName))
+	order := make([]int, len(byName)) // order[perm[k]] = the k-th node by name
+	for k, idx := range byName {
+		order[perm[k]] = idx
+	}
+	return order
+}
+
 // Arrivals is the published protocol's arrival order: the pod list shuffled with the seed, then
-// inflated by resampling its own pods until the GPU request reaches inflate x capacity.
+// inflated by resampling its own pods while the GPU request stays within inflate x capacity (the
+// reference's tuneUpPods stops at the first sampled pod that would pass it).
 func (c *Cluster) Arrivals(seed uint64, inflate float64) []Pod {
 	rng := rand.New(rand.NewPCG(seed, seed^0x5eed))
 	out := make([]Pod, len(c.Pods))
@@ -114,13 +139,50 @@ func (c *Cluster) Arrivals(seed uint64, inflate float64) []Pod {
 	for i := range out {
 		total += int64(out[i].GPURequest())
 	}
-	target := int64(inflate * float64(c.Capacity))
-	for total < target && len(c.Pods) > 0 {
+	target := inflate * float64(c.Capacity)
+	for len(c.Pods) > 0 {
 		p := c.Pods[rng.IntN(len(c.Pods))]
+		if float64(total+int64(p.GPUMilli)) > target {
+			break
+		}
 		out = append(out, p)
 		total += int64(p.GPURequest())
 	}
 	return out
+}
+
+// checkpoint averages the allocation ratio over the arrivals whose arrived workload rounds to one
+// percentage, as the reference's analysis does (experiments/analysis/merge_alloc_discrete.py: the
+// arrive ratio rounded to an integer, the alloc ratio rounded to 2 decimals, their mean rounded to
+// 2 decimals; when no arrival rounds to the point, those within +-1 of it).
+type checkpoint struct {
+	at               float64
+	sum, sumNear     float64
+	count, countNear int
+}
+
+func (k *checkpoint) record(arrivePct, allocPct float64) {
+	a := math.RoundToEven(arrivePct)
+	v := math.Round(allocPct*100) / 100
+	if a == k.at {
+		k.sum += v
+		k.count++
+	}
+	if a >= k.at-1 && a <= k.at+1 {
+		k.sumNear += v
+		k.countNear++
+	}
+}
+
+// unallocated is 100 - the checkpoint's allocation ratio; ok is false when no arrival came near it.
+func (k *checkpoint) unallocated() (float64, bool) {
+	switch {
+	case k.count > 0:
+		return 100 - math.Round(k.sum/float64(k.count)*100)/100, true
+	case k.countNear > 0:
+		return 100 - math.Round(k.sumNear/float64(k.countNear)*100)/100, true
+	}
+	return 0, false
 }
 
 // Run replays one arrival order under one policy through the engine.
@@ -129,7 +191,7 @@ func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, erro
 	if err != nil {
 		return Result{}, err
 	}
-	nodes := c.buildNodes()
+	nodes := c.buildNodes(seed)
 	rng := rand.New(rand.NewPCG(seed, 7))
 	sc := &placement.ScoreContext{Shapes: c.shapes, Cache: placement.NewFragCache(), Rand: rng}
 	// Online: the shapes of the pods arrived so far, the current one included (in a cluster it is
@@ -137,7 +199,11 @@ func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, erro
 	st := placement.NewShapeStats()
 	res := Result{Policy: policy, Seed: seed, FailedMilli: map[string]int64{}}
 	var arrived, allocated int64
-	next := 0
+	points := make([]checkpoint, len(Checkpoints))
+	for i, at := range Checkpoints {
+		points[i].at = at
+	}
+	last := len(Checkpoints) - 1
 	for _, pod := range c.Arrivals(seed, inflate) {
 		r := pod.Request()
 		if c.shapes == nil {
@@ -152,24 +218,31 @@ func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, erro
 			nodes[i].Apply(r, &p)
 			allocated += int64(r.GPUMilli())
 		} else {
+			if c.shapes == nil && r.WantsGPU() {
+				st.Observe(r, -1) // a pod that cannot run leaves the learned mix, as in the extender
+			}
 			res.Failed++
-			if next < len(Checkpoints) {
+			if 100*float64(arrived) < Checkpoints[last]*float64(c.Capacity) {
 				res.FailedMilli[podClass(&pod)] += int64(pod.GPURequest())
 			}
 		}
 		res.Arrived++
+		before := 100 * float64(arrived) / float64(c.Capacity)
 		arrived += int64(pod.GPURequest())
-		for next < len(Checkpoints) && float64(arrived)*100 >= Checkpoints[next]*float64(c.Capacity) {
-			if next == len(Checkpoints)-1 {
-				res.Free100 = freeBreakdown(nodes)
-			}
-			res.Unallocated = append(res.Unallocated, 100-100*float64(allocated)/float64(c.Capacity))
-			next++
+		arrivePct, allocPct := 100*float64(arrived)/float64(c.Capacity), 100*float64(allocated)/float64(c.Capacity)
+		for k := range points {
+			points[k].record(arrivePct, allocPct)
+		}
+		if before < Checkpoints[last] && arrivePct >= Checkpoints[last] {
+			res.Free100 = freeBreakdown(nodes)
 		}
 	}
-	for next < len(Checkpoints) { // the workload never reached this checkpoint (inflate < 1)
-		res.Unallocated = append(res.Unallocated, 100-100*float64(allocated)/float64(c.Capacity))
-		next++
+	for k := range points {
+		u, ok := points[k].unallocated()
+		if !ok { // the workload never came near this checkpoint (inflate < 1)
+			u = 100 - 100*float64(allocated)/float64(c.Capacity)
+		}
+		res.Unallocated = append(res.Unallocated, u)
 	}
 	return res, nil
 }
