@@ -41,7 +41,7 @@ func runOverhead(args []string) error {
 	drivers := []struct {
 		name string
 		env  []string
-	}{{"fake", []string{"LD_LIBRARY_PATH=" + *fake, "FAKE_CUDA_DEVICES=1"}}}
+	}{{"fake", []string{"LD_LIBRARY_PATH=" + *fake, "FAKE_CUDA_DEVICES=1", "FAKE_CUDA_WAVE_NS=1"}}}
 	if *real {
 		drivers = append([]struct {
 			name string
