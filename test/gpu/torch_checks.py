@@ -21,6 +21,8 @@ import time
 MiB = 1 << 20
 GiB = 1 << 30
 ALLOC_CONFS = ["", "expandable_segments:True", "backend:cudaMallocAsync"]
+# gpuproof sits in the bundle's bin/ beside this script's folder
+GPUPROOF = os.environ.get("GPUPROOF", os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "gpuproof"))
 HOST_NVML = "nvidia-smi on the host, without vcuda (--query-compute-apps=pid,used_memory)"
 
 
@@ -60,17 +62,13 @@ class Phase:
             print("%-11s %s = %.4g %s (%s)" % (f.get("status", "-"), f["name"], f["value"], f["unit"], f["measured_by"]), flush=True)
 
 
-def limits_text(container, region, uuid, cap, cores):
-    """A vcuda limits file (format: vcuda/README.md, api/v1/limits.go)."""
-    return "tessera-vcuda-limits 1\ncontainer %s\nregion %s\ngpu %s %d %d\n" % (container, region, uuid, cap, cores)
-
-
 def write_limits(dirpath, uuid, cap, cores):
-    os.makedirs(dirpath, exist_ok=True)
-    path = os.path.join(dirpath, "limits")
-    with open(path, "w") as f:
-        f.write(limits_text("torch-" + os.path.basename(dirpath), os.path.join(dirpath, "region"), uuid, cap, cores))
-    return path
+    """A vcuda limits file, written by gpuproof (api/v1's encoder: one writer of the format)."""
+    out = subprocess.run([GPUPROOF, "limits", "-dir", dirpath, "-uuid", uuid, "-cap", str(cap), "-cores", str(cores)],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError("gpuproof limits: " + out.stderr)
+    return out.stdout.strip()
 
 
 def parse_apps(csv_text):
@@ -437,9 +435,11 @@ def selftest(_):
     assert parse_apps("1234, 500\n 77, 12\n[N/A], x\n") == {1234: 500, 77: 12}
     assert abs(busy_share(100, 0.003, 1.0) - 0.3) < 1e-9 and busy_share(1, 1, 0) == 0.0
     assert within(0.32, 0.30, 0.10) and not within(0.34, 0.30, 0.10)
-    text = limits_text("c", "/r/region", "GPU-00000000-0000-0000-0000-000000000000", 10 * GiB, 30)
-    assert text.splitlines() == ["tessera-vcuda-limits 1", "container c", "region /r/region",
-                                 "gpu GPU-00000000-0000-0000-0000-000000000000 10737418240 30"], text
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        with open(write_limits(os.path.join(d, "c"), "GPU-00000000-0000-0000-0000-000000000000", 10 * GiB, 30)) as f:
+            lines = f.read().splitlines()
+    assert lines[0] == "tessera-vcuda-limits 1" and lines[-1] == "gpu GPU-00000000-0000-0000-0000-000000000000 10737418240 30", lines
     env = child_env("/lib/v.so", "/l", "backend:cudaMallocAsync")
     assert env["LD_PRELOAD"] == "/lib/v.so" and env["PYTORCH_CUDA_ALLOC_CONF"] == "backend:cudaMallocAsync"
     assert "LD_PRELOAD" not in child_env("", "")

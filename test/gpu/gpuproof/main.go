@@ -7,6 +7,7 @@
 //	gpuproof overhead  cost per intercepted call, real driver and fake driver, with and without vcuda
 //	gpuproof merge     the phases' partial results -> results/<date>-<gpu model>.json
 //	gpuproof tables    the markdown tables for vcuda/README.md and docs/install.md
+//	gpuproof limits    write a vcuda limits file (for torch_checks.py)
 //
 // Each phase writes one JSON file (a Phase) as it finishes, so a run cut short keeps what it measured.
 // Every figure says what measured it; a dry run (the fake driver) is marked as such everywhere.
@@ -121,7 +122,7 @@ func orDash(s string) string {
 	return s
 }
 
-const usage = `usage: gpuproof <node|container|overhead|merge|tables> [flags]   (see test/gpu/README.md)`
+const usage = `usage: gpuproof <node|container|overhead|merge|tables|limits> [flags]   (see test/gpu/README.md)`
 
 func main() {
 	if len(os.Args) < 2 {
@@ -130,6 +131,7 @@ func main() {
 	}
 	cmds := map[string]func([]string) error{
 		"node": runNode, "container": runContainer, "overhead": runOverhead, "merge": runMerge, "tables": runTables,
+		"limits": runLimits,
 	}
 	cmd, ok := cmds[os.Args[1]]
 	if !ok {

@@ -64,6 +64,9 @@ func runOverhead(args []string) error {
 				continue
 			}
 			by := fmt.Sprintf("callbench %s on the %s driver, best of 5 rounds (kernel: %s)", mode, d.name, kernel)
+			if d.name == "fake" {
+				by += ", FAKE_CUDA_WAVE_NS=1 (launches cost no modelled GPU time)"
+			}
 			p.figure(Figure{Name: fmt.Sprintf("%s driver: %s, no vcuda", d.name, mode), Value: direct, Unit: "ns/call", MeasuredBy: by})
 			for _, cores := range []int{100, 50} {
 				limits, err := writeLimits(filepath.Join(*work, fmt.Sprintf("%s-%s-%d", d.name, mode, cores)), uuid, 8<<30, cores)
@@ -127,4 +130,22 @@ func writeLimits(dir, uuid string, capBytes int64, cores int) (string, error) {
 	}
 	path := filepath.Join(dir, "limits")
 	return path, os.WriteFile(path, data, 0o644)
+}
+
+// runLimits writes a limits file for torch_checks.py, so the format has one writer (api/v1).
+func runLimits(args []string) error {
+	fs := flag.NewFlagSet("limits", flag.ContinueOnError)
+	dir := fs.String("dir", "", "folder for the limits file and the region (required)")
+	uuid := fs.String("uuid", "", "the GPU (required)")
+	capBytes := fs.Int64("cap", 0, "memory cap in bytes (required)")
+	cores := fs.Int("cores", 100, "compute cap in percent")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	path, err := writeLimits(*dir, *uuid, *capBytes, *cores)
+	if err != nil {
+		return err
+	}
+	fmt.Println(path)
+	return nil
 }
