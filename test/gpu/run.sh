@@ -66,7 +66,7 @@ phase_node() {
 }
 
 phase_container() {
-  [[ -f $WORK/inventory.json ]] || die "run the node phase first (it writes the CDI specs the containers use)"
+  [[ -f $WORK/inventory.json ]] || { echo "run.sh: run the node phase first (it writes the CDI specs the containers use)" >&2; return 2; }
   "$PROOF" container -work "$WORK" -out "$PARTIAL/container.json" -rootfs "$B/rootfs" -runc "$B/bin/runc" \
     -gpu-index "$GPU_INDEX" -share-mib 4096 "${dry[@]}"
 }
@@ -81,23 +81,30 @@ phase_overhead() {
 # torch and compute run PyTorch on the host, with vcuda preloaded as in a share container and its
 # limits given by TESSERA_VCUDA_LIMITS (honoured only where /etc/tessera/vcuda/limits is absent).
 torch_preflight() {
-  [[ $DRY_RUN == 1 ]] && die "the $1 phase needs a GPU and PyTorch: it has no dry run (torch_checks.py is only compiled)"
-  [[ -e /etc/tessera/vcuda/limits ]] && die "/etc/tessera/vcuda/limits exists here; vcuda would use it instead of this script's limits"
-  command -v nvidia-smi >/dev/null || die "nvidia-smi not found"
-  "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' || die "$PYTHON has no CUDA build of PyTorch"
-  UUID=$(nvidia-smi -i "$GPU_INDEX" --query-gpu=uuid --format=csv,noheader | tr -d ' ')
-  [[ $UUID == GPU-* ]] || die "cannot read the UUID of GPU $GPU_INDEX: $UUID"
-  export CUDA_VISIBLE_DEVICES=$UUID
+  local why=""
+  if [[ $DRY_RUN == 1 ]]; then why="the $1 phase needs a GPU and PyTorch: it has no dry run (torch_checks.py is only compiled)"
+  elif [[ -e /etc/tessera/vcuda/limits ]]; then why="/etc/tessera/vcuda/limits exists here; vcuda would use it instead of this script's limits"
+  elif ! command -v nvidia-smi >/dev/null; then why="nvidia-smi not found"
+  elif ! "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then why="$PYTHON has no CUDA build of PyTorch"
+  else
+    UUID=$(nvidia-smi -i "$GPU_INDEX" --query-gpu=uuid --format=csv,noheader | tr -d ' ')
+    [[ $UUID == GPU-* ]] || why="cannot read the UUID of GPU $GPU_INDEX: $UUID"
+  fi
+  if [[ -n $why ]]; then
+    echo "run.sh: $why" >&2
+    return 2
+  fi
+  export CUDA_VISIBLE_DEVICES=$UUID GPUPROOF=$PROOF
 }
 
 phase_torch() {
-  torch_preflight torch
+  torch_preflight torch || return 2
   "$PYTHON" "$B/torch_checks.py" torch --lib "$LIB" --uuid "$UUID" --cap-gib "$CAP_GIB" --work "$WORK/torch" \
     --out "$PARTIAL/torch.json"
 }
 
 phase_compute() {
-  torch_preflight compute
+  torch_preflight compute || return 2
   "$PYTHON" "$B/torch_checks.py" compute --lib "$LIB" --uuid "$UUID" --cap-gib "$CAP_GIB" --work "$WORK/compute" \
     --seconds "$COMPUTE_SECONDS" --out "$PARTIAL/compute.json"
 }

@@ -108,6 +108,23 @@ def smi(args, env):
     return subprocess.run(["nvidia-smi"] + args, env=env, capture_output=True, text=True, timeout=60).stdout
 
 
+def device_used():
+    """The GPU's memory.used in MiB as the host's NVML sees it (None if unreadable)."""
+    q = smi(["--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", os.environ.get("CUDA_VISIBLE_DEVICES", "0")], host_env())
+    return int(q.strip()) if q.strip().isdigit() else None
+
+
+def physical(r, idle):
+    """A child's physical use in MiB and how it was measured: its own line in the host's process list,
+    or, where NVML reports pids of another PID namespace (this machine is itself a container), the
+    device's use minus its use before the children started (nothing else may run meanwhile)."""
+    if r["pid"] in r.get("host_apps", {}):
+        return r["host_apps"][r["pid"]], HOST_NVML
+    if idle is not None and r.get("device_used") is not None:
+        return r["device_used"] - idle, "host NVML memory.used of the GPU minus its idle use (the process's pid is not in NVML's list: another PID namespace)"
+    return None, HOST_NVML
+
+
 def wait_for(path, proc, seconds):
     end = time.time() + seconds
     while time.time() < end:
@@ -176,7 +193,7 @@ def child_oom(a):
         keep += [g, outs]
         res["graph_bytes"] = 256 * 4 * MiB
     reached, err = 0, ""
-    for size in (64 * MiB, 2 * MiB, 256 * 1024):
+    for size in () if a.no_fill else (64 * MiB, 2 * MiB, 256 * 1024):
         while True:
             try:
                 keep.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
@@ -191,14 +208,15 @@ def child_oom(a):
             break
     free1, total1 = torch.cuda.mem_get_info()
     res.update(reached=reached, error=err, free_at_oom=free1, total_at_oom=total1, reserved=torch.cuda.memory_reserved())
-    with open(a.ready, "w") as f:
+    with open(a.ready + ".tmp", "w") as f:
         json.dump(res, f)
+    os.replace(a.ready + ".tmp", a.ready)  # the orchestrator reads it as soon as it exists
     while not os.path.exists(a.release):
         time.sleep(0.05)
     print("held", len(keep))
 
 
-def run_case(a, name, conf, graphs, lib, limits):
+def run_case(a, name, conf, graphs, lib, limits, fill=True):
     """Starts a child, measures it from outside while it holds memory at the cap."""
     d = os.path.join(a.work, name)
     os.makedirs(d, exist_ok=True)
@@ -206,13 +224,14 @@ def run_case(a, name, conf, graphs, lib, limits):
     for p in (ready, release):
         if os.path.exists(p):
             os.remove(p)
-    cmd = [sys.executable, os.path.abspath(__file__), "child-oom", "--ready", ready, "--release", release] + (["--graphs"] if graphs else [])
+    cmd = [sys.executable, os.path.abspath(__file__), "child-oom", "--ready", ready, "--release", release] + (["--graphs"] if graphs else []) + ([] if fill else ["--no-fill"])
     log = open(os.path.join(d, "child.log"), "w")
     proc = subprocess.Popen(cmd, env=child_env(lib, limits, conf), stdout=log, stderr=subprocess.STDOUT)
     out = dict(ok=wait_for(ready, proc, 240))
     if out["ok"]:
         out.update(read_json(ready))
         out["host_apps"] = parse_apps(smi(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], host_env()))
+        out["device_used"] = device_used()
         if lib:
             env = child_env(lib, limits)
             out["smi_gpu"] = smi(["--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"], env).strip()
@@ -236,12 +255,15 @@ def phase_torch(a):
     ph.d["env"]["cap_bytes"] = str(cap)
     # The memory a PyTorch process uses beyond what its allocator reserved (context, modules,
     # cuBLAS), without vcuda: the "stated context overhead" the caps are held to.
-    base = run_case(a, "baseline", "", False, "", "")
+    idle = device_used()
+    ph.d["env"]["idle_device_used_mib"] = str(idle)
+    base = run_case(a, "baseline", "", False, "", "", fill=False)
     overhead = None
-    if base.get("ok") and base.get("pid") in base.get("host_apps", {}):
-        overhead = base["host_apps"][base["pid"]] * MiB - base["reserved"]
+    base_phys, base_by = physical(base, idle) if base.get("ok") else (None, "")
+    if base_phys is not None:
+        overhead = base_phys * MiB - base["reserved"]
         ph.figure("context overhead (PyTorch process, no vcuda)", overhead / MiB, "MiB",
-                  "host NVML use of the process minus torch.cuda.memory_reserved(), after one 1024x1024 matmul")
+                  base_by + " minus torch.cuda.memory_reserved(), after one 1024x1024 matmul")
     else:
         ph.check("baseline process", False, HOST_NVML, "no baseline: %s" % base.get("log", base)[:300])
     for conf in ALLOC_CONFS:
@@ -261,15 +283,15 @@ def phase_torch(a):
                      "torch.cuda.mem_get_info()", "total %d before, %d at OOM; cap %d" % (r["total_before"], r["total_at_oom"], cap))
             ph.check(name + ": total_memory = cap", r["total_memory"] == cap, "torch.cuda.get_device_properties(0).total_memory",
                      "%d; cap %d" % (r["total_memory"], cap))
-            phys = r["host_apps"].get(r["pid"])
+            phys, phys_by = physical(r, idle)
             if phys is None:
-                ph.check(name + ": physical use", False, HOST_NVML, "the process is not in the host's list: %s" % r["host_apps"])
+                ph.check(name + ": physical use", False, HOST_NVML, "not measurable: host apps %s" % r["host_apps"])
             elif overhead is None:
-                ph.figure(name + ": physical use at OOM", phys, "MiB", HOST_NVML)
-                ph.skip(name + ": physical <= cap + overhead", HOST_NVML, "no baseline overhead measured")
+                ph.figure(name + ": physical use at OOM", phys, "MiB", phys_by)
+                ph.skip(name + ": physical <= cap + overhead", phys_by, "no baseline overhead measured")
             else:
                 limit = (cap + overhead) / MiB + 32
-                ph.figure(name + ": physical use at OOM", phys, "MiB", HOST_NVML,
+                ph.figure(name + ": physical use at OOM", phys, "MiB", phys_by,
                           "<= cap + context overhead + 32 MiB rounding = %.0f MiB" % limit, phys <= limit)
             gpu = [s.strip() for s in r.get("smi_gpu", "").split(",")]
             ph.check(name + ": nvidia-smi under vcuda shows the cap", len(gpu) == 2 and gpu[0] == str(cap // MiB),
@@ -351,8 +373,9 @@ def child_compute(a):
         torch.cuda.synchronize()
         r.update(steps=n, wall_s=time.time() - t0)
         res[name] = r
-    with open(a.result, "w") as f:
+    with open(a.result + ".tmp", "w") as f:
         json.dump(res, f)
+    os.replace(a.result + ".tmp", a.result)
 
 
 def run_compute(a, name, lib, cores, gate=False, only="", start=""):
@@ -360,6 +383,8 @@ def run_compute(a, name, lib, cores, gate=False, only="", start=""):
     limits = write_limits(d, a.uuid, int(a.cap_gib * GiB), cores) if lib else ""
     result = os.path.join(d, "result.json") if lib else os.path.join(a.work, name + ".json")
     os.makedirs(d, exist_ok=True)
+    if os.path.exists(result):
+        os.remove(result)
     cmd = [sys.executable, os.path.abspath(__file__), "child-compute", "--seconds", str(a.seconds), "--result", result]
     cmd += (["--gate"] if gate else []) + (["--only", only] if only else []) + (["--start", start] if start else [])
     log = open(os.path.join(d, "child.log"), "w")
@@ -407,8 +432,9 @@ def phase_compute(a):
                       within(b, target, 0.10))
     # two containers on one GPU, 30% and 70%, started together on the matmul loop
     start = os.path.join(a.work, "pair-start")
-    if os.path.exists(start):
-        os.remove(start)
+    for f in os.listdir(a.work):
+        if f.startswith("pair-start"):
+            os.remove(os.path.join(a.work, f))
     procs = [run_compute(a, "pair-%d" % p, a.lib, p, only="matmul", start=start) for p in (30, 70)]
     end = time.time() + 120
     while time.time() < end and len([f for f in os.listdir(a.work) if f.startswith("pair-start.ready-")]) < 2:
@@ -443,6 +469,9 @@ def selftest(_):
     env = child_env("/lib/v.so", "/l", "backend:cudaMallocAsync")
     assert env["LD_PRELOAD"] == "/lib/v.so" and env["PYTORCH_CUDA_ALLOC_CONF"] == "backend:cudaMallocAsync"
     assert "LD_PRELOAD" not in child_env("", "")
+    assert physical({"pid": 5, "host_apps": {5: 100}}, 3) == (100, HOST_NVML)
+    assert physical({"pid": 5, "host_apps": {9: 100}, "device_used": 700}, 200)[0] == 500
+    assert physical({"pid": 5, "host_apps": {}}, None)[0] is None
     ph = Phase("torch")
     ph.check("a", True, "m", "d")
     ph.figure("f", 1, "MiB", "m", "<= 2", False)
@@ -465,6 +494,7 @@ def main():
     s.add_argument("--ready", required=True)
     s.add_argument("--release", required=True)
     s.add_argument("--graphs", action="store_true")
+    s.add_argument("--no-fill", action="store_true")
     s = sub.add_parser("child-compute")
     s.add_argument("--seconds", type=float, required=True)
     s.add_argument("--result", required=True)
