@@ -73,13 +73,18 @@ func TestParseReferences(t *testing.T) {
 func TestTables(t *testing.T) {
 	p := newPhase("overhead", true)
 	p.figure(Figure{Name: "fake driver: launch | added", Value: 4.5, Unit: "ns/call", MeasuredBy: "callbench on the fake driver"})
+	p.figure(Figure{Name: "real driver: launch, added by vcuda at 50% compute", Value: 31, Unit: "ns/call", MeasuredBy: "callbench on the real driver"})
+	p.figure(Figure{Name: "fake driver: launch, added by vcuda at 50% compute", Value: 12, Unit: "ns/call", MeasuredBy: "callbench on the fake driver"})
+	p.figure(Figure{Name: "fake driver: alloc, no vcuda", Value: 180, Unit: "ns/call", MeasuredBy: "callbench on the fake driver"})
 	r := &Results{DryRun: true, GPUModel: "NVIDIA A100-SXM4-40GB", Driver: "550.54.15", CUDA: "13.0", Date: "2026-11-23", Phases: []*Phase{p}}
 	var b bytes.Buffer
 	if err := tables(&b, r, "x.json", sections["vcuda"]); err != nil {
 		t.Fatal(err)
 	}
 	out := b.String()
-	for _, want := range []string{"**DRY RUN", "**torch**: not run.", `fake driver: launch \| added`, "callbench on the fake driver", "| 4.5 ns/call |"} {
+	for _, want := range []string{"**DRY RUN", "**torch**: not run.", `fake driver: launch \| added`, "callbench on the fake driver", "| 4.5 ns/call |",
+		"| `cuLaunchKernel` (empty kernel, 1 block) | added by vcuda, container at 50% compute | 31 ns | 12 ns |",
+		"| `cuMemAlloc_v2`/`cuMemFree_v2` (4 KiB) | without vcuda (driver call alone) | not measured | 180 ns |"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("tables lack %q:\n%s", want, out)
 		}

@@ -164,6 +164,9 @@ func tables(w io.Writer, r *Results, file string, phases []string) error {
 				fmt.Fprintf(w, "| %s | %s | %s | %s |\n", cell(c.Name), c.Status, cell(c.Detail), cell(c.MeasuredBy))
 			}
 		}
+		if name == "overhead" {
+			overheadTable(w, p)
+		}
 		if len(p.Figures) > 0 {
 			fmt.Fprintf(w, "\n| figure | value | goal | result | measured by |\n| --- | --- | --- | --- | --- |\n")
 			for _, f := range p.Figures {
@@ -187,4 +190,37 @@ func num(v float64) string {
 		return fmt.Sprintf("%d", int64(v))
 	}
 	return fmt.Sprintf("%.4g", v)
+}
+
+var overheadName = regexp.MustCompile(`^(real|fake) driver: (\w+), (no vcuda|added by vcuda at (\d+)% compute)$`)
+
+// overheadTable puts the real driver's figure next to the fake driver's, call by call: the
+// summary of the overhead phase (the full figures, with how each was measured, follow it).
+func overheadTable(w io.Writer, p *Phase) {
+	type key struct{ mode, setting string }
+	vals := map[key]map[string]string{}
+	var order []key
+	for _, f := range p.Figures {
+		m := overheadName.FindStringSubmatch(f.Name)
+		if m == nil {
+			continue
+		}
+		k := key{m[2], "without vcuda (driver call alone)"}
+		if m[4] != "" {
+			k.setting = "added by vcuda, container at " + m[4] + "% compute"
+		}
+		if vals[k] == nil {
+			vals[k] = map[string]string{}
+			order = append(order, k)
+		}
+		vals[k][m[1]] = num(f.Value) + " ns"
+	}
+	if len(order) == 0 {
+		return
+	}
+	fmt.Fprintf(w, "\n| call | | real driver | fake driver |\n| --- | --- | --- | --- |\n")
+	calls := map[string]string{"alloc": "`cuMemAlloc_v2`/`cuMemFree_v2` (4 KiB)", "launch": "`cuLaunchKernel` (empty kernel, 1 block)"}
+	for _, k := range order {
+		fmt.Fprintf(w, "| %s | %s | %s | %s |\n", first(calls[k.mode], k.mode), k.setting, first(vals[k]["real"], "not measured"), first(vals[k]["fake"], "not measured"))
+	}
 }
