@@ -13,18 +13,22 @@ if [[ ! -f $RUN/stamp ]] || [[ $TARBALL -nt $RUN/stamp ]]; then
   rm -rf "$RUN/tessera-gpu-bundle" && mkdir -p "$RUN" && tar -C "$RUN" -xzf "$TARBALL" && touch "$RUN/stamp"
 fi
 OUT_DIR=${OUT:-$RUN/returned}
-mkdir -p "$RUN/out"
+mkdir -p "$RUN/out" "$OUT_DIR"
+# Copied after every phase: a call cut off by the device tool's time limit still returns what
+# the finished phases wrote.
+collect() {
+  cp -r "$RUN/out/partial" "$RUN/out/results" "$RUN/out/run.log" "$OUT_DIR/" 2>/dev/null
+  cp "$RUN/out/work/inventory.json" "$OUT_DIR/" 2>/dev/null
+  for f in "$RUN"/out/work/containers/*/output.txt "$RUN"/out/work/*/child.log "$RUN"/out/work/*/*/child.log; do
+    [[ -f $f ]] && cp "$f" "$OUT_DIR/$(echo "${f#"$RUN"/out/work/}" | tr / _)"
+  done
+}
+nvidia-smi >"$OUT_DIR/nvidia-smi.txt" 2>&1
 status=0
 for phase in "$@"; do
   OUT=$RUN/out "$RUN/tessera-gpu-bundle/run.sh" "$phase" 2>&1 | tee -a "$RUN/out/run.log"
   rc=${PIPESTATUS[0]}
   (( rc > status )) && status=$rc
+  collect
 done
-mkdir -p "$OUT_DIR"
-cp -r "$RUN/out/partial" "$RUN/out/results" "$RUN/out/run.log" "$OUT_DIR/" 2>/dev/null
-cp "$RUN/out/work/inventory.json" "$OUT_DIR/" 2>/dev/null
-for f in "$RUN"/out/work/containers/*/output.txt "$RUN"/out/work/*/child.log "$RUN"/out/work/*/*/child.log; do
-  [[ -f $f ]] && cp "$f" "$OUT_DIR/$(echo "${f#"$RUN"/out/work/}" | tr / _)"
-done
-nvidia-smi >"$OUT_DIR/nvidia-smi.txt" 2>&1
 exit $status

@@ -3,10 +3,10 @@
 #
 #   ./run.sh node        discovery + CDI specs on this machine vs nvidia-smi, CUDA, sysfs   (~1 min)
 #   ./run.sh container   CUDA in runc containers made only from the CDI specs (+ vcuda)       (~1 min)
-#   ./run.sh torch       vcuda memory caps with PyTorch: 3 allocators x CUDA graphs on/off    (~3 min)
-#   ./run.sh compute     vcuda compute shares 10/30/50/70%, two containers 30+70, 100% cost   (~6 min)
+#   ./run.sh torch       vcuda memory caps with PyTorch: 3 allocators x CUDA graphs on/off    (~2-3 min)
+#   ./run.sh compute     vcuda compute shares 10/30/50/70%, two containers 30+70, 100% cost   (~4 min)
 #   ./run.sh overhead    ns added per intercepted call, real driver next to the fake driver   (~1 min)
-#   ./run.sh all         all of the above in that order (~12 min: more than one device-tool command)
+#   ./run.sh all         all of the above in that order (~10 min: split it over device-tool calls)
 #
 # Each phase writes $OUT/partial/<phase>.json as it ends, then merges every phase so far into
 # $OUT/results/<date>-<gpu model>.json; render it with `gpuproof tables` (test/gpu/README.md).
