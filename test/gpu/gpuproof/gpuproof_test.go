@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -88,5 +90,28 @@ func TestTables(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("tables lack %q:\n%s", want, out)
 		}
+	}
+}
+
+// nvidia-smi's CSV as the real tool prints it (the dry run's fake nvidia-smi has no --query-gpu).
+func TestNvidiaSMIQuery(t *testing.T) {
+	smi := filepath.Join(t.TempDir(), "nvidia-smi")
+	script := "#!/bin/sh\necho 'GPU-aa, NVIDIA H100 80GB HBM3, 81559, 00000000:18:00.0, 9.0'\necho 'GPU-bb, NVIDIA H100 80GB HBM3, 81559, 00000000:2A:00.0, 9.0'\n"
+	if err := os.WriteFile(smi, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	gpus, err := nvidiaSMIQuery(smi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := refGPU{UUID: "GPU-bb", Name: "NVIDIA H100 80GB HBM3", MemMiB: 81559, PCI: "0000:2a:00.0", CC: "9.0"}
+	if len(gpus) != 2 || gpus["GPU-bb"] != want {
+		t.Errorf("nvidiaSMIQuery: %+v, want GPU-bb %+v", gpus, want)
+	}
+	if err := os.WriteFile(smi, []byte("#!/bin/sh\necho 'Driver Version: 580.95.05'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nvidiaSMIQuery(smi); err == nil {
+		t.Error("an nvidia-smi without --query-gpu must be an error (the caller falls back to -L)")
 	}
 }
