@@ -12,7 +12,7 @@ FUZZTIME ?= 5s
 # Packages whose tests need no upstream binaries.
 UNIT_PKGS = $$($(GO) list ./... | grep -v /test/)
 
-.PHONY: all build vcuda test unit e2e e2e-cluster fuzz bench tools demo demo-down clean vet
+.PHONY: gpu-bundle all build vcuda test unit e2e e2e-cluster fuzz bench tools demo demo-down clean vet
 
 all: build vcuda
 
@@ -56,6 +56,10 @@ bench: tools
 # deploy/examples applied, a report, teardown. KEEP=1 leaves it up (make demo-down).
 demo: tools
 	KEEP=$(KEEP) $(GO) run ./test/demo
+
+# What a GPU machine needs for the real-GPU proof (test/gpu/README.md), built here: one tarball.
+gpu-bundle:
+	bash test/gpu/bundle.sh $(BIN)/tessera-gpu-bundle.tar.gz
 
 demo-down:
 	$(GO) run ./test/demo down

@@ -2,9 +2,11 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/tessera-gpu/tessera/internal/cdi"
 	"github.com/tessera-gpu/tessera/internal/gpu"
@@ -16,6 +18,7 @@ func cdiGenerate(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("tessera-node cdi generate", flag.ContinueOnError)
 	var f nodeFlags
 	f.register(fs)
+	inventory := fs.String("inventory", "", "also write what discovery found (the inventory the agent publishes, as JSON) to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -35,6 +38,11 @@ func cdiGenerate(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	if *inventory != "" {
+		if err := writeInventory(*inventory, node, cfg.SharesPerGPU); err != nil {
+			return err
+		}
+	}
 	gen, err := cdiGenerator(cfg, backend, false)
 	if err != nil {
 		return err
@@ -48,6 +56,23 @@ func cdiGenerate(args []string, out io.Writer) error {
 	}
 	for _, name := range cdi.DeviceNames(specs) {
 		fmt.Fprintln(out, name)
+	}
+	return nil
+}
+
+// writeInventory writes the discovered node as the agent would publish it, so a person (or
+// test/gpu) can check discovery against nvidia-smi without a cluster.
+func writeInventory(path string, node *gpu.Node, sharesPerGPU int) error {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown"
+	}
+	data, err := json.MarshalIndent(node.Inventory(host, sharesPerGPU), "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode the inventory: %w", err)
+	}
+	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write the inventory: %w", err)
 	}
 	return nil
 }

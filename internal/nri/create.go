@@ -321,13 +321,32 @@ func (p *Plugin) realise(pod *nriapi.PodSandbox, c *nriapi.Container, e *ledger.
 // alone, on its own size-limited tmpfs: region.go), the library and a read-only /etc/ld.so.preload
 // naming the library.
 func (p *Plugin) addVCUDA(c *nriapi.Container, e *ledger.Entry, adj *nriapi.ContainerAdjustment) error {
-	dir := p.containerDir(e.ContainerID)
 	region, err := p.createRegion(e.ContainerID)
 	if err != nil {
 		return err
 	}
-	l := &api.Limits{ContainerID: e.ContainerID, RegionPath: api.RegionDirInContainer + "/region"}
-	for _, d := range e.Devices {
+	hasLib := slices.ContainsFunc(c.GetMounts(), func(m *nriapi.Mount) bool { return m.GetDestination() == api.VCUDALibraryInContainer })
+	mounts, err := VCUDAMounts(p.containerDir(e.ContainerID), region, e.ContainerID, e.Devices, p.cfg.VCUDALibrary, !hasLib)
+	if err != nil {
+		return err
+	}
+	for _, m := range mounts {
+		adj.AddMount(m)
+	}
+	return nil
+}
+
+// VCUDAMounts writes a share container's vcuda files into dir (limits, ld.so.preload) and returns
+// the mounts that put them in the container with its accounting region (the file alone, created by
+// the caller: region.go), plus the library itself when withLibrary
+// (the share token's CDI spec normally mounts it already). Exported so that test/gpu's runc
+// harness builds a share container exactly as this plugin does.
+func VCUDAMounts(dir, region, containerID string, devs []api.DeviceAssignment, library string, withLibrary bool) ([]*nriapi.Mount, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create the container's vcuda directory: %w", err)
+	}
+	l := &api.Limits{ContainerID: containerID, RegionPath: api.RegionDirInContainer + "/region"}
+	for _, d := range devs {
 		cores := d.CoresPercent
 		if cores == 0 {
 			cores = api.MaxCoresPercent
@@ -336,7 +355,7 @@ func (p *Plugin) addVCUDA(c *nriapi.Container, e *ledger.Entry, adj *nriapi.Cont
 	}
 	data, err := api.EncodeLimits(l)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Plain writes: the container does not exist yet, so nobody can read a half-written file.
 	for _, f := range []struct {
@@ -345,20 +364,22 @@ func (p *Plugin) addVCUDA(c *nriapi.Container, e *ledger.Entry, adj *nriapi.Cont
 	}{{"limits", data}, {"ld.so.preload", []byte(api.VCUDALibraryInContainer + "\n")}} {
 		path := filepath.Join(dir, f.name)
 		if err := os.WriteFile(path, f.data, 0o644); err != nil {
-			return fmt.Errorf("write the container's %s: %w", f.name, err)
+			return nil, fmt.Errorf("write the container's %s: %w", f.name, err)
 		}
 		if err := os.Chmod(path, 0o644); err != nil { // past the umask
-			return fmt.Errorf("write the container's %s: %w", f.name, err)
+			return nil, fmt.Errorf("write the container's %s: %w", f.name, err)
 		}
 	}
 	ro := []string{"bind", "ro", "nosuid", "nodev"}
-	adj.AddMount(&nriapi.Mount{Source: filepath.Join(dir, "limits"), Destination: api.LimitsPathInContainer, Type: "bind", Options: ro})
-	adj.AddMount(&nriapi.Mount{Source: filepath.Join(dir, "ld.so.preload"), Destination: "/etc/ld.so.preload", Type: "bind", Options: ro})
-	adj.AddMount(&nriapi.Mount{Source: region, Destination: api.RegionDirInContainer + "/region", Type: "bind", Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}})
-	if !slices.ContainsFunc(c.GetMounts(), func(m *nriapi.Mount) bool { return m.GetDestination() == api.VCUDALibraryInContainer }) {
-		adj.AddMount(&nriapi.Mount{Source: p.cfg.VCUDALibrary, Destination: api.VCUDALibraryInContainer, Type: "bind", Options: ro})
+	mounts := []*nriapi.Mount{
+		{Source: filepath.Join(dir, "limits"), Destination: api.LimitsPathInContainer, Type: "bind", Options: ro},
+		{Source: filepath.Join(dir, "ld.so.preload"), Destination: "/etc/ld.so.preload", Type: "bind", Options: ro},
+		{Source: region, Destination: api.RegionDirInContainer + "/region", Type: "bind", Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 	}
-	return nil
+	if withLibrary {
+		mounts = append(mounts, &nriapi.Mount{Source: library, Destination: api.VCUDALibraryInContainer, Type: "bind", Options: ro})
+	}
+	return mounts, nil
 }
 
 func (p *Plugin) isKata(pod *nriapi.PodSandbox) bool {

@@ -1,146 +1,513 @@
 #!/usr/bin/env python3
-"""Real-GPU checks of vcuda with PyTorch; driven by run.sh (see there).
+"""vcuda with PyTorch on a real GPU: the torch and compute phases of test/gpu/run.sh.
 
-Every mode prints one JSON line with what it measured and exits non-zero if a
-check failed. vcuda must already be preloaded (LD_PRELOAD) with a limits file.
+  torch_checks.py torch   --lib L --uuid U --cap-gib N --work DIR --out F
+  torch_checks.py compute --lib L --uuid U --cap-gib N --work DIR --seconds S --out F
+  torch_checks.py selftest          (no GPU, no torch: the helpers; run by the dry-run test)
+
+The orchestrators run without vcuda and start one child process per case ("child-oom",
+"child-compute") with vcuda preloaded (LD_PRELOAD, the host stand-in for a container's
+/etc/ld.so.preload) and a limits file given by TESSERA_VCUDA_LIMITS. Results are one JSON file
+in gpuproof's Phase shape: checks (pass/fail/not_checked) and figures, each naming what measured
+it. Nothing is retried or smoothed: a number is what the run measured.
 """
+import argparse
 import json
 import os
+import subprocess
 import sys
 import time
 
 MiB = 1 << 20
+GiB = 1 << 30
+ALLOC_CONFS = ["", "expandable_segments:True", "backend:cudaMallocAsync"]
+# gpuproof sits in the bundle's bin/ beside this script's folder
+GPUPROOF = os.environ.get("GPUPROOF", os.path.join(os.path.dirname(os.path.abspath(__file__)), "bin", "gpuproof"))
+HOST_NVML = "nvidia-smi on the host, without vcuda (--query-compute-apps=pid,used_memory)"
 
 
-def fail(msg, **kw):
-    print(json.dumps(dict(ok=False, error=msg, **kw)), flush=True)
-    sys.exit(1)
+# ---------------------------------------------------------------- helpers (no torch, selftest-ed)
+
+class Phase:
+    def __init__(self, name):
+        self.d = dict(phase=name, dry_run=False, started=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                      seconds=0.0, env={}, checks=[], figures=[])
+        self.t0 = time.time()
+
+    def check(self, name, ok, measured_by, detail):
+        self.d["checks"].append(dict(name=name, status="pass" if ok else "fail", detail=detail, measured_by=measured_by))
+
+    def skip(self, name, measured_by, detail):
+        self.d["checks"].append(dict(name=name, status="not_checked", detail=detail, measured_by=measured_by))
+
+    def figure(self, name, value, unit, measured_by, goal="", ok=None):
+        f = dict(name=name, value=float(value), unit=unit, measured_by=measured_by)
+        if goal:
+            f["goal"] = goal
+            f["status"] = "pass" if ok else "fail"
+        self.d["figures"].append(f)
+
+    def failed(self):
+        return sum(c["status"] == "fail" for c in self.d["checks"]) + sum(f.get("status") == "fail" for f in self.d["figures"])
+
+    def write(self, path):
+        self.d["seconds"] = time.time() - self.t0
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with open(path + ".tmp", "w") as f:
+            json.dump(self.d, f, indent=2)
+        os.replace(path + ".tmp", path)
+        for c in self.d["checks"]:
+            print("%-11s %s: %s" % (c["status"], c["name"], c["detail"]), flush=True)
+        for f in self.d["figures"]:
+            print("%-11s %s = %.4g %s (%s)" % (f.get("status", "-"), f["name"], f["value"], f["unit"], f["measured_by"]), flush=True)
 
 
-def torch_cuda():
+def write_limits(dirpath, uuid, cap, cores):
+    """A vcuda limits file, written by gpuproof (api/v1's encoder: one writer of the format)."""
+    out = subprocess.run([GPUPROOF, "limits", "-dir", dirpath, "-uuid", uuid, "-cap", str(cap), "-cores", str(cores)],
+                         capture_output=True, text=True, timeout=60)
+    if out.returncode != 0:
+        raise RuntimeError("gpuproof limits: " + out.stderr)
+    return out.stdout.strip()
+
+
+def parse_apps(csv_text):
+    """nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits -> {pid: MiB}."""
+    apps = {}
+    for line in csv_text.splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
+            apps[int(parts[0])] = int(parts[1])
+    return apps
+
+
+def busy_share(iterations, gpu_s_per_iter, wall_s):
+    """Share of wall time the GPU spent on this process's work."""
+    return iterations * gpu_s_per_iter / wall_s if wall_s > 0 else 0.0
+
+
+def within(measured, target, rel):
+    return abs(measured - target) <= rel * target
+
+
+def child_env(lib, limits, conf=None):
+    env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "TESSERA_VCUDA_LIMITS", "PYTORCH_CUDA_ALLOC_CONF")}
+    if lib:
+        env["LD_PRELOAD"] = lib
+        env["TESSERA_VCUDA_LIMITS"] = limits
+    if conf:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+    return env
+
+
+def host_env():
+    return {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "TESSERA_VCUDA_LIMITS")}
+
+
+def smi(args, env):
+    return subprocess.run(["nvidia-smi"] + args, env=env, capture_output=True, text=True, timeout=60).stdout
+
+
+def device_used():
+    """The GPU's memory.used in MiB as the host's NVML sees it (None if unreadable)."""
+    q = smi(["--query-gpu=memory.used", "--format=csv,noheader,nounits", "-i", os.environ.get("CUDA_VISIBLE_DEVICES", "0")], host_env())
+    return int(q.strip()) if q.strip().isdigit() else None
+
+
+def physical(r, idle):
+    """A child's physical use in MiB and how it was measured: its own line in the host's process list,
+    or, where NVML reports pids of another PID namespace (this machine is itself a container), the
+    device's use minus its use before the children started (nothing else may run meanwhile)."""
+    if r["pid"] in r.get("host_apps", {}):
+        return r["host_apps"][r["pid"]], HOST_NVML
+    if idle is not None and r.get("device_used") is not None:
+        return r["device_used"] - idle, "host NVML memory.used of the GPU minus its idle use (the process's pid is not in NVML's list: another PID namespace)"
+    return None, HOST_NVML
+
+
+def wait_for(path, proc, seconds):
+    end = time.time() + seconds
+    while time.time() < end:
+        if os.path.exists(path):
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.1)
+    return False
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        return dict(error="no result (%s)" % e)
+
+
+def versions(phase):
+    import ctypes
+    e = phase.d["env"]
+    try:
+        import torch
+        e["torch_version"] = torch.__version__
+        e["torch_cuda"] = str(torch.version.cuda)
+    except Exception as ex:  # reported, not fatal: the checks say what failed
+        e["torch_version"] = "import failed: %s" % ex
+    q = smi(["--query-gpu=name,driver_version", "--format=csv,noheader", "-i", os.environ.get("CUDA_VISIBLE_DEVICES", "0")], host_env())
+    if "," in q:
+        e["gpu_model"], e["driver_version"] = [s.strip() for s in q.strip().split(",", 1)]
+    v = ctypes.c_int(0)
+    try:
+        ctypes.CDLL("libcuda.so.1").cuDriverGetVersion(ctypes.byref(v))
+        e["cuda_driver_version"] = "%d.%d" % (v.value // 1000, v.value % 1000 // 10)
+    except OSError as ex:
+        e["cuda_driver_version"] = "unknown (%s)" % ex
+    e["python"] = sys.version.split()[0]
+
+
+# ---------------------------------------------------------------- torch phase: memory caps
+
+def child_oom(a):
+    """One case: optional CUDA graph holding memory, then fill to OOM; hold until released."""
     import torch
-    if not torch.cuda.is_available():
-        fail("torch.cuda.is_available() is False")
-    torch.cuda.init()
-    return torch
-
-
-def fill(torch, sizes):
-    """Allocates tensors of each size in turn until OOM; returns (held, bytes)."""
-    held, reached = [], 0
-    for size in sizes:
+    res = dict(pid=os.getpid(), alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), graphs=a.graphs)
+    x = torch.randn(1024, 1024, device="cuda")
+    (x @ x).sum().item()  # cuBLAS loaded, as in any real job
+    free0, total0 = torch.cuda.mem_get_info()
+    res.update(free_before=free0, total_before=total0, total_memory=torch.cuda.get_device_properties(0).total_memory)
+    keep = []
+    if a.graphs:
+        # 256 matmul outputs of 4 MiB allocated inside a capture: the graph's private pool (graph
+        # memory nodes with backend:cudaMallocAsync) holds 1 GiB while the fill runs
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                x @ x
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            outs = [x @ x for _ in range(256)]
+        g.replay()
+        torch.cuda.synchronize()
+        keep += [g, outs]
+        res["graph_bytes"] = 256 * 4 * MiB
+    reached, err = 0, ""
+    for size in () if a.no_fill else (64 * MiB, 2 * MiB, 256 * 1024):
         while True:
             try:
-                held.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
-            except torch.cuda.OutOfMemoryError:
+                keep.append(torch.empty(size, dtype=torch.uint8, device="cuda"))
+                reached += size
+            except torch.cuda.OutOfMemoryError as e:
+                err = "OutOfMemoryError: " + str(e).split("\n")[0][:200]
                 break
-            reached += size
-    return held, reached
-
-
-def mode_oom(cap, slack_mib):
-    """OOM at the cap and not before; mem_get_info reports the cap."""
-    torch = torch_cuda()
-    free0, total0 = torch.cuda.mem_get_info()
-    # 32 MiB blocks get segments of their own size, 2 MiB ones come from
-    # 20 MiB segments, 256 KiB ones from 2 MiB segments: the last step stops
-    # within ~4 MiB of the cap
-    held, reached = fill(torch, [32 * MiB, 2 * MiB, 256 * 1024])
+            except Exception as e:  # anything else is a finding, not an OOM
+                err = "%s: %s" % (type(e).__name__, str(e)[:200])
+                break
+        if not err.startswith("OutOfMemoryError"):
+            break
     free1, total1 = torch.cuda.mem_get_info()
-    res = dict(mode="oom", alloc_conf=os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""), cap=cap,
-               reached=reached, free_before=free0, total_before=total0, free_at_oom=free1,
-               reserved=torch.cuda.memory_reserved())
-    if total0 != cap or total1 != cap:
-        fail("mem_get_info total is not the cap", **res)
-    if free0 > cap:
-        fail("mem_get_info free above the cap", **res)
-    if reached > cap:
-        fail("allocated past the cap", **res)
-    if reached < cap - slack_mib * MiB:
-        fail("OOM before the cap (more than %d MiB short)" % slack_mib, **res)
-    if free1 > slack_mib * MiB:
-        fail("mem_get_info free at OOM is not ~0", **res)
-    print(json.dumps(dict(ok=True, **res)), flush=True)
-
-
-def mode_hold(nbytes, ready, release):
-    """Holds nbytes until the file `release` exists; creates `ready` first."""
-    torch = torch_cuda()
-    t = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    torch.cuda.synchronize()
-    open(ready, "w").close()
-    while not os.path.exists(release):
+    res.update(reached=reached, error=err, free_at_oom=free1, total_at_oom=total1, reserved=torch.cuda.memory_reserved())
+    with open(a.ready + ".tmp", "w") as f:
+        json.dump(res, f)
+    os.replace(a.ready + ".tmp", a.ready)  # the orchestrator reads it as soon as it exists
+    while not os.path.exists(a.release):
         time.sleep(0.05)
-    del t
-    print(json.dumps(dict(ok=True, mode="hold", bytes=nbytes)), flush=True)
+    print("held", len(keep))
 
 
-def mode_share(cap, ready, start, out):
-    """One of two processes filling the same cap at the same time."""
-    torch = torch_cuda()
-    torch.empty(1, device="cuda")  # context up before the race starts
-    open(ready, "w").close()
-    while not os.path.exists(start):
-        time.sleep(0.01)
-    # 16 MiB blocks get segments of their own size; 256 KiB ones come from
-    # 2 MiB small-pool segments, so each process stops < 2 MiB from the cap
-    held, reached = fill(torch, [16 * MiB, 256 * 1024])
-    with open(out, "w") as f:
-        f.write(str(reached))
-    # hold until the other process is done too
-    time.sleep(3)
-    print(json.dumps(dict(ok=True, mode="share", reached=reached)), flush=True)
+def run_case(a, name, conf, graphs, lib, limits, fill=True):
+    """Starts a child, measures it from outside while it holds memory at the cap."""
+    d = os.path.join(a.work, name)
+    os.makedirs(d, exist_ok=True)
+    ready, release = os.path.join(d, "ready.json"), os.path.join(d, "release")
+    for p in (ready, release):
+        if os.path.exists(p):
+            os.remove(p)
+    cmd = [sys.executable, os.path.abspath(__file__), "child-oom", "--ready", ready, "--release", release] + (["--graphs"] if graphs else []) + ([] if fill else ["--no-fill"])
+    log = open(os.path.join(d, "child.log"), "w")
+    proc = subprocess.Popen(cmd, env=child_env(lib, limits, conf), stdout=log, stderr=subprocess.STDOUT)
+    out = dict(ok=wait_for(ready, proc, 240))
+    if out["ok"]:
+        out.update(read_json(ready))
+        out["host_apps"] = parse_apps(smi(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], host_env()))
+        out["device_used"] = device_used()
+        if lib:
+            env = child_env(lib, limits)
+            out["smi_gpu"] = smi(["--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"], env).strip()
+            out["smi_apps"] = parse_apps(smi(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], env))
+    open(release, "w").close()
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    log.close()
+    if not out["ok"]:
+        with open(os.path.join(d, "child.log")) as f:
+            out["log"] = f.read()[-600:]
+    return out
 
 
-def mode_matmul(seconds):
-    """Matmul loop rate (iterations per second), GPU-bound."""
-    torch = torch_cuda()
-    n = int(os.environ.get("MATMUL_N", "8192"))
-    a = torch.randn(n, n, device="cuda", dtype=torch.float16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.float16)
-    t_end = time.time() + 1.0  # warm-up (and the limiter's calibration)
-    while time.time() < t_end:
-        c = a @ b
-    torch.cuda.synchronize()
-    it, t0 = 0, time.time()
-    while time.time() - t0 < seconds:
-        c = a @ b
-        it += 1
-    torch.cuda.synchronize()
-    dt = time.time() - t0
-    del c
-    print(json.dumps(dict(ok=True, mode="matmul", n=n, iterations=it, seconds=dt, rate=it / dt)), flush=True)
+def phase_torch(a):
+    ph = Phase("torch")
+    versions(ph)
+    cap = int(a.cap_gib * GiB)
+    ph.d["env"]["cap_bytes"] = str(cap)
+    # The memory a PyTorch process uses beyond what its allocator reserved (context, modules,
+    # cuBLAS), without vcuda: the "stated context overhead" the caps are held to.
+    idle = device_used()
+    ph.d["env"]["idle_device_used_mib"] = str(idle)
+    base = run_case(a, "baseline", "", False, "", "", fill=False)
+    overhead = None
+    base_phys, base_by = physical(base, idle) if base.get("ok") else (None, "")
+    if base_phys is not None:
+        overhead = base_phys * MiB - base["reserved"]
+        ph.figure("context overhead (PyTorch process, no vcuda)", overhead / MiB, "MiB",
+                  base_by + " minus torch.cuda.memory_reserved(), after one 1024x1024 matmul")
+    else:
+        ph.check("baseline process", False, HOST_NVML, "no baseline: %s" % base.get("log", base)[:300])
+    for conf in ALLOC_CONFS:
+        for graphs in (False, True):
+            name = (conf.replace(":", "-") or "default") + ("+graphs" if graphs else "")
+            limits = write_limits(os.path.join(a.work, name), a.uuid, cap, 100)
+            r = run_case(a, name, conf, graphs, a.lib, limits)
+            by = "torch_checks child-oom, PYTORCH_CUDA_ALLOC_CONF=%r%s" % (conf, ", CUDA graph holding 1 GiB" if graphs else "")
+            if not r.get("ok"):
+                ph.check(name + ": ran", False, by, r.get("log", "")[-300:])
+                continue
+            oom = r["error"].startswith("OutOfMemoryError")
+            slack = 64 * MiB
+            ph.check(name + ": OOM at the cap", oom and r["reached"] <= cap and r["reached"] >= r["free_before"] - (r.get("graph_bytes", 0) + slack),
+                     by, "reached %d of cap %d (free at start %d), stopped by %s" % (r["reached"], cap, r["free_before"], r["error"][:120]))
+            ph.check(name + ": mem_get_info total = cap", r["total_before"] == cap and r["total_at_oom"] == cap,
+                     "torch.cuda.mem_get_info()", "total %d before, %d at OOM; cap %d" % (r["total_before"], r["total_at_oom"], cap))
+            ph.check(name + ": total_memory = cap", r["total_memory"] == cap, "torch.cuda.get_device_properties(0).total_memory",
+                     "%d; cap %d" % (r["total_memory"], cap))
+            phys, phys_by = physical(r, idle)
+            if phys is None:
+                ph.check(name + ": physical use", False, HOST_NVML, "not measurable: host apps %s" % r["host_apps"])
+            elif overhead is None:
+                ph.figure(name + ": physical use at OOM", phys, "MiB", phys_by)
+                ph.skip(name + ": physical <= cap + overhead", phys_by, "no baseline overhead measured")
+            else:
+                limit = (cap + overhead) / MiB + 32
+                ph.figure(name + ": physical use at OOM", phys, "MiB", phys_by,
+                          "<= cap + context overhead + 32 MiB rounding = %.0f MiB" % limit, phys <= limit)
+            gpu = [s.strip() for s in r.get("smi_gpu", "").split(",")]
+            ph.check(name + ": nvidia-smi under vcuda shows the cap", len(gpu) == 2 and gpu[0] == str(cap // MiB),
+                     "nvidia-smi --query-gpu=memory.total,memory.used with vcuda preloaded", "total,used = %s MiB; cap %d MiB" % (r.get("smi_gpu"), cap // MiB))
+            apps = r.get("smi_apps", {})
+            ph.check(name + ": nvidia-smi under vcuda lists the process", r["pid"] in apps,
+                     "nvidia-smi --query-compute-apps with vcuda preloaded", "pid %d; listed %s" % (r["pid"], apps))
+    ph.write(a.out)
+    return 1 if ph.failed() else 0
 
 
-def mode_region(path):
-    """The first GPU record of a vcuda region (layout: vcuda/README.md)."""
-    import struct
-    with open(path, "rb") as f:
-        b = f.read(4096 + 256)
-    magic, version = struct.unpack_from("<QI", b, 0)
-    if magic != 0x31414455435653 or version != 1:
-        fail("not a vcuda region v1: %s" % path)
-    g = 4096
-    used, = struct.unpack_from("<Q", b, g + 64)
-    throttled_ns, events, ooms, reclaims = struct.unpack_from("<QQQQ", b, g + 192)
-    print(json.dumps(dict(used=used & ~(1 << 63), throttled_s=throttled_ns / 1e9, throttle_events=events,
-                          oom_events=ooms, reclaims=reclaims)))
+# ---------------------------------------------------------------- compute phase: shares
+
+def workloads(torch):
+    """name -> (setup() -> step(), iterations per gated sample). Each step is one unit of work."""
+    def matmul():
+        a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+        return lambda: a @ b
+
+    def elementwise():
+        # one tensor per grid size, from a few blocks to thousands of waves
+        xs = [torch.rand(1 << k, device="cuda") for k in range(8, 27, 2)]
+        def step():
+            for x in xs:
+                x.mul_(0.999).add_(0.001)
+        return step
+
+    def decode():
+        # batch 4, hidden 4096, 32 layers of matmul + gelu + layer norm: small, launch-bound kernels
+        ws = [torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) / 64 for _ in range(4)]
+        h = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
+        ln = torch.nn.LayerNorm(4096, device="cuda", dtype=torch.bfloat16)
+        def step():
+            x = h
+            for i in range(32):
+                x = ln(torch.nn.functional.gelu(x @ ws[i % 4]))
+            return x
+        return step
+    return dict(matmul=(matmul, 20), elementwise=(elementwise, 20), decode=(decode, 10))
+
+
+def child_compute(a):
+    import torch
+    res = {}
+    torch.zeros(1, device="cuda")
+    for name, (setup, k) in workloads(torch).items():
+        if a.only and name not in a.only.split(","):
+            continue
+        step = setup()
+        t_end = time.time() + 1.0  # warm-up (and vcuda's first samples)
+        while time.time() < t_end:
+            step()
+        torch.cuda.synchronize()
+        r = {}
+        if a.gate:
+            # GPU time per step without launch gaps: a sleep kernel holds the stream while k steps
+            # queue behind it, so the events bracket only the steps' kernels
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            best = None
+            for _ in range(3):
+                torch.cuda._sleep(200_000_000)
+                s.record()
+                for _ in range(k):
+                    step()
+                e.record()
+                torch.cuda.synchronize()
+                t = s.elapsed_time(e) / 1000 / k
+                best = t if best is None else min(best, t)
+            r["gpu_s_per_step"] = best
+        if a.start:
+            open(a.start + ".ready-%d" % os.getpid(), "w").close()
+            while not os.path.exists(a.start):
+                time.sleep(0.005)
+        n, t0 = 0, time.time()
+        while time.time() - t0 < a.seconds:
+            step()
+            n += 1
+        torch.cuda.synchronize()
+        r.update(steps=n, wall_s=time.time() - t0)
+        res[name] = r
+    with open(a.result + ".tmp", "w") as f:
+        json.dump(res, f)
+    os.replace(a.result + ".tmp", a.result)
+
+
+def run_compute(a, name, lib, cores, gate=False, only="", start=""):
+    d = os.path.join(a.work, name)
+    limits = write_limits(d, a.uuid, int(a.cap_gib * GiB), cores) if lib else ""
+    result = os.path.join(d, "result.json") if lib else os.path.join(a.work, name + ".json")
+    os.makedirs(d, exist_ok=True)
+    if os.path.exists(result):
+        os.remove(result)
+    cmd = [sys.executable, os.path.abspath(__file__), "child-compute", "--seconds", str(a.seconds), "--result", result]
+    cmd += (["--gate"] if gate else []) + (["--only", only] if only else []) + (["--start", start] if start else [])
+    log = open(os.path.join(d, "child.log"), "w")
+    return subprocess.Popen(cmd, env=child_env(lib, limits), stdout=log, stderr=subprocess.STDOUT), result
+
+
+def finish_compute(proc_result):
+    proc, result = proc_result
+    try:
+        proc.wait(timeout=540)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    return read_json(result)
+
+
+def phase_compute(a):
+    ph = Phase("compute")
+    versions(ph)
+    ev = "CUDA events around k steps queued behind torch.cuda._sleep (no vcuda) x steps / wall time"
+    base = finish_compute(run_compute(a, "none", "", 100, gate=True))
+    if "error" in base:
+        ph.check("unlimited run", False, "torch_checks child-compute without vcuda", base["error"])
+        ph.write(a.out)
+        return 1
+    gpu_s = {w: r["gpu_s_per_step"] for w, r in base.items()}
+    for w, r in base.items():
+        ph.figure("%s: GPU time per step" % w, gpu_s[w] * 1e6, "us", "CUDA events, steps queued behind a sleep kernel (no vcuda)")
+        ph.figure("%s: busy share, no vcuda" % w, 100 * busy_share(r["steps"], gpu_s[w], r["wall_s"]), "%", ev)
+    full = finish_compute(run_compute(a, "vcuda-100", a.lib, 100))
+    for w, r in full.items() if "error" not in full else []:
+        ratio = (r["steps"] / r["wall_s"]) / (base[w]["steps"] / base[w]["wall_s"])
+        ph.figure("%s: throughput at 100%% vs no vcuda" % w, 100 * ratio, "%", "steps per second under vcuda at 100% / without vcuda",
+                  ">= 98%", ratio >= 0.98)
+    for p in (10, 30, 50, 70):
+        got = finish_compute(run_compute(a, "vcuda-%d" % p, a.lib, p))
+        if "error" in got:
+            ph.check("%d%%: ran" % p, False, "torch_checks child-compute", got["error"])
+            continue
+        for w, r in got.items():
+            unlimited = busy_share(base[w]["steps"], gpu_s[w], base[w]["wall_s"])
+            target = min(p / 100, unlimited)
+            b = busy_share(r["steps"], gpu_s[w], r["wall_s"])
+            ph.figure("%s at %d%%: busy share" % w, 100 * b, "%", ev,
+                      "%.1f%% +-10%% (the target%s)" % (100 * target, ", capped by the unlimited run's busy share" if target < p / 100 else ""),
+                      within(b, target, 0.10))
+    # two containers on one GPU, 30% and 70%, started together on the matmul loop
+    start = os.path.join(a.work, "pair-start")
+    for f in os.listdir(a.work):
+        if f.startswith("pair-start"):
+            os.remove(os.path.join(a.work, f))
+    procs = [run_compute(a, "pair-%d" % p, a.lib, p, only="matmul", start=start) for p in (30, 70)]
+    end = time.time() + 120
+    while time.time() < end and len([f for f in os.listdir(a.work) if f.startswith("pair-start.ready-")]) < 2:
+        time.sleep(0.05)
+    open(start, "w").close()
+    shares = []
+    for p, pr in zip((30, 70), procs):
+        r = finish_compute(pr).get("matmul")
+        if not r:
+            ph.check("pair %d%%: ran" % p, False, "torch_checks child-compute", "no result")
+            continue
+        b = busy_share(r["steps"], gpu_s["matmul"], r["wall_s"])
+        shares.append(b)
+        ph.figure("matmul, two containers: the %d%% one's busy share" % p, 100 * b, "%", ev, "%d%% +-10%%" % p, within(b, p / 100, 0.10))
+    if len(shares) == 2:
+        ph.figure("matmul, two containers: total busy share", 100 * sum(shares), "%", ev, "<= 100%", sum(shares) <= 1.0)
+    ph.write(a.out)
+    return 1 if ph.failed() else 0
+
+
+# ---------------------------------------------------------------- selftest (no GPU, no torch)
+
+def selftest(_):
+    assert parse_apps("1234, 500\n 77, 12\n[N/A], x\n") == {1234: 500, 77: 12}
+    assert abs(busy_share(100, 0.003, 1.0) - 0.3) < 1e-9 and busy_share(1, 1, 0) == 0.0
+    assert within(0.32, 0.30, 0.10) and not within(0.34, 0.30, 0.10)
+    import tempfile
+    with tempfile.TemporaryDirectory() as d:
+        with open(write_limits(os.path.join(d, "c"), "GPU-00000000-0000-0000-0000-000000000000", 10 * GiB, 30)) as f:
+            lines = f.read().splitlines()
+    assert lines[0] == "tessera-vcuda-limits 1" and lines[-1] == "gpu GPU-00000000-0000-0000-0000-000000000000 10737418240 30", lines
+    env = child_env("/lib/v.so", "/l", "backend:cudaMallocAsync")
+    assert env["LD_PRELOAD"] == "/lib/v.so" and env["PYTORCH_CUDA_ALLOC_CONF"] == "backend:cudaMallocAsync"
+    assert "LD_PRELOAD" not in child_env("", "")
+    assert physical({"pid": 5, "host_apps": {5: 100}}, 3) == (100, HOST_NVML)
+    assert physical({"pid": 5, "host_apps": {9: 100}, "device_used": 700}, 200)[0] == 500
+    assert physical({"pid": 5, "host_apps": {}}, None)[0] is None
+    ph = Phase("torch")
+    ph.check("a", True, "m", "d")
+    ph.figure("f", 1, "MiB", "m", "<= 2", False)
+    assert ph.failed() == 1
+    print("selftest ok")
 
 
 def main():
-    m = sys.argv[1]
-    if m == "oom":
-        mode_oom(int(sys.argv[2]), int(sys.argv[3]))
-    elif m == "hold":
-        mode_hold(int(sys.argv[2]), sys.argv[3], sys.argv[4])
-    elif m == "share":
-        mode_share(int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5])
-    elif m == "region":
-        mode_region(sys.argv[2])
-    elif m == "matmul":
-        mode_matmul(float(sys.argv[2]))
-    else:
-        fail("unknown mode " + m)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("torch", "compute"):
+        s = sub.add_parser(name)
+        s.add_argument("--lib", required=True)
+        s.add_argument("--uuid", required=True)
+        s.add_argument("--cap-gib", type=float, default=10)
+        s.add_argument("--work", required=True)
+        s.add_argument("--out", required=True)
+        s.add_argument("--seconds", type=float, default=4)
+    s = sub.add_parser("child-oom")
+    s.add_argument("--ready", required=True)
+    s.add_argument("--release", required=True)
+    s.add_argument("--graphs", action="store_true")
+    s.add_argument("--no-fill", action="store_true")
+    s = sub.add_parser("child-compute")
+    s.add_argument("--seconds", type=float, required=True)
+    s.add_argument("--result", required=True)
+    s.add_argument("--gate", action="store_true")
+    s.add_argument("--only", default="")
+    s.add_argument("--start", default="")
+    sub.add_parser("selftest")
+    a = ap.parse_args()
+    if a.cmd in ("torch", "compute"):
+        os.makedirs(a.work, exist_ok=True)
+    fn = dict(torch=phase_torch, compute=phase_compute, selftest=selftest)
+    fn = fn.get(a.cmd) or dict(**{"child-oom": child_oom, "child-compute": child_compute})[a.cmd]
+    sys.exit(fn(a) or 0)
 
 
 if __name__ == "__main__":

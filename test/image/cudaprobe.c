@@ -4,7 +4,8 @@
  * driver files the CDI specs mount. In a share container the dynamic linker first loads
  * /etc/ld.so.preload's libvcuda.so, so everything it sees passes through vcuda.
  *
- *   cudaprobe info              one line per visible GPU: index, name, cuDeviceTotalMem, cuMemGetInfo
+ *   cudaprobe info              the driver's CUDA version, then one line per visible GPU: index, name,
+ *                               cuDeviceTotalMem, cuMemGetInfo, UUID, SM count, compute capability, PCI address
  *   cudaprobe fill [granule]    allocate granule-sized blocks (default 64 MiB) on GPU 0 until an
  *                               error; print how much was allocated and the error code
  *   cudaprobe hold <bytes> <s>  allocate <bytes> on GPU 0, print "held", sleep <s> seconds, exit
@@ -26,6 +27,9 @@ CUresult cuInit(unsigned flags);
 CUresult cuDeviceGetCount(int *n);
 CUresult cuDeviceGet(CUdevice *d, int ordinal);
 CUresult cuDeviceGetName(char *name, int len, CUdevice d);
+CUresult cuDriverGetVersion(int *version);
+CUresult cuDeviceGetUuid_v2(unsigned char uuid[16], CUdevice d);
+CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice d);
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d);
 CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d);
 CUresult cuCtxSetCurrent(CUcontext c);
@@ -48,6 +52,9 @@ static int info(void) {
         printf("error=%d during=cuDeviceGetCount\n", r);
         return 1;
     }
+    int version = 0;
+    cuDriverGetVersion(&version);
+    printf("cuda_driver_version=%d.%d\n", version / 1000, version % 1000 / 10);
     printf("devices=%d\n", n);
     for (int i = 0; i < n; i++) {
         CUdevice d;
@@ -59,7 +66,22 @@ static int info(void) {
             if (*c == ' ') *c = '_';
         cuDeviceTotalMem_v2(&total, d);
         cuMemGetInfo_v2(&free, &ctxtotal);
-        printf("device=%d name=%s total_mem=%zu meminfo_total=%zu meminfo_free=%zu\n", i, name, total, ctxtotal, free);
+        unsigned char u[16] = {0};
+        cuDeviceGetUuid_v2(u, d);
+        /* CU_DEVICE_ATTRIBUTE_: 16 MULTIPROCESSOR_COUNT, 75/76 COMPUTE_CAPABILITY_MAJOR/MINOR,
+         * 50 PCI_DOMAIN_ID, 33 PCI_BUS_ID, 34 PCI_DEVICE_ID */
+        int sms = 0, ccmaj = 0, ccmin = 0, dom = 0, bus = 0, dev = 0;
+        cuDeviceGetAttribute(&sms, 16, d);
+        cuDeviceGetAttribute(&ccmaj, 75, d);
+        cuDeviceGetAttribute(&ccmin, 76, d);
+        cuDeviceGetAttribute(&dom, 50, d);
+        cuDeviceGetAttribute(&bus, 33, d);
+        cuDeviceGetAttribute(&dev, 34, d);
+        printf("device=%d name=%s total_mem=%zu meminfo_total=%zu meminfo_free=%zu "
+               "uuid=GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x "
+               "sms=%d cc=%d.%d pci=%04x:%02x:%02x.0\n",
+               i, name, total, ctxtotal, free, u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10],
+               u[11], u[12], u[13], u[14], u[15], sms, ccmaj, ccmin, dom, bus, dev);
     }
     return 0;
 }

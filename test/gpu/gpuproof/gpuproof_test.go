@@ -1,0 +1,117 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+func statuses(p *Phase) map[string]string {
+	m := map[string]string{}
+	for _, c := range p.Checks {
+		m[c.Name] = c.Status
+	}
+	return m
+}
+
+// An inventory that disagrees with nvidia-smi or CUDA fails exactly the checks that disagree: the
+// node phase can catch a discovery bug on real hardware.
+func TestCompareInventory(t *testing.T) {
+	const uuid = "GPU-11111111-2222-3333-4444-555555555555"
+	inv := &api.NodeInventory{GPUs: []api.GPU{{UUID: uuid, Index: 0, Model: "NVIDIA H100 80GB HBM3", MemoryBytes: 81559 << 20,
+		SMCount: 132, ComputeCapability: "9.0", PCIBusID: "0000:18:00.0", NUMANode: -1}}}
+	good := refGPU{UUID: uuid, Name: "NVIDIA H100 80GB HBM3", MemMiB: 81559, PCI: "0000:18:00.0", CC: "9.0"}
+	cuda := refGPU{UUID: uuid, MemBytes: 81559 << 20, SMs: 132, PCI: "0000:18:00.0"}
+
+	p := newPhase("node", false)
+	compareInventory(p, inv, map[string]refGPU{uuid: good}, map[string]refGPU{uuid: cuda}, false)
+	for name, st := range statuses(p) {
+		if st == Fail {
+			t.Errorf("matching inventory: %s failed", name)
+		}
+	}
+
+	bad := good
+	bad.MemMiB, bad.PCI = 81920, "0000:19:00.0"
+	badCUDA := cuda
+	badCUDA.SMs = 114
+	p = newPhase("node", false)
+	compareInventory(p, inv, map[string]refGPU{uuid: bad}, map[string]refGPU{uuid: badCUDA}, false)
+	st := statuses(p)
+	id := "GPU 0 (" + uuid + ") "
+	for _, want := range []string{"memory", "PCI", "SM count"} {
+		if st[id+want] != Fail {
+			t.Errorf("%s: status %q, want fail (checks: %v)", want, st[id+want], st)
+		}
+	}
+	if st[id+"model"] != Pass || st[id+"UUID"] != Pass {
+		t.Errorf("model/UUID agree and must pass: %v", st)
+	}
+
+	p = newPhase("node", false)
+	compareInventory(p, inv, map[string]refGPU{}, nil, false)
+	if statuses(p)["GPU count"] != Fail {
+		t.Errorf("a GPU nvidia-smi does not list must fail the count: %v", statuses(p))
+	}
+}
+
+func TestParseReferences(t *testing.T) {
+	gpus, version := parseProbeInfo("cuda_driver_version=13.0\ndevices=1\ndevice=0 name=NVIDIA_H100_80GB_HBM3 total_mem=85520809984 " +
+		"meminfo_total=85520809984 meminfo_free=1 uuid=GPU-aa sms=132 cc=9.0 pci=0000:18:00.0\n")
+	g := gpus["GPU-aa"]
+	if version != "13.0" || g.Name != "NVIDIA H100 80GB HBM3" || g.SMs != 132 || g.MemBytes != 85520809984 || g.PCI != "0000:18:00.0" {
+		t.Errorf("parseProbeInfo: %+v %q", gpus, version)
+	}
+	if got := normalizeBusID("00000000:18:00.0"); got != "0000:18:00.0" {
+		t.Errorf("normalizeBusID: %q", got)
+	}
+}
+
+// The tables carry the dry-run banner and escape cells; every figure keeps its measured_by.
+func TestTables(t *testing.T) {
+	p := newPhase("overhead", true)
+	p.figure(Figure{Name: "fake driver: launch | added", Value: 4.5, Unit: "ns/call", MeasuredBy: "callbench on the fake driver"})
+	p.figure(Figure{Name: "real driver: launch, added by vcuda at 50% compute", Value: 31, Unit: "ns/call", MeasuredBy: "callbench on the real driver"})
+	p.figure(Figure{Name: "fake driver: launch, added by vcuda at 50% compute", Value: 12, Unit: "ns/call", MeasuredBy: "callbench on the fake driver"})
+	p.figure(Figure{Name: "fake driver: alloc, no vcuda", Value: 180, Unit: "ns/call", MeasuredBy: "callbench on the fake driver"})
+	r := &Results{DryRun: true, GPUModel: "NVIDIA A100-SXM4-40GB", Driver: "550.54.15", CUDA: "13.0", Date: "2026-11-23", Phases: []*Phase{p}}
+	var b bytes.Buffer
+	if err := tables(&b, r, "x.json", sections["vcuda"]); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	for _, want := range []string{"**DRY RUN", "**torch**: not run.", `fake driver: launch \| added`, "callbench on the fake driver", "| 4.5 ns/call |",
+		"| `cuLaunchKernel` (empty kernel, 1 block) | added by vcuda, container at 50% compute | 31 ns | 12 ns |",
+		"| `cuMemAlloc_v2`/`cuMemFree_v2` (4 KiB) | without vcuda (driver call alone) | not measured | 180 ns |"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("tables lack %q:\n%s", want, out)
+		}
+	}
+}
+
+// nvidia-smi's CSV as the real tool prints it (the dry run's fake nvidia-smi has no --query-gpu).
+func TestNvidiaSMIQuery(t *testing.T) {
+	smi := filepath.Join(t.TempDir(), "nvidia-smi")
+	script := "#!/bin/sh\necho 'GPU-aa, NVIDIA H100 80GB HBM3, 81559, 00000000:18:00.0, 9.0'\necho 'GPU-bb, NVIDIA H100 80GB HBM3, 81559, 00000000:2A:00.0, 9.0'\n"
+	if err := os.WriteFile(smi, []byte(script), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	gpus, err := nvidiaSMIQuery(smi)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := refGPU{UUID: "GPU-bb", Name: "NVIDIA H100 80GB HBM3", MemMiB: 81559, PCI: "0000:2a:00.0", CC: "9.0"}
+	if len(gpus) != 2 || gpus["GPU-bb"] != want {
+		t.Errorf("nvidiaSMIQuery: %+v, want GPU-bb %+v", gpus, want)
+	}
+	if err := os.WriteFile(smi, []byte("#!/bin/sh\necho 'Driver Version: 580.95.05'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nvidiaSMIQuery(smi); err == nil {
+		t.Error("an nvidia-smi without --query-gpu must be an error (the caller falls back to -L)")
+	}
+}

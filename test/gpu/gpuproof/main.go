@@ -1,0 +1,164 @@
+// Command gpuproof is the Go side of test/gpu/run.sh, the real-GPU proof of Tessera's node path and
+// vcuda. It is built here and carried to the GPU machine in the bundle (`make gpu-bundle`), so the
+// machine needs no Go toolchain. Subcommands:
+//
+//	gpuproof node      tessera-node cdi generate on this machine; inventory vs nvidia-smi and CUDA; the specs
+//	gpuproof container CUDA in runc containers made only from the CDI specs (+ the NRI plugin's vcuda mounts)
+//	gpuproof overhead  cost per intercepted call, real driver and fake driver, with and without vcuda
+//	gpuproof merge     the phases' partial results -> results/<date>-<gpu model>.json
+//	gpuproof tables    the markdown tables for vcuda/README.md and docs/install.md
+//	gpuproof limits    write a vcuda limits file (for torch_checks.py)
+//
+// Each phase writes one JSON file (a Phase) as it finishes, so a run cut short keeps what it measured.
+// Every figure says what measured it; a dry run (the fake driver) is marked as such everywhere.
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Check statuses.
+const (
+	Pass       = "pass"
+	Fail       = "fail"
+	NotChecked = "not_checked"
+)
+
+// Check is one yes/no claim with its evidence.
+type Check struct {
+	Name       string `json:"name"`
+	Status     string `json:"status"`
+	Detail     string `json:"detail"`
+	MeasuredBy string `json:"measured_by"`
+}
+
+// Figure is one number, with its unit, how it was measured and the goal it is held to (if any).
+type Figure struct {
+	Name       string  `json:"name"`
+	Value      float64 `json:"value"`
+	Unit       string  `json:"unit"`
+	MeasuredBy string  `json:"measured_by"`
+	Goal       string  `json:"goal,omitempty"`
+	Status     string  `json:"status,omitempty"` // pass/fail against Goal; empty when there is no goal
+}
+
+// Phase is what one phase of run.sh measured (torch_checks.py writes the same shape).
+type Phase struct {
+	Phase   string            `json:"phase"`
+	DryRun  bool              `json:"dry_run"`
+	Started string            `json:"started"`
+	Seconds float64           `json:"seconds"`
+	Env     map[string]string `json:"env,omitempty"`
+	Checks  []Check           `json:"checks"`
+	Figures []Figure          `json:"figures"`
+}
+
+func newPhase(name string, dryRun bool) *Phase {
+	return &Phase{Phase: name, DryRun: dryRun, Started: time.Now().UTC().Format(time.RFC3339), Env: map[string]string{},
+		Checks: []Check{}, Figures: []Figure{}}
+}
+
+func (p *Phase) check(name string, ok bool, measuredBy, format string, args ...any) {
+	st := Fail
+	if ok {
+		st = Pass
+	}
+	p.Checks = append(p.Checks, Check{Name: name, Status: st, Detail: fmt.Sprintf(format, args...), MeasuredBy: measuredBy})
+}
+
+func (p *Phase) skip(name, measuredBy, format string, args ...any) {
+	p.Checks = append(p.Checks, Check{Name: name, Status: NotChecked, Detail: fmt.Sprintf(format, args...), MeasuredBy: measuredBy})
+}
+
+func (p *Phase) figure(f Figure) { p.Figures = append(p.Figures, f) }
+
+// failed counts the failed checks and figures.
+func (p *Phase) failed() int {
+	n := 0
+	for _, c := range p.Checks {
+		if c.Status == Fail {
+			n++
+		}
+	}
+	for _, f := range p.Figures {
+		if f.Status == Fail {
+			n++
+		}
+	}
+	return n
+}
+
+// write saves the phase to path and prints a one-line summary per check.
+func (p *Phase) write(path string, start time.Time) error {
+	p.Seconds = time.Since(start).Seconds()
+	data, err := json.MarshalIndent(p, "", "  ")
+	if err != nil {
+		return fmt.Errorf("encode phase %s: %w", p.Phase, err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return fmt.Errorf("results directory: %w", err)
+	}
+	if err := os.WriteFile(path, append(data, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write phase %s: %w", p.Phase, err)
+	}
+	for _, c := range p.Checks {
+		fmt.Printf("%-11s %s: %s\n", c.Status, c.Name, c.Detail)
+	}
+	for _, f := range p.Figures {
+		fmt.Printf("%-11s %s = %.4g %s (%s)\n", orDash(f.Status), f.Name, f.Value, f.Unit, f.MeasuredBy)
+	}
+	fmt.Printf("phase %s: %d failed, %.1f s, written to %s\n", p.Phase, p.failed(), p.Seconds, path)
+	return nil
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+const usage = `usage: gpuproof <node|container|overhead|merge|tables|limits> [flags]   (see test/gpu/README.md)`
+
+func main() {
+	if len(os.Args) < 2 {
+		fmt.Fprintln(os.Stderr, usage)
+		os.Exit(2)
+	}
+	cmds := map[string]func([]string) error{
+		"node": runNode, "container": runContainer, "overhead": runOverhead, "merge": runMerge, "tables": runTables,
+		"limits": runLimits,
+	}
+	cmd, ok := cmds[os.Args[1]]
+	if !ok {
+		fmt.Fprintln(os.Stderr, usage)
+		os.Exit(2)
+	}
+	if err := cmd(os.Args[2:]); err != nil {
+		fmt.Fprintf(os.Stderr, "gpuproof %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}
+
+// errFailed is returned (exit status 1) when a phase ran to its end but some check failed: its
+// results are written all the same.
+type errFailed struct {
+	phase string
+	n     int
+}
+
+func (e errFailed) Error() string { return fmt.Sprintf("phase %s: %d checks failed", e.phase, e.n) }
+
+func finish(p *Phase, path string, start time.Time) error {
+	if err := p.write(path, start); err != nil {
+		return err
+	}
+	if n := p.failed(); n > 0 {
+		return errFailed{p.Phase, n}
+	}
+	return nil
+}
