@@ -208,7 +208,7 @@ func testSecurityForgedAssignmentRejected(t *testing.T, c *Cluster) {
 
 // A hostPath volume of a GPU's device node under another name is refused by its number.
 func testSecurityHostPathDevice(t *testing.T, c *Cluster) {
-	host := filepath.Join(c.Dir, "sim", "dev", "nvidia3")
+	host := filepath.Join(c.Dir, "sim", "root", "dev", "nvidia3")
 	p := TestPod("hostdev", nil, nil)
 	cd := corev1.HostPathCharDev
 	p.Spec.Volumes = []corev1.Volume{{Name: "gpu", VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: host, Type: &cd}}}}
