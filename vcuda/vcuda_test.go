@@ -212,6 +212,11 @@ func TestProcAddr(t *testing.T) { runGroup(t, "procaddr_") }
 // their /dev nodes are; NVML per-process accounting; the driver version.
 func TestFakeNodeFile(t *testing.T) { runGroup(t, "nodefile_") }
 
+// Liveness survives nested PID namespaces and pid reuse (a per-slot OFD
+// lock), allocations after the exit handler are refused, and a stopped
+// process holding the region lock cannot stall the container.
+func TestIdentity(t *testing.T) { runGroup(t, "identity_") }
+
 // The harness fails fast: a forked child dies with its parent.
 func TestHarness(t *testing.T) { runGroup(t, "harness_") }
 

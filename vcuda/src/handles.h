@@ -15,6 +15,7 @@ enum {
     VC_K_IPC,     /* cuIpcOpenMemHandle mappings */
     VC_K_EXTMEM,  /* cuImportExternalMemory */
     VC_K_POOL,    /* memory pool -> gpu record (size unused) */
+    VC_K_HEAP,    /* context -> its cuCtxSetLimit malloc heap */
     VC_K_COUNT
 };
 

@@ -100,3 +100,50 @@ VC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
                                                         : vc_real.cuDevicePrimaryCtxRelease_v2,
                       dev, 1);
 }
+
+/* The device-side malloc heap (cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE)) is
+ * device memory of the context, of any size the application asks for: it is
+ * charged like an allocation (rounded up to the driver's 2 MiB pages),
+ * refused with CUDA_ERROR_OUT_OF_MEMORY over the cap, re-charged by the
+ * difference when resized, and credited when the context goes. */
+#define CU_LIMIT_MALLOC_HEAP_SIZE 2
+#define HEAP_PAGE (2ull << 20)
+VC_EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
+    vc_init_cuda();
+    if (!vc_real.cuCtxSetLimit)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (limit != CU_LIMIT_MALLOC_HEAP_SIZE || !(ACTIVE() || vc_g.mode == VC_MODE_FAIL_CLOSED || vc_exiting))
+        return vc_real.cuCtxSetLimit(limit, value);
+    if (!ACTIVE())
+        return CUDA_ERROR_OUT_OF_MEMORY; /* limits unusable, or after exit: refuse */
+    CUcontext ctx = NULL;
+    int g;
+    CUdevice dev;
+    if (!vc_real.cuCtxGetCurrent || vc_real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
+        vc_cur_gpu(&g, &dev) != CUDA_SUCCESS)
+        return vc_real.cuCtxSetLimit(limit, value); /* the driver's error */
+    uint64_t key = (uint64_t)(uintptr_t)ctx, want = ((uint64_t)value + HEAP_PAGE - 1) & ~(HEAP_PAGE - 1);
+    uint64_t had = 0;
+    int hg = -1;
+    if (vc_lookup(VC_K_HEAP, key, &had, &hg) != 0)
+        had = 0;
+    if (g < 0 && want > 0)
+        return CUDA_ERROR_OUT_OF_MEMORY; /* not in the limits file: cap 0 */
+    if (want > had && vc_reserve(g, want - had) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = vc_real.cuCtxSetLimit(limit, value);
+    if (r != CUDA_SUCCESS) {
+        if (want > had)
+            vc_release(g, want - had);
+        return r;
+    }
+    if (want < had)
+        vc_release(g, had - want);
+    uint64_t sz, cx;
+    int gg;
+    vc_untrack(VC_K_HEAP, key, &sz, &gg, &cx);
+    if (want && vc_track_ctx(VC_K_HEAP, key, want, g, key) != 0) {
+        vc_release(g, want); /* cannot remember it: do not keep it charged forever */
+    }
+    return r;
+}

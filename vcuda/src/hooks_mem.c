@@ -25,9 +25,12 @@
     if (VC_UNLIKELY(!vc_real.fn))                                                                  \
         return CUDA_ERROR_NOT_INITIALIZED;
 
-/* Accounting applies (limits file read and not exiting). */
+/* Accounting applies (limits file read and not exiting). After vcuda's
+ * exit handler (which gives the process's share back) allocations are
+ * refused: an earlier-registered atexit handler of the application must not
+ * allocate uncounted past the cap. Frees still reach the driver. */
 #define ACTIVE() (vc_g.mode == VC_MODE_ENFORCE && !vc_exiting)
-#define FAIL_CLOSED() (vc_g.mode == VC_MODE_FAIL_CLOSED)
+#define FAIL_CLOSED() (vc_g.mode == VC_MODE_FAIL_CLOSED || (vc_g.mode == VC_MODE_ENFORCE && vc_exiting))
 
 static CUresult charge(int g, uint64_t size) {
     if (g < 0 || vc_reserve(g, size) != 0)

@@ -34,7 +34,7 @@ H(cuLaunchKernelEx_ptsz) H(cuLaunchCooperativeKernel) H(cuLaunchCooperativeKerne
 H(cuGraphLaunch) H(cuGraphLaunch_ptsz) H(cuCtxDestroy) H(cuCtxDestroy_v2) H(cuDevicePrimaryCtxRelease)
 H(cuDevicePrimaryCtxRelease_v2) H(cuDevicePrimaryCtxReset) H(cuDevicePrimaryCtxReset_v2)
 H(nvmlDeviceGetMemoryInfo) H(nvmlDeviceGetMemoryInfo_v2)
-H(cuLaunch) H(cuLaunchGrid) H(cuLaunchGridAsync) H(cuLaunchCooperativeKernelMultiDevice)
+H(cuCtxSetLimit) H(cuLaunch) H(cuLaunchGrid) H(cuLaunchGridAsync) H(cuLaunchCooperativeKernelMultiDevice)
 H(nvmlDeviceGetComputeRunningProcesses) H(nvmlDeviceGetComputeRunningProcesses_v2)
 H(nvmlDeviceGetComputeRunningProcesses_v3) H(nvmlDeviceGetGraphicsRunningProcesses)
 H(nvmlDeviceGetGraphicsRunningProcesses_v2) H(nvmlDeviceGetGraphicsRunningProcesses_v3)
@@ -109,6 +109,7 @@ static const hook_entry hooks[] = {
     E(cuGetProcAddress_v2, "cuGetProcAddress", 12000, 0),
     E(nvmlDeviceGetMemoryInfo, "nvmlDeviceGetMemoryInfo", 0, 0),
     E(nvmlDeviceGetMemoryInfo_v2, "nvmlDeviceGetMemoryInfo_v2", 0, 0),
+    E(cuCtxSetLimit, "cuCtxSetLimit", 0, 0),
     E(cuLaunch, "cuLaunch", 0, 0),
     E(cuLaunchGrid, "cuLaunchGrid", 0, 0),
     E(cuLaunchGridAsync, "cuLaunchGridAsync", 0, 0),

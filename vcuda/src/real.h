@@ -84,6 +84,8 @@
     X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))                                                 \
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int *, CUfunction, int, size_t))                \
     X(cuThreadExchangeStreamCaptureMode, (int *))                                                  \
+    X(cuCtxSetLimit, (int, size_t))                                                                \
+    X(cuCtxGetLimit, (size_t *, int))                                                              \
     X(cuLaunch, (CUfunction))                                                                      \
     X(cuLaunchGrid, (CUfunction, int, int))                                                        \
     X(cuLaunchGridAsync, (CUfunction, int, int, CUstream))                                         \

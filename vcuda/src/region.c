@@ -56,6 +56,7 @@ static struct {
 } R = {.fd = -1, .my_index = -1};
 
 static pthread_mutex_t R_mu = PTHREAD_MUTEX_INITIALIZER;
+#define VC_LOCK_WAIT_NS 2000000000ull
 
 /* /proc/<pid>/stat: state (field 3) and starttime (field 22). */
 static int proc_stat(pid_t pid, char *state, uint64_t *starttime) {
@@ -85,7 +86,36 @@ static int proc_stat(pid_t pid, char *state, uint64_t *starttime) {
     return 1;
 }
 
+/*
+ * Liveness: each process holds an open-file-description lock on one byte
+ * past the end of the region's mapping (VC_REGION_SIZE + slot) for as long
+ * as it owns the slot. The kernel drops the lock when the process dies (its
+ * last reference to the description closes), whatever PID namespace the
+ * owner or the checker is in, and a reused pid cannot inherit it. The pid
+ * and start time are kept for display and as a fallback where OFD locks
+ * are not available.
+ */
+static int live_lock(int fd, int slot, short type, int cmd) {
+    struct flock fl;
+    memset(&fl, 0, sizeof(fl));
+    fl.l_type = type;
+    fl.l_whence = SEEK_SET;
+    fl.l_start = (off_t)(VC_REGION_SIZE + (uint64_t)slot);
+    fl.l_len = 1;
+    if (fcntl(fd, cmd, &fl) != 0)
+        return -1;
+    return cmd == F_OFD_GETLK ? fl.l_type != F_UNLCK : 0;
+}
+
 /* 1 = alive (or cannot tell), 0 = dead. */
+static int proc_alive(pid_t pid, uint64_t starttime);
+static int slot_alive(int s) {
+    int held = live_lock(R.fd, s, F_WRLCK, F_OFD_GETLK);
+    if (held >= 0)
+        return held;
+    return proc_alive((pid_t)atomic_load(&R.slot[s].pid), R.slot[s].starttime);
+}
+
 static int proc_alive(pid_t pid, uint64_t starttime) {
     if (kill(pid, 0) != 0 && errno == ESRCH)
         return 0;
@@ -113,12 +143,27 @@ static int lock_region(void) {
             R.reopen = 0;
         }
     }
-    while (flock(R.fd, LOCK_EX) != 0) {
-        if (errno != EINTR) {
+    /* Never wait forever: the kernel drops the lock of a dead holder, but a
+     * stopped one (SIGSTOP, a frozen cgroup) keeps it. After the deadline the
+     * caller fails closed (an allocation is refused) and retries later. */
+    uint64_t deadline = vc_now_ns() + VC_LOCK_WAIT_NS;
+    unsigned naps = 0;
+    while (flock(R.fd, LOCK_EX | LOCK_NB) != 0) {
+        if (errno != EWOULDBLOCK && errno != EINTR) {
             vc_log("flock %s: %s", R.path, strerror(errno));
             pthread_mutex_unlock(&R_mu);
             return -1;
         }
+        if (vc_now_ns() > deadline) {
+            static _Atomic int logged;
+            if (!atomic_exchange(&logged, 1))
+                vc_log("%s: region lock held for over %llu ms (a stopped process?); failing closed", R.path,
+                       (unsigned long long)(VC_LOCK_WAIT_NS / 1000000));
+            pthread_mutex_unlock(&R_mu);
+            return -1;
+        }
+        struct timespec ts = {0, naps++ < 100 ? 20000 : 1000000};
+        nanosleep(&ts, NULL);
     }
     return 0;
 }
@@ -143,8 +188,10 @@ int vc_region_open(const vc_limits *l) {
         vc_log("%s: open region: %s", R.path, strerror(errno));
         return -1;
     }
-    if (lock_region() != 0)
-        return -1;
+    /* The lock guards creating the header. A region already built (its header
+     * never changes after the magic is written) can be joined without it,
+     * so a stopped lock holder does not turn a new process fail-closed. */
+    int locked = lock_region() == 0;
     int rc = -1;
     struct stat sb;
     if (fstat(R.fd, &sb) != 0) {
@@ -152,6 +199,8 @@ int vc_region_open(const vc_limits *l) {
         goto out;
     }
     int fresh = sb.st_size == 0;
+    if (!locked && (uint64_t)sb.st_size < VC_REGION_SIZE)
+        goto out;
     if ((uint64_t)sb.st_size < VC_REGION_SIZE && ftruncate(R.fd, (off_t)VC_REGION_SIZE) != 0) {
         vc_log("%s: size region: %s", R.path, strerror(errno));
         goto out;
@@ -166,6 +215,8 @@ int vc_region_open(const vc_limits *l) {
     R.gpu = (vc_region_gpu *)(R.base + VC_REGION_GPU_OFFSET);
     R.slot = (vc_region_slot *)(R.base + VC_REGION_SLOT_OFFSET);
 
+    if (!locked && (fresh || R.hdr->magic == 0))
+        goto out; /* cannot build it without the lock */
     if (fresh || R.hdr->magic == 0) {
         /* New file (zero-filled by ftruncate). The magic is written last so a
          * reader never sees a half-built header as valid; we hold the flock. */
@@ -207,7 +258,8 @@ int vc_region_open(const vc_limits *l) {
     }
     rc = 0;
 out:
-    unlock_region();
+    if (locked)
+        unlock_region();
     return rc;
 }
 
@@ -232,7 +284,7 @@ static int recompute_locked(unsigned char *dead) {
             uint32_t pid = atomic_load(&R.slot[s].pid);
             if (pid == 0 || dead[s] || atomic_load(&R.slot[s].inflight) == 0)
                 continue;
-            if ((pid_t)pid != R.pid && !proc_alive((pid_t)pid, R.slot[s].starttime))
+            if (&R.slot[s] != atomic_load(&R.me) && !slot_alive(s))
                 dead[s] = 1; /* died inside an update */
             else
                 busy = 1;
@@ -282,12 +334,11 @@ int vc_region_reclaim(void) {
         uint32_t pid = atomic_load(&sl->pid);
         if (pid == 0 || sl == me)
             continue;
-        uint32_t state = atomic_load(&sl->state);
         if ((pid_t)pid == R.pid) {
             /* Our own pid on a slot that is not ours: the image this process
              * exec'ed from. It is gone. */
             dead[s] = 1;
-        } else if (!proc_alive((pid_t)pid, state == VC_SLOT_LIVE ? sl->starttime : 0)) {
+        } else if (!slot_alive(s)) { /* its liveness lock is taken before its state is set */
             dead[s] = 1;
         }
         ndead += dead[s];
@@ -334,6 +385,9 @@ static vc_region_slot *claim_slot(void) {
                 stale = 1;
             if (pid != 0)
                 continue;
+            /* the liveness lock first: a slot is never live without it */
+            if (live_lock(R.fd, s, F_WRLCK, F_OFD_SETLK) != 0 && errno != EINVAL)
+                continue;
             atomic_store(&sl->state, VC_SLOT_CLAIMING);
             atomic_store(&sl->pid, (uint32_t)R.pid);
             sl->starttime = R.starttime;
@@ -358,9 +412,14 @@ static vc_region_slot *claim_slot(void) {
     return NULL;
 }
 
-static void wait_unfrozen(void) {
-    /* Blocks on the flock while a reclaim runs; finishes it if its owner died. */
+/* Blocks on the flock while a reclaim runs; finishes it if its owner died.
+ * Returns -1 if the lock could not be had (a stopped reclaimer). */
+static int wait_unfrozen(void) {
+    if (lock_region() != 0)
+        return -1;
+    unlock_region();
     vc_region_reclaim();
+    return 0;
 }
 
 int vc_reserve(int g, uint64_t size) {
@@ -378,7 +437,8 @@ again:
     for (;;) {
         if (VC_UNLIKELY(t & VC_FROZEN)) {
             atomic_fetch_sub(&me->inflight, 1);
-            wait_unfrozen();
+            if (wait_unfrozen() != 0)
+                goto oom; /* fail closed rather than wait on a stopped process */
             goto again;
         }
         if (t > cap - size) {
@@ -414,7 +474,7 @@ again:
     for (;;) {
         if (VC_UNLIKELY(t & VC_FROZEN)) {
             atomic_fetch_sub(&me->inflight, 1);
-            wait_unfrozen();
+            (void)wait_unfrozen(); /* a release must land: retry */
             goto again;
         }
         uint64_t nt = t >= size ? t - size : 0;
@@ -465,6 +525,7 @@ void vc_region_detach(void) {
         me->starttime = 0;
         atomic_store(&me->state, VC_SLOT_FREE);
         atomic_store(&me->pid, 0);
+        live_lock(R.fd, R.my_index, F_UNLCK, F_OFD_SETLK);
     }
     atomic_store(&R.me, NULL);
     unlock_region();
@@ -479,7 +540,18 @@ void vc_region_atfork_child(void) {
     char st;
     if (proc_stat(R.pid, &st, &R.starttime) <= 0)
         R.starttime = 0;
-    if (R.fd >= 0)
-        R.reopen = 1;
+    if (R.fd >= 0) {
+        /* The inherited descriptor shares the parent's open file description,
+         * and with it the parent's flock and liveness lock: were the child
+         * to keep it, a dead parent would look alive. Replace it now. */
+        int fd = open(R.path, O_RDWR | O_CLOEXEC);
+        if (fd >= 0 && dup3(fd, R.fd, O_CLOEXEC) >= 0) {
+            close(fd);
+        } else {
+            if (fd >= 0)
+                close(fd);
+            R.reopen = 1;
+        }
+    }
     pthread_mutex_init(&R_mu, NULL);
 }

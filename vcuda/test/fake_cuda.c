@@ -262,7 +262,8 @@ static void init(void) {
 
 typedef struct fake_ctx {
     int dev;
-    int refs; /* primary contexts */
+    int refs;      /* primary contexts */
+    uint64_t heap; /* device malloc heap (cuCtxSetLimit), in device memory */
 } fake_ctx;
 /* Stream capture, process-wide: captures in global mode in progress, and
  * each thread's capture mode (cuThreadExchangeStreamCaptureMode). */
@@ -562,6 +563,36 @@ EXPORT CUresult cuStreamSynchronize(CUstream s) {
     return CUDA_SUCCESS;
 }
 
+/* ---- context limits ----
+ * The device malloc heap is device memory of the context, taken when it is
+ * sized (rounded to 2 MiB pages) and given back when the context goes. */
+static CUresult take(int d, uint64_t size);
+static void give(int d, uint64_t size);
+EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
+    if (!cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (limit != 2 /* CU_LIMIT_MALLOC_HEAP_SIZE */)
+        return limit >= 0 && limit <= 6 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+    uint64_t want = ((uint64_t)value + (2ull << 20) - 1) & ~((2ull << 20) - 1);
+    if (want > cur->heap) {
+        CUresult r = take(cur->dev, want - cur->heap);
+        if (r != CUDA_SUCCESS)
+            return r;
+    } else if (want < cur->heap) {
+        give(cur->dev, cur->heap - want);
+    }
+    cur->heap = want;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxGetLimit(size_t *v, int limit) {
+    if (!v)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    *v = limit == 2 ? (size_t)cur->heap : 0;
+    return CUDA_SUCCESS;
+}
+
 /* ---- memory bookkeeping ---- */
 
 enum { K_DEV = 1, K_HOSTVMM, K_IPC, K_VIEW, K_EXT };
@@ -731,6 +762,10 @@ static CUresult dev_free(uint64_t key, int kind) {
 
 static void ctx_free_all(fake_ctx *c) {
     rec *dead = NULL;
+    if (c->heap) {
+        give(c->dev, c->heap);
+        c->heap = 0;
+    }
     pthread_mutex_lock(&reg_mu);
     for (int b = 0; b < NBUCKET; b++) {
         for (rec **pp = &buckets[b]; *pp;) {
@@ -1568,7 +1603,7 @@ static const proc procs[] = {
     PT(cuMemAllocFromPoolAsync), PT(cuMemFreeAsync), P(cuIpcGetMemHandle),
     PV("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2), P(cuIpcCloseMemHandle),
     P(cuImportExternalMemory), P(cuDestroyExternalMemory), P(cuExternalMemoryGetMappedBuffer),
-    P(cuLaunch), P(cuLaunchGrid), P(cuLaunchGridAsync), P(cuLaunchCooperativeKernelMultiDevice),
+    P(cuCtxSetLimit), P(cuCtxGetLimit), P(cuLaunch), P(cuLaunchGrid), P(cuLaunchGridAsync), P(cuLaunchCooperativeKernelMultiDevice),
     PT(cuLaunchHostFunc), PT(cuLaunchKernel), PT(cuLaunchKernelEx), PT(cuLaunchCooperativeKernel), PT(cuGraphLaunch),
     P(cuGraphExecDestroy), P(cuEventCreate), PV("cuEventDestroy", cuEventDestroy_v2),
     PT(cuEventRecord), P(cuEventQuery), P(cuThreadExchangeStreamCaptureMode),

@@ -546,3 +546,29 @@ TEST(mem_threads_churn) {
     fprintf(stderr, "peak %.1f MiB of %llu, %llu refusals\n", st.peak / (double)MiB,
             (unsigned long long)(CAP0 / MiB), (unsigned long long)atomic_load(&g0->oom_events));
 }
+
+/* The device malloc heap (cuCtxSetLimit) is device memory of any size the
+ * application asks for: charged, refused over the cap, resized by the
+ * difference, credited with its context. The fake takes it from the
+ * device, so its physical peak shows nothing passed the cap. */
+CUresult cuCtxSetLimit(int, size_t);
+TEST(mem_heap_limit_charged) {
+    gpu_line g[1] = {{0, 60 * MiB, 100}};
+    setup_limits(g, 1);
+    CUcontext c = ctx_on(0);
+    CHECK_CU(cuCtxSetLimit(2, 20 * MiB + 1)); /* rounded to 22 MiB */
+    CHECK(region_used(0) == 22 * MiB, "heap charged %llu", (unsigned long long)region_used(0));
+    CUdeviceptr d;
+    CHECK(cuMemAlloc_v2(&d, 40 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "heap not counted against the cap");
+    CHECK_CU(cuMemAlloc_v2(&d, 38 * MiB));
+    CHECK(cuCtxSetLimit(2, 30 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "heap grown past the cap");
+    CHECK_CU(cuMemFree_v2(d));
+    CHECK_CU(cuCtxSetLimit(2, 8 * MiB)); /* shrink: credited */
+    CHECK(region_used(0) == 8 * MiB, "after shrinking %llu", (unsigned long long)region_used(0));
+    CHECK(cuCtxSetLimit(2, 61 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "a heap over the cap");
+    fake_stats st;
+    fakeDeviceStats(0, &st);
+    CHECK(st.peak <= 60 * MiB, "fake peak %llu", (unsigned long long)st.peak);
+    CHECK_CU(cuCtxDestroy_v2(c));
+    CHECK(region_used(0) == 0, "heap not credited with its context: %llu", (unsigned long long)region_used(0));
+}

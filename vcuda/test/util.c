@@ -124,6 +124,8 @@ CUcontext ctx_on(int d) {
     return c;
 }
 
+void prctl_die_with_parent(void) { prctl(PR_SET_PDEATHSIG, SIGKILL); }
+
 pid_t spawn(child_fn fn, int i, void *arg) {
     fflush(NULL);
     pid_t parent = getpid();

@@ -69,6 +69,8 @@ CUcontext ctx_on(int d);
 /* Children: fork n processes running fn(i); returns their pids. */
 typedef int (*child_fn)(int i, void *arg);
 pid_t spawn(child_fn fn, int i, void *arg);
+/* For processes forked without spawn(): die with the parent. */
+void prctl_die_with_parent(void);
 /* Waits for pid; returns its exit code (128+sig if killed). */
 int wait_child(pid_t pid);
 void wait_for_file(const char *path, double timeout_s);
