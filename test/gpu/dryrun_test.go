@@ -141,7 +141,7 @@ func TestGPUBundleDryRun(t *testing.T) {
 			t.Errorf("figure %q missing or not labelled with the fake driver: %q", want, figures[want])
 		}
 	}
-	for section, want := range map[string]string{"node": "| share: OOM at the cap | pass |", "vcuda": "| fake driver: launch, no vcuda |"} {
+	for section, want := range map[string]string{"node": "| share: OOM at the cap | pass |", "vcuda": "| `cuLaunchKernel` (empty kernel, 1 block) | added by vcuda, container at 100% compute | not measured | "} {
 		out, rc := run(t, time.Minute, nil, b, "bin/gpuproof", "tables", "-section", section, files[0])
 		if rc != 0 || !strings.HasPrefix(out, "**DRY RUN") || !strings.Contains(out, want) {
 			t.Errorf("tables -section %s: exit %d, want the dry-run banner and %q:\n%s", section, rc, want, out)
