@@ -54,7 +54,7 @@ func (p *Plugin) RemovePodSandbox(ctx context.Context, pod *nriapi.PodSandbox) e
 // releaseSandbox frees the holds of a pod sandbox, known by its pod UID or, for a sandbox containerd
 // recovered after a restart (it may report no pod metadata), by its ID.
 func (p *Plugin) releaseSandbox(ctx context.Context, pod *nriapi.PodSandbox) {
-	slog.Debug("pod sandbox going", "id", pod.GetId(), "uid", pod.GetUid(), "pod", pod.GetNamespace()+"/"+pod.GetName())
+	slog.Info("pod sandbox going", "id", pod.GetId(), "uid", pod.GetUid(), "pod", pod.GetNamespace()+"/"+pod.GetName())
 	uids := map[string]bool{}
 	if pod.GetUid() != "" {
 		uids[pod.GetUid()] = true
