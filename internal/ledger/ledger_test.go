@@ -202,6 +202,9 @@ func TestMove(t *testing.T) {
 	if err := l.Move("hold:u/main", bad, inv); err == nil {
 		t.Fatal("a move that over-commits was accepted")
 	}
+	if _, ok := l.Get("hold:u/main"); !ok {
+		t.Error("a refused move dropped the source entry")
+	}
 	again, err := Open(path)
 	if err != nil {
 		t.Fatal(err)
