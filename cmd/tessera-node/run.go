@@ -95,7 +95,7 @@ func runAgent(args []string) error {
 	go func() { errc <- named("NRI plugin", plugin.Run(ctx, cfg.NRISocket)) }()
 	go func() { errc <- named("health watch", a.WatchHealth(ctx)) }()
 	go rediscover(ctx, a, cfg.RediscoverInterval.Duration)
-	go releaseUnlisted(ctx, plugin, grants, holdReconcileInterval)
+	go releaseUnlisted(ctx, plugin, grants, unlistedInterval)
 	srv, err := serveHTTP(cfg.Listen, a, mgr, plugin)
 	if err != nil {
 		return err
@@ -132,10 +132,12 @@ func rediscover(ctx context.Context, a *agent.Agent, every time.Duration) {
 	}
 }
 
-// releaseUnlisted frees the holds of pods the kubelet no longer lists (nri.Plugin.ReleaseUnlisted).
-// holdReconcileInterval is how often holds are checked against the pods the kubelet lists.
-const holdReconcileInterval = 10 * time.Second
+// unlistedInterval is how often the kubelet's pods are listed to release holds of pods it forgot: a
+// cheap local call; a hold goes after two lists without its pod. Sandbox events normally release
+// holds at once, but containerd sends none for sandboxes it recovered after a restart.
+const unlistedInterval = 10 * time.Second
 
+// releaseUnlisted frees the holds of pods the kubelet no longer lists (nri.Plugin.ReleaseUnlisted).
 func releaseUnlisted(ctx context.Context, plugin *nri.Plugin, grants *podresources.Client, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()

@@ -25,6 +25,9 @@ type Entry struct {
 	Namespace   string `json:"namespace"`
 	Pod         string `json:"pod"`
 	Container   string `json:"container"`
+	// SandboxID is the pod sandbox's runtime ID: a sandbox the runtime recovered after a restart
+	// may report no pod metadata, but always its ID.
+	SandboxID string `json:"sandboxID,omitempty"`
 	// Devices are whole GPUs or shares.
 	Devices []api.DeviceAssignment `json:"devices,omitempty"`
 	// MIG and Mdev are the hardware-bound devices by UUID.

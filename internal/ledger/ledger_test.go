@@ -174,3 +174,45 @@ func TestPlaceLocally(t *testing.T) {
 		t.Fatalf("two whole: %v", err)
 	}
 }
+
+// Move replaces one entry by another in one step: the moved devices are checked against everyone
+// else, and a refused move leaves the source as it was (persisted too).
+func TestMove(t *testing.T) {
+	inv := testInventory()
+	path := filepath.Join(t.TempDir(), "ledger.json")
+	l, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Reserve(Entry{ContainerID: "c1", PodUID: "u", Container: "main", Devices: []api.DeviceAssignment{{UUID: uuid(0), Whole: true}}}, inv); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Reserve(Entry{ContainerID: "other", Devices: []api.DeviceAssignment{share(1, 10, 10)}}, inv); err != nil {
+		t.Fatal(err)
+	}
+	hold := Entry{ContainerID: "hold:u/main", PodUID: "u", Container: "main", Devices: []api.DeviceAssignment{{UUID: uuid(0), Whole: true}}}
+	if err := l.Move("c1", hold, inv); err != nil {
+		t.Fatalf("move to the hold: %v", err)
+	}
+	if _, ok := l.Get("c1"); ok {
+		t.Error("the source entry is still there")
+	}
+	// Moving onto a GPU another container shares is refused; the hold stays.
+	bad := Entry{ContainerID: "c2", PodUID: "u", Container: "main", Devices: []api.DeviceAssignment{{UUID: uuid(1), Whole: true}}}
+	if err := l.Move("hold:u/main", bad, inv); err == nil {
+		t.Fatal("a move that over-commits was accepted")
+	}
+	if _, ok := l.Get("hold:u/main"); !ok {
+		t.Error("a refused move dropped the source entry")
+	}
+	again, err := Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := again.Get("hold:u/main"); !ok {
+		t.Error("a refused move lost the source entry")
+	}
+	if _, ok := again.Get("c2"); ok {
+		t.Error("a refused move was recorded")
+	}
+}

@@ -57,7 +57,8 @@ func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.C
 	if err != nil {
 		return nil, err
 	}
-	entry := ledger.Entry{ContainerID: c.GetId(), PodUID: pod.GetUid(), Namespace: pod.GetNamespace(), Pod: pod.GetName(), Container: c.GetName()}
+	entry := ledger.Entry{ContainerID: c.GetId(), PodUID: pod.GetUid(), Namespace: pod.GetNamespace(), Pod: pod.GetName(), Container: c.GetName(),
+		SandboxID: pod.GetId()}
 	whole, shares := grant.Count(api.ResourceGPU), grant.Count(api.ResourceShare)
 	for res, ids := range grant {
 		switch {

@@ -41,14 +41,32 @@ func (p *Plugin) RemoveContainer(ctx context.Context, pod *nriapi.PodSandbox, c 
 // StopPodSandbox frees the pod's holds: once its sandbox is stopped no container of it restarts
 // (a pod that completed or is being deleted), and the extender counts it as holding nothing.
 func (p *Plugin) StopPodSandbox(ctx context.Context, pod *nriapi.PodSandbox) error {
-	p.releasePod(ctx, pod.GetUid())
+	p.releaseSandbox(ctx, pod)
 	return nil
 }
 
 // RemovePodSandbox frees the pod's holds and removes its mdev devices.
 func (p *Plugin) RemovePodSandbox(ctx context.Context, pod *nriapi.PodSandbox) error {
-	p.releasePod(ctx, pod.GetUid())
+	p.releaseSandbox(ctx, pod)
 	return nil
+}
+
+// releaseSandbox frees the holds of a pod sandbox, known by its pod UID or, for a sandbox containerd
+// recovered after a restart (it may report no pod metadata), by its ID.
+func (p *Plugin) releaseSandbox(ctx context.Context, pod *nriapi.PodSandbox) {
+	slog.Info("pod sandbox going", "id", pod.GetId(), "uid", pod.GetUid(), "pod", pod.GetNamespace()+"/"+pod.GetName())
+	uids := map[string]bool{}
+	if pod.GetUid() != "" {
+		uids[pod.GetUid()] = true
+	}
+	for _, e := range p.agent.Ledger().Entries() {
+		if pod.GetId() != "" && e.SandboxID == pod.GetId() {
+			uids[e.PodUID] = true
+		}
+	}
+	for uid := range uids {
+		p.releasePod(ctx, uid)
+	}
 }
 
 // releasePod frees every hold of a pod.

@@ -282,6 +282,26 @@ func TestSecurityRestartKeepsGPU(t *testing.T) {
 	}
 }
 
+// A sandbox containerd recovered after a restart reports its ID but no pod metadata: its holds go
+// when it is stopped all the same.
+func TestSecurityRecoveredSandboxReleasesHolds(t *testing.T) {
+	e := newEnv(t)
+	pod := e.pod("old", shareReq, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "old", Container: "main"}, api.ResourceShare, "vgpu-0")
+	if _, err := e.create(pod, ctr("c-old")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: ctr("c-old")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rt.StopPodSandbox(context.Background(), &nriadapt.StopPodSandboxRequest{Pod: &nriapi.PodSandbox{Id: pod.GetId()}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.agent.Ledger().Entries()); n != 0 {
+		t.Errorf("recovered sandbox stopped but the ledger holds %+v", e.agent.Ledger().Entries())
+	}
+}
+
 // The accounting region is a file on its own small tmpfs: writing past the limit fails (the node's
 // /run cannot fill), and a region swapped for a FIFO or a symlink is refused without blocking.
 func TestSecurityRegionBounded(t *testing.T) {
