@@ -278,7 +278,7 @@ func createBenchNodes(b *testing.B, client kubernetes.Interface, c *simulate.Clu
 			for pos := range work {
 				n := c.Nodes[order[pos]]
 				name := fmt.Sprintf("%04d-%s", pos, n.Name)
-				ns, err := createBenchNode(client, name, n)
+				ns, err := createBenchNode(client, name, pos, n)
 				if err != nil {
 					errs <- err
 					continue
@@ -311,10 +311,10 @@ func createBenchNodes(b *testing.B, client kubernetes.Interface, c *simulate.Clu
 	return states
 }
 
-func createBenchNode(client kubernetes.Interface, name string, n simulate.Node) (*placement.NodeState, error) {
+func createBenchNode(client kubernetes.Interface, name string, pos int, n simulate.Node) (*placement.NodeState, error) {
 	inv := &api.NodeInventory{APIVersion: api.Version, Node: name, DriverVersion: "sim", SharesPerGPU: 100}
 	for i := 0; i < n.GPUs; i++ {
-		inv.GPUs = append(inv.GPUs, api.GPU{UUID: fmt.Sprintf("GPU-%s-%d", name, i), Index: i, Model: n.Model, MemoryBytes: benchGPUMemory,
+		inv.GPUs = append(inv.GPUs, api.GPU{UUID: fmt.Sprintf("GPU-%08x-0000-4000-8000-%012x", pos, i), Index: i, Model: n.Model, MemoryBytes: benchGPUMemory,
 			SMCount: 80, NUMANode: 0, PCIBusID: fmt.Sprintf("0000:%02x:00.0", i+1), Minor: i, Healthy: true})
 	}
 	data, err := api.EncodeInventory(inv)
