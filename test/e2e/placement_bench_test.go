@@ -94,25 +94,19 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) (
 	opts := ControlPlaneOptions{SchedulerMaxBackoff: time.Second}
 	var addr string
 	if policy == policyKubeScheduler {
-		opts.SchedulerExtraConfig = `percentageOfNodesToScore: 100
-profiles:
-- schedulerName: default-scheduler
-  pluginConfig:
-  - name: NodeResourcesFit
-    args:
+		opts.SchedulerExtraConfig = benchSchedulerConfig(`
       scoringStrategy:
         type: MostAllocated
         resources:
         - {name: cpu, weight: 1}
         - {name: memory, weight: 1}
         - {name: nvidia.com/gpu, weight: 1}
-        - {name: tessera.dev/vgpu, weight: 1}
-`
+        - {name: tessera.dev/vgpu, weight: 1}`)
 	} else {
 		addr = fmt.Sprintf("127.0.0.1:%d", freePort(b))
 		// Every pod goes to the extender (no managedResources): CPU-only pods shape the GPU nodes too.
 		opts.Extender = &ExtenderConfig{URLPrefix: "http://" + addr, Weight: 5, NodeCacheCapable: true, ManagedResources: []ManagedResource{}}
-		opts.SchedulerExtraConfig = "percentageOfNodesToScore: 100\n"
+		opts.SchedulerExtraConfig = benchSchedulerConfig("")
 	}
 	cp := StartControlPlane(b, opts)
 	rc := *cp.RESTConfig
@@ -212,6 +206,19 @@ profiles:
 	}
 	elapsed := time.Since(start)
 	return simulate.UnallocatedAt(c.Capacity, request, placed), float64(len(arrivals)) / elapsed.Seconds()
+}
+
+// benchSchedulerConfig is the scheduler configuration's tail: every feasible node scored, and the
+// per-share caps (which nodes do not advertise) left out of the scheduler's own fit check, as the
+// chart's managedResources do; extra goes under NodeResourcesFit's args.
+func benchSchedulerConfig(extra string) string {
+	return `percentageOfNodesToScore: 100
+profiles:
+- schedulerName: default-scheduler
+  pluginConfig:
+  - name: NodeResourcesFit
+    args:
+      ignoredResources: [tessera.dev/vgpu-cores, tessera.dev/vgpu-memory-percent, tessera.dev/vgpu-memory]` + extra + "\n"
 }
 
 func unschedulablePod(p *corev1.Pod) bool {
