@@ -12,7 +12,7 @@ FUZZTIME ?= 5s
 # Packages whose tests need no upstream binaries.
 UNIT_PKGS = $$($(GO) list ./... | grep -v /test/)
 
-.PHONY: gpu-bundle all build vcuda test unit e2e e2e-cluster fuzz bench tools demo demo-down clean vet
+.PHONY: gpu-bundle all build vcuda test unit e2e e2e-cluster fuzz bench bench-placement tools demo demo-down clean vet
 
 all: build vcuda
 
@@ -51,6 +51,19 @@ test: tools vet
 # Benchmarks report ratios and latencies measured in one run; they assert nothing.
 bench: tools
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./...
+
+# Placement measured live: the real kube-scheduler (with tessera-extender for tessera and fgd, alone
+# with MostAllocated for kube-scheduler) against API-only nodes made from the trace, replaying it with
+# the paper's protocol for SEED; prints tessera-sim's lines plus pods/s and the simulator's number.
+NODES ?= $(CURDIR)/../shared/data/openb/openb_node_list_gpu_node.csv
+PODS ?= $(CURDIR)/../shared/data/openb/openb_pod_list_default.csv
+SEED ?= 42
+LIMIT ?= 0
+POLICIES ?= tessera,fgd,kube-scheduler
+bench-placement: tools
+	TESSERA_BENCH_NODES=$(abspath $(NODES)) TESSERA_BENCH_PODS=$(abspath $(PODS)) TESSERA_BENCH_SEED=$(SEED) \
+	TESSERA_BENCH_LIMIT=$(LIMIT) TESSERA_BENCH_POLICIES=$(POLICIES) \
+	$(GO) test -run '^$$' -bench '^BenchmarkPlacement$$' -benchtime 1x -timeout 180m ./test/e2e/
 
 # The main job end to end: a one-node Kubernetes cluster with Tessera on the simulated 8-GPU node,
 # deploy/examples applied, a report, teardown. KEEP=1 leaves it up (make demo-down).

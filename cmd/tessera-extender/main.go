@@ -54,7 +54,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.identity, "identity", fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's identity in leader election and node bind Leases")
 	fs.IntVar(&o.qps, "kube-api-qps", 100, "requests per second to the API server (burst twice that); a bind costs about seven")
 	fs.StringVar(&o.advertiseURL, "advertise-url", "", "URL other replicas reach this one at (http://POD_IP:PORT); non-leaders pass binds on to the leader's")
-	fs.BoolVar(&o.pickOne, "filter-pick-one", true, "filter keeps only the placement policy's chosen node (ties to the smallest name) and holds it until the bind, so the kube-scheduler binds where the policy prefers")
+	fs.BoolVar(&o.pickOne, "filter-pick-one", false, "filter keeps only the placement policy's chosen node (ties to the smallest name) and holds it until the bind, so the kube-scheduler binds where the policy prefers")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "bind only while holding the leader Lease (the other replicas answer filter/prioritize)")
 	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
 	return o, fs.Parse(args)

@@ -35,6 +35,7 @@ type options struct {
 	limit       int
 	workers     int
 	shapes      string
+	variant     string
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -51,6 +52,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.limit, "limit", 0, "use only the first N pods of the pod list (0: all; for quick runs and tests)")
 	fs.IntVar(&o.workers, "workers", runtime.GOMAXPROCS(0), "runs simulated in parallel")
 	fs.StringVar(&o.shapes, "shapes", "paper", "typical task shapes: paper (from the whole pod list, the FGD paper's published protocol) or online (learned from the pods arrived so far, what the live extender can know)")
+	fs.StringVar(&o.variant, "vary", "", "derive a variant of the pod list: spec=F,multigpu=F,share=F,cpu=F (shares of GPU pods restricted to models, made 2/4/8-GPU, made shares, CPU x(1+F)); deterministic")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -91,6 +93,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 	if o.limit > 0 && o.limit < len(pods) {
 		pods = pods[:o.limit]
+	}
+	if o.variant != "" {
+		v, err := simulate.ParseVariant(o.variant)
+		if err != nil {
+			return fmt.Errorf("--vary: %w", err)
+		}
+		pods = simulate.Vary(pods, nodes, v, 1)
 	}
 	cluster := simulate.NewCluster(nodes, pods)
 	var shapes string

@@ -139,9 +139,16 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 	var inv *api.NodeInventory
 	var labelsOf map[string]string
 	missing := ""
+	var cpu, mem, usedCPU, usedMem int64
 	x.State.mu.RLock()
 	if e := x.State.nodes[node]; e != nil && e.inv != nil {
 		inv, labelsOf = e.inv, e.labels
+		// CPU and memory come from the informers (every pod's requests), less this pod's own hold:
+		// the GPU choice inside the node then weighs them as Filter and the simulator do.
+		cpu, mem, usedCPU, usedMem = e.state.CPUMilli, e.state.MemMiB, e.state.UsedCPU, e.state.UsedMem
+		if u := x.State.uses[pod.UID]; u != nil && u.node == node && u.applied {
+			usedCPU, usedMem = usedCPU-u.cpu, usedMem-u.mem
+		}
 	} else if e != nil {
 		missing = e.invErr
 	} else {
@@ -158,6 +165,7 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 		return nil, fmt.Errorf("list assignments on node %s: %w", node, err)
 	}
 	n := placement.NewNodeState(inv, labelsOf)
+	n.CPUMilli, n.MemMiB, n.UsedCPU, n.UsedMem = cpu, mem, usedCPU, usedMem
 	for i := range list.Items {
 		other := &list.Items[i]
 		if other.UID == pod.UID {

@@ -93,6 +93,25 @@ func (x *Extender) Handler(ready func() bool) http.Handler {
 		}
 		x.reply(w, r, res)
 	})
+	mux.HandleFunc("POST /preempt", func(w http.ResponseWriter, r *http.Request) {
+		if !synced(w) {
+			return
+		}
+		var args extenderv1.ExtenderPreemptionArgs
+		if !x.decode(w, r, &args) {
+			return
+		}
+		if x.PickOne && x.passOn(r) {
+			var res extenderv1.ExtenderPreemptionResult
+			if err := x.forward(r.Context(), "/preempt", &args, &res); err != nil {
+				http.Error(w, err.Error(), http.StatusBadGateway)
+				return
+			}
+			x.reply(w, r, &res)
+			return
+		}
+		x.reply(w, r, x.Preempt(&args))
+	})
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if ready != nil && !ready() {
 			http.Error(w, "informers not synced", http.StatusServiceUnavailable)

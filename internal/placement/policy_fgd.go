@@ -80,11 +80,12 @@ func NodeFragmentationFed(n *NodeState, shapes []Shape) float64 {
 	return nodeFragmentationFed(n, shapes, stranded(n, shapes, total))
 }
 
-// stranded is the free GPU compute of n that its free CPU and memory cannot feed at the mix's ratio.
+// stranded is the free GPU compute of n that its free CPU and memory cannot feed at the ratio of the
+// mix that can run on n (shapes restricted to other GPU models never ask this node for CPU).
 func stranded(n *NodeState, shapes []Shape, total int) float64 {
 	var cpu, mem, gpu float64
 	for i := range shapes {
-		if r := &shapes[i].Req; r.WantsGPU() {
+		if r := &shapes[i].Req; r.WantsGPU() && canUseModel(n, r) {
 			cpu += shapes[i].Weight * float64(r.CPUMilli)
 			mem += shapes[i].Weight * float64(r.MemMiB)
 			gpu += shapes[i].Weight * float64(r.GPUMilli())
@@ -98,6 +99,19 @@ func stranded(n *NodeState, shapes []Shape, total int) float64 {
 		feed = min(feed, float64(n.MemMiB-n.UsedMem)*gpu/mem)
 	}
 	return float64(total) - feed
+}
+
+// canUseModel reports whether r may use some GPU model of n.
+func canUseModel(n *NodeState, r *Request) bool {
+	if len(r.Models) == 0 {
+		return true
+	}
+	for i := range n.GPUs {
+		if r.modelAllowed(n.GPUs[i].Model) {
+			return true
+		}
+	}
+	return false
 }
 
 // nodeFragmentationFed weights max(floor, the shape's fragmentation) over the GPU shapes.

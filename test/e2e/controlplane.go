@@ -64,6 +64,9 @@ type ControlPlaneOptions struct {
 	ControllerManager bool
 	// SchedulerVerbosity is kube-scheduler's -v (default 2).
 	SchedulerVerbosity int
+	// SchedulerExtraConfig is appended to the KubeSchedulerConfiguration (top-level YAML keys such
+	// as percentageOfNodesToScore or profiles).
+	SchedulerExtraConfig string
 	// SchedulerMaxBackoff, when set (whole seconds), caps the retry backoff of pods whose
 	// scheduling failed; the scheduler's default is 1 s doubling up to 10 s.
 	SchedulerMaxBackoff time.Duration
@@ -312,6 +315,7 @@ leaderElection:
 			fmt.Fprintf(&b, "  - name: %s\n    ignoredByScheduler: %t\n", r.Name, r.IgnoredByScheduler)
 		}
 	}
+	b.WriteString(opts.SchedulerExtraConfig)
 	return b.String()
 }
 

@@ -246,3 +246,32 @@ func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, erro
 	}
 	return res, nil
 }
+
+// UnallocatedAt scores a replay made elsewhere (the live placement benchmark) as Run does: for each
+// arrival in order its GPU request (per-mille) and whether it was placed; the result is the
+// unallocated GPU % at each checkpoint.
+func UnallocatedAt(capacity int64, request []int, placed []bool) []float64 {
+	points := make([]checkpoint, len(Checkpoints))
+	for i, at := range Checkpoints {
+		points[i].at = at
+	}
+	var arrived, allocated int64
+	for i, r := range request {
+		arrived += int64(r)
+		if placed[i] {
+			allocated += int64(r)
+		}
+		for k := range points {
+			points[k].record(100*float64(arrived)/float64(capacity), 100*float64(allocated)/float64(capacity))
+		}
+	}
+	out := make([]float64, len(points))
+	for k := range points {
+		u, ok := points[k].unallocated()
+		if !ok {
+			u = 100 - 100*float64(allocated)/float64(capacity)
+		}
+		out[k] = u
+	}
+	return out
+}

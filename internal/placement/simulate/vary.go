@@ -1,0 +1,105 @@
+package simulate
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Variant derives a trace the policies were not designed on from a public one (issue 14: tessera
+// must beat FGD on traces it has never seen). Each field is the share of GPU pods changed that way.
+type Variant struct {
+	// Spec restricts pods to one or two GPU models (drawn by the models' GPU counts).
+	Spec float64
+	// MultiGPU turns pods into 2-, 4- or 8-GPU pods.
+	MultiGPU float64
+	// Share turns whole-GPU pods into shares (compute drawn from the trace's shares).
+	Share float64
+	// CPU multiplies GPU pods' CPU requests by 1+CPU (CPU-heavy pods).
+	CPU float64
+}
+
+// ParseVariant reads "spec=0.5,multigpu=0.3,share=0.4,cpu=1".
+func ParseVariant(s string) (Variant, error) {
+	var v Variant
+	for kv := range strings.SplitSeq(s, ",") {
+		if kv = strings.TrimSpace(kv); kv == "" {
+			continue
+		}
+		k, val, _ := strings.Cut(kv, "=")
+		f, err := strconv.ParseFloat(val, 64)
+		if err != nil || f < 0 {
+			return v, fmt.Errorf("variant %q: want name=non-negative number", kv)
+		}
+		switch k {
+		case "spec":
+			v.Spec = f
+		case "multigpu":
+			v.MultiGPU = f
+		case "share":
+			v.Share = f
+		case "cpu":
+			v.CPU = f
+		default:
+			return v, fmt.Errorf("variant %q: unknown name (spec, multigpu, share, cpu)", kv)
+		}
+	}
+	return v, nil
+}
+
+// Vary returns a changed copy of pods (deterministic for a seed).
+func Vary(pods []Pod, nodes []Node, v Variant, seed uint64) []Pod {
+	rng := rand.New(rand.NewPCG(seed, 0xa11ce))
+	gpusOf := map[string]int{}
+	for _, n := range nodes {
+		gpusOf[n.Model] += n.GPUs
+	}
+	models := make([]string, 0, len(gpusOf))
+	total := 0
+	for m, g := range gpusOf {
+		models = append(models, m)
+		total += g
+	}
+	slices.Sort(models)
+	drawModel := func() string {
+		k := rng.IntN(total)
+		for _, m := range models {
+			if k -= gpusOf[m]; k < 0 {
+				return m
+			}
+		}
+		return models[len(models)-1]
+	}
+	var shares []int
+	for _, p := range pods {
+		if p.NumGPU == 1 && p.GPUMilli > 0 && p.GPUMilli < 1000 {
+			shares = append(shares, p.GPUMilli)
+		}
+	}
+	out := slices.Clone(pods)
+	for i := range out {
+		p := &out[i]
+		if p.GPURequest() == 0 {
+			continue
+		}
+		p.Models = slices.Clone(p.Models)
+		if rng.Float64() < v.Share && p.GPUMilli == 1000 && len(shares) > 0 {
+			p.NumGPU, p.GPUMilli = 1, shares[rng.IntN(len(shares))]
+		} else if rng.Float64() < v.MultiGPU {
+			p.NumGPU, p.GPUMilli = []int{2, 4, 8}[rng.IntN(3)], 1000
+			p.CPUMilli *= int64(p.NumGPU) / 2
+		}
+		if rng.Float64() < v.Spec {
+			p.Models = []string{drawModel()}
+			if rng.IntN(2) == 0 {
+				if m := drawModel(); m != p.Models[0] {
+					p.Models = append(p.Models, m)
+				}
+			}
+		}
+		p.CPUMilli += int64(v.CPU * float64(p.CPUMilli))
+	}
+	return out
+}

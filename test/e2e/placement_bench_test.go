@@ -1,0 +1,369 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/util/retry"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/placement/simulate"
+)
+
+// policyKubeScheduler is the benchmark's name for the kube-scheduler alone (no extender; in-tree
+// NodeResourcesFit with MostAllocated over CPU, memory, whole GPUs and share tokens).
+const policyKubeScheduler = "kube-scheduler"
+
+// BenchmarkPlacement replays a trace through the real kube-scheduler against API-only nodes made
+// from the trace (no kubelet: pods are bound, never run), with the paper's protocol for one seed
+// (the seed's arrival order and node permutation; nodes are named "%04d-<sn>" by that permutation,
+// so the smallest name breaks ties as in the reference simulator). It prints tessera-sim's lines
+// (policy=<name> unallocated_gpu_pct_at_100=<x.xx>) plus pods/s, and the simulator's number for the
+// same seed with shapes learned online (what the live extender can know) beside it.
+//
+// Environment: TESSERA_BENCH_NODES, TESSERA_BENCH_PODS (CSV; default the openb default trace),
+// TESSERA_BENCH_SEED (42), TESSERA_BENCH_LIMIT (first N pods of the list, 0 = all),
+// TESSERA_BENCH_POLICIES (tessera,fgd,kube-scheduler). `make bench-placement` sets them.
+func BenchmarkPlacement(b *testing.B) {
+	data := filepath.Join(repoRoot(), "..", "shared", "data", "openb")
+	nodesCSV := envOr("TESSERA_BENCH_NODES", filepath.Join(data, "openb_node_list_gpu_node.csv"))
+	podsCSV := envOr("TESSERA_BENCH_PODS", filepath.Join(data, "openb_pod_list_default.csv"))
+	seed, _ := strconv.ParseUint(envOr("TESSERA_BENCH_SEED", "42"), 10, 64)
+	limit, _ := strconv.Atoi(envOr("TESSERA_BENCH_LIMIT", "0"))
+	nodes, err := simulate.LoadNodes(nodesCSV)
+	if err != nil {
+		b.Fatal(err)
+	}
+	pods, err := simulate.LoadPods(podsCSV)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if limit > 0 && limit < len(pods) {
+		pods = pods[:limit]
+	}
+	cluster := simulate.NewCluster(nodes, pods)
+	for _, policy := range strings.Split(envOr("TESSERA_BENCH_POLICIES", "tessera,fgd,kube-scheduler"), ",") {
+		b.Run(policy, func(b *testing.B) {
+			for range b.N {
+				live, podsPerSec := replayLive(b, cluster, policy, seed)
+				line := fmt.Sprintf("policy=%s unallocated_gpu_pct_at_100=%.2f pods_per_s=%.1f (live, seed %d, %d nodes, %d arrivals)",
+					policy, live[len(live)-1], podsPerSec, seed, len(nodes), len(cluster.Arrivals(seed, 1.3)))
+				if policy != policyKubeScheduler {
+					res, err := cluster.Run(policy, seed, 1.3)
+					if err != nil {
+						b.Fatal(err)
+					}
+					line += fmt.Sprintf("; simulator (shapes online, same seed): %.2f", res.Unallocated[len(res.Unallocated)-1])
+				}
+				fmt.Println(line)
+				b.ReportMetric(live[len(live)-1], "unalloc%@100")
+				b.ReportMetric(podsPerSec, "pods/s")
+			}
+		})
+	}
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+// benchGPUMemory is each GPU's memory in the benchmark's inventories; shares ask for the same
+// percentage of it as of compute, so memory never binds before compute (the trace has no GPU memory).
+const benchGPUMemory = 16 << 30
+
+// replayLive runs one policy and returns the unallocated GPU % at each checkpoint and pods/s.
+func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) ([]float64, float64) {
+	opts := ControlPlaneOptions{SchedulerMaxBackoff: time.Second}
+	var addr string
+	if policy == policyKubeScheduler {
+		opts.SchedulerExtraConfig = benchSchedulerConfig(`
+      scoringStrategy:
+        type: MostAllocated
+        resources:
+        - {name: cpu, weight: 1}
+        - {name: memory, weight: 1}
+        - {name: nvidia.com/gpu, weight: 1}
+        - {name: tessera.dev/vgpu, weight: 1}`)
+	} else {
+		addr = fmt.Sprintf("127.0.0.1:%d", freePort(b))
+		// Every pod goes to the extender (no managedResources): CPU-only pods shape the GPU nodes too.
+		opts.Extender = &ExtenderConfig{URLPrefix: "http://" + addr, Weight: 5, NodeCacheCapable: true, ManagedResources: []ManagedResource{}}
+		opts.SchedulerExtraConfig = benchSchedulerConfig("")
+	}
+	cp := StartControlPlane(b, opts)
+	rc := *cp.RESTConfig
+	rc.QPS, rc.Burst = 2000, 4000
+	client := kubernetes.NewForConfigOrDie(&rc)
+	if policy != policyKubeScheduler {
+		x := cp.StartProcess(b, "tessera-extender", tesseraBinary(b, "tessera-extender"), "--kubeconfig", cp.Kubeconfig,
+			"--listen", addr, "--policy", policy, "--leader-elect=false", "--filter-pick-one=true", "--kube-api-qps=1000", "--log-level=warn")
+		x.WaitHealthy(b, "http://"+addr+"/healthz", time.Minute)
+	}
+	states := createBenchNodes(b, client, c, seed)
+
+	// Pod outcomes come from a watch: bound (spec.nodeName) or found unschedulable.
+	type outcome struct {
+		placed bool
+		node   string
+	}
+	var mu sync.Mutex
+	done := map[string]outcome{}
+	cond := sync.NewCond(&mu)
+	factory := informers.NewSharedInformerFactory(client, 0)
+	inf := factory.Core().V1().Pods().Informer()
+	record := func(o any) {
+		p, ok := o.(*corev1.Pod)
+		if !ok {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if _, seen := done[p.Name]; seen {
+			return
+		}
+		switch {
+		case p.Spec.NodeName != "":
+			done[p.Name] = outcome{placed: true, node: p.Spec.NodeName}
+		case unschedulablePod(p):
+			done[p.Name] = outcome{}
+		default:
+			return
+		}
+		cond.Broadcast()
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{AddFunc: record, UpdateFunc: func(_, o any) { record(o) }}); err != nil {
+		b.Fatal(err)
+	}
+	stop := make(chan struct{})
+	defer close(stop)
+	factory.Start(stop)
+	factory.WaitForCacheSync(stop)
+
+	arrivals := c.Arrivals(seed, 1.3)
+	request := make([]int, len(arrivals))
+	placed := make([]bool, len(arrivals))
+	// A small window of pods in flight keeps the scheduler busy while its queue (FIFO by arrival)
+	// keeps the arrival order; Filter's holds make each decision see the ones before it.
+	const window = 8
+	ctx := context.Background()
+	start := time.Now()
+	resolve := func(i int) {
+		name := benchPodName(i)
+		mu.Lock()
+		for {
+			if _, ok := done[name]; ok {
+				break
+			}
+			cond.Wait()
+		}
+		o := done[name]
+		mu.Unlock()
+		request[i] = arrivals[i].GPURequest()
+		if !o.placed {
+			_ = client.CoreV1().Pods(metav1.NamespaceDefault).Delete(ctx, name, metav1.DeleteOptions{})
+			return
+		}
+		placed[i] = true
+		if policy == policyKubeScheduler {
+			// No extender: the node agent places locally (best fit); a share the node cannot hold fails.
+			n := states[o.node]
+			r := arrivals[i].Request()
+			if cands, u := placement.Candidates(n, r); u == nil {
+				n.Apply(r, &cands[0])
+			} else {
+				placed[i] = false
+			}
+		}
+	}
+	for i := range arrivals {
+		if i >= window {
+			resolve(i - window)
+		}
+		if _, err := client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, benchPod(i, &arrivals[i]), metav1.CreateOptions{}); err != nil {
+			b.Fatalf("create pod %d: %v", i, err)
+		}
+	}
+	for i := max(0, len(arrivals)-window); i < len(arrivals); i++ {
+		resolve(i)
+	}
+	elapsed := time.Since(start)
+	return simulate.UnallocatedAt(c.Capacity, request, placed), float64(len(arrivals)) / elapsed.Seconds()
+}
+
+// benchSchedulerConfig is the scheduler configuration's tail: every feasible node scored, and the
+// per-share caps (which nodes do not advertise) left out of the scheduler's own fit check, as the
+// chart's managedResources do; extra goes under NodeResourcesFit's args.
+func benchSchedulerConfig(extra string) string {
+	return `percentageOfNodesToScore: 100
+profiles:
+- schedulerName: default-scheduler
+  pluginConfig:
+  - name: NodeResourcesFit
+    args:
+      ignoredResources: [tessera.dev/vgpu-cores, tessera.dev/vgpu-memory-percent, tessera.dev/vgpu-memory]` + extra + "\n"
+}
+
+func unschedulablePod(p *corev1.Pod) bool {
+	for _, c := range p.Status.Conditions {
+		if c.Type == corev1.PodScheduled && c.Status == corev1.ConditionFalse && c.Reason == corev1.PodReasonUnschedulable {
+			return true
+		}
+	}
+	return false
+}
+
+func benchPodName(i int) string { return fmt.Sprintf("p%06d", i) }
+
+// benchPod is a trace pod as a Pod: CPU and memory requests, whole GPUs or one share with the
+// trace's compute (and as much of the GPU's memory in percent), and the GPU model restriction as
+// the annotation the extender reads and a node affinity the kube-scheduler alone honours.
+func benchPod(i int, p *simulate.Pod) *corev1.Pod {
+	req := corev1.ResourceList{
+		corev1.ResourceCPU:    *resource.NewMilliQuantity(p.CPUMilli, resource.DecimalSI),
+		corev1.ResourceMemory: *resource.NewQuantity(p.MemMiB<<20, resource.BinarySI),
+	}
+	lim := corev1.ResourceList{}
+	q := func(v int64) resource.Quantity { return *resource.NewQuantity(v, resource.DecimalSI) }
+	switch {
+	case p.NumGPU == 0 || p.GPUMilli == 0:
+	case p.GPUMilli < placement.MilliPerGPU:
+		lim[api.ResourceShare] = q(1)
+		lim[api.ResourceShareCores] = q(int64(p.GPUMilli / 10))
+		lim[api.ResourceShareMemoryPercent] = q(int64(p.GPUMilli / 10))
+	default:
+		lim[api.ResourceGPU] = q(int64(p.NumGPU))
+	}
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: benchPodName(i), Namespace: metav1.NamespaceDefault, Annotations: map[string]string{}},
+		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Image: "none",
+			Resources: corev1.ResourceRequirements{Requests: req, Limits: lim}}}},
+	}
+	for k, v := range lim { // extended resources: requests equal limits
+		pod.Spec.Containers[0].Resources.Requests[k] = v
+	}
+	if len(p.Models) > 0 {
+		pod.Annotations[api.AnnotationGPUModel] = strings.Join(p.Models, "|")
+		pod.Spec.Affinity = &corev1.Affinity{NodeAffinity: &corev1.NodeAffinity{RequiredDuringSchedulingIgnoredDuringExecution: &corev1.NodeSelector{
+			NodeSelectorTerms: []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{{
+				Key: api.LabelGPUModel, Operator: corev1.NodeSelectorOpIn, Values: p.Models}}}}}}}
+	}
+	return pod
+}
+
+// createBenchNodes makes the trace's nodes through the API (Ready, untainted, allocatable from the
+// trace, the inventory annotation) and returns an empty placement state per node name (for the
+// kube-scheduler-alone run's local placement).
+func createBenchNodes(b *testing.B, client kubernetes.Interface, c *simulate.Cluster, seed uint64) map[string]*placement.NodeState {
+	order := c.NodeOrder(seed)
+	states := map[string]*placement.NodeState{}
+	var mu sync.Mutex
+	work := make(chan int)
+	errs := make(chan error, len(order))
+	var wg sync.WaitGroup
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for pos := range work {
+				n := c.Nodes[order[pos]]
+				name := fmt.Sprintf("%04d-%s", pos, n.Name)
+				ns, err := createBenchNode(client, name, pos, n)
+				if err != nil {
+					errs <- err
+					continue
+				}
+				mu.Lock()
+				states[name] = ns
+				mu.Unlock()
+			}
+		}()
+	}
+	for pos := range order {
+		work <- pos
+	}
+	close(work)
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		b.Fatal(err)
+	}
+	// Wait until the scheduler can see them all: a pod that arrives first must not find a partial cluster.
+	ctx := context.Background()
+	err := wait.PollUntilContextTimeout(ctx, 500*time.Millisecond, 2*time.Minute, true, func(ctx context.Context) (bool, error) {
+		l, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{ResourceVersion: "0"})
+		return err == nil && len(l.Items) == len(order), nil
+	})
+	if err != nil {
+		b.Fatalf("nodes not listed: %v", err)
+	}
+	time.Sleep(2 * time.Second) // informers of the scheduler and the extender catch up
+	return states
+}
+
+func createBenchNode(client kubernetes.Interface, name string, pos int, n simulate.Node) (*placement.NodeState, error) {
+	inv := &api.NodeInventory{APIVersion: api.Version, Node: name, DriverVersion: "sim", SharesPerGPU: 100}
+	for i := 0; i < n.GPUs; i++ {
+		inv.GPUs = append(inv.GPUs, api.GPU{UUID: fmt.Sprintf("GPU-%08x-0000-4000-8000-%012x", pos, i), Index: i, Model: n.Model, MemoryBytes: benchGPUMemory,
+			SMCount: 80, NUMANode: 0, PCIBusID: fmt.Sprintf("0000:%02x:00.0", i+1), Minor: i, Healthy: true})
+	}
+	data, err := api.EncodeInventory(inv)
+	if err != nil {
+		return nil, fmt.Errorf("node %s inventory: %w", name, err)
+	}
+	ctx := context.Background()
+	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: name,
+		Labels:      map[string]string{"kubernetes.io/hostname": name, api.LabelGPUModel: n.Model},
+		Annotations: map[string]string{api.AnnotationInventory: string(data)}}}
+	if _, err := client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("create node %s: %w", name, err)
+	}
+	res := corev1.ResourceList{
+		corev1.ResourceCPU:    *resource.NewMilliQuantity(n.CPUMilli, resource.DecimalSI),
+		corev1.ResourceMemory: *resource.NewQuantity(n.MemMiB<<20, resource.BinarySI),
+		corev1.ResourcePods:   resource.MustParse("1000"),
+		api.ResourceGPU:       *resource.NewQuantity(int64(n.GPUs), resource.DecimalSI),
+		api.ResourceShare:     *resource.NewQuantity(int64(n.GPUs*100), resource.DecimalSI),
+	}
+	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		cur, err := client.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if len(cur.Spec.Taints) > 0 {
+			cur.Spec.Taints = nil
+			if cur, err = client.CoreV1().Nodes().Update(ctx, cur, metav1.UpdateOptions{}); err != nil {
+				return err
+			}
+		}
+		now := metav1.Now()
+		cur.Status.Capacity, cur.Status.Allocatable = res, res
+		cur.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue,
+			Reason: "KubeletReady", Message: "API-only node of the placement benchmark", LastHeartbeatTime: now, LastTransitionTime: now}}
+		_, err = client.CoreV1().Nodes().UpdateStatus(ctx, cur, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("node %s status: %w", name, err)
+	}
+	ns := placement.NewNodeState(inv, nil)
+	ns.CPUMilli, ns.MemMiB = n.CPUMilli, n.MemMiB
+	return ns, nil
+}
