@@ -234,7 +234,9 @@ TEST(limiter_launch_bound_not_overcharged) {
     uint64_t dt = now_ns() - t0, th = atomic_load(&rgpu(0)->throttled_ns);
     fprintf(stderr, "%llu launches in %.0f ms, throttled %.1f ms in %llu waits\n", (unsigned long long)n, dt / 1e6, th / 1e6,
             (unsigned long long)atomic_load(&rgpu(0)->throttle_events));
-    CHECK(th < dt / 20, "a launch-bound loop was throttled %.1f ms of %.0f ms", th / 1e6, dt / 1e6);
+    /* Overcharging (the host's launch cost billed as device time) at this 50% cap throttles about half
+     * the wall time; a fifth leaves room for a loaded machine descheduling the sampler mid-kernel. */
+    CHECK(th < dt / 5, "a launch-bound loop was throttled %.1f ms of %.0f ms", th / 1e6, dt / 1e6);
 }
 
 /* NVML utilisation reports the container's share (the limiter's charged
