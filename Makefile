@@ -9,6 +9,17 @@ GO ?= go
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 export TESSERA_TOOLS := $(TOOLS)
 FUZZTIME ?= 5s
+# The version comes from git: the nearest tag (or the commit), "-dirty" with uncommitted changes. The
+# build date is the commit's, so two builds of one commit are identical (make images relies on it).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+BRANCH ?= $(shell git rev-parse --abbrev-ref HEAD 2>/dev/null || echo unknown)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+export SOURCE_DATE_EPOCH
+VERSION_PKG := github.com/prometheus/common/version
+LDFLAGS := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REVISION) -X $(VERSION_PKG).Branch=$(BRANCH) \
+	-X $(VERSION_PKG).BuildDate=$(shell date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
+GOBUILD = $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 # Packages whose tests need no upstream binaries.
 UNIT_PKGS = $$($(GO) list ./... | grep -v /test/)
 
@@ -17,7 +28,7 @@ UNIT_PKGS = $$($(GO) list ./... | grep -v /test/)
 all: build vcuda
 
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GOBUILD) -o $(BIN)/ ./cmd/...
 
 # libvcuda.so (and the fake driver) into bin/vcuda.
 vcuda:

@@ -32,12 +32,14 @@ import (
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/extender"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 type options struct {
-	kubeconfig, listen, config, policy, identity, logLevel string
-	leaderElect                                            bool
-	qps                                                    int
+	kubeconfig, listen, metricsListen, config, policy, identity string
+	leaderElect, version                                        bool
+	qps                                                         int
+	log                                                         telemetry.LogOptions
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -52,7 +54,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.identity, "identity", fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's identity in leader election and node bind Leases")
 	fs.IntVar(&o.qps, "kube-api-qps", 100, "requests per second to the API server (burst twice that); a bind costs about seven")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "bind only while holding the leader Lease (the other replicas answer filter/prioritize)")
-	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address /metrics (Prometheus) and /healthz are served on apart from the extender API, so that scrapes need no access to it (the chart: 0.0.0.0:9447); empty: /metrics is served on --listen")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	o.log.AddFlags(fs)
 	return o, fs.Parse(args)
 }
 
@@ -64,12 +68,15 @@ func main() {
 	if err != nil {
 		os.Exit(2)
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		fmt.Fprintln(os.Stderr, "tessera-extender: --log-level:", err)
+	if o.version {
+		telemetry.PrintVersion(os.Stdout, "tessera-extender")
+		return
+	}
+	log, err := o.log.Setup(os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tessera-extender:", err)
 		os.Exit(2)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, o, log); err != nil {
@@ -176,19 +183,43 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			}
 		}()
 	}
-	ln, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", o.listen, err)
+	reg := telemetry.NewRegistry("tessera-extender")
+	metrics := newExtenderMetrics(reg, leader, o.leaderElect)
+	verbsHandler := x.Handler(synced.Load)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", telemetry.MetricsHandler(reg))
+	mux.Handle("/healthz", verbsHandler)
+	main := metrics.instrument(verbsHandler)
+	if o.metricsListen == "" {
+		mux.Handle("/", main)
+		main = mux
 	}
-	srv := &http.Server{Handler: x.Handler(synced.Load), ReadHeaderTimeout: 10 * time.Second}
+	servers := []*http.Server{{Handler: main, ReadHeaderTimeout: 10 * time.Second}}
+	addrs := []string{o.listen}
+	if o.metricsListen != "" {
+		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second})
+		addrs = append(addrs, o.metricsListen)
+	}
+	lns := make([]net.Listener, len(addrs))
+	for i, addr := range addrs {
+		if lns[i], err = net.Listen("tcp", addr); err != nil {
+			return fmt.Errorf("listen on %s: %w", addr, err)
+		}
+	}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = srv.Shutdown(sctx)
+		for _, srv := range servers {
+			_ = srv.Shutdown(sctx)
+		}
 	}()
-	log.Info("serving", "listen", ln.Addr().String(), "policy", cfg.Policy, "identity", o.identity, "leaderElect", o.leaderElect)
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	log.Info("serving", "version", telemetry.Version(), "listen", lns[0].Addr().String(), "metricsListen", o.metricsListen, "policy", cfg.Policy, "identity", o.identity, "leaderElect", o.leaderElect)
+	errc := make(chan error, len(servers))
+	for i, srv := range servers {
+		go func() { errc <- srv.Serve(lns[i]) }()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve: %w", err)
 	}
 	return nil

@@ -8,6 +8,7 @@ import (
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
 	"github.com/tessera-gpu/tessera/internal/gpu"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 // nodeFlags binds the flags of a subcommand to NodeConfig fields. Flags the user sets override the
@@ -18,6 +19,7 @@ type nodeFlags struct {
 	fields       map[string]func(*api.NodeConfig) *string
 	sharesPerGPU int
 	rediscover   time.Duration
+	log          telemetry.LogOptions
 }
 
 // stringFlag declares a flag that overrides one string field of the config.
@@ -31,6 +33,7 @@ func (f *nodeFlags) stringFlag(fs *flag.FlagSet, name, def, usage string, field 
 
 // register declares the flags every subcommand that looks at the node's GPUs has.
 func (f *nodeFlags) register(fs *flag.FlagSet) {
+	f.log.AddFlags(fs)
 	fs.StringVar(&f.config, "config", "", "versioned config file (apiVersion: "+api.Version+", kind: "+api.KindNodeConfig+"); flags override it")
 	f.stringFlag(fs, "backend", api.DefaultBackend, "GPU inventory: nvml (the NVIDIA driver under --driver-root; fails when it cannot be loaded) or sim (the simulated node)", func(c *api.NodeConfig) *string { return &c.Backend })
 	f.stringFlag(fs, "node-description", "", "simulated node description (YAML); empty: the built-in 8 x A100-SXM4-40GB", func(c *api.NodeConfig) *string { return &c.NodeDescription })

@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -17,10 +18,15 @@ import (
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/extender/simulate"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 func main() {
-	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return // the usage was asked for and printed
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "tessera-sim:", err)
 		os.Exit(1)
 	}
@@ -35,6 +41,7 @@ type options struct {
 	limit       int
 	workers     int
 	shapes      string
+	version     bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -51,8 +58,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.limit, "limit", 0, "use only the first N pods of the pod list (0: all; for quick runs and tests)")
 	fs.IntVar(&o.workers, "workers", runtime.GOMAXPROCS(0), "runs simulated in parallel")
 	fs.StringVar(&o.shapes, "shapes", "paper", "typical task shapes: paper (from the whole pod list, the FGD paper's published protocol) or online (learned from the pods arrived so far, what the live extender can know)")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if o.version {
+		return o, nil
 	}
 	for p := range strings.SplitSeq(policies, ",") {
 		if p = strings.TrimSpace(p); p == "" {
@@ -80,6 +91,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if o.version {
+		telemetry.PrintVersion(stdout, "tessera-sim")
+		return nil
 	}
 	nodes, err := simulate.LoadNodes(o.nodes)
 	if err != nil {

@@ -32,6 +32,9 @@ type Config struct {
 	KataHandlers []string
 	// PluginIndex orders Tessera among NRI plugins.
 	PluginIndex string
+	// OnCreate, when set, is told of every CreateContainer with how long it took and the refusal
+	// (nil when the container was admitted): the node agent's histogram and the pod's Warning Event.
+	OnCreate func(pod *nriapi.PodSandbox, c *nriapi.Container, took time.Duration, refusal error)
 }
 
 // Grants tells what the kubelet granted a container (the PodResources API in production).

@@ -129,7 +129,6 @@ func StartCluster(t *testing.T, opts ClusterOptions) *Cluster {
 	return c
 }
 
-
 func (c *Cluster) startExtender(t *testing.T, policy string) {
 	t.Helper()
 	kc := c.CP.MintKubeconfig(t, "tessera-extender", CertSpec{CommonName: "tessera-extender", Organizations: []string{"system:masters"}})
