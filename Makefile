@@ -23,12 +23,38 @@ GOBUILD = $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 # Packages whose tests need no upstream binaries.
 UNIT_PKGS = $$($(GO) list ./... | grep -v /test/)
 
-.PHONY: all build vcuda test unit e2e e2e-cluster fuzz bench tools demo demo-down clean vet
+.PHONY: all build images vcuda test unit e2e e2e-cluster fuzz bench tools demo demo-down clean vet
 
 all: build vcuda
 
 build:
 	$(GOBUILD) -o $(BIN)/ ./cmd/...
+
+# OCI image archives in bin/images, built without a container daemon (hack/images, go-containerregistry)
+# from the Go binaries, libvcuda.so, the simulated driver and Debian's libc6 and busybox-static.
+# Reproducible: the same commit gives the same image digests. Import: ctr -n k8s.io images import
+# bin/images/tessera-node.tar; push: skopeo copy oci-archive:bin/images/tessera-node.tar docker://...
+IMAGE_REPO ?= ghcr.io/tessera-gpu
+IMAGE_TAG ?= $(VERSION)
+IMAGES := $(BIN)/images
+IMAGE_LABELS = --label org.opencontainers.image.version=$(VERSION) --label org.opencontainers.image.revision=$(REVISION) \
+	--label org.opencontainers.image.source=https://github.com/tessera-gpu/tessera --label org.opencontainers.image.licenses=Apache-2.0
+images: vcuda
+	CGO_ENABLED=1 $(GOBUILD) -o $(IMAGES)/rootfs/node/ ./cmd/tessera-node
+	CGO_ENABLED=0 $(GOBUILD) -o $(IMAGES)/rootfs/extender/ ./cmd/tessera-extender
+	bash hack/debs.sh $(CACHE)/debs
+	$(GO) run ./hack/images --name $(IMAGE_REPO)/tessera-node:$(IMAGE_TAG) --out $(IMAGES)/tessera-node.tar $(IMAGE_LABELS) \
+	  --add $(CACHE)/debs/libc6:/ --add $(CACHE)/debs/busybox-static/bin/busybox:/bin/busybox \
+	  --symlink /bin/sh:busybox --symlink /usr/bin/install:/bin/busybox \
+	  --add $(IMAGES)/rootfs/node/tessera-node:/usr/bin/tessera-node \
+	  --add $(BIN)/vcuda/libvcuda.so:/usr/local/lib/tessera/libvcuda.so \
+	  --add $(BIN)/vcuda/fake/libcuda.so.1:/usr/local/lib/tessera/sim-driver/libcuda.so.1 \
+	  --add $(BIN)/vcuda/fake/libnvidia-ml.so.1:/usr/local/lib/tessera/sim-driver/libnvidia-ml.so.1 \
+	  --add $(BIN)/vcuda/fake/nvidia-smi:/usr/local/lib/tessera/sim-driver/nvidia-smi \
+	  --entrypoint /usr/bin/tessera-node
+	$(GO) run ./hack/images --name $(IMAGE_REPO)/tessera-extender:$(IMAGE_TAG) --out $(IMAGES)/tessera-extender.tar $(IMAGE_LABELS) \
+	  --add $(IMAGES)/rootfs/extender/tessera-extender:/usr/bin/tessera-extender \
+	  --user 65532:65532 --entrypoint /usr/bin/tessera-extender
 
 # libvcuda.so (and the fake driver) into bin/vcuda.
 vcuda:
