@@ -61,9 +61,10 @@ func resultOf(status int, body []byte) string {
 		return telemetry.ResultError
 	}
 	var res struct {
-		Error       string
-		NodeNames   *[]string
-		FailedNodes map[string]string
+		Error                      string
+		NodeNames                  *[]string
+		FailedNodes                map[string]string
+		FailedAndUnresolvableNodes map[string]string
 	}
 	if json.Unmarshal(body, &res) != nil {
 		return telemetry.ResultOK // prioritize answers with a list
@@ -71,7 +72,7 @@ func resultOf(status int, body []byte) string {
 	if res.Error != "" {
 		return telemetry.ResultError
 	}
-	if res.NodeNames != nil && len(*res.NodeNames) == 0 && len(res.FailedNodes) > 0 {
+	if res.NodeNames != nil && len(*res.NodeNames) == 0 && len(res.FailedNodes)+len(res.FailedAndUnresolvableNodes) > 0 {
 		return "unschedulable"
 	}
 	return telemetry.ResultOK

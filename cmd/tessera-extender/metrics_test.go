@@ -32,13 +32,17 @@ func TestRequestMetrics(t *testing.T) {
 			io.WriteString(w, `{"NodeNames":[],"FailedNodes":{"n1":"no GPU fits"}}`)
 			return
 		}
+		if strings.Contains(r.URL.RawQuery, "never") { // what the extender answers when no node can ever fit
+			io.WriteString(w, `{"NodeNames":[],"FailedNodes":{},"FailedAndUnresolvableNodes":{"n1":"48 GiB per share, the largest GPU has 40"}}`)
+			return
+		}
 		if strings.Contains(r.URL.RawQuery, "bad") {
 			http.Error(w, "invalid extender request", http.StatusBadRequest)
 			return
 		}
 		io.WriteString(w, answers[r.URL.Path])
 	}))
-	for _, target := range []string{"/filter", "/filter?none", "/filter?bad", "/prioritize", "/bind", "/bind"} {
+	for _, target := range []string{"/filter", "/filter?none", "/filter?never", "/filter?bad", "/prioritize", "/bind", "/bind"} {
 		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, target, strings.NewReader("{}")))
 		if target == "/bind" && rec.Body.String() != answers["/bind"] {
@@ -49,7 +53,7 @@ func TestRequestMetrics(t *testing.T) {
 	out := scrape(t, reg)
 	for _, want := range []string{
 		`tessera_extender_request_duration_seconds_count{result="ok",verb="filter"} 1`,
-		`tessera_extender_request_duration_seconds_count{result="unschedulable",verb="filter"} 1`,
+		`tessera_extender_request_duration_seconds_count{result="unschedulable",verb="filter"} 2`,
 		`tessera_extender_request_duration_seconds_count{result="error",verb="filter"} 1`,
 		`tessera_extender_request_duration_seconds_count{result="ok",verb="prioritize"} 1`,
 		`tessera_extender_request_duration_seconds_count{result="error",verb="bind"} 2`,
