@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -46,8 +48,9 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "%v", err)
 		return err
 	}
+	var assigned *api.PodAssignment
 	if req.WantsGPU() {
-		if err := x.assign(ctx, pod, req, args.Node); err != nil {
+		if assigned, err = x.assign(ctx, pod, req, args.Node); err != nil {
 			x.event(pod, corev1.EventTypeWarning, "GPUBindFailed", "node %s: %v", args.Node, err)
 			return err
 		}
@@ -63,27 +66,51 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 		x.event(pod, corev1.EventTypeWarning, "GPUBindFailed", "binding to node %s failed, GPUs released: %v", args.Node, err)
 		return fmt.Errorf("bind %s to %s: %w", req.Key, args.Node, err)
 	}
+	if assigned != nil {
+		x.event(pod, corev1.EventTypeNormal, "GPUAssigned", "node %s: %s", args.Node, describeAssignment(assigned))
+	}
 	x.log().Info("bound", "pod", req.Key, "node", args.Node, "policy", x.Engine.PolicyFor(req).Name())
 	return nil
 }
 
+// describeAssignment says which GPUs each container got, and how much of them, for the pod's
+// Normal Event: "main: GPU-1a2b share 10Gi memory 30% cores; side: GPU-3c4d whole".
+func describeAssignment(a *api.PodAssignment) string {
+	var parts []string
+	for _, c := range a.Containers {
+		var devs []string
+		for _, d := range c.Devices {
+			switch {
+			case d.Whole:
+				devs = append(devs, d.UUID+" whole")
+			case d.CoresPercent > 0:
+				devs = append(devs, fmt.Sprintf("%s share %s memory %d%% cores", d.UUID, resource.NewQuantity(d.MemoryBytes, resource.BinarySI), d.CoresPercent))
+			default:
+				devs = append(devs, fmt.Sprintf("%s share %s memory, cores uncapped", d.UUID, resource.NewQuantity(d.MemoryBytes, resource.BinarySI)))
+			}
+		}
+		parts = append(parts, c.Name+": "+strings.Join(devs, ", "))
+	}
+	return strings.Join(parts, "; ")
+}
+
 // assign picks and writes the assignment under the node lock.
-func (x *Extender) assign(ctx context.Context, pod *corev1.Pod, req *Request, node string) error {
+func (x *Extender) assign(ctx context.Context, pod *corev1.Pod, req *Request, node string) (*api.PodAssignment, error) {
 	lock, err := x.Locker.Lock(ctx, node)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer lock.Unlock(context.WithoutCancel(ctx))
 	a, err := x.decide(ctx, pod, req, node)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if !lock.Valid() {
-		return fmt.Errorf("node lock for %s held too long (%s); retrying is safer than writing on stale state", node, x.Locker.Duration/2)
+		return nil, fmt.Errorf("node lock for %s held too long (%s); retrying is safer than writing on stale state", node, x.Locker.Duration/2)
 	}
 	enc, err := api.EncodeAssignment(a)
 	if err != nil {
-		return fmt.Errorf("encode assignment: %w", err)
+		return nil, fmt.Errorf("encode assignment: %w", err)
 	}
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
 		"annotations": map[string]string{api.AnnotationAssignment: string(enc)},
@@ -92,9 +119,9 @@ func (x *Extender) assign(ctx context.Context, pod *corev1.Pod, req *Request, no
 	x.State.Reserve(pod.UID, req.Key, pod.Namespace, req, a)
 	if _, err := x.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
 		x.State.Unreserve(pod.UID)
-		return fmt.Errorf("write assignment of %s: %w", req.Key, err)
+		return nil, fmt.Errorf("write assignment of %s: %w", req.Key, err)
 	}
-	return nil
+	return a, nil
 }
 
 // decide builds the node's state from the API server's view of its assignments and places req.
