@@ -18,13 +18,14 @@ func TestCLIHelpAndVersion(t *testing.T) {
 		{"tessera-node", []string{"cdi", "generate", "--help"}},
 		{"tessera-extender", []string{"--help"}},
 		{"tessera-sim", []string{"--help"}},
+		{"kubectl-tessera", []string{"--help"}},
 	} {
 		out, err := runCmd(t, time.Minute, tesseraBinary(t, c.bin), c.args...)
 		if err != nil || !strings.Contains(strings.ToLower(out), "usage") {
 			t.Errorf("%s %v: %v (want exit 0 and a usage)\n%s", c.bin, c.args, err, out)
 		}
 	}
-	for _, bin := range []string{"tessera-node", "tessera-extender", "tessera-sim"} {
+	for _, bin := range []string{"tessera-node", "tessera-extender", "tessera-sim", "kubectl-tessera"} {
 		out, err := runCmd(t, time.Minute, tesseraBinary(t, bin), "--version")
 		if err != nil || !strings.HasPrefix(out, bin+", version ") {
 			t.Errorf("%s --version: %v\n%s", bin, err, out)
