@@ -20,6 +20,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -144,20 +145,11 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		synced.Store(true)
 		log.Info("cluster state rebuilt from the API server")
 	}()
-	go func() {
-		t := time.NewTicker(10 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if n := state.ExpireReservations(); n > 0 {
-					log.Warn("expired in-flight reservations", "count", n)
-				}
-			}
+	go wait.UntilWithContext(ctx, func(context.Context) {
+		if n := state.ExpireReservations(); n > 0 {
+			log.Warn("expired in-flight reservations", "count", n)
 		}
-	}()
+	}, 10*time.Second)
 	if o.leaderElect {
 		lock := &resourcelock.LeaseLock{
 			LeaseMeta:  metav1ObjectMeta(cfg.LeaderElectionID, cfg.LeaseNamespace),
