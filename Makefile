@@ -45,12 +45,12 @@ images: vcuda
 	bash hack/debs.sh $(CACHE)/debs
 	$(GO) run ./hack/images --name $(IMAGE_REPO)/tessera-node:$(IMAGE_TAG) --out $(IMAGES)/tessera-node.tar $(IMAGE_LABELS) \
 	  --add $(CACHE)/debs/libc6:/ --add $(CACHE)/debs/busybox-static/bin/busybox:/bin/busybox \
-	  --symlink /bin/sh:busybox --symlink /usr/bin/install:/bin/busybox \
+	  $(foreach a,sh cp mv rm chmod mkdir ls cat,--symlink /bin/$(a):busybox) \
 	  --add $(IMAGES)/rootfs/node/tessera-node:/usr/bin/tessera-node \
 	  --add $(BIN)/vcuda/libvcuda.so:/usr/local/lib/tessera/libvcuda.so \
-	  --add $(BIN)/vcuda/fake/libcuda.so.1:/usr/local/lib/tessera/sim-driver/libcuda.so.1 \
-	  --add $(BIN)/vcuda/fake/libnvidia-ml.so.1:/usr/local/lib/tessera/sim-driver/libnvidia-ml.so.1 \
-	  --add $(BIN)/vcuda/fake/nvidia-smi:/usr/local/lib/tessera/sim-driver/nvidia-smi \
+	  --add $(BIN)/vcuda/fake/libcuda.so.1:/usr/share/tessera/sim-driver/libcuda.so.1 \
+	  --add $(BIN)/vcuda/fake/libnvidia-ml.so.1:/usr/share/tessera/sim-driver/libnvidia-ml.so.1 \
+	  --add $(BIN)/vcuda/fake/nvidia-smi:/usr/share/tessera/sim-driver/nvidia-smi \
 	  --entrypoint /usr/bin/tessera-node
 	$(GO) run ./hack/images --name $(IMAGE_REPO)/tessera-extender:$(IMAGE_TAG) --out $(IMAGES)/tessera-extender.tar $(IMAGE_LABELS) \
 	  --add $(IMAGES)/rootfs/extender/tessera-extender:/usr/bin/tessera-extender \
