@@ -141,7 +141,12 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	factory.Start(ctx.Done())
 	var synced atomic.Bool
 	go func() {
-		factory.WaitForCacheSync(ctx.Done())
+		for informer, ok := range factory.WaitForCacheSync(ctx.Done()) {
+			if !ok { // stopped before the caches filled: stay not ready
+				log.Warn("informer cache not synced", "type", informer.String())
+				return
+			}
+		}
 		synced.Store(true)
 		log.Info("cluster state rebuilt from the API server")
 	}()
