@@ -11,8 +11,10 @@ import (
 	"testing"
 	"time"
 
+	nriapi "github.com/containerd/nri/pkg/api"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/client-go/tools/record"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/agent"
@@ -142,4 +144,26 @@ func TestMetricsEscaping(t *testing.T) {
 	if out := scrape(t, reg); !strings.Contains(out, `pod="we\"ird\\pod`+"\u00e9"+`"`) {
 		t.Errorf("pod label not escaped per the exposition format:\n%s", out)
 	}
+}
+
+// TestRefusalEvents: a refused container puts a Warning Event on its pod, with the reason; an
+// admitted one puts none.
+func TestRefusalEvents(t *testing.T) {
+	rec := record.NewFakeRecorder(2)
+	on := refusalEvents(rec)
+	pod := &nriapi.PodSandbox{Name: "p", Namespace: "ns", Uid: "u1"}
+	on(pod, &nriapi.Container{Name: "main"}, time.Millisecond, nil)
+	on(pod, &nriapi.Container{Name: "main"}, time.Millisecond, errors.New("GPU device nodes [/dev/nvidia1] that the kubelet did not grant"))
+	select {
+	case e := <-rec.Events:
+		if want := `Warning GPUContainerRefused container "main" refused by the Tessera node agent: GPU device nodes [/dev/nvidia1] that the kubelet did not grant`; e != want {
+			t.Errorf("event %q, want %q", e, want)
+		}
+	default:
+		t.Fatal("no Event for the refused container")
+	}
+	if len(rec.Events) != 0 {
+		t.Errorf("an admitted container got an Event: %q", <-rec.Events)
+	}
+	refusalEvents(nil)(pod, &nriapi.Container{Name: "main"}, 0, errors.New("x")) // no API server: no Events, no panic
 }

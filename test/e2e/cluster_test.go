@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -252,6 +253,13 @@ func testClusterWorkloads(t *testing.T, c *Cluster) {
 	}
 	c.WaitAllocatable(t, c.ExpectedAllocatable(t))
 	checkClusterMetrics(t, c, g, wg)
+	// The extender tells each pod which GPU it got, and how much of it.
+	assigned := fmt.Sprintf("GPUAssigned: node %s: main: %s share 10Gi memory 30%% cores", c.Node, da[0].UUID)
+	if err := waitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
+		return slices.Contains(c.Events(t, "share-a", "GPUAssigned"), assigned), nil
+	}); err != nil {
+		t.Errorf("share-a has no Event %q: %v; its events: %q", assigned, err, c.Events(t, "share-a", ""))
+	}
 
 	c.DeleteAllPods(t)
 	c.WaitLedgerEmpty(t)
