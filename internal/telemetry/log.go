@@ -35,7 +35,7 @@ func (o LogOptions) Setup(w io.Writer) (*slog.Logger, error) {
 		return nil, fmt.Errorf("-v must be >= 0, got %d", o.Verbosity)
 	}
 	// slog's Debug is level -4, and klog's V(n) reaches slog at level -n: one scale for both.
-	opts := &slog.HandlerOptions{Level: slog.Level(-o.Verbosity)}
+	opts := &slog.HandlerOptions{Level: slog.Level(-o.Verbosity), ReplaceAttr: verbosityName}
 	var h slog.Handler
 	switch o.Format {
 	case "text", "":
@@ -63,6 +63,18 @@ func (o LogOptions) Setup(w io.Writer) (*slog.Logger, error) {
 	logrus.StandardLogger().ReplaceHooks(logrus.LevelHooks{})
 	logrus.AddHook(logrusHook{log})
 	return log, nil
+}
+
+// verbosityName names klog's V(n) lines (slog levels -1..-3) "V1".."V3" rather than slog's
+// "DEBUG+3".."DEBUG+1".
+func verbosityName(_ []string, a slog.Attr) slog.Attr {
+	if a.Key != slog.LevelKey {
+		return a
+	}
+	if l, ok := a.Value.Any().(slog.Level); ok && l > slog.LevelDebug && l < slog.LevelInfo {
+		return slog.String(slog.LevelKey, "V"+strconv.Itoa(int(-l)))
+	}
+	return a
 }
 
 // nriLogger is NRI's Logger interface over slog.

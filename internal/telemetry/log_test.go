@@ -50,6 +50,9 @@ func TestLogSetupRoutesLibraries(t *testing.T) {
 	if m := got["from logrus"]; m != nil && (m["level"] != "WARN" || m["f"] != "x") {
 		t.Errorf("logrus entry lost its level or fields: %v", m)
 	}
+	if m := got["from klog v2"]; m != nil && m["level"] != "V2" {
+		t.Errorf("klog V(2) line at level %v, want V2", m["level"])
+	}
 	if m := got["from nri 1"]; m != nil && m["component"] != "nri" {
 		t.Errorf("NRI line without component: %v", m)
 	}
