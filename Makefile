@@ -9,15 +9,52 @@ GO ?= go
 export CGO_CFLAGS ?= -O2 -g -Wno-deprecated-declarations
 export TESSERA_TOOLS := $(TOOLS)
 FUZZTIME ?= 5s
+# The version comes from git: the nearest tag (or the commit), "-dirty" with uncommitted changes. The
+# build date is the commit's, so two builds of one commit are identical (make images relies on it).
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo unknown)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+BRANCH ?= $(shell git rev-parse --abbrev-ref HEAD 2>/dev/null || echo unknown)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+export SOURCE_DATE_EPOCH
+VERSION_PKG := github.com/prometheus/common/version
+LDFLAGS := -X $(VERSION_PKG).Version=$(VERSION) -X $(VERSION_PKG).Revision=$(REVISION) -X $(VERSION_PKG).Branch=$(BRANCH) \
+	-X $(VERSION_PKG).BuildDate=$(shell date -u -d @$(SOURCE_DATE_EPOCH) +%Y-%m-%dT%H:%M:%SZ)
+GOBUILD = $(GO) build -trimpath -ldflags "$(LDFLAGS)"
 # Packages whose tests need no upstream binaries.
 UNIT_PKGS = $$($(GO) list ./... | grep -v /test/)
 
-.PHONY: gpu-bundle all build vcuda test unit e2e e2e-cluster fuzz bench bench-placement tools demo demo-down clean vet
+.PHONY: gpu-bundle all build images vcuda test unit e2e e2e-cluster fuzz bench bench-placement tools demo demo-down clean vet
 
 all: build vcuda
 
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GOBUILD) -o $(BIN)/ ./cmd/...
+
+# OCI image archives in bin/images, built without a container daemon (hack/images, go-containerregistry)
+# from the Go binaries, libvcuda.so, the simulated driver and Debian's libc6 and busybox-static.
+# Reproducible: the same commit gives the same image digests. Import: ctr -n k8s.io images import
+# bin/images/tessera-node.tar; push: skopeo copy oci-archive:bin/images/tessera-node.tar docker://...
+IMAGE_REPO ?= ghcr.io/tessera-gpu
+IMAGE_TAG ?= $(VERSION)
+IMAGES := $(BIN)/images
+IMAGE_LABELS = --label org.opencontainers.image.version=$(VERSION) --label org.opencontainers.image.revision=$(REVISION) \
+	--label org.opencontainers.image.source=https://github.com/tessera-gpu/tessera --label org.opencontainers.image.licenses=Apache-2.0
+images: vcuda
+	CGO_ENABLED=1 $(GOBUILD) -o $(IMAGES)/rootfs/node/ ./cmd/tessera-node
+	CGO_ENABLED=0 $(GOBUILD) -o $(IMAGES)/rootfs/extender/ ./cmd/tessera-extender
+	bash hack/debs.sh $(CACHE)/debs
+	$(GO) run ./hack/images --name $(IMAGE_REPO)/tessera-node:$(IMAGE_TAG) --out $(IMAGES)/tessera-node.tar $(IMAGE_LABELS) \
+	  --add $(CACHE)/debs/libc6:/ --add $(CACHE)/debs/busybox-static/bin/busybox:/bin/busybox \
+	  $(foreach a,sh cp mv rm chmod mkdir ls cat,--symlink /bin/$(a):busybox) \
+	  --add $(IMAGES)/rootfs/node/tessera-node:/usr/bin/tessera-node \
+	  --add $(BIN)/vcuda/libvcuda.so:/usr/local/lib/tessera/libvcuda.so \
+	  --add $(BIN)/vcuda/fake/libcuda.so.1:/usr/share/tessera/sim-driver/libcuda.so.1 \
+	  --add $(BIN)/vcuda/fake/libnvidia-ml.so.1:/usr/share/tessera/sim-driver/libnvidia-ml.so.1 \
+	  --add $(BIN)/vcuda/fake/nvidia-smi:/usr/share/tessera/sim-driver/nvidia-smi \
+	  --entrypoint /usr/bin/tessera-node
+	$(GO) run ./hack/images --name $(IMAGE_REPO)/tessera-extender:$(IMAGE_TAG) --out $(IMAGES)/tessera-extender.tar $(IMAGE_LABELS) \
+	  --add $(IMAGES)/rootfs/extender/tessera-extender:/usr/bin/tessera-extender \
+	  --user 65532:65532 --entrypoint /usr/bin/tessera-extender
 
 # libvcuda.so (and the fake driver) into bin/vcuda.
 vcuda:

@@ -115,7 +115,7 @@ const (
 	DefaultNRISocket    = "/var/run/nri/nri.sock"
 	DefaultNRIIndex     = "50"
 	DefaultKataHandler  = "kata"
-	DefaultNodeListen   = "127.0.0.1:9400"
+	DefaultNodeListen   = "127.0.0.1:9445" // not 9400: dcgm-exporter's port, often on the same node
 	DefaultRediscover   = time.Minute
 	// DefaultHealthCheckInterval is how often GPUs are probed for health.
 	DefaultHealthCheckInterval = 30 * time.Second

@@ -1,8 +1,9 @@
 package v1
 
 import (
-	"fmt"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // AnnotationGPUModel (pod) restricts a pod to GPUs of the listed models, separated by "|"
@@ -46,25 +47,9 @@ type ExtenderConfig struct {
 	ReservationTTL Duration `json:"reservationTTL,omitempty"`
 }
 
-// Duration is a time.Duration written as a Go duration string ("30s") in config files.
-type Duration struct{ time.Duration }
-
-// UnmarshalJSON reads a duration string such as "30s".
-func (d *Duration) UnmarshalJSON(b []byte) error {
-	s := string(b)
-	if len(s) < 2 || s[0] != '"' || s[len(s)-1] != '"' {
-		return fmt.Errorf("duration must be a string such as \"30s\", got %s", s)
-	}
-	v, err := time.ParseDuration(s[1 : len(s)-1])
-	if err != nil {
-		return fmt.Errorf("invalid duration: %w", err)
-	}
-	d.Duration = v
-	return nil
-}
-
-// MarshalJSON writes the duration string.
-func (d Duration) MarshalJSON() ([]byte, error) { return []byte(`"` + d.String() + `"`), nil }
+// Duration is a time.Duration written as a Go duration string ("30s") in config files:
+// apimachinery's metav1.Duration, as in Kubernetes' own component configs.
+type Duration = metav1.Duration
 
 // Extender defaults.
 const (

@@ -1,12 +1,13 @@
 package v1
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"reflect"
 	"strings"
+
+	sjson "sigs.k8s.io/json"
 )
 
 // maxDocumentBytes bounds every decoded document; Kubernetes caps all annotations of an object at 256 KiB.
@@ -38,82 +39,51 @@ func (f *fieldErrors) err() error {
 }
 
 // decodeStrict decodes one JSON document into v, refusing unknown fields, duplicated keys,
-// trailing data and oversized input. doc names the document in error messages.
+// trailing data and oversized input (sigs.k8s.io/json, the API server's strict decoder). doc names
+// the document in error messages.
 func decodeStrict(data []byte, v any, doc string) error {
 	if len(data) > maxDocumentBytes {
 		return fmt.Errorf("invalid %s: %d bytes exceeds the %d byte limit", doc, len(data), maxDocumentBytes)
 	}
-	if err := checkDuplicateKeys(data); err != nil {
-		return fmt.Errorf("invalid %s: %w", doc, err)
+	strict, err := sjson.UnmarshalStrict(data, v, sjson.DisallowDuplicateFields, sjson.DisallowUnknownFields)
+	if err != nil {
+		// The library's syntax error is its own type; its message tells trailing data apart.
+		if syntax, _ := sjson.SyntaxErrorOffset(err); syntax && strings.Contains(err.Error(), "after top-level value") {
+			return fmt.Errorf("invalid %s: trailing data after the JSON document", doc)
+		}
+		return fmt.Errorf("invalid %s: %w", doc, describeTypeError(data, v, err))
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return fmt.Errorf("invalid %s: %w", doc, describeJSONError(err))
-	}
-	if _, err := dec.Token(); err != io.EOF {
-		return fmt.Errorf("invalid %s: trailing data after the JSON document", doc)
+	if len(strict) > 0 {
+		fe := fieldErrors{doc: doc}
+		for _, e := range strict {
+			fe.errs = append(fe.errs, describeStrictError(e))
+		}
+		return fe.err()
 	}
 	return nil
 }
 
-// describeJSONError turns encoding/json's errors into ones that name the field.
-func describeJSONError(err error) error {
-	var te *json.UnmarshalTypeError
-	if errors.As(err, &te) && te.Field != "" {
-		return &FieldError{Path: te.Field, Msg: fmt.Sprintf("expected %s, got JSON %s", te.Type, te.Value)}
-	}
-	if msg := err.Error(); strings.HasPrefix(msg, "json: unknown field ") {
-		return &FieldError{Path: strings.Trim(strings.TrimPrefix(msg, "json: unknown field "), `"`), Msg: "unknown field"}
+// describeStrictError turns sigs.k8s.io/json's strict errors (`unknown field "a.b[0]"`,
+// `duplicate field "a"`; its error type is unexported, its messages are the interface) into
+// FieldErrors that name the path.
+func describeStrictError(err error) error {
+	msg := err.Error()
+	for prefix, what := range map[string]string{"unknown field ": "unknown field", "duplicate field ": "duplicated key"} {
+		if path, ok := strings.CutPrefix(msg, prefix); ok {
+			return &FieldError{Path: strings.Trim(path, `"`), Msg: what}
+		}
 	}
 	return err
 }
 
-// checkDuplicateKeys walks the token stream and reports the first object key that appears twice
-// in the same object; encoding/json would silently keep the last one.
-func checkDuplicateKeys(data []byte) error {
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	return walkValue(dec, "")
-}
-
-// walkValue consumes one JSON value from dec; path names it in errors.
-func walkValue(dec *json.Decoder, path string) error {
-	tok, err := dec.Token()
-	if err != nil {
-		return err
+// describeTypeError names the field of a type mismatch ("sharesPerGPU: expected int, got JSON
+// string"). The library's type error is its own internal type; encoding/json fails on the same
+// field, so the error path decodes once more to read it.
+func describeTypeError(data []byte, v any, err error) error {
+	var te *json.UnmarshalTypeError
+	fresh := reflect.New(reflect.TypeOf(v).Elem()).Interface()
+	if errors.As(json.Unmarshal(data, fresh), &te) && te.Field != "" {
+		return &FieldError{Path: te.Field, Msg: fmt.Sprintf("expected %s, got JSON %s", te.Type, te.Value)}
 	}
-	switch tok {
-	case json.Delim('{'):
-		seen := map[string]bool{}
-		for dec.More() {
-			keyTok, err := dec.Token()
-			if err != nil {
-				return err
-			}
-			key, _ := keyTok.(string)
-			p := key
-			if path != "" {
-				p = path + "." + key
-			}
-			if seen[key] {
-				return &FieldError{Path: p, Msg: "duplicated key"}
-			}
-			seen[key] = true
-			if err := walkValue(dec, p); err != nil {
-				return err
-			}
-		}
-		_, err = dec.Token() // '}'
-		return err
-	case json.Delim('['):
-		for i := 0; dec.More(); i++ {
-			if err := walkValue(dec, fmt.Sprintf("%s[%d]", path, i)); err != nil {
-				return err
-			}
-		}
-		_, err = dec.Token() // ']'
-		return err
-	}
-	return nil
+	return err
 }

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -33,13 +34,15 @@ import (
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/extender"
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 type options struct {
-	kubeconfig, listen, config, policy, identity, logLevel string
-	advertiseURL                                           string
-	leaderElect, pickOne                                   bool
-	qps                                                    int
+	kubeconfig, listen, metricsListen, config, policy, identity string
+	advertiseURL                                                string
+	leaderElect, pickOne, version                               bool
+	qps                                                         int
+	log                                                         telemetry.LogOptions
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -56,7 +59,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.advertiseURL, "advertise-url", "", "URL other replicas reach this one at (http://POD_IP:PORT); non-leaders pass binds on to the leader's")
 	fs.BoolVar(&o.pickOne, "filter-pick-one", false, "filter keeps only the placement policy's chosen node (ties to the smallest name) and holds it until the bind, so the kube-scheduler binds where the policy prefers")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "bind only while holding the leader Lease (the other replicas answer filter/prioritize)")
-	fs.StringVar(&o.logLevel, "log-level", "info", "log level: debug, info, warn or error")
+	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address /metrics (Prometheus) and /healthz are served on apart from the extender API, so that scrapes need no access to it (the chart: 0.0.0.0:9447); empty: /metrics is served on --listen")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
+	o.log.AddFlags(fs)
 	return o, fs.Parse(args)
 }
 
@@ -68,12 +73,15 @@ func main() {
 	if err != nil {
 		os.Exit(2)
 	}
-	var level slog.Level
-	if err := level.UnmarshalText([]byte(o.logLevel)); err != nil {
-		fmt.Fprintln(os.Stderr, "tessera-extender: --log-level:", err)
+	if o.version {
+		telemetry.PrintVersion(os.Stdout, "tessera-extender")
+		return
+	}
+	log, err := o.log.Setup(os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tessera-extender:", err)
 		os.Exit(2)
 	}
-	log := slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, o, log); err != nil {
@@ -140,24 +148,20 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	factory.Start(ctx.Done())
 	var synced atomic.Bool
 	go func() {
-		factory.WaitForCacheSync(ctx.Done())
+		for informer, ok := range factory.WaitForCacheSync(ctx.Done()) {
+			if !ok { // stopped before the caches filled: stay not ready
+				log.Warn("informer cache not synced", "type", informer.String())
+				return
+			}
+		}
 		synced.Store(true)
 		log.Info("cluster state rebuilt from the API server")
 	}()
-	go func() {
-		t := time.NewTicker(10 * time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if n := state.ExpireReservations(); n > 0 {
-					log.Warn("expired in-flight reservations", "count", n)
-				}
-			}
+	go wait.UntilWithContext(ctx, func(context.Context) {
+		if n := state.ExpireReservations(); n > 0 {
+			log.Warn("expired in-flight reservations", "count", n)
 		}
-	}()
+	}, 10*time.Second)
 	if o.leaderElect {
 		lock := &resourcelock.LeaseLock{
 			LeaseMeta:  metav1ObjectMeta(cfg.LeaderElectionID, cfg.LeaseNamespace),
@@ -183,19 +187,43 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			}
 		}()
 	}
-	ln, err := net.Listen("tcp", o.listen)
-	if err != nil {
-		return fmt.Errorf("listen on %s: %w", o.listen, err)
+	reg := telemetry.NewRegistry("tessera-extender")
+	metrics := newExtenderMetrics(reg, leader, o.leaderElect)
+	verbsHandler := x.Handler(synced.Load)
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", telemetry.MetricsHandler(reg))
+	mux.Handle("/healthz", verbsHandler)
+	main := metrics.instrument(verbsHandler)
+	if o.metricsListen == "" {
+		mux.Handle("/", main)
+		main = mux
 	}
-	srv := &http.Server{Handler: x.Handler(synced.Load), ReadHeaderTimeout: 10 * time.Second}
+	servers := []*http.Server{{Handler: main, ReadHeaderTimeout: 10 * time.Second}}
+	addrs := []string{o.listen}
+	if o.metricsListen != "" {
+		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second})
+		addrs = append(addrs, o.metricsListen)
+	}
+	lns := make([]net.Listener, len(addrs))
+	for i, addr := range addrs {
+		if lns[i], err = net.Listen("tcp", addr); err != nil {
+			return fmt.Errorf("listen on %s: %w", addr, err)
+		}
+	}
 	go func() {
 		<-ctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_ = srv.Shutdown(sctx)
+		for _, srv := range servers {
+			_ = srv.Shutdown(sctx)
+		}
 	}()
-	log.Info("serving", "listen", ln.Addr().String(), "policy", cfg.Policy, "identity", o.identity, "leaderElect", o.leaderElect)
-	if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+	log.Info("serving", "version", telemetry.Version(), "listen", lns[0].Addr().String(), "metricsListen", o.metricsListen, "policy", cfg.Policy, "identity", o.identity, "leaderElect", o.leaderElect)
+	errc := make(chan error, len(servers))
+	for i, srv := range servers {
+		go func() { errc <- srv.Serve(lns[i]) }()
+	}
+	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve: %w", err)
 	}
 	return nil

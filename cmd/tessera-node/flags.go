@@ -10,6 +10,7 @@ import (
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
 	"github.com/tessera-gpu/tessera/internal/gpu"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 // nodeFlags binds the flags of a subcommand to NodeConfig fields. Flags the user sets override the
@@ -24,6 +25,7 @@ type nodeFlags struct {
 	adminNamespaces stringList
 	ignoredXIDs     string
 	healthCheck     time.Duration
+	log             telemetry.LogOptions
 }
 
 // stringList is a repeatable string flag.
@@ -43,6 +45,7 @@ func (f *nodeFlags) stringFlag(fs *flag.FlagSet, name, def, usage string, field 
 
 // register declares the flags every subcommand that looks at the node's GPUs has.
 func (f *nodeFlags) register(fs *flag.FlagSet) {
+	f.log.AddFlags(fs)
 	fs.StringVar(&f.config, "config", "", "versioned config file (apiVersion: "+api.Version+", kind: "+api.KindNodeConfig+"); flags override it")
 	f.stringFlag(fs, "backend", api.DefaultBackend, "GPU inventory: nvml (the NVIDIA driver under --driver-root; fails when it cannot be loaded) or sim (the simulated node)", func(c *api.NodeConfig) *string { return &c.Backend })
 	f.stringFlag(fs, "node-description", "", "simulated node: a description file (YAML) or a built-in name, dgx-a100 (8 x A100-SXM4-40GB, the default) or dgx-h100 (8 x H100-SXM5-80GB)", func(c *api.NodeConfig) *string { return &c.NodeDescription })

@@ -4,6 +4,7 @@
 //	tessera-node cdi generate   write CDI specs for this node's GPUs and print the device names
 //	tessera-node cdi-hook ...   the NVIDIA Container Toolkit's CDI hook commands (also when run as nvidia-cdi-hook)
 //	tessera-node hook check-realised   the OCI hook in Tessera's CDI specs (run by the runtime)
+//	tessera-node version        the version (also --version)
 //
 // Run "tessera-node <subcommand> --help" for the flags.
 package main
@@ -12,9 +13,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
+
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 func main() {
@@ -25,7 +27,11 @@ func main() {
 		}
 		return
 	}
-	slog.SetDefault(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	// Subcommands set up logging from their -v and --log-format flags; until then, the default.
+	if _, err := (telemetry.LogOptions{}).Setup(os.Stderr); err != nil {
+		fmt.Fprintln(os.Stderr, "tessera-node:", err)
+		os.Exit(1)
+	}
 	if err := run(os.Args[1:]); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return
@@ -44,6 +50,7 @@ commands:
                  itself as <data-dir>/bin/nvidia-cdi-hook where the toolkit's hook is not installed)
   hook check-realised
                  the OCI hook Tessera's CDI specs carry: refuses a container the NRI plugin did not realise
+  version        print the version (also --version)
 `
 
 func run(args []string) error {
@@ -58,6 +65,10 @@ func run(args []string) error {
 	}
 	if len(args) >= 2 && args[0] == "cdi" && args[1] == "generate" {
 		return cdiGenerate(args[2:], os.Stdout)
+	}
+	if len(args) >= 1 && (args[0] == "version" || args[0] == "--version" || args[0] == "-version") {
+		telemetry.PrintVersion(os.Stdout, "tessera-node")
+		return nil
 	}
 	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
 		fmt.Print(usage)

@@ -1,93 +1,323 @@
 package main
 
 import (
-	"fmt"
-	"io"
-	"sort"
+	"strconv"
+	"time"
 
+	nriapi "github.com/containerd/nri/pkg/api"
+	"github.com/prometheus/client_golang/prometheus"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/agent"
+	"github.com/tessera-gpu/tessera/internal/ledger"
+	"github.com/tessera-gpu/tessera/internal/nri"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 	"github.com/tessera-gpu/tessera/vcuda"
 )
 
-// writeMetrics renders the Prometheus text format by hand: a handful of gauges do not need a client library.
-// readRegion returns a container's accounting region, read without trusting it (nri.Plugin.ReadRegion).
-type readRegion func(containerID string) ([]byte, error)
+// Label names. Per-GPU series carry dcgm-exporter's labels (gpu, UUID, device, modelName, Hostname)
+// so they join with its DCGM_FI_* series; per-container series add namespace, pod and container as
+// dcgm-exporter's Kubernetes mapping does.
+var (
+	gpuLabels       = []string{"gpu", "UUID", "device", "modelName", "Hostname"}
+	containerLabels = []string{"namespace", "pod", "container", "gpu", "UUID", "Hostname"}
+	// HAMi's label sets, for the dashboards written for HAMi's vGPU metrics.
+	hamiGPULabels       = []string{"nodeid", "deviceuuid", "deviceidx", "devicetype"}
+	hamiContainerLabels = []string{"podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid"}
+)
 
-func writeMetrics(w io.Writer, a *agent.Agent, regionPath readRegion) {
-	inv := a.Inventory()
-	usage := a.Ledger().Usage()
-	fmt.Fprintln(w, "# HELP tessera_gpu_memory_bytes Memory of each GPU.\n# TYPE tessera_gpu_memory_bytes gauge")
-	for _, g := range inv.GPUs {
-		fmt.Fprintf(w, "tessera_gpu_memory_bytes{uuid=%q,index=\"%d\",model=%q} %d\n", g.UUID, g.Index, g.Model, g.MemoryBytes)
-	}
-	fmt.Fprintln(w, "# HELP tessera_gpu_healthy 1 if the GPU is healthy.\n# TYPE tessera_gpu_healthy gauge")
-	for _, g := range inv.GPUs {
-		fmt.Fprintf(w, "tessera_gpu_healthy{uuid=%q} %d\n", g.UUID, b2i(g.Healthy))
-	}
-	uuids := make([]string, 0, len(usage))
-	for u := range usage {
-		uuids = append(uuids, u)
-	}
-	sort.Strings(uuids)
-	fmt.Fprintln(w, "# HELP tessera_gpu_shares Shares held on each GPU.\n# TYPE tessera_gpu_shares gauge")
-	for _, u := range uuids {
-		fmt.Fprintf(w, "tessera_gpu_shares{uuid=%q} %d\n", u, usage[u].Shares)
-	}
-	fmt.Fprintln(w, "# HELP tessera_gpu_shared_memory_bytes Memory given out as share caps on each GPU.\n# TYPE tessera_gpu_shared_memory_bytes gauge")
-	for _, u := range uuids {
-		fmt.Fprintf(w, "tessera_gpu_shared_memory_bytes{uuid=%q} %d\n", u, usage[u].MemoryBytes)
-	}
-	fmt.Fprintln(w, "# HELP tessera_gpu_whole 1 if the GPU is held whole.\n# TYPE tessera_gpu_whole gauge")
-	for _, u := range uuids {
-		fmt.Fprintf(w, "tessera_gpu_whole{uuid=%q} %d\n", u, b2i(usage[u].Whole))
-	}
-	writeContainerMetrics(w, a, regionPath)
-	fmt.Fprintf(w, "# HELP tessera_ledger_entries Containers holding GPU devices.\n# TYPE tessera_ledger_entries gauge\ntessera_ledger_entries %d\n", len(a.Ledger().Entries()))
+func desc(name, help string, labels ...string) *prometheus.Desc {
+	return prometheus.NewDesc(name, help, labels, nil)
 }
 
-func b2i(b bool) int {
+var (
+	gpuMemory         = desc("tessera_gpu_memory_bytes", "Memory of the GPU.", gpuLabels...)
+	gpuHealthy        = desc("tessera_gpu_healthy", "1 if the GPU is healthy (no fatal XID).", gpuLabels...)
+	gpuMode           = desc("tessera_gpu_mode", "1 for the GPU's current mode: free, whole, shared, mig or mdev.", append(gpuLabels, "mode")...)
+	gpuShares         = desc("tessera_gpu_allocated_shares", "tessera.dev/vgpu shares held on the GPU.", gpuLabels...)
+	gpuAllocMemory    = desc("tessera_gpu_allocated_memory_bytes", "GPU memory promised to containers: share caps, or all of it when held whole.", gpuLabels...)
+	gpuAllocCompute   = desc("tessera_gpu_allocated_compute_ratio", "Compute promised to containers, 0 to 1: share caps, or 1 when held whole.", gpuLabels...)
+	ctrAllocMemory    = desc("tessera_container_gpu_allocated_memory_bytes", "GPU memory a container holds: its share's cap, or the GPU's memory when whole (MIG: the instance's).", append(containerLabels, "mode", "device_uuid")...)
+	ctrAllocCompute   = desc("tessera_container_gpu_allocated_compute_ratio", "Compute a container holds, 0 to 1 (0: a share without a compute cap).", append(containerLabels, "mode", "device_uuid")...)
+	ctrMemoryUsed     = desc("tessera_container_gpu_memory_used_bytes", "GPU memory the container's processes hold, as vcuda counts it.", containerLabels...)
+	ctrMemoryLimit    = desc("tessera_container_gpu_memory_limit_bytes", "The container's GPU memory cap, as vcuda enforces it.", containerLabels...)
+	ctrThrottled      = desc("tessera_container_gpu_throttled_seconds_total", "Time the container's kernel launches waited for vcuda's compute limiter.", containerLabels...)
+	ctrOOM            = desc("tessera_container_gpu_oom_events_total", "Allocations vcuda refused at the container's memory cap.", containerLabels...)
+	ledgerEntries     = desc("tessera_ledger_entries", "Containers holding GPU devices on this node.")
+	hamiMemLimit      = desc("GPUDeviceMemoryLimit", "HAMi-compatible: memory of the GPU, in bytes.", hamiGPULabels...)
+	hamiCoreLimit     = desc("GPUDeviceCoreLimit", "HAMi-compatible: compute of the GPU, in percent (100).", hamiGPULabels...)
+	hamiMemAllocated  = desc("GPUDeviceMemoryAllocated", "HAMi-compatible: GPU memory allocated to containers, in bytes.", "nodeid", "deviceuuid", "deviceidx", "devicecores", "devicetype")
+	hamiCoreAllocated = desc("GPUDeviceCoreAllocated", "HAMi-compatible: compute allocated to containers, in percent.", hamiGPULabels...)
+	hamiSharedNum     = desc("GPUDeviceSharedNum", "HAMi-compatible: containers sharing the GPU.", hamiGPULabels...)
+	hamiVGPUMemUsage  = desc("vGPU_device_memory_usage_in_bytes", "HAMi-compatible: GPU memory a container's processes hold.", hamiContainerLabels...)
+	hamiVGPUMemLimit  = desc("vGPU_device_memory_limit_in_bytes", "HAMi-compatible: a container's GPU memory cap.", hamiContainerLabels...)
+)
+
+// nodeMetrics are the agent's metrics: its state, read at every scrape, and the latency histograms
+// of the calls the kubelet and containerd wait on.
+type nodeMetrics struct {
+	create   *prometheus.HistogramVec
+	allocate *prometheus.HistogramVec
+}
+
+func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
+	m := &nodeMetrics{
+		create: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tessera_nri_create_container_duration_seconds", Buckets: telemetry.LatencyBuckets,
+			Help: "Time the NRI plugin took for CreateContainer; result is ok or refused.",
+		}, []string{"result"}),
+		allocate: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tessera_deviceplugin_allocate_duration_seconds", Buckets: telemetry.LatencyBuckets,
+			Help: "Time a kubelet Allocate call took, per resource; result is ok or error.",
+		}, []string{"resource", "result"}),
+	}
+	reg.MustRegister(m.create, m.allocate)
+	return m
+}
+
+// observeCreate is the NRI plugin's OnCreate hook (metrics part).
+func (m *nodeMetrics) observeCreate(_ *nriapi.PodSandbox, _ *nriapi.Container, took time.Duration, refusal error) {
+	result := "ok"
+	if refusal != nil {
+		result = "refused"
+	}
+	m.create.WithLabelValues(result).Observe(took.Seconds())
+}
+
+// observeAllocate is the device plugins' ObserveAllocate hook.
+func (m *nodeMetrics) observeAllocate(resource string, took time.Duration, err error) {
+	m.allocate.WithLabelValues(resource, telemetry.Result(err)).Observe(took.Seconds())
+}
+
+// nodeState reads the inventory, the ledger and vcuda's accounting regions at every scrape, so a
+// scrape always shows the state as it is. Two collectors present it: Tessera's own metrics and the
+// HAMi-compatible ones.
+type nodeState struct {
+	node    string
+	agent   *agent.Agent
+	regions func() []containerUsage
+}
+
+// gpuRow is one GPU with what is promised on it.
+type gpuRow struct {
+	gpu     *api.GPU
+	usage   ledger.Usage
+	memory  float64 // bytes promised: share caps, or all of it when whole
+	cores   float64 // percent promised: share caps, or 100 when whole
+	holders int     // containers holding it whole or in shares
+	mode    string
+}
+
+func (s *nodeState) gpus(entries []ledger.Entry) []gpuRow {
+	inv := s.agent.Inventory()
+	usage := s.agent.Ledger().Usage()
+	rows := make([]gpuRow, 0, len(inv.GPUs))
+	for i := range inv.GPUs {
+		g := &inv.GPUs[i]
+		u := usage[g.UUID]
+		r := gpuRow{gpu: g, usage: u, memory: float64(u.MemoryBytes), cores: float64(u.Cores), mode: gpuModeOf(g, u), holders: holders(entries, g.UUID)}
+		if u.Whole {
+			r.memory, r.cores = float64(g.MemoryBytes), 100
+		}
+		rows = append(rows, r)
+	}
+	return rows
+}
+
+// stateCollector presents the node's state under Tessera's metric names.
+type stateCollector struct{ *nodeState }
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{gpuMemory, gpuHealthy, gpuMode, gpuShares, gpuAllocMemory, gpuAllocCompute, ctrAllocMemory,
+		ctrAllocCompute, ctrMemoryUsed, ctrMemoryLimit, ctrThrottled, ctrOOM, ledgerEntries} {
+		ch <- d
+	}
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	counter := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, v, labels...)
+	}
+	entries := c.agent.Ledger().Entries()
+	byUUID := map[string]*api.GPU{}
+	migParent := map[string]*api.GPU{}
+	migMemory := map[string]int64{}
+	for _, r := range c.gpus(entries) {
+		g := r.gpu
+		byUUID[g.UUID] = g
+		if g.MIG != nil {
+			for _, in := range g.MIG.Instances {
+				migParent[in.UUID], migMemory[in.UUID] = g, in.MemoryBytes
+			}
+		}
+		l := c.gpuLabelValues(g)
+		gauge(gpuMemory, float64(g.MemoryBytes), l...)
+		gauge(gpuHealthy, b2f(g.Healthy), l...)
+		gauge(gpuMode, 1, append(l, r.mode)...)
+		gauge(gpuShares, float64(r.usage.Shares), l...)
+		gauge(gpuAllocMemory, r.memory, l...)
+		gauge(gpuAllocCompute, r.cores/100, l...)
+	}
+	for i := range entries {
+		e := &entries[i]
+		for _, d := range e.Devices {
+			g := byUUID[d.UUID]
+			if g == nil {
+				continue
+			}
+			mode, mem, cores := "share", float64(d.MemoryBytes), float64(d.CoresPercent)
+			if d.Whole {
+				mode, mem, cores = "whole", float64(g.MemoryBytes), 100
+			}
+			l := append(c.containerLabelValues(e, g), mode, d.UUID)
+			gauge(ctrAllocMemory, mem, l...)
+			gauge(ctrAllocCompute, cores/100, l...)
+		}
+		for _, id := range e.MIG {
+			if g := migParent[id]; g != nil {
+				l := append(c.containerLabelValues(e, g), "mig", id)
+				gauge(ctrAllocMemory, float64(migMemory[id]), l...)
+				gauge(ctrAllocCompute, 0, l...)
+			}
+		}
+	}
+	for _, u := range c.regions() {
+		for _, rg := range u.gpus {
+			g := byUUID[rg.UUID]
+			if g == nil {
+				continue
+			}
+			l := c.containerLabelValues(u.entry, g)
+			gauge(ctrMemoryUsed, float64(rg.Used), l...)
+			gauge(ctrMemoryLimit, float64(rg.MemCap), l...)
+			counter(ctrThrottled, float64(rg.ThrottledNs)/1e9, l...)
+			counter(ctrOOM, float64(rg.OOMEvents), l...)
+		}
+	}
+	gauge(ledgerEntries, float64(len(entries)))
+}
+
+// hamiCollector offers the node's state under the metric names and labels of HAMi's scheduler
+// (GPUDevice*) and vGPU monitor (vGPU_device_memory_*), so dashboards written for HAMi keep working.
+type hamiCollector struct{ *nodeState }
+
+func (c *hamiCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{hamiMemLimit, hamiCoreLimit, hamiMemAllocated, hamiCoreAllocated, hamiSharedNum, hamiVGPUMemUsage, hamiVGPUMemLimit} {
+		ch <- d
+	}
+}
+
+func (c *hamiCollector) Collect(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
+	}
+	for _, r := range c.gpus(c.agent.Ledger().Entries()) {
+		g := r.gpu
+		idx, typ := strconv.Itoa(g.Index), hamiDeviceType(g)
+		gauge(hamiMemLimit, float64(g.MemoryBytes), c.node, g.UUID, idx, typ)
+		gauge(hamiCoreLimit, 100, c.node, g.UUID, idx, typ)
+		gauge(hamiMemAllocated, r.memory, c.node, g.UUID, idx, strconv.Itoa(int(r.cores)), typ)
+		gauge(hamiCoreAllocated, r.cores, c.node, g.UUID, idx, typ)
+		gauge(hamiSharedNum, float64(r.holders), c.node, g.UUID, idx, typ)
+	}
+	for _, u := range c.regions() {
+		for i, rg := range u.gpus {
+			l := []string{u.entry.Namespace, u.entry.Pod, u.entry.Container, strconv.Itoa(i), rg.UUID}
+			gauge(hamiVGPUMemUsage, float64(rg.Used), l...)
+			gauge(hamiVGPUMemLimit, float64(rg.MemCap), l...)
+		}
+	}
+}
+
+func (s *nodeState) gpuLabelValues(g *api.GPU) []string {
+	return []string{strconv.Itoa(g.Index), g.UUID, "nvidia" + strconv.Itoa(g.Minor), g.Model, s.node}
+}
+
+func (s *nodeState) containerLabelValues(e *ledger.Entry, g *api.GPU) []string {
+	return []string{e.Namespace, e.Pod, e.Container, strconv.Itoa(g.Index), g.UUID, s.node}
+}
+
+// hamiDeviceType is HAMi's devicetype label: "NVIDIA-" and NVML's device name.
+func hamiDeviceType(g *api.GPU) string { return "NVIDIA-" + g.Model }
+
+func gpuModeOf(g *api.GPU, u ledger.Usage) string {
+	switch {
+	case g.MIG != nil:
+		return "mig"
+	case len(g.Mdev) > 0:
+		return "mdev"
+	case u.Whole:
+		return "whole"
+	case u.Shares > 0:
+		return "shared"
+	}
+	return "free"
+}
+
+// holders counts the containers holding the GPU whole or in shares.
+func holders(entries []ledger.Entry, uuid string) int {
+	n := 0
+	for _, e := range entries {
+		for _, d := range e.Devices {
+			if d.UUID == uuid {
+				n++
+				break
+			}
+		}
+	}
+	return n
+}
+
+func b2f(b bool) float64 {
 	if b {
 		return 1
 	}
 	return 0
 }
 
-// writeContainerMetrics reports what vcuda measured in each share container's accounting region:
-// memory in use against the cap, and how long the compute limiter held launches back.
-func writeContainerMetrics(w io.Writer, a *agent.Agent, read readRegion) {
-	type row struct {
-		labels string
-		g      vcuda.RegionGPU
-	}
-	var rows []row
+// containerUsage is what vcuda measured in one share container's accounting region.
+type containerUsage struct {
+	entry *ledger.Entry
+	gpus  []vcuda.RegionGPU
+}
+
+// readContainerRegions reads the accounting region of every share container in the ledger,
+// without trusting it (read is nri.Plugin.ReadRegion: a regular file, no symlink, bounded, never
+// blocking); containers in which no CUDA process has run yet have none and are left out.
+func readContainerRegions(a *agent.Agent, read func(containerID string) ([]byte, error)) []containerUsage {
+	var out []containerUsage
 	for _, e := range a.Ledger().Entries() {
 		if len(e.Devices) == 0 || e.Devices[0].Whole {
 			continue
 		}
 		data, err := read(e.ContainerID)
 		if err != nil {
-			continue // the container is gone, or its region is not a regular file
+			continue // no CUDA process has run in the container yet, or it is not a region
 		}
 		r, err := vcuda.ParseRegion(data)
 		if err != nil {
-			continue // no CUDA process has run in the container yet, or it wrote garbage
+			continue
 		}
-		for _, g := range r.GPUs {
-			rows = append(rows, row{fmt.Sprintf("namespace=%q,pod=%q,container=%q,uuid=%q", e.Namespace, e.Pod, e.Container, g.UUID), g})
-		}
+		out = append(out, containerUsage{entry: &e, gpus: r.GPUs})
 	}
-	for _, m := range []struct {
-		name, help, kind string
-		value            func(vcuda.RegionGPU) float64
-	}{
-		{"tessera_container_gpu_memory_used_bytes", "GPU memory the container's processes hold (vcuda).", "gauge", func(g vcuda.RegionGPU) float64 { return float64(g.Used) }},
-		{"tessera_container_gpu_memory_cap_bytes", "The container's GPU memory cap.", "gauge", func(g vcuda.RegionGPU) float64 { return float64(g.MemCap) }},
-		{"tessera_container_gpu_throttled_seconds_total", "Time kernel launches waited for the compute limiter.", "counter", func(g vcuda.RegionGPU) float64 { return float64(g.ThrottledNs) / 1e9 }},
-		{"tessera_container_gpu_oom_total", "Allocations vcuda refused at the cap.", "counter", func(g vcuda.RegionGPU) float64 { return float64(g.OOMEvents) }},
-	} {
-		fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s %s\n", m.name, m.help, m.name, m.kind)
-		for _, r := range rows {
-			fmt.Fprintf(w, "%s{%s} %g\n", m.name, r.labels, m.value(r.g))
-		}
-	}
+	return out
+}
+
+// registerSecurityMetrics exports what the NRI plugin counted about containers outside isolation:
+// privileged containers admitted with GPU nodes, admin-namespace containers, and running containers
+// found holding GPU devices with no ledger entry at the last Synchronize.
+func registerSecurityMetrics(reg prometheus.Registerer, plugin *nri.Plugin) {
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tessera_privileged_gpu_containers_total",
+			Help: "Privileged containers admitted holding GPU device nodes (outside isolation)."},
+			func() float64 { p, _, _ := plugin.SecurityStats(); return float64(p) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tessera_admin_gpu_containers_total",
+			Help: "Containers of admin namespaces admitted with GPUs nobody granted (monitoring)."},
+			func() float64 { _, a, _ := plugin.SecurityStats(); return float64(a) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tessera_unrealised_gpu_containers",
+			Help: "Running containers holding GPU devices with no ledger entry, at the last Synchronize."},
+			func() float64 { _, _, u := plugin.SecurityStats(); return float64(u) }))
 }

@@ -14,9 +14,13 @@ import (
 	"syscall"
 	"time"
 
+	nriapi "github.com/containerd/nri/pkg/api"
+	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/tessera-gpu/tessera/internal/agent"
 	"github.com/tessera-gpu/tessera/internal/deviceplugin"
@@ -24,6 +28,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/nri"
 	"github.com/tessera-gpu/tessera/internal/podresources"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 // runAgent is the node agent: inventory, CDI specs, device plugins, the NRI plugin, /metrics and /healthz.
@@ -34,6 +39,9 @@ func runAgent(args []string) error {
 	host, _ := os.Hostname()
 	f.registerRun(fs, host)
 	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if _, err := f.log.Setup(os.Stderr); err != nil {
 		return err
 	}
 	cfg, err := f.load(fs)
@@ -64,10 +72,12 @@ func runAgent(args []string) error {
 		Generator:       gen,
 		HealthStatePath: filepath.Join(cfg.DataDir, "health.json"),
 		Health:          gpu.HealthOptions{IgnoredXIDs: cfg.IgnoredXIDs, CheckInterval: cfg.HealthCheckInterval.Duration}}
+	var events record.EventRecorder
 	if client != nil {
 		var stopEvents func()
 		acfg.Recorder, stopEvents = agent.NewEventRecorder(client, cfg.NodeName)
 		defer stopEvents()
+		events = acfg.Recorder
 	}
 	a := agent.New(acfg, backend, l)
 	grants := podresources.New(cfg.PodResourcesSocket)
@@ -75,20 +85,30 @@ func runAgent(args []string) error {
 	a.WithAllocated(grants.List)
 
 	var pods nri.Pods = noPods{err}
-	var events nri.Events
+	var podEvents nri.Events
 	if client != nil {
 		apiPods := nri.NewAPIPods(ctx, client, cfg.NodeName)
-		pods, events = apiPods, apiPods
+		pods, podEvents = apiPods, apiPods
 		a.WithPublisher(publisher(ctx, client, cfg.NodeName))
 		publishHoldings(ctx, client, cfg.NodeName, l)
 	}
+	reg := telemetry.NewRegistry("tessera-node")
+	metrics := newNodeMetrics(reg)
+	onRefusal := refusalEvents(events)
 	if err := a.Refresh(ctx); err != nil {
 		return err
 	}
 
 	plugin := nri.New(nri.Config{StateDir: cfg.RunDir, VCUDALibrary: cfg.VCUDALibrary, KataHandlers: []string{cfg.KataRuntimeHandler},
-		PluginIndex: cfg.NRIPluginIndex, AdminNamespaces: cfg.AdminNamespaces, Events: events}, a, grants, pods)
-	mgr := deviceplugin.NewManager(a, deviceplugin.Options{PluginDir: cfg.DevicePluginDir})
+		PluginIndex: cfg.NRIPluginIndex, AdminNamespaces: cfg.AdminNamespaces, Events: podEvents,
+		OnCreate: func(pod *nriapi.PodSandbox, c *nriapi.Container, took time.Duration, refusal error) {
+			metrics.observeCreate(pod, c, took, refusal)
+			onRefusal(pod, c, took, refusal)
+		}}, a, grants, pods)
+	mgr := deviceplugin.NewManager(a, deviceplugin.Options{PluginDir: cfg.DevicePluginDir, ObserveAllocate: metrics.observeAllocate})
+	state := &nodeState{node: cfg.NodeName, agent: a, regions: func() []containerUsage { return readContainerRegions(a, plugin.ReadRegion) }}
+	reg.MustRegister(&stateCollector{state}, &hamiCollector{state})
+	registerSecurityMetrics(reg, plugin)
 
 	errc := make(chan error, 4)
 	go func() { errc <- named("device plugins", mgr.Run(ctx)) }()
@@ -96,12 +116,12 @@ func runAgent(args []string) error {
 	go func() { errc <- named("health watch", a.WatchHealth(ctx)) }()
 	go rediscover(ctx, a, cfg.RediscoverInterval.Duration)
 	go releaseUnlisted(ctx, plugin, grants, unlistedInterval)
-	srv, err := serveHTTP(cfg.Listen, a, mgr, plugin)
+	srv, err := serveHTTP(cfg.Listen, a, mgr, plugin, reg)
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
-	slog.Info("tessera-node running", "node", cfg.NodeName, "backend", backend.Name(), "cdiDir", cfg.CDIDir, "nri", cfg.NRISocket, "listen", cfg.Listen)
+	slog.Info("tessera-node running", "version", telemetry.Version(), "node", cfg.NodeName, "backend", backend.Name(), "cdiDir", cfg.CDIDir, "nri", cfg.NRISocket, "listen", cfg.Listen)
 	select {
 	case <-ctx.Done():
 		return nil
@@ -174,7 +194,8 @@ func (n noPods) Pod(context.Context, string, string, string) (*corev1.Pod, error
 	return nil, fmt.Errorf("no API server access to read the pod (%v); start tessera-node with --kubeconfig or in-cluster credentials", n.err)
 }
 
-func serveHTTP(addr string, a *agent.Agent, mgr *deviceplugin.Manager, plugin *nri.Plugin) (*http.Server, error) {
+// serveHTTP serves /healthz and the registry's /metrics.
+func serveHTTP(addr string, a *agent.Agent, mgr *deviceplugin.Manager, plugin *nri.Plugin, reg *prometheus.Registry) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen for /metrics on %s: %w", addr, err)
@@ -197,18 +218,20 @@ func serveHTTP(addr string, a *agent.Agent, mgr *deviceplugin.Manager, plugin *n
 		}
 		fmt.Fprintln(w, "ok")
 	})
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, r *http.Request) {
-		writeMetrics(w, a, plugin.ReadRegion)
-		priv, admin, unrealised := plugin.SecurityStats()
-		fmt.Fprintf(w, "# HELP tessera_privileged_gpu_containers_total Privileged containers admitted holding GPU device nodes (outside isolation).\n# TYPE tessera_privileged_gpu_containers_total counter\ntessera_privileged_gpu_containers_total %d\n", priv)
-		fmt.Fprintf(w, "# HELP tessera_admin_gpu_containers_total Containers of admin namespaces admitted with GPUs nobody granted (monitoring).\n# TYPE tessera_admin_gpu_containers_total counter\ntessera_admin_gpu_containers_total %d\n", admin)
-		fmt.Fprintf(w, "# HELP tessera_unrealised_gpu_containers Running containers holding GPU devices with no ledger entry, at the last Synchronize.\n# TYPE tessera_unrealised_gpu_containers gauge\ntessera_unrealised_gpu_containers %d\n", unrealised)
-		n, total, refused := plugin.Stats()
-		fmt.Fprintf(w, "# HELP tessera_nri_create_container_total CreateContainer requests the NRI plugin handled.\n# TYPE tessera_nri_create_container_total counter\ntessera_nri_create_container_total %d\n", n)
-		fmt.Fprintf(w, "# HELP tessera_nri_create_container_seconds_total Time the NRI plugin spent in CreateContainer.\n# TYPE tessera_nri_create_container_seconds_total counter\ntessera_nri_create_container_seconds_total %g\n", total.Seconds())
-		fmt.Fprintf(w, "# HELP tessera_nri_refused_containers_total Containers the NRI plugin refused.\n# TYPE tessera_nri_refused_containers_total counter\ntessera_nri_refused_containers_total %d\n", refused)
-	})
+	mux.Handle("/metrics", telemetry.MetricsHandler(reg))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
 	return srv, nil
+}
+
+// refusalEvents records a Warning Event on the pod of every container the NRI plugin refuses, so
+// `kubectl describe pod` says why the container does not start.
+func refusalEvents(rec record.EventRecorder) func(*nriapi.PodSandbox, *nriapi.Container, time.Duration, error) {
+	return func(pod *nriapi.PodSandbox, c *nriapi.Container, _ time.Duration, refusal error) {
+		if refusal == nil || rec == nil {
+			return
+		}
+		ref := &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: types.UID(pod.GetUid())}
+		rec.Eventf(ref, corev1.EventTypeWarning, "GPUContainerRefused", "container %q refused by the Tessera node agent: %v", c.GetName(), refusal)
+	}
 }

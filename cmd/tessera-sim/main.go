@@ -4,6 +4,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -17,10 +18,15 @@ import (
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/placement/simulate"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 func main() {
-	if err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr); err != nil {
+	err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return // the usage was asked for and printed
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "tessera-sim:", err)
 		os.Exit(1)
 	}
@@ -36,6 +42,7 @@ type options struct {
 	workers     int
 	shapes      string
 	variant     string
+	version     bool
 }
 
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
@@ -53,8 +60,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.workers, "workers", runtime.GOMAXPROCS(0), "runs simulated in parallel")
 	fs.StringVar(&o.shapes, "shapes", "paper", "typical task shapes: paper (from the whole pod list, the FGD paper's published protocol) or online (learned from the pods arrived so far, what the live extender can know)")
 	fs.StringVar(&o.variant, "vary", "", "derive a variant of the pod list: spec=F,multigpu=F,share=F,cpu=F (shares of GPU pods restricted to models, made 2/4/8-GPU, made shares, CPU x(1+F)); deterministic")
+	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
+	}
+	if o.version {
+		return o, nil
 	}
 	for p := range strings.SplitSeq(policies, ",") {
 		if p = strings.TrimSpace(p); p == "" {
@@ -82,6 +93,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
 		return err
+	}
+	if o.version {
+		telemetry.PrintVersion(stdout, "tessera-sim")
+		return nil
 	}
 	nodes, err := simulate.LoadNodes(o.nodes)
 	if err != nil {

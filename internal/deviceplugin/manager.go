@@ -33,6 +33,9 @@ type Options struct {
 	PollInterval time.Duration
 	// Logger receives structured logs. Default: slog.Default().
 	Logger *slog.Logger
+	// ObserveAllocate, when set, is told how long each kubelet Allocate call of a resource took and
+	// its error (the node agent's latency histogram).
+	ObserveAllocate func(resource string, took time.Duration, err error)
 }
 
 // DefaultPreferredAllocation asks for preferred allocations only for hardware-bound devices (MIG
@@ -171,6 +174,7 @@ func (m *Manager) reconcile(ctx context.Context) {
 		}
 		log := m.log.With("resource", r)
 		srv := newServer(r, m.src, m.opts.PreferredAllocation(r), log)
+		srv.observe = m.opts.ObserveAllocate
 		p := newPlugin(srv, m.opts.PluginDir, m.opts.KubeletSocket, log)
 		pctx, cancel := context.WithCancel(ctx)
 		m.mu.Lock()

@@ -166,7 +166,20 @@ func TestAllocate(t *testing.T) {
 	k := startFakeKubelet(t, dir)
 	src := newFakeSource()
 	src.setResource(gpuRes, healthyDevices("gpu-0", "gpu-1", "gpu-2"))
-	runManager(t, src, dir)
+	var observed struct {
+		sync.Mutex
+		calls []error
+	}
+	runManager(t, src, dir, func(m *Manager) {
+		m.opts.ObserveAllocate = func(resource string, took time.Duration, err error) {
+			observed.Lock()
+			defer observed.Unlock()
+			if resource != gpuRes || took <= 0 {
+				t.Errorf("ObserveAllocate(%q, %v)", resource, took)
+			}
+			observed.calls = append(observed.calls, err)
+		}
+	})
 	e := k.waitServed(gpuRes)
 
 	tests := []struct {
@@ -216,6 +229,14 @@ func TestAllocate(t *testing.T) {
 				req.ContainerRequests = append(req.ContainerRequests, &pluginapi.ContainerAllocateRequest{DevicesIds: ids})
 			}
 			resp, err := e.client.Allocate(context.Background(), req)
+			// Every call is observed once, with its error (the agent's Allocate histogram).
+			observed.Lock()
+			calls := observed.calls
+			observed.calls = nil
+			observed.Unlock()
+			if len(calls) != 1 || (calls[0] == nil) != (err == nil) {
+				t.Errorf("ObserveAllocate calls %v for Allocate error %v", calls, err)
+			}
 			if tc.wantCode != codes.OK {
 				st, _ := status.FromError(err)
 				if st.Code() != tc.wantCode {

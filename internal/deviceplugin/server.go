@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -26,6 +27,7 @@ type server struct {
 	src       Source
 	preferred bool // advertise GetPreferredAllocation
 	log       *slog.Logger
+	observe   func(resource string, took time.Duration, err error) // may be nil
 
 	mu      sync.Mutex
 	devices []*pluginapi.Device // last list read from src: private copies, sorted by ID, never mutated
@@ -97,12 +99,15 @@ func (s *server) ListAndWatch(_ *pluginapi.Empty, stream grpc.ServerStreamingSer
 // Allocate asks the Source for each container's response (CDI device names). IDs the plugin never
 // advertised are refused before the Source sees them: the kubelet only allocates advertised IDs, so
 // an unknown one means the device list changed under it (a MIG instance went away).
-func (s *server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (*pluginapi.AllocateResponse, error) {
+func (s *server) Allocate(_ context.Context, req *pluginapi.AllocateRequest) (resp *pluginapi.AllocateResponse, err error) {
+	if s.observe != nil {
+		defer func(start time.Time) { s.observe(s.resource, time.Since(start), err) }(time.Now())
+	}
 	known := make(map[string]bool)
 	for _, d := range s.src.Devices(s.resource) {
 		known[d.GetID()] = true
 	}
-	resp := &pluginapi.AllocateResponse{}
+	resp = &pluginapi.AllocateResponse{}
 	for _, c := range req.GetContainerRequests() {
 		ids := c.GetDevicesIds()
 		if len(ids) == 0 {

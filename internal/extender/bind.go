@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -76,7 +78,31 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 		x.release(written)
 		return err
 	}
+	if a, err := api.DecodeAssignment([]byte(written.Annotations[api.AnnotationAssignment])); err == nil {
+		x.event(written, corev1.EventTypeNormal, "GPUAssigned", "node %s: %s", args.Node, describeAssignment(a))
+	}
 	return nil
+}
+
+// describeAssignment says which GPUs each container got, and how much of them, for the pod's
+// Normal Event: "main: GPU-1a2b share 10Gi memory 30% cores; side: GPU-3c4d whole".
+func describeAssignment(a *api.PodAssignment) string {
+	var parts []string
+	for _, c := range a.Containers {
+		var devs []string
+		for _, d := range c.Devices {
+			switch {
+			case d.Whole:
+				devs = append(devs, d.UUID+" whole")
+			case d.CoresPercent > 0:
+				devs = append(devs, fmt.Sprintf("%s share %s memory %d%% cores", d.UUID, resource.NewQuantity(d.MemoryBytes, resource.BinarySI), d.CoresPercent))
+			default:
+				devs = append(devs, fmt.Sprintf("%s share %s memory, cores uncapped", d.UUID, resource.NewQuantity(d.MemoryBytes, resource.BinarySI)))
+			}
+		}
+		parts = append(parts, c.Name+": "+strings.Join(devs, ", "))
+	}
+	return strings.Join(parts, "; ")
 }
 
 // bind posts the Binding. An error is ambiguous (the Binding may have landed and its answer been

@@ -16,6 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/record"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -88,6 +89,8 @@ func TestBindWritesAssignment(t *testing.T) {
 	pod := sharePod("s", 2, 4, 30)
 	cs, _ := fakeAPI(t, node, pod)
 	x := newBinder(t, cs, "a", node)
+	events := record.NewFakeRecorder(4)
+	x.Events = events
 	if err := x.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: "s", PodNamespace: "default", PodUID: pod.UID, Node: "n1"}); err != nil {
 		t.Fatal(err)
 	}
@@ -102,6 +105,17 @@ func TestBindWritesAssignment(t *testing.T) {
 	}
 	if !x.State.Holds(pod.UID) {
 		t.Fatal("bind left no reservation in the state")
+	}
+	// A Normal Event on the pod says which GPUs, how much memory and compute.
+	d := a.Containers[0].Devices
+	want := fmt.Sprintf("Normal GPUAssigned node n1: main: %s share 4Gi memory 30%% cores, %s share 4Gi memory 30%% cores", d[0].UUID, d[1].UUID)
+	select {
+	case e := <-events.Events:
+		if e != want {
+			t.Errorf("bind Event %q, want %q", e, want)
+		}
+	default:
+		t.Error("no Event on bind")
 	}
 }
 

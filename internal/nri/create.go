@@ -34,12 +34,19 @@ const AnnotationLedgerEntry = "tessera.dev/ledger-entry"
 func (p *Plugin) CreateContainer(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container) (*nriapi.ContainerAdjustment, []*nriapi.ContainerUpdate, error) {
 	start := time.Now()
 	adj, err := p.create(ctx, pod, c)
+	took := time.Since(start)
 	p.creates.Add(1)
-	p.createNanos.Add(int64(time.Since(start)))
+	p.createNanos.Add(int64(took))
 	if err != nil {
 		p.refusals.Add(1)
 		slog.Error("refusing container", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "err", err)
-		return nil, nil, fmt.Errorf("tessera: %s/%s container %q: %w", pod.GetNamespace(), pod.GetName(), c.GetName(), err)
+		err = fmt.Errorf("tessera: %s/%s container %q: %w", pod.GetNamespace(), pod.GetName(), c.GetName(), err)
+	}
+	if p.cfg.OnCreate != nil {
+		p.cfg.OnCreate(pod, c, took, err)
+	}
+	if err != nil {
+		return nil, nil, err
 	}
 	return adj, nil, nil
 }

@@ -39,6 +39,9 @@ type Config struct {
 	AdminNamespaces []string
 	// Events reports problems on pods (nil: log only).
 	Events Events
+	// OnCreate, when set, is told of every CreateContainer with how long it took and the refusal
+	// (nil when the container was admitted): the node agent's histogram and the pod's Warning Event.
+	OnCreate func(pod *nriapi.PodSandbox, c *nriapi.Container, took time.Duration, refusal error)
 }
 
 // Events records a Warning Event on a pod.

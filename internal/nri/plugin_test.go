@@ -56,6 +56,9 @@ type env struct {
 	running   []*nriapi.Container // what the runtime reports at Synchronize
 	sandboxes []*nriapi.PodSandbox
 	events    *fakeEvents
+
+	mu       sync.Mutex
+	outcomes map[string]error // container name -> what OnCreate was told
 }
 
 // fakeEvents records the Warning Events the plugin reports.
@@ -68,6 +71,14 @@ func (f *fakeEvents) Warn(_ context.Context, namespace, pod, uid, reason, messag
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.events = append(f.events, namespace+"/"+pod+" "+reason+": "+message)
+}
+
+// outcome returns what OnCreate was told about the container, and whether it was called.
+func (e *env) outcome(container string) (error, bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	err, ok := e.outcomes[container]
+	return err, ok
 }
 
 func newEnv(t testing.TB, preexisting ...*nriapi.Container) *env {
@@ -123,7 +134,13 @@ func (e *env) start(client *podresources.Client, l *ledger.Ledger) *env {
 	t.Cleanup(rt.Stop)
 	e.rt = rt
 	e.events = &fakeEvents{}
-	e.plugin = New(Config{StateDir: filepath.Join(e.dir, "state"), VCUDALibrary: "/opt/libvcuda.so", Events: e.events}, e.agent, client, e.pods)
+	e.outcomes = map[string]error{}
+	onCreate := func(pod *nriapi.PodSandbox, c *nriapi.Container, _ time.Duration, refusal error) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		e.outcomes[pod.GetName()+"/"+c.GetName()+"/"+c.GetId()] = refusal
+	}
+	e.plugin = New(Config{StateDir: filepath.Join(e.dir, "state"), VCUDALibrary: "/opt/libvcuda.so", Events: e.events, OnCreate: onCreate}, e.agent, client, e.pods)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go e.plugin.Run(ctx, sock)
@@ -321,6 +338,13 @@ func TestCreateContainer(t *testing.T) {
 	_, err = e.create(pod, e.ctr("c-sneaky", "/dev/nvidia1", "/dev/nvidiactl", "/dev/nvidia-caps/nvidia-cap12"))
 	if err == nil || !strings.Contains(err.Error(), "GPU devices the kubelet did not grant it: /dev/nvidia1 (195:") || strings.Contains(err.Error(), "/dev/nvidiactl (") {
 		t.Errorf("sneaky container: %v", err)
+	}
+	// OnCreate (the agent's histogram and the pod's Warning Event) hears of refusals and admissions.
+	if refusal, called := e.outcome("sneaky/main/c-sneaky"); !called || refusal == nil || !strings.Contains(refusal.Error(), "did not grant") {
+		t.Errorf("OnCreate for the refused container: called %v, refusal %v", called, refusal)
+	}
+	if refusal, called := e.outcome("whole/main/c-whole"); !called || refusal != nil {
+		t.Errorf("OnCreate for the admitted container: called %v, refusal %v", called, refusal)
 	}
 	// Control nodes alone (a CPU container with nvidiactl) and no grant: nothing to do.
 	pod = e.pod("plain", nil, nil)

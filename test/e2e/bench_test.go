@@ -115,11 +115,12 @@ func (s *nodeStack) createStats(tb testing.TB) (n, seconds float64) {
 			continue
 		}
 		v, _ := strconv.ParseFloat(f[1], 64)
-		switch f[0] {
-		case "tessera_nri_create_container_total":
-			n = v
-		case "tessera_nri_create_container_seconds_total":
-			seconds = v
+		// The histogram has one series per result (ok, refused); sum them.
+		switch name, _, _ := strings.Cut(f[0], "{"); name {
+		case "tessera_nri_create_container_duration_seconds_count":
+			n += v
+		case "tessera_nri_create_container_duration_seconds_sum":
+			seconds += v
 		}
 	}
 	return n, seconds

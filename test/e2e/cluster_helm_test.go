@@ -49,8 +49,12 @@ func TestClusterHelmTemplate(t *testing.T) {
 	cp.CreateNamespace(t, "tessera-system")
 	for _, args := range [][]string{
 		nil,
-		{"--namespace", "tessera-system", "--set", "scheduler.mode=default", "--set", "extender.replicas=1"},
-		{"--namespace", "tessera-system", "--set", "runtimeClass.create=false", "--set", "node.backend=sim"},
+		{"--namespace", "tessera-system", "--set", "scheduler.mode=default", "--set", "extender.replicas=1",
+			"--set", "extender.networkPolicy.extraFrom[0].ipBlock.cidr=10.0.0.0/24"},
+		{"--namespace", "tessera-system", "--set", "runtimeClass.create=false", "--set", "node.backend=sim",
+			"--set", "metrics.grafanaDashboard.enabled=true", "--set", "image.node.digest=sha256:" + strings.Repeat("0", 64),
+			"--set", "imagePullSecrets[0].name=regcred"},
+		{"--namespace", "tessera-system", "-f", filepath.Join(helmChart(), "values-gpu-operator.yaml")},
 	} {
 		out, n := HelmDryRun(t, cp.Kubeconfig, args...)
 		accepted := strings.Count(out, "(server dry run)")
@@ -58,6 +62,14 @@ func TestClusterHelmTemplate(t *testing.T) {
 		if n == 0 || accepted != n {
 			t.Errorf("helm template %v rendered %d objects, the API server accepted %d:\n%s", args, n, accepted, out)
 		}
+	}
+	// Fail closed: a NetworkPolicy that would shut out the default scheduler is refused at render.
+	if out, err := helm(t, "template", "tessera", helmChart(), "--set", "scheduler.mode=default"); err == nil || !strings.Contains(out, "extender.networkPolicy.extraFrom") {
+		t.Errorf("scheduler.mode=default without extraFrom rendered (want an error naming extender.networkPolicy.extraFrom): %v\n%s", err, out)
+	}
+	// The ServiceMonitors need the Prometheus Operator's CRDs, which this API server lacks: render only.
+	if out, err := helm(t, "template", "tessera", helmChart(), "--set", "metrics.serviceMonitor.enabled=true"); err != nil || strings.Count(out, "kind: ServiceMonitor") != 2 {
+		t.Errorf("metrics.serviceMonitor.enabled=true: %v, want 2 ServiceMonitors\n%s", err, out)
 	}
 	checkChartMatchesBinaries(t)
 }

@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -249,10 +252,64 @@ func testClusterWorkloads(t *testing.T, c *Cluster) {
 		t.Errorf("ledger has %d entries, want %d:\n%s", len(entries), len(examplePods), c.Ledger(t))
 	}
 	c.WaitAllocatable(t, c.ExpectedAllocatable(t))
+	checkClusterMetrics(t, c, g, wg)
+	// The extender tells each pod which GPU it got, and how much of it.
+	assigned := fmt.Sprintf("GPUAssigned: node %s: main: %s share 10Gi memory 30%% cores", c.Node, da[0].UUID)
+	if err := waitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
+		return slices.Contains(c.Events(t, "share-a", "GPUAssigned"), assigned), nil
+	}); err != nil {
+		t.Errorf("share-a has no Event %q: %v; its events: %q", assigned, err, c.Events(t, "share-a", ""))
+	}
 
 	c.DeleteAllPods(t)
 	c.WaitLedgerEmpty(t)
 	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: SimWholeGPUs, api.ResourceShare: SimShares})
+}
+
+// checkClusterMetrics scrapes both binaries as Prometheus would after the examples ran: the agent
+// shows the shares (what is promised and what vcuda measured) and whole GPU under dcgm-exporter's
+// labels, its NRI and Allocate histograms and build_info; the extender its filter/prioritize/bind
+// histograms and build_info.
+func checkClusterMetrics(t *testing.T, c *Cluster, shared, whole *api.GPU) {
+	t.Helper()
+	gpu := func(g *api.GPU) string {
+		return fmt.Sprintf(`Hostname="%s",UUID="%s",device="nvidia%d",gpu="%d"`, c.Node, g.UUID, g.Minor, g.Index)
+	}
+	node := c.Metrics(t)
+	for _, want := range []string{
+		`tessera_gpu_allocated_shares{` + gpu(shared) + `,modelName=`,
+		`tessera_gpu_mode{` + gpu(whole) + `,mode="whole",modelName=`,
+		`tessera_container_gpu_allocated_memory_bytes{Hostname="` + c.Node + `",UUID="` + shared.UUID + `",container="main",device_uuid="` + shared.UUID + `",gpu="` + fmt.Sprint(shared.Index) + `",mode="share",namespace="default",pod="share-a"} 1.073741824e+10`,
+		`tessera_container_gpu_memory_limit_bytes{Hostname="` + c.Node + `",UUID="` + shared.UUID + `",container="main",gpu="` + fmt.Sprint(shared.Index) + `",namespace="default",pod="share-a"} 1.073741824e+10`,
+		`vGPU_device_memory_limit_in_bytes{ctrname="main",deviceuuid="` + shared.UUID + `",podname="share-b",podnamespace="default",vdeviceid="0"} 4.294967296e+09`,
+		`tessera_nri_create_container_duration_seconds_bucket{result="ok",le="+Inf"}`,
+		`tessera_deviceplugin_allocate_duration_seconds_bucket{resource="` + api.ResourceShare + `",result="ok",le="+Inf"}`,
+		"tessera_node_build_info{",
+	} {
+		if !strings.Contains(node, want) {
+			t.Errorf("tessera-node /metrics lacks %s", want)
+		}
+	}
+	resp, err := (&http.Client{Timeout: 5 * time.Second}).Get("http://" + c.ExtenderAddr + "/metrics")
+	if err != nil {
+		t.Fatalf("tessera-extender /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	for _, want := range []string{
+		`tessera_extender_request_duration_seconds_bucket{result="ok",verb="filter",le="+Inf"}`,
+		`tessera_extender_request_duration_seconds_bucket{result="unschedulable",verb="filter",le="+Inf"}`,
+		`tessera_extender_request_duration_seconds_bucket{result="ok",verb="bind",le="+Inf"}`,
+		"\ntessera_extender_leader 1\n",
+		"tessera_extender_build_info{",
+	} {
+		if !strings.Contains(string(b), want) {
+			t.Errorf("tessera-extender /metrics lacks %s", want)
+		}
+	}
+	if t.Failed() {
+		t.Logf("tessera-node /metrics:\n%s\ntessera-extender /metrics:\n%s", node, b)
+	}
 }
 
 // share is the limits of a pod with n shares of mem each (cores 0: uncapped).

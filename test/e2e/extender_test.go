@@ -79,7 +79,7 @@ func startExtenderStack(t *testing.T, nodeCache bool) *extenderStack {
 		Organizations: []string{"system:serviceaccounts", "system:serviceaccounts:" + chartNamespace, "system:authenticated"},
 	})
 	s := &extenderStack{ControlPlane: cp, extenderAddr: addr, ns: metav1.NamespaceDefault, nodes: map[string]*api.NodeInventory{}}
-	s.Extender = cp.StartProcess(t, "tessera-extender", bin, "--kubeconfig", kc, "--listen", addr, "--config", cfg, "--log-level=debug")
+	s.Extender = cp.StartProcess(t, "tessera-extender", bin, "--kubeconfig", kc, "--listen", addr, "--config", cfg, "-v=4")
 	s.waitExtender(t)
 	t.Logf("control plane and tessera-extender (chart RBAC and config) up in %.1fs (nodeCacheCapable %t)", time.Since(t0).Seconds(), nodeCache)
 	return s

@@ -1,0 +1,96 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tessera-gpu/tessera/internal/telemetry"
+)
+
+// extenderMetrics time the scheduler's calls by verb and result.
+type extenderMetrics struct {
+	requests *prometheus.HistogramVec
+}
+
+func newExtenderMetrics(reg prometheus.Registerer, leader *atomic.Bool, leaderElect bool) *extenderMetrics {
+	m := &extenderMetrics{requests: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "tessera_extender_request_duration_seconds", Buckets: telemetry.LatencyBuckets,
+		Help: "Time the extender took to answer kube-scheduler, by verb (filter, prioritize, bind) and result: ok, " +
+			"unschedulable (filter: no node fits) or error.",
+	}, []string{"verb", "result"})}
+	reg.MustRegister(m.requests, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tessera_extender_leader",
+		Help: "1 while this replica holds the leader Lease and binds (always 1 without leader election).",
+	}, func() float64 {
+		if !leaderElect || leader.Load() {
+			return 1
+		}
+		return 0
+	}))
+	return m
+}
+
+// verbs are the extender API's paths, by the verb label they get.
+var verbs = map[string]string{"/filter": "filter", "/prioritize": "prioritize", "/bind": "bind"}
+
+// instrument times each verb call and reads its result from the response, so the extender's
+// handlers stay free of metrics code.
+func (m *extenderMetrics) instrument(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		verb, ok := verbs[r.URL.Path]
+		if !ok || r.Method != http.MethodPost {
+			next.ServeHTTP(w, r)
+			return
+		}
+		start := time.Now()
+		rec := &recorder{ResponseWriter: w, status: http.StatusOK}
+		next.ServeHTTP(rec, r)
+		m.requests.WithLabelValues(verb, resultOf(rec.status, rec.body.Bytes())).Observe(time.Since(start).Seconds())
+	})
+}
+
+// resultOf classifies a verb's response: an HTTP error or an Error in the result is an error; a
+// filter result that leaves no node is unschedulable.
+func resultOf(status int, body []byte) string {
+	if status >= http.StatusBadRequest {
+		return telemetry.ResultError
+	}
+	var res struct {
+		Error                      string
+		NodeNames                  *[]string
+		FailedNodes                map[string]string
+		FailedAndUnresolvableNodes map[string]string
+	}
+	if json.Unmarshal(body, &res) != nil {
+		return telemetry.ResultOK // prioritize answers with a list
+	}
+	if res.Error != "" {
+		return telemetry.ResultError
+	}
+	if res.NodeNames != nil && len(*res.NodeNames) == 0 && len(res.FailedNodes)+len(res.FailedAndUnresolvableNodes) > 0 {
+		return "unschedulable"
+	}
+	return telemetry.ResultOK
+}
+
+// recorder keeps the status and a copy of the body of a response it passes on.
+type recorder struct {
+	http.ResponseWriter
+	status int
+	body   bytes.Buffer
+}
+
+func (r *recorder) WriteHeader(code int) {
+	r.status = code
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	r.body.Write(b)
+	return r.ResponseWriter.Write(b)
+}

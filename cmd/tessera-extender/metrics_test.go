@@ -1,0 +1,83 @@
+package main
+
+import (
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tessera-gpu/tessera/internal/telemetry"
+)
+
+// TestRequestMetrics: each verb is timed under its result, read from what the extender answered.
+func TestRequestMetrics(t *testing.T) {
+	reg := telemetry.NewRegistry("tessera-extender")
+	leader := &atomic.Bool{}
+	m := newExtenderMetrics(reg, leader, true)
+	answers := map[string]string{
+		"/filter":     `{"NodeNames":["n1"],"FailedNodes":{},"Error":""}`,
+		"/prioritize": `[{"Host":"n1","Score":10}]`,
+		"/bind":       `{"Error":"node n1: GPU over-commit"}`,
+	}
+	h := m.instrument(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/healthz" {
+			io.WriteString(w, "ok")
+			return
+		}
+		if strings.Contains(r.URL.RawQuery, "none") {
+			io.WriteString(w, `{"NodeNames":[],"FailedNodes":{"n1":"no GPU fits"}}`)
+			return
+		}
+		if strings.Contains(r.URL.RawQuery, "never") { // what the extender answers when no node can ever fit
+			io.WriteString(w, `{"NodeNames":[],"FailedNodes":{},"FailedAndUnresolvableNodes":{"n1":"48 GiB per share, the largest GPU has 40"}}`)
+			return
+		}
+		if strings.Contains(r.URL.RawQuery, "bad") {
+			http.Error(w, "invalid extender request", http.StatusBadRequest)
+			return
+		}
+		io.WriteString(w, answers[r.URL.Path])
+	}))
+	for _, target := range []string{"/filter", "/filter?none", "/filter?never", "/filter?bad", "/prioritize", "/bind", "/bind"} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, target, strings.NewReader("{}")))
+		if target == "/bind" && rec.Body.String() != answers["/bind"] {
+			t.Fatalf("the instrumented handler changed the answer: %q", rec.Body.String())
+		}
+	}
+	h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/healthz", nil))
+	out := scrape(t, reg)
+	for _, want := range []string{
+		`tessera_extender_request_duration_seconds_count{result="ok",verb="filter"} 1`,
+		`tessera_extender_request_duration_seconds_count{result="unschedulable",verb="filter"} 2`,
+		`tessera_extender_request_duration_seconds_count{result="error",verb="filter"} 1`,
+		`tessera_extender_request_duration_seconds_count{result="ok",verb="prioritize"} 1`,
+		`tessera_extender_request_duration_seconds_count{result="error",verb="bind"} 2`,
+		"\ntessera_extender_leader 0\n",
+		"tessera_extender_build_info{",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if strings.Contains(out, `verb="healthz"`) || strings.Contains(out, `result="ok",verb="bind"`) {
+		t.Errorf("unexpected series:\n%s", out)
+	}
+	leader.Store(true)
+	if out := scrape(t, reg); !strings.Contains(out, "\ntessera_extender_leader 1\n") {
+		t.Errorf("leader gauge not 1 while leading")
+	}
+	if t.Failed() {
+		t.Log(out)
+	}
+}
+
+func scrape(t *testing.T, reg *prometheus.Registry) string {
+	rec := httptest.NewRecorder()
+	telemetry.MetricsHandler(reg).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+	return rec.Body.String()
+}
