@@ -112,8 +112,9 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) (
 	rc := *cp.RESTConfig
 	rc.QPS, rc.Burst = 2000, 4000
 	client := kubernetes.NewForConfigOrDie(&rc)
+	var x *Process
 	if policy != policyKubeScheduler {
-		x := cp.StartProcess(b, "tessera-extender", tesseraBinary(b, "tessera-extender"), "--kubeconfig", cp.Kubeconfig,
+		x = cp.StartProcess(b, "tessera-extender", tesseraBinary(b, "tessera-extender"), "--kubeconfig", cp.Kubeconfig,
 			"--listen", addr, "--policy", policy, "--leader-elect=false", "--filter-pick-one=true", "--kube-api-qps=1000", "--log-level=warn")
 		x.WaitHealthy(b, "http://"+addr+"/healthz", time.Minute)
 	}
@@ -222,6 +223,10 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) (
 	elapsed := time.Since(start)
 	if stuck > 0 {
 		fmt.Printf("policy=%s: %d pods were neither bound nor refused within a minute\n", policy, stuck)
+		if x != nil {
+			fmt.Println(x.LogTail(30))
+		}
+		fmt.Println(cp.Scheduler.LogTail(30))
 	}
 	return simulate.UnallocatedAt(c.Capacity, request, placed), float64(len(arrivals)) / elapsed.Seconds()
 }
