@@ -112,8 +112,9 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) (
 	rc := *cp.RESTConfig
 	rc.QPS, rc.Burst = 2000, 4000
 	client := kubernetes.NewForConfigOrDie(&rc)
+	var x *Process
 	if policy != policyKubeScheduler {
-		x := cp.StartProcess(b, "tessera-extender", tesseraBinary(b, "tessera-extender"), "--kubeconfig", cp.Kubeconfig,
+		x = cp.StartProcess(b, "tessera-extender", tesseraBinary(b, "tessera-extender"), "--kubeconfig", cp.Kubeconfig,
 			"--listen", addr, "--policy", policy, "--leader-elect=false", "--filter-pick-one=true", "--kube-api-qps=1000", "--log-level=warn")
 		x.WaitHealthy(b, "http://"+addr+"/healthz", time.Minute)
 	}
@@ -165,17 +166,32 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) (
 	const window = 8
 	ctx := context.Background()
 	start := time.Now()
+	// A pod neither bound nor found unschedulable in a minute (a bind that keeps failing, say) counts
+	// as failed; the ticker wakes the waiter to look at the clock.
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	go func() {
+		for range tick.C {
+			cond.Broadcast()
+		}
+	}()
+	stuck := 0
 	resolve := func(i int) {
 		name := benchPodName(i)
+		deadline := time.Now().Add(time.Minute)
 		mu.Lock()
 		for {
-			if _, ok := done[name]; ok {
+			if _, ok := done[name]; ok || time.Now().After(deadline) {
 				break
 			}
 			cond.Wait()
 		}
-		o := done[name]
+		o, ok := done[name]
 		mu.Unlock()
+		if !ok {
+			stuck++
+			b.Logf("pod %s (arrival %d) neither bound nor unschedulable after a minute: counted as failed", name, i)
+		}
 		request[i] = arrivals[i].GPURequest()
 		if !o.placed {
 			_ = client.CoreV1().Pods(metav1.NamespaceDefault).Delete(ctx, name, metav1.DeleteOptions{})
@@ -205,6 +221,13 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) (
 		resolve(i)
 	}
 	elapsed := time.Since(start)
+	if stuck > 0 {
+		fmt.Printf("policy=%s: %d pods were neither bound nor refused within a minute\n", policy, stuck)
+		if x != nil {
+			fmt.Println(x.LogTail(30))
+		}
+		fmt.Println(cp.Scheduler.LogTail(30))
+	}
 	return simulate.UnallocatedAt(c.Capacity, request, placed), float64(len(arrivals)) / elapsed.Seconds()
 }
 
