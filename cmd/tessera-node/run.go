@@ -154,7 +154,8 @@ func rediscover(ctx context.Context, a *agent.Agent, every time.Duration) {
 
 // unlistedInterval is how often the kubelet's pods are listed to release holds of pods it forgot: a
 // cheap local call; a hold goes after two lists without its pod. Sandbox events normally release
-// holds at once, but containerd sends none for sandboxes it recovered after a restart.
+// holds at once, but for sandboxes created before a containerd restart none that matched arrived
+// (TestCluster/ContainerdRestart, TestNodeAgent).
 const unlistedInterval = 10 * time.Second
 
 // releaseUnlisted frees the holds of pods the kubelet no longer lists (nri.Plugin.ReleaseUnlisted).
