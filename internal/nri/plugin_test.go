@@ -81,14 +81,16 @@ func (e *env) outcome(container string) (error, bool) {
 	return err, ok
 }
 
-func newEnv(t testing.TB, preexisting ...*nriapi.Container) *env {
+// newAgentEnv builds an env's node side, not yet started: a temp dir, the simulated node, a ledger
+// and an agent that has discovered the GPUs.
+func newAgentEnv(t testing.TB) (*env, *ledger.Ledger) {
 	t.Helper()
 	dir, err := os.MkdirTemp("/tmp", "tsr-nri-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	e := &env{t: t, dir: dir, grants: podresources.NewServer(), pods: &fakePods{pods: map[string]*corev1.Pod{}}, running: preexisting}
+	e := &env{t: t, dir: dir, grants: podresources.NewServer(), pods: &fakePods{pods: map[string]*corev1.Pod{}}}
 	backend, err := gpu.OpenSim(gpu.Options{StateDir: filepath.Join(dir, "sim")})
 	if err != nil {
 		t.Fatal(err)
@@ -103,12 +105,19 @@ func newEnv(t testing.TB, preexisting ...*nriapi.Container) *env {
 	if err := e.agent.Refresh(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := e.grants.Serve(filepath.Join(dir, "podres.sock"))
+	return e, l
+}
+
+func newEnv(t testing.TB, preexisting ...*nriapi.Container) *env {
+	t.Helper()
+	e, l := newAgentEnv(t)
+	e.running = preexisting
+	srv, err := e.grants.Serve(filepath.Join(e.dir, "podres.sock"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Stop)
-	client := podresources.New(filepath.Join(dir, "podres.sock"))
+	client := podresources.New(filepath.Join(e.dir, "podres.sock"))
 	t.Cleanup(func() { client.Close() })
 	return e.start(client, l)
 }
@@ -416,25 +425,7 @@ func TestSynchronizeRebuildsLedger(t *testing.T) {
 // reports a live container annotated with entry (given a share on GPU 0).
 func newEnvWithLedgerEntries(t *testing.T, stale []ledger.Entry, live *nriapi.Container, entry *ledger.Entry) *env {
 	t.Helper()
-	e := &env{t: t}
-	var err error
-	e.dir, err = os.MkdirTemp("/tmp", "tsr-nri-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(e.dir) })
-	e.grants, e.pods = podresources.NewServer(), &fakePods{pods: map[string]*corev1.Pod{}}
-	backend, err := gpu.OpenSim(gpu.Options{StateDir: filepath.Join(e.dir, "sim")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { backend.Close() })
-	l, _ := ledger.Open(filepath.Join(e.dir, "ledger.json"))
-	e.agent = agent.New(agent.Config{NodeName: "node-a", SharesPerGPU: 10, CDIDir: filepath.Join(e.dir, "cdi"),
-		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so", Driver: &cdi.Driver{HookPath: "/usr/bin/nvidia-cdi-hook"}}}, backend, l)
-	if err := e.agent.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	e, l := newAgentEnv(t)
 	inv := e.agent.Inventory()
 	for _, s := range stale {
 		if err := l.Reserve(s, inv); err != nil {

@@ -14,10 +14,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
-	"github.com/tessera-gpu/tessera/internal/agent"
-	"github.com/tessera-gpu/tessera/internal/cdi"
-	"github.com/tessera-gpu/tessera/internal/gpu"
-	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/podresources"
 )
 
@@ -347,25 +343,7 @@ func TestSecurityRegionBounded(t *testing.T) {
 // A running container that holds a GPU with no ledger entry (it started without the plugin) is
 // reported at Synchronize: metric and Event; a container with its entry is not.
 func TestSecurityUnrealisedReported(t *testing.T) {
-	e := &env{t: t}
-	var err error
-	e.dir, err = os.MkdirTemp("/tmp", "tsr-nri-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(e.dir) })
-	e.grants, e.pods = podresources.NewServer(), &fakePods{pods: map[string]*corev1.Pod{}}
-	backend, err := gpu.OpenSim(gpu.Options{StateDir: filepath.Join(e.dir, "sim")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { backend.Close() })
-	l, _ := ledger.Open(filepath.Join(e.dir, "ledger.json"))
-	e.agent = agent.New(agent.Config{NodeName: "node-a", SharesPerGPU: 10, CDIDir: filepath.Join(e.dir, "cdi"),
-		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so", Driver: &cdi.Driver{HookPath: "/usr/bin/nvidia-cdi-hook"}}}, backend, l)
-	if err := e.agent.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	e, l := newAgentEnv(t)
 	rogue := e.ctr("c-rogue", "/dev/nvidia2")
 	rogue.State = nriapi.ContainerState_CONTAINER_RUNNING
 	e.pod("rogue", nil, nil)
