@@ -163,37 +163,19 @@ func (l *Ledger) holders(except string) map[string]string {
 // Reserve records an entry after checking it against the inventory and every other entry; the same
 // container ID may be reserved again (an idempotent retry of CreateContainer) with the same devices.
 func (l *Ledger) Reserve(e Entry, inv *api.NodeInventory) error {
-	if e.ContainerID == "" {
-		return errors.New("ledger: an entry needs a container ID")
-	}
-	l.mu.Lock()
-	if err := l.checkLocked(&e, inv); err != nil {
-		l.mu.Unlock()
-		return err
-	}
-	prev, had := l.entries[e.ContainerID]
-	l.entries[e.ContainerID] = &e
-	if err := l.saveLocked(); err != nil {
-		if had {
-			l.entries[e.ContainerID] = prev
-		} else {
-			delete(l.entries, e.ContainerID)
-		}
-		l.mu.Unlock()
-		return err
-	}
-	fn := l.onChange
-	l.mu.Unlock()
-	if fn != nil {
-		fn()
-	}
-	return nil
+	return l.put("", e, inv)
 }
 
 // Move replaces the entry under fromID by e in one step, checking e against every other entry: a
 // stopped container's devices become its pod's hold, and a restarted container takes its hold back,
 // with no moment where another container could take them.
 func (l *Ledger) Move(fromID string, e Entry, inv *api.NodeInventory) error {
+	return l.put(fromID, e, inv)
+}
+
+// put records e, first taking away the entry under fromID ("": none, as no entry has an empty ID),
+// and restores everything if the check or the save fails.
+func (l *Ledger) put(fromID string, e Entry, inv *api.NodeInventory) error {
 	if e.ContainerID == "" {
 		return errors.New("ledger: an entry needs a container ID")
 	}
