@@ -36,16 +36,16 @@ func TestAssignmentRejects(t *testing.T) {
 		mutate func(*PodAssignment)
 		want   string
 	}{
-		{"no node", func(a *PodAssignment) { a.Node = "" }, "node: must not be empty"},
-		{"no containers", func(a *PodAssignment) { a.Containers = nil }, "containers: must list at least one container"},
-		{"duplicate container", func(a *PodAssignment) { a.Containers[1].Name = "train" }, `containers[1].name: duplicated container "train"`},
-		{"same gpu twice in a container", func(a *PodAssignment) { a.Containers[0].Devices[1].UUID = testUUID(0) }, "containers[0].devices[1].uuid: GPU " + testUUID(0) + " given twice"},
-		{"negative memory", func(a *PodAssignment) { a.Containers[0].Devices[0].MemoryBytes = -1 }, "containers[0].devices[0].memoryBytes: a share needs a memory cap > 0, got -1"},
-		{"cores over 100", func(a *PodAssignment) { a.Containers[0].Devices[0].CoresPercent = 101 }, "containers[0].devices[0].coresPercent: must be between 0 (not capped) and 100, got 101"},
+		{"no node", func(a *PodAssignment) { a.Node = "" }, "node: Invalid value: must not be empty"},
+		{"no containers", func(a *PodAssignment) { a.Containers = nil }, "containers: Invalid value: must list at least one container"},
+		{"duplicate container", func(a *PodAssignment) { a.Containers[1].Name = "train" }, `containers[1].name: Invalid value: duplicated container "train"`},
+		{"same gpu twice in a container", func(a *PodAssignment) { a.Containers[0].Devices[1].UUID = testUUID(0) }, "containers[0].devices[1].uuid: Invalid value: GPU " + testUUID(0) + " given twice"},
+		{"negative memory", func(a *PodAssignment) { a.Containers[0].Devices[0].MemoryBytes = -1 }, "containers[0].devices[0].memoryBytes: Invalid value: a share needs a memory cap > 0, got -1"},
+		{"cores over 100", func(a *PodAssignment) { a.Containers[0].Devices[0].CoresPercent = 101 }, "containers[0].devices[0].coresPercent: Invalid value: must be between 0 (not capped) and 100, got 101"},
 		{"whole with caps", func(a *PodAssignment) { a.Containers[2].Devices[0].MemoryBytes = 5 }, "a whole GPU carries no memoryBytes"},
 		{"whole and shared", func(a *PodAssignment) { a.Containers[2].Devices[0].UUID = testUUID(0) }, "is given whole to \"whole\" and shared with"},
 		{"mixed in container", func(a *PodAssignment) { a.Containers[0].Devices[1] = DeviceAssignment{UUID: testUUID(3), Whole: true} }, "either whole GPUs or shares"},
-		{"bad uuid", func(a *PodAssignment) { a.Containers[0].Devices[0].UUID = "GPU-0" }, "containers[0].devices[0].uuid: must look like"},
+		{"bad uuid", func(a *PodAssignment) { a.Containers[0].Devices[0].UUID = "GPU-0" }, "containers[0].devices[0].uuid: Invalid value: must look like"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -60,9 +60,9 @@ func TestAssignmentRejects(t *testing.T) {
 
 func TestDecodeAssignmentStrict(t *testing.T) {
 	for doc, want := range map[string]string{
-		`{"apiVersion":"tessera.dev/v1","node":"n","containers":[{"name":"c","devices":[{"uuid":"GPU-00000000-0000-4000-8000-000000000000","memoryBytes":1,"memoryBytes":2}]}]}`: "containers[0].devices[0].memoryBytes: duplicated key",
-		`{"apiVersion":"tessera.dev/v1","node":"n","containers":[],"priority":1}`:                                                                                                "priority: unknown field",
-		`{"apiVersion":"tessera.dev/v1","node":"n","containers":[{"name":"c","devices":[{"uuid":"x","coresPercent":1.5}]}]}`:                                                     "coresPercent: expected int",
+		`{"apiVersion":"tessera.dev/v1","node":"n","containers":[{"name":"c","devices":[{"uuid":"GPU-00000000-0000-4000-8000-000000000000","memoryBytes":1,"memoryBytes":2}]}]}`: "containers[0].devices[0].memoryBytes: Duplicate value: duplicated key",
+		`{"apiVersion":"tessera.dev/v1","node":"n","containers":[],"priority":1}`:                                                                                                "priority: Forbidden: unknown field",
+		`{"apiVersion":"tessera.dev/v1","node":"n","containers":[{"name":"c","devices":[{"uuid":"x","coresPercent":1.5}]}]}`:                                                     "coresPercent: Invalid value: expected int",
 	} {
 		if _, err := DecodeAssignment([]byte(doc)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("DecodeAssignment(%s): error %v, want it to contain %q", doc, err, want)

@@ -28,12 +28,12 @@ func TestLoadNodeConfig(t *testing.T) {
 		t.Fatalf("defaults: %+v %v", c, err)
 	}
 	for doc, want := range map[string]string{
-		"apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\nbackend: cuda\n":              `backend: must be nvml (a real NVIDIA driver) or sim (the simulated node), got "cuda"`,
+		"apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\nbackend: cuda\n":              `backend: Invalid value: must be nvml (a real NVIDIA driver) or sim (the simulated node), got "cuda"`,
 		"apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\nbackend: sim\nbackend: sim\n": `key "backend" already set`,
-		"apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\ncdiDirectory: /x\n":           "cdiDirectory: unknown field",
-		"apiVersion: v2\nkind: NodeAgentConfig\n":                                         `apiVersion: must be "tessera.dev/v1"`,
-		"apiVersion: tessera.dev/v1\nkind: ExtenderConfig\n":                              `kind: must be "NodeAgentConfig"`,
-		"apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\nsharesPerGPU: 5000\n":         "sharesPerGPU: must be between 1 and 1024",
+		"apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\ncdiDirectory: /x\n":           "cdiDirectory: Forbidden: unknown field",
+		"apiVersion: v2\nkind: NodeAgentConfig\n":                                         `apiVersion: Invalid value: must be "tessera.dev/v1"`,
+		"apiVersion: tessera.dev/v1\nkind: ExtenderConfig\n":                              `kind: Invalid value: must be "NodeAgentConfig"`,
+		"apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\nsharesPerGPU: 5000\n":         "sharesPerGPU: Invalid value: must be between 1 and 1024",
 	} {
 		if _, err := LoadNodeConfig(write(doc)); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("config %q: error %v, want it to contain %q", doc, err, want)
@@ -83,11 +83,11 @@ func TestNodeConfigHealth(t *testing.T) {
 		}
 	}
 	for body, want := range map[string]string{
-		"ignoredXIDs: [0]\n":          "ignoredXIDs[0]: must be an XID between 1 and 999",
-		"ignoredXIDs: [1000]\n":       "ignoredXIDs[0]: must be an XID between 1 and 999",
-		"ignoredXIDs: \"13,31\"\n":    "ignoredXIDs: expected []uint64",
-		"ignoreXIDs: [13]\n":          "ignoreXIDs: unknown field",
-		"healthCheckInterval: 10ms\n": "healthCheckInterval: must be at least 1s",
+		"ignoredXIDs: [0]\n":          "ignoredXIDs[0]: Invalid value: must be an XID between 1 and 999",
+		"ignoredXIDs: [1000]\n":       "ignoredXIDs[0]: Invalid value: must be an XID between 1 and 999",
+		"ignoredXIDs: \"13,31\"\n":    "ignoredXIDs: Invalid value: expected []uint64",
+		"ignoreXIDs: [13]\n":          "ignoreXIDs: Forbidden: unknown field",
+		"healthCheckInterval: 10ms\n": "healthCheckInterval: Invalid value: must be at least 1s",
 	} {
 		if _, err := load(body); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want %q", body, err, want)

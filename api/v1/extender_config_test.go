@@ -25,10 +25,10 @@ func TestLoadExtenderConfig(t *testing.T) {
 					t.Fatalf("bad config: %+v", c)
 				}
 			}},
-		{name: "unknown policy", yaml: "policy: worstfit\n", wantErr: "policy: must be one of"},
+		{name: "unknown policy", yaml: "policy: worstfit\n", wantErr: "policy: Invalid value: must be one of"},
 		{name: "unknown field", yaml: "polcy: fgd\n", wantErr: "unknown field"},
-		{name: "wrong kind", yaml: "kind: NodeAgentConfig\n", wantErr: "kind: must be"},
-		{name: "bad duration", yaml: "reservationTTL: 10\n", wantErr: "reservationTTL: expected string"},
+		{name: "wrong kind", yaml: "kind: NodeAgentConfig\n", wantErr: "kind: Invalid value: must be"},
+		{name: "bad duration", yaml: "reservationTTL: 10\n", wantErr: "reservationTTL: Invalid value: expected string"},
 		{name: "class twice", yaml: "inferencePriorityClasses: [a]\nexperimentPriorityClasses: [a]\n", wantErr: "is also listed"},
 	}
 	for _, tc := range cases {

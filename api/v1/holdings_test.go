@@ -27,10 +27,10 @@ func TestSecurityHoldingsRoundTrip(t *testing.T) {
 func TestSecurityHoldingsStrict(t *testing.T) {
 	const g = `"GPU-00000000-0000-4000-8000-000000000000"`
 	for doc, want := range map[string]string{
-		`{"apiVersion":"tessera.dev/v1","node":"n","pods":[],"extra":1}`:  "extra: unknown field",
-		`{"apiVersion":"tessera.dev/v1","node":"n","node":"m","pods":[]}`: "node: duplicated key",
-		`{"apiVersion":"tessera.dev/v1","node":"","pods":[]}`:             "node: must not be empty",
-		`{"apiVersion":"tessera.dev/v1","node":"n","pods":[{"namespace":"d","pod":"p","uid":"u","containers":[{"name":"c","devices":[{"uuid":` + g + `,"whole":true}]}]},{"namespace":"d","pod":"q","uid":"u","containers":[{"name":"c","devices":[{"uuid":` + g + `,"whole":true}]}]}]}`: "pods[1].uid: pod u listed twice",
+		`{"apiVersion":"tessera.dev/v1","node":"n","pods":[],"extra":1}`:  "extra: Forbidden: unknown field",
+		`{"apiVersion":"tessera.dev/v1","node":"n","node":"m","pods":[]}`: "node: Duplicate value: duplicated key",
+		`{"apiVersion":"tessera.dev/v1","node":"","pods":[]}`:             "node: Invalid value: must not be empty",
+		`{"apiVersion":"tessera.dev/v1","node":"n","pods":[{"namespace":"d","pod":"p","uid":"u","containers":[{"name":"c","devices":[{"uuid":` + g + `,"whole":true}]}]},{"namespace":"d","pod":"q","uid":"u","containers":[{"name":"c","devices":[{"uuid":` + g + `,"whole":true}]}]}]}`: "pods[1].uid: Invalid value: pod u listed twice",
 		`{"apiVersion":"tessera.dev/v1","node":"n","pods":[{"namespace":"d","pod":"p","uid":"u","containers":[{"name":"c","devices":[{"uuid":` + g + `,"memoryBytes":0}]}]}]}`:                                                                                                            "memory cap > 0",
 	} {
 		if _, err := DecodeHoldings([]byte(doc)); err == nil || !strings.Contains(err.Error(), want) {

@@ -7,35 +7,40 @@ import (
 	"reflect"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	sjson "sigs.k8s.io/json"
 )
 
 // maxDocumentBytes bounds every decoded document; Kubernetes caps all annotations of an object at 256 KiB.
 const maxDocumentBytes = 256 << 10
 
-// FieldError is a validation failure at one field path, e.g. "gpus[2].memoryBytes".
-type FieldError struct {
-	Path string
-	Msg  string
-}
-
-func (e *FieldError) Error() string { return e.Path + ": " + e.Msg }
-
-// fieldErrors collects FieldErrors under a document name.
+// fieldErrors collects apimachinery field errors ("gpus[2].memoryBytes: Invalid value: ...") under a
+// document name; callers can errors.As a *field.Error out of the joined error.
 type fieldErrors struct {
 	doc  string
-	errs []error
+	errs field.ErrorList
 }
 
+// add records an invalid value at path; the message carries the value where it helps.
 func (f *fieldErrors) add(path, format string, args ...any) {
-	f.errs = append(f.errs, &FieldError{Path: path, Msg: fmt.Sprintf(format, args...)})
+	f.errs = append(f.errs, invalid(path, fmt.Sprintf(format, args...)))
+}
+
+// invalid builds a field.Error from a path written as a string: the validators build paths with
+// indices and suffixes, and field.Path would only parse them back into the same string.
+func invalid(path, detail string) *field.Error {
+	return &field.Error{Type: field.ErrorTypeInvalid, Field: path, BadValue: field.OmitValueType{}, Detail: detail}
 }
 
 func (f *fieldErrors) err() error {
 	if len(f.errs) == 0 {
 		return nil
 	}
-	return fmt.Errorf("invalid %s: %w", f.doc, errors.Join(f.errs...))
+	errs := make([]error, len(f.errs))
+	for i, e := range f.errs {
+		errs[i] = e
+	}
+	return fmt.Errorf("invalid %s: %w", f.doc, errors.Join(errs...))
 }
 
 // decodeStrict decodes one JSON document into v, refusing unknown fields, duplicated keys,
@@ -54,24 +59,25 @@ func decodeStrict(data []byte, v any, doc string) error {
 		return fmt.Errorf("invalid %s: %w", doc, describeTypeError(data, v, err))
 	}
 	if len(strict) > 0 {
-		fe := fieldErrors{doc: doc}
-		for _, e := range strict {
-			fe.errs = append(fe.errs, describeStrictError(e))
+		errs := make([]error, len(strict))
+		for i, e := range strict {
+			errs[i] = describeStrictError(e)
 		}
-		return fe.err()
+		return fmt.Errorf("invalid %s: %w", doc, errors.Join(errs...))
 	}
 	return nil
 }
 
 // describeStrictError turns sigs.k8s.io/json's strict errors (`unknown field "a.b[0]"`,
 // `duplicate field "a"`; its error type is unexported, its messages are the interface) into
-// FieldErrors that name the path.
+// field errors that name the path.
 func describeStrictError(err error) error {
 	msg := err.Error()
-	for prefix, what := range map[string]string{"unknown field ": "unknown field", "duplicate field ": "duplicated key"} {
-		if path, ok := strings.CutPrefix(msg, prefix); ok {
-			return &FieldError{Path: strings.Trim(path, `"`), Msg: what}
-		}
+	if path, ok := strings.CutPrefix(msg, "unknown field "); ok {
+		return &field.Error{Type: field.ErrorTypeForbidden, Field: strings.Trim(path, `"`), Detail: "unknown field"}
+	}
+	if path, ok := strings.CutPrefix(msg, "duplicate field "); ok {
+		return &field.Error{Type: field.ErrorTypeDuplicate, Field: strings.Trim(path, `"`), BadValue: field.OmitValueType{}, Detail: "duplicated key"}
 	}
 	return err
 }
@@ -83,7 +89,8 @@ func describeTypeError(data []byte, v any, err error) error {
 	var te *json.UnmarshalTypeError
 	fresh := reflect.New(reflect.TypeOf(v).Elem()).Interface()
 	if errors.As(json.Unmarshal(data, fresh), &te) && te.Field != "" {
-		return &FieldError{Path: te.Field, Msg: fmt.Sprintf("expected %s, got JSON %s", te.Type, te.Value)}
+		return &field.Error{Type: field.ErrorTypeTypeInvalid, Field: te.Field, BadValue: field.OmitValueType{},
+			Detail: fmt.Sprintf("expected %s, got JSON %s", te.Type, te.Value)}
 	}
 	return err
 }

@@ -32,7 +32,7 @@ func TestNoDriverFailsLoud(t *testing.T) {
 		}
 	}
 	// "auto" is gone: a config or flag asking for it is refused, not quietly simulated.
-	if err := run([]string{"cdi", "generate", "--backend=auto", "--data-dir=" + data}); err == nil || !strings.Contains(err.Error(), `backend: must be nvml`) {
+	if err := run([]string{"cdi", "generate", "--backend=auto", "--data-dir=" + data}); err == nil || !strings.Contains(err.Error(), `backend: Invalid value: must be nvml`) {
 		t.Errorf("--backend=auto: %v", err)
 	}
 }

@@ -38,10 +38,10 @@ func TestFlagsAndConfigFile(t *testing.T) {
 		t.Errorf("merged config %+v", cfg)
 	}
 	for args, want := range map[string]string{
-		"--backend=cuda":             `backend: must be nvml (a real NVIDIA driver) or sim (the simulated node), got "cuda"`,
-		"--run-dir=relative":         `runDir: must be an absolute path, got "relative"`,
-		"--listen=9400":              `listen: must be host:port`,
-		"--rediscover-interval=10ms": "rediscoverInterval: must be at least 1s",
+		"--backend=cuda":             `backend: Invalid value: must be nvml (a real NVIDIA driver) or sim (the simulated node), got "cuda"`,
+		"--run-dir=relative":         `runDir: Invalid value: must be an absolute path, got "relative"`,
+		"--listen=9400":              `listen: Invalid value: must be host:port`,
+		"--rediscover-interval=10ms": "rediscoverInterval: Invalid value: must be at least 1s",
 	} {
 		f, fs := parse(args)
 		if _, err := f.load(fs); err == nil || !strings.Contains(err.Error(), want) {
@@ -84,8 +84,8 @@ func TestHealthFlags(t *testing.T) {
 	}
 	for args, want := range map[string]string{
 		"--ignored-xids=13,x":           `"x" is not an XID`,
-		"--ignored-xids=0":              "ignoredXIDs[0]: must be an XID between 1 and 999",
-		"--health-check-interval=100ms": "healthCheckInterval: must be at least 1s",
+		"--ignored-xids=0":              "ignoredXIDs[0]: Invalid value: must be an XID between 1 and 999",
+		"--health-check-interval=100ms": "healthCheckInterval: Invalid value: must be at least 1s",
 	} {
 		if _, err := load(args); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want %q", args, err, want)

@@ -17,6 +17,7 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
@@ -101,9 +102,10 @@ func ParseDescription(data []byte) (*Description, error) {
 	if err := api.DecodeYAML(data, d, "simulated node description"); err != nil {
 		return nil, err
 	}
-	var errs []string
+	var errs field.ErrorList
 	if d.APIVersion != api.Version || d.Kind != KindSimulatedNode {
-		errs = append(errs, fmt.Sprintf("apiVersion/kind must be %s/%s, got %q/%q", api.Version, KindSimulatedNode, d.APIVersion, d.Kind))
+		errs = append(errs, field.Invalid(field.NewPath("apiVersion"), d.APIVersion+"/"+d.Kind,
+			fmt.Sprintf("apiVersion/kind must be %s/%s", api.Version, KindSimulatedNode)))
 	}
 	if d.Seed == "" {
 		d.Seed = "tessera-sim"
@@ -116,38 +118,38 @@ func ParseDescription(data []byte) (*Description, error) {
 		d.Topology = "nvswitch"
 	case "nvswitch", "pcie":
 	default:
-		errs = append(errs, fmt.Sprintf("topology: must be nvswitch or pcie, got %q", d.Topology))
+		errs = append(errs, field.NotSupported(field.NewPath("topology"), d.Topology, []string{"nvswitch", "pcie"}))
 	}
 	if d.GPUsPerNUMA == 0 {
 		d.GPUsPerNUMA = 4
 	}
 	total := 0
 	for i, g := range d.GPUs {
-		p := fmt.Sprintf("gpus[%d]", i)
+		p := field.NewPath("gpus").Index(i)
 		if _, ok := SimModels[g.Model]; !ok {
-			errs = append(errs, fmt.Sprintf("%s.model: unknown model %q (known: %s)", p, g.Model, strings.Join(simModelNames(), ", ")))
+			errs = append(errs, field.NotSupported(p.Child("model"), g.Model, simModelNames()))
 		}
 		if g.Count < 1 || g.Count > 64 {
-			errs = append(errs, fmt.Sprintf("%s.count: must be between 1 and 64, got %d", p, g.Count))
+			errs = append(errs, field.Invalid(p.Child("count"), g.Count, "must be between 1 and 64"))
 		}
 		if g.Mdev && len(g.MIG) > 0 {
-			errs = append(errs, fmt.Sprintf("%s: a GPU is either an mdev parent or in MIG mode, not both", p))
+			errs = append(errs, field.Forbidden(p, "a GPU is either an mdev parent or in MIG mode, not both"))
 		}
 		for j, prof := range g.MIG {
 			if !api.IsMIGProfile(prof) {
-				errs = append(errs, fmt.Sprintf("%s.mig[%d]: %q is not a MIG profile like 1g.5gb", p, j, prof))
+				errs = append(errs, field.Invalid(p.Child("mig").Index(j), prof, "not a MIG profile like 1g.5gb"))
 			}
 		}
 		if m, ok := SimModels[g.Model]; ok && len(g.MIG) > 0 && !m.migCapable() {
-			errs = append(errs, fmt.Sprintf("%s.mig: %s has no MIG mode", p, g.Model))
+			errs = append(errs, field.Forbidden(p.Child("mig"), g.Model+" has no MIG mode"))
 		}
 		total += min(max(g.Count, 0), 65) // bounded: no overflow however large the counts
 	}
 	if total < 1 || total > 64 {
-		errs = append(errs, fmt.Sprintf("gpus: a node has 1 to 64 GPUs, got %d", total))
+		errs = append(errs, field.Invalid(field.NewPath("gpus"), total, "a node has 1 to 64 GPUs"))
 	}
 	if len(errs) > 0 {
-		return nil, fmt.Errorf("invalid simulated node description: %s", strings.Join(errs, "; "))
+		return nil, fmt.Errorf("invalid simulated node description: %w", errs.ToAggregate())
 	}
 	return d, nil
 }

@@ -154,13 +154,13 @@ func TestSimDescription(t *testing.T) {
 func TestSimDescriptionRejects(t *testing.T) {
 	head := "apiVersion: tessera.dev/v1\nkind: SimulatedNode\n"
 	for doc, want := range map[string]string{
-		head + "gpus:\n- model: GTX-1080\n  count: 1\n":                                      `gpus[0].model: unknown model "GTX-1080"`,
-		head + "gpus:\n- model: A100-SXM4-40GB\n  count: 0\n":                                "gpus[0].count: must be between 1 and 64",
-		head + "gpus:\n- model: A100-SXM4-40GB\n  count: 1\n  mig: [huge]\n":                 `gpus[0].mig[0]: "huge" is not a MIG profile`,
+		head + "gpus:\n- model: GTX-1080\n  count: 1\n":                                      `gpus[0].model: Unsupported value: "GTX-1080": supported values: "A100-PCIE-40GB"`,
+		head + "gpus:\n- model: A100-SXM4-40GB\n  count: 0\n":                                "gpus[0].count: Invalid value: 0: must be between 1 and 64",
+		head + "gpus:\n- model: A100-SXM4-40GB\n  count: 1\n  mig: [huge]\n":                 `gpus[0].mig[0]: Invalid value: "huge": not a MIG profile`,
 		head + "gpus:\n- model: A100-SXM4-40GB\n  count: 1\n  mig: [1g.5gb]\n  mdev: true\n": "either an mdev parent or in MIG mode",
-		head + "topology: ring\ngpus:\n- model: A100-SXM4-40GB\n  count: 1\n":                `topology: must be nvswitch or pcie`,
+		head + "topology: ring\ngpus:\n- model: A100-SXM4-40GB\n  count: 1\n":                `topology: Unsupported value: "ring": supported values: "nvswitch", "pcie"`,
 		head + "gpus:\n- model: A100-SXM4-40GB\n  count: 65\n":                               "a node has 1 to 64 GPUs",
-		head + "gpus: []\ncolor: red\n":                                                      "color: unknown field",
+		head + "gpus: []\ncolor: red\n":                                                      "color: Forbidden: unknown field",
 		"apiVersion: v1\nkind: Node\ngpus:\n- model: A100-SXM4-40GB\n  count: 1\n":           "apiVersion/kind must be",
 	} {
 		if _, err := ParseDescription([]byte(doc)); err == nil || !strings.Contains(err.Error(), want) {
