@@ -2,6 +2,7 @@ package cdi
 
 import (
 	"context"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
@@ -330,5 +331,20 @@ func TestDriverFolderLayout(t *testing.T) {
 		if mounts[dst] != src {
 			t.Errorf("mount %s from %q, want %s (mounts: %v)", dst, mounts[dst], src, mounts)
 		}
+	}
+}
+
+// nvcdi's lines reach the process's slog logger (one log setup per binary), tagged with their source.
+func TestNvcdiLogsReachSlog(t *testing.T) {
+	var buf strings.Builder
+	prev := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
+	t.Cleanup(func() { slog.SetDefault(prev) })
+	n := simNode(t)
+	if _, err := testGen.Specs(n); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(buf.String(), "component=nvcdi") || !strings.Contains(buf.String(), "Using driver version") {
+		t.Errorf("nvcdi's lines did not reach slog:\n%s", buf.String())
 	}
 }

@@ -2,12 +2,12 @@ package cdi
 
 import (
 	"fmt"
+	"log/slog"
 	"path/filepath"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi"
 	"github.com/NVIDIA/nvidia-container-toolkit/pkg/nvcdi/transform/root"
-	"github.com/sirupsen/logrus"
 	"golang.org/x/sys/unix"
 	specs "tags.cncf.io/container-device-interface/specs-go"
 
@@ -42,15 +42,13 @@ func (d *Driver) CommonEdits() (specs.ContainerEdits, error) {
 	if !filepath.IsAbs(d.HookPath) {
 		return specs.ContainerEdits{}, fmt.Errorf("the nvidia-cdi-hook path must be absolute, got %q (set --cdi-hook-path)", d.HookPath)
 	}
-	log := logrus.New()
-	log.SetLevel(logrus.ErrorLevel)
 	lib, err := nvcdi.New(
 		nvcdi.WithMode(nvcdi.ModeNvml),
 		nvcdi.WithNvmlLib(d.NVML),
 		nvcdi.WithDriverRoot(d.Root),
 		nvcdi.WithDevRoot(d.DevRoot),
 		nvcdi.WithNVIDIACDIHookPath(d.HookPath),
-		nvcdi.WithLogger(log),
+		nvcdi.WithLogger(nvcdiLogger{slog.Default().With("component", "nvcdi")}),
 		// One path on every node: the driver version comes from NVML, never from sandboxutils.
 		nvcdi.WithFeatureFlag(nvcdi.FeatureDisableNvsandboxUtils),
 	)
@@ -116,3 +114,13 @@ func simEdits(n *gpu.Node) []*specs.Mount {
 	}
 	return []*specs.Mount{{HostPath: n.SimGPUFile, ContainerPath: gpu.SimGPUFileInContainer, Options: []string{"ro", "nosuid", "nodev", "bind"}}}
 }
+
+// nvcdiLogger gives nvcdi the process's slog logger (its logger interface is the toolkit's own).
+// nvcdi's Info lines ("Using driver version ...") repeat on every refresh: debug detail here.
+type nvcdiLogger struct{ log *slog.Logger }
+
+func (l nvcdiLogger) Tracef(format string, args ...any)   { l.log.Debug(fmt.Sprintf(format, args...)) }
+func (l nvcdiLogger) Debugf(format string, args ...any)   { l.log.Debug(fmt.Sprintf(format, args...)) }
+func (l nvcdiLogger) Infof(format string, args ...any)    { l.log.Debug(fmt.Sprintf(format, args...)) }
+func (l nvcdiLogger) Warningf(format string, args ...any) { l.log.Warn(fmt.Sprintf(format, args...)) }
+func (l nvcdiLogger) Errorf(format string, args ...any)   { l.log.Error(fmt.Sprintf(format, args...)) }
