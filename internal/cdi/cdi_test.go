@@ -152,7 +152,7 @@ func mountAt(s *oci.Spec, dst string) *oci.Mount {
 // where they are files, and the hooks that make libcuda.so.1 resolvable (symlinks, ldcache).
 func checkDriverEdits(t *testing.T, n *gpu.Node, s *oci.Spec) {
 	t.Helper()
-	v := "550.54.15"
+	v := "580.95.05"
 	for dst, src := range map[string]string{
 		"/usr/lib/x86_64-linux-gnu/libcuda.so." + v:      "usr/lib/x86_64-linux-gnu/libcuda.so." + v,
 		"/usr/lib/x86_64-linux-gnu/libnvidia-ml.so." + v: "usr/lib/x86_64-linux-gnu/libnvidia-ml.so." + v,
@@ -240,7 +240,7 @@ func TestSpecsNameHostPaths(t *testing.T) {
 			if strings.HasPrefix(m.HostPath, n.DriverRoot) {
 				t.Errorf("%s: mount %s names the agent's view of the driver root", s.Kind, m.HostPath)
 			}
-			sawLib = sawLib || m.HostPath == "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"
+			sawLib = sawLib || m.HostPath == "/run/nvidia/driver/usr/lib/x86_64-linux-gnu/libcuda.so.580.95.05"
 		}
 		for _, d := range s.ContainerEdits.DeviceNodes {
 			if d.Major == 0 || d.Type != "c" {
@@ -293,7 +293,7 @@ func TestSyncErrors(t *testing.T) {
 func TestDriverFolderLayout(t *testing.T) {
 	n := simNode(t)
 	folder := t.TempDir()
-	v := "550.54.15"
+	v := "580.95.05"
 	for rel, data := range map[string]string{
 		"lib64/libcuda.so." + v:                  "lib",
 		"lib64/libnvidia-ml.so." + v:             "lib",

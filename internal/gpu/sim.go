@@ -55,7 +55,7 @@ type SimGPU struct {
 // for whole/shared use, one mdev parent for Kata vGPUs and one in MIG mode.
 const DefaultDescription = `apiVersion: tessera.dev/v1
 kind: SimulatedNode
-driverVersion: 550.54.15
+driverVersion: 580.95.05
 seed: tessera-sim
 topology: nvswitch
 gpusPerNUMA: 4
@@ -75,7 +75,7 @@ gpus:
 // each GPU's instances fitting its 7 compute and 8 memory slices.
 const H100Description = `apiVersion: tessera.dev/v1
 kind: SimulatedNode
-driverVersion: 550.54.15
+driverVersion: 580.95.05
 seed: tessera-sim-h100
 topology: nvswitch
 gpusPerNUMA: 4
@@ -111,7 +111,7 @@ func ParseDescription(data []byte) (*Description, error) {
 		d.Seed = "tessera-sim"
 	}
 	if d.DriverVersion == "" {
-		d.DriverVersion = "550.54.15"
+		d.DriverVersion = "580.95.05"
 	}
 	switch d.Topology {
 	case "":

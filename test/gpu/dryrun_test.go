@@ -113,7 +113,7 @@ func TestGPUBundleDryRun(t *testing.T) {
 	if err := json.Unmarshal(data, &res); err != nil {
 		t.Fatal(err)
 	}
-	if !res.DryRun || res.Failed != 0 || res.Driver != "550.54.15" || res.CUDA != "13.0" || strings.Join(res.Missing, ",") != "torch,compute" {
+	if !res.DryRun || res.Failed != 0 || res.Driver != "580.95.05" || res.CUDA != "13.0" || strings.Join(res.Missing, ",") != "torch,compute" {
 		t.Errorf("results: dry_run=%v failed=%d driver=%q cuda=%q missing=%v\n%s", res.DryRun, res.Failed, res.Driver, res.CUDA, res.Missing, data)
 	}
 	passed := map[string]bool{}

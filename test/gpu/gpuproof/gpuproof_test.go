@@ -78,7 +78,7 @@ func TestTables(t *testing.T) {
 	p.figure(Figure{Name: "real driver: launch, added by vcuda at 50% compute", Value: 31, Unit: "ns/call", MeasuredBy: "callbench on the real driver"})
 	p.figure(Figure{Name: "fake driver: launch, added by vcuda at 50% compute", Value: 12, Unit: "ns/call", MeasuredBy: "callbench on the fake driver"})
 	p.figure(Figure{Name: "fake driver: alloc, no vcuda", Value: 180, Unit: "ns/call", MeasuredBy: "callbench on the fake driver"})
-	r := &Results{DryRun: true, GPUModel: "NVIDIA A100-SXM4-40GB", Driver: "550.54.15", CUDA: "13.0", Date: "2026-11-23", Phases: []*Phase{p}}
+	r := &Results{DryRun: true, GPUModel: "NVIDIA A100-SXM4-40GB", Driver: "580.95.05", CUDA: "13.0", Date: "2026-11-23", Phases: []*Phase{p}}
 	var b bytes.Buffer
 	if err := tables(&b, r, "x.json", sections["vcuda"]); err != nil {
 		t.Fatal(err)
