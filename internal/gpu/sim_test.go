@@ -249,3 +249,12 @@ func FuzzParseDescription(f *testing.F) {
 		}
 	})
 }
+
+// A state dir too deep for the persistenced socket fails with a message that says so and what to do.
+func TestSimSocketPathTooLong(t *testing.T) {
+	deep := filepath.Join(t.TempDir(), strings.Repeat("d", 100))
+	_, err := OpenSim(Options{StateDir: deep})
+	if err == nil || !strings.Contains(err.Error(), "more than a unix socket path can hold") || !strings.Contains(err.Error(), "shorter --state-dir") {
+		t.Fatalf("OpenSim with a %d-byte state dir: %v", len(deep), err)
+	}
+}

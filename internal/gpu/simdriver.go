@@ -94,6 +94,8 @@ func writeSimGPUFile(n *Node) error {
 	return writeIfChanged(n.SimGPUFile, b.Bytes(), 0o644)
 }
 
+const maxUnixSocketPath = 107
+
 // simSocket leaves a unix socket file where nvidia-persistenced's would be (nvcdi mounts it).
 func simSocket(path string) error {
 	if st, err := os.Lstat(path); err == nil && st.Mode()&os.ModeSocket != 0 {
@@ -101,6 +103,10 @@ func simSocket(path string) error {
 	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
+	}
+	// sun_path holds 107 bytes and a NUL: bind's EINVAL would not say why.
+	if len(path) > maxUnixSocketPath {
+		return fmt.Errorf("simulated persistenced socket %s: %d bytes, more than a unix socket path can hold (%d); use a shorter --state-dir", path, len(path), maxUnixSocketPath)
 	}
 	_ = os.Remove(path)
 	l, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
