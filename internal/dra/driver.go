@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"strings"
 	"time"
@@ -57,6 +58,10 @@ type Options struct {
 func (d *Driver) Run(ctx context.Context, o Options) error {
 	if o.RepublishInterval == 0 {
 		o.RepublishInterval = 5 * time.Second
+	}
+	// The kubelet creates its registry; the plugin's own socket directory is ours to make.
+	if err := os.MkdirAll(o.PluginDir, 0o750); err != nil {
+		return fmt.Errorf("create the DRA plugin's socket directory: %w", err)
 	}
 	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(DriverName),
