@@ -162,10 +162,23 @@ func (l *Ledger) Usage() map[string]Usage {
 	return l.usageLocked("")
 }
 
+// ClaimUsage is the part of Usage that prepared DRA claims hold: the kubelet does not count it
+// against the device plugins' tokens, so the agent must.
+func (l *Ledger) ClaimUsage() map[string]Usage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.usageOf(func(id string) bool { return IsClaim(id) })
+}
+
 func (l *Ledger) usageLocked(except string) map[string]Usage {
+	return l.usageOf(func(id string) bool { return id != except })
+}
+
+// usageOf sums the entries whose ID passes keep.
+func (l *Ledger) usageOf(keep func(id string) bool) map[string]Usage {
 	u := map[string]Usage{}
 	for id, e := range l.entries {
-		if id == except {
+		if !keep(id) {
 			continue
 		}
 		for _, d := range e.Devices {

@@ -98,8 +98,9 @@ func testDRAShares(t *testing.T, c *Cluster) {
 		}
 		checkShareCUDA(t, c, pod, 10<<30)
 	}
-	// One ledger: the device plugins stop offering that GPU whole, and its share tokens count the two.
-	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: SimWholeGPUs - 1, api.ResourceShare: SimShares})
+	// One ledger: the device plugins stop offering that GPU whole, and the two claims take two of its
+	// share tokens (the kubelet does not count claims).
+	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: SimWholeGPUs - 1, api.ResourceShare: SimShares - 2})
 	c.DeletePods(t, "dra-a", "dra-b")
 	c.WaitLedgerEmpty(t)
 	c.WaitClaimsGone(t)
