@@ -68,7 +68,7 @@ func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.C
 	entry := ledger.Entry{ContainerID: c.GetId(), PodUID: pod.GetUid(), Namespace: pod.GetNamespace(), Pod: pod.GetName(), Container: c.GetName(),
 		SandboxID: pod.GetId()}
 	whole, shares := grant.Count(api.ResourceGPU), grant.Count(api.ResourceShare)
-	claims, err := p.claims(pod, grant)
+	claims, err := p.claims(ctx, pod, grant)
 	if err != nil {
 		return nil, err
 	}
@@ -351,8 +351,10 @@ func (p *Plugin) realise(pod *nriapi.PodSandbox, c *nriapi.Container, e *ledger.
 
 // claims returns the prepared ResourceClaims the kubelet granted the container (PodResources):
 // each must have been prepared on this node (NodePrepareResources, which the kubelet calls only
-// for claims the pod references) and be reserved for this very pod (status.reservedFor, by UID).
-func (p *Plugin) claims(pod *nriapi.PodSandbox, grant podresources.Grant) ([]ledger.Entry, error) {
+// for claims the pod references) and be reserved for this very pod (status.reservedFor, by UID,
+// when it was prepared), or be named in the pod's spec as the API server has it (a shared claim
+// prepared for an earlier pod).
+func (p *Plugin) claims(ctx context.Context, pod *nriapi.PodSandbox, grant podresources.Grant) ([]ledger.Entry, error) {
 	var out []ledger.Entry
 	for _, ref := range grant.Claims() {
 		ids := grant[podresources.ClaimKey(ref.Namespace, ref.Name)]
@@ -363,12 +365,33 @@ func (p *Plugin) claims(pod *nriapi.PodSandbox, grant podresources.Grant) ([]led
 		if !ok {
 			return nil, fmt.Errorf("the kubelet granted ResourceClaim %s/%s but this node has not prepared it (NodePrepareResources)", ref.Namespace, ref.Name)
 		}
-		if !slices.Contains(e.Claim.PodUIDs, pod.GetUid()) {
+		if !slices.Contains(e.Claim.PodUIDs, pod.GetUid()) && !p.podReferencesClaim(ctx, pod, ref.Name) {
 			return nil, fmt.Errorf("ResourceClaim %s/%s is reserved for pods %v, not for this pod (UID %s)", ref.Namespace, ref.Name, e.Claim.PodUIDs, pod.GetUid())
 		}
 		out = append(out, e)
 	}
 	return out, nil
+}
+
+// podReferencesClaim reports whether the pod, as the API server has it (by UID), uses the claim: a
+// claim shared by pods is prepared once, for the first of them (the kubelet does not prepare it
+// again for the next), so a later pod is found in its own spec rather than in the prepared record.
+func (p *Plugin) podReferencesClaim(ctx context.Context, pod *nriapi.PodSandbox, claim string) bool {
+	spec, err := p.pods.Pod(ctx, pod.GetNamespace(), pod.GetName(), pod.GetUid())
+	if err != nil {
+		return false
+	}
+	for _, rc := range spec.Spec.ResourceClaims {
+		if rc.ResourceClaimName != nil && *rc.ResourceClaimName == claim {
+			return true
+		}
+	}
+	for _, st := range spec.Status.ResourceClaimStatuses {
+		if st.ResourceClaimName != nil && *st.ResourceClaimName == claim {
+			return true
+		}
+	}
+	return false
 }
 
 // claimEntries returns the prepared claims an entry uses (those still prepared).

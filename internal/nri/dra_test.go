@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	nriapi "github.com/containerd/nri/pkg/api"
+	corev1 "k8s.io/api/core/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/ledger"
@@ -78,6 +79,17 @@ func TestDRAContainers(t *testing.T) {
 	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "other", Container: "main"}, podresources.ClaimKey("ns", "c1"), ourDevice)
 	if _, err := e.create(other, e.draCtr("c-other", 0, true)); err == nil || !strings.Contains(err.Error(), "reserved for pods [uid-dra], not for this pod") {
 		t.Errorf("a pod the claim is not reserved for: %v", err)
+	}
+	// A claim shared by pods is prepared once (for the first); a later pod whose spec, as the API
+	// server has it, names the claim may use it.
+	second := e.pod("second", nil, nil)
+	name := "c1"
+	e.pods.mu.Lock()
+	e.pods.pods["ns/second"].Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &name}}
+	e.pods.mu.Unlock()
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "second", Container: "main"}, podresources.ClaimKey("ns", "c1"), ourDevice)
+	if _, err := e.create(second, e.draCtr("c-second", 0, true)); err != nil {
+		t.Errorf("a second pod of a shared claim: %v", err)
 	}
 	// A claim this node never prepared.
 	ghost := e.pod("ghost", nil, nil)
