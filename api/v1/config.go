@@ -93,6 +93,14 @@ type NodeConfig struct {
 	// HealthCheckInterval is how often every GPU is probed; an unhealthy GPU recovers when a probe
 	// passes after a whole interval without bad news.
 	HealthCheckInterval Duration `json:"healthCheckInterval,omitempty"`
+	// DRA serves the GPUs through Dynamic Resource Allocation too (driver gpu.tessera.dev, Kubernetes
+	// 1.34+; consumable capacity 1.36+): ResourceSlices and NodePrepareResources beside the device
+	// plugins, into the same ledger (docs/dra.md).
+	DRA bool `json:"dra,omitempty"`
+	// DRARegistrarDir is the kubelet's plugin registry, where the DRA plugin registers.
+	DRARegistrarDir string `json:"draRegistrarDir,omitempty"`
+	// DRAPluginDir holds the DRA plugin's socket (the kubelet must reach it at the same path).
+	DRAPluginDir string `json:"draPluginDir,omitempty"`
 }
 
 // DefaultIgnoredXIDs are the XIDs NVIDIA's device plugin ignores as application errors: 13 graphics
@@ -116,6 +124,8 @@ const (
 	DefaultNRIIndex     = "50"
 	DefaultKataHandler  = "kata"
 	DefaultNodeListen   = "127.0.0.1:9445" // not 9400: dcgm-exporter's port, often on the same node
+	DefaultDRARegistrar = "/var/lib/kubelet/plugins_registry"
+	DefaultDRAPluginDir = "/var/lib/kubelet/plugins/" + DRADriverName
 	DefaultRediscover   = time.Minute
 	// DefaultHealthCheckInterval is how often GPUs are probed for health.
 	DefaultHealthCheckInterval = 30 * time.Second
@@ -154,7 +164,7 @@ func (c *NodeConfig) Defaults() {
 		{&c.VCUDALibrary, DefaultVCUDALibrary}, {&c.StateDir, DefaultSimStateDir}, {&c.DataDir, DefaultDataDir},
 		{&c.RunDir, DefaultRunDir}, {&c.DevicePluginDir, DefaultPluginDir}, {&c.PodResourcesSocket, DefaultPodResources},
 		{&c.NRISocket, DefaultNRISocket}, {&c.NRIPluginIndex, DefaultNRIIndex}, {&c.KataRuntimeHandler, DefaultKataHandler},
-		{&c.Listen, DefaultNodeListen},
+		{&c.Listen, DefaultNodeListen}, {&c.DRARegistrarDir, DefaultDRARegistrar}, {&c.DRAPluginDir, DefaultDRAPluginDir},
 	} {
 		if *d.field == "" {
 			*d.field = d.value

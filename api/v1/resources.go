@@ -19,6 +19,10 @@ const (
 	MIGResourcePrefix = "nvidia.com/mig-"
 	// MdevResourcePrefix + type name (e.g. "A100-4C") names an mdev vGPU for VM runtimes.
 	MdevResourcePrefix = "tessera.dev/mdev-"
+
+	// DRADriverName is the DRA driver tessera-node serves (ResourceSlices, DeviceClasses, claims):
+	// the second front door to the same GPUs (docs/dra.md).
+	DRADriverName = "gpu.tessera.dev"
 )
 
 // Annotation and label keys.

@@ -25,6 +25,7 @@ type nodeFlags struct {
 	adminNamespaces stringList
 	ignoredXIDs     string
 	healthCheck     time.Duration
+	dra             bool
 	log             telemetry.LogOptions
 }
 
@@ -77,6 +78,9 @@ func (f *nodeFlags) registerRun(fs *flag.FlagSet, host string) {
 	fs.Var(&f.adminNamespaces, "admin-namespace", "namespace whose pods may see every GPU (monitoring, e.g. dcgm-exporter); repeatable")
 	fs.DurationVar(&f.rediscover, "rediscover-interval", api.DefaultRediscover, "how often the GPUs are rediscovered (MIG or mdev changes made outside Tessera)")
 	fs.StringVar(&f.ignoredXIDs, "ignored-xids", formatXIDs(api.DefaultIgnoredXIDs), "comma-separated XIDs that do not make a GPU unhealthy (application errors); \"none\" ignores none")
+	fs.BoolVar(&f.dra, "dra", false, "also serve the GPUs through Dynamic Resource Allocation (driver "+api.DRADriverName+": ResourceSlices, claims prepared into the same ledger)")
+	f.stringFlag(fs, "dra-registrar-dir", api.DefaultDRARegistrar, "the kubelet's plugin registry directory (<kubelet root-dir>/plugins_registry), where the DRA plugin registers", func(c *api.NodeConfig) *string { return &c.DRARegistrarDir })
+	f.stringFlag(fs, "dra-plugin-dir", api.DefaultDRAPluginDir, "directory of the DRA plugin's socket (<kubelet root-dir>/plugins/"+api.DRADriverName+")", func(c *api.NodeConfig) *string { return &c.DRAPluginDir })
 	fs.DurationVar(&f.healthCheck, "health-check-interval", api.DefaultHealthCheckInterval, "how often GPUs are probed; an unhealthy GPU recovers when a probe passes after a whole interval without errors")
 }
 
@@ -137,6 +141,9 @@ func (f *nodeFlags) load(fs *flag.FlagSet) (*api.NodeConfig, error) {
 	}
 	if set["health-check-interval"] || cfg.HealthCheckInterval.Duration == 0 {
 		cfg.HealthCheckInterval.Duration = f.healthCheck
+	}
+	if set["dra"] {
+		cfg.DRA = f.dra
 	}
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {

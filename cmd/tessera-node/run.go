@@ -24,6 +24,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/agent"
 	"github.com/tessera-gpu/tessera/internal/deviceplugin"
+	"github.com/tessera-gpu/tessera/internal/dra"
 	"github.com/tessera-gpu/tessera/internal/gpu"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/nri"
@@ -110,11 +111,20 @@ func runAgent(args []string) error {
 	reg.MustRegister(&stateCollector{state}, &hamiCollector{state})
 	registerSecurityMetrics(reg, plugin)
 
-	errc := make(chan error, 4)
+	errc := make(chan error, 5)
 	go func() { errc <- named("device plugins", mgr.Run(ctx)) }()
 	go func() { errc <- named("NRI plugin", plugin.Run(ctx, cfg.NRISocket)) }()
 	go func() { errc <- named("health watch", a.WatchHealth(ctx)) }()
 	go rediscover(ctx, a, cfg.RediscoverInterval.Duration)
+	if cfg.DRA {
+		if client == nil {
+			return fmt.Errorf("--dra needs the API server (ResourceSlices, ResourceClaims): %w", err)
+		}
+		go func() {
+			errc <- named("DRA plugin", dra.New(a).Run(ctx, dra.Options{NodeName: cfg.NodeName, Client: client,
+				RegistrarDir: cfg.DRARegistrarDir, PluginDir: cfg.DRAPluginDir}))
+		}()
+	}
 	go releaseUnlisted(ctx, plugin, grants, unlistedInterval)
 	srv, err := serveHTTP(cfg.Listen, a, mgr, plugin, reg)
 	if err != nil {

@@ -62,23 +62,30 @@ func (a *Agent) Devices(resource string) []*pluginapi.Device {
 	usage := a.ledger.Usage()
 	switch {
 	case resource == api.ResourceGPU || resource == api.ResourceShare:
+		// DRA claims hold GPUs the kubelet does not count against these tokens: a GPU a claim holds
+		// whole is not offered, and a claim's share takes one of its GPU's share tokens.
+		claims := a.ledger.ClaimUsage()
 		gpus, free := 0, 0
+		prefix, per := wholeTokenPrefix, 1
+		if resource == api.ResourceShare {
+			prefix, per = shareTokenPrefix, inv.SharesPerGPU
+		}
 		for _, g := range inv.GPUs {
 			if !g.Shareable() {
 				continue
 			}
 			gpus++
-			u := usage[g.UUID]
+			u, cu := usage[g.UUID], claims[g.UUID]
 			// A GPU holding shares is not offered whole; a GPU held whole offers no shares.
-			if g.Healthy && ((resource == api.ResourceGPU && u.Shares == 0) || (resource == api.ResourceShare && !u.Whole)) {
+			switch {
+			case !g.Healthy:
+			case resource == api.ResourceGPU && u.Shares == 0 && !cu.Whole:
 				free++
+			case resource == api.ResourceShare && !u.Whole:
+				free += per - min(per, cu.Shares)
 			}
 		}
-		prefix, per := wholeTokenPrefix, 1
-		if resource == api.ResourceShare {
-			prefix, per = shareTokenPrefix, inv.SharesPerGPU
-		}
-		return a.tokens(resource, prefix, gpus*per, free*per)
+		return a.tokens(resource, prefix, gpus*per, free)
 	case strings.HasPrefix(resource, api.MIGResourcePrefix):
 		var out []*pluginapi.Device
 		for _, g := range inv.GPUs {

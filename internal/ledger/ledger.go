@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -35,6 +36,42 @@ type Entry struct {
 	Mdev []string `json:"mdev,omitempty"`
 	// Local is set when the agent placed the container itself (no assignment from the extender).
 	Local bool `json:"local,omitempty"`
+	// Claim is set on the entry of a prepared DRA ResourceClaim (ID ClaimID(uid)): its devices are
+	// counted here, once, from NodePrepareResources until NodeUnprepareResources.
+	Claim *Claim `json:"claim,omitempty"`
+	// Claims are the UIDs of the prepared claims whose devices a container uses; those devices are
+	// counted on the claims' entries, not again on the container's.
+	Claims []string `json:"claims,omitempty"`
+}
+
+// Claim identifies a prepared DRA ResourceClaim and the pods it is reserved for
+// (status.reservedFor when the kubelet asked to prepare it).
+type Claim struct {
+	UID       string   `json:"uid"`
+	Namespace string   `json:"namespace"`
+	Name      string   `json:"name"`
+	PodUIDs   []string `json:"podUIDs"`
+}
+
+// ClaimPrefix marks the entries of prepared DRA claims.
+const ClaimPrefix = "claim:"
+
+// ClaimID is the ledger ID of a prepared claim's entry.
+func ClaimID(uid string) string { return ClaimPrefix + uid }
+
+// IsClaim reports whether an entry ID is a prepared claim's: only NodeUnprepareResources releases it.
+func IsClaim(id string) bool { return strings.HasPrefix(id, ClaimPrefix) }
+
+// ClaimByName returns the entry of the prepared claim namespace/name.
+func (l *Ledger) ClaimByName(namespace, name string) (Entry, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, e := range l.entries {
+		if e.Claim != nil && e.Claim.Namespace == namespace && e.Claim.Name == name {
+			return *e, true
+		}
+	}
+	return Entry{}, false
 }
 
 // Usage is how a GPU is used right now.
@@ -125,10 +162,23 @@ func (l *Ledger) Usage() map[string]Usage {
 	return l.usageLocked("")
 }
 
+// ClaimUsage is the part of Usage that prepared DRA claims hold: the kubelet does not count it
+// against the device plugins' tokens, so the agent must.
+func (l *Ledger) ClaimUsage() map[string]Usage {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.usageOf(func(id string) bool { return IsClaim(id) })
+}
+
 func (l *Ledger) usageLocked(except string) map[string]Usage {
+	return l.usageOf(func(id string) bool { return id != except })
+}
+
+// usageOf sums the entries whose ID passes keep.
+func (l *Ledger) usageOf(keep func(id string) bool) map[string]Usage {
 	u := map[string]Usage{}
 	for id, e := range l.entries {
-		if id == except {
+		if !keep(id) {
 			continue
 		}
 		for _, d := range e.Devices {
@@ -277,11 +327,12 @@ func (l *Ledger) Release(containerID string) (Entry, bool, error) {
 	return *e, true, nil
 }
 
-// Retain releases every entry whose container is not in live and returns them.
+// Retain releases every entry whose container is not in live and returns them (prepared claims
+// are not containers: they stay).
 func (l *Ledger) Retain(live map[string]bool) ([]Entry, error) {
 	var gone []Entry
 	for _, e := range l.Entries() {
-		if live[e.ContainerID] {
+		if live[e.ContainerID] || IsClaim(e.ContainerID) {
 			continue
 		}
 		if _, ok, err := l.Release(e.ContainerID); err != nil {

@@ -19,6 +19,7 @@ import (
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
 	"github.com/tessera-gpu/tessera/internal/ledger"
+	"github.com/tessera-gpu/tessera/internal/podresources"
 )
 
 var (
@@ -67,8 +68,16 @@ func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.C
 	entry := ledger.Entry{ContainerID: c.GetId(), PodUID: pod.GetUid(), Namespace: pod.GetNamespace(), Pod: pod.GetName(), Container: c.GetName(),
 		SandboxID: pod.GetId()}
 	whole, shares := grant.Count(api.ResourceGPU), grant.Count(api.ResourceShare)
+	claims, err := p.claims(ctx, pod, grant)
+	if err != nil {
+		return nil, err
+	}
+	for _, cl := range claims {
+		entry.Claims = append(entry.Claims, cl.Claim.UID)
+	}
 	for res, ids := range grant {
 		switch {
+		case podresources.IsClaimKey(res):
 		case strings.HasPrefix(res, api.MIGResourcePrefix):
 			entry.MIG = append(entry.MIG, ids...)
 		case strings.HasPrefix(res, api.MdevResourcePrefix):
@@ -91,7 +100,7 @@ func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.C
 	if !admin && !privileged {
 		voidVisibleDevices(adj)
 	}
-	if len(entry.Devices) == 0 && len(entry.MIG) == 0 && len(entry.Mdev) == 0 {
+	if len(entry.Devices) == 0 && len(entry.MIG) == 0 && len(entry.Mdev) == 0 && len(entry.Claims) == 0 {
 		if names := p.ourCDINames(c); len(names) > 0 && !admin {
 			return nil, fmt.Errorf("it holds Tessera CDI devices %v but the kubelet granted it none (a cdi.k8s.io annotation?); request GPUs through resources instead", names)
 		}
@@ -108,7 +117,7 @@ func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.C
 	if err != nil {
 		return nil, err
 	}
-	if err := p.realise(pod, c, &entry, adj); err != nil {
+	if err := p.realise(pod, c, &entry, claims, adj); err != nil {
 		p.release(entry.ContainerID)
 		return nil, err
 	}
@@ -117,7 +126,7 @@ func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.C
 		return nil, err
 	}
 	slog.Info("GPU assignment realised", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "id", c.GetId(),
-		"devices", entry.Devices, "mig", entry.MIG, "mdev", entry.Mdev, "local", entry.Local, "restarted", held)
+		"devices", entry.Devices, "mig", entry.MIG, "mdev", entry.Mdev, "claims", entry.Claims, "local", entry.Local, "restarted", held)
 	return adj, nil
 }
 
@@ -305,8 +314,10 @@ func (p *Plugin) privilegedContainer(ctx context.Context, pod *nriapi.PodSandbox
 	return false, nil
 }
 
-// realise adds devices, the preload and the limits to the container.
-func (p *Plugin) realise(pod *nriapi.PodSandbox, c *nriapi.Container, e *ledger.Entry, adj *nriapi.ContainerAdjustment) error {
+// realise adds devices, the preload and the limits to the container. A DRA claim's devices are
+// already in the container (the kubelet passed their CDI names from NodePrepareResources); its
+// shares get the vcuda limits here, exactly as device-plugin shares.
+func (p *Plugin) realise(pod *nriapi.PodSandbox, c *nriapi.Container, e *ledger.Entry, claims []ledger.Entry, adj *nriapi.ContainerAdjustment) error {
 	gen := p.agent.Generator()
 	raw, err := json.Marshal(e)
 	if err != nil {
@@ -314,27 +325,96 @@ func (p *Plugin) realise(pod *nriapi.PodSandbox, c *nriapi.Container, e *ledger.
 	}
 	adj.AddAnnotation(AnnotationLedgerEntry, string(raw))
 	if p.isKata(pod) {
-		return p.realiseKata(e, adj)
+		return p.realiseKata(e, claims, adj)
 	}
 	for _, d := range e.Devices {
 		adj.AddCDIDevice(&nriapi.CDIDevice{Name: gen.Name(cdi.ClassGPU, d.UUID)})
 	}
-	if len(e.Devices) == 0 || e.Devices[0].Whole {
+	all := slices.Clone(e.Devices)
+	for _, cl := range claims {
+		all = append(all, cl.Devices...)
+	}
+	var shares []api.DeviceAssignment
+	for _, d := range all {
+		if !d.Whole {
+			shares = append(shares, d)
+		}
+	}
+	if len(shares) == 0 {
 		return nil // whole GPUs, MIG and mdev: nothing to cap, no preload
 	}
-	return p.addVCUDA(c, e, adj)
+	if len(shares) != len(all) {
+		return fmt.Errorf("it holds whole GPUs and shares at once (through its ResourceClaims); vcuda caps every GPU of a container, so use separate containers")
+	}
+	return p.addVCUDA(c, e.ContainerID, shares, adj)
+}
+
+// claims returns the prepared ResourceClaims the kubelet granted the container (PodResources):
+// each must have been prepared on this node (NodePrepareResources, which the kubelet calls only
+// for claims the pod references) and be reserved for this very pod (status.reservedFor, by UID,
+// when it was prepared), or be named in the pod's spec as the API server has it (a shared claim
+// prepared for an earlier pod).
+func (p *Plugin) claims(ctx context.Context, pod *nriapi.PodSandbox, grant podresources.Grant) ([]ledger.Entry, error) {
+	var out []ledger.Entry
+	for _, ref := range grant.Claims() {
+		ids := grant[podresources.ClaimKey(ref.Namespace, ref.Name)]
+		if !slices.ContainsFunc(ids, func(id string) bool { return strings.HasPrefix(id, api.DRADriverName+"/") }) {
+			continue // a claim of another driver's devices only
+		}
+		e, ok := p.agent.Ledger().ClaimByName(ref.Namespace, ref.Name)
+		if !ok {
+			return nil, fmt.Errorf("the kubelet granted ResourceClaim %s/%s but this node has not prepared it (NodePrepareResources)", ref.Namespace, ref.Name)
+		}
+		if !slices.Contains(e.Claim.PodUIDs, pod.GetUid()) && !p.podReferencesClaim(ctx, pod, ref.Name) {
+			return nil, fmt.Errorf("ResourceClaim %s/%s is reserved for pods %v, not for this pod (UID %s)", ref.Namespace, ref.Name, e.Claim.PodUIDs, pod.GetUid())
+		}
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// podReferencesClaim reports whether the pod, as the API server has it (by UID), uses the claim: a
+// claim shared by pods is prepared once, for the first of them (the kubelet does not prepare it
+// again for the next), so a later pod is found in its own spec rather than in the prepared record.
+func (p *Plugin) podReferencesClaim(ctx context.Context, pod *nriapi.PodSandbox, claim string) bool {
+	spec, err := p.pods.Pod(ctx, pod.GetNamespace(), pod.GetName(), pod.GetUid())
+	if err != nil {
+		return false
+	}
+	for _, rc := range spec.Spec.ResourceClaims {
+		if rc.ResourceClaimName != nil && *rc.ResourceClaimName == claim {
+			return true
+		}
+	}
+	for _, st := range spec.Status.ResourceClaimStatuses {
+		if st.ResourceClaimName != nil && *st.ResourceClaimName == claim {
+			return true
+		}
+	}
+	return false
+}
+
+// claimEntries returns the prepared claims an entry uses (those still prepared).
+func (p *Plugin) claimEntries(e *ledger.Entry) []ledger.Entry {
+	var out []ledger.Entry
+	for _, uid := range e.Claims {
+		if cl, ok := p.agent.Ledger().Get(ledger.ClaimID(uid)); ok {
+			out = append(out, cl)
+		}
+	}
+	return out
 }
 
 // addVCUDA writes the container's limits file and mounts it, its accounting region (the file
 // alone, on its own size-limited tmpfs: region.go), the library and a read-only /etc/ld.so.preload
 // naming the library.
-func (p *Plugin) addVCUDA(c *nriapi.Container, e *ledger.Entry, adj *nriapi.ContainerAdjustment) error {
-	region, err := p.createRegion(e.ContainerID)
+func (p *Plugin) addVCUDA(c *nriapi.Container, id string, shares []api.DeviceAssignment, adj *nriapi.ContainerAdjustment) error {
+	region, err := p.createRegion(id)
 	if err != nil {
 		return err
 	}
 	hasLib := slices.ContainsFunc(c.GetMounts(), func(m *nriapi.Mount) bool { return m.GetDestination() == api.VCUDALibraryInContainer })
-	mounts, err := VCUDAMounts(p.containerDir(e.ContainerID), region, e.ContainerID, e.Devices, p.cfg.VCUDALibrary, !hasLib)
+	mounts, err := VCUDAMounts(p.containerDir(id), region, id, shares, p.cfg.VCUDALibrary, !hasLib)
 	if err != nil {
 		return err
 	}
@@ -398,8 +478,8 @@ func (p *Plugin) isKata(pod *nriapi.PodSandbox) bool {
 // realiseKata: a VM-runtime container gets its mdev devices as VFIO nodes (from their CDI specs,
 // which carry no /dev/nvidia* nodes) plus the container-level CDI annotation Kata's agent resolves
 // inside the guest. Whole GPUs and shares need the host driver in the container: refused.
-func (p *Plugin) realiseKata(e *ledger.Entry, adj *nriapi.ContainerAdjustment) error {
-	if len(e.Devices) > 0 {
+func (p *Plugin) realiseKata(e *ledger.Entry, claims []ledger.Entry, adj *nriapi.ContainerAdjustment) error {
+	if len(e.Devices) > 0 || len(claims) > 0 {
 		return fmt.Errorf("whole GPUs and shares need a runc container; under a Kata runtime ask for an mdev vGPU (%s<type>)", api.MdevResourcePrefix)
 	}
 	var names []string

@@ -110,12 +110,16 @@ func (p *Plugin) grantedNumbers(e *ledger.Entry, x *deviceIndex) map[devNum]bool
 			ok[num] = true
 		}
 	}
-	for _, d := range e.Devices {
+	devs, migs := slices.Clone(e.Devices), slices.Clone(e.MIG)
+	for _, cl := range p.claimEntries(e) {
+		devs, migs = append(devs, cl.Devices...), append(migs, cl.MIG...)
+	}
+	for _, d := range devs {
 		if g := n.GPUByUUID(d.UUID); g != nil {
 			add(n.GPUNode(g))
 		}
 	}
-	for _, id := range e.MIG {
+	for _, id := range migs {
 		if parent, m := n.MIGByUUID(id); m != nil {
 			for _, d := range n.MIGNodes(parent, m) {
 				add(d)

@@ -140,6 +140,7 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*nriapi.PodSandbox, con
 	for _, e := range l.Entries() {
 		switch {
 		case live[e.ContainerID]:
+		case ledger.IsClaim(e.ContainerID): // a prepared DRA claim: NodeUnprepareResources releases it
 		case isHold(e.ContainerID) && livePods[e.PodUID] != nil:
 		case isHold(e.ContainerID):
 			p.releasePod(ctx, e.PodUID)

@@ -5,6 +5,8 @@ package podresources
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,6 +23,35 @@ type Grant map[string][]string
 
 // Count returns how many devices of a resource were granted.
 func (g Grant) Count(resource string) int { return len(g[resource]) }
+
+// claimKeyPrefix marks the DRA ResourceClaims of a grant: "resourceclaim/<namespace>/<name>" ->
+// the claim's devices as "<driver>/<pool>/<device>". A resource name has at most one slash, so no
+// device-plugin resource looks like one.
+const claimKeyPrefix = "resourceclaim/"
+
+// ClaimKey is the grant key of the DRA ResourceClaim namespace/name.
+func ClaimKey(namespace, name string) string { return claimKeyPrefix + namespace + "/" + name }
+
+// ClaimRef names a ResourceClaim the kubelet prepared for a container.
+type ClaimRef struct{ Namespace, Name string }
+
+// Claims lists the DRA ResourceClaims the kubelet granted the container (PodResources' dynamic
+// resources), sorted.
+func (g Grant) Claims() []ClaimRef {
+	var out []ClaimRef
+	for k := range g {
+		if rest, ok := strings.CutPrefix(k, claimKeyPrefix); ok {
+			if ns, name, ok := strings.Cut(rest, "/"); ok {
+				out = append(out, ClaimRef{ns, name})
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b ClaimRef) int { return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name) })
+	return out
+}
+
+// IsClaimKey reports whether a grant key is a DRA claim's rather than a device-plugin resource's.
+func IsClaimKey(k string) bool { return strings.HasPrefix(k, claimKeyPrefix) }
 
 // Client lists pod resources over a unix socket; it reconnects when the kubelet restarts.
 type Client struct {
@@ -75,6 +106,15 @@ func (c *Client) List(ctx context.Context) (map[Key]Grant, error) {
 			g := Grant{}
 			for _, d := range ctr.GetDevices() {
 				g[d.GetResourceName()] = append(g[d.GetResourceName()], d.GetDeviceIds()...)
+			}
+			for _, dr := range ctr.GetDynamicResources() {
+				k := ClaimKey(dr.GetClaimNamespace(), dr.GetClaimName())
+				if _, ok := g[k]; !ok {
+					g[k] = nil // a claim with no devices is still granted
+				}
+				for _, r := range dr.GetClaimResources() {
+					g[k] = append(g[k], r.GetDriverName()+"/"+r.GetPoolName()+"/"+r.GetDeviceName())
+				}
 			}
 			out[Key{p.GetNamespace(), p.GetName(), ctr.GetName()}] = g
 		}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"sort"
+	"strings"
 	"sync"
 
 	"google.golang.org/grpc"
@@ -94,9 +95,27 @@ func (s *Server) List(context.Context, *podresv1.ListPodResourcesRequest) (*podr
 		}
 		sort.Strings(res)
 		for _, r := range res {
+			if IsClaimKey(r) {
+				c.DynamicResources = append(c.DynamicResources, dynamicResource(r, s.grants[k][r]))
+				continue
+			}
 			c.Devices = append(c.Devices, &podresv1.ContainerDevices{ResourceName: r, DeviceIds: s.grants[k][r]})
 		}
 		pr.Containers = append(pr.Containers, c)
 	}
 	return resp, nil
+}
+
+// dynamicResource is a claim grant (ClaimKey, "<driver>/<pool>/<device>" IDs) as the kubelet lists it.
+func dynamicResource(key string, ids []string) *podresv1.DynamicResource {
+	ns, name, _ := strings.Cut(strings.TrimPrefix(key, claimKeyPrefix), "/")
+	dr := &podresv1.DynamicResource{ClaimNamespace: ns, ClaimName: name}
+	for _, id := range ids {
+		parts := strings.SplitN(id, "/", 3)
+		for len(parts) < 3 {
+			parts = append(parts, "")
+		}
+		dr.ClaimResources = append(dr.ClaimResources, &podresv1.ClaimResource{DriverName: parts[0], PoolName: parts[1], DeviceName: parts[2]})
+	}
+	return dr
 }

@@ -58,6 +58,7 @@ type Cluster struct {
 	Inventory *api.NodeInventory
 
 	host *kubeletHost
+	dra  bool
 }
 
 // ClusterOptions tunes StartCluster; the zero value is the standard cluster.
@@ -69,6 +70,9 @@ type ClusterOptions struct {
 	// LockTimeout bounds the wait for another cluster on this machine to finish (default 15 min):
 	// the kubelet's device-plugin directory is a host path, so clusters take turns.
 	LockTimeout time.Duration
+	// DRA runs tessera-node with its DRA kubelet plugin (--dra), the controller manager (for
+	// ResourceClaimTemplates) and the chart's DRA RBAC and DeviceClasses (dra_harness.go).
+	DRA bool
 }
 
 // Resources the simulated node advertises when nothing is allocated: 6 GPUs usable whole or
@@ -94,7 +98,7 @@ func StartCluster(t *testing.T, opts ClusterOptions) *Cluster {
 	}
 	t0 := time.Now()
 	step := func(what string) { t.Logf("cluster: %s (%.1fs)", what, time.Since(t0).Seconds()) }
-	c := &Cluster{Node: opts.Node}
+	c := &Cluster{Node: opts.Node, dra: opts.DRA}
 	// Cleanups run last-registered first: the cluster's own teardown, then the control plane's
 	// (it stops every process it started), then containerd's, then the host paths are released.
 	c.host = lockKubeletHost(t, opts.LockTimeout)
@@ -111,7 +115,8 @@ func StartCluster(t *testing.T, opts ClusterOptions) *Cluster {
 	step("containerd up")
 	c.ExtenderAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	// weight 5 as in deploy/helm/tessera/templates/scheduler.yaml
-	c.CP = StartControlPlane(t, ControlPlaneOptions{Extender: &ExtenderConfig{URLPrefix: "http://" + c.ExtenderAddr, Weight: 5, NodeCacheCapable: true}}) // as the chart
+	c.CP = StartControlPlane(t, ControlPlaneOptions{Extender: &ExtenderConfig{URLPrefix: "http://" + c.ExtenderAddr, Weight: 5, NodeCacheCapable: true}, // as the chart
+		ControllerManager: opts.DRA})
 	c.Kubeconfig = c.CP.Kubeconfig
 	t.Cleanup(func() { c.teardown(t) })
 	step("control plane up")
@@ -180,6 +185,7 @@ func (c *Cluster) applyAgentRBAC(t *testing.T) string {
 func (c *Cluster) startAgent(t *testing.T, driver SimDriver) {
 	t.Helper()
 	kc := c.applyAgentRBAC(t)
+	c.applyDRAChart(t)
 	c.AgentAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	c.AgentDataDir = filepath.Join(c.Dir, "agent-data")
 	c.Agent = c.CP.StartProcess(t, "tessera-node", tesseraBinary(t, "tessera-node"), "run",
@@ -187,7 +193,8 @@ func (c *Cluster) startAgent(t *testing.T, driver SimDriver) {
 		"--node-name="+c.Node, "--data-dir="+c.AgentDataDir, "--run-dir="+filepath.Join(c.Dir, "agent-run"),
 		"--cdi-dir="+c.Ctr.CDIDir, "--nri-socket="+c.Ctr.NRISocket,
 		"--device-plugin-dir="+KubeletDevicePluginDir, "--pod-resources-socket="+c.Kubelet.PodResourcesSocket,
-		"--kubeconfig="+kc, "--listen="+c.AgentAddr, "--vcuda-library="+driver.VCUDALibrary, "--sim-driver-dir="+driver.FakeDir)
+		"--kubeconfig="+kc, "--listen="+c.AgentAddr, "--vcuda-library="+driver.VCUDALibrary, "--sim-driver-dir="+driver.FakeDir,
+		"--config="+c.draAgentConfig(t)) // "": none
 }
 
 // AgentHealthy reports whether tessera-node's /healthz is ok: inventory discovered, every device

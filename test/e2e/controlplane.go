@@ -361,7 +361,8 @@ func (cp *ControlPlane) startControllerManager(t testing.TB) {
 		"--use-service-account-credentials=true",
 		"--controllers=serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,"+
 			"namespace-controller,garbage-collector-controller,replicaset-controller,deployment-controller,"+
-			"daemonset-controller,job-controller,pod-garbage-collector-controller")
+			"daemonset-controller,job-controller,pod-garbage-collector-controller,"+
+			"resourceclaim-controller") // claims from ResourceClaimTemplates (TestDRA)
 }
 
 // MintKubeconfig issues a client certificate for spec (CN is the user, Organizations the groups)

@@ -1,0 +1,202 @@
+// Package dra is tessera-node's second front door: a DRA kubelet plugin (driver gpu.tessera.dev,
+// through k8s.io/dynamic-resource-allocation's kubeletplugin helper) beside the device plugins. It
+// publishes the agent's inventory as ResourceSlices, and prepares claims into the same ledger, the
+// same CDI specs and the same NRI realisation (vcuda limits) as device-plugin grants.
+package dra
+
+import (
+	"fmt"
+	"slices"
+	"strconv"
+
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/resourceslice"
+	"k8s.io/utils/ptr"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+// DriverName is the DRA driver's name: DeviceClasses select `device.driver == "gpu.tessera.dev"`.
+const DriverName = api.DRADriverName
+
+// Capacity names of a GPU device (consumable: each share claim takes part of them).
+const (
+	// CapacityMemory is the GPU's memory in bytes; a share's memory cap.
+	CapacityMemory resourceapi.QualifiedName = "memory"
+	// CapacityCompute is the GPU's compute in percent of its SMs; a share's compute cap (vcuda).
+	CapacityCompute resourceapi.QualifiedName = "compute"
+	// CapacityShares counts allocations: a GPU holds at most sharesPerGPU shares, as the
+	// device-plugin path's share tokens.
+	CapacityShares resourceapi.QualifiedName = "shares"
+)
+
+// Attribute names (in the driver's domain: CEL reads device.attributes["gpu.tessera.dev"].model).
+const (
+	AttrType              resourceapi.QualifiedName = "type" // "gpu" or "mig"
+	AttrUUID              resourceapi.QualifiedName = "uuid"
+	AttrIndex             resourceapi.QualifiedName = "index"
+	AttrModel             resourceapi.QualifiedName = "model"
+	AttrComputeCapability resourceapi.QualifiedName = "computeCapability"
+	AttrNUMANode          resourceapi.QualifiedName = "numaNode"
+	AttrNVLinkDomain      resourceapi.QualifiedName = "nvlinkDomain"
+	AttrProfile           resourceapi.QualifiedName = "profile"
+	AttrParentUUID        resourceapi.QualifiedName = "parentUUID"
+)
+
+// Device types (AttrType).
+const (
+	TypeGPU = "gpu"
+	TypeMIG = "mig"
+)
+
+// minShareMemory is the least memory a share may ask for: a share with no memory is no share.
+var minShareMemory = resource.MustParse("1Mi")
+
+// GPUDeviceName is the device name of a GPU usable whole or shared.
+func GPUDeviceName(index int) string { return "gpu-" + strconv.Itoa(index) }
+
+// MIGDeviceName is the device name of a MIG instance (a DNS label; MIG UUIDs are upper case).
+func MIGDeviceName(parent int, m *api.MIGInstance) string {
+	return fmt.Sprintf("gpu-%d-mig-%d-%d", parent, m.GPUInstanceID, m.ComputeInstanceID)
+}
+
+// counterSetName is the counter set of a MIG-mode GPU, which its instances consume.
+func counterSetName(index int) string { return "gpu-" + strconv.Itoa(index) + "-counters" }
+
+// Resources is the node's pool (named after the node): every healthy GPU usable whole or shared
+// as one device that allows multiple allocations with consumable memory, compute and share count;
+// every healthy MIG instance as a device consuming its parent's counters (memory and SMs), in a
+// separate slice of counter sets as the API requires. A GPU is whole, shared or MIG at one time as
+// in the device-plugin path: a whole claim takes all its memory (the request policy's default), a
+// share takes part; MIG-mode GPUs offer only their instances. mdev parents are not offered (VM
+// runtimes use the device plugins).
+func Resources(inv *api.NodeInventory) resourceslice.DriverResources {
+	domains := nvlinkDomains(inv)
+	var devices []resourceapi.Device
+	var counters []resourceapi.CounterSet
+	for i := range inv.GPUs {
+		g := &inv.GPUs[i]
+		if !g.Healthy {
+			continue
+		}
+		switch {
+		case g.Shareable():
+			devices = append(devices, gpuDevice(g, inv.SharesPerGPU, domains[g.Index]))
+		case g.MIG != nil:
+			set := counterSetName(g.Index)
+			counters = append(counters, resourceapi.CounterSet{Name: set, Counters: map[string]resourceapi.Counter{
+				"memory":          {Value: *resource.NewQuantity(g.MemoryBytes, resource.BinarySI)},
+				"multiprocessors": {Value: *resource.NewQuantity(int64(g.SMCount), resource.DecimalSI)},
+			}})
+			for j := range g.MIG.Instances {
+				devices = append(devices, migDevice(g, &g.MIG.Instances[j], set, domains[g.Index]))
+			}
+		}
+	}
+	pool := resourceslice.Pool{Slices: []resourceslice.Slice{{Devices: devices}}}
+	if len(counters) > 0 {
+		// "Only one of Devices and SharedCounters can be set in a ResourceSlice."
+		pool.Slices = append(pool.Slices, resourceslice.Slice{SharedCounters: counters})
+	}
+	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{inv.Node: pool}}
+}
+
+func commonAttributes(g *api.GPU, typ string, domain int) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {
+	a := map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+		AttrType:         {StringValue: ptr.To(typ)},
+		AttrIndex:        {IntValue: ptr.To(int64(g.Index))},
+		AttrModel:        {StringValue: ptr.To(g.Model)},
+		AttrNUMANode:     {IntValue: ptr.To(int64(g.NUMANode))},
+		AttrNVLinkDomain: {IntValue: ptr.To(int64(domain))},
+	}
+	if g.ComputeCapability != "" {
+		// A version attribute compares numerically in CEL (semver: "8.0" becomes "8.0.0").
+		a[AttrComputeCapability] = resourceapi.DeviceAttribute{VersionValue: ptr.To(g.ComputeCapability + ".0")}
+	}
+	return a
+}
+
+// gpuDevice: memory in bytes (default: all of it, so a claim that asks for no capacity gets the GPU
+// whole), compute in percent (default 0: a share without cores reserves and caps no compute, as
+// tessera.dev/vgpu-cores omitted), and one of the GPU's share slots per allocation.
+func gpuDevice(g *api.GPU, sharesPerGPU int, domain int) resourceapi.Device {
+	attrs := commonAttributes(g, TypeGPU, domain)
+	attrs[AttrUUID] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.UUID)}
+	mem := resource.NewQuantity(g.MemoryBytes, resource.BinarySI)
+	return resourceapi.Device{
+		Name:                     GPUDeviceName(g.Index),
+		Attributes:               attrs,
+		AllowMultipleAllocations: ptr.To(true),
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			CapacityMemory: {Value: *mem, RequestPolicy: &resourceapi.CapacityRequestPolicy{
+				Default:    mem,
+				ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: ptr.To(minShareMemory.DeepCopy()), Max: mem},
+			}},
+			CapacityCompute: {Value: *resource.NewQuantity(api.MaxCoresPercent, resource.DecimalSI), RequestPolicy: &resourceapi.CapacityRequestPolicy{
+				Default: resource.NewQuantity(0, resource.DecimalSI),
+				ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: resource.NewQuantity(0, resource.DecimalSI),
+					Max: resource.NewQuantity(api.MaxCoresPercent, resource.DecimalSI), Step: resource.NewQuantity(1, resource.DecimalSI)},
+			}},
+			CapacityShares: {Value: *resource.NewQuantity(int64(sharesPerGPU), resource.DecimalSI), RequestPolicy: &resourceapi.CapacityRequestPolicy{
+				Default:     resource.NewQuantity(1, resource.DecimalSI),
+				ValidValues: []resource.Quantity{*resource.NewQuantity(1, resource.DecimalSI)},
+			}},
+		},
+	}
+}
+
+func migDevice(g *api.GPU, m *api.MIGInstance, set string, domain int) resourceapi.Device {
+	attrs := commonAttributes(g, TypeMIG, domain)
+	attrs[AttrUUID] = resourceapi.DeviceAttribute{StringValue: ptr.To(m.UUID)}
+	attrs[AttrParentUUID] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.UUID)}
+	attrs[AttrProfile] = resourceapi.DeviceAttribute{StringValue: ptr.To(m.Profile)}
+	mem := resource.NewQuantity(m.MemoryBytes, resource.BinarySI)
+	sms := resource.NewQuantity(int64(m.SMCount), resource.DecimalSI)
+	return resourceapi.Device{
+		Name:       MIGDeviceName(g.Index, m),
+		Attributes: attrs,
+		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+			CapacityMemory:    {Value: *mem},
+			"multiprocessors": {Value: *sms},
+		},
+		ConsumesCounters: []resourceapi.DeviceCounterConsumption{{CounterSet: set, Counters: map[string]resourceapi.Counter{
+			"memory": {Value: *mem}, "multiprocessors": {Value: *sms},
+		}}},
+	}
+}
+
+// nvlinkDomains gives every GPU the lowest index of the GPUs it reaches over NVLink (itself when
+// it has no NVLink): pods select GPUs of one domain with a matchAttribute constraint.
+func nvlinkDomains(inv *api.NodeInventory) map[int]int {
+	parent := map[int]int{}
+	var find func(int) int
+	find = func(x int) int {
+		if p, ok := parent[x]; ok && p != x {
+			r := find(p)
+			parent[x] = r
+			return r
+		}
+		return x
+	}
+	for _, g := range inv.GPUs {
+		parent[g.Index] = g.Index
+	}
+	for _, l := range inv.Links {
+		if l.Kind != api.LinkNVLink {
+			continue
+		}
+		a, b := find(l.A), find(l.B)
+		parent[max(a, b)] = min(a, b)
+	}
+	out := map[int]int{}
+	idx := make([]int, 0, len(parent))
+	for i := range parent {
+		idx = append(idx, i)
+	}
+	slices.Sort(idx)
+	for _, i := range idx {
+		out[i] = find(i)
+	}
+	return out
+}

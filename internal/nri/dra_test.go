@@ -1,0 +1,134 @@
+package nri
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	nriapi "github.com/containerd/nri/pkg/api"
+	corev1 "k8s.io/api/core/v1"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/ledger"
+	"github.com/tessera-gpu/tessera/internal/podresources"
+)
+
+// prepareClaim records a claim as the DRA plugin's NodePrepareResources does.
+func prepareClaim(t *testing.T, e *env, name string, podUIDs []string, devs ...api.DeviceAssignment) {
+	t.Helper()
+	err := e.agent.Ledger().Reserve(ledger.Entry{ContainerID: ledger.ClaimID("cuid-" + name), PodUID: podUIDs[0], Namespace: "ns", Container: "resourceclaim/" + name,
+		Devices: devs, Claim: &ledger.Claim{UID: "cuid-" + name, Namespace: "ns", Name: name, PodUIDs: podUIDs}}, e.agent.Inventory())
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// draCtr is a container as the kubelet makes it for a claim: the CDI names NodePrepareResources
+// answered (resolved by containerd before NRI, so the GPU node is in it).
+func (e *env) draCtr(id string, gpuIndex int, share bool) *nriapi.Container {
+	inv := e.agent.Inventory()
+	c := e.ctr(id, "/dev/nvidia"+string(rune('0'+gpuIndex)))
+	token := "tessera.dev/gpu=common"
+	if share {
+		token = "tessera.dev/vgpu=share"
+	}
+	c.CDIDevices = []*nriapi.CDIDevice{{Name: token}, {Name: "tessera.dev/gpu=" + inv.GPUs[gpuIndex].UUID}}
+	return c
+}
+
+// TestDRAContainers: a container granted a prepared claim (PodResources' dynamic resources) is
+// realised as a device-plugin share is (vcuda limits from the claim's capacity), its devices are
+// counted once (on the claim), and only the pod the claim is reserved for may use it.
+func TestDRAContainers(t *testing.T) {
+	e := newEnv(t)
+	inv := e.agent.Inventory()
+	g0 := inv.GPUs[0].UUID
+	prepareClaim(t, e, "c1", []string{"uid-dra"}, api.DeviceAssignment{UUID: g0, MemoryBytes: 10 << 30, CoresPercent: 30})
+	ourDevice := api.DRADriverName + "/node-a/gpu-0"
+
+	pod := e.pod("dra", nil, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "dra", Container: "main"}, podresources.ClaimKey("ns", "c1"), ourDevice)
+	adj, err := e.create(pod, e.draCtr("c-dra", 0, true))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := mountDests(adj), []string{"/etc/ld.so.preload", api.LimitsPathInContainer, api.RegionDirInContainer + "/region", api.VCUDALibraryInContainer}; !slices.Equal(got, want) {
+		t.Errorf("mounts %v, want %v", got, want)
+	}
+	if got := cdiNames(adj); len(got) != 0 {
+		t.Errorf("CDI devices %v added again; the kubelet passed the claim's", got)
+	}
+	limits, err := os.ReadFile(filepath.Join(e.dir, "state", "containers", "c-dra", "limits"))
+	if err != nil || !strings.Contains(string(limits), "gpu "+g0+" 10737418240 30") {
+		t.Errorf("limits file %q %v: want the claim's 10 GiB / 30%%", limits, err)
+	}
+	entry, ok := e.agent.Ledger().Get("c-dra")
+	if !ok || !slices.Equal(entry.Claims, []string{"cuid-c1"}) || len(entry.Devices) != 0 {
+		t.Errorf("container entry %+v: want the claim by UID and no devices of its own", entry)
+	}
+	if u := e.agent.Ledger().Usage()[g0]; u.Shares != 1 || u.MemoryBytes != 10<<30 {
+		t.Errorf("GPU usage %+v: the claim's share must count once", u)
+	}
+
+	// Another pod naming the same claim (a forged PodResources entry cannot happen, but a claim
+	// shared by pods is reserved for each of them): refused when not reserved for it.
+	other := e.pod("other", nil, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "other", Container: "main"}, podresources.ClaimKey("ns", "c1"), ourDevice)
+	if _, err := e.create(other, e.draCtr("c-other", 0, true)); err == nil || !strings.Contains(err.Error(), "reserved for pods [uid-dra], not for this pod") {
+		t.Errorf("a pod the claim is not reserved for: %v", err)
+	}
+	// A claim shared by pods is prepared once (for the first); a later pod whose spec, as the API
+	// server has it, names the claim may use it.
+	second := e.pod("second", nil, nil)
+	name := "c1"
+	e.pods.mu.Lock()
+	e.pods.pods["ns/second"].Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &name}}
+	e.pods.mu.Unlock()
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "second", Container: "main"}, podresources.ClaimKey("ns", "c1"), ourDevice)
+	if _, err := e.create(second, e.draCtr("c-second", 0, true)); err != nil {
+		t.Errorf("a second pod of a shared claim: %v", err)
+	}
+	// A claim this node never prepared.
+	ghost := e.pod("ghost", nil, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "ghost", Container: "main"}, podresources.ClaimKey("ns", "c9"), ourDevice)
+	if _, err := e.create(ghost, e.draCtr("c-ghost", 0, true)); err == nil || !strings.Contains(err.Error(), "has not prepared it") {
+		t.Errorf("an unprepared claim: %v", err)
+	}
+	// A GPU node the claim does not hold (GPU 1) is refused like any ungranted device.
+	prepareClaim(t, e, "c2", []string{"uid-sneak"}, api.DeviceAssignment{UUID: g0, MemoryBytes: 1 << 30})
+	sneak := e.pod("sneak", nil, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "sneak", Container: "main"}, podresources.ClaimKey("ns", "c2"), ourDevice)
+	if _, err := e.create(sneak, e.draCtr("c-sneak", 1, true)); err == nil || !strings.Contains(err.Error(), "did not grant") {
+		t.Errorf("a GPU outside the claim: %v", err)
+	}
+
+	// A whole-GPU claim: no vcuda.
+	g2 := inv.GPUs[2].UUID
+	prepareClaim(t, e, "w", []string{"uid-whole"}, api.DeviceAssignment{UUID: g2, Whole: true})
+	whole := e.pod("whole", nil, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "whole", Container: "main"}, podresources.ClaimKey("ns", "w"), api.DRADriverName+"/node-a/gpu-2")
+	adj, err = e.create(whole, e.draCtr("c-whole", 2, false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(adj.GetMounts()) != 0 {
+		t.Errorf("whole claim got mounts %v", mountDests(adj))
+	}
+
+	// Synchronize with no containers left: container entries go (to holds, then away with their
+	// pods), prepared claims stay until NodeUnprepareResources.
+	if _, err := e.plugin.Synchronize(context.Background(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"cuid-c1", "cuid-w"} {
+		if _, ok := e.agent.Ledger().Get(ledger.ClaimID(id)); !ok {
+			t.Errorf("Synchronize released prepared claim %s", id)
+		}
+	}
+	if _, ok := e.agent.Ledger().Get("c-dra"); ok {
+		t.Error("Synchronize kept the entry of a container that is gone")
+	}
+}
