@@ -323,7 +323,7 @@ func TestCreateContainer(t *testing.T) {
 		{"other node", shareLimits, map[string]string{api.AnnotationAssignment: `{"apiVersion":"tessera.dev/v1","node":"node-b","containers":[{"name":"main","devices":[{"uuid":"` + g1 + `","memoryBytes":10737418240,"coresPercent":30}]}]}`},
 			map[string][]string{api.ResourceShare: {"vgpu-9"}}, `its assignment is for node "node-b", this is "node-a"`},
 		{"malformed annotation", shareLimits, map[string]string{api.AnnotationAssignment: `{"apiVersion":"tessera.dev/v1","node":"node-a","extra":1}`},
-			map[string][]string{api.ResourceShare: {"vgpu-9"}}, "invalid GPU assignment: extra: unknown field"},
+			map[string][]string{api.ResourceShare: {"vgpu-9"}}, "invalid GPU assignment: extra: Forbidden: unknown field"},
 	}
 	for i, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
