@@ -527,3 +527,48 @@ func greedyOnce(n *NodeState, r *Request, packed, explain bool) (Placement, *Unf
 	}
 	return p, nil
 }
+
+// Fits reports whether the given placement of r is still feasible on n as n is now: every device on
+// a usable GPU of an allowed model, whole GPUs free, shares with room, each device once, the
+// request's CPU and memory within the node's (where tracked). It checks a choice made earlier (a
+// Filter's hold) against fresher state, without choosing again.
+func Fits(n *NodeState, r *Request, p *Placement) bool {
+	if n.CPUMilli > 0 && n.UsedCPU+r.CPUMilli > n.CPUMilli || n.MemMiB > 0 && n.UsedMem+r.MemMiB > n.MemMiB {
+		return false
+	}
+	want := 0
+	for _, c := range r.Containers {
+		want += c.Whole + c.Shares
+	}
+	if len(p.Devices) != want {
+		return false
+	}
+	for i, d := range p.Devices {
+		if d.GPU < 0 || d.GPU >= len(n.GPUs) || d.Container < 0 || d.Container >= len(r.Containers) {
+			return false
+		}
+		for _, o := range p.Devices[:i] {
+			if o.GPU == d.GPU && (o.Whole || d.Whole || o.Container == d.Container) {
+				return false
+			}
+		}
+		g := &n.GPUs[d.GPU]
+		if d.Whole {
+			if !g.FreeWhole() || !r.modelAllowed(g.Model) {
+				return false
+			}
+			continue
+		}
+		// Shares of several containers on one GPU add up.
+		milli, mem := d.Milli, d.Memory
+		for _, o := range p.Devices[:i] {
+			if o.GPU == d.GPU {
+				milli, mem = milli+o.Milli, mem+o.Memory
+			}
+		}
+		if !g.Usable || g.Whole || !r.modelAllowed(g.Model) || g.FreeMilli() < milli || g.Memory > 0 && g.UsedMemory+mem > g.Memory {
+			return false
+		}
+	}
+	return true
+}
