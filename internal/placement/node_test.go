@@ -1,6 +1,9 @@
 package placement
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func twoGPUNode() *NodeState {
 	n := &NodeState{Name: "n", CPUMilli: 8000, MemMiB: 1 << 14}
@@ -57,6 +60,24 @@ func TestFits(t *testing.T) {
 		c.setup(n)
 		if got := Fits(n, c.r, c.p); got != c.want {
 			t.Errorf("%s: Fits = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestUnfitNamesTheResource: a MIG or mdev shortfall names the resource the pod asked for, as the
+// user wrote it (an attribute profile's "+" is "." in the resource name).
+func TestUnfitNamesTheResource(t *testing.T) {
+	n := twoGPUNode()
+	for _, c := range []struct {
+		shape ContainerShape
+		want  string
+	}{
+		{ContainerShape{Name: "c", MIG: map[string]int{"1g.10gb+me": 1}}, "asks for 1 nvidia.com/mig-1g.10gb.me,"},
+		{ContainerShape{Name: "c", Mdev: map[string]int{"A100-4C": 2}}, "asks for 2 tessera.dev/mdev-A100-4C,"},
+	} {
+		_, u := Candidates(n, &Request{Containers: []ContainerShape{c.shape}})
+		if u == nil || !strings.Contains(u.Msg, c.want) {
+			t.Errorf("unfit = %v, want it to contain %q", u, c.want)
 		}
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
 // Device is one GPU given to one container of a request.
@@ -153,7 +155,7 @@ func checkStatic(n *NodeState, r *Request, explain bool) *Unfit {
 				if !explain {
 					return unfitQuietUnresolvable
 				}
-				return unfit(true, "container %q asks for %d nvidia.com/mig-%s, node has %d such MIG instances", c.Name, k, p, n.MIG[p])
+				return unfit(true, "container %q asks for %d %s, node has %d such MIG instances", c.Name, k, api.MIGResource(p), n.MIG[p])
 			}
 		}
 		for t, k := range c.Mdev {
@@ -161,7 +163,7 @@ func checkStatic(n *NodeState, r *Request, explain bool) *Unfit {
 				if !explain {
 					return unfitQuietUnresolvable
 				}
-				return unfit(true, "container %q asks for %d tessera.dev/mdev-%s, node can create %d", c.Name, k, t, n.Mdev[t])
+				return unfit(true, "container %q asks for %d %s, node can create %d", c.Name, k, api.MdevResource(t), n.Mdev[t])
 			}
 		}
 		if c.Shares > 0 && c.MemoryPercent == 0 && maxMem > 0 && c.Memory > maxMem {
