@@ -172,7 +172,8 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 	holds := map[types.UID]*api.PodAssignment{}
 	var own *api.PodAssignment
 	x.State.mu.RLock()
-	if e := x.State.nodes[node]; e != nil && e.inv != nil {
+	e := x.State.nodes[node]
+	if missing = x.State.unusable(e, x.State.now()); missing == "" {
 		inv, labelsOf = e.inv, e.labels
 		// CPU and memory come from the informers (every pod's requests), less this pod's own hold:
 		// the GPU choice inside the node then weighs them as Filter and the simulator do.
@@ -189,10 +190,6 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 				holds[uid] = p.assignment
 			}
 		}
-	} else if e != nil {
-		missing = e.invErr
-	} else {
-		missing = "node is not known to the extender yet"
 	}
 	x.State.mu.RUnlock()
 	if inv == nil {
