@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	corev1 "k8s.io/api/core/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -293,8 +294,60 @@ func (x *Extender) decodeArgs(w http.ResponseWriter, r *http.Request, args *exte
 	return x.decoded(w, r, err)
 }
 
+// filterResultWire is ExtenderFilterResult as encoded (the same keys); its reason maps are written
+// by reasons.MarshalJSON, unsorted: encoding/json sorts map keys and allocates per entry, which with
+// thousands of refused nodes was the reply's main cost.
+type filterResultWire struct {
+	Nodes                      *corev1.NodeList
+	NodeNames                  *[]string
+	FailedNodes                reasons
+	FailedAndUnresolvableNodes reasons
+	Error                      string
+}
+
+type reasons map[string]string
+
+// MarshalJSON writes the map as a JSON object in map order (object members are unordered).
+func (m reasons) MarshalJSON() ([]byte, error) {
+	if m == nil {
+		return []byte("null"), nil
+	}
+	out := make([]byte, 0, 64*len(m)+2)
+	out = append(out, '{')
+	for k, v := range m {
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = appendJSONString(out, k)
+		out = append(out, ':')
+		out = appendJSONString(out, v)
+	}
+	return append(out, '}'), nil
+}
+
+// appendJSONString appends s as a JSON string: quote, backslash and control characters escaped,
+// invalid UTF-8 as U+FFFD (as encoding/json does).
+func appendJSONString(out []byte, s string) []byte {
+	out = append(out, '"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			out = append(out, '\\', byte(r))
+		case r < 0x20:
+			out = append(out, fmt.Sprintf("\\u%04x", r)...)
+		default:
+			out = utf8.AppendRune(out, r) // an invalid byte came out of range as U+FFFD
+		}
+	}
+	return append(out, '"')
+}
+
 func (x *Extender) reply(w http.ResponseWriter, r *http.Request, v any) {
 	start := time.Now()
+	if fr, ok := v.(*extenderv1.ExtenderFilterResult); ok {
+		v = &filterResultWire{Nodes: fr.Nodes, NodeNames: fr.NodeNames, FailedNodes: reasons(fr.FailedNodes),
+			FailedAndUnresolvableNodes: reasons(fr.FailedAndUnresolvableNodes), Error: fr.Error}
+	}
 	buf := bodies.Get().(*bytes.Buffer)
 	buf.Reset()
 	defer bodies.Put(buf)

@@ -87,3 +87,27 @@ func TestDecodeArgsMatchesStandardDecoding(t *testing.T) {
 		t.Error("invalid JSON decoded")
 	}
 }
+
+// TestFilterReplyEncoding: the filter reply's own reason-map encoder gives what encoding/json reads
+// back as the same result (escapes, control characters, invalid UTF-8, nil and empty maps).
+func TestFilterReplyEncoding(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	names := []string{"n1", "n\"2"}
+	for _, res := range []*extenderv1.ExtenderFilterResult{
+		{NodeNames: &names, FailedNodes: extenderv1.FailedNodesMap{"a": "plain", "b\\c": "quote \" and \\ and \n\t\x01 and é and \xff"},
+			FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}, Error: "e"},
+		{},
+	} {
+		rec := httptest.NewRecorder()
+		x.reply(rec, httptest.NewRequest(http.MethodPost, "/filter", nil), res)
+		want, _ := json.Marshal(res)
+		var got, exp extenderv1.ExtenderFilterResult
+		if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+			t.Fatalf("%s: %v", rec.Body.String(), err)
+		}
+		_ = json.Unmarshal(want, &exp)
+		if !reflect.DeepEqual(got, exp) {
+			t.Errorf("reply %s\ndecodes to %+v\nwant %+v", rec.Body.String(), got, exp)
+		}
+	}
+}
