@@ -33,9 +33,13 @@ func nodeNames(args *extenderv1.ExtenderArgs) []string {
 // Filter keeps the nodes where the pod's GPU request really fits - a GPU for each share, whole
 // GPUs not locked to shares, allowed models, its pool - and says why for every other node.
 func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFilterResult {
-	res := &extenderv1.ExtenderFilterResult{FailedNodes: extenderv1.FailedNodesMap{}, FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}}
 	pod := args.Pod
 	names := nodeNames(args)
+	refused := 0
+	if x.PickOne {
+		refused = len(names) // all but one node are refused: grow the map once
+	}
+	res := &extenderv1.ExtenderFilterResult{FailedNodes: make(extenderv1.FailedNodesMap, refused), FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}}
 	if pod == nil {
 		res.Error = "filter: no pod in the request"
 		return res

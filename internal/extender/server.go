@@ -294,35 +294,48 @@ func (x *Extender) decodeArgs(w http.ResponseWriter, r *http.Request, args *exte
 	return x.decoded(w, r, err)
 }
 
-// filterResultWire is ExtenderFilterResult as encoded (the same keys); its reason maps are written
-// by reasons.MarshalJSON, unsorted: encoding/json sorts map keys and allocates per entry, which with
-// thousands of refused nodes was the reply's main cost.
-type filterResultWire struct {
-	Nodes                      *corev1.NodeList
-	NodeNames                  *[]string
-	FailedNodes                reasons
-	FailedAndUnresolvableNodes reasons
-	Error                      string
+// encodeFilterResult writes an ExtenderFilterResult with encoding/json's keys, its reason maps
+// unsorted and without per-entry allocations: encoding/json sorts map keys, allocates per entry and
+// re-scans a Marshaler's output, which with thousands of refused nodes was the reply's main cost.
+func encodeFilterResult(buf *bytes.Buffer, fr *extenderv1.ExtenderFilterResult) error {
+	nodes, err := json.Marshal(fr.Nodes)
+	if err != nil {
+		return err
+	}
+	names, err := json.Marshal(fr.NodeNames)
+	if err != nil {
+		return err
+	}
+	out := buf.AvailableBuffer()
+	out = append(append(append(out, `{"Nodes":`...), nodes...), `,"NodeNames":`...)
+	out = append(append(out, names...), `,"FailedNodes":`...)
+	out = reasons(fr.FailedNodes).append(out)
+	out = append(out, `,"FailedAndUnresolvableNodes":`...)
+	out = reasons(fr.FailedAndUnresolvableNodes).append(out)
+	out = append(appendJSONString(append(out, `,"Error":`...), fr.Error), "}\n"...)
+	_, err = buf.Write(out)
+	return err
 }
 
 type reasons map[string]string
 
-// MarshalJSON writes the map as a JSON object in map order (object members are unordered).
-func (m reasons) MarshalJSON() ([]byte, error) {
+// append writes the map as a JSON object in map order (object members are unordered).
+func (m reasons) append(out []byte) []byte {
 	if m == nil {
-		return []byte("null"), nil
+		return append(out, "null"...)
 	}
-	out := make([]byte, 0, 64*len(m)+2)
 	out = append(out, '{')
+	first := true
 	for k, v := range m {
-		if len(out) > 1 {
+		if !first {
 			out = append(out, ',')
 		}
+		first = false
 		out = appendJSONString(out, k)
 		out = append(out, ':')
 		out = appendJSONString(out, v)
 	}
-	return append(out, '}'), nil
+	return append(out, '}')
 }
 
 // appendJSONString appends s as a JSON string: quote, backslash and control characters escaped,
@@ -344,15 +357,16 @@ func appendJSONString(out []byte, s string) []byte {
 
 func (x *Extender) reply(w http.ResponseWriter, r *http.Request, v any) {
 	start := time.Now()
-	if fr, ok := v.(*extenderv1.ExtenderFilterResult); ok {
-		v = &filterResultWire{Nodes: fr.Nodes, NodeNames: fr.NodeNames, FailedNodes: reasons(fr.FailedNodes),
-			FailedAndUnresolvableNodes: reasons(fr.FailedAndUnresolvableNodes), Error: fr.Error}
-	}
 	buf := bodies.Get().(*bytes.Buffer)
 	buf.Reset()
 	defer bodies.Put(buf)
 	w.Header().Set("Content-Type", "application/json")
-	err := json.NewEncoder(buf).Encode(v)
+	var err error
+	if fr, ok := v.(*extenderv1.ExtenderFilterResult); ok {
+		err = encodeFilterResult(buf, fr)
+	} else {
+		err = json.NewEncoder(buf).Encode(v)
+	}
 	if err == nil {
 		_, err = w.Write(buf.Bytes())
 	}
