@@ -45,6 +45,9 @@ type ExtenderConfig struct {
 	LeaderElectionID string `json:"leaderElectionID,omitempty"`
 	// ReservationTTL bounds how long an in-flight decision is held when no bind outcome is seen.
 	ReservationTTL Duration `json:"reservationTTL,omitempty"`
+	// InventoryMaxAge, when set, refuses nodes whose inventory heartbeat (AnnotationInventoryHeartbeat)
+	// is missing or older: their agent may be gone and their GPUs changed. 0 checks nothing.
+	InventoryMaxAge Duration `json:"inventoryMaxAge,omitempty"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("30s") in config files:
@@ -104,6 +107,9 @@ func (c *ExtenderConfig) Validate() error {
 	checkKind(fe, c.APIVersion, c.Kind, KindExtenderConfig)
 	if !IsKnownPolicy(c.Policy) {
 		fe.add("policy", "must be one of %v, got %q", KnownPolicies, c.Policy)
+	}
+	if c.InventoryMaxAge.Duration < 0 {
+		fe.add("inventoryMaxAge", "must not be negative, got %s", c.InventoryMaxAge.Duration)
 	}
 	if c.ReservationTTL.Duration < time.Second {
 		fe.add("reservationTTL", "must be at least 1s, got %s", c.ReservationTTL.Duration)

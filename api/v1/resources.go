@@ -31,6 +31,9 @@ const (
 	AnnotationAssignment = "tessera.dev/assignment"
 	// AnnotationInventory (node) holds the NodeInventory the node agent publishes.
 	AnnotationInventory = "tessera.dev/inventory"
+	// AnnotationInventoryHeartbeat (node) is when the node agent last confirmed its inventory
+	// (RFC 3339). Apart from the inventory so that a heartbeat does not rebuild the node's state.
+	AnnotationInventoryHeartbeat = "tessera.dev/inventory-heartbeat"
 	// AnnotationPolicy (pod) overrides the extender's placement policy for this pod.
 	AnnotationPolicy = "tessera.dev/policy"
 	// LabelWorkload (pod) marks the workload class: experiment, training or inference.

@@ -124,6 +124,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	class := extender.ClassOptions{Experiment: cfg.ExperimentPriorityClasses, Inference: cfg.InferencePriorityClasses,
 		Training: cfg.TrainingPriorityClasses, AllowPolicyOverride: *cfg.AllowPolicyOverride}
 	state := extender.NewState(cfg.ReservationTTL.Duration, log)
+	state.InventoryMaxAge = cfg.InventoryMaxAge.Duration
 	factory := informers.NewSharedInformerFactory(client, 0)
 	quotas, err := extender.WireInformers(factory, state, class)
 	if err != nil {

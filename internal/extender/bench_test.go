@@ -133,6 +133,18 @@ func BenchmarkFilterPrioritize(b *testing.B) {
 // the work, and encoding the replies. The scheduler's own JSON work is not timed.
 func BenchmarkFilterPrioritizeHTTP(b *testing.B) {
 	x, names := sharedBenchCluster(b, true)
+	// pick-one is the chart's setting (--filter-pick-one): Filter keeps the policy's node and holds
+	// it, Prioritize scores one node.
+	for _, pickOne := range []bool{false, true} {
+		b.Run(map[bool]string{false: "all-fitting", true: "pick-one"}[pickOne], func(b *testing.B) {
+			x.PickOne = pickOne
+			defer func() { x.PickOne = false }()
+			benchHTTP(b, x, names)
+		})
+	}
+}
+
+func benchHTTP(b *testing.B, x *Extender, names []string) {
 	h := x.Handler(nil)
 	pod := sharePod("new", 2, 8, 40)
 	fbody, err := json.Marshal(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})

@@ -166,8 +166,14 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 	var labelsOf map[string]string
 	missing := ""
 	var cpu, mem, usedCPU, usedMem int64
+	// This process's in-flight decisions on the node (Filter's holds, other binds' reservations):
+	// the API server's list does not show a hold whose pod has no annotation yet, and a bind that
+	// chose past it would give one GPU to two pods in the state (the live divergence of issue 14).
+	holds := map[types.UID]*api.PodAssignment{}
+	var own *api.PodAssignment
 	x.State.mu.RLock()
-	if e := x.State.nodes[node]; e != nil && e.inv != nil {
+	e := x.State.nodes[node]
+	if missing = x.State.unusable(e, x.State.now()); missing == "" {
 		inv, labelsOf = e.inv, e.labels
 		// CPU and memory come from the informers (every pod's requests), less this pod's own hold:
 		// the GPU choice inside the node then weighs them as Filter and the simulator do.
@@ -175,10 +181,15 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 		if u := x.State.uses[pod.UID]; u != nil && u.node == node && u.applied {
 			usedCPU, usedMem = usedCPU-u.cpu, usedMem-u.mem
 		}
-	} else if e != nil {
-		missing = e.invErr
-	} else {
-		missing = "node is not known to the extender yet"
+		for uid, p := range x.State.podsOn[node] {
+			switch {
+			case !p.reserved:
+			case uid == pod.UID:
+				own = p.assignment
+			default:
+				holds[uid] = p.assignment
+			}
+		}
 	}
 	x.State.mu.RUnlock()
 	if inv == nil {
@@ -202,8 +213,20 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 		if a == nil || a.Node != node {
 			continue
 		}
+		delete(holds, other.UID) // counted from the API server's copy
 		p := placementOf(n, a)
 		n.Apply(&placement.Request{}, &p)
+	}
+	for _, a := range holds {
+		p := placementOf(n, a)
+		n.Apply(&placement.Request{}, &p)
+	}
+	// Filter's choice for this pod stands while it still fits: it is the policy's choice made in
+	// arrival order (as the simulator places), not one made against holds of pods filtered later.
+	if own != nil {
+		if p := placementFor(n, req, own); placement.Fits(n, req, &p) {
+			return BuildAssignment(n, req, &p), nil
+		}
 	}
 	sc := x.State.Shapes().ScoreContext()
 	p, _, u := x.Engine.Evaluate(sc, n, req)
@@ -211,6 +234,23 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 		return nil, fmt.Errorf("GPU request no longer fits node %s: %s", node, u.Msg)
 	}
 	return BuildAssignment(n, req, &p), nil
+}
+
+// placementFor is placementOf with each device's container indexing req's containers (an assignment
+// lists only the containers that got GPUs), as Fits and BuildAssignment expect.
+func placementFor(n *placement.NodeState, req *placement.Request, a *api.PodAssignment) placement.Placement {
+	p := placementOf(n, a)
+	for i := range p.Devices {
+		d := &p.Devices[i]
+		name := a.Containers[d.Container].Name
+		d.Container = -1 // not in the request: Fits refuses it
+		for ci := range req.Containers {
+			if req.Containers[ci].Name == name {
+				d.Container = ci
+			}
+		}
+	}
+	return p
 }
 
 // BuildAssignment turns a placement into the per-container annotation document.

@@ -33,9 +33,13 @@ func nodeNames(args *extenderv1.ExtenderArgs) []string {
 // Filter keeps the nodes where the pod's GPU request really fits - a GPU for each share, whole
 // GPUs not locked to shares, allowed models, its pool - and says why for every other node.
 func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFilterResult {
-	res := &extenderv1.ExtenderFilterResult{FailedNodes: extenderv1.FailedNodesMap{}, FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}}
 	pod := args.Pod
 	names := nodeNames(args)
+	refused := 0
+	if x.PickOne {
+		refused = len(names) // all but one node are refused: grow the map once
+	}
+	res := &extenderv1.ExtenderFilterResult{FailedNodes: make(extenderv1.FailedNodesMap, refused), FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}}
 	if pod == nil {
 		res.Error = "filter: no pod in the request"
 		return res
@@ -100,7 +104,7 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 	})
 	ok := make([]string, 0, len(names))
 	var ev *filterEval
-	if pod.UID != "" {
+	if pod.UID != "" && !x.PickOne { // with PickOne, Prioritize sees one node: nothing to carry over
 		ev = &filterEval{uid: pod.UID, req: req, snapshot: snapshot, entries: make([]evalEntry, 0, len(names))}
 	}
 	for i, name := range names {
@@ -122,7 +126,6 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 	}
 	if x.PickOne && len(ok) > 1 {
 		ok = x.keepBest(res, req, names, verdict, scores, gens)
-		ev = nil // Prioritize sees one node; nothing to carry over
 	}
 	if x.PickOne && len(ok) == 1 && pod.UID != "" {
 		x.holdChoice(pod, req, ok[0])
@@ -216,9 +219,10 @@ func (x *Extender) keepBest(res *extenderv1.ExtenderFilterResult, req *placement
 			best = i
 		}
 	}
+	msg := "fits, but node " + names[best] + " is the placement policy's choice" // one string for all
 	for i, n := range names {
 		if verdict[i] == 0 && i != best {
-			res.FailedNodes[n] = "fits, but node " + names[best] + " is the placement policy's choice"
+			res.FailedNodes[n] = msg
 		}
 	}
 	return []string{names[best]}

@@ -8,8 +8,11 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
+	"unicode/utf8"
 
+	corev1 "k8s.io/api/core/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
 
@@ -36,7 +39,7 @@ func (x *Extender) Handler(ready func() bool) http.Handler {
 			return
 		}
 		var args extenderv1.ExtenderArgs
-		if !x.decode(w, r, &args) {
+		if !x.decodeArgs(w, r, &args) {
 			return
 		}
 		if x.PickOne && x.passOn(r) {
@@ -55,7 +58,7 @@ func (x *Extender) Handler(ready func() bool) http.Handler {
 			return
 		}
 		var args extenderv1.ExtenderArgs
-		if !x.decode(w, r, &args) {
+		if !x.decodeArgs(w, r, &args) {
 			return
 		}
 		if x.PickOne && x.passOn(r) {
@@ -163,11 +166,31 @@ func (x *Extender) forward(ctx context.Context, path string, args, out any) erro
 	return nil
 }
 
-func (x *Extender) decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	body, err := io.ReadAll(io.LimitReader(r.Body, maxBodyBytes))
-	if err == nil {
-		err = json.Unmarshal(body, v)
+// bodies are request and reply buffers reused across calls: a filter call for 5,000 node names
+// is a few hundred KiB each way, and fresh buffers per call made garbage the GC had to chase.
+var bodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+
+// readBody reads a request body (bounded) into a pooled buffer; put it back when decoded.
+func readBody(r *http.Request) (*bytes.Buffer, error) {
+	buf := bodies.Get().(*bytes.Buffer)
+	buf.Reset()
+	if r.ContentLength > 0 && r.ContentLength <= maxBodyBytes {
+		buf.Grow(int(r.ContentLength) + 1)
 	}
+	_, err := buf.ReadFrom(io.LimitReader(r.Body, maxBodyBytes))
+	return buf, err
+}
+
+func (x *Extender) decode(w http.ResponseWriter, r *http.Request, v any) bool {
+	buf, err := readBody(r)
+	defer bodies.Put(buf)
+	if err == nil {
+		err = json.Unmarshal(buf.Bytes(), v)
+	}
+	return x.decoded(w, r, err)
+}
+
+func (x *Extender) decoded(w http.ResponseWriter, r *http.Request, err error) bool {
 	if err != nil {
 		x.log().Warn("bad extender request", "path", r.URL.Path, "err", err)
 		http.Error(w, "invalid extender request: "+err.Error(), http.StatusBadRequest)
@@ -176,10 +199,178 @@ func (x *Extender) decode(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
+// argsWire is ExtenderArgs as filter and prioritize decode it: the node names (nodeCacheCapable
+// sends thousands) are read by nameList, which reuses the state's strings for known nodes.
+type argsWire struct {
+	Pod       *corev1.Pod
+	Nodes     *corev1.NodeList
+	NodeNames *nameList
+}
+
+// nameList decodes a JSON array of node names, reusing the State's name strings (one read lock
+// for the whole list) instead of allocating one string per name per call.
+type nameList struct {
+	state *State
+	set   bool
+	names []string
+}
+
+func (l *nameList) UnmarshalJSON(data []byte) error {
+	l.set = true
+	spans, ok := plainStrings(data)
+	if !ok { // escapes or anything unusual: the standard decoder, strictly
+		return json.Unmarshal(data, &l.names)
+	}
+	if spans == nil {
+		l.names = []string{}
+		return nil
+	}
+	l.names = make([]string, len(spans))
+	l.state.mu.RLock()
+	for i, sp := range spans {
+		b := data[sp[0]:sp[1]]
+		if e := l.state.nodes[string(b)]; e != nil {
+			l.names[i] = e.name
+		} else {
+			l.names[i] = string(b)
+		}
+	}
+	l.state.mu.RUnlock()
+	return nil
+}
+
+// plainStrings returns the byte ranges of the strings of a JSON array of strings without escapes
+// (node names never have any); false for anything else. data is valid JSON (the decoder checked).
+func plainStrings(data []byte) ([][2]int, bool) {
+	i := 0
+	ws := func() {
+		for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
+			i++
+		}
+	}
+	ws()
+	if i >= len(data) || data[i] != '[' {
+		return nil, false
+	}
+	i++
+	spans := make([][2]int, 0, bytes.Count(data, []byte{'"'})/2)
+	for {
+		ws()
+		if i < len(data) && data[i] == ']' && len(spans) == 0 {
+			return nil, true
+		}
+		if i >= len(data) || data[i] != '"' {
+			return nil, false
+		}
+		end := bytes.IndexByte(data[i+1:], '"')
+		if end < 0 || bytes.IndexByte(data[i+1:i+1+end], '\\') >= 0 {
+			return nil, false
+		}
+		spans = append(spans, [2]int{i + 1, i + 1 + end})
+		i += end + 2
+		ws()
+		if i < len(data) && data[i] == ']' {
+			return spans, true
+		}
+		if i >= len(data) || data[i] != ',' {
+			return nil, false
+		}
+		i++
+	}
+}
+
+// decodeArgs decodes filter's and prioritize's arguments (see argsWire).
+func (x *Extender) decodeArgs(w http.ResponseWriter, r *http.Request, args *extenderv1.ExtenderArgs) bool {
+	buf, err := readBody(r)
+	defer bodies.Put(buf)
+	wire := argsWire{NodeNames: &nameList{state: x.State}}
+	if err == nil {
+		err = json.Unmarshal(buf.Bytes(), &wire)
+	}
+	args.Pod, args.Nodes = wire.Pod, wire.Nodes
+	if wire.NodeNames != nil && wire.NodeNames.set {
+		args.NodeNames = &wire.NodeNames.names
+	}
+	return x.decoded(w, r, err)
+}
+
+// encodeFilterResult writes an ExtenderFilterResult with encoding/json's keys, its reason maps
+// unsorted and without per-entry allocations: encoding/json sorts map keys, allocates per entry and
+// re-scans a Marshaler's output, which with thousands of refused nodes was the reply's main cost.
+func encodeFilterResult(buf *bytes.Buffer, fr *extenderv1.ExtenderFilterResult) error {
+	nodes, err := json.Marshal(fr.Nodes)
+	if err != nil {
+		return err
+	}
+	names, err := json.Marshal(fr.NodeNames)
+	if err != nil {
+		return err
+	}
+	out := buf.AvailableBuffer()
+	out = append(append(append(out, `{"Nodes":`...), nodes...), `,"NodeNames":`...)
+	out = append(append(out, names...), `,"FailedNodes":`...)
+	out = reasons(fr.FailedNodes).append(out)
+	out = append(out, `,"FailedAndUnresolvableNodes":`...)
+	out = reasons(fr.FailedAndUnresolvableNodes).append(out)
+	out = append(appendJSONString(append(out, `,"Error":`...), fr.Error), "}\n"...)
+	_, err = buf.Write(out)
+	return err
+}
+
+type reasons map[string]string
+
+// append writes the map as a JSON object in map order (object members are unordered).
+func (m reasons) append(out []byte) []byte {
+	if m == nil {
+		return append(out, "null"...)
+	}
+	out = append(out, '{')
+	first := true
+	for k, v := range m {
+		if !first {
+			out = append(out, ',')
+		}
+		first = false
+		out = appendJSONString(out, k)
+		out = append(out, ':')
+		out = appendJSONString(out, v)
+	}
+	return append(out, '}')
+}
+
+// appendJSONString appends s as a JSON string: quote, backslash and control characters escaped,
+// invalid UTF-8 as U+FFFD (as encoding/json does).
+func appendJSONString(out []byte, s string) []byte {
+	out = append(out, '"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			out = append(out, '\\', byte(r))
+		case r < 0x20:
+			out = append(out, fmt.Sprintf("\\u%04x", r)...)
+		default:
+			out = utf8.AppendRune(out, r) // an invalid byte came out of range as U+FFFD
+		}
+	}
+	return append(out, '"')
+}
+
 func (x *Extender) reply(w http.ResponseWriter, r *http.Request, v any) {
 	start := time.Now()
+	buf := bodies.Get().(*bytes.Buffer)
+	buf.Reset()
+	defer bodies.Put(buf)
 	w.Header().Set("Content-Type", "application/json")
-	if err := json.NewEncoder(w).Encode(v); err != nil {
+	var err error
+	if fr, ok := v.(*extenderv1.ExtenderFilterResult); ok {
+		err = encodeFilterResult(buf, fr)
+	} else {
+		err = json.NewEncoder(buf).Encode(v)
+	}
+	if err == nil {
+		_, err = w.Write(buf.Bytes())
+	}
+	if err != nil {
 		x.log().Warn("write extender response", "path", r.URL.Path, "err", err)
 	}
 	x.log().Debug("served", "path", r.URL.Path, "encode", time.Since(start))

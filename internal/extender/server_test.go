@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
+	"strings"
 	"testing"
 
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -52,5 +54,60 @@ func TestHTTPServer(t *testing.T) {
 	resp, _ = http.Post(srv.URL+"/filter", "application/json", bytes.NewReader([]byte("{")))
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("bad JSON answered %d", resp.StatusCode)
+	}
+}
+
+// TestDecodeArgsMatchesStandardDecoding: the name-list decoder (state's strings reused) reads what
+// encoding/json reads, escapes, spacing, empty and null lists included.
+func TestDecodeArgsMatchesStandardDecoding(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	x.State.UpsertNode(testNode(testInventory("n1", 1, 1, "T4"), nil))
+	for _, body := range []string{
+		`{"Pod":{"metadata":{"name":"p"}},"NodeNames":["n1","n2"]}`,
+		`{"pod":null,"nodenames":[ "n1" , "n\u0032", "n1" ]}`,
+		`{"NodeNames":[]}`, `{"NodeNames":null}`, `{}`, `{"NodeNames":[ ]}`,
+		`{"Nodes":{"items":[{"metadata":{"name":"n1"}}]}}`,
+		`{"NodeNames":["a\"b"]}`,
+	} {
+		var want extenderv1.ExtenderArgs
+		if err := json.Unmarshal([]byte(body), &want); err != nil {
+			t.Fatal(err)
+		}
+		var got extenderv1.ExtenderArgs
+		rec := httptest.NewRecorder()
+		if !x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(body)), &got) {
+			t.Fatalf("%s: %s", body, rec.Body.String())
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: decoded %+v, want %+v", body, got, want)
+		}
+	}
+	rec := httptest.NewRecorder()
+	if x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(`{"NodeNames":["n1",]}`)), &extenderv1.ExtenderArgs{}) {
+		t.Error("invalid JSON decoded")
+	}
+}
+
+// TestFilterReplyEncoding: the filter reply's own reason-map encoder gives what encoding/json reads
+// back as the same result (escapes, control characters, invalid UTF-8, nil and empty maps).
+func TestFilterReplyEncoding(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	names := []string{"n1", "n\"2"}
+	for _, res := range []*extenderv1.ExtenderFilterResult{
+		{NodeNames: &names, FailedNodes: extenderv1.FailedNodesMap{"a": "plain", "b\\c": "quote \" and \\ and \n\t\x01 and é and \xff"},
+			FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}, Error: "e"},
+		{},
+	} {
+		rec := httptest.NewRecorder()
+		x.reply(rec, httptest.NewRequest(http.MethodPost, "/filter", nil), res)
+		want, _ := json.Marshal(res)
+		var got, exp extenderv1.ExtenderFilterResult
+		if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
+			t.Fatalf("%s: %v", rec.Body.String(), err)
+		}
+		_ = json.Unmarshal(want, &exp)
+		if !reflect.DeepEqual(got, exp) {
+			t.Errorf("reply %s\ndecodes to %+v\nwant %+v", rec.Body.String(), got, exp)
+		}
 	}
 }

@@ -26,6 +26,9 @@ type GPUState struct {
 	Shares int
 	// Whole is set when one owner holds the GPU exclusively; it then takes no share.
 	Whole bool
+	// wholeApplied counts the whole-GPU applies not released yet, so that Apply and Release stay
+	// inverses even when a state briefly counts two holders of one GPU (Whole stays set until both go).
+	wholeApplied int
 	// Usable is false for unhealthy GPUs and MIG-enabled GPUs (usable only through their instances).
 	Usable bool
 	// Gen is the compute capability x10 (70 for 7.0), 0 when unknown; lower means older.
@@ -214,7 +217,8 @@ func (n *NodeState) apply(r *Request, p *Placement, sign int) {
 
 func applyDevice(g *GPUState, d Device, sign int) {
 	if d.Whole {
-		g.Whole = sign > 0
+		g.wholeApplied += sign
+		g.Whole = g.wholeApplied > 0
 		return
 	}
 	g.Shares += sign

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sort"
 	"strings"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
 // Device is one GPU given to one container of a request.
@@ -153,7 +155,7 @@ func checkStatic(n *NodeState, r *Request, explain bool) *Unfit {
 				if !explain {
 					return unfitQuietUnresolvable
 				}
-				return unfit(true, "container %q asks for %d nvidia.com/mig-%s, node has %d such MIG instances", c.Name, k, p, n.MIG[p])
+				return unfit(true, "container %q asks for %d %s, node has %d such MIG instances", c.Name, k, api.MIGResource(p), n.MIG[p])
 			}
 		}
 		for t, k := range c.Mdev {
@@ -161,7 +163,7 @@ func checkStatic(n *NodeState, r *Request, explain bool) *Unfit {
 				if !explain {
 					return unfitQuietUnresolvable
 				}
-				return unfit(true, "container %q asks for %d tessera.dev/mdev-%s, node can create %d", c.Name, k, t, n.Mdev[t])
+				return unfit(true, "container %q asks for %d %s, node can create %d", c.Name, k, api.MdevResource(t), n.Mdev[t])
 			}
 		}
 		if c.Shares > 0 && c.MemoryPercent == 0 && maxMem > 0 && c.Memory > maxMem {
@@ -526,4 +528,49 @@ func greedyOnce(n *NodeState, r *Request, packed, explain bool) (Placement, *Unf
 		}
 	}
 	return p, nil
+}
+
+// Fits reports whether the given placement of r is still feasible on n as n is now: every device on
+// a usable GPU of an allowed model, whole GPUs free, shares with room, each device once, the
+// request's CPU and memory within the node's (where tracked). It checks a choice made earlier (a
+// Filter's hold) against fresher state, without choosing again.
+func Fits(n *NodeState, r *Request, p *Placement) bool {
+	if n.CPUMilli > 0 && n.UsedCPU+r.CPUMilli > n.CPUMilli || n.MemMiB > 0 && n.UsedMem+r.MemMiB > n.MemMiB {
+		return false
+	}
+	want := 0
+	for _, c := range r.Containers {
+		want += c.Whole + c.Shares
+	}
+	if len(p.Devices) != want {
+		return false
+	}
+	for i, d := range p.Devices {
+		if d.GPU < 0 || d.GPU >= len(n.GPUs) || d.Container < 0 || d.Container >= len(r.Containers) {
+			return false
+		}
+		for _, o := range p.Devices[:i] {
+			if o.GPU == d.GPU && (o.Whole || d.Whole || o.Container == d.Container) {
+				return false
+			}
+		}
+		g := &n.GPUs[d.GPU]
+		if d.Whole {
+			if !g.FreeWhole() || !r.modelAllowed(g.Model) {
+				return false
+			}
+			continue
+		}
+		// Shares of several containers on one GPU add up.
+		milli, mem := d.Milli, d.Memory
+		for _, o := range p.Devices[:i] {
+			if o.GPU == d.GPU {
+				milli, mem = milli+o.Milli, mem+o.Memory
+			}
+		}
+		if !g.Usable || g.Whole || !r.modelAllowed(g.Model) || g.FreeMilli() < milli || g.Memory > 0 && g.UsedMemory+mem > g.Memory {
+			return false
+		}
+	}
+	return true
 }

@@ -115,7 +115,7 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) (
 	var x *Process
 	if policy != policyKubeScheduler {
 		x = cp.StartProcess(b, "tessera-extender", tesseraBinary(b, "tessera-extender"), "--kubeconfig", cp.Kubeconfig,
-			"--listen", addr, "--policy", policy, "--leader-elect=false", "--filter-pick-one=true", "--kube-api-qps=1000", "--log-level=warn")
+			"--listen", addr, "--policy", policy, "--leader-elect=false", "--filter-pick-one=true", "--kube-api-qps=1000")
 		x.WaitHealthy(b, "http://"+addr+"/healthz", time.Minute)
 	}
 	states := createBenchNodes(b, client, c, seed)
@@ -221,6 +221,12 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) (
 		resolve(i)
 	}
 	elapsed := time.Since(start)
+	if x != nil {
+		// The state-divergence counters (issue 14's live bug): both must stay 0.
+		data, _ := os.ReadFile(x.Log)
+		fmt.Printf("policy=%s: extender state counted two holders of one GPU %d times; binds refused as no longer fitting: %d\n",
+			policy, strings.Count(string(data), "state counts two holders"), strings.Count(string(cp.Scheduler.LogTail(1<<30)), "no longer fits"))
+	}
 	if stuck > 0 {
 		fmt.Printf("policy=%s: %d pods were neither bound nor refused within a minute\n", policy, stuck)
 		if x != nil {

@@ -1,0 +1,83 @@
+package placement
+
+import (
+	"strings"
+	"testing"
+)
+
+func twoGPUNode() *NodeState {
+	n := &NodeState{Name: "n", CPUMilli: 8000, MemMiB: 1 << 14}
+	for i := range 2 {
+		n.GPUs = append(n.GPUs, GPUState{Index: i, Model: "T4", Usable: true, Memory: 16 << 30})
+	}
+	return n
+}
+
+// TestReleaseUndoesApply: Release is Apply's inverse even when a state briefly counts two holders of
+// one whole GPU (the extender's state did, and releasing one holder freed the GPU the other held).
+func TestReleaseUndoesApply(t *testing.T) {
+	n := twoGPUNode()
+	p := Placement{Devices: []Device{{GPU: 0, Whole: true}}}
+	n.Apply(&Request{}, &p)
+	n.Apply(&Request{}, &p)
+	n.Release(&Request{}, &p)
+	if n.GPUs[0].FreeWhole() {
+		t.Fatal("GPU 0 is free while one of its two holders is still applied")
+	}
+	n.Release(&Request{}, &p)
+	if !n.GPUs[0].FreeWhole() {
+		t.Fatal("GPU 0 is held after both holders were released")
+	}
+}
+
+// TestFits checks a given placement against the node as it is now.
+func TestFits(t *testing.T) {
+	whole := &Request{Containers: []ContainerShape{{Name: "c", Whole: 1}}, CPUMilli: 1000}
+	share := &Request{Containers: []ContainerShape{{Name: "c", Shares: 1, Milli: 600, Memory: 8 << 30}}}
+	onGPU0 := &Placement{Devices: []Device{{GPU: 0, Whole: true}}}
+	share0 := &Placement{Devices: []Device{{GPU: 0, Milli: 600, Memory: 8 << 30}}}
+	cases := []struct {
+		name  string
+		setup func(n *NodeState)
+		r     *Request
+		p     *Placement
+		want  bool
+	}{
+		{"free whole GPU", func(*NodeState) {}, whole, onGPU0, true},
+		{"whole GPU taken", func(n *NodeState) { n.Apply(&Request{}, onGPU0) }, whole, onGPU0, false},
+		{"whole GPU in share mode", func(n *NodeState) { n.Apply(&Request{}, share0) }, whole, onGPU0, false},
+		{"GPU unhealthy", func(n *NodeState) { n.GPUs[0].Usable = false }, whole, onGPU0, false},
+		{"model not allowed", func(*NodeState) {}, &Request{Containers: whole.Containers, Models: []string{"A100"}}, onGPU0, false},
+		{"CPU spent", func(n *NodeState) { n.UsedCPU = 7500 }, whole, onGPU0, false},
+		{"wrong device count", func(*NodeState) {}, &Request{Containers: []ContainerShape{{Name: "c", Whole: 2}}}, onGPU0, false},
+		{"share without room", func(n *NodeState) { n.Apply(&Request{}, share0) }, share, share0, false},
+		{"share on a fresh GPU", func(*NodeState) {}, share, share0, true},
+		{"share on a whole GPU", func(n *NodeState) { n.Apply(&Request{}, onGPU0) }, share, share0, false},
+		{"GPU out of range", func(*NodeState) {}, whole, &Placement{Devices: []Device{{GPU: 2, Whole: true}}}, false},
+	}
+	for _, c := range cases {
+		n := twoGPUNode()
+		c.setup(n)
+		if got := Fits(n, c.r, c.p); got != c.want {
+			t.Errorf("%s: Fits = %v, want %v", c.name, got, c.want)
+		}
+	}
+}
+
+// TestUnfitNamesTheResource: a MIG or mdev shortfall names the resource the pod asked for, as the
+// user wrote it (an attribute profile's "+" is "." in the resource name).
+func TestUnfitNamesTheResource(t *testing.T) {
+	n := twoGPUNode()
+	for _, c := range []struct {
+		shape ContainerShape
+		want  string
+	}{
+		{ContainerShape{Name: "c", MIG: map[string]int{"1g.10gb+me": 1}}, "asks for 1 nvidia.com/mig-1g.10gb.me,"},
+		{ContainerShape{Name: "c", Mdev: map[string]int{"A100-4C": 2}}, "asks for 2 tessera.dev/mdev-A100-4C,"},
+	} {
+		_, u := Candidates(n, &Request{Containers: []ContainerShape{c.shape}})
+		if u == nil || !strings.Contains(u.Msg, c.want) {
+			t.Errorf("unfit = %v, want it to contain %q", u, c.want)
+		}
+	}
+}
