@@ -16,17 +16,25 @@ import (
 )
 
 // publisher writes the inventory annotation (and the GPU model label) on the agent's Node, which
-// is all the extender knows about the node's GPUs.
+// is all the extender knows about the node's GPUs, and on every refresh the inventory heartbeat: the
+// extender refuses nodes whose heartbeat is older than its inventoryMaxAge (agent gone, GPUs
+// unknown). The inventory itself is patched only when it changed, so a heartbeat does not make the
+// extender rebuild the node.
 func publisher(ctx context.Context, client kubernetes.Interface, nodeName string) func(*api.NodeInventory) {
+	last := ""
 	return func(inv *api.NodeInventory) {
 		data, err := api.EncodeInventory(inv)
 		if err != nil {
 			slog.Error("inventory does not encode; not published", "err", err)
 			return
 		}
-		meta := map[string]any{"annotations": map[string]string{api.AnnotationInventory: string(data)}}
-		if len(inv.GPUs) > 0 {
-			meta["labels"] = map[string]string{api.LabelGPUModel: labelValue(inv.GPUs[0].Model)}
+		annotations := map[string]string{api.AnnotationInventoryHeartbeat: time.Now().UTC().Format(time.RFC3339)}
+		meta := map[string]any{"annotations": annotations}
+		if string(data) != last {
+			annotations[api.AnnotationInventory] = string(data)
+			if len(inv.GPUs) > 0 {
+				meta["labels"] = map[string]string{api.LabelGPUModel: labelValue(inv.GPUs[0].Model)}
+			}
 		}
 		patch, _ := json.Marshal(map[string]any{"metadata": meta})
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -35,7 +43,10 @@ func publisher(ctx context.Context, client kubernetes.Interface, nodeName string
 			slog.Error("publish inventory on the Node", "node", nodeName, "err", err)
 			return
 		}
-		slog.Info("inventory published", "node", nodeName, "gpus", len(inv.GPUs))
+		if string(data) != last {
+			slog.Info("inventory published", "node", nodeName, "gpus", len(inv.GPUs))
+		}
+		last = string(data)
 	}
 }
 
