@@ -138,7 +138,8 @@ func (c *Cluster) startExtender(t *testing.T, policy string) {
 	t.Helper()
 	kc := c.CP.MintKubeconfig(t, "tessera-extender", CertSpec{CommonName: "tessera-extender", Organizations: []string{"system:masters"}})
 	cfg := filepath.Join(c.CP.Dir, "extender-config.yaml")
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("apiVersion: %s\nkind: %s\npolicy: %s\nreservationTTL: 30s\n",
+	// inventoryMaxAge as the chart sets it: pods place only while the agent's heartbeat is fresh.
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("apiVersion: %s\nkind: %s\npolicy: %s\nreservationTTL: 30s\ninventoryMaxAge: 5m\n",
 		api.Version, api.KindExtenderConfig, policy)), 0o644); err != nil {
 		t.Fatal(err)
 	}
