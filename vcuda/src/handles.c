@@ -27,7 +27,7 @@
 static const unsigned tier_bits[VC_K_COUNT][2] = {
     [VC_K_PTR] = {16, 20},   [VC_K_ARRAY] = {12, 18}, [VC_K_MIPMAP] = {10, 16},
     [VC_K_GENERIC] = {14, 19}, [VC_K_IPC] = {10, 16},  [VC_K_EXTMEM] = {8, 14},
-    [VC_K_POOL] = {8, 12},   [VC_K_HEAP] = {6, 10},
+    [VC_K_POOLPTR] = {16, 20}, [VC_K_LIMIT] = {6, 10},
 };
 
 static vc_entry *tables[VC_K_COUNT][2];

@@ -14,8 +14,8 @@ enum {
     VC_K_GENERIC, /* cuMemCreate */
     VC_K_IPC,     /* cuIpcOpenMemHandle mappings */
     VC_K_EXTMEM,  /* cuImportExternalMemory */
-    VC_K_POOL,    /* memory pool -> gpu record (size unused) */
-    VC_K_HEAP,    /* context -> its cuCtxSetLimit malloc heap */
+    VC_K_POOLPTR, /* stream-ordered pool allocations: 512-rounded size, pool slot */
+    VC_K_LIMIT,   /* context ^ limit << 60 -> memory its cuCtxSetLimit takes */
     VC_K_COUNT
 };
 

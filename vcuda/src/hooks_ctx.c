@@ -125,7 +125,7 @@ VC_EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
     uint64_t key = (uint64_t)(uintptr_t)ctx, want = ((uint64_t)value + HEAP_PAGE - 1) & ~(HEAP_PAGE - 1);
     uint64_t had = 0;
     int hg = -1;
-    if (vc_lookup(VC_K_HEAP, key, &had, &hg) != 0)
+    if (vc_lookup(VC_K_LIMIT, key, &had, &hg) != 0)
         had = 0;
     if (g < 0 && want > 0)
         return CUDA_ERROR_OUT_OF_MEMORY; /* not in the limits file: cap 0 */
@@ -141,8 +141,8 @@ VC_EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
         vc_release(g, had - want);
     uint64_t sz, cx;
     int gg;
-    vc_untrack(VC_K_HEAP, key, &sz, &gg, &cx);
-    if (want && vc_track_ctx(VC_K_HEAP, key, want, g, key) != 0) {
+    vc_untrack(VC_K_LIMIT, key, &sz, &gg, &cx);
+    if (want && vc_track_ctx(VC_K_LIMIT, key, want, g, key) != 0) {
         vc_release(g, want); /* cannot remember it: do not keep it charged forever */
     }
     return r;

@@ -26,7 +26,8 @@ H(cuMemFree_v2) H(cuArrayCreate_v2) H(cuArrayCreate) H(cuArray3DCreate_v2) H(cuA
 H(cuArrayDestroy) H(cuMipmappedArrayCreate) H(cuMipmappedArrayDestroy) H(cuMemCreate)
 H(cuMemRelease) H(cuMemAllocAsync) H(cuMemAllocAsync_ptsz) H(cuMemAllocFromPoolAsync)
 H(cuMemAllocFromPoolAsync_ptsz) H(cuMemFreeAsync) H(cuMemFreeAsync_ptsz) H(cuMemPoolCreate)
-H(cuMemPoolDestroy) H(cuDeviceGetDefaultMemPool) H(cuDeviceGetMemPool) H(cuIpcOpenMemHandle)
+H(cuMemPoolDestroy) H(cuMemPoolSetAttribute) H(cuMemPoolTrimTo) H(cuStreamSynchronize)
+H(cuStreamSynchronize_ptsz) H(cuCtxSynchronize) H(cuEventSynchronize) H(cuDeviceGetDefaultMemPool) H(cuDeviceGetMemPool) H(cuIpcOpenMemHandle)
 H(cuIpcOpenMemHandle_v2) H(cuIpcCloseMemHandle) H(cuImportExternalMemory)
 H(cuDestroyExternalMemory) H(cuMemGetInfo_v2) H(cuMemGetInfo) H(cuDeviceTotalMem_v2)
 H(cuDeviceTotalMem) H(cuLaunchKernel) H(cuLaunchKernel_ptsz) H(cuLaunchKernelEx)
@@ -80,6 +81,12 @@ static const hook_entry hooks[] = {
     E(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 0, 1),
     E(cuMemPoolCreate, "cuMemPoolCreate", 0, 0),
     E(cuMemPoolDestroy, "cuMemPoolDestroy", 0, 0),
+    E(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 0, 0),
+    E(cuMemPoolTrimTo, "cuMemPoolTrimTo", 0, 0),
+    E(cuStreamSynchronize, "cuStreamSynchronize", 0, 0),
+    E(cuStreamSynchronize_ptsz, "cuStreamSynchronize", 0, 1),
+    E(cuCtxSynchronize, "cuCtxSynchronize", 0, 0),
+    E(cuEventSynchronize, "cuEventSynchronize", 0, 0),
     E(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 0, 0),
     E(cuDeviceGetMemPool, "cuDeviceGetMemPool", 0, 0),
     E(cuIpcOpenMemHandle, "cuIpcOpenMemHandle", 0, 0),

@@ -63,6 +63,12 @@
     X(cuMemFreeAsync_ptsz, (CUdeviceptr, CUstream))                                                \
     X(cuMemPoolCreate, (CUmemoryPool *, const CUmemPoolProps *))                                   \
     X(cuMemPoolDestroy, (CUmemoryPool))                                                            \
+    X(cuMemPoolSetAttribute, (CUmemoryPool, int, void *))                                         \
+    X(cuMemPoolGetAttribute, (CUmemoryPool, int, void *))                                         \
+    X(cuMemPoolTrimTo, (CUmemoryPool, size_t))                                                     \
+    X(cuStreamSynchronize, (CUstream))                                                             \
+    X(cuStreamSynchronize_ptsz, (CUstream))                                                        \
+    X(cuCtxSynchronize, (void))                                                                    \
     X(cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice))                                       \
     X(cuDeviceGetMemPool, (CUmemoryPool *, CUdevice))                                              \
     X(cuIpcOpenMemHandle, (CUdeviceptr *, CUipcMemHandle, unsigned int))                           \

@@ -463,12 +463,14 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *c) {
     return CUDA_SUCCESS;
 }
 static int unsafe_call(void);
+static void sync_trim(int d);
 EXPORT CUresult cuCtxSynchronize(void) {
     if (!cur)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (unsafe_call())
         return 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED */
     sleep_until(atomic_load(&F.sh->dev[cur->dev].busy_until));
+    sync_trim(cur->dev);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
@@ -560,8 +562,10 @@ EXPORT CUresult cuStreamSynchronize(CUstream s) {
     if (unsafe_call())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     sleep_until(atomic_load(stream_until(s, d)));
+    sync_trim(d);
     return CUDA_SUCCESS;
 }
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
 
 /* ---- context limits ----
  * The device malloc heap is device memory of the context, taken when it is
@@ -595,22 +599,28 @@ EXPORT CUresult cuCtxGetLimit(size_t *v, int limit) {
 
 /* ---- memory bookkeeping ---- */
 
-enum { K_DEV = 1, K_HOSTVMM, K_IPC, K_VIEW, K_EXT };
+enum { K_DEV = 1, K_HOSTVMM, K_IPC, K_VIEW, K_EXT, K_POOL };
+struct fake_pool;
 typedef struct rec {
     uint64_t key, size;
+    uint64_t phys; /* device memory it took (rounded as the driver does) */
     int dev, kind;
     fake_ctx *ctx; /* NULL: device-level (VMM handles, pools) */
+    struct fake_pool *pool; /* K_POOL: the pool it came from */
     struct rec *next;
 } rec;
 #define NBUCKET 4096
 static rec *buckets[NBUCKET];
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static void reg_add_ctx(uint64_t key, uint64_t size, int dev, int kind, fake_ctx *ctx) {
+static void reg_add_full(uint64_t key, uint64_t size, uint64_t phys, int dev, int kind, fake_ctx *ctx,
+                         struct fake_pool *pool) {
     rec *r = malloc(sizeof(*r));
     r->ctx = ctx;
     r->key = key;
     r->size = size;
+    r->phys = phys;
+    r->pool = pool;
     r->dev = dev;
     r->kind = kind;
     pthread_mutex_lock(&reg_mu);
@@ -619,7 +629,7 @@ static void reg_add_ctx(uint64_t key, uint64_t size, int dev, int kind, fake_ctx
     pthread_mutex_unlock(&reg_mu);
 }
 static void reg_add(uint64_t key, uint64_t size, int dev, int kind) {
-    reg_add_ctx(key, size, dev, kind, cur);
+    reg_add_full(key, size, size, dev, kind, cur, NULL);
 }
 static int reg_take(uint64_t key, int kind, rec *out, int remove) {
     pthread_mutex_lock(&reg_mu);
@@ -733,27 +743,45 @@ static void give(int d, uint64_t size) {
         atomic_fetch_sub(&me->used[d], size);
 }
 
-static CUresult dev_alloc_ctx(uint64_t *key, uint64_t size, int d, int kind, fake_ctx *ctx) {
+/* Rounding: the driver maps device memory in 2 MiB pages. An allocation
+ * over 1 MiB gets whole pages of its own; smaller ones are carved from
+ * pages at 512-byte alignment (the fake does not model the partly used page
+ * they share). */
+#define PAGE2M (2ull << 20)
+static uint64_t round_up(uint64_t x, uint64_t a) {
+    return x > UINT64_MAX - (a - 1) ? UINT64_MAX / a * a : (x + a - 1) / a * a;
+}
+static uint64_t linear_phys(uint64_t size) {
+    return size > (1ull << 20) ? round_up(size, PAGE2M) : round_up(size, 512);
+}
+static CUresult dev_alloc_phys(uint64_t *key, uint64_t size, uint64_t phys, int d, int kind, fake_ctx *ctx) {
     INIT();
     if (!key || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     maybe_block();
-    CUresult r = kind == K_DEV || kind == K_EXT ? take(d, size) : CUDA_SUCCESS;
+    CUresult r = kind == K_DEV || kind == K_EXT ? take(d, phys) : CUDA_SUCCESS;
     if (r != CUDA_SUCCESS)
         return r;
     *key = new_addr(size);
-    reg_add_ctx(*key, size, d, kind, ctx);
+    reg_add_full(*key, size, phys, d, kind, ctx, NULL);
     return CUDA_SUCCESS;
 }
-static CUresult dev_alloc(uint64_t *key, uint64_t size, int d, int kind) {
-    return dev_alloc_ctx(key, size, d, kind, cur);
+static CUresult dev_alloc_ctx(uint64_t *key, uint64_t size, int d, int kind, fake_ctx *ctx) {
+    return dev_alloc_phys(key, size, size, d, kind, ctx);
 }
+/* Linear memory and arrays of the current context: rounded to pages. */
+static CUresult dev_alloc(uint64_t *key, uint64_t size, int d, int kind) {
+    return dev_alloc_phys(key, size, kind == K_DEV ? linear_phys(size) : size, d, kind, cur);
+}
+static void pool_free(struct fake_pool *p, uint64_t size);
 static CUresult dev_free(uint64_t key, int kind) {
     rec r;
     if (reg_take(key, kind, &r, 1) != 0)
         return CUDA_ERROR_INVALID_VALUE;
+    if (r.kind == K_POOL)
+        pool_free(r.pool, r.phys);
     if (r.kind == K_DEV || r.kind == K_EXT)
-        give(r.dev, r.size);
+        give(r.dev, r.phys);
     if (r.kind == K_IPC)
         atomic_fetch_sub(&F.sh->dev[r.dev].mapped, r.size);
     old_addr(key, r.size);
@@ -784,7 +812,7 @@ static void ctx_free_all(fake_ctx *c) {
         rec *r = dead;
         dead = r->next;
         if (r->kind == K_DEV || r->kind == K_EXT)
-            give(r->dev, r->size);
+            give(r->dev, r->phys);
         if (r->kind == K_IPC)
             atomic_fetch_sub(&F.sh->dev[r->dev].mapped, r->size);
         free(r);
@@ -887,36 +915,222 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 }
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return dev_free(h, 0); }
 
-/* Pools: the handle is a pointer to its location. */
-static CUmemLocation default_pool[FAKE_MAX_DEVS];
-EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
-    if (!pool || !props)
+/* ---- stream-ordered pools ----
+ * A pool takes device memory in 2 MiB pages as its live allocations (each
+ * rounded to 512 bytes) outgrow what it holds, and keeps freed memory:
+ * only at a synchronisation (stream, event, context) does it give back
+ * what it holds above max(live allocations, release threshold) (default
+ * threshold 0; PyTorch sets UINT64_MAX, so nothing is given back);
+ * cuMemPoolTrimTo gives back down to its argument. The handle points to the
+ * pool, whose first member is its location. Pools are process-local. */
+typedef struct fake_pool {
+    CUmemLocation loc;
+    int dev; /* -1: host memory */
+    int dead; /* destroyed while allocations were live */
+    uint64_t used, reserved, threshold, used_high, reserved_high;
+} fake_pool;
+#define NPOOLS 64
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static fake_pool default_pool[FAKE_MAX_DEVS];
+static fake_pool *cur_pool[FAKE_MAX_DEVS];
+static fake_pool *pools[NPOOLS]; /* created with cuMemPoolCreate */
+static int npools;
+
+static fake_pool *dev_pool(int d) {
+    pthread_mutex_lock(&pool_mu);
+    if (!default_pool[d].loc.type) {
+        default_pool[d].loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        default_pool[d].loc.id = d;
+        default_pool[d].dev = d;
+    }
+    fake_pool *p = cur_pool[d] ? cur_pool[d] : &default_pool[d];
+    pthread_mutex_unlock(&pool_mu);
+    return p;
+}
+/* Gives back what p holds above max(live allocations, keep). Under pool_mu. */
+static void pool_trim_locked(fake_pool *p, uint64_t keep) {
+    if (p->dev < 0)
+        return;
+    uint64_t k = round_up(p->used, PAGE2M), want = keep < p->reserved ? round_up(keep, PAGE2M) : p->reserved;
+    if (want > k)
+        k = want;
+    if (p->dead)
+        k = round_up(p->used, PAGE2M);
+    if (k < p->reserved) {
+        give(p->dev, p->reserved - k);
+        p->reserved = k;
+    }
+}
+/* A synchronisation: pools of device d (all devices if d < 0) give back
+ * what they hold above their release threshold. */
+static void sync_trim(int d) {
+    pthread_mutex_lock(&pool_mu);
+    for (int i = 0; i < F.ndev; i++)
+        if (d < 0 || d == i)
+            pool_trim_locked(&default_pool[i], default_pool[i].threshold);
+    for (int i = 0; i < npools; i++)
+        if (d < 0 || pools[i]->dev == d)
+            pool_trim_locked(pools[i], pools[i]->threshold);
+    pthread_mutex_unlock(&pool_mu);
+}
+static CUresult pool_alloc(uint64_t *key, uint64_t size, fake_pool *p) {
+    INIT();
+    if (!key || size == 0 || !p)
         return CUDA_ERROR_INVALID_VALUE;
-    CUmemLocation *l = malloc(sizeof(*l));
-    *l = props->location;
-    *pool = (CUmemoryPool)l;
+    if (p->dev < 0)
+        return dev_alloc_ctx(key, size, 0, K_HOSTVMM, NULL);
+    maybe_block();
+    uint64_t sz = round_up(size, 512);
+    pthread_mutex_lock(&pool_mu);
+    if (p->dead) {
+        pthread_mutex_unlock(&pool_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    uint64_t need = p->used + sz;
+    if (need > p->reserved) {
+        uint64_t grow = round_up(need, PAGE2M) - p->reserved;
+        CUresult r = take(p->dev, grow);
+        if (r != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&pool_mu);
+            return r;
+        }
+        p->reserved += grow;
+        if (p->reserved > p->reserved_high)
+            p->reserved_high = p->reserved;
+    }
+    p->used = need;
+    if (need > p->used_high)
+        p->used_high = need;
+    pthread_mutex_unlock(&pool_mu);
+    *key = new_addr(size);
+    reg_add_full(*key, size, sz, p->dev, K_POOL, NULL, p);
     return CUDA_SUCCESS;
 }
+static void pool_free(fake_pool *p, uint64_t size) {
+    pthread_mutex_lock(&pool_mu);
+    p->used -= size;
+    if (p->dead)
+        pool_trim_locked(p, 0);
+    pthread_mutex_unlock(&pool_mu);
+}
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    INIT();
+    if (!pool || !props)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = -1;
+    if (props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        if (props->location.id < 0 || props->location.id >= F.ndev)
+            return CUDA_ERROR_INVALID_DEVICE;
+        dev = props->location.id;
+    } else if (props->location.type < CU_MEM_LOCATION_TYPE_HOST ||
+               props->location.type > CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    fake_pool *p = calloc(1, sizeof(*p));
+    p->loc = props->location;
+    p->dev = dev;
+    pthread_mutex_lock(&pool_mu);
+    if (npools == NPOOLS) {
+        pthread_mutex_unlock(&pool_mu);
+        free(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pools[npools++] = p;
+    pthread_mutex_unlock(&pool_mu);
+    *pool = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+/* Like the real driver: a pool destroyed with live allocations goes when
+ * the last of them is freed (the struct is leaked: handles stay unique). */
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
-    CUmemLocation *l = (CUmemLocation *)pool;
-    if (l < default_pool || l >= default_pool + FAKE_MAX_DEVS)
-        free(l);
+    fake_pool *p = (fake_pool *)pool;
+    if (!p || (p >= default_pool && p < default_pool + FAKE_MAX_DEVS))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    for (int i = 0; i < npools; i++)
+        if (pools[i] == p)
+            pools[i] = pools[--npools];
+    for (int d = 0; d < FAKE_MAX_DEVS; d++)
+        if (cur_pool[d] == p)
+            cur_pool[d] = NULL;
+    p->dead = 1;
+    pool_trim_locked(p, 0);
+    pthread_mutex_unlock(&pool_mu);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d) {
     CHECK_DEV(d);
     if (!pool)
         return CUDA_ERROR_INVALID_VALUE;
-    default_pool[d].type = CU_MEM_LOCATION_TYPE_DEVICE;
-    default_pool[d].id = d;
+    dev_pool(d);
     *pool = (CUmemoryPool)&default_pool[d];
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice d) {
-    return cuDeviceGetDefaultMemPool(pool, d);
+    CHECK_DEV(d);
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pool = (CUmemoryPool)dev_pool(d);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceSetMemPool(CUdevice d, CUmemoryPool pool) {
+    CHECK_DEV(d);
+    fake_pool *p = (fake_pool *)pool;
+    if (!p || p->dev != d)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    cur_pool[d] = p;
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
+    fake_pool *p = (fake_pool *)pool;
+    if (!p || !value || attr < 1 || attr > 8)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        p->threshold = *(cuuint64_t *)value;
+    else if (attr == 6) /* RESERVED_MEM_HIGH: reset to the current value */
+        p->reserved_high = p->reserved;
+    else if (attr == 8) /* USED_MEM_HIGH */
+        p->used_high = p->used;
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
+    fake_pool *p = (fake_pool *)pool;
+    if (!p || !value || attr < 1 || attr > 8)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    uint64_t v = 0;
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: v = p->threshold; break;
+    case 5: v = p->reserved; break; /* RESERVED_MEM_CURRENT */
+    case 6: v = p->reserved_high; break;
+    case 7: v = p->used; break; /* USED_MEM_CURRENT */
+    case 8: v = p->used_high; break;
+    default: *(int *)value = 1; pthread_mutex_unlock(&pool_mu); return CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&pool_mu);
+    *(cuuint64_t *)value = v;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    fake_pool *p = (fake_pool *)pool;
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    pool_trim_locked(p, keep);
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
-    return dev_alloc_ctx((uint64_t *)p, size, stream_dev(s), K_DEV, NULL);
+    INIT();
+    int d = stream_dev(s);
+    if (d < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return pool_alloc((uint64_t *)p, size, dev_pool(d));
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s) {
     return cuMemAllocAsync(p, size, s);
@@ -924,12 +1138,7 @@ EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s) {
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, CUmemoryPool pool,
                                         CUstream s) {
     (void)s;
-    CUmemLocation *l = (CUmemLocation *)pool;
-    if (!l)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (l->type == CU_MEM_LOCATION_TYPE_DEVICE)
-        return dev_alloc_ctx((uint64_t *)p, size, l->id, K_DEV, NULL);
-    return dev_alloc_ctx((uint64_t *)p, size, 0, K_HOSTVMM, NULL);
+    return pool_alloc((uint64_t *)p, size, (fake_pool *)pool);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, CUmemoryPool pool,
                                              CUstream s) {
@@ -949,7 +1158,7 @@ typedef struct {
 } ipc_payload;
 EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
     rec r;
-    if (!h || reg_take(p, K_DEV, &r, 0) != 0)
+    if (!h || reg_take(p, 0, &r, 0) != 0 || (r.kind != K_DEV && r.kind != K_POOL))
         return CUDA_ERROR_INVALID_VALUE;
     memset(h, 0, sizeof(*h));
     ipc_payload pl = {"FAKEIPC", r.size, r.dev};
@@ -1458,6 +1667,7 @@ EXPORT CUresult cuEventSynchronize(CUevent e) {
         nanosleep(&ts, NULL);
     }
     sleep_until(atomic_load(&ev->ts));
+    sync_trim(-1);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
@@ -1593,13 +1803,14 @@ static const proc procs[] = {
     PV("cuCtxCreate", cuCtxCreate_v2), PV("cuCtxDestroy", cuCtxDestroy_v2), P(cuCtxSetCurrent),
     P(cuCtxGetCurrent), P(cuCtxGetDevice), PV("cuCtxPushCurrent", cuCtxPushCurrent_v2),
     PV("cuCtxPopCurrent", cuCtxPopCurrent_v2), P(cuCtxSynchronize), P(cuStreamCreate),
-    PV("cuStreamDestroy", cuStreamDestroy_v2), P(cuStreamGetCtx), P(cuStreamSynchronize),
+    PV("cuStreamDestroy", cuStreamDestroy_v2), P(cuStreamGetCtx), PT(cuStreamSynchronize),
     PV("cuMemAlloc", cuMemAlloc_v2), P(cuMemAllocManaged), PV("cuMemAllocPitch", cuMemAllocPitch_v2),
     PV("cuMemFree", cuMemFree_v2), PV("cuMemGetAddressRange", cuMemGetAddressRange_v2),
     PV("cuMemGetInfo", cuMemGetInfo_v2), PV("cuArrayCreate", cuArrayCreate_v2),
     PV("cuArray3DCreate", cuArray3DCreate_v2), P(cuArrayDestroy), P(cuMipmappedArrayCreate),
     P(cuMipmappedArrayDestroy), P(cuMemCreate), P(cuMemRelease), P(cuMemPoolCreate),
-    P(cuMemPoolDestroy), P(cuDeviceGetDefaultMemPool), P(cuDeviceGetMemPool), PT(cuMemAllocAsync),
+    P(cuMemPoolDestroy), P(cuDeviceGetDefaultMemPool), P(cuDeviceGetMemPool), P(cuDeviceSetMemPool),
+    P(cuMemPoolSetAttribute), P(cuMemPoolGetAttribute), P(cuMemPoolTrimTo), PT(cuMemAllocAsync),
     PT(cuMemAllocFromPoolAsync), PT(cuMemFreeAsync), P(cuIpcGetMemHandle),
     PV("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2), P(cuIpcCloseMemHandle),
     P(cuImportExternalMemory), P(cuDestroyExternalMemory), P(cuExternalMemoryGetMappedBuffer),

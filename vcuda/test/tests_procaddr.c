@@ -91,8 +91,8 @@ TEST(procaddr_runtime_path) {
         expect(fn, "libvcuda", hooked[i].want);
     }
     /* not hooked: the driver's own */
-    CHECK_CU(gpa2("cuCtxSynchronize", &fn, 12040, 0, &st));
-    expect(fn, "libcuda.so.1", "cuCtxSynchronize");
+    CHECK_CU(gpa2("cuStreamCreate", &fn, 12040, 0, &st));
+    expect(fn, "libcuda.so.1", "cuStreamCreate");
     CHECK(gpa2("cuNoSuchFunction", &fn, 12040, 0, &st) == CUDA_ERROR_NOT_FOUND &&
               st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
           "unknown symbol");
@@ -125,7 +125,7 @@ TEST(procaddr_dlsym) {
     CHECK(h != NULL, "dlopen: %s", dlerror());
     expect(dlsym(h, "cuMemAlloc_v2"), "libvcuda", "cuMemAlloc_v2");
     expect(dlsym(h, "cuLaunchKernel_ptsz"), "libvcuda", "cuLaunchKernel_ptsz");
-    expect(dlsym(h, "cuCtxSynchronize"), "libcuda.so.1", "cuCtxSynchronize");
+    expect(dlsym(h, "cuStreamCreate"), "libcuda.so.1", "cuStreamCreate");
     CHECK(dlsym(h, "cuNoSuchFunction") == NULL, "unknown symbol resolved");
     void *n = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     CHECK(n != NULL, "dlopen nvml: %s", dlerror());

@@ -1,0 +1,213 @@
+/*
+ * tests_driver_mem.c - memory the driver takes beyond what was asked for:
+ * stream-ordered pools that keep freed pages, ... Each case checks vcuda's
+ * region and the fake driver's physical high-water mark, which is shared by
+ * every process of the test (FAKE_CUDA_SHM): the container must never hold
+ * a byte of device memory over its cap, however the memory is taken.
+ */
+#define _GNU_SOURCE
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_api.h"
+#include "util.h"
+
+#define CAP (60 * MiB)
+#define RELEASE_THRESHOLD 4
+#define RESERVED_MEM_CURRENT 5
+
+static void one_gpu(void) {
+    gpu_line g[1] = {{0, CAP, 100}};
+    setup_limits(g, 1);
+}
+
+static uint64_t phys_peak(void) {
+    fake_stats st;
+    fakeDeviceStats(0, &st);
+    return st.peak;
+}
+static uint64_t phys_used(void) {
+    fake_stats st;
+    fakeDeviceStats(0, &st);
+    return st.used;
+}
+
+/* Allocates 1 MiB units with alloc() until OOM; returns how many. */
+static int fill_mib(CUresult (*alloc)(CUdeviceptr *), CUdeviceptr *h, int max) {
+    int n = 0;
+    for (;;) {
+        CHECK(n < max, "no OOM after %d MiB", n);
+        CUresult r = alloc(&h[n]);
+        if (r != CUDA_SUCCESS) {
+            CHECK(r == CUDA_ERROR_OUT_OF_MEMORY, "got %d, want OOM", r);
+            return n;
+        }
+        n++;
+    }
+}
+static CUstream pstream;
+static CUresult async_mib(CUdeviceptr *d) { return cuMemAllocAsync(d, MiB, pstream); }
+static CUresult linear_mib(CUdeviceptr *d) { return cuMemAlloc_v2(d, MiB); }
+
+/* A process of the container using cudaMallocAsync as PyTorch does (release
+ * threshold UINT64_MAX): it fills the cap, frees everything and
+ * synchronises; its pool keeps the pages. Steps driven by the parent. */
+static int pool_user(int i, void *arg) {
+    (void)i;
+    chan *c = arg;
+    ctx_on(0);
+    CHECK_CU(cuStreamCreate(&pstream, 0));
+    CUmemoryPool pool;
+    CHECK_CU(cuDeviceGetMemPool(&pool, 0));
+    cuuint64_t max = UINT64_MAX;
+    CHECK_CU(cuMemPoolSetAttribute(pool, RELEASE_THRESHOLD, &max));
+    CUdeviceptr h[128];
+    int n = fill_mib(async_mib, h, 128);
+    for (int k = 0; k < n; k++)
+        CHECK_CU(cuMemFreeAsync(h[k], pstream));
+    CHECK_CU(cuStreamSynchronize(pstream));
+    CHECK_CU(cuCtxSynchronize());
+    chan_send_up(c, (uint64_t)n);
+    chan_recv_down(c); /* trim to 20 MiB */
+    CHECK_CU(cuMemPoolTrimTo(pool, 20 * MiB));
+    cuuint64_t held = 0;
+    CHECK_CU(cuMemPoolGetAttribute(pool, RESERVED_MEM_CURRENT, &held));
+    chan_send_up(c, held);
+    chan_recv_down(c); /* threshold 0, then synchronise: everything goes */
+    cuuint64_t zero = 0;
+    CHECK_CU(cuMemPoolSetAttribute(pool, RELEASE_THRESHOLD, &zero));
+    CHECK_CU(cuStreamSynchronize(pstream));
+    chan_send_up(c, 0);
+    chan_recv_down(c);
+    return 0;
+}
+/* Another process of the container using cuMemAlloc. */
+static int linear_user(int i, void *arg) {
+    (void)i;
+    chan *c = arg;
+    ctx_on(0);
+    CUdeviceptr h[128];
+    for (;;) {
+        if (chan_recv_down(c) == 0)
+            return 0;
+        int n = fill_mib(linear_mib, h, 128);
+        for (int k = 0; k < n; k++)
+            CHECK_CU(cuMemFree_v2(h[k]));
+        chan_send_up(c, (uint64_t)n);
+    }
+}
+
+TEST(mem_pool_keeps_pages_across_processes) {
+    one_gpu();
+    chan a, b;
+    chan_init(&a);
+    chan_init(&b);
+    pid_t pa = spawn(pool_user, 0, &a), pb = spawn(linear_user, 1, &b);
+    CHECK(chan_recv_up(&a) == CAP / MiB, "the pool user got less than the cap");
+    CHECK(region_used(0) == CAP, "freed pool pages credited: region %llu", (unsigned long long)region_used(0));
+    CHECK(phys_used() == CAP, "the fake's pool gave pages back: %llu", (unsigned long long)phys_used());
+    chan_send_down(&b, 1);
+    uint64_t got = chan_recv_up(&b);
+    CHECK(got == 0, "cuMemAlloc got %llu MiB while the pool held the cap", (unsigned long long)got);
+    CHECK(phys_peak() <= CAP, "physical peak %llu over the cap", (unsigned long long)phys_peak());
+
+    chan_send_down(&a, 1); /* cuMemPoolTrimTo(20 MiB) */
+    CHECK(chan_recv_up(&a) == 20 * MiB, "pool kept the wrong amount after the trim");
+    CHECK(region_used(0) == 20 * MiB, "after trim: region %llu", (unsigned long long)region_used(0));
+    chan_send_down(&b, 1);
+    got = chan_recv_up(&b);
+    CHECK(got == 40, "cuMemAlloc got %llu MiB next to a 20 MiB pool", (unsigned long long)got);
+
+    chan_send_down(&a, 1); /* threshold 0 + synchronise */
+    chan_recv_up(&a);
+    CHECK(region_used(0) == 0, "after the synchronisation: region %llu", (unsigned long long)region_used(0));
+    chan_send_down(&b, 1);
+    got = chan_recv_up(&b);
+    CHECK(got == 60, "cuMemAlloc got %llu MiB after the pool emptied", (unsigned long long)got);
+    CHECK(phys_peak() <= CAP, "physical peak %llu over the cap", (unsigned long long)phys_peak());
+    chan_send_down(&a, 1);
+    chan_send_down(&b, 0);
+    CHECK(wait_child(pa) == 0 && wait_child(pb) == 0, "children failed");
+    CHECK(region_used(0) == 0 && phys_used() == 0, "left: region %llu, fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used());
+}
+
+/* The release threshold: at a synchronisation the pool keeps what it holds
+ * up to the threshold; memory is charged while the driver holds it. */
+TEST(mem_pool_release_threshold) {
+    one_gpu();
+    ctx_on(0);
+    CHECK_CU(cuStreamCreate(&pstream, 0));
+    CUmemoryPool pool;
+    CHECK_CU(cuDeviceGetMemPool(&pool, 0));
+    CUdeviceptr h[128];
+    /* default threshold 0: pages go back at the synchronisation */
+    CHECK_CU(cuMemAllocAsync(&h[0], 30 * MiB, pstream));
+    CHECK_CU(cuMemFreeAsync(h[0], pstream));
+    CHECK(region_used(0) == 30 * MiB, "freed before the driver gave pages back: %llu",
+          (unsigned long long)region_used(0));
+    CHECK_CU(cuStreamSynchronize(pstream));
+    CHECK(region_used(0) == 0 && phys_used() == 0, "after sync: region %llu fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used());
+    /* threshold 10 MiB: 10 stay; an event synchronisation also counts */
+    cuuint64_t ten = 10 * MiB;
+    CHECK_CU(cuMemPoolSetAttribute(pool, RELEASE_THRESHOLD, &ten));
+    CHECK_CU(cuMemAllocAsync(&h[0], 30 * MiB, pstream));
+    CHECK_CU(cuMemAllocAsync(&h[1], 1000, pstream)); /* small: 512-byte units in the pool's pages */
+    CHECK(region_used(0) == 32 * MiB, "30 MiB + 1000 B took %llu", (unsigned long long)region_used(0));
+    CHECK_CU(cuMemFreeAsync(h[0], pstream));
+    CUevent ev;
+    CHECK_CU(cuEventCreate(&ev, 0));
+    CHECK_CU(cuEventRecord(ev, pstream));
+    CHECK_CU(cuEventSynchronize(ev));
+    CHECK(region_used(0) == 10 * MiB && phys_used() == 10 * MiB, "threshold 10 MiB: region %llu fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used());
+    /* the kept pages are reused without new charges */
+    CHECK_CU(cuMemAllocAsync(&h[0], 8 * MiB, pstream));
+    CHECK(region_used(0) == 10 * MiB, "reuse charged again: %llu", (unsigned long long)region_used(0));
+    /* a synchronous free of a pool allocation goes back into the pool too */
+    CHECK_CU(cuMemFree_v2(h[0]));
+    CHECK_CU(cuMemFreeAsync(h[1], pstream));
+    /* a destroyed pool gives everything back */
+    CUmemPoolProps pp;
+    memset(&pp, 0, sizeof(pp));
+    pp.allocType = 1;
+    pp.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    CUmemoryPool own;
+    CHECK_CU(cuMemPoolCreate(&own, &pp));
+    CHECK_CU(cuMemAllocFromPoolAsync(&h[2], 20 * MiB, own, pstream));
+    CHECK_CU(cuMemAllocFromPoolAsync(&h[3], 20 * MiB, own, pstream));
+    CHECK(cuMemAllocFromPoolAsync(&h[4], 20 * MiB + 1, own, pstream) == CUDA_ERROR_OUT_OF_MEMORY,
+          "pool pages over the cap");
+    CHECK_CU(cuMemFreeAsync(h[2], pstream));
+    CHECK_CU(cuMemPoolDestroy(own)); /* h[3] still live: its pages stay */
+    CHECK(region_used(0) == 30 * MiB, "after destroy: %llu", (unsigned long long)region_used(0));
+    CHECK_CU(cuMemFreeAsync(h[3], pstream));
+    CHECK(region_used(0) == 10 * MiB && phys_used() == 10 * MiB, "after the last free: region %llu fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used());
+    CHECK_CU(cuMemPoolTrimTo(pool, 0));
+    CHECK(region_used(0) == 0 && phys_used() == 0, "after trim: region %llu fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used());
+    CHECK(phys_peak() <= CAP, "physical peak %llu", (unsigned long long)phys_peak());
+}
+
+/* Linear memory is rounded as the driver does: over 1 MiB to whole 2 MiB
+ * pages, smaller to 512 bytes. */
+TEST(mem_driver_rounding) {
+    one_gpu();
+    ctx_on(0);
+    CUdeviceptr d[64];
+    CHECK_CU(cuMemAlloc_v2(&d[0], MiB + 1)); /* 2 MiB */
+    CHECK_CU(cuMemAlloc_v2(&d[1], 3 * MiB)); /* 4 MiB */
+    CHECK_CU(cuMemAlloc_v2(&d[2], 1)); /* 512 B */
+    CHECK(region_used(0) == 6 * MiB + 512, "charged %llu", (unsigned long long)region_used(0));
+    CHECK(phys_used() == region_used(0), "fake took %llu", (unsigned long long)phys_used());
+    int n = 3;
+    while (cuMemAlloc_v2(&d[n], MiB + 1) == CUDA_SUCCESS)
+        n++;
+    CHECK(n == 3 + 26, "%d allocations of 1 MiB + 1 fit, want 26 (2 MiB each)", n - 3);
+    CHECK(phys_peak() <= CAP, "physical peak %llu", (unsigned long long)phys_peak());
+    for (int k = 0; k < n; k++)
+        CHECK_CU(cuMemFree_v2(d[k]));
+    CHECK(region_used(0) == 0 && phys_used() == 0, "left");
+}
