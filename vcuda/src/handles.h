@@ -15,7 +15,9 @@ enum {
     VC_K_IPC,     /* cuIpcOpenMemHandle mappings */
     VC_K_EXTMEM,  /* cuImportExternalMemory */
     VC_K_POOLPTR, /* stream-ordered pool allocations: 512-rounded size, pool slot */
-    VC_K_LIMIT,   /* context ^ limit << 60 -> memory its cuCtxSetLimit takes */
+    VC_K_LIMIT,   /* context | limit << 60 -> memory its cuCtxSetLimit takes */
+    VC_K_CTX,     /* context (or green context) -> its own device memory */
+    VC_K_GREEN,   /* green context -> the CUcontext cuCtxFromGreenCtx gave (ctx field) */
     VC_K_COUNT
 };
 

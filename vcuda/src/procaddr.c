@@ -32,7 +32,9 @@ H(cuIpcOpenMemHandle_v2) H(cuIpcCloseMemHandle) H(cuImportExternalMemory)
 H(cuDestroyExternalMemory) H(cuMemGetInfo_v2) H(cuMemGetInfo) H(cuDeviceTotalMem_v2)
 H(cuDeviceTotalMem) H(cuLaunchKernel) H(cuLaunchKernel_ptsz) H(cuLaunchKernelEx)
 H(cuLaunchKernelEx_ptsz) H(cuLaunchCooperativeKernel) H(cuLaunchCooperativeKernel_ptsz)
-H(cuGraphLaunch) H(cuGraphLaunch_ptsz) H(cuCtxDestroy) H(cuCtxDestroy_v2) H(cuDevicePrimaryCtxRelease)
+H(cuGraphLaunch) H(cuGraphLaunch_ptsz) H(cuCtxDestroy) H(cuCtxDestroy_v2) H(cuCtxCreate) H(cuCtxCreate_v2)
+H(cuCtxCreate_v3) H(cuCtxCreate_v4) H(cuGreenCtxCreate) H(cuGreenCtxDestroy) H(cuCtxFromGreenCtx)
+H(cuDevicePrimaryCtxRetain) H(cuDevicePrimaryCtxRelease)
 H(cuDevicePrimaryCtxRelease_v2) H(cuDevicePrimaryCtxReset) H(cuDevicePrimaryCtxReset_v2)
 H(nvmlDeviceGetMemoryInfo) H(nvmlDeviceGetMemoryInfo_v2)
 H(cuCtxSetLimit) H(cuLaunch) H(cuLaunchGrid) H(cuLaunchGridAsync) H(cuLaunchCooperativeKernelMultiDevice)
@@ -106,6 +108,14 @@ static const hook_entry hooks[] = {
     E(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 0, 1),
     E(cuGraphLaunch, "cuGraphLaunch", 0, 0),
     E(cuGraphLaunch_ptsz, "cuGraphLaunch", 0, 1),
+    E(cuCtxCreate, "cuCtxCreate", 0, 0),
+    E(cuCtxCreate_v2, "cuCtxCreate", 3020, 0),
+    E(cuCtxCreate_v3, "cuCtxCreate", 11040, 0),
+    E(cuCtxCreate_v4, "cuCtxCreate", 12050, 0),
+    E(cuGreenCtxCreate, "cuGreenCtxCreate", 0, 0),
+    E(cuGreenCtxDestroy, "cuGreenCtxDestroy", 0, 0),
+    E(cuCtxFromGreenCtx, "cuCtxFromGreenCtx", 0, 0),
+    E(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 0, 0),
     E(cuCtxDestroy, "cuCtxDestroy", 0, 0),
     E(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0),
     E(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 0, 0),

@@ -23,6 +23,13 @@
     X(cuDevicePrimaryCtxGetState, (CUdevice, unsigned int *, int *))                               \
     X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                           \
     X(cuCtxDestroy_v2, (CUcontext))                                                                \
+    X(cuCtxCreate, (CUcontext *, unsigned int, CUdevice))                                         \
+    X(cuCtxCreate_v2, (CUcontext *, unsigned int, CUdevice))                                      \
+    X(cuCtxCreate_v3, (CUcontext *, void *, int, unsigned int, CUdevice))                         \
+    X(cuCtxCreate_v4, (CUcontext *, void *, unsigned int, CUdevice))                              \
+    X(cuGreenCtxCreate, (CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int))                \
+    X(cuGreenCtxDestroy, (CUgreenCtx))                                                             \
+    X(cuCtxFromGreenCtx, (CUcontext *, CUgreenCtx))                                                \
     X(cuCtxDestroy, (CUcontext))                                                                   \
     X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                                    \
     X(cuDevicePrimaryCtxRelease, (CUdevice))                                                       \
@@ -98,6 +105,8 @@
     X(cuLaunchCooperativeKernelMultiDevice, (void *, unsigned int, unsigned int))
 
 #define VC_NVML_FUNCS(X)                                                                           \
+    X(nvmlInit_v2, (void))                                                                         \
+    X(nvmlDeviceGetHandleByUUID, (const char *, nvmlDevice_t *))                                   \
     X(nvmlDeviceGetUUID, (nvmlDevice_t, char *, unsigned int))                                     \
     X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t, nvmlMemory_t *))                                     \
     X(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t, nvmlMemory_v2_t *))                               \

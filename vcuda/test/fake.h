@@ -51,7 +51,7 @@
 #include "../src/cuda_types.h"
 
 #define FAKE_MAX_DEVS 16
-#define FAKE_MAX_PROCS 64
+#define FAKE_MAX_PROCS 256
 #define FAKE_DRIVER_VERSION_DEFAULT "580.95.05"
 #define FAKE_CUDA_VERSION_DEFAULT 13000
 #define FAKE_NODE_FILE_DEFAULT "/etc/tessera-sim/gpus"

@@ -43,6 +43,7 @@ typedef struct {
     _Atomic int pid;
     int pad;
     _Atomic uint64_t used[FAKE_MAX_DEVS];
+    _Atomic int ctxs[FAKE_MAX_DEVS]; /* live contexts: NVML lists the process even without memory */
     ivset busy[FAKE_MAX_DEVS]; /* this process's kernels (under the device lock) */
 } shared_proc;
 typedef struct {
@@ -63,6 +64,7 @@ static struct {
     char version[32];
     int cuda_version;
     uint64_t wave_ns, overhead_ns;
+    uint64_t ctx_bytes; /* device memory a context takes (FAKE_CUDA_CTX_BYTES) */
     shared_state *sh;
     _Atomic int inited; /* cuInit succeeded */
     const char *block_path;
@@ -77,6 +79,12 @@ static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+#define PAGE2M (2ull << 20)
+#define FAKE_THREADS_PER_SM 2048 /* resident threads an SM holds (Hopper) */
+static uint64_t round_up(uint64_t x, uint64_t a) {
+    return x > UINT64_MAX - (a - 1) ? UINT64_MAX / a * a : (x + a - 1) / a * a;
 }
 
 static void sleep_until(uint64_t t) {
@@ -236,6 +244,8 @@ static void init(void) {
     F.wave_ns = e ? strtoull(e, NULL, 10) : 100000;
     if (F.wave_ns == 0)
         F.wave_ns = 1;
+    e = getenv("FAKE_CUDA_CTX_BYTES");
+    F.ctx_bytes = e ? strtoull(e, NULL, 10) : 0;
     e = getenv("FAKE_CUDA_LAUNCH_NS");
     F.overhead_ns = e ? strtoull(e, NULL, 10) : 0;
     F.block_path = getenv("FAKE_CUDA_BLOCK_ALLOC");
@@ -263,7 +273,10 @@ static void init(void) {
 typedef struct fake_ctx {
     int dev;
     int refs;      /* primary contexts */
-    uint64_t heap; /* device malloc heap (cuCtxSetLimit), in device memory */
+    uint64_t own;  /* the context's own device memory (FAKE_CUDA_CTX_BYTES) */
+    int refs_proc; /* counted in the process's NVML entry */
+    size_t lim[3]; /* stack, printf FIFO, malloc heap as set (0: the default) */
+    uint64_t lim_mem[3]; /* device memory they take beyond the context's own */
 } fake_ctx;
 /* Stream capture, process-wide: captures in global mode in progress, and
  * each thread's capture mode (cuThreadExchangeStreamCaptureMode). */
@@ -365,6 +378,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
     case 75 /* COMPUTE_CAPABILITY_MAJOR */: *v = F.cc[d][0]; break;
     case 76 /* COMPUTE_CAPABILITY_MINOR */: *v = F.cc[d][1]; break;
     case 33 /* PCI_BUS_ID */: *v = F.minor[d] + 1; break;
+    case 39 /* MAX_THREADS_PER_MULTIPROCESSOR */: *v = FAKE_THREADS_PER_SM; break;
     default: *v = 0;
     }
     return CUDA_SUCCESS;
@@ -376,12 +390,54 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     *bytes = F.mem[d];
     return CUDA_SUCCESS;
 }
+/* A context takes device memory of its own when it is created (the
+ * driver's state, local memory for the default stack of every resident
+ * thread, the printf FIFO...): FAKE_CUDA_CTX_BYTES, given back when it goes
+ * with everything allocated in it. */
+static CUresult take(int d, uint64_t size);
+static void give(int d, uint64_t size);
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static shared_proc *self_proc(void);
+static CUresult ctx_born(fake_ctx *c, int d) {
+    c->dev = d;
+    if (F.ctx_bytes) {
+        CUresult r = take(d, F.ctx_bytes);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    c->own = F.ctx_bytes;
+    c->refs_proc = 1;
+    shared_proc *me = self_proc();
+    if (me)
+        atomic_fetch_add(&me->ctxs[d], 1);
+    return CUDA_SUCCESS;
+}
+static void ctx_gone(fake_ctx *c) {
+    if (cur == c)
+        cur = NULL;
+    ctx_free_all(c);
+    if (c->own)
+        give(c->dev, c->own);
+    c->own = 0;
+    shared_proc *me = c->refs_proc ? self_proc() : NULL;
+    if (me)
+        atomic_fetch_sub(&me->ctxs[c->dev], 1);
+    c->refs_proc = 0;
+}
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     CHECK_DEV(d);
     if (!c)
         return CUDA_ERROR_INVALID_VALUE;
-    primary[d].dev = d;
+    pthread_mutex_lock(&ctx_mu);
+    if (primary[d].refs == 0) {
+        CUresult r = ctx_born(&primary[d], d);
+        if (r != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&ctx_mu);
+            return r;
+        }
+    }
     primary[d].refs++;
+    pthread_mutex_unlock(&ctx_mu);
     *c = (CUcontext)&primary[d];
     return CUDA_SUCCESS;
 }
@@ -389,16 +445,22 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
  * on reset, and takes its allocations with it. */
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     CHECK_DEV(d);
-    if (primary[d].refs <= 0)
+    pthread_mutex_lock(&ctx_mu);
+    if (primary[d].refs <= 0) {
+        pthread_mutex_unlock(&ctx_mu);
         return CUDA_ERROR_INVALID_CONTEXT;
+    }
     if (--primary[d].refs == 0)
-        ctx_free_all(&primary[d]);
+        ctx_gone(&primary[d]);
+    pthread_mutex_unlock(&ctx_mu);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
     CHECK_DEV(d);
+    pthread_mutex_lock(&ctx_mu);
     primary[d].refs = 0;
-    ctx_free_all(&primary[d]);
+    ctx_gone(&primary[d]);
+    pthread_mutex_unlock(&ctx_mu);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned *flags, int *active) {
@@ -415,18 +477,70 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d) {
     if (!c)
         return CUDA_ERROR_INVALID_VALUE;
     fake_ctx *x = calloc(1, sizeof(*x));
-    x->dev = d;
+    CUresult r = ctx_born(x, d);
+    if (r != CUDA_SUCCESS) {
+        free(x);
+        return r;
+    }
     cur = x;
     *c = (CUcontext)x;
     return CUDA_SUCCESS;
 }
+/* The pre-3.2 entry point has the same shape. */
+EXPORT CUresult cuCtxCreate(CUcontext *c, unsigned flags, CUdevice d) { return cuCtxCreate_v2(c, flags, d); }
+/* CUDA 11.4: execution-affinity parameters (ignored here). */
+EXPORT CUresult cuCtxCreate_v3(CUcontext *c, void *params, int n, unsigned flags, CUdevice d) {
+    if (n < 0 || (n > 0 && !params))
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuCtxCreate_v2(c, flags, d);
+}
+/* CUDA 12.5: CUctxCreateParams (NULL: none). */
+EXPORT CUresult cuCtxCreate_v4(CUcontext *c, void *params, unsigned flags, CUdevice d) {
+    (void)params;
+    return cuCtxCreate_v2(c, flags, d);
+}
 EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     if (!c)
         return CUDA_ERROR_INVALID_VALUE;
-    if (cur == (fake_ctx *)c)
-        cur = NULL;
-    ctx_free_all((fake_ctx *)c);
+    ctx_gone((fake_ctx *)c);
     return CUDA_SUCCESS; /* the struct is leaked on purpose: handles stay unique */
+}
+/* Green contexts (CUDA 12.4): a context on a subset of the SMs, with its
+ * own device memory like any other. The CUcontext that cuCtxFromGreenCtx
+ * returns is a different handle from the green context's. */
+typedef struct fake_green {
+    uint64_t magic;
+    fake_ctx ctx;
+} fake_green;
+#define GREEN_MAGIC 0x6e65657267ull
+EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *g, CUdevResourceDesc desc, CUdevice d, unsigned flags) {
+    CHECK_DEV(d);
+    if (!g || !desc || flags != 1 /* CU_GREEN_CTX_DEFAULT_STREAM, required */)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_green *x = calloc(1, sizeof(*x));
+    CUresult r = ctx_born(&x->ctx, d);
+    if (r != CUDA_SUCCESS) {
+        free(x);
+        return r;
+    }
+    x->magic = GREEN_MAGIC;
+    *g = (CUgreenCtx)x;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g) {
+    fake_green *x = (fake_green *)g;
+    if (!x || x->magic != GREEN_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    x->magic = 0;
+    ctx_gone(&x->ctx);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxFromGreenCtx(CUcontext *c, CUgreenCtx g) {
+    fake_green *x = (fake_green *)g;
+    if (!c || !x || x->magic != GREEN_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    *c = (CUcontext)&x->ctx;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
     INIT();
@@ -568,24 +682,45 @@ EXPORT CUresult cuStreamSynchronize(CUstream s) {
 EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
 
 /* ---- context limits ----
- * The device malloc heap is device memory of the context, taken when it is
- * sized (rounded to 2 MiB pages) and given back when the context goes. */
-static CUresult take(int d, uint64_t size);
-static void give(int d, uint64_t size);
+ * Limits that size device memory of the context, taken when set (in 2 MiB
+ * pages) and given back when the context goes:
+ *   CU_LIMIT_STACK_SIZE (0): local memory for every thread the device can
+ *     hold at once (2048 an SM): (stack - 1 KiB default) x 2048 x SMs more;
+ *   CU_LIMIT_PRINTF_FIFO_SIZE (1): the FIFO beyond its 1 MiB default;
+ *   CU_LIMIT_MALLOC_HEAP_SIZE (2): the device heap, any size. */
+static const size_t lim_default[3] = {1024, 1 << 20, 8 << 20};
+static uint64_t limit_mem(int limit, uint64_t v, int d) {
+    uint64_t b;
+    switch (limit) {
+    case 0:
+        if (v <= 1024)
+            return 0;
+        if (__builtin_mul_overflow(v - 1024, (uint64_t)FAKE_THREADS_PER_SM * (uint64_t)F.sms[d], &b))
+            return UINT64_MAX;
+        return round_up(b, PAGE2M);
+    case 1:
+        return v > (1u << 20) ? round_up(v - (1u << 20), PAGE2M) : 0;
+    default:
+        return round_up(v, PAGE2M);
+    }
+}
 EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
     if (!cur)
         return CUDA_ERROR_INVALID_CONTEXT;
-    if (limit != 2 /* CU_LIMIT_MALLOC_HEAP_SIZE */)
-        return limit >= 0 && limit <= 6 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    uint64_t want = ((uint64_t)value + (2ull << 20) - 1) & ~((2ull << 20) - 1);
-    if (want > cur->heap) {
-        CUresult r = take(cur->dev, want - cur->heap);
+    if (limit < 0 || limit > 6)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (limit > 2)
+        return CUDA_SUCCESS;
+    uint64_t want = limit_mem(limit, value, cur->dev), had = cur->lim_mem[limit];
+    if (want > had) {
+        CUresult r = take(cur->dev, want - had);
         if (r != CUDA_SUCCESS)
             return r;
-    } else if (want < cur->heap) {
-        give(cur->dev, cur->heap - want);
+    } else if (want < had) {
+        give(cur->dev, had - want);
     }
-    cur->heap = want;
+    cur->lim_mem[limit] = want;
+    cur->lim[limit] = value;
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxGetLimit(size_t *v, int limit) {
@@ -593,7 +728,7 @@ EXPORT CUresult cuCtxGetLimit(size_t *v, int limit) {
         return CUDA_ERROR_INVALID_VALUE;
     if (!cur)
         return CUDA_ERROR_INVALID_CONTEXT;
-    *v = limit == 2 ? (size_t)cur->heap : 0;
+    *v = limit >= 0 && limit <= 2 ? (cur->lim[limit] ? cur->lim[limit] : lim_default[limit]) : 0;
     return CUDA_SUCCESS;
 }
 
@@ -707,8 +842,10 @@ static shared_proc *self_proc(void) {
         if (p == 0 || p == me || (kill(p, 0) != 0 && errno == ESRCH)) {
             if (p == me || atomic_compare_exchange_strong(&F.sh->proc[i].pid, &p, me)) {
                 if (p != me)
-                    for (int d = 0; d < FAKE_MAX_DEVS; d++)
+                    for (int d = 0; d < FAKE_MAX_DEVS; d++) {
                         atomic_store(&F.sh->proc[i].used[d], 0);
+                        atomic_store(&F.sh->proc[i].ctxs[d], 0);
+                    }
                 my_slot = i;
                 my_slot_pid = me;
                 return &F.sh->proc[i];
@@ -747,10 +884,6 @@ static void give(int d, uint64_t size) {
  * over 1 MiB gets whole pages of its own; smaller ones are carved from
  * pages at 512-byte alignment (the fake does not model the partly used page
  * they share). */
-#define PAGE2M (2ull << 20)
-static uint64_t round_up(uint64_t x, uint64_t a) {
-    return x > UINT64_MAX - (a - 1) ? UINT64_MAX / a * a : (x + a - 1) / a * a;
-}
 static uint64_t linear_phys(uint64_t size) {
     return size > (1ull << 20) ? round_up(size, PAGE2M) : round_up(size, 512);
 }
@@ -790,9 +923,11 @@ static CUresult dev_free(uint64_t key, int kind) {
 
 static void ctx_free_all(fake_ctx *c) {
     rec *dead = NULL;
-    if (c->heap) {
-        give(c->dev, c->heap);
-        c->heap = 0;
+    for (int l = 0; l < 3; l++) {
+        if (c->lim_mem[l])
+            give(c->dev, c->lim_mem[l]);
+        c->lim_mem[l] = 0;
+        c->lim[l] = 0;
     }
     pthread_mutex_lock(&reg_mu);
     for (int b = 0; b < NBUCKET; b++) {
@@ -1722,7 +1857,7 @@ EXPORT int fakeDeviceProcesses(int d, fake_proc *out, int max) {
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
         int p = atomic_load(&F.sh->proc[i].pid);
         uint64_t u = atomic_load(&F.sh->proc[i].used[d]);
-        if (p == 0 || u == 0 || (kill(p, 0) != 0 && errno == ESRCH))
+        if (p == 0 || (u == 0 && atomic_load(&F.sh->proc[i].ctxs[d]) <= 0) || (kill(p, 0) != 0 && errno == ESRCH))
             continue;
         if (n < max && out) {
             out[n].pid = p;
@@ -1800,7 +1935,8 @@ static const proc procs[] = {
     P(cuDeviceGetAttribute), PV("cuDeviceTotalMem", cuDeviceTotalMem_v2),
     P(cuDevicePrimaryCtxRetain), PV("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2),
     PV("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2), P(cuDevicePrimaryCtxGetState),
-    PV("cuCtxCreate", cuCtxCreate_v2), PV("cuCtxDestroy", cuCtxDestroy_v2), P(cuCtxSetCurrent),
+    PV("cuCtxCreate", cuCtxCreate_v2), PV("cuCtxDestroy", cuCtxDestroy_v2), P(cuGreenCtxCreate),
+    P(cuGreenCtxDestroy), P(cuCtxFromGreenCtx), P(cuCtxSetCurrent),
     P(cuCtxGetCurrent), P(cuCtxGetDevice), PV("cuCtxPushCurrent", cuCtxPushCurrent_v2),
     PV("cuCtxPopCurrent", cuCtxPopCurrent_v2), P(cuCtxSynchronize), P(cuStreamCreate),
     PV("cuStreamDestroy", cuStreamDestroy_v2), P(cuStreamGetCtx), PT(cuStreamSynchronize),
@@ -1830,6 +1966,9 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, cu
     *pfn = NULL;
     if (strcmp(sym, "cuGetProcAddress") == 0) {
         *pfn = version >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
+    } else if (strcmp(sym, "cuCtxCreate") == 0) { /* as cuda.h maps it per version */
+        *pfn = version >= 12050 ? (void *)cuCtxCreate_v4 : version >= 11040 ? (void *)cuCtxCreate_v3
+             : version >= 3020 ? (void *)cuCtxCreate_v2 : (void *)cuCtxCreate;
     } else {
         for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
             if (strcmp(procs[i].base, sym) != 0)

@@ -211,3 +211,107 @@ TEST(mem_driver_rounding) {
         CHECK_CU(cuMemFree_v2(d[k]));
     CHECK(region_used(0) == 0 && phys_used() == 0, "left");
 }
+
+/* Contexts take device memory of their own (the fake: FAKE_CUDA_CTX_BYTES
+ * a context). vcuda measures it at the first creation (NVML's entry of the
+ * process) and charges every context for it: primary (first retain only),
+ * cuCtxCreate v1-v4, green contexts; destroying one credits its memory and
+ * what was allocated in it. */
+CUresult cuCtxCreate(CUcontext *, unsigned, CUdevice);
+CUresult cuCtxCreate_v3(CUcontext *, void *, int, unsigned, CUdevice);
+CUresult cuCtxCreate_v4(CUcontext *, void *, unsigned, CUdevice);
+CUresult cuGreenCtxCreate(CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned);
+CUresult cuGreenCtxDestroy(CUgreenCtx);
+CUresult cuCtxFromGreenCtx(CUcontext *, CUgreenCtx);
+CUresult cuCtxSetLimit(int, size_t);
+#define CTXB (100 * MiB)
+
+TEST(mem_contexts_counted) {
+    gpu_line g[1] = {{0, 1000 * MiB, 100}};
+    setup_limits(g, 1);
+    setenv("FAKE_CUDA_CTX_BYTES", "104857600", 1);
+    CHECK_CU(cuInit(0));
+    CUcontext pc, pc2;
+    CHECK_CU(cuDevicePrimaryCtxRetain(&pc, 0));
+    CHECK(region_used(0) == CTXB, "primary context charged %llu", (unsigned long long)region_used(0));
+    CHECK_CU(cuDevicePrimaryCtxRetain(&pc2, 0)); /* already created: nothing more */
+    CHECK(region_used(0) == CTXB, "second retain charged %llu", (unsigned long long)region_used(0));
+    CUcontext c[8];
+    CHECK_CU(cuCtxCreate(&c[0], 0, 0));
+    CHECK_CU(cuCtxCreate_v2(&c[1], 0, 0));
+    CHECK_CU(cuCtxCreate_v3(&c[2], NULL, 0, 0, 0));
+    CHECK_CU(cuCtxCreate_v4(&c[3], NULL, 0, 0));
+    CHECK(region_used(0) == 5 * CTXB, "after v1-v4: %llu", (unsigned long long)region_used(0));
+    /* through cuGetProcAddress, as the runtime resolves it (12.5+: v4) */
+    void *fn = NULL;
+    CHECK_CU(cuGetProcAddress("cuCtxCreate", &fn, 12080, 0));
+    CHECK_CU(((CUresult(*)(CUcontext *, void *, unsigned, CUdevice))fn)(&c[4], NULL, 0, 0));
+    CHECK(region_used(0) == 6 * CTXB, "cuCtxCreate via cuGetProcAddress: %llu", (unsigned long long)region_used(0));
+    /* a green context, and memory allocated in the context made from it */
+    CUgreenCtx gc;
+    CHECK_CU(cuGreenCtxCreate(&gc, (CUdevResourceDesc)(uintptr_t)1, 0, 1));
+    CHECK(region_used(0) == 7 * CTXB, "green context: %llu", (unsigned long long)region_used(0));
+    CUcontext gcc;
+    CHECK_CU(cuCtxFromGreenCtx(&gcc, gc));
+    CHECK_CU(cuCtxSetCurrent(gcc));
+    CUdeviceptr d;
+    CHECK_CU(cuMemAlloc_v2(&d, 10 * MiB));
+    /* the cap: 1000 MiB = 7 contexts + 10 MiB + 2 more contexts; the third is refused */
+    CHECK_CU(cuCtxCreate_v2(&c[5], 0, 0));
+    CHECK_CU(cuCtxCreate_v2(&c[6], 0, 0));
+    CHECK(cuCtxCreate_v2(&c[7], 0, 0) == CUDA_ERROR_OUT_OF_MEMORY, "a context past the cap");
+    CHECK(cuGreenCtxCreate(&gc, (CUdevResourceDesc)(uintptr_t)1, 0, 1) == CUDA_ERROR_OUT_OF_MEMORY,
+          "a green context past the cap");
+    CHECK(phys_peak() <= 1000 * MiB, "physical peak %llu", (unsigned long long)phys_peak());
+    CHECK(phys_used() == region_used(0), "fake %llu, region %llu", (unsigned long long)phys_used(),
+          (unsigned long long)region_used(0));
+    CHECK_CU(cuGreenCtxDestroy(gc)); /* its memory and the 10 MiB allocated in it */
+    CHECK(region_used(0) == 8 * CTXB, "after the green context went: %llu", (unsigned long long)region_used(0));
+    for (int i = 0; i < 7; i++)
+        CHECK_CU(cuCtxDestroy_v2(c[i]));
+    CHECK(region_used(0) == CTXB, "after destroying: %llu", (unsigned long long)region_used(0));
+    CHECK_CU(cuDevicePrimaryCtxRelease_v2(0));
+    CHECK(region_used(0) == CTXB, "primary still retained once: %llu", (unsigned long long)region_used(0));
+    CHECK_CU(cuDevicePrimaryCtxRelease_v2(0));
+    CHECK(region_used(0) == 0 && phys_used() == 0, "after the last release: region %llu fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used());
+    CHECK_CU(cuDevicePrimaryCtxRetain(&pc, 0));
+    CHECK_CU(cuDevicePrimaryCtxReset_v2(0));
+    CHECK(region_used(0) == 0 && phys_used() == 0, "after reset: region %llu fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used());
+}
+
+/* A first context that does not fit under the cap is destroyed again. */
+TEST(mem_context_over_cap_refused) {
+    gpu_line g[1] = {{0, 50 * MiB, 100}};
+    setup_limits(g, 1);
+    setenv("FAKE_CUDA_CTX_BYTES", "104857600", 1);
+    CHECK_CU(cuInit(0));
+    CUcontext c;
+    CHECK(cuCtxCreate_v2(&c, 0, 0) == CUDA_ERROR_OUT_OF_MEMORY, "a 100 MiB context under a 50 MiB cap");
+    CHECK(region_used(0) == 0 && phys_used() == 0, "left: region %llu fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used());
+    /* now known: refused before the driver is asked */
+    CHECK(cuDevicePrimaryCtxRetain(&c, 0) == CUDA_ERROR_OUT_OF_MEMORY, "primary context over the cap");
+    CHECK(phys_peak() <= 100 * MiB, "the known cost was not checked first: peak %llu",
+          (unsigned long long)phys_peak());
+}
+
+/* Stack and printf FIFO limits size device memory of the context too. */
+TEST(mem_ctx_limits_counted) {
+    gpu_line g[1] = {{0, 1000 * MiB, 100}};
+    setup_limits(g, 1);
+    CUcontext c = ctx_on(0);
+    /* 16 SMs x 2048 threads x (2 KiB - the 1 KiB default) = 32 MiB */
+    CHECK_CU(cuCtxSetLimit(0, 2048));
+    CHECK(region_used(0) == 32 * MiB, "stack charged %llu", (unsigned long long)region_used(0));
+    CHECK_CU(cuCtxSetLimit(1, 5 * MiB)); /* 4 MiB beyond the default */
+    CHECK(region_used(0) == 36 * MiB, "printf FIFO charged %llu", (unsigned long long)region_used(0));
+    CHECK(cuCtxSetLimit(0, 64 * 1024) == CUDA_ERROR_OUT_OF_MEMORY, "a 64 KiB stack (2 GiB) under a 1000 MiB cap");
+    CHECK_CU(cuCtxSetLimit(0, 1024)); /* back to the default: credited */
+    CHECK(region_used(0) == 4 * MiB, "after shrinking %llu", (unsigned long long)region_used(0));
+    CHECK(phys_used() == region_used(0) && phys_peak() <= 1000 * MiB, "fake %llu peak %llu",
+          (unsigned long long)phys_used(), (unsigned long long)phys_peak());
+    CHECK_CU(cuCtxDestroy_v2(c));
+    CHECK(region_used(0) == 0 && phys_used() == 0, "after destroy: region %llu", (unsigned long long)region_used(0));
+}
