@@ -115,6 +115,15 @@ typedef struct CUmemPoolProps_st {
     unsigned char reserved[54];
 } CUmemPoolProps;
 
+/* Graph memory nodes (cuGraphAddMemAllocNode). */
+typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st { /* _v1 */
+    CUmemPoolProps poolProps;
+    const void *accessDescs; /* CUmemAccessDesc */
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr; /* out */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
 /* IPC and external memory. */
 typedef struct CUipcMemHandle_st {
     char reserved[64];
@@ -213,6 +222,7 @@ typedef struct nvmlUtilization_st {
 
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp ABI");
 _Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps ABI");
+_Static_assert(offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, bytesize) == 104, "CUDA_MEM_ALLOC_NODE_PARAMS ABI");
 _Static_assert(offsetof(CUDA_EXTERNAL_MEMORY_HANDLE_DESC, size) == 24, "ext mem desc ABI");
 _Static_assert(offsetof(CUlaunchConfig, hStream) == 32, "CUlaunchConfig ABI");
 _Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40, "CUDA_ARRAY3D_DESCRIPTOR ABI");

@@ -18,6 +18,8 @@ enum {
     VC_K_LIMIT,   /* context | limit << 60 -> memory its cuCtxSetLimit takes */
     VC_K_CTX,     /* context (or green context) -> its own device memory */
     VC_K_GREEN,   /* green context -> the CUcontext cuCtxFromGreenCtx gave (ctx field) */
+    VC_K_GRAPH,   /* (graph or capturing stream) ^ (gpu + 1) << 56 -> its allocation nodes' pages */
+    VC_K_GRAPHEXEC, /* graph exec ^ (gpu + 1) << 56 -> the graph memory it holds */
     VC_K_COUNT
 };
 

@@ -586,6 +586,18 @@ static CUresult pool_alloc_in(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool
     return CUDA_SUCCESS;
 }
 
+static void graph_add(const void *h, int g, uint64_t pages);
+static int captured(CUstream s, int ptsz);
+static CUresult capture_alloc(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), CUdeviceptr *dptr, size_t size,
+                              CUstream s, int g) {
+    if (g < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = fn(dptr, size, s);
+    if (r == CUDA_SUCCESS)
+        graph_add(s, g, round_up(size, VC_PAGE));
+    return r;
+}
+
 /* cuMemAllocAsync draws from the device's current pool. */
 static CUresult via_async(CUdeviceptr *d, size_t n, CUmemoryPool pool, CUstream s) {
     (void)pool;
@@ -607,6 +619,8 @@ static CUresult async_alloc(int ptsz, CUresult (*ffree)(CUdeviceptr, CUstream), 
     CUresult r = stream_gpu(s, &g, &dev);
     if (r != CUDA_SUCCESS)
         return r;
+    if (captured(s, ptsz)) /* an allocation node: charged with its graph */
+        return capture_alloc(fn, dptr, size, s, g);
     CUmemoryPool pool = NULL;
     if (!vc_real.cuDeviceGetMemPool || vc_real.cuDeviceGetMemPool(&pool, dev) != CUDA_SUCCESS || !pool)
         return CUDA_ERROR_OUT_OF_MEMORY; /* cannot tell which pool grows: refuse */
@@ -645,6 +659,13 @@ static CUresult pool_alloc(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool, C
     CUresult r = pool_gpu(pool, s, &g);
     if (r != CUDA_SUCCESS)
         return r;
+    if (g != VC_GPU_HOST && captured(s, fn == vc_real.cuMemAllocFromPoolAsync_ptsz)) {
+        if (g < 0)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        if ((r = fn(dptr, size, pool, s)) == CUDA_SUCCESS)
+            graph_add(s, g, round_up(size, VC_PAGE));
+        return r;
+    }
     return pool_alloc_in(fn, ffree, dptr, size, pool, s, g);
 }
 
@@ -662,13 +683,20 @@ VC_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *dptr, size_t size, 
                       dptr, size, pool, s);
 }
 
+static CUresult free_sync(CUdeviceptr p, CUstream s) {
+    (void)s;
+    return vc_real.cuMemFree_v2(p);
+}
+
 /* Frees of linear memory and of pool allocations (either call frees
  * either kind): linear memory is credited at once, pool memory goes back
  * into its pool. */
 static CUresult free_ptr(CUresult (*fn)(CUdeviceptr, CUstream), CUdeviceptr p, CUstream s) {
     uint64_t sz, c;
     int g;
-    if (!ACTIVE())
+    /* A free captured into a graph happens when the graph runs, which vcuda
+     * does not see: the memory stays charged (conservative). */
+    if (!ACTIVE() || (fn != free_sync && captured(s, fn == vc_real.cuMemFreeAsync_ptsz)))
         return fn(p, s);
     if (vc_untrack(VC_K_PTR, p, &sz, &g, &c) == 0) {
         CUresult r = fn(p, s);
@@ -687,10 +715,6 @@ static CUresult free_ptr(CUresult (*fn)(CUdeviceptr, CUstream), CUdeviceptr p, C
         return r;
     }
     return fn(p, s);
-}
-static CUresult free_sync(CUdeviceptr p, CUstream s) {
-    (void)s;
-    return vc_real.cuMemFree_v2(p);
 }
 
 VC_EXPORT CUresult cuMemFree_v2(CUdeviceptr p) {
@@ -797,6 +821,167 @@ VC_EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice dev) {
     CUresult r = vc_real.cuDeviceGetMemPool(pool, dev);
     if (r == CUDA_SUCCESS && ACTIVE() && pool)
         pool_slot(*pool, vc_dev_gpu(dev), 1);
+    return r;
+}
+
+/* ---- graph memory nodes ----
+ *
+ * A graph's allocation nodes (cuGraphAddMemAllocNode, or cuMemAllocAsync
+ * into a stream being captured) take no memory when added: the driver maps
+ * their pages (2 MiB each node) from the device's graph memory when the
+ * instantiated graph is first uploaded or launched, the graph keeps them
+ * until it is destroyed, and the device keeps freed graph memory for later
+ * graphs until cuDeviceGraphMemTrim. vcuda counts each graph's nodes, and
+ * charges an instantiated graph's pages when it is instantiated (before the
+ * driver can take them), as the device's graph memory grows; destroying
+ * the graph exec returns them to that memory, and cuDeviceGraphMemTrim
+ * credits what the driver then says it still holds
+ * (CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT). */
+#define CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT 2
+static struct {
+    uint64_t live, reserved;
+} gmem[VC_MAX_GPUS];
+
+static uint64_t gkey(const void *h, int g) { return (uint64_t)(uintptr_t)h ^ ((uint64_t)(g + 1) << 56); }
+
+/* Adds pages to the allocation nodes of graph (or capturing stream) h. */
+static void graph_add(const void *h, int g, uint64_t pages) {
+    uint64_t had = 0, c;
+    int gg;
+    if (vc_untrack(VC_K_GRAPH, gkey(h, g), &had, &gg, &c) != 0)
+        had = 0;
+    if (vc_track(VC_K_GRAPH, gkey(h, g), had + pages, g) != 0)
+        table_full(); /* the graph will be charged nothing for these: logged */
+}
+
+static int captured(CUstream s, int ptsz) {
+    int st = 0;
+    CUresult (*fn)(CUstream, int *) = ptsz && vc_real.cuStreamIsCapturing_ptsz ? vc_real.cuStreamIsCapturing_ptsz
+                                                                             : vc_real.cuStreamIsCapturing;
+    return (uintptr_t)s > 2 && fn && fn(s, &st) == CUDA_SUCCESS && st == 1 /* ACTIVE */;
+}
+
+VC_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                          size_t n, CUDA_MEM_ALLOC_NODE_PARAMS *p) {
+    PROLOGUE(cuGraphAddMemAllocNode);
+    CUresult r = vc_real.cuGraphAddMemAllocNode(node, graph, deps, n, p);
+    int g;
+    if (r == CUDA_SUCCESS && ACTIVE() && p && location_gpu(&p->poolProps.location, &g) == CUDA_SUCCESS &&
+        g != VC_GPU_HOST && g >= 0)
+        graph_add(graph, g, round_up(p->bytesize, VC_PAGE));
+    return r;
+}
+
+VC_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *graph) {
+    PROLOGUE(cuStreamEndCapture);
+    CUresult r = vc_real.cuStreamEndCapture(s, graph);
+    if (!ACTIVE())
+        return r;
+    for (int g = 0; g < vc_g.limits.ngpus; g++) {
+        uint64_t pages, c;
+        int gg;
+        if (vc_untrack(VC_K_GRAPH, gkey(s, g), &pages, &gg, &c) == 0 && r == CUDA_SUCCESS && graph && *graph)
+            graph_add(*graph, g, pages);
+    }
+    return r;
+}
+
+VC_EXPORT CUresult cuGraphDestroy(CUgraph graph) {
+    PROLOGUE(cuGraphDestroy);
+    CUresult r = vc_real.cuGraphDestroy(graph);
+    if (r == CUDA_SUCCESS && ACTIVE())
+        for (int g = 0; g < vc_g.limits.ngpus; g++) {
+            uint64_t pages, c;
+            int gg;
+            vc_untrack(VC_K_GRAPH, gkey(graph, g), &pages, &gg, &c);
+        }
+    return r;
+}
+
+/* The graph exec's pages leave it (destroyed, or never kept). */
+static void exec_gone(CUgraphExec e) {
+    for (int g = 0; g < vc_g.limits.ngpus; g++) {
+        uint64_t pages, c;
+        int gg;
+        if (vc_untrack(VC_K_GRAPHEXEC, gkey(e, g), &pages, &gg, &c) == 0) {
+            pthread_mutex_lock(&pool_mu);
+            gmem[g].live -= pages;
+            pthread_mutex_unlock(&pool_mu);
+        }
+    }
+}
+
+/* After a successful instantiation: charge the graph's pages as the
+ * device's graph memory grows; refuse (destroying the exec) over the cap. */
+static CUresult instantiated(CUresult r, CUgraphExec *e, CUgraph graph) {
+    if (r != CUDA_SUCCESS || !ACTIVE() || !e || !*e)
+        return r;
+    for (int g = 0; g < vc_g.limits.ngpus; g++) {
+        uint64_t pages;
+        int gg;
+        if (vc_lookup(VC_K_GRAPH, gkey(graph, g), &pages, &gg) != 0 || !pages)
+            continue;
+        pthread_mutex_lock(&pool_mu);
+        uint64_t need = gmem[g].live + pages;
+        int ok = need <= gmem[g].reserved || charge(g, need - gmem[g].reserved) == CUDA_SUCCESS;
+        if (ok) {
+            if (need > gmem[g].reserved)
+                gmem[g].reserved = need;
+            gmem[g].live = need;
+        }
+        pthread_mutex_unlock(&pool_mu);
+        if (!ok || vc_track(VC_K_GRAPHEXEC, gkey(*e, g), pages, g) != 0) {
+            if (ok) {
+                pthread_mutex_lock(&pool_mu);
+                gmem[g].live -= pages;
+                pthread_mutex_unlock(&pool_mu);
+            }
+            exec_gone(*e);
+            if (vc_real.cuGraphExecDestroy)
+                vc_real.cuGraphExecDestroy(*e);
+            *e = NULL;
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+    }
+    return r;
+}
+
+VC_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph graph, unsigned long long flags) {
+    PROLOGUE(cuGraphInstantiateWithFlags);
+    return instantiated(vc_real.cuGraphInstantiateWithFlags(e, graph, flags), e, graph);
+}
+VC_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph graph, void *params) {
+    PROLOGUE(cuGraphInstantiateWithParams);
+    return instantiated(vc_real.cuGraphInstantiateWithParams(e, graph, params), e, graph);
+}
+VC_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph graph, CUgraphNode *err, char *log, size_t n) {
+    PROLOGUE(cuGraphInstantiate_v2);
+    return instantiated(vc_real.cuGraphInstantiate_v2(e, graph, err, log, n), e, graph);
+}
+
+VC_EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
+    PROLOGUE(cuGraphExecDestroy);
+    CUresult r = vc_real.cuGraphExecDestroy(e);
+    if (r == CUDA_SUCCESS && ACTIVE())
+        exec_gone(e);
+    return r;
+}
+
+VC_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
+    PROLOGUE(cuDeviceGraphMemTrim);
+    CUresult r = vc_real.cuDeviceGraphMemTrim(dev);
+    int g;
+    cuuint64_t held;
+    if (r != CUDA_SUCCESS || !ACTIVE() || (g = vc_dev_gpu(dev)) < 0 || !vc_real.cuDeviceGetGraphMemAttribute ||
+        vc_real.cuDeviceGetGraphMemAttribute(dev, CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT, &held) != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&pool_mu);
+    uint64_t keep = held > gmem[g].live ? held : gmem[g].live;
+    if (keep < gmem[g].reserved) {
+        vc_release(g, gmem[g].reserved - keep);
+        gmem[g].reserved = keep;
+    }
+    pthread_mutex_unlock(&pool_mu);
     return r;
 }
 

@@ -27,7 +27,9 @@ H(cuArrayDestroy) H(cuMipmappedArrayCreate) H(cuMipmappedArrayDestroy) H(cuMemCr
 H(cuMemRelease) H(cuMemAllocAsync) H(cuMemAllocAsync_ptsz) H(cuMemAllocFromPoolAsync)
 H(cuMemAllocFromPoolAsync_ptsz) H(cuMemFreeAsync) H(cuMemFreeAsync_ptsz) H(cuMemPoolCreate)
 H(cuMemPoolDestroy) H(cuMemPoolSetAttribute) H(cuMemPoolTrimTo) H(cuStreamSynchronize)
-H(cuStreamSynchronize_ptsz) H(cuCtxSynchronize) H(cuEventSynchronize) H(cuDeviceGetDefaultMemPool) H(cuDeviceGetMemPool) H(cuIpcOpenMemHandle)
+H(cuStreamSynchronize_ptsz) H(cuCtxSynchronize) H(cuEventSynchronize) H(cuGraphAddMemAllocNode) H(cuStreamEndCapture) H(cuGraphDestroy)
+H(cuGraphInstantiateWithFlags) H(cuGraphInstantiateWithParams) H(cuGraphInstantiate_v2) H(cuGraphExecDestroy)
+H(cuDeviceGraphMemTrim) H(cuDeviceGetDefaultMemPool) H(cuDeviceGetMemPool) H(cuIpcOpenMemHandle)
 H(cuIpcOpenMemHandle_v2) H(cuIpcCloseMemHandle) H(cuImportExternalMemory)
 H(cuDestroyExternalMemory) H(cuMemGetInfo_v2) H(cuMemGetInfo) H(cuDeviceTotalMem_v2)
 H(cuDeviceTotalMem) H(cuLaunchKernel) H(cuLaunchKernel_ptsz) H(cuLaunchKernelEx)
@@ -89,6 +91,15 @@ static const hook_entry hooks[] = {
     E(cuStreamSynchronize_ptsz, "cuStreamSynchronize", 0, 1),
     E(cuCtxSynchronize, "cuCtxSynchronize", 0, 0),
     E(cuEventSynchronize, "cuEventSynchronize", 0, 0),
+    E(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 0, 0),
+    E(cuStreamEndCapture, "cuStreamEndCapture", 0, 0),
+    E(cuGraphDestroy, "cuGraphDestroy", 0, 0),
+    E(cuGraphInstantiate_v2, "cuGraphInstantiate", 0, 0),
+    E(cuGraphInstantiateWithFlags, "cuGraphInstantiate", 12000, 0),
+    E(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 0, 0),
+    E(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 0, 0),
+    E(cuGraphExecDestroy, "cuGraphExecDestroy", 0, 0),
+    E(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 0, 0),
     E(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 0, 0),
     E(cuDeviceGetMemPool, "cuDeviceGetMemPool", 0, 0),
     E(cuIpcOpenMemHandle, "cuIpcOpenMemHandle", 0, 0),

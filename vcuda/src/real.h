@@ -94,6 +94,15 @@
     X(cuLaunchCooperativeKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
     X(cuLaunchCooperativeKernel_ptsz, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
     X(cuGraphLaunch, (CUgraphExec, CUstream))                                                      \
+    X(cuGraphAddMemAllocNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *)) \
+    X(cuGraphInstantiateWithFlags, (CUgraphExec *, CUgraph, unsigned long long))                   \
+    X(cuGraphInstantiateWithParams, (CUgraphExec *, CUgraph, void *))                              \
+    X(cuGraphInstantiate_v2, (CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t))              \
+    X(cuGraphExecDestroy, (CUgraphExec))                                                           \
+    X(cuGraphDestroy, (CUgraph))                                                                   \
+    X(cuDeviceGraphMemTrim, (CUdevice))                                                            \
+    X(cuDeviceGetGraphMemAttribute, (CUdevice, int, void *))                                       \
+    X(cuStreamEndCapture, (CUstream, CUgraph *))                                                   \
     X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))                                                 \
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int *, CUfunction, int, size_t))                \
     X(cuThreadExchangeStreamCaptureMode, (int *))                                                  \

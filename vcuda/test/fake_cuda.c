@@ -290,6 +290,12 @@ static TLS fake_ctx *stack[16];
 static TLS int depth;
 static TLS int thread_capture_mode; /* 0 global (the default), 1 thread local, 2 relaxed */
 
+/* A graph (CUgraph): the device memory its allocation nodes will take
+ * when it runs (2 MiB pages each), and on which device. */
+struct fake_graph_def {
+    uint64_t mem;
+    int dev;
+};
 typedef struct fake_stream {
     fake_ctx *ctx;
     int capturing;
@@ -297,6 +303,7 @@ typedef struct fake_stream {
     int violations; /* event calls made on it while capturing */
     int poison0;    /* capture_poisoned when the capture began */
     _Atomic uint64_t until; /* when the work queued on it so far ends */
+    struct fake_graph_def *graph; /* the graph being captured */
 } fake_stream;
 /* The legacy default stream of each device (per process). */
 static _Atomic uint64_t null_until[FAKE_MAX_DEVS];
@@ -641,6 +648,7 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
     x->poison0 = atomic_load(&capture_poisoned);
     x->mode = mode;
     x->capturing = 1;
+    x->graph = calloc(1, sizeof(struct fake_graph_def));
     if (mode == 0)
         atomic_fetch_add(&global_captures, 1);
     return CUDA_SUCCESS;
@@ -653,7 +661,10 @@ EXPORT CUresult cuStreamEndCapture(CUstream s, void **graph) {
     if (x->mode == 0)
         atomic_fetch_sub(&global_captures, 1);
     if (graph)
-        *graph = NULL;
+        *graph = x->graph;
+    else
+        free(x->graph);
+    x->graph = NULL;
     int bad = x->violations || (x->mode == 0 && atomic_load(&capture_poisoned) != x->poison0);
     return bad ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
 }
@@ -1260,11 +1271,24 @@ EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
     pthread_mutex_unlock(&pool_mu);
     return CUDA_SUCCESS;
 }
+/* Captured: an allocation node of the graph (an address now, memory when
+ * the graph runs). */
+static CUresult capture_alloc(uint64_t *key, uint64_t size, int d, CUstream s) {
+    if (!key || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_stream *x = (fake_stream *)s;
+    x->graph->mem += round_up(size, PAGE2M);
+    x->graph->dev = d;
+    *key = new_addr(size);
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
     INIT();
     int d = stream_dev(s);
     if (d < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
+    if (capturing(s))
+        return capture_alloc((uint64_t *)p, size, d, s);
     return pool_alloc((uint64_t *)p, size, dev_pool(d));
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s) {
@@ -1272,7 +1296,8 @@ EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s) {
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, CUmemoryPool pool,
                                         CUstream s) {
-    (void)s;
+    if (capturing(s) && pool && ((fake_pool *)pool)->dev >= 0)
+        return capture_alloc((uint64_t *)p, size, ((fake_pool *)pool)->dev, s);
     return pool_alloc((uint64_t *)p, size, (fake_pool *)pool);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, CUmemoryPool pool,
@@ -1280,7 +1305,8 @@ EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, CUmemo
     return cuMemAllocFromPoolAsync(p, size, pool, s);
 }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
-    (void)s;
+    if (capturing(s))
+        return CUDA_SUCCESS; /* a free node of the graph */
     return dev_free(p, 0);
 }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
@@ -1724,18 +1750,121 @@ EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void *params, unsigned n, u
     return CUDA_SUCCESS; /* the tests only check that vcuda refuses it */
 }
 /* A graph runs as one piece of work that fills the device for its blocks'
- * full waves (4 resident blocks an SM). */
+ * full waves (4 resident blocks an SM). Its allocation nodes take their
+ * memory (2 MiB pages) from the device's graph memory when it is first
+ * uploaded or launched; it keeps it until destroyed, and the device keeps
+ * it for later graphs until cuDeviceGraphMemTrim. */
 typedef struct {
     uint64_t blocks;
+    uint64_t mem;
+    int dev, holding;
 } fake_graph;
+static uint64_t gmem_live[FAKE_MAX_DEVS], gmem_reserved[FAKE_MAX_DEVS];
 EXPORT CUresult fakeGraphExecCreate(CUgraphExec *e, unsigned long long blocks) {
-    fake_graph *g = malloc(sizeof(*g));
+    fake_graph *g = calloc(1, sizeof(*g));
     g->blocks = blocks;
     *e = (CUgraphExec)g;
     return CUDA_SUCCESS;
 }
+EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned flags) {
+    if (!g || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    *g = (CUgraph)calloc(1, sizeof(struct fake_graph_def));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphDestroy(CUgraph g) {
+    free(g);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                                       CUDA_MEM_ALLOC_NODE_PARAMS *p) {
+    (void)deps, (void)n;
+    INIT();
+    if (!node || !g || !p || p->bytesize == 0 || p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        p->poolProps.location.id < 0 || p->poolProps.location.id >= F.ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_graph_def *x = (struct fake_graph_def *)g;
+    x->mem += round_up(p->bytesize, PAGE2M);
+    x->dev = p->poolProps.location.id;
+    p->dptr = new_addr(p->bytesize);
+    *node = (CUgraphNode)(uintptr_t)p->dptr;
+    return CUDA_SUCCESS;
+}
+static CUresult instantiate(CUgraphExec *e, CUgraph g) {
+    if (!e || !g)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_graph *x = calloc(1, sizeof(*x));
+    x->blocks = 1;
+    x->mem = ((struct fake_graph_def *)g)->mem;
+    x->dev = ((struct fake_graph_def *)g)->dev;
+    *e = (CUgraphExec)x;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags) {
+    (void)flags;
+    return instantiate(e, g);
+}
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g, void *params) {
+    if (!params)
+        return CUDA_ERROR_INVALID_VALUE;
+    return instantiate(e, g);
+}
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t n) {
+    (void)err, (void)log, (void)n;
+    return instantiate(e, g);
+}
+static CUresult graph_take(fake_graph *x) {
+    if (!x->mem || x->holding)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&pool_mu);
+    uint64_t need = gmem_live[x->dev] + x->mem;
+    if (need > gmem_reserved[x->dev]) {
+        CUresult r = take(x->dev, need - gmem_reserved[x->dev]);
+        if (r != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&pool_mu);
+            return r;
+        }
+        gmem_reserved[x->dev] = need;
+    }
+    gmem_live[x->dev] = need;
+    x->holding = 1;
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s) {
+    (void)s;
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return graph_take((fake_graph *)e);
+}
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
-    free(e);
+    fake_graph *x = (fake_graph *)e;
+    if (!x)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    if (x->holding)
+        gmem_live[x->dev] -= x->mem;
+    pthread_mutex_unlock(&pool_mu);
+    free(x);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) {
+    CHECK_DEV(d);
+    pthread_mutex_lock(&pool_mu);
+    if (gmem_reserved[d] > gmem_live[d]) {
+        give(d, gmem_reserved[d] - gmem_live[d]);
+        gmem_reserved[d] = gmem_live[d];
+    }
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *value) {
+    CHECK_DEV(d);
+    if (!value || attr < 0 || attr > 3)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    *(cuuint64_t *)value = attr >= 2 ? gmem_reserved[d] : gmem_live[d];
+    pthread_mutex_unlock(&pool_mu);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
@@ -1744,6 +1873,9 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
     int d = stream_dev(s);
     if (d < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult r = graph_take((fake_graph *)e);
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t b = ((fake_graph *)e)->blocks, per_wave = (uint64_t)F.sms[d] * 4;
     run(d, s, F.overhead_ns + (b + per_wave - 1) / per_wave * F.wave_ns, 1);
     return CUDA_SUCCESS;
@@ -1952,20 +2084,58 @@ static const proc procs[] = {
     P(cuImportExternalMemory), P(cuDestroyExternalMemory), P(cuExternalMemoryGetMappedBuffer),
     P(cuCtxSetLimit), P(cuCtxGetLimit), P(cuLaunch), P(cuLaunchGrid), P(cuLaunchGridAsync), P(cuLaunchCooperativeKernelMultiDevice),
     PT(cuLaunchHostFunc), PT(cuLaunchKernel), PT(cuLaunchKernelEx), PT(cuLaunchCooperativeKernel), PT(cuGraphLaunch),
-    P(cuGraphExecDestroy), P(cuEventCreate), PV("cuEventDestroy", cuEventDestroy_v2),
+    P(cuGraphExecDestroy), P(cuGraphCreate), P(cuGraphDestroy), P(cuGraphAddMemAllocNode),
+    P(cuGraphInstantiateWithFlags), P(cuGraphInstantiateWithParams), PV("cuGraphInstantiate", cuGraphInstantiate_v2),
+    P(cuGraphUpload), P(cuDeviceGraphMemTrim), P(cuDeviceGetGraphMemAttribute), P(cuEventCreate), PV("cuEventDestroy", cuEventDestroy_v2),
     PT(cuEventRecord), P(cuEventQuery), P(cuThreadExchangeStreamCaptureMode),
     P(cuOccupancyMaxActiveBlocksPerMultiprocessor), PV("cuStreamBeginCapture", cuStreamBeginCapture_v2),
     P(cuStreamEndCapture), PT(cuStreamIsCapturing), P(cuEventSynchronize), P(cuEventElapsedTime),
 };
 
+/* FAKE_CUDA_PROC_INTERNAL=1: like a real driver, cuGetProcAddress hands out
+ * internal entry points that are not in the dynamic symbol table (these
+ * static copies), so no dlsym of an exported name finds the same address. */
+#define INTERNAL(ret, name, params, args)                                                          \
+    static ret internal_##name params { return name args; }
+INTERNAL(CUresult, cuMemAlloc_v2, (CUdeviceptr *p, size_t n), (p, n))
+INTERNAL(CUresult, cuMemFree_v2, (CUdeviceptr p), (p))
+INTERNAL(CUresult, cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s))
+INTERNAL(CUresult, cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s))
+INTERNAL(CUresult, cuMemGetInfo_v2, (size_t *f, size_t *t), (f, t))
+INTERNAL(CUresult, cuCtxCreate_v4, (CUcontext *c, void *p, unsigned f, CUdevice d), (c, p, f, d))
+INTERNAL(CUresult, cuCtxSetLimit, (int l, size_t v), (l, v))
+INTERNAL(CUresult, cuStreamSynchronize, (CUstream s), (s))
+static const struct {
+    const char *base;
+    void *fn;
+} internal_procs[] = {
+    {"cuMemAlloc", (void *)internal_cuMemAlloc_v2},       {"cuMemFree", (void *)internal_cuMemFree_v2},
+    {"cuMemAllocAsync", (void *)internal_cuMemAllocAsync}, {"cuMemFreeAsync", (void *)internal_cuMemFreeAsync},
+    {"cuMemGetInfo", (void *)internal_cuMemGetInfo_v2},   {"cuCtxCreate", (void *)internal_cuCtxCreate_v4},
+    {"cuCtxSetLimit", (void *)internal_cuCtxSetLimit},    {"cuStreamSynchronize", (void *)internal_cuStreamSynchronize},
+};
 EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, cuuint64_t flags,
                                     CUdriverProcAddressQueryResult *status) {
     INIT();
+    const char *internal = getenv("FAKE_CUDA_PROC_INTERNAL");
+    if (internal && *internal == '1' && sym && pfn && version >= 12050 &&
+        !(flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)) {
+        for (size_t i = 0; i < sizeof(internal_procs) / sizeof(internal_procs[0]); i++) {
+            if (strcmp(internal_procs[i].base, sym) == 0) {
+                *pfn = internal_procs[i].fn;
+                if (status)
+                    *status = CU_GET_PROC_ADDRESS_SUCCESS;
+                return CUDA_SUCCESS;
+            }
+        }
+    }
     if (!sym || !pfn)
         return CUDA_ERROR_INVALID_VALUE;
     *pfn = NULL;
     if (strcmp(sym, "cuGetProcAddress") == 0) {
         *pfn = version >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
+    } else if (strcmp(sym, "cuGraphInstantiate") == 0) { /* 12.0 headers: WithFlags */
+        *pfn = version >= 12000 ? (void *)cuGraphInstantiateWithFlags : (void *)cuGraphInstantiate_v2;
     } else if (strcmp(sym, "cuCtxCreate") == 0) { /* as cuda.h maps it per version */
         *pfn = version >= 12050 ? (void *)cuCtxCreate_v4 : version >= 11040 ? (void *)cuCtxCreate_v3
              : version >= 3020 ? (void *)cuCtxCreate_v2 : (void *)cuCtxCreate;
@@ -1982,6 +2152,11 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, cu
     if (status)
         *status = *pfn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+/* Test-only: the fake's own lookup, for a test to see what vcuda was given. */
+EXPORT CUresult fakeGetProcAddress(const char *sym, void **pfn, int version, cuuint64_t flags,
+                                   CUdriverProcAddressQueryResult *status) {
+    return cuGetProcAddress_v2(sym, pfn, version, flags, status);
 }
 EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int version, cuuint64_t flags) {
     return cuGetProcAddress_v2(sym, pfn, version, flags, NULL);

@@ -315,3 +315,73 @@ TEST(mem_ctx_limits_counted) {
     CHECK_CU(cuCtxDestroy_v2(c));
     CHECK(region_used(0) == 0 && phys_used() == 0, "after destroy: region %llu", (unsigned long long)region_used(0));
 }
+
+/* Graph memory nodes take their pages when the graph first runs, keep them
+ * while it lives, and the device keeps them for later graphs until
+ * cuDeviceGraphMemTrim: vcuda charges them at instantiation, so nothing
+ * else of the container can take them first. */
+CUresult cuGraphCreate(CUgraph *, unsigned);
+CUresult cuGraphAddMemAllocNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+CUresult cuGraphExecDestroy(CUgraphExec);
+CUresult cuGraphUpload(CUgraphExec, CUstream);
+CUresult cuDeviceGraphMemTrim(CUdevice);
+
+TEST(mem_graph_memory_nodes) {
+    one_gpu();
+    ctx_on(0);
+    CUstream s;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    CUgraph graph;
+    CHECK_CU(cuGraphCreate(&graph, 0));
+    CUDA_MEM_ALLOC_NODE_PARAMS p;
+    memset(&p, 0, sizeof(p));
+    p.poolProps.allocType = 1;
+    p.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.bytesize = 30 * MiB + 1; /* 32 MiB of pages */
+    CUgraphNode node;
+    CHECK_CU(cuGraphAddMemAllocNode(&node, graph, NULL, 0, &p));
+    CHECK(region_used(0) == 0, "a node charged before instantiation: %llu", (unsigned long long)region_used(0));
+    CUgraphExec e, e2;
+    CHECK_CU(cuGraphInstantiateWithFlags(&e, graph, 0));
+    CHECK(region_used(0) == 32 * MiB, "instantiated graph charged %llu", (unsigned long long)region_used(0));
+    CHECK(cuGraphInstantiateWithFlags(&e2, graph, 0) == CUDA_ERROR_OUT_OF_MEMORY, "two 32 MiB graphs under 60 MiB");
+    CUdeviceptr d;
+    CHECK(cuMemAlloc_v2(&d, 30 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc took the graph's memory");
+    CHECK_CU(cuGraphLaunch(e, s));
+    CHECK(phys_used() == 32 * MiB, "the fake's graph took %llu", (unsigned long long)phys_used());
+    CHECK_CU(cuGraphExecDestroy(e));
+    CHECK(region_used(0) == 32 * MiB && phys_used() == 32 * MiB, "the device keeps graph memory: region %llu",
+          (unsigned long long)region_used(0));
+    CHECK(cuMemAlloc_v2(&d, 30 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc took kept graph memory");
+    /* a later graph reuses it */
+    CHECK_CU(cuGraphInstantiateWithFlags(&e, graph, 0));
+    CHECK(region_used(0) == 32 * MiB, "reuse charged again: %llu", (unsigned long long)region_used(0));
+    CHECK_CU(cuGraphExecDestroy(e));
+    CHECK_CU(cuDeviceGraphMemTrim(0));
+    CHECK(region_used(0) == 0 && phys_used() == 0, "after trim: region %llu fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used());
+    CHECK_CU(cuMemAlloc_v2(&d, 30 * MiB));
+    CHECK_CU(cuMemFree_v2(d));
+
+    /* captured cudaMallocAsync: an allocation node of the captured graph */
+    CHECK_CU(cuStreamBeginCapture_v2(s, 0));
+    CHECK_CU(cuMemAllocAsync(&d, 20 * MiB, s));
+    CHECK_CU(cuMemFreeAsync(d, s));
+    CHECK(region_used(0) == 0 && phys_used() == 0, "capture took memory: region %llu fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used());
+    void *cg = NULL;
+    CHECK_CU(cuStreamEndCapture(s, &cg));
+    void *fn = NULL;
+    CHECK_CU(cuGetProcAddress("cuGraphInstantiate", &fn, 12080, 0)); /* as the runtime resolves it */
+    CHECK_CU(((CUresult(*)(CUgraphExec *, CUgraph, unsigned long long))fn)(&e, (CUgraph)cg, 0));
+    CHECK(region_used(0) == 20 * MiB, "captured graph charged %llu", (unsigned long long)region_used(0));
+    CHECK_CU(cuGraphUpload(e, s));
+    CHECK(phys_used() == 20 * MiB, "upload took %llu", (unsigned long long)phys_used());
+    CHECK(cuMemAlloc_v2(&d, 41 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "cuMemAlloc next to a captured graph");
+    CHECK_CU(cuGraphExecDestroy(e));
+    CHECK_CU(cuDeviceGraphMemTrim(0));
+    CHECK(region_used(0) == 0 && phys_used() == 0, "left: region %llu fake %llu", (unsigned long long)region_used(0),
+          (unsigned long long)phys_used());
+    CHECK(phys_peak() <= CAP, "physical peak %llu", (unsigned long long)phys_peak());
+}
