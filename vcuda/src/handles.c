@@ -29,7 +29,7 @@ static const unsigned tier_bits[VC_K_COUNT][2] = {
     [VC_K_GENERIC] = {14, 19}, [VC_K_IPC] = {10, 16},  [VC_K_EXTMEM] = {8, 14},
     [VC_K_POOLPTR] = {16, 20}, [VC_K_LIMIT] = {6, 10},
     [VC_K_CTX] = {8, 12},    [VC_K_GREEN] = {6, 10},  [VC_K_GRAPH] = {10, 14},
-    [VC_K_GRAPHEXEC] = {10, 14},
+    [VC_K_GRAPHEXEC] = {10, 14}, [VC_K_MODULE] = {12, 16},
 };
 
 static vc_entry *tables[VC_K_COUNT][2];

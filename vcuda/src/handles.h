@@ -20,6 +20,7 @@ enum {
     VC_K_GREEN,   /* green context -> the CUcontext cuCtxFromGreenCtx gave (ctx field) */
     VC_K_GRAPH,   /* (graph or capturing stream) ^ (gpu + 1) << 56 -> its allocation nodes' pages */
     VC_K_GRAPHEXEC, /* graph exec ^ (gpu + 1) << 56 -> the graph memory it holds */
+    VC_K_MODULE,  /* module (dies with its context) or library -> its device memory */
     VC_K_COUNT
 };
 

@@ -11,6 +11,8 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdatomic.h>
+#include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "handles.h"
@@ -431,4 +433,171 @@ VC_EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
         vc_release(g, want); /* cannot remember it: do not keep it charged forever */
     }
     return r;
+}
+
+/* ---- modules and libraries ----
+ *
+ * Loading a module (cuModuleLoad*) or a library (cuLibraryLoad*) takes
+ * device memory for its code, constant banks and __device__ globals
+ * (zero-initialised globals are not even in the image). vcuda charges an
+ * estimate before the load: the image's size (an ELF cubin up to its section
+ * headers, a fatbin its header's size, a file its length, PTX its text) in
+ * 2 MiB pages, at least one. After the load it measures, as for contexts,
+ * NVML's entry of the process before and after (less what this process was
+ * charged meanwhile) and settles to that; if it does not fit, the module is
+ * unloaded again and the call returns CUDA_ERROR_OUT_OF_MEMORY. Where NVML
+ * does not list the process, the estimate stands (it misses zero-initialised
+ * globals). A module's charge is credited when it is unloaded or its context
+ * goes, a library's when it is unloaded. */
+static uint64_t image_estimate(const void *image) {
+    const unsigned char *b = image;
+    uint32_t magic;
+    if (!b)
+        return 0;
+    memcpy(&magic, b, 4);
+    if (magic == 0x466243b1u) { /* the runtime's fatbin wrapper: {magic, version, data, ...} */
+        const void *data;
+        memcpy(&data, b + 8, sizeof(data));
+        return data && data != image ? image_estimate(data) : 0;
+    }
+    if (magic == 0xba55ed50u) { /* fatbin: u32 magic, u16 version, u16 header size, u64 size */
+        uint16_t hs;
+        uint64_t fs;
+        memcpy(&hs, b + 6, 2);
+        memcpy(&fs, b + 8, 8);
+        return hs + fs;
+    }
+    if (b[0] == 0x7f && b[1] == 'E' && b[2] == 'L' && b[3] == 'F' && b[4] == 2) { /* ELF64 cubin */
+        uint64_t shoff;
+        uint16_t shentsize, shnum;
+        memcpy(&shoff, b + 0x28, 8);
+        memcpy(&shentsize, b + 0x3a, 2);
+        memcpy(&shnum, b + 0x3c, 2);
+        return shoff + (uint64_t)shentsize * shnum;
+    }
+    return strnlen((const char *)b, 1ull << 30); /* PTX text */
+}
+static uint64_t file_estimate(const char *path) {
+    struct stat st;
+    return path && stat(path, &st) == 0 && st.st_size > 0 ? (uint64_t)st.st_size : 0;
+}
+
+typedef struct {
+    int g, listed;
+    CUdevice dev;
+    uint64_t charged, self0, slot0;
+} load_charge;
+
+static CUresult load_pre(uint64_t estimate, load_charge *c) {
+    CUresult r = vc_cur_gpu(&c->g, &c->dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (c->g < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    c->charged = estimate > UINT64_MAX - VC_PAGE_CTX ? UINT64_MAX : (estimate + VC_PAGE_CTX - 1) / VC_PAGE_CTX * VC_PAGE_CTX;
+    if (!c->charged)
+        c->charged = VC_PAGE_CTX;
+    if (vc_reserve(c->g, c->charged) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    c->slot0 = vc_region_self_used(c->g);
+    c->listed = nvml_self(c->dev, &c->self0) == 1;
+    return CUDA_SUCCESS;
+}
+
+static CUresult load_post(CUresult r, load_charge *c, uint64_t key, uint64_t ctx, void (*unload)(uint64_t)) {
+    if (r != CUDA_SUCCESS) {
+        vc_release(c->g, c->charged);
+        return r;
+    }
+    uint64_t cost = c->charged, self1;
+    if (c->listed && nvml_self(c->dev, &self1) == 1) {
+        uint64_t slot1 = vc_region_self_used(c->g), mine = slot1 > c->slot0 ? slot1 - c->slot0 : 0;
+        uint64_t d = self1 > c->self0 ? self1 - c->self0 : 0;
+        d = d > mine ? d - mine : 0;
+        cost = (d + VC_PAGE_CTX - 1) / VC_PAGE_CTX * VC_PAGE_CTX;
+    }
+    if (cost > c->charged && vc_reserve(c->g, cost - c->charged) != 0) {
+        unload(key);
+        vc_release(c->g, c->charged);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (cost < c->charged)
+        vc_release(c->g, c->charged - cost);
+    if (cost && vc_track_ctx(VC_K_MODULE, key, cost, c->g, ctx) != 0) {
+        vc_log("handle table full: a module's memory is not counted");
+        vc_release(c->g, cost);
+    }
+    return r;
+}
+
+static void unload_module(uint64_t m) {
+    if (vc_real.cuModuleUnload)
+        vc_real.cuModuleUnload((CUmodule)(uintptr_t)m);
+}
+static void unload_library(uint64_t l) {
+    if (vc_real.cuLibraryUnload)
+        vc_real.cuLibraryUnload((CUlibrary)(uintptr_t)l);
+}
+
+/* lib: a library (not bound to the context). */
+#define LOAD(realfn, handle, estimate, lib, ...)                                                   \
+    do {                                                                                           \
+        vc_init_cuda();                                                                            \
+        if (!vc_real.realfn)                                                                       \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        if (CTX_REFUSED())                                                                         \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                                       \
+        if (!ACTIVE() || !(handle))                                                                \
+            return vc_real.realfn(__VA_ARGS__);                                                    \
+        load_charge c_;                                                                            \
+        CUresult r_ = load_pre((estimate), &c_);                                                   \
+        if (r_ != CUDA_SUCCESS)                                                                    \
+            return r_ == CUDA_ERROR_OUT_OF_MEMORY ? r_ : vc_real.realfn(__VA_ARGS__);              \
+        CUcontext cx_ = NULL;                                                                      \
+        if (!(lib) && vc_real.cuCtxGetCurrent)                                                     \
+            vc_real.cuCtxGetCurrent(&cx_);                                                         \
+        r_ = vc_real.realfn(__VA_ARGS__);                                                          \
+        return load_post(r_, &c_, r_ == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*(handle) : 0,         \
+                         (uint64_t)(uintptr_t)cx_, (lib) ? unload_library : unload_module);        \
+    } while (0)
+
+VC_EXPORT CUresult cuModuleLoad(CUmodule *m, const char *path) {
+    LOAD(cuModuleLoad, m, file_estimate(path), 0, m, path);
+}
+VC_EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+    LOAD(cuModuleLoadData, m, image_estimate(image), 0, m, image);
+}
+VC_EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int n, void *opts, void **vals) {
+    LOAD(cuModuleLoadDataEx, m, image_estimate(image), 0, m, image, n, opts, vals);
+}
+VC_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *m, const void *image) {
+    LOAD(cuModuleLoadFatBinary, m, image_estimate(image), 0, m, image);
+}
+VC_EXPORT CUresult cuLibraryLoadData(CUlibrary *l, const void *code, void *jo, void **jv, unsigned int nj, void *lo,
+                                     void **lv, unsigned int nl) {
+    LOAD(cuLibraryLoadData, l, image_estimate(code), 1, l, code, jo, jv, nj, lo, lv, nl);
+}
+VC_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *l, const char *path, void *jo, void **jv, unsigned int nj,
+                                         void *lo, void **lv, unsigned int nl) {
+    LOAD(cuLibraryLoadFromFile, l, file_estimate(path), 1, l, path, jo, jv, nj, lo, lv, nl);
+}
+
+static CUresult unloaded(CUresult r, uint64_t key) {
+    uint64_t sz, cx;
+    int g;
+    if (r == CUDA_SUCCESS && ACTIVE() && vc_untrack(VC_K_MODULE, key, &sz, &g, &cx) == 0 && g >= 0)
+        vc_release(g, sz);
+    return r;
+}
+VC_EXPORT CUresult cuModuleUnload(CUmodule m) {
+    vc_init_cuda();
+    if (!vc_real.cuModuleUnload)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return unloaded(vc_real.cuModuleUnload(m), (uint64_t)(uintptr_t)m);
+}
+VC_EXPORT CUresult cuLibraryUnload(CUlibrary l) {
+    vc_init_cuda();
+    if (!vc_real.cuLibraryUnload)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return unloaded(vc_real.cuLibraryUnload(l), (uint64_t)(uintptr_t)l);
 }

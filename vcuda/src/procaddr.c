@@ -36,7 +36,8 @@ H(cuDeviceTotalMem) H(cuLaunchKernel) H(cuLaunchKernel_ptsz) H(cuLaunchKernelEx)
 H(cuLaunchKernelEx_ptsz) H(cuLaunchCooperativeKernel) H(cuLaunchCooperativeKernel_ptsz)
 H(cuGraphLaunch) H(cuGraphLaunch_ptsz) H(cuCtxDestroy) H(cuCtxDestroy_v2) H(cuCtxCreate) H(cuCtxCreate_v2)
 H(cuCtxCreate_v3) H(cuCtxCreate_v4) H(cuGreenCtxCreate) H(cuGreenCtxDestroy) H(cuCtxFromGreenCtx)
-H(cuDevicePrimaryCtxRetain) H(cuDevicePrimaryCtxRelease)
+H(cuDevicePrimaryCtxRetain) H(cuModuleLoad) H(cuModuleLoadData) H(cuModuleLoadDataEx)
+H(cuModuleLoadFatBinary) H(cuModuleUnload) H(cuLibraryLoadData) H(cuLibraryLoadFromFile) H(cuLibraryUnload) H(cuDevicePrimaryCtxRelease)
 H(cuDevicePrimaryCtxRelease_v2) H(cuDevicePrimaryCtxReset) H(cuDevicePrimaryCtxReset_v2)
 H(nvmlDeviceGetMemoryInfo) H(nvmlDeviceGetMemoryInfo_v2)
 H(cuCtxSetLimit) H(cuLaunch) H(cuLaunchGrid) H(cuLaunchGridAsync) H(cuLaunchCooperativeKernelMultiDevice)
@@ -127,6 +128,14 @@ static const hook_entry hooks[] = {
     E(cuGreenCtxDestroy, "cuGreenCtxDestroy", 0, 0),
     E(cuCtxFromGreenCtx, "cuCtxFromGreenCtx", 0, 0),
     E(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 0, 0),
+    E(cuModuleLoad, "cuModuleLoad", 0, 0),
+    E(cuModuleLoadData, "cuModuleLoadData", 0, 0),
+    E(cuModuleLoadDataEx, "cuModuleLoadDataEx", 0, 0),
+    E(cuModuleLoadFatBinary, "cuModuleLoadFatBinary", 0, 0),
+    E(cuModuleUnload, "cuModuleUnload", 0, 0),
+    E(cuLibraryLoadData, "cuLibraryLoadData", 0, 0),
+    E(cuLibraryLoadFromFile, "cuLibraryLoadFromFile", 0, 0),
+    E(cuLibraryUnload, "cuLibraryUnload", 0, 0),
     E(cuCtxDestroy, "cuCtxDestroy", 0, 0),
     E(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0),
     E(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 0, 0),

@@ -30,6 +30,14 @@
     X(cuGreenCtxCreate, (CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int))                \
     X(cuGreenCtxDestroy, (CUgreenCtx))                                                             \
     X(cuCtxFromGreenCtx, (CUcontext *, CUgreenCtx))                                                \
+    X(cuModuleLoad, (CUmodule *, const char *))                                                    \
+    X(cuModuleLoadData, (CUmodule *, const void *))                                                \
+    X(cuModuleLoadDataEx, (CUmodule *, const void *, unsigned int, void *, void **))               \
+    X(cuModuleLoadFatBinary, (CUmodule *, const void *))                                           \
+    X(cuModuleUnload, (CUmodule))                                                                  \
+    X(cuLibraryLoadData, (CUlibrary *, const void *, void *, void **, unsigned int, void *, void **, unsigned int)) \
+    X(cuLibraryLoadFromFile, (CUlibrary *, const char *, void *, void **, unsigned int, void *, void **, unsigned int)) \
+    X(cuLibraryUnload, (CUlibrary))                                                                \
     X(cuCtxDestroy, (CUcontext))                                                                   \
     X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                                    \
     X(cuDevicePrimaryCtxRelease, (CUdevice))                                                       \

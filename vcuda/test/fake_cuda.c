@@ -745,7 +745,7 @@ EXPORT CUresult cuCtxGetLimit(size_t *v, int limit) {
 
 /* ---- memory bookkeeping ---- */
 
-enum { K_DEV = 1, K_HOSTVMM, K_IPC, K_VIEW, K_EXT, K_POOL };
+enum { K_DEV = 1, K_HOSTVMM, K_IPC, K_VIEW, K_EXT, K_POOL, K_MOD };
 struct fake_pool;
 typedef struct rec {
     uint64_t key, size;
@@ -903,7 +903,7 @@ static CUresult dev_alloc_phys(uint64_t *key, uint64_t size, uint64_t phys, int 
     if (!key || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     maybe_block();
-    CUresult r = kind == K_DEV || kind == K_EXT ? take(d, phys) : CUDA_SUCCESS;
+    CUresult r = kind == K_DEV || kind == K_EXT || kind == K_MOD ? take(d, phys) : CUDA_SUCCESS;
     if (r != CUDA_SUCCESS)
         return r;
     *key = new_addr(size);
@@ -924,7 +924,7 @@ static CUresult dev_free(uint64_t key, int kind) {
         return CUDA_ERROR_INVALID_VALUE;
     if (r.kind == K_POOL)
         pool_free(r.pool, r.phys);
-    if (r.kind == K_DEV || r.kind == K_EXT)
+    if (r.kind == K_DEV || r.kind == K_EXT || r.kind == K_MOD)
         give(r.dev, r.phys);
     if (r.kind == K_IPC)
         atomic_fetch_sub(&F.sh->dev[r.dev].mapped, r.size);
@@ -957,7 +957,7 @@ static void ctx_free_all(fake_ctx *c) {
     while (dead) {
         rec *r = dead;
         dead = r->next;
-        if (r->kind == K_DEV || r->kind == K_EXT)
+        if (r->kind == K_DEV || r->kind == K_EXT || r->kind == K_MOD)
             give(r->dev, r->phys);
         if (r->kind == K_IPC)
             atomic_fetch_sub(&F.sh->dev[r->dev].mapped, r->size);
@@ -1310,6 +1310,79 @@ EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
     return dev_free(p, 0);
 }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
+
+/* ---- modules and libraries ----
+ * Loading code takes device memory of the current context: its code, its
+ * constant banks and its __device__ globals (zero-initialised ones are not
+ * in the image at all). The fake's image format says how much: "FAKEMOD"
+ * then two u64, code bytes and global bytes; the load takes their sum in
+ * 2 MiB pages. Anything else is taken as code of its own size (a file: its
+ * length). A module dies with its context; a library (cuLibraryLoad*) is
+ * loaded into the current context's device and lives until unloaded. */
+static uint64_t image_bytes(const void *image, size_t len) {
+    const unsigned char *b = image;
+    if (len >= 24 && memcmp(b, "FAKEMOD", 8) == 0) {
+        uint64_t code, glob;
+        memcpy(&code, b + 8, 8);
+        memcpy(&glob, b + 16, 8);
+        return round_up(code + glob, PAGE2M);
+    }
+    return round_up(len ? len : 1, PAGE2M);
+}
+static CUresult load_image(uint64_t *h, const void *image, size_t len, fake_ctx *ctx) {
+    INIT();
+    if (!h || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return dev_alloc_phys(h, 1, image_bytes(image, len), cur->dev, K_MOD, ctx);
+}
+static CUresult load_file(uint64_t *h, const char *path, fake_ctx *ctx) {
+    if (!path)
+        return CUDA_ERROR_INVALID_VALUE;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return CUDA_ERROR_NOT_FOUND;
+    unsigned char buf[24] = {0};
+    size_t n = fread(buf, 1, sizeof(buf), f);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fclose(f);
+    if (n == 24 && memcmp(buf, "FAKEMOD", 8) == 0)
+        return load_image(h, buf, 24, ctx);
+    INIT();
+    if (!cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return dev_alloc_phys(h, 1, round_up(len > 0 ? (uint64_t)len : 1, PAGE2M), cur->dev, K_MOD, ctx);
+}
+/* The fake's images announce their size; real ones are parsed by the
+ * driver. An image of unknown length is read up to its "FAKEMOD" header. */
+#define IMG_LEN(image) (memcmp((image), "FAKEMOD", 8) == 0 ? 24 : strlen((const char *)(image)) + 1)
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+    if (!image)
+        return CUDA_ERROR_INVALID_VALUE;
+    return load_image((uint64_t *)m, image, IMG_LEN(image), cur);
+}
+EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, void *opts, void **vals) {
+    (void)n, (void)opts, (void)vals;
+    return cuModuleLoadData(m, image);
+}
+EXPORT CUresult cuModuleLoadFatBinary(CUmodule *m, const void *image) { return cuModuleLoadData(m, image); }
+EXPORT CUresult cuModuleLoad(CUmodule *m, const char *path) { return load_file((uint64_t *)m, path, cur); }
+EXPORT CUresult cuModuleUnload(CUmodule m) { return dev_free((uint64_t)(uintptr_t)m, K_MOD); }
+EXPORT CUresult cuLibraryLoadData(CUlibrary *l, const void *code, void *jo, void **jv, unsigned nj, void *lo,
+                                  void **lv, unsigned nl) {
+    (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+    if (!code)
+        return CUDA_ERROR_INVALID_VALUE;
+    return load_image((uint64_t *)l, code, IMG_LEN(code), NULL);
+}
+EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *l, const char *path, void *jo, void **jv, unsigned nj, void *lo,
+                                      void **lv, unsigned nl) {
+    (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+    return load_file((uint64_t *)l, path, NULL);
+}
+EXPORT CUresult cuLibraryUnload(CUlibrary l) { return dev_free((uint64_t)(uintptr_t)l, K_MOD); }
 
 /* IPC: the handle carries the exported size. */
 typedef struct {
@@ -2082,7 +2155,8 @@ static const proc procs[] = {
     PT(cuMemAllocFromPoolAsync), PT(cuMemFreeAsync), P(cuIpcGetMemHandle),
     PV("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2), P(cuIpcCloseMemHandle),
     P(cuImportExternalMemory), P(cuDestroyExternalMemory), P(cuExternalMemoryGetMappedBuffer),
-    P(cuCtxSetLimit), P(cuCtxGetLimit), P(cuLaunch), P(cuLaunchGrid), P(cuLaunchGridAsync), P(cuLaunchCooperativeKernelMultiDevice),
+    P(cuCtxSetLimit), P(cuCtxGetLimit), P(cuModuleLoad), P(cuModuleLoadData), P(cuModuleLoadDataEx),
+    P(cuModuleLoadFatBinary), P(cuModuleUnload), P(cuLibraryLoadData), P(cuLibraryLoadFromFile), P(cuLibraryUnload), P(cuLaunch), P(cuLaunchGrid), P(cuLaunchGridAsync), P(cuLaunchCooperativeKernelMultiDevice),
     PT(cuLaunchHostFunc), PT(cuLaunchKernel), PT(cuLaunchKernelEx), PT(cuLaunchCooperativeKernel), PT(cuGraphLaunch),
     P(cuGraphExecDestroy), P(cuGraphCreate), P(cuGraphDestroy), P(cuGraphAddMemAllocNode),
     P(cuGraphInstantiateWithFlags), P(cuGraphInstantiateWithParams), PV("cuGraphInstantiate", cuGraphInstantiate_v2),

@@ -385,3 +385,51 @@ TEST(mem_graph_memory_nodes) {
           (unsigned long long)phys_used());
     CHECK(phys_peak() <= CAP, "physical peak %llu", (unsigned long long)phys_peak());
 }
+
+/* Modules and libraries take device memory for code and __device__
+ * globals (the fake's images say how much; vcuda measures it). */
+CUresult cuModuleLoadData(CUmodule *, const void *);
+CUresult cuModuleLoad(CUmodule *, const char *);
+CUresult cuModuleUnload(CUmodule);
+CUresult cuLibraryLoadData(CUlibrary *, const void *, void *, void **, unsigned, void *, void **, unsigned);
+CUresult cuLibraryUnload(CUlibrary);
+
+static void fake_image(unsigned char img[24], uint64_t code, uint64_t globals) {
+    memcpy(img, "FAKEMOD", 8);
+    memcpy(img + 8, &code, 8);
+    memcpy(img + 16, &globals, 8);
+}
+
+TEST(mem_modules_counted) {
+    one_gpu();
+    CUcontext c = ctx_on(0);
+    unsigned char img[24];
+    fake_image(img, 10 * MiB, 20 * MiB); /* 10 MiB of code, 20 MiB of zeroed globals */
+    CUmodule m1, m2, m3;
+    CHECK_CU(cuModuleLoadData(&m1, img));
+    CHECK(region_used(0) == 30 * MiB, "module charged %llu", (unsigned long long)region_used(0));
+    CUlibrary lib;
+    CHECK_CU(cuLibraryLoadData(&lib, img, NULL, NULL, 0, NULL, NULL, 0));
+    CHECK(region_used(0) == 60 * MiB && phys_peak() <= CAP, "library charged: region %llu peak %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_peak());
+    CHECK(cuModuleLoadData(&m2, img) == CUDA_ERROR_OUT_OF_MEMORY, "a module past the cap");
+    CHECK(region_used(0) == 60 * MiB && phys_used() == 60 * MiB, "after the refusal: region %llu fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used());
+    CHECK_CU(cuModuleUnload(m1));
+    CHECK(region_used(0) == 30 * MiB, "after unload %llu", (unsigned long long)region_used(0));
+    /* from a file */
+    write_file(tpath("mod.bin"), "");
+    FILE *f = fopen(tpath("mod.bin"), "wb");
+    fake_image(img, 3 * MiB, 0);
+    CHECK(f && fwrite(img, 1, 24, f) == 24 && fclose(f) == 0, "writing the module file");
+    CHECK_CU(cuModuleLoad(&m3, tpath("mod.bin")));
+    CHECK(region_used(0) == 34 * MiB, "module file charged %llu", (unsigned long long)region_used(0));
+    /* modules die with their context, libraries do not */
+    CHECK_CU(cuCtxDestroy_v2(c));
+    CHECK(region_used(0) == 30 * MiB && phys_used() == 30 * MiB, "after the context: region %llu fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used());
+    ctx_on(0);
+    CHECK_CU(cuLibraryUnload(lib));
+    CHECK(region_used(0) == 0 && phys_used() == 0, "left: region %llu fake %llu", (unsigned long long)region_used(0),
+          (unsigned long long)phys_used());
+}
