@@ -125,8 +125,9 @@ VC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
  * not fit under the cap, the context is destroyed again and the call
  * returns CUDA_ERROR_OUT_OF_MEMORY, so a nearly full cap can be passed by
  * one context for the moment of that first creation. Later contexts on the
- * device are charged the same cost before they are created. The charge is credited when the context
- * goes (cuCtxDestroy, last primary release, reset, cuGreenCtxDestroy). */
+ * device are charged the same cost before they are created. The charge is
+ * credited when the context goes (cuCtxDestroy, last primary release,
+ * reset, cuGreenCtxDestroy). */
 #define VC_PAGE_CTX (2ull << 20)
 #define MiB_ (1ull << 20)
 /* Architecture table (compute capability major): what a CUDA 12 context
@@ -200,7 +201,10 @@ static CUresult ctx_pre(CUdevice dev, ctx_charge *c) {
         return CUDA_SUCCESS;
     }
     c->table = table_cost(dev);
-    c->measure = nvml_self(dev, &c->self0) >= 0;
+    /* Before its first context on the device the process cannot be
+     * listed: an entry with its pid is another process's (a pid of
+     * another namespace), so only the table can be trusted. */
+    c->measure = nvml_self(dev, &c->self0) == 0;
     return CUDA_SUCCESS;
 }
 
