@@ -282,6 +282,7 @@ func TestLimiterMutation(t *testing.T) {
 		{"nonorm", "limiter_grid_mix_70pct", "utilisation"},
 		{"nooverlap", "limiter_multi_stream_small_grids_30pct", "serialised"},
 		{"nofeedback", "limiter_grid_mix_30pct", "utilisation"},
+		{"norelax", "limiter_never_invalidates_a_capture", "invalidated"},
 	} {
 		t.Run(m.mutant+"/"+strings.TrimPrefix(m.kase, "limiter_"), func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)

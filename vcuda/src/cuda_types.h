@@ -24,6 +24,12 @@ typedef struct CUmipmappedArray_st *CUmipmappedArray;
 typedef struct CUmemPoolHandle_st *CUmemoryPool;
 typedef struct CUextMemory_st *CUexternalMemory;
 typedef struct CUgraphExec_st *CUgraphExec;
+typedef struct CUgreenCtx_st *CUgreenCtx;
+typedef struct CUdevResourceDesc_st *CUdevResourceDesc;
+typedef struct CUmod_st *CUmodule;
+typedef struct CUlib_st *CUlibrary;
+typedef struct CUgraph_st *CUgraph;
+typedef struct CUgraphNode_st *CUgraphNode;
 
 enum {
     CUDA_SUCCESS = 0,
@@ -108,6 +114,15 @@ typedef struct CUmemPoolProps_st {
     unsigned short usage;
     unsigned char reserved[54];
 } CUmemPoolProps;
+
+/* Graph memory nodes (cuGraphAddMemAllocNode). */
+typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st { /* _v1 */
+    CUmemPoolProps poolProps;
+    const void *accessDescs; /* CUmemAccessDesc */
+    size_t accessDescCount;
+    size_t bytesize;
+    CUdeviceptr dptr; /* out */
+} CUDA_MEM_ALLOC_NODE_PARAMS;
 
 /* IPC and external memory. */
 typedef struct CUipcMemHandle_st {
@@ -207,6 +222,7 @@ typedef struct nvmlUtilization_st {
 
 _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp ABI");
 _Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps ABI");
+_Static_assert(offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, bytesize) == 104, "CUDA_MEM_ALLOC_NODE_PARAMS ABI");
 _Static_assert(offsetof(CUDA_EXTERNAL_MEMORY_HANDLE_DESC, size) == 24, "ext mem desc ABI");
 _Static_assert(offsetof(CUlaunchConfig, hStream) == 32, "CUlaunchConfig ABI");
 _Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40, "CUDA_ARRAY3D_DESCRIPTOR ABI");

@@ -27,7 +27,9 @@
 static const unsigned tier_bits[VC_K_COUNT][2] = {
     [VC_K_PTR] = {16, 20},   [VC_K_ARRAY] = {12, 18}, [VC_K_MIPMAP] = {10, 16},
     [VC_K_GENERIC] = {14, 19}, [VC_K_IPC] = {10, 16},  [VC_K_EXTMEM] = {8, 14},
-    [VC_K_POOL] = {8, 12},   [VC_K_HEAP] = {6, 10},
+    [VC_K_POOLPTR] = {16, 20}, [VC_K_LIMIT] = {6, 10},
+    [VC_K_CTX] = {8, 12},    [VC_K_GREEN] = {6, 10},  [VC_K_GRAPH] = {10, 14},
+    [VC_K_GRAPHEXEC] = {10, 14}, [VC_K_MODULE] = {12, 16},
 };
 
 static vc_entry *tables[VC_K_COUNT][2];
@@ -148,6 +150,8 @@ void vc_untrack_ctx(uint64_t ctx, void (*fn)(uint64_t size, int gpu)) {
     if (!ctx)
         return;
     for (int k = 0; k < VC_K_COUNT; k++) {
+        if (k == VC_K_POOLPTR || k == VC_K_GENERIC || k == VC_K_GRAPH || k == VC_K_GRAPHEXEC)
+            continue; /* device memory: never bound to a context */
         for (int t = 0; t < 2; t++) {
             vc_entry *e = tables[k][t];
             if (!e || (t == 1 && !atomic_load(&tier1_used[k])))

@@ -14,8 +14,13 @@ enum {
     VC_K_GENERIC, /* cuMemCreate */
     VC_K_IPC,     /* cuIpcOpenMemHandle mappings */
     VC_K_EXTMEM,  /* cuImportExternalMemory */
-    VC_K_POOL,    /* memory pool -> gpu record (size unused) */
-    VC_K_HEAP,    /* context -> its cuCtxSetLimit malloc heap */
+    VC_K_POOLPTR, /* stream-ordered pool allocations: 512-rounded size, pool slot */
+    VC_K_LIMIT,   /* context | limit << 60 -> memory its cuCtxSetLimit takes */
+    VC_K_CTX,     /* context (or green context) -> its own device memory */
+    VC_K_GREEN,   /* green context -> the CUcontext cuCtxFromGreenCtx gave (ctx field) */
+    VC_K_GRAPH,   /* (graph or capturing stream) ^ (gpu + 1) << 56 -> its allocation nodes' pages */
+    VC_K_GRAPHEXEC, /* graph exec ^ (gpu + 1) << 56 -> the graph memory it holds */
+    VC_K_MODULE,  /* module (dies with its context) or library -> its device memory */
     VC_K_COUNT
 };
 

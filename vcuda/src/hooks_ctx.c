@@ -9,6 +9,12 @@
  * pool allocations belong to the device, not a context, and are untouched.)
  */
 #define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include "handles.h"
 #include "real.h"
 #include "region.h"
@@ -101,18 +107,303 @@ VC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
                       dev, 1);
 }
 
-/* The device-side malloc heap (cuCtxSetLimit(CU_LIMIT_MALLOC_HEAP_SIZE)) is
- * device memory of the context, of any size the application asks for: it is
- * charged like an allocation (rounded up to the driver's 2 MiB pages),
- * refused with CUDA_ERROR_OUT_OF_MEMORY over the cap, re-charged by the
- * difference when resized, and credited when the context goes. */
+/* ---- the memory a context takes ----
+ *
+ * Creating a context (the primary one at its first retain, cuCtxCreate
+ * v1-v4, a green context) takes device memory of its own: the driver's
+ * state, local memory for the default 1 KiB stack of every thread the
+ * device can hold at once, the printf FIFO; a few hundred MiB on an H100.
+ * The first creation on a device in a process is measured: NVML's memory
+ * of this process on the device (its entry in the compute process list)
+ * before and after, rounded up to 2 MiB. NVML lists a process that has a
+ * context, so after the creation it must be listed; where it is not (its
+ * pid is not NVML's: a container with its own PID namespace on a real
+ * driver, which reports host pids) or NVML is unavailable, the
+ * architecture's table value is charged instead. The measured creation is
+ * charged after the fact (holding room for it in advance would starve the
+ * container's other processes starting at the same time): if the cost does
+ * not fit under the cap, the context is destroyed again and the call
+ * returns CUDA_ERROR_OUT_OF_MEMORY, so a nearly full cap can be passed by
+ * one context for the moment of that first creation. Later contexts on the
+ * device are charged the same cost before they are created. The charge is
+ * credited when the context goes (cuCtxDestroy, last primary release,
+ * reset, cuGreenCtxDestroy). */
+#define VC_PAGE_CTX (2ull << 20)
+#define MiB_ (1ull << 20)
+/* Architecture table (compute capability major): what a CUDA 12 context
+ * with lazy module loading takes, rounded up (unknown: the largest). */
+static uint64_t table_cost(CUdevice dev) {
+    int major = 0;
+    if (!vc_real.cuDeviceGetAttribute || vc_real.cuDeviceGetAttribute(&major, 75, dev) != CUDA_SUCCESS)
+        major = 0;
+    return major >= 9 ? 512 * MiB_ : major == 8 ? 384 * MiB_ : major == 7 ? 320 * MiB_ : 512 * MiB_;
+}
+
+#define VC_MAX_ORD 256
+static _Atomic uint64_t ctx_cost_known[VC_MAX_ORD]; /* cost + 1; 0: not measured */
+
+static pthread_once_t nvml_once = PTHREAD_ONCE_INIT;
+static int nvml_ok;
+static void nvml_up(void) {
+    vc_init_nvml();
+    nvml_ok = vc_real.nvmlInit_v2 && vc_real.nvmlInit_v2() == NVML_SUCCESS;
+}
+/* This process's memory on device dev as NVML lists it: 1 listed, 0 not
+ * listed, -1 NVML cannot say. */
+static int nvml_self(CUdevice dev, uint64_t *used) {
+    pthread_once(&nvml_once, nvml_up);
+    CUuuid u;
+    nvmlDevice_t h;
+    char s[VC_UUID_LEN + 1];
+    if (!nvml_ok || !vc_real.nvmlDeviceGetHandleByUUID || !vc_real.nvmlDeviceGetComputeRunningProcesses_v3 ||
+        !vc_real.cuDeviceGetUuid || vc_real.cuDeviceGetUuid(&u, dev) != CUDA_SUCCESS)
+        return -1;
+    vc_uuid_format((const unsigned char *)u.bytes, s);
+    if (vc_real.nvmlDeviceGetHandleByUUID(s, &h) != NVML_SUCCESS)
+        return -1;
+    nvmlProcessInfo_t p[256];
+    unsigned int n = 256;
+    if (vc_real.nvmlDeviceGetComputeRunningProcesses_v3(h, &n, p) != NVML_SUCCESS)
+        return -1;
+    unsigned int me = (unsigned int)getpid();
+    for (unsigned int i = 0; i < n && i < 256; i++) {
+        if (p[i].pid == me) {
+            *used = p[i].usedGpuMemory;
+            return 1;
+        }
+    }
+    *used = 0;
+    return 0;
+}
+
+typedef struct {
+    CUdevice dev;
+    int g, measure;
+    uint64_t charged, table, self0;
+} ctx_charge;
+
+/* Before a creation: charge the context's cost if known, else prepare the
+ * measurement. Contexts on a device the limits do not list (cap 0) are
+ * refused. */
+static CUresult ctx_pre(CUdevice dev, ctx_charge *c) {
+    c->dev = dev;
+    c->measure = 0;
+    c->charged = 0;
+    c->table = 0; /* 0: the cost is known, nothing to measure */
+    c->g = vc_dev_gpu(dev);
+    if (c->g < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t k = dev >= 0 && dev < VC_MAX_ORD ? atomic_load(&ctx_cost_known[dev]) : 0;
+    if (k) {
+        c->charged = k - 1;
+        if (c->charged && vc_reserve(c->g, c->charged) != 0)
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        return CUDA_SUCCESS;
+    }
+    c->table = table_cost(dev);
+    /* Before its first context on the device the process cannot be
+     * listed: an entry with its pid is another process's (a pid of
+     * another namespace), so only the table can be trusted. */
+    c->measure = nvml_self(dev, &c->self0) == 0;
+    return CUDA_SUCCESS;
+}
+
+/* After it: give the hold back on failure, else settle to the cost and
+ * remember it with the context (key), which credits it when the context
+ * goes. */
+static CUresult ctx_post(CUresult r, ctx_charge *c, uint64_t key, void (*destroy)(uint64_t key, CUdevice dev)) {
+    if (r != CUDA_SUCCESS) {
+        if (c->charged)
+            vc_release(c->g, c->charged);
+        return r;
+    }
+    uint64_t cost = c->charged;
+    if (c->table) {
+        uint64_t self1;
+        cost = c->table;
+        if (c->measure && nvml_self(c->dev, &self1) == 1) {
+            uint64_t d = self1 > c->self0 ? self1 - c->self0 : 0;
+            cost = (d + VC_PAGE_CTX - 1) / VC_PAGE_CTX * VC_PAGE_CTX;
+        }
+        if (c->dev >= 0 && c->dev < VC_MAX_ORD)
+            atomic_store(&ctx_cost_known[c->dev], cost + 1);
+    }
+    if (cost > c->charged) {
+        /* more than the room held: take the rest, or undo */
+        if (vc_reserve(c->g, cost - c->charged) != 0) {
+            destroy(key, c->dev);
+            if (c->charged)
+                vc_release(c->g, c->charged);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        c->charged = cost;
+    }
+    if (cost < c->charged)
+        vc_release(c->g, c->charged - cost);
+    if (cost && vc_track_ctx(VC_K_CTX, key, cost, c->g, key) != 0) {
+        vc_log("handle table full: a context's memory is not counted");
+        vc_release(c->g, cost);
+    }
+    return r;
+}
+
+#define CTX_REFUSED() (vc_g.mode == VC_MODE_FAIL_CLOSED || (vc_g.mode == VC_MODE_ENFORCE && vc_exiting))
+
+static void destroy_ctx(uint64_t key, CUdevice dev) {
+    (void)dev;
+    if (vc_real.cuCtxDestroy_v2)
+        vc_real.cuCtxDestroy_v2((CUcontext)(uintptr_t)key);
+}
+static void destroy_green(uint64_t key, CUdevice dev) {
+    (void)dev;
+    if (vc_real.cuGreenCtxDestroy)
+        vc_real.cuGreenCtxDestroy((CUgreenCtx)(uintptr_t)key);
+}
+static void release_primary(uint64_t key, CUdevice dev) {
+    (void)key;
+    if (vc_real.cuDevicePrimaryCtxRelease_v2)
+        vc_real.cuDevicePrimaryCtxRelease_v2(dev);
+}
+
+#define CTX_CREATE(realfn, destroy, pctx, dev, ...)                                                         \
+    do {                                                                                           \
+        vc_init_cuda();                                                                            \
+        if (!vc_real.realfn)                                                                       \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        if (CTX_REFUSED())                                                                         \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                                       \
+        if (!ACTIVE() || !(pctx))                                                                  \
+            return vc_real.realfn(__VA_ARGS__);                                                    \
+        ctx_charge c_;                                                                             \
+        CUresult r_ = ctx_pre((dev), &c_);                                                         \
+        if (r_ != CUDA_SUCCESS)                                                                    \
+            return r_;                                                                             \
+        r_ = vc_real.realfn(__VA_ARGS__);                                                          \
+        return ctx_post(r_, &c_, r_ == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*(pctx) : 0, destroy);   \
+    } while (0)
+
+VC_EXPORT CUresult cuCtxCreate(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    CTX_CREATE(cuCtxCreate, destroy_ctx, pctx, dev, pctx, flags, dev);
+}
+VC_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    CTX_CREATE(cuCtxCreate_v2, destroy_ctx, pctx, dev, pctx, flags, dev);
+}
+VC_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, void *params, int n, unsigned int flags, CUdevice dev) {
+    CTX_CREATE(cuCtxCreate_v3, destroy_ctx, pctx, dev, pctx, params, n, flags, dev);
+}
+VC_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, void *params, unsigned int flags, CUdevice dev) {
+    CTX_CREATE(cuCtxCreate_v4, destroy_ctx, pctx, dev, pctx, params, flags, dev);
+}
+VC_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *pctx, CUdevResourceDesc desc, CUdevice dev, unsigned int flags) {
+    CTX_CREATE(cuGreenCtxCreate, destroy_green, pctx, dev, pctx, desc, dev, flags);
+}
+
+/* The primary context takes its memory when its first retain creates it. */
+static pthread_mutex_t primary_mu = PTHREAD_MUTEX_INITIALIZER;
+VC_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    vc_init_cuda();
+    if (!vc_real.cuDevicePrimaryCtxRetain)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    if (CTX_REFUSED())
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!ACTIVE() || !pctx)
+        return vc_real.cuDevicePrimaryCtxRetain(pctx, dev);
+    pthread_mutex_lock(&primary_mu);
+    unsigned flags;
+    int active = 0;
+    CUresult r;
+    if (vc_real.cuDevicePrimaryCtxGetState &&
+        vc_real.cuDevicePrimaryCtxGetState(dev, &flags, &active) == CUDA_SUCCESS && active) {
+        r = vc_real.cuDevicePrimaryCtxRetain(pctx, dev);
+    } else {
+        ctx_charge c;
+        r = ctx_pre(dev, &c);
+        if (r == CUDA_SUCCESS) {
+            r = vc_real.cuDevicePrimaryCtxRetain(pctx, dev);
+            r = ctx_post(r, &c, r == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*pctx : 0, release_primary);
+        }
+    }
+    pthread_mutex_unlock(&primary_mu);
+    return r;
+}
+
+/* A green context's memory, and what was allocated in the CUcontext made
+ * from it, go with it. */
+VC_EXPORT CUresult cuCtxFromGreenCtx(CUcontext *pctx, CUgreenCtx g) {
+    vc_init_cuda();
+    if (!vc_real.cuCtxFromGreenCtx)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = vc_real.cuCtxFromGreenCtx(pctx, g);
+    uint64_t sz;
+    int gg;
+    if (r == CUDA_SUCCESS && ACTIVE() && pctx && *pctx && (uint64_t)(uintptr_t)*pctx != (uint64_t)(uintptr_t)g &&
+        vc_lookup(VC_K_GREEN, (uint64_t)(uintptr_t)g, &sz, &gg) != 0)
+        vc_track_ctx(VC_K_GREEN, (uint64_t)(uintptr_t)g, 0, 0, (uint64_t)(uintptr_t)*pctx);
+    return r;
+}
+VC_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g) {
+    vc_init_cuda();
+    if (!vc_real.cuGreenCtxDestroy)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    CUresult r = vc_real.cuGreenCtxDestroy(g);
+    if (r == CUDA_SUCCESS && ACTIVE()) {
+        uint64_t sz, cx = 0;
+        int gg;
+        if (vc_untrack(VC_K_GREEN, (uint64_t)(uintptr_t)g, &sz, &gg, &cx) == 0 && cx)
+            ctx_gone((CUcontext)(uintptr_t)cx);
+        ctx_gone((CUcontext)(uintptr_t)g);
+    }
+    return r;
+}
+
+/* Limits that size device memory of the context (cuCtxSetLimit), of any
+ * size the application asks for: charged like an allocation, in the
+ * driver's 2 MiB pages, refused with CUDA_ERROR_OUT_OF_MEMORY over the cap,
+ * re-charged by the difference when resized, credited when the context goes.
+ *   CU_LIMIT_STACK_SIZE: local memory for every thread the device can hold
+ *     at once: (stack - 1 KiB) x threads per SM x SMs beyond the default
+ *     1 KiB, which the context's own cost includes;
+ *   CU_LIMIT_PRINTF_FIFO_SIZE: the FIFO beyond its 1 MiB default (also in
+ *     the context's cost);
+ *   CU_LIMIT_MALLOC_HEAP_SIZE: the whole heap (the driver allocates it
+ *     when it is sized or first used). */
+#define CU_LIMIT_STACK_SIZE 0
+#define CU_LIMIT_PRINTF_FIFO_SIZE 1
 #define CU_LIMIT_MALLOC_HEAP_SIZE 2
 #define HEAP_PAGE (2ull << 20)
+#define CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR 39
+static uint64_t limit_bytes(int limit, uint64_t v, CUdevice dev) {
+    uint64_t b;
+    switch (limit) {
+    case CU_LIMIT_STACK_SIZE: {
+        int tps = 0;
+        if (v <= 1024)
+            return 0;
+        if (!vc_real.cuDeviceGetAttribute ||
+            vc_real.cuDeviceGetAttribute(&tps, CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR, dev) !=
+                CUDA_SUCCESS ||
+            tps <= 0)
+            tps = 2048; /* the most any GPU holds */
+        if (__builtin_mul_overflow(v - 1024, (uint64_t)tps * (uint64_t)vc_dev_sms(dev), &b))
+            return UINT64_MAX;
+        break;
+    }
+    case CU_LIMIT_PRINTF_FIFO_SIZE:
+        if (v <= (1u << 20))
+            return 0;
+        b = v - (1u << 20);
+        break;
+    default:
+        b = v;
+    }
+    return b > UINT64_MAX - HEAP_PAGE ? UINT64_MAX : (b + HEAP_PAGE - 1) & ~(HEAP_PAGE - 1);
+}
 VC_EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
     vc_init_cuda();
     if (!vc_real.cuCtxSetLimit)
         return CUDA_ERROR_NOT_INITIALIZED;
-    if (limit != CU_LIMIT_MALLOC_HEAP_SIZE || !(ACTIVE() || vc_g.mode == VC_MODE_FAIL_CLOSED || vc_exiting))
+    if (limit < CU_LIMIT_STACK_SIZE || limit > CU_LIMIT_MALLOC_HEAP_SIZE ||
+        !(ACTIVE() || vc_g.mode == VC_MODE_FAIL_CLOSED || vc_exiting))
         return vc_real.cuCtxSetLimit(limit, value);
     if (!ACTIVE())
         return CUDA_ERROR_OUT_OF_MEMORY; /* limits unusable, or after exit: refuse */
@@ -122,10 +413,10 @@ VC_EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
     if (!vc_real.cuCtxGetCurrent || vc_real.cuCtxGetCurrent(&ctx) != CUDA_SUCCESS || !ctx ||
         vc_cur_gpu(&g, &dev) != CUDA_SUCCESS)
         return vc_real.cuCtxSetLimit(limit, value); /* the driver's error */
-    uint64_t key = (uint64_t)(uintptr_t)ctx, want = ((uint64_t)value + HEAP_PAGE - 1) & ~(HEAP_PAGE - 1);
+    uint64_t key = (uint64_t)(uintptr_t)ctx | (uint64_t)limit << 60, want = limit_bytes(limit, value, dev);
     uint64_t had = 0;
     int hg = -1;
-    if (vc_lookup(VC_K_HEAP, key, &had, &hg) != 0)
+    if (vc_lookup(VC_K_LIMIT, key, &had, &hg) != 0)
         had = 0;
     if (g < 0 && want > 0)
         return CUDA_ERROR_OUT_OF_MEMORY; /* not in the limits file: cap 0 */
@@ -141,9 +432,176 @@ VC_EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
         vc_release(g, had - want);
     uint64_t sz, cx;
     int gg;
-    vc_untrack(VC_K_HEAP, key, &sz, &gg, &cx);
-    if (want && vc_track_ctx(VC_K_HEAP, key, want, g, key) != 0) {
+    vc_untrack(VC_K_LIMIT, key, &sz, &gg, &cx);
+    if (want && vc_track_ctx(VC_K_LIMIT, key, want, g, (uint64_t)(uintptr_t)ctx) != 0) {
         vc_release(g, want); /* cannot remember it: do not keep it charged forever */
     }
     return r;
+}
+
+/* ---- modules and libraries ----
+ *
+ * Loading a module (cuModuleLoad*) or a library (cuLibraryLoad*) takes
+ * device memory for its code, constant banks and __device__ globals
+ * (zero-initialised globals are not even in the image). vcuda charges an
+ * estimate before the load: the image's size (an ELF cubin up to its section
+ * headers, a fatbin its header's size, a file its length, PTX its text) in
+ * 2 MiB pages, at least one. After the load it measures, as for contexts,
+ * NVML's entry of the process before and after (less what this process was
+ * charged meanwhile) and settles to that; if it does not fit, the module is
+ * unloaded again and the call returns CUDA_ERROR_OUT_OF_MEMORY. Where NVML
+ * does not list the process, the estimate stands (it misses zero-initialised
+ * globals). A module's charge is credited when it is unloaded or its context
+ * goes, a library's when it is unloaded. */
+static uint64_t image_estimate(const void *image) {
+    const unsigned char *b = image;
+    uint32_t magic;
+    if (!b)
+        return 0;
+    memcpy(&magic, b, 4);
+    if (magic == 0x466243b1u) { /* the runtime's fatbin wrapper: {magic, version, data, ...} */
+        const void *data;
+        memcpy(&data, b + 8, sizeof(data));
+        return data && data != image ? image_estimate(data) : 0;
+    }
+    if (magic == 0xba55ed50u) { /* fatbin: u32 magic, u16 version, u16 header size, u64 size */
+        uint16_t hs;
+        uint64_t fs;
+        memcpy(&hs, b + 6, 2);
+        memcpy(&fs, b + 8, 8);
+        return hs + fs;
+    }
+    if (b[0] == 0x7f && b[1] == 'E' && b[2] == 'L' && b[3] == 'F' && b[4] == 2) { /* ELF64 cubin */
+        uint64_t shoff;
+        uint16_t shentsize, shnum;
+        memcpy(&shoff, b + 0x28, 8);
+        memcpy(&shentsize, b + 0x3a, 2);
+        memcpy(&shnum, b + 0x3c, 2);
+        return shoff + (uint64_t)shentsize * shnum;
+    }
+    return strnlen((const char *)b, 1ull << 30); /* PTX text */
+}
+static uint64_t file_estimate(const char *path) {
+    struct stat st;
+    return path && stat(path, &st) == 0 && st.st_size > 0 ? (uint64_t)st.st_size : 0;
+}
+
+typedef struct {
+    int g, listed;
+    CUdevice dev;
+    uint64_t charged, self0, slot0;
+} load_charge;
+
+static CUresult load_pre(uint64_t estimate, load_charge *c) {
+    CUresult r = vc_cur_gpu(&c->g, &c->dev);
+    if (r != CUDA_SUCCESS)
+        return r;
+    if (c->g < 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    c->charged = estimate > UINT64_MAX - VC_PAGE_CTX ? UINT64_MAX : (estimate + VC_PAGE_CTX - 1) / VC_PAGE_CTX * VC_PAGE_CTX;
+    if (!c->charged)
+        c->charged = VC_PAGE_CTX;
+    if (vc_reserve(c->g, c->charged) != 0)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    c->slot0 = vc_region_self_used(c->g);
+    c->listed = nvml_self(c->dev, &c->self0) == 1;
+    return CUDA_SUCCESS;
+}
+
+static CUresult load_post(CUresult r, load_charge *c, uint64_t key, uint64_t ctx, void (*unload)(uint64_t)) {
+    if (r != CUDA_SUCCESS) {
+        vc_release(c->g, c->charged);
+        return r;
+    }
+    uint64_t cost = c->charged, self1;
+    if (c->listed && nvml_self(c->dev, &self1) == 1) {
+        uint64_t slot1 = vc_region_self_used(c->g), mine = slot1 > c->slot0 ? slot1 - c->slot0 : 0;
+        uint64_t d = self1 > c->self0 ? self1 - c->self0 : 0;
+        d = d > mine ? d - mine : 0;
+        cost = (d + VC_PAGE_CTX - 1) / VC_PAGE_CTX * VC_PAGE_CTX;
+    }
+    if (cost > c->charged && vc_reserve(c->g, cost - c->charged) != 0) {
+        unload(key);
+        vc_release(c->g, c->charged);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    if (cost < c->charged)
+        vc_release(c->g, c->charged - cost);
+    if (cost && vc_track_ctx(VC_K_MODULE, key, cost, c->g, ctx) != 0) {
+        vc_log("handle table full: a module's memory is not counted");
+        vc_release(c->g, cost);
+    }
+    return r;
+}
+
+static void unload_module(uint64_t m) {
+    if (vc_real.cuModuleUnload)
+        vc_real.cuModuleUnload((CUmodule)(uintptr_t)m);
+}
+static void unload_library(uint64_t l) {
+    if (vc_real.cuLibraryUnload)
+        vc_real.cuLibraryUnload((CUlibrary)(uintptr_t)l);
+}
+
+/* lib: a library (not bound to the context). */
+#define LOAD(realfn, handle, estimate, lib, ...)                                                   \
+    do {                                                                                           \
+        vc_init_cuda();                                                                            \
+        if (!vc_real.realfn)                                                                       \
+            return CUDA_ERROR_NOT_INITIALIZED;                                                     \
+        if (CTX_REFUSED())                                                                         \
+            return CUDA_ERROR_OUT_OF_MEMORY;                                                       \
+        if (!ACTIVE() || !(handle))                                                                \
+            return vc_real.realfn(__VA_ARGS__);                                                    \
+        load_charge c_;                                                                            \
+        CUresult r_ = load_pre((estimate), &c_);                                                   \
+        if (r_ != CUDA_SUCCESS)                                                                    \
+            return r_ == CUDA_ERROR_OUT_OF_MEMORY ? r_ : vc_real.realfn(__VA_ARGS__);              \
+        CUcontext cx_ = NULL;                                                                      \
+        if (!(lib) && vc_real.cuCtxGetCurrent)                                                     \
+            vc_real.cuCtxGetCurrent(&cx_);                                                         \
+        r_ = vc_real.realfn(__VA_ARGS__);                                                          \
+        return load_post(r_, &c_, r_ == CUDA_SUCCESS ? (uint64_t)(uintptr_t)*(handle) : 0,         \
+                         (uint64_t)(uintptr_t)cx_, (lib) ? unload_library : unload_module);        \
+    } while (0)
+
+VC_EXPORT CUresult cuModuleLoad(CUmodule *m, const char *path) {
+    LOAD(cuModuleLoad, m, file_estimate(path), 0, m, path);
+}
+VC_EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+    LOAD(cuModuleLoadData, m, image_estimate(image), 0, m, image);
+}
+VC_EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned int n, void *opts, void **vals) {
+    LOAD(cuModuleLoadDataEx, m, image_estimate(image), 0, m, image, n, opts, vals);
+}
+VC_EXPORT CUresult cuModuleLoadFatBinary(CUmodule *m, const void *image) {
+    LOAD(cuModuleLoadFatBinary, m, image_estimate(image), 0, m, image);
+}
+VC_EXPORT CUresult cuLibraryLoadData(CUlibrary *l, const void *code, void *jo, void **jv, unsigned int nj, void *lo,
+                                     void **lv, unsigned int nl) {
+    LOAD(cuLibraryLoadData, l, image_estimate(code), 1, l, code, jo, jv, nj, lo, lv, nl);
+}
+VC_EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *l, const char *path, void *jo, void **jv, unsigned int nj,
+                                         void *lo, void **lv, unsigned int nl) {
+    LOAD(cuLibraryLoadFromFile, l, file_estimate(path), 1, l, path, jo, jv, nj, lo, lv, nl);
+}
+
+static CUresult unloaded(CUresult r, uint64_t key) {
+    uint64_t sz, cx;
+    int g;
+    if (r == CUDA_SUCCESS && ACTIVE() && vc_untrack(VC_K_MODULE, key, &sz, &g, &cx) == 0 && g >= 0)
+        vc_release(g, sz);
+    return r;
+}
+VC_EXPORT CUresult cuModuleUnload(CUmodule m) {
+    vc_init_cuda();
+    if (!vc_real.cuModuleUnload)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return unloaded(vc_real.cuModuleUnload(m), (uint64_t)(uintptr_t)m);
+}
+VC_EXPORT CUresult cuLibraryUnload(CUlibrary l) {
+    vc_init_cuda();
+    if (!vc_real.cuLibraryUnload)
+        return CUDA_ERROR_NOT_INITIALIZED;
+    return unloaded(vc_real.cuLibraryUnload(l), (uint64_t)(uintptr_t)l);
 }

@@ -26,12 +26,18 @@ H(cuMemFree_v2) H(cuArrayCreate_v2) H(cuArrayCreate) H(cuArray3DCreate_v2) H(cuA
 H(cuArrayDestroy) H(cuMipmappedArrayCreate) H(cuMipmappedArrayDestroy) H(cuMemCreate)
 H(cuMemRelease) H(cuMemAllocAsync) H(cuMemAllocAsync_ptsz) H(cuMemAllocFromPoolAsync)
 H(cuMemAllocFromPoolAsync_ptsz) H(cuMemFreeAsync) H(cuMemFreeAsync_ptsz) H(cuMemPoolCreate)
-H(cuMemPoolDestroy) H(cuDeviceGetDefaultMemPool) H(cuDeviceGetMemPool) H(cuIpcOpenMemHandle)
+H(cuMemPoolDestroy) H(cuMemPoolSetAttribute) H(cuMemPoolTrimTo) H(cuStreamSynchronize)
+H(cuStreamSynchronize_ptsz) H(cuCtxSynchronize) H(cuEventSynchronize) H(cuGraphAddMemAllocNode) H(cuStreamEndCapture) H(cuGraphDestroy)
+H(cuGraphInstantiateWithFlags) H(cuGraphInstantiateWithParams) H(cuGraphInstantiate_v2) H(cuGraphExecDestroy)
+H(cuDeviceGraphMemTrim) H(cuDeviceGetDefaultMemPool) H(cuDeviceGetMemPool) H(cuIpcOpenMemHandle)
 H(cuIpcOpenMemHandle_v2) H(cuIpcCloseMemHandle) H(cuImportExternalMemory)
 H(cuDestroyExternalMemory) H(cuMemGetInfo_v2) H(cuMemGetInfo) H(cuDeviceTotalMem_v2)
 H(cuDeviceTotalMem) H(cuLaunchKernel) H(cuLaunchKernel_ptsz) H(cuLaunchKernelEx)
 H(cuLaunchKernelEx_ptsz) H(cuLaunchCooperativeKernel) H(cuLaunchCooperativeKernel_ptsz)
-H(cuGraphLaunch) H(cuGraphLaunch_ptsz) H(cuCtxDestroy) H(cuCtxDestroy_v2) H(cuDevicePrimaryCtxRelease)
+H(cuGraphLaunch) H(cuGraphLaunch_ptsz) H(cuCtxDestroy) H(cuCtxDestroy_v2) H(cuCtxCreate) H(cuCtxCreate_v2)
+H(cuCtxCreate_v3) H(cuCtxCreate_v4) H(cuGreenCtxCreate) H(cuGreenCtxDestroy) H(cuCtxFromGreenCtx)
+H(cuDevicePrimaryCtxRetain) H(cuModuleLoad) H(cuModuleLoadData) H(cuModuleLoadDataEx)
+H(cuModuleLoadFatBinary) H(cuModuleUnload) H(cuLibraryLoadData) H(cuLibraryLoadFromFile) H(cuLibraryUnload) H(cuDevicePrimaryCtxRelease)
 H(cuDevicePrimaryCtxRelease_v2) H(cuDevicePrimaryCtxReset) H(cuDevicePrimaryCtxReset_v2)
 H(nvmlDeviceGetMemoryInfo) H(nvmlDeviceGetMemoryInfo_v2)
 H(cuCtxSetLimit) H(cuLaunch) H(cuLaunchGrid) H(cuLaunchGridAsync) H(cuLaunchCooperativeKernelMultiDevice)
@@ -80,6 +86,21 @@ static const hook_entry hooks[] = {
     E(cuMemFreeAsync_ptsz, "cuMemFreeAsync", 0, 1),
     E(cuMemPoolCreate, "cuMemPoolCreate", 0, 0),
     E(cuMemPoolDestroy, "cuMemPoolDestroy", 0, 0),
+    E(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 0, 0),
+    E(cuMemPoolTrimTo, "cuMemPoolTrimTo", 0, 0),
+    E(cuStreamSynchronize, "cuStreamSynchronize", 0, 0),
+    E(cuStreamSynchronize_ptsz, "cuStreamSynchronize", 0, 1),
+    E(cuCtxSynchronize, "cuCtxSynchronize", 0, 0),
+    E(cuEventSynchronize, "cuEventSynchronize", 0, 0),
+    E(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 0, 0),
+    E(cuStreamEndCapture, "cuStreamEndCapture", 0, 0),
+    E(cuGraphDestroy, "cuGraphDestroy", 0, 0),
+    E(cuGraphInstantiate_v2, "cuGraphInstantiate", 0, 0),
+    E(cuGraphInstantiateWithFlags, "cuGraphInstantiate", 12000, 0),
+    E(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 0, 0),
+    E(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 0, 0),
+    E(cuGraphExecDestroy, "cuGraphExecDestroy", 0, 0),
+    E(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 0, 0),
     E(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 0, 0),
     E(cuDeviceGetMemPool, "cuDeviceGetMemPool", 0, 0),
     E(cuIpcOpenMemHandle, "cuIpcOpenMemHandle", 0, 0),
@@ -99,6 +120,22 @@ static const hook_entry hooks[] = {
     E(cuLaunchCooperativeKernel_ptsz, "cuLaunchCooperativeKernel", 0, 1),
     E(cuGraphLaunch, "cuGraphLaunch", 0, 0),
     E(cuGraphLaunch_ptsz, "cuGraphLaunch", 0, 1),
+    E(cuCtxCreate, "cuCtxCreate", 0, 0),
+    E(cuCtxCreate_v2, "cuCtxCreate", 3020, 0),
+    E(cuCtxCreate_v3, "cuCtxCreate", 11040, 0),
+    E(cuCtxCreate_v4, "cuCtxCreate", 12050, 0),
+    E(cuGreenCtxCreate, "cuGreenCtxCreate", 0, 0),
+    E(cuGreenCtxDestroy, "cuGreenCtxDestroy", 0, 0),
+    E(cuCtxFromGreenCtx, "cuCtxFromGreenCtx", 0, 0),
+    E(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 0, 0),
+    E(cuModuleLoad, "cuModuleLoad", 0, 0),
+    E(cuModuleLoadData, "cuModuleLoadData", 0, 0),
+    E(cuModuleLoadDataEx, "cuModuleLoadDataEx", 0, 0),
+    E(cuModuleLoadFatBinary, "cuModuleLoadFatBinary", 0, 0),
+    E(cuModuleUnload, "cuModuleUnload", 0, 0),
+    E(cuLibraryLoadData, "cuLibraryLoadData", 0, 0),
+    E(cuLibraryLoadFromFile, "cuLibraryLoadFromFile", 0, 0),
+    E(cuLibraryUnload, "cuLibraryUnload", 0, 0),
     E(cuCtxDestroy, "cuCtxDestroy", 0, 0),
     E(cuCtxDestroy_v2, "cuCtxDestroy", 4000, 0),
     E(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 0, 0),

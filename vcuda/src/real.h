@@ -23,6 +23,21 @@
     X(cuDevicePrimaryCtxGetState, (CUdevice, unsigned int *, int *))                               \
     X(cuDevicePrimaryCtxRetain, (CUcontext *, CUdevice))                                           \
     X(cuCtxDestroy_v2, (CUcontext))                                                                \
+    X(cuCtxCreate, (CUcontext *, unsigned int, CUdevice))                                         \
+    X(cuCtxCreate_v2, (CUcontext *, unsigned int, CUdevice))                                      \
+    X(cuCtxCreate_v3, (CUcontext *, void *, int, unsigned int, CUdevice))                         \
+    X(cuCtxCreate_v4, (CUcontext *, void *, unsigned int, CUdevice))                              \
+    X(cuGreenCtxCreate, (CUgreenCtx *, CUdevResourceDesc, CUdevice, unsigned int))                \
+    X(cuGreenCtxDestroy, (CUgreenCtx))                                                             \
+    X(cuCtxFromGreenCtx, (CUcontext *, CUgreenCtx))                                                \
+    X(cuModuleLoad, (CUmodule *, const char *))                                                    \
+    X(cuModuleLoadData, (CUmodule *, const void *))                                                \
+    X(cuModuleLoadDataEx, (CUmodule *, const void *, unsigned int, void *, void **))               \
+    X(cuModuleLoadFatBinary, (CUmodule *, const void *))                                           \
+    X(cuModuleUnload, (CUmodule))                                                                  \
+    X(cuLibraryLoadData, (CUlibrary *, const void *, void *, void **, unsigned int, void *, void **, unsigned int)) \
+    X(cuLibraryLoadFromFile, (CUlibrary *, const char *, void *, void **, unsigned int, void *, void **, unsigned int)) \
+    X(cuLibraryUnload, (CUlibrary))                                                                \
     X(cuCtxDestroy, (CUcontext))                                                                   \
     X(cuDevicePrimaryCtxRelease_v2, (CUdevice))                                                    \
     X(cuDevicePrimaryCtxRelease, (CUdevice))                                                       \
@@ -63,6 +78,12 @@
     X(cuMemFreeAsync_ptsz, (CUdeviceptr, CUstream))                                                \
     X(cuMemPoolCreate, (CUmemoryPool *, const CUmemPoolProps *))                                   \
     X(cuMemPoolDestroy, (CUmemoryPool))                                                            \
+    X(cuMemPoolSetAttribute, (CUmemoryPool, int, void *))                                         \
+    X(cuMemPoolGetAttribute, (CUmemoryPool, int, void *))                                         \
+    X(cuMemPoolTrimTo, (CUmemoryPool, size_t))                                                     \
+    X(cuStreamSynchronize, (CUstream))                                                             \
+    X(cuStreamSynchronize_ptsz, (CUstream))                                                        \
+    X(cuCtxSynchronize, (void))                                                                    \
     X(cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice))                                       \
     X(cuDeviceGetMemPool, (CUmemoryPool *, CUdevice))                                              \
     X(cuIpcOpenMemHandle, (CUdeviceptr *, CUipcMemHandle, unsigned int))                           \
@@ -81,6 +102,15 @@
     X(cuLaunchCooperativeKernel, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
     X(cuLaunchCooperativeKernel_ptsz, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
     X(cuGraphLaunch, (CUgraphExec, CUstream))                                                      \
+    X(cuGraphAddMemAllocNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *)) \
+    X(cuGraphInstantiateWithFlags, (CUgraphExec *, CUgraph, unsigned long long))                   \
+    X(cuGraphInstantiateWithParams, (CUgraphExec *, CUgraph, void *))                              \
+    X(cuGraphInstantiate_v2, (CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t))              \
+    X(cuGraphExecDestroy, (CUgraphExec))                                                           \
+    X(cuGraphDestroy, (CUgraph))                                                                   \
+    X(cuDeviceGraphMemTrim, (CUdevice))                                                            \
+    X(cuDeviceGetGraphMemAttribute, (CUdevice, int, void *))                                       \
+    X(cuStreamEndCapture, (CUstream, CUgraph *))                                                   \
     X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))                                                 \
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int *, CUfunction, int, size_t))                \
     X(cuThreadExchangeStreamCaptureMode, (int *))                                                  \
@@ -92,6 +122,8 @@
     X(cuLaunchCooperativeKernelMultiDevice, (void *, unsigned int, unsigned int))
 
 #define VC_NVML_FUNCS(X)                                                                           \
+    X(nvmlInit_v2, (void))                                                                         \
+    X(nvmlDeviceGetHandleByUUID, (const char *, nvmlDevice_t *))                                   \
     X(nvmlDeviceGetUUID, (nvmlDevice_t, char *, unsigned int))                                     \
     X(nvmlDeviceGetMemoryInfo, (nvmlDevice_t, nvmlMemory_t *))                                     \
     X(nvmlDeviceGetMemoryInfo_v2, (nvmlDevice_t, nvmlMemory_v2_t *))                               \

@@ -265,6 +265,11 @@ out:
 
 vc_region_gpu *vc_region_gpu_rec(int g) { return &R.gpu[g]; }
 
+uint64_t vc_region_self_used(int g) {
+    vc_region_slot *me = atomic_load(&R.me);
+    return me ? atomic_load_explicit(&me->used[g], memory_order_relaxed) : 0;
+}
+
 uint64_t vc_region_used(int g) {
     return atomic_load_explicit(&R.gpu[g].used, memory_order_relaxed) & ~VC_FROZEN;
 }

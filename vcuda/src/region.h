@@ -103,5 +103,7 @@ void vc_region_add_throttle(int g, uint64_t ns);
  * max are written. */
 int vc_region_procs(int g, uint32_t *pids, uint64_t *used, int max);
 vc_region_gpu *vc_region_gpu_rec(int g);
+/* What this process holds on gpu record g. */
+uint64_t vc_region_self_used(int g);
 
 #endif

@@ -15,6 +15,10 @@
  *   FAKE_CUDA_SHM       file holding the device counters, shared by processes
  *   FAKE_CUDA_BLOCK_ALLOC  file to create, then block forever, inside the
  *                          (FAKE_CUDA_BLOCK_AFTER+1)-th device allocation
+ *   FAKE_CUDA_CTX_BYTES device memory a context takes (0: the older cases
+ *                       count only what they allocate)
+ *   FAKE_CUDA_PROC_INTERNAL=1  cuGetProcAddress (version >= 12050) hands out
+ *                       internal entry points that are in no symbol table
  *
  * Node-file mode (inside containers of the simulated node), when
  * FAKE_CUDA_DEVICES is not set: the GPUs are read from a node file,
@@ -42,6 +46,14 @@
  * of kernel intervals. Events complete when their stream reaches them.
  * Under global stream-capture mode an unsafe call from any thread (event
  * query/synchronize, stream/context synchronize) invalidates the capture.
+ *
+ * Memory model (see vcuda/README.md, "The fake driver"): allocations over
+ * 1 MiB take 2 MiB pages; contexts, their stack/printf/heap limits, modules
+ * and libraries take device memory; pools keep freed pages up to their
+ * release threshold until a synchronisation or trim; graph allocation nodes
+ * take their pages at first upload/launch, kept by the device until
+ * cuDeviceGraphMemTrim. fakeDeviceStats' peak is the physical high-water
+ * mark of the device across every process sharing FAKE_CUDA_SHM.
  */
 #ifndef VCUDA_FAKE_H
 #define VCUDA_FAKE_H
@@ -51,7 +63,7 @@
 #include "../src/cuda_types.h"
 
 #define FAKE_MAX_DEVS 16
-#define FAKE_MAX_PROCS 64
+#define FAKE_MAX_PROCS 256
 #define FAKE_DRIVER_VERSION_DEFAULT "580.95.05"
 #define FAKE_CUDA_VERSION_DEFAULT 13000
 #define FAKE_NODE_FILE_DEFAULT "/etc/tessera-sim/gpus"

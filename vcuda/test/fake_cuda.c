@@ -43,6 +43,7 @@ typedef struct {
     _Atomic int pid;
     int pad;
     _Atomic uint64_t used[FAKE_MAX_DEVS];
+    _Atomic int ctxs[FAKE_MAX_DEVS]; /* live contexts: NVML lists the process even without memory */
     ivset busy[FAKE_MAX_DEVS]; /* this process's kernels (under the device lock) */
 } shared_proc;
 typedef struct {
@@ -63,6 +64,7 @@ static struct {
     char version[32];
     int cuda_version;
     uint64_t wave_ns, overhead_ns;
+    uint64_t ctx_bytes; /* device memory a context takes (FAKE_CUDA_CTX_BYTES) */
     shared_state *sh;
     _Atomic int inited; /* cuInit succeeded */
     const char *block_path;
@@ -77,6 +79,12 @@ static uint64_t now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+#define PAGE2M (2ull << 20)
+#define FAKE_THREADS_PER_SM 2048 /* resident threads an SM holds (Hopper) */
+static uint64_t round_up(uint64_t x, uint64_t a) {
+    return x > UINT64_MAX - (a - 1) ? UINT64_MAX / a * a : (x + a - 1) / a * a;
 }
 
 static void sleep_until(uint64_t t) {
@@ -236,6 +244,8 @@ static void init(void) {
     F.wave_ns = e ? strtoull(e, NULL, 10) : 100000;
     if (F.wave_ns == 0)
         F.wave_ns = 1;
+    e = getenv("FAKE_CUDA_CTX_BYTES");
+    F.ctx_bytes = e ? strtoull(e, NULL, 10) : 0;
     e = getenv("FAKE_CUDA_LAUNCH_NS");
     F.overhead_ns = e ? strtoull(e, NULL, 10) : 0;
     F.block_path = getenv("FAKE_CUDA_BLOCK_ALLOC");
@@ -263,7 +273,10 @@ static void init(void) {
 typedef struct fake_ctx {
     int dev;
     int refs;      /* primary contexts */
-    uint64_t heap; /* device malloc heap (cuCtxSetLimit), in device memory */
+    uint64_t own;  /* the context's own device memory (FAKE_CUDA_CTX_BYTES) */
+    int refs_proc; /* counted in the process's NVML entry */
+    size_t lim[3]; /* stack, printf FIFO, malloc heap as set (0: the default) */
+    uint64_t lim_mem[3]; /* device memory they take beyond the context's own */
 } fake_ctx;
 /* Stream capture, process-wide: captures in global mode in progress, and
  * each thread's capture mode (cuThreadExchangeStreamCaptureMode). */
@@ -277,6 +290,12 @@ static TLS fake_ctx *stack[16];
 static TLS int depth;
 static TLS int thread_capture_mode; /* 0 global (the default), 1 thread local, 2 relaxed */
 
+/* A graph (CUgraph): the device memory its allocation nodes will take
+ * when it runs (2 MiB pages each), and on which device. */
+struct fake_graph_def {
+    uint64_t mem;
+    int dev;
+};
 typedef struct fake_stream {
     fake_ctx *ctx;
     int capturing;
@@ -284,6 +303,7 @@ typedef struct fake_stream {
     int violations; /* event calls made on it while capturing */
     int poison0;    /* capture_poisoned when the capture began */
     _Atomic uint64_t until; /* when the work queued on it so far ends */
+    struct fake_graph_def *graph; /* the graph being captured */
 } fake_stream;
 /* The legacy default stream of each device (per process). */
 static _Atomic uint64_t null_until[FAKE_MAX_DEVS];
@@ -365,6 +385,7 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
     case 75 /* COMPUTE_CAPABILITY_MAJOR */: *v = F.cc[d][0]; break;
     case 76 /* COMPUTE_CAPABILITY_MINOR */: *v = F.cc[d][1]; break;
     case 33 /* PCI_BUS_ID */: *v = F.minor[d] + 1; break;
+    case 39 /* MAX_THREADS_PER_MULTIPROCESSOR */: *v = FAKE_THREADS_PER_SM; break;
     default: *v = 0;
     }
     return CUDA_SUCCESS;
@@ -376,12 +397,54 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
     *bytes = F.mem[d];
     return CUDA_SUCCESS;
 }
+/* A context takes device memory of its own when it is created (the
+ * driver's state, local memory for the default stack of every resident
+ * thread, the printf FIFO...): FAKE_CUDA_CTX_BYTES, given back when it goes
+ * with everything allocated in it. */
+static CUresult take(int d, uint64_t size);
+static void give(int d, uint64_t size);
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+static shared_proc *self_proc(void);
+static CUresult ctx_born(fake_ctx *c, int d) {
+    c->dev = d;
+    if (F.ctx_bytes) {
+        CUresult r = take(d, F.ctx_bytes);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    c->own = F.ctx_bytes;
+    c->refs_proc = 1;
+    shared_proc *me = self_proc();
+    if (me)
+        atomic_fetch_add(&me->ctxs[d], 1);
+    return CUDA_SUCCESS;
+}
+static void ctx_gone(fake_ctx *c) {
+    if (cur == c)
+        cur = NULL;
+    ctx_free_all(c);
+    if (c->own)
+        give(c->dev, c->own);
+    c->own = 0;
+    shared_proc *me = c->refs_proc ? self_proc() : NULL;
+    if (me)
+        atomic_fetch_sub(&me->ctxs[c->dev], 1);
+    c->refs_proc = 0;
+}
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
     CHECK_DEV(d);
     if (!c)
         return CUDA_ERROR_INVALID_VALUE;
-    primary[d].dev = d;
+    pthread_mutex_lock(&ctx_mu);
+    if (primary[d].refs == 0) {
+        CUresult r = ctx_born(&primary[d], d);
+        if (r != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&ctx_mu);
+            return r;
+        }
+    }
     primary[d].refs++;
+    pthread_mutex_unlock(&ctx_mu);
     *c = (CUcontext)&primary[d];
     return CUDA_SUCCESS;
 }
@@ -389,16 +452,22 @@ EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
  * on reset, and takes its allocations with it. */
 EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice d) {
     CHECK_DEV(d);
-    if (primary[d].refs <= 0)
+    pthread_mutex_lock(&ctx_mu);
+    if (primary[d].refs <= 0) {
+        pthread_mutex_unlock(&ctx_mu);
         return CUDA_ERROR_INVALID_CONTEXT;
+    }
     if (--primary[d].refs == 0)
-        ctx_free_all(&primary[d]);
+        ctx_gone(&primary[d]);
+    pthread_mutex_unlock(&ctx_mu);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDevicePrimaryCtxReset_v2(CUdevice d) {
     CHECK_DEV(d);
+    pthread_mutex_lock(&ctx_mu);
     primary[d].refs = 0;
-    ctx_free_all(&primary[d]);
+    ctx_gone(&primary[d]);
+    pthread_mutex_unlock(&ctx_mu);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice d, unsigned *flags, int *active) {
@@ -415,18 +484,70 @@ EXPORT CUresult cuCtxCreate_v2(CUcontext *c, unsigned flags, CUdevice d) {
     if (!c)
         return CUDA_ERROR_INVALID_VALUE;
     fake_ctx *x = calloc(1, sizeof(*x));
-    x->dev = d;
+    CUresult r = ctx_born(x, d);
+    if (r != CUDA_SUCCESS) {
+        free(x);
+        return r;
+    }
     cur = x;
     *c = (CUcontext)x;
     return CUDA_SUCCESS;
 }
+/* The pre-3.2 entry point has the same shape. */
+EXPORT CUresult cuCtxCreate(CUcontext *c, unsigned flags, CUdevice d) { return cuCtxCreate_v2(c, flags, d); }
+/* CUDA 11.4: execution-affinity parameters (ignored here). */
+EXPORT CUresult cuCtxCreate_v3(CUcontext *c, void *params, int n, unsigned flags, CUdevice d) {
+    if (n < 0 || (n > 0 && !params))
+        return CUDA_ERROR_INVALID_VALUE;
+    return cuCtxCreate_v2(c, flags, d);
+}
+/* CUDA 12.5: CUctxCreateParams (NULL: none). */
+EXPORT CUresult cuCtxCreate_v4(CUcontext *c, void *params, unsigned flags, CUdevice d) {
+    (void)params;
+    return cuCtxCreate_v2(c, flags, d);
+}
 EXPORT CUresult cuCtxDestroy_v2(CUcontext c) {
     if (!c)
         return CUDA_ERROR_INVALID_VALUE;
-    if (cur == (fake_ctx *)c)
-        cur = NULL;
-    ctx_free_all((fake_ctx *)c);
+    ctx_gone((fake_ctx *)c);
     return CUDA_SUCCESS; /* the struct is leaked on purpose: handles stay unique */
+}
+/* Green contexts (CUDA 12.4): a context on a subset of the SMs, with its
+ * own device memory like any other. The CUcontext that cuCtxFromGreenCtx
+ * returns is a different handle from the green context's. */
+typedef struct fake_green {
+    uint64_t magic;
+    fake_ctx ctx;
+} fake_green;
+#define GREEN_MAGIC 0x6e65657267ull
+EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *g, CUdevResourceDesc desc, CUdevice d, unsigned flags) {
+    CHECK_DEV(d);
+    if (!g || !desc || flags != 1 /* CU_GREEN_CTX_DEFAULT_STREAM, required */)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_green *x = calloc(1, sizeof(*x));
+    CUresult r = ctx_born(&x->ctx, d);
+    if (r != CUDA_SUCCESS) {
+        free(x);
+        return r;
+    }
+    x->magic = GREEN_MAGIC;
+    *g = (CUgreenCtx)x;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g) {
+    fake_green *x = (fake_green *)g;
+    if (!x || x->magic != GREEN_MAGIC)
+        return CUDA_ERROR_INVALID_HANDLE;
+    x->magic = 0;
+    ctx_gone(&x->ctx);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuCtxFromGreenCtx(CUcontext *c, CUgreenCtx g) {
+    fake_green *x = (fake_green *)g;
+    if (!c || !x || x->magic != GREEN_MAGIC)
+        return CUDA_ERROR_INVALID_VALUE;
+    *c = (CUcontext)&x->ctx;
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxSetCurrent(CUcontext c) {
     INIT();
@@ -463,12 +584,14 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *c) {
     return CUDA_SUCCESS;
 }
 static int unsafe_call(void);
+static void sync_trim(int d);
 EXPORT CUresult cuCtxSynchronize(void) {
     if (!cur)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (unsafe_call())
         return 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED */
     sleep_until(atomic_load(&F.sh->dev[cur->dev].busy_until));
+    sync_trim(cur->dev);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamCreate(CUstream *s, unsigned flags) {
@@ -525,6 +648,7 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
     x->poison0 = atomic_load(&capture_poisoned);
     x->mode = mode;
     x->capturing = 1;
+    x->graph = calloc(1, sizeof(struct fake_graph_def));
     if (mode == 0)
         atomic_fetch_add(&global_captures, 1);
     return CUDA_SUCCESS;
@@ -537,7 +661,10 @@ EXPORT CUresult cuStreamEndCapture(CUstream s, void **graph) {
     if (x->mode == 0)
         atomic_fetch_sub(&global_captures, 1);
     if (graph)
-        *graph = NULL;
+        *graph = x->graph;
+    else
+        free(x->graph);
+    x->graph = NULL;
     int bad = x->violations || (x->mode == 0 && atomic_load(&capture_poisoned) != x->poison0);
     return bad ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
 }
@@ -560,28 +687,51 @@ EXPORT CUresult cuStreamSynchronize(CUstream s) {
     if (unsafe_call())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     sleep_until(atomic_load(stream_until(s, d)));
+    sync_trim(d);
     return CUDA_SUCCESS;
 }
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
 
 /* ---- context limits ----
- * The device malloc heap is device memory of the context, taken when it is
- * sized (rounded to 2 MiB pages) and given back when the context goes. */
-static CUresult take(int d, uint64_t size);
-static void give(int d, uint64_t size);
+ * Limits that size device memory of the context, taken when set (in 2 MiB
+ * pages) and given back when the context goes:
+ *   CU_LIMIT_STACK_SIZE (0): local memory for every thread the device can
+ *     hold at once (2048 an SM): (stack - 1 KiB default) x 2048 x SMs more;
+ *   CU_LIMIT_PRINTF_FIFO_SIZE (1): the FIFO beyond its 1 MiB default;
+ *   CU_LIMIT_MALLOC_HEAP_SIZE (2): the device heap, any size. */
+static const size_t lim_default[3] = {1024, 1 << 20, 8 << 20};
+static uint64_t limit_mem(int limit, uint64_t v, int d) {
+    uint64_t b;
+    switch (limit) {
+    case 0:
+        if (v <= 1024)
+            return 0;
+        if (__builtin_mul_overflow(v - 1024, (uint64_t)FAKE_THREADS_PER_SM * (uint64_t)F.sms[d], &b))
+            return UINT64_MAX;
+        return round_up(b, PAGE2M);
+    case 1:
+        return v > (1u << 20) ? round_up(v - (1u << 20), PAGE2M) : 0;
+    default:
+        return round_up(v, PAGE2M);
+    }
+}
 EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
     if (!cur)
         return CUDA_ERROR_INVALID_CONTEXT;
-    if (limit != 2 /* CU_LIMIT_MALLOC_HEAP_SIZE */)
-        return limit >= 0 && limit <= 6 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
-    uint64_t want = ((uint64_t)value + (2ull << 20) - 1) & ~((2ull << 20) - 1);
-    if (want > cur->heap) {
-        CUresult r = take(cur->dev, want - cur->heap);
+    if (limit < 0 || limit > 6)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (limit > 2)
+        return CUDA_SUCCESS;
+    uint64_t want = limit_mem(limit, value, cur->dev), had = cur->lim_mem[limit];
+    if (want > had) {
+        CUresult r = take(cur->dev, want - had);
         if (r != CUDA_SUCCESS)
             return r;
-    } else if (want < cur->heap) {
-        give(cur->dev, cur->heap - want);
+    } else if (want < had) {
+        give(cur->dev, had - want);
     }
-    cur->heap = want;
+    cur->lim_mem[limit] = want;
+    cur->lim[limit] = value;
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuCtxGetLimit(size_t *v, int limit) {
@@ -589,28 +739,34 @@ EXPORT CUresult cuCtxGetLimit(size_t *v, int limit) {
         return CUDA_ERROR_INVALID_VALUE;
     if (!cur)
         return CUDA_ERROR_INVALID_CONTEXT;
-    *v = limit == 2 ? (size_t)cur->heap : 0;
+    *v = limit >= 0 && limit <= 2 ? (cur->lim[limit] ? cur->lim[limit] : lim_default[limit]) : 0;
     return CUDA_SUCCESS;
 }
 
 /* ---- memory bookkeeping ---- */
 
-enum { K_DEV = 1, K_HOSTVMM, K_IPC, K_VIEW, K_EXT };
+enum { K_DEV = 1, K_HOSTVMM, K_IPC, K_VIEW, K_EXT, K_POOL, K_MOD };
+struct fake_pool;
 typedef struct rec {
     uint64_t key, size;
+    uint64_t phys; /* device memory it took (rounded as the driver does) */
     int dev, kind;
     fake_ctx *ctx; /* NULL: device-level (VMM handles, pools) */
+    struct fake_pool *pool; /* K_POOL: the pool it came from */
     struct rec *next;
 } rec;
 #define NBUCKET 4096
 static rec *buckets[NBUCKET];
 static pthread_mutex_t reg_mu = PTHREAD_MUTEX_INITIALIZER;
 
-static void reg_add_ctx(uint64_t key, uint64_t size, int dev, int kind, fake_ctx *ctx) {
+static void reg_add_full(uint64_t key, uint64_t size, uint64_t phys, int dev, int kind, fake_ctx *ctx,
+                         struct fake_pool *pool) {
     rec *r = malloc(sizeof(*r));
     r->ctx = ctx;
     r->key = key;
     r->size = size;
+    r->phys = phys;
+    r->pool = pool;
     r->dev = dev;
     r->kind = kind;
     pthread_mutex_lock(&reg_mu);
@@ -619,7 +775,7 @@ static void reg_add_ctx(uint64_t key, uint64_t size, int dev, int kind, fake_ctx
     pthread_mutex_unlock(&reg_mu);
 }
 static void reg_add(uint64_t key, uint64_t size, int dev, int kind) {
-    reg_add_ctx(key, size, dev, kind, cur);
+    reg_add_full(key, size, size, dev, kind, cur, NULL);
 }
 static int reg_take(uint64_t key, int kind, rec *out, int remove) {
     pthread_mutex_lock(&reg_mu);
@@ -697,8 +853,10 @@ static shared_proc *self_proc(void) {
         if (p == 0 || p == me || (kill(p, 0) != 0 && errno == ESRCH)) {
             if (p == me || atomic_compare_exchange_strong(&F.sh->proc[i].pid, &p, me)) {
                 if (p != me)
-                    for (int d = 0; d < FAKE_MAX_DEVS; d++)
+                    for (int d = 0; d < FAKE_MAX_DEVS; d++) {
                         atomic_store(&F.sh->proc[i].used[d], 0);
+                        atomic_store(&F.sh->proc[i].ctxs[d], 0);
+                    }
                 my_slot = i;
                 my_slot_pid = me;
                 return &F.sh->proc[i];
@@ -733,27 +891,41 @@ static void give(int d, uint64_t size) {
         atomic_fetch_sub(&me->used[d], size);
 }
 
-static CUresult dev_alloc_ctx(uint64_t *key, uint64_t size, int d, int kind, fake_ctx *ctx) {
+/* Rounding: the driver maps device memory in 2 MiB pages. An allocation
+ * over 1 MiB gets whole pages of its own; smaller ones are carved from
+ * pages at 512-byte alignment (the fake does not model the partly used page
+ * they share). */
+static uint64_t linear_phys(uint64_t size) {
+    return size > (1ull << 20) ? round_up(size, PAGE2M) : round_up(size, 512);
+}
+static CUresult dev_alloc_phys(uint64_t *key, uint64_t size, uint64_t phys, int d, int kind, fake_ctx *ctx) {
     INIT();
     if (!key || size == 0)
         return CUDA_ERROR_INVALID_VALUE;
     maybe_block();
-    CUresult r = kind == K_DEV || kind == K_EXT ? take(d, size) : CUDA_SUCCESS;
+    CUresult r = kind == K_DEV || kind == K_EXT || kind == K_MOD ? take(d, phys) : CUDA_SUCCESS;
     if (r != CUDA_SUCCESS)
         return r;
     *key = new_addr(size);
-    reg_add_ctx(*key, size, d, kind, ctx);
+    reg_add_full(*key, size, phys, d, kind, ctx, NULL);
     return CUDA_SUCCESS;
 }
-static CUresult dev_alloc(uint64_t *key, uint64_t size, int d, int kind) {
-    return dev_alloc_ctx(key, size, d, kind, cur);
+static CUresult dev_alloc_ctx(uint64_t *key, uint64_t size, int d, int kind, fake_ctx *ctx) {
+    return dev_alloc_phys(key, size, size, d, kind, ctx);
 }
+/* Linear memory and arrays of the current context: rounded to pages. */
+static CUresult dev_alloc(uint64_t *key, uint64_t size, int d, int kind) {
+    return dev_alloc_phys(key, size, kind == K_DEV ? linear_phys(size) : size, d, kind, cur);
+}
+static void pool_free(struct fake_pool *p, uint64_t size);
 static CUresult dev_free(uint64_t key, int kind) {
     rec r;
     if (reg_take(key, kind, &r, 1) != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if (r.kind == K_DEV || r.kind == K_EXT)
-        give(r.dev, r.size);
+    if (r.kind == K_POOL)
+        pool_free(r.pool, r.phys);
+    if (r.kind == K_DEV || r.kind == K_EXT || r.kind == K_MOD)
+        give(r.dev, r.phys);
     if (r.kind == K_IPC)
         atomic_fetch_sub(&F.sh->dev[r.dev].mapped, r.size);
     old_addr(key, r.size);
@@ -762,9 +934,11 @@ static CUresult dev_free(uint64_t key, int kind) {
 
 static void ctx_free_all(fake_ctx *c) {
     rec *dead = NULL;
-    if (c->heap) {
-        give(c->dev, c->heap);
-        c->heap = 0;
+    for (int l = 0; l < 3; l++) {
+        if (c->lim_mem[l])
+            give(c->dev, c->lim_mem[l]);
+        c->lim_mem[l] = 0;
+        c->lim[l] = 0;
     }
     pthread_mutex_lock(&reg_mu);
     for (int b = 0; b < NBUCKET; b++) {
@@ -783,8 +957,8 @@ static void ctx_free_all(fake_ctx *c) {
     while (dead) {
         rec *r = dead;
         dead = r->next;
-        if (r->kind == K_DEV || r->kind == K_EXT)
-            give(r->dev, r->size);
+        if (r->kind == K_DEV || r->kind == K_EXT || r->kind == K_MOD)
+            give(r->dev, r->phys);
         if (r->kind == K_IPC)
             atomic_fetch_sub(&F.sh->dev[r->dev].mapped, r->size);
         free(r);
@@ -887,59 +1061,328 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
 }
 EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return dev_free(h, 0); }
 
-/* Pools: the handle is a pointer to its location. */
-static CUmemLocation default_pool[FAKE_MAX_DEVS];
-EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
-    if (!pool || !props)
+/* ---- stream-ordered pools ----
+ * A pool takes device memory in 2 MiB pages as its live allocations (each
+ * rounded to 512 bytes) outgrow what it holds, and keeps freed memory:
+ * only at a synchronisation (stream, event, context) does it give back
+ * what it holds above max(live allocations, release threshold) (default
+ * threshold 0; PyTorch sets UINT64_MAX, so nothing is given back);
+ * cuMemPoolTrimTo gives back down to its argument. The handle points to the
+ * pool, whose first member is its location. Pools are process-local. */
+typedef struct fake_pool {
+    CUmemLocation loc;
+    int dev; /* -1: host memory */
+    int dead; /* destroyed while allocations were live */
+    uint64_t used, reserved, threshold, used_high, reserved_high;
+} fake_pool;
+#define NPOOLS 64
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+static fake_pool default_pool[FAKE_MAX_DEVS];
+static fake_pool *cur_pool[FAKE_MAX_DEVS];
+static fake_pool *pools[NPOOLS]; /* created with cuMemPoolCreate */
+static int npools;
+
+static fake_pool *dev_pool(int d) {
+    pthread_mutex_lock(&pool_mu);
+    if (!default_pool[d].loc.type) {
+        default_pool[d].loc.type = CU_MEM_LOCATION_TYPE_DEVICE;
+        default_pool[d].loc.id = d;
+        default_pool[d].dev = d;
+    }
+    fake_pool *p = cur_pool[d] ? cur_pool[d] : &default_pool[d];
+    pthread_mutex_unlock(&pool_mu);
+    return p;
+}
+/* Gives back what p holds above max(live allocations, keep). Under pool_mu. */
+static void pool_trim_locked(fake_pool *p, uint64_t keep) {
+    if (p->dev < 0)
+        return;
+    uint64_t k = round_up(p->used, PAGE2M), want = keep < p->reserved ? round_up(keep, PAGE2M) : p->reserved;
+    if (want > k)
+        k = want;
+    if (p->dead)
+        k = round_up(p->used, PAGE2M);
+    if (k < p->reserved) {
+        give(p->dev, p->reserved - k);
+        p->reserved = k;
+    }
+}
+/* A synchronisation: pools of device d (all devices if d < 0) give back
+ * what they hold above their release threshold. */
+static void sync_trim(int d) {
+    pthread_mutex_lock(&pool_mu);
+    for (int i = 0; i < F.ndev; i++)
+        if (d < 0 || d == i)
+            pool_trim_locked(&default_pool[i], default_pool[i].threshold);
+    for (int i = 0; i < npools; i++)
+        if (d < 0 || pools[i]->dev == d)
+            pool_trim_locked(pools[i], pools[i]->threshold);
+    pthread_mutex_unlock(&pool_mu);
+}
+static CUresult pool_alloc(uint64_t *key, uint64_t size, fake_pool *p) {
+    INIT();
+    if (!key || size == 0 || !p)
         return CUDA_ERROR_INVALID_VALUE;
-    CUmemLocation *l = malloc(sizeof(*l));
-    *l = props->location;
-    *pool = (CUmemoryPool)l;
+    if (p->dev < 0)
+        return dev_alloc_ctx(key, size, 0, K_HOSTVMM, NULL);
+    maybe_block();
+    uint64_t sz = round_up(size, 512);
+    pthread_mutex_lock(&pool_mu);
+    if (p->dead) {
+        pthread_mutex_unlock(&pool_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    uint64_t need = p->used + sz;
+    if (need > p->reserved) {
+        uint64_t grow = round_up(need, PAGE2M) - p->reserved;
+        CUresult r = take(p->dev, grow);
+        if (r != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&pool_mu);
+            return r;
+        }
+        p->reserved += grow;
+        if (p->reserved > p->reserved_high)
+            p->reserved_high = p->reserved;
+    }
+    p->used = need;
+    if (need > p->used_high)
+        p->used_high = need;
+    pthread_mutex_unlock(&pool_mu);
+    *key = new_addr(size);
+    reg_add_full(*key, size, sz, p->dev, K_POOL, NULL, p);
     return CUDA_SUCCESS;
 }
+static void pool_free(fake_pool *p, uint64_t size) {
+    pthread_mutex_lock(&pool_mu);
+    p->used -= size;
+    if (p->dead)
+        pool_trim_locked(p, 0);
+    pthread_mutex_unlock(&pool_mu);
+}
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
+    INIT();
+    if (!pool || !props)
+        return CUDA_ERROR_INVALID_VALUE;
+    int dev = -1;
+    if (props->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        if (props->location.id < 0 || props->location.id >= F.ndev)
+            return CUDA_ERROR_INVALID_DEVICE;
+        dev = props->location.id;
+    } else if (props->location.type < CU_MEM_LOCATION_TYPE_HOST ||
+               props->location.type > CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    fake_pool *p = calloc(1, sizeof(*p));
+    p->loc = props->location;
+    p->dev = dev;
+    pthread_mutex_lock(&pool_mu);
+    if (npools == NPOOLS) {
+        pthread_mutex_unlock(&pool_mu);
+        free(p);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pools[npools++] = p;
+    pthread_mutex_unlock(&pool_mu);
+    *pool = (CUmemoryPool)p;
+    return CUDA_SUCCESS;
+}
+/* Like the real driver: a pool destroyed with live allocations goes when
+ * the last of them is freed (the struct is leaked: handles stay unique). */
 EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
-    CUmemLocation *l = (CUmemLocation *)pool;
-    if (l < default_pool || l >= default_pool + FAKE_MAX_DEVS)
-        free(l);
+    fake_pool *p = (fake_pool *)pool;
+    if (!p || (p >= default_pool && p < default_pool + FAKE_MAX_DEVS))
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    for (int i = 0; i < npools; i++)
+        if (pools[i] == p)
+            pools[i] = pools[--npools];
+    for (int d = 0; d < FAKE_MAX_DEVS; d++)
+        if (cur_pool[d] == p)
+            cur_pool[d] = NULL;
+    p->dead = 1;
+    pool_trim_locked(p, 0);
+    pthread_mutex_unlock(&pool_mu);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice d) {
     CHECK_DEV(d);
     if (!pool)
         return CUDA_ERROR_INVALID_VALUE;
-    default_pool[d].type = CU_MEM_LOCATION_TYPE_DEVICE;
-    default_pool[d].id = d;
+    dev_pool(d);
     *pool = (CUmemoryPool)&default_pool[d];
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *pool, CUdevice d) {
-    return cuDeviceGetDefaultMemPool(pool, d);
+    CHECK_DEV(d);
+    if (!pool)
+        return CUDA_ERROR_INVALID_VALUE;
+    *pool = (CUmemoryPool)dev_pool(d);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceSetMemPool(CUdevice d, CUmemoryPool pool) {
+    CHECK_DEV(d);
+    fake_pool *p = (fake_pool *)pool;
+    if (!p || p->dev != d)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    cur_pool[d] = p;
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+#define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *value) {
+    fake_pool *p = (fake_pool *)pool;
+    if (!p || !value || attr < 1 || attr > 8)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    if (attr == CU_MEMPOOL_ATTR_RELEASE_THRESHOLD)
+        p->threshold = *(cuuint64_t *)value;
+    else if (attr == 6) /* RESERVED_MEM_HIGH: reset to the current value */
+        p->reserved_high = p->reserved;
+    else if (attr == 8) /* USED_MEM_HIGH */
+        p->used_high = p->used;
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void *value) {
+    fake_pool *p = (fake_pool *)pool;
+    if (!p || !value || attr < 1 || attr > 8)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    uint64_t v = 0;
+    switch (attr) {
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: v = p->threshold; break;
+    case 5: v = p->reserved; break; /* RESERVED_MEM_CURRENT */
+    case 6: v = p->reserved_high; break;
+    case 7: v = p->used; break; /* USED_MEM_CURRENT */
+    case 8: v = p->used_high; break;
+    default: *(int *)value = 1; pthread_mutex_unlock(&pool_mu); return CUDA_SUCCESS;
+    }
+    pthread_mutex_unlock(&pool_mu);
+    *(cuuint64_t *)value = v;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
+    fake_pool *p = (fake_pool *)pool;
+    if (!p)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    pool_trim_locked(p, keep);
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+/* Captured: an allocation node of the graph (an address now, memory when
+ * the graph runs). */
+static CUresult capture_alloc(uint64_t *key, uint64_t size, int d, CUstream s) {
+    if (!key || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_stream *x = (fake_stream *)s;
+    x->graph->mem += round_up(size, PAGE2M);
+    x->graph->dev = d;
+    *key = new_addr(size);
+    return CUDA_SUCCESS;
 }
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
-    return dev_alloc_ctx((uint64_t *)p, size, stream_dev(s), K_DEV, NULL);
+    INIT();
+    int d = stream_dev(s);
+    if (d < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (capturing(s))
+        return capture_alloc((uint64_t *)p, size, d, s);
+    return pool_alloc((uint64_t *)p, size, dev_pool(d));
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s) {
     return cuMemAllocAsync(p, size, s);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, CUmemoryPool pool,
                                         CUstream s) {
-    (void)s;
-    CUmemLocation *l = (CUmemLocation *)pool;
-    if (!l)
-        return CUDA_ERROR_INVALID_VALUE;
-    if (l->type == CU_MEM_LOCATION_TYPE_DEVICE)
-        return dev_alloc_ctx((uint64_t *)p, size, l->id, K_DEV, NULL);
-    return dev_alloc_ctx((uint64_t *)p, size, 0, K_HOSTVMM, NULL);
+    if (capturing(s) && pool && ((fake_pool *)pool)->dev >= 0)
+        return capture_alloc((uint64_t *)p, size, ((fake_pool *)pool)->dev, s);
+    return pool_alloc((uint64_t *)p, size, (fake_pool *)pool);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, CUmemoryPool pool,
                                              CUstream s) {
     return cuMemAllocFromPoolAsync(p, size, pool, s);
 }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
-    (void)s;
+    if (capturing(s))
+        return CUDA_SUCCESS; /* a free node of the graph */
     return dev_free(p, 0);
 }
 EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
+
+/* ---- modules and libraries ----
+ * Loading code takes device memory of the current context: its code, its
+ * constant banks and its __device__ globals (zero-initialised ones are not
+ * in the image at all). The fake's image format says how much: "FAKEMOD"
+ * then two u64, code bytes and global bytes; the load takes their sum in
+ * 2 MiB pages. Anything else is taken as code of its own size (a file: its
+ * length). A module dies with its context; a library (cuLibraryLoad*) is
+ * loaded into the current context's device and lives until unloaded. */
+static uint64_t image_bytes(const void *image, size_t len) {
+    const unsigned char *b = image;
+    if (len >= 24 && memcmp(b, "FAKEMOD", 8) == 0) {
+        uint64_t code, glob;
+        memcpy(&code, b + 8, 8);
+        memcpy(&glob, b + 16, 8);
+        return round_up(code + glob, PAGE2M);
+    }
+    return round_up(len ? len : 1, PAGE2M);
+}
+static CUresult load_image(uint64_t *h, const void *image, size_t len, fake_ctx *ctx) {
+    INIT();
+    if (!h || !image)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return dev_alloc_phys(h, 1, image_bytes(image, len), cur->dev, K_MOD, ctx);
+}
+static CUresult load_file(uint64_t *h, const char *path, fake_ctx *ctx) {
+    if (!path)
+        return CUDA_ERROR_INVALID_VALUE;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return CUDA_ERROR_NOT_FOUND;
+    unsigned char buf[24] = {0};
+    size_t n = fread(buf, 1, sizeof(buf), f);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fclose(f);
+    if (n == 24 && memcmp(buf, "FAKEMOD", 8) == 0)
+        return load_image(h, buf, 24, ctx);
+    INIT();
+    if (!cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    return dev_alloc_phys(h, 1, round_up(len > 0 ? (uint64_t)len : 1, PAGE2M), cur->dev, K_MOD, ctx);
+}
+/* The fake's images announce their size; real ones are parsed by the
+ * driver. An image of unknown length is read up to its "FAKEMOD" header. */
+#define IMG_LEN(image) (memcmp((image), "FAKEMOD", 8) == 0 ? 24 : strlen((const char *)(image)) + 1)
+EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
+    if (!image)
+        return CUDA_ERROR_INVALID_VALUE;
+    return load_image((uint64_t *)m, image, IMG_LEN(image), cur);
+}
+EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, void *opts, void **vals) {
+    (void)n, (void)opts, (void)vals;
+    return cuModuleLoadData(m, image);
+}
+EXPORT CUresult cuModuleLoadFatBinary(CUmodule *m, const void *image) { return cuModuleLoadData(m, image); }
+EXPORT CUresult cuModuleLoad(CUmodule *m, const char *path) { return load_file((uint64_t *)m, path, cur); }
+EXPORT CUresult cuModuleUnload(CUmodule m) { return dev_free((uint64_t)(uintptr_t)m, K_MOD); }
+EXPORT CUresult cuLibraryLoadData(CUlibrary *l, const void *code, void *jo, void **jv, unsigned nj, void *lo,
+                                  void **lv, unsigned nl) {
+    (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+    if (!code)
+        return CUDA_ERROR_INVALID_VALUE;
+    return load_image((uint64_t *)l, code, IMG_LEN(code), NULL);
+}
+EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *l, const char *path, void *jo, void **jv, unsigned nj, void *lo,
+                                      void **lv, unsigned nl) {
+    (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
+    return load_file((uint64_t *)l, path, NULL);
+}
+EXPORT CUresult cuLibraryUnload(CUlibrary l) { return dev_free((uint64_t)(uintptr_t)l, K_MOD); }
 
 /* IPC: the handle carries the exported size. */
 typedef struct {
@@ -949,7 +1392,7 @@ typedef struct {
 } ipc_payload;
 EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
     rec r;
-    if (!h || reg_take(p, K_DEV, &r, 0) != 0)
+    if (!h || reg_take(p, 0, &r, 0) != 0 || (r.kind != K_DEV && r.kind != K_POOL))
         return CUDA_ERROR_INVALID_VALUE;
     memset(h, 0, sizeof(*h));
     ipc_payload pl = {"FAKEIPC", r.size, r.dev};
@@ -1380,18 +1823,121 @@ EXPORT CUresult cuLaunchCooperativeKernelMultiDevice(void *params, unsigned n, u
     return CUDA_SUCCESS; /* the tests only check that vcuda refuses it */
 }
 /* A graph runs as one piece of work that fills the device for its blocks'
- * full waves (4 resident blocks an SM). */
+ * full waves (4 resident blocks an SM). Its allocation nodes take their
+ * memory (2 MiB pages) from the device's graph memory when it is first
+ * uploaded or launched; it keeps it until destroyed, and the device keeps
+ * it for later graphs until cuDeviceGraphMemTrim. */
 typedef struct {
     uint64_t blocks;
+    uint64_t mem;
+    int dev, holding;
 } fake_graph;
+static uint64_t gmem_live[FAKE_MAX_DEVS], gmem_reserved[FAKE_MAX_DEVS];
 EXPORT CUresult fakeGraphExecCreate(CUgraphExec *e, unsigned long long blocks) {
-    fake_graph *g = malloc(sizeof(*g));
+    fake_graph *g = calloc(1, sizeof(*g));
     g->blocks = blocks;
     *e = (CUgraphExec)g;
     return CUDA_SUCCESS;
 }
+EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned flags) {
+    if (!g || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    *g = (CUgraph)calloc(1, sizeof(struct fake_graph_def));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphDestroy(CUgraph g) {
+    free(g);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                                       CUDA_MEM_ALLOC_NODE_PARAMS *p) {
+    (void)deps, (void)n;
+    INIT();
+    if (!node || !g || !p || p->bytesize == 0 || p->poolProps.location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        p->poolProps.location.id < 0 || p->poolProps.location.id >= F.ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_graph_def *x = (struct fake_graph_def *)g;
+    x->mem += round_up(p->bytesize, PAGE2M);
+    x->dev = p->poolProps.location.id;
+    p->dptr = new_addr(p->bytesize);
+    *node = (CUgraphNode)(uintptr_t)p->dptr;
+    return CUDA_SUCCESS;
+}
+static CUresult instantiate(CUgraphExec *e, CUgraph g) {
+    if (!e || !g)
+        return CUDA_ERROR_INVALID_VALUE;
+    fake_graph *x = calloc(1, sizeof(*x));
+    x->blocks = 1;
+    x->mem = ((struct fake_graph_def *)g)->mem;
+    x->dev = ((struct fake_graph_def *)g)->dev;
+    *e = (CUgraphExec)x;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph g, unsigned long long flags) {
+    (void)flags;
+    return instantiate(e, g);
+}
+EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g, void *params) {
+    if (!params)
+        return CUDA_ERROR_INVALID_VALUE;
+    return instantiate(e, g);
+}
+EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t n) {
+    (void)err, (void)log, (void)n;
+    return instantiate(e, g);
+}
+static CUresult graph_take(fake_graph *x) {
+    if (!x->mem || x->holding)
+        return CUDA_SUCCESS;
+    pthread_mutex_lock(&pool_mu);
+    uint64_t need = gmem_live[x->dev] + x->mem;
+    if (need > gmem_reserved[x->dev]) {
+        CUresult r = take(x->dev, need - gmem_reserved[x->dev]);
+        if (r != CUDA_SUCCESS) {
+            pthread_mutex_unlock(&pool_mu);
+            return r;
+        }
+        gmem_reserved[x->dev] = need;
+    }
+    gmem_live[x->dev] = need;
+    x->holding = 1;
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphUpload(CUgraphExec e, CUstream s) {
+    (void)s;
+    if (!e)
+        return CUDA_ERROR_INVALID_HANDLE;
+    return graph_take((fake_graph *)e);
+}
 EXPORT CUresult cuGraphExecDestroy(CUgraphExec e) {
-    free(e);
+    fake_graph *x = (fake_graph *)e;
+    if (!x)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    if (x->holding)
+        gmem_live[x->dev] -= x->mem;
+    pthread_mutex_unlock(&pool_mu);
+    free(x);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice d) {
+    CHECK_DEV(d);
+    pthread_mutex_lock(&pool_mu);
+    if (gmem_reserved[d] > gmem_live[d]) {
+        give(d, gmem_reserved[d] - gmem_live[d]);
+        gmem_reserved[d] = gmem_live[d];
+    }
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice d, int attr, void *value) {
+    CHECK_DEV(d);
+    if (!value || attr < 0 || attr > 3)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&pool_mu);
+    *(cuuint64_t *)value = attr >= 2 ? gmem_reserved[d] : gmem_live[d];
+    pthread_mutex_unlock(&pool_mu);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
@@ -1400,6 +1946,9 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
     int d = stream_dev(s);
     if (d < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
+    CUresult r = graph_take((fake_graph *)e);
+    if (r != CUDA_SUCCESS)
+        return r;
     uint64_t b = ((fake_graph *)e)->blocks, per_wave = (uint64_t)F.sms[d] * 4;
     run(d, s, F.overhead_ns + (b + per_wave - 1) / per_wave * F.wave_ns, 1);
     return CUDA_SUCCESS;
@@ -1458,6 +2007,7 @@ EXPORT CUresult cuEventSynchronize(CUevent e) {
         nanosleep(&ts, NULL);
     }
     sleep_until(atomic_load(&ev->ts));
+    sync_trim(-1);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b) {
@@ -1512,7 +2062,7 @@ EXPORT int fakeDeviceProcesses(int d, fake_proc *out, int max) {
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
         int p = atomic_load(&F.sh->proc[i].pid);
         uint64_t u = atomic_load(&F.sh->proc[i].used[d]);
-        if (p == 0 || u == 0 || (kill(p, 0) != 0 && errno == ESRCH))
+        if (p == 0 || (u == 0 && atomic_load(&F.sh->proc[i].ctxs[d]) <= 0) || (kill(p, 0) != 0 && errno == ESRCH))
             continue;
         if (n < max && out) {
             out[n].pid = p;
@@ -1590,35 +2140,79 @@ static const proc procs[] = {
     P(cuDeviceGetAttribute), PV("cuDeviceTotalMem", cuDeviceTotalMem_v2),
     P(cuDevicePrimaryCtxRetain), PV("cuDevicePrimaryCtxRelease", cuDevicePrimaryCtxRelease_v2),
     PV("cuDevicePrimaryCtxReset", cuDevicePrimaryCtxReset_v2), P(cuDevicePrimaryCtxGetState),
-    PV("cuCtxCreate", cuCtxCreate_v2), PV("cuCtxDestroy", cuCtxDestroy_v2), P(cuCtxSetCurrent),
+    PV("cuCtxCreate", cuCtxCreate_v2), PV("cuCtxDestroy", cuCtxDestroy_v2), P(cuGreenCtxCreate),
+    P(cuGreenCtxDestroy), P(cuCtxFromGreenCtx), P(cuCtxSetCurrent),
     P(cuCtxGetCurrent), P(cuCtxGetDevice), PV("cuCtxPushCurrent", cuCtxPushCurrent_v2),
     PV("cuCtxPopCurrent", cuCtxPopCurrent_v2), P(cuCtxSynchronize), P(cuStreamCreate),
-    PV("cuStreamDestroy", cuStreamDestroy_v2), P(cuStreamGetCtx), P(cuStreamSynchronize),
+    PV("cuStreamDestroy", cuStreamDestroy_v2), P(cuStreamGetCtx), PT(cuStreamSynchronize),
     PV("cuMemAlloc", cuMemAlloc_v2), P(cuMemAllocManaged), PV("cuMemAllocPitch", cuMemAllocPitch_v2),
     PV("cuMemFree", cuMemFree_v2), PV("cuMemGetAddressRange", cuMemGetAddressRange_v2),
     PV("cuMemGetInfo", cuMemGetInfo_v2), PV("cuArrayCreate", cuArrayCreate_v2),
     PV("cuArray3DCreate", cuArray3DCreate_v2), P(cuArrayDestroy), P(cuMipmappedArrayCreate),
     P(cuMipmappedArrayDestroy), P(cuMemCreate), P(cuMemRelease), P(cuMemPoolCreate),
-    P(cuMemPoolDestroy), P(cuDeviceGetDefaultMemPool), P(cuDeviceGetMemPool), PT(cuMemAllocAsync),
+    P(cuMemPoolDestroy), P(cuDeviceGetDefaultMemPool), P(cuDeviceGetMemPool), P(cuDeviceSetMemPool),
+    P(cuMemPoolSetAttribute), P(cuMemPoolGetAttribute), P(cuMemPoolTrimTo), PT(cuMemAllocAsync),
     PT(cuMemAllocFromPoolAsync), PT(cuMemFreeAsync), P(cuIpcGetMemHandle),
     PV("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2), P(cuIpcCloseMemHandle),
     P(cuImportExternalMemory), P(cuDestroyExternalMemory), P(cuExternalMemoryGetMappedBuffer),
-    P(cuCtxSetLimit), P(cuCtxGetLimit), P(cuLaunch), P(cuLaunchGrid), P(cuLaunchGridAsync), P(cuLaunchCooperativeKernelMultiDevice),
+    P(cuCtxSetLimit), P(cuCtxGetLimit), P(cuModuleLoad), P(cuModuleLoadData), P(cuModuleLoadDataEx),
+    P(cuModuleLoadFatBinary), P(cuModuleUnload), P(cuLibraryLoadData), P(cuLibraryLoadFromFile), P(cuLibraryUnload), P(cuLaunch), P(cuLaunchGrid), P(cuLaunchGridAsync), P(cuLaunchCooperativeKernelMultiDevice),
     PT(cuLaunchHostFunc), PT(cuLaunchKernel), PT(cuLaunchKernelEx), PT(cuLaunchCooperativeKernel), PT(cuGraphLaunch),
-    P(cuGraphExecDestroy), P(cuEventCreate), PV("cuEventDestroy", cuEventDestroy_v2),
+    P(cuGraphExecDestroy), P(cuGraphCreate), P(cuGraphDestroy), P(cuGraphAddMemAllocNode),
+    P(cuGraphInstantiateWithFlags), P(cuGraphInstantiateWithParams), PV("cuGraphInstantiate", cuGraphInstantiate_v2),
+    P(cuGraphUpload), P(cuDeviceGraphMemTrim), P(cuDeviceGetGraphMemAttribute), P(cuEventCreate), PV("cuEventDestroy", cuEventDestroy_v2),
     PT(cuEventRecord), P(cuEventQuery), P(cuThreadExchangeStreamCaptureMode),
     P(cuOccupancyMaxActiveBlocksPerMultiprocessor), PV("cuStreamBeginCapture", cuStreamBeginCapture_v2),
     P(cuStreamEndCapture), PT(cuStreamIsCapturing), P(cuEventSynchronize), P(cuEventElapsedTime),
 };
 
+/* FAKE_CUDA_PROC_INTERNAL=1: like a real driver, cuGetProcAddress hands out
+ * internal entry points that are not in the dynamic symbol table (these
+ * static copies), so no dlsym of an exported name finds the same address. */
+#define INTERNAL(ret, name, params, args)                                                          \
+    static ret internal_##name params { return name args; }
+INTERNAL(CUresult, cuMemAlloc_v2, (CUdeviceptr *p, size_t n), (p, n))
+INTERNAL(CUresult, cuMemFree_v2, (CUdeviceptr p), (p))
+INTERNAL(CUresult, cuMemAllocAsync, (CUdeviceptr *p, size_t n, CUstream s), (p, n, s))
+INTERNAL(CUresult, cuMemFreeAsync, (CUdeviceptr p, CUstream s), (p, s))
+INTERNAL(CUresult, cuMemGetInfo_v2, (size_t *f, size_t *t), (f, t))
+INTERNAL(CUresult, cuCtxCreate_v4, (CUcontext *c, void *p, unsigned f, CUdevice d), (c, p, f, d))
+INTERNAL(CUresult, cuCtxSetLimit, (int l, size_t v), (l, v))
+INTERNAL(CUresult, cuStreamSynchronize, (CUstream s), (s))
+static const struct {
+    const char *base;
+    void *fn;
+} internal_procs[] = {
+    {"cuMemAlloc", (void *)internal_cuMemAlloc_v2},       {"cuMemFree", (void *)internal_cuMemFree_v2},
+    {"cuMemAllocAsync", (void *)internal_cuMemAllocAsync}, {"cuMemFreeAsync", (void *)internal_cuMemFreeAsync},
+    {"cuMemGetInfo", (void *)internal_cuMemGetInfo_v2},   {"cuCtxCreate", (void *)internal_cuCtxCreate_v4},
+    {"cuCtxSetLimit", (void *)internal_cuCtxSetLimit},    {"cuStreamSynchronize", (void *)internal_cuStreamSynchronize},
+};
 EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, cuuint64_t flags,
                                     CUdriverProcAddressQueryResult *status) {
     INIT();
+    const char *internal = getenv("FAKE_CUDA_PROC_INTERNAL");
+    if (internal && *internal == '1' && sym && pfn && version >= 12050 &&
+        !(flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM)) {
+        for (size_t i = 0; i < sizeof(internal_procs) / sizeof(internal_procs[0]); i++) {
+            if (strcmp(internal_procs[i].base, sym) == 0) {
+                *pfn = internal_procs[i].fn;
+                if (status)
+                    *status = CU_GET_PROC_ADDRESS_SUCCESS;
+                return CUDA_SUCCESS;
+            }
+        }
+    }
     if (!sym || !pfn)
         return CUDA_ERROR_INVALID_VALUE;
     *pfn = NULL;
     if (strcmp(sym, "cuGetProcAddress") == 0) {
         *pfn = version >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
+    } else if (strcmp(sym, "cuGraphInstantiate") == 0) { /* 12.0 headers: WithFlags */
+        *pfn = version >= 12000 ? (void *)cuGraphInstantiateWithFlags : (void *)cuGraphInstantiate_v2;
+    } else if (strcmp(sym, "cuCtxCreate") == 0) { /* as cuda.h maps it per version */
+        *pfn = version >= 12050 ? (void *)cuCtxCreate_v4 : version >= 11040 ? (void *)cuCtxCreate_v3
+             : version >= 3020 ? (void *)cuCtxCreate_v2 : (void *)cuCtxCreate;
     } else {
         for (size_t i = 0; i < sizeof(procs) / sizeof(procs[0]); i++) {
             if (strcmp(procs[i].base, sym) != 0)
@@ -1632,6 +2226,11 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, cu
     if (status)
         *status = *pfn ? CU_GET_PROC_ADDRESS_SUCCESS : CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
     return *pfn ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+/* Test-only: the fake's own lookup, for a test to see what vcuda was given. */
+EXPORT CUresult fakeGetProcAddress(const char *sym, void **pfn, int version, cuuint64_t flags,
+                                   CUdriverProcAddressQueryResult *status) {
+    return cuGetProcAddress_v2(sym, pfn, version, flags, status);
 }
 EXPORT CUresult cuGetProcAddress(const char *sym, void **pfn, int version, cuuint64_t flags) {
     return cuGetProcAddress_v2(sym, pfn, version, flags, NULL);

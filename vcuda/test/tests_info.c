@@ -192,7 +192,7 @@ TEST(info_nvml_process_list_is_the_container) {
     chan_recv_up(&ch);
     ctx_on(0);
     CUdeviceptr d;
-    CHECK_CU(cuMemAlloc_v2(&d, 3 * MiB));
+    CHECK_CU(cuMemAlloc_v2(&d, 4 * MiB));
     CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit");
     nvmlDevice_t dev0, dev1;
     CHECK(nvmlDeviceGetHandleByIndex_v2(0, &dev0) == NVML_SUCCESS, "handle 0");
@@ -213,19 +213,19 @@ TEST(info_nvml_process_list_is_the_container) {
     uint64_t seen = 0;
     for (unsigned i = 0; i < n; i++) {
         CHECK(v3[i].pid == (unsigned)getpid() || v3[i].pid == (unsigned)p, "pid %u not in the container", v3[i].pid);
-        CHECK(v3[i].usedGpuMemory == (v3[i].pid == (unsigned)p ? 10 * MiB : 3 * MiB), "pid %u used %llu",
+        CHECK(v3[i].usedGpuMemory == (v3[i].pid == (unsigned)p ? 10 * MiB : 4 * MiB), "pid %u used %llu",
               v3[i].pid, v3[i].usedGpuMemory);
         CHECK(v3[i].gpuInstanceId == 0xFFFFFFFFu, "instance id");
         seen += v3[i].usedGpuMemory;
     }
-    CHECK(seen == 13 * MiB, "listed %llu", (unsigned long long)seen);
+    CHECK(seen == 14 * MiB, "listed %llu", (unsigned long long)seen);
     nvmlProcessInfo_t v2[4];
     n = 4;
     CHECK(nvmlDeviceGetComputeRunningProcesses_v2(dev0, &n, v2) == NVML_SUCCESS && n == 2, "v2 %u", n);
     nvmlProcessInfo_v1_t v1[4];
     n = 4;
     CHECK(nvmlDeviceGetComputeRunningProcesses(dev0, &n, v1) == NVML_SUCCESS && n == 2, "v1 %u", n);
-    CHECK(v1[0].usedGpuMemory + v1[1].usedGpuMemory == 13 * MiB, "v1 memory");
+    CHECK(v1[0].usedGpuMemory + v1[1].usedGpuMemory == 14 * MiB, "v1 memory");
     nvmlProcessDetail_v1_t det[4];
     nvmlProcessDetailList_t dl = {nvmlProcessDetailList_v1, 0, 4, det};
     CHECK(nvmlDeviceGetRunningProcessDetailList(dev0, &dl) == NVML_SUCCESS && dl.numProcArrayEntries == 2,

@@ -440,6 +440,10 @@ static void *capturer(void *p) {
     }
     void *graph;
     a->end = cuStreamEndCapture(s, &graph);
+    /* fail at once: a limiter that broke the capture may also have been
+     * misled by the failed event calls into throttling the launcher for
+     * good */
+    CHECK(a->end == CUDA_SUCCESS, "the capture was invalidated (%d) by the limiter", a->end);
     atomic_store(&a->phase, 2);
     return NULL;
 }

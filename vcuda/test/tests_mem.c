@@ -18,12 +18,14 @@
 
 typedef struct mem_path {
     const char *name;
-    uint64_t unit;
+    uint64_t unit;   /* what one unit is charged (the driver's rounding included) */
+    uint64_t gran;   /* rounding of small allocations (512: linear memory and pools) */
     int fake_counts; /* the fake counts it as device memory (not IPC) */
     void (*setup)(void);
     CUresult (*alloc)(uint64_t *h);                   /* one unit */
     CUresult (*alloc_bytes)(uint64_t bytes, uint64_t *h); /* exact size, or NULL */
     CUresult (*release)(uint64_t h);
+    void (*synced)(void); /* a synchronisation: pools give back their free pages */
 } mem_path;
 
 static CUcontext ctx0, ctx1;
@@ -86,6 +88,7 @@ static CUresult as_bytes(uint64_t b, uint64_t *h) {
 }
 static CUresult as_unit(uint64_t *h) { return as_bytes(MiB, h); }
 static CUresult as_free(uint64_t h) { return cuMemFreeAsync(h, stream0); }
+static void as_sync(void) { CHECK_CU(cuStreamSynchronize(stream0)); }
 static void pool_setup(void) {
     async_setup();
     CUmemPoolProps p;
@@ -137,17 +140,17 @@ static CUresult ext_unit(uint64_t *h) { return ext_bytes(MiB, h); }
 static CUresult ext_free(uint64_t h) { return cuDestroyExternalMemory((CUexternalMemory)(uintptr_t)h); }
 
 static const mem_path paths[] = {
-    {"alloc", MiB, 1, NULL, a_unit, a_bytes, a_free},
-    {"pitch", MiB, 1, NULL, p_unit, NULL, a_free},
-    {"managed", MiB, 1, NULL, m_unit, m_bytes, a_free},
-    {"array", MiB, 1, NULL, arr_unit, NULL, arr_free},
-    {"array3d", MiB, 1, NULL, arr3_unit, NULL, arr_free},
-    {"mipmap", MiB + MiB / 4, 1, NULL, mip_unit, NULL, mip_free},
-    {"vmm", MiB, 1, NULL, vmm_unit, vmm_bytes, vmm_free},
-    {"async", MiB, 1, async_setup, as_unit, as_bytes, as_free},
-    {"pool", MiB, 1, pool_setup, pool_unit, pool_bytes, as_free},
-    {"ipc", MiB, 0, ipc_setup, ipc_unit, NULL, ipc_free},
-    {"extmem", MiB, 1, NULL, ext_unit, ext_bytes, ext_free},
+    {"alloc", MiB, 512, 1, NULL, a_unit, a_bytes, a_free, NULL},
+    {"pitch", MiB, 512, 1, NULL, p_unit, NULL, a_free, NULL},
+    {"managed", MiB, 512, 1, NULL, m_unit, m_bytes, a_free, NULL},
+    {"array", MiB, 512, 1, NULL, arr_unit, NULL, arr_free, NULL},
+    {"array3d", MiB, 512, 1, NULL, arr3_unit, NULL, arr_free, NULL},
+    {"mipmap", 2 * MiB, 512, 1, NULL, mip_unit, NULL, mip_free, NULL}, /* 1.25 MiB: a 2 MiB page */
+    {"vmm", MiB, 1, 1, NULL, vmm_unit, vmm_bytes, vmm_free, NULL},
+    {"async", MiB, 512, 1, async_setup, as_unit, as_bytes, as_free, as_sync},
+    {"pool", MiB, 512, 1, pool_setup, pool_unit, pool_bytes, as_free, as_sync},
+    {"ipc", MiB, 1, 0, ipc_setup, ipc_unit, NULL, ipc_free, NULL},
+    {"extmem", MiB, 1, 1, NULL, ext_unit, ext_bytes, ext_free, NULL},
 };
 #define NPATHS (int)(sizeof(paths) / sizeof(paths[0]))
 
@@ -206,12 +209,15 @@ static void run_1proc(const mem_path *p) {
     CHECK(fr == 0 && tot == CAP0, "cuMemGetInfo free %zu total %zu", fr, tot);
 
     if (p->alloc_bytes) {
-        /* exact to the byte: free one unit, then fill the hole precisely */
-        uint64_t a, b, c;
+        /* exact to the driver's rounding unit (512 bytes for small linear
+         * and pool allocations, 1 byte for VMM and imports): free one
+         * unit, then fill the hole precisely */
+        uint64_t a, b, c, gr = p->gran;
         CHECK_CU(p->release(h[--n]));
-        CHECK_CU(p->alloc_bytes(p->unit - 1, &a));
-        CHECK(p->alloc_bytes(2, &b) == CUDA_ERROR_OUT_OF_MEMORY, "2 bytes over the cap accepted");
-        CHECK_CU(p->alloc_bytes(1, &b));
+        CHECK_CU(p->alloc_bytes(p->unit - gr, &a));
+        CHECK(p->alloc_bytes(gr + 1, &b) == CUDA_ERROR_OUT_OF_MEMORY, "%llu bytes over the cap accepted",
+              (unsigned long long)(gr + 1));
+        CHECK_CU(p->alloc_bytes(gr, &b));
         CHECK(p->alloc_bytes(1, &c) == CUDA_ERROR_OUT_OF_MEMORY, "1 byte over the cap accepted");
         CHECK(region_used(0) == CAP0, "region %llu", (unsigned long long)region_used(0));
         CHECK_CU(cuCtxSetCurrent(ctx1));
@@ -220,6 +226,12 @@ static void run_1proc(const mem_path *p) {
         CHECK_CU(cuCtxSetCurrent(ctx0));
     }
     release_all(p, h, n);
+    if (p->synced) {
+        /* a pool keeps freed pages until a synchronisation: still charged */
+        CHECK(region_used(0) == CAP0, "pool pages credited before the driver gave them back: %llu",
+              (unsigned long long)region_used(0));
+        p->synced();
+    }
     CHECK(region_used(0) == 0, "%llu bytes left charged", (unsigned long long)region_used(0));
     CHECK(region_used(1) == ipc_base, "device 1 credited for device 0 frees");
     fakeDeviceStats(0, &st);
@@ -246,6 +258,8 @@ static int mp_child(int i, void *arg) {
     chan_send_up(&a->ch[i], (uint64_t)n);
     chan_recv_down(&a->ch[i]); /* hold until every process has hit the cap */
     release_all(p, h, n);
+    if (p->synced)
+        p->synced();
     chan_send_up(&a->ch[i], 0);
     chan_recv_down(&a->ch[i]);
     return 0;
@@ -348,6 +362,8 @@ TEST(mem_host_locations_not_counted) {
     CHECK_CU(cuMemAllocFromPoolAsync(&d, CAP0, dp, NULL));
     CHECK(region_used(0) == CAP0, "default pool not charged");
     CHECK_CU(cuMemFreeAsync(d, NULL));
+    CHECK(region_used(0) == CAP0, "pool pages credited at the free");
+    CHECK_CU(cuCtxSynchronize()); /* the default pool's threshold is 0: pages go back */
     CHECK_CU(cuMemRelease(h));
     CHECK_CU(cuMemRelease(h2));
     CHECK(region_used(0) == 0, "left %llu", (unsigned long long)region_used(0));
@@ -441,9 +457,9 @@ TEST(mem_context_destroy_credits) {
     CHECK_CU(cuDevicePrimaryCtxRetain(&pc, 0));
     CHECK_CU(cuDevicePrimaryCtxRetain(&pc, 0));
     CHECK_CU(cuCtxSetCurrent(pc));
-    CHECK_CU(cuMemAlloc_v2(&d, 5 * MiB));
+    CHECK_CU(cuMemAlloc_v2(&d, 4 * MiB));
     CHECK_CU(cuDevicePrimaryCtxRelease_v2(0)); /* still referenced: memory stays */
-    CHECK(region_used(0) == 8 * MiB, "after first release: %llu", (unsigned long long)region_used(0));
+    CHECK(region_used(0) == 7 * MiB, "after first release: %llu", (unsigned long long)region_used(0));
     CHECK_CU(cuDevicePrimaryCtxRelease_v2(0)); /* last reference: the context dies */
     CHECK(region_used(0) == 3 * MiB, "after last release: %llu", (unsigned long long)region_used(0));
 

@@ -113,8 +113,14 @@ static int visible(int i, void *arg) {
     k = 4;
     CHECK(nvmlDeviceGetComputeRunningProcesses_v3(d0, &k, pi) == NVML_SUCCESS && k == 0, "gpu 0 list %u", k);
     CHECK_CU(cuMemFree_v2(p));
+    /* a process with a context is a compute process, listed as long as
+     * the context lives */
     k = 4;
-    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(d, &k, pi) == NVML_SUCCESS && k == 0, "after free %u", k);
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(d, &k, pi) == NVML_SUCCESS && k == 1 && pi[0].usedGpuMemory == 0,
+          "after free %u", k);
+    CHECK_CU(cuCtxDestroy_v2(c));
+    k = 4;
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(d, &k, pi) == NVML_SUCCESS && k == 0, "after destroy %u", k);
     CHECK(nvmlShutdown() == NVML_SUCCESS, "shutdown");
     CHECK(nvmlDeviceGetCount_v2(&cnt) == NVML_ERROR_UNINITIALIZED, "count after shutdown");
     return 0;

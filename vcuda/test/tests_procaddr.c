@@ -13,6 +13,16 @@
 typedef CUresult (*gpa2_fn)(const char *, void **, int, cuuint64_t, CUdriverProcAddressQueryResult *);
 typedef CUresult (*gpa_fn)(const char *, void **, int, cuuint64_t);
 
+/* The fake's own cuGetProcAddress_v2, below vcuda. */
+static void *vc_fake_gpa(void) {
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    CHECK(h != NULL, "libcuda.so.1 not loaded");
+    /* dlsym is vcuda's; ask the fake through its test-only export instead */
+    void *p = dlsym(h, "fakeGetProcAddress");
+    CHECK(p != NULL, "fakeGetProcAddress missing");
+    return p;
+}
+
 /* Which object and symbol an address belongs to. */
 static void where(void *p, const char **lib, const char **sym) {
     Dl_info info;
@@ -79,6 +89,22 @@ TEST(procaddr_runtime_path) {
         {"cuGraphLaunch", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuGraphLaunch_ptsz"},
         {"cuMemPoolCreate", 0, "cuMemPoolCreate"},
         {"cuDeviceGetDefaultMemPool", 0, "cuDeviceGetDefaultMemPool"},
+        {"cuMemPoolTrimTo", 0, "cuMemPoolTrimTo"},
+        {"cuMemPoolSetAttribute", 0, "cuMemPoolSetAttribute"},
+        {"cuStreamSynchronize", CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM, "cuStreamSynchronize_ptsz"},
+        {"cuCtxSynchronize", 0, "cuCtxSynchronize"},
+        {"cuEventSynchronize", 0, "cuEventSynchronize"},
+        {"cuDevicePrimaryCtxRetain", 0, "cuDevicePrimaryCtxRetain"},
+        {"cuCtxCreate", 0, "cuCtxCreate_v3"}, /* 12.4 headers */
+        {"cuGreenCtxCreate", 0, "cuGreenCtxCreate"},
+        {"cuGreenCtxDestroy", 0, "cuGreenCtxDestroy"},
+        {"cuCtxFromGreenCtx", 0, "cuCtxFromGreenCtx"},
+        {"cuGraphAddMemAllocNode", 0, "cuGraphAddMemAllocNode"},
+        {"cuGraphInstantiate", 0, "cuGraphInstantiateWithFlags"},
+        {"cuGraphInstantiateWithParams", 0, "cuGraphInstantiateWithParams"},
+        {"cuGraphExecDestroy", 0, "cuGraphExecDestroy"},
+        {"cuDeviceGraphMemTrim", 0, "cuDeviceGraphMemTrim"},
+        {"cuStreamEndCapture", 0, "cuStreamEndCapture"},
     };
     for (size_t i = 0; i < sizeof(hooked) / sizeof(hooked[0]); i++) {
         fn = NULL;
@@ -91,8 +117,8 @@ TEST(procaddr_runtime_path) {
         expect(fn, "libvcuda", hooked[i].want);
     }
     /* not hooked: the driver's own */
-    CHECK_CU(gpa2("cuCtxSynchronize", &fn, 12040, 0, &st));
-    expect(fn, "libcuda.so.1", "cuCtxSynchronize");
+    CHECK_CU(gpa2("cuStreamCreate", &fn, 12040, 0, &st));
+    expect(fn, "libcuda.so.1", "cuStreamCreate");
     CHECK(gpa2("cuNoSuchFunction", &fn, 12040, 0, &st) == CUDA_ERROR_NOT_FOUND &&
               st == CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND,
           "unknown symbol");
@@ -125,7 +151,7 @@ TEST(procaddr_dlsym) {
     CHECK(h != NULL, "dlopen: %s", dlerror());
     expect(dlsym(h, "cuMemAlloc_v2"), "libvcuda", "cuMemAlloc_v2");
     expect(dlsym(h, "cuLaunchKernel_ptsz"), "libvcuda", "cuLaunchKernel_ptsz");
-    expect(dlsym(h, "cuCtxSynchronize"), "libcuda.so.1", "cuCtxSynchronize");
+    expect(dlsym(h, "cuStreamCreate"), "libcuda.so.1", "cuStreamCreate");
     CHECK(dlsym(h, "cuNoSuchFunction") == NULL, "unknown symbol resolved");
     void *n = dlopen("libnvidia-ml.so.1", RTLD_NOW | RTLD_LOCAL);
     CHECK(n != NULL, "dlopen nvml: %s", dlerror());
@@ -144,4 +170,53 @@ TEST(procaddr_linked_symbols) {
     expect((void *)cuMemAlloc_v2, "libvcuda", "cuMemAlloc_v2");
     expect((void *)cuLaunchKernel, "libvcuda", "cuLaunchKernel");
     expect((void *)nvmlDeviceGetMemoryInfo_v2, "libvcuda", "nvmlDeviceGetMemoryInfo_v2");
+}
+
+/* A real driver's cuGetProcAddress may hand out internal entry points that
+ * are in no symbol table (the fake's FAKE_CUDA_PROC_INTERNAL mode): vcuda
+ * must still return its hooks, and what it calls must count. */
+TEST(procaddr_internal_addresses) {
+    setenv("FAKE_CUDA_PROC_INTERNAL", "1", 1);
+    gpu_line g[1] = {{0, CAP0, 100}};
+    setup_limits(g, 1);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    CHECK(h != NULL, "dlopen: %s", dlerror());
+    gpa2_fn gpa2 = (gpa2_fn)dlsym(h, "cuGetProcAddress_v2");
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult st;
+    /* the fake really hands out an address no symbol names */
+    CHECK_CU(((gpa2_fn)vc_fake_gpa())("cuMemAlloc", &fn, 12080, 0, &st));
+    Dl_info info;
+    CHECK(dladdr(fn, &info) == 0 || info.dli_sname == NULL || strncmp(info.dli_sname, "internal_", 9) == 0,
+          "the fake's internal cuMemAlloc is named %s", info.dli_sname);
+    struct {
+        const char *base, *want;
+    } hooked[] = {
+        {"cuMemAlloc", "cuMemAlloc_v2"},     {"cuMemFree", "cuMemFree_v2"},
+        {"cuMemAllocAsync", "cuMemAllocAsync"}, {"cuMemFreeAsync", "cuMemFreeAsync"},
+        {"cuMemGetInfo", "cuMemGetInfo_v2"}, {"cuCtxCreate", "cuCtxCreate_v4"},
+        {"cuCtxSetLimit", "cuCtxSetLimit"},  {"cuStreamSynchronize", "cuStreamSynchronize"},
+    };
+    void *f[8];
+    for (int i = 0; i < 8; i++) {
+        CHECK_CU(gpa2(hooked[i].base, &f[i], 12080, 0, &st));
+        expect(f[i], "libvcuda", hooked[i].want);
+    }
+    CHECK_CU(cuInit(0));
+    CUcontext c;
+    CHECK_CU(((CUresult(*)(CUcontext *, void *, unsigned, CUdevice))f[5])(&c, NULL, 0, 0));
+    CUdeviceptr d, e;
+    CHECK_CU(((CUresult(*)(CUdeviceptr *, size_t))f[0])(&d, CAP0 - 4 * MiB));
+    CHECK(((CUresult(*)(CUdeviceptr *, size_t))f[0])(&e, 8 * MiB) == CUDA_ERROR_OUT_OF_MEMORY,
+          "over the cap through an internal address");
+    CHECK_CU(((CUresult(*)(int, size_t))f[6])(2, 4 * MiB)); /* heap: exactly the rest */
+    CHECK(region_used(0) == CAP0, "region %llu", (unsigned long long)region_used(0));
+    size_t fr = 1, tot = 0;
+    CHECK_CU(((CUresult(*)(size_t *, size_t *))f[4])(&fr, &tot));
+    CHECK(fr == 0 && tot == CAP0, "info %zu/%zu", fr, tot);
+    CHECK_CU(((CUresult(*)(CUdeviceptr))f[1])(d));
+    CHECK(region_used(0) == 4 * MiB, "after free %llu", (unsigned long long)region_used(0));
+    fake_stats fs;
+    fakeDeviceStats(0, &fs);
+    CHECK(fs.peak <= CAP0, "physical peak %llu", (unsigned long long)fs.peak);
 }
