@@ -63,7 +63,7 @@ func TestCDIGenerateNerdctl(t *testing.T) {
 		`(?m)^devices=1$`,
 		`(?m)^device=0 name=NVIDIA_A100-SXM4-40GB total_mem=42949672960 `,
 		`(?m)^GPU 0: NVIDIA A100-SXM4-40GB \(UUID: ` + uuid + `\)$`,
-		`(?m) libcuda\.so\.1 -> libcuda\.so\.550\.54\.15$`,
+		`(?m) libcuda\.so\.1 -> libcuda\.so\.580\.95\.05$`,
 	} {
 		if !regexp.MustCompile(want).MatchString(got) {
 			t.Errorf("CUDA container output lacks %s:\n%s", want, got)
