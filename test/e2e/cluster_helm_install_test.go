@@ -389,7 +389,7 @@ func (h *helmHost) extenderReplicas(t *testing.T, c *Cluster, ns string) []exten
 		t.Fatal(err)
 	}
 	var out []extenderReplica
-	advertise := regexp.MustCompile(`advertise=(http://[0-9.:]+)`)
+	advertise := regexp.MustCompile(`advertise"?[=:]"?(http://[0-9.:]+)`)
 	for _, p := range l.Items {
 		logs, _ := c.Kubectl(t, "-n", ns, "logs", p.Name)
 		m := advertise.FindStringSubmatch(logs)
