@@ -146,11 +146,15 @@ func runAgent(args []string) error {
 		slog.Info("stopping; the node's files stay for the next agent (upgrade or restart)")
 		return nil
 	}
-	// Let the device plugins (their sockets), the NRI plugin and the health watch finish first.
+	// Let the device plugins (their sockets), the NRI plugin and the health watch finish first,
+	// well within the pod's termination grace period.
+	stopped := time.After(5 * time.Second)
+wait:
 	for range 3 {
 		select {
 		case <-errc:
-		case <-time.After(10 * time.Second):
+		case <-stopped:
+			break wait
 		}
 	}
 	srv.Close()
