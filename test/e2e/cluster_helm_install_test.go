@@ -62,7 +62,11 @@ func TestHelmInstall(t *testing.T) {
 	h := newHelmHost(t, c)
 	helmCmd := func(args ...string) string {
 		t.Helper()
-		out, err := helm(t, append(append(args, "--kubeconfig", c.Kubeconfig, "--namespace", ns), h.values...)...)
+		args = append(args, "--kubeconfig", c.Kubeconfig, "--namespace", ns)
+		if args[0] != "uninstall" {
+			args = append(args, h.values...)
+		}
+		out, err := helm(t, args...)
 		if err != nil {
 			t.Fatalf("helm %s: %v\n%s\n%s", args[0], err, out, h.diagnose(t, ns))
 		}
@@ -75,7 +79,7 @@ func TestHelmInstall(t *testing.T) {
 	helmCmd("install", release, helmChart(), "--wait", "--timeout", "100s")
 	step("helm install --wait done")
 	cm, err := c.CP.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), release+"-scheduler-config", metav1.GetOptions{})
-	if err != nil || cm.Data["config.yaml"] != schedCfg {
+	if err != nil || strings.TrimSpace(cm.Data["config.yaml"]) != strings.TrimSpace(schedCfg) {
 		t.Errorf("the installed scheduler configuration (%v) differs from the rendered one the scheduler runs:\n%s\n---\n%s", err, cm.Data["config.yaml"], schedCfg)
 	}
 	h.waitAgent(t, c)
