@@ -141,6 +141,9 @@ func TestHelmInstall(t *testing.T) {
 	helmCmd("upgrade", release, helmChart(), "--wait", "--timeout", "100s", "--set", "node.sharesPerGPU=10", "--set", "node.resources.requests.cpu=60m")
 	h.waitNewAgent(t, c, ns, oldAgent)
 	h.waitAgent(t, c)
+	// The kubelet marks a plugin's devices unhealthy when it goes, until the new agent's plugin
+	// lists them again: wait for the Node to offer what the running pods leave.
+	h.waitAllocatable(t, c, c.ExpectedAllocatable(t))
 	step("helm upgrade done, new agent pod serving")
 	for name, a := range before {
 		if got := c.Pod(t, name).Annotations[api.AnnotationAssignment]; got != a {
@@ -250,6 +253,24 @@ func (h *helmHost) waitAgent(t *testing.T, c *Cluster) {
 	})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, h.diagnose(t, "tessera-system"))
+	}
+}
+
+// waitAllocatable waits until the Node's allocatable whole GPUs and shares are want.
+func (h *helmHost) waitAllocatable(t *testing.T, c *Cluster, want map[string]int64) {
+	t.Helper()
+	var got map[string]int64
+	err := waitFor(60*time.Second, 200*time.Millisecond, func() (bool, error) {
+		got = c.Allocatable(t)
+		for r, n := range want {
+			if got[r] != n {
+				return false, fmt.Errorf("allocatable %s = %d, want %d", r, got[r], n)
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("node %s after the upgrade: %v\n%s", c.Node, err, h.diagnose(t, "tessera-system"))
 	}
 }
 
