@@ -39,8 +39,8 @@ import (
 
 type options struct {
 	kubeconfig, listen, metricsListen, config, policy, identity string
-	advertiseURL                                                string
-	leaderElect, pickOne, version                               bool
+	advertiseURL, peerListen                                    string
+	leaderElect, pickOne, version, reusePort                    bool
 	qps                                                         int
 	log                                                         telemetry.LogOptions
 }
@@ -56,7 +56,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.policy, "policy", "", "default placement policy, overriding the config file: "+fmt.Sprint(api.KnownPolicies))
 	fs.StringVar(&o.identity, "identity", fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's identity in leader election and node bind Leases")
 	fs.IntVar(&o.qps, "kube-api-qps", 100, "requests per second to the API server (burst twice that); a bind costs about seven")
-	fs.StringVar(&o.advertiseURL, "advertise-url", "", "URL other replicas reach this one at (http://POD_IP:PORT); non-leaders pass binds on to the leader's")
+	fs.StringVar(&o.advertiseURL, "advertise-url", "", "URL other replicas reach this one at (http://POD_IP:PORT); non-leaders pass binds on to the leader's. With --peer-listen, port 0 stands for that listener's port")
+	fs.StringVar(&o.peerListen, "peer-listen", "", "an extra address of the extender API, for binds other replicas pass on to this one; port 0 picks a free port (for replicas sharing a host network, where --listen is shared with --reuse-port)")
+	fs.BoolVar(&o.reusePort, "reuse-port", false, "open --listen and --metrics-listen with SO_REUSEPORT, so replicas on one host network share the ports (the kernel spreads connections over them)")
 	fs.BoolVar(&o.pickOne, "filter-pick-one", false, "filter keeps only the placement policy's chosen node (ties to the smallest name) and holds it until the bind, so the kube-scheduler binds where the policy prefers")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "bind only while holding the leader Lease (the other replicas answer filter/prioritize)")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address /metrics (Prometheus) and /healthz are served on apart from the extender API, so that scrapes need no access to it (the chart: 0.0.0.0:9447); empty: /metrics is served on --listen")
@@ -163,11 +165,21 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			log.Warn("expired in-flight reservations", "count", n)
 		}
 	}, 10*time.Second)
+	// Listen before standing for election: the advertised URL may name the peer listener's port.
+	lns, err := listen(o)
+	if err != nil {
+		return err
+	}
+	defer lns.close()
+	advertise, err := advertiseURL(o.advertiseURL, lns.peer)
+	if err != nil {
+		return err
+	}
 	if o.leaderElect {
 		lock := &resourcelock.LeaseLock{
 			LeaseMeta:  metav1ObjectMeta(cfg.LeaderElectionID, cfg.LeaseNamespace),
 			Client:     client.CoordinationV1(),
-			LockConfig: resourcelock.ResourceLockConfig{Identity: extender.LeaderIdentity(o.identity, o.advertiseURL)},
+			LockConfig: resourcelock.ResourceLockConfig{Identity: extender.LeaderIdentity(o.identity, advertise)},
 		}
 		// RunOrDie returns when leadership is lost (an API server outage, say): stand again, or this
 		// replica would refuse every bind forever.
@@ -200,16 +212,25 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		main = mux
 	}
 	servers := []*http.Server{{Handler: main, ReadHeaderTimeout: 10 * time.Second}}
-	addrs := []string{o.listen}
-	if o.metricsListen != "" {
+	listeners := []net.Listener{lns.api}
+	if lns.metrics != nil {
 		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second})
-		addrs = append(addrs, o.metricsListen)
+		listeners = append(listeners, lns.metrics)
 	}
-	lns := make([]net.Listener, len(addrs))
-	for i, addr := range addrs {
-		if lns[i], err = net.Listen("tcp", addr); err != nil {
-			return fmt.Errorf("listen on %s: %w", addr, err)
-		}
+	if o.reusePort {
+		// A new connection per call lets the kernel spread the scheduler's calls over the replicas
+		// sharing the port; a kept-alive one would send them all to one replica.
+		servers[0].SetKeepAlivesEnabled(false)
+	}
+	if lns.peer != nil {
+		// The peer port is this replica's own: it also serves its /metrics, which a shared metrics
+		// port cannot address.
+		peer := http.NewServeMux()
+		peer.Handle("/metrics", telemetry.MetricsHandler(reg))
+		peer.Handle("/healthz", verbsHandler)
+		peer.Handle("/", metrics.instrument(verbsHandler))
+		servers = append(servers, &http.Server{Handler: peer, ReadHeaderTimeout: 10 * time.Second})
+		listeners = append(listeners, lns.peer)
 	}
 	go func() {
 		<-ctx.Done()
@@ -219,10 +240,10 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			_ = srv.Shutdown(sctx)
 		}
 	}()
-	log.Info("serving", "version", telemetry.Version(), "listen", lns[0].Addr().String(), "metricsListen", o.metricsListen, "policy", cfg.Policy, "identity", o.identity, "leaderElect", o.leaderElect)
+	log.Info("serving", "version", telemetry.Version(), "listen", lns.api.Addr().String(), "metricsListen", o.metricsListen, "advertise", advertise, "policy", cfg.Policy, "identity", o.identity, "leaderElect", o.leaderElect)
 	errc := make(chan error, len(servers))
 	for i, srv := range servers {
-		go func() { errc <- srv.Serve(lns[i]) }()
+		go func() { errc <- srv.Serve(listeners[i]) }()
 	}
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("serve: %w", err)

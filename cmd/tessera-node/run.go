@@ -39,6 +39,8 @@ func runAgent(args []string) error {
 	f.register(fs)
 	host, _ := os.Hostname()
 	f.registerRun(fs, host)
+	var un uninstallFlags
+	un.register(fs)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -85,6 +87,15 @@ func runAgent(args []string) error {
 	defer grants.Close()
 	a.WithAllocated(grants.List)
 
+	var owner *ownerWatch
+	if un.enabled {
+		if client == nil {
+			return fmt.Errorf("--cleanup-on-uninstall needs the API server to watch this agent's DaemonSet: %w", err)
+		}
+		if owner, err = watchOwner(ctx, client, un.podNamespace, un.podName); err != nil {
+			return err
+		}
+	}
 	var pods nri.Pods = noPods{err}
 	var podEvents nri.Events
 	if client != nil {
@@ -134,10 +145,35 @@ func runAgent(args []string) error {
 	slog.Info("tessera-node running", "version", telemetry.Version(), "node", cfg.NodeName, "backend", backend.Name(), "cdiDir", cfg.CDIDir, "nri", cfg.NRISocket, "listen", cfg.Listen)
 	select {
 	case <-ctx.Done():
-		return nil
 	case err := <-errc:
 		return err
 	}
+	if owner == nil {
+		return nil
+	}
+	uninstall, why := owner.uninstalling()
+	if !uninstall {
+		slog.Info("stopping; the node's files stay for the next agent (upgrade or restart)")
+		return nil
+	}
+	// Let the device plugins (their sockets), the NRI plugin and the health watch finish first,
+	// well within the pod's termination grace period.
+	stopped := time.After(5 * time.Second)
+wait:
+	for range 3 {
+		select {
+		case <-errc:
+		case <-stopped:
+			break wait
+		}
+	}
+	srv.Close()
+	slog.Info("uninstall: removing what the agent put on the node", "why", why)
+	if errs := cleanupNode(cfg); len(errs) > 0 {
+		return fmt.Errorf("uninstall cleanup: %w", errors.Join(errs...))
+	}
+	slog.Info("uninstall: the node is clean")
+	return nil
 }
 
 func named(what string, err error) error {

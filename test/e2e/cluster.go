@@ -73,6 +73,10 @@ type ClusterOptions struct {
 	// DRA runs tessera-node with its DRA kubelet plugin (--dra), the controller manager (for
 	// ResourceClaimTemplates) and the chart's DRA RBAC and DeviceClasses (dra_harness.go).
 	DRA bool
+	// Bare brings up containerd, the control plane with kube-controller-manager (Deployments,
+	// DaemonSets, ServiceAccount tokens) and the kubelet only: no kube-scheduler, tessera-node or
+	// tessera-extender, which the test installs itself (TestHelmInstall). Agent and Extender stay nil.
+	Bare bool
 }
 
 // Resources the simulated node advertises when nothing is allocated: 6 GPUs usable whole or
@@ -113,6 +117,16 @@ func StartCluster(t *testing.T, opts ClusterOptions) *Cluster {
 	c.Ctr = StartContainerd(t)
 	c.Dir = c.Ctr.Base
 	step("containerd up")
+	if opts.Bare {
+		c.CP = StartControlPlane(t, ControlPlaneOptions{NoScheduler: true, ControllerManager: true})
+		c.Kubeconfig = c.CP.Kubeconfig
+		t.Cleanup(func() { c.teardown(t) })
+		step("control plane up")
+		c.Kubelet = StartKubelet(t, c.CP, c.Ctr, c.Node)
+		step("kubelet up, node Ready")
+		<-built
+		return c
+	}
 	c.ExtenderAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	// weight 5 as in deploy/helm/tessera/templates/scheduler.yaml
 	c.CP = StartControlPlane(t, ControlPlaneOptions{Extender: &ExtenderConfig{URLPrefix: "http://" + c.ExtenderAddr, Weight: 5, NodeCacheCapable: true}, // as the chart

@@ -1,5 +1,6 @@
 {{- define "tessera.labels" -}}
 app.kubernetes.io/part-of: tessera
+app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
@@ -19,3 +20,36 @@ app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{ .Values.image.scheduler.repository }}:{{ .Values.image.scheduler.tag | default (regexReplaceAll "[-+].*$" .Capabilities.KubeVersion.Version "") }}
 {{- end }}
 
+
+{{/* tessera.fullname: the prefix of every resource name: fullnameOverride, else the release name when it contains the chart's name (release "tessera": tessera-node, tessera-extender), else <release>-<chart>. At most 45 characters, so that the longest suffix keeps names within 63. */}}
+{{- define "tessera.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{ .Values.fullnameOverride | trunc 45 | trimSuffix "-" }}
+{{- else if contains .Chart.Name .Release.Name -}}
+{{ .Release.Name | trunc 45 | trimSuffix "-" }}
+{{- else -}}
+{{ printf "%s-%s" .Release.Name .Chart.Name | trunc 45 | trimSuffix "-" }}
+{{- end -}}
+{{- end }}
+
+{{/* tessera.selector: the labels a component's pods are selected by; call with (list $ "extender"). */}}
+{{- define "tessera.selector" -}}
+{{- $root := index . 0 -}}
+app.kubernetes.io/name: tessera-{{ index . 1 }}
+app.kubernetes.io/instance: {{ $root.Release.Name }}
+{{- end }}
+
+{{/* tessera.apiServerEnv: KUBERNETES_SERVICE_HOST/PORT when apiServer is set (clusters without kube-proxy). */}}
+{{- define "tessera.apiServerEnv" -}}
+{{- if .Values.apiServer.host }}
+- {name: KUBERNETES_SERVICE_HOST, value: {{ .Values.apiServer.host | quote }}}
+- {name: KUBERNETES_SERVICE_PORT, value: {{ .Values.apiServer.port | default "443" | quote }}}
+{{- end }}
+{{- end }}
+
+{{/* tessera.probeHost: a probe's host field when the component listens on one address only (with hostNetwork the kubelet would probe the node's IP). Call with the listen host. */}}
+{{- define "tessera.probeHost" -}}
+{{- if and . (ne . "0.0.0.0") (ne . "::") }}
+host: {{ . }}
+{{- end }}
+{{- end }}

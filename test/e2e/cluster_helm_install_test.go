@@ -1,0 +1,483 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	sigyaml "sigs.k8s.io/yaml"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+// TestHelmInstall installs deploy/helm/tessera for real into the one-node cluster (containerd 2.2
+// with NRI and CDI, kube-apiserver, kube-controller-manager, the kubelet; the simulated GPU node)
+// from the images `make images` builds, imported into the node's containerd, and runs the demo's
+// workloads against it. Then `helm upgrade` replaces the agent pod without losing a running pod's
+// GPU or the ledger, and `helm uninstall` leaves nothing of Tessera's on the node.
+//
+// The machine has no CNI, kube-proxy, cluster DNS or registry, which the install works around with
+// chart values an operator can use too (docs/install.md):
+//   - images: imported with `ctr -n k8s.io images import`, image.pullPolicy=Never;
+//   - both components on the host network (node.hostNetwork, extender.hostNetwork), listening on
+//     127.0.0.1 only (listenHost; the probes follow); apiServer.host/port replace the kubernetes
+//     Service address in KUBERNETES_SERVICE_HOST/PORT;
+//   - the two extender replicas share their ports on the one node with SO_REUSEPORT (and a new
+//     connection per call, so the kernel spreads the scheduler's calls over both); each has a peer
+//     port of its own that it advertises in the leader Lease, so a non-leader passes binds on to the
+//     leader;
+//   - kube-scheduler is a host process (there is no registry for its image) running the
+//     KubeSchedulerConfiguration the chart ships (scheduler.mode=default, the ConfigMap read back
+//     from the API server), with scheduler.extenderURL naming the shared port instead of the
+//     Service's DNS name.
+//
+// The agent's host paths (data, run, lib dirs, CDI, NRI and pod-resources sockets) are the cluster's
+// private ones, set through the chart's values; only the kubelet's device-plugin directory is the
+// real one. The run dir is a shared tmpfs mount: its Bidirectional mount propagation requires it.
+func TestHelmInstall(t *testing.T) {
+	images := buildImages(t)
+	c := StartCluster(t, ClusterOptions{Bare: true})
+	t0 := time.Now()
+	step := func(what string) { t.Logf("helm install: %s (%.1fs)", what, time.Since(t0).Seconds()) }
+	const ns, release = "tessera-system", "tessera"
+	c.CP.CreateNamespace(t, ns)
+	for _, img := range images {
+		mustRun(t, 2*time.Minute, tool(t, "ctr"), "-a", c.Ctr.Socket, "-n", "k8s.io", "images", "import", img)
+	}
+	if out, err := c.Kubectl(t, "label", "node", c.Node, "nvidia.com/gpu.present=true"); err != nil {
+		t.Fatalf("label the GPU node: %v\n%s", err, out)
+	}
+	step("images imported")
+
+	h := newHelmHost(t, c)
+	helmCmd := func(args ...string) string {
+		t.Helper()
+		args = append(args, "--kubeconfig", c.Kubeconfig, "--namespace", ns)
+		if args[0] != "uninstall" {
+			args = append(args, h.values...)
+		}
+		out, err := helm(t, args...)
+		if err != nil {
+			t.Fatalf("helm %s: %v\n%s\n%s", args[0], err, out, h.diagnose(t, ns))
+		}
+		return out
+	}
+	// The scheduler comes first: it places the chart's own pods too (they ask for no GPU, so the
+	// extender is not called for them).
+	schedCfg := h.startScheduler(t, c, ns, release)
+	step("kube-scheduler running the chart's configuration")
+	helmCmd("install", release, helmChart(), "--wait", "--timeout", "100s")
+	step("helm install --wait done")
+	cm, err := c.CP.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), release+"-scheduler-config", metav1.GetOptions{})
+	if err != nil || strings.TrimSpace(cm.Data["config.yaml"]) != strings.TrimSpace(schedCfg) {
+		t.Errorf("the installed scheduler configuration (%v) differs from the rendered one the scheduler runs:\n%s\n---\n%s", err, cm.Data["config.yaml"], schedCfg)
+	}
+	h.waitAgent(t, c)
+	c.Inventory = h.inventory(t, c)
+	step("agent serving")
+
+	// The demo's workloads: one whole GPU, two shares with memory and compute caps.
+	shareLimits := map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "10Gi", api.ResourceShareCores: "30"}
+	c.CreatePod(t, TestPod("whole", map[string]string{api.ResourceGPU: "1"}, nil))
+	c.CreatePod(t, TestPod("share-a", shareLimits, nil))
+	c.CreatePod(t, TestPod("share-b", shareLimits, nil))
+	pods := c.WaitRunning(t, 2*time.Minute, "whole", "share-a", "share-b")
+	step("demo pods running")
+	for _, p := range pods {
+		a := c.Assignment(t, p)
+		if a == nil || len(a.Container("main").Devices) != 1 {
+			t.Fatalf("pod %s has no one-device assignment: %+v", p.Name, a)
+		}
+		if ev := c.Events(t, p.Name, "GPUAssigned"); len(ev) == 0 {
+			t.Errorf("no GPUAssigned Event for %s:\n%s", p.Name, c.Describe(t, p.Name))
+		}
+	}
+	for _, name := range []string{"share-a", "share-b"} {
+		out := c.MustExec(t, name, "cudaprobe info")
+		if info := probeValues(t, out, "device"); info["total_mem"] != 10<<30 {
+			t.Errorf("%s: CUDA reports %d bytes of GPU memory, want its 10Gi cap:\n%s", name, info["total_mem"], out)
+		}
+	}
+	// Both replicas serve the scheduler; a bind a non-leader gets is passed on to the leader. Calls
+	// spread by the kernel's hash of each new connection, so schedule a few more small pods until
+	// both have answered binds (each more pod halves the odds they have not).
+	for i := 0; !h.bindsOnBoth(t, c, ns) && i < 8; i++ {
+		name := fmt.Sprintf("extra-%d", i)
+		c.CreatePod(t, TestPod(name, map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "1Gi"}, nil))
+		c.WaitRunning(t, time.Minute, name)
+	}
+	replicas := h.extenderReplicas(t, c, ns)
+	for _, r := range replicas {
+		t.Logf("extender %s (leader %t, %s): binds ok=%d error=%d, filter ok=%d", r.pod, r.leader, r.url, r.binds["ok"], r.binds["error"], r.filters)
+		if r.binds["error"] != 0 {
+			t.Errorf("extender %s answered %d binds with an error", r.pod, r.binds["error"])
+		}
+		if r.binds["ok"] == 0 {
+			t.Errorf("extender %s answered no bind: the scheduler's calls did not reach both replicas", r.pod)
+		}
+	}
+	if len(replicas) != 2 {
+		t.Errorf("%d extender replicas serve, want 2", len(replicas))
+	}
+	step("binds through both extender replicas checked")
+
+	// helm upgrade with a changed agent value: a new agent pod; running pods keep their GPUs.
+	before := map[string]string{}
+	for _, p := range pods {
+		before[p.Name] = c.Pod(t, p.Name).Annotations[api.AnnotationAssignment]
+	}
+	ledgerBefore := c.LedgerEntries(t)
+	oldAgent := h.agentPod(t, c, ns)
+	helmCmd("upgrade", release, helmChart(), "--wait", "--timeout", "100s", "--set", "node.sharesPerGPU=10", "--set", "node.resources.requests.cpu=60m")
+	h.waitNewAgent(t, c, ns, oldAgent)
+	h.waitAgent(t, c)
+	// The kubelet marks a plugin's devices unhealthy when it goes, until the new agent's plugin
+	// lists them again: wait for the Node to offer what the running pods leave.
+	h.waitAllocatable(t, c, c.ExpectedAllocatable(t))
+	step("helm upgrade done, new agent pod serving")
+	for name, a := range before {
+		if got := c.Pod(t, name).Annotations[api.AnnotationAssignment]; got != a {
+			t.Errorf("%s: assignment changed across the upgrade:\n%s\n->\n%s", name, a, got)
+		}
+	}
+	if got := c.LedgerEntries(t); len(got) != len(ledgerBefore) {
+		t.Errorf("the ledger had %d entries before the upgrade, %d after:\n%s", len(ledgerBefore), len(got), c.Ledger(t))
+	}
+	c.MustExec(t, "share-a", "cudaprobe info")
+	c.CreatePod(t, TestPod("after-upgrade", map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "2Gi"}, nil))
+	c.WaitRunning(t, time.Minute, "after-upgrade")
+
+	// helm uninstall: the agent sees its DaemonSet deleted and removes what it put on the node. A
+	// share container still running keeps its GPU, library and region (bind-mounted).
+	helmCmd("uninstall", release, "--wait", "--timeout", "100s")
+	step("helm uninstall done")
+	h.waitNoAgent(t, c, ns)
+	if left := h.leftovers(t, c); len(left) > 0 {
+		t.Errorf("helm uninstall left on the node:\n  %s\n%s", strings.Join(left, "\n  "), h.diagnose(t, ns))
+	}
+	if out, err := c.Exec(t, "share-a", "main", "cudaprobe info"); err != nil || !strings.Contains(out, "total_mem=") {
+		t.Errorf("share-a's CUDA stopped working after the uninstall: %v\n%s", err, out)
+	}
+	step("node clean")
+}
+
+// helmHost is the node's side of the install: the private host paths and ports the values name.
+type helmHost struct {
+	c                          *Cluster
+	dataDir, runDir, libDir    string
+	agentAddr, extenderAddr    string
+	agentMetrics, extenderPort int
+	extenderMetrics            int
+	values                     []string
+	cdiDir                     string
+}
+
+func newHelmHost(t *testing.T, c *Cluster) *helmHost {
+	t.Helper()
+	h := &helmHost{c: c, dataDir: filepath.Join(c.Dir, "tessera-data"), runDir: filepath.Join(c.Dir, "tessera-run"),
+		libDir: filepath.Join(c.Dir, "tessera-lib"), cdiDir: c.Ctr.CDIDir,
+		agentMetrics: freePort(t), extenderPort: freePort(t), extenderMetrics: freePort(t)}
+	// The agent mounts each container's region (a tmpfs) under the run dir, and the mount must
+	// reach the host: a Bidirectional volume, which containerd allows only on a shared mount (as
+	// /run is on systemd hosts). containerd's teardown unmounts everything under c.Dir.
+	if err := os.MkdirAll(h.runDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	mustRun(t, time.Minute, "mount", "-t", "tmpfs", "-o", "size=64m,mode=0755", "tessera-run", h.runDir)
+	mustRun(t, time.Minute, "mount", "--make-shared", h.runDir)
+	h.agentAddr = fmt.Sprintf("127.0.0.1:%d", h.agentMetrics)
+	h.extenderAddr = fmt.Sprintf("127.0.0.1:%d", h.extenderPort)
+	c.AgentAddr, c.AgentDataDir = h.agentAddr, h.dataDir
+	apiPort, err := urlPort(c.CP.APIServerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := map[string]string{
+		"image.node.tag": "e2e", "image.extender.tag": "e2e", "image.pullPolicy": "Never",
+		"apiServer.host": "127.0.0.1", "apiServer.port": apiPort,
+		"node.backend": "sim", "node.hostNetwork": "true", "node.listenHost": "127.0.0.1",
+		"node.metricsPort": strconv.Itoa(h.agentMetrics),
+		"node.cdiDir":      c.Ctr.CDIDir, "node.nriSocket": c.Ctr.NRISocket,
+		"node.podResourcesDir": filepath.Dir(c.Kubelet.PodResourcesSocket),
+		"node.dataDir":         h.dataDir, "node.runDir": h.runDir, "node.libDir": h.libDir,
+		"extender.hostNetwork": "true", "extender.listenHost": "127.0.0.1",
+		"extender.port": strconv.Itoa(h.extenderPort), "extender.metricsPort": strconv.Itoa(h.extenderMetrics),
+		"scheduler.mode": "default", "scheduler.extenderURL": "http://" + h.extenderAddr,
+		"extender.networkPolicy.extraFrom[0].ipBlock.cidr": "127.0.0.1/32",
+	}
+	for k, v := range set {
+		h.values = append(h.values, "--set", k+"="+v)
+	}
+	return h
+}
+
+func urlPort(u string) (string, error) {
+	i := strings.LastIndex(u, ":")
+	if i < 0 {
+		return "", fmt.Errorf("no port in %s", u)
+	}
+	return u[i+1:], nil
+}
+
+// buildImages runs `make images` (the same build operators run) with the tag the test installs,
+// into a build directory of its own; Go's build cache makes repeated runs quick.
+func buildImages(t *testing.T) []string {
+	t.Helper()
+	bin := filepath.Join(os.TempDir(), "tessera-e2e-images")
+	cache := filepath.Dir(toolsDir())
+	out, err := runCmd(t, 8*time.Minute, "make", "-C", repoRoot(), "images", "BIN="+bin, "CACHE="+cache, "IMAGE_TAG=e2e")
+	if err != nil {
+		t.Fatalf("make images: %v\n%s", err, out)
+	}
+	return []string{filepath.Join(bin, "images", "tessera-node.tar"), filepath.Join(bin, "images", "tessera-extender.tar")}
+}
+
+// waitAgent waits until the agent pod's /healthz is ok and the node offers every GPU and share.
+func (h *helmHost) waitAgent(t *testing.T, c *Cluster) {
+	t.Helper()
+	err := waitFor(90*time.Second, 200*time.Millisecond, func() (bool, error) {
+		if !c.AgentHealthy() {
+			return false, fmt.Errorf("tessera-node /healthz at %s not ok", h.agentAddr)
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, h.diagnose(t, "tessera-system"))
+	}
+}
+
+// waitAllocatable waits until the Node's allocatable whole GPUs and shares are want.
+func (h *helmHost) waitAllocatable(t *testing.T, c *Cluster, want map[string]int64) {
+	t.Helper()
+	var got map[string]int64
+	err := waitFor(60*time.Second, 200*time.Millisecond, func() (bool, error) {
+		got = c.Allocatable(t)
+		for r, n := range want {
+			if got[r] != n {
+				return false, fmt.Errorf("allocatable %s = %d, want %d", r, got[r], n)
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("node %s after the upgrade: %v\n%s", c.Node, err, h.diagnose(t, "tessera-system"))
+	}
+}
+
+// inventory reads what the agent published on the Node.
+func (h *helmHost) inventory(t *testing.T, c *Cluster) *api.NodeInventory {
+	t.Helper()
+	n, err := c.CP.Client.CoreV1().Nodes().Get(context.Background(), c.Node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv, err := api.DecodeInventory([]byte(n.Annotations[api.AnnotationInventory]))
+	if err != nil {
+		t.Fatalf("the agent published no inventory: %v", err)
+	}
+	return inv
+}
+
+// startScheduler runs kube-scheduler on the host with the KubeSchedulerConfiguration the chart
+// ships (its ConfigMap, rendered with the install's values), adding only what a host process
+// needs: the kubeconfig and no leader election (one scheduler). It returns the chart's config.
+func (h *helmHost) startScheduler(t *testing.T, c *Cluster, ns, release string) string {
+	t.Helper()
+	out, err := helm(t, append([]string{"template", release, helmChart(), "--namespace", ns, "--show-only", "templates/scheduler.yaml"}, h.values...)...)
+	if err != nil {
+		t.Fatalf("helm template the scheduler configuration: %v\n%s", err, out)
+	}
+	var cm corev1.ConfigMap
+	if err := sigyaml.Unmarshal([]byte(strings.Split(out, "\n---")[0]), &cm); err != nil || cm.Kind != "ConfigMap" {
+		t.Fatalf("the chart's scheduler ConfigMap: %v\n%s", err, out)
+	}
+	var cfg map[string]any
+	if err := sigyaml.Unmarshal([]byte(cm.Data["config.yaml"]), &cfg); err != nil {
+		t.Fatalf("the chart's KubeSchedulerConfiguration: %v\n%s", err, cm.Data["config.yaml"])
+	}
+	if !strings.Contains(cm.Data["config.yaml"], "urlPrefix: http://"+h.extenderAddr) {
+		t.Fatalf("the chart's scheduler configuration does not call the extender at scheduler.extenderURL:\n%s", cm.Data["config.yaml"])
+	}
+	kc := c.CP.MintKubeconfig(t, "scheduler", CertSpec{CommonName: "system:kube-scheduler"})
+	cfg["clientConnection"] = map[string]any{"kubeconfig": kc}
+	cfg["leaderElection"] = map[string]any{"leaderElect": false}
+	raw, err := sigyaml.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(c.CP.Dir, "scheduler-config.yaml")
+	if err := os.WriteFile(path, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	port := freePort(t)
+	c.CP.Scheduler = c.CP.StartProcess(t, "kube-scheduler", tool(t, "kube-scheduler"), "--config="+path,
+		"--authentication-kubeconfig="+kc, "--authorization-kubeconfig="+kc,
+		"--bind-address=127.0.0.1", "--secure-port="+strconv.Itoa(port), "-v=2")
+	c.CP.waitHealthz(t, c.CP.Scheduler, port, "/readyz")
+	return cm.Data["config.yaml"]
+}
+
+// agentPod returns the name of the agent's pod (the DaemonSet's one pod on the node).
+func (h *helmHost) agentPod(t *testing.T, c *Cluster, ns string) string {
+	t.Helper()
+	l, err := c.CP.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=tessera-node"})
+	if err != nil || len(l.Items) != 1 {
+		t.Fatalf("want one tessera-node pod: %v %d\n%s", err, len(l.Items), h.diagnose(t, ns))
+	}
+	return l.Items[0].Name
+}
+
+// waitNewAgent waits until the agent pod that runs is not old (the DaemonSet rolled it).
+func (h *helmHost) waitNewAgent(t *testing.T, c *Cluster, ns, old string) {
+	t.Helper()
+	err := waitFor(90*time.Second, 200*time.Millisecond, func() (bool, error) {
+		l, err := c.CP.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=tessera-node"})
+		if err != nil {
+			return false, err
+		}
+		for _, p := range l.Items {
+			if p.Name == old {
+				return false, fmt.Errorf("the old agent pod %s is still there", old)
+			}
+			if p.Status.Phase == corev1.PodRunning {
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("no new agent pod running")
+	})
+	if err != nil {
+		t.Fatalf("helm upgrade did not replace the agent pod: %v\n%s", err, h.diagnose(t, ns))
+	}
+}
+
+// waitNoAgent waits until the agent's pod is gone (it has finished its cleanup then).
+func (h *helmHost) waitNoAgent(t *testing.T, c *Cluster, ns string) {
+	t.Helper()
+	err := waitFor(90*time.Second, 200*time.Millisecond, func() (bool, error) {
+		l, err := c.CP.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
+		if err != nil {
+			return false, err
+		}
+		if len(l.Items) > 0 {
+			return false, fmt.Errorf("%d pods left in %s (first %s)", len(l.Items), ns, l.Items[0].Name)
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("after helm uninstall: %v\n%s", err, h.diagnose(t, ns))
+	}
+}
+
+// leftovers lists what Tessera left on the node: CDI specs, device-plugin sockets, files in its
+// data, run and lib dirs (the folders themselves were the pods' hostPath volumes: the kubelet
+// made them, and the agent cannot remove a folder mounted into its own pod).
+func (h *helmHost) leftovers(t *testing.T, c *Cluster) []string {
+	t.Helper()
+	var left []string
+	globs := []string{filepath.Join(h.cdiDir, "*"), filepath.Join(KubeletDevicePluginDir, "tessera*")}
+	for _, d := range []string{h.dataDir, h.runDir, h.libDir} {
+		globs = append(globs, filepath.Join(d, "*"), filepath.Join(d, ".*"))
+	}
+	for _, g := range globs {
+		m, _ := filepath.Glob(g)
+		left = append(left, m...)
+	}
+	for _, m := range mountsUnder(h.runDir) {
+		left = append(left, "mount "+m)
+	}
+	return left
+}
+
+// extenderReplica is one extender pod as its own metrics port shows it.
+type extenderReplica struct {
+	pod, url string
+	leader   bool
+	binds    map[string]int
+	filters  int
+}
+
+// extenderReplicas reads each extender pod's metrics through its peer port, found in its log.
+func (h *helmHost) extenderReplicas(t *testing.T, c *Cluster, ns string) []extenderReplica {
+	t.Helper()
+	l, err := c.CP.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=tessera-extender"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []extenderReplica
+	advertise := regexp.MustCompile(`advertise"?[=:]"?(http://[0-9.:]+)`)
+	for _, p := range l.Items {
+		logs, _ := c.Kubectl(t, "-n", ns, "logs", p.Name)
+		m := advertise.FindStringSubmatch(logs)
+		if m == nil {
+			t.Fatalf("extender %s logged no advertised URL:\n%s", p.Name, logs)
+		}
+		r := extenderReplica{pod: p.Name, url: m[1], binds: map[string]int{}}
+		resp, err := http.Get(r.url + "/metrics")
+		if err != nil {
+			t.Fatalf("extender %s metrics at %s: %v", p.Name, r.url, err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		for _, line := range strings.Split(string(body), "\n") {
+			var verb, result string
+			var n int
+			if k, err := fmt.Sscanf(line, `tessera_extender_request_duration_seconds_count{result=%q,verb=%q} %d`, &result, &verb, &n); err == nil && k == 3 {
+				if verb == "bind" {
+					r.binds[result] += n
+				} else if verb == "filter" {
+					r.filters += n
+				}
+			}
+			if line == "tessera_extender_leader 1" {
+				r.leader = true
+			}
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// bindsOnBoth reports whether each extender replica has answered a bind.
+func (h *helmHost) bindsOnBoth(t *testing.T, c *Cluster, ns string) bool {
+	t.Helper()
+	rs := h.extenderReplicas(t, c, ns)
+	for _, r := range rs {
+		if r.binds["ok"]+r.binds["error"] == 0 {
+			return false
+		}
+	}
+	return len(rs) == 2
+}
+
+// diagnose summarises the release's pods, their events and logs, for failure messages.
+func (h *helmHost) diagnose(t *testing.T, ns string) string {
+	t.Helper()
+	var b strings.Builder
+	out, _ := h.c.Kubectl(t, "-n", ns, "get", "pods,daemonsets,deployments", "-o", "wide")
+	fmt.Fprintf(&b, "--- kubectl -n %s get pods,daemonsets,deployments\n%s\n", ns, out)
+	out, _ = h.c.Kubectl(t, "-n", ns, "get", "events", "--sort-by=.lastTimestamp")
+	fmt.Fprintf(&b, "--- events\n%s\n", tail(out, 30))
+	l, err := h.c.CP.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{})
+	if err == nil {
+		for _, p := range l.Items {
+			out, _ := h.c.Kubectl(t, "-n", ns, "logs", p.Name, "--all-containers", "--tail=25")
+			fmt.Fprintf(&b, "--- logs of %s\n%s\n", p.Name, out)
+		}
+	}
+	return b.String()
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
