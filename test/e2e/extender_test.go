@@ -129,7 +129,10 @@ func (s *extenderStack) addNode(t *testing.T, n gpuNode) *api.NodeInventory {
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
 		Name:        n.name,
 		Labels:      map[string]string{"kubernetes.io/hostname": n.name, api.LabelPool: n.pool, api.LabelGPUModel: "A100-SXM4-40GB"},
-		Annotations: map[string]string{api.AnnotationInventory: string(data)},
+		// The test plays the node agent: an inventory and a fresh heartbeat (the chart's extender
+		// config refuses nodes without one after inventoryMaxAge).
+		Annotations: map[string]string{api.AnnotationInventory: string(data),
+			api.AnnotationInventoryHeartbeat: time.Now().UTC().Format(time.RFC3339)},
 	}}
 	if _, err := s.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create node %s: %v", n.name, err)
