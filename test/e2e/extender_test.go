@@ -127,8 +127,8 @@ func (s *extenderStack) addNode(t *testing.T, n gpuNode) *api.NodeInventory {
 	}
 	ctx := context.Background()
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
-		Name:        n.name,
-		Labels:      map[string]string{"kubernetes.io/hostname": n.name, api.LabelPool: n.pool, api.LabelGPUModel: "A100-SXM4-40GB"},
+		Name:   n.name,
+		Labels: map[string]string{"kubernetes.io/hostname": n.name, api.LabelPool: n.pool, api.LabelGPUModel: "A100-SXM4-40GB"},
 		// The test plays the node agent: an inventory and a fresh heartbeat (the chart's extender
 		// config refuses nodes without one after inventoryMaxAge).
 		Annotations: map[string]string{api.AnnotationInventory: string(data),
