@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
 	"time"
@@ -36,10 +37,7 @@ func publisher(ctx context.Context, client kubernetes.Interface, nodeName string
 				meta["labels"] = map[string]string{api.LabelGPUModel: labelValue(inv.GPUs[0].Model)}
 			}
 		}
-		patch, _ := json.Marshal(map[string]any{"metadata": meta})
-		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		if _, err := client.CoreV1().Nodes().Patch(pctx, nodeName, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		if err := patchNodeMeta(ctx, client, nodeName, meta); err != nil {
 			slog.Error("publish inventory on the Node", "node", nodeName, "err", err)
 			return
 		}
@@ -48,6 +46,19 @@ func publisher(ctx context.Context, client kubernetes.Interface, nodeName string
 		}
 		last = string(data)
 	}
+}
+
+// patchNodeMeta merge-patches the Node's metadata (annotations, labels), bounded to 10 s so a slow API
+// server does not hold the caller's loop.
+func patchNodeMeta(ctx context.Context, client kubernetes.Interface, nodeName string, meta map[string]any) error {
+	patch, err := json.Marshal(map[string]any{"metadata": meta})
+	if err != nil {
+		return fmt.Errorf("encode the Node patch: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, err = client.CoreV1().Nodes().Patch(ctx, nodeName, types.MergePatchType, patch, metav1.PatchOptions{})
+	return err
 }
 
 // labelValue turns "NVIDIA A100-SXM4-40GB" into a label value "NVIDIA-A100-SXM4-40GB".
@@ -95,11 +106,8 @@ func publishHoldings(ctx context.Context, client kubernetes.Interface, nodeName 
 			if err != nil {
 				slog.Error("ledger holdings do not encode; not published", "err", err)
 			} else if string(data) != last {
-				patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{api.AnnotationHoldings: string(data)}}})
-				pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-				_, err := client.CoreV1().Nodes().Patch(pctx, nodeName, types.MergePatchType, patch, metav1.PatchOptions{})
-				cancel()
-				if err != nil {
+				meta := map[string]any{"annotations": map[string]string{api.AnnotationHoldings: string(data)}}
+				if err := patchNodeMeta(ctx, client, nodeName, meta); err != nil {
 					slog.Error("publish ledger holdings on the Node", "node", nodeName, "err", err)
 				} else {
 					last = string(data)
