@@ -201,19 +201,27 @@ static nvmlReturn_t procs(nvmlDevice_t d, fake_proc *out, int *n) {
         *n = FAKE_MAX_PROCS;
     return NVML_SUCCESS;
 }
-EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *count,
-                                                         nvmlProcessInfo_v1_t *infos) {
-    fake_proc p[FAKE_MAX_PROCS];
-    int n;
-    nvmlReturn_t r = procs(d, p, &n);
+/* procs for a caller's array of *count entries, as NVML sizes it: too small (or none while there are
+ * processes) answers INSUFFICIENT_SIZE with the count needed. */
+static nvmlReturn_t procs_fit(nvmlDevice_t d, fake_proc *out, int *n, unsigned int *count, int have_array) {
+    nvmlReturn_t r = procs(d, out, n);
     if (r != NVML_SUCCESS)
         return r;
     if (!count)
         return NVML_ERROR_INVALID_ARGUMENT;
-    if (*count < (unsigned)n || (n > 0 && !infos)) {
-        *count = (unsigned)n;
+    if (*count < (unsigned)*n || (*n > 0 && !have_array)) {
+        *count = (unsigned)*n;
         return NVML_ERROR_INSUFFICIENT_SIZE;
     }
+    return NVML_SUCCESS;
+}
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigned int *count,
+                                                         nvmlProcessInfo_v1_t *infos) {
+    fake_proc p[FAKE_MAX_PROCS];
+    int n;
+    nvmlReturn_t r = procs_fit(d, p, &n, count, infos != NULL);
+    if (r != NVML_SUCCESS)
+        return r;
     for (int i = 0; i < n; i++) {
         infos[i].pid = (unsigned)p[i].pid;
         infos[i].usedGpuMemory = p[i].used;
@@ -224,15 +232,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t d, unsigne
 static nvmlReturn_t procs_v2(nvmlDevice_t d, unsigned int *count, nvmlProcessInfo_t *infos) {
     fake_proc p[FAKE_MAX_PROCS];
     int n;
-    nvmlReturn_t r = procs(d, p, &n);
+    nvmlReturn_t r = procs_fit(d, p, &n, count, infos != NULL);
     if (r != NVML_SUCCESS)
         return r;
-    if (!count)
-        return NVML_ERROR_INVALID_ARGUMENT;
-    if (*count < (unsigned)n || (n > 0 && !infos)) {
-        *count = (unsigned)n;
-        return NVML_ERROR_INSUFFICIENT_SIZE;
-    }
     for (int i = 0; i < n; i++) {
         infos[i].pid = (unsigned)p[i].pid;
         infos[i].usedGpuMemory = p[i].used;
