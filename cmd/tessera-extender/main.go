@@ -201,7 +201,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		}()
 	}
 	reg := telemetry.NewRegistry("tessera-extender")
-	metrics := newExtenderMetrics(reg, leader, o.leaderElect)
+	metrics := newExtenderMetrics(reg, leader, o.leaderElect, x.Evaluations)
 	verbsHandler := x.Handler(synced.Load)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", telemetry.MetricsHandler(reg))

@@ -17,12 +17,21 @@ type extenderMetrics struct {
 	requests *prometheus.HistogramVec
 }
 
-func newExtenderMetrics(reg prometheus.Registerer, leader *atomic.Bool, leaderElect bool) *extenderMetrics {
+// evaluations reports the extender's node outcomes taken from its memo and evaluated afresh
+// (extender.Extender.Evaluations).
+func newExtenderMetrics(reg prometheus.Registerer, leader *atomic.Bool, leaderElect bool, evaluations func() (remembered, evaluated int64)) *extenderMetrics {
 	m := &extenderMetrics{requests: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "tessera_extender_request_duration_seconds", Buckets: telemetry.LatencyBuckets,
 		Help: "Time the extender took to answer kube-scheduler, by verb (filter, prioritize, bind) and result: ok, " +
 			"unschedulable (filter: no node fits) or error.",
 	}, []string{"verb", "result"})}
+	evalHelp := "Node evaluations of filter and prioritize, by outcome: remembered (the node and the pod's request " +
+		"shape unchanged since the last evaluation under the same typical-shape snapshot) or evaluated."
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tessera_extender_node_evaluations_total", Help: evalHelp,
+			ConstLabels: prometheus.Labels{"outcome": "remembered"}}, func() float64 { r, _ := evaluations(); return float64(r) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tessera_extender_node_evaluations_total", Help: evalHelp,
+			ConstLabels: prometheus.Labels{"outcome": "evaluated"}}, func() float64 { _, e := evaluations(); return float64(e) }))
 	reg.MustRegister(m.requests, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tessera_extender_leader",
 		Help: "1 while this replica holds the leader Lease and binds (always 1 without leader election).",

@@ -36,8 +36,8 @@ type Extender struct {
 	PickOne bool
 	// BindTimeout bounds one bind, lock wait included.
 	BindTimeout time.Duration
-	// lastEval carries Filter's scores to the Prioritize call of the same pod.
-	lastEval atomic.Pointer[filterEval]
+	// memo remembers evaluation outcomes per request shape and node (memo.go).
+	memo evalMemo
 }
 
 func (x *Extender) log() *slog.Logger {

@@ -3,7 +3,6 @@ package extender
 import (
 	"fmt"
 	"runtime"
-	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -35,11 +34,7 @@ func nodeNames(args *extenderv1.ExtenderArgs) []string {
 func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFilterResult {
 	pod := args.Pod
 	names := nodeNames(args)
-	refused := 0
-	if x.PickOne {
-		refused = len(names) // all but one node are refused: grow the map once
-	}
-	res := &extenderv1.ExtenderFilterResult{FailedNodes: make(extenderv1.FailedNodesMap, refused), FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}}
+	res := &extenderv1.ExtenderFilterResult{FailedNodes: extenderv1.FailedNodesMap{}, FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}}
 	if pod == nil {
 		res.Error = "filter: no pod in the request"
 		return res
@@ -78,12 +73,10 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 	verdict := make([]uint8, len(names))
 	reason := make([]string, len(names))
 	workers := runtime.GOMAXPROCS(0)
-	// Fitting nodes are scored right away, for the Prioritize call that follows (filterEval).
-	scs, snapshot := x.scoreContexts(workers)
-	states := make([]*placement.NodeState, len(names))
+	scs, tab := x.evalSetup(req, workers)
 	scores := make([]float64, len(names))
 	gens := make([]float64, len(names))
-	x.State.viewIndexed(names, workers, func(w, i int, n *placement.NodeState, missing string) {
+	x.State.viewIndexed(names, workers, func(w, i, slot int, n *placement.NodeState, missing string) {
 		switch {
 		case n == nil && req.WantsGPU():
 			verdict[i], reason[i] = failed, missing
@@ -91,33 +84,22 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 		case hasPool && n.Labels[api.LabelPool] != pool:
 			verdict[i], reason[i] = unresolvable, fmt.Sprintf("node is in GPU pool %q, pod asks for pool %q", n.Labels[api.LabelPool], pool)
 		default:
-			p, s, u := x.Engine.EvaluateScratch(scs[w], n, req, true)
-			if u != nil {
-				verdict[i], reason[i] = failed, u.Msg
-				if u.Unresolvable {
+			o := x.evaluate(tab, scs[w], slot, n, req, true)
+			if o.u != nil {
+				verdict[i], reason[i] = failed, o.u.Msg
+				if o.u.Unresolvable {
 					verdict[i] = unresolvable
 				}
 				return
 			}
-			states[i], scores[i], gens[i] = n, s, placementGeneration(n, &p)
+			scores[i], gens[i] = o.score, o.gen
 		}
 	})
 	ok := make([]string, 0, len(names))
-	var ev *filterEval
-	if pod.UID != "" && !x.PickOne { // with PickOne, Prioritize sees one node: nothing to carry over
-		ev = &filterEval{uid: pod.UID, req: req, snapshot: snapshot, entries: make([]evalEntry, 0, len(names))}
-	}
 	for i, name := range names {
 		switch verdict[i] {
 		case fits:
 			ok = append(ok, name)
-			if ev != nil {
-				e := evalEntry{state: states[i], score: scores[i], gen: gens[i]}
-				if e.state != nil {
-					e.version = e.state.Version()
-				}
-				ev.entries = append(ev.entries, e)
-			}
 		case failed:
 			res.FailedNodes[name] = reason[i]
 		case unresolvable:
@@ -125,14 +107,10 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 		}
 	}
 	if x.PickOne && len(ok) > 1 {
-		ok = x.keepBest(res, req, names, verdict, scores, gens)
+		ok = x.keepBest(req, names, verdict, scores, gens)
 	}
 	if x.PickOne && len(ok) == 1 && pod.UID != "" {
 		x.holdChoice(pod, req, ok[0])
-	}
-	if ev != nil {
-		ev.names = slices.Clone(ok)
-		x.lastEval.Store(ev)
 	}
 	x.finishFilter(args, res, ok)
 	if len(ok) == 0 && len(names) > 0 {
@@ -199,8 +177,11 @@ const choiceTTL = 15 * time.Second
 // keepBest reduces the fitting nodes to the policy's choice: the best score, then (experiment and
 // inference pods) the oldest GPU generation, then the smallest name, which is how the FGD paper's
 // simulator breaks ties. The kube-scheduler then has one node to bind, whatever its own scores and
-// random tie-breaking would prefer; the others are reported as fitting but not chosen.
-func (x *Extender) keepBest(res *extenderv1.ExtenderFilterResult, req *placement.Request, names []string, verdict []uint8, scores, gens []float64) []string {
+// random tie-breaking would prefer. The other fitting nodes are left out of the reply, not listed as
+// failed: the scheduler gives a node it does not hear of no status (kube-scheduler's
+// findNodesThatPassExtenders), and with one feasible node it skips scoring, so naming thousands of
+// nodes "fits, but not chosen" would only cost JSON on both sides (about 300 KB at 5,000 nodes).
+func (x *Extender) keepBest(req *placement.Request, names []string, verdict []uint8, scores, gens []float64) []string {
 	prefOld := req.Class == api.WorkloadExperiment || req.Class == api.WorkloadInference
 	best := -1
 	for i := range names {
@@ -217,12 +198,6 @@ func (x *Extender) keepBest(res *extenderv1.ExtenderFilterResult, req *placement
 			}
 		case names[i] < names[best]:
 			best = i
-		}
-	}
-	msg := "fits, but node " + names[best] + " is the placement policy's choice" // one string for all
-	for i, n := range names {
-		if verdict[i] == 0 && i != best {
-			res.FailedNodes[n] = msg
 		}
 	}
 	return []string{names[best]}

@@ -1,12 +1,9 @@
 package extender
 
 import (
-	"maps"
 	"math"
 	"runtime"
-	"slices"
 
-	"k8s.io/apimachinery/pkg/types"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -36,27 +33,14 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (*extenderv1.HostPr
 	gen := make([]float64, len(names))
 	fits := make([]bool, len(names))
 	workers := runtime.GOMAXPROCS(0)
-	scs, snapshot := x.scoreContexts(workers)
-	ev := x.lastEval.Load()
-	if ev != nil && (ev.uid != args.Pod.UID || ev.snapshot != snapshot || !sameRequest(ev.req, req) || !slices.Equal(ev.names, names)) {
-		ev = nil // another pod, shape snapshot or node list: evaluate afresh
-	}
-	x.State.viewIndexed(names, workers, func(w, i int, n *placement.NodeState, _ string) {
+	scs, tab := x.evalSetup(req, workers)
+	x.State.viewIndexed(names, workers, func(w, i, slot int, n *placement.NodeState, _ string) {
 		if n == nil {
 			return
 		}
-		if ev != nil {
-			if e := &ev.entries[i]; e.state == n && e.version == n.Version() {
-				raw[i], fits[i], gen[i] = e.score, true, e.gen
-				return
-			}
+		if o := x.evaluate(tab, scs[w], slot, n, req, false); o.u == nil {
+			raw[i], fits[i], gen[i] = o.score, true, o.gen
 		}
-		p, s, u := x.Engine.EvaluateScratch(scs[w], n, req, false)
-		if u != nil {
-			return
-		}
-		raw[i], fits[i] = s, true
-		gen[i] = placementGeneration(n, &p)
 	})
 	pol := normalise(raw, fits, false)
 	var pref []float64
@@ -73,49 +57,44 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (*extenderv1.HostPr
 	return &out, nil
 }
 
-// filterEval is what Filter computed for the pod's fitting nodes, for the Prioritize call that
-// follows it in the same scheduling cycle with the nodes Filter kept (names): per node, the score and
-// placement generation, valid while the node state is the same object at the same version and the
-// shape snapshot and the request are unchanged.
-type filterEval struct {
-	uid      types.UID
-	req      *placement.Request
-	snapshot *placement.FragCache
-	names    []string
-	entries  []evalEntry // by position in names
-}
-
-type evalEntry struct {
-	state      *placement.NodeState
-	version    uint64
-	score, gen float64
-}
-
-// scoreContexts returns one context per worker on one shape snapshot (scores stay comparable), and
-// the snapshot's identity (its cache).
-func (x *Extender) scoreContexts(workers int) ([]*placement.ScoreContext, *placement.FragCache) {
+// evalSetup returns one score context per worker on one shape snapshot (scores stay comparable)
+// and the request's memo table for that snapshot (nil for the random policy, whose outcomes must
+// not be remembered).
+func (x *Extender) evalSetup(req *placement.Request, workers int) ([]*placement.ScoreContext, *evalTable) {
 	sc0 := x.State.Shapes().ScoreContext()
 	scs := make([]*placement.ScoreContext, workers)
 	for w := range scs {
 		scs[w] = &placement.ScoreContext{Shapes: sc0.Shapes, Cache: sc0.Cache}
 	}
-	return scs, sc0.Cache
+	if x.Engine.PolicyFor(req).Name() == api.PolicyRandom {
+		return scs, nil
+	}
+	return scs, x.memo.table(sc0.Cache, req.Digest(), x.State.nodeSlots())
 }
 
-// sameRequest reports whether two parsed requests place the same way.
-func sameRequest(a, b *placement.Request) bool {
-	if a.CPUMilli != b.CPUMilli || a.MemMiB != b.MemMiB || a.Class != b.Class || a.Policy != b.Policy ||
-		!slices.Equal(a.Models, b.Models) || len(a.Containers) != len(b.Containers) {
-		return false
+// Evaluations counts the node outcomes filter and prioritize took from the evaluation memo and
+// those they evaluated (the memo's hit rate, for metrics).
+func (x *Extender) Evaluations() (remembered, evaluated int64) {
+	return x.memo.remembered.Load(), x.memo.evaluated.Load()
+}
+
+// evaluate is req's outcome on node n (in slot): remembered in t when n has not changed since,
+// else evaluated with sc and remembered.
+func (x *Extender) evaluate(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request, explain bool) *evalOutcome {
+	if o := t.lookup(slot, n, explain); o != nil {
+		x.memo.remembered.Add(1)
+		return o
 	}
-	for i := range a.Containers {
-		ca, cb := &a.Containers[i], &b.Containers[i]
-		if ca.Name != cb.Name || ca.Whole != cb.Whole || ca.Shares != cb.Shares || ca.Memory != cb.Memory ||
-			ca.MemoryPercent != cb.MemoryPercent || ca.Milli != cb.Milli || !maps.Equal(ca.MIG, cb.MIG) || !maps.Equal(ca.Mdev, cb.Mdev) {
-			return false
-		}
+	x.memo.evaluated.Add(1)
+	o := &evalOutcome{state: n, version: n.Version(), explained: explain}
+	p, s, u := x.Engine.EvaluateScratch(sc, n, req, explain)
+	if u != nil {
+		o.u = u
+	} else {
+		o.score, o.gen = s, placementGeneration(n, &p)
 	}
-	return true
+	t.store(slot, o)
+	return o
 }
 
 // placementGeneration is the newest compute capability among the GPUs a placement uses.

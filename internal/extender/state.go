@@ -40,8 +40,11 @@ type State struct {
 	// entries under a nodeGen (the scheduler sends the same lists again and again).
 	nodeGen  uint64
 	resolved resolveCache
-	ttl      time.Duration
-	now      func() time.Time
+	// slots is one more than the highest node slot handed out; freeSlots are those of deleted nodes.
+	slots     atomic.Int64
+	freeSlots []int
+	ttl       time.Duration
+	now       func() time.Time
 	// InventoryMaxAge, when positive, makes nodes whose inventory heartbeat is missing or older
 	// unusable (set before the informers start).
 	InventoryMaxAge time.Duration
@@ -69,6 +72,8 @@ type nodeEntry struct {
 	// heartbeatErr says which).
 	heartbeat    time.Time
 	heartbeatErr string
+	// slot is the entry's index in per-node tables (the evaluation memo); freed slots are reused.
+	slot int
 }
 
 // unusable says why placement must not use the node now ("" when it may): no entry, no valid
@@ -129,6 +134,9 @@ func NewState(ttl time.Duration, log *slog.Logger) *State {
 // Shapes returns the task-shape statistics of the pods seen so far (FGD's typical shapes).
 func (s *State) Shapes() *placement.ShapeStats { return s.shapes }
 
+// nodeSlots is the number of node slots handed out (per-node tables need this many).
+func (s *State) nodeSlots() int { return int(s.slots.Load()) }
+
 // UpsertNode records a node's labels and inventory; the node's GPU state is rebuilt when either changes.
 func (s *State) UpsertNode(node *corev1.Node) {
 	s.mu.Lock()
@@ -136,6 +144,11 @@ func (s *State) UpsertNode(node *corev1.Node) {
 	e := s.nodes[node.Name]
 	if e == nil {
 		e = &nodeEntry{name: node.Name, holders: map[types.UID]bool{}}
+		if k := len(s.freeSlots); k > 0 {
+			e.slot, s.freeSlots = s.freeSlots[k-1], s.freeSlots[:k-1]
+		} else {
+			e.slot = int(s.slots.Add(1) - 1)
+		}
 		s.nodes[node.Name] = e
 		s.nodeGen++
 	}
@@ -208,6 +221,7 @@ func (s *State) DeleteNode(name string) {
 			u.applied = false
 		}
 		delete(s.nodes, name)
+		s.freeSlots = append(s.freeSlots, e.slot)
 		s.nodeGen++
 	}
 }
@@ -552,20 +566,21 @@ func (s *State) View(names []string, f func(name string, n *placement.NodeState,
 // parallelMin is the node count from which viewIndexed spreads the work over GOMAXPROCS goroutines.
 const parallelMin = 512
 
-// viewIndexed is View for hot loops: f gets the worker number (0..workers-1, for per-worker scratch)
-// and the name's index, and runs on up to workers goroutines at once, all under one read lock.
-func (s *State) viewIndexed(names []string, workers int, f func(w, i int, n *placement.NodeState, missing string)) {
+// viewIndexed is View for hot loops: f gets the worker number (0..workers-1, for per-worker scratch),
+// the name's index and the node's slot (-1 when there is no node), and runs on up to workers
+// goroutines at once, all under one read lock.
+func (s *State) viewIndexed(names []string, workers int, f func(w, i, slot int, n *placement.NodeState, missing string)) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	entries := s.resolved.resolve(names, s.nodeGen, s.nodes)
 	now := s.now()
 	one := func(w, i int) {
 		if e := entries[i]; e != nil && e.inv != nil && s.InventoryMaxAge <= 0 {
-			f(w, i, e.state, "") // the common case, without the checks' call
+			f(w, i, e.slot, e.state, "") // the common case, without the checks' call
 		} else if why := s.unusable(e, now); why != "" {
-			f(w, i, nil, why)
+			f(w, i, -1, nil, why)
 		} else {
-			f(w, i, e.state, "")
+			f(w, i, e.slot, e.state, "")
 		}
 	}
 	if workers <= 1 || len(names) < parallelMin {

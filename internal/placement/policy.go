@@ -34,6 +34,11 @@ type ScoreContext struct {
 	lastCache   *FragCache
 	lastKey     fragKey
 	lastFrag    float64
+	// plan is Shapes compiled for fragmentation; stBefore (valid when haveStats) and stAfter are
+	// scratch part stats of lastNode and of a state after a placement.
+	plan              *fragPlan
+	stBefore, stAfter []partStats
+	haveStats         bool
 }
 
 // afterState returns the node as it would be after p (scratch memory, valid until the next call).

@@ -3,6 +3,7 @@ package placement
 import (
 	"math"
 	"math/bits"
+	"slices"
 	"sync"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -17,53 +18,9 @@ import (
 // too full for the task. The node's expected fragmentation weights this over the typical shapes by
 // popularity. Host memory plays no part in the reference's measure.
 
-// shapeFrag is the free compute (per-mille) of n that a task of shape r cannot use; hostMem makes host
-// memory a condition of fitting too (tessera's measure; the reference's ignores it).
-func shapeFrag(n *NodeState, r *Request, total int, hostMem bool) int {
-	if !r.WantsGPU() {
-		return total // frag.go GetNodePodFrag: MilliGpu == 0 is XL/XR, never Q3: every free GPU counts
-	}
-	if n.CPUMilli > 0 && n.UsedCPU+r.CPUMilli > n.CPUMilli {
-		return total // Q1 / Q4: lacks CPU
-	}
-	if hostMem && n.MemMiB > 0 && n.UsedMem+r.MemMiB > n.MemMiB {
-		return total
-	}
-	c := &r.Containers[0]
-	fit, rest := 0, 0
-	for i := range n.GPUs {
-		g := &n.GPUs[i]
-		var ok bool
-		if c.Whole > 0 {
-			ok = g.FreeWhole() && r.modelAllowed(g.Model)
-		} else {
-			ok = shareFits(g, r, c)
-		}
-		if ok {
-			fit++
-		} else {
-			rest += g.FreeMilli()
-		}
-	}
-	if fit < c.Whole+c.Shares {
-		return total // Q2 (or no access: no GPU of an allowed model fits)
-	}
-	return rest // Q3: the GPUs with less free compute than the task's share
-}
-
 // NodeFragmentation is FGD's expected fragmentation of n over the shapes (CPU-only shapes included,
 // host memory ignored), in per-mille of a GPU: frag.go NodeGpuShareFragAmountScore.
-func NodeFragmentation(n *NodeState, shapes []Shape) float64 {
-	total := n.FreeMilli()
-	if total == 0 {
-		return 0
-	}
-	f := 0.0
-	for i := range shapes {
-		f += shapes[i].Weight * float64(shapeFrag(n, &shapes[i].Req, total, false))
-	}
-	return f
-}
+func NodeFragmentation(n *NodeState, shapes []Shape) float64 { return fragmentation(n, shapes, false) }
 
 // NodeFragmentationFed is tessera's multi-resource fragmentation: for every GPU shape, at least the
 // node's stranded GPU compute is a fragment. Stranded is the free compute beyond what the node's free
@@ -73,11 +30,7 @@ func NodeFragmentation(n *NodeState, shapes []Shape) float64 {
 // balanced node) has none. CPU-only shapes are left out: every free GPU is a fragment to them wherever
 // a pod goes.
 func NodeFragmentationFed(n *NodeState, shapes []Shape) float64 {
-	total := n.FreeMilli()
-	if total == 0 {
-		return 0
-	}
-	return nodeFragmentationFed(n, shapes, stranded(n, shapes, total))
+	return fragmentation(n, shapes, true)
 }
 
 // stranded is the free GPU compute of n that its free CPU and memory cannot feed at the ratio of the
@@ -112,23 +65,6 @@ func canUseModel(n *NodeState, r *Request) bool {
 		}
 	}
 	return false
-}
-
-// nodeFragmentationFed weights max(floor, the shape's fragmentation) over the GPU shapes.
-func nodeFragmentationFed(n *NodeState, shapes []Shape, floor float64) float64 {
-	total := n.FreeMilli()
-	if total == 0 {
-		return 0
-	}
-	f := 0.0
-	for i := range shapes {
-		s := &shapes[i]
-		if len(s.Req.Containers) == 0 || !s.Req.WantsGPU() {
-			continue
-		}
-		f += s.Weight * max(floor, float64(shapeFrag(n, &s.Req, total, true)))
-	}
-	return f
 }
 
 // fragKey identifies a node state for the fragmentation cache (nodes of up to 8 GPUs): the
@@ -236,30 +172,77 @@ func (sc *ScoreContext) stateKey(variant uint8, n *NodeState, k *fragKey) bool {
 	return true
 }
 
-// fragBeforeAfter returns f(n) and f(n after p), memoised when possible. The state key after p is
-// derived from n's by changing only the GPUs p touches, so a cached placement costs one lookup and no
-// copy of the node; n's own key and value are remembered for the node's next candidate.
-func (sc *ScoreContext) fragBeforeAfter(variant uint8, n *NodeState, r *Request, p *Placement, f func(*NodeState) float64) (float64, float64) {
-	if sc.Cache == nil || n.TypeID == 0 || len(n.GPUs) > 8 {
-		return f(n), f(sc.afterState(n, r, p))
+// fragBeforeAfter returns the fragmentation (fed: tessera's) of n and of n after p, memoised when
+// possible. The state key after p is derived from n's by changing only the GPUs p touches, so a cached
+// placement costs one lookup and no copy of the node; n's own key, value and part stats are
+// remembered for the node's next candidate, and an uncached after-state re-tests only the GPUs p
+// touches (fragPlan).
+func (sc *ScoreContext) fragBeforeAfter(variant uint8, n *NodeState, r *Request, p *Placement) (float64, float64) {
+	fed := variant == 2
+	if !sc.plan.compiledFor(sc.Shapes) {
+		sc.plan = compileFragPlan(sc.Shapes)
+		sc.lastNode = nil
 	}
+	pl := sc.plan
+	keyed := sc.Cache != nil && n.TypeID != 0 && len(n.GPUs) <= 8
 	if sc.lastNode != n || sc.lastVariant != variant || sc.lastCache != sc.Cache {
-		sc.stateKey(variant, n, &sc.lastKey)
-		v, ok := sc.Cache.get(&sc.lastKey)
-		if !ok {
-			v = f(n)
-			sc.Cache.put(&sc.lastKey, v)
+		sc.lastNode, sc.lastVariant, sc.lastCache, sc.haveStats = n, variant, sc.Cache, false
+		v, ok := 0.0, false
+		if keyed {
+			sc.stateKey(variant, n, &sc.lastKey)
+			v, ok = sc.Cache.get(&sc.lastKey)
 		}
-		sc.lastNode, sc.lastVariant, sc.lastCache, sc.lastFrag = n, variant, sc.Cache, v
+		if !ok {
+			v = pl.frag(n, sc.beforeStats(n), fed)
+			if keyed {
+				sc.Cache.put(&sc.lastKey, v)
+			}
+		}
+		sc.lastFrag = v
 	}
-	k := sc.lastKey
-	afterKey(&k, n, r, p)
-	if v, ok := sc.Cache.get(&k); ok {
-		return sc.lastFrag, v
+	var k fragKey
+	if keyed {
+		k = sc.lastKey
+		afterKey(&k, n, r, p)
+		if v, ok := sc.Cache.get(&k); ok {
+			return sc.lastFrag, v
+		}
 	}
-	v := f(sc.afterState(n, r, p))
-	sc.Cache.put(&k, v)
+	before := sc.beforeStats(n)
+	after := sc.afterState(n, r, p)
+	sc.stAfter = slices.Grow(sc.stAfter[:0], len(pl.parts))[:len(pl.parts)]
+	if touched, ok := touchedGPUs(p); ok {
+		pl.statsAfter(n, after, touched, before, sc.stAfter)
+	} else {
+		pl.stats(after, sc.stAfter)
+	}
+	v := pl.frag(after, sc.stAfter, fed)
+	if keyed {
+		sc.Cache.put(&k, v)
+	}
 	return sc.lastFrag, v
+}
+
+// beforeStats returns the part stats of n (sc.lastNode), computed once per node.
+func (sc *ScoreContext) beforeStats(n *NodeState) []partStats {
+	if !sc.haveStats {
+		sc.stBefore = slices.Grow(sc.stBefore[:0], len(sc.plan.parts))[:len(sc.plan.parts)]
+		sc.plan.stats(n, sc.stBefore)
+		sc.haveStats = true
+	}
+	return sc.stBefore
+}
+
+// touchedGPUs is the set of GPUs p places on (false: a GPU index beyond the mask's 64).
+func touchedGPUs(p *Placement) (uint64, bool) {
+	var m uint64
+	for _, d := range p.Devices {
+		if d.GPU >= 64 {
+			return 0, false
+		}
+		m |= 1 << d.GPU
+	}
+	return m, true
 }
 
 // afterKey turns n's state key into the key of n after p (what NodeState.Apply would do to the key).
@@ -281,27 +264,12 @@ func afterKey(k *fragKey, n *NodeState, r *Request, p *Placement) {
 	}
 }
 
-// fragOf returns f(n), memoised when possible.
-func (sc *ScoreContext) fragOf(variant uint8, n *NodeState, f func(*NodeState) float64) float64 {
-	var k fragKey
-	if sc.Cache == nil || !sc.stateKey(variant, n, &k) {
-		return f(n)
-	}
-	if v, ok := sc.Cache.get(&k); ok {
-		return v
-	}
-	v := f(n)
-	sc.Cache.put(&k, v)
-	return v
-}
-
 // fgdPolicy is FGD: the placement that increases the node's expected fragmentation least.
 type fgdPolicy struct{}
 
 func (fgdPolicy) Name() string { return api.PolicyFGD }
 func (fgdPolicy) Score(sc *ScoreContext, n *NodeState, r *Request, p *Placement) float64 {
-	frag := func(x *NodeState) float64 { return NodeFragmentation(x, sc.Shapes) }
-	before, after := sc.fragBeforeAfter(1, n, r, p, frag)
+	before, after := sc.fragBeforeAfter(1, n, r, p)
 	// The paper's implementation squashes the gain (in GPUs) through a sigmoid into an integer
 	// 0..100 node score; the truncation makes near-equal placements tie (broken at random), which
 	// the published numbers include, so the baseline keeps it.

@@ -30,8 +30,7 @@ type tesseraPolicy struct{}
 
 func (tesseraPolicy) Name() string { return api.PolicyTessera }
 func (tesseraPolicy) Score(sc *ScoreContext, n *NodeState, r *Request, p *Placement) float64 {
-	frag := func(x *NodeState) float64 { return NodeFragmentationFed(x, sc.Shapes) }
-	before, after := sc.fragBeforeAfter(2, n, r, p, frag)
+	before, after := sc.fragBeforeAfter(2, n, r, p)
 	gain := math.Trunc(100 / (1 + math.Exp(-(before-after)/MilliPerGPU)))
 	return gain - 1e-3*gpuTightnessAfter(n, p)
 }

@@ -1,6 +1,10 @@
 package placement
 
-import "slices"
+import (
+	"encoding/binary"
+	"maps"
+	"slices"
+)
 
 // ContainerShape is the GPU need of one container in placement units.
 type ContainerShape struct {
@@ -63,4 +67,41 @@ func (r *Request) WantsGPU() bool {
 // modelAllowed reports whether a GPU model satisfies the request's model constraint.
 func (r *Request) modelAllowed(model string) bool {
 	return len(r.Models) == 0 || slices.Contains(r.Models, model)
+}
+
+// Digest is an exact encoding of everything placement reads of the request (not its Key): two
+// requests with one digest place and score the same way on the same node and shapes, so outcomes
+// can be remembered per digest (the extender's evaluation memo).
+func (r *Request) Digest() string {
+	b := make([]byte, 0, 64)
+	str := func(s string) { b = binary.AppendUvarint(b, uint64(len(s))); b = append(b, s...) }
+	num := func(v int64) { b = binary.AppendVarint(b, v) }
+	counts := func(m map[string]int) {
+		num(int64(len(m)))
+		for _, k := range slices.Sorted(maps.Keys(m)) {
+			str(k)
+			num(int64(m[k]))
+		}
+	}
+	num(r.CPUMilli)
+	num(r.MemMiB)
+	str(r.Class)
+	str(r.Policy)
+	num(int64(len(r.Models)))
+	for _, m := range r.Models {
+		str(m)
+	}
+	num(int64(len(r.Containers)))
+	for i := range r.Containers {
+		c := &r.Containers[i]
+		str(c.Name) // Unfit messages name the container
+		num(int64(c.Whole))
+		num(int64(c.Shares))
+		num(c.Memory)
+		num(int64(c.MemoryPercent))
+		num(int64(c.Milli))
+		counts(c.MIG)
+		counts(c.Mdev)
+	}
+	return string(b)
 }

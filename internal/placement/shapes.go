@@ -101,10 +101,11 @@ func (s *ShapeStats) Total() int {
 // ScoreContext returns a context for one goroutine's scoring with the current typical shapes and
 // the fragmentation cache shared by every context of this snapshot (safe for concurrent use).
 func (s *ShapeStats) ScoreContext() *ScoreContext {
-	shapes := s.Typical()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return &ScoreContext{Shapes: shapes, Cache: s.cache}
+	// One lock for both: a snapshot rebuilt in between would pair these shapes with the next
+	// snapshot's cache (and memo), which would then hold values of the wrong shapes.
+	return &ScoreContext{Shapes: s.typicalLocked(), Cache: s.cache}
 }
 
 // Typical returns the most frequent shapes covering TypicalCoverage of observed pods, weights summing
@@ -112,6 +113,10 @@ func (s *ShapeStats) ScoreContext() *ScoreContext {
 func (s *ShapeStats) Typical() []Shape {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.typicalLocked()
+}
+
+func (s *ShapeStats) typicalLocked() []Shape {
 	if s.changes == 0 || (s.typical != nil && float64(s.changes) < refreshFraction*float64(s.total)) {
 		return s.typical
 	}

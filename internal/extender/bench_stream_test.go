@@ -1,0 +1,175 @@
+package extender
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"sort"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/placement/simulate"
+)
+
+// streamTrace is the openb default trace (../shared/data beside the checkout; the benchmark fails
+// without it, it does not skip).
+const streamTrace = "../../../shared/data/openb/"
+
+// BenchmarkSchedulingStream is the extender's side of scheduling a stream of pods on a 5,000-node x
+// 8-GPU cluster (96 CPUs and 768 GiB per node) through its HTTP handler, as the kube-scheduler drives
+// it with the chart's settings (nodeCacheCapable, --filter-pick-one). The pods are the openb default
+// trace's GPU pods in the seed-42 arrival order (its 126 request shapes with their CPU and memory;
+// shares get GPU memory in proportion to their compute, GPU-model restrictions are dropped as the
+// cluster has one model). Untimed, the cluster is first filled to half its GPU compute with the same
+// pods on random nodes, so nearly every node is in its own state and the typical shapes are the
+// trace's. Then one op is one pod's Filter over every node (JSON in and out); Prioritize is not
+// called, as the scheduler skips scoring when one node is feasible. After each Filter the choice is
+// bound (the assigned pod reaches the state as the informer would deliver it) and the oldest pod is
+// deleted, so the load stays where it is and every op sees the last binds and deletions. Every cost
+// is in the numbers: request shapes met for the first time, shape snapshots rebuilt as the counts
+// drift, memo evictions.
+func BenchmarkSchedulingStream(b *testing.B) {
+	nodes, err := simulate.LoadNodes(streamTrace + "openb_node_list_gpu_node.csv")
+	if err != nil {
+		b.Fatal(err)
+	}
+	pods, err := simulate.LoadPods(streamTrace + "openb_pod_list_default.csv")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var stream []*corev1.Pod
+	for i, p := range simulate.NewCluster(nodes, pods).Arrivals(42, 1.3) {
+		if p.NumGPU > 0 {
+			stream = append(stream, streamPod(fmt.Sprintf("stream-%05d", i), &p))
+		}
+	}
+	x := newTestExtender(b, api.PolicyTessera)
+	names := make([]string, 5000)
+	for i := range names {
+		names[i] = fmt.Sprintf("node-%05d", i)
+		node := testNode(testInventory(names[i], i, 8, "A100"), nil)
+		node.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("96"), corev1.ResourceMemory: resource.MustParse("768Gi")}
+		x.State.UpsertNode(node)
+	}
+	var placed []types.UID
+	rng := rand.New(rand.NewPCG(42, 5000))
+	next := 0
+	for milli, want := 0, 5000*8*placement.MilliPerGPU/2; milli < want; next++ {
+		pod := stream[next%len(stream)].DeepCopy()
+		pod.UID = types.UID(fmt.Sprintf("fill-%d", next))
+		req, _ := RequestFromPod(pod, x.Class)
+		for try := 0; try < 8; try++ {
+			if node := names[rng.IntN(len(names))]; streamBind(x, pod, node) == nil {
+				placed = append(placed, pod.UID)
+				milli += req.GPUMilli()
+				break
+			}
+		}
+	}
+	x.PickOne = true
+	h := x.Handler(nil)
+	b.Run("steady", func(b *testing.B) { streamOps(b, x, h, names, stream, next, &placed, false) })
+	b.Run("cold", func(b *testing.B) { streamOps(b, x, h, names, stream, next, &placed, true) })
+}
+
+// streamOps times b.N pods of the stream from next on; cold clears the evaluation memo before each
+// (a request shape not seen before, or the first pod of each shape after a new shape snapshot).
+func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream []*corev1.Pod, next int, placed *[]types.UID, cold bool) {
+	var d []time.Duration
+	unschedulable := 0
+	runtime.GC()
+	cpu0 := cpuTime()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		pod := stream[(next+i)%len(stream)].DeepCopy()
+		pod.UID = types.UID(fmt.Sprintf("%s-%d", pod.Name, i))
+		body, err := json.Marshal(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if cold {
+			x.memo.reset()
+		}
+		start := time.Now()
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/filter", bytes.NewReader(body)))
+		d = append(d, time.Since(start))
+		var fr extenderv1.ExtenderFilterResult
+		if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &fr) != nil || fr.Error != "" {
+			b.Fatalf("filter: %d %s", rec.Code, rec.Body.String())
+		}
+		b.StopTimer()
+		if fr.NodeNames == nil || len(*fr.NodeNames) == 0 {
+			unschedulable++
+		} else {
+			if err := streamBind(x, pod, (*fr.NodeNames)[0]); err != nil {
+				b.Fatal(err)
+			}
+			*placed = append(*placed, pod.UID)
+			x.State.DeletePod((*placed)[0])
+			*placed = (*placed)[1:]
+		}
+		b.StartTimer()
+	}
+	b.StopTimer()
+	reportP99(b, d, cpuTime()-cpu0)
+	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
+	b.ReportMetric(float64(d[len(d)*999/1000].Microseconds())/1000, "p99.9-ms")
+	b.ReportMetric(float64(d[len(d)-1].Microseconds())/1000, "max-ms")
+	b.ReportMetric(float64(unschedulable)/float64(b.N), "unschedulable/op")
+}
+
+// streamBind binds pod to node as the extender's bind would decide it (the policy's placement on
+// the node) and hands the assigned pod to the state, as the informer would.
+func streamBind(x *Extender, pod *corev1.Pod, node string) error {
+	req, err := RequestFromPod(pod, x.Class)
+	if err != nil {
+		return err
+	}
+	x.State.Unreserve(pod.UID)
+	var a *api.PodAssignment
+	x.State.View([]string{node}, func(_ string, n *placement.NodeState, _ string) {
+		if p, _, u := x.Engine.Evaluate(x.State.Shapes().ScoreContext(), n, req); u == nil {
+			a = BuildAssignment(n, req, &p)
+		}
+	})
+	if a == nil {
+		return fmt.Errorf("bind %s: node %s does not fit", pod.Name, node)
+	}
+	raw, err := api.EncodeAssignment(a)
+	if err != nil {
+		return err
+	}
+	pod.Annotations[api.AnnotationAssignment] = string(raw)
+	pod.Labels[api.LabelAssignedNode] = node
+	pod.Spec.NodeName = node
+	x.State.UpsertPod(pod, x.Class)
+	return nil
+}
+
+// streamPod is a trace pod as a Kubernetes pod: whole GPUs, or one share with the trace's compute
+// and GPU memory in proportion to it (the trace has no GPU memory column), plus CPU and memory.
+func streamPod(name string, p *simulate.Pod) *corev1.Pod {
+	var pod *corev1.Pod
+	if p.GPUMilli >= 1000 {
+		pod = wholePod(name, p.NumGPU)
+	} else {
+		pod = sharePod(name, 1, max(1, (p.GPUMilli*16+999)/1000), max(1, p.GPUMilli/10))
+	}
+	pod.Spec.Containers[0].Resources.Requests = corev1.ResourceList{
+		corev1.ResourceCPU:    *resource.NewMilliQuantity(p.CPUMilli, resource.DecimalSI),
+		corev1.ResourceMemory: *resource.NewQuantity(p.MemMiB<<20, resource.BinarySI),
+	}
+	return pod
+}

@@ -1,0 +1,155 @@
+package extender
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/apimachinery/pkg/types"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+func memoNode(name string, id, gpus int, cpu string) *corev1.Node {
+	n := testNode(testInventory(name, id, gpus, "A100"), nil)
+	n.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu), corev1.ResourceMemory: resource.MustParse("256Gi")}
+	return n
+}
+
+func withCPU(p *corev1.Pod, cpu string) *corev1.Pod {
+	p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu)}
+	return p
+}
+
+// TestMemoEvaluatesOnlyChangedNodes: a second pod of one request shape is evaluated only on the
+// nodes that changed since the first (here the node the first was bound to); a new shape snapshot
+// evaluates every node again.
+func TestMemoEvaluatesOnlyChangedNodes(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	names := []string{"a", "b", "c"}
+	for i, n := range names {
+		x.State.UpsertNode(memoNode(n, i, 4, "32"))
+	}
+	// Pending pods the typical shapes are learned from; with 300 known, one more pod does not
+	// rebuild the snapshot (placement.ShapeStats refreshes after 2% of changes).
+	pending := func(from, to int) {
+		for i := from; i < to; i++ {
+			x.State.UpsertPod(withCPU(sharePod(fmt.Sprintf("pending-%d", i), 1, 2, 20), "1"), x.Class)
+		}
+	}
+	pending(0, 300)
+	filter := func(pod *corev1.Pod) (remembered, evaluated int64, fit []string) {
+		r0, e0 := x.Evaluations()
+		fr := x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+		r1, e1 := x.Evaluations()
+		return r1 - r0, e1 - e0, *fr.NodeNames
+	}
+	if r, e, _ := filter(withCPU(wholePod("p1", 1), "4")); r != 0 || e != 3 {
+		t.Fatalf("first pod: %d remembered, %d evaluated; want 0, 3", r, e)
+	}
+	if r, e, _ := filter(withCPU(wholePod("p2", 1), "4")); r != 3 || e != 0 {
+		t.Fatalf("same shape, nothing changed: %d remembered, %d evaluated; want 3, 0", r, e)
+	}
+	// Bind a pod that leaves b without room for the shape: b alone is evaluated again, and refused.
+	if err := streamBind(x, withCPU(wholePod("big", 4), "30"), "b"); err != nil {
+		t.Fatal(err)
+	}
+	r, e, fit := filter(withCPU(wholePod("p3", 1), "4"))
+	if r != 2 || e != 1 || slices.Contains(fit, "b") {
+		t.Fatalf("after a bind on b: %d remembered, %d evaluated, fit %v; want 2, 1, without b", r, e, fit)
+	}
+	// Another CPU request is another shape: evaluated afresh.
+	if r, e, _ := filter(withCPU(wholePod("p4", 1), "5")); r != 0 || e != 3 {
+		t.Fatalf("another shape: %d remembered, %d evaluated; want 0, 3", r, e)
+	}
+	// Enough new pods move the typical shapes: the snapshot is rebuilt and nothing is remembered.
+	pending(300, 320)
+	if r, e, _ := filter(withCPU(wholePod("p5", 1), "4")); r != 0 || e != 3 {
+		t.Fatalf("after a new shape snapshot: %d remembered, %d evaluated; want 0, 3", r, e)
+	}
+}
+
+// TestMemoAgreesWithFreshEvaluation replays random binds, deletions, node updates (a GPU turned
+// unhealthy, a node removed and added again, so slots are reused) and filter/prioritize calls of a
+// few request shapes (filter or prioritize first), and checks each answer against the same call with the memo cleared.
+func TestMemoAgreesWithFreshEvaluation(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	rng := rand.New(rand.NewPCG(11, 12))
+	var names []string
+	for i := range 24 {
+		names = append(names, fmt.Sprintf("n%02d", i))
+		x.State.UpsertNode(memoNode(names[i], i, 4, "24"))
+	}
+	shapes := []func(string) *corev1.Pod{
+		func(n string) *corev1.Pod { return withCPU(wholePod(n, 1), "4") },
+		func(n string) *corev1.Pod { return withCPU(wholePod(n, 2), "8") },
+		func(n string) *corev1.Pod { return withCPU(sharePod(n, 1, 4, 30), "2") },
+		func(n string) *corev1.Pod { return withCPU(sharePod(n, 2, 2, 20), "2") },
+	}
+	for i := range 300 { // learned shapes that one change does not rebuild (see above)
+		x.State.UpsertPod(withCPU(sharePod(fmt.Sprintf("pending-%d", i), 1, 2, 20), "1"), x.Class)
+	}
+	var placed []types.UID
+	remembered := int64(0)
+	for step := range 400 {
+		switch k := rng.IntN(10); {
+		case k < 5:
+			pod := shapes[rng.IntN(len(shapes))](fmt.Sprintf("b%d", step))
+			if streamBind(x, pod, names[rng.IntN(len(names))]) == nil {
+				placed = append(placed, pod.UID)
+			}
+		case k < 7 && len(placed) > 0:
+			i := rng.IntN(len(placed))
+			x.State.DeletePod(placed[i])
+			placed = slices.Delete(placed, i, i+1)
+		case k < 8:
+			i := rng.IntN(len(names))
+			inv := testInventory(names[i], i, 4, "A100")
+			inv.GPUs[rng.IntN(4)].Healthy = rng.IntN(2) == 0
+			node := memoNode(names[i], i, 4, "24")
+			raw, _ := api.EncodeInventory(inv)
+			node.Annotations[api.AnnotationInventory] = string(raw)
+			x.State.UpsertNode(node)
+		case k < 9:
+			i := rng.IntN(len(names))
+			x.State.DeleteNode(names[i])
+			x.State.UpsertNode(memoNode(names[i], i, 4, "24"))
+		}
+		pod := shapes[rng.IntN(len(shapes))](fmt.Sprintf("q%d", step))
+		args := &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}
+		r0, _ := x.Evaluations()
+		var got *extenderv1.ExtenderFilterResult
+		var gotP *extenderv1.HostPriorityList
+		var err error
+		if step%2 == 0 { // prioritize first: its outcomes carry no Unfit messages, filter's must
+			gotP, err = x.Prioritize(args)
+			got = x.Filter(args)
+		} else {
+			got = x.Filter(args)
+			gotP, err = x.Prioritize(args)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		r1, _ := x.Evaluations()
+		remembered += r1 - r0
+		x.memo.reset()
+		want := x.Filter(args)
+		wantP, _ := x.Prioritize(args)
+		if !slices.Equal(*got.NodeNames, *want.NodeNames) || !maps.Equal(got.FailedNodes, want.FailedNodes) ||
+			!maps.Equal(got.FailedAndUnresolvableNodes, want.FailedAndUnresolvableNodes) {
+			t.Fatalf("step %d: filter with the memo %v %v, fresh %v %v", step, *got.NodeNames, got.FailedNodes, *want.NodeNames, want.FailedNodes)
+		}
+		if !slices.Equal(*gotP, *wantP) {
+			t.Fatalf("step %d: prioritize with the memo %v, fresh %v", step, *gotP, *wantP)
+		}
+	}
+	if remembered == 0 {
+		t.Fatal("the memo never answered: the comparison proved nothing")
+	}
+}

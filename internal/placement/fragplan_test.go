@@ -1,0 +1,197 @@
+package placement
+
+import (
+	"math/rand/v2"
+	"reflect"
+	"testing"
+)
+
+// naiveShapeFrag is the fragmentation of one shape as frag.go GetNodePodFrag states it, one GPU
+// test per shape and GPU (what fragPlan computes by parts and derives for after-states).
+func naiveShapeFrag(n *NodeState, r *Request, total int, hostMem bool) int {
+	if !r.WantsGPU() {
+		return total
+	}
+	if n.CPUMilli > 0 && n.UsedCPU+r.CPUMilli > n.CPUMilli {
+		return total
+	}
+	if hostMem && n.MemMiB > 0 && n.UsedMem+r.MemMiB > n.MemMiB {
+		return total
+	}
+	c := &r.Containers[0]
+	fit, rest := 0, 0
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		ok := shareFits(g, r, c)
+		if c.Whole > 0 {
+			ok = g.FreeWhole() && r.modelAllowed(g.Model)
+		}
+		if ok {
+			fit++
+		} else {
+			rest += g.FreeMilli()
+		}
+	}
+	if fit < c.Whole+c.Shares {
+		return total
+	}
+	return rest
+}
+
+func naiveFragmentation(n *NodeState, shapes []Shape, fed bool) float64 {
+	total := n.FreeMilli()
+	if total == 0 {
+		return 0
+	}
+	f := 0.0
+	floor := 0.0
+	if fed {
+		floor = stranded(n, shapes, total)
+	}
+	for i := range shapes {
+		r := &shapes[i].Req
+		if fed && !r.WantsGPU() {
+			continue
+		}
+		v := float64(naiveShapeFrag(n, r, total, fed))
+		if fed {
+			v = max(floor, v)
+		}
+		f += shapes[i].Weight * v
+	}
+	return f
+}
+
+func randomPlanNode(rng *rand.Rand) *NodeState {
+	n := &NodeState{CPUMilli: 64000, MemMiB: 1 << 20, UsedCPU: int64(rng.IntN(64000)), UsedMem: int64(rng.IntN(1 << 20))}
+	for g := 0; g < 1+rng.IntN(8); g++ {
+		gs := GPUState{Index: g, Model: []string{"A", "B"}[rng.IntN(2)], Usable: rng.IntN(10) > 0, Memory: 16 << 30}
+		switch rng.IntN(3) {
+		case 0:
+			gs.Whole = true
+		case 1:
+			gs.Shares = 1 + rng.IntN(3)
+			gs.UsedMilli = 100 * rng.IntN(10)
+			gs.UsedMemory = int64(rng.IntN(12)) << 30
+		}
+		n.GPUs = append(n.GPUs, gs)
+	}
+	return n
+}
+
+func randomPlanShapes(rng *rand.Rand) []Shape {
+	var shapes []Shape
+	for range 2 + rng.IntN(12) {
+		r := Request{CPUMilli: int64(1000 * rng.IntN(24)), MemMiB: int64(rng.IntN(1 << 17))}
+		switch rng.IntN(4) {
+		case 0: // CPU-only
+		case 1:
+			r.Containers = []ContainerShape{{Whole: 1 + rng.IntN(4)}}
+		default:
+			r.Containers = []ContainerShape{{Shares: 1, Milli: 100 * (1 + rng.IntN(9)), Memory: int64(1+rng.IntN(8)) << 30}}
+		}
+		if rng.IntN(4) == 0 {
+			r.Models = []string{"B"}
+		}
+		if len(r.Containers) == 0 {
+			r.Containers = []ContainerShape{{}}
+		}
+		shapes = append(shapes, Shape{Req: r, Weight: rng.Float64()})
+	}
+	return shapes
+}
+
+// TestFragPlanMatchesPerShape: fragmentation by parts, and after-states derived by re-testing only
+// the GPUs a placement touches, equal the per-shape computation exactly (bit for bit), before and
+// after every candidate placement, with and without the state cache.
+func TestFragPlanMatchesPerShape(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	for iter := 0; iter < 3000; iter++ {
+		n := randomPlanNode(rng)
+		shapes := randomPlanShapes(rng)
+		for _, fed := range []bool{false, true} {
+			if got, want := fragmentation(n, shapes, fed), naiveFragmentation(n, shapes, fed); got != want {
+				t.Fatalf("iter %d fed=%v: plan %v, per shape %v", iter, fed, got, want)
+			}
+		}
+		r := &shapes[rng.IntN(len(shapes))].Req
+		cands, u := Candidates(n, r)
+		if u != nil {
+			continue
+		}
+		var cache *FragCache
+		if rng.IntN(2) == 0 {
+			cache, n.TypeID = NewFragCache(), 1
+		}
+		sc := &ScoreContext{Shapes: shapes, Cache: cache}
+		for i := range cands {
+			for _, variant := range []uint8{1, 2} {
+				before, after := sc.fragBeforeAfter(variant, n, r, &cands[i])
+				fed := variant == 2
+				if want := naiveFragmentation(n, shapes, fed); before != want {
+					t.Fatalf("iter %d cand %d fed=%v: before %v, want %v", iter, i, fed, before, want)
+				}
+				if want := naiveFragmentation(sc.afterState(n, r, &cands[i]), shapes, fed); after != want {
+					t.Fatalf("iter %d cand %d fed=%v: after %v, want %v", iter, i, fed, after, want)
+				}
+			}
+		}
+	}
+}
+
+// TestRequestDigestCoversEveryField: changing any field placement reads changes the digest (a field
+// added to Request or ContainerShape without a case here fails the test), and the pod's Key does not.
+func TestRequestDigestCoversEveryField(t *testing.T) {
+	base := func() *Request {
+		return &Request{Key: "ns/a", CPUMilli: 1000, MemMiB: 2048, Models: []string{"A100"}, Class: "training", Policy: "tessera",
+			Containers: []ContainerShape{{Name: "main", Whole: 0, Shares: 1, Memory: 1 << 30, MemoryPercent: 0, Milli: 300,
+				MIG: map[string]int{"1g.10gb": 1}, Mdev: map[string]int{"nvidia-1": 1}}}}
+	}
+	changes := map[string]func(r *Request){
+		"CPUMilli":                 func(r *Request) { r.CPUMilli++ },
+		"MemMiB":                   func(r *Request) { r.MemMiB++ },
+		"Models":                   func(r *Request) { r.Models = []string{"A100", "H100"} },
+		"Class":                    func(r *Request) { r.Class = "inference" },
+		"Policy":                   func(r *Request) { r.Policy = "fgd" },
+		"Containers":               func(r *Request) { r.Containers = append(r.Containers, ContainerShape{Name: "side"}) },
+		"Containers.Name":          func(r *Request) { r.Containers[0].Name = "other" },
+		"Containers.Whole":         func(r *Request) { r.Containers[0].Whole = 1 },
+		"Containers.Shares":        func(r *Request) { r.Containers[0].Shares = 2 },
+		"Containers.Memory":        func(r *Request) { r.Containers[0].Memory = 2 << 30 },
+		"Containers.MemoryPercent": func(r *Request) { r.Containers[0].MemoryPercent = 50 },
+		"Containers.Milli":         func(r *Request) { r.Containers[0].Milli = 400 },
+		"Containers.MIG":           func(r *Request) { r.Containers[0].MIG["1g.10gb"] = 2 },
+		"Containers.Mdev":          func(r *Request) { r.Containers[0].Mdev = map[string]int{"nvidia-2": 1} },
+	}
+	for _, typ := range []reflect.Type{reflect.TypeFor[Request](), reflect.TypeFor[ContainerShape]()} {
+		for f := range typ.Fields() {
+			name := f.Name
+			if typ == reflect.TypeFor[ContainerShape]() {
+				name = "Containers." + name
+			}
+			if _, ok := changes[name]; !ok && name != "Key" {
+				t.Errorf("field %s has no digest case: add it to Digest and here", name)
+			}
+		}
+	}
+	d0 := base().Digest()
+	for name, change := range changes {
+		r := base()
+		change(r)
+		if r.Digest() == d0 {
+			t.Errorf("changing %s leaves the digest as it was", name)
+		}
+	}
+	r := base()
+	r.Key = "ns/b"
+	if r.Digest() != d0 {
+		t.Error("the pod's key changes the digest: pods of one shape would not share outcomes")
+	}
+	// Map order must not matter.
+	a, b := base(), base()
+	a.Containers[0].MIG = map[string]int{"1g.10gb": 1, "2g.20gb": 1, "3g.40gb": 2}
+	b.Containers[0].MIG = map[string]int{"3g.40gb": 2, "2g.20gb": 1, "1g.10gb": 1}
+	if a.Digest() != b.Digest() {
+		t.Error("equal MIG maps give different digests")
+	}
+}
