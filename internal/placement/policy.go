@@ -39,6 +39,9 @@ type ScoreContext struct {
 	plan              *fragPlan
 	stBefore, stAfter []partStats
 	haveStats         bool
+	// lastKeyed: lastNode's values go through the cache; the counters judge whether it pays.
+	lastKeyed                          bool
+	cacheLookups, cacheHits, cacheSkip int
 }
 
 // afterState returns the node as it would be after p (scratch memory, valid until the next call).

@@ -184,27 +184,28 @@ func (sc *ScoreContext) fragBeforeAfter(variant uint8, n *NodeState, r *Request,
 		sc.lastNode = nil
 	}
 	pl := sc.plan
-	keyed := sc.Cache != nil && n.TypeID != 0 && len(n.GPUs) <= 8
 	if sc.lastNode != n || sc.lastVariant != variant || sc.lastCache != sc.Cache {
 		sc.lastNode, sc.lastVariant, sc.lastCache, sc.haveStats = n, variant, sc.Cache, false
+		sc.lastKeyed = sc.Cache != nil && n.TypeID != 0 && len(n.GPUs) <= 8 && sc.cachePays()
 		v, ok := 0.0, false
-		if keyed {
+		if sc.lastKeyed {
 			sc.stateKey(variant, n, &sc.lastKey)
-			v, ok = sc.Cache.get(&sc.lastKey)
+			v, ok = sc.cacheGet(&sc.lastKey)
 		}
 		if !ok {
 			v = pl.frag(n, sc.beforeStats(n), fed)
-			if keyed {
+			if sc.lastKeyed {
 				sc.Cache.put(&sc.lastKey, v)
 			}
 		}
 		sc.lastFrag = v
 	}
+	keyed := sc.lastKeyed
 	var k fragKey
 	if keyed {
 		k = sc.lastKey
 		afterKey(&k, n, r, p)
-		if v, ok := sc.Cache.get(&k); ok {
+		if v, ok := sc.cacheGet(&k); ok {
 			return sc.lastFrag, v
 		}
 	}
@@ -221,6 +222,42 @@ func (sc *ScoreContext) fragBeforeAfter(variant uint8, n *NodeState, r *Request,
 		sc.Cache.put(&k, v)
 	}
 	return sc.lastFrag, v
+}
+
+// cachePays reports whether this context should use the fragmentation cache for the next node. The
+// cache pays where many nodes share states (an empty or uniform cluster, the simulator's node
+// types); where nearly every node is in its own state (CPU and memory in use differ from node to
+// node) almost every lookup misses, and lookups plus inserts into a map of up to a million states
+// cost more than the computation they would save. The context judges windows of cacheProbe
+// lookups: below one hit in four it computes for the next cacheRest nodes, then probes again.
+// Values are the same either way (the cache only remembers exact results).
+func (sc *ScoreContext) cachePays() bool {
+	if sc.cacheSkip > 0 {
+		sc.cacheSkip--
+		return false
+	}
+	if sc.cacheLookups >= cacheProbe {
+		if 4*sc.cacheHits < sc.cacheLookups {
+			sc.cacheSkip = cacheRest
+		}
+		sc.cacheLookups, sc.cacheHits = 0, 0
+		return sc.cacheSkip == 0
+	}
+	return true
+}
+
+const (
+	cacheProbe = 256
+	cacheRest  = 4096
+)
+
+func (sc *ScoreContext) cacheGet(k *fragKey) (float64, bool) {
+	v, ok := sc.Cache.get(k)
+	sc.cacheLookups++
+	if ok {
+		sc.cacheHits++
+	}
+	return v, ok
 }
 
 // beforeStats returns the part stats of n (sc.lastNode), computed once per node.
