@@ -212,6 +212,28 @@ func TestProcAddr(t *testing.T) { runGroup(t, "procaddr_") }
 // their /dev nodes are; NVML per-process accounting; the driver version.
 func TestFakeNodeFile(t *testing.T) { runGroup(t, "nodefile_") }
 
+// Where the fake driver mirrors the real one, on the fake alone (no vcuda):
+// one row per documented rule (NVML's process-list sizing, ...).
+func TestFakeDriver(t *testing.T) { runGroup(t, "fake_") }
+
+// groupPrefixes are the C case prefixes the tests above run; a case named
+// otherwise would never run.
+var groupPrefixes = []string{"mem_", "limits_", "info_", "procaddr_", "nodefile_", "fake_", "identity_",
+	"harness_", "crash_", "limiter_"}
+
+func TestEveryCaseRuns(t *testing.T) {
+	dir := build(t)
+	for _, c := range listCases(t, dir) {
+		found := false
+		for _, p := range groupPrefixes {
+			found = found || strings.HasPrefix(c.name, p)
+		}
+		if !found {
+			t.Errorf("C case %s matches no test group (%v): it would never run", c.name, groupPrefixes)
+		}
+	}
+}
+
 // Liveness survives nested PID namespaces and pid reuse (a per-slot OFD
 // lock), allocations after the exit handler are refused, and a stopped
 // process holding the region lock cannot stall the container.

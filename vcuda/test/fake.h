@@ -15,8 +15,10 @@
  *   FAKE_CUDA_SHM       file holding the device counters, shared by processes
  *   FAKE_CUDA_BLOCK_ALLOC  file to create, then block forever, inside the
  *                          (FAKE_CUDA_BLOCK_AFTER+1)-th device allocation
- *   FAKE_CUDA_CTX_BYTES device memory a context takes (0: the older cases
- *                       count only what they allocate)
+ *   FAKE_CUDA_CTX_BYTES device memory a context takes (default: as a real
+ *                       CUDA 12 context on the device's architecture,
+ *                       FAKE_CTX_BYTES_*; 0 for cases that need exact byte
+ *                       arithmetic about something else)
  *   FAKE_CUDA_PROC_INTERNAL=1  cuGetProcAddress (version >= 12050) hands out
  *                       internal entry points that are in no symbol table
  *
@@ -67,6 +69,12 @@
 #define FAKE_DRIVER_VERSION_DEFAULT "580.95.05"
 #define FAKE_CUDA_VERSION_DEFAULT 13000
 #define FAKE_NODE_FILE_DEFAULT "/etc/tessera-sim/gpus"
+/* What a context takes by default, per compute capability major (9.x and
+ * later, and unknown: SM90; 8.x; 7.x): the rounded-up figures vcuda's
+ * README states for CUDA 12 contexts with lazy loading. */
+#define FAKE_CTX_BYTES_SM90 (512ull << 20)
+#define FAKE_CTX_BYTES_SM80 (384ull << 20)
+#define FAKE_CTX_BYTES_SM70 (320ull << 20)
 
 typedef struct fake_stats {
     uint64_t used;       /* bytes of device memory held (all processes) */

@@ -64,7 +64,8 @@ static struct {
     char version[32];
     int cuda_version;
     uint64_t wave_ns, overhead_ns;
-    uint64_t ctx_bytes; /* device memory a context takes (FAKE_CUDA_CTX_BYTES) */
+    int ctx_bytes_set;  /* FAKE_CUDA_CTX_BYTES given: every context takes ctx_bytes */
+    uint64_t ctx_bytes;
     shared_state *sh;
     _Atomic int inited; /* cuInit succeeded */
     const char *block_path;
@@ -245,7 +246,8 @@ static void init(void) {
     if (F.wave_ns == 0)
         F.wave_ns = 1;
     e = getenv("FAKE_CUDA_CTX_BYTES");
-    F.ctx_bytes = e ? strtoull(e, NULL, 10) : 0;
+    F.ctx_bytes_set = e && *e;
+    F.ctx_bytes = F.ctx_bytes_set ? strtoull(e, NULL, 10) : 0;
     e = getenv("FAKE_CUDA_LAUNCH_NS");
     F.overhead_ns = e ? strtoull(e, NULL, 10) : 0;
     F.block_path = getenv("FAKE_CUDA_BLOCK_ALLOC");
@@ -273,7 +275,7 @@ static void init(void) {
 typedef struct fake_ctx {
     int dev;
     int refs;      /* primary contexts */
-    uint64_t own;  /* the context's own device memory (FAKE_CUDA_CTX_BYTES) */
+    uint64_t own;  /* the context's own device memory (ctx_cost) */
     int refs_proc; /* counted in the process's NVML entry */
     size_t lim[3]; /* stack, printf FIFO, malloc heap as set (0: the default) */
     uint64_t lim_mem[3]; /* device memory they take beyond the context's own */
@@ -399,20 +401,32 @@ EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d) {
 }
 /* A context takes device memory of its own when it is created (the
  * driver's state, local memory for the default stack of every resident
- * thread, the printf FIFO...): FAKE_CUDA_CTX_BYTES, given back when it goes
- * with everything allocated in it. */
+ * thread, the printf FIFO...), given back when it goes with everything
+ * allocated in it. As on a real GPU it is never free: by default the
+ * rounded-up size of a CUDA 12 context with lazy loading for the device's
+ * architecture (FAKE_CTX_BYTES_*, the figures vcuda's README gives);
+ * FAKE_CUDA_CTX_BYTES replaces it (0 only for cases that need exact byte
+ * arithmetic about something else). */
+static uint64_t ctx_cost(int d) {
+    if (F.ctx_bytes_set)
+        return F.ctx_bytes;
+    int major = F.cc[d][0];
+    return major >= 9 ? FAKE_CTX_BYTES_SM90 : major == 8 ? FAKE_CTX_BYTES_SM80 : major == 7 ? FAKE_CTX_BYTES_SM70
+                                                                                        : FAKE_CTX_BYTES_SM90;
+}
 static CUresult take(int d, uint64_t size);
 static void give(int d, uint64_t size);
 static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
 static shared_proc *self_proc(void);
 static CUresult ctx_born(fake_ctx *c, int d) {
     c->dev = d;
-    if (F.ctx_bytes) {
-        CUresult r = take(d, F.ctx_bytes);
+    uint64_t own = ctx_cost(d);
+    if (own) {
+        CUresult r = take(d, own);
         if (r != CUDA_SUCCESS)
             return r;
     }
-    c->own = F.ctx_bytes;
+    c->own = own;
     c->refs_proc = 1;
     shared_proc *me = self_proc();
     if (me)

@@ -19,6 +19,7 @@
 static void one_gpu(void) {
     gpu_line g[1] = {{0, CAP, 100}};
     setup_limits(g, 1);
+    ctx_costs_nothing(); /* pools, graphs, modules: their pages to the byte (contexts: below) */
 }
 
 static uint64_t phys_peak(void) {
@@ -297,10 +298,39 @@ TEST(mem_context_over_cap_refused) {
           (unsigned long long)phys_peak());
 }
 
+/* With the fake's default (a context as large as a real one on the
+ * architecture: 512 MiB for 9.x), the context counts against the cap: an
+ * allocation that would fit only if the context were free is refused. */
+TEST(mem_context_default_cost_counted) {
+    gpu_line g[1] = {{0, 1ull << 30, 100}};
+    setup_limits(g, 1);
+    CHECK(getenv("FAKE_CUDA_CTX_BYTES") == NULL, "the case needs the fake's default context size");
+    CHECK_CU(cuInit(0));
+    CUcontext pc;
+    CHECK_CU(cuDevicePrimaryCtxRetain(&pc, 0));
+    CHECK_CU(cuCtxSetCurrent(pc));
+    CHECK(phys_used() == FAKE_CTX_BYTES_SM90, "the fake's context took %llu", (unsigned long long)phys_used());
+    CHECK(region_used(0) == FAKE_CTX_BYTES_SM90, "context charged %llu", (unsigned long long)region_used(0));
+    size_t fr = 0, tot = 0;
+    CHECK_CU(cuMemGetInfo_v2(&fr, &tot));
+    CHECK(tot == 1ull << 30 && fr == (1ull << 30) - FAKE_CTX_BYTES_SM90, "info %zu/%zu", fr, tot);
+    CUdeviceptr d;
+    CHECK(cuMemAlloc_v2(&d, 600 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "600 MiB beside a 512 MiB context under 1 GiB");
+    CHECK_CU(cuMemAlloc_v2(&d, (1ull << 30) - FAKE_CTX_BYTES_SM90));
+    CUdeviceptr one;
+    CHECK(cuMemAlloc_v2(&one, 1) == CUDA_ERROR_OUT_OF_MEMORY, "a byte past the cap");
+    CHECK(phys_peak() <= 1ull << 30, "physical peak %llu over the cap", (unsigned long long)phys_peak());
+    CHECK_CU(cuMemFree_v2(d));
+    CHECK_CU(cuDevicePrimaryCtxRelease_v2(0));
+    CHECK(region_used(0) == 0 && phys_used() == 0, "after the release: region %llu fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used());
+}
+
 /* Stack and printf FIFO limits size device memory of the context too. */
 TEST(mem_ctx_limits_counted) {
     gpu_line g[1] = {{0, 1000 * MiB, 100}};
     setup_limits(g, 1);
+    ctx_costs_nothing(); /* the limits' own bytes, exactly */
     CUcontext c = ctx_on(0);
     /* 16 SMs x 2048 threads x (2 KiB - the 1 KiB default) = 32 MiB */
     CHECK_CU(cuCtxSetLimit(0, 2048));

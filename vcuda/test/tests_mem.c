@@ -157,6 +157,7 @@ static const mem_path paths[] = {
 static void limits_two_gpus(void) {
     gpu_line g[2] = {{0, CAP0, 100}, {1, CAP1, 100}};
     setup_limits(g, 2);
+    ctx_costs_nothing(); /* the cases count each path's bytes to the cap exactly */
 }
 
 static void open_ctxs(const mem_path *p) {
@@ -374,11 +375,13 @@ TEST(mem_driver_failure_gives_back) {
     gpu_line g[1] = {{0, 1ull << 40, 100}}; /* cap above the fake's 16 GiB */
     setup_limits(g, 1);
     ctx0 = ctx_on(0);
+    uint64_t ctx = region_used(0); /* the context's own memory */
+    CHECK(ctx == FAKE_CTX_BYTES_SM90, "context charged %llu", (unsigned long long)ctx);
     CUdeviceptr p;
     CHECK(cuMemAlloc_v2(&p, 17ull << 30) == CUDA_ERROR_OUT_OF_MEMORY, "fake should refuse");
-    CHECK(region_used(0) == 0, "failed allocation left %llu charged", (unsigned long long)region_used(0));
+    CHECK(region_used(0) == ctx, "failed allocation left %llu charged", (unsigned long long)(region_used(0) - ctx));
     CHECK(cuMemFree_v2(0x1234) != CUDA_SUCCESS, "free of an unknown pointer");
-    CHECK(region_used(0) == 0, "unknown free credited");
+    CHECK(region_used(0) == ctx, "unknown free credited");
 }
 
 /* Hundreds of processes of one container starting CUDA at once: vcuda's
@@ -571,6 +574,7 @@ CUresult cuCtxSetLimit(int, size_t);
 TEST(mem_heap_limit_charged) {
     gpu_line g[1] = {{0, 60 * MiB, 100}};
     setup_limits(g, 1);
+    ctx_costs_nothing(); /* the heap's bytes against the cap, exactly */
     CUcontext c = ctx_on(0);
     CHECK_CU(cuCtxSetLimit(2, 20 * MiB + 1)); /* rounded to 22 MiB */
     CHECK(region_used(0) == 22 * MiB, "heap charged %llu", (unsigned long long)region_used(0));

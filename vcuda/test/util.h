@@ -63,6 +63,13 @@ vc_region_hdr *region_map(void);
 uint64_t region_used(int g);
 int region_live_slots(void);
 
+/* Makes the fake's contexts take no device memory (FAKE_CUDA_CTX_BYTES=0)
+ * in this process and its children, before the first CUDA call. A real
+ * context is never free (the fake's default is the architecture's size):
+ * only for cases whose byte arithmetic is about something else, with a
+ * comment saying why. */
+void ctx_costs_nothing(void);
+
 /* Creates a context on device d and makes it current. */
 CUcontext ctx_on(int d);
 

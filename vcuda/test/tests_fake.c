@@ -1,0 +1,131 @@
+/* tests_fake.c - where the fake driver mirrors the real one, checked on the
+ * fake alone (no vcuda preloaded): a double is only as good as its
+ * strictness, so each documented rule the fake claims is a row here. */
+#define _GNU_SOURCE
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_api.h"
+#include "util.h"
+
+/* NVML's compute process lists (nvmlDeviceGetComputeRunningProcesses v1,
+ * v2, v3) size themselves as NVIDIA's nvml.h documents them (the doc
+ * comments of those functions; e.g. NVML 12.2 as vendored in NVIDIA/go-nvml,
+ * pkg/nvml/nvml.h): *infoCount = 0 asks how many processes there are, with
+ * infos allowed to be NULL, and answers NVML_SUCCESS when none run, else
+ * NVML_ERROR_INSUFFICIENT_SIZE; an array too small for the list answers
+ * NVML_ERROR_INSUFFICIENT_SIZE with *infoCount set to the size needed; a
+ * large enough one is filled and *infoCount is the number of entries;
+ * infoCount NULL is NVML_ERROR_INVALID_ARGUMENT; any call outside
+ * nvmlInit/nvmlShutdown is NVML_ERROR_UNINITIALIZED. */
+typedef struct {
+    const char *what;
+    int procs;        /* processes on the device when the row runs: 0 or 2 */
+    unsigned count;   /* *infoCount passed in */
+    int array;        /* 1: an array of 8 entries, 0: infos = NULL */
+    nvmlReturn_t want;
+    unsigned want_count;
+} sizing_row;
+
+static const sizing_row sizing_rows[] = {
+    {"count query, no process", 0, 0, 0, NVML_SUCCESS, 0},
+    {"count 0 with an array, no process", 0, 0, 1, NVML_SUCCESS, 0},
+    {"room for 4, no process", 0, 4, 1, NVML_SUCCESS, 0},
+    {"count query, two processes", 2, 0, 0, NVML_ERROR_INSUFFICIENT_SIZE, 2},
+    {"count 0 with an array, two processes", 2, 0, 1, NVML_ERROR_INSUFFICIENT_SIZE, 2},
+    {"room for 1, two processes", 2, 1, 1, NVML_ERROR_INSUFFICIENT_SIZE, 2},
+    {"room for exactly 2", 2, 2, 1, NVML_SUCCESS, 2},
+    {"room for 4, two processes", 2, 4, 1, NVML_SUCCESS, 2},
+};
+
+/* One call of list version ver (1, 2, 3); on success the entries' pids and
+ * memory are copied out. */
+static nvmlReturn_t list(int ver, nvmlDevice_t d, unsigned *count, int array, unsigned pid[8],
+                         unsigned long long used[8]) {
+    nvmlProcessInfo_v1_t v1[8];
+    nvmlProcessInfo_t v2[8];
+    memset(v1, 0, sizeof(v1));
+    memset(v2, 0, sizeof(v2));
+    nvmlReturn_t r = ver == 1   ? nvmlDeviceGetComputeRunningProcesses(d, count, array ? v1 : NULL)
+                     : ver == 2 ? nvmlDeviceGetComputeRunningProcesses_v2(d, count, array ? v2 : NULL)
+                                : nvmlDeviceGetComputeRunningProcesses_v3(d, count, array ? v2 : NULL);
+    if (r == NVML_SUCCESS && count)
+        for (unsigned i = 0; i < *count && i < 8; i++) {
+            pid[i] = ver == 1 ? v1[i].pid : v2[i].pid;
+            used[i] = ver == 1 ? v1[i].usedGpuMemory : v2[i].usedGpuMemory;
+            if (ver != 1)
+                CHECK(v2[i].gpuInstanceId == 0xFFFFFFFFu && v2[i].computeInstanceId == 0xFFFFFFFFu,
+                      "v%d: instance ids of a non-MIG GPU", ver);
+        }
+    return r;
+}
+
+static void sizing_rows_with(int procs, nvmlDevice_t d, pid_t child) {
+    for (size_t k = 0; k < sizeof(sizing_rows) / sizeof(sizing_rows[0]); k++) {
+        const sizing_row *row = &sizing_rows[k];
+        if (row->procs != procs)
+            continue;
+        for (int ver = 1; ver <= 3; ver++) {
+            unsigned count = row->count, pid[8] = {0};
+            unsigned long long used[8] = {0};
+            nvmlReturn_t r = list(ver, d, &count, row->array, pid, used);
+            CHECK(r == row->want && count == row->want_count, "v%d, %s: returned %d with count %u, want %d with %u",
+                  ver, row->what, r, count, row->want, row->want_count);
+            if (r != NVML_SUCCESS || procs == 0)
+                continue;
+            /* the entries: this process (10 MiB) and the child (20 MiB),
+             * each with its context's own memory */
+            for (unsigned i = 0; i < count; i++) {
+                unsigned long long want = pid[i] == (unsigned)getpid() ? FAKE_CTX_BYTES_SM90 + 10 * MiB
+                                          : pid[i] == (unsigned)child ? FAKE_CTX_BYTES_SM90 + 20 * MiB
+                                                                      : 0;
+                CHECK(want && used[i] == want, "v%d, %s: entry %u is pid %u with %llu bytes", ver, row->what, i,
+                      pid[i], used[i]);
+            }
+            CHECK(pid[0] != pid[1], "v%d, %s: one process listed twice", ver, row->what);
+        }
+    }
+    for (int ver = 1; ver <= 3; ver++) {
+        unsigned pid[8];
+        unsigned long long used[8];
+        CHECK(list(ver, d, NULL, 1, pid, used) == NVML_ERROR_INVALID_ARGUMENT, "v%d: infoCount NULL", ver);
+    }
+}
+
+static int second_process(int i, void *arg) {
+    (void)i;
+    chan *c = arg;
+    ctx_on(0);
+    CUdeviceptr p;
+    CHECK_CU(cuMemAlloc_v2(&p, 20 * MiB));
+    chan_send_up(c, 1);
+    chan_recv_down(c);
+    return 0;
+}
+
+TEST_LIB(fake_nvml_process_list_sizing, "none") {
+    CHECK(getenv("LD_PRELOAD") == NULL, "the case checks the fake's own NVML: no vcuda");
+    setenv("FAKE_CUDA_SHM", tpath("fake-shm"), 1); /* processes see each other's memory */
+    CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit");
+    nvmlDevice_t d;
+    CHECK(nvmlDeviceGetHandleByIndex_v2(0, &d) == NVML_SUCCESS, "handle");
+    sizing_rows_with(0, d, 0);
+
+    ctx_on(0);
+    CUdeviceptr p;
+    CHECK_CU(cuMemAlloc_v2(&p, 10 * MiB));
+    chan c;
+    chan_init(&c);
+    pid_t child = spawn(second_process, 0, &c);
+    chan_recv_up(&c);
+    sizing_rows_with(2, d, child);
+    chan_send_down(&c, 1);
+    CHECK(wait_child(child) == 0, "the second process failed");
+
+    CHECK(nvmlShutdown() == NVML_SUCCESS, "shutdown");
+    for (int ver = 1; ver <= 3; ver++) {
+        unsigned count = 8, pid[8];
+        unsigned long long used[8];
+        CHECK(list(ver, d, &count, 1, pid, used) == NVML_ERROR_UNINITIALIZED, "v%d after nvmlShutdown", ver);
+    }
+}
