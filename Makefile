@@ -100,9 +100,14 @@ PODS ?= $(CURDIR)/../shared/data/openb/openb_pod_list_default.csv
 SEED ?= 42
 LIMIT ?= 0
 POLICIES ?= tessera,fgd,kube-scheduler
+# NODE_COPIES=k: every node k times (4 -> 4,852 nodes; arrivals follow the capacity); ARRIVALS=N: stop
+# after the first N arrivals (pods/s at scale; the line then says the 100% point was not reached).
+NODE_COPIES ?= 1
+ARRIVALS ?= 0
 bench-placement: tools
 	TESSERA_BENCH_NODES=$(abspath $(NODES)) TESSERA_BENCH_PODS=$(abspath $(PODS)) TESSERA_BENCH_SEED=$(SEED) \
 	TESSERA_BENCH_LIMIT=$(LIMIT) TESSERA_BENCH_POLICIES=$(POLICIES) \
+	TESSERA_BENCH_NODE_COPIES=$(NODE_COPIES) TESSERA_BENCH_ARRIVALS=$(ARRIVALS) \
 	$(GO) test -run '^$$' -bench '^BenchmarkPlacement$$' -benchtime 1x -timeout 180m ./test/e2e/
 
 # The main job end to end: a one-node Kubernetes cluster with Tessera on the simulated 8-GPU node,

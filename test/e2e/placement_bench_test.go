@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -38,15 +39,30 @@ const policyKubeScheduler = "kube-scheduler"
 //
 // Environment: TESSERA_BENCH_NODES, TESSERA_BENCH_PODS (CSV; default the openb default trace),
 // TESSERA_BENCH_SEED (42), TESSERA_BENCH_LIMIT (first N pods of the list, 0 = all),
-// TESSERA_BENCH_POLICIES (tessera,fgd,kube-scheduler). `make bench-placement` sets them.
+// TESSERA_BENCH_POLICIES (tessera,fgd,kube-scheduler), TESSERA_BENCH_NODE_COPIES (each node of the
+// list k times, 1 = as listed; the arrivals follow the capacity, since the protocol resamples pods
+// up to 130% of it) and TESSERA_BENCH_ARRIVALS (stop after the first N arrivals, 0 = all; a run
+// stopped before the 100% arrived point prints the load it reached, not a number at 100%).
+// `make bench-placement` sets them.
 func BenchmarkPlacement(b *testing.B) {
 	data := filepath.Join(repoRoot(), "..", "shared", "data", "openb")
 	nodesCSV := envOr("TESSERA_BENCH_NODES", filepath.Join(data, "openb_node_list_gpu_node.csv"))
 	podsCSV := envOr("TESSERA_BENCH_PODS", filepath.Join(data, "openb_pod_list_default.csv"))
 	seed, _ := strconv.ParseUint(envOr("TESSERA_BENCH_SEED", "42"), 10, 64)
 	limit, _ := strconv.Atoi(envOr("TESSERA_BENCH_LIMIT", "0"))
+	copies, err := strconv.Atoi(envOr("TESSERA_BENCH_NODE_COPIES", "1"))
+	if err != nil || copies < 1 {
+		b.Fatalf("TESSERA_BENCH_NODE_COPIES=%q: want a whole number >= 1", os.Getenv("TESSERA_BENCH_NODE_COPIES"))
+	}
+	stopAfter, err := strconv.Atoi(envOr("TESSERA_BENCH_ARRIVALS", "0"))
+	if err != nil || stopAfter < 0 {
+		b.Fatalf("TESSERA_BENCH_ARRIVALS=%q: want a whole number >= 0 (0: all arrivals)", os.Getenv("TESSERA_BENCH_ARRIVALS"))
+	}
 	nodes, err := simulate.LoadNodes(nodesCSV)
 	if err != nil {
+		b.Fatal(err)
+	}
+	if nodes, err = replicateNodes(nodes, copies); err != nil {
 		b.Fatal(err)
 	}
 	pods, err := simulate.LoadPods(podsCSV)
@@ -57,13 +73,14 @@ func BenchmarkPlacement(b *testing.B) {
 		pods = pods[:limit]
 	}
 	cluster := simulate.NewCluster(nodes, pods)
+	arrivals := len(cluster.Arrivals(seed, 1.3))
 	for _, policy := range strings.Split(envOr("TESSERA_BENCH_POLICIES", "tessera,fgd,kube-scheduler"), ",") {
 		b.Run(policy, func(b *testing.B) {
 			for range b.N {
-				live, podsPerSec := replayLive(b, cluster, policy, seed)
-				line := fmt.Sprintf("policy=%s unallocated_gpu_pct_at_100=%.2f pods_per_s=%.1f (live, seed %d, %d nodes, %d arrivals)",
-					policy, live[len(live)-1], podsPerSec, seed, len(nodes), len(cluster.Arrivals(seed, 1.3)))
-				if policy != policyKubeScheduler {
+				r := replayLive(b, cluster, policy, seed, stopAfter)
+				line := placementLine(policy, r.unallocated, r.arrivedPct, r.allocatedPct, r.podsPerSec, seed, len(nodes), r.replayed, arrivals)
+				full := reached100(r.arrivedPct, r.replayed >= arrivals)
+				if policy != policyKubeScheduler && full {
 					res, err := cluster.Run(policy, seed, 1.3)
 					if err != nil {
 						b.Fatal(err)
@@ -71,8 +88,10 @@ func BenchmarkPlacement(b *testing.B) {
 					line += fmt.Sprintf("; simulator (shapes online, same seed): %.2f", res.Unallocated[len(res.Unallocated)-1])
 				}
 				fmt.Println(line)
-				b.ReportMetric(live[len(live)-1], "unalloc%@100")
-				b.ReportMetric(podsPerSec, "pods/s")
+				if full {
+					b.ReportMetric(r.unallocated[len(r.unallocated)-1], "unalloc%@100")
+				}
+				b.ReportMetric(r.podsPerSec, "pods/s")
 			}
 		})
 	}
@@ -89,8 +108,19 @@ func envOr(k, def string) string {
 // percentage of it as of compute, so memory never binds before compute (the trace has no GPU memory).
 const benchGPUMemory = 16 << 30
 
-// replayLive runs one policy and returns the unallocated GPU % at each checkpoint and pods/s.
-func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) ([]float64, float64) {
+// liveResult is one live replay: the unallocated GPU % at each checkpoint, the GPU load arrived
+// and allocated at its end (percent of capacity), pods/s, and how many arrivals it replayed.
+type liveResult struct {
+	unallocated              []float64
+	arrivedPct, allocatedPct float64
+	podsPerSec               float64
+	replayed                 int
+}
+
+// replayLive runs one policy over the seed's arrivals (the first stopAfter of them when > 0) and
+// prints where the time went (CPU per process, the extender's and the scheduler's latencies, each
+// pod's time to bound).
+func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64, stopAfter int) liveResult {
 	opts := ControlPlaneOptions{SchedulerMaxBackoff: time.Second}
 	var addr string
 	if policy == policyKubeScheduler {
@@ -124,6 +154,7 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) (
 	type outcome struct {
 		placed bool
 		node   string
+		at     time.Time // when the watch saw it
 	}
 	var mu sync.Mutex
 	done := map[string]outcome{}
@@ -142,9 +173,9 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) (
 		}
 		switch {
 		case p.Spec.NodeName != "":
-			done[p.Name] = outcome{placed: true, node: p.Spec.NodeName}
+			done[p.Name] = outcome{placed: true, node: p.Spec.NodeName, at: time.Now()}
 		case unschedulablePod(p):
-			done[p.Name] = outcome{}
+			done[p.Name] = outcome{at: time.Now()}
 		default:
 			return
 		}
@@ -159,12 +190,23 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) (
 	factory.WaitForCacheSync(stop)
 
 	arrivals := c.Arrivals(seed, 1.3)
+	if stopAfter > 0 && stopAfter < len(arrivals) {
+		arrivals = arrivals[:stopAfter]
+	}
 	request := make([]int, len(arrivals))
 	placed := make([]bool, len(arrivals))
+	created := make([]time.Time, len(arrivals))
+	var toBound []time.Duration
 	// A small window of pods in flight keeps the scheduler busy while its queue (FIFO by arrival)
 	// keeps the arrival order; Filter's holds make each decision see the ones before it.
 	const window = 8
 	ctx := context.Background()
+	pids := map[string]int{"etcd": cp.Etcd.Pid(), "kube-apiserver": cp.APIServer.Pid(), "kube-scheduler": cp.Scheduler.Pid(),
+		"benchmark": os.Getpid()}
+	if x != nil {
+		pids["tessera-extender"] = x.Pid()
+	}
+	cpu := newCPUMeter(pids)
 	start := time.Now()
 	// A pod neither bound nor found unschedulable in a minute (a bind that keeps failing, say) counts
 	// as failed; the ticker wakes the waiter to look at the clock.
@@ -198,6 +240,7 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) (
 			return
 		}
 		placed[i] = true
+		toBound = append(toBound, o.at.Sub(created[i]))
 		if policy == policyKubeScheduler {
 			// No extender: the node agent places locally (best fit); a share the node cannot hold fails.
 			n := states[o.node]
@@ -213,6 +256,7 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) (
 		if i >= window {
 			resolve(i - window)
 		}
+		created[i] = time.Now()
 		if _, err := client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, benchPod(i, &arrivals[i]), metav1.CreateOptions{}); err != nil {
 			b.Fatalf("create pod %d: %v", i, err)
 		}
@@ -221,6 +265,9 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) (
 		resolve(i)
 	}
 	elapsed := time.Since(start)
+	fmt.Printf("policy=%s profile: %s\n", policy, cpu.report())
+	fmt.Printf("policy=%s profile: pod create -> bound seen by the watch (%d in flight): %s\n", policy, window, durationStats(toBound))
+	printSchedulingLatency(cp, policy, addr)
 	if x != nil {
 		// The state-divergence counters (issue 14's live bug): both must stay 0.
 		data, _ := os.ReadFile(x.Log)
@@ -234,7 +281,44 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64) (
 		}
 		fmt.Println(cp.Scheduler.LogTail(30))
 	}
-	return simulate.UnallocatedAt(c.Capacity, request, placed), float64(len(arrivals)) / elapsed.Seconds()
+	arrivedPct, allocatedPct := arrivedLoad(c.Capacity, request, placed)
+	return liveResult{unallocated: simulate.UnallocatedAt(c.Capacity, request, placed), arrivedPct: arrivedPct, allocatedPct: allocatedPct,
+		podsPerSec: float64(len(arrivals)) / elapsed.Seconds(), replayed: len(arrivals)}
+}
+
+// printSchedulingLatency prints the extender's request histogram per verb (addr: its API, which
+// serves /metrics; empty without an extender) and the scheduler's durations, as scraped at the end
+// of a replay (only the replay's pods went through either): the attempt (from the cycle's start to bound: the
+// serial scheduling cycle plus the asynchronous binding cycle), the algorithm (filter and score,
+// the extender's filter and prioritize included: the serial part that bounds pods/s) and the
+// in-tree extension points (plugins only).
+func printSchedulingLatency(cp *ControlPlane, policy, addr string) {
+	if addr != "" {
+		h, err := scrapeHistograms(&http.Client{Timeout: 10 * time.Second}, "http://"+addr+"/metrics", "tessera_extender_request_duration_seconds", "verb")
+		if err != nil {
+			fmt.Printf("policy=%s profile: extender latency: %v\n", policy, err)
+		} else {
+			fmt.Printf("policy=%s profile: extender (tessera_extender_request_duration_seconds, HTTP handler time): %s\n", policy, formatHists(h))
+		}
+	}
+	hc, err := schedulerMetricsClient(cp)
+	if err != nil {
+		fmt.Printf("policy=%s profile: %v\n", policy, err)
+		return
+	}
+	url := fmt.Sprintf("https://127.0.0.1:%d/metrics", cp.schedulerPort)
+	for _, m := range []struct{ name, by string }{
+		{"scheduler_scheduling_attempt_duration_seconds", "result"},
+		{"scheduler_scheduling_algorithm_duration_seconds", ""},
+		{"scheduler_framework_extension_point_duration_seconds", "extension_point"},
+	} {
+		h, err := scrapeHistograms(hc, url, m.name, m.by)
+		if err != nil {
+			fmt.Printf("policy=%s profile: %v\n", policy, err)
+			continue
+		}
+		fmt.Printf("policy=%s profile: kube-scheduler %s: %s\n", policy, m.name, formatHists(h))
+	}
 }
 
 // benchSchedulerConfig is the scheduler configuration's tail: every feasible node scored, and the
@@ -313,7 +397,7 @@ func createBenchNodes(b *testing.B, client kubernetes.Interface, c *simulate.Clu
 			defer wg.Done()
 			for pos := range work {
 				n := c.Nodes[order[pos]]
-				name := fmt.Sprintf("%04d-%s", pos, n.Name)
+				name := benchNodeName(pos, len(order), n.Name)
 				ns, err := createBenchNode(client, name, pos, n)
 				if err != nil {
 					errs <- err

@@ -1,0 +1,222 @@
+package e2e
+
+import (
+	"fmt"
+	"math"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"k8s.io/client-go/rest"
+)
+
+// The placement benchmark's profile: where a live replay's time goes. Each process's CPU time over
+// the replay (the machine's cores are the scarce thing), the extender's and the scheduler's own
+// latency histograms, and each pod's time from create to the benchmark's watch seeing it bound.
+
+// cpuSeconds is the CPU time (user + system) a process has used so far, from /proc/<pid>/stat; 0
+// when it cannot be read (the process exited).
+func cpuSeconds(pid int) float64 {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name (field 2) may hold spaces; the fields after its closing ")" start at 3.
+	i := strings.LastIndexByte(string(data), ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(data[i+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseFloat(f[11], 64) // field 14
+	stime, _ := strconv.ParseFloat(f[12], 64) // field 15
+	return (utime + stime) / 100              // USER_HZ is 100 on Linux
+}
+
+// cpuMeter samples the CPU time of named processes.
+type cpuMeter struct {
+	names []string
+	pids  map[string]int
+	start map[string]float64
+	at    time.Time
+}
+
+func newCPUMeter(pids map[string]int) *cpuMeter {
+	m := &cpuMeter{pids: pids, start: map[string]float64{}, at: time.Now()}
+	for name, pid := range pids {
+		m.names = append(m.names, name)
+		m.start[name] = cpuSeconds(pid)
+	}
+	sort.Strings(m.names)
+	return m
+}
+
+// report is the CPU seconds each process used since the meter started, and in cores over the wall time.
+func (m *cpuMeter) report() string {
+	wall := time.Since(m.at).Seconds()
+	var parts []string
+	var total float64
+	for _, name := range m.names {
+		s := cpuSeconds(m.pids[name]) - m.start[name]
+		total += s
+		parts = append(parts, fmt.Sprintf("%s %.0fs (%.2f cores)", name, s, s/wall))
+	}
+	return fmt.Sprintf("CPU over %.0fs wall: %s; total %.2f cores", wall, strings.Join(parts, ", "), total/wall)
+}
+
+// histStats summarises one histogram (series merged): count, mean, and quantiles interpolated
+// within buckets as PromQL's histogram_quantile does (so no finer than the bucket bounds).
+type histStats struct {
+	count          uint64
+	mean, p50, p99 float64
+}
+
+func (h histStats) String() string {
+	return fmt.Sprintf("n=%d mean=%s p50~%s p99~%s", h.count, ms(h.mean), ms(h.p50), ms(h.p99))
+}
+
+func ms(s float64) string { return fmt.Sprintf("%.1fms", s*1000) }
+
+// scrapeHistograms reads a Prometheus text endpoint and summarises the histogram name per value of
+// the label by (its other labels merged).
+func scrapeHistograms(hc *http.Client, url, name, by string) (map[string]histStats, error) {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("scrape %s: %s", url, resp.Status)
+	}
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	fam, ok := fams[name]
+	if !ok {
+		return nil, fmt.Errorf("scrape %s: no %s", url, name)
+	}
+	return summariseHistogram(fam, by), nil
+}
+
+func summariseHistogram(fam *dto.MetricFamily, by string) map[string]histStats {
+	type acc struct {
+		count   uint64
+		sum     float64
+		buckets map[float64]uint64 // cumulative counts by upper bound
+	}
+	groups := map[string]*acc{}
+	for _, m := range fam.GetMetric() {
+		h := m.GetHistogram()
+		if h == nil {
+			continue
+		}
+		key := ""
+		for _, l := range m.GetLabel() {
+			if l.GetName() == by {
+				key = l.GetValue()
+			}
+		}
+		a := groups[key]
+		if a == nil {
+			a = &acc{buckets: map[float64]uint64{}}
+			groups[key] = a
+		}
+		a.count += h.GetSampleCount()
+		a.sum += h.GetSampleSum()
+		for _, b := range h.GetBucket() {
+			a.buckets[b.GetUpperBound()] += b.GetCumulativeCount()
+		}
+	}
+	out := map[string]histStats{}
+	for key, a := range groups {
+		if a.count == 0 {
+			continue
+		}
+		bounds := make([]float64, 0, len(a.buckets))
+		for ub := range a.buckets {
+			bounds = append(bounds, ub)
+		}
+		sort.Float64s(bounds)
+		cum := make([]uint64, len(bounds))
+		for i, ub := range bounds {
+			cum[i] = a.buckets[ub]
+		}
+		out[key] = histStats{count: a.count, mean: a.sum / float64(a.count),
+			p50: bucketQuantile(0.5, bounds, cum, a.count), p99: bucketQuantile(0.99, bounds, cum, a.count)}
+	}
+	return out
+}
+
+// bucketQuantile interpolates the q-quantile linearly inside the bucket it falls in (from 0 for
+// the first); past the last finite bound it is that bound.
+func bucketQuantile(q float64, bounds []float64, cum []uint64, count uint64) float64 {
+	rank := q * float64(count)
+	lower, below := 0.0, uint64(0)
+	for i, ub := range bounds {
+		if float64(cum[i]) >= rank {
+			if math.IsInf(ub, 1) {
+				return lower
+			}
+			in := cum[i] - below
+			if in == 0 {
+				return ub
+			}
+			return lower + (ub-lower)*(rank-float64(below))/float64(in)
+		}
+		lower, below = ub, cum[i]
+	}
+	return lower
+}
+
+// formatHists prints histograms by label value in name order.
+func formatHists(h map[string]histStats) string {
+	keys := make([]string, 0, len(h))
+	for k := range h {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var parts []string
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %s", k, h[k]))
+	}
+	return strings.Join(parts, "; ")
+}
+
+// schedulerMetricsClient is an HTTP client for kube-scheduler's secure port as the admin (its
+// /metrics needs an authorised user; its serving certificate is self-signed).
+func schedulerMetricsClient(cp *ControlPlane) (*http.Client, error) {
+	rc := rest.CopyConfig(cp.RESTConfig)
+	rc.TLSClientConfig.Insecure = true
+	rc.TLSClientConfig.CAFile, rc.TLSClientConfig.CAData = "", nil
+	rc.Timeout = 10 * time.Second
+	hc, err := rest.HTTPClientFor(rc)
+	if err != nil {
+		return nil, fmt.Errorf("scheduler metrics client: %w", err)
+	}
+	return hc, nil
+}
+
+// durationStats summarises observed durations as histStats (exact quantiles).
+func durationStats(d []time.Duration) histStats {
+	if len(d) == 0 {
+		return histStats{}
+	}
+	s := append([]time.Duration(nil), d...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	var sum time.Duration
+	for _, v := range s {
+		sum += v
+	}
+	at := func(q float64) float64 { return s[min(len(s)-1, int(q*float64(len(s))))].Seconds() }
+	return histStats{count: uint64(len(s)), mean: sum.Seconds() / float64(len(s)), p50: at(0.5), p99: at(0.99)}
+}
