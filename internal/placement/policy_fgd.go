@@ -114,7 +114,12 @@ func canUseModel(n *NodeState, r *Request) bool {
 	return false
 }
 
-// nodeFragmentationFed weights max(floor, the shape's fragmentation) over the GPU shapes.
+// nodeFragmentationFed weights max(floor, the shape's fragmentation) over the GPU shapes that may use
+// one of n's GPU models. A shape restricted to other models is no part of n's measure (FGD counts all
+// of n's free compute as its fragment): that term does not depend on where a pod goes on n, only on
+// n's model, and it rewards filling the models that the fewest shapes may use, which are the small
+// models; with many restricted pods that sends unrestricted pods onto them and starves the pods
+// restricted to them (issue 14, deliverable 4; README "Generalisation").
 func nodeFragmentationFed(n *NodeState, shapes []Shape, floor float64) float64 {
 	total := n.FreeMilli()
 	if total == 0 {
@@ -123,7 +128,7 @@ func nodeFragmentationFed(n *NodeState, shapes []Shape, floor float64) float64 {
 	f := 0.0
 	for i := range shapes {
 		s := &shapes[i]
-		if len(s.Req.Containers) == 0 || !s.Req.WantsGPU() {
+		if len(s.Req.Containers) == 0 || !s.Req.WantsGPU() || !canUseModel(n, &s.Req) {
 			continue
 		}
 		f += s.Weight * max(floor, float64(shapeFrag(n, &s.Req, total, true)))
