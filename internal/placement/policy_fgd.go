@@ -115,11 +115,8 @@ func canUseModel(n *NodeState, r *Request) bool {
 }
 
 // nodeFragmentationFed weights max(floor, the shape's fragmentation) over the GPU shapes that may use
-// one of n's GPU models. A shape restricted to other models is no part of n's measure (FGD counts all
-// of n's free compute as its fragment): that term does not depend on where a pod goes on n, only on
-// n's model, and it rewards filling the models that the fewest shapes may use, which are the small
-// models; with many restricted pods that sends unrestricted pods onto them and starves the pods
-// restricted to them (issue 14, deliverable 4; README "Generalisation").
+// one of n's GPU models (FGD also counts all of n's free compute for the others; why tessera does
+// not: policy_tessera.go).
 func nodeFragmentationFed(n *NodeState, shapes []Shape, floor float64) float64 {
 	total := n.FreeMilli()
 	if total == 0 {
