@@ -119,7 +119,8 @@ func (pl *fragPlan) shapeFrag(i int, n *NodeState, st []partStats, total int, ho
 	return st[j].rest // Q3: the GPUs with less free compute than the task's share
 }
 
-// frag is FGD's expected fragmentation of n (fed: tessera's multi-resource one) from its part stats.
+// frag is FGD's expected fragmentation of n (fed: tessera's multi-resource one, over the GPU shapes
+// that may use one of n's GPU models) from its part stats.
 func (pl *fragPlan) frag(n *NodeState, st []partStats, fed bool) float64 {
 	total := n.FreeMilli()
 	if total == 0 {
@@ -136,6 +137,9 @@ func (pl *fragPlan) frag(n *NodeState, st []partStats, fed bool) float64 {
 	for i := range pl.shapes {
 		if pl.partOf[i] < 0 {
 			continue // CPU-only shapes: every free GPU is a fragment to them wherever a pod goes
+		}
+		if !canUseModel(n, &pl.shapes[i].Req) {
+			continue // restricted to GPU models n lacks: never asks n for anything (policy_tessera.go)
 		}
 		f += pl.shapes[i].Weight * max(floor, float64(pl.shapeFrag(i, n, st, total, true)))
 	}

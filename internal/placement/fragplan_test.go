@@ -50,7 +50,7 @@ func naiveFragmentation(n *NodeState, shapes []Shape, fed bool) float64 {
 	}
 	for i := range shapes {
 		r := &shapes[i].Req
-		if fed && !r.WantsGPU() {
+		if fed && (!r.WantsGPU() || !canUseModel(n, r)) {
 			continue
 		}
 		v := float64(naiveShapeFrag(n, r, total, fed))
