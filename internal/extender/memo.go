@@ -26,8 +26,8 @@ type evalMemo struct {
 }
 
 // evalMemoBudget bounds the memo: one table of a 5,000-node cluster is about 5000 x (8 + 48) bytes,
-// so 32 MiB keep about 120 request shapes.
-const evalMemoBudget = 32 << 20
+// so 64 MiB keep about 240 request shapes (the openb default trace has 126).
+const evalMemoBudget = 64 << 20
 
 // evalSlotBytes is what one node slot of a table costs: the pointer plus the outcome it points to.
 const evalSlotBytes = 8 + 48

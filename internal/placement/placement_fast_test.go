@@ -70,8 +70,25 @@ func TestShapeSnapshots(t *testing.T) {
 	for range 10 {
 		st.Observe(b, 1)
 	}
-	if sc3 := st.ScoreContext(); len(sc3.Shapes) != 2 || sc3.Cache == sc.Cache {
+	sc3 := st.ScoreContext()
+	if len(sc3.Shapes) != 2 || sc3.Cache == sc.Cache {
 		t.Fatalf("snapshot not refreshed after 11 changes of 211: %+v", sc3.Shapes)
+	}
+	// Churn that keeps the mix (a pod leaves, one of its shape arrives) moves nothing, however much.
+	for range 100 {
+		st.Observe(a, -1)
+		st.Observe(a, 1)
+	}
+	if sc4 := st.ScoreContext(); sc4.Cache != sc3.Cache {
+		t.Fatal("snapshot rebuilt by churn that left the counts where they were")
+	}
+	// A net shift of more than 2% does rebuild it.
+	for range 5 {
+		st.Observe(a, -1)
+		st.Observe(b, 1)
+	}
+	if sc5 := st.ScoreContext(); sc5.Cache == sc3.Cache {
+		t.Fatal("snapshot kept after the counts moved by 10 of 211")
 	}
 }
 

@@ -43,15 +43,19 @@ func keyOf(r *Request) (shapeKey, bool) {
 //
 // The typical-shape table is a snapshot: it is rebuilt only once the counts have moved by
 // refreshFraction of the total since the last snapshot (every change while few pods are known), so
-// a busy cluster does not re-sort shapes and drop its fragmentation cache on every pod event. The
-// simulator and the server share this rule.
+// a busy cluster does not re-sort shapes and drop its fragmentation cache and evaluation memo on
+// every pod event. "Moved" is the L1 distance between the counts now and at the snapshot: a pod
+// that arrives and one of the same shape that leaves move nothing, so a cluster whose mix holds
+// still keeps its snapshot however busy it is. The simulator and the server share this rule.
 type ShapeStats struct {
 	mu      sync.Mutex
 	counts  map[shapeKey]*Shape
 	total   int
 	typical []Shape
-	// changes counts Observe deltas since the snapshot; version numbers snapshots.
-	changes int
+	// snap are the counts at the snapshot and drift the L1 distance of counts from them; version
+	// numbers snapshots.
+	snap    map[shapeKey]int
+	drift   int
 	version uint64
 	cache   *FragCache
 }
@@ -83,13 +87,16 @@ func (s *ShapeStats) Observe(r *Request, delta int) {
 		sh = &Shape{Req: c}
 		s.counts[k] = sh
 	}
+	before := abs(sh.Count - s.snap[k])
 	sh.Count += delta
 	s.total += delta
+	s.drift += abs(sh.Count-s.snap[k]) - before
 	if sh.Count <= 0 {
 		delete(s.counts, k)
 	}
-	s.changes++
 }
+
+func abs(x int) int { return max(x, -x) }
 
 // Total is the number of pods counted.
 func (s *ShapeStats) Total() int {
@@ -117,7 +124,7 @@ func (s *ShapeStats) Typical() []Shape {
 }
 
 func (s *ShapeStats) typicalLocked() []Shape {
-	if s.changes == 0 || (s.typical != nil && float64(s.changes) < refreshFraction*float64(s.total)) {
+	if s.drift == 0 || (s.typical != nil && float64(s.drift) < refreshFraction*float64(s.total)) {
 		return s.typical
 	}
 	all := make([]*Shape, 0, len(s.counts))
@@ -142,7 +149,11 @@ func (s *ShapeStats) typicalLocked() []Shape {
 	for i := range out {
 		out[i].Weight = float64(out[i].Count) / float64(covered)
 	}
-	s.typical, s.changes = out, 0
+	s.typical, s.drift = out, 0
+	s.snap = make(map[shapeKey]int, len(s.counts))
+	for k, sh := range s.counts {
+		s.snap[k] = sh.Count
+	}
 	s.version++
 	s.cache = NewSharedFragCache()
 	return out
