@@ -64,7 +64,7 @@ func (x *Extender) evalSetup(req *placement.Request, workers int) ([]*placement.
 	sc0 := x.State.Shapes().ScoreContext()
 	scs := make([]*placement.ScoreContext, workers)
 	for w := range scs {
-		scs[w] = &placement.ScoreContext{Shapes: sc0.Shapes, Cache: sc0.Cache}
+		scs[w] = sc0.Fork()
 	}
 	if x.Engine.PolicyFor(req).Name() == api.PolicyRandom {
 		return scs, nil

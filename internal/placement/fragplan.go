@@ -2,7 +2,7 @@ package placement
 
 import (
 	"math/bits"
-	"slices"
+	"strings"
 )
 
 // fragPlan is a set of typical shapes compiled for computing fragmentation fast. Shapes that test a
@@ -30,6 +30,14 @@ type partStats struct{ fit, rest int }
 
 func compileFragPlan(shapes []Shape) *fragPlan {
 	pl := &fragPlan{shapes: shapes, partOf: make([]int, len(shapes))}
+	// A part is identified by what its GPU test reads (testKey); shapes of one key share it.
+	type testKey struct {
+		whole                bool
+		milli, memoryPercent int
+		memory               int64
+		models               string
+	}
+	index := map[testKey]int{}
 	for i := range shapes {
 		r := &shapes[i].Req
 		if !r.WantsGPU() {
@@ -37,9 +45,14 @@ func compileFragPlan(shapes []Shape) *fragPlan {
 			continue
 		}
 		c := &r.Containers[0]
-		j := slices.IndexFunc(pl.parts, func(p fragPart) bool { return p.sameTest(r, c) })
-		if j < 0 {
+		k := testKey{whole: c.Whole > 0, models: strings.Join(r.Models, "\x00")}
+		if !k.whole {
+			k.milli, k.memory, k.memoryPercent = c.Milli, c.Memory, c.MemoryPercent
+		}
+		j, ok := index[k]
+		if !ok {
 			j = len(pl.parts)
+			index[k] = j
 			pl.parts = append(pl.parts, fragPart{r: r, c: c})
 		}
 		pl.partOf[i] = j
@@ -50,13 +63,6 @@ func compileFragPlan(shapes []Shape) *fragPlan {
 // compiledFor reports whether pl was compiled from exactly this shape slice.
 func (pl *fragPlan) compiledFor(shapes []Shape) bool {
 	return pl != nil && len(pl.shapes) == len(shapes) && (len(shapes) == 0 || &pl.shapes[0] == &shapes[0])
-}
-
-func (p *fragPart) sameTest(r *Request, c *ContainerShape) bool {
-	if (p.c.Whole > 0) != (c.Whole > 0) || !slices.Equal(p.r.Models, r.Models) {
-		return false
-	}
-	return c.Whole > 0 || (p.c.Milli == c.Milli && p.c.Memory == c.Memory && p.c.MemoryPercent == c.MemoryPercent)
 }
 
 // fits is shapeFrag's per-GPU test: a free whole GPU of an allowed model, or room for one share.

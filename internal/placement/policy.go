@@ -44,6 +44,11 @@ type ScoreContext struct {
 	cacheLookups, cacheHits, cacheSkip int
 }
 
+// Fork returns a context for another goroutine on the same shapes, cache and compiled plan.
+func (sc *ScoreContext) Fork() *ScoreContext {
+	return &ScoreContext{Shapes: sc.Shapes, Cache: sc.Cache, Rand: sc.Rand, plan: sc.plan}
+}
+
 // afterState returns the node as it would be after p (scratch memory, valid until the next call).
 func (sc *ScoreContext) afterState(n *NodeState, r *Request, p *Placement) *NodeState {
 	a := &sc.after

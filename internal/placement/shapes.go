@@ -58,6 +58,8 @@ type ShapeStats struct {
 	drift   int
 	version uint64
 	cache   *FragCache
+	// plan is the snapshot compiled for fragmentation, shared read-only by its score contexts.
+	plan *fragPlan
 }
 
 // refreshFraction is how far the counts must move (relative to their total) before the typical
@@ -112,7 +114,11 @@ func (s *ShapeStats) ScoreContext() *ScoreContext {
 	defer s.mu.Unlock()
 	// One lock for both: a snapshot rebuilt in between would pair these shapes with the next
 	// snapshot's cache (and memo), which would then hold values of the wrong shapes.
-	return &ScoreContext{Shapes: s.typicalLocked(), Cache: s.cache}
+	shapes := s.typicalLocked()
+	if !s.plan.compiledFor(shapes) {
+		s.plan = compileFragPlan(shapes)
+	}
+	return &ScoreContext{Shapes: shapes, Cache: s.cache, plan: s.plan}
 }
 
 // Typical returns the most frequent shapes covering TypicalCoverage of observed pods, weights summing
