@@ -85,6 +85,19 @@ func TestHelmInstall(t *testing.T) {
 	h.waitAgent(t, c)
 	c.Inventory = h.inventory(t, c)
 	step("agent serving")
+	// Pods go in once the kubelet offers the plugins' devices, as an operator would wait for the
+	// node to advertise them: a pod the scheduler met before that waits for its requeue (seen once
+	// here: 2 minutes without a retry after "Insufficient tessera.dev/vgpu").
+	if err := waitFor(90*time.Second, 200*time.Millisecond, func() (bool, error) {
+		got := c.Allocatable(t)
+		if got[api.ResourceGPU] == 0 || got[api.ResourceShare] == 0 {
+			return false, fmt.Errorf("allocatable %s = %d, %s = %d", api.ResourceGPU, got[api.ResourceGPU], api.ResourceShare, got[api.ResourceShare])
+		}
+		return true, nil
+	}); err != nil {
+		t.Fatalf("node %s does not offer GPUs: %v\n%s", c.Node, err, h.diagnose(t, ns))
+	}
+	step("node offers whole GPUs and shares")
 
 	// The demo's workloads: one whole GPU, two shares with memory and compute caps.
 	shareLimits := map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "10Gi", api.ResourceShareCores: "30"}
