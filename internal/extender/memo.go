@@ -48,8 +48,8 @@ type evalOutcome struct {
 	explained bool
 }
 
-// table returns the request's table under snapshot, sized for node slots 0..slots-1 (nil: the
-// policy is random and outcomes must not be remembered).
+// table returns the request's table under snapshot, sized for node slots 0..slots-1; a new
+// snapshot drops every table (outcomes depend on every typical shape's weight).
 func (m *evalMemo) table(snapshot *placement.FragCache, digest string, slots int) *evalTable {
 	m.mu.Lock()
 	defer m.mu.Unlock()
