@@ -20,7 +20,6 @@
 #include "region.h"
 #include "vcuda.h"
 
-#define ACTIVE() (vc_g.mode == VC_MODE_ENFORCE && !vc_exiting)
 
 static void credit(uint64_t size, int gpu) {
     if (gpu >= 0)
@@ -30,9 +29,7 @@ static void credit(uint64_t size, int gpu) {
 static void ctx_gone(CUcontext ctx) { vc_untrack_ctx((uint64_t)(uintptr_t)ctx, credit); }
 
 VC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
-    vc_init_cuda();
-    if (!vc_real.cuCtxDestroy_v2)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    PROLOGUE(cuCtxDestroy_v2);
     CUresult r = vc_real.cuCtxDestroy_v2(ctx);
     if (r == CUDA_SUCCESS && ACTIVE())
         ctx_gone(ctx);
@@ -40,9 +37,7 @@ VC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
 }
 
 VC_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
-    vc_init_cuda();
-    if (!vc_real.cuCtxDestroy)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    PROLOGUE(cuCtxDestroy);
     CUresult r = vc_real.cuCtxDestroy(ctx);
     if (r == CUDA_SUCCESS && ACTIVE())
         ctx_gone(ctx);
@@ -128,7 +123,6 @@ VC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
  * device are charged the same cost before they are created. The charge is
  * credited when the context goes (cuCtxDestroy, last primary release,
  * reset, cuGreenCtxDestroy). */
-#define VC_PAGE_CTX (2ull << 20)
 #define MiB_ (1ull << 20)
 /* Architecture table (compute capability major): what a CUDA 12 context
  * with lazy module loading takes, rounded up (unknown: the largest). */
@@ -223,7 +217,7 @@ static CUresult ctx_post(CUresult r, ctx_charge *c, uint64_t key, void (*destroy
         cost = c->table;
         if (c->measure && nvml_self(c->dev, &self1) == 1) {
             uint64_t d = self1 > c->self0 ? self1 - c->self0 : 0;
-            cost = (d + VC_PAGE_CTX - 1) / VC_PAGE_CTX * VC_PAGE_CTX;
+            cost = vc_round_up(d, VC_PAGE);
         }
         if (c->dev >= 0 && c->dev < VC_MAX_ORD)
             atomic_store(&ctx_cost_known[c->dev], cost + 1);
@@ -247,8 +241,6 @@ static CUresult ctx_post(CUresult r, ctx_charge *c, uint64_t key, void (*destroy
     return r;
 }
 
-#define CTX_REFUSED() (vc_g.mode == VC_MODE_FAIL_CLOSED || (vc_g.mode == VC_MODE_ENFORCE && vc_exiting))
-
 static void destroy_ctx(uint64_t key, CUdevice dev) {
     (void)dev;
     if (vc_real.cuCtxDestroy_v2)
@@ -267,10 +259,8 @@ static void release_primary(uint64_t key, CUdevice dev) {
 
 #define CTX_CREATE(realfn, destroy, pctx, dev, ...)                                                         \
     do {                                                                                           \
-        vc_init_cuda();                                                                            \
-        if (!vc_real.realfn)                                                                       \
-            return CUDA_ERROR_NOT_INITIALIZED;                                                     \
-        if (CTX_REFUSED())                                                                         \
+        PROLOGUE(realfn);                                                                          \
+        if (REFUSED())                                                                             \
             return CUDA_ERROR_OUT_OF_MEMORY;                                                       \
         if (!ACTIVE() || !(pctx))                                                                  \
             return vc_real.realfn(__VA_ARGS__);                                                    \
@@ -301,10 +291,8 @@ VC_EXPORT CUresult cuGreenCtxCreate(CUgreenCtx *pctx, CUdevResourceDesc desc, CU
 /* The primary context takes its memory when its first retain creates it. */
 static pthread_mutex_t primary_mu = PTHREAD_MUTEX_INITIALIZER;
 VC_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
-    vc_init_cuda();
-    if (!vc_real.cuDevicePrimaryCtxRetain)
-        return CUDA_ERROR_NOT_INITIALIZED;
-    if (CTX_REFUSED())
+    PROLOGUE(cuDevicePrimaryCtxRetain);
+    if (REFUSED())
         return CUDA_ERROR_OUT_OF_MEMORY;
     if (!ACTIVE() || !pctx)
         return vc_real.cuDevicePrimaryCtxRetain(pctx, dev);
@@ -330,9 +318,7 @@ VC_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
 /* A green context's memory, and what was allocated in the CUcontext made
  * from it, go with it. */
 VC_EXPORT CUresult cuCtxFromGreenCtx(CUcontext *pctx, CUgreenCtx g) {
-    vc_init_cuda();
-    if (!vc_real.cuCtxFromGreenCtx)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    PROLOGUE(cuCtxFromGreenCtx);
     CUresult r = vc_real.cuCtxFromGreenCtx(pctx, g);
     uint64_t sz;
     int gg;
@@ -342,9 +328,7 @@ VC_EXPORT CUresult cuCtxFromGreenCtx(CUcontext *pctx, CUgreenCtx g) {
     return r;
 }
 VC_EXPORT CUresult cuGreenCtxDestroy(CUgreenCtx g) {
-    vc_init_cuda();
-    if (!vc_real.cuGreenCtxDestroy)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    PROLOGUE(cuGreenCtxDestroy);
     CUresult r = vc_real.cuGreenCtxDestroy(g);
     if (r == CUDA_SUCCESS && ACTIVE()) {
         uint64_t sz, cx = 0;
@@ -399,9 +383,7 @@ static uint64_t limit_bytes(int limit, uint64_t v, CUdevice dev) {
     return b > UINT64_MAX - HEAP_PAGE ? UINT64_MAX : (b + HEAP_PAGE - 1) & ~(HEAP_PAGE - 1);
 }
 VC_EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
-    vc_init_cuda();
-    if (!vc_real.cuCtxSetLimit)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    PROLOGUE(cuCtxSetLimit);
     if (limit < CU_LIMIT_STACK_SIZE || limit > CU_LIMIT_MALLOC_HEAP_SIZE ||
         !(ACTIVE() || vc_g.mode == VC_MODE_FAIL_CLOSED || vc_exiting))
         return vc_real.cuCtxSetLimit(limit, value);
@@ -498,9 +480,9 @@ static CUresult load_pre(uint64_t estimate, load_charge *c) {
         return r;
     if (c->g < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    c->charged = estimate > UINT64_MAX - VC_PAGE_CTX ? UINT64_MAX : (estimate + VC_PAGE_CTX - 1) / VC_PAGE_CTX * VC_PAGE_CTX;
+    c->charged = estimate > UINT64_MAX - VC_PAGE ? UINT64_MAX : vc_round_up(estimate, VC_PAGE);
     if (!c->charged)
-        c->charged = VC_PAGE_CTX;
+        c->charged = VC_PAGE;
     if (vc_reserve(c->g, c->charged) != 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     c->slot0 = vc_region_self_used(c->g);
@@ -518,7 +500,7 @@ static CUresult load_post(CUresult r, load_charge *c, uint64_t key, uint64_t ctx
         uint64_t slot1 = vc_region_self_used(c->g), mine = slot1 > c->slot0 ? slot1 - c->slot0 : 0;
         uint64_t d = self1 > c->self0 ? self1 - c->self0 : 0;
         d = d > mine ? d - mine : 0;
-        cost = (d + VC_PAGE_CTX - 1) / VC_PAGE_CTX * VC_PAGE_CTX;
+        cost = vc_round_up(d, VC_PAGE);
     }
     if (cost > c->charged && vc_reserve(c->g, cost - c->charged) != 0) {
         unload(key);
@@ -546,10 +528,8 @@ static void unload_library(uint64_t l) {
 /* lib: a library (not bound to the context). */
 #define LOAD(realfn, handle, estimate, lib, ...)                                                   \
     do {                                                                                           \
-        vc_init_cuda();                                                                            \
-        if (!vc_real.realfn)                                                                       \
-            return CUDA_ERROR_NOT_INITIALIZED;                                                     \
-        if (CTX_REFUSED())                                                                         \
+        PROLOGUE(realfn);                                                                          \
+        if (REFUSED())                                                                             \
             return CUDA_ERROR_OUT_OF_MEMORY;                                                       \
         if (!ACTIVE() || !(handle))                                                                \
             return vc_real.realfn(__VA_ARGS__);                                                    \
@@ -594,14 +574,10 @@ static CUresult unloaded(CUresult r, uint64_t key) {
     return r;
 }
 VC_EXPORT CUresult cuModuleUnload(CUmodule m) {
-    vc_init_cuda();
-    if (!vc_real.cuModuleUnload)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    PROLOGUE(cuModuleUnload);
     return unloaded(vc_real.cuModuleUnload(m), (uint64_t)(uintptr_t)m);
 }
 VC_EXPORT CUresult cuLibraryUnload(CUlibrary l) {
-    vc_init_cuda();
-    if (!vc_real.cuLibraryUnload)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    PROLOGUE(cuLibraryUnload);
     return unloaded(vc_real.cuLibraryUnload(l), (uint64_t)(uintptr_t)l);
 }

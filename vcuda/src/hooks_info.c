@@ -16,7 +16,6 @@
 #include "region.h"
 #include "vcuda.h"
 
-#define ACTIVE() (vc_g.mode == VC_MODE_ENFORCE && !vc_exiting)
 #define FAIL_CLOSED() (vc_g.mode == VC_MODE_FAIL_CLOSED)
 
 static inline uint64_t min64(uint64_t a, uint64_t b) { return a < b ? a : b; }
@@ -46,9 +45,7 @@ static CUresult cur_gpu_info(int *g) {
 }
 
 VC_EXPORT CUresult cuMemGetInfo_v2(size_t *free, size_t *total) {
-    vc_init_cuda();
-    if (!vc_real.cuMemGetInfo_v2)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    PROLOGUE(cuMemGetInfo_v2);
     size_t rf = 0, rt = 0;
     CUresult r = vc_real.cuMemGetInfo_v2(free ? &rf : NULL, total ? &rt : NULL);
     if (r != CUDA_SUCCESS || !(ACTIVE() || FAIL_CLOSED())) {
@@ -92,9 +89,7 @@ VC_EXPORT CUresult cuMemGetInfo(unsigned int *free, unsigned int *total) {
 }
 
 VC_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
-    vc_init_cuda();
-    if (!vc_real.cuDeviceTotalMem_v2)
-        return CUDA_ERROR_NOT_INITIALIZED;
+    PROLOGUE(cuDeviceTotalMem_v2);
     CUresult r = vc_real.cuDeviceTotalMem_v2(bytes, dev);
     if (r != CUDA_SUCCESS || !bytes || !(ACTIVE() || FAIL_CLOSED()))
         return r;

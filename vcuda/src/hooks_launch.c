@@ -59,7 +59,6 @@
 #define SAMPLE_AGE_NS 10000000ull
 #define EST_BITS 12
 
-#define ACTIVE() (vc_g.mode == VC_MODE_ENFORCE && !vc_exiting)
 
 /* Per-process estimates: key (function and shape, or graph exec; plus the
  * wave bucket) -> ns per wave, and the shape's occupancy. */
@@ -588,11 +587,6 @@ static void after_launch(launch_ctx *lc, CUresult r) {
     if (atomic_load_explicit(&est_global[tls.g][tls.graph], memory_order_relaxed) == 0)
         harvest(1);
 }
-
-#define PROLOGUE(fn)                                                                               \
-    vc_init_cuda();                                                                                \
-    if (VC_UNLIKELY(!vc_real.fn))                                                                  \
-        return CUDA_ERROR_NOT_INITIALIZED;
 
 #define LAUNCH_BODY(fn, ptsz_, key, blocks, threads, smem, graph, stream_, call)                   \
     PROLOGUE(fn);                                                                                  \

@@ -21,28 +21,12 @@
  * cannot be identified, VC_GPU_HOST memory that is not device memory. */
 #define VC_GPU_HOST (-3)
 
-#define PROLOGUE(fn)                                                                               \
-    vc_init_cuda();                                                                                \
-    if (VC_UNLIKELY(!vc_real.fn))                                                                  \
-        return CUDA_ERROR_NOT_INITIALIZED;
-
-/* Accounting applies (limits file read and not exiting). After vcuda's
- * exit handler (which gives the process's share back) allocations are
- * refused: an earlier-registered atexit handler of the application must not
- * allocate uncounted past the cap. Frees still reach the driver. */
-#define ACTIVE() (vc_g.mode == VC_MODE_ENFORCE && !vc_exiting)
-#define FAIL_CLOSED() (vc_g.mode == VC_MODE_FAIL_CLOSED || (vc_g.mode == VC_MODE_ENFORCE && vc_exiting))
-
-static uint64_t round_up(uint64_t x, uint64_t a) {
-    return x > UINT64_MAX - (a - 1) ? UINT64_MAX / a * a : (x + a - 1) / a * a;
-}
-
 /* Driver rounding of linear memory and arrays: the driver maps device
  * memory in 2 MiB pages; an allocation over 1 MiB takes whole pages of its
  * own, a smaller one is carved at 512-byte alignment from pages shared with
  * others (the partly used page they share is not charged). */
 static uint64_t linear_bytes(uint64_t size) {
-    return size > (1ull << 20) ? round_up(size, 2ull << 20) : round_up(size, 512);
+    return size > (1ull << 20) ? vc_round_up(size, 2ull << 20) : vc_round_up(size, 512);
 }
 
 static CUresult charge(int g, uint64_t size) {
@@ -106,7 +90,7 @@ static uint64_t cur_ctx(void) {
 static CUresult alloc_common(CUresult (*fn)(CUdeviceptr *, size_t), CUdeviceptr *dptr,
                              size_t size) {
     if (!ACTIVE() || !dptr || size == 0)
-        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY : fn(dptr, size);
+        return REFUSED() ? CUDA_ERROR_OUT_OF_MEMORY : fn(dptr, size);
     int g;
     CUdevice dev;
     CUresult r = vc_cur_gpu(&g, &dev);
@@ -142,7 +126,7 @@ VC_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pitch, size_t w
                                       size_t height, unsigned int elem) {
     PROLOGUE(cuMemAllocPitch_v2);
     if (!ACTIVE() || !dptr || !pitch || width == 0 || height == 0)
-        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY
+        return REFUSED() ? CUDA_ERROR_OUT_OF_MEMORY
                              : vc_real.cuMemAllocPitch_v2(dptr, pitch, width, height, elem);
     int g;
     CUdevice dev;
@@ -268,7 +252,7 @@ static CUresult array_charge(uint64_t *size, int *g) {
 VC_EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *desc) {
     PROLOGUE(cuArrayCreate_v2);
     if (!ACTIVE() || !arr || !desc)
-        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY : vc_real.cuArrayCreate_v2(arr, desc);
+        return REFUSED() ? CUDA_ERROR_OUT_OF_MEMORY : vc_real.cuArrayCreate_v2(arr, desc);
     uint64_t size;
     int g;
     if (array_bytes(desc->Width, desc->Height, 1, desc->Format, desc->NumChannels, &size) != 0)
@@ -283,7 +267,7 @@ VC_EXPORT CUresult cuArrayCreate_v2(CUarray *arr, const CUDA_ARRAY_DESCRIPTOR *d
 VC_EXPORT CUresult cuArray3DCreate_v2(CUarray *arr, const CUDA_ARRAY3D_DESCRIPTOR *desc) {
     PROLOGUE(cuArray3DCreate_v2);
     if (!ACTIVE() || !arr || !desc)
-        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY : vc_real.cuArray3DCreate_v2(arr, desc);
+        return REFUSED() ? CUDA_ERROR_OUT_OF_MEMORY : vc_real.cuArray3DCreate_v2(arr, desc);
     uint64_t size;
     int g;
     if (array3d_bytes(desc, 1, &size) != 0)
@@ -304,7 +288,7 @@ VC_EXPORT CUresult cuMipmappedArrayCreate(CUmipmappedArray *arr, const CUDA_ARRA
                                           unsigned int levels) {
     PROLOGUE(cuMipmappedArrayCreate);
     if (!ACTIVE() || !arr || !desc)
-        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY
+        return REFUSED() ? CUDA_ERROR_OUT_OF_MEMORY
                              : vc_real.cuMipmappedArrayCreate(arr, desc, levels);
     uint64_t size;
     int g;
@@ -346,7 +330,7 @@ VC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
                                const CUmemAllocationProp *prop, unsigned long long flags) {
     PROLOGUE(cuMemCreate);
     if (!ACTIVE() || !h || !prop || size == 0)
-        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY : vc_real.cuMemCreate(h, size, prop, flags);
+        return REFUSED() ? CUDA_ERROR_OUT_OF_MEMORY : vc_real.cuMemCreate(h, size, prop, flags);
     int g;
     CUresult r = location_gpu(&prop->location, &g);
     if (r != CUDA_SUCCESS)
@@ -377,7 +361,6 @@ VC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
  * charges nothing back; after a synchronisation or a trim the pool is
  * credited down to what the driver says it still holds
  * (CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), never below its live pages. */
-#define VC_PAGE (2ull << 20)
 #define VC_MAX_POOLS 64
 #define CU_MEMPOOL_ATTR_RELEASE_THRESHOLD 4
 #define CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT 5
@@ -441,7 +424,7 @@ static CUresult pool_charge(int s, uint64_t sz, uint64_t *grew) {
     uint64_t need = p->used + sz;
     *grew = 0;
     if (need > p->reserved) {
-        uint64_t add = round_up(need, VC_PAGE) - p->reserved;
+        uint64_t add = vc_round_up(need, VC_PAGE) - p->reserved;
         if (charge(p->g, add) != CUDA_SUCCESS) {
             pthread_mutex_unlock(&pool_mu);
             return CUDA_ERROR_OUT_OF_MEMORY;
@@ -457,7 +440,7 @@ static CUresult pool_charge(int s, uint64_t sz, uint64_t *grew) {
 /* Under pool_mu: what pool p may be credited down to (its live pages, or
  * more while the driver says it holds more). */
 static void pool_credit_locked(vc_pool *p, uint64_t keep) {
-    uint64_t k = round_up(p->used, VC_PAGE);
+    uint64_t k = vc_round_up(p->used, VC_PAGE);
     if (keep > k)
         k = keep;
     if (k < p->reserved) {
@@ -478,7 +461,7 @@ static void pool_uncharge(int s, uint64_t sz, uint64_t grew) {
 }
 
 static int pool_over(const vc_pool *p) {
-    return p->reserved > round_up(p->used, VC_PAGE) && p->reserved > p->threshold;
+    return p->reserved > vc_round_up(p->used, VC_PAGE) && p->reserved > p->threshold;
 }
 
 /* An allocation of sz live bytes went back into pool s. */
@@ -568,7 +551,7 @@ static CUresult pool_alloc_in(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool
     int slot = pool_slot(pool, g, 1);
     if (slot < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
-    uint64_t sz = round_up(size, 512), grew;
+    uint64_t sz = vc_round_up(size, 512), grew;
     CUresult r = pool_charge(slot, sz, &grew);
     if (r != CUDA_SUCCESS)
         return r;
@@ -594,7 +577,7 @@ static CUresult capture_alloc(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), C
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = fn(dptr, size, s);
     if (r == CUDA_SUCCESS)
-        graph_add(s, g, round_up(size, VC_PAGE));
+        graph_add(s, g, vc_round_up(size, VC_PAGE));
     return r;
 }
 
@@ -613,7 +596,7 @@ static CUresult async_alloc(int ptsz, CUresult (*ffree)(CUdeviceptr, CUstream), 
     CUresult (*fn)(CUdeviceptr *, size_t, CUstream) = ptsz ? vc_real.cuMemAllocAsync_ptsz
                                                            : vc_real.cuMemAllocAsync;
     if (!ACTIVE() || !dptr || size == 0)
-        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY : fn(dptr, size, s);
+        return REFUSED() ? CUDA_ERROR_OUT_OF_MEMORY : fn(dptr, size, s);
     int g;
     CUdevice dev;
     CUresult r = stream_gpu(s, &g, &dev);
@@ -654,7 +637,7 @@ static CUresult pool_alloc(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool, C
                            CUresult (*ffree)(CUdeviceptr, CUstream), CUdeviceptr *dptr,
                            size_t size, CUmemoryPool pool, CUstream s) {
     if (!ACTIVE() || !dptr || size == 0 || !pool)
-        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY : fn(dptr, size, pool, s);
+        return REFUSED() ? CUDA_ERROR_OUT_OF_MEMORY : fn(dptr, size, pool, s);
     int g;
     CUresult r = pool_gpu(pool, s, &g);
     if (r != CUDA_SUCCESS)
@@ -663,7 +646,7 @@ static CUresult pool_alloc(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool, C
         if (g < 0)
             return CUDA_ERROR_OUT_OF_MEMORY;
         if ((r = fn(dptr, size, pool, s)) == CUDA_SUCCESS)
-            graph_add(s, g, round_up(size, VC_PAGE));
+            graph_add(s, g, vc_round_up(size, VC_PAGE));
         return r;
     }
     return pool_alloc_in(fn, ffree, dptr, size, pool, s, g);
@@ -868,7 +851,7 @@ VC_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, cons
     int g;
     if (r == CUDA_SUCCESS && ACTIVE() && p && location_gpu(&p->poolProps.location, &g) == CUDA_SUCCESS &&
         g != VC_GPU_HOST && g >= 0)
-        graph_add(graph, g, round_up(p->bytesize, VC_PAGE));
+        graph_add(graph, g, vc_round_up(p->bytesize, VC_PAGE));
     return r;
 }
 
@@ -989,7 +972,7 @@ VC_EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
 
 static CUresult ipc_open(CUresult (*fn)(CUdeviceptr *, CUipcMemHandle, unsigned int),
                          CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags) {
-    if (FAIL_CLOSED())
+    if (REFUSED())
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = fn(dptr, h, flags);
     if (r != CUDA_SUCCESS || !ACTIVE() || !dptr)
@@ -1026,7 +1009,7 @@ VC_EXPORT CUresult cuImportExternalMemory(CUexternalMemory *ext,
                                           const CUDA_EXTERNAL_MEMORY_HANDLE_DESC *desc) {
     PROLOGUE(cuImportExternalMemory);
     if (!ACTIVE() || !ext || !desc || desc->size == 0)
-        return FAIL_CLOSED() ? CUDA_ERROR_OUT_OF_MEMORY : vc_real.cuImportExternalMemory(ext, desc);
+        return REFUSED() ? CUDA_ERROR_OUT_OF_MEMORY : vc_real.cuImportExternalMemory(ext, desc);
     /* Counted once, by the imported size; buffers and mipmapped arrays
      * mapped from it are views and are not counted again. */
     int g;

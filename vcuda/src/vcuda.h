@@ -12,6 +12,28 @@
 #define VC_LIKELY(x) __builtin_expect(!!(x), 1)
 #define VC_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
+/* Every hook starts here: the real driver resolved, else the call cannot be served. */
+#define PROLOGUE(fn)                                                                               \
+    vc_init_cuda();                                                                                \
+    if (VC_UNLIKELY(!vc_real.fn))                                                                  \
+        return CUDA_ERROR_NOT_INITIALIZED;
+
+/* Accounting applies (limits file read and not exiting). After vcuda's
+ * exit handler (which gives the process's share back) allocations are
+ * refused: an earlier-registered atexit handler of the application must not
+ * allocate uncounted past the cap. Frees still reach the driver. */
+#define ACTIVE() (vc_g.mode == VC_MODE_ENFORCE && !vc_exiting)
+/* Device memory must be refused: limits unusable (fail closed), or past vcuda's exit handler. */
+#define REFUSED() (vc_g.mode == VC_MODE_FAIL_CLOSED || (vc_g.mode == VC_MODE_ENFORCE && vc_exiting))
+
+/* The driver reserves device memory for pools, graphs, contexts and modules in 2 MiB pages. */
+#define VC_PAGE (2ull << 20)
+
+/* x rounded up to a multiple of a (saturating). */
+static inline uint64_t vc_round_up(uint64_t x, uint64_t a) {
+    return x > UINT64_MAX - (a - 1) ? UINT64_MAX / a * a : (x + a - 1) / a * a;
+}
+
 /* How the process runs, decided once at first use. */
 enum {
     VC_MODE_UNINIT = 0,
