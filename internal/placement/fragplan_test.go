@@ -64,18 +64,7 @@ func naiveFragmentation(n *NodeState, shapes []Shape, fed bool) float64 {
 
 func randomPlanNode(rng *rand.Rand) *NodeState {
 	n := &NodeState{CPUMilli: 64000, MemMiB: 1 << 20, UsedCPU: int64(rng.IntN(64000)), UsedMem: int64(rng.IntN(1 << 20))}
-	for g := 0; g < 1+rng.IntN(8); g++ {
-		gs := GPUState{Index: g, Model: []string{"A", "B"}[rng.IntN(2)], Usable: rng.IntN(10) > 0, Memory: 16 << 30}
-		switch rng.IntN(3) {
-		case 0:
-			gs.Whole = true
-		case 1:
-			gs.Shares = 1 + rng.IntN(3)
-			gs.UsedMilli = 100 * rng.IntN(10)
-			gs.UsedMemory = int64(rng.IntN(12)) << 30
-		}
-		n.GPUs = append(n.GPUs, gs)
-	}
+	n.GPUs = randomGPUs(rng, "A", "B")
 	return n
 }
 

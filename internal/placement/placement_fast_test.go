@@ -13,18 +13,7 @@ func TestFastPathsMatchGreedy(t *testing.T) {
 	var a arena
 	for iter := 0; iter < 2000; iter++ {
 		n := &NodeState{CPUMilli: 64000, MemMiB: 1 << 20}
-		for g := 0; g < 1+rng.IntN(8); g++ {
-			gs := GPUState{Index: g, Model: "A", Usable: rng.IntN(10) > 0, Memory: 16 << 30}
-			switch rng.IntN(3) {
-			case 0:
-				gs.Whole = true
-			case 1:
-				gs.Shares = 1 + rng.IntN(3)
-				gs.UsedMilli = 100 * rng.IntN(10)
-				gs.UsedMemory = int64(rng.IntN(12)) << 30
-			}
-			n.GPUs = append(n.GPUs, gs)
-		}
+		n.GPUs = randomGPUs(rng, "A")
 		r := &Request{Containers: []ContainerShape{{Name: "c", Shares: 2 + rng.IntN(3), Milli: 100 * rng.IntN(10), Memory: int64(1+rng.IntN(4)) << 30}}}
 		if checkStatic(n, r, true) != nil {
 			continue // greedy is only reached past the static checks
@@ -98,18 +87,7 @@ func TestAfterKey(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	for iter := 0; iter < 3000; iter++ {
 		n := &NodeState{CPUMilli: 64000, MemMiB: 1 << 20, UsedCPU: int64(rng.IntN(32000)), TypeID: 1}
-		for g := 0; g < 1+rng.IntN(8); g++ {
-			gs := GPUState{Index: g, Model: "A", Usable: rng.IntN(10) > 0, Memory: 16 << 30}
-			switch rng.IntN(3) {
-			case 0:
-				gs.Whole = true
-			case 1:
-				gs.Shares = 1 + rng.IntN(3)
-				gs.UsedMilli = 100 * rng.IntN(10)
-				gs.UsedMemory = int64(rng.IntN(12)) << 30
-			}
-			n.GPUs = append(n.GPUs, gs)
-		}
+		n.GPUs = randomGPUs(rng, "A")
 		var r *Request
 		if rng.IntN(2) == 0 {
 			r = &Request{CPUMilli: 4000, Containers: []ContainerShape{{Name: "c", Shares: 1 + rng.IntN(2), Milli: 100 * rng.IntN(10), Memory: int64(1+rng.IntN(4)) << 30}}}
@@ -166,4 +144,27 @@ func TestClosestSetFastMatchesSlow(t *testing.T) {
 			t.Fatalf("iter %d: closestSet %v, original %v", iter, got, want)
 		}
 	}
+}
+
+// randomGPUs draws 1-8 GPUs of 16 GiB, one in ten unusable, each free, held whole or carrying 1-3
+// shares; the model is drawn per GPU when there are several.
+func randomGPUs(rng *rand.Rand, models ...string) []GPUState {
+	var gpus []GPUState
+	for g := 0; g < 1+rng.IntN(8); g++ {
+		model := models[0]
+		if len(models) > 1 {
+			model = models[rng.IntN(len(models))]
+		}
+		gs := GPUState{Index: g, Model: model, Usable: rng.IntN(10) > 0, Memory: 16 << 30}
+		switch rng.IntN(3) {
+		case 0:
+			gs.Whole = true
+		case 1:
+			gs.Shares = 1 + rng.IntN(3)
+			gs.UsedMilli = 100 * rng.IntN(10)
+			gs.UsedMemory = int64(rng.IntN(12)) << 30
+		}
+		gpus = append(gpus, gs)
+	}
+	return gpus
 }
