@@ -62,28 +62,33 @@ func TestHTTPServer(t *testing.T) {
 func TestDecodeArgsMatchesStandardDecoding(t *testing.T) {
 	x := newTestExtender(t, api.PolicyTessera)
 	x.State.UpsertNode(testNode(testInventory("n1", 1, 1, "T4"), nil))
-	for _, body := range []string{
+	cases := []string{
 		`{"Pod":{"metadata":{"name":"p"}},"NodeNames":["n1","n2"]}`,
 		`{"pod":null,"nodenames":[ "n1" , "n\u0032", "n1" ]}`,
 		`{"NodeNames":[]}`, `{"NodeNames":null}`, `{}`, `{"NodeNames":[ ]}`,
 		`{"Nodes":{"items":[{"metadata":{"name":"n1"}}]}}`,
 		`{"NodeNames":["a\"b"]}`,
-	} {
+	}
+	// Twice over: the second round decodes into name lists the first gave back to the pool (longer
+	// lists before shorter ones, released lists cleared).
+	for _, body := range append(cases, cases...) {
 		var want extenderv1.ExtenderArgs
 		if err := json.Unmarshal([]byte(body), &want); err != nil {
 			t.Fatal(err)
 		}
 		var got extenderv1.ExtenderArgs
 		rec := httptest.NewRecorder()
-		if !x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(body)), &got) {
+		release, ok := x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(body)), &got)
+		if !ok {
 			t.Fatalf("%s: %s", body, rec.Body.String())
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("%s: decoded %+v, want %+v", body, got, want)
 		}
+		release()
 	}
 	rec := httptest.NewRecorder()
-	if x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(`{"NodeNames":["n1",]}`)), &extenderv1.ExtenderArgs{}) {
+	if _, ok := x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(`{"NodeNames":["n1",]}`)), &extenderv1.ExtenderArgs{}); ok {
 		t.Error("invalid JSON decoded")
 	}
 }
