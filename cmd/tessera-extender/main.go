@@ -40,7 +40,7 @@ import (
 type options struct {
 	kubeconfig, listen, metricsListen, config, policy, identity string
 	advertiseURL, peerListen                                    string
-	leaderElect, pickOne, version, reusePort                    bool
+	leaderElect, pickOne, version, reusePort, warmMemo          bool
 	qps                                                         int
 	log                                                         telemetry.LogOptions
 }
@@ -60,6 +60,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.StringVar(&o.peerListen, "peer-listen", "", "an extra address of the extender API, for binds other replicas pass on to this one; port 0 picks a free port (for replicas sharing a host network, where --listen is shared with --reuse-port)")
 	fs.BoolVar(&o.reusePort, "reuse-port", false, "open --listen and --metrics-listen with SO_REUSEPORT, so replicas on one host network share the ports (the kernel spreads connections over them)")
 	fs.BoolVar(&o.pickOne, "filter-pick-one", false, "filter keeps only the placement policy's chosen node (ties to the smallest name) and holds it until the bind, so the kube-scheduler binds where the policy prefers")
+	fs.BoolVar(&o.warmMemo, "warm-memo", true, "re-evaluate, on one background goroutine, the nodes that changed for the request shapes filter met recently (and every node after a new typical-shape snapshot), so that the next pod of a shape finds its outcomes remembered")
 	fs.BoolVar(&o.leaderElect, "leader-elect", true, "bind only while holding the leader Lease (the other replicas answer filter/prioritize)")
 	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address /metrics (Prometheus) and /healthz are served on apart from the extender API, so that scrapes need no access to it (the chart: 0.0.0.0:9447); empty: /metrics is served on --listen")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
@@ -160,6 +161,9 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		synced.Store(true)
 		log.Info("cluster state rebuilt from the API server")
 	}()
+	if o.warmMemo {
+		go x.RunWarmer(ctx)
+	}
 	go wait.UntilWithContext(ctx, func(context.Context) {
 		if n := state.ExpireReservations(); n > 0 {
 			log.Warn("expired in-flight reservations", "count", n)
@@ -201,7 +205,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		}()
 	}
 	reg := telemetry.NewRegistry("tessera-extender")
-	metrics := newExtenderMetrics(reg, leader, o.leaderElect, x.Evaluations)
+	metrics := newExtenderMetrics(reg, leader, o.leaderElect, x.Evaluations, x.Warmed)
 	verbsHandler := x.Handler(synced.Load)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", telemetry.MetricsHandler(reg))

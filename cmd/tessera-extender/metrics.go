@@ -18,20 +18,23 @@ type extenderMetrics struct {
 }
 
 // evaluations reports the extender's node outcomes taken from its memo and evaluated afresh
-// (extender.Extender.Evaluations).
-func newExtenderMetrics(reg prometheus.Registerer, leader *atomic.Bool, leaderElect bool, evaluations func() (remembered, evaluated int64)) *extenderMetrics {
+// (extender.Extender.Evaluations), warmed those its warmer evaluated (extender.Extender.Warmed).
+func newExtenderMetrics(reg prometheus.Registerer, leader *atomic.Bool, leaderElect bool, evaluations func() (remembered, evaluated int64), warmed func() int64) *extenderMetrics {
 	m := &extenderMetrics{requests: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "tessera_extender_request_duration_seconds", Buckets: telemetry.LatencyBuckets,
 		Help: "Time the extender took to answer kube-scheduler, by verb (filter, prioritize, bind) and result: ok, " +
 			"unschedulable (filter: no node fits) or error.",
 	}, []string{"verb", "result"})}
 	evalHelp := "Node evaluations of filter and prioritize, by outcome: remembered (the node and the pod's request " +
-		"shape unchanged since the last evaluation under the same typical-shape snapshot) or evaluated."
+		"shape unchanged since the last evaluation under the same typical-shape snapshot) or evaluated in the call; " +
+		"warmed counts the evaluations made in the background for nodes that changed (--warm-memo)."
 	reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tessera_extender_node_evaluations_total", Help: evalHelp,
 			ConstLabels: prometheus.Labels{"outcome": "remembered"}}, func() float64 { r, _ := evaluations(); return float64(r) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tessera_extender_node_evaluations_total", Help: evalHelp,
-			ConstLabels: prometheus.Labels{"outcome": "evaluated"}}, func() float64 { _, e := evaluations(); return float64(e) }))
+			ConstLabels: prometheus.Labels{"outcome": "evaluated"}}, func() float64 { _, e := evaluations(); return float64(e) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tessera_extender_node_evaluations_total", Help: evalHelp,
+			ConstLabels: prometheus.Labels{"outcome": "warmed"}}, func() float64 { return float64(warmed()) }))
 	reg.MustRegister(m.requests, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tessera_extender_leader",
 		Help: "1 while this replica holds the leader Lease and binds (always 1 without leader election).",

@@ -17,7 +17,7 @@ import (
 func TestRequestMetrics(t *testing.T) {
 	reg := telemetry.NewRegistry("tessera-extender")
 	leader := &atomic.Bool{}
-	m := newExtenderMetrics(reg, leader, true, func() (int64, int64) { return 4990, 10 })
+	m := newExtenderMetrics(reg, leader, true, func() (int64, int64) { return 4990, 10 }, func() int64 { return 77 })
 	answers := map[string]string{
 		"/filter":     `{"NodeNames":["n1"],"FailedNodes":{},"Error":""}`,
 		"/prioritize": `[{"Host":"n1","Score":10}]`,
@@ -60,6 +60,7 @@ func TestRequestMetrics(t *testing.T) {
 		"\ntessera_extender_leader 0\n",
 		`tessera_extender_node_evaluations_total{outcome="remembered"} 4990`,
 		`tessera_extender_node_evaluations_total{outcome="evaluated"} 10`,
+		`tessera_extender_node_evaluations_total{outcome="warmed"} 77`,
 		"tessera_extender_build_info{",
 	} {
 		if !strings.Contains(out, want) {

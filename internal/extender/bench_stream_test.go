@@ -2,6 +2,7 @@ package extender
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -38,7 +39,14 @@ const streamTrace = "../../../shared/data/openb/"
 // bound (the assigned pod reaches the state as the informer would deliver it) and the oldest pod is
 // deleted, so the load stays where it is and every op sees the last binds and deletions. Every cost
 // is in the numbers: request shapes met for the first time, shape snapshots rebuilt as the counts
-// drift, memo evictions.
+// drift, memo evictions, and the warmer's background evaluations (warm.go; cpu-ms/op is the whole
+// process's CPU, the warmer's included).
+//
+// steady-unwarmed runs without the warmer (--warm-memo=false), pods back to back; steady with it,
+// pods back to back (the warmer competes with every call for the two cores); paced-40hz with it, one
+// pod every 25 ms (the live benchmark schedules 26-35 pods/s with this extender; the kube-scheduler
+// spends ~20 ms in its own Filter plugins per pod at 4,852 nodes), so the warmer works between calls
+// as it would beside a real scheduler; cold clears the memo before each pod.
 func BenchmarkSchedulingStream(b *testing.B) {
 	nodes, err := simulate.LoadNodes(streamTrace + "openb_node_list_gpu_node.csv")
 	if err != nil {
@@ -81,14 +89,36 @@ func BenchmarkSchedulingStream(b *testing.B) {
 	h := x.Handler(nil)
 	// steady: after 2,000 pods untimed (the memo has met the trace's shapes, as in an extender that
 	// has been running); cold: the memo cleared before each pod.
-	b.Run("steady", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 2000, false) })
-	b.Run("cold", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 0, true) })
+	b.Run("steady-unwarmed", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 2000, false, 0) })
+	x.State.changes.start()
+	ctx, cancel := context.WithCancel(context.Background())
+	warmer := make(chan struct{})
+	go func() { defer close(warmer); x.RunWarmer(ctx) }()
+	defer func() { cancel(); <-warmer }()
+	b.Run("steady", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 2000, false, 0) })
+	b.Run("paced-40hz", func(b *testing.B) {
+		streamOps(b, x, h, names, stream, &next, &placed, 200, false, 25*time.Millisecond)
+	})
+	b.Run("cold", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 0, true, 0) })
 }
 
 // streamOps times b.N pods of the stream from *next on, after warmup pods untimed; cold clears the
 // evaluation memo before each pod (a request shape not seen before, or the first pod of each shape
-// after a new shape snapshot).
-func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream []*corev1.Pod, next *int, placed *[]types.UID, warmup int, cold bool) {
+// after a new shape snapshot); a period paces the pods (one per period, warm-up included).
+func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream []*corev1.Pod, next *int, placed *[]types.UID, warmup int, cold bool, period time.Duration) {
+	var due time.Time
+	pace := func() {
+		if period <= 0 {
+			return
+		}
+		b.StopTimer()
+		if due.IsZero() {
+			due = time.Now()
+		}
+		due = due.Add(period)
+		time.Sleep(time.Until(due))
+		b.StartTimer()
+	}
 	unschedulable := 0
 	one := func() time.Duration {
 		i := *next
@@ -125,6 +155,7 @@ func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream
 		return took
 	}
 	for range warmup {
+		pace()
 		one()
 	}
 	r0, e0 := x.Evaluations()
@@ -134,6 +165,7 @@ func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream
 	cpu0 := cpuTime()
 	b.ResetTimer()
 	for range b.N {
+		pace()
 		d = append(d, one())
 	}
 	b.StopTimer()

@@ -1,6 +1,8 @@
 package extender
 
 import (
+	"cmp"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -19,10 +21,20 @@ import (
 type evalMemo struct {
 	mu       sync.Mutex
 	snapshot *placement.FragCache
+	version  uint64 // the snapshot's number (placement.ScoreContext.Snapshot)
 	tables   map[string]*evalTable
 	tick     uint64
-	// remembered and evaluated count node outcomes taken from the memo and computed afresh.
-	remembered, evaluated atomic.Int64
+	// pending are the requests of the tables the last snapshot change dropped, for the warmer to
+	// fill under the new snapshot (warm.go).
+	pending []pendingRequest
+	// remembered and evaluated count node outcomes filter and prioritize took from the memo and
+	// computed afresh; warmed those the warmer computed (warm.go).
+	remembered, evaluated, warmed atomic.Int64
+}
+
+type pendingRequest struct {
+	req  *placement.Request
+	used uint64
 }
 
 // evalMemoBudget bounds the memo: one table of a 5,000-node cluster is about 5000 x (8 + 48) bytes,
@@ -35,6 +47,8 @@ const evalSlotBytes = 8 + 48
 type evalTable struct {
 	used  atomic.Uint64
 	slots []atomic.Pointer[evalOutcome]
+	// req is the request the table was made for (every request with its digest evaluates alike).
+	req *placement.Request
 }
 
 // evalOutcome is one node's outcome for the table's request: the policy score and the newest GPU
@@ -50,25 +64,87 @@ type evalOutcome struct {
 
 // table returns the request's table under snapshot, sized for node slots 0..slots-1; a new
 // snapshot drops every table (outcomes depend on every typical shape's weight).
-func (m *evalMemo) table(snapshot *placement.FragCache, digest string, slots int) *evalTable {
+func (m *evalMemo) table(sc *placement.ScoreContext, digest string, req *placement.Request, slots int) *evalTable {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.snapshot != snapshot || m.tables == nil {
-		m.snapshot, m.tables = snapshot, map[string]*evalTable{}
+	if !m.switchLocked(sc) {
+		return nil // a call that read the snapshot before the one the memo holds: not remembered
 	}
 	m.tick++
 	t := m.tables[digest]
 	if t == nil || len(t.slots) < slots {
 		// A table holds every node slot there is; a node added since gets a new, larger table.
-		maxTables := max(4, evalMemoBudget/(evalSlotBytes*max(slots, 1)))
-		for len(m.tables) >= maxTables {
-			m.evictOldest()
-		}
-		t = &evalTable{slots: make([]atomic.Pointer[evalOutcome], slots+slots/8+8)}
-		m.tables[digest] = t
+		t = m.newTableLocked(digest, req, slots)
 	}
 	t.used.Store(m.tick)
 	return t
+}
+
+// switchLocked moves the memo to sc's snapshot if it is not there yet, dropping every table; their
+// requests become pending (most recently used first) for the warmer. False when sc's snapshot is
+// older than the memo's (a concurrent call already moved on): never move back.
+func (m *evalMemo) switchLocked(sc *placement.ScoreContext) bool {
+	if m.snapshot != nil && sc.Snapshot < m.version {
+		return false
+	}
+	snapshot := sc.Cache
+	if m.snapshot == snapshot && m.tables != nil {
+		return true
+	}
+	if m.snapshot != snapshot && len(m.tables) > 0 {
+		m.pending = m.pending[:0]
+		for _, t := range m.tables {
+			m.pending = append(m.pending, pendingRequest{t.req, t.used.Load()})
+		}
+		slices.SortFunc(m.pending, func(a, b pendingRequest) int { return cmp.Compare(b.used, a.used) })
+	}
+	m.snapshot, m.version, m.tables = snapshot, sc.Snapshot, map[string]*evalTable{}
+	return true
+}
+
+func (m *evalMemo) newTableLocked(digest string, req *placement.Request, slots int) *evalTable {
+	maxTables := max(4, evalMemoBudget/(evalSlotBytes*max(slots, 1)))
+	for len(m.tables) >= maxTables {
+		m.evictOldest()
+	}
+	t := &evalTable{slots: make([]atomic.Pointer[evalOutcome], slots+slots/8+8), req: req}
+	m.tables[digest] = t
+	return t
+}
+
+// warmTable is a table the warmer fills and the request it evaluates.
+type warmTable struct {
+	t   *evalTable
+	req *placement.Request
+}
+
+// warmTables returns the tables under snapshot for the warmer, most recently used first: tables
+// already in use, and fresh ones made for the requests a snapshot change left pending (to be filled
+// for every node).
+func (m *evalMemo) warmTables(sc *placement.ScoreContext, slots int) (tables, fresh []warmTable) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.tables == nil && len(m.pending) == 0 || !m.switchLocked(sc) {
+		return nil, nil // nothing asked yet (or reset), or sc is older than the memo's snapshot
+	}
+	made := map[*evalTable]bool{}
+	for _, p := range m.pending {
+		d := p.req.Digest()
+		if t := m.tables[d]; t == nil || len(t.slots) < slots {
+			t = m.newTableLocked(d, p.req, slots)
+			t.used.Store(p.used)
+			made[t] = true
+			fresh = append(fresh, warmTable{t, p.req})
+		}
+	}
+	m.pending = nil
+	for _, t := range m.tables {
+		if !made[t] {
+			tables = append(tables, warmTable{t, t.req})
+		}
+	}
+	slices.SortFunc(tables, func(a, b warmTable) int { return cmp.Compare(b.t.used.Load(), a.t.used.Load()) })
+	return tables, fresh
 }
 
 func (m *evalMemo) evictOldest() {
@@ -108,5 +184,5 @@ func (t *evalTable) store(slot int, o *evalOutcome) {
 func (m *evalMemo) reset() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.tables = nil
+	m.snapshot, m.version, m.tables, m.pending = nil, 0, nil, nil
 }

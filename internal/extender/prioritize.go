@@ -69,7 +69,7 @@ func (x *Extender) evalSetup(req *placement.Request, workers int) ([]*placement.
 	if x.Engine.PolicyFor(req).Name() == api.PolicyRandom {
 		return scs, nil
 	}
-	return scs, x.memo.table(sc0.Cache, req.Digest(), x.State.nodeSlots())
+	return scs, x.memo.table(sc0, req.Digest(), req, x.State.nodeSlots())
 }
 
 // Evaluations counts the node outcomes filter and prioritize took from the evaluation memo and
@@ -77,6 +77,9 @@ func (x *Extender) evalSetup(req *placement.Request, workers int) ([]*placement.
 func (x *Extender) Evaluations() (remembered, evaluated int64) {
 	return x.memo.remembered.Load(), x.memo.evaluated.Load()
 }
+
+// Warmed counts the node outcomes the warmer evaluated off the request path (warm.go).
+func (x *Extender) Warmed() int64 { return x.memo.warmed.Load() }
 
 // evaluate is req's outcome on node n (in slot): remembered in t when n has not changed since,
 // else evaluated with sc and remembered.
@@ -86,6 +89,11 @@ func (x *Extender) evaluate(t *evalTable, sc *placement.ScoreContext, slot int, 
 		return o
 	}
 	x.memo.evaluated.Add(1)
+	return x.store(t, sc, slot, n, req, explain)
+}
+
+// store evaluates req on node n (in slot) with sc and remembers the outcome in t.
+func (x *Extender) store(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request, explain bool) *evalOutcome {
 	o := &evalOutcome{state: n, version: n.Version(), explained: explain}
 	p, s, u := x.Engine.EvaluateScratch(sc, n, req, explain)
 	if u != nil {

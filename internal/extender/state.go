@@ -51,6 +51,8 @@ type State struct {
 	// conflicts counts pod entries applied on a GPU another entry already holds (should stay 0).
 	conflicts atomic.Int64
 	log       *slog.Logger
+	// changes lists the nodes whose placement state changed, for the evaluation warmer (warm.go).
+	changes changeLog
 }
 
 type nodeEntry struct {
@@ -74,6 +76,8 @@ type nodeEntry struct {
 	heartbeatErr string
 	// slot is the entry's index in per-node tables (the evaluation memo); freed slots are reused.
 	slot int
+	// changed: the entry is in the change log (guarded by changeLog.mu).
+	changed bool
 }
 
 // unusable says why placement must not use the node now ("" when it may): no entry, no valid
@@ -202,6 +206,7 @@ func (s *State) UpsertNode(node *corev1.Node) {
 	}
 	e.held, e.heldRaw = nil, ""
 	s.applyHoldingsLocked(e, node.Annotations[api.AnnotationHoldings])
+	s.changes.touch(e)
 	if invErr != "" {
 		s.log.Debug("node without usable inventory", "node", node.Name, "reason", invErr)
 	}
@@ -335,6 +340,7 @@ func (s *State) addLocked(p *podEntry) {
 		if pl, ok := e.held[p.uid]; ok { // now tracked as the extender's own: count it once
 			e.state.Release(&placement.Request{}, &pl)
 			delete(e.held, p.uid)
+			s.changes.touch(e)
 		}
 	}
 	s.applyLocked(p)
@@ -347,6 +353,7 @@ func (s *State) applyHoldingsLocked(e *nodeEntry, raw string) {
 	if raw == e.heldRaw {
 		return
 	}
+	s.changes.touch(e)
 	for _, pl := range e.held {
 		e.state.Release(&placement.Request{}, &pl)
 	}
@@ -413,6 +420,7 @@ func (s *State) applyUseLocked(u *podUse) {
 	if e := s.nodes[u.node]; e != nil && !u.applied {
 		e.state.AddUse(u.cpu, u.mem)
 		u.applied = true
+		s.changes.touch(e)
 	}
 }
 
@@ -424,6 +432,7 @@ func (s *State) clearUseLocked(uid types.UID, reservedOnly bool) {
 	}
 	if e := s.nodes[u.node]; e != nil && u.applied {
 		e.state.AddUse(-u.cpu, -u.mem)
+		s.changes.touch(e)
 	}
 	if on := s.usesOn[u.node]; on != nil {
 		delete(on, uid)
@@ -513,6 +522,7 @@ func (s *State) applyLocked(p *podEntry) {
 	}
 	e.state.Apply(&placement.Request{}, &p.placement)
 	p.applied = true
+	s.changes.touch(e)
 }
 
 func (s *State) removeLocked(p *podEntry) {
@@ -520,6 +530,7 @@ func (s *State) removeLocked(p *podEntry) {
 		delete(e.holders, p.uid)
 		if p.applied {
 			e.state.Release(&placement.Request{}, &p.placement)
+			s.changes.touch(e)
 		}
 	}
 	if on := s.podsOn[p.node]; on != nil {

@@ -19,7 +19,9 @@ type Policy interface {
 type ScoreContext struct {
 	Shapes []Shape
 	Cache  *FragCache
-	Rand   *rand.Rand
+	// Snapshot numbers the typical-shape snapshot Shapes and Cache belong to (later ones are larger).
+	Snapshot uint64
+	Rand     *rand.Rand
 	// after is scratch space for a node's state after a placement; arena holds candidates.
 	after NodeState
 	arena arena
@@ -46,7 +48,7 @@ type ScoreContext struct {
 
 // Fork returns a context for another goroutine on the same shapes, cache and compiled plan.
 func (sc *ScoreContext) Fork() *ScoreContext {
-	return &ScoreContext{Shapes: sc.Shapes, Cache: sc.Cache, Rand: sc.Rand, plan: sc.plan}
+	return &ScoreContext{Shapes: sc.Shapes, Cache: sc.Cache, Snapshot: sc.Snapshot, Rand: sc.Rand, plan: sc.plan}
 }
 
 // afterState returns the node as it would be after p (scratch memory, valid until the next call).

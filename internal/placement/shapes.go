@@ -118,7 +118,7 @@ func (s *ShapeStats) ScoreContext() *ScoreContext {
 	if !s.plan.compiledFor(shapes) {
 		s.plan = compileFragPlan(shapes)
 	}
-	return &ScoreContext{Shapes: shapes, Cache: s.cache, plan: s.plan}
+	return &ScoreContext{Shapes: shapes, Cache: s.cache, Snapshot: s.version, plan: s.plan}
 }
 
 // Typical returns the most frequent shapes covering TypicalCoverage of observed pods, weights summing

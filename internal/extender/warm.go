@@ -1,0 +1,170 @@
+package extender
+
+import (
+	"context"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tessera-gpu/tessera/internal/placement"
+)
+
+// The evaluation warmer keeps the memo (memo.go) current off the request path. Without it the
+// next pod of a shape re-evaluates, inside its Filter call, every node that changed since the
+// shape's last pod: for a shape last seen k pods ago, the ~2k nodes the binds and deletions in
+// between touched; and after a shape-snapshot rebuild the first pod of every shape evaluates every
+// node. Those calls were the tail of the latency distribution (issue 14). The warmer re-evaluates
+// each changed node for the request shapes the memo holds, most recently used first, and after a
+// rebuild fills the new snapshot's tables for the shapes used before it; it runs on one goroutine,
+// so a Filter call always has the other cores, and holds the State's read lock for small batches
+// only, so informer updates are not held up.
+
+// changeLog lists node entries whose placement state changed (deduplicated), once a warmer reads it.
+type changeLog struct {
+	on      atomic.Bool
+	mu      sync.Mutex
+	entries []*nodeEntry
+	signal  chan struct{}
+}
+
+// touch records that e's placement state changed (callers hold the State's write lock).
+func (c *changeLog) touch(e *nodeEntry) {
+	if !c.on.Load() {
+		return
+	}
+	c.mu.Lock()
+	if !e.changed {
+		e.changed = true
+		c.entries = append(c.entries, e)
+	}
+	c.mu.Unlock()
+	select {
+	case c.signal <- struct{}{}:
+	default:
+	}
+}
+
+// start turns the log on (a State without a warmer keeps none) and returns its wake-up channel.
+func (c *changeLog) start() <-chan struct{} {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.signal == nil {
+		c.signal = make(chan struct{}, 1)
+	}
+	c.on.Store(true)
+	return c.signal
+}
+
+// take returns the entries changed since the last take and empties the log.
+func (c *changeLog) take() []*nodeEntry {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.entries
+	for _, e := range out {
+		e.changed = false
+	}
+	c.entries = nil
+	return out
+}
+
+// warmBatch is how many node evaluations the warmer makes per hold of the State's read lock (about
+// 0.2 ms): a writer (an informer event) waits at most that long for it.
+const warmBatch = 64
+
+// warmDelay is how long the warmer lets changes gather before a pass: one pod changes its node
+// several times within microseconds (Filter's hold, then the bind's commit replacing it), and a node
+// warmed between those would be warmed again; it also keeps the warmer off the cores while the
+// Filter call that made the hold is still writing its reply.
+const warmDelay = 5 * time.Millisecond
+
+// warmRecheck is how often the warmer looks for a new shape snapshot when no node changes (pods
+// that arrive and wait move the shape counts without touching a node).
+const warmRecheck = time.Second
+
+// RunWarmer keeps the evaluation memo warm until ctx ends (see the comment at the top of warm.go).
+func (x *Extender) RunWarmer(ctx context.Context) {
+	wake := x.State.changes.start()
+	t := time.NewTicker(warmRecheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-wake:
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(warmDelay):
+			}
+		case <-t.C:
+		}
+		x.warmOnce(ctx)
+	}
+}
+
+// warmOnce brings the memo's tables up to date: every table of the current snapshot for the nodes
+// changed since the last pass, and, when the snapshot is new, whole tables for the shapes used under
+// the previous one (most recently used first).
+func (x *Extender) warmOnce(ctx context.Context) {
+	if x.Engine == nil {
+		return
+	}
+	sc := x.State.Shapes().ScoreContext() // rebuilds the snapshot when the counts drifted
+	changed := x.State.changes.take()
+	tables, fresh := x.memo.warmTables(sc, x.State.nodeSlots())
+	if len(fresh) > 0 {
+		all := x.State.usableEntries()
+		for _, wt := range fresh {
+			if !x.warmNodes(ctx, sc, wt, all) {
+				return
+			}
+		}
+	}
+	if len(changed) == 0 {
+		return
+	}
+	for _, wt := range tables {
+		if !x.warmNodes(ctx, sc, wt, changed) {
+			return
+		}
+	}
+}
+
+// warmNodes evaluates wt's request on the entries whose outcome is not remembered, in batches
+// under the State's read lock; false when ctx ended.
+func (x *Extender) warmNodes(ctx context.Context, sc *placement.ScoreContext, wt warmTable, entries []*nodeEntry) bool {
+	for start := 0; start < len(entries); start += warmBatch {
+		if ctx.Err() != nil {
+			return false
+		}
+		x.State.mu.RLock()
+		now := x.State.now()
+		for _, e := range entries[start:min(start+warmBatch, len(entries))] {
+			if x.State.nodes[e.name] != e || x.State.unusable(e, now) != "" {
+				continue // deleted since, or not offered to placement (its outcome is never read)
+			}
+			if wt.t.lookup(e.slot, e.state, true) == nil {
+				x.memo.warmed.Add(1)
+				x.store(wt.t, sc, e.slot, e.state, wt.req, true)
+			}
+		}
+		x.State.mu.RUnlock()
+		runtime.Gosched() // let a waiting Filter call's goroutines run first
+	}
+	return true
+}
+
+// usableEntries lists the node entries placement may use now.
+func (s *State) usableEntries() []*nodeEntry {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	now := s.now()
+	out := make([]*nodeEntry, 0, len(s.nodes))
+	for _, e := range s.nodes {
+		if s.unusable(e, now) == "" {
+			out = append(out, e)
+		}
+	}
+	return out
+}

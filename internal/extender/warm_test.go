@@ -1,0 +1,147 @@
+package extender
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+// TestWarmerKeepsShapesWarm: after the warmer's pass the next pod of each shape the memo holds
+// evaluates nothing - not the node a bind changed, and not every node after a new shape snapshot -
+// and gets the answer a fresh evaluation gives.
+func TestWarmerKeepsShapesWarm(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	x.State.changes.start()
+	names := []string{"a", "b", "c"}
+	for i, n := range names {
+		x.State.UpsertNode(memoNode(n, i, 4, "32"))
+	}
+	pending := func(from, to int) {
+		for i := from; i < to; i++ {
+			x.State.UpsertPod(withCPU(sharePod(fmt.Sprintf("pending-%d", i), 1, 2, 20), "1"), x.Class)
+		}
+	}
+	pending(0, 300)
+	shapes := []func(string) *corev1.Pod{
+		func(n string) *corev1.Pod { return withCPU(wholePod(n, 1), "4") },
+		func(n string) *corev1.Pod { return withCPU(sharePod(n, 1, 4, 30), "2") },
+	}
+	step := 0
+	filter := func(shape int) (evaluated int64, fit []string) {
+		step++
+		args := &extenderv1.ExtenderArgs{Pod: shapes[shape](fmt.Sprintf("p%d", step)), NodeNames: &names}
+		_, e0 := x.Evaluations()
+		got := x.Filter(args)
+		_, e1 := x.Evaluations()
+		fresh := &Extender{Engine: x.Engine, State: x.State, Class: x.Class}
+		want := fresh.Filter(args)
+		if !slices.Equal(*got.NodeNames, *want.NodeNames) || !maps.Equal(got.FailedNodes, want.FailedNodes) {
+			t.Fatalf("shape %d: warmed memo answers %v %v, a fresh evaluation %v %v", shape, *got.NodeNames, got.FailedNodes, *want.NodeNames, want.FailedNodes)
+		}
+		return e1 - e0, *got.NodeNames
+	}
+	for s := range shapes {
+		if e, _ := filter(s); e != 3 {
+			t.Fatalf("shape %d first seen: %d evaluated, want 3", s, e)
+		}
+	}
+	// A bind leaves b without room for shape 0: the warmer re-evaluates b for both shapes.
+	if err := streamBind(x, withCPU(wholePod("big", 4), "30"), "b"); err != nil {
+		t.Fatal(err)
+	}
+	x.warmOnce(context.Background())
+	for s := range shapes {
+		e, fit := filter(s)
+		if e != 0 {
+			t.Fatalf("shape %d after a bind and a warmer pass: %d evaluated in filter, want 0", s, e)
+		}
+		if s == 0 && slices.Contains(fit, "b") {
+			t.Fatalf("shape 0 fits %v, b is full", fit)
+		}
+	}
+	// Enough new pods move the typical shapes: the warmer fills the new snapshot's tables.
+	pending(300, 320)
+	w0 := x.Warmed()
+	x.warmOnce(context.Background())
+	if w := x.Warmed() - w0; w != 6 {
+		t.Fatalf("new snapshot: the warmer evaluated %d node outcomes, want 6 (3 nodes x 2 shapes)", w)
+	}
+	for s := range shapes {
+		if e, _ := filter(s); e != 0 {
+			t.Fatalf("shape %d after a new snapshot and a warmer pass: %d evaluated in filter, want 0", s, e)
+		}
+	}
+}
+
+// TestWarmerAgreesWithFreshEvaluation runs the warmer beside random binds, deletions and node
+// updates (slots reused) and filter calls, and checks every answer against an extender without a
+// memo on the same state (run it with -race: the warmer reads node states the writers change).
+func TestWarmerAgreesWithFreshEvaluation(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan struct{})
+	x.State.changes.start() // before the first change, so that the warmer misses none
+	go func() { defer close(done); x.RunWarmer(ctx) }()
+	defer func() { cancel(); <-done }()
+	rng := rand.New(rand.NewPCG(21, 22))
+	var names []string
+	for i := range 24 {
+		names = append(names, fmt.Sprintf("n%02d", i))
+		x.State.UpsertNode(memoNode(names[i], i, 4, "24"))
+	}
+	shapes := []func(string) *corev1.Pod{
+		func(n string) *corev1.Pod { return withCPU(wholePod(n, 1), "4") },
+		func(n string) *corev1.Pod { return withCPU(wholePod(n, 2), "8") },
+		func(n string) *corev1.Pod { return withCPU(sharePod(n, 1, 4, 30), "2") },
+		func(n string) *corev1.Pod { return withCPU(sharePod(n, 2, 2, 20), "2") },
+	}
+	for i := range 100 { // few learned pods: binds rebuild the snapshot now and then
+		x.State.UpsertPod(withCPU(sharePod(fmt.Sprintf("pending-%d", i), 1, 2, 20), "1"), x.Class)
+	}
+	var placed []types.UID
+	for step := range 600 {
+		switch k := rng.IntN(10); {
+		case k < 5:
+			pod := shapes[rng.IntN(len(shapes))](fmt.Sprintf("b%d", step))
+			if streamBind(x, pod, names[rng.IntN(len(names))]) == nil {
+				placed = append(placed, pod.UID)
+			}
+		case k < 7 && len(placed) > 0:
+			i := rng.IntN(len(placed))
+			x.State.DeletePod(placed[i])
+			placed = slices.Delete(placed, i, i+1)
+		case k < 8:
+			i := rng.IntN(len(names))
+			inv := testInventory(names[i], i, 4, "A100")
+			inv.GPUs[rng.IntN(4)].Healthy = rng.IntN(2) == 0
+			node := memoNode(names[i], i, 4, "24")
+			raw, _ := api.EncodeInventory(inv)
+			node.Annotations[api.AnnotationInventory] = string(raw)
+			x.State.UpsertNode(node)
+		case k < 9:
+			i := rng.IntN(len(names))
+			x.State.DeleteNode(names[i])
+			x.State.UpsertNode(memoNode(names[i], i, 4, "24"))
+		}
+		args := &extenderv1.ExtenderArgs{Pod: shapes[rng.IntN(len(shapes))](fmt.Sprintf("q%d", step)), NodeNames: &names}
+		got := x.Filter(args)
+		want := (&Extender{Engine: x.Engine, State: x.State, Class: x.Class}).Filter(args)
+		if !slices.Equal(*got.NodeNames, *want.NodeNames) || !maps.Equal(got.FailedNodes, want.FailedNodes) ||
+			!maps.Equal(got.FailedAndUnresolvableNodes, want.FailedAndUnresolvableNodes) {
+			t.Fatalf("step %d: filter with the warmed memo %v %v, fresh %v %v", step, *got.NodeNames, got.FailedNodes, *want.NodeNames, want.FailedNodes)
+		}
+	}
+	if r, _ := x.Evaluations(); r == 0 || x.Warmed() == 0 {
+		t.Fatalf("remembered %d, warmed %d: the comparison proved nothing", r, x.Warmed())
+	}
+}
