@@ -68,6 +68,8 @@ func TestDecodeArgsMatchesStandardDecoding(t *testing.T) {
 		`{"NodeNames":[]}`, `{"NodeNames":null}`, `{}`, `{"NodeNames":[ ]}`,
 		`{"Nodes":{"items":[{"metadata":{"name":"n1"}}]}}`,
 		`{"NodeNames":["a\"b"]}`,
+		// Lists of the same length one after another: remembered lists are told apart by content.
+		`{"NodeNames":["n1","n2"]}`, `{"NodeNames":["n2","n1"]}`, `{"NodeNames":["n3","n1"]}`,
 	}
 	// Twice over: the second round decodes into name lists the first gave back to the pool (longer
 	// lists before shorter ones, released lists cleared).

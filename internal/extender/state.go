@@ -40,6 +40,8 @@ type State struct {
 	// entries under a nodeGen (the scheduler sends the same lists again and again).
 	nodeGen  uint64
 	resolved resolveCache
+	// lastNames are the last node-name lists filter and prioritize decoded (server.go).
+	lastNames nameLists
 	// slots is one more than the highest node slot handed out; freeSlots are those of deleted nodes.
 	slots     atomic.Int64
 	freeSlots []int
