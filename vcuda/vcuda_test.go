@@ -92,16 +92,16 @@ func TestMissingToolchainFails(t *testing.T) {
 
 type cCase struct{ name, lib string }
 
-// listCases asks the C test binary for its cases.
-func listCases(t *testing.T, dir string) []cCase {
+// listCases asks a C test binary (vcuda_tests, harness_selftest) for its cases.
+func listCases(t *testing.T, dir, bin string) []cCase {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(dir, "vcuda_tests"), "--list")
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, bin), "--list")
 	cmd.WaitDelay = 5 * time.Second
 	cmd.Env = caseEnv(dir, "", t.TempDir())
 	out, err := cmd.Output()
 	if err != nil {
-		t.Fatalf("vcuda_tests --list: %v", err)
+		t.Fatalf("%s --list: %v", bin, err)
 	}
 	var cases []cCase
 	sc := bufio.NewScanner(bytes.NewReader(out))
@@ -146,19 +146,26 @@ func caseEnv(dir, lib, tmp string) []string {
 	return env
 }
 
-// runCase runs one C case; it returns the case's scratch directory (the
-// region file, if any, is left there as tmp/region).
-func runCase(t *testing.T, dir string, c cCase) string {
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+// execCase runs one C case of bin in its own process, with scratch
+// directory tmp, for at most timeout (timedOut says it was killed for that).
+func execCase(dir, bin string, c cCase, tmp string, timeout time.Duration) (out []byte, timedOut bool, err error) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	tmp := t.TempDir()
-	cmd := exec.CommandContext(ctx, filepath.Join(dir, "vcuda_tests"), c.name)
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, bin), c.name)
 	// A grandchild holding the output pipe must not keep us waiting after
 	// the case has ended (children also die with their parent: PDEATHSIG).
 	cmd.WaitDelay = 5 * time.Second
 	cmd.Env = caseEnv(dir, c.lib, tmp)
-	out, err := cmd.CombinedOutput()
-	if ctx.Err() != nil {
+	out, err = cmd.CombinedOutput()
+	return out, ctx.Err() != nil, err
+}
+
+// runCase runs one C case; it returns the case's scratch directory (the
+// region file, if any, is left there as tmp/region).
+func runCase(t *testing.T, dir string, c cCase) string {
+	tmp := t.TempDir()
+	out, timedOut, err := execCase(dir, "vcuda_tests", c, tmp, 2*time.Minute)
+	if timedOut {
 		t.Fatalf("%s timed out\n%s", c.name, out)
 	}
 	if err != nil {
@@ -175,7 +182,7 @@ func runCase(t *testing.T, dir string, c cCase) string {
 func runGroup(t *testing.T, prefix string, after ...func(t *testing.T, name, tmp string)) {
 	dir := build(t)
 	n := 0
-	for _, c := range listCases(t, dir) {
+	for _, c := range listCases(t, dir, "vcuda_tests") {
 		if !strings.HasPrefix(c.name, prefix) {
 			continue
 		}
@@ -223,7 +230,7 @@ var groupPrefixes = []string{"mem_", "limits_", "info_", "procaddr_", "nodefile_
 
 func TestEveryCaseRuns(t *testing.T) {
 	dir := build(t)
-	for _, c := range listCases(t, dir) {
+	for _, c := range listCases(t, dir, "vcuda_tests") {
 		found := false
 		for _, p := range groupPrefixes {
 			found = found || strings.HasPrefix(c.name, p)
@@ -241,6 +248,58 @@ func TestIdentity(t *testing.T) { runGroup(t, "identity_") }
 
 // The harness fails fast: a forked child dies with its parent.
 func TestHarness(t *testing.T) { runGroup(t, "harness_") }
+
+// The harness fails fast the other way round: a child that crashes, fails or
+// exits without sending fails its case at once, naming the case, the child
+// and its exit status or signal, where the parent used to wait on the pipe
+// until runCase's 2-minute timeout. The cases (harness_selftest, never in
+// the suite) fail on purpose; each must end well within selfTestTimeout.
+func TestHarnessReportsDeadChildren(t *testing.T) {
+	const selfTestTimeout = 20 * time.Second
+	want := map[string]string{ // case -> what its failure must say
+		"selftest_child_crashes":               "child crashes(0), pid ",
+		"selftest_child_exits_without_sending": "child says_nothing(0), pid ",
+		"selftest_sibling_holds_the_pipe":      "child fails(0), pid ",
+		"selftest_child_dies_before_its_file":  "child fails(0), pid ",
+		"selftest_passes":                      "",
+	}
+	how := map[string]string{
+		"selftest_child_crashes":               "was killed by signal 11 (Segmentation fault)",
+		"selftest_child_exits_without_sending": "exited with status 0 while the parent waited for a message on a pipe (every writer closed it without sending)",
+		"selftest_sibling_holds_the_pipe":      "exited with status 3 while the parent waited for a message on a pipe",
+		"selftest_child_dies_before_its_file":  "exited with status 3 while the parent waited for ",
+	}
+	dir := build(t)
+	cases := listCases(t, dir, "harness_selftest")
+	if len(cases) != len(want) {
+		t.Errorf("harness_selftest lists %v; this test knows %d cases", cases, len(want))
+	}
+	for _, c := range cases {
+		t.Run(strings.TrimPrefix(c.name, "selftest_"), func(t *testing.T) {
+			w, ok := want[c.name]
+			if !ok {
+				t.Fatalf("no expectation for %s", c.name)
+			}
+			out, timedOut, err := execCase(dir, "harness_selftest", c, t.TempDir(), selfTestTimeout)
+			switch {
+			case timedOut:
+				t.Fatalf("still running after %v: the parent did not notice its child\n%s", selfTestTimeout, out)
+			case w == "":
+				if err != nil {
+					t.Fatalf("%v\n%s", err, out)
+				}
+			case err == nil:
+				t.Fatalf("passed\n%s", out)
+			case !strings.Contains(string(out), "FAIL case "+c.name+": "+w) || !strings.Contains(string(out), how[c.name]):
+				t.Fatalf("failed without naming the case, the child and how it ended (want %q ... %q)\n%s",
+					"FAIL case "+c.name+": "+w, how[c.name], out)
+			}
+			if testing.Verbose() {
+				t.Logf("%s", bytes.TrimSpace(out))
+			}
+		})
+	}
+}
 
 // SIGKILL inside the driver's allocation, inside vcuda's reservation, inside a
 // reclaim, and during concurrent churn: the region stays exact.
@@ -307,13 +366,8 @@ func TestLimiterMutation(t *testing.T) {
 		{"norelax", "limiter_never_invalidates_a_capture", "invalidated"},
 	} {
 		t.Run(m.mutant+"/"+strings.TrimPrefix(m.kase, "limiter_"), func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, filepath.Join(dir, "vcuda_tests"), m.kase)
-			cmd.WaitDelay = 5 * time.Second
-			cmd.Env = caseEnv(dir, "mut-"+m.mutant, t.TempDir())
-			out, err := cmd.CombinedOutput()
-			if ctx.Err() != nil {
+			out, timedOut, err := execCase(dir, "vcuda_tests", cCase{m.kase, "mut-" + m.mutant}, t.TempDir(), 2*time.Minute)
+			if timedOut {
 				t.Fatalf("timed out\n%s", out)
 			}
 			if err == nil || !strings.Contains(string(out), m.why) {

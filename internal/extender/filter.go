@@ -238,6 +238,9 @@ func (x *Extender) keepBest(req *placement.Request, names []string, verdict []ui
 
 // holdChoice reserves Filter's choice (GPUs, CPU and memory) until the bind lands, so that the pods
 // the scheduler filters meanwhile see it, as the simulator places pods one after another.
+// The chosen node is evaluated once more, for its GPUs: the evaluation memo keeps each node's score,
+// not its placement (keeping one would cost an allocation per fitting node evaluated and more memo
+// memory per table), for one node evaluation per Filter call that already reads thousands of nodes.
 func (x *Extender) holdChoice(pod *corev1.Pod, req *placement.Request, node string) {
 	if !req.WantsGPU() {
 		x.State.ReserveUse(pod.UID, node, req, choiceTTL)

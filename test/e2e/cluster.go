@@ -128,9 +128,7 @@ func StartCluster(t *testing.T, opts ClusterOptions) *Cluster {
 		return c
 	}
 	c.ExtenderAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	// weight 5 as in deploy/helm/tessera/templates/scheduler.yaml
-	c.CP = StartControlPlane(t, ControlPlaneOptions{Extender: &ExtenderConfig{URLPrefix: "http://" + c.ExtenderAddr, Weight: 5, NodeCacheCapable: true}, // as the chart
-		ControllerManager: opts.DRA})
+	c.CP = StartControlPlane(t, ControlPlaneOptions{Extender: chartExtender(t, "http://"+c.ExtenderAddr), ControllerManager: opts.DRA})
 	c.Kubeconfig = c.CP.Kubeconfig
 	t.Cleanup(func() { c.teardown(t) })
 	step("control plane up")

@@ -49,14 +49,18 @@ const chartNamespace = "tessera-system"
 // and ConfigMap come from `helm template` of deploy/helm/tessera, the extender reads that
 // ConfigMap's config.yaml and authenticates as the ServiceAccount (a client certificate with the
 // ServiceAccount's user name and groups, which RBAC treats alike), so a permission missing from
-// the chart fails these tests. nodeCache selects the scheduler's nodeCacheCapable.
-func startExtenderStack(t *testing.T, nodeCache bool) *extenderStack {
+// the chart fails these tests. The scheduler calls it as the chart configures it (chartExtender);
+// adjust, if not nil, changes that for a test that needs otherwise and says why.
+func startExtenderStack(t *testing.T, adjust func(*ExtenderConfig)) *extenderStack {
 	t.Helper()
 	t0 := time.Now()
 	bin := tesseraBinary(t, "tessera-extender")
 	addr := fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	// weight 5 as in deploy/helm/tessera/templates/scheduler.yaml
-	cp := StartControlPlane(t, ControlPlaneOptions{Extender: &ExtenderConfig{URLPrefix: "http://" + addr, Weight: 5, NodeCacheCapable: nodeCache}})
+	ext := chartExtender(t, "http://"+addr)
+	if adjust != nil {
+		adjust(ext)
+	}
+	cp := StartControlPlane(t, ControlPlaneOptions{Extender: ext})
 	cp.CreateNamespace(t, chartNamespace)
 	rendered := mustRun(t, time.Minute, tool(t, "helm"), "template", "tessera", filepath.Join(repoRoot(), "deploy", "helm", "tessera"),
 		"--namespace", chartNamespace, "--show-only", "templates/extender.yaml")
@@ -81,7 +85,7 @@ func startExtenderStack(t *testing.T, nodeCache bool) *extenderStack {
 	s := &extenderStack{ControlPlane: cp, extenderAddr: addr, ns: metav1.NamespaceDefault, nodes: map[string]*api.NodeInventory{}}
 	s.Extender = cp.StartProcess(t, "tessera-extender", bin, "--kubeconfig", kc, "--listen", addr, "--config", cfg, "-v=4")
 	s.waitExtender(t)
-	t.Logf("control plane and tessera-extender (chart RBAC and config) up in %.1fs (nodeCacheCapable %t)", time.Since(t0).Seconds(), nodeCache)
+	t.Logf("control plane and tessera-extender (chart RBAC and config) up in %.1fs (nodeCacheCapable %t)", time.Since(t0).Seconds(), ext.NodeCacheCapable)
 	return s
 }
 
@@ -484,7 +488,7 @@ func (s *extenderStack) checkAssignments(t *testing.T, pods []corev1.Pod, specs 
 // n GPUs are bound by the extender with assignments that match the requests, and no GPU is
 // over-committed; a pod without GPU requests is scheduled without the extender.
 func TestExtenderPlacement(t *testing.T) {
-	s := startExtenderStack(t, false)
+	s := startExtenderStack(t, nil)
 	const pool = "placement"
 	for _, n := range []string{"place-a", "place-b"} {
 		s.addNode(t, gpuNode{name: n, pool: pool, gpus: 8, memory: 40 * gib, sharesPerGPU: 4})
@@ -547,11 +551,38 @@ func TestExtenderPlacement(t *testing.T) {
 	}
 }
 
+// TestExtenderWithoutNodeCache: the one test that runs the scheduler with nodeCacheCapable: false,
+// against the chart's true, on purpose: tessera-extender also serves a scheduler configured by hand
+// without it, which sends whole Node objects and reads the kept nodes back as a NodeList (filter.go),
+// and only a real kube-scheduler shows that reply is understood. Two whole GPUs fit only the larger
+// node, so the pod binds only if the scheduler took the extender's filtered list; a share binds too.
+func TestExtenderWithoutNodeCache(t *testing.T) {
+	s := startExtenderStack(t, func(e *ExtenderConfig) { e.NodeCacheCapable = false })
+	const pool = "nocache"
+	s.addNode(t, gpuNode{name: "nocache-small", pool: pool, gpus: 1, memory: 40 * gib, sharesPerGPU: 4})
+	s.addNode(t, gpuNode{name: "nocache-big", pool: pool, gpus: 4, memory: 40 * gib, sharesPerGPU: 4})
+	specs := map[string]gpuPod{}
+	for _, p := range []gpuPod{
+		{name: "whole-2", pool: pool, whole: 2},
+		{name: "share", pool: pool, shares: 1, memory: 8 * gib, cores: 20},
+	} {
+		s.createPod(t, p)
+		specs[p.name] = p
+	}
+	bound := s.waitBound(t, pool, []string{"whole-2", "share"}, time.Minute)
+	s.checkAssignments(t, bound, specs)
+	for _, p := range bound {
+		if p.Name == "whole-2" && p.Spec.NodeName != "nocache-big" {
+			t.Errorf("whole-2 bound to %s, where two GPUs do not fit", p.Spec.NodeName)
+		}
+	}
+}
+
 // TestExtenderUnschedulable: pods that cannot fit stay unbound with PodScheduled=False and the
 // extender's per-node reason in the message (and in a FailedScheduling event), while the pods that
 // fit are bound; a pod the node's capacity could hold in count but not in GPU memory is refused.
 func TestExtenderUnschedulable(t *testing.T) {
-	s := startExtenderStack(t, true)
+	s := startExtenderStack(t, nil)
 	const pool = "small"
 	// 2 GPUs x 40 GiB; 8 share tokens per GPU, so the scheduler's own count never says no first
 	s.addNode(t, gpuNode{name: "small-a", pool: pool, gpus: 2, memory: 40 * gib, sharesPerGPU: 8})
@@ -645,7 +676,7 @@ func TestExtenderUnschedulable(t *testing.T) {
 // decision would leave a pod unbound for good and a forgotten one would over-commit a GPU: all pods
 // must be bound eventually with no GPU over-committed, and one more pod must then stay unbound.
 func TestExtenderRestart(t *testing.T) {
-	s := startExtenderStack(t, true)
+	s := startExtenderStack(t, nil)
 	const pool = "restart"
 	// 2 nodes x 4 GPUs x 40 GiB; 16 share tokens per GPU: memory and cores bind, not the token count
 	for _, n := range []string{"restart-a", "restart-b"} {
@@ -700,7 +731,7 @@ func TestExtenderRestart(t *testing.T) {
 // again afterwards: pods created after the outage are bound, and the ones bound before keep their
 // GPUs (no over-commit).
 func TestExtenderAPIServerRestart(t *testing.T) {
-	s := startExtenderStack(t, true)
+	s := startExtenderStack(t, nil)
 	const pool = "outage"
 	s.addNode(t, gpuNode{name: "outage-a", pool: pool, gpus: 2, memory: 40 * gib, sharesPerGPU: 8})
 	specs := map[string]gpuPod{}

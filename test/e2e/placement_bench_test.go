@@ -134,8 +134,9 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64, s
         - {name: tessera.dev/vgpu, weight: 1}`)
 	} else {
 		addr = fmt.Sprintf("127.0.0.1:%d", freePort(b))
+		opts.Extender = chartExtender(b, "http://"+addr)
 		// Every pod goes to the extender (no managedResources): CPU-only pods shape the GPU nodes too.
-		opts.Extender = &ExtenderConfig{URLPrefix: "http://" + addr, Weight: 5, NodeCacheCapable: true, ManagedResources: []ManagedResource{}}
+		opts.Extender.ManagedResources = []ManagedResource{}
 		opts.SchedulerExtraConfig = benchSchedulerConfig("")
 	}
 	cp := StartControlPlane(b, opts)

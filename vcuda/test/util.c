@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -128,8 +129,18 @@ CUcontext ctx_on(int d) {
 
 void prctl_die_with_parent(void) { prctl(PR_SET_PDEATHSIG, SIGKILL); }
 
-pid_t spawn(child_fn fn, int i, void *arg) {
+/* The children this process spawned and has not reaped yet. */
+#define MAX_KIDS 256
+static struct {
+    pid_t pid;
+    const char *name;
+    int i;
+} kids[MAX_KIDS];
+static int nkids;
+
+pid_t spawn_named(child_fn fn, int i, void *arg, const char *name) {
     fflush(NULL);
+    CHECK(nkids < MAX_KIDS, "more than %d children", MAX_KIDS);
     pid_t parent = getpid();
     pid_t p = fork();
     CHECK(p >= 0, "fork: %s", strerror(errno));
@@ -138,10 +149,15 @@ pid_t spawn(child_fn fn, int i, void *arg) {
          * for its pipes to close until its timeout. */
         if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent)
             _exit(99);
+        nkids = 0; /* its parent's children are not its own */
         int rc = fn(i, arg);
         fflush(NULL);
         exit(rc);
     }
+    kids[nkids].pid = p;
+    kids[nkids].name = name;
+    kids[nkids].i = i;
+    nkids++;
     return p;
 }
 
@@ -149,14 +165,48 @@ int wait_child(pid_t pid) {
     int st;
     while (waitpid(pid, &st, 0) < 0)
         CHECK(errno == EINTR, "waitpid: %s", strerror(errno));
+    for (int k = 0; k < nkids; k++)
+        if (kids[k].pid == pid)
+            kids[k] = kids[--nkids];
     if (WIFSIGNALED(st))
         return 128 + WTERMSIG(st);
     return WEXITSTATUS(st);
 }
 
+/* Whether a spawned child has exited (any child when any_exit, else one
+ * that failed or was killed): if so, describes it in how (left unreaped). */
+static int child_ended(int any_exit, char *how, size_t len) {
+    for (int k = 0; k < nkids; k++) {
+        siginfo_t si = {0};
+        if (waitid(P_PID, (id_t)kids[k].pid, &si, WEXITED | WNOHANG | WNOWAIT) != 0 || si.si_pid == 0)
+            continue;
+        if (!any_exit && si.si_code == CLD_EXITED && si.si_status == 0)
+            continue;
+        int off = snprintf(how, len, "child %s(%d), pid %d, ", kids[k].name, kids[k].i, (int)kids[k].pid);
+        if (si.si_code == CLD_EXITED)
+            snprintf(how + off, len - (size_t)off, "exited with status %d", si.si_status);
+        else
+            snprintf(how + off, len - (size_t)off, "was killed by signal %d (%s)", si.si_status,
+                     strsignal(si.si_status));
+        return 1;
+    }
+    return 0;
+}
+
+static void fail_child_ended(const char *how, const char *waiting_for) {
+    fprintf(stderr, "FAIL case %s: %s while the parent waited for %s\n",
+            current_test_name ? current_test_name : "?", how, waiting_for);
+    exit(1);
+}
+
 void wait_for_file(const char *path, double timeout_s) {
     uint64_t end = now_ns() + (uint64_t)(timeout_s * 1e9);
+    char how[256];
     while (access(path, F_OK) != 0) {
+        /* checked again after the child is seen gone: it may have made
+         * the file just before it exited */
+        if (child_ended(0, how, sizeof(how)) && access(path, F_OK) != 0)
+            fail_child_ended(how, path);
         CHECK(now_ns() < end, "timed out waiting for %s", path);
         usleep(1000);
     }
@@ -167,12 +217,43 @@ void chan_init(chan *c) {
 }
 static void wr(int fd, uint64_t v) { CHECK(write(fd, &v, 8) == 8, "pipe write"); }
 static uint64_t rd(int fd) {
+    /* Wakes up now and then to look at the children: a sibling that
+     * inherited this pipe's write end keeps it open after its writer died. */
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    char how[256];
+    for (;;) {
+        int n = poll(&p, 1, 50);
+        if (n > 0)
+            break;
+        CHECK(n == 0 || errno == EINTR, "poll: %s", strerror(errno));
+        /* polled again after the child is seen gone: it may have sent
+         * just before it exited */
+        if (n == 0 && child_ended(0, how, sizeof(how)) && poll(&p, 1, 0) == 0)
+            fail_child_ended(how, "a message on a pipe");
+    }
     uint64_t v;
-    CHECK(read(fd, &v, 8) == 8, "pipe read");
+    ssize_t got = read(fd, &v, 8);
+    if (got == 0) {
+        /* Every writer is gone: say which child, once it can be waited for
+         * (a child closes its files just before it becomes waitable); for
+         * 0.2 s only one that failed, then also one that merely exited. */
+        uint64_t t0 = now_ns();
+        for (uint64_t t = t0; t < t0 + 2000000000ull; usleep(1000), t = now_ns())
+            if (child_ended(0, how, sizeof(how)) || (t > t0 + 200000000ull && child_ended(1, how, sizeof(how))))
+                fail_child_ended(how, "a message on a pipe (every writer closed it without sending)");
+        CHECK(0, "every writer closed the pipe without sending, and no child exited");
+    }
+    CHECK(got == 8, "pipe read: %zd bytes: %s", got, strerror(errno));
     return v;
 }
 void chan_send_up(chan *c, uint64_t v) { wr(c->up[1], v); }
-uint64_t chan_recv_up(chan *c) { return rd(c->up[0]); }
+uint64_t chan_recv_up(chan *c) {
+    if (c->up[1] >= 0) {
+        close(c->up[1]);
+        c->up[1] = -1;
+    }
+    return rd(c->up[0]);
+}
 void chan_send_down(chan *c, uint64_t v) { wr(c->down[1], v); }
 uint64_t chan_recv_down(chan *c) { return rd(c->down[0]); }
 

@@ -73,9 +73,16 @@ void ctx_costs_nothing(void);
 /* Creates a context on device d and makes it current. */
 CUcontext ctx_on(int d);
 
-/* Children: fork n processes running fn(i); returns their pids. */
+/* Children: fork a process running fn(i, arg); returns its pid. The parent
+ * remembers it (by fn's name) until wait_child() reaps it: while it waits on
+ * a pipe or a file, a child that dies with a non-zero status or a signal
+ * fails the case at once, naming the child and how it died, instead of
+ * leaving it blocked until the Go runner's timeout. A test that kills or
+ * expects a failing child reaps it with wait_child() before waiting on
+ * anything else. */
 typedef int (*child_fn)(int i, void *arg);
-pid_t spawn(child_fn fn, int i, void *arg);
+pid_t spawn_named(child_fn fn, int i, void *arg, const char *name);
+#define spawn(fn, i, arg) spawn_named(fn, i, arg, #fn)
 /* For processes forked without spawn(): die with the parent. */
 void prctl_die_with_parent(void);
 /* Waits for pid; returns its exit code (128+sig if killed). */
@@ -89,6 +96,9 @@ typedef struct {
 } chan;
 void chan_init(chan *c);
 void chan_send_up(chan *c, uint64_t v);
+/* The first receive closes the parent's copy of the write end (so every
+ * writer must have been spawned by then): a writer that exits without
+ * sending is then seen as end of file, not waited on forever. */
 uint64_t chan_recv_up(chan *c);
 void chan_send_down(chan *c, uint64_t v);
 uint64_t chan_recv_down(chan *c);
