@@ -387,14 +387,24 @@ func (m reasons) append(out []byte) []byte {
 	}
 	out = append(out, '{')
 	first := true
+	// Reasons repeat (with --filter-pick-one every refused node shares one string): the last one's
+	// encoding is copied instead of encoded again.
+	var last string
+	var lastAt, lastEnd int
 	for k, v := range m {
 		if !first {
 			out = append(out, ',')
 		}
-		first = false
 		out = appendJSONString(out, k)
 		out = append(out, ':')
-		out = appendJSONString(out, v)
+		if !first && v == last {
+			out = append(out, out[lastAt:lastEnd]...)
+		} else {
+			lastAt = len(out)
+			out = appendJSONString(out, v)
+			last, lastEnd = v, len(out)
+		}
+		first = false
 	}
 	return append(out, '}')
 }
@@ -403,6 +413,13 @@ func (m reasons) append(out []byte) []byte {
 // invalid UTF-8 as U+FFFD (as encoding/json does).
 func appendJSONString(out []byte, s string) []byte {
 	out = append(out, '"')
+	plain := true // printable ASCII without quote or backslash: copied as it is
+	for i := 0; i < len(s) && plain; i++ {
+		plain = s[i] >= 0x20 && s[i] < utf8.RuneSelf && s[i] != '"' && s[i] != '\\'
+	}
+	if plain {
+		return append(append(out, s...), '"')
+	}
 	for _, r := range s {
 		switch {
 		case r == '"' || r == '\\':

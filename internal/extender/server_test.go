@@ -103,6 +103,9 @@ func TestFilterReplyEncoding(t *testing.T) {
 	for _, res := range []*extenderv1.ExtenderFilterResult{
 		{NodeNames: &names, FailedNodes: extenderv1.FailedNodesMap{"a": "plain", "b\\c": "quote \" and \\ and \n\t\x01 and é and \xff"},
 			FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}, Error: "e"},
+		// Repeated reasons (copied once encoded) beside others, escapes among them, in map order.
+		{FailedNodes: extenderv1.FailedNodesMap{"r1": "same \"one\"", "r2": "same \"one\"", "r3": "same \"two\"", "r4": "same \"one\"",
+			"r5": "same \"two\"", "r6": "same \"one\"", "r7": "same \"ten\""}},
 		{},
 	} {
 		rec := httptest.NewRecorder()
