@@ -306,7 +306,7 @@ func appendPlainStrings(dst []string, data []byte, str func([]byte) string) ([]s
 			return nil, false
 		}
 		end := bytes.IndexByte(data[i+1:], '"')
-		if end < 0 || bytes.IndexByte(data[i+1:i+1+end], '\\') >= 0 {
+		if end < 0 || !printableASCII(data[i+1:i+1+end]) {
 			return nil, false
 		}
 		dst = append(dst, str(data[i+1:i+1+end]))
@@ -322,6 +322,121 @@ func appendPlainStrings(dst []string, data []byte, str func([]byte) string) ([]s
 	}
 }
 
+// printableASCII reports whether b is printable ASCII without backslashes: a JSON string's content
+// that decodes to itself (node names are DNS subdomains); anything else takes the standard decoder,
+// which rejects control characters and replaces invalid UTF-8.
+func printableASCII(b []byte) bool {
+	for _, c := range b {
+		if c < 0x20 || c >= utf8.RuneSelf || c == '\\' {
+			return false
+		}
+	}
+	return true
+}
+
+// splitNodeNames finds the node-name array of an extender-args object (the member whose key
+// matches "NodeNames" as encoding/json matches keys, case-insensitively) and appends the object with
+// that array replaced by null to rest: the standard decoder then validates and decodes only the
+// small rest (the pod), and the array (most of the body) is read once, by nameList. ok is false
+// for anything unusual (no such member, two of them, a key with escapes, a value that is not an
+// array); the caller then decodes the whole body the standard way.
+func splitNodeNames(body, rest []byte) (_, names []byte, ok bool) {
+	i := 0
+	ws := func() {
+		for i < len(body) && (body[i] == ' ' || body[i] == '\t' || body[i] == '\n' || body[i] == '\r') {
+			i++
+		}
+	}
+	ws()
+	if i >= len(body) || body[i] != '{' {
+		return nil, nil, false
+	}
+	i++
+	from, to := -1, -1
+	for {
+		ws()
+		if i >= len(body) || body[i] != '"' {
+			return nil, nil, false
+		}
+		end := bytes.IndexByte(body[i+1:], '"')
+		if end < 0 || bytes.IndexByte(body[i+1:i+1+end], '\\') >= 0 {
+			return nil, nil, false
+		}
+		key := body[i+1 : i+1+end]
+		i += end + 2
+		ws()
+		if i >= len(body) || body[i] != ':' {
+			return nil, nil, false
+		}
+		i++
+		ws()
+		start := i
+		if i = skipJSONValue(body, i); i < 0 {
+			return nil, nil, false
+		}
+		if bytes.EqualFold(key, []byte("NodeNames")) {
+			if from >= 0 || body[start] != '[' {
+				return nil, nil, false
+			}
+			from, to = start, i
+		}
+		ws()
+		if i < len(body) && body[i] == ',' {
+			i++
+			continue
+		}
+		if i >= len(body) || body[i] != '}' || from < 0 {
+			return nil, nil, false
+		}
+		break
+	}
+	rest = append(append(append(rest, body[:from]...), "null"...), body[to:]...)
+	return rest, body[from:to], true
+}
+
+// skipJSONValue returns the index just past the value at body[i] (-1 when it is cut short). It only
+// finds the value's end; whether the value is valid JSON is for the decoder that reads it.
+func skipJSONValue(body []byte, i int) int {
+	depth := 0
+	for i < len(body) {
+		switch c := body[i]; c {
+		case '"':
+			for i++; i < len(body) && body[i] != '"'; i++ {
+				if body[i] == '\\' {
+					i++
+				}
+			}
+			if i >= len(body) {
+				return -1
+			}
+			i++
+		case '{', '[':
+			depth++
+			i++
+		case '}', ']':
+			if depth == 0 {
+				return i
+			}
+			depth--
+			i++
+		case ',':
+			if depth == 0 {
+				return i
+			}
+			i++
+		default:
+			i++
+		}
+		if depth == 0 && i < len(body) && (body[i-1] == '"' || body[i-1] == '}' || body[i-1] == ']') {
+			return i
+		}
+	}
+	if depth == 0 {
+		return i
+	}
+	return -1
+}
+
 // nameSlices are node-name lists reused across filter and prioritize calls (5,000 names are 80 KB
 // a call otherwise); a list goes back once the reply is written.
 var nameSlices = sync.Pool{New: func() any { return new([]string) }}
@@ -334,7 +449,19 @@ func (x *Extender) decodeArgs(w http.ResponseWriter, r *http.Request, args *exte
 	pooled := nameSlices.Get().(*[]string)
 	wire := argsWire{NodeNames: &nameList{state: x.State, names: *pooled}}
 	if err == nil {
-		err = json.Unmarshal(buf.Bytes(), &wire)
+		rest := bodies.Get().(*bytes.Buffer)
+		rest.Reset()
+		if r, names, ok := splitNodeNames(buf.Bytes(), rest.AvailableBuffer()); ok {
+			list := wire.NodeNames
+			if err = list.UnmarshalJSON(names); err == nil {
+				err = json.Unmarshal(r, &wire) // NodeNames is null there: wire.NodeNames becomes nil
+				wire.NodeNames = list
+			}
+			rest.Write(r) // keep the grown buffer for the next call
+		} else {
+			err = json.Unmarshal(buf.Bytes(), &wire)
+		}
+		bodies.Put(rest)
 	}
 	args.Pod, args.Nodes = wire.Pod, wire.Nodes
 	list := wire.NodeNames

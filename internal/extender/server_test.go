@@ -70,6 +70,12 @@ func TestDecodeArgsMatchesStandardDecoding(t *testing.T) {
 		`{"NodeNames":["a\"b"]}`,
 		// Lists of the same length one after another: remembered lists are told apart by content.
 		`{"NodeNames":["n1","n2"]}`, `{"NodeNames":["n2","n1"]}`, `{"NodeNames":["n3","n1"]}`,
+		// The node-name array is split off the body (splitNodeNames): brackets, braces and quotes in
+		// the pod's strings, the array first, last or twice, odd spacing, names that are not plain.
+		`{"Pod":{"metadata":{"name":"p]},\"NodeNames\":[\"x\"]","labels":{"a":"[{"}}},"NodeNames":["n1"]}`,
+		` { "NodeNames" : [ "n1" ,"n2" ] , "Pod" : { "metadata" : { "name" : "q" } } } `,
+		`{"NodeNames":["n1"],"nodeNames":["n2"]}`, `{"NodeNames":["é"]}`, `{"NodeNames":["\u00e9"]}`,
+		`{"Pod":{"spec":{"priority":7,"hostNetwork":true,"nodeName":null}},"NodeNames":["n1"]}`,
 	}
 	// Twice over: the second round decodes into name lists the first gave back to the pool (longer
 	// lists before shorter ones, released lists cleared).
@@ -89,9 +95,18 @@ func TestDecodeArgsMatchesStandardDecoding(t *testing.T) {
 		}
 		release()
 	}
-	rec := httptest.NewRecorder()
-	if _, ok := x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(`{"NodeNames":["n1",]}`)), &extenderv1.ExtenderArgs{}); ok {
-		t.Error("invalid JSON decoded")
+	for _, body := range []string{
+		`{"NodeNames":["n1",]}`, `{"NodeNames":["n1"]} x`, `{"Pod":{,"NodeNames":["n1"]}`, `{"Pod":{}, "NodeNames":["n1"]`,
+		`{"NodeNames":["n1"],}`, "{\"NodeNames\":[\"n\x01\"]}", `{"NodeNames":["n1"] "Pod":{}}`, `{"Pod":tru,"NodeNames":["n1"]}`,
+		`{"NodeNames":["n1"]`, `{"NodeNames":["n1"}`,
+	} {
+		rec := httptest.NewRecorder()
+		if _, ok := x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(body)), &extenderv1.ExtenderArgs{}); ok {
+			t.Errorf("invalid JSON %s decoded", body)
+		}
+		if json.Valid([]byte(body)) {
+			t.Errorf("%s is valid JSON: not a case for this list", body)
+		}
 	}
 }
 
