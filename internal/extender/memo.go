@@ -10,7 +10,7 @@ import (
 )
 
 // evalMemo remembers, per request digest and node, the outcome of evaluating the request on the
-// node: valid while the node is the same state object at the same version and the typical-shape
+// node: valid while the node is the same state object with the same usage (its usage digest) and the typical-shape
 // snapshot is the same. Between two pods of one shape the scheduler sends the same nodes again and
 // only the few that changed (the last binds, pod deletions) are evaluated again; a scheduling queue
 // cycles through far fewer shapes than it has pods (126 request shapes among 8,152 GPU pods in the
@@ -55,7 +55,7 @@ type evalTable struct {
 // generation of the best placement, or why the request does not fit (explained: u has its message).
 type evalOutcome struct {
 	state     *placement.NodeState
-	version   uint64
+	usage     uint64 // the node's usage digest the evaluation read (placement.NodeState.UsageDigest)
 	score     float64
 	gen       float64
 	u         *placement.Unfit
@@ -159,20 +159,20 @@ func (m *evalMemo) evictOldest() {
 	delete(m.tables, oldest)
 }
 
-// lookup returns the remembered outcome of node slot for n in its current version (with the Unfit
+// lookup returns the remembered outcome of node slot for n with its current usage (with the Unfit
 // message when explain is set), or nil.
 func (t *evalTable) lookup(slot int, n *placement.NodeState, explain bool) *evalOutcome {
 	if t == nil || slot < 0 || slot >= len(t.slots) {
 		return nil
 	}
 	o := t.slots[slot].Load()
-	if o == nil || o.state != n || o.version != n.Version() || (explain && o.u != nil && !o.explained) {
+	if o == nil || o.state != n || o.usage != n.UsageDigest() || (explain && o.u != nil && !o.explained) {
 		return nil
 	}
 	return o
 }
 
-// store remembers an outcome (its state and version are those the evaluation read).
+// store remembers an outcome (its state and usage are those the evaluation read).
 func (t *evalTable) store(slot int, o *evalOutcome) {
 	if t == nil || slot < 0 || slot >= len(t.slots) {
 		return

@@ -13,6 +13,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
 func memoNode(name string, id, gpus int, cpu string) *corev1.Node {
@@ -62,6 +63,32 @@ func TestMemoEvaluatesOnlyChangedNodes(t *testing.T) {
 	r, e, fit := filter(withCPU(wholePod("p3", 1), "4"))
 	if r != 2 || e != 1 || slices.Contains(fit, "b") {
 		t.Fatalf("after a bind on b: %d remembered, %d evaluated, fit %v; want 2, 1, without b", r, e, fit)
+	}
+	// Usage that comes back is the same usage: a pod held on c (Filter's reservation), released, and
+	// then bound to c with the same devices leaves c's outcome remembered.
+	held := withCPU(wholePod("held", 1), "4")
+	held.UID = "held-uid"
+	hreq, _ := RequestFromPod(held, x.Class)
+	before, _, _ := filter(withCPU(wholePod("p3b", 1), "4"))
+	var a *api.PodAssignment
+	x.State.View([]string{"c"}, func(_ string, n *placement.NodeState, _ string) {
+		p, _, _ := x.Engine.Evaluate(x.State.Shapes().ScoreContext(), n, hreq)
+		a = BuildAssignment(n, hreq, &p)
+	})
+	x.State.Reserve(held.UID, hreq.Key, held.Namespace, hreq, a)
+	x.State.Unreserve(held.UID)
+	if r, e, _ := filter(withCPU(wholePod("p3d", 1), "4")); e != 0 || r != before {
+		t.Fatalf("hold made and released: %d remembered, %d evaluated; want %d, 0 (c is as it was)", r, e, before)
+	}
+	x.State.Reserve(held.UID, hreq.Key, held.Namespace, hreq, a)
+	if _, e, _ := filter(withCPU(wholePod("p3e", 1), "4")); e != 1 {
+		t.Fatalf("held again: %d evaluated, want 1", e)
+	}
+	if err := streamBind(x, held, "c"); err != nil { // the bind commits the held devices
+		t.Fatal(err)
+	}
+	if _, e, _ := filter(withCPU(wholePod("p3f", 1), "4")); e != 0 {
+		t.Fatalf("the hold committed as bound: %d evaluated, want 0 (c's usage did not change)", e)
 	}
 	// Another CPU request is another shape: evaluated afresh.
 	if r, e, _ := filter(withCPU(wholePod("p4", 1), "5")); r != 0 || e != 3 {

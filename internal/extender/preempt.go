@@ -58,8 +58,7 @@ func (s *State) FitsWithout(node string, victims []types.UID, req *placement.Req
 			n.Release(&placement.Request{}, &p.placement)
 		}
 		if u := s.uses[uid]; u != nil && u.node == node && u.applied {
-			n.UsedCPU -= u.cpu
-			n.UsedMem -= u.mem
+			n.AddUse(-u.cpu, -u.mem)
 		}
 	}
 	_, unfit := placement.Candidates(n, req)

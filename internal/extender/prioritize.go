@@ -94,7 +94,7 @@ func (x *Extender) evaluate(t *evalTable, sc *placement.ScoreContext, slot int, 
 
 // store evaluates req on node n (in slot) with sc and remembers the outcome in t.
 func (x *Extender) store(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request, explain bool) *evalOutcome {
-	o := &evalOutcome{state: n, version: n.Version(), explained: explain}
+	o := &evalOutcome{state: n, usage: n.UsageDigest(), explained: explain}
 	p, s, u := x.Engine.EvaluateScratch(sc, n, req, explain)
 	if u != nil {
 		o.u = u

@@ -191,6 +191,7 @@ func (s *State) UpsertNode(node *corev1.Node) {
 	// Allocatable CPU and memory make them hard constraints and feed tessera's stranded-GPU term, as
 	// in the simulator (a node without them in its status leaves them to the kube-scheduler).
 	e.state.CPUMilli, e.state.MemMiB = cpu, mem
+	e.state.TrackUsage() // the evaluation memo keys outcomes by it
 	key := e.state.TypeKey()
 	if s.typeIDs[key] == 0 {
 		s.typeIDs[key] = len(s.typeIDs) + 1

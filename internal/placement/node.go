@@ -2,6 +2,7 @@ package placement
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
 
@@ -66,8 +67,10 @@ type NodeState struct {
 	// static caches facts of the hardware (valid when prepared; set by Prepare).
 	static   nodeStatic
 	prepared bool
-	// version counts the placements applied or released (Filter's evaluations stay valid while it holds).
-	version uint64
+	// usage is a digest of what is in use (UsedCPU, UsedMem, each GPU's counters), kept while
+	// tracked: see UsageDigest.
+	usage   uint64
+	tracked bool
 }
 
 type nodeStatic struct {
@@ -165,12 +168,57 @@ func (n *NodeState) GPUIndexByUUID(uuid string) int {
 func (n *NodeState) Clone() *NodeState {
 	c := *n
 	c.GPUs = append([]GPUState(nil), n.GPUs...)
+	c.tracked = false
 	return &c
 }
 
-// Version counts the placements applied to or released from the node: an evaluation made at one
-// version stays valid while the version holds.
-func (n *NodeState) Version() uint64 { return n.version }
+// UsageDigest identifies what is in use on a node whose usage is tracked (TrackUsage): the sum of
+// a keyed hash of each usage counter (CPU, memory, each GPU's whole holds, shares, compute and
+// memory) with its value, kept up to date by Apply, Release and AddUse. Equal usage gives an equal
+// digest whatever happened in between (a reservation released and the same placement committed),
+// so an evaluation made at one digest holds while the digest does (the extender's memo); different
+// usage collides with probability about 2^-64. Scratch states (Clone, the after-states of scoring)
+// are not tracked: the hashing would cost every candidate placement.
+func (n *NodeState) UsageDigest() uint64 { return n.usage }
+
+// TrackUsage starts keeping the usage digest, from the counters as they are now.
+func (n *NodeState) TrackUsage() {
+	n.tracked, n.usage = true, 0
+	n.count(counterCPU, 0, n.UsedCPU)
+	n.count(counterMem, 0, n.UsedMem)
+	for i := range n.GPUs {
+		g, c := &n.GPUs[i], counterGPU+4*i
+		n.count(c, 0, int64(g.wholeApplied))
+		n.count(c+1, 0, int64(g.Shares))
+		n.count(c+2, 0, int64(g.UsedMilli))
+		n.count(c+3, 0, g.UsedMemory)
+	}
+}
+
+// usageSeed keys the usage hash per process, so no input can be built to collide on purpose.
+var usageSeed = rand.Uint64()
+
+// usageTerm is counter i's part of the usage digest at value v (0 for 0, so a fresh state is 0).
+func usageTerm(i int, v int64) uint64 {
+	if v == 0 {
+		return 0
+	}
+	return mix64(usageSeed ^ mix64(uint64(i)<<32^0x9e3779b97f4a7c15) ^ uint64(v))
+}
+
+// count moves counter i (see usageCounter) from old to v in the usage digest.
+func (n *NodeState) count(i int, old, v int64) {
+	if n.tracked && old != v {
+		n.usage += usageTerm(i, v) - usageTerm(i, old)
+	}
+}
+
+// Usage counter ids: CPU, memory, then four per GPU.
+const (
+	counterCPU = iota
+	counterMem
+	counterGPU
+)
 
 // FreeMilli is the node's free GPU compute (per-mille), counting whole-owned GPUs as used.
 func (n *NodeState) FreeMilli() int {
@@ -198,7 +246,12 @@ func (n *NodeState) Apply(r *Request, p *Placement) { n.apply(r, p, 1) }
 // AddUse charges (or with negative values releases) CPU and host memory that pods outside
 // placement's own Apply hold on the node (the live extender counts every pod bound there).
 func (n *NodeState) AddUse(cpuMilli, memMiB int64) {
-	n.version++
+	n.addCPUMem(cpuMilli, memMiB)
+}
+
+func (n *NodeState) addCPUMem(cpuMilli, memMiB int64) {
+	n.count(counterCPU, n.UsedCPU, n.UsedCPU+cpuMilli)
+	n.count(counterMem, n.UsedMem, n.UsedMem+memMiB)
 	n.UsedCPU += cpuMilli
 	n.UsedMem += memMiB
 }
@@ -207,20 +260,23 @@ func (n *NodeState) AddUse(cpuMilli, memMiB int64) {
 func (n *NodeState) Release(r *Request, p *Placement) { n.apply(r, p, -1) }
 
 func (n *NodeState) apply(r *Request, p *Placement, sign int) {
-	n.version++
-	n.UsedCPU += int64(sign) * r.CPUMilli
-	n.UsedMem += int64(sign) * r.MemMiB
+	n.addCPUMem(int64(sign)*r.CPUMilli, int64(sign)*r.MemMiB)
 	for _, d := range p.Devices {
-		applyDevice(&n.GPUs[d.GPU], d, sign)
+		n.applyDevice(d, sign)
 	}
 }
 
-func applyDevice(g *GPUState, d Device, sign int) {
+func (n *NodeState) applyDevice(d Device, sign int) {
+	g, c := &n.GPUs[d.GPU], counterGPU+4*d.GPU
 	if d.Whole {
+		n.count(c, int64(g.wholeApplied), int64(g.wholeApplied+sign))
 		g.wholeApplied += sign
 		g.Whole = g.wholeApplied > 0
 		return
 	}
+	n.count(c+1, int64(g.Shares), int64(g.Shares+sign))
+	n.count(c+2, int64(g.UsedMilli), int64(g.UsedMilli+sign*d.Milli))
+	n.count(c+3, g.UsedMemory, g.UsedMemory+int64(sign)*d.Memory)
 	g.Shares += sign
 	g.UsedMilli += sign * d.Milli
 	g.UsedMemory += int64(sign) * d.Memory

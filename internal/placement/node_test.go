@@ -1,6 +1,8 @@
 package placement
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 )
@@ -79,5 +81,80 @@ func TestUnfitNamesTheResource(t *testing.T) {
 		if u == nil || !strings.Contains(u.Msg, c.want) {
 			t.Errorf("unfit = %v, want it to contain %q", u, c.want)
 		}
+	}
+}
+
+// TestUsageDigest: the usage digest of a tracked node is a function of its usage: placements and
+// CPU/memory applied in any order and released again give the digest back, equal usage reached
+// different ways gives equal digests, and different usage gives different ones; scratch copies are
+// not tracked (their digest says nothing).
+func TestUsageDigest(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	type step struct {
+		r Request
+		p Placement
+	}
+	draw := func() step {
+		var s step
+		s.r.CPUMilli, s.r.MemMiB = int64(rng.IntN(4))*500, int64(rng.IntN(3))*1024
+		for g := range 2 {
+			switch rng.IntN(3) {
+			case 0:
+				s.p.Devices = append(s.p.Devices, Device{GPU: g, Whole: true})
+			case 1:
+				s.p.Devices = append(s.p.Devices, Device{GPU: g, Milli: 100 * (1 + rng.IntN(5)), Memory: int64(1+rng.IntN(4)) << 30})
+			}
+		}
+		return s
+	}
+	usage := func(n *NodeState) string { // everything the digest stands for
+		return fmt.Sprint(n.UsedCPU, n.UsedMem, n.GPUs[0].wholeApplied, n.GPUs[0].Shares, n.GPUs[0].UsedMilli, n.GPUs[0].UsedMemory,
+			n.GPUs[1].wholeApplied, n.GPUs[1].Shares, n.GPUs[1].UsedMilli, n.GPUs[1].UsedMemory)
+	}
+	seen := map[uint64]string{}
+	record := func(n *NodeState) {
+		u := usage(n)
+		if prev, ok := seen[n.UsageDigest()]; ok && prev != u {
+			t.Fatalf("digest %x for usage %s and %s", n.UsageDigest(), prev, u)
+		}
+		seen[n.UsageDigest()] = u
+	}
+	for iter := range 300 {
+		a, b := twoGPUNode(), twoGPUNode()
+		a.TrackUsage()
+		b.TrackUsage()
+		if a.UsageDigest() != 0 {
+			t.Fatalf("fresh node digest %x, want 0", a.UsageDigest())
+		}
+		steps := []step{draw(), draw(), draw()}
+		for _, s := range steps {
+			a.Apply(&s.r, &s.p)
+			record(a)
+		}
+		extra := int64(rng.IntN(3)) * 250
+		a.AddUse(extra, 0)
+		record(a)
+		for _, i := range rng.Perm(len(steps)) { // same usage, another order
+			b.Apply(&steps[i].r, &steps[i].p)
+			record(b)
+		}
+		b.AddUse(extra, 0)
+		if a.UsageDigest() != b.UsageDigest() {
+			t.Fatalf("iter %d: same usage %s, digests %x and %x", iter, usage(a), a.UsageDigest(), b.UsageDigest())
+		}
+		if c := a.Clone(); c.tracked {
+			t.Fatal("a clone is tracked")
+		}
+		a.AddUse(-extra, 0)
+		for _, i := range rng.Perm(len(steps)) {
+			a.Release(&steps[i].r, &steps[i].p)
+			record(a)
+		}
+		if a.UsageDigest() != 0 {
+			t.Fatalf("iter %d: everything released, digest %x, want 0", iter, a.UsageDigest())
+		}
+	}
+	if len(seen) < 100 {
+		t.Fatalf("only %d distinct usages drawn: the test proves little", len(seen))
 	}
 }

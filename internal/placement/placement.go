@@ -498,7 +498,7 @@ func greedyOnce(n *NodeState, r *Request, packed, explain bool) (Placement, *Unf
 				return p, wholeUnfit(scratch, r, c.Whole, len(free), explain)
 			}
 			for _, d := range wholeDevices(ci, closestSet(scratch, free, c.Whole)) {
-				applyDevice(&scratch.GPUs[d.GPU], d, 1)
+				scratch.applyDevice(d, 1)
 				p.Devices = append(p.Devices, d)
 			}
 		}
@@ -523,7 +523,7 @@ func greedyOnce(n *NodeState, r *Request, packed, explain bool) (Placement, *Unf
 		})
 		for _, i := range fit[:c.Shares] {
 			d := Device{Container: ci, GPU: i, Memory: c.shareMemoryOn(scratch.GPUs[i].Memory), Milli: c.Milli}
-			applyDevice(&scratch.GPUs[i], d, 1)
+			scratch.applyDevice(d, 1)
 			p.Devices = append(p.Devices, d)
 		}
 	}

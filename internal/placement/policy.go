@@ -57,6 +57,7 @@ func (sc *ScoreContext) afterState(n *NodeState, r *Request, p *Placement) *Node
 	gpus := a.GPUs[:0]
 	*a = *n
 	a.GPUs = append(gpus, n.GPUs...)
+	a.tracked = false
 	a.Apply(r, p)
 	return a
 }
