@@ -42,7 +42,7 @@ const streamTrace = "../../../shared/data/openb/"
 // drift, memo evictions, and the warmer's background evaluations (warm.go; cpu-ms/op is the whole
 // process's CPU, the warmer's included).
 //
-// steady-unwarmed runs without the warmer (--warm-memo=false), pods back to back; steady with it,
+// steady-unwarmed and paced-40hz-unwarmed run without the warmer (--warm-memo=false); steady with it,
 // pods back to back (the warmer competes with every call for the two cores); paced-40hz with it, one
 // pod every 25 ms (the live benchmark schedules 26-35 pods/s with this extender; the kube-scheduler
 // spends ~20 ms in its own Filter plugins per pod at 4,852 nodes), so the warmer works between calls
@@ -90,6 +90,9 @@ func BenchmarkSchedulingStream(b *testing.B) {
 	// steady: after 2,000 pods untimed (the memo has met the trace's shapes, as in an extender that
 	// has been running); cold: the memo cleared before each pod.
 	b.Run("steady-unwarmed", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 2000, false, 0) })
+	b.Run("paced-40hz-unwarmed", func(b *testing.B) {
+		streamOps(b, x, h, names, stream, &next, &placed, 200, false, 25*time.Millisecond)
+	})
 	x.State.changes.start()
 	ctx, cancel := context.WithCancel(context.Background())
 	warmer := make(chan struct{})

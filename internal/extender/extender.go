@@ -36,6 +36,9 @@ type Extender struct {
 	PickOne bool
 	// BindTimeout bounds one bind, lock wait included.
 	BindTimeout time.Duration
+	// WarmShapes is how many recently used request shapes the warmer fills afresh after a new shape
+	// snapshot (0: DefaultWarmShapes).
+	WarmShapes int
 	// memo remembers evaluation outcomes per request shape and node (memo.go).
 	memo evalMemo
 }

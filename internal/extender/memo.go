@@ -118,17 +118,17 @@ type warmTable struct {
 	req *placement.Request
 }
 
-// warmTables returns the tables under snapshot for the warmer, most recently used first: tables
-// already in use, and fresh ones made for the requests a snapshot change left pending (to be filled
-// for every node).
-func (m *evalMemo) warmTables(sc *placement.ScoreContext, slots int) (tables, fresh []warmTable) {
+// warmTables returns the tables under snapshot for the warmer, most recently used first: every
+// table in use, and fresh ones made for (at most freshLimit of) the requests a snapshot change left
+// pending, to be filled for every node.
+func (m *evalMemo) warmTables(sc *placement.ScoreContext, slots, freshLimit int) (tables, fresh []warmTable) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.tables == nil && len(m.pending) == 0 || !m.switchLocked(sc) {
 		return nil, nil // nothing asked yet (or reset), or sc is older than the memo's snapshot
 	}
 	made := map[*evalTable]bool{}
-	for _, p := range m.pending {
+	for _, p := range m.pending[:min(freshLimit, len(m.pending))] {
 		d := p.req.Digest()
 		if t := m.tables[d]; t == nil || len(t.slots) < slots {
 			t = m.newTableLocked(d, p.req, slots)
