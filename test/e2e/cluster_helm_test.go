@@ -52,7 +52,7 @@ func TestClusterHelmTemplate(t *testing.T) {
 		{"--namespace", "tessera-system", "--set", "scheduler.mode=default", "--set", "extender.replicas=1",
 			"--set", "extender.networkPolicy.extraFrom[0].ipBlock.cidr=10.0.0.0/24"},
 		{"--namespace", "tessera-system", "--set", "runtimeClass.create=false", "--set", "node.backend=sim",
-			"--set", "metrics.grafanaDashboard.enabled=true", "--set", "image.node.digest=sha256:" + strings.Repeat("0", 64),
+			"--set", "metrics.grafanaDashboard.enabled=true", "--set", "image.node.digest=sha256:" + strings.Repeat("0", 64), "--set", "extender.warmMemo=false",
 			"--set", "imagePullSecrets[0].name=regcred"},
 		{"--namespace", "tessera-system", "-f", filepath.Join(helmChart(), "values-gpu-operator.yaml")},
 	} {
