@@ -39,6 +39,8 @@ type Extender struct {
 	// WarmShapes is how many recently used request shapes the warmer fills afresh after a new shape
 	// snapshot (0: DefaultWarmShapes).
 	WarmShapes int
+	// calls counts filter and prioritize calls in flight (the warmer waits for them, warm.go).
+	calls atomic.Int64
 	// memo remembers evaluation outcomes per request shape and node (memo.go).
 	memo evalMemo
 }

@@ -33,6 +33,8 @@ func nodeNames(args *extenderv1.ExtenderArgs) []string {
 // Filter keeps the nodes where the pod's GPU request really fits - a GPU for each share, whole
 // GPUs not locked to shares, allowed models, its pool - and says why for every other node.
 func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFilterResult {
+	x.calls.Add(1)
+	defer x.calls.Add(-1)
 	pod := args.Pod
 	names := nodeNames(args)
 	res := &extenderv1.ExtenderFilterResult{FailedNodes: extenderv1.FailedNodesMap{}, FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}}

@@ -17,6 +17,8 @@ const classWeight = 0.3
 // Prioritize scores the nodes 0..10 with the pod's policy (normalised over the candidates), blended
 // with the seed's preferences: experiment and inference pods prefer older, lower-compute GPUs.
 func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (*extenderv1.HostPriorityList, error) {
+	x.calls.Add(1)
+	defer x.calls.Add(-1)
 	names := nodeNames(args)
 	out := make(extenderv1.HostPriorityList, 0, len(names))
 	if args.Pod == nil {

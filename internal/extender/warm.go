@@ -84,8 +84,12 @@ func (x *Extender) warmShapes() int {
 }
 
 // warmBatch is how many node evaluations the warmer makes per hold of the State's read lock (about
-// 0.2 ms): a writer (an informer event) waits at most that long for it.
-const warmBatch = 64
+// 0.1 ms): a writer (an informer event) or a filter call waits at most that long for it.
+const warmBatch = 32
+
+// warmYield is how often the warmer looks again whether the filter or prioritize calls in flight
+// have finished.
+const warmYield = 100 * time.Microsecond
 
 // warmDelay is how long the warmer lets changes gather before a pass: one pod changes its node
 // several times within microseconds (Filter's hold, then the bind's commit replacing it), and a node
@@ -150,6 +154,14 @@ func (x *Extender) warmOnce(ctx context.Context) {
 // under the State's read lock; false when ctx ended.
 func (x *Extender) warmNodes(ctx context.Context, sc *placement.ScoreContext, wt warmTable, entries []*nodeEntry) bool {
 	for start := 0; start < len(entries); start += warmBatch {
+		// Filter and prioritize go first: the warmer waits while one is in flight, so it takes the
+		// cores only between calls (a call waits at most for the batch under way).
+		for x.calls.Load() > 0 {
+			if ctx.Err() != nil {
+				return false
+			}
+			time.Sleep(warmYield)
+		}
 		if ctx.Err() != nil {
 			return false
 		}

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -146,5 +147,39 @@ func TestWarmerAgreesWithFreshEvaluation(t *testing.T) {
 	}
 	if r, _ := x.Evaluations(); r == 0 || x.Warmed() == 0 {
 		t.Fatalf("remembered %d, warmed %d: the comparison proved nothing", r, x.Warmed())
+	}
+}
+
+// TestWarmerWaitsForCalls: while a filter or prioritize call is in flight the warmer evaluates
+// nothing; it goes on once the call is done.
+func TestWarmerWaitsForCalls(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	x.State.changes.start()
+	names := []string{"a", "b", "c"}
+	for i, n := range names {
+		x.State.UpsertNode(memoNode(n, i, 4, "32"))
+	}
+	for i := range 300 { // learned shapes one bind does not rebuild
+		x.State.UpsertPod(withCPU(sharePod(fmt.Sprintf("pending-%d", i), 1, 2, 20), "1"), x.Class)
+	}
+	x.Filter(&extenderv1.ExtenderArgs{Pod: withCPU(wholePod("p", 1), "4"), NodeNames: &names})
+	if err := streamBind(x, withCPU(wholePod("big", 4), "30"), "b"); err != nil {
+		t.Fatal(err)
+	}
+	x.calls.Add(1) // a call in flight
+	done := make(chan struct{})
+	go func() { defer close(done); x.warmOnce(context.Background()) }()
+	select {
+	case <-done:
+		t.Fatal("the warmer finished its pass while a call was in flight")
+	case <-time.After(50 * time.Millisecond):
+	}
+	if w := x.Warmed(); w != 0 {
+		t.Fatalf("the warmer evaluated %d outcomes while a call was in flight", w)
+	}
+	x.calls.Add(-1)
+	<-done
+	if w := x.Warmed(); w != 1 {
+		t.Fatalf("after the call: %d outcomes warmed, want 1 (b)", w)
 	}
 }
