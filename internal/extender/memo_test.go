@@ -27,23 +27,91 @@ func withCPU(p *corev1.Pod, cpu string) *corev1.Pod {
 	return p
 }
 
+// threeNodes adds nodes a, b and c (4 GPUs, 32 CPUs each) and returns their names.
+func threeNodes(x *Extender) []string {
+	names := []string{"a", "b", "c"}
+	for i, n := range names {
+		x.State.UpsertNode(memoNode(n, i, 4, "32"))
+	}
+	return names
+}
+
+// learnShapes records pending pods from..to-1 of one share shape: the typical shapes placement
+// learns. With 300 known, one more pod does not rebuild the snapshot (placement.ShapeStats
+// refreshes after 2% of changes).
+func learnShapes(x *Extender, from, to int) {
+	for i := from; i < to; i++ {
+		x.State.UpsertPod(withCPU(sharePod(fmt.Sprintf("pending-%d", i), 1, 2, 20), "1"), x.Class)
+	}
+}
+
+// churn is the random cluster of the memo and warmer agreement tests: 24 nodes of 4 GPUs, four
+// request shapes, and random binds, deletions, GPU health changes and nodes removed and added again
+// (so slots are reused).
+type churn struct {
+	x      *Extender
+	rng    *rand.Rand
+	names  []string
+	shapes []func(string) *corev1.Pod
+	placed []types.UID
+}
+
+func newChurn(x *Extender, rng *rand.Rand) *churn {
+	c := &churn{x: x, rng: rng, shapes: []func(string) *corev1.Pod{
+		func(n string) *corev1.Pod { return withCPU(wholePod(n, 1), "4") },
+		func(n string) *corev1.Pod { return withCPU(wholePod(n, 2), "8") },
+		func(n string) *corev1.Pod { return withCPU(sharePod(n, 1, 4, 30), "2") },
+		func(n string) *corev1.Pod { return withCPU(sharePod(n, 2, 2, 20), "2") },
+	}}
+	for i := range 24 {
+		c.names = append(c.names, fmt.Sprintf("n%02d", i))
+		x.State.UpsertNode(memoNode(c.names[i], i, 4, "24"))
+	}
+	return c
+}
+
+// change makes one random change (or none) at step.
+func (c *churn) change(step int) {
+	x, rng, names := c.x, c.rng, c.names
+	switch k := rng.IntN(10); {
+	case k < 5:
+		pod := c.shapes[rng.IntN(len(c.shapes))](fmt.Sprintf("b%d", step))
+		if streamBind(x, pod, names[rng.IntN(len(names))]) == nil {
+			c.placed = append(c.placed, pod.UID)
+		}
+	case k < 7 && len(c.placed) > 0:
+		i := rng.IntN(len(c.placed))
+		x.State.DeletePod(c.placed[i])
+		c.placed = slices.Delete(c.placed, i, i+1)
+	case k < 8:
+		i := rng.IntN(len(names))
+		inv := testInventory(names[i], i, 4, "A100")
+		inv.GPUs[rng.IntN(4)].Healthy = rng.IntN(2) == 0
+		node := memoNode(names[i], i, 4, "24")
+		raw, _ := api.EncodeInventory(inv)
+		node.Annotations[api.AnnotationInventory] = string(raw)
+		x.State.UpsertNode(node)
+	case k < 9:
+		i := rng.IntN(len(names))
+		x.State.DeleteNode(names[i])
+		x.State.UpsertNode(memoNode(names[i], i, 4, "24"))
+	}
+}
+
+// args is a filter/prioritize call over every node for a pod of a random shape.
+func (c *churn) args(step int) *extenderv1.ExtenderArgs {
+	return &extenderv1.ExtenderArgs{Pod: c.shapes[c.rng.IntN(len(c.shapes))](fmt.Sprintf("q%d", step)), NodeNames: &c.names}
+}
+
 // TestMemoEvaluatesOnlyChangedNodes: a second pod of one request shape is evaluated only on the
 // nodes that changed since the first (here the node the first was bound to); a new shape snapshot
 // evaluates every node again.
 func TestMemoEvaluatesOnlyChangedNodes(t *testing.T) {
 	x := newTestExtender(t, api.PolicyTessera)
-	names := []string{"a", "b", "c"}
-	for i, n := range names {
-		x.State.UpsertNode(memoNode(n, i, 4, "32"))
-	}
+	names := threeNodes(x)
 	// Pending pods the typical shapes are learned from; with 300 known, one more pod does not
 	// rebuild the snapshot (placement.ShapeStats refreshes after 2% of changes).
-	pending := func(from, to int) {
-		for i := from; i < to; i++ {
-			x.State.UpsertPod(withCPU(sharePod(fmt.Sprintf("pending-%d", i), 1, 2, 20), "1"), x.Class)
-		}
-	}
-	pending(0, 300)
+	learnShapes(x, 0, 300)
 	filter := func(pod *corev1.Pod) (remembered, evaluated int64, fit []string) {
 		r0, e0 := x.Evaluations()
 		fr := x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
@@ -95,7 +163,7 @@ func TestMemoEvaluatesOnlyChangedNodes(t *testing.T) {
 		t.Fatalf("another shape: %d remembered, %d evaluated; want 0, 3", r, e)
 	}
 	// Enough new pods move the typical shapes: the snapshot is rebuilt and nothing is remembered.
-	pending(300, 320)
+	learnShapes(x, 300, 320)
 	if r, e, _ := filter(withCPU(wholePod("p5", 1), "4")); r != 0 || e != 3 {
 		t.Fatalf("after a new shape snapshot: %d remembered, %d evaluated; want 0, 3", r, e)
 	}
@@ -106,49 +174,12 @@ func TestMemoEvaluatesOnlyChangedNodes(t *testing.T) {
 // few request shapes (filter or prioritize first), and checks each answer against the same call with the memo cleared.
 func TestMemoAgreesWithFreshEvaluation(t *testing.T) {
 	x := newTestExtender(t, api.PolicyTessera)
-	rng := rand.New(rand.NewPCG(11, 12))
-	var names []string
-	for i := range 24 {
-		names = append(names, fmt.Sprintf("n%02d", i))
-		x.State.UpsertNode(memoNode(names[i], i, 4, "24"))
-	}
-	shapes := []func(string) *corev1.Pod{
-		func(n string) *corev1.Pod { return withCPU(wholePod(n, 1), "4") },
-		func(n string) *corev1.Pod { return withCPU(wholePod(n, 2), "8") },
-		func(n string) *corev1.Pod { return withCPU(sharePod(n, 1, 4, 30), "2") },
-		func(n string) *corev1.Pod { return withCPU(sharePod(n, 2, 2, 20), "2") },
-	}
-	for i := range 300 { // learned shapes that one change does not rebuild (see above)
-		x.State.UpsertPod(withCPU(sharePod(fmt.Sprintf("pending-%d", i), 1, 2, 20), "1"), x.Class)
-	}
-	var placed []types.UID
+	c := newChurn(x, rand.New(rand.NewPCG(11, 12)))
+	learnShapes(x, 0, 300)
 	remembered := int64(0)
 	for step := range 400 {
-		switch k := rng.IntN(10); {
-		case k < 5:
-			pod := shapes[rng.IntN(len(shapes))](fmt.Sprintf("b%d", step))
-			if streamBind(x, pod, names[rng.IntN(len(names))]) == nil {
-				placed = append(placed, pod.UID)
-			}
-		case k < 7 && len(placed) > 0:
-			i := rng.IntN(len(placed))
-			x.State.DeletePod(placed[i])
-			placed = slices.Delete(placed, i, i+1)
-		case k < 8:
-			i := rng.IntN(len(names))
-			inv := testInventory(names[i], i, 4, "A100")
-			inv.GPUs[rng.IntN(4)].Healthy = rng.IntN(2) == 0
-			node := memoNode(names[i], i, 4, "24")
-			raw, _ := api.EncodeInventory(inv)
-			node.Annotations[api.AnnotationInventory] = string(raw)
-			x.State.UpsertNode(node)
-		case k < 9:
-			i := rng.IntN(len(names))
-			x.State.DeleteNode(names[i])
-			x.State.UpsertNode(memoNode(names[i], i, 4, "24"))
-		}
-		pod := shapes[rng.IntN(len(shapes))](fmt.Sprintf("q%d", step))
-		args := &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}
+		c.change(step)
+		args := c.args(step)
 		r0, _ := x.Evaluations()
 		var got *extenderv1.ExtenderFilterResult
 		var gotP *extenderv1.HostPriorityList

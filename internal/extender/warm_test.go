@@ -10,7 +10,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -22,16 +21,8 @@ import (
 func TestWarmerKeepsShapesWarm(t *testing.T) {
 	x := newTestExtender(t, api.PolicyTessera)
 	x.State.changes.start()
-	names := []string{"a", "b", "c"}
-	for i, n := range names {
-		x.State.UpsertNode(memoNode(n, i, 4, "32"))
-	}
-	pending := func(from, to int) {
-		for i := from; i < to; i++ {
-			x.State.UpsertPod(withCPU(sharePod(fmt.Sprintf("pending-%d", i), 1, 2, 20), "1"), x.Class)
-		}
-	}
-	pending(0, 300)
+	names := threeNodes(x)
+	learnShapes(x, 0, 300)
 	shapes := []func(string) *corev1.Pod{
 		func(n string) *corev1.Pod { return withCPU(wholePod(n, 1), "4") },
 		func(n string) *corev1.Pod { return withCPU(sharePod(n, 1, 4, 30), "2") },
@@ -72,7 +63,7 @@ func TestWarmerKeepsShapesWarm(t *testing.T) {
 	// Enough new pods move the typical shapes: the warmer fills the new snapshot's tables for the
 	// most recently used shapes (here one: shape 1, filtered last); the other waits for its pod.
 	x.WarmShapes = 1
-	pending(300, 320)
+	learnShapes(x, 300, 320)
 	w0 := x.Warmed()
 	x.warmOnce(context.Background())
 	if w := x.Warmed() - w0; w != 3 {
@@ -97,47 +88,11 @@ func TestWarmerAgreesWithFreshEvaluation(t *testing.T) {
 	x.State.changes.start() // before the first change, so that the warmer misses none
 	go func() { defer close(done); x.RunWarmer(ctx) }()
 	defer func() { cancel(); <-done }()
-	rng := rand.New(rand.NewPCG(21, 22))
-	var names []string
-	for i := range 24 {
-		names = append(names, fmt.Sprintf("n%02d", i))
-		x.State.UpsertNode(memoNode(names[i], i, 4, "24"))
-	}
-	shapes := []func(string) *corev1.Pod{
-		func(n string) *corev1.Pod { return withCPU(wholePod(n, 1), "4") },
-		func(n string) *corev1.Pod { return withCPU(wholePod(n, 2), "8") },
-		func(n string) *corev1.Pod { return withCPU(sharePod(n, 1, 4, 30), "2") },
-		func(n string) *corev1.Pod { return withCPU(sharePod(n, 2, 2, 20), "2") },
-	}
-	for i := range 100 { // few learned pods: binds rebuild the snapshot now and then
-		x.State.UpsertPod(withCPU(sharePod(fmt.Sprintf("pending-%d", i), 1, 2, 20), "1"), x.Class)
-	}
-	var placed []types.UID
+	c := newChurn(x, rand.New(rand.NewPCG(21, 22)))
+	learnShapes(x, 0, 100) // few learned pods: binds rebuild the snapshot now and then
 	for step := range 600 {
-		switch k := rng.IntN(10); {
-		case k < 5:
-			pod := shapes[rng.IntN(len(shapes))](fmt.Sprintf("b%d", step))
-			if streamBind(x, pod, names[rng.IntN(len(names))]) == nil {
-				placed = append(placed, pod.UID)
-			}
-		case k < 7 && len(placed) > 0:
-			i := rng.IntN(len(placed))
-			x.State.DeletePod(placed[i])
-			placed = slices.Delete(placed, i, i+1)
-		case k < 8:
-			i := rng.IntN(len(names))
-			inv := testInventory(names[i], i, 4, "A100")
-			inv.GPUs[rng.IntN(4)].Healthy = rng.IntN(2) == 0
-			node := memoNode(names[i], i, 4, "24")
-			raw, _ := api.EncodeInventory(inv)
-			node.Annotations[api.AnnotationInventory] = string(raw)
-			x.State.UpsertNode(node)
-		case k < 9:
-			i := rng.IntN(len(names))
-			x.State.DeleteNode(names[i])
-			x.State.UpsertNode(memoNode(names[i], i, 4, "24"))
-		}
-		args := &extenderv1.ExtenderArgs{Pod: shapes[rng.IntN(len(shapes))](fmt.Sprintf("q%d", step)), NodeNames: &names}
+		c.change(step)
+		args := c.args(step)
 		got := x.Filter(args)
 		want := (&Extender{Engine: x.Engine, State: x.State, Class: x.Class}).Filter(args)
 		if !slices.Equal(*got.NodeNames, *want.NodeNames) || !maps.Equal(got.FailedNodes, want.FailedNodes) ||
@@ -155,13 +110,8 @@ func TestWarmerAgreesWithFreshEvaluation(t *testing.T) {
 func TestWarmerWaitsForCalls(t *testing.T) {
 	x := newTestExtender(t, api.PolicyTessera)
 	x.State.changes.start()
-	names := []string{"a", "b", "c"}
-	for i, n := range names {
-		x.State.UpsertNode(memoNode(n, i, 4, "32"))
-	}
-	for i := range 300 { // learned shapes one bind does not rebuild
-		x.State.UpsertPod(withCPU(sharePod(fmt.Sprintf("pending-%d", i), 1, 2, 20), "1"), x.Class)
-	}
+	names := threeNodes(x)
+	learnShapes(x, 0, 300) // one bind does not rebuild the snapshot
 	x.Filter(&extenderv1.ExtenderArgs{Pod: withCPU(wholePod("p", 1), "4"), NodeNames: &names})
 	if err := streamBind(x, withCPU(wholePod("big", 4), "30"), "b"); err != nil {
 		t.Fatal(err)
