@@ -206,7 +206,8 @@ func usageTerm(i int, v int64) uint64 {
 	return mix64(usageSeed ^ mix64(uint64(i)<<32^0x9e3779b97f4a7c15) ^ uint64(v))
 }
 
-// count moves counter i (see usageCounter) from old to v in the usage digest.
+// count moves counter i (counterCPU, counterMem, counterGPU+4*gpu+field) from old to v in the usage
+// digest.
 func (n *NodeState) count(i int, old, v int64) {
 	if n.tracked && old != v {
 		n.usage += usageTerm(i, v) - usageTerm(i, old)
@@ -246,10 +247,6 @@ func (n *NodeState) Apply(r *Request, p *Placement) { n.apply(r, p, 1) }
 // AddUse charges (or with negative values releases) CPU and host memory that pods outside
 // placement's own Apply hold on the node (the live extender counts every pod bound there).
 func (n *NodeState) AddUse(cpuMilli, memMiB int64) {
-	n.addCPUMem(cpuMilli, memMiB)
-}
-
-func (n *NodeState) addCPUMem(cpuMilli, memMiB int64) {
 	n.count(counterCPU, n.UsedCPU, n.UsedCPU+cpuMilli)
 	n.count(counterMem, n.UsedMem, n.UsedMem+memMiB)
 	n.UsedCPU += cpuMilli
@@ -260,7 +257,7 @@ func (n *NodeState) addCPUMem(cpuMilli, memMiB int64) {
 func (n *NodeState) Release(r *Request, p *Placement) { n.apply(r, p, -1) }
 
 func (n *NodeState) apply(r *Request, p *Placement, sign int) {
-	n.addCPUMem(int64(sign)*r.CPUMilli, int64(sign)*r.MemMiB)
+	n.AddUse(int64(sign)*r.CPUMilli, int64(sign)*r.MemMiB)
 	for _, d := range p.Devices {
 		n.applyDevice(d, sign)
 	}
