@@ -283,11 +283,7 @@ func (c *nameLists) put(raw []byte, names []string) {
 // data is valid JSON (the decoder checked it).
 func appendPlainStrings(dst []string, data []byte, str func([]byte) string) ([]string, bool) {
 	i := 0
-	ws := func() {
-		for i < len(data) && (data[i] == ' ' || data[i] == '\t' || data[i] == '\n' || data[i] == '\r') {
-			i++
-		}
-	}
+	ws := func() { i = skipJSONSpace(data, i) }
 	ws()
 	if i >= len(data) || data[i] != '[' {
 		return nil, false
@@ -342,11 +338,7 @@ func printableASCII(b []byte) bool {
 // array); the caller then decodes the whole body the standard way.
 func splitNodeNames(body, rest []byte) (_, names []byte, ok bool) {
 	i := 0
-	ws := func() {
-		for i < len(body) && (body[i] == ' ' || body[i] == '\t' || body[i] == '\n' || body[i] == '\r') {
-			i++
-		}
-	}
+	ws := func() { i = skipJSONSpace(body, i) }
 	ws()
 	if i >= len(body) || body[i] != '{' {
 		return nil, nil, false
@@ -435,6 +427,14 @@ func skipJSONValue(body []byte, i int) int {
 		return i
 	}
 	return -1
+}
+
+// skipJSONSpace returns the index of the first byte at or after i in b that is not JSON white space.
+func skipJSONSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
 }
 
 // nameSlices are node-name lists reused across filter and prioritize calls (5,000 names are 80 KB
