@@ -134,33 +134,65 @@ func BenchmarkFilterPrioritize(b *testing.B) {
 	}
 }
 
-// BenchmarkFilterPrioritizeHTTP is the extender's side of the same (cold) cycle through its HTTP handler:
-// decoding the JSON requests (pod and 5,000 node names for filter, the kept names for prioritize),
-// the work, and encoding the replies. The scheduler's own JSON work is not timed.
+// BenchmarkFilterPrioritizeHTTP is the extender's side of one scheduling cycle through its HTTP
+// handler: decoding the JSON requests (pod and 5,000 node names for filter, the kept names for
+// prioritize), the work, and encoding the replies. The scheduler's own JSON work is not timed.
+//
+// pick-one is the chart's setting (--filter-pick-one): Filter keeps the policy's node and holds it,
+// Prioritize scores one node; all-fitting keeps every fitting node and prioritizes them all. Modes:
+//   - warm: the next pod of a shape; only the nodes that changed since (the pod's own hold, with
+//     pick-one) are evaluated again.
+//   - new-shape: every op a shape the extender has never seen (shares 1-2 x 1-12 GiB x 5-95%
+//     compute): no remembered outcome, and no state after a placement in the fragmentation cache.
+//   - new-snapshot: the typical-shape snapshot is rebuilt before every op (one shape's count moved
+//     by more than 2% of all pods), so the memo and the fragmentation cache start empty.
 func BenchmarkFilterPrioritizeHTTP(b *testing.B) {
 	x, names := sharedBenchCluster(b, true)
-	// pick-one is the chart's setting (--filter-pick-one): Filter keeps the policy's node and holds
-	// it, Prioritize scores one node.
-	// cold clears the evaluation memo before each op (every node evaluated); warm keeps it, as for
-	// the next pod of one shape: only the nodes that changed since (here the pod's own hold, with
-	// pick-one) are evaluated again.
-	for _, pickOne := range []bool{false, true} {
-		for _, cold := range []bool{true, false} {
-			b.Run(map[bool]string{false: "all-fitting", true: "pick-one"}[pickOne]+map[bool]string{true: "/cold", false: "/warm"}[cold], func(b *testing.B) {
+	for _, pickOne := range []bool{true, false} {
+		for _, mode := range []string{"warm", "new-shape", "new-snapshot"} {
+			b.Run(map[bool]string{false: "all-fitting", true: "pick-one"}[pickOne]+"/"+mode, func(b *testing.B) {
 				x.PickOne = pickOne
 				defer func() { x.PickOne = false }()
-				benchHTTP(b, x, names, cold)
+				benchHTTP(b, x, names, mode)
 			})
 		}
 	}
 }
 
-func benchHTTP(b *testing.B, x *Extender, names []string, cold bool) {
+// newSnapshot makes the next call rebuild the typical-shape snapshot (op i of a run): a shape outside
+// the cluster's mix (3 whole GPUs, no CPU) gains 2.5% of all pods' count on even ops and loses it on
+// odd ones, as a drifting mix would.
+func newSnapshot(x *Extender, i int) {
+	bump, _ := RequestFromPod(wholePod("bump", 3), x.Class)
+	step := 1 + x.State.Shapes().Total()/40
+	if i%2 == 1 {
+		step = -step
+	}
+	x.State.Shapes().Observe(bump, step)
+}
+
+// benchShapePod is the i-th of 2,184 share pods of distinct request shapes (cycled): every filter
+// starts the pod's earlier hold over (all pods are named "new").
+func benchShapePod(i int) *corev1.Pod {
+	i %= 2 * 12 * 91
+	return sharePod("new", 1+i%2, 1+i/2%12, 5+i/24)
+}
+
+func benchHTTP(b *testing.B, x *Extender, names []string, mode string) {
 	h := x.Handler(nil)
-	pod := sharePod("new", 2, 8, 40)
-	fbody, err := json.Marshal(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+	namesJSON, err := json.Marshal(names)
 	if err != nil {
 		b.Fatal(err)
+	}
+	// filterBody splices a pod into the one node-name list (5,000 names marshalled once).
+	var fbody []byte
+	filterBody := func(pod *corev1.Pod) []byte {
+		podJSON, err := json.Marshal(pod)
+		if err != nil {
+			b.Fatal(err)
+		}
+		fbody = append(append(append(append(append(fbody[:0], `{"pod":`...), podJSON...), `,"nodenames":`...), namesJSON...), '}')
+		return fbody
 	}
 	call := func(path string, body []byte) *httptest.ResponseRecorder {
 		rec := httptest.NewRecorder()
@@ -170,25 +202,42 @@ func benchHTTP(b *testing.B, x *Extender, names []string, cold bool) {
 		}
 		return rec
 	}
-	var fr extenderv1.ExtenderFilterResult
-	if err := json.Unmarshal(call("/filter", fbody).Body.Bytes(), &fr); err != nil {
-		b.Fatal(err)
-	}
-	pbody, _ := json.Marshal(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: fr.NodeNames})
-	b.ReportMetric(float64(len(fbody))/1024, "filter-body-KiB")
+	pod := sharePod("new", 2, 8, 40)
 	var d []time.Duration
+	var pbody []byte
 	runtime.GC()
 	cpu0 := cpuTime()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		if cold {
-			x.memo.reset() // a request shape the memo has not seen (memo.go)
+		b.StopTimer()
+		switch mode {
+		case "new-shape":
+			pod = benchShapePod(i)
+		case "new-snapshot":
+			newSnapshot(x, i)
 		}
+		body := filterBody(pod)
+		b.StartTimer()
 		start := time.Now()
-		call("/filter", fbody)
+		rec := call("/filter", body)
+		took := time.Since(start)
+		b.StopTimer()
+		var fr extenderv1.ExtenderFilterResult
+		if err := json.Unmarshal(rec.Body.Bytes(), &fr); err != nil {
+			b.Fatal(err)
+		}
+		if fr.NodeNames == nil || len(*fr.NodeNames) == 0 {
+			b.Fatalf("op %d: no node fits %v: %s", i, pod.Spec.Containers[0].Resources.Limits, fr.Error)
+		}
+		pj, _ := json.Marshal(pod)
+		nj, _ := json.Marshal(*fr.NodeNames)
+		pbody = append(append(append(append(append(pbody[:0], `{"pod":`...), pj...), `,"nodenames":`...), nj...), '}')
+		b.StartTimer()
+		start = time.Now()
 		call("/prioritize", pbody)
-		d = append(d, time.Since(start))
+		d = append(d, took+time.Since(start))
 	}
+	b.StopTimer()
 	reportP99(b, d, cpuTime()-cpu0)
 }
 

@@ -1,8 +1,11 @@
 package placement
 
 import (
+	"maps"
 	"math/bits"
 	"strings"
+	"sync"
+	"sync/atomic"
 )
 
 // fragPlan is a set of typical shapes compiled for computing fragmentation fast. Shapes that test a
@@ -11,11 +14,129 @@ import (
 // mix has several CPU sizes per GPU need), and the state after a placement is derived from the
 // node's by testing again only the GPUs the placement touches. The result is exactly shapeFrag's,
 // summed in shape order, so scores do not move by a bit.
+//
+// A GPU's test results depend only on its state (model, size, usage, mode), and GPU states repeat
+// across nodes (every free GPU of a model is one state), so each state's results are kept as a fit
+// mask, one bit per part: a node's stats then cost a lookup per distinct GPU state and a branch-free
+// pass over the parts instead of a test per part and GPU (with 160 parts, as where every share pod
+// asks its own memory and compute, that test was most of a cold evaluation).
 type fragPlan struct {
 	shapes []Shape
 	parts  []fragPart
-	// partOf is each shape's part; -1 for a shape that asks for no GPU.
-	partOf []int
+	// items are the shapes as the sums read them, in shape order (flat, for the hot loop).
+	items []shapeItem
+	// words is the length of a fit mask; zeroMilli is set when a share part asks no compute (a GPU
+	// without free compute can then still pass its test).
+	words     int
+	zeroMilli bool
+	// masks are the fit masks of GPU states, shared by every goroutine scoring with this plan:
+	// copy-on-write, so that lookups take no lock. A goroutine keeps the states it tested in its
+	// own map (fitMasks) and publishes them in batches.
+	masks   atomic.Pointer[map[gpuState][]uint64]
+	masksMu sync.Mutex
+	// mix is the weighted CPU, memory and GPU of the GPU shapes (stranded's ratio) when no shape is
+	// restricted to GPU models; with restricted shapes it depends on the node (mixFixed false).
+	mix      strandedMix
+	mixFixed bool
+}
+
+// shapeItem is what fragmentation reads of one shape.
+type shapeItem struct {
+	weight   float64
+	cpu, mem int64
+	// part is the shape's part (-1: it asks for no GPU); need is how many GPUs must pass its test.
+	part, need int32
+	// restricted: the shape may use only some GPU models.
+	restricted bool
+}
+
+// gpuState is everything a part's test reads of a GPU (the model by its number: GPUs of nodes not
+// prepared have none, and their masks are neither kept nor grouped).
+type gpuState struct {
+	memory, usedMemory       int64
+	usedMilli                int
+	model                    int32
+	usable, whole, hasShares bool
+}
+
+func stateOfGPU(g *GPUState) gpuState {
+	return gpuState{model: g.modelID, memory: g.Memory, usedMemory: g.UsedMemory, usedMilli: g.UsedMilli,
+		usable: g.Usable, whole: g.Whole, hasShares: g.Shares > 0}
+}
+
+// fitMasks is one goroutine's view of a plan's fit masks: the shared ones, then those it tested
+// itself since it last published.
+type fitMasks struct {
+	pl    *fragPlan
+	local map[gpuState][]uint64
+}
+
+// Publishing copies the shared map, so a goroutine publishes once its own states are a quarter of
+// the shared ones (at least publishMin): the copies cost O(states) in all. Past maxFitMasks states
+// nothing more is shared (masks are then tested per goroutine, and its own map is bounded too).
+const (
+	publishMin  = 16
+	maxFitMasks = 1 << 16
+)
+
+// mask returns g's fit mask.
+func (fm *fitMasks) mask(g *GPUState) []uint64 {
+	if g.modelID == 0 {
+		return fm.pl.test(g)
+	}
+	k := stateOfGPU(g)
+	shared := fm.pl.masks.Load()
+	if shared != nil {
+		if m, ok := (*shared)[k]; ok {
+			return m
+		}
+	}
+	if m, ok := fm.local[k]; ok {
+		return m
+	}
+	m := fm.pl.test(g)
+	if fm.local == nil || len(fm.local) >= maxFitMasks {
+		fm.local = map[gpuState][]uint64{}
+	}
+	fm.local[k] = m
+	if n := len(fm.local); n >= publishMin && (shared == nil || 4*n >= len(*shared)) {
+		if fm.pl.publish(fm.local) {
+			fm.local = nil
+		}
+	}
+	return m
+}
+
+// test runs every part's test on g.
+func (pl *fragPlan) test(g *GPUState) []uint64 {
+	m := make([]uint64, pl.words)
+	for j := range pl.parts {
+		if pl.parts[j].fits(g) {
+			m[j>>6] |= 1 << (j & 63)
+		}
+	}
+	return m
+}
+
+// publish adds masks to the shared map (false: it is full).
+func (pl *fragPlan) publish(masks map[gpuState][]uint64) bool {
+	pl.masksMu.Lock()
+	defer pl.masksMu.Unlock()
+	old := pl.masks.Load()
+	n := len(masks)
+	if old != nil {
+		n += len(*old)
+	}
+	if n > maxFitMasks {
+		return false
+	}
+	m := make(map[gpuState][]uint64, n)
+	if old != nil {
+		maps.Copy(m, *old)
+	}
+	maps.Copy(m, masks)
+	pl.masks.Store(&m)
+	return true
 }
 
 // fragPart is one GPU test: the first shape's request and container that has it.
@@ -29,7 +150,7 @@ type fragPart struct {
 type partStats struct{ fit, rest int }
 
 func compileFragPlan(shapes []Shape) *fragPlan {
-	pl := &fragPlan{shapes: shapes, partOf: make([]int, len(shapes))}
+	pl := &fragPlan{shapes: shapes, items: make([]shapeItem, len(shapes))}
 	// A part is identified by what its GPU test reads (testKey); shapes of one key share it.
 	type testKey struct {
 		whole                bool
@@ -40,8 +161,8 @@ func compileFragPlan(shapes []Shape) *fragPlan {
 	index := map[testKey]int{}
 	for i := range shapes {
 		r := &shapes[i].Req
+		pl.items[i] = shapeItem{weight: shapes[i].Weight, cpu: r.CPUMilli, mem: r.MemMiB, part: -1, restricted: len(r.Models) > 0}
 		if !r.WantsGPU() {
-			pl.partOf[i] = -1
 			continue
 		}
 		c := &r.Containers[0]
@@ -55,7 +176,20 @@ func compileFragPlan(shapes []Shape) *fragPlan {
 			index[k] = j
 			pl.parts = append(pl.parts, fragPart{r: r, c: c})
 		}
-		pl.partOf[i] = j
+		pl.items[i].part, pl.items[i].need = int32(j), int32(c.Whole+c.Shares)
+		if !k.whole && c.Milli == 0 {
+			pl.zeroMilli = true
+		}
+	}
+	pl.words = (len(pl.parts) + 63) / 64
+	pl.mixFixed = true
+	for i := range shapes {
+		if shapes[i].Req.WantsGPU() && len(shapes[i].Req.Models) > 0 {
+			pl.mixFixed = false
+		}
+	}
+	if pl.mixFixed {
+		pl.mix = mixOf(nil, shapes)
 	}
 	return pl
 }
@@ -73,56 +207,93 @@ func (p *fragPart) fits(g *GPUState) bool {
 	return shareFits(g, p.r, p.c)
 }
 
-func (p *fragPart) add(g *GPUState, s *partStats, sign int) {
-	if p.fits(g) {
-		s.fit += sign
-	} else {
-		s.rest += sign * g.FreeMilli()
+// addMask adds (sign -1: removes) cnt GPUs of free compute free and fit mask m to st.
+func addMask(st []partStats, m []uint64, cnt, free int) {
+	for j := range st {
+		b := int(m[j>>6] >> (j & 63) & 1)
+		st[j].fit += cnt * b
+		st[j].rest += cnt * free * (1 - b)
 	}
 }
 
-// stats fills st (one entry per part) for n.
-func (pl *fragPlan) stats(n *NodeState, st []partStats) {
-	for j := range pl.parts {
-		st[j] = partStats{}
-		for i := range n.GPUs {
-			pl.parts[j].add(&n.GPUs[i], &st[j], 1)
+// counts reports whether g can change any part's stats: a GPU without free compute passes no
+// test (unless a share part asks no compute) and adds nothing to the rest.
+func (pl *fragPlan) counts(g *GPUState) bool { return pl.zeroMilli || g.FreeMilli() > 0 }
+
+// stats fills st (one entry per part) for n: once per distinct GPU state of the node.
+func (pl *fragPlan) stats(n *NodeState, st []partStats, fm *fitMasks) {
+	clear(st)
+	type group struct {
+		g   *GPUState
+		k   gpuState
+		cnt int
+	}
+	var buf [8]group
+	groups := buf[:0]
+next:
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		if !pl.counts(g) {
+			continue
 		}
+		k := stateOfGPU(g)
+		for x := range groups {
+			if groups[x].k == k && k.model != 0 {
+				groups[x].cnt++
+				continue next
+			}
+		}
+		groups = append(groups, group{g: g, k: k, cnt: 1})
+	}
+	for _, gr := range groups {
+		addMask(st, fm.mask(gr.g), gr.cnt, gr.g.FreeMilli())
 	}
 }
 
 // statsAfter fills st for after, which is n with only the GPUs in touched changed, from n's stats.
-func (pl *fragPlan) statsAfter(n, after *NodeState, touched uint64, before, st []partStats) {
+func (pl *fragPlan) statsAfter(n, after *NodeState, touched uint64, before, st []partStats, fm *fitMasks) {
 	copy(st, before)
-	for j := range pl.parts {
-		p := &pl.parts[j]
-		for m := touched; m != 0; m &= m - 1 {
-			i := bits.TrailingZeros64(m)
-			p.add(&n.GPUs[i], &st[j], -1)
-			p.add(&after.GPUs[i], &st[j], 1)
+	for m := touched; m != 0; m &= m - 1 {
+		i := bits.TrailingZeros64(m)
+		g, a := &n.GPUs[i], &after.GPUs[i]
+		switch counted, countedAfter := pl.counts(g), pl.counts(a); {
+		case counted && countedAfter:
+			swapMask(st, fm.mask(g), g.FreeMilli(), fm.mask(a), a.FreeMilli())
+		case counted:
+			addMask(st, fm.mask(g), -1, g.FreeMilli())
+		case countedAfter:
+			addMask(st, fm.mask(a), 1, a.FreeMilli())
 		}
 	}
 }
 
-// shapeFrag is the free compute (per-mille) of n that a task of shape i cannot use, from n's part
+// swapMask replaces one GPU (free compute free, mask m) by another in st, in one pass.
+func swapMask(st []partStats, m []uint64, free int, m2 []uint64, free2 int) {
+	for j := range st {
+		b, b2 := int(m[j>>6]>>(j&63)&1), int(m2[j>>6]>>(j&63)&1)
+		st[j].fit += b2 - b
+		st[j].rest += free2*(1-b2) - free*(1-b)
+	}
+}
+
+// shapeFrag is the free compute (per-mille) of n that a task of shape it cannot use, from n's part
 // stats; hostMem makes host memory a condition of fitting too (tessera's measure; the reference's
 // ignores it). Follows frag.go GetNodePodFrag's quadrants.
-func (pl *fragPlan) shapeFrag(i int, n *NodeState, st []partStats, total int, hostMem bool) int {
-	j := pl.partOf[i]
-	if j < 0 {
+func shapeFrag(it *shapeItem, n *NodeState, st []partStats, total int, hostMem bool) int {
+	if it.part < 0 {
 		return total // MilliGpu == 0 is XL/XR, never Q3: every free GPU counts
 	}
-	r := &pl.shapes[i].Req
-	if n.CPUMilli > 0 && n.UsedCPU+r.CPUMilli > n.CPUMilli {
+	if n.CPUMilli > 0 && n.UsedCPU+it.cpu > n.CPUMilli {
 		return total // Q1 / Q4: lacks CPU
 	}
-	if hostMem && n.MemMiB > 0 && n.UsedMem+r.MemMiB > n.MemMiB {
+	if hostMem && n.MemMiB > 0 && n.UsedMem+it.mem > n.MemMiB {
 		return total
 	}
-	if c := &r.Containers[0]; st[j].fit < c.Whole+c.Shares {
+	if s := &st[it.part]; s.fit < int(it.need) {
 		return total // Q2 (or no access: no GPU of an allowed model fits)
+	} else {
+		return s.rest // Q3: the GPUs with less free compute than the task's share
 	}
-	return st[j].rest // Q3: the GPUs with less free compute than the task's share
 }
 
 // frag is FGD's expected fragmentation of n (fed: tessera's multi-resource one, over the GPU shapes
@@ -134,20 +305,29 @@ func (pl *fragPlan) frag(n *NodeState, st []partStats, fed bool) float64 {
 	}
 	f := 0.0
 	if !fed {
-		for i := range pl.shapes {
-			f += pl.shapes[i].Weight * float64(pl.shapeFrag(i, n, st, total, false))
+		for i := range pl.items {
+			f += pl.items[i].weight * float64(shapeFrag(&pl.items[i], n, st, total, false))
 		}
 		return f
 	}
-	floor := stranded(n, pl.shapes, total)
-	for i := range pl.shapes {
-		if pl.partOf[i] < 0 {
+	mix := pl.mix
+	if !pl.mixFixed {
+		mix = mixOf(n, pl.shapes)
+	}
+	floor := mix.stranded(n, total)
+	for i := range pl.items {
+		it := &pl.items[i]
+		if it.part < 0 {
 			continue // CPU-only shapes: every free GPU is a fragment to them wherever a pod goes
 		}
-		if !canUseModel(n, &pl.shapes[i].Req) {
+		if it.restricted && !canUseModel(n, &pl.shapes[i].Req) {
 			continue // restricted to GPU models n lacks: never asks n for anything (policy_tessera.go)
 		}
-		f += pl.shapes[i].Weight * max(floor, float64(pl.shapeFrag(i, n, st, total, true)))
+		v := float64(shapeFrag(it, n, st, total, true))
+		if v < floor { // max(floor, v) without the built-in's NaN and signed-zero cases (neither occurs)
+			v = floor
+		}
+		f += it.weight * v
 	}
 	return f
 }
@@ -156,6 +336,6 @@ func (pl *fragPlan) frag(n *NodeState, st []partStats, fed bool) float64 {
 func fragmentation(n *NodeState, shapes []Shape, fed bool) float64 {
 	pl := compileFragPlan(shapes)
 	st := make([]partStats, len(pl.parts))
-	pl.stats(n, st)
+	pl.stats(n, st, &fitMasks{pl: pl})
 	return pl.frag(n, st, fed)
 }

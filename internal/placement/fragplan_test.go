@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"testing"
@@ -65,6 +66,9 @@ func naiveFragmentation(n *NodeState, shapes []Shape, fed bool) float64 {
 func randomPlanNode(rng *rand.Rand) *NodeState {
 	n := &NodeState{CPUMilli: 64000, MemMiB: 1 << 20, UsedCPU: int64(rng.IntN(64000)), UsedMem: int64(rng.IntN(1 << 20))}
 	n.GPUs = randomGPUs(rng, "A", "B")
+	if rng.IntN(4) > 0 { // as servers and the simulator build them; the rest takes the unnumbered-model path
+		n.Prepare()
+	}
 	return n
 }
 
@@ -76,6 +80,8 @@ func randomPlanShapes(rng *rand.Rand) []Shape {
 		case 0: // CPU-only
 		case 1:
 			r.Containers = []ContainerShape{{Whole: 1 + rng.IntN(4)}}
+		case 2: // by memory percent; sometimes no compute (memory only: a GPU with none free passes)
+			r.Containers = []ContainerShape{{Shares: 1 + rng.IntN(2), Milli: 100 * rng.IntN(4), MemoryPercent: 10 * (1 + rng.IntN(5))}}
 		default:
 			r.Containers = []ContainerShape{{Shares: 1, Milli: 100 * (1 + rng.IntN(9)), Memory: int64(1+rng.IntN(8)) << 30}}
 		}
@@ -125,6 +131,81 @@ func TestFragPlanMatchesPerShape(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestCachedNodeStats: a node's part stats remembered in the fragmentation cache (and read from it
+// for the node's next request) give the same after-states as stats computed afresh, over passes
+// that revisit every node with other requests in between.
+func TestCachedNodeStats(t *testing.T) {
+	rng := rand.New(rand.NewPCG(11, 12))
+	shapes := randomPlanShapes(rng)
+	for len(shapes) < 8 {
+		shapes = append(shapes, randomPlanShapes(rng)...)
+	}
+	nodes := make([]*NodeState, 60)
+	for i := range nodes {
+		nodes[i] = randomPlanNode(rng)
+		nodes[i].TypeID = i + 1 // each its own hardware
+	}
+	sc := &ScoreContext{Shapes: shapes, Cache: NewFragCache()}
+	for pass := range 3 {
+		for _, n := range nodes {
+			r := &shapes[rng.IntN(len(shapes))].Req
+			cands, u := Candidates(n, r)
+			if u != nil {
+				continue
+			}
+			for i := range cands {
+				_, after := sc.fragBeforeAfter(2, n, r, &cands[i])
+				if want := naiveFragmentation(sc.afterState(n, r, &cands[i]), shapes, true); after != want {
+					t.Fatalf("pass %d node %s cand %d: after %v, want %v", pass, n.Name, i, after, want)
+				}
+			}
+		}
+	}
+}
+
+// TestFitMasksSharedAcrossGoroutines: one plan scored from several goroutines at once, as the
+// server's workers do, publishing GPU states' fit masks as they go; every node's fragmentation
+// equals the per-shape computation (a mask reused for a GPU state it does not describe fails this).
+func TestFitMasksSharedAcrossGoroutines(t *testing.T) {
+	rng := rand.New(rand.NewPCG(9, 10))
+	shapes := randomPlanShapes(rng)
+	for len(shapes) < 12 {
+		shapes = append(shapes, randomPlanShapes(rng)...)
+	}
+	pl := compileFragPlan(shapes)
+	nodes := make([]*NodeState, 400)
+	for i := range nodes {
+		nodes[i] = randomPlanNode(rng)
+		nodes[i].Prepare()
+	}
+	errs := make(chan string, 4)
+	for w := range 4 {
+		go func() {
+			fm := &fitMasks{pl: pl}
+			st := make([]partStats, len(pl.parts))
+			for k := range 3 * len(nodes) {
+				n := nodes[(k*(w+1))%len(nodes)]
+				pl.stats(n, st, fm)
+				for _, fed := range []bool{false, true} {
+					if got, want := pl.frag(n, st, fed), naiveFragmentation(n, shapes, fed); got != want {
+						errs <- fmt.Sprintf("worker %d node %d fed=%v: %v, per shape %v", w, k, fed, got, want)
+						return
+					}
+				}
+			}
+			errs <- ""
+		}()
+	}
+	for range 4 {
+		if e := <-errs; e != "" {
+			t.Fatal(e)
+		}
+	}
+	if m := pl.masks.Load(); m == nil || len(*m) < publishMin {
+		t.Fatalf("the goroutines published no shared fit masks (%v)", m)
 	}
 }
 

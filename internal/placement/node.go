@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
@@ -34,6 +36,23 @@ type GPUState struct {
 	Usable bool
 	// Gen is the compute capability x10 (70 for 7.0), 0 when unknown; lower means older.
 	Gen int
+	// modelID numbers Model process-wide (set by NodeState.Prepare; 0: not numbered), so that
+	// fragmentation can key GPU states without hashing and comparing the model's name.
+	modelID int32
+}
+
+// modelIDs numbers GPU model names (string -> int32, from 1).
+var (
+	modelIDs    sync.Map
+	lastModelID atomic.Int32
+)
+
+func numberModel(model string) int32 {
+	if id, ok := modelIDs.Load(model); ok {
+		return id.(int32)
+	}
+	id, _ := modelIDs.LoadOrStore(model, lastModelID.Add(1))
+	return id.(int32)
 }
 
 // FreeMilli is the compute a share could still reserve on the GPU.
@@ -81,6 +100,9 @@ type nodeStatic struct {
 // Prepare caches the node's static facts for placement; call it after the GPUs are set up (their
 // models, sizes and health), not while others may read the node.
 func (n *NodeState) Prepare() {
+	for i := range n.GPUs {
+		n.GPUs[i].modelID = numberModel(n.GPUs[i].Model)
+	}
 	u, m := usableGPUs(n, &Request{})
 	n.static, n.prepared = nodeStatic{usable: u, maxMem: m}, true
 }

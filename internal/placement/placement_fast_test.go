@@ -161,7 +161,7 @@ func randomGPUs(rng *rand.Rand, models ...string) []GPUState {
 			gs.Whole = true
 		case 1:
 			gs.Shares = 1 + rng.IntN(3)
-			gs.UsedMilli = 100 * rng.IntN(10)
+			gs.UsedMilli = 100 * rng.IntN(11) // up to full: no compute left
 			gs.UsedMemory = int64(rng.IntN(12)) << 30
 		}
 		gpus = append(gpus, gs)

@@ -36,14 +36,15 @@ type ScoreContext struct {
 	lastCache   *FragCache
 	lastKey     fragKey
 	lastFrag    float64
-	// plan is Shapes compiled for fragmentation; stBefore (valid when haveStats) and stAfter are
-	// scratch part stats of lastNode and of a state after a placement.
-	plan              *fragPlan
-	stBefore, stAfter []partStats
-	haveStats         bool
-	// lastKeyed: lastNode's values go through the cache; the counters judge whether it pays.
-	lastKeyed                          bool
-	cacheLookups, cacheHits, cacheSkip int
+	// plan is Shapes compiled for fragmentation; stBefore (valid when haveStats) are lastNode's
+	// part stats (stOwn, or the cache's copy: read only), stAfter those of a state after a placement.
+	plan                     *fragPlan
+	masks                    fitMasks
+	stBefore, stOwn, stAfter []partStats
+	haveStats                bool
+	// lastKeyed: lastNode's values go through the cache; the judges say whether it pays.
+	lastKeyed               bool
+	beforeJudge, afterJudge cacheJudge
 }
 
 // Fork returns a context for another goroutine on the same shapes, cache and compiled plan.

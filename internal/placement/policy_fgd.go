@@ -33,23 +33,35 @@ func NodeFragmentationFed(n *NodeState, shapes []Shape) float64 {
 	return fragmentation(n, shapes, true)
 }
 
+// strandedMix is the weighted CPU, memory and GPU need of the mix that can run on a node.
+type strandedMix struct{ cpu, mem, gpu float64 }
+
+// mixOf sums the GPU shapes that may use a GPU model of n (n nil: every GPU shape), in shape order.
+func mixOf(n *NodeState, shapes []Shape) strandedMix {
+	var m strandedMix
+	for i := range shapes {
+		if r := &shapes[i].Req; r.WantsGPU() && (n == nil || canUseModel(n, r)) {
+			m.cpu += shapes[i].Weight * float64(r.CPUMilli)
+			m.mem += shapes[i].Weight * float64(r.MemMiB)
+			m.gpu += shapes[i].Weight * float64(r.GPUMilli())
+		}
+	}
+	return m
+}
+
 // stranded is the free GPU compute of n that its free CPU and memory cannot feed at the ratio of the
 // mix that can run on n (shapes restricted to other GPU models never ask this node for CPU).
 func stranded(n *NodeState, shapes []Shape, total int) float64 {
-	var cpu, mem, gpu float64
-	for i := range shapes {
-		if r := &shapes[i].Req; r.WantsGPU() && canUseModel(n, r) {
-			cpu += shapes[i].Weight * float64(r.CPUMilli)
-			mem += shapes[i].Weight * float64(r.MemMiB)
-			gpu += shapes[i].Weight * float64(r.GPUMilli())
-		}
-	}
+	return mixOf(n, shapes).stranded(n, total)
+}
+
+func (m strandedMix) stranded(n *NodeState, total int) float64 {
 	feed := float64(total)
-	if n.CPUMilli > 0 && cpu > 0 {
-		feed = min(feed, float64(n.CPUMilli-n.UsedCPU)*gpu/cpu)
+	if n.CPUMilli > 0 && m.cpu > 0 {
+		feed = min(feed, float64(n.CPUMilli-n.UsedCPU)*m.gpu/m.cpu)
 	}
-	if n.MemMiB > 0 && mem > 0 {
-		feed = min(feed, float64(n.MemMiB-n.UsedMem)*gpu/mem)
+	if n.MemMiB > 0 && m.mem > 0 {
+		feed = min(feed, float64(n.MemMiB-n.UsedMem)*m.gpu/m.mem)
 	}
 	return float64(total) - feed
 }
@@ -85,7 +97,14 @@ type fragKey struct {
 // is safe for concurrent use (the server's, one per typical-shape snapshot).
 type FragCache struct {
 	mu *sync.RWMutex
-	m  map[stateHash]float64
+	m  map[stateHash]fragValue
+}
+
+// fragValue is a state's fragmentation and, for a node's own state (not one after a placement),
+// its part stats: a shape never seen then derives its after-states without testing the node again.
+type fragValue struct {
+	v  float64
+	st []partStats
 }
 
 // stateHash is a 128-bit digest of a fragKey: map keys of 16 bytes instead of ~110 keep the cache
@@ -123,14 +142,14 @@ func mix64(x uint64) uint64 {
 const maxFragCacheEntries = 1 << 20
 
 // NewFragCache returns an empty cache for one goroutine; it must be dropped when the shapes change.
-func NewFragCache() *FragCache { return &FragCache{m: map[stateHash]float64{}} }
+func NewFragCache() *FragCache { return &FragCache{m: map[stateHash]fragValue{}} }
 
 // NewSharedFragCache returns an empty cache safe for concurrent use.
 func NewSharedFragCache() *FragCache {
-	return &FragCache{mu: &sync.RWMutex{}, m: map[stateHash]float64{}}
+	return &FragCache{mu: &sync.RWMutex{}, m: map[stateHash]fragValue{}}
 }
 
-func (c *FragCache) get(k *fragKey) (float64, bool) {
+func (c *FragCache) get(k *fragKey) (fragValue, bool) {
 	h := k.hash()
 	if c.mu != nil {
 		c.mu.RLock()
@@ -140,7 +159,7 @@ func (c *FragCache) get(k *fragKey) (float64, bool) {
 	return v, ok
 }
 
-func (c *FragCache) put(k *fragKey, v float64) {
+func (c *FragCache) put(k *fragKey, v fragValue) {
 	h := k.hash()
 	if c.mu != nil {
 		c.mu.Lock()
@@ -184,66 +203,88 @@ func (sc *ScoreContext) fragBeforeAfter(variant uint8, n *NodeState, r *Request,
 		sc.lastNode = nil
 	}
 	pl := sc.plan
+	if sc.masks.pl != pl {
+		sc.masks = fitMasks{pl: pl}
+	}
 	if sc.lastNode != n || sc.lastVariant != variant || sc.lastCache != sc.Cache {
 		sc.lastNode, sc.lastVariant, sc.lastCache, sc.haveStats = n, variant, sc.Cache, false
-		sc.lastKeyed = sc.Cache != nil && n.TypeID != 0 && len(n.GPUs) <= 8 && sc.cachePays()
-		v, ok := 0.0, false
+		sc.lastKeyed = sc.Cache != nil && n.TypeID != 0 && len(n.GPUs) <= 8 && sc.beforeJudge.pays()
+		var fv fragValue
+		ok := false
 		if sc.lastKeyed {
 			sc.stateKey(variant, n, &sc.lastKey)
-			v, ok = sc.cacheGet(&sc.lastKey)
+			fv, ok = sc.Cache.get(&sc.lastKey)
+			sc.beforeJudge.record(ok)
+		}
+		if ok && fv.st != nil {
+			sc.stBefore, sc.haveStats = fv.st, true // shared: read only
 		}
 		if !ok {
-			v = pl.frag(n, sc.beforeStats(n), fed)
+			fv.v = pl.frag(n, sc.beforeStats(n), fed)
 			if sc.lastKeyed {
-				sc.Cache.put(&sc.lastKey, v)
+				fv.st = slices.Clone(sc.stBefore)
+				sc.Cache.put(&sc.lastKey, fv)
 			}
 		}
-		sc.lastFrag = v
+		sc.lastFrag = fv.v
 	}
-	keyed := sc.lastKeyed
+	// After-states are judged on their own: a shape never seen meets before-states the cache knows
+	// and after-states it does not.
+	keyed := sc.lastKeyed && sc.afterJudge.pays()
 	var k fragKey
 	if keyed {
 		k = sc.lastKey
 		afterKey(&k, n, r, p)
-		if v, ok := sc.cacheGet(&k); ok {
-			return sc.lastFrag, v
+		fv, ok := sc.Cache.get(&k)
+		sc.afterJudge.record(ok)
+		if ok {
+			return sc.lastFrag, fv.v
 		}
 	}
 	before := sc.beforeStats(n)
 	after := sc.afterState(n, r, p)
 	sc.stAfter = slices.Grow(sc.stAfter[:0], len(pl.parts))[:len(pl.parts)]
 	if touched, ok := touchedGPUs(p); ok {
-		pl.statsAfter(n, after, touched, before, sc.stAfter)
+		pl.statsAfter(n, after, touched, before, sc.stAfter, &sc.masks)
 	} else {
-		pl.stats(after, sc.stAfter)
+		pl.stats(after, sc.stAfter, &sc.masks)
 	}
 	v := pl.frag(after, sc.stAfter, fed)
 	if keyed {
-		sc.Cache.put(&k, v)
+		sc.Cache.put(&k, fragValue{v: v})
 	}
 	return sc.lastFrag, v
 }
 
-// cachePays reports whether this context should use the fragmentation cache for the next node. The
-// cache pays where many nodes share states (an empty or uniform cluster, the simulator's node
-// types); where nearly every node is in its own state (CPU and memory in use differ from node to
-// node) almost every lookup misses, and lookups plus inserts into a map of up to a million states
-// cost more than the computation they would save. The context judges windows of cacheProbe
-// lookups: below one hit in four it computes for the next cacheRest nodes, then probes again.
+// cacheJudge decides whether a context should use the fragmentation cache for the next node (or
+// after-state). The cache pays where many nodes share states (an empty or uniform cluster, the
+// simulator's node types); where nearly every node is in its own state (CPU and memory in use differ
+// from node to node) almost every lookup misses, and lookups plus inserts into a map of up to a
+// million states cost more than the computation they would save. The judge sees windows of
+// cacheProbe lookups: below one hit in four it says no for the next cacheRest, then probes again.
 // Values are the same either way (the cache only remembers exact results).
-func (sc *ScoreContext) cachePays() bool {
-	if sc.cacheSkip > 0 {
-		sc.cacheSkip--
+type cacheJudge struct{ lookups, hits, skip int }
+
+func (j *cacheJudge) pays() bool {
+	if j.skip > 0 {
+		j.skip--
 		return false
 	}
-	if sc.cacheLookups >= cacheProbe {
-		if 4*sc.cacheHits < sc.cacheLookups {
-			sc.cacheSkip = cacheRest
+	if j.lookups >= cacheProbe {
+		if 4*j.hits < j.lookups {
+			j.skip = cacheRest
 		}
-		sc.cacheLookups, sc.cacheHits = 0, 0
-		return sc.cacheSkip == 0
+		j.lookups, j.hits = 0, 0
+		return j.skip == 0
 	}
 	return true
+}
+
+func (j *cacheJudge) record(hit bool) {
+	j.lookups++
+	if hit {
+		j.hits++
+	}
 }
 
 const (
@@ -251,21 +292,12 @@ const (
 	cacheRest  = 4096
 )
 
-func (sc *ScoreContext) cacheGet(k *fragKey) (float64, bool) {
-	v, ok := sc.Cache.get(k)
-	sc.cacheLookups++
-	if ok {
-		sc.cacheHits++
-	}
-	return v, ok
-}
-
 // beforeStats returns the part stats of n (sc.lastNode), computed once per node.
 func (sc *ScoreContext) beforeStats(n *NodeState) []partStats {
 	if !sc.haveStats {
-		sc.stBefore = slices.Grow(sc.stBefore[:0], len(sc.plan.parts))[:len(sc.plan.parts)]
-		sc.plan.stats(n, sc.stBefore)
-		sc.haveStats = true
+		sc.stOwn = slices.Grow(sc.stOwn[:0], len(sc.plan.parts))[:len(sc.plan.parts)]
+		sc.plan.stats(n, sc.stOwn, &sc.masks)
+		sc.stBefore, sc.haveStats = sc.stOwn, true
 	}
 	return sc.stBefore
 }
