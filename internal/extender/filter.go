@@ -33,26 +33,87 @@ func nodeNames(args *extenderv1.ExtenderArgs) []string {
 // Filter keeps the nodes where the pod's GPU request really fits - a GPU for each share, whole
 // GPUs not locked to shares, allowed models, its pool - and says why for every other node.
 func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFilterResult {
+	fr := x.filter(args)
+	defer fr.release()
+	return fr.result()
+}
+
+// A node's verdict in a filter call.
+const (
+	verdictFits = iota
+	verdictFailed
+	verdictUnresolvable
+)
+
+// filterReply is a filter call's answer before it is an ExtenderFilterResult: the refused nodes'
+// reasons stay in the call's per-node slices (the HTTP reply is written from them), as the result's
+// maps of thousands of refused nodes were most of what a call allocated.
+type filterReply struct {
+	// res has the kept nodes (NodeNames or Nodes) and Error; its reason maps are not filled.
+	res     extenderv1.ExtenderFilterResult
+	names   []string
+	verdict []uint8
+	reason  []string
+	scratch *filterScratch
+}
+
+// result is the reply as the extender API's type.
+func (fr *filterReply) result() *extenderv1.ExtenderFilterResult {
+	res := fr.res
+	res.FailedNodes, res.FailedAndUnresolvableNodes = extenderv1.FailedNodesMap{}, extenderv1.FailedNodesMap{}
+	for i, name := range fr.names {
+		switch fr.verdict[i] {
+		case verdictFailed:
+			res.FailedNodes[name] = fr.reason[i]
+		case verdictUnresolvable:
+			res.FailedAndUnresolvableNodes[name] = fr.reason[i]
+		}
+	}
+	return &res
+}
+
+// replyOf turns a result (one the leader answered) into a reply.
+func replyOf(res *extenderv1.ExtenderFilterResult) *filterReply {
+	fr := &filterReply{res: *res}
+	fr.res.FailedNodes, fr.res.FailedAndUnresolvableNodes = nil, nil
+	for v, m := range map[uint8]extenderv1.FailedNodesMap{verdictFailed: res.FailedNodes, verdictUnresolvable: res.FailedAndUnresolvableNodes} {
+		for name, reason := range m {
+			fr.names, fr.verdict, fr.reason = append(fr.names, name), append(fr.verdict, v), append(fr.reason, reason)
+		}
+	}
+	return fr
+}
+
+// release gives the per-node slices back (the reply is not read afterwards).
+func (fr *filterReply) release() {
+	if fr.scratch != nil {
+		filterScratches.Put(fr.scratch)
+		fr.scratch = nil
+	}
+}
+
+func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 	x.calls.Add(1)
 	defer x.calls.Add(-1)
 	pod := args.Pod
 	names := nodeNames(args)
-	res := &extenderv1.ExtenderFilterResult{FailedNodes: extenderv1.FailedNodesMap{}, FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}}
+	sc := getFilterScratch(len(names))
+	verdict, reason, scores, gens := sc.verdict, sc.reason, sc.scores, sc.gens
+	fr := &filterReply{names: names, verdict: verdict, reason: reason, scratch: sc}
 	if pod == nil {
-		res.Error = "filter: no pod in the request"
-		return res
+		fr.res.Error = "filter: no pod in the request"
+		return fr
 	}
-	failAll := func(reason string, unresolvable bool) *extenderv1.ExtenderFilterResult {
-		for _, n := range names {
+	failAll := func(why string, unresolvable bool) *filterReply {
+		for i := range names {
+			verdict[i], reason[i] = verdictFailed, why
 			if unresolvable {
-				res.FailedAndUnresolvableNodes[n] = reason
-			} else {
-				res.FailedNodes[n] = reason
+				verdict[i] = verdictUnresolvable
 			}
 		}
-		x.finishFilter(args, res, nil)
-		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "%s", reason)
-		return res
+		x.finishFilter(args, &fr.res, nil)
+		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "%s", why)
+		return fr
 	}
 	req, err := RequestFromPod(pod, x.Class)
 	if err != nil {
@@ -62,35 +123,27 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 		x.State.Unreserve(pod.UID) // an earlier cycle's hold of this pod is not capacity taken from it
 	}
 	if x.Quotas != nil {
-		if reason := CheckQuota(x.Quotas(pod.Namespace), x.State.NamespaceUsage(pod.Namespace), req); reason != "" {
-			return failAll(reason, false)
+		if why := CheckQuota(x.Quotas(pod.Namespace), x.State.NamespaceUsage(pod.Namespace), req); why != "" {
+			return failAll(why, false)
 		}
 	}
 	pool, hasPool := pod.Spec.NodeSelector[api.LabelPool]
-	// Each node's verdict goes to its own slot (nodes are checked in parallel), then into the result.
-	const (
-		fits = iota
-		failed
-		unresolvable
-	)
-	sc := getFilterScratch(len(names))
-	defer filterScratches.Put(sc)
-	verdict, reason, scores, gens := sc.verdict, sc.reason, sc.scores, sc.gens
+	// Each node's verdict goes to its own slot (nodes are checked in parallel).
 	workers := runtime.GOMAXPROCS(0)
 	scs, tab := x.evalSetup(req, workers)
 	x.State.viewIndexed(names, workers, func(w, i, slot int, n *placement.NodeState, missing string) {
 		switch {
 		case n == nil && req.WantsGPU():
-			verdict[i], reason[i] = failed, missing
+			verdict[i], reason[i] = verdictFailed, missing
 		case n == nil:
 		case hasPool && n.Labels[api.LabelPool] != pool:
-			verdict[i], reason[i] = unresolvable, fmt.Sprintf("node is in GPU pool %q, pod asks for pool %q", n.Labels[api.LabelPool], pool)
+			verdict[i], reason[i] = verdictUnresolvable, fmt.Sprintf("node is in GPU pool %q, pod asks for pool %q", n.Labels[api.LabelPool], pool)
 		default:
 			o := x.evaluate(tab, scs[w], slot, n, req, true)
 			if o.u != nil {
-				verdict[i], reason[i] = failed, o.u.Msg
+				verdict[i], reason[i] = verdictFailed, o.u.Msg
 				if o.u.Unresolvable {
-					verdict[i] = unresolvable
+					verdict[i] = verdictUnresolvable
 				}
 				return
 			}
@@ -98,14 +151,9 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 		}
 	})
 	nfit := 0
-	for i, name := range names {
-		switch verdict[i] {
-		case fits:
+	for i := range names {
+		if verdict[i] == verdictFits {
 			nfit++
-		case failed:
-			res.FailedNodes[name] = reason[i]
-		case unresolvable:
-			res.FailedAndUnresolvableNodes[name] = reason[i]
 		}
 	}
 	var ok []string
@@ -114,7 +162,7 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 	} else {
 		ok = make([]string, 0, nfit)
 		for i, name := range names {
-			if verdict[i] == fits {
+			if verdict[i] == verdictFits {
 				ok = append(ok, name)
 			}
 		}
@@ -122,12 +170,12 @@ func (x *Extender) Filter(args *extenderv1.ExtenderArgs) *extenderv1.ExtenderFil
 	if x.PickOne && len(ok) == 1 && pod.UID != "" {
 		x.holdChoice(pod, req, ok[0])
 	}
-	x.finishFilter(args, res, ok)
+	x.finishFilter(args, &fr.res, ok)
 	if len(ok) == 0 && len(names) > 0 {
-		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "0/%d nodes can hold the GPU request: %s", len(names), summarize(res))
+		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "0/%d nodes can hold the GPU request: %s", len(names), fr.summarize())
 	}
 	x.log().Debug("filter", "pod", req.Key, "nodes", len(names), "fit", len(ok))
-	return res
+	return fr
 }
 
 // filterScratch is Filter's per-node working memory (5,000 nodes: about 170 KB), reused across
@@ -177,12 +225,12 @@ func (x *Extender) finishFilter(args *extenderv1.ExtenderArgs, res *extenderv1.E
 	res.Nodes = list
 }
 
-// summarize counts the distinct reasons of a filter result, most frequent first (for Events).
-func summarize(res *extenderv1.ExtenderFilterResult) string {
+// summarize counts the distinct reasons of a filter reply, most frequent first (for Events).
+func (fr *filterReply) summarize() string {
 	counts := map[string]int{}
-	for _, m := range []extenderv1.FailedNodesMap{res.FailedNodes, res.FailedAndUnresolvableNodes} {
-		for _, r := range m {
-			counts[r]++
+	for i, v := range fr.verdict {
+		if v != verdictFits {
+			counts[fr.reason[i]]++
 		}
 	}
 	reasons := make([]string, 0, len(counts))

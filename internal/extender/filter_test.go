@@ -50,15 +50,18 @@ func TestFilterReasons(t *testing.T) {
 		pod    *corev1.Pod
 		fit    []string
 		reason map[string]string // node -> substring of its reason
+		// unres are nodes no preemption can help (FailedAndUnresolvableNodes); resolvable ones are in
+		// FailedNodes (freeing capacity there could make room).
+		unres, resolvable []string
 	}{
 		{"share looks sufficient", sharePod("p1", 1, 15, 0), []string{"n3"}, map[string]string{
-			"n1": "only 0 GPUs can take one (free in total: 16384 MiB", "n2": "only 0 GPUs", "n4": "publishes no GPU inventory", "n5": "not known"}},
-		{"two shares need two GPUs", sharePod("p2", 2, 4, 0), []string{"n1", "n3"}, map[string]string{"n2": "needs 2 shares"}},
-		{"whole GPUs locked to shares", wholePod("p3", 1), []string{"n3"}, map[string]string{"n1": "0 are free, 2 are locked to shares", "n2": "1 are locked to shares, 1 are held whole"}},
-		{"too many GPUs", wholePod("p4", 3), []string{"n3"}, map[string]string{"n1": "node has 2 usable"}},
-		{"model constraint", withModel, []string{"n1", "n2"}, map[string]string{"n3": "restricted to GPU models T4|V100M16, node has V100M32"}},
-		{"pool", pooled, nil, map[string]string{"n3": `pod asks for pool "training"`, "n2": `node is in GPU pool "inference"`}},
-		{"invalid request", badCores, nil, map[string]string{"n3": "must be between 1 and 100"}},
+			"n1": "only 0 GPUs can take one (free in total: 16384 MiB", "n2": "only 0 GPUs", "n4": "publishes no GPU inventory", "n5": "not known"}, nil, []string{"n1", "n2"}},
+		{"two shares need two GPUs", sharePod("p2", 2, 4, 0), []string{"n1", "n3"}, map[string]string{"n2": "needs 2 shares"}, nil, nil},
+		{"whole GPUs locked to shares", wholePod("p3", 1), []string{"n3"}, map[string]string{"n1": "0 are free, 2 are locked to shares", "n2": "1 are locked to shares, 1 are held whole"}, nil, nil},
+		{"too many GPUs", wholePod("p4", 3), []string{"n3"}, map[string]string{"n1": "node has 2 usable"}, nil, nil},
+		{"model constraint", withModel, []string{"n1", "n2"}, map[string]string{"n3": "restricted to GPU models T4|V100M16, node has V100M32"}, nil, nil},
+		{"pool", pooled, nil, map[string]string{"n3": `pod asks for pool "training"`, "n2": `node is in GPU pool "inference"`}, []string{"n2", "n3"}, nil},
+		{"invalid request", badCores, nil, map[string]string{"n3": "must be between 1 and 100"}, names, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -70,6 +73,16 @@ func TestFilterReasons(t *testing.T) {
 				got := res.FailedNodes[node] + res.FailedAndUnresolvableNodes[node]
 				if !strings.Contains(got, want) {
 					t.Errorf("node %s: reason %q does not contain %q", node, got, want)
+				}
+			}
+			for _, node := range tc.unres {
+				if _, ok := res.FailedAndUnresolvableNodes[node]; !ok || res.FailedNodes[node] != "" {
+					t.Errorf("node %s: not (only) in FailedAndUnresolvableNodes: %q / %q", node, res.FailedNodes[node], res.FailedAndUnresolvableNodes[node])
+				}
+			}
+			for _, node := range tc.resolvable {
+				if _, ok := res.FailedNodes[node]; !ok || res.FailedAndUnresolvableNodes[node] != "" {
+					t.Errorf("node %s: not (only) in FailedNodes: %q / %q", node, res.FailedNodes[node], res.FailedAndUnresolvableNodes[node])
 				}
 			}
 		})

@@ -50,10 +50,12 @@ func (x *Extender) Handler(ready func() bool) http.Handler {
 			if err := x.forward(r.Context(), "/filter", &args, &res); err != nil {
 				res = extenderv1.ExtenderFilterResult{Error: err.Error()}
 			}
-			x.reply(w, r, &res)
+			x.reply(w, r, replyOf(&res))
 			return
 		}
-		x.reply(w, r, x.Filter(&args))
+		fr := x.filter(&args)
+		defer fr.release()
+		x.reply(w, r, fr)
 	})
 	mux.HandleFunc("POST /prioritize", func(w http.ResponseWriter, r *http.Request) {
 		if !synced(w) {
@@ -482,54 +484,53 @@ func (x *Extender) decodeArgs(w http.ResponseWriter, r *http.Request, args *exte
 	return release, true
 }
 
-// encodeFilterResult writes an ExtenderFilterResult with encoding/json's keys, its reason maps
-// unsorted and without per-entry allocations: encoding/json sorts map keys, allocates per entry and
-// re-scans a Marshaler's output, which with thousands of refused nodes was the reply's main cost.
-func encodeFilterResult(buf *bytes.Buffer, fr *extenderv1.ExtenderFilterResult) error {
-	nodes, err := json.Marshal(fr.Nodes)
+// encodeFilterReply writes a filter reply as encoding/json writes an ExtenderFilterResult (its
+// keys), the reason maps from the call's per-node slices without per-entry allocations:
+// encoding/json sorts map keys, allocates per entry and re-scans a Marshaler's output, which with
+// thousands of refused nodes was the reply's main cost. Object members are unordered in JSON.
+func encodeFilterReply(buf *bytes.Buffer, fr *filterReply) error {
+	nodes, err := json.Marshal(fr.res.Nodes)
 	if err != nil {
 		return err
 	}
-	names, err := json.Marshal(fr.NodeNames)
+	names, err := json.Marshal(fr.res.NodeNames)
 	if err != nil {
 		return err
 	}
 	out := buf.AvailableBuffer()
 	out = append(append(append(out, `{"Nodes":`...), nodes...), `,"NodeNames":`...)
 	out = append(append(out, names...), `,"FailedNodes":`...)
-	out = reasons(fr.FailedNodes).append(out)
+	out = fr.appendReasons(out, verdictFailed)
 	out = append(out, `,"FailedAndUnresolvableNodes":`...)
-	out = reasons(fr.FailedAndUnresolvableNodes).append(out)
-	out = append(appendJSONString(append(out, `,"Error":`...), fr.Error), "}\n"...)
+	out = fr.appendReasons(out, verdictUnresolvable)
+	out = append(appendJSONString(append(out, `,"Error":`...), fr.res.Error), "}\n"...)
 	_, err = buf.Write(out)
 	return err
 }
 
-type reasons map[string]string
-
-// append writes the map as a JSON object in map order (object members are unordered).
-func (m reasons) append(out []byte) []byte {
-	if m == nil {
-		return append(out, "null"...)
-	}
+// appendReasons writes the nodes with verdict v and their reasons as a JSON object.
+func (fr *filterReply) appendReasons(out []byte, v uint8) []byte {
 	out = append(out, '{')
 	first := true
 	// Reasons repeat (with --filter-pick-one every refused node shares one string): the last one's
 	// encoding is copied instead of encoded again.
 	var last string
 	var lastAt, lastEnd int
-	for k, v := range m {
+	for i, name := range fr.names {
+		if fr.verdict[i] != v {
+			continue
+		}
 		if !first {
 			out = append(out, ',')
 		}
-		out = appendJSONString(out, k)
+		out = appendJSONString(out, name)
 		out = append(out, ':')
-		if !first && v == last {
+		if r := fr.reason[i]; !first && r == last {
 			out = append(out, out[lastAt:lastEnd]...)
 		} else {
 			lastAt = len(out)
-			out = appendJSONString(out, v)
-			last, lastEnd = v, len(out)
+			out = appendJSONString(out, r)
+			last, lastEnd = r, len(out)
 		}
 		first = false
 	}
@@ -567,8 +568,8 @@ func (x *Extender) reply(w http.ResponseWriter, r *http.Request, v any) {
 	defer bodies.Put(buf)
 	w.Header().Set("Content-Type", "application/json")
 	var err error
-	if fr, ok := v.(*extenderv1.ExtenderFilterResult); ok {
-		err = encodeFilterResult(buf, fr)
+	if fr, ok := v.(*filterReply); ok {
+		err = encodeFilterReply(buf, fr)
 	} else {
 		err = json.NewEncoder(buf).Encode(v)
 	}

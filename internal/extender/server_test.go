@@ -110,8 +110,9 @@ func TestDecodeArgsMatchesStandardDecoding(t *testing.T) {
 	}
 }
 
-// TestFilterReplyEncoding: the filter reply's own reason-map encoder gives what encoding/json reads
-// back as the same result (escapes, control characters, invalid UTF-8, nil and empty maps).
+// TestFilterReplyEncoding: the filter reply's own encoder (reason maps written from per-node slices)
+// gives what encoding/json reads back as the same result (escapes, control characters, invalid
+// UTF-8, repeated reasons, no refused nodes; a nil map reads back empty).
 func TestFilterReplyEncoding(t *testing.T) {
 	x := newTestExtender(t, api.PolicyTessera)
 	names := []string{"n1", "n\"2"}
@@ -124,13 +125,18 @@ func TestFilterReplyEncoding(t *testing.T) {
 		{},
 	} {
 		rec := httptest.NewRecorder()
-		x.reply(rec, httptest.NewRequest(http.MethodPost, "/filter", nil), res)
+		x.reply(rec, httptest.NewRequest(http.MethodPost, "/filter", nil), replyOf(res))
 		want, _ := json.Marshal(res)
 		var got, exp extenderv1.ExtenderFilterResult
 		if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
 			t.Fatalf("%s: %v", rec.Body.String(), err)
 		}
 		_ = json.Unmarshal(want, &exp)
+		for _, m := range []*extenderv1.FailedNodesMap{&exp.FailedNodes, &exp.FailedAndUnresolvableNodes} {
+			if *m == nil {
+				*m = extenderv1.FailedNodesMap{}
+			}
+		}
 		if !reflect.DeepEqual(got, exp) {
 			t.Errorf("reply %s\ndecodes to %+v\nwant %+v", rec.Body.String(), got, exp)
 		}
