@@ -92,26 +92,36 @@ func BenchmarkSchedulingStream(b *testing.B) {
 	h := x.Handler(nil)
 	// steady: after 2,000 pods untimed (the memo has met the trace's shapes, as in an extender that
 	// has been running).
-	b.Run("steady-unwarmed", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 2000, false, 0) })
+	b.Run("steady-unwarmed", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 2000, 0, 0) })
 	b.Run("paced-40hz-unwarmed", func(b *testing.B) {
-		streamOps(b, x, h, names, stream, &next, &placed, 200, false, 25*time.Millisecond)
+		streamOps(b, x, h, names, stream, &next, &placed, 200, 0, 25*time.Millisecond)
 	})
-	b.Run("new-snapshot-unwarmed", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 0, true, 0) })
+	b.Run("new-snapshot-unwarmed", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 0, 1, 0) })
 	x.State.changes.start()
 	ctx, cancel := context.WithCancel(context.Background())
 	warmer := make(chan struct{})
 	go func() { defer close(warmer); x.RunWarmer(ctx) }()
 	defer func() { cancel(); <-warmer }()
-	b.Run("steady", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 2000, false, 0) })
+	b.Run("steady", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 2000, 0, 0) })
 	b.Run("paced-40hz", func(b *testing.B) {
-		streamOps(b, x, h, names, stream, &next, &placed, 200, false, 25*time.Millisecond)
+		streamOps(b, x, h, names, stream, &next, &placed, 200, 0, 25*time.Millisecond)
+	})
+	// A mix that drifts: a new shape snapshot every 40 pods (once a second at 40 Hz), staged while
+	// the warmer fills it (the default), or serving at once (StageSnapshots off).
+	b.Run("paced-40hz-drifting", func(b *testing.B) {
+		streamOps(b, x, h, names, stream, &next, &placed, 200, 40, 25*time.Millisecond)
+	})
+	b.Run("paced-40hz-drifting-unstaged", func(b *testing.B) {
+		x.State.Shapes().StageSnapshots(false)
+		defer x.State.Shapes().StageSnapshots(true)
+		streamOps(b, x, h, names, stream, &next, &placed, 200, 40, 25*time.Millisecond)
 	})
 }
 
-// streamOps times b.N pods of the stream from *next on, after warmup pods untimed; resnap rebuilds
-// the typical-shape snapshot before each pod; a period paces the pods (one per period, warm-up
-// included).
-func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream []*corev1.Pod, next *int, placed *[]types.UID, warmup int, resnap bool, period time.Duration) {
+// streamOps times b.N pods of the stream from *next on, after warmup pods untimed; resnapEvery > 0
+// rebuilds the typical-shape snapshot before every resnapEvery-th pod (newSnapshot); a period paces
+// the pods (one per period, warm-up included).
+func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream []*corev1.Pod, next *int, placed *[]types.UID, warmup, resnapEvery int, period time.Duration) {
 	var due time.Time
 	pace := func() {
 		if period <= 0 {
@@ -135,8 +145,8 @@ func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream
 		if err != nil {
 			b.Fatal(err)
 		}
-		if resnap {
-			newSnapshot(x, i)
+		if resnapEvery > 0 && i%resnapEvery == 0 {
+			newSnapshot(x, i/resnapEvery)
 		}
 		start := time.Now()
 		rec := httptest.NewRecorder()

@@ -18,11 +18,14 @@ import (
 //
 // Memory is bounded: at most evalMemoBudget bytes of tables (a table holds one slot per node), the
 // least recently used request's table goes first, and every table goes when the snapshot changes.
+// A staged snapshot (placement.ShapeStats.StageSnapshots) has tables of its own, next, which the
+// warmer fills for the most recently used requests before the snapshot serves (warm.go).
 type evalMemo struct {
 	mu       sync.Mutex
 	snapshot *placement.FragCache
 	version  uint64 // the snapshot's number (placement.ScoreContext.Snapshot)
 	tables   map[string]*evalTable
+	next     nextTables
 	tick     uint64
 	// pending are the requests of the tables the last snapshot change dropped, for the warmer to
 	// fill under the new snapshot (warm.go).
@@ -30,6 +33,13 @@ type evalMemo struct {
 	// remembered and evaluated count node outcomes filter and prioritize took from the memo and
 	// computed afresh; warmed those the warmer computed (warm.go).
 	remembered, evaluated, warmed atomic.Int64
+}
+
+// nextTables are the tables of a staged snapshot (by digest).
+type nextTables struct {
+	snapshot *placement.FragCache
+	version  uint64
+	tables   map[string]*evalTable
 }
 
 type pendingRequest struct {
@@ -80,9 +90,10 @@ func (m *evalMemo) table(sc *placement.ScoreContext, digest string, req *placeme
 	return t
 }
 
-// switchLocked moves the memo to sc's snapshot if it is not there yet, dropping every table; their
-// requests become pending (most recently used first) for the warmer. False when sc's snapshot is
-// older than the memo's (a concurrent call already moved on): never move back.
+// switchLocked moves the memo to sc's snapshot if it is not there yet: to the tables filled for it
+// while it was staged, or to none, and then the requests of the tables left behind become pending
+// (most recently used first) for the warmer. False when sc's snapshot is older than the memo's (a
+// concurrent call already moved on): never move back.
 func (m *evalMemo) switchLocked(sc *placement.ScoreContext) bool {
 	if m.snapshot != nil && sc.Snapshot < m.version {
 		return false
@@ -91,15 +102,57 @@ func (m *evalMemo) switchLocked(sc *placement.ScoreContext) bool {
 	if m.snapshot == snapshot && m.tables != nil {
 		return true
 	}
-	if m.snapshot != snapshot && len(m.tables) > 0 {
+	tables, staged := map[string]*evalTable{}, m.next.snapshot == snapshot && m.next.tables != nil
+	if staged {
+		// Filled while staged for the requests used most; the others get tables when asked again.
+		tables, m.pending = m.next.tables, nil
+	} else if m.snapshot != snapshot && len(m.tables) > 0 {
 		m.pending = m.pending[:0]
 		for _, t := range m.tables {
 			m.pending = append(m.pending, pendingRequest{t.req, t.used.Load()})
 		}
 		slices.SortFunc(m.pending, func(a, b pendingRequest) int { return cmp.Compare(b.used, a.used) })
 	}
-	m.snapshot, m.version, m.tables = snapshot, sc.Snapshot, map[string]*evalTable{}
+	m.snapshot, m.version, m.tables = snapshot, sc.Snapshot, tables
+	if m.next.version <= sc.Snapshot {
+		m.next = nextTables{}
+	}
 	return true
+}
+
+// stagedTables returns tables under the staged snapshot sc for the warmer to fill for every node:
+// one for each of the limit most recently used requests of the serving snapshot (nil when sc is
+// not newer than the serving snapshot).
+func (m *evalMemo) stagedTables(sc *placement.ScoreContext, slots, limit int) []warmTable {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.snapshot == nil || sc.Snapshot <= m.version {
+		return nil
+	}
+	if m.next.snapshot != sc.Cache {
+		m.next = nextTables{snapshot: sc.Cache, version: sc.Snapshot, tables: map[string]*evalTable{}}
+	}
+	type used struct {
+		digest string
+		t      *evalTable
+		at     uint64
+	}
+	var recent []used
+	for d, t := range m.tables {
+		recent = append(recent, used{d, t, t.used.Load()})
+	}
+	slices.SortFunc(recent, func(a, b used) int { return cmp.Compare(b.at, a.at) })
+	var out []warmTable
+	for _, u := range recent[:min(limit, len(recent))] {
+		t := m.next.tables[u.digest]
+		if t == nil || len(t.slots) < slots {
+			t = &evalTable{slots: make([]atomic.Pointer[evalOutcome], slots+slots/8+8), req: u.t.req}
+			m.next.tables[u.digest] = t
+		}
+		t.used.Store(u.at)
+		out = append(out, warmTable{t, u.t.req})
+	}
+	return out
 }
 
 func (m *evalMemo) newTableLocked(digest string, req *placement.Request, slots int) *evalTable {
@@ -184,5 +237,5 @@ func (t *evalTable) store(slot int, o *evalOutcome) {
 func (m *evalMemo) reset() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.snapshot, m.version, m.tables, m.pending = nil, 0, nil, nil
+	m.snapshot, m.version, m.tables, m.pending, m.next = nil, 0, nil, nil, nextTables{}
 }

@@ -102,8 +102,11 @@ const warmDelay = 5 * time.Millisecond
 const warmRecheck = time.Second
 
 // RunWarmer keeps the evaluation memo warm until ctx ends (see the comment at the top of warm.go).
+// While it runs, a rebuilt shape snapshot is staged: the warmer fills its tables, then promotes it.
 func (x *Extender) RunWarmer(ctx context.Context) {
 	wake := x.State.changes.start()
+	x.State.Shapes().StageSnapshots(true)
+	defer x.State.Shapes().StageSnapshots(false)
 	t := time.NewTicker(warmRecheck)
 	defer t.Stop()
 	for {
@@ -122,14 +125,30 @@ func (x *Extender) RunWarmer(ctx context.Context) {
 	}
 }
 
-// warmOnce brings the memo's tables up to date: every table of the current snapshot for the nodes
-// changed since the last pass, and, when the snapshot is new, whole tables for the shapes used under
-// the previous one (most recently used first).
+// warmOnce brings the memo's tables up to date: a staged snapshot's tables for the shapes used most
+// are filled for every node and the snapshot promoted; then every table of the serving snapshot
+// for the nodes changed since the last pass, and, when the snapshot is new (one promoted without
+// filled tables: staging off, or stageLimit passed), whole tables for the shapes used under the
+// previous one (most recently used first).
 func (x *Extender) warmOnce(ctx context.Context) {
 	if x.Engine == nil {
 		return
 	}
-	sc := x.State.Shapes().ScoreContext() // rebuilds the snapshot when the counts drifted
+	shapes := x.State.Shapes()
+	if next := shapes.StagedScoreContext(); next != nil {
+		staged := x.memo.stagedTables(next, x.State.nodeSlots(), x.warmShapes())
+		all := x.State.usableEntries()
+		for _, wt := range staged {
+			if s := shapes.StagedScoreContext(); s == nil || s.Snapshot != next.Snapshot {
+				break // a newer snapshot replaced it (the counts moved on): fill that one next pass
+			}
+			if !x.warmNodes(ctx, next, wt, all) {
+				return
+			}
+		}
+		shapes.Promote(next.Snapshot)
+	}
+	sc := shapes.ScoreContext() // rebuilds (or promotes) the snapshot when due
 	changed := x.State.changes.take()
 	tables, fresh := x.memo.warmTables(sc, x.State.nodeSlots(), x.warmShapes())
 	if len(fresh) > 0 {

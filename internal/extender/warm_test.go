@@ -77,6 +77,60 @@ func TestWarmerKeepsShapesWarm(t *testing.T) {
 	}
 }
 
+// TestWarmerStagesSnapshots: with the warmer running, a rebuilt shape snapshot is staged - filter
+// keeps answering from the serving snapshot's tables - until the warmer has filled the staged
+// snapshot's tables for the shapes used most and promoted it; the next pod of such a shape then
+// evaluates nothing, and every answer is a fresh evaluation's.
+func TestWarmerStagesSnapshots(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	x.State.changes.start()
+	x.State.Shapes().StageSnapshots(true) // as RunWarmer does
+	x.WarmShapes = 1
+	names := threeNodes(x)
+	learnShapes(x, 0, 300)
+	shapes := []func(string) *corev1.Pod{
+		func(n string) *corev1.Pod { return withCPU(wholePod(n, 1), "4") },
+		func(n string) *corev1.Pod { return withCPU(sharePod(n, 1, 4, 30), "2") },
+	}
+	step := 0
+	filter := func(shape int) int64 {
+		step++
+		args := &extenderv1.ExtenderArgs{Pod: shapes[shape](fmt.Sprintf("p%d", step)), NodeNames: &names}
+		_, e0 := x.Evaluations()
+		got := x.Filter(args)
+		_, e1 := x.Evaluations()
+		want := (&Extender{Engine: x.Engine, State: x.State, Class: x.Class}).Filter(args)
+		if !slices.Equal(*got.NodeNames, *want.NodeNames) || !maps.Equal(got.FailedNodes, want.FailedNodes) {
+			t.Fatalf("shape %d: memo answers %v %v, a fresh evaluation %v %v", shape, *got.NodeNames, got.FailedNodes, *want.NodeNames, want.FailedNodes)
+		}
+		return e1 - e0
+	}
+	filter(0)
+	filter(1)
+	serving := x.State.Shapes().ScoreContext().Snapshot
+	learnShapes(x, 300, 320) // the counts drift: a snapshot is staged
+	if staged := x.State.Shapes().StagedScoreContext(); staged == nil || staged.Snapshot <= serving {
+		t.Fatalf("no snapshot staged after the counts drifted (serving %d, staged %+v)", serving, staged)
+	}
+	if e := filter(1); e != 0 {
+		t.Fatalf("shape 1 while a snapshot is staged: %d evaluated, want 0 (the serving snapshot's table)", e)
+	}
+	w0 := x.Warmed()
+	x.warmOnce(context.Background())
+	if got := x.State.Shapes().ScoreContext().Snapshot; got <= serving || x.State.Shapes().StagedScoreContext() != nil {
+		t.Fatalf("after the warmer's pass snapshot %d serves (was %d); want the staged one promoted", got, serving)
+	}
+	if w := x.Warmed() - w0; w != 3 {
+		t.Fatalf("the warmer evaluated %d node outcomes for the staged snapshot, want 3 (3 nodes x 1 shape)", w)
+	}
+	if e := filter(1); e != 0 {
+		t.Fatalf("shape 1 after the promotion: %d evaluated in filter, want 0", e)
+	}
+	if e := filter(0); e != 3 {
+		t.Fatalf("shape 0 after the promotion (not filled): %d evaluated in filter, want 3", e)
+	}
+}
+
 // TestWarmerAgreesWithFreshEvaluation runs the warmer beside random binds, deletions and node
 // updates (slots reused) and filter calls, and checks every answer against an extender without a
 // memo on the same state (run it with -race: the warmer reads node states the writers change).

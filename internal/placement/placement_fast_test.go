@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"time"
 )
 
 // TestFastPathsMatchGreedy checks that the allocation-free paths (several shares of one container,
@@ -78,6 +79,63 @@ func TestShapeSnapshots(t *testing.T) {
 	}
 	if sc5 := st.ScoreContext(); sc5.Cache == sc3.Cache {
 		t.Fatal("snapshot kept after the counts moved by 10 of 211")
+	}
+}
+
+// TestStagedSnapshots: with staging on, a rebuilt snapshot waits (scoring keeps the serving one)
+// until it is promoted by its number, or stageLimit after the first one was staged; a newer rebuild
+// replaces the staged one without restarting that clock; staging off promotes at once.
+func TestStagedSnapshots(t *testing.T) {
+	st := NewShapeStats()
+	clock := time.Unix(1000, 0)
+	st.now = func() time.Time { return clock }
+	st.StageSnapshots(true)
+	a := &Request{Containers: []ContainerShape{{Whole: 1}}}
+	b := &Request{Containers: []ContainerShape{{Shares: 1, Milli: 500}}}
+	st.Observe(a, 100)
+	sc := st.ScoreContext() // the first snapshot serves at once
+	if len(sc.Shapes) != 1 || st.StagedScoreContext() != nil {
+		t.Fatalf("first snapshot: %+v, staged %v", sc.Shapes, st.StagedScoreContext())
+	}
+	st.Observe(b, 10)
+	staged := st.StagedScoreContext()
+	if staged == nil || len(staged.Shapes) != 2 || staged.Snapshot <= sc.Snapshot {
+		t.Fatalf("no staged snapshot after the counts drifted: %+v", staged)
+	}
+	if now := st.ScoreContext(); now.Cache != sc.Cache || len(st.Typical()) != 1 {
+		t.Fatal("the staged snapshot serves before it was promoted")
+	}
+	clock = clock.Add(stageLimit / 2)
+	st.Observe(b, 10) // rebuilt again: replaces the staged one
+	restaged := st.StagedScoreContext()
+	if restaged == nil || restaged.Snapshot <= staged.Snapshot {
+		t.Fatalf("second drift not staged: %+v", restaged)
+	}
+	if st.Promote(staged.Snapshot) {
+		t.Fatal("promoted a staged snapshot that a newer one replaced")
+	}
+	if !st.Promote(restaged.Snapshot) || st.ScoreContext().Cache != restaged.Cache || st.StagedScoreContext() != nil {
+		t.Fatal("Promote did not make the staged snapshot serve")
+	}
+	// Not promoted in time: the serving snapshot moves on by itself, stageLimit after the first
+	// staging (a restaging does not restart the clock).
+	st.Observe(a, 10)
+	first := st.StagedScoreContext()
+	clock = clock.Add(stageLimit - time.Millisecond)
+	st.Observe(a, 10)
+	last := st.StagedScoreContext()
+	if st.ScoreContext().Cache == last.Cache || first.Snapshot == last.Snapshot {
+		t.Fatal("promoted before stageLimit")
+	}
+	clock = clock.Add(time.Millisecond)
+	if st.ScoreContext().Cache != last.Cache {
+		t.Fatal("a staged snapshot still waits after stageLimit")
+	}
+	st.Observe(b, 20)
+	waiting := st.StagedScoreContext()
+	st.StageSnapshots(false)
+	if waiting == nil || st.ScoreContext().Cache != waiting.Cache {
+		t.Fatal("turning staging off left the staged snapshot waiting")
 	}
 }
 

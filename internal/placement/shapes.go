@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 )
 
 // TypicalCoverage is the share of pods the typical shapes cover (the FGD paper's 95%).
@@ -57,17 +58,49 @@ type ShapeStats struct {
 	snap    map[shapeKey]int
 	drift   int
 	version uint64
-	cache   *FragCache
-	// plan is the snapshot compiled for fragmentation, shared read-only by its score contexts.
-	plan *fragPlan
+	// cur is the snapshot scoring reads. With staging on (StageSnapshots), a rebuilt snapshot waits
+	// in next until Promote, or until stageLimit after the first one was staged since the last
+	// promotion, while cur keeps serving.
+	cur      snapshot
+	next     *snapshot
+	staging  bool
+	stagedAt time.Time
+	now      func() time.Time
 }
+
+// snapshot is one typical-shape table with its fragmentation cache and compiled plan (shared
+// read-only by its score contexts).
+type snapshot struct {
+	typical []Shape
+	version uint64
+	cache   *FragCache
+	plan    *fragPlan
+}
+
+// stageLimit bounds how long a staged snapshot waits for Promote: a warmer that cannot keep up
+// (calls back to back, or snapshots rebuilt faster than it fills tables) must not keep scoring on
+// weights that drift further and further.
+const stageLimit = 2 * time.Second
 
 // refreshFraction is how far the counts must move (relative to their total) before the typical
 // shapes are recomputed: a 2% shift changes the weights by at most about 2% of a shape's weight.
 const refreshFraction = 0.02
 
 // NewShapeStats returns empty statistics.
-func NewShapeStats() *ShapeStats { return &ShapeStats{counts: map[shapeKey]*Shape{}} }
+func NewShapeStats() *ShapeStats { return &ShapeStats{counts: map[shapeKey]*Shape{}, now: time.Now} }
+
+// StageSnapshots turns staging on or off (off promotes a staged snapshot at once). A server whose
+// background warmer fills the evaluation memo for a new snapshot before it serves turns it on
+// (internal/extender/warm.go): the first calls after a rebuild then find filled tables instead of
+// evaluating every node. The simulator does not stage: it rebuilds in place, as the FGD protocol does.
+func (s *ShapeStats) StageSnapshots(on bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.staging = on
+	if !on && s.next != nil {
+		s.promoteLocked()
+	}
+}
 
 // Observe counts one pod's request (delta -1 forgets one).
 func (s *ShapeStats) Observe(r *Request, delta int) {
@@ -114,24 +147,59 @@ func (s *ShapeStats) ScoreContext() *ScoreContext {
 	defer s.mu.Unlock()
 	// One lock for both: a snapshot rebuilt in between would pair these shapes with the next
 	// snapshot's cache (and memo), which would then hold values of the wrong shapes.
-	shapes := s.typicalLocked()
-	if !s.plan.compiledFor(shapes) {
-		s.plan = compileFragPlan(shapes)
+	s.refreshLocked()
+	if s.next != nil && s.now().Sub(s.stagedAt) >= stageLimit {
+		s.promoteLocked()
 	}
-	return &ScoreContext{Shapes: shapes, Cache: s.cache, Snapshot: s.version, plan: s.plan}
+	return s.cur.context()
+}
+
+// StagedScoreContext returns a context for the staged snapshot, nil when none waits.
+func (s *ShapeStats) StagedScoreContext() *ScoreContext {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refreshLocked()
+	if s.next == nil {
+		return nil
+	}
+	return s.next.context()
+}
+
+// Promote makes the staged snapshot numbered version the current one; false when that is not the
+// one staged (a newer one replaced it, or it was promoted already).
+func (s *ShapeStats) Promote(version uint64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.next == nil || s.next.version != version {
+		return false
+	}
+	s.promoteLocked()
+	return true
+}
+
+func (s *ShapeStats) promoteLocked() { s.cur, s.next = *s.next, nil }
+
+func (sn *snapshot) context() *ScoreContext {
+	if !sn.plan.compiledFor(sn.typical) {
+		sn.plan = compileFragPlan(sn.typical)
+	}
+	return &ScoreContext{Shapes: sn.typical, Cache: sn.cache, Snapshot: sn.version, plan: sn.plan}
 }
 
 // Typical returns the most frequent shapes covering TypicalCoverage of observed pods, weights summing
-// to 1. The slice is shared: do not modify it.
+// to 1 (the snapshot scoring reads). The slice is shared: do not modify it.
 func (s *ShapeStats) Typical() []Shape {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.typicalLocked()
+	s.refreshLocked()
+	return s.cur.typical
 }
 
-func (s *ShapeStats) typicalLocked() []Shape {
-	if s.drift == 0 || (s.typical != nil && float64(s.drift) < refreshFraction*float64(s.total)) {
-		return s.typical
+// refreshLocked rebuilds the snapshot once the counts have drifted: in place, or into next when
+// staging (the very first one serves at once: there is nothing to serve meanwhile).
+func (s *ShapeStats) refreshLocked() {
+	if s.drift == 0 || (s.cur.typical != nil && float64(s.drift) < refreshFraction*float64(s.total)) {
+		return
 	}
 	all := make([]*Shape, 0, len(s.counts))
 	for _, sh := range s.counts {
@@ -155,14 +223,21 @@ func (s *ShapeStats) typicalLocked() []Shape {
 	for i := range out {
 		out[i].Weight = float64(out[i].Count) / float64(covered)
 	}
-	s.typical, s.drift = out, 0
+	s.drift = 0
 	s.snap = make(map[shapeKey]int, len(s.counts))
 	for k, sh := range s.counts {
 		s.snap[k] = sh.Count
 	}
 	s.version++
-	s.cache = NewSharedFragCache()
-	return out
+	sn := &snapshot{typical: out, version: s.version, cache: NewSharedFragCache()}
+	if !s.staging || s.cur.typical == nil {
+		s.cur, s.next = *sn, nil
+		return
+	}
+	if s.next == nil {
+		s.stagedAt = s.now()
+	}
+	s.next = sn
 }
 
 func lessShape(a, b *Request) bool {

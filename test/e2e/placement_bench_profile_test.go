@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"os"
@@ -87,6 +88,34 @@ func ms(s float64) string { return fmt.Sprintf("%.1fms", s*1000) }
 
 // scrapeHistograms reads a Prometheus text endpoint and summarises the histogram name per value of
 // the label by (its other labels merged).
+// scrapeEvaluations reads the extender's node-outcome counters: remembered and evaluated in calls,
+// warmed in the background (the evaluation memo's hit rate).
+func scrapeEvaluations(hc *http.Client, url string) (string, error) {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return "", fmt.Errorf("scrape %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", fmt.Errorf("scrape %s: %w", url, err)
+	}
+	counts := map[string]float64{}
+	for _, line := range strings.Split(string(body), "\n") {
+		var outcome string
+		var n float64
+		if k, _ := fmt.Sscanf(line, `tessera_extender_node_evaluations_total{outcome=%q} %g`, &outcome, &n); k == 2 {
+			counts[outcome] = n
+		}
+	}
+	calls := counts["remembered"] + counts["evaluated"]
+	if calls == 0 {
+		return "", fmt.Errorf("scrape %s: no tessera_extender_node_evaluations_total", url)
+	}
+	return fmt.Sprintf("in calls remembered=%.0f evaluated=%.0f (%.1f%% evaluated); warmed in the background=%.0f",
+		counts["remembered"], counts["evaluated"], 100*counts["evaluated"]/calls, counts["warmed"]), nil
+}
+
 func scrapeHistograms(hc *http.Client, url, name, by string) (map[string]histStats, error) {
 	resp, err := hc.Get(url)
 	if err != nil {

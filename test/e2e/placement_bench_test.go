@@ -301,6 +301,11 @@ func printSchedulingLatency(cp *ControlPlane, policy, addr string) {
 		} else {
 			fmt.Printf("policy=%s profile: extender (tessera_extender_request_duration_seconds, HTTP handler time): %s\n", policy, formatHists(h))
 		}
+		if evals, err := scrapeEvaluations(&http.Client{Timeout: 10 * time.Second}, "http://"+addr+"/metrics"); err != nil {
+			fmt.Printf("policy=%s profile: extender evaluations: %v\n", policy, err)
+		} else {
+			fmt.Printf("policy=%s profile: extender node outcomes (tessera_extender_node_evaluations_total): %s\n", policy, evals)
+		}
 	}
 	hc, err := schedulerMetricsClient(cp)
 	if err != nil {
