@@ -341,12 +341,29 @@ func (s *State) addLocked(p *podEntry) {
 	on[p.uid] = p
 	if e := s.nodes[p.node]; e != nil {
 		if pl, ok := e.held[p.uid]; ok { // now tracked as the extender's own: count it once
-			e.state.Release(&placement.Request{}, &pl)
+			s.releaseOn(e, &pl)
 			delete(e.held, p.uid)
-			s.changes.touch(e)
 		}
 	}
 	s.applyLocked(p)
+}
+
+// applyOn, releaseOn and addUseOn are the only ways the State changes a node's placement state
+// (besides replacing it): each records the change for the warmer (warm.go), which would otherwise
+// keep outcomes evaluated before it.
+func (s *State) applyOn(e *nodeEntry, p *placement.Placement) {
+	e.state.Apply(&placement.Request{}, p)
+	s.changes.touch(e)
+}
+
+func (s *State) releaseOn(e *nodeEntry, p *placement.Placement) {
+	e.state.Release(&placement.Request{}, p)
+	s.changes.touch(e)
+}
+
+func (s *State) addUseOn(e *nodeEntry, cpu, mem int64) {
+	e.state.AddUse(cpu, mem)
+	s.changes.touch(e)
 }
 
 // applyHoldingsLocked counts what the node agent's ledger holds for pods this state does not track
@@ -356,9 +373,8 @@ func (s *State) applyHoldingsLocked(e *nodeEntry, raw string) {
 	if raw == e.heldRaw {
 		return
 	}
-	s.changes.touch(e)
 	for _, pl := range e.held {
-		e.state.Release(&placement.Request{}, &pl)
+		s.releaseOn(e, &pl)
 	}
 	e.held, e.heldRaw = map[types.UID]placement.Placement{}, raw
 	if raw == "" {
@@ -375,7 +391,7 @@ func (s *State) applyHoldingsLocked(e *nodeEntry, raw string) {
 			continue // the extender's own pod: already counted
 		}
 		pl := placementOf(e.state, &api.PodAssignment{APIVersion: api.Version, Node: h.Node, Containers: ph.Containers})
-		e.state.Apply(&placement.Request{}, &pl)
+		s.applyOn(e, &pl)
 		e.held[uid] = pl
 	}
 }
@@ -421,9 +437,8 @@ func (s *State) setUseLocked(u *podUse) {
 
 func (s *State) applyUseLocked(u *podUse) {
 	if e := s.nodes[u.node]; e != nil && !u.applied {
-		e.state.AddUse(u.cpu, u.mem)
+		s.addUseOn(e, u.cpu, u.mem)
 		u.applied = true
-		s.changes.touch(e)
 	}
 }
 
@@ -434,8 +449,7 @@ func (s *State) clearUseLocked(uid types.UID, reservedOnly bool) {
 		return
 	}
 	if e := s.nodes[u.node]; e != nil && u.applied {
-		e.state.AddUse(-u.cpu, -u.mem)
-		s.changes.touch(e)
+		s.addUseOn(e, -u.cpu, -u.mem)
 	}
 	if on := s.usesOn[u.node]; on != nil {
 		delete(on, uid)
@@ -523,17 +537,15 @@ func (s *State) applyLocked(p *podEntry) {
 			s.log.Warn("state counts two holders of one GPU", "pod", p.key, "node", p.node, "gpu", g.UUID, "reserved", p.reserved)
 		}
 	}
-	e.state.Apply(&placement.Request{}, &p.placement)
+	s.applyOn(e, &p.placement)
 	p.applied = true
-	s.changes.touch(e)
 }
 
 func (s *State) removeLocked(p *podEntry) {
 	if e := s.nodes[p.node]; e != nil {
 		delete(e.holders, p.uid)
 		if p.applied {
-			e.state.Release(&placement.Request{}, &p.placement)
-			s.changes.touch(e)
+			s.releaseOn(e, &p.placement)
 		}
 	}
 	if on := s.podsOn[p.node]; on != nil {

@@ -131,6 +131,68 @@ func TestWarmerStagesSnapshots(t *testing.T) {
 	}
 }
 
+// TestChangeLogCoversEveryChange: every node whose placement state changes - binds with and without
+// CPU requests, deletions, filter's holds, node updates and re-creations, the agent's holdings - is
+// in the warmer's change log afterwards (a node left out would keep its outcomes unwarmed until its next pod).
+func TestChangeLogCoversEveryChange(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	x.PickOne = true
+	x.State.changes.start()
+	c := newChurn(x, rand.New(rand.NewPCG(31, 32)))
+	c.shapes = append(c.shapes, func(n string) *corev1.Pod { return wholePod(n, 1) }) // no CPU: GPUs only
+	learnShapes(x, 0, 100)
+	type seen struct {
+		state  any
+		digest uint64
+	}
+	look := func() map[string]seen {
+		out := map[string]seen{}
+		for name, e := range x.State.nodes {
+			out[name] = seen{e.state, e.state.UsageDigest()}
+		}
+		return out
+	}
+	before := look()
+	x.State.changes.take()
+	changes := 0
+	for step := range 400 {
+		switch step % 7 {
+		case 0, 3:
+			x.Filter(c.args(step)) // pick-one: holds the chosen node
+		case 5: // the node agent's holdings for a pod placed locally come and go (a status-only update)
+			i := c.rng.IntN(len(c.names))
+			node := memoNode(c.names[i], i, 4, "24")
+			if c.rng.IntN(2) == 0 {
+				raw, err := api.EncodeHoldings(&api.NodeHoldings{Node: c.names[i], Pods: []api.PodHolding{{Namespace: "default", Pod: "local",
+					UID: "uid-local", Local: true, Containers: []api.ContainerAssignment{{Name: "main", Devices: []api.DeviceAssignment{{UUID: gpuUUID(i, 3), MemoryBytes: 1 << 30, CoresPercent: 5}}}}}}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				node.Annotations[api.AnnotationHoldings] = string(raw)
+			}
+			x.State.UpsertNode(node)
+		default:
+			c.change(step)
+		}
+		logged := map[string]bool{}
+		for _, e := range x.State.changes.take() {
+			logged[e.name] = true
+		}
+		after := look()
+		for name, a := range after {
+			if b, ok := before[name]; (!ok || b != a) && !logged[name] {
+				t.Fatalf("step %d: node %s changed (digest %d -> %d) and is not in the change log", step, name, b.digest, a.digest)
+			} else if !ok || b != a {
+				changes++
+			}
+		}
+		before = after
+	}
+	if changes < 100 {
+		t.Fatalf("only %d node changes in 400 steps: the test proved little", changes)
+	}
+}
+
 // TestWarmerAgreesWithFreshEvaluation runs the warmer beside random binds, deletions and node
 // updates (slots reused) and filter calls, and checks every answer against an extender without a
 // memo on the same state (run it with -race: the warmer reads node states the writers change).
