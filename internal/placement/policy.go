@@ -52,6 +52,22 @@ func (sc *ScoreContext) Fork() *ScoreContext {
 	return &ScoreContext{Shapes: sc.Shapes, Cache: sc.Cache, Snapshot: sc.Snapshot, Rand: sc.Rand, plan: sc.plan}
 }
 
+// Reuse points sc at from's snapshot (shapes, cache, compiled plan, randomness) for another call,
+// keeping only its scratch memory (candidate arena, memo map, part-stats slices, after-state, and
+// fit masks while the plan is the same), so that a pooled context allocates nothing once warm.
+// Nothing of an earlier call is kept: a new request or node state may sit at an old one's address.
+func (sc *ScoreContext) Reuse(from *ScoreContext) {
+	sc.Shapes, sc.Cache, sc.Snapshot, sc.Rand, sc.plan = from.Shapes, from.Cache, from.Snapshot, from.Rand, from.plan
+	sc.memoReq, sc.memoExplain, sc.memoLookups, sc.memoHits = nil, false, 0, 0
+	sc.lastNode, sc.lastVariant, sc.lastCache, sc.lastKey, sc.lastFrag = nil, 0, nil, fragKey{}, 0
+	sc.stBefore, sc.haveStats, sc.lastKeyed = nil, false, false
+	sc.beforeJudge, sc.afterJudge = cacheJudge{}, cacheJudge{}
+	if sc.masks.pl != sc.plan {
+		clear(sc.masks.local) // tested against another plan's parts
+		sc.masks.pl = sc.plan
+	}
+}
+
 // afterState returns the node as it would be after p (scratch memory, valid until the next call).
 func (sc *ScoreContext) afterState(n *NodeState, r *Request, p *Placement) *NodeState {
 	a := &sc.after
