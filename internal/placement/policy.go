@@ -55,16 +55,17 @@ func (sc *ScoreContext) Fork() *ScoreContext {
 // Reuse points sc at from's snapshot (shapes, cache, compiled plan, randomness) for another call,
 // keeping only its scratch memory (candidate arena, memo map, part-stats slices, after-state, and
 // fit masks while the plan is the same), so that a pooled context allocates nothing once warm.
-// Nothing of an earlier call is kept: a new request or node state may sit at an old one's address.
+// Everything else starts afresh, fields added later included: a new request or node state may sit
+// at an old one's address (memoReq, lastNode), and the cache judges judged another call's cache.
 func (sc *ScoreContext) Reuse(from *ScoreContext) {
-	sc.Shapes, sc.Cache, sc.Snapshot, sc.Rand, sc.plan = from.Shapes, from.Cache, from.Snapshot, from.Rand, from.plan
-	sc.memoReq, sc.memoExplain, sc.memoLookups, sc.memoHits = nil, false, 0, 0
-	sc.lastNode, sc.lastVariant, sc.lastCache, sc.lastKey, sc.lastFrag = nil, 0, nil, fragKey{}, 0
-	sc.stBefore, sc.haveStats, sc.lastKeyed = nil, false, false
-	sc.beforeJudge, sc.afterJudge = cacheJudge{}, cacheJudge{}
-	if sc.masks.pl != sc.plan {
-		clear(sc.masks.local) // tested against another plan's parts
-		sc.masks.pl = sc.plan
+	masks := sc.masks
+	if masks.pl != from.plan {
+		clear(masks.local) // tested against another plan's parts
+		masks.pl = from.plan
+	}
+	*sc = ScoreContext{
+		Shapes: from.Shapes, Cache: from.Cache, Snapshot: from.Snapshot, Rand: from.Rand, plan: from.plan,
+		after: sc.after, arena: sc.arena, memo: sc.memo, stOwn: sc.stOwn, stAfter: sc.stAfter, masks: masks,
 	}
 }
 
