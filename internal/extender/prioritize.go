@@ -78,7 +78,8 @@ func (x *Extender) evalSetup(req *placement.Request, workers int) ([]*placement.
 
 // scoreContexts keeps score contexts between calls: a fresh one allocates its scratch memory
 // (candidate arena, memo map, part stats, fit masks: over 10 KB) again on first use, and garbage
-// collection is much of the latency tail on small control-plane nodes.
+// collection is much of the latency tail on small control-plane nodes. A pooled context keeps its
+// last snapshot's cache reachable until it is reused (or the pool drops it after two GC cycles).
 var scoreContexts = sync.Pool{New: func() any { return new(placement.ScoreContext) }}
 
 // pooledScoreContext returns a context of the pool on from's snapshot; give it back with

@@ -27,6 +27,7 @@ type ScoreContext struct {
 	arena arena
 	// memo holds the outcome per node state for memoReq (Engine.EvaluateScratch).
 	memo                  map[stateHash]memoEntry
+	memoDevs              []Device // the memo's placements
 	memoReq               *Request
 	memoExplain           bool
 	memoLookups, memoHits int
@@ -65,7 +66,7 @@ func (sc *ScoreContext) Reuse(from *ScoreContext) {
 	}
 	*sc = ScoreContext{
 		Shapes: from.Shapes, Cache: from.Cache, Snapshot: from.Snapshot, Rand: from.Rand, plan: from.plan,
-		after: sc.after, arena: sc.arena, memo: sc.memo, stOwn: sc.stOwn, stAfter: sc.stAfter, masks: masks,
+		after: sc.after, arena: sc.arena, memo: sc.memo, memoDevs: sc.memoDevs, stOwn: sc.stOwn, stAfter: sc.stAfter, masks: masks,
 	}
 }
 
