@@ -131,6 +131,7 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 	// Each node's verdict goes to its own slot (nodes are checked in parallel).
 	workers := runtime.GOMAXPROCS(0)
 	scs, tab := x.evalSetup(req, workers)
+	defer releaseScoreContexts(scs...)
 	x.State.viewIndexed(names, workers, func(w, i, slot int, n *placement.NodeState, missing string) {
 		switch {
 		case n == nil && req.WantsGPU():
@@ -301,7 +302,8 @@ func (x *Extender) holdChoice(pod *corev1.Pod, req *placement.Request, node stri
 		if n == nil {
 			return
 		}
-		sc := x.State.Shapes().ScoreContext()
+		sc := x.scoreContext()
+		defer releaseScoreContexts(sc)
 		if p, _, u := x.Engine.Evaluate(sc, n, req); u == nil {
 			a = BuildAssignment(n, req, &p)
 		}

@@ -3,6 +3,7 @@ package extender
 import (
 	"math"
 	"runtime"
+	"sync"
 
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
@@ -36,6 +37,7 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (*extenderv1.HostPr
 	fits := make([]bool, len(names))
 	workers := runtime.GOMAXPROCS(0)
 	scs, tab := x.evalSetup(req, workers)
+	defer releaseScoreContexts(scs...)
 	x.State.viewIndexed(names, workers, func(w, i, slot int, n *placement.NodeState, _ string) {
 		if n == nil {
 			return
@@ -61,17 +63,42 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (*extenderv1.HostPr
 
 // evalSetup returns one score context per worker on one shape snapshot (scores stay comparable)
 // and the request's memo table for that snapshot (nil for the random policy, whose outcomes must
-// not be remembered).
+// not be remembered). The contexts are pooled: give them back with releaseScoreContexts.
 func (x *Extender) evalSetup(req *placement.Request, workers int) ([]*placement.ScoreContext, *evalTable) {
 	sc0 := x.State.Shapes().ScoreContext()
 	scs := make([]*placement.ScoreContext, workers)
 	for w := range scs {
-		scs[w] = sc0.Fork()
+		scs[w] = pooledScoreContext(sc0)
 	}
 	if x.Engine.PolicyFor(req).Name() == api.PolicyRandom {
 		return scs, nil
 	}
 	return scs, x.memo.table(sc0, req.Digest(), req, x.State.nodeSlots())
+}
+
+// scoreContexts keeps score contexts between calls: a fresh one allocates its scratch memory
+// (candidate arena, memo map, part stats, fit masks: over 10 KB) again on first use, and garbage
+// collection is much of the latency tail on small control-plane nodes. A pooled context keeps its
+// last snapshot's cache reachable until it is reused (or the pool drops it after two GC cycles).
+var scoreContexts = sync.Pool{New: func() any { return new(placement.ScoreContext) }}
+
+// pooledScoreContext returns a context of the pool on from's snapshot; give it back with
+// releaseScoreContexts once no placement it returned is read any more (they live in its arena).
+func pooledScoreContext(from *placement.ScoreContext) *placement.ScoreContext {
+	sc := scoreContexts.Get().(*placement.ScoreContext)
+	sc.Reuse(from)
+	return sc
+}
+
+// scoreContext returns a pooled context on the current shape snapshot.
+func (x *Extender) scoreContext() *placement.ScoreContext {
+	return pooledScoreContext(x.State.Shapes().ScoreContext())
+}
+
+func releaseScoreContexts(scs ...*placement.ScoreContext) {
+	for _, sc := range scs {
+		scoreContexts.Put(sc)
+	}
 }
 
 // Evaluations counts the node outcomes filter and prioritize took from the evaluation memo and

@@ -63,6 +63,7 @@ func (e *Engine) EvaluateScratch(sc *ScoreContext, n *NodeState, r *Request, exp
 			sc.memo = map[stateHash]memoEntry{}
 		}
 		clear(sc.memo)
+		sc.memoDevs = sc.memoDevs[:0]
 		sc.memoReq, sc.memoExplain, sc.memoLookups, sc.memoHits = r, explain, 0, 0
 	}
 	if _, random := pol.(randomPolicy); !random && (sc.memoLookups < memoProbe || 2*sc.memoHits >= sc.memoLookups) && sc.stateKey(0, n, &key) {
@@ -76,7 +77,10 @@ func (e *Engine) EvaluateScratch(sc *ScoreContext, n *NodeState, r *Request, exp
 	}
 	p, s, u := e.evaluateAll(sc, pol, n, r, explain)
 	if memo {
-		sc.memo[h] = memoEntry{devs: slices.Clone(p.Devices), score: s, u: u}
+		// The memo's placements share one backing array (earlier ones keep an outgrown one).
+		sc.memoDevs = append(sc.memoDevs, p.Devices...)
+		k := len(sc.memoDevs)
+		sc.memo[h] = memoEntry{devs: sc.memoDevs[k-len(p.Devices) : k : k], score: s, u: u}
 	}
 	return p, s, u
 }
