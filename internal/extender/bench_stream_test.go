@@ -16,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	"k8s.io/apimachinery/pkg/types"
-	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/placement"
@@ -136,26 +135,29 @@ func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream
 		b.StartTimer()
 	}
 	unschedulable := 0
+	namesJSON, err := json.Marshal(names)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var body []byte
+	rec := &benchRecorder{}
 	one := func() time.Duration {
 		i := *next
 		*next++
 		pod := stream[i%len(stream)].DeepCopy()
 		pod.UID = types.UID(fmt.Sprintf("%s-%d", pod.Name, i))
-		body, err := json.Marshal(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
-		if err != nil {
-			b.Fatal(err)
-		}
+		body = argsBody(b, body, pod, namesJSON)
 		if resnapEvery > 0 && i%resnapEvery == 0 {
 			newSnapshot(x, i/resnapEvery)
 		}
+		rec.reset()
 		start := time.Now()
-		rec := httptest.NewRecorder()
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/filter", bytes.NewReader(body)))
 		took := time.Since(start)
 		b.StopTimer()
-		var fr extenderv1.ExtenderFilterResult
-		if rec.Code != http.StatusOK || json.Unmarshal(rec.Body.Bytes(), &fr) != nil || fr.Error != "" {
-			b.Fatalf("filter: %d %s", rec.Code, rec.Body.String())
+		fr := keptNodes(b, rec.body.Bytes())
+		if rec.code != http.StatusOK || fr.Error != "" {
+			b.Fatalf("filter: %d %s", rec.code, rec.body.String())
 		}
 		if fr.NodeNames == nil || len(*fr.NodeNames) == 0 {
 			unschedulable++
@@ -203,8 +205,10 @@ func streamBind(x *Extender, pod *corev1.Pod, node string) error {
 	}
 	x.State.Unreserve(pod.UID)
 	var a *api.PodAssignment
+	sc := x.scoreContext()
+	defer releaseScoreContexts(sc)
 	x.State.View([]string{node}, func(_ string, n *placement.NodeState, _ string) {
-		if p, _, u := x.Engine.Evaluate(x.State.Shapes().ScoreContext(), n, req); u == nil {
+		if p, _, u := x.Engine.Evaluate(sc, n, req); u == nil {
 			a = BuildAssignment(n, req, &p)
 		}
 	})
