@@ -69,11 +69,12 @@ func (c *changeLog) take() []*nodeEntry {
 }
 
 // DefaultWarmShapes is how many of the most recently used request shapes the warmer fills afresh
-// after a new shape snapshot: a whole table costs about 12 ms of CPU at 5,000 nodes, so refilling
-// every shape the memo held (up to ~240) would cost seconds per snapshot; the rest get tables again
-// when their next pod comes. Keeping tables current as nodes change is cheap (about 2.5 us per
-// changed node and shape, a few changed nodes per pod) and covers every table the memo holds: the
-// rare shapes are the ones whose next pod would otherwise meet thousands of changed nodes.
+// for a new shape snapshot: a whole table costs about 5-7 ms of CPU at 5,000 nodes on the openb mix
+// (four times that where shapes ask many GPU memory and compute sizes), so refilling every shape the
+// memo held (up to ~240) would cost a second or more per snapshot; the rest get tables again when
+// their next pod comes. Keeping tables current as nodes change is cheap (1-2.5 us per changed node
+// and shape, a few changed nodes per pod) and covers every table the memo holds: the rare shapes
+// are the ones whose next pod would otherwise meet thousands of changed nodes.
 const DefaultWarmShapes = 32
 
 func (x *Extender) warmShapes() int {
