@@ -24,7 +24,8 @@ import (
 // benchCluster is 5,000 nodes x 8 GPUs, half full. uniform: on each node GPUs 0-2 are whole-owned
 // and GPU 3 carries two 30% shares (4 of 8 GPUs' worth in use; every node in the same state).
 // varied: each node holds 0-6 whole GPUs and 1-3 shared GPUs with 1-3 shares of 5-45% compute and
-// 1-4 GiB each (about 4 of 8 GPUs' worth in use on average, nearly every node in its own state).
+// 1-4 GiB each, a share that would take its GPU past 100% compute left out (about 4 of 8 GPUs'
+// worth in use on average, nearly every node in its own state).
 // alloc, when set, is every node's allocatable CPU and memory (placement then tracks them).
 func benchCluster(b *testing.B, varied bool, alloc corev1.ResourceList) (*Extender, []string) {
 	x := newTestExtender(b, api.PolicyTessera)
@@ -51,10 +52,15 @@ func benchCluster(b *testing.B, varied bool, alloc corev1.ResourceList) (*Extend
 			if varied {
 				shares = 1 + rng.IntN(3)
 			}
+			used := 0
 			for s := 0; s < shares; s++ {
 				if varied {
 					cores, mem = 5+rng.IntN(41), 1+rng.IntN(4)
 				}
+				if used+cores > 100 {
+					continue // the extender would not have placed it: no GPU over 100% compute
+				}
+				used += cores
 				p := assigned(sharePod(fmt.Sprintf("s%d-%d-%d", i, g, s), 1, mem, cores), names[i],
 					api.DeviceAssignment{UUID: gpuUUID(i, g), MemoryBytes: int64(mem) << 30, CoresPercent: cores})
 				x.State.UpsertPod(p, x.Class)
