@@ -111,10 +111,11 @@ var benchPods = []struct {
 }
 
 // BenchmarkFilterPrioritize is one scheduling cycle's extender work for one pod: filter then
-// prioritize over all 5,000 nodes (nodeCacheCapable: node names only), cold: the evaluation memo is
-// cleared before each op, so every node is evaluated (a request shape not seen before, or the first
-// pod after a new shape snapshot). BenchmarkSchedulingStream is the steady state. Run with
-// -benchtime 200x or more for a meaningful p99.
+// prioritize over all 5,000 nodes (nodeCacheCapable: node names only), without HTTP, the evaluation
+// memo cleared before each op so that every node is evaluated; the fragmentation cache stays warm
+// (no real call sees that: BenchmarkFilterPrioritizeHTTP's new-shape and new-snapshot modes are the
+// cold cases, BenchmarkSchedulingStream the steady state). Run with -benchtime 200x or more for a
+// meaningful p99.
 func BenchmarkFilterPrioritize(b *testing.B) {
 	for _, varied := range []bool{false, true} {
 		x, names := sharedBenchCluster(b, varied)
@@ -126,7 +127,7 @@ func BenchmarkFilterPrioritize(b *testing.B) {
 				cpu0 := cpuTime()
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
-					x.memo.reset() // cold: a request shape the memo has not seen (memo.go)
+					x.memo.reset() // every node evaluated (the memo only: see above)
 					start := time.Now()
 					fr := x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
 					if _, err := x.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: fr.NodeNames}); err != nil {
