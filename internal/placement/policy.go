@@ -55,18 +55,14 @@ func (sc *ScoreContext) Fork() *ScoreContext {
 
 // Reuse points sc at from's snapshot (shapes, cache, compiled plan, randomness) for another call,
 // keeping only its scratch memory (candidate arena, memo map, part-stats slices, after-state, and
-// fit masks while the plan is the same), so that a pooled context allocates nothing once warm.
+// fit masks, which count only while the plan is the same), so that a pooled context allocates nothing once warm.
 // Everything else starts afresh, fields added later included: a new request or node state may sit
 // at an old one's address (memoReq, lastNode), and the cache judges judged another call's cache.
 func (sc *ScoreContext) Reuse(from *ScoreContext) {
-	masks := sc.masks
-	if masks.pl != from.plan {
-		clear(masks.local) // tested against another plan's parts
-		masks.pl = from.plan
-	}
 	*sc = ScoreContext{
 		Shapes: from.Shapes, Cache: from.Cache, Snapshot: from.Snapshot, Rand: from.Rand, plan: from.plan,
-		after: sc.after, arena: sc.arena, memo: sc.memo, memoDevs: sc.memoDevs, stOwn: sc.stOwn, stAfter: sc.stAfter, masks: masks,
+		after: sc.after, arena: sc.arena, memo: sc.memo, memoDevs: sc.memoDevs, stOwn: sc.stOwn, stAfter: sc.stAfter,
+		masks: sc.masks, // fragBeforeAfter clears them when the plan differs
 	}
 }
 

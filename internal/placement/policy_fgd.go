@@ -204,7 +204,8 @@ func (sc *ScoreContext) fragBeforeAfter(variant uint8, n *NodeState, r *Request,
 	}
 	pl := sc.plan
 	if sc.masks.pl != pl {
-		sc.masks = fitMasks{pl: pl}
+		clear(sc.masks.local) // tested against another plan's parts (the map is kept: Reuse)
+		sc.masks.pl = pl
 	}
 	if sc.lastNode != n || sc.lastVariant != variant || sc.lastCache != sc.Cache {
 		sc.lastNode, sc.lastVariant, sc.lastCache, sc.haveStats = n, variant, sc.Cache, false
