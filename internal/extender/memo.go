@@ -146,7 +146,7 @@ func (m *evalMemo) stagedTables(sc *placement.ScoreContext, slots, limit int) []
 	for _, u := range recent[:min(limit, len(recent))] {
 		t := m.next.tables[u.digest]
 		if t == nil || len(t.slots) < slots {
-			t = &evalTable{slots: make([]atomic.Pointer[evalOutcome], slots+slots/8+8), req: u.t.req}
+			t = newEvalTable(u.t.req, slots)
 			m.next.tables[u.digest] = t
 		}
 		t.used.Store(u.at)
@@ -160,9 +160,15 @@ func (m *evalMemo) newTableLocked(digest string, req *placement.Request, slots i
 	for len(m.tables) >= maxTables {
 		m.evictOldest()
 	}
-	t := &evalTable{slots: make([]atomic.Pointer[evalOutcome], slots+slots/8+8), req: req}
+	t := newEvalTable(req, slots)
 	m.tables[digest] = t
 	return t
+}
+
+// newEvalTable is an empty table for req with room for node slots 0..slots-1 and some to spare
+// (nodes added later).
+func newEvalTable(req *placement.Request, slots int) *evalTable {
+	return &evalTable{slots: make([]atomic.Pointer[evalOutcome], slots+slots/8+8), req: req}
 }
 
 // warmTable is a table the warmer fills and the request it evaluates.

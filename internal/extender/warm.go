@@ -137,14 +137,15 @@ func (x *Extender) warmOnce(ctx context.Context) {
 	}
 	shapes := x.State.Shapes()
 	if next := shapes.StagedScoreContext(); next != nil {
-		staged := x.memo.stagedTables(next, x.State.nodeSlots(), x.warmShapes())
-		all := x.State.usableEntries()
-		for _, wt := range staged {
-			if s := shapes.StagedScoreContext(); s == nil || s.Snapshot != next.Snapshot {
-				break // a newer snapshot replaced it (the counts moved on): fill that one next pass
-			}
-			if !x.warmNodes(ctx, next, wt, all) {
-				return
+		if staged := x.memo.stagedTables(next, x.State.nodeSlots(), x.warmShapes()); len(staged) > 0 {
+			all := x.State.usableEntries()
+			for _, wt := range staged {
+				if s := shapes.StagedScoreContext(); s == nil || s.Snapshot != next.Snapshot {
+					break // a newer snapshot replaced it (the counts moved on): fill that one next pass
+				}
+				if !x.warmNodes(ctx, next, wt, all) {
+					return
+				}
 			}
 		}
 		shapes.Promote(next.Snapshot)
