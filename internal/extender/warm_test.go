@@ -15,12 +15,11 @@ import (
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
-// TestWarmerKeepsShapesWarm: after the warmer's pass the next pod of each shape the memo holds
-// evaluates nothing - not the node a bind changed, and not every node after a new shape snapshot -
-// and gets the answer a fresh evaluation gives.
-func TestWarmerKeepsShapesWarm(t *testing.T) {
-	x := newTestExtender(t, api.PolicyTessera)
-	x.State.changes.start()
+// twoShapeFilter adds nodes a, b and c and 300 learned pods to x and returns a filter call over them
+// for a pod of shape 0 (one whole GPU, 4 CPUs) or 1 (a 4 GiB 30% share, 2 CPUs): how many node
+// outcomes it evaluated and the nodes it kept. It fails t when the answer is not a fresh
+// evaluation's (an extender without a memo on the same state).
+func twoShapeFilter(t *testing.T, x *Extender) func(shape int) (evaluated int64, fit []string) {
 	names := threeNodes(x)
 	learnShapes(x, 0, 300)
 	shapes := []func(string) *corev1.Pod{
@@ -28,20 +27,28 @@ func TestWarmerKeepsShapesWarm(t *testing.T) {
 		func(n string) *corev1.Pod { return withCPU(sharePod(n, 1, 4, 30), "2") },
 	}
 	step := 0
-	filter := func(shape int) (evaluated int64, fit []string) {
+	return func(shape int) (int64, []string) {
 		step++
 		args := &extenderv1.ExtenderArgs{Pod: shapes[shape](fmt.Sprintf("p%d", step)), NodeNames: &names}
 		_, e0 := x.Evaluations()
 		got := x.Filter(args)
 		_, e1 := x.Evaluations()
-		fresh := &Extender{Engine: x.Engine, State: x.State, Class: x.Class}
-		want := fresh.Filter(args)
+		want := (&Extender{Engine: x.Engine, State: x.State, Class: x.Class}).Filter(args)
 		if !slices.Equal(*got.NodeNames, *want.NodeNames) || !maps.Equal(got.FailedNodes, want.FailedNodes) {
-			t.Fatalf("shape %d: warmed memo answers %v %v, a fresh evaluation %v %v", shape, *got.NodeNames, got.FailedNodes, *want.NodeNames, want.FailedNodes)
+			t.Fatalf("shape %d: memo answers %v %v, a fresh evaluation %v %v", shape, *got.NodeNames, got.FailedNodes, *want.NodeNames, want.FailedNodes)
 		}
 		return e1 - e0, *got.NodeNames
 	}
-	for s := range shapes {
+}
+
+// TestWarmerKeepsShapesWarm: after the warmer's pass the next pod of each shape the memo holds
+// evaluates nothing - not the node a bind changed, and not every node after a new shape snapshot -
+// and gets the answer a fresh evaluation gives.
+func TestWarmerKeepsShapesWarm(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	x.State.changes.start()
+	filter := twoShapeFilter(t, x)
+	for s := range 2 {
 		if e, _ := filter(s); e != 3 {
 			t.Fatalf("shape %d first seen: %d evaluated, want 3", s, e)
 		}
@@ -51,7 +58,7 @@ func TestWarmerKeepsShapesWarm(t *testing.T) {
 		t.Fatal(err)
 	}
 	x.warmOnce(context.Background())
-	for s := range shapes {
+	for s := range 2 {
 		e, fit := filter(s)
 		if e != 0 {
 			t.Fatalf("shape %d after a bind and a warmer pass: %d evaluated in filter, want 0", s, e)
@@ -86,25 +93,7 @@ func TestWarmerStagesSnapshots(t *testing.T) {
 	x.State.changes.start()
 	x.State.Shapes().StageSnapshots(true) // as RunWarmer does
 	x.WarmShapes = 1
-	names := threeNodes(x)
-	learnShapes(x, 0, 300)
-	shapes := []func(string) *corev1.Pod{
-		func(n string) *corev1.Pod { return withCPU(wholePod(n, 1), "4") },
-		func(n string) *corev1.Pod { return withCPU(sharePod(n, 1, 4, 30), "2") },
-	}
-	step := 0
-	filter := func(shape int) int64 {
-		step++
-		args := &extenderv1.ExtenderArgs{Pod: shapes[shape](fmt.Sprintf("p%d", step)), NodeNames: &names}
-		_, e0 := x.Evaluations()
-		got := x.Filter(args)
-		_, e1 := x.Evaluations()
-		want := (&Extender{Engine: x.Engine, State: x.State, Class: x.Class}).Filter(args)
-		if !slices.Equal(*got.NodeNames, *want.NodeNames) || !maps.Equal(got.FailedNodes, want.FailedNodes) {
-			t.Fatalf("shape %d: memo answers %v %v, a fresh evaluation %v %v", shape, *got.NodeNames, got.FailedNodes, *want.NodeNames, want.FailedNodes)
-		}
-		return e1 - e0
-	}
+	filter := twoShapeFilter(t, x)
 	filter(0)
 	filter(1)
 	serving := x.State.Shapes().ScoreContext().Snapshot
@@ -112,7 +101,7 @@ func TestWarmerStagesSnapshots(t *testing.T) {
 	if staged := x.State.Shapes().StagedScoreContext(); staged == nil || staged.Snapshot <= serving {
 		t.Fatalf("no snapshot staged after the counts drifted (serving %d, staged %+v)", serving, staged)
 	}
-	if e := filter(1); e != 0 {
+	if e, _ := filter(1); e != 0 {
 		t.Fatalf("shape 1 while a snapshot is staged: %d evaluated, want 0 (the serving snapshot's table)", e)
 	}
 	w0 := x.Warmed()
@@ -123,10 +112,10 @@ func TestWarmerStagesSnapshots(t *testing.T) {
 	if w := x.Warmed() - w0; w != 3 {
 		t.Fatalf("the warmer evaluated %d node outcomes for the staged snapshot, want 3 (3 nodes x 1 shape)", w)
 	}
-	if e := filter(1); e != 0 {
+	if e, _ := filter(1); e != 0 {
 		t.Fatalf("shape 1 after the promotion: %d evaluated in filter, want 0", e)
 	}
-	if e := filter(0); e != 3 {
+	if e, _ := filter(0); e != 3 {
 		t.Fatalf("shape 0 after the promotion (not filled): %d evaluated in filter, want 3", e)
 	}
 }
