@@ -18,8 +18,9 @@ type extenderMetrics struct {
 }
 
 // evaluations reports the extender's node outcomes taken from its memo and evaluated afresh
-// (extender.Extender.Evaluations), warmed those its warmer evaluated (extender.Extender.Warmed).
-func newExtenderMetrics(reg prometheus.Registerer, leader *atomic.Bool, leaderElect bool, evaluations func() (remembered, evaluated int64), warmed func() int64) *extenderMetrics {
+// (extender.Extender.Evaluations), bounded the nodes pick-one Filter bounded instead
+// (extender.Extender.Bounded), warmed those its warmer evaluated (extender.Extender.Warmed).
+func newExtenderMetrics(reg prometheus.Registerer, leader *atomic.Bool, leaderElect bool, evaluations func() (remembered, evaluated int64), bounded, warmed func() int64) *extenderMetrics {
 	m := &extenderMetrics{requests: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "tessera_extender_request_duration_seconds", Buckets: telemetry.LatencyBuckets,
 		Help: "Time the extender took to answer kube-scheduler, by verb (filter, prioritize, bind) and result: ok, " +
@@ -27,12 +28,15 @@ func newExtenderMetrics(reg prometheus.Registerer, leader *atomic.Bool, leaderEl
 	}, []string{"verb", "result"})}
 	evalHelp := "Node evaluations of filter and prioritize, by outcome: remembered (the node and the pod's request " +
 		"shape unchanged since the last evaluation under the same typical-shape snapshot) or evaluated in the call; " +
-		"warmed counts the evaluations made in the background for nodes that changed (--warm-memo)."
+		"bounded counts the nodes --filter-pick-one bounded in the call instead (evaluated only where the bound reaches " +
+		"the best score); warmed counts the evaluations made in the background for nodes that changed (--warm-memo)."
 	reg.MustRegister(
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tessera_extender_node_evaluations_total", Help: evalHelp,
 			ConstLabels: prometheus.Labels{"outcome": "remembered"}}, func() float64 { r, _ := evaluations(); return float64(r) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tessera_extender_node_evaluations_total", Help: evalHelp,
 			ConstLabels: prometheus.Labels{"outcome": "evaluated"}}, func() float64 { _, e := evaluations(); return float64(e) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tessera_extender_node_evaluations_total", Help: evalHelp,
+			ConstLabels: prometheus.Labels{"outcome": "bounded"}}, func() float64 { return float64(bounded()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tessera_extender_node_evaluations_total", Help: evalHelp,
 			ConstLabels: prometheus.Labels{"outcome": "warmed"}}, func() float64 { return float64(warmed()) }))
 	reg.MustRegister(m.requests, prometheus.NewGaugeFunc(prometheus.GaugeOpts{

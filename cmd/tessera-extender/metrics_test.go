@@ -17,7 +17,7 @@ import (
 func TestRequestMetrics(t *testing.T) {
 	reg := telemetry.NewRegistry("tessera-extender")
 	leader := &atomic.Bool{}
-	m := newExtenderMetrics(reg, leader, true, func() (int64, int64) { return 4990, 10 }, func() int64 { return 77 })
+	m := newExtenderMetrics(reg, leader, true, func() (int64, int64) { return 4990, 10 }, func() int64 { return 55 }, func() int64 { return 77 })
 	answers := map[string]string{
 		"/filter":     `{"NodeNames":["n1"],"FailedNodes":{},"Error":""}`,
 		"/prioritize": `[{"Host":"n1","Score":10}]`,
@@ -59,6 +59,7 @@ func TestRequestMetrics(t *testing.T) {
 		`tessera_extender_request_duration_seconds_count{result="error",verb="bind"} 2`,
 		"\ntessera_extender_leader 0\n",
 		`tessera_extender_node_evaluations_total{outcome="remembered"} 4990`,
+		`tessera_extender_node_evaluations_total{outcome="bounded"} 55`,
 		`tessera_extender_node_evaluations_total{outcome="evaluated"} 10`,
 		`tessera_extender_node_evaluations_total{outcome="warmed"} 77`,
 		"tessera_extender_build_info{",

@@ -34,6 +34,10 @@ type Extender struct {
 	// PickOne makes Filter keep only the policy's chosen node (and hold it until the bind), so that the
 	// kube-scheduler binds where the policy prefers despite its own scores and random ties.
 	PickOne bool
+	// ExhaustivePickOne makes pick-one Filter evaluate every node instead of bounding them first
+	// and evaluating only those that can be the choice (refineBounds): the same choice at more cost,
+	// for comparisons (tests, benchmarks).
+	ExhaustivePickOne bool
 	// BindTimeout bounds one bind, lock wait included.
 	BindTimeout time.Duration
 	// WarmShapes is how many recently used request shapes the warmer fills afresh after a new shape

@@ -1,11 +1,15 @@
 package extender
 
 import (
+	"cmp"
 	"fmt"
+	"math"
 	"runtime"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -98,7 +102,7 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 	pod := args.Pod
 	names := nodeNames(args)
 	sc := getFilterScratch(len(names))
-	verdict, reason, scores, gens := sc.verdict, sc.reason, sc.scores, sc.gens
+	verdict, reason, scores, gens, bounded := sc.verdict, sc.reason, sc.scores, sc.gens, sc.bounded
 	fr := &filterReply{names: names, verdict: verdict, reason: reason, scratch: sc}
 	if pod == nil {
 		fr.res.Error = "filter: no pod in the request"
@@ -132,7 +136,16 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 	workers := runtime.GOMAXPROCS(0)
 	scs, tab := x.evalSetup(req, workers)
 	defer releaseScoreContexts(scs...)
-	x.State.viewIndexed(names, workers, func(w, i, slot int, n *placement.NodeState, missing string) {
+	// Pick-one needs the best node only: nodes are bounded first and evaluated only where the bound
+	// reaches the best score (refineBounds).
+	bound := x.PickOne && !x.ExhaustivePickOne && x.Engine.Bounded(scs[0], req)
+	var refine func(again revisit)
+	if bound {
+		refine = func(again revisit) {
+			x.refineBounds(again, tab, scs, req, verdict, reason, scores, gens, bounded, &sc.order)
+		}
+	}
+	x.State.viewIndexedThen(names, workers, func(w, i int, slot int, n *placement.NodeState, missing string) {
 		switch {
 		case n == nil && req.WantsGPU():
 			verdict[i], reason[i] = verdictFailed, missing
@@ -140,7 +153,12 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 		case hasPool && n.Labels[api.LabelPool] != pool:
 			verdict[i], reason[i] = verdictUnresolvable, fmt.Sprintf("node is in GPU pool %q, pod asks for pool %q", n.Labels[api.LabelPool], pool)
 		default:
-			o := x.evaluate(tab, scs[w], slot, n, req, true)
+			var o *evalOutcome
+			if bound {
+				o = x.evaluateBound(tab, scs[w], slot, n, req)
+			} else {
+				o = x.evaluate(tab, scs[w], slot, n, req, true)
+			}
 			if o.u != nil {
 				verdict[i], reason[i] = verdictFailed, o.u.Msg
 				if o.u.Unresolvable {
@@ -148,9 +166,9 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 				}
 				return
 			}
-			scores[i], gens[i] = o.score, o.gen
+			scores[i], gens[i], bounded[i] = o.score, o.gen, o.bound
 		}
-	})
+	}, refine)
 	nfit := 0
 	for i := range names {
 		if verdict[i] == verdictFits {
@@ -185,6 +203,8 @@ type filterScratch struct {
 	verdict      []uint8
 	reason       []string
 	scores, gens []float64
+	bounded      []bool // scores[i] is an upper bound (pick-one's first pass), not the node's score
+	order        []int  // refineBounds' nodes to evaluate
 }
 
 var filterScratches = sync.Pool{New: func() any { return new(filterScratch) }}
@@ -193,11 +213,12 @@ var filterScratches = sync.Pool{New: func() any { return new(filterScratch) }}
 func getFilterScratch(n int) *filterScratch {
 	sc := filterScratches.Get().(*filterScratch)
 	if cap(sc.verdict) < n {
-		*sc = filterScratch{verdict: make([]uint8, n), reason: make([]string, n), scores: make([]float64, n), gens: make([]float64, n)}
+		*sc = filterScratch{verdict: make([]uint8, n), reason: make([]string, n), scores: make([]float64, n), gens: make([]float64, n), bounded: make([]bool, n)}
 		return sc
 	}
-	sc.verdict, sc.reason, sc.scores, sc.gens = sc.verdict[:n], sc.reason[:n], sc.scores[:n], sc.gens[:n]
+	sc.verdict, sc.reason, sc.scores, sc.gens, sc.bounded = sc.verdict[:n], sc.reason[:n], sc.scores[:n], sc.gens[:n], sc.bounded[:n]
 	clear(sc.verdict)
+	clear(sc.bounded)
 	clear(sc.reason)
 	clear(sc.scores)
 	clear(sc.gens)
@@ -285,6 +306,47 @@ func (x *Extender) keepBest(req *placement.Request, names []string, verdict []ui
 		}
 	}
 	return []string{names[best]}
+}
+
+// refineBounds is pick-one Filter's second pass: it evaluates the bounded nodes (bounded[i]) whose
+// bound reaches the best score known, highest bound first, and stops where the next bound is below
+// the best score found (by more than keepBest's tie margin: nodes that may tie are evaluated, so
+// that its tie-breaks see their scores). Every node left bounded then scores below the choice, so
+// keepBest picks what it picks after evaluating every node.
+func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.ScoreContext, req *placement.Request, verdict []uint8, reason []string, scores, gens []float64, bounded []bool, orderBuf *[]int) {
+	best := math.Inf(-1)
+	for i := range verdict {
+		if verdict[i] == verdictFits && !bounded[i] {
+			best = max(best, scores[i])
+		}
+	}
+	order := (*orderBuf)[:0]
+	for i := range verdict {
+		if verdict[i] == verdictFits && bounded[i] && scores[i] >= best-placement.ScoreEpsilon {
+			order = append(order, i)
+		}
+	}
+	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(scores[b], scores[a]) })
+	var bestBits atomic.Uint64
+	bestBits.Store(math.Float64bits(best))
+	again(order, func(w, i, slot int, n *placement.NodeState) bool {
+		if scores[i] < math.Float64frombits(bestBits.Load())-placement.ScoreEpsilon {
+			return false // sorted: every later bound is lower still
+		}
+		o := x.evaluate(tab, scs[w], slot, n, req, true)
+		if o.u != nil { // cannot happen: the bound pass saw the same state fit
+			verdict[i], reason[i] = verdictFailed, o.u.Msg
+			return true
+		}
+		scores[i], gens[i], bounded[i] = o.score, o.gen, false
+		for {
+			old := bestBits.Load()
+			if o.score <= math.Float64frombits(old) || bestBits.CompareAndSwap(old, math.Float64bits(o.score)) {
+				return true
+			}
+		}
+	})
+	*orderBuf = order
 }
 
 // holdChoice reserves Filter's choice (GPUs, CPU and memory) until the bind lands, so that the pods

@@ -30,9 +30,12 @@ type evalMemo struct {
 	// pending are the requests of the tables the last snapshot change dropped, for the warmer to
 	// fill under the new snapshot (warm.go).
 	pending []pendingRequest
+	// bounds are the node states' bound data under the serving snapshot (pick-one Filter).
+	bounds *nodeBounds
 	// remembered and evaluated count node outcomes filter and prioritize took from the memo and
-	// computed afresh; warmed those the warmer computed (warm.go).
-	remembered, evaluated, warmed atomic.Int64
+	// computed afresh; bounded the nodes pick-one Filter bounded instead of evaluating them; warmed
+	// those the warmer computed (warm.go).
+	remembered, evaluated, bounded, warmed atomic.Int64
 }
 
 // nextTables are the tables of a staged snapshot (by digest).
@@ -59,10 +62,46 @@ type evalTable struct {
 	slots []atomic.Pointer[evalOutcome]
 	// req is the request the table was made for (every request with its digest evaluates alike).
 	req *placement.Request
+	// bounds are the memo's node bounds under the table's snapshot (shared by every table).
+	bounds *nodeBounds
+}
+
+// nodeBounds keep each node state's placement.NodeBound under one snapshot, by node slot: what a
+// score bound reads of a node is the same for every request shape, so a shape never seen bounds
+// the nodes at the cost of a few operations each (valid while the node is the same state object
+// with the same usage digest, as outcomes are). About 5,000 x 200 bytes; not counted in the budget.
+type nodeBounds struct {
+	slots []atomic.Pointer[nodeBoundSlot]
+}
+
+type nodeBoundSlot struct {
+	state *placement.NodeState
+	usage uint64
+	nb    *placement.NodeBound
+}
+
+// get returns the kept bound data of node slot for n with usage (nil: none; b may be nil).
+func (b *nodeBounds) get(slot int, n *placement.NodeState, usage uint64) *placement.NodeBound {
+	if b == nil || slot < 0 || slot >= len(b.slots) {
+		return nil
+	}
+	if s := b.slots[slot].Load(); s != nil && s.state == n && s.usage == usage {
+		return s.nb
+	}
+	return nil
+}
+
+// put keeps nb for node slot (n with usage).
+func (b *nodeBounds) put(slot int, n *placement.NodeState, usage uint64, nb *placement.NodeBound) {
+	if b != nil && slot >= 0 && slot < len(b.slots) {
+		b.slots[slot].Store(&nodeBoundSlot{state: n, usage: usage, nb: nb})
+	}
 }
 
 // evalOutcome is one node's outcome for the table's request: the policy score and the newest GPU
 // generation of the best placement, or why the request does not fit (explained: u has its message).
+// A bound outcome holds an upper bound of the score instead (pick-one Filter's first pass,
+// placement.Engine.Bound): the node fits, and was not evaluated.
 type evalOutcome struct {
 	state     *placement.NodeState
 	usage     uint64 // the node's usage digest the evaluation read (placement.NodeState.UsageDigest)
@@ -70,6 +109,7 @@ type evalOutcome struct {
 	gen       float64
 	u         *placement.Unfit
 	explained bool
+	bound     bool
 }
 
 // table returns the request's table under snapshot, sized for node slots 0..slots-1; a new
@@ -86,6 +126,10 @@ func (m *evalMemo) table(sc *placement.ScoreContext, digest string, req *placeme
 		// A table holds every node slot there is; a node added since gets a new, larger table.
 		t = m.newTableLocked(digest, req, slots)
 	}
+	if m.bounds == nil || len(m.bounds.slots) < slots {
+		m.bounds = &nodeBounds{slots: make([]atomic.Pointer[nodeBoundSlot], slots+slots/8+8)}
+	}
+	t.bounds = m.bounds
 	t.used.Store(m.tick)
 	return t
 }
@@ -113,7 +157,7 @@ func (m *evalMemo) switchLocked(sc *placement.ScoreContext) bool {
 		}
 		slices.SortFunc(m.pending, func(a, b pendingRequest) int { return cmp.Compare(b.used, a.used) })
 	}
-	m.snapshot, m.version, m.tables = snapshot, sc.Snapshot, tables
+	m.snapshot, m.version, m.tables, m.bounds = snapshot, sc.Snapshot, tables, nil
 	if m.next.version <= sc.Snapshot {
 		m.next = nextTables{}
 	}
@@ -243,5 +287,5 @@ func (t *evalTable) store(slot int, o *evalOutcome) {
 func (m *evalMemo) reset() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.snapshot, m.version, m.tables, m.pending, m.next = nil, 0, nil, nil, nextTables{}
+	m.snapshot, m.version, m.tables, m.pending, m.next, m.bounds = nil, 0, nil, nil, nextTables{}, nil
 }

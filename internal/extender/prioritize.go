@@ -107,18 +107,49 @@ func (x *Extender) Evaluations() (remembered, evaluated int64) {
 	return x.memo.remembered.Load(), x.memo.evaluated.Load()
 }
 
+// Bounded counts the nodes pick-one Filter bounded instead of evaluating (most are never evaluated).
+func (x *Extender) Bounded() int64 { return x.memo.bounded.Load() }
+
 // Warmed counts the node outcomes the warmer evaluated off the request path (warm.go).
 func (x *Extender) Warmed() int64 { return x.memo.warmed.Load() }
 
 // evaluate is req's outcome on node n (in slot): remembered in t when n has not changed since,
 // else evaluated with sc and remembered.
 func (x *Extender) evaluate(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request, explain bool) *evalOutcome {
-	if o := t.lookup(slot, n, explain); o != nil {
+	if o := t.lookup(slot, n, explain); o != nil && !o.bound {
 		x.memo.remembered.Add(1)
 		return o
 	}
 	x.memo.evaluated.Add(1)
 	return x.store(t, sc, slot, n, req, explain)
+}
+
+// evaluateBound is evaluate for pick-one Filter's first pass: a remembered outcome (evaluated or
+// bound), else an upper bound of the node's score (or why it does not fit), remembered too. Nodes
+// whose bound cannot reach the best score are then never evaluated (filter).
+func (x *Extender) evaluateBound(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request) *evalOutcome {
+	if o := t.lookup(slot, n, true); o != nil {
+		x.memo.remembered.Add(1)
+		return o
+	}
+	x.memo.bounded.Add(1)
+	o := &evalOutcome{state: n, usage: n.UsageDigest(), explained: true}
+	var bounds *nodeBounds
+	if t != nil {
+		bounds = t.bounds
+	}
+	kept := bounds.get(slot, n, o.usage)
+	b, nb, u := x.Engine.Bound(sc, n, req, kept, true)
+	if nb != kept {
+		bounds.put(slot, n, o.usage, nb)
+	}
+	if u != nil {
+		o.u = u
+	} else {
+		o.score, o.bound = b, true
+	}
+	t.store(slot, o)
+	return o
 }
 
 // store evaluates req on node n (in slot) with sc and remembers the outcome in t.

@@ -596,11 +596,21 @@ const parallelMin = 512
 // the name's index and the node's slot (-1 when there is no node), and runs on up to workers
 // goroutines at once, all under one read lock.
 func (s *State) viewIndexed(names []string, workers int, f func(w, i, slot int, n *placement.NodeState, missing string)) {
+	s.viewIndexedThen(names, workers, f, nil)
+}
+
+// revisit visits some names of a viewIndexedThen call again (names[order[k]], in that order as
+// workers come free); g returns false to stop its worker. Only names that had a node.
+type revisit func(order []int, g func(w, i, slot int, n *placement.NodeState) bool)
+
+// viewIndexedThen is viewIndexed, then (when not nil) then under the same read lock: it may visit
+// names again with the node states f saw.
+func (s *State) viewIndexedThen(names []string, workers int, f func(w, i, slot int, n *placement.NodeState, missing string), then func(again revisit)) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	entries := s.resolved.resolve(names, s.nodeGen, s.nodes)
 	now := s.now()
-	one := func(w, i int) {
+	spread(len(names), workers, parallelMin, 64, func(w, i int) bool {
 		if e := entries[i]; e != nil && e.inv != nil && s.InventoryMaxAge <= 0 {
 			f(w, i, e.slot, e.state, "") // the common case, without the checks' call
 		} else if why := s.unusable(e, now); why != "" {
@@ -608,14 +618,30 @@ func (s *State) viewIndexed(names []string, workers int, f func(w, i, slot int, 
 		} else {
 			f(w, i, e.slot, e.state, "")
 		}
+		return true
+	})
+	if then != nil {
+		then(func(order []int, g func(w, i, slot int, n *placement.NodeState) bool) {
+			spread(len(order), workers, 32, 1, func(w, k int) bool {
+				e := entries[order[k]]
+				return g(w, order[k], e.slot, e.state)
+			})
+		})
 	}
-	if workers <= 1 || len(names) < parallelMin {
-		for i := range names {
-			one(0, i)
+}
+
+// spread calls fn(w, k) for k in 0..count-1, in order on the calling goroutine below parallelFrom
+// items, else on workers goroutines taking chunks of k in order; fn returning false stops its
+// goroutine.
+func spread(count, workers, parallelFrom, chunk int, fn func(w, k int) bool) {
+	if workers <= 1 || count < parallelFrom {
+		for k := range count {
+			if !fn(0, k) {
+				return
+			}
 		}
 		return
 	}
-	const chunk = 64
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -623,12 +649,14 @@ func (s *State) viewIndexed(names []string, workers int, f func(w, i, slot int, 
 		go func() {
 			defer wg.Done()
 			for {
-				start := int(next.Add(chunk)) - chunk
-				if start >= len(names) {
+				start := int(next.Add(int64(chunk))) - chunk
+				if start >= count {
 					return
 				}
-				for i := start; i < min(start+chunk, len(names)); i++ {
-					one(w, i)
+				for k := start; k < min(start+chunk, count); k++ {
+					if !fn(w, k) {
+						return
+					}
 				}
 			}
 		}()

@@ -2,6 +2,7 @@ package placement
 
 import (
 	"maps"
+	"math"
 	"math/bits"
 	"strings"
 	"sync"
@@ -23,8 +24,12 @@ import (
 type fragPlan struct {
 	shapes []Shape
 	parts  []fragPart
-	// items are the shapes as the sums read them, in shape order (flat, for the hot loop).
-	items []shapeItem
+	// items are the shapes as the sums read them, in shape order (flat, for the hot loop); fedItems
+	// are those that ask for a GPU, in the same order (the score bound's passes read only those).
+	items, fedItems []shapeItem
+	// unrestricted is the weight of the GPU shapes that may use any model (failWeight of a GPU that
+	// serves none).
+	unrestricted float64
 	// words is the length of a fit mask; zeroMilli is set when a share part asks no compute (a GPU
 	// without free compute can then still pass its test).
 	words     int
@@ -44,8 +49,9 @@ type fragPlan struct {
 type shapeItem struct {
 	weight   float64
 	cpu, mem int64
-	// part is the shape's part (-1: it asks for no GPU); need is how many GPUs must pass its test.
-	part, need int32
+	// part is the shape's part (-1: it asks for no GPU); need is how many GPUs must pass its test;
+	// shape is its index in the plan's shapes.
+	part, need, shape int32
 	// restricted: the shape may use only some GPU models.
 	restricted bool
 }
@@ -107,16 +113,27 @@ func (fm *fitMasks) mask(g *GPUState) []uint64 {
 	return m
 }
 
-// test runs every part's test on g.
+// test runs every part's test on g. The mask has one word more than the parts need: failWeight.
 func (pl *fragPlan) test(g *GPUState) []uint64 {
-	m := make([]uint64, pl.words)
+	m := make([]uint64, pl.words+1)
 	for j := range pl.parts {
 		if pl.parts[j].fits(g) {
 			m[j>>6] |= 1 << (j & 63)
 		}
 	}
+	fail := 0.0
+	for i := range pl.fedItems {
+		if it := &pl.fedItems[i]; !it.restricted && m[it.part>>6]>>(it.part&63)&1 == 0 {
+			fail += it.weight
+		}
+	}
+	m[pl.words] = math.Float64bits(fail)
 	return m
 }
+
+// failWeight is the weight of the shapes that may use any GPU model and that a GPU of fit mask m
+// cannot serve (kept in the mask's last word, computed once per GPU state like the mask).
+func (pl *fragPlan) failWeight(m []uint64) float64 { return math.Float64frombits(m[pl.words]) }
 
 // publish adds masks to the shared map (false: it is full).
 func (pl *fragPlan) publish(masks map[gpuState][]uint64) bool {
@@ -161,7 +178,7 @@ func compileFragPlan(shapes []Shape) *fragPlan {
 	index := map[testKey]int{}
 	for i := range shapes {
 		r := &shapes[i].Req
-		pl.items[i] = shapeItem{weight: shapes[i].Weight, cpu: r.CPUMilli, mem: r.MemMiB, part: -1, restricted: len(r.Models) > 0}
+		pl.items[i] = shapeItem{weight: shapes[i].Weight, cpu: r.CPUMilli, mem: r.MemMiB, part: -1, shape: int32(i), restricted: len(r.Models) > 0}
 		if !r.WantsGPU() {
 			continue
 		}
@@ -182,6 +199,14 @@ func compileFragPlan(shapes []Shape) *fragPlan {
 		}
 	}
 	pl.words = (len(pl.parts) + 63) / 64
+	for _, it := range pl.items {
+		if it.part >= 0 {
+			pl.fedItems = append(pl.fedItems, it)
+			if !it.restricted {
+				pl.unrestricted += it.weight
+			}
+		}
+	}
 	pl.mixFixed = true
 	for i := range shapes {
 		if shapes[i].Req.WantsGPU() && len(shapes[i].Req.Models) > 0 {

@@ -232,7 +232,15 @@ func shareFits(g *GPUState, r *Request, c *ContainerShape) bool {
 // usage, same mode (the integer fields first: they usually differ, the model string rarely does).
 func interchangeable(a, b *GPUState) bool {
 	return a.UsedMilli == b.UsedMilli && a.UsedMemory == b.UsedMemory && (a.Shares > 0) == (b.Shares > 0) &&
-		a.Memory == b.Memory && a.Gen == b.Gen && a.Model == b.Model
+		a.Memory == b.Memory && a.Gen == b.Gen && sameModel(a, b)
+}
+
+// sameModel compares the models by number where both GPUs have one (NodeState.Prepare), else by name.
+func sameModel(a, b *GPUState) bool {
+	if a.modelID != 0 && b.modelID != 0 {
+		return a.modelID == b.modelID
+	}
+	return a.Model == b.Model
 }
 
 func singleShare(a *arena, n *NodeState, r *Request, c *ContainerShape, explain bool) ([]Placement, *Unfit) {

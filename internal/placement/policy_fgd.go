@@ -198,37 +198,7 @@ func (sc *ScoreContext) stateKey(variant uint8, n *NodeState, k *fragKey) bool {
 // touches (fragPlan).
 func (sc *ScoreContext) fragBeforeAfter(variant uint8, n *NodeState, r *Request, p *Placement) (float64, float64) {
 	fed := variant == 2
-	if !sc.plan.compiledFor(sc.Shapes) {
-		sc.plan = compileFragPlan(sc.Shapes)
-		sc.lastNode = nil
-	}
-	pl := sc.plan
-	if sc.masks.pl != pl {
-		clear(sc.masks.local) // tested against another plan's parts (the map is kept: Reuse)
-		sc.masks.pl = pl
-	}
-	if sc.lastNode != n || sc.lastVariant != variant || sc.lastCache != sc.Cache {
-		sc.lastNode, sc.lastVariant, sc.lastCache, sc.haveStats = n, variant, sc.Cache, false
-		sc.lastKeyed = sc.Cache != nil && n.TypeID != 0 && len(n.GPUs) <= 8 && sc.beforeJudge.pays()
-		var fv fragValue
-		ok := false
-		if sc.lastKeyed {
-			sc.stateKey(variant, n, &sc.lastKey)
-			fv, ok = sc.Cache.get(&sc.lastKey)
-			sc.beforeJudge.record(ok)
-		}
-		if ok && fv.st != nil {
-			sc.stBefore, sc.haveStats = fv.st, true // shared: read only
-		}
-		if !ok {
-			fv.v = pl.frag(n, sc.beforeStats(n), fed)
-			if sc.lastKeyed {
-				fv.st = slices.Clone(sc.stBefore)
-				sc.Cache.put(&sc.lastKey, fv)
-			}
-		}
-		sc.lastFrag = fv.v
-	}
+	pl := sc.loadBefore(variant, n)
 	// After-states are judged on their own: a shape never seen meets before-states the cache knows
 	// and after-states it does not.
 	keyed := sc.lastKeyed && sc.afterJudge.pays()
@@ -255,6 +225,49 @@ func (sc *ScoreContext) fragBeforeAfter(variant uint8, n *NodeState, r *Request,
 		sc.Cache.put(&k, fragValue{v: v})
 	}
 	return sc.lastFrag, v
+}
+
+// compiledPlan returns the context's shapes compiled (fragPlan), with the fit masks set to it.
+func (sc *ScoreContext) compiledPlan() *fragPlan {
+	if !sc.plan.compiledFor(sc.Shapes) {
+		sc.plan = compileFragPlan(sc.Shapes)
+		sc.lastNode = nil
+	}
+	if sc.masks.pl != sc.plan {
+		clear(sc.masks.local) // tested against another plan's parts (the map is kept: Reuse)
+		sc.masks.pl = sc.plan
+	}
+	return sc.plan
+}
+
+// loadBefore makes n the context's node for variant (its fragmentation in lastFrag, its part stats
+// through beforeStats), from the fragmentation cache where that pays, and returns the compiled plan.
+func (sc *ScoreContext) loadBefore(variant uint8, n *NodeState) *fragPlan {
+	fed := variant == 2
+	pl := sc.compiledPlan()
+	if sc.lastNode != n || sc.lastVariant != variant || sc.lastCache != sc.Cache {
+		sc.lastNode, sc.lastVariant, sc.lastCache, sc.haveStats = n, variant, sc.Cache, false
+		sc.lastKeyed = sc.Cache != nil && n.TypeID != 0 && len(n.GPUs) <= 8 && sc.beforeJudge.pays()
+		var fv fragValue
+		ok := false
+		if sc.lastKeyed {
+			sc.stateKey(variant, n, &sc.lastKey)
+			fv, ok = sc.Cache.get(&sc.lastKey)
+			sc.beforeJudge.record(ok)
+		}
+		if ok && fv.st != nil {
+			sc.stBefore, sc.haveStats = fv.st, true // shared: read only
+		}
+		if !ok {
+			fv.v = pl.frag(n, sc.beforeStats(n), fed)
+			if sc.lastKeyed {
+				fv.st = slices.Clone(sc.stBefore)
+				sc.Cache.put(&sc.lastKey, fv)
+			}
+		}
+		sc.lastFrag = fv.v
+	}
+	return pl
 }
 
 // cacheJudge decides whether a context should use the fragmentation cache for the next node (or

@@ -1,0 +1,102 @@
+package placement
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+// TestScoreBoundHolds: Bound is at least the best score Evaluate finds, on random nodes (CPU,
+// memory, mixed GPU models and usage) and random typical shapes (whole, share, memory-only and
+// model-restricted, CPU-only), on nodes of more than 8 GPUs too (no bound there: +Inf), with and
+// without the fragmentation cache, and refuses exactly the
+// nodes Evaluate refuses. It must also prune: on most nodes the bound is below the best score of
+// the population (a bound of +Inf everywhere would hold and be worthless).
+func TestScoreBoundHolds(t *testing.T) {
+	e, err := NewEngine(api.PolicyTessera)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(21, 22))
+	pruned, fitting := 0, 0
+	for iter := range 300 {
+		shapes := randomPlanShapes(rng)
+		for len(shapes) < 6 {
+			shapes = append(shapes, randomPlanShapes(rng)...)
+		}
+		var cache *FragCache
+		if iter%2 == 0 {
+			cache = NewFragCache()
+		}
+		sc := &ScoreContext{Shapes: shapes, Cache: cache}
+		kept := map[*NodeState]*NodeBound{}
+		r := &shapes[rng.IntN(len(shapes))].Req
+		nodes := make([]*NodeState, 40)
+		best := math.Inf(-1)
+		bounds := make([]float64, len(nodes))
+		for i := range nodes {
+			nodes[i] = randomPlanNode(rng)
+			nodes[i].TypeID = 1 + rng.IntN(3)         // some share states (cache hits)
+			for i%8 == 0 && len(nodes[i].GPUs) <= 8 { // more GPUs than the bound keeps: no pruning there
+				nodes[i].GPUs = append(nodes[i].GPUs, GPUState{Index: len(nodes[i].GPUs), Model: "A", Usable: true, Memory: 16 << 30})
+				nodes[i].Prepare()
+			}
+			for range 2 { // the second pass reads the NodeBound kept from the first
+				_, s, u := e.Evaluate(sc, nodes[i], r)
+				b, nb, ub := e.Bound(sc, nodes[i], r, kept[nodes[i]], true)
+				kept[nodes[i]] = nb
+				if (u == nil) != (ub == nil) || (u != nil && u.Msg != ub.Msg) {
+					t.Fatalf("iter %d node %d: Evaluate unfit %v, Bound unfit %v", iter, i, u, ub)
+				}
+				if u != nil {
+					bounds[i] = math.NaN()
+					break
+				}
+				if b < s {
+					t.Fatalf("iter %d node %d: bound %v below the score %v", iter, i, b, s)
+				}
+				best, bounds[i] = max(best, s), b
+			}
+		}
+		for _, b := range bounds {
+			if !math.IsNaN(b) {
+				fitting++
+				if b < best-ScoreEpsilon {
+					pruned++
+				}
+			}
+		}
+	}
+	if fitting == 0 || pruned*3 < fitting {
+		t.Fatalf("the bound pruned %d of %d fitting nodes: it should prune a third at least", pruned, fitting)
+	}
+	t.Logf("pruned %d of %d fitting nodes", pruned, fitting)
+}
+
+// TestBoundedWhereItPays: bounding is offered for tessera's requests under many typical shapes
+// only (boundMinShapes), never for another policy's.
+func TestBoundedWhereItPays(t *testing.T) {
+	shapes := func(n int) []Shape {
+		var out []Shape
+		for i := range n {
+			out = append(out, Shape{Weight: 1 / float64(n), Req: Request{Containers: []ContainerShape{{Shares: 1, Milli: 10 + i, Memory: 1 << 30}}}})
+		}
+		return out
+	}
+	r := &Request{Containers: []ContainerShape{{Shares: 1, Milli: 300, Memory: 1 << 30}}}
+	for _, c := range []struct {
+		policy string
+		shapes int
+		want   bool
+	}{{api.PolicyTessera, boundMinShapes - 1, false}, {api.PolicyTessera, boundMinShapes, true}, {api.PolicyFGD, 2 * boundMinShapes, false}} {
+		e, err := NewEngine(c.policy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := e.Bounded(&ScoreContext{Shapes: shapes(c.shapes)}, r); got != c.want {
+			t.Errorf("%s with %d shapes: Bounded %v, want %v", c.policy, c.shapes, got, c.want)
+		}
+	}
+}
