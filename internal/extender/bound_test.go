@@ -55,8 +55,9 @@ func boundCluster(t *testing.T) (*Extender, []string) {
 
 // TestBoundedPickOneMatchesExhaustive: pick-one Filter, which bounds every node and evaluates only
 // those whose bound reaches the best score, keeps the node that evaluating every node keeps (and
-// refuses the same nodes for the same reasons), pod after pod, on two identical clusters that bind
-// each choice and delete pods at random; and it does evaluate fewer nodes.
+// refuses the same nodes for the same reasons), pod after pod (twelve shapes, recurring), on two
+// identical clusters that bind each choice and delete pods at random; and it does evaluate fewer
+// nodes.
 func TestBoundedPickOneMatchesExhaustive(t *testing.T) {
 	x, names := boundCluster(t)
 	y, _ := boundCluster(t)
@@ -64,17 +65,22 @@ func TestBoundedPickOneMatchesExhaustive(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, 4))
 	var placed []types.UID
 	_, xe0 := x.Evaluations()
-	for step := range 150 {
-		var pod func() *corev1.Pod
+	// Twelve request shapes, so that shapes recur and their remembered bounds must follow each
+	// node's changes.
+	var palette []func(name string) *corev1.Pod
+	for range 12 {
 		cpu := fmt.Sprint(1 + rng.IntN(16))
-		name := fmt.Sprintf("p%d", step)
 		switch shares, mem, cores, whole := 1+rng.IntN(2), 1+rng.IntN(8), 5+rng.IntN(91), 1+rng.IntN(4); rng.IntN(3) {
 		case 0:
-			pod = func() *corev1.Pod { return withCPU(wholePod(name, whole), cpu) }
+			palette = append(palette, func(name string) *corev1.Pod { return withCPU(wholePod(name, whole), cpu) })
 		default:
-			pod = func() *corev1.Pod { return withCPU(sharePod(name, shares, mem, cores), cpu) }
+			palette = append(palette, func(name string) *corev1.Pod { return withCPU(sharePod(name, shares, mem, cores), cpu) })
 		}
-		px, py := pod(), pod()
+	}
+	for step := range 150 {
+		name := fmt.Sprintf("p%d", step)
+		pod := palette[rng.IntN(len(palette))]
+		px, py := pod(name), pod(name)
 		px.UID, py.UID = types.UID(name), types.UID(name)
 		got := x.Filter(&extenderv1.ExtenderArgs{Pod: px, NodeNames: &names})
 		want := y.Filter(&extenderv1.ExtenderArgs{Pod: py, NodeNames: &names})
@@ -108,4 +114,24 @@ func TestBoundedPickOneMatchesExhaustive(t *testing.T) {
 		t.Fatalf("bounded pick-one evaluated %d nodes, exhaustive %d: the bound should spare at least half", xe-xe0, ye)
 	}
 	t.Logf("evaluated: bounded %d (bounded %d), exhaustive %d", xe-xe0, x.Bounded(), ye)
+}
+
+// TestBoundWordsRoundUp: a bound kept in a table's word (float32) reads back no lower than it was
+// (else a node whose bound equals its score could be pruned although it is the best), and only
+// for the node bound data it was computed from.
+func TestBoundWordsRoundUp(t *testing.T) {
+	tab := newEvalTable(nil, 4)
+	rng := rand.New(rand.NewPCG(5, 6))
+	nb, other := &nodeBoundSlot{gen: 7}, &nodeBoundSlot{gen: 8}
+	for range 10000 {
+		b := float64(rng.IntN(101)) - 1e-3*rng.Float64()*8000
+		tab.storeBound(1, nb, b)
+		got, ok := tab.bound(1, nb)
+		if !ok || got < b {
+			t.Fatalf("stored %v, read %v (ok %v)", b, got, ok)
+		}
+		if _, ok := tab.bound(1, other); ok {
+			t.Fatal("a bound read back for other node bound data")
+		}
+	}
 }

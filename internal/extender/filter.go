@@ -153,11 +153,11 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 		case hasPool && n.Labels[api.LabelPool] != pool:
 			verdict[i], reason[i] = verdictUnresolvable, fmt.Sprintf("node is in GPU pool %q, pod asks for pool %q", n.Labels[api.LabelPool], pool)
 		default:
-			var o *evalOutcome
+			var o evalOutcome
 			if bound {
-				o = x.evaluateBound(tab, scs[w], slot, n, req)
+				o, bounded[i] = x.evaluateBound(tab, scs[w], slot, n, req)
 			} else {
-				o = x.evaluate(tab, scs[w], slot, n, req, true)
+				o = *x.evaluate(tab, scs[w], slot, n, req, true)
 			}
 			if o.u != nil {
 				verdict[i], reason[i] = verdictFailed, o.u.Msg
@@ -166,7 +166,7 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 				}
 				return
 			}
-			scores[i], gens[i], bounded[i] = o.score, o.gen, o.bound
+			scores[i], gens[i] = o.score, o.gen
 		}
 	}, refine)
 	nfit := 0

@@ -2,6 +2,7 @@ package extender
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -50,20 +51,27 @@ type pendingRequest struct {
 	used uint64
 }
 
-// evalMemoBudget bounds the memo: one table of a 5,000-node cluster is about 5000 x (8 + 48) bytes,
-// so 64 MiB keep about 240 request shapes (the openb default trace has 126).
+// evalMemoBudget bounds the memo: one table of a 5,000-node cluster is about 5000 x (8 + 8 + 48)
+// bytes, so 64 MiB keep about 210 request shapes (the openb default trace has 126).
 const evalMemoBudget = 64 << 20
 
-// evalSlotBytes is what one node slot of a table costs: the pointer plus the outcome it points to.
-const evalSlotBytes = 8 + 48
+// evalSlotBytes is what one node slot of a table costs: the pointer plus the outcome it points to,
+// and the bound word.
+const evalSlotBytes = 8 + 8 + 48
 
 type evalTable struct {
 	used  atomic.Uint64
 	slots []atomic.Pointer[evalOutcome]
 	// req is the request the table was made for (every request with its digest evaluates alike).
 	req *placement.Request
-	// bounds are the memo's node bounds under the table's snapshot (shared by every table).
-	bounds *nodeBounds
+	// bounds are the memo's node bounds under the table's snapshot (shared by every table);
+	// boundWords the request's score bound per node slot where it was bounded and not evaluated:
+	// the bound (float32, rounded up) and the generation of the node's bound data it was computed
+	// from (nodeBoundSlot.gen; valid while that is the slot's current, valid data). A word, not an
+	// outcome: pick-one bounds nearly every node of every shape it meets, and an allocation per node
+	// made garbage collection the tail of a never-seen shape's call.
+	bounds     *nodeBounds
+	boundWords []atomic.Uint64
 }
 
 // nodeBounds keep each node state's placement.NodeBound under one snapshot, by node slot: what a
@@ -72,36 +80,63 @@ type evalTable struct {
 // with the same usage digest, as outcomes are). About 5,000 x 200 bytes; not counted in the budget.
 type nodeBounds struct {
 	slots []atomic.Pointer[nodeBoundSlot]
+	gens  atomic.Uint32
 }
 
 type nodeBoundSlot struct {
 	state *placement.NodeState
 	usage uint64
 	nb    *placement.NodeBound
+	gen   uint32 // unique per put (from 1): what a table's bound word refers to
 }
 
 // get returns the kept bound data of node slot for n with usage (nil: none; b may be nil).
-func (b *nodeBounds) get(slot int, n *placement.NodeState, usage uint64) *placement.NodeBound {
+func (b *nodeBounds) get(slot int, n *placement.NodeState, usage uint64) *nodeBoundSlot {
 	if b == nil || slot < 0 || slot >= len(b.slots) {
 		return nil
 	}
 	if s := b.slots[slot].Load(); s != nil && s.state == n && s.usage == usage {
-		return s.nb
+		return s
 	}
 	return nil
 }
 
-// put keeps nb for node slot (n with usage).
-func (b *nodeBounds) put(slot int, n *placement.NodeState, usage uint64, nb *placement.NodeBound) {
-	if b != nil && slot >= 0 && slot < len(b.slots) {
-		b.slots[slot].Store(&nodeBoundSlot{state: n, usage: usage, nb: nb})
+// put keeps nb for node slot (n with usage) and returns the kept slot (nil where none is kept).
+func (b *nodeBounds) put(slot int, n *placement.NodeState, usage uint64, nb *placement.NodeBound) *nodeBoundSlot {
+	if b == nil || slot < 0 || slot >= len(b.slots) {
+		return nil
 	}
+	s := &nodeBoundSlot{state: n, usage: usage, nb: nb, gen: b.gens.Add(1)}
+	b.slots[slot].Store(s)
+	return s
+}
+
+// bound returns the request's remembered bound of node slot computed from nb's data.
+func (t *evalTable) bound(slot int, nb *nodeBoundSlot) (float64, bool) {
+	if t == nil || nb == nil || slot < 0 || slot >= len(t.boundWords) {
+		return 0, false
+	}
+	w := t.boundWords[slot].Load()
+	if uint32(w>>32) != nb.gen {
+		return 0, false
+	}
+	return float64(math.Float32frombits(uint32(w))), true
+}
+
+// storeBound remembers the request's bound b of node slot, computed from nb's data.
+func (t *evalTable) storeBound(slot int, nb *nodeBoundSlot, b float64) {
+	if t == nil || nb == nil || slot < 0 || slot >= len(t.boundWords) {
+		return
+	}
+	f := float32(b)
+	if float64(f) < b { // an upper bound stays one
+		f = math.Nextafter32(f, float32(math.Inf(1)))
+	}
+	t.boundWords[slot].Store(uint64(nb.gen)<<32 | uint64(math.Float32bits(f)))
 }
 
 // evalOutcome is one node's outcome for the table's request: the policy score and the newest GPU
 // generation of the best placement, or why the request does not fit (explained: u has its message).
-// A bound outcome holds an upper bound of the score instead (pick-one Filter's first pass,
-// placement.Engine.Bound): the node fits, and was not evaluated.
 type evalOutcome struct {
 	state     *placement.NodeState
 	usage     uint64 // the node's usage digest the evaluation read (placement.NodeState.UsageDigest)
@@ -109,7 +144,6 @@ type evalOutcome struct {
 	gen       float64
 	u         *placement.Unfit
 	explained bool
-	bound     bool
 }
 
 // table returns the request's table under snapshot, sized for node slots 0..slots-1; a new
@@ -212,7 +246,8 @@ func (m *evalMemo) newTableLocked(digest string, req *placement.Request, slots i
 // newEvalTable is an empty table for req with room for node slots 0..slots-1 and some to spare
 // (nodes added later).
 func newEvalTable(req *placement.Request, slots int) *evalTable {
-	return &evalTable{slots: make([]atomic.Pointer[evalOutcome], slots+slots/8+8), req: req}
+	n := slots + slots/8 + 8
+	return &evalTable{slots: make([]atomic.Pointer[evalOutcome], n), boundWords: make([]atomic.Uint64, n), req: req}
 }
 
 // warmTable is a table the warmer fills and the request it evaluates.

@@ -116,7 +116,7 @@ func (x *Extender) Warmed() int64 { return x.memo.warmed.Load() }
 // evaluate is req's outcome on node n (in slot): remembered in t when n has not changed since,
 // else evaluated with sc and remembered.
 func (x *Extender) evaluate(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request, explain bool) *evalOutcome {
-	if o := t.lookup(slot, n, explain); o != nil && !o.bound {
+	if o := t.lookup(slot, n, explain); o != nil {
 		x.memo.remembered.Add(1)
 		return o
 	}
@@ -124,32 +124,41 @@ func (x *Extender) evaluate(t *evalTable, sc *placement.ScoreContext, slot int, 
 	return x.store(t, sc, slot, n, req, explain)
 }
 
-// evaluateBound is evaluate for pick-one Filter's first pass: a remembered outcome (evaluated or
-// bound), else an upper bound of the node's score (or why it does not fit), remembered too. Nodes
-// whose bound cannot reach the best score are then never evaluated (filter).
-func (x *Extender) evaluateBound(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request) *evalOutcome {
-	if o := t.lookup(slot, n, true); o != nil {
+// evaluateBound is evaluate for pick-one Filter's first pass: a remembered outcome (evaluated, or
+// why the node does not fit) or bound, else an upper bound of the node's score (or why it does not
+// fit), remembered too (bound: o's score is that bound). Nodes whose bound cannot reach the best
+// score are then never evaluated (filter).
+func (x *Extender) evaluateBound(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request) (o evalOutcome, bound bool) {
+	if r := t.lookup(slot, n, true); r != nil {
 		x.memo.remembered.Add(1)
-		return o
+		return *r, false
 	}
-	x.memo.bounded.Add(1)
-	o := &evalOutcome{state: n, usage: n.UsageDigest(), explained: true}
+	usage := n.UsageDigest()
 	var bounds *nodeBounds
 	if t != nil {
 		bounds = t.bounds
 	}
-	kept := bounds.get(slot, n, o.usage)
-	b, nb, u := x.Engine.Bound(sc, n, req, kept, true)
-	if nb != kept {
-		bounds.put(slot, n, o.usage, nb)
+	kept := bounds.get(slot, n, usage)
+	if b, ok := t.bound(slot, kept); ok {
+		x.memo.remembered.Add(1)
+		return evalOutcome{state: n, usage: usage, score: b}, true
 	}
+	x.memo.bounded.Add(1)
+	var keptNB *placement.NodeBound
+	if kept != nil {
+		keptNB = kept.nb
+	}
+	b, nb, u := x.Engine.Bound(sc, n, req, keptNB, true)
 	if u != nil {
-		o.u = u
-	} else {
-		o.score, o.bound = b, true
+		r := &evalOutcome{state: n, usage: usage, u: u, explained: true}
+		t.store(slot, r)
+		return *r, false
 	}
-	t.store(slot, o)
-	return o
+	if nb != keptNB {
+		kept = bounds.put(slot, n, usage, nb)
+	}
+	t.storeBound(slot, kept, b)
+	return evalOutcome{state: n, usage: usage, score: b}, true
 }
 
 // store evaluates req on node n (in slot) with sc and remembers the outcome in t.

@@ -664,8 +664,9 @@ func spread(count, workers, parallelFrom, chunk int, fn func(w, k int) bool) {
 	wg.Wait()
 }
 
-// resolveCache remembers the last few name lists resolved to node entries. Entries stay valid while
-// no node is created or deleted (an entry's state may change; the entry pointer does not).
+// resolveCache remembers the last few name lists resolved to node entries (the least recently used
+// goes). Entries stay valid while no node is created or deleted (an entry's state may change; the
+// entry pointer does not).
 type resolveCache struct {
 	mu    sync.Mutex
 	slots [2]resolved
@@ -685,6 +686,9 @@ func (c *resolveCache) resolve(names []string, gen uint64, nodes map[string]*nod
 	for i := range c.slots {
 		sl := &c.slots[i]
 		if sl.gen == gen && sl.entries != nil && slices.Equal(sl.names, names) {
+			// The other slot goes next: pick-one's filter (every node) and prioritize (its one
+			// node, a new list each pod) alternate, and the long list must stay.
+			c.next = (i + 1) % len(c.slots)
 			return sl.entries
 		}
 	}

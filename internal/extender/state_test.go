@@ -100,3 +100,19 @@ func TestUnschedulablePodsDoNotShape(t *testing.T) {
 		t.Fatalf("unschedulable pod still shapes the mix (%d)", got)
 	}
 }
+
+// TestResolveCacheKeepsTheListInUse: pick-one's calls alternate filter over every node with
+// prioritize over one, a different one per pod; the long list stays resolved (a round-robin cache
+// resolved 5,000 names again every other pod).
+func TestResolveCacheKeepsTheListInUse(t *testing.T) {
+	nodes := map[string]*nodeEntry{"a": {}, "b": {}, "c": {}}
+	var c resolveCache
+	all := []string{"a", "b", "c"}
+	first := c.resolve(all, 1, nodes)
+	for _, one := range []string{"a", "b", "c", "a"} {
+		c.resolve([]string{one}, 1, nodes)
+		if got := c.resolve(all, 1, nodes); &got[0] != &first[0] {
+			t.Fatalf("after resolving [%s] the list of every node was resolved again", one)
+		}
+	}
+}

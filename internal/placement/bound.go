@@ -99,7 +99,7 @@ func (sc *ScoreContext) nodeBound(n *NodeState) *NodeBound {
 	if len(n.GPUs) > len(NodeBound{}.u) {
 		return nil
 	}
-	pl := sc.loadBefore(2, n)
+	pl := sc.loadBefore(2, n, false)
 	st := sc.beforeStats(n)
 	nb := &NodeBound{frag: sc.lastFrag, mix: pl.mix}
 	if !pl.mixFixed {

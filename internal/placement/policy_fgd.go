@@ -198,7 +198,7 @@ func (sc *ScoreContext) stateKey(variant uint8, n *NodeState, k *fragKey) bool {
 // touches (fragPlan).
 func (sc *ScoreContext) fragBeforeAfter(variant uint8, n *NodeState, r *Request, p *Placement) (float64, float64) {
 	fed := variant == 2
-	pl := sc.loadBefore(variant, n)
+	pl := sc.loadBefore(variant, n, true)
 	// After-states are judged on their own: a shape never seen meets before-states the cache knows
 	// and after-states it does not.
 	keyed := sc.lastKeyed && sc.afterJudge.pays()
@@ -241,13 +241,14 @@ func (sc *ScoreContext) compiledPlan() *fragPlan {
 }
 
 // loadBefore makes n the context's node for variant (its fragmentation in lastFrag, its part stats
-// through beforeStats), from the fragmentation cache where that pays, and returns the compiled plan.
-func (sc *ScoreContext) loadBefore(variant uint8, n *NodeState) *fragPlan {
+// through beforeStats), through the fragmentation cache where that pays (and cached is set: the
+// score bound keeps what it needs itself), and returns the compiled plan.
+func (sc *ScoreContext) loadBefore(variant uint8, n *NodeState, cached bool) *fragPlan {
 	fed := variant == 2
 	pl := sc.compiledPlan()
 	if sc.lastNode != n || sc.lastVariant != variant || sc.lastCache != sc.Cache {
 		sc.lastNode, sc.lastVariant, sc.lastCache, sc.haveStats = n, variant, sc.Cache, false
-		sc.lastKeyed = sc.Cache != nil && n.TypeID != 0 && len(n.GPUs) <= 8 && sc.beforeJudge.pays()
+		sc.lastKeyed = cached && sc.Cache != nil && n.TypeID != 0 && len(n.GPUs) <= 8 && sc.beforeJudge.pays()
 		var fv fragValue
 		ok := false
 		if sc.lastKeyed {
