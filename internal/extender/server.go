@@ -262,6 +262,7 @@ func (c *nameLists) get(raw []byte, dst []string) ([]string, bool) {
 	defer c.mu.Unlock()
 	for i := range c.slots {
 		if sl := &c.slots[i]; sl.names != nil && bytes.Equal(sl.raw, raw) {
+			c.next = (i + 1) % len(c.slots) // the least recently used goes (resolveCache's rule)
 			return append(dst, sl.names...), true
 		}
 	}
