@@ -9,11 +9,12 @@ import (
 )
 
 // TestScoreBoundHolds: Bound is at least the best score Evaluate finds, on random nodes (CPU,
-// memory, mixed GPU models and usage) and random typical shapes (whole, share, memory-only and
-// model-restricted, CPU-only), on nodes of more than 8 GPUs too (no bound there: +Inf), with and
-// without the fragmentation cache, and refuses exactly the
-// nodes Evaluate refuses. It must also prune: on most nodes the bound is below the best score of
-// the population (a bound of +Inf everywhere would hold and be worthless).
+// memory, mixed GPU models and usage; some of more than 8 GPUs, where there is no bound: +Inf) for
+// requests of random typical shapes (whole, share, memory-only, model-restricted, CPU-only) and of
+// two share containers (which may share a GPU), with and without the fragmentation cache, with
+// NodeBounds kept from call to call; it refuses exactly the nodes Evaluate refuses. It must also
+// prune: on a third of the nodes at least the bound is below the best score of the population (a
+// bound of +Inf everywhere would hold and be worthless).
 func TestScoreBoundHolds(t *testing.T) {
 	e, err := NewEngine(api.PolicyTessera)
 	if err != nil {
@@ -33,6 +34,11 @@ func TestScoreBoundHolds(t *testing.T) {
 		sc := &ScoreContext{Shapes: shapes, Cache: cache}
 		kept := map[*NodeState]*NodeBound{}
 		r := &shapes[rng.IntN(len(shapes))].Req
+		if iter%4 == 3 { // two containers (each share may land on the other's GPU), CPU besides
+			r = &Request{CPUMilli: 2000, Containers: []ContainerShape{
+				{Name: "a", Shares: 1, Milli: 100 * (1 + rng.IntN(5)), Memory: 1 << 30},
+				{Name: "b", Shares: 1 + rng.IntN(2), Milli: 100 * (1 + rng.IntN(5)), Memory: 2 << 30}}}
+		}
 		nodes := make([]*NodeState, 40)
 		best := math.Inf(-1)
 		bounds := make([]float64, len(nodes))
