@@ -1,9 +1,11 @@
 package extender
 
 import (
+	"context"
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -13,6 +15,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
 // boundCluster is the cluster of TestBoundedPickOneMatchesExhaustive: 160 nodes of 4 or 8 GPUs
@@ -133,5 +136,132 @@ func TestBoundWordsRoundUp(t *testing.T) {
 		if _, ok := tab.bound(1, other); ok {
 			t.Fatal("a bound read back for other node bound data")
 		}
+	}
+}
+
+// TestWarmerBoundsForPickOne: where pick-one Filter bounds (many typical shapes), the warmer bounds
+// the nodes that changed for the shapes the memo holds, and while a new snapshot is staged it
+// computes every node's bound data, so that the next pod of a shape bounds nothing in the call and
+// a shape never seen computes no node bound data in it; every choice is the exhaustive one.
+func TestWarmerBoundsForPickOne(t *testing.T) {
+	x, names := boundCluster(t)
+	y, _ := boundCluster(t)
+	y.ExhaustivePickOne = true
+	x.State.changes.start()
+	x.State.Shapes().StageSnapshots(true) // as RunWarmer does
+	x.WarmShapes = 2
+	pods := []func(string) *corev1.Pod{
+		func(n string) *corev1.Pod { return withCPU(sharePod(n, 1, 4, 30), "2") },
+		func(n string) *corev1.Pod { return withCPU(wholePod(n, 1), "4") },
+		func(n string) *corev1.Pod { return withCPU(sharePod(n, 2, 3, 25), "1") },
+	}
+	step := 0
+	filter := func(k int) (node string, bounded, boundData int64) {
+		name := fmt.Sprintf("p%d", step)
+		step++
+		px, py := pods[k](name), pods[k](name)
+		px.UID, py.UID = "", "" // no hold: a hold changes the chosen node, which the next call bounds again
+		b0, d0 := x.Bounded(), x.memo.boundData.Load()
+		got := x.Filter(&extenderv1.ExtenderArgs{Pod: px, NodeNames: &names})
+		b1, d1 := x.Bounded(), x.memo.boundData.Load()
+		want := y.Filter(&extenderv1.ExtenderArgs{Pod: py, NodeNames: &names})
+		if !slices.Equal(*got.NodeNames, *want.NodeNames) || len(*got.NodeNames) != 1 {
+			t.Fatalf("shape %d: bounded pick-one kept %v, exhaustive %v", k, *got.NodeNames, *want.NodeNames)
+		}
+		return (*got.NodeNames)[0], b1 - b0, d1 - d0
+	}
+	if x.Engine.Bounded(x.State.Shapes().ScoreContext(), mustRequest(t, x, pods[0]("q"))) == false {
+		t.Fatal("the cluster's typical shapes are too few for bounding: the test would prove nothing")
+	}
+	filter(1)
+	node, _, _ := filter(0)
+	for _, c := range []*Extender{x, y} { // the choice is bound (its node changes)
+		if err := streamBind(c, pods[0]("bound"), node); err != nil {
+			t.Fatal(err)
+		}
+	}
+	x.warmOnce(context.Background())
+	for k := range 2 {
+		if _, b, _ := filter(k); b != 0 {
+			t.Fatalf("shape %d after a bind and a warmer pass: %d nodes bounded in the call, want 0", k, b)
+		}
+	}
+	// Pending pods move the typical shapes: a snapshot is staged, the warmer fills it and promotes.
+	learnShapes(x, 0, 200)
+	learnShapes(y, 0, 200)
+	if x.State.Shapes().StagedScoreContext() == nil {
+		t.Fatal("no snapshot staged after the counts drifted")
+	}
+	x.warmOnce(context.Background())
+	if x.State.Shapes().StagedScoreContext() != nil {
+		t.Fatal("the staged snapshot was not promoted")
+	}
+	// Every node's kept bound data is what the promoted snapshot computes (not the old one's).
+	sc := x.State.Shapes().ScoreContext()
+	req := mustRequest(t, x, pods[2]("check"))
+	x.State.viewIndexed(names, 1, func(_, _, slot int, n *placement.NodeState, _ string) {
+		kept := x.memo.bounds.get(slot, n, n.UsageDigest())
+		if _, nb, u := x.Engine.Bound(sc, n, req, nil, true); u == nil && (kept == nil || !reflect.DeepEqual(*kept.nb, *nb)) {
+			t.Fatalf("node %s: kept bound data %+v, the serving snapshot's %+v", n.Name, kept, nb)
+		}
+	})
+	if _, _, d := filter(2); d != 0 {
+		t.Fatalf("a shape never seen after the warmer's pass: %d nodes' bound data computed in the call, want 0", d)
+	}
+}
+
+func mustRequest(t *testing.T, x *Extender, pod *corev1.Pod) *placement.Request {
+	r, err := RequestFromPod(pod, x.Class)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestBoundedWarmerAgreesWithExhaustive: with the warmer running beside the calls (bounding the
+// nodes that change, filling staged snapshots, promoting them), every pick-one choice is the one an
+// extender without memo or bounds makes on the same state and snapshot (steps where the serving
+// snapshot changed between the two calls are not compared; most are). Run with -race.
+func TestBoundedWarmerAgreesWithExhaustive(t *testing.T) {
+	x, names := boundCluster(t)
+	x.State.changes.start()
+	ctx, cancel := context.WithCancel(context.Background())
+	warmer := make(chan struct{})
+	go func() { defer close(warmer); x.RunWarmer(ctx) }()
+	defer func() { cancel(); <-warmer }()
+	fresh := &Extender{Engine: x.Engine, State: x.State, Class: x.Class, PickOne: true, ExhaustivePickOne: true}
+	rng := rand.New(rand.NewPCG(7, 8))
+	pods := []func(string) *corev1.Pod{
+		func(n string) *corev1.Pod { return withCPU(sharePod(n, 1, 4, 30), "2") },
+		func(n string) *corev1.Pod { return withCPU(wholePod(n, 1), "4") },
+		func(n string) *corev1.Pod { return withCPU(sharePod(n, 2, 3, 25), "1") },
+		func(n string) *corev1.Pod { return withCPU(sharePod(n, 1, 8, 70), "8") },
+	}
+	var placed []types.UID
+	compared := 0
+	for step := range 120 {
+		pod := pods[rng.IntN(len(pods))](fmt.Sprintf("p%d", step))
+		args := &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}
+		before := x.State.Shapes().ScoreContext().Snapshot
+		got := x.Filter(args)
+		want := fresh.Filter(args)
+		if x.State.Shapes().ScoreContext().Snapshot != before {
+			continue
+		}
+		compared++
+		if !slices.Equal(*got.NodeNames, *want.NodeNames) {
+			t.Fatalf("step %d: bounded pick-one with the warmer kept %v, exhaustive %v", step, *got.NodeNames, *want.NodeNames)
+		}
+		if len(*got.NodeNames) == 1 && streamBind(x, pod, (*got.NodeNames)[0]) == nil {
+			placed = append(placed, pod.UID)
+		}
+		if rng.IntN(3) == 0 && len(placed) > 0 {
+			i := rng.IntN(len(placed))
+			x.State.DeletePod(placed[i])
+			placed = slices.Delete(placed, i, i+1)
+		}
+	}
+	if compared < 80 || x.Warmed() == 0 {
+		t.Fatalf("compared %d steps, warmed %d: the comparison proved little", compared, x.Warmed())
 	}
 }

@@ -37,13 +37,17 @@ type evalMemo struct {
 	// computed afresh; bounded the nodes pick-one Filter bounded instead of evaluating them; warmed
 	// those the warmer computed (warm.go).
 	remembered, evaluated, bounded, warmed atomic.Int64
+	// boundData counts the node bound data computed (placement.NodeBound: once per node state and
+	// snapshot, whoever asks first: a call or the warmer).
+	boundData atomic.Int64
 }
 
-// nextTables are the tables of a staged snapshot (by digest).
+// nextTables are the tables of a staged snapshot (by digest) and its node bounds.
 type nextTables struct {
 	snapshot *placement.FragCache
 	version  uint64
 	tables   map[string]*evalTable
+	bounds   *nodeBounds
 }
 
 type pendingRequest struct {
@@ -70,7 +74,7 @@ type evalTable struct {
 	// from (nodeBoundSlot.gen; valid while that is the slot's current, valid data). A word, not an
 	// outcome: pick-one bounds nearly every node of every shape it meets, and an allocation per node
 	// made garbage collection the tail of a never-seen shape's call.
-	bounds     *nodeBounds
+	bounds     atomic.Pointer[nodeBounds] // set under the memo's lock, read by calls in flight
 	boundWords []atomic.Uint64
 }
 
@@ -88,6 +92,14 @@ type nodeBoundSlot struct {
 	usage uint64
 	nb    *placement.NodeBound
 	gen   uint32 // unique per put (from 1): what a table's bound word refers to
+}
+
+// sized returns b, or new empty node bounds where b is nil or has fewer than slots slots.
+func sized(b *nodeBounds, slots int) *nodeBounds {
+	if b == nil || len(b.slots) < slots {
+		return &nodeBounds{slots: make([]atomic.Pointer[nodeBoundSlot], slots+slots/8+8)}
+	}
+	return b
 }
 
 // get returns the kept bound data of node slot for n with usage (nil: none; b may be nil).
@@ -160,10 +172,8 @@ func (m *evalMemo) table(sc *placement.ScoreContext, digest string, req *placeme
 		// A table holds every node slot there is; a node added since gets a new, larger table.
 		t = m.newTableLocked(digest, req, slots)
 	}
-	if m.bounds == nil || len(m.bounds.slots) < slots {
-		m.bounds = &nodeBounds{slots: make([]atomic.Pointer[nodeBoundSlot], slots+slots/8+8)}
-	}
-	t.bounds = m.bounds
+	m.bounds = sized(m.bounds, slots)
+	t.bounds.Store(m.bounds)
 	t.used.Store(m.tick)
 	return t
 }
@@ -181,9 +191,10 @@ func (m *evalMemo) switchLocked(sc *placement.ScoreContext) bool {
 		return true
 	}
 	tables, staged := map[string]*evalTable{}, m.next.snapshot == snapshot && m.next.tables != nil
+	var bounds *nodeBounds
 	if staged {
 		// Filled while staged for the requests used most; the others get tables when asked again.
-		tables, m.pending = m.next.tables, nil
+		tables, bounds, m.pending = m.next.tables, m.next.bounds, nil
 	} else if m.snapshot != snapshot && len(m.tables) > 0 {
 		m.pending = m.pending[:0]
 		for _, t := range m.tables {
@@ -191,7 +202,7 @@ func (m *evalMemo) switchLocked(sc *placement.ScoreContext) bool {
 		}
 		slices.SortFunc(m.pending, func(a, b pendingRequest) int { return cmp.Compare(b.used, a.used) })
 	}
-	m.snapshot, m.version, m.tables, m.bounds = snapshot, sc.Snapshot, tables, nil
+	m.snapshot, m.version, m.tables, m.bounds = snapshot, sc.Snapshot, tables, bounds
 	if m.next.version <= sc.Snapshot {
 		m.next = nextTables{}
 	}
@@ -210,6 +221,7 @@ func (m *evalMemo) stagedTables(sc *placement.ScoreContext, slots, limit int) []
 	if m.next.snapshot != sc.Cache {
 		m.next = nextTables{snapshot: sc.Cache, version: sc.Snapshot, tables: map[string]*evalTable{}}
 	}
+	m.next.bounds = sized(m.next.bounds, slots)
 	type used struct {
 		digest string
 		t      *evalTable
@@ -227,6 +239,7 @@ func (m *evalMemo) stagedTables(sc *placement.ScoreContext, slots, limit int) []
 			t = newEvalTable(u.t.req, slots)
 			m.next.tables[u.digest] = t
 		}
+		t.bounds.Store(m.next.bounds)
 		t.used.Store(u.at)
 		out = append(out, warmTable{t, u.t.req})
 	}
@@ -276,7 +289,9 @@ func (m *evalMemo) warmTables(sc *placement.ScoreContext, slots, freshLimit int)
 		}
 	}
 	m.pending = nil
+	m.bounds = sized(m.bounds, slots)
 	for _, t := range m.tables {
+		t.bounds.Store(m.bounds) // made here, or earlier for fewer slots
 		if !made[t] {
 			tables = append(tables, warmTable{t, t.req})
 		}

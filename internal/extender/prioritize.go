@@ -129,21 +129,29 @@ func (x *Extender) evaluate(t *evalTable, sc *placement.ScoreContext, slot int, 
 // fit), remembered too (bound: o's score is that bound). Nodes whose bound cannot reach the best
 // score are then never evaluated (filter).
 func (x *Extender) evaluateBound(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request) (o evalOutcome, bound bool) {
-	if r := t.lookup(slot, n, true); r != nil {
+	o, bound, remembered := x.boundOutcome(t, sc, slot, n, req)
+	if remembered {
 		x.memo.remembered.Add(1)
-		return *r, false
+	} else {
+		x.memo.bounded.Add(1)
+	}
+	return o, bound
+}
+
+// boundOutcome is evaluateBound without the metrics; remembered: nothing was computed.
+func (x *Extender) boundOutcome(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request) (o evalOutcome, bound, remembered bool) {
+	if r := t.lookup(slot, n, true); r != nil {
+		return *r, false, true
 	}
 	usage := n.UsageDigest()
 	var bounds *nodeBounds
 	if t != nil {
-		bounds = t.bounds
+		bounds = t.bounds.Load()
 	}
 	kept := bounds.get(slot, n, usage)
 	if b, ok := t.bound(slot, kept); ok {
-		x.memo.remembered.Add(1)
-		return evalOutcome{state: n, usage: usage, score: b}, true
+		return evalOutcome{state: n, usage: usage, score: b}, true, true
 	}
-	x.memo.bounded.Add(1)
 	var keptNB *placement.NodeBound
 	if kept != nil {
 		keptNB = kept.nb
@@ -152,13 +160,14 @@ func (x *Extender) evaluateBound(t *evalTable, sc *placement.ScoreContext, slot 
 	if u != nil {
 		r := &evalOutcome{state: n, usage: usage, u: u, explained: true}
 		t.store(slot, r)
-		return *r, false
+		return *r, false, false
 	}
 	if nb != keptNB {
+		x.memo.boundData.Add(1)
 		kept = bounds.put(slot, n, usage, nb)
 	}
 	t.storeBound(slot, kept, b)
-	return evalOutcome{state: n, usage: usage, score: b}, true
+	return evalOutcome{state: n, usage: usage, score: b}, true, false
 }
 
 // store evaluates req on node n (in slot) with sc and remembers the outcome in t.

@@ -172,8 +172,11 @@ func (x *Extender) warmOnce(ctx context.Context) {
 }
 
 // warmNodes evaluates wt's request on the entries whose outcome is not remembered, in batches
-// under the State's read lock; false when ctx ended.
+// under the State's read lock; false when ctx ended. Where pick-one Filter bounds the request, it
+// bounds them instead (what that Filter reads first; the node bound data it computes serves every
+// shape, so a shape never seen after a new snapshot finds it too).
 func (x *Extender) warmNodes(ctx context.Context, sc *placement.ScoreContext, wt warmTable, entries []*nodeEntry) bool {
+	bound := x.PickOne && !x.ExhaustivePickOne && x.Engine.Bounded(sc, wt.req)
 	for start := 0; start < len(entries); start += warmBatch {
 		// Filter and prioritize go first: the warmer waits while one is in flight, so it takes the
 		// cores only between calls (a call waits at most for the batch under way).
@@ -192,7 +195,12 @@ func (x *Extender) warmNodes(ctx context.Context, sc *placement.ScoreContext, wt
 			if x.State.nodes[e.name] != e || x.State.unusable(e, now) != "" {
 				continue // deleted since, or not offered to placement (its outcome is never read)
 			}
-			if wt.t.lookup(e.slot, e.state, true) == nil {
+			switch {
+			case bound:
+				if _, _, remembered := x.boundOutcome(wt.t, sc, e.slot, e.state, wt.req); !remembered {
+					x.memo.warmed.Add(1)
+				}
+			case wt.t.lookup(e.slot, e.state, true) == nil:
 				x.memo.warmed.Add(1)
 				x.store(wt.t, sc, e.slot, e.state, wt.req, true)
 			}
