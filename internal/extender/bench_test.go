@@ -2,6 +2,7 @@ package extender
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
@@ -153,10 +154,16 @@ func BenchmarkFilterPrioritize(b *testing.B) {
 //     compute): no remembered outcome, and no state after a placement in the fragmentation cache.
 //   - new-snapshot: the typical-shape snapshot is rebuilt before every op (one shape's count moved
 //     by more than 2% of all pods), so the memo and the fragmentation cache start empty.
+//   - new-snapshot-warmed (pick-one): as new-snapshot, staged, and the warmer's pass (untimed, one
+//     shape's table: WarmShapes 1) before the op, which is a shape never seen: what the first such
+//     pod after a rebuild costs beside the warmer.
 func BenchmarkFilterPrioritizeHTTP(b *testing.B) {
 	x, names := sharedBenchCluster(b, true)
 	for _, pickOne := range []bool{true, false} {
-		for _, mode := range []string{"warm", "new-shape", "new-snapshot"} {
+		for _, mode := range []string{"warm", "new-shape", "new-snapshot", "new-snapshot-warmed"} {
+			if mode == "new-snapshot-warmed" && !pickOne {
+				continue
+			}
 			b.Run(map[bool]string{false: "all-fitting", true: "pick-one"}[pickOne]+"/"+mode, func(b *testing.B) {
 				x.PickOne = pickOne
 				defer func() { x.PickOne = false }()
@@ -246,6 +253,11 @@ func benchHTTP(b *testing.B, x *Extender, names []string, mode string) {
 		return rec
 	}
 	pod := sharePod("new", 2, 8, 40)
+	if mode == "new-snapshot-warmed" {
+		x.State.Shapes().StageSnapshots(true) // as RunWarmer does
+		x.WarmShapes = 1
+		defer func() { x.State.Shapes().StageSnapshots(false); x.WarmShapes = 0 }()
+	}
 	var d []time.Duration
 	var pbody []byte
 	runtime.GC()
@@ -258,6 +270,10 @@ func benchHTTP(b *testing.B, x *Extender, names []string, mode string) {
 			pod = benchShapePod(i)
 		case "new-snapshot":
 			newSnapshot(x, i)
+		case "new-snapshot-warmed":
+			newSnapshot(x, i)
+			x.warmOnce(context.Background())
+			pod = benchShapePod(i)
 		}
 		fbody = argsBody(b, fbody, pod, namesJSON)
 		b.StartTimer()
