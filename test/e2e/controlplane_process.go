@@ -117,17 +117,30 @@ func (p *Process) LogTail(n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
-// freePort returns a TCP port on 127.0.0.1 that nothing listens on right now. Several stacks may run
-// on one machine at once (other packages' tests, other checkouts), so no port is hard-coded.
+// freePort returns a TCP port on 127.0.0.1 that nothing listens on right now and that it has not
+// returned before in this process. Several stacks may run on one machine at once (other packages'
+// tests, other checkouts), so no port is hard-coded; and a port handed out is often bound only
+// later (the extender's, after the control plane has started), so the kernel may offer it again
+// meanwhile: once etcd took the extender's port that way and TestDRA failed in CI.
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	for range 100 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		l.Close()
+		if _, taken := handedOut.LoadOrStore(port, true); !taken {
+			return port
+		}
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	t.Fatal("freePort: the kernel kept offering ports handed out before")
+	return 0
 }
+
+// handedOut are the ports freePort returned (never twice in one process).
+var handedOut sync.Map
 
 // waitFor polls cond every interval until it returns true or the deadline passes; it returns the
 // last error cond gave (nil on success).
