@@ -101,52 +101,37 @@ func (sc *ScoreContext) nodeBound(n *NodeState) *NodeBound {
 	}
 	pl := sc.loadBefore(2, n, false)
 	st := sc.beforeStats(n)
-	nb := &NodeBound{frag: sc.lastFrag, mix: pl.mix}
-	if !pl.mixFixed {
-		nb.mix = mixOf(n, pl.shapes)
-	}
+	nb := &NodeBound{frag: sc.lastFrag, mix: pl.mixAt(n)}
 	// The node's distinct GPU states (counted ones: a GPU without free compute takes nothing).
+	var buf [8]gpuGroup
+	var group [8]int8
+	groups := pl.groupGPUs(n, buf[:0], group[:len(n.GPUs)])
 	var masks [8][]uint64
 	var adjust [8]float64
-	var group [8]int8
-	groups := 0
-next:
-	for i := range n.GPUs {
-		g := &n.GPUs[i]
-		group[i] = -1
-		if !pl.counts(g) {
-			continue
-		}
-		for j := range i {
-			if group[j] >= 0 && g.modelID != 0 && stateOfGPU(g) == stateOfGPU(&n.GPUs[j]) {
-				group[i] = group[j]
-				continue next
-			}
-		}
-		group[i], masks[groups] = int8(groups), sc.masks.mask(g)
-		groups++
+	for k := range groups {
+		masks[k] = sc.masks.mask(groups[k].g)
 	}
 	// u[i] - wl is the weight of the shapes outside L that GPU i cannot serve: its failWeight (the
 	// unrestricted shapes it cannot serve, kept with its mask) less those in L, plus the restricted
 	// ones counted here and outside L. Only those two kinds need a pass over the GPU states.
 	for i := range pl.fedItems {
 		it := &pl.fedItems[i]
-		if it.restricted && !canUseModel(n, &pl.shapes[it.shape].Req) {
+		if !pl.countsAt(it, n) {
 			continue // not counted at n (frag)
 		}
 		nb.w += it.weight
-		lacks := (n.CPUMilli > 0 && n.UsedCPU+it.cpu > n.CPUMilli) || (n.MemMiB > 0 && n.UsedMem+it.mem > n.MemMiB) || st[it.part].fit < int(it.need)
-		if lacks {
+		inL := lacks(it, n, st, true)
+		if inL {
 			nb.wl += it.weight
 		}
-		if lacks == it.restricted {
+		if inL == it.restricted {
 			continue // unrestricted outside L: in failWeight; restricted in L: in neither
 		}
 		w := it.weight
-		if lacks {
+		if inL {
 			w = -w
 		}
-		for k := range groups {
+		for k := range len(groups) {
 			if masks[k][it.part>>6]>>(it.part&63)&1 == 0 {
 				adjust[k] += w
 			}

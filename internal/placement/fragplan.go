@@ -245,19 +245,22 @@ func addMask(st []partStats, m []uint64, cnt, free int) {
 // test (unless a share part asks no compute) and adds nothing to the rest.
 func (pl *fragPlan) counts(g *GPUState) bool { return pl.zeroMilli || g.FreeMilli() > 0 }
 
-// stats fills st (one entry per part) for n: once per distinct GPU state of the node.
-func (pl *fragPlan) stats(n *NodeState, st []partStats, fm *fitMasks) {
-	clear(st)
-	type group struct {
-		g   *GPUState
-		k   gpuState
-		cnt int
-	}
-	var buf [8]group
-	groups := buf[:0]
+// gpuGroup is one distinct state among a node's counted GPUs: its first GPU and how many share it.
+type gpuGroup struct {
+	g   *GPUState
+	k   gpuState
+	cnt int
+}
+
+// groupGPUs appends n's counted GPUs to groups, GPUs in one state (of a numbered model) as one
+// group; of, when not nil, gets each GPU's group (-1: not counted).
+func (pl *fragPlan) groupGPUs(n *NodeState, groups []gpuGroup, of []int8) []gpuGroup {
 next:
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
+		if of != nil {
+			of[i] = -1
+		}
 		if !pl.counts(g) {
 			continue
 		}
@@ -265,12 +268,25 @@ next:
 		for x := range groups {
 			if groups[x].k == k && k.model != 0 {
 				groups[x].cnt++
+				if of != nil {
+					of[i] = int8(x)
+				}
 				continue next
 			}
 		}
-		groups = append(groups, group{g: g, k: k, cnt: 1})
+		if of != nil {
+			of[i] = int8(len(groups))
+		}
+		groups = append(groups, gpuGroup{g: g, k: k, cnt: 1})
 	}
-	for _, gr := range groups {
+	return groups
+}
+
+// stats fills st (one entry per part) for n: once per distinct GPU state of the node.
+func (pl *fragPlan) stats(n *NodeState, st []partStats, fm *fitMasks) {
+	clear(st)
+	var buf [8]gpuGroup
+	for _, gr := range pl.groupGPUs(n, buf[:0], nil) {
 		addMask(st, fm.mask(gr.g), gr.cnt, gr.g.FreeMilli())
 	}
 }
@@ -308,17 +324,40 @@ func shapeFrag(it *shapeItem, n *NodeState, st []partStats, total int, hostMem b
 	if it.part < 0 {
 		return total // MilliGpu == 0 is XL/XR, never Q3: every free GPU counts
 	}
-	if n.CPUMilli > 0 && n.UsedCPU+it.cpu > n.CPUMilli {
-		return total // Q1 / Q4: lacks CPU
-	}
-	if hostMem && n.MemMiB > 0 && n.UsedMem+it.mem > n.MemMiB {
+	if lacks(it, n, st, hostMem) {
 		return total
 	}
-	if s := &st[it.part]; s.fit < int(it.need) {
-		return total // Q2 (or no access: no GPU of an allowed model fits)
-	} else {
-		return s.rest // Q3: the GPUs with less free compute than the task's share
+	return st[it.part].rest // Q3: the GPUs with less free compute than the task's share
+}
+
+// lacks reports whether a task of GPU shape it cannot run on n at all: not enough CPU (Q1 / Q4),
+// host memory (where hostMem) or GPUs that pass its test (Q2, or no GPU of an allowed model fits).
+func lacks(it *shapeItem, n *NodeState, st []partStats, hostMem bool) bool {
+	return (n.CPUMilli > 0 && n.UsedCPU+it.cpu > n.CPUMilli) ||
+		(hostMem && n.MemMiB > 0 && n.UsedMem+it.mem > n.MemMiB) ||
+		st[it.part].fit < int(it.need)
+}
+
+// countsAt reports whether shape it is part of n's multi-resource measure: a shape restricted to
+// GPU models n lacks never asks n for anything (policy_tessera.go).
+func (pl *fragPlan) countsAt(it *shapeItem, n *NodeState) bool {
+	return !it.restricted || pl.restrictedCountsAt(it, n)
+}
+
+// restrictedCountsAt is countsAt for a restricted shape: kept out of line so that countsAt, in the
+// fragmentation sums' loops, inlines (restricted shapes are the rare case).
+//
+//go:noinline
+func (pl *fragPlan) restrictedCountsAt(it *shapeItem, n *NodeState) bool {
+	return canUseModel(n, &pl.shapes[it.shape].Req)
+}
+
+// mixAt is the stranded-compute ratio of the GPU shapes that may run on n.
+func (pl *fragPlan) mixAt(n *NodeState) strandedMix {
+	if pl.mixFixed {
+		return pl.mix
 	}
+	return mixOf(n, pl.shapes)
 }
 
 // frag is FGD's expected fragmentation of n (fed: tessera's multi-resource one, over the GPU shapes
@@ -335,18 +374,14 @@ func (pl *fragPlan) frag(n *NodeState, st []partStats, fed bool) float64 {
 		}
 		return f
 	}
-	mix := pl.mix
-	if !pl.mixFixed {
-		mix = mixOf(n, pl.shapes)
-	}
-	floor := mix.stranded(n, total)
+	floor := pl.mixAt(n).stranded(n, total)
 	for i := range pl.items {
 		it := &pl.items[i]
 		if it.part < 0 {
 			continue // CPU-only shapes: every free GPU is a fragment to them wherever a pod goes
 		}
-		if it.restricted && !canUseModel(n, &pl.shapes[i].Req) {
-			continue // restricted to GPU models n lacks: never asks n for anything (policy_tessera.go)
+		if !pl.countsAt(it, n) {
+			continue
 		}
 		v := float64(shapeFrag(it, n, st, total, true))
 		if v < floor { // max(floor, v) without the built-in's NaN and signed-zero cases (neither occurs)
