@@ -71,16 +71,24 @@ func TestWarmerKeepsShapesWarm(t *testing.T) {
 	// most recently used shapes (here one: shape 1, filtered last); the other waits for its pod.
 	x.WarmShapes = 1
 	learnShapes(x, 300, 320)
+	refillsShapeOne(t, x, filter, "a new snapshot")
+}
+
+// refillsShapeOne runs a warmer pass over twoShapeFilter's cluster after a new shape snapshot
+// (WarmShapes 1, shape 1 filtered last) and checks that it evaluated shape 1 on the three nodes,
+// so that shape 1's next pod evaluates nothing and shape 0's (not refilled) every node.
+func refillsShapeOne(t *testing.T, x *Extender, filter func(shape int) (int64, []string), after string) {
+	t.Helper()
 	w0 := x.Warmed()
 	x.warmOnce(context.Background())
 	if w := x.Warmed() - w0; w != 3 {
-		t.Fatalf("new snapshot: the warmer evaluated %d node outcomes, want 3 (3 nodes x 1 shape)", w)
+		t.Fatalf("%s: the warmer evaluated %d node outcomes, want 3 (3 nodes x 1 shape)", after, w)
 	}
 	if e, _ := filter(1); e != 0 {
-		t.Fatalf("shape 1 after a new snapshot and a warmer pass: %d evaluated in filter, want 0", e)
+		t.Fatalf("shape 1 after %s and a warmer pass: %d evaluated in filter, want 0", after, e)
 	}
 	if e, _ := filter(0); e != 3 {
-		t.Fatalf("shape 0 after a new snapshot (not refilled): %d evaluated in filter, want 3", e)
+		t.Fatalf("shape 0 after %s (not refilled): %d evaluated in filter, want 3", after, e)
 	}
 }
 
@@ -104,19 +112,9 @@ func TestWarmerStagesSnapshots(t *testing.T) {
 	if e, _ := filter(1); e != 0 {
 		t.Fatalf("shape 1 while a snapshot is staged: %d evaluated, want 0 (the serving snapshot's table)", e)
 	}
-	w0 := x.Warmed()
-	x.warmOnce(context.Background())
+	refillsShapeOne(t, x, filter, "a staged snapshot")
 	if got := x.State.Shapes().ScoreContext().Snapshot; got <= serving || x.State.Shapes().StagedScoreContext() != nil {
 		t.Fatalf("after the warmer's pass snapshot %d serves (was %d); want the staged one promoted", got, serving)
-	}
-	if w := x.Warmed() - w0; w != 3 {
-		t.Fatalf("the warmer evaluated %d node outcomes for the staged snapshot, want 3 (3 nodes x 1 shape)", w)
-	}
-	if e, _ := filter(1); e != 0 {
-		t.Fatalf("shape 1 after the promotion: %d evaluated in filter, want 0", e)
-	}
-	if e, _ := filter(0); e != 3 {
-		t.Fatalf("shape 0 after the promotion (not filled): %d evaluated in filter, want 3", e)
 	}
 }
 
