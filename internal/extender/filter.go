@@ -155,7 +155,7 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 		default:
 			var o evalOutcome
 			if bound {
-				o, bounded[i] = x.evaluateBound(tab, scs[w], slot, n, req)
+				o, bounded[i] = x.evaluateBound(tab, scs[w], slot, n, req, true)
 			} else {
 				o = *x.evaluate(tab, scs[w], slot, n, req, true)
 			}
@@ -203,8 +203,8 @@ type filterScratch struct {
 	verdict      []uint8
 	reason       []string
 	scores, gens []float64
-	bounded      []bool // scores[i] is an upper bound (pick-one's first pass), not the node's score
-	order        []int  // refineBounds' nodes to evaluate
+	bounded      []uint8 // scoreExact, or scores[i] is an upper bound (pick-one's first pass): scoreBound or scoreCoarse
+	order        []int   // refineBounds' nodes to evaluate
 }
 
 var filterScratches = sync.Pool{New: func() any { return new(filterScratch) }}
@@ -213,7 +213,7 @@ var filterScratches = sync.Pool{New: func() any { return new(filterScratch) }}
 func getFilterScratch(n int) *filterScratch {
 	sc := filterScratches.Get().(*filterScratch)
 	if cap(sc.verdict) < n {
-		*sc = filterScratch{verdict: make([]uint8, n), reason: make([]string, n), scores: make([]float64, n), gens: make([]float64, n), bounded: make([]bool, n)}
+		*sc = filterScratch{verdict: make([]uint8, n), reason: make([]string, n), scores: make([]float64, n), gens: make([]float64, n), bounded: make([]uint8, n)}
 		return sc
 	}
 	sc.verdict, sc.reason, sc.scores, sc.gens, sc.bounded = sc.verdict[:n], sc.reason[:n], sc.scores[:n], sc.gens[:n], sc.bounded[:n]
@@ -317,42 +317,99 @@ func (x *Extender) bounds(sc *placement.ScoreContext, req *placement.Request) bo
 // refineBounds is pick-one Filter's second pass: it evaluates the bounded nodes (bounded[i]) whose
 // bound reaches the best score known, highest bound first, and stops where the next bound is below
 // the best score found (by more than keepBest's tie margin: nodes that may tie are evaluated, so
-// that its tie-breaks see their scores). Every node left bounded then scores below the choice, so
-// keepBest picks what it picks after evaluating every node.
-func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.ScoreContext, req *placement.Request, verdict []uint8, reason []string, scores, gens []float64, bounded []bool, orderBuf *[]int) {
+// that its tie-breaks see their scores). A coarse bound that reaches it is first made a Bound
+// (which also says whether the node fits), and the node evaluated only if that reaches it too.
+// Every node left bounded then scores below the choice, so keepBest picks what it picks after
+// evaluating every node.
+func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.ScoreContext, req *placement.Request, verdict []uint8, reason []string, scores, gens []float64, bounded []uint8, orderBuf *[]int) {
 	best := math.Inf(-1)
 	for i := range verdict {
-		if verdict[i] == verdictFits && !bounded[i] {
+		if verdict[i] == verdictFits && bounded[i] == scoreExact {
 			best = max(best, scores[i])
 		}
 	}
-	order := (*orderBuf)[:0]
+	// Highest bound first, by integer score (a count sort) and then sorted within each integer only
+	// as far as the best score found reaches (most nodes' bounds end far below it).
+	var count [scoreBuckets + 1]int
 	for i := range verdict {
-		if verdict[i] == verdictFits && bounded[i] && scores[i] >= best-placement.ScoreEpsilon {
-			order = append(order, i)
+		if verdict[i] == verdictFits && bounded[i] != scoreExact && scores[i] >= best-placement.ScoreEpsilon {
+			count[scoreBucket(scores[i])]++
 		}
 	}
-	slices.SortFunc(order, func(a, b int) int { return cmp.Compare(scores[b], scores[a]) })
+	for b := scoreBuckets - 1; b >= 0; b-- {
+		count[b] += count[b+1] // count[b]: how many are in buckets b and above
+	}
+	order := slices.Grow((*orderBuf)[:0], count[0])[:count[0]]
+	next := count // next[b+1]: the next free position of bucket b
+	for i := range verdict {
+		if verdict[i] == verdictFits && bounded[i] != scoreExact && scores[i] >= best-placement.ScoreEpsilon {
+			b := scoreBucket(scores[i])
+			order[next[b+1]] = i
+			next[b+1]++
+		}
+	}
 	var bestBits atomic.Uint64
 	bestBits.Store(math.Float64bits(best))
-	again(order, func(w, i, slot int, n *placement.NodeState) bool {
+	refine := func(w, i, slot int, n *placement.NodeState) bool {
 		if scores[i] < math.Float64frombits(bestBits.Load())-placement.ScoreEpsilon {
 			return false // sorted: every later bound is lower still
 		}
-		o := x.evaluate(tab, scs[w], slot, n, req, true)
-		if o.u != nil { // cannot happen: the bound pass saw the same state fit
-			verdict[i], reason[i] = verdictFailed, o.u.Msg
-			return true
+		if bounded[i] == scoreCoarse {
+			o, kind, _ := x.boundOutcome(tab, scs[w], slot, n, req, false)
+			if o.u != nil {
+				verdict[i], reason[i] = verdictFailed, o.u.Msg
+				if o.u.Unresolvable {
+					verdict[i] = verdictUnresolvable
+				}
+				return true
+			}
+			scores[i], gens[i], bounded[i] = o.score, o.gen, kind
+			if kind == scoreBound && o.score < math.Float64frombits(bestBits.Load())-placement.ScoreEpsilon {
+				return true // a later node's coarse bound may still reach the best score
+			}
 		}
-		scores[i], gens[i], bounded[i] = o.score, o.gen, false
+		if bounded[i] == scoreBound {
+			o := x.evaluate(tab, scs[w], slot, n, req, true)
+			if o.u != nil { // cannot happen: the bound pass saw the same state fit
+				verdict[i], reason[i] = verdictFailed, o.u.Msg
+				return true
+			}
+			scores[i], gens[i], bounded[i] = o.score, o.gen, scoreExact
+		}
 		for {
 			old := bestBits.Load()
-			if o.score <= math.Float64frombits(old) || bestBits.CompareAndSwap(old, math.Float64bits(o.score)) {
+			if scores[i] <= math.Float64frombits(old) || bestBits.CompareAndSwap(old, math.Float64bits(scores[i])) {
 				return true
 			}
 		}
-	})
+	}
+	for b := scoreBuckets - 1; b >= 0; b-- {
+		if bucketTop(b) < math.Float64frombits(bestBits.Load())-placement.ScoreEpsilon {
+			break // this bucket and every lower one
+		}
+		seg := order[count[b+1]:count[b]]
+		slices.SortFunc(seg, func(a, b int) int { return cmp.Compare(scores[b], scores[a]) })
+		again(seg, refine)
+	}
 	*orderBuf = order
+}
+
+// Score buckets of refineBounds' order: a score is an integer 0..100 less a tie-break below 1 (an
+// upper bound is one too), -Inf where a coarse bound knows the node does not fit, +Inf where there
+// is no bound; bucket b holds the scores whose ceiling is b-1, clamped to -1..101 (the last bucket
+// has no top).
+const scoreBuckets = 103
+
+func scoreBucket(s float64) int {
+	return int(min(max(math.Ceil(s), -1), 101)) + 1
+}
+
+// bucketTop is the highest score bucket b holds.
+func bucketTop(b int) float64 {
+	if b == scoreBuckets-1 {
+		return math.Inf(1)
+	}
+	return float64(b - 1)
 }
 
 // holdChoice reserves Filter's choice (GPUs, CPU and memory) until the bind lands, so that the pods

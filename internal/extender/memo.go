@@ -123,20 +123,30 @@ func (b *nodeBounds) put(slot int, n *placement.NodeState, usage uint64, nb *pla
 	return s
 }
 
-// bound returns the request's remembered bound of node slot computed from nb's data.
-func (t *evalTable) bound(slot int, nb *nodeBoundSlot) (float64, bool) {
+// bound returns the request's remembered bound of node slot computed from nb's data, and its kind
+// (scoreBound or scoreCoarse).
+func (t *evalTable) bound(slot int, nb *nodeBoundSlot) (float64, uint8, bool) {
 	if t == nil || nb == nil || slot < 0 || slot >= len(t.boundWords) {
-		return 0, false
+		return 0, 0, false
 	}
 	w := t.boundWords[slot].Load()
-	if uint32(w>>32) != nb.gen {
-		return 0, false
+	if uint32(w>>32)&^coarseWord != nb.gen&^coarseWord {
+		return 0, 0, false
 	}
-	return float64(math.Float32frombits(uint32(w))), true
+	kind := uint8(scoreBound)
+	if uint32(w>>32)&coarseWord != 0 {
+		kind = scoreCoarse
+	}
+	return float64(math.Float32frombits(uint32(w))), kind, true
 }
 
-// storeBound remembers the request's bound b of node slot, computed from nb's data.
-func (t *evalTable) storeBound(slot int, nb *nodeBoundSlot, b float64) {
+// coarseWord marks a bound word's coarse bound (in its generation half: generations are unique in
+// their lower 31 bits).
+const coarseWord = 1 << 31
+
+// storeBound remembers the request's bound b of node slot (of kind scoreBound or scoreCoarse),
+// computed from nb's data.
+func (t *evalTable) storeBound(slot int, nb *nodeBoundSlot, b float64, kind uint8) {
 	if t == nil || nb == nil || slot < 0 || slot >= len(t.boundWords) {
 		return
 	}
@@ -144,7 +154,11 @@ func (t *evalTable) storeBound(slot int, nb *nodeBoundSlot, b float64) {
 	if float64(f) < b { // an upper bound stays one
 		f = math.Nextafter32(f, float32(math.Inf(1)))
 	}
-	t.boundWords[slot].Store(uint64(nb.gen)<<32 | uint64(math.Float32bits(f)))
+	gen := nb.gen &^ coarseWord
+	if kind == scoreCoarse {
+		gen |= coarseWord
+	}
+	t.boundWords[slot].Store(uint64(gen)<<32 | uint64(math.Float32bits(f)))
 }
 
 // evalOutcome is one node's outcome for the table's request: the policy score and the newest GPU

@@ -124,24 +124,32 @@ func (x *Extender) evaluate(t *evalTable, sc *placement.ScoreContext, slot int, 
 	return x.store(t, sc, slot, n, req, explain)
 }
 
+// A node's outcome in pick-one Filter: its score, or an upper bound of it.
+const (
+	scoreExact  = iota
+	scoreBound  // placement.Engine.Bound's: the node fits
+	scoreCoarse // placement.Engine.CoarseBound's: whether the node fits is not known yet
+)
+
 // evaluateBound is evaluate for pick-one Filter's first pass: a remembered outcome (evaluated, or
 // why the node does not fit) or bound, else an upper bound of the node's score (or why it does not
-// fit), remembered too (bound: o's score is that bound). Nodes whose bound cannot reach the best
-// score are then never evaluated (filter).
-func (x *Extender) evaluateBound(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request) (o evalOutcome, bound bool) {
-	o, bound, remembered := x.boundOutcome(t, sc, slot, n, req)
+// fit), remembered too; with coarse, the coarse bound where there is one (remembered too: a shape's
+// next pod then reads the words of the nodes that did not change). Nodes whose bound cannot reach the best score are then never
+// evaluated (filter).
+func (x *Extender) evaluateBound(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request, coarse bool) (evalOutcome, uint8) {
+	o, kind, remembered := x.boundOutcome(t, sc, slot, n, req, coarse)
 	if remembered {
 		x.memo.remembered.Add(1)
 	} else {
 		x.memo.bounded.Add(1)
 	}
-	return o, bound
+	return o, kind
 }
 
 // boundOutcome is evaluateBound without the metrics; remembered: nothing was computed.
-func (x *Extender) boundOutcome(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request) (o evalOutcome, bound, remembered bool) {
+func (x *Extender) boundOutcome(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request, coarse bool) (o evalOutcome, kind uint8, remembered bool) {
 	if r := t.lookup(slot, n, true); r != nil {
-		return *r, false, true
+		return *r, scoreExact, true
 	}
 	usage := n.UsageDigest()
 	var bounds *nodeBounds
@@ -149,25 +157,39 @@ func (x *Extender) boundOutcome(t *evalTable, sc *placement.ScoreContext, slot i
 		bounds = t.bounds.Load()
 	}
 	kept := bounds.get(slot, n, usage)
-	if b, ok := t.bound(slot, kept); ok {
-		return evalOutcome{state: n, usage: usage, score: b}, true, true
+	if b, kind, ok := t.bound(slot, kept); ok && (coarse || kind == scoreBound) {
+		return evalOutcome{state: n, usage: usage, score: b}, kind, true
 	}
-	var keptNB *placement.NodeBound
+	var nb *placement.NodeBound
 	if kept != nil {
-		keptNB = kept.nb
+		nb = kept.nb
 	}
-	b, nb, u := x.Engine.Bound(sc, n, req, keptNB, true)
+	if coarse {
+		b, got, ok := x.Engine.CoarseBound(sc, n, req, nb)
+		kept, nb = x.keepNodeBound(bounds, kept, slot, n, usage, got), got
+		if ok {
+			t.storeBound(slot, kept, b, scoreCoarse)
+			return evalOutcome{state: n, usage: usage, score: b}, scoreCoarse, false
+		}
+	}
+	b, got, u := x.Engine.Bound(sc, n, req, nb, true)
+	kept = x.keepNodeBound(bounds, kept, slot, n, usage, got)
 	if u != nil {
 		r := &evalOutcome{state: n, usage: usage, u: u, explained: true}
 		t.store(slot, r)
-		return *r, false, false
+		return *r, scoreExact, false
 	}
-	if nb != keptNB {
-		x.memo.boundData.Add(1)
-		kept = bounds.put(slot, n, usage, nb)
+	t.storeBound(slot, kept, b, scoreBound)
+	return evalOutcome{state: n, usage: usage, score: b}, scoreBound, false
+}
+
+// keepNodeBound keeps nb for node slot where it is new (not kept's) and returns what is kept.
+func (x *Extender) keepNodeBound(bounds *nodeBounds, kept *nodeBoundSlot, slot int, n *placement.NodeState, usage uint64, nb *placement.NodeBound) *nodeBoundSlot {
+	if nb == nil || (kept != nil && kept.nb == nb) {
+		return kept
 	}
-	t.storeBound(slot, kept, b)
-	return evalOutcome{state: n, usage: usage, score: b}, true, false
+	x.memo.boundData.Add(1)
+	return bounds.put(slot, n, usage, nb)
 }
 
 // store evaluates req on node n (in slot) with sc and remembers the outcome in t.

@@ -197,7 +197,7 @@ func (x *Extender) warmNodes(ctx context.Context, sc *placement.ScoreContext, wt
 			}
 			switch {
 			case bound:
-				if _, _, remembered := x.boundOutcome(wt.t, sc, e.slot, e.state, wt.req); !remembered {
+				if _, _, remembered := x.boundOutcome(wt.t, sc, e.slot, e.state, wt.req, false); !remembered {
 					x.memo.warmed.Add(1)
 				}
 			case wt.t.lookup(e.slot, e.state, true) == nil:

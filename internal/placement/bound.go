@@ -46,6 +46,8 @@ const boundSlack = 1e-3
 type NodeBound struct {
 	frag float64 // the node's fragmentation (tessera's)
 	mix  strandedMix
+	// stranded is the node's stranded compute (the floor): what a placement can lower it by at most.
+	stranded float64
 	// w is the weight of the GPU shapes that count at the node, wl of those that lack CPU, memory or
 	// GPUs there; u[i] the weight of those that lack or that GPU i cannot serve.
 	w, wl float64
@@ -74,15 +76,15 @@ const boundMinShapes = 64
 // nb is n's NodeBound when the caller kept one (nil: computed, and returned for keeping). Only for
 // requests whose policy is Bounded.
 func (e *Engine) Bound(sc *ScoreContext, n *NodeState, r *Request, nb *NodeBound, explain bool) (float64, *NodeBound, *Unfit) {
+	sc.lastNode = nil // n may have changed since it was last seen (loadBefore)
+	sc.compiledPlan()
+	if nb == nil { // first: kept, it serves every request, also those that do not fit n
+		nb = sc.nodeBound(n)
+	}
 	sc.arena.reset()
 	cands, u := candidates(&sc.arena, n, r, explain)
 	if u != nil {
 		return 0, nb, u
-	}
-	sc.lastNode = nil // n may have changed since it was last seen (loadBefore)
-	sc.compiledPlan()
-	if nb == nil {
-		nb = sc.nodeBound(n)
 	}
 	if nb == nil {
 		return math.Inf(1), nil, nil
@@ -102,6 +104,7 @@ func (sc *ScoreContext) nodeBound(n *NodeState) *NodeBound {
 	pl := sc.loadBefore(2, n, false)
 	st := sc.beforeStats(n)
 	nb := &NodeBound{frag: sc.lastFrag, mix: pl.mixAt(n)}
+	nb.stranded = max(0, nb.mix.stranded(n, n.FreeMilli()))
 	// The node's distinct GPU states (counted ones: a GPU without free compute takes nothing).
 	var buf [8]gpuGroup
 	var group [8]int8
@@ -154,20 +157,25 @@ func (sc *ScoreContext) scoreBound(nb *NodeBound, n *NodeState, r *Request, p *P
 	touched, ok := touchedGPUs(p)
 	if total > 0 && total2 > 0 && ok && touched < 1<<len(nb.u) {
 		d := float64(total - total2)
-		D := nb.mix.stranded(n, total) - nb.mix.stranded(after, total2)
-		if bits.OnesCount64(touched) == 1 {
+		switch {
+		case nb.stranded == 0:
+			// No floor before: each shape's gain is at most its fragment's change, Σ_k d_k·U(k) -
+			// fa_k·B(k) over the touched GPUs.
+			g := 0.0
+			for m := touched; m != 0; m &= m - 1 {
+				i := bits.TrailingZeros64(m)
+				fa, b := sc.stopsServing(nb, &n.GPUs[i], &after.GPUs[i], nb.u[i])
+				g += float64(n.GPUs[i].FreeMilli()-after.GPUs[i].FreeMilli())*nb.u[i] - fa*b
+			}
+			gain = min(gain, g)
+		case bits.OnesCount64(touched) == 1:
+			D := nb.mix.stranded(n, total) - nb.mix.stranded(after, total2)
 			i := bits.TrailingZeros64(touched)
 			u := nb.u[i]
-			wg, wa, fa := sc.plan.unrestricted, sc.plan.unrestricted, 0.0
-			if g := &n.GPUs[i]; sc.plan.counts(g) {
-				wg = sc.plan.failWeight(sc.masks.mask(g))
-			}
-			if a := &after.GPUs[i]; sc.plan.counts(a) {
-				wa, fa = sc.plan.failWeight(sc.masks.mask(a)), float64(a.FreeMilli())
-			}
-			b := min(max(0, wa-wg-nb.wl), nb.w-u)
+			fa, b := sc.stopsServing(nb, &n.GPUs[i], &after.GPUs[i], u)
 			gain = min(gain, max(D, d)*u+max(D, -fa)*b+max(D, 0)*(nb.w-u-b))
-		} else {
+		default:
+			D := nb.mix.stranded(n, total) - nb.mix.stranded(after, total2)
 			g := max(D, 0)*nb.w + d*nb.wl
 			for m := touched; m != 0; m &= m - 1 {
 				i := bits.TrailingZeros64(m)
@@ -177,5 +185,153 @@ func (sc *ScoreContext) scoreBound(nb *NodeBound, n *NodeState, r *Request, p *P
 		}
 	}
 	gain += boundSlack
-	return math.Trunc(100/(1+math.Exp(-gain/MilliPerGPU))) - 1e-3*gpuTightnessAfter(n, p)
+	return squash(gain) - 1e-3*gpuTightnessAfter(n, p)
 }
+
+// stopsServing returns the free compute fa a placement leaves on GPU g (a after it) and B, a lower
+// bound of the weight of the shapes outside L that g served before and a does not (u is g's U).
+func (sc *ScoreContext) stopsServing(nb *NodeBound, g, a *GPUState, u float64) (fa, b float64) {
+	wg, wa := sc.plan.unrestricted, sc.plan.unrestricted
+	if sc.plan.counts(g) {
+		wg = sc.plan.failWeight(sc.masks.mask(g))
+	}
+	if sc.plan.counts(a) {
+		wa, fa = sc.plan.failWeight(sc.masks.mask(a)), float64(a.FreeMilli())
+	}
+	return fa, min(max(0, wa-wg-nb.wl), nb.w-u)
+}
+
+// CoarseBound is an upper bound of r's best score on n that is looser than Bound's and costs a pass
+// over n's GPUs only: no candidate placements, no state after a placement. It is for requests of
+// one container of whole GPUs or shares (ok false otherwise, and for nodes of more than 8 GPUs: use
+// Bound). It checks only what is cheap of the fit (CPU, memory, enough GPUs that could take a share
+// or be given whole: -Inf where they are missing); a node it bounds may still not fit (Bound and
+// Evaluate say why). nb as for Bound.
+//
+// Why it holds: Bound's sums with what they read of the state after a placement replaced by its
+// extremes. The floor falls by D <= min(d, stranded before): the stranded compute after is not
+// negative, and the placement takes d of the free compute and CPU and memory, never gives any. So
+// with one GPU i touched, max(D, d)·U + max(D, -fa)·B + max(D, 0)·(W - U - B) <= d·U(i) + min(d,
+// stranded)·(W - U(i)); with more, max(D, 0)·W + Σ_k d_k·U(k) <= min(d, stranded)·W + d·max U. The
+// tie-break (how full the placement leaves its GPUs) is at least the least a fitting GPU leaves.
+func (e *Engine) CoarseBound(sc *ScoreContext, n *NodeState, r *Request, nb *NodeBound) (float64, *NodeBound, bool) {
+	if len(r.Containers) != 1 || len(n.GPUs) > len(NodeBound{}.u) {
+		return 0, nb, false
+	}
+	c := &r.Containers[0]
+	k := c.Whole + c.Shares
+	if (c.Whole > 0) == (c.Shares > 0) || len(c.MIG) > 0 || len(c.Mdev) > 0 {
+		return 0, nb, false
+	}
+	if nb == nil {
+		sc.lastNode = nil
+		sc.compiledPlan()
+		if nb = sc.nodeBound(n); nb == nil {
+			return 0, nil, false
+		}
+	}
+	if (n.CPUMilli > 0 && n.UsedCPU+r.CPUMilli > n.CPUMilli) || (n.MemMiB > 0 && n.UsedMem+r.MemMiB > n.MemMiB) {
+		return math.Inf(-1), nb, true
+	}
+	var free [8]int
+	var fits uint8 // the GPUs that could take a part of r
+	total := 0
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		free[i] = g.FreeMilli()
+		total += free[i]
+		if c.Whole > 0 && g.FreeWhole() && r.modelAllowed(g.Model) || c.Shares > 0 && shareFits(g, r, c) {
+			fits |= 1 << i
+		}
+	}
+	if bits.OnesCount8(fits) < k {
+		return math.Inf(-1), nb, true
+	}
+	// Without a floor before (nothing stranded), a share placement's gain is at most the sum of its
+	// GPUs' d·U - fa·B (as in scoreBound), with B at least what a GPU served before (W - U) less
+	// all that asks no more compute than fa (servable).
+	linear := nb.stranded == 0 && c.Shares > 0
+	pl := sc.compiledPlan()
+	var gain, left, term [8]float64 // per GPU in fits: the gain bound, the compute it leaves free, its linear term
+	dmax, umax, leftMin, best := 0, 0.0, math.Inf(1), math.Inf(-1)
+	for m := fits; m != 0; m &= m - 1 {
+		i := bits.TrailingZeros8(m)
+		d := c.Milli
+		if c.Whole > 0 {
+			d = free[i]
+		}
+		dmax, umax = max(dmax, d), max(umax, nb.u[i])
+		left[i] = float64(free[i]-d) / MilliPerGPU
+		leftMin = min(leftMin, left[i])
+		df := float64(d)
+		if linear {
+			fa := min(max(free[i]-d, 0), MilliPerGPU)
+			term[i] = df*nb.u[i] - float64(fa)*max(0, nb.w-nb.u[i]-pl.servable[fa])
+		} else {
+			term[i] = df*nb.u[i] + min(df, nb.stranded)*max(0, nb.w-nb.u[i])
+		}
+		gain[i] = nb.frag
+		if d < total {
+			gain[i] = min(nb.frag, term[i])
+		}
+		best = max(best, gain[i])
+	}
+	if k > 1 {
+		g := nb.frag
+		if d := k * dmax; d < total && linear {
+			g = min(nb.frag, largest(term, fits, k))
+		} else if d < total {
+			df := float64(d)
+			g = min(nb.frag, df*umax+min(df, nb.stranded)*nb.w)
+		}
+		return squash(g+boundSlack) - 1e-3*leftMin, nb, true
+	}
+	// One squash for the node: only the GPUs whose gain reaches best's integer score can set the
+	// tie-break (any other is a whole point lower); from a threshold a little below, to be safe.
+	q := squash(best + 2*boundSlack)
+	from := squashFrom[int(q)]
+	tie := math.Inf(1)
+	for m := fits; m != 0; m &= m - 1 {
+		if i := bits.TrailingZeros8(m); gain[i]+boundSlack >= from {
+			tie = min(tie, left[i])
+		}
+	}
+	return q - 1e-3*tie, nb, true
+}
+
+// largest is the sum of the k largest of t's entries in set.
+func largest(t [8]float64, set uint8, k int) float64 {
+	var top [8]float64 // descending
+	n := 0
+	for m := set; m != 0; m &= m - 1 {
+		v := t[bits.TrailingZeros8(m)]
+		j := min(n, k-1)
+		if j < n && top[j] >= v {
+			continue
+		}
+		for ; j > 0 && top[j-1] < v; j-- {
+			top[j] = top[j-1]
+		}
+		top[j] = v
+		n = min(n+1, k)
+	}
+	s := 0.0
+	for _, v := range top[:n] {
+		s += v
+	}
+	return s
+}
+
+// squash is the integer score 0..100 of a fragmentation gain (FGD's; tessera's before its tie-break).
+func squash(gain float64) float64 { return math.Trunc(100 / (1 + math.Exp(-gain/MilliPerGPU))) }
+
+// squashFrom[q] is a little below the least gain squash takes to q (q = 1..100; -Inf for 0).
+var squashFrom = func() (t [101]float64) {
+	t[0] = math.Inf(-1)
+	for q := 1; q < 100; q++ {
+		g := -MilliPerGPU * math.Log(100/float64(q)-1)
+		t[q] = g - 1e-6*(1+math.Abs(g))
+	}
+	t[100] = t[99]
+	return t
+}()

@@ -14,7 +14,8 @@ import (
 // two share containers (which may share a GPU), with and without the fragmentation cache, with
 // NodeBounds kept from call to call; it refuses exactly the nodes Evaluate refuses. It must also
 // prune: on a third of the nodes at least the bound is below the best score of the population (a
-// bound of +Inf everywhere would hold and be worthless).
+// bound of +Inf everywhere would hold and be worthless). CoarseBound, where it bounds, is at least
+// the score too, -Inf only where Evaluate refuses, and must prune a fifth.
 func TestScoreBoundHolds(t *testing.T) {
 	e, err := NewEngine(api.PolicyTessera)
 	if err != nil {
@@ -22,6 +23,8 @@ func TestScoreBoundHolds(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(21, 22))
 	pruned, fitting := 0, 0
+	coarsePruned, coarseFitting := 0, 0
+	floored := [2]int{} // nodes bounded with nothing stranded (the linear sums) and with a floor
 	for iter := range 300 {
 		shapes := randomPlanShapes(rng)
 		for len(shapes) < 6 {
@@ -42,6 +45,7 @@ func TestScoreBoundHolds(t *testing.T) {
 		nodes := make([]*NodeState, 40)
 		best := math.Inf(-1)
 		bounds := make([]float64, len(nodes))
+		coarse := make([]float64, len(nodes))
 		for i := range nodes {
 			nodes[i] = randomPlanNode(rng)
 			nodes[i].TypeID = 1 + rng.IntN(3)         // some share states (cache hits)
@@ -65,16 +69,48 @@ func TestScoreBoundHolds(t *testing.T) {
 				}
 				best, bounds[i] = max(best, s), b
 			}
+			cb, nb, ok := e.CoarseBound(sc, nodes[i], r, kept[nodes[i]])
+			coarse[i] = math.NaN()
+			if !ok {
+				continue
+			}
+			if nb == nil || (kept[nodes[i]] != nil && nb != kept[nodes[i]]) {
+				t.Fatalf("iter %d node %d: CoarseBound returned node bound data %p, kept %p", iter, i, nb, kept[nodes[i]])
+			}
+			floored[min(1, int(math.Ceil(nb.stranded)))]++
+			_, s, u := e.Evaluate(sc, nodes[i], r)
+			switch {
+			case u != nil && cb > math.Inf(-1):
+				coarse[i] = cb // refused by Evaluate, bounded by CoarseBound: allowed (the fit is checked later)
+			case u != nil:
+			case cb < s:
+				t.Fatalf("iter %d node %d (GPUs %+v) request %+v: coarse bound %v below the score %v", iter, i, nodes[i].GPUs, r, cb, s)
+			default:
+				coarse[i] = cb
+			}
 		}
-		for _, b := range bounds {
+		for i, b := range bounds {
 			if !math.IsNaN(b) {
 				fitting++
 				if b < best-ScoreEpsilon {
 					pruned++
 				}
 			}
+			if !math.IsNaN(coarse[i]) {
+				coarseFitting++
+				if coarse[i] < best-ScoreEpsilon {
+					coarsePruned++
+				}
+			}
 		}
 	}
+	if floored[0]*10 < floored[1] || floored[1]*10 < floored[0] {
+		t.Fatalf("nodes without and with stranded compute: %v; the test should see both often", floored)
+	}
+	if coarseFitting == 0 || coarsePruned*5 < coarseFitting {
+		t.Fatalf("the coarse bound pruned %d of %d nodes it bounded: it should prune a fifth at least", coarsePruned, coarseFitting)
+	}
+	t.Logf("coarse bound pruned %d of %d nodes it bounded (nothing stranded / stranded: %v)", coarsePruned, coarseFitting, floored)
 	if fitting == 0 || pruned*3 < fitting {
 		t.Fatalf("the bound pruned %d of %d fitting nodes: it should prune a third at least", pruned, fitting)
 	}

@@ -30,6 +30,9 @@ type fragPlan struct {
 	// unrestricted is the weight of the GPU shapes that may use any model (failWeight of a GPU that
 	// serves none).
 	unrestricted float64
+	// servable[x] is the weight of the share shapes that ask x per-mille of compute or less: all that
+	// a GPU left with x free may still serve (the score bound's lower bound of what it stops serving).
+	servable []float64
 	// words is the length of a fit mask; zeroMilli is set when a share part asks no compute (a GPU
 	// without free compute can then still pass its test).
 	words     int
@@ -199,13 +202,20 @@ func compileFragPlan(shapes []Shape) *fragPlan {
 		}
 	}
 	pl.words = (len(pl.parts) + 63) / 64
+	pl.servable = make([]float64, MilliPerGPU+1)
 	for _, it := range pl.items {
 		if it.part >= 0 {
 			pl.fedItems = append(pl.fedItems, it)
 			if !it.restricted {
 				pl.unrestricted += it.weight
 			}
+			if c := pl.parts[it.part].c; c.Whole == 0 && c.Milli <= MilliPerGPU {
+				pl.servable[max(0, c.Milli)] += it.weight
+			}
 		}
+	}
+	for x := 1; x <= MilliPerGPU; x++ {
+		pl.servable[x] += pl.servable[x-1]
 	}
 	pl.mixFixed = true
 	for i := range shapes {

@@ -1,7 +1,6 @@
 package placement
 
 import (
-	"math"
 	"math/bits"
 	"slices"
 	"sync"
@@ -357,5 +356,5 @@ func (fgdPolicy) Score(sc *ScoreContext, n *NodeState, r *Request, p *Placement)
 	// The paper's implementation squashes the gain (in GPUs) through a sigmoid into an integer
 	// 0..100 node score; the truncation makes near-equal placements tie (broken at random), which
 	// the published numbers include, so the baseline keeps it.
-	return math.Trunc(100 / (1 + math.Exp(-(before-after)/MilliPerGPU)))
+	return squash(before - after)
 }

@@ -1,8 +1,6 @@
 package placement
 
 import (
-	"math"
-
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
@@ -37,6 +35,5 @@ type tesseraPolicy struct{}
 func (tesseraPolicy) Name() string { return api.PolicyTessera }
 func (tesseraPolicy) Score(sc *ScoreContext, n *NodeState, r *Request, p *Placement) float64 {
 	before, after := sc.fragBeforeAfter(2, n, r, p)
-	gain := math.Trunc(100 / (1 + math.Exp(-(before-after)/MilliPerGPU)))
-	return gain - 1e-3*gpuTightnessAfter(n, p)
+	return squash(before-after) - 1e-3*gpuTightnessAfter(n, p)
 }
