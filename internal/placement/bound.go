@@ -33,9 +33,17 @@ import (
 //	one GPU:   max(D, d)·U + max(D, -fa)·B + max(D, 0)·(W - U - B)
 //	more GPUs: max(D, 0)·W + d·W(L) + Σ_k d_k·(U(k) - W(L))
 //
-// and at most the fragmentation before (the one after is not negative). The score is monotone in
-// the gain, and its tie-break term (how full the placement leaves the GPUs) is exact.
-// TestScoreBoundHolds checks bound >= score on random nodes and shapes.
+// and at most the fragmentation before (the one after is not negative). Where nothing is stranded
+// before (f = 0, the common case where CPU and memory are not short), max(f, v) - max(f', v') <=
+// v - v' for every shape, and the sum is linear: Σ_k d_k·U(k) - fa_k·B(k) over the touched GPUs
+// (each shape that GPU k stops serving gains fa_k). The score is monotone in the gain, and its
+// tie-break term (how full the placement leaves the GPUs) is exact. TestScoreBoundHolds checks
+// bound >= score on random nodes and shapes.
+//
+// CoarseBound is the same sums with what they read of the state after a placement replaced by
+// extremes, for a request of one kind of part (whole GPUs or shares): a pass over the node's GPUs,
+// no candidate placements. Pick-one Filter ranks every node by it and bounds (and evaluates) only
+// the nodes whose coarse bound reaches the best score (extender refineBounds).
 
 // boundSlack absorbs floating-point rounding between the bound's sums and the exact ones (in
 // per-mille of a GPU: far below one step of the quantised score).
@@ -52,6 +60,21 @@ type NodeBound struct {
 	// GPUs there; u[i] the weight of those that lack or that GPU i cannot serve.
 	w, wl float64
 	u     [8]float64
+	// What CoarseBound reads of the node state, so that it reads no GPUState (most of its cost was
+	// loading them): the CPU and memory free (MaxInt64 where not tracked), the free compute, and
+	// per GPU what a share's or a whole GPU's test reads but the model.
+	cpuFree, memFree int64
+	total            int
+	gpus             [8]boundGPU
+	ngpus            int
+}
+
+// boundGPU is what CoarseBound reads of one GPU.
+type boundGPU struct {
+	memory, usedMemory int64
+	free               int32 // FreeMilli
+	shareable          bool  // usable and not held whole
+	freeWhole          bool  // FreeWhole
 }
 
 // Bounded reports whether bounding pays for r under sc's typical shapes: r's policy has a score
@@ -63,12 +86,14 @@ func (e *Engine) Bounded(sc *ScoreContext, r *Request) bool {
 	return len(sc.compiledPlan().fedItems) >= boundMinShapes
 }
 
-// boundMinShapes is where bounding starts to pay. A bound costs a few operations per candidate plus
-// one pass over the shapes per node state and snapshot; an exact evaluation one pass per candidate.
-// With few shapes the exact pass is as cheap as the bound and bounding only adds work: on the openb
-// default trace's 31 shapes (benchmark SchedulingStream) bounding made a cold call 1.7x slower and
-// a warm one 1.3x; on the varied cluster's 164 parts (FilterPrioritizeHTTP) it made a shape never
-// seen 4x cheaper. Speed only: the choice is the same either way.
+// boundMinShapes is where bounding starts to pay. A bound costs a few operations per candidate (a
+// coarse one a few per GPU) plus one pass over the shapes per node state and snapshot; an exact
+// evaluation one pass per candidate. With few shapes the exact pass is nearly as cheap and the
+// per-node pass is the cost: on the openb default trace's 31 shapes (benchmark SchedulingStream,
+// with the coarse bound) bounding made a call after a snapshot rebuild 1.2-1.5x slower and the
+// steady stream's p99 1.2-1.6x higher (its median 1.2x lower); on the varied cluster's 164 parts
+// (FilterPrioritizeHTTP) a shape never seen costs half the CPU it did with the fine bound alone,
+// which cost a quarter of evaluating every node. Speed only: the choice is the same either way.
 const boundMinShapes = 64
 
 // Bound returns an upper bound of r's best score on n (Evaluate's score), or why r does not fit n
@@ -103,8 +128,18 @@ func (sc *ScoreContext) nodeBound(n *NodeState) *NodeBound {
 	}
 	pl := sc.loadBefore(2, n, false)
 	st := sc.beforeStats(n)
-	nb := &NodeBound{frag: sc.lastFrag, mix: pl.mixAt(n)}
-	nb.stranded = max(0, nb.mix.stranded(n, n.FreeMilli()))
+	nb := &NodeBound{frag: sc.lastFrag, mix: pl.mixAt(n), cpuFree: math.MaxInt64, memFree: math.MaxInt64, total: n.FreeMilli(), ngpus: len(n.GPUs)}
+	nb.stranded = max(0, nb.mix.stranded(n, nb.total))
+	if n.CPUMilli > 0 {
+		nb.cpuFree = n.CPUMilli - n.UsedCPU
+	}
+	if n.MemMiB > 0 {
+		nb.memFree = n.MemMiB - n.UsedMem
+	}
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		nb.gpus[i] = boundGPU{memory: g.Memory, usedMemory: g.UsedMemory, free: int32(g.FreeMilli()), shareable: g.Usable && !g.Whole, freeWhole: g.FreeWhole()}
+	}
 	// The node's distinct GPU states (counted ones: a GPU without free compute takes nothing).
 	var buf [8]gpuGroup
 	var group [8]int8
@@ -201,8 +236,8 @@ func (sc *ScoreContext) stopsServing(nb *NodeBound, g, a *GPUState, u float64) (
 	return fa, min(max(0, wa-wg-nb.wl), nb.w-u)
 }
 
-// CoarseBound is an upper bound of r's best score on n that is looser than Bound's and costs a pass
-// over n's GPUs only: no candidate placements, no state after a placement. It is for requests of
+// CoarseBound is an upper bound of r's best score on n, mostly looser than Bound's, that costs a
+// pass over n's GPUs only: no candidate placements, no state after a placement. It is for requests of
 // one container of whole GPUs or shares (ok false otherwise, and for nodes of more than 8 GPUs: use
 // Bound). It checks only what is cheap of the fit (CPU, memory, enough GPUs that could take a share
 // or be given whole: -Inf where they are missing); a node it bounds may still not fit (Bound and
@@ -212,8 +247,11 @@ func (sc *ScoreContext) stopsServing(nb *NodeBound, g, a *GPUState, u float64) (
 // extremes. The floor falls by D <= min(d, stranded before): the stranded compute after is not
 // negative, and the placement takes d of the free compute and CPU and memory, never gives any. So
 // with one GPU i touched, max(D, d)·U + max(D, -fa)·B + max(D, 0)·(W - U - B) <= d·U(i) + min(d,
-// stranded)·(W - U(i)); with more, max(D, 0)·W + Σ_k d_k·U(k) <= min(d, stranded)·W + d·max U. The
-// tie-break (how full the placement leaves its GPUs) is at least the least a fitting GPU leaves.
+// stranded)·(W - U(i)); with more, max(D, 0)·W + Σ_k d_k·U(k) <= min(d, stranded)·W + d·max U.
+// Without stranded compute, a share's GPU k leaves fa_k = free_k - d_k, and every shape it served
+// (W - U(k)) that asks more compute than fa_k it serves no more: B(k) >= W - U(k) - servable(fa_k);
+// the sum over the touched GPUs is at most that of the k largest terms. The tie-break (how full the
+// placement leaves its GPUs) is at least the least a fitting GPU leaves.
 func (e *Engine) CoarseBound(sc *ScoreContext, n *NodeState, r *Request, nb *NodeBound) (float64, *NodeBound, bool) {
 	if len(r.Containers) != 1 || len(n.GPUs) > len(NodeBound{}.u) {
 		return 0, nb, false
@@ -230,17 +268,20 @@ func (e *Engine) CoarseBound(sc *ScoreContext, n *NodeState, r *Request, nb *Nod
 			return 0, nil, false
 		}
 	}
-	if (n.CPUMilli > 0 && n.UsedCPU+r.CPUMilli > n.CPUMilli) || (n.MemMiB > 0 && n.UsedMem+r.MemMiB > n.MemMiB) {
+	if r.CPUMilli > nb.cpuFree || r.MemMiB > nb.memFree {
 		return math.Inf(-1), nb, true
 	}
 	var free [8]int
-	var fits uint8 // the GPUs that could take a part of r
-	total := 0
-	for i := range n.GPUs {
-		g := &n.GPUs[i]
-		free[i] = g.FreeMilli()
-		total += free[i]
-		if c.Whole > 0 && g.FreeWhole() && r.modelAllowed(g.Model) || c.Shares > 0 && shareFits(g, r, c) {
+	var fits uint8 // the GPUs that could take a part of r (shareFits, FreeWhole)
+	total := nb.total
+	for i := range nb.ngpus {
+		g := &nb.gpus[i]
+		free[i] = int(g.free)
+		ok := g.freeWhole
+		if c.Shares > 0 {
+			ok = g.shareable && free[i] >= c.Milli && (g.memory == 0 || g.usedMemory+c.shareMemoryOn(g.memory) <= g.memory)
+		}
+		if ok && (len(r.Models) == 0 || r.modelAllowed(n.GPUs[i].Model)) {
 			fits |= 1 << i
 		}
 	}
