@@ -155,7 +155,7 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 		default:
 			var o evalOutcome
 			if bound {
-				o, bounded[i] = x.evaluateBound(tab, scs[w], slot, n, req, true)
+				o, bounded[i] = x.evaluateBound(tab, scs[w], slot, n, req)
 			} else {
 				o = *x.evaluate(tab, scs[w], slot, n, req, true)
 			}

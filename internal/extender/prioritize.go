@@ -132,12 +132,12 @@ const (
 )
 
 // evaluateBound is evaluate for pick-one Filter's first pass: a remembered outcome (evaluated, or
-// why the node does not fit) or bound, else an upper bound of the node's score (or why it does not
-// fit), remembered too; with coarse, the coarse bound where there is one (remembered too: a shape's
-// next pod then reads the words of the nodes that did not change). Nodes whose bound cannot reach the best score are then never
-// evaluated (filter).
-func (x *Extender) evaluateBound(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request, coarse bool) (evalOutcome, uint8) {
-	o, kind, remembered := x.boundOutcome(t, sc, slot, n, req, coarse)
+// why the node does not fit) or bound, else the coarse bound of the node's score where there is
+// one, else its bound (or why it does not fit); remembered too, so that a shape's next pod reads
+// the nodes that did not change. Nodes whose bound cannot reach the best score are then never
+// evaluated (refineBounds).
+func (x *Extender) evaluateBound(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request) (evalOutcome, uint8) {
+	o, kind, remembered := x.boundOutcome(t, sc, slot, n, req, true)
 	if remembered {
 		x.memo.remembered.Add(1)
 	} else {
@@ -146,7 +146,8 @@ func (x *Extender) evaluateBound(t *evalTable, sc *placement.ScoreContext, slot 
 	return o, kind
 }
 
-// boundOutcome is evaluateBound without the metrics; remembered: nothing was computed.
+// boundOutcome is evaluateBound without the metrics (coarse: a coarse bound will do; refineBounds
+// and the warmer ask for Bound's); remembered: nothing was computed.
 func (x *Extender) boundOutcome(t *evalTable, sc *placement.ScoreContext, slot int, n *placement.NodeState, req *placement.Request, coarse bool) (o evalOutcome, kind uint8, remembered bool) {
 	if r := t.lookup(slot, n, true); r != nil {
 		return *r, scoreExact, true
