@@ -86,10 +86,9 @@ func (h histStats) String() string {
 
 func ms(s float64) string { return fmt.Sprintf("%.1fms", s*1000) }
 
-// scrapeHistograms reads a Prometheus text endpoint and summarises the histogram name per value of
-// the label by (its other labels merged).
-// scrapeEvaluations reads the extender's node-outcome counters: remembered and evaluated in calls,
-// warmed in the background (the evaluation memo's hit rate).
+// scrapeEvaluations reads the extender's node-outcome counters: remembered and evaluated in calls
+// (the evaluation memo's hit rate), bounded instead of evaluated (pick-one's score bounds), warmed
+// in the background.
 func scrapeEvaluations(hc *http.Client, url string) (string, error) {
 	resp, err := hc.Get(url)
 	if err != nil {
@@ -112,10 +111,12 @@ func scrapeEvaluations(hc *http.Client, url string) (string, error) {
 	if calls == 0 {
 		return "", fmt.Errorf("scrape %s: no tessera_extender_node_evaluations_total", url)
 	}
-	return fmt.Sprintf("in calls remembered=%.0f evaluated=%.0f (%.1f%% evaluated); warmed in the background=%.0f",
-		counts["remembered"], counts["evaluated"], 100*counts["evaluated"]/calls, counts["warmed"]), nil
+	return fmt.Sprintf("in calls remembered=%.0f evaluated=%.0f (%.1f%% evaluated), bounded instead (pick-one's score bounds)=%.0f; warmed in the background=%.0f",
+		counts["remembered"], counts["evaluated"], 100*counts["evaluated"]/calls, counts["bounded"], counts["warmed"]), nil
 }
 
+// scrapeHistograms reads a Prometheus text endpoint and summarises the histogram name per value of
+// the label by (its other labels merged).
 func scrapeHistograms(hc *http.Client, url, name, by string) (map[string]histStats, error) {
 	resp, err := hc.Get(url)
 	if err != nil {
