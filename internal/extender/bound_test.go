@@ -31,7 +31,13 @@ func boundCluster(t *testing.T) (*Extender, []string) {
 	for i := range names {
 		names[i] = fmt.Sprintf("node-%03d", i)
 		gpus := 4 + 4*rng.IntN(2)
-		node := testNode(testInventory(names[i], i, gpus, "A100"), nil)
+		inv := testInventory(names[i], i, gpus, "A100")
+		if i%3 == 0 { // two GPU generations: experiment and inference pods prefer the older on ties
+			for g := range inv.GPUs {
+				inv.GPUs[g].ComputeCapability = "8.0"
+			}
+		}
+		node := testNode(inv, nil)
 		node.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourceMemory: resource.MustParse("512Gi")}
 		x.State.UpsertNode(node)
 		whole := rng.IntN(gpus - 1)
@@ -88,6 +94,9 @@ func TestBoundedPickOneMatchesExhaustive(t *testing.T) {
 		pod := palette[rng.IntN(len(palette))]
 		px, py := pod(name), pod(name)
 		px.UID, py.UID = types.UID(name), types.UID(name)
+		if step%3 == 0 { // ties go to the older GPUs first, then to the smallest name
+			px.Labels, py.Labels = map[string]string{api.LabelWorkload: api.WorkloadExperiment}, map[string]string{api.LabelWorkload: api.WorkloadExperiment}
+		}
 		got := x.Filter(&extenderv1.ExtenderArgs{Pod: px, NodeNames: &names})
 		want := y.Filter(&extenderv1.ExtenderArgs{Pod: py, NodeNames: &names})
 		if got.Error != want.Error || !slices.Equal(*got.NodeNames, *want.NodeNames) ||

@@ -142,7 +142,7 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 	var refine func(again revisit)
 	if bound {
 		refine = func(again revisit) {
-			x.refineBounds(again, tab, scs, req, verdict, reason, scores, gens, bounded, &sc.order)
+			x.refineBounds(again, tab, scs, req, names, verdict, reason, scores, gens, bounded, &sc.order)
 		}
 	}
 	x.State.viewIndexedThen(names, workers, func(w, i int, slot int, n *placement.NodeState, missing string) {
@@ -321,12 +321,32 @@ func (x *Extender) bounds(sc *placement.ScoreContext, req *placement.Request) bo
 // (which also says whether the node fits), and the node evaluated only if that reaches it too.
 // Every node left bounded then scores below the choice, so keepBest picks what it picks after
 // evaluating every node.
-func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.ScoreContext, req *placement.Request, verdict []uint8, reason []string, scores, gens []float64, bounded []uint8, orderBuf *[]int) {
-	best := math.Inf(-1)
+func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.ScoreContext, req *placement.Request, names []string, verdict []uint8, reason []string, scores, gens []float64, bounded []uint8, orderBuf *[]int) {
+	// The leader is the best exact score found and, where keepBest breaks ties by name (not for
+	// experiment or inference pods: GPU generations first), the smallest name among its ties: a
+	// node whose bound can at most tie it and whose name is greater cannot be kept either. (Exact
+	// scores differ by 1e-7 at least, far above the tie margin: a tie is an equal score.)
+	byName := req.Class != api.WorkloadExperiment && req.Class != api.WorkloadInference
+	var lead atomic.Pointer[leader]
+	offer := func(score float64, name string) {
+		for {
+			cur := lead.Load()
+			if cur != nil && (score < cur.score-placement.ScoreEpsilon || score <= cur.score+placement.ScoreEpsilon && name >= cur.name) {
+				return
+			}
+			if lead.CompareAndSwap(cur, &leader{score, name}) {
+				return
+			}
+		}
+	}
 	for i := range verdict {
 		if verdict[i] == verdictFits && bounded[i] == scoreExact {
-			best = max(best, scores[i])
+			offer(scores[i], names[i])
 		}
+	}
+	best := math.Inf(-1)
+	if l := lead.Load(); l != nil {
+		best = l.score
 	}
 	// Highest bound first, by integer score (a count sort) and then sorted within each integer only
 	// as far as the best score found reaches (most nodes' bounds end far below it).
@@ -348,11 +368,21 @@ func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.
 			next[b+1]++
 		}
 	}
-	var bestBits atomic.Uint64
-	bestBits.Store(math.Float64bits(best))
+	// beaten: node i's bound (scores[i]) cannot make it keepBest's choice over the leader; stop:
+	// nor can any node after it in the order.
+	beaten := func(i int) (beaten, stop bool) {
+		l := lead.Load()
+		switch {
+		case l == nil:
+			return false, false
+		case scores[i] < l.score-placement.ScoreEpsilon:
+			return true, true
+		}
+		return byName && scores[i] <= l.score+placement.ScoreEpsilon && names[i] > l.name, false
+	}
 	refine := func(w, i, slot int, n *placement.NodeState) bool {
-		if scores[i] < math.Float64frombits(bestBits.Load())-placement.ScoreEpsilon {
-			return false // sorted: every later bound is lower still
+		if beaten, stop := beaten(i); beaten {
+			return !stop // sorted by bound: every later bound is lower still
 		}
 		if bounded[i] == scoreCoarse {
 			o, kind, _ := x.boundOutcome(tab, scs[w], slot, n, req, false)
@@ -364,8 +394,8 @@ func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.
 				return true
 			}
 			scores[i], gens[i], bounded[i] = o.score, o.gen, kind
-			if kind == scoreBound && o.score < math.Float64frombits(bestBits.Load())-placement.ScoreEpsilon {
-				return true // a later node's coarse bound may still reach the best score
+			if beaten, _ := beaten(i); kind == scoreBound && beaten {
+				return true // a later node's coarse bound may still reach the leader
 			}
 		}
 		if bounded[i] == scoreBound {
@@ -376,22 +406,29 @@ func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.
 			}
 			scores[i], gens[i], bounded[i] = o.score, o.gen, scoreExact
 		}
-		for {
-			old := bestBits.Load()
-			if scores[i] <= math.Float64frombits(old) || bestBits.CompareAndSwap(old, math.Float64bits(scores[i])) {
-				return true
-			}
-		}
+		offer(scores[i], names[i])
+		return true
 	}
 	for b := scoreBuckets - 1; b >= 0; b-- {
-		if bucketTop(b) < math.Float64frombits(bestBits.Load())-placement.ScoreEpsilon {
+		if l := lead.Load(); l != nil && bucketTop(b) < l.score-placement.ScoreEpsilon {
 			break // this bucket and every lower one
 		}
 		seg := order[count[b+1]:count[b]]
-		slices.SortFunc(seg, func(a, b int) int { return cmp.Compare(scores[b], scores[a]) })
+		slices.SortFunc(seg, func(a, b int) int { // ties by name: the first of them found leads
+			if c := cmp.Compare(scores[b], scores[a]); c != 0 {
+				return c
+			}
+			return strings.Compare(names[a], names[b])
+		})
 		again(seg, refine)
 	}
 	*orderBuf = order
+}
+
+// leader is refineBounds' best node so far: its exact score and name.
+type leader struct {
+	score float64
+	name  string
 }
 
 // Score buckets of refineBounds' order: a score is an integer 0..100 less a tie-break below 1 (an
