@@ -324,8 +324,9 @@ func (x *Extender) bounds(sc *placement.ScoreContext, req *placement.Request) bo
 func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.ScoreContext, req *placement.Request, names []string, verdict []uint8, reason []string, scores, gens []float64, bounded []uint8, orderBuf *[]int) {
 	// The leader is the best exact score found and, where keepBest breaks ties by name (not for
 	// experiment or inference pods: GPU generations first), the smallest name among its ties: a
-	// node whose bound can at most tie it and whose name is greater cannot be kept either. (Exact
-	// scores differ by 1e-7 at least, far above the tie margin: a tie is an equal score.)
+	// node whose bound can at most tie it and whose name is greater cannot be kept either. (An exact
+	// score is an integer less k·1e-6/(GPUs placed), k an integer: two that differ, differ by far
+	// more than the tie margin, so a tie is an equal score.)
 	byName := req.Class != api.WorkloadExperiment && req.Class != api.WorkloadInference
 	var lead atomic.Pointer[leader]
 	offer := func(score float64, name string) {
