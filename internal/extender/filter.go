@@ -138,7 +138,7 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 	defer releaseScoreContexts(scs...)
 	// Pick-one needs the best node only: nodes are bounded first and evaluated only where the bound
 	// reaches the best score (refineBounds).
-	bound := x.bounds(scs[0], req)
+	bound := x.bounds(req)
 	var refine func(again revisit)
 	if bound {
 		refine = func(again revisit) {
@@ -308,10 +308,10 @@ func (x *Extender) keepBest(req *placement.Request, names []string, verdict []ui
 	return []string{names[best]}
 }
 
-// bounds reports whether pick-one Filter bounds req's nodes under sc's snapshot (and so the warmer
-// too): pick-one, not ExhaustivePickOne, and where bounding pays (placement.Engine.Bounded).
-func (x *Extender) bounds(sc *placement.ScoreContext, req *placement.Request) bool {
-	return x.PickOne && !x.ExhaustivePickOne && x.Engine.Bounded(sc, req)
+// bounds reports whether pick-one Filter bounds req's nodes (and so the warmer too): pick-one, not
+// ExhaustivePickOne, and req's policy has a bound (placement.Engine.Bounded).
+func (x *Extender) bounds(req *placement.Request) bool {
+	return x.PickOne && !x.ExhaustivePickOne && x.Engine.Bounded(req)
 }
 
 // refineBounds is pick-one Filter's second pass: it evaluates the bounded nodes (bounded[i]) whose

@@ -176,7 +176,7 @@ func (x *Extender) warmOnce(ctx context.Context) {
 // bounds them instead (what that Filter reads first; the node bound data it computes serves every
 // shape, so a shape never seen after a new snapshot finds it too).
 func (x *Extender) warmNodes(ctx context.Context, sc *placement.ScoreContext, wt warmTable, entries []*nodeEntry) bool {
-	bound := x.bounds(sc, wt.req)
+	bound := x.bounds(wt.req)
 	for start := 0; start < len(entries); start += warmBatch {
 		// Filter and prioritize go first: the warmer waits while one is in flight, so it takes the
 		// cores only between calls (a call waits at most for the batch under way).

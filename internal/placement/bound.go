@@ -77,24 +77,19 @@ type boundGPU struct {
 	freeWhole          bool  // FreeWhole
 }
 
-// Bounded reports whether bounding pays for r under sc's typical shapes: r's policy has a score
-// bound (Bound), and the GPU shapes are many (boundMinShapes).
-func (e *Engine) Bounded(sc *ScoreContext, r *Request) bool {
-	if _, ok := e.PolicyFor(r).(tesseraPolicy); !ok {
-		return false
-	}
-	return len(sc.compiledPlan().fedItems) >= boundMinShapes
+// Bounded reports whether r's policy has a score bound (Bound, CoarseBound): tessera's.
+//
+// It pays whatever the number of typical shapes since the coarse bound and ties by name (extender
+// refineBounds): on the openb default trace's 31 shapes (benchmark SchedulingStream) bounding took
+// the steady stream's p99 from 5.1-5.5 to 2.4-3.1 ms without the warmer and from 3.3-3.7 to 2.8-2.9
+// with it, the paced stream's from 9.4-10.5 to 4.1-4.4 and the drifting one's from 10.8-12.3 to
+// 6.2-6.7, at 10-15% more CPU for a call that finds a rebuilt snapshot unwarmed (every node's bound
+// data). Before them (candidates and a bound per fitting node) it had made a cold call 1.7x slower
+// there, and was used only from 64 shapes on. Speed only: the choice is the same either way.
+func (e *Engine) Bounded(r *Request) bool {
+	_, ok := e.PolicyFor(r).(tesseraPolicy)
+	return ok
 }
-
-// boundMinShapes is where bounding starts to pay. A bound costs a few operations per candidate (a
-// coarse one a few per GPU) plus one pass over the shapes per node state and snapshot; an exact
-// evaluation one pass per candidate. With few shapes the exact pass is nearly as cheap and the
-// per-node pass is the cost: on the openb default trace's 31 shapes (benchmark SchedulingStream,
-// with the coarse bound) bounding made a call after a snapshot rebuild 1.2-1.5x slower and the
-// steady stream's p99 1.2-1.6x higher (its median 1.2x lower); on the varied cluster's 164 parts
-// (FilterPrioritizeHTTP) a shape never seen costs half the CPU it did with the fine bound alone,
-// which cost a quarter of evaluating every node. Speed only: the choice is the same either way.
-const boundMinShapes = 64
 
 // Bound returns an upper bound of r's best score on n (Evaluate's score), or why r does not fit n
 // (as Evaluate would say it); +Inf where the node has more GPUs than the bound keeps (no pruning).

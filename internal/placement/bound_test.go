@@ -117,28 +117,25 @@ func TestScoreBoundHolds(t *testing.T) {
 	t.Logf("pruned %d of %d fitting nodes", pruned, fitting)
 }
 
-// TestBoundedWhereItPays: bounding is offered for tessera's requests under many typical shapes
-// only (boundMinShapes), never for another policy's.
-func TestBoundedWhereItPays(t *testing.T) {
-	shapes := func(n int) []Shape {
-		var out []Shape
-		for i := range n {
-			out = append(out, Shape{Weight: 1 / float64(n), Req: Request{Containers: []ContainerShape{{Shares: 1, Milli: 10 + i, Memory: 1 << 30}}}})
-		}
-		return out
-	}
-	r := &Request{Containers: []ContainerShape{{Shares: 1, Milli: 300, Memory: 1 << 30}}}
-	for _, c := range []struct {
-		policy string
-		shapes int
-		want   bool
-	}{{api.PolicyTessera, boundMinShapes - 1, false}, {api.PolicyTessera, boundMinShapes, true}, {api.PolicyFGD, 2 * boundMinShapes, false}} {
-		e, err := NewEngine(c.policy)
+// TestBoundedForTessera: bounding is offered for tessera's requests (whatever the number of typical
+// shapes), never for another policy's.
+func TestBoundedForTessera(t *testing.T) {
+	for policy, want := range map[string]bool{api.PolicyTessera: true, api.PolicyFGD: false, api.PolicyBestFit: false} {
+		e, err := NewEngine(policy)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := e.Bounded(&ScoreContext{Shapes: shapes(c.shapes)}, r); got != c.want {
-			t.Errorf("%s with %d shapes: Bounded %v, want %v", c.policy, c.shapes, got, c.want)
+		for _, r := range []*Request{{Containers: []ContainerShape{{Shares: 1, Milli: 300, Memory: 1 << 30}}}, {Containers: []ContainerShape{{Whole: 2}}}} {
+			if got := e.Bounded(r); got != want {
+				t.Errorf("%s, request %+v: Bounded %v, want %v", policy, r.Containers, got, want)
+			}
 		}
+	}
+	e, err := NewEngine(api.PolicyTessera)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := (&Request{Policy: api.PolicyFGD, Containers: []ContainerShape{{Whole: 1}}}); e.Bounded(r) {
+		t.Error("a request that names fgd is bounded under the tessera engine")
 	}
 }
