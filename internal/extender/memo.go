@@ -141,7 +141,7 @@ func (t *evalTable) bound(slot int, nb *nodeBoundSlot) (float64, uint8, bool) {
 }
 
 // coarseWord marks a bound word's coarse bound (in its generation half: generations are unique in
-// their lower 31 bits).
+// their lower 31 bits, for the first 2^31 node bound data kept under one snapshot).
 const coarseWord = 1 << 31
 
 // storeBound remembers the request's bound b of node slot (of kind scoreBound or scoreCoarse),
