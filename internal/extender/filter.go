@@ -160,10 +160,7 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 				o = *x.evaluate(tab, scs[w], slot, n, req, true)
 			}
 			if o.u != nil {
-				verdict[i], reason[i] = verdictFailed, o.u.Msg
-				if o.u.Unresolvable {
-					verdict[i] = verdictUnresolvable
-				}
+				verdict[i], reason[i] = refusal(o.u), o.u.Msg
 				return
 			}
 			scores[i], gens[i] = o.score, o.gen
@@ -317,10 +314,10 @@ func (x *Extender) bounds(req *placement.Request) bool {
 // refineBounds is pick-one Filter's second pass: it evaluates the bounded nodes (bounded[i]) whose
 // bound reaches the best score known, highest bound first, and stops where the next bound is below
 // the best score found (by more than keepBest's tie margin: nodes that may tie are evaluated, so
-// that its tie-breaks see their scores). A coarse bound that reaches it is first made a Bound
-// (which also says whether the node fits), and the node evaluated only if that reaches it too.
-// Every node left bounded then scores below the choice, so keepBest picks what it picks after
-// evaluating every node.
+// that its tie-breaks see their scores, unless the tie would go to the leader by name). A coarse
+// bound that reaches it is first made a Bound (which also says whether the node fits), and the
+// node evaluated only if that reaches it too. Every node left bounded then scores below the choice
+// or loses the tie to it, so keepBest picks what it picks after evaluating every node.
 func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.ScoreContext, req *placement.Request, names []string, verdict []uint8, reason []string, scores, gens []float64, bounded []uint8, orderBuf *[]int) {
 	// The leader is the best exact score found and, where keepBest breaks ties by name (not for
 	// experiment or inference pods: GPU generations first), the smallest name among its ties: a
@@ -351,9 +348,12 @@ func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.
 	}
 	// Highest bound first, by integer score (a count sort) and then sorted within each integer only
 	// as far as the best score found reaches (most nodes' bounds end far below it).
+	pending := func(i int) bool {
+		return verdict[i] == verdictFits && bounded[i] != scoreExact && scores[i] >= best-placement.ScoreEpsilon
+	}
 	var count [scoreBuckets + 1]int
 	for i := range verdict {
-		if verdict[i] == verdictFits && bounded[i] != scoreExact && scores[i] >= best-placement.ScoreEpsilon {
+		if pending(i) {
 			count[scoreBucket(scores[i])]++
 		}
 	}
@@ -363,7 +363,7 @@ func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.
 	order := slices.Grow((*orderBuf)[:0], count[0])[:count[0]]
 	next := count // next[b+1]: the next free position of bucket b
 	for i := range verdict {
-		if verdict[i] == verdictFits && bounded[i] != scoreExact && scores[i] >= best-placement.ScoreEpsilon {
+		if pending(i) {
 			b := scoreBucket(scores[i])
 			order[next[b+1]] = i
 			next[b+1]++
@@ -388,10 +388,7 @@ func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.
 		if bounded[i] == scoreCoarse {
 			o, kind, _ := x.boundOutcome(tab, scs[w], slot, n, req, false)
 			if o.u != nil {
-				verdict[i], reason[i] = verdictFailed, o.u.Msg
-				if o.u.Unresolvable {
-					verdict[i] = verdictUnresolvable
-				}
+				verdict[i], reason[i] = refusal(o.u), o.u.Msg
 				return true
 			}
 			scores[i], gens[i], bounded[i] = o.score, o.gen, kind
@@ -402,7 +399,7 @@ func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.
 		if bounded[i] == scoreBound {
 			o := x.evaluate(tab, scs[w], slot, n, req, true)
 			if o.u != nil { // cannot happen: the bound pass saw the same state fit
-				verdict[i], reason[i] = verdictFailed, o.u.Msg
+				verdict[i], reason[i] = refusal(o.u), o.u.Msg
 				return true
 			}
 			scores[i], gens[i], bounded[i] = o.score, o.gen, scoreExact
@@ -424,6 +421,14 @@ func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.
 		again(seg, refine)
 	}
 	*orderBuf = order
+}
+
+// refusal is the verdict of a node that u refuses.
+func refusal(u *placement.Unfit) uint8 {
+	if u.Unresolvable {
+		return verdictUnresolvable
+	}
+	return verdictFailed
 }
 
 // leader is refineBounds' best node so far: its exact score and name.
