@@ -274,7 +274,7 @@ func (e *Engine) CoarseBound(sc *ScoreContext, n *NodeState, r *Request, nb *Nod
 		free[i] = int(g.free)
 		ok := g.freeWhole
 		if c.Shares > 0 {
-			ok = g.shareable && free[i] >= c.Milli && (g.memory == 0 || g.usedMemory+c.shareMemoryOn(g.memory) <= g.memory)
+			ok = g.shareable && shareRoom(free[i], g.memory, g.usedMemory, c)
 		}
 		if ok && (len(r.Models) == 0 || r.modelAllowed(n.GPUs[i].Model)) {
 			fits |= 1 << i

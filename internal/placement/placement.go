@@ -221,11 +221,13 @@ func sortedKeys(m map[string]bool) []string {
 
 // shareFits reports whether one share of c fits on g.
 func shareFits(g *GPUState, r *Request, c *ContainerShape) bool {
-	if !g.Usable || g.Whole || !r.modelAllowed(g.Model) || g.FreeMilli() < c.Milli {
-		return false
-	}
-	mem := c.shareMemoryOn(g.Memory)
-	return g.Memory == 0 || g.UsedMemory+mem <= g.Memory
+	return g.Usable && !g.Whole && r.modelAllowed(g.Model) && shareRoom(g.FreeMilli(), g.Memory, g.UsedMemory, c)
+}
+
+// shareRoom reports whether a GPU with free compute and memory of which used is taken has room for
+// one share of c (what shareFits asks beyond the GPU's mode and model).
+func shareRoom(free int, memory, used int64, c *ContainerShape) bool {
+	return free >= c.Milli && (memory == 0 || used+c.shareMemoryOn(memory) <= memory)
 }
 
 // interchangeable reports whether two GPUs are the same for placement: same model and size, same
