@@ -23,7 +23,8 @@ type Result struct {
 	// by pod class ("share", "1gpu", "2gpu", ...): at 100% it is exactly the unallocated capacity.
 	FailedMilli map[string]int64
 	// Free100 breaks the free GPU compute at the 100% checkpoint down (per-mille): "partial" on GPUs
-	// already shared, "whole" free GPUs, and of those "whole-cpu<4" on nodes with under 4 free CPUs.
+	// already shared, "whole" free GPUs, and of those "whole-cpu<4" on nodes with under 4 free CPUs;
+	// "floor" is the least "partial" any placement of the shares placed by then leaves (packingFloor).
 	Free100 map[string]int64
 }
 
@@ -204,6 +205,7 @@ func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, erro
 		points[i].at = at
 	}
 	last := len(Checkpoints) - 1
+	shares := make([]int, placement.MilliPerGPU) // placed shares by compute
 	for _, pod := range c.Arrivals(seed, inflate) {
 		r := pod.Request()
 		if c.shapes == nil {
@@ -217,6 +219,9 @@ func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, erro
 		if i >= 0 {
 			nodes[i].Apply(r, &p)
 			allocated += int64(r.GPUMilli())
+			if pod.GPUMilli > 0 && pod.GPUMilli < placement.MilliPerGPU {
+				shares[pod.GPUMilli] += pod.NumGPU
+			}
 		} else {
 			if c.shapes == nil && r.WantsGPU() {
 				st.Observe(r, -1) // a pod that cannot run leaves the learned mix, as in the extender
@@ -235,6 +240,7 @@ func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, erro
 		}
 		if before < Checkpoints[last] && arrivePct >= Checkpoints[last] {
 			res.Free100 = freeBreakdown(nodes)
+			res.Free100["floor"] = packingFloor(shares)
 		}
 	}
 	for k := range points {

@@ -70,3 +70,25 @@ func TestArrivalsInflateAsReference(t *testing.T) {
 		}
 	}
 }
+
+// TestRunReportsPackingFloor: the run reports, at the 100% checkpoint, the packing floor of the
+// shares placed by then, and what they really leave free is never below it.
+func TestRunReportsPackingFloor(t *testing.T) {
+	var nodes []Node
+	for i := range 4 {
+		nodes = append(nodes, Node{Name: fmt.Sprintf("n%d", i), CPUMilli: 64000, MemMiB: 1 << 20, GPUs: 2, Model: "A"})
+	}
+	// 600s never share a GPU: each leaves 400 free whatever the policy.
+	pods := []Pod{{Name: "s", CPUMilli: 1000, NumGPU: 1, GPUMilli: 600}, {Name: "w", CPUMilli: 1000, NumGPU: 1, GPUMilli: 1000}}
+	c := NewCluster(nodes, pods)
+	for _, policy := range []string{"tessera", "fgd"} {
+		res, err := c.Run(policy, 42, 1.3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		floor, partial := res.Free100["floor"], res.Free100["partial"]
+		if floor == 0 || floor%400 != 0 || partial < floor {
+			t.Fatalf("%s: floor %d, partial %d: want a positive multiple of 400, at most partial", policy, floor, partial)
+		}
+	}
+}
