@@ -221,7 +221,7 @@ func report(w io.Writer, policies []string, results map[string][]simulate.Result
 			fmt.Fprintf(w, " %s=%.2f", c, median(xs))
 		}
 		fmt.Fprintf(w, "   free at 100%%:")
-		for _, c := range []string{"partial", "floor", "whole", "whole-cpu<4"} {
+		for _, c := range []string{"partial", "floor", "offline", "whole", "whole-cpu<4"} {
 			var xs []float64
 			for _, r := range results[p] {
 				xs = append(xs, 100*float64(r.Free100[c])/float64(capacity))

@@ -50,3 +50,29 @@ func packingFloor(count []int) int64 {
 	bins = max(bins, (sum+c-1)/c) // L1, for K = 0 (the sizes below 1 per-mille do not occur)
 	return bins*c - sum
 }
+
+// offlineWaste is the free compute best-fit decreasing leaves on the GPUs holding these shares: an
+// offline packer that sees every share before placing any (largest first, each onto the GPU with the
+// least room that takes it). No online policy is owed this figure; it shows how much of the distance
+// from packingFloor an online policy could hope to close.
+func offlineWaste(count []int) int64 {
+	const c = placement.MilliPerGPU
+	rooms := make([]int, c) // rooms[r]: GPUs opened with r per-mille free (r < c)
+	var gpus, sum int64
+	for s := min(len(count), c) - 1; s >= 1; s-- {
+		for range count[s] {
+			sum += int64(s)
+			r := s
+			for r < c && rooms[r] == 0 {
+				r++
+			}
+			if r == c {
+				gpus++ // a new GPU
+			} else {
+				rooms[r]--
+			}
+			rooms[r-s]++
+		}
+	}
+	return gpus*c - sum
+}

@@ -56,6 +56,9 @@ func TestPackingFloorBelowOptimum(t *testing.T) {
 		if got > opt {
 			t.Fatalf("trial %d %v: floor %d above the optimum's waste %d", trial, items, got, opt)
 		}
+		if off := offlineWaste(count); off < opt || off%1000 != opt%1000 {
+			t.Fatalf("trial %d %v: offline packer's waste %d, the optimum's %d: below it, or not whole GPUs apart", trial, items, off, opt)
+		}
 		if got == opt {
 			exact++
 		}
@@ -91,4 +94,29 @@ func optimalBins(items []int) int {
 	}
 	place(0)
 	return best
+}
+
+// TestOfflineWasteKnownAnswers: best-fit decreasing on multisets where its packing is known.
+func TestOfflineWasteKnownAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		items map[int]int
+		want  int64
+	}{
+		{"none", nil, 0},
+		{"pairs fill GPUs", map[int]int{500: 4}, 0},
+		// 810s first, then each 160 into a 190 hole: ten GPUs of 970.
+		{"fillers into the holes", map[int]int{810: 10, 160: 10}, 10*1000 - 9700},
+		// Largest first: the 400 goes beside the 600 (its exact room), the 300 beside the 700.
+		{"complements paired", map[int]int{700: 1, 600: 1, 400: 1, 300: 1}, 0},
+		{"three 400s need two GPUs", map[int]int{400: 3}, 2*1000 - 1200},
+	} {
+		count := make([]int, 1000)
+		for s, c := range tc.items {
+			count[s] = c
+		}
+		if got := offlineWaste(count); got != tc.want {
+			t.Errorf("%s: offline waste %d, want %d", tc.name, got, tc.want)
+		}
+	}
 }

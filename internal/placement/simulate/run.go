@@ -24,7 +24,8 @@ type Result struct {
 	FailedMilli map[string]int64
 	// Free100 breaks the free GPU compute at the 100% checkpoint down (per-mille): "partial" on GPUs
 	// already shared, "whole" free GPUs, and of those "whole-cpu<4" on nodes with under 4 free CPUs;
-	// "floor" is the least "partial" any placement of the shares placed by then leaves (packingFloor).
+	// "floor" is the least "partial" any placement of the shares placed by then leaves (packingFloor),
+	// "offline" what an offline packer of them leaves (offlineWaste).
 	Free100 map[string]int64
 }
 
@@ -241,6 +242,7 @@ func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, erro
 		if before < Checkpoints[last] && arrivePct >= Checkpoints[last] {
 			res.Free100 = freeBreakdown(nodes)
 			res.Free100["floor"] = packingFloor(shares)
+			res.Free100["offline"] = offlineWaste(shares)
 		}
 	}
 	for k := range points {
