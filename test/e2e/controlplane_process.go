@@ -2,16 +2,22 @@ package e2e
 
 import (
 	"crypto/tls"
+	"errors"
 	"fmt"
+	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Process is one long-running binary of a test stack (etcd, kube-apiserver, an extender...): it can
@@ -117,30 +123,107 @@ func (p *Process) LogTail(n int) string {
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
-// freePort returns a TCP port on 127.0.0.1 that nothing listens on right now and that it has not
-// returned before in this process. Several stacks may run on one machine at once (other packages'
-// tests, other checkouts), so no port is hard-coded; and a port handed out is often bound only
-// later (the extender's, after the control plane has started), so the kernel may offer it again
-// meanwhile: once etcd took the extender's port that way and TestDRA failed in CI.
+// freePort returns a TCP port on 127.0.0.1 that nothing listens on right now, that it has not
+// returned before in this process, and that no other test process on the machine holds. Several
+// stacks may run on one machine at once (go test runs packages in parallel; other checkouts), so no
+// port is hard-coded; and a port handed out is often bound only later (the extender's, after the
+// control plane has started), so meanwhile:
+//   - the kernel may hand it to an outbound connection (once etcd's client took the extender's port
+//     that way and TestDRA failed in CI): ports come from below the kernel's ephemeral range, which
+//     outbound connections never use;
+//   - another test process may pick it too: each port handed out is locked in a machine-wide
+//     register (reservePort) until this process exits.
 func freePort(t testing.TB) int {
 	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		l.Close()
-		if _, taken := handedOut.LoadOrStore(port, true); !taken {
-			return port
-		}
+	portRegister.once.Do(func() {
+		path := filepath.Join(os.TempDir(), "tessera-e2e-ports.lock")
+		portRegister.f, portRegister.err = os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o666)
+	})
+	if portRegister.err != nil {
+		t.Fatalf("freePort: open the port register: %v", portRegister.err)
 	}
-	t.Fatal("freePort: the kernel kept offering ports handed out before")
-	return 0
+	lo, hi := portRange()
+	port, err := pickPort(portRegister.f, lo, hi, &handedOut)
+	if err != nil {
+		t.Fatalf("freePort: %v", err)
+	}
+	return port
+}
+
+// pickPort returns a port in [lo, hi) not in used that it could lock in the register f and bind on
+// 127.0.0.1 (then closed), and adds it to used. It scans from a random port, so that processes
+// starting together do not contend for the same ones.
+func pickPort(f *os.File, lo, hi int, used *sync.Map) (int, error) {
+	start := rand.IntN(hi - lo)
+	for i := range hi - lo {
+		port := lo + (start+i)%(hi-lo)
+		if _, taken := used.Load(port); taken {
+			continue
+		}
+		ok, err := lockPort(f, port)
+		if err != nil {
+			return 0, err
+		}
+		if !ok {
+			continue // another test process holds it
+		}
+		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			continue // in use outside the register (left locked: no test should take it either)
+		}
+		l.Close()
+		used.Store(port, true)
+		return port, nil
+	}
+	return 0, fmt.Errorf("every port in [%d, %d) is in use, handed out or held by another test process", lo, hi)
 }
 
 // handedOut are the ports freePort returned (never twice in one process).
 var handedOut sync.Map
+
+// portRange is where freePort looks: below the kernel's ephemeral range (or above it where there is
+// no room below), so that no outbound connection can take a port before its server binds it.
+func portRange() (lo, hi int) {
+	const low, room = 20000, 2000
+	lo, hi = low, 32768 // Linux's default ephemeral range starts at 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return lo, hi
+	}
+	var elo, ehi int
+	if _, err := fmt.Sscan(string(b), &elo, &ehi); err != nil {
+		return lo, hi
+	}
+	switch {
+	case elo-low >= room:
+		return low, elo
+	case 65535-ehi >= room:
+		return ehi + 1, 65536
+	}
+	return 10000, 65536 // the ephemeral range leaves no room: the register still keeps test processes apart
+}
+
+// portRegister is the machine-wide register of ports handed out by test processes: one byte per
+// port of a lock file, locked with an open-file-description lock (held until this process exits, or
+// until the file description is closed; a second description, as another process has, conflicts).
+var portRegister struct {
+	once sync.Once
+	f    *os.File
+	err  error
+}
+
+// lockPort takes port's byte in the register file f (false: another file description holds it).
+func lockPort(f *os.File, port int) (bool, error) {
+	lk := unix.Flock_t{Type: unix.F_WRLCK, Whence: io.SeekStart, Start: int64(port), Len: 1}
+	switch err := unix.FcntlFlock(f.Fd(), unix.F_OFD_SETLK, &lk); {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, unix.EAGAIN) || errors.Is(err, unix.EACCES):
+		return false, nil
+	default:
+		return false, fmt.Errorf("lock port %d in %s: %w", port, f.Name(), err)
+	}
+}
 
 // waitFor polls cond every interval until it returns true or the deadline passes; it returns the
 // last error cond gave (nil on success).
