@@ -106,10 +106,12 @@ POLICIES ?= tessera,fgd,kube-scheduler
 # after the first N arrivals (pods/s at scale; the line then says the 100% point was not reached).
 NODE_COPIES ?= 1
 ARRIVALS ?= 0
+# VARY=...: a variant of the pod list as tessera-sim --vary derives it (e.g. multigpu-request=0.5).
+VARY ?=
 bench-placement: tools
 	TESSERA_BENCH_NODES=$(abspath $(NODES)) TESSERA_BENCH_PODS=$(abspath $(PODS)) TESSERA_BENCH_SEED=$(SEED) \
 	TESSERA_BENCH_LIMIT=$(LIMIT) TESSERA_BENCH_POLICIES=$(POLICIES) \
-	TESSERA_BENCH_NODE_COPIES=$(NODE_COPIES) TESSERA_BENCH_ARRIVALS=$(ARRIVALS) \
+	TESSERA_BENCH_NODE_COPIES=$(NODE_COPIES) TESSERA_BENCH_ARRIVALS=$(ARRIVALS) TESSERA_BENCH_VARY=$(VARY) \
 	$(GO) test -run '^$$' -bench '^BenchmarkPlacement$$' -benchtime 1x -timeout 180m ./test/e2e/
 
 # The main job end to end: a one-node Kubernetes cluster with Tessera on the simulated 8-GPU node,

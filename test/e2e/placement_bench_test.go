@@ -39,7 +39,9 @@ const policyKubeScheduler = "kube-scheduler"
 //
 // Environment: TESSERA_BENCH_NODES, TESSERA_BENCH_PODS (CSV; default the openb default trace),
 // TESSERA_BENCH_SEED (42), TESSERA_BENCH_LIMIT (first N pods of the list, 0 = all),
-// TESSERA_BENCH_POLICIES (tessera,fgd,kube-scheduler), TESSERA_BENCH_NODE_COPIES (each node of the
+// TESSERA_BENCH_POLICIES (tessera,fgd,kube-scheduler), TESSERA_BENCH_VARY (a variant of the pod list
+// as tessera-sim's --vary derives it, e.g. multigpu-request=0.5; empty: the list as it is),
+// TESSERA_BENCH_NODE_COPIES (each node of the
 // list k times, 1 = as listed; the arrivals follow the capacity, since the protocol resamples pods
 // up to 130% of it) and TESSERA_BENCH_ARRIVALS (stop after the first N arrivals, 0 = all; a run
 // stopped before the 100% arrived point prints the load it reached, not a number at 100%).
@@ -71,6 +73,13 @@ func BenchmarkPlacement(b *testing.B) {
 	}
 	if limit > 0 && limit < len(pods) {
 		pods = pods[:limit]
+	}
+	if vary := os.Getenv("TESSERA_BENCH_VARY"); vary != "" {
+		v, err := simulate.ParseVariant(vary)
+		if err != nil {
+			b.Fatalf("TESSERA_BENCH_VARY: %v", err)
+		}
+		pods = simulate.Vary(pods, nodes, v, 1) // as tessera-sim --vary
 	}
 	cluster := simulate.NewCluster(nodes, pods)
 	arrivals := len(cluster.Arrivals(seed, 1.3))
