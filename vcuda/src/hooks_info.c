@@ -288,6 +288,8 @@ VC_EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t dev, n
         return NVML_ERROR_INVALID_ARGUMENT;
     if (pl->version != nvmlProcessDetailList_v1)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (pl->mode > 2) /* 0 compute, 1 graphics, 2 MPS compute: as the driver, refuse others */
+        return NVML_ERROR_INVALID_ARGUMENT;
     nvmlReturn_t r = container_procs(dev, pl->mode == 0 ? 0 : 1, &l);
     if (r != NVML_SUCCESS)
         return r;

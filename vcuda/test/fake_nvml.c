@@ -279,6 +279,8 @@ EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, nvmlPr
         return NVML_ERROR_INVALID_ARGUMENT;
     if (l->version != nvmlProcessDetailList_v1)
         return NVML_ERROR_ARGUMENT_VERSION_MISMATCH;
+    if (l->mode > 2) /* 0 compute, 1 graphics, 2 MPS compute */
+        return NVML_ERROR_INVALID_ARGUMENT;
     if (l->mode != 0) { /* graphics and MPS: none on the fake */
         l->numProcArrayEntries = 0;
         return NVML_SUCCESS;

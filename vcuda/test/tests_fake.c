@@ -9,7 +9,8 @@
 #include "util.h"
 
 /* NVML's compute process lists (nvmlDeviceGetComputeRunningProcesses v1,
- * v2, v3) size themselves as NVIDIA's nvml.h documents them (the doc
+ * v2, v3, and nvmlDeviceGetRunningProcessDetailList in compute mode, with
+ * numProcArrayEntries and procArray for *infoCount and infos) size themselves as NVIDIA's nvml.h documents them (the doc
  * comments of those functions; e.g. NVML 12.2 as vendored in NVIDIA/go-nvml,
  * pkg/nvml/nvml.h): *infoCount = 0 asks how many processes there are, with
  * infos allowed to be NULL, and answers NVML_SUCCESS when none run, else
@@ -38,24 +39,44 @@ static const sizing_row sizing_rows[] = {
     {"room for 4, two processes", 2, 4, 1, NVML_SUCCESS, 2},
 };
 
-/* One call of list version ver (1, 2, 3); on success the entries' pids and
- * memory are copied out. */
+/* One call of list version ver (1, 2, 3: nvmlDeviceGetComputeRunningProcesses
+ * v1, v2, v3; 4: nvmlDeviceGetRunningProcessDetailList in compute mode, whose
+ * numProcArrayEntries and procArray size it as *infoCount and infos do the
+ * others, per its nvml.h doc comment); count NULL passes no count (for the
+ * detail list: no list). On success the entries' pids and memory are copied
+ * out. */
+static const char *const list_name[] = {"", "v1", "v2", "v3", "detail list"};
+enum { LISTS = 4 };
+
 static nvmlReturn_t list(int ver, nvmlDevice_t d, unsigned *count, int array, unsigned pid[8],
                          unsigned long long used[8]) {
     nvmlProcessInfo_v1_t v1[8];
     nvmlProcessInfo_t v2[8];
+    nvmlProcessDetail_v1_t det[8];
     memset(v1, 0, sizeof(v1));
     memset(v2, 0, sizeof(v2));
-    nvmlReturn_t r = ver == 1   ? nvmlDeviceGetComputeRunningProcesses(d, count, array ? v1 : NULL)
-                     : ver == 2 ? nvmlDeviceGetComputeRunningProcesses_v2(d, count, array ? v2 : NULL)
-                                : nvmlDeviceGetComputeRunningProcesses_v3(d, count, array ? v2 : NULL);
+    memset(det, 0, sizeof(det));
+    nvmlReturn_t r;
+    if (ver == 4) {
+        nvmlProcessDetailList_t dl = {nvmlProcessDetailList_v1, 0, count ? *count : 0, array ? det : NULL};
+        r = nvmlDeviceGetRunningProcessDetailList(d, count ? &dl : NULL);
+        if (count)
+            *count = dl.numProcArrayEntries;
+    } else {
+        r = ver == 1   ? nvmlDeviceGetComputeRunningProcesses(d, count, array ? v1 : NULL)
+            : ver == 2 ? nvmlDeviceGetComputeRunningProcesses_v2(d, count, array ? v2 : NULL)
+                       : nvmlDeviceGetComputeRunningProcesses_v3(d, count, array ? v2 : NULL);
+    }
     if (r == NVML_SUCCESS && count)
         for (unsigned i = 0; i < *count && i < 8; i++) {
-            pid[i] = ver == 1 ? v1[i].pid : v2[i].pid;
-            used[i] = ver == 1 ? v1[i].usedGpuMemory : v2[i].usedGpuMemory;
-            if (ver != 1)
+            pid[i] = ver == 1 ? v1[i].pid : ver == 4 ? det[i].pid : v2[i].pid;
+            used[i] = ver == 1 ? v1[i].usedGpuMemory : ver == 4 ? det[i].usedGpuMemory : v2[i].usedGpuMemory;
+            if (ver == 2 || ver == 3)
                 CHECK(v2[i].gpuInstanceId == 0xFFFFFFFFu && v2[i].computeInstanceId == 0xFFFFFFFFu,
-                      "v%d: instance ids of a non-MIG GPU", ver);
+                      "%s: instance ids of a non-MIG GPU", list_name[ver]);
+            if (ver == 4)
+                CHECK(det[i].gpuInstanceId == 0xFFFFFFFFu && det[i].computeInstanceId == 0xFFFFFFFFu,
+                      "%s: instance ids of a non-MIG GPU", list_name[ver]);
         }
     return r;
 }
@@ -65,12 +86,12 @@ static void sizing_rows_with(int procs, nvmlDevice_t d, pid_t child) {
         const sizing_row *row = &sizing_rows[k];
         if (row->procs != procs)
             continue;
-        for (int ver = 1; ver <= 3; ver++) {
+        for (int ver = 1; ver <= LISTS; ver++) {
             unsigned count = row->count, pid[8] = {0};
             unsigned long long used[8] = {0};
             nvmlReturn_t r = list(ver, d, &count, row->array, pid, used);
-            CHECK(r == row->want && count == row->want_count, "v%d, %s: returned %d with count %u, want %d with %u",
-                  ver, row->what, r, count, row->want, row->want_count);
+            CHECK(r == row->want && count == row->want_count, "%s, %s: returned %d with count %u, want %d with %u",
+                  list_name[ver], row->what, r, count, row->want, row->want_count);
             if (r != NVML_SUCCESS || procs == 0)
                 continue;
             /* the entries: this process (10 MiB) and the child (20 MiB),
@@ -79,16 +100,30 @@ static void sizing_rows_with(int procs, nvmlDevice_t d, pid_t child) {
                 unsigned long long want = pid[i] == (unsigned)getpid() ? FAKE_CTX_BYTES_SM90 + 10 * MiB
                                           : pid[i] == (unsigned)child ? FAKE_CTX_BYTES_SM90 + 20 * MiB
                                                                       : 0;
-                CHECK(want && used[i] == want, "v%d, %s: entry %u is pid %u with %llu bytes", ver, row->what, i,
-                      pid[i], used[i]);
+                CHECK(want && used[i] == want, "%s, %s: entry %u is pid %u with %llu bytes", list_name[ver], row->what,
+                      i, pid[i], used[i]);
             }
-            CHECK(pid[0] != pid[1], "v%d, %s: one process listed twice", ver, row->what);
+            CHECK(pid[0] != pid[1], "%s, %s: one process listed twice", list_name[ver], row->what);
         }
     }
-    for (int ver = 1; ver <= 3; ver++) {
+    for (int ver = 1; ver <= LISTS; ver++) {
         unsigned pid[8];
         unsigned long long used[8];
-        CHECK(list(ver, d, NULL, 1, pid, used) == NVML_ERROR_INVALID_ARGUMENT, "v%d: infoCount NULL", ver);
+        CHECK(list(ver, d, NULL, 1, pid, used) == NVML_ERROR_INVALID_ARGUMENT, "%s: infoCount (list) NULL",
+              list_name[ver]);
+    }
+    /* The detail list's modes: 0 compute, 1 graphics, 2 MPS compute (none of
+     * those two on the fake: an empty list); any other is
+     * NVML_ERROR_INVALID_ARGUMENT ("plist->mode is invalid"). */
+    nvmlProcessDetail_v1_t det[8];
+    for (unsigned mode = 1; mode <= 3; mode++) {
+        nvmlProcessDetailList_t dl = {nvmlProcessDetailList_v1, mode, 8, det};
+        nvmlReturn_t r = nvmlDeviceGetRunningProcessDetailList(d, &dl);
+        if (mode < 3)
+            CHECK(r == NVML_SUCCESS && dl.numProcArrayEntries == 0, "detail list, mode %u: %d with %u entries", mode,
+                  r, dl.numProcArrayEntries);
+        else
+            CHECK(r == NVML_ERROR_INVALID_ARGUMENT, "detail list, mode %u (invalid): %d", mode, r);
     }
 }
 
@@ -123,9 +158,10 @@ TEST_LIB(fake_nvml_process_list_sizing, "none") {
     CHECK(wait_child(child) == 0, "the second process failed");
 
     CHECK(nvmlShutdown() == NVML_SUCCESS, "shutdown");
-    for (int ver = 1; ver <= 3; ver++) {
+    for (int ver = 1; ver <= LISTS; ver++) {
         unsigned count = 8, pid[8];
         unsigned long long used[8];
-        CHECK(list(ver, d, &count, 1, pid, used) == NVML_ERROR_UNINITIALIZED, "v%d after nvmlShutdown", ver);
+        CHECK(list(ver, d, &count, 1, pid, used) == NVML_ERROR_UNINITIALIZED, "%s after nvmlShutdown",
+              list_name[ver]);
     }
 }

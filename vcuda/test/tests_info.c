@@ -233,6 +233,13 @@ TEST(info_nvml_process_list_is_the_container) {
     nvmlProcessDetailList_t dl = {nvmlProcessDetailList_v1, 0, 4, det};
     CHECK(nvmlDeviceGetRunningProcessDetailList(dev0, &dl) == NVML_SUCCESS && dl.numProcArrayEntries == 2,
           "detail list %u", dl.numProcArrayEntries);
+    dl.mode = 2; /* MPS compute: none in the container */
+    dl.numProcArrayEntries = 4;
+    CHECK(nvmlDeviceGetRunningProcessDetailList(dev0, &dl) == NVML_SUCCESS && dl.numProcArrayEntries == 0,
+          "detail list, MPS %u", dl.numProcArrayEntries);
+    dl.mode = 3; /* no such mode: refused as the driver refuses it */
+    CHECK(nvmlDeviceGetRunningProcessDetailList(dev0, &dl) == NVML_ERROR_INVALID_ARGUMENT, "mode 3");
+    dl.mode = 0;
     dl.version = 0;
     CHECK(nvmlDeviceGetRunningProcessDetailList(dev0, &dl) == NVML_ERROR_ARGUMENT_VERSION_MISMATCH, "version");
     /* no memory on gpu 1: nobody listed there */
