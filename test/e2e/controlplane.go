@@ -82,6 +82,8 @@ type ExtenderConfig struct {
 	// NoBind to let the scheduler bind itself.
 	FilterVerb, PrioritizeVerb, BindVerb string
 	NoBind                               bool
+	// PreemptVerb, when set, makes the scheduler ask the extender about preemption candidates.
+	PreemptVerb string
 	// Weight multiplies the extender's priorities (default 1).
 	Weight int
 	// HTTPTimeout bounds each call (default: the scheduler's, 30s).
@@ -301,6 +303,9 @@ leaderElection:
 `, e.URLPrefix, verb(e.FilterVerb, "filter"), verb(e.PrioritizeVerb, "prioritize"))
 		if !e.NoBind {
 			fmt.Fprintf(&b, "  bindVerb: %s\n", verb(e.BindVerb, "bind"))
+		}
+		if e.PreemptVerb != "" {
+			fmt.Fprintf(&b, "  preemptVerb: %s\n", e.PreemptVerb)
 		}
 		fmt.Fprintf(&b, "  weight: %d\n  enableHTTPS: false\n  nodeCacheCapable: %t\n  ignorable: %t\n", weight, e.NodeCacheCapable, e.Ignorable)
 		if e.HTTPTimeout > 0 {

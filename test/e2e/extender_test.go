@@ -190,6 +190,9 @@ type gpuPod struct {
 	memory    int64 // tessera.dev/vgpu-memory per share, bytes
 	memoryPct int   // tessera.dev/vgpu-memory-percent
 	cores     int   // tessera.dev/vgpu-cores
+	// priority is a PriorityClass name; such pods also get a termination grace period of 0, so
+	// that a victim the scheduler deletes is gone at once (no kubelet confirms it here).
+	priority string
 }
 
 func (p gpuPod) object(ns string) *corev1.Pod {
@@ -211,7 +214,7 @@ func (p gpuPod) object(ns string) *corev1.Pod {
 		lim[api.ResourceShareCores] = q(int64(p.cores))
 	}
 	no := false
-	return &corev1.Pod{
+	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: p.name, Namespace: ns, Labels: map[string]string{"e2e-pool": p.pool}},
 		Spec: corev1.PodSpec{
 			NodeSelector:                 map[string]string{api.LabelPool: p.pool},
@@ -222,6 +225,11 @@ func (p gpuPod) object(ns string) *corev1.Pod {
 			}},
 		},
 	}
+	if p.priority != "" {
+		pod.Spec.PriorityClassName = p.priority
+		pod.Spec.TerminationGracePeriodSeconds = new(int64)
+	}
+	return pod
 }
 
 func (s *extenderStack) createPod(t testing.TB, p gpuPod) {

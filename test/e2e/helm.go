@@ -30,9 +30,8 @@ func helm(t testing.TB, args ...string) (string, error) {
 // chartExtender is the scheduler's extender entry as the chart renders it (templates/scheduler.yaml),
 // pointed at urlPrefix: the e2e control planes call tessera-extender with the chart's settings
 // (nodeCacheCapable, weight, verbs, timeout, managed resources), not with copies of them that could
-// drift. Not carried: the chart's preemptVerb (ExtenderConfig has no preemption; no e2e test makes
-// pods with priorities, so the scheduler would have no victims to ask about) and enableHTTPS (the
-// test extenders serve plain HTTP on loopback; a chart that asks for HTTPS fails here).
+// drift (the preemption verb included: TestExtenderPreemption). Not carried: enableHTTPS (the test
+// extenders serve plain HTTP on loopback; a chart that asks for HTTPS fails here).
 func chartExtender(t testing.TB, urlPrefix string) *ExtenderConfig {
 	t.Helper()
 	out, err := helm(t, "template", "tessera", helmChart(), "--show-only", "templates/scheduler.yaml")
@@ -70,7 +69,7 @@ func chartExtender(t testing.TB, urlPrefix string) *ExtenderConfig {
 	}
 	e := cfg.Extenders[0]
 	x := &ExtenderConfig{URLPrefix: urlPrefix, FilterVerb: e.FilterVerb, PrioritizeVerb: e.PrioritizeVerb,
-		BindVerb: e.BindVerb, NoBind: e.BindVerb == "", Weight: int(e.Weight), HTTPTimeout: e.HTTPTimeout.Duration,
+		BindVerb: e.BindVerb, NoBind: e.BindVerb == "", PreemptVerb: e.PreemptVerb, Weight: int(e.Weight), HTTPTimeout: e.HTTPTimeout.Duration,
 		Ignorable: e.Ignorable, NodeCacheCapable: e.NodeCacheCapable, ManagedResources: []ManagedResource{}}
 	for _, r := range e.ManagedResources {
 		x.ManagedResources = append(x.ManagedResources, ManagedResource{Name: r.Name, IgnoredByScheduler: r.IgnoredByScheduler})
