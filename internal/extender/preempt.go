@@ -1,16 +1,24 @@
 package extender
 
 import (
+	"cmp"
+	"math/bits"
+	"slices"
+	"strings"
+
 	"k8s.io/apimachinery/pkg/types"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
-// Preempt answers the preemption verb: of the scheduler's candidate nodes and victims, it keeps the
-// nodes where evicting those victims frees GPUs the preemptor's request really fits on (the scheduler
-// only counts GPU tokens, so it could evict pods that free the wrong GPUs); the victims are kept as
-// the scheduler chose them.
+// Preempt answers the preemption verb. The scheduler picks victims by counting GPU and share
+// tokens, not by which GPUs they free, so its victims may free none the preemptor fits on. Per
+// candidate node: where its victims free a GPU the request fits on, they are kept as the scheduler
+// chose them; where they do not, the fewest of the node's pods of lower priority than the preemptor
+// (the scheduler's victims among them) whose GPUs free one are named instead (VictimsFreeing); where
+// none do, the node is dropped. The scheduler's count of PodDisruptionBudget violations is kept: the
+// pods named here are not counted against budgets.
 func (x *Extender) Preempt(args *extenderv1.ExtenderPreemptionArgs) *extenderv1.ExtenderPreemptionResult {
 	out := &extenderv1.ExtenderPreemptionResult{NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{}}
 	if args.Pod == nil {
@@ -19,6 +27,10 @@ func (x *Extender) Preempt(args *extenderv1.ExtenderPreemptionArgs) *extenderv1.
 	req, err := RequestFromPod(args.Pod, x.Class)
 	if err != nil {
 		return out
+	}
+	var priority int32
+	if args.Pod.Spec.Priority != nil {
+		priority = *args.Pod.Spec.Priority
 	}
 	victims := map[string][]types.UID{}
 	meta := map[string]*extenderv1.MetaVictims{}
@@ -37,17 +49,100 @@ func (x *Extender) Preempt(args *extenderv1.ExtenderPreemptionArgs) *extenderv1.
 		meta[node] = mv
 	}
 	for node, uids := range victims {
-		if x.State.FitsWithout(node, uids, req) {
+		named, ok := x.State.VictimsFreeing(node, uids, req, priority)
+		switch {
+		case !ok:
+		case named == nil:
 			out.NodeNameToMetaVictims[node] = meta[node]
+		default:
+			mv := &extenderv1.MetaVictims{NumPDBViolations: meta[node].NumPDBViolations}
+			for _, uid := range named {
+				mv.Pods = append(mv.Pods, &extenderv1.MetaPod{UID: string(uid)})
+			}
+			out.NodeNameToMetaVictims[node] = mv
 		}
 	}
 	return out
 }
 
-// FitsWithout reports whether req fits the node once the given pods' GPUs, CPU and memory are freed.
-func (s *State) FitsWithout(node string, victims []types.UID, req *placement.Request) bool {
+// maxVictimSearch bounds the pods whose subsets VictimsFreeing tries (2^n fit checks of a node);
+// past it, it adds pods greedily, lowest priority first.
+const maxVictimSearch = 12
+
+// VictimsFreeing reports whether req fits the node once victims are gone (named nil), or else once
+// some set of the victims and the node's other GPU pods of priority below the preemptor's are gone
+// (named: the fewest such pods, then the lowest summed priority).
+func (s *State) VictimsFreeing(node string, victims []types.UID, req *placement.Request, below int32) (named []types.UID, ok bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
+	if s.fitsWithoutLocked(node, victims, req) {
+		return nil, true
+	}
+	// The candidates: the scheduler's victims (chosen by it below the preemptor's priority) and the
+	// node's other GPU pods below it, lowest priority first, then by name.
+	type cand struct {
+		uid      types.UID
+		priority int32
+		key      string
+	}
+	var cands []cand
+	seen := map[types.UID]bool{}
+	for _, uid := range victims {
+		if p := s.pods[uid]; p != nil && !seen[uid] {
+			seen[uid] = true
+			cands = append(cands, cand{uid, p.priority, p.key})
+		}
+	}
+	for uid, p := range s.podsOn[node] {
+		if !seen[uid] && p.applied && !p.reserved && p.priority < below {
+			cands = append(cands, cand{uid, p.priority, p.key})
+		}
+	}
+	slices.SortFunc(cands, func(a, b cand) int {
+		if a.priority != b.priority {
+			return cmp.Compare(a.priority, b.priority)
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	uids := func(mask uint64) []types.UID {
+		var out []types.UID
+		for i := range cands {
+			if mask>>i&1 == 1 {
+				out = append(out, cands[i].uid)
+			}
+		}
+		return out
+	}
+	if len(cands) > maxVictimSearch {
+		for i := range cands {
+			if set := uids(1<<(i+1) - 1); s.fitsWithoutLocked(node, set, req) {
+				return set, true
+			}
+		}
+		return nil, false
+	}
+	best, bestN, bestSum := uint64(0), len(cands)+1, int64(0)
+	for mask := uint64(1); mask < 1<<len(cands); mask++ {
+		n, sum := bits.OnesCount64(mask), int64(0)
+		for i := range cands {
+			if mask>>i&1 == 1 {
+				sum += int64(cands[i].priority)
+			}
+		}
+		if n > bestN || (n == bestN && sum >= bestSum) || !s.fitsWithoutLocked(node, uids(mask), req) {
+			continue
+		}
+		best, bestN, bestSum = mask, n, sum
+	}
+	if best == 0 {
+		return nil, false
+	}
+	return uids(best), true
+}
+
+// fitsWithoutLocked reports whether req fits the node once the given pods' GPUs, CPU and memory are
+// freed.
+func (s *State) fitsWithoutLocked(node string, victims []types.UID, req *placement.Request) bool {
 	e := s.nodes[node]
 	if e == nil || e.inv == nil {
 		return false

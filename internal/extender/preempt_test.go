@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"slices"
 	"testing"
 
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -42,5 +43,57 @@ func TestPreemptKeepsOnlyNodesWhereVictimsFreeTheRightGPU(t *testing.T) {
 	}
 	if _, ok := res.NodeNameToMetaVictims["n2"]; !ok {
 		t.Fatal("n2 dropped although its victims free both GPUs")
+	}
+}
+
+// TestPreemptNamesTheVictimsThatFreeAGPU: GPU 0 holds a low-priority and a mid-priority 30% share,
+// GPU 1 two mid-priority 50% shares. An 80% preemptor of high priority for whom the scheduler picked
+// the low share (by tokens; it frees too little) gets the fewest pods that free a GPU, the cheapest
+// of those: the low share and the mid share beside it (not GPU 1's two mid shares, which cost more);
+// the same set where the scheduler had picked one of GPU 1's shares, which is then spared. A
+// preemptor of priority between the two may evict only the low share: the node is dropped.
+func TestPreemptNamesTheVictimsThatFreeAGPU(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	x.State.UpsertNode(testNode(testInventory("n1", 1, 2, "T4"), nil))
+	uid := map[string]string{}
+	for _, s := range []struct {
+		name       string
+		gpu, cores int
+		priority   int32
+	}{{"low", 0, 30, 100}, {"mid-z0", 0, 30, 1000}, {"mid-a1", 1, 50, 1000}, {"mid-b1", 1, 50, 1000}} {
+		p := assigned(sharePod(s.name, 1, 2, s.cores), "n1", api.DeviceAssignment{UUID: gpuUUID(1, s.gpu), MemoryBytes: 2 << 30, CoresPercent: s.cores})
+		p.Spec.Priority = &s.priority
+		x.State.UpsertPod(p, x.Class)
+		uid[s.name] = string(p.UID)
+	}
+	preemptor := func(priority int32) *extenderv1.ExtenderPreemptionArgs {
+		p := sharePod("big", 1, 2, 80)
+		p.Spec.Priority = &priority
+		return &extenderv1.ExtenderPreemptionArgs{Pod: p, NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{
+			"n1": {Pods: []*extenderv1.MetaPod{{UID: uid["low"]}}, NumPDBViolations: 0}}}
+	}
+	res := x.Preempt(preemptor(10000))
+	mv := res.NodeNameToMetaVictims["n1"]
+	if mv == nil {
+		t.Fatal("n1 dropped: evicting the low and the mid share on GPU 0 frees it")
+	}
+	var got []string
+	for _, p := range mv.Pods {
+		got = append(got, p.UID)
+	}
+	if want := []string{uid["low"], uid["mid-z0"]}; !slices.Equal(got, want) {
+		t.Fatalf("victims %v, want the scheduler's low share then mid-z0 %v", got, want)
+	}
+	args := preemptor(10000)
+	args.NodeNameToMetaVictims["n1"].Pods = []*extenderv1.MetaPod{{UID: uid["mid-a1"]}}
+	got = nil
+	for _, p := range x.Preempt(args).NodeNameToMetaVictims["n1"].Pods {
+		got = append(got, p.UID)
+	}
+	if want := []string{uid["low"], uid["mid-z0"]}; !slices.Equal(got, want) {
+		t.Fatalf("victims %v where the scheduler picked mid-a1, want %v", got, want)
+	}
+	if res := x.Preempt(preemptor(500)); len(res.NodeNameToMetaVictims) != 0 {
+		t.Fatalf("a preemptor of priority 500 may evict only the low share, which frees too little: %v", res.NodeNameToMetaVictims)
 	}
 }

@@ -111,6 +111,9 @@ type podEntry struct {
 	assignment *api.PodAssignment
 	placement  placement.Placement
 	applied    bool
+	// priority is the pod's (spec.priority, resolved by admission): preemption may name it as a
+	// victim only for a preemptor of higher priority.
+	priority int32
 	// reserved marks an in-flight decision (bind not landed yet); expires bounds it.
 	reserved bool
 	expires  time.Time
@@ -275,6 +278,9 @@ func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
 		s.removeLocked(old)
 	}
 	p := &podEntry{uid: pod.UID, key: pod.Namespace + "/" + pod.Name, namespace: pod.Namespace, node: a.Node, req: req, assignment: a}
+	if pod.Spec.Priority != nil {
+		p.priority = *pod.Spec.Priority
+	}
 	s.addLocked(p)
 }
 

@@ -15,17 +15,19 @@ import (
 
 // TestExtenderPreemption: the real kube-scheduler asks the extender before it evicts (the chart's
 // preemptVerb). The scheduler counts share tokens, not which GPU its victims free:
-//   - where the victims it picks free no GPU the preemptor fits on, the extender drops the node
-//     and nothing is evicted (without the verb the scheduler evicts a pod for nothing, and the
-//     preemptor still cannot run: TestExtenderPreemption fails when the verb is left out);
-//   - where they do, the victim goes and the preemptor is bound to the GPU it freed.
+//   - where nothing the preemptor may evict frees a GPU it fits on, the extender drops the node and
+//     nothing is evicted (without the verb the scheduler evicts a pod for nothing, and the
+//     preemptor still cannot run);
+//   - where the scheduler's victims free too little but other pods of lower priority would, the
+//     extender names the fewest such pods, and the preemptor is bound to the GPU they free;
+//   - where the scheduler's victims suffice, they go and the preemptor gets their GPU.
 func TestExtenderPreemption(t *testing.T) {
 	if chartExtender(t, "http://unused").PreemptVerb == "" {
 		t.Fatal("the chart's scheduler config has no preemptVerb: preemption would evict without asking the extender")
 	}
 	s := startExtenderStack(t, nil)
 	ctx := context.Background()
-	for name, value := range map[string]int32{"e2e-low": 100, "e2e-mid": 1000, "e2e-high": 10000} {
+	for name, value := range map[string]int32{"e2e-low": 100, "e2e-lowmid": 500, "e2e-mid": 1000, "e2e-high": 10000} {
 		pc := &schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: name}, Value: value}
 		if _, err := s.Client.SchedulingV1().PriorityClasses().Create(ctx, pc, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("priority class %s: %v", name, err)
@@ -36,37 +38,61 @@ func TestExtenderPreemption(t *testing.T) {
 		specs[p.name] = p
 		s.createPod(t, p)
 	}
-
-	// Victims that free nothing. Two GPUs with two share tokens each: two low-priority 30% shares
-	// on one GPU, two mid-priority 50% shares on the other; all four tokens taken. An 80% share of
-	// high priority needs one token: the scheduler would evict one low pod, which leaves its GPU
-	// at 30% used, 70% free.
-	const useless = "useless"
-	s.addNode(t, gpuNode{name: "useless-a", pool: useless, gpus: 2, memory: 40 * gib, sharesPerGPU: 2})
-	create(gpuPod{name: "low-a", pool: useless, shares: 1, memory: gib, cores: 30, priority: "e2e-low"})
-	create(gpuPod{name: "low-b", pool: useless, shares: 1, memory: gib, cores: 30, priority: "e2e-low"})
-	s.waitBound(t, useless, []string{"low-a", "low-b"}, time.Minute)
-	create(gpuPod{name: "mid-c", pool: useless, shares: 1, memory: gib, cores: 50, priority: "e2e-mid"})
-	create(gpuPod{name: "mid-d", pool: useless, shares: 1, memory: gib, cores: 50, priority: "e2e-mid"})
-	before := s.waitBound(t, useless, []string{"low-a", "low-b", "mid-c", "mid-d"}, time.Minute)
-	s.checkAssignments(t, before, specs)
-	if g := gpusOf(t, before); g["low-a"] != g["low-b"] || g["mid-c"] != g["mid-d"] || g["low-a"] == g["mid-c"] {
-		t.Fatalf("the case needs the low pods on one GPU and the mid pods on the other: %v", g)
+	gone := func(name string) bool {
+		p, err := s.Client.CoreV1().Pods(s.ns).Get(ctx, name, metav1.GetOptions{})
+		return apierrors.IsNotFound(err) || (err == nil && p.DeletionTimestamp != nil)
 	}
-	create(gpuPod{name: "high-80", pool: useless, shares: 1, memory: gib, cores: 80, priority: "e2e-high"})
-	msg := s.waitUnschedulable(t, "high-80", "preemption")
-	t.Logf("high-80: %s", msg)
+
+	// Two GPUs with two share tokens each: a low- and a mid-priority 30% share on one GPU, two
+	// mid-priority 50% shares on the other; all four tokens taken. An 80% share needs one token, so
+	// the scheduler picks the low share as its victim, which leaves that GPU 70% free.
+	const pool = "tokens"
+	s.addNode(t, gpuNode{name: "tokens-a", pool: pool, gpus: 2, memory: 40 * gib, sharesPerGPU: 2})
+	create(gpuPod{name: "low-a", pool: pool, shares: 1, memory: gib, cores: 30, priority: "e2e-low"})
+	s.waitBound(t, pool, []string{"low-a"}, time.Minute)
+	create(gpuPod{name: "mid-b", pool: pool, shares: 1, memory: gib, cores: 30, priority: "e2e-mid"})
+	s.waitBound(t, pool, []string{"low-a", "mid-b"}, time.Minute)
+	create(gpuPod{name: "mid-c", pool: pool, shares: 1, memory: gib, cores: 50, priority: "e2e-mid"})
+	create(gpuPod{name: "mid-d", pool: pool, shares: 1, memory: gib, cores: 50, priority: "e2e-mid"})
+	before := s.waitBound(t, pool, []string{"low-a", "mid-b", "mid-c", "mid-d"}, time.Minute)
+	s.checkAssignments(t, before, specs)
+	layout := gpusOf(t, before)
+	if layout["low-a"] != layout["mid-b"] || layout["mid-c"] != layout["mid-d"] || layout["low-a"] == layout["mid-c"] {
+		t.Fatalf("the case needs low-a and mid-b on one GPU, mid-c and mid-d on the other: %v", layout)
+	}
+
+	// Priority 500 may evict only low-a, which frees too little: nothing is evicted.
+	create(gpuPod{name: "lowmid-80", pool: pool, shares: 1, memory: gib, cores: 80, priority: "e2e-lowmid"})
+	msg := s.waitUnschedulable(t, "lowmid-80", "preemption")
+	t.Logf("lowmid-80: %s", msg)
 	// The scheduler deletes its victims after the attempt (asynchronously): give it time to.
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
-		for _, name := range []string{"low-a", "low-b", "mid-c", "mid-d"} {
-			if p, err := s.Client.CoreV1().Pods(s.ns).Get(ctx, name, metav1.GetOptions{}); err != nil || p.DeletionTimestamp != nil {
-				t.Fatalf("pod %s was evicted for a preemptor it could not make room for (%v)\nextender log:\n%s",
-					name, err, s.Extender.LogTail(30))
+		for _, name := range []string{"low-a", "mid-b", "mid-c", "mid-d"} {
+			if gone(name) {
+				t.Fatalf("pod %s was evicted for a preemptor it could not make room for\nextender log:\n%s", name, s.Extender.LogTail(30))
 			}
 		}
 	}
-	if p, err := s.Client.CoreV1().Pods(s.ns).Get(ctx, "high-80", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" || p.Status.NominatedNodeName != "" {
-		t.Fatalf("high-80 should stay unbound and unnominated: %v %+v", err, p.Status)
+	if p, err := s.Client.CoreV1().Pods(s.ns).Get(ctx, "lowmid-80", metav1.GetOptions{}); err != nil || p.Spec.NodeName != "" || p.Status.NominatedNodeName != "" {
+		t.Fatalf("lowmid-80 should stay unbound and unnominated: %v %+v", err, p.Status)
+	}
+	if err := s.Client.CoreV1().Pods(s.ns).Delete(ctx, "lowmid-80", metav1.DeleteOptions{GracePeriodSeconds: new(int64)}); err != nil {
+		t.Fatal(err)
+	}
+	delete(specs, "lowmid-80")
+
+	// Priority 10000 may evict all four: the fewest that free a GPU, the cheapest of those, are
+	// low-a and mid-b (mid-c and mid-d would free the other GPU at a higher priority).
+	create(gpuPod{name: "high-80", pool: pool, shares: 1, memory: gib, cores: 80, priority: "e2e-high"})
+	after := s.waitBound(t, pool, []string{"high-80", "mid-c", "mid-d"}, time.Minute)
+	for _, name := range []string{"low-a", "mid-b"} {
+		if !gone(name) {
+			t.Fatalf("pod %s should have been evicted for high-80", name)
+		}
+		delete(specs, name)
+	}
+	if got := gpusOf(t, after)["high-80"]; got != layout["low-a"] {
+		t.Fatalf("high-80 is on GPU %s, want %s, the one low-a and mid-b freed", got, layout["low-a"])
 	}
 
 	// Victims that free a GPU. One share token per GPU: a low-priority 60% share on one GPU, a
@@ -79,7 +105,7 @@ func TestExtenderPreemption(t *testing.T) {
 	before = s.waitBound(t, frees, []string{"low-60", "mid-60"}, time.Minute)
 	freed := gpusOf(t, before)["low-60"]
 	create(gpuPod{name: "high-80b", pool: frees, shares: 1, memory: gib, cores: 80, priority: "e2e-high"})
-	after := s.waitBound(t, frees, []string{"high-80b", "mid-60"}, time.Minute)
+	after = s.waitBound(t, frees, []string{"high-80b", "mid-60"}, time.Minute)
 	if _, err := s.Client.CoreV1().Pods(s.ns).Get(ctx, "low-60", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 		t.Fatalf("low-60 should have been evicted for high-80b: %v", err)
 	}
@@ -87,7 +113,7 @@ func TestExtenderPreemption(t *testing.T) {
 	if got := gpusOf(t, after)["high-80b"]; got != freed {
 		t.Fatalf("high-80b is on GPU %s, want %s, the one low-60 freed", got, freed)
 	}
-	s.checkAssignments(t, append(after, s.poolPods(t, useless)...), specs)
+	s.checkAssignments(t, append(after, s.poolPods(t, pool)...), specs)
 }
 
 // gpusOf maps each bound one-share pod to the UUID of its GPU, from its assignment annotation.
