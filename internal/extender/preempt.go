@@ -114,10 +114,19 @@ func (s *State) VictimsFreeing(node string, victims []types.UID, req *placement.
 		return out
 	}
 	if len(cands) > maxVictimSearch {
+		// The shortest prefix that frees a GPU, then its pods given back, highest priority first,
+		// where the rest still frees one (as the scheduler reprieves).
 		for i := range cands {
-			if set := uids(1<<(i+1) - 1); s.fitsWithoutLocked(node, set, req) {
-				return set, true
+			mask := uint64(1)<<(i+1) - 1
+			if !s.fitsWithoutLocked(node, uids(mask), req) {
+				continue
 			}
+			for j := i; j >= 0; j-- {
+				if s.fitsWithoutLocked(node, uids(mask&^(1<<j)), req) {
+					mask &^= 1 << j
+				}
+			}
+			return uids(mask), true
 		}
 		return nil, false
 	}

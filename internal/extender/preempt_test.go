@@ -1,6 +1,7 @@
 package extender
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 
@@ -95,5 +96,38 @@ func TestPreemptNamesTheVictimsThatFreeAGPU(t *testing.T) {
 	}
 	if res := x.Preempt(preemptor(500)); len(res.NodeNameToMetaVictims) != 0 {
 		t.Fatalf("a preemptor of priority 500 may evict only the low share, which frees too little: %v", res.NodeNameToMetaVictims)
+	}
+}
+
+// TestPreemptNamesVictimsGreedilyPastTheSearchLimit: with more candidates than the subset search
+// takes (16 low-priority half shares on 8 GPUs, pod i on GPU i mod 8), the pods are added lowest
+// priority first, then by name, until a GPU is free (s00..s08: GPU 0), and those not needed are
+// given back: s00 and s08 remain.
+func TestPreemptNamesVictimsGreedilyPastTheSearchLimit(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	x.State.UpsertNode(testNode(testInventory("n1", 1, 8, "T4"), nil))
+	var uids []string
+	low := int32(100)
+	for i := range 16 {
+		p := assigned(sharePod(fmt.Sprintf("s%02d", i), 1, 1, 50), "n1", api.DeviceAssignment{UUID: gpuUUID(1, i%8), MemoryBytes: 1 << 30, CoresPercent: 50})
+		p.Spec.Priority = &low
+		x.State.UpsertPod(p, x.Class)
+		uids = append(uids, string(p.UID))
+	}
+	if maxVictimSearch >= 16 {
+		t.Fatalf("the case needs more candidates than maxVictimSearch (%d)", maxVictimSearch)
+	}
+	high := int32(1000)
+	pod := wholePod("big", 1)
+	pod.Spec.Priority = &high
+	res := x.Preempt(&extenderv1.ExtenderPreemptionArgs{Pod: pod, NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{
+		"n1": {Pods: []*extenderv1.MetaPod{{UID: uids[15]}}}}})
+	var got []string
+	for _, p := range res.NodeNameToMetaVictims["n1"].Pods {
+		got = append(got, p.UID)
+	}
+	// The scheduler's victim (s15, GPU 7) frees nothing the preemptor needs and is given back too.
+	if want := []string{uids[0], uids[8]}; !slices.Equal(got, want) {
+		t.Fatalf("victims %v, want %v", got, want)
 	}
 }
