@@ -88,10 +88,17 @@ func (s *State) VictimsFreeing(node string, victims []types.UID, req *placement.
 	var cands []cand
 	seen := map[types.UID]bool{}
 	for _, uid := range victims {
-		if p := s.pods[uid]; p != nil && !seen[uid] {
-			seen[uid] = true
-			cands = append(cands, cand{uid, p.priority, p.key})
+		if seen[uid] {
+			continue
 		}
+		seen[uid] = true
+		// A victim without a GPU (it frees CPU or memory) has no entry of its own: the scheduler
+		// chose it below the preemptor, so it costs as the dearest pod that may go.
+		c := cand{uid, below - 1, string(uid)}
+		if p := s.pods[uid]; p != nil {
+			c.priority, c.key = p.priority, p.key
+		}
+		cands = append(cands, c)
 	}
 	for uid, p := range s.podsOn[node] {
 		if !seen[uid] && p.applied && !p.reserved && p.priority < below {
@@ -116,17 +123,28 @@ func (s *State) VictimsFreeing(node string, victims []types.UID, req *placement.
 	if len(cands) > maxVictimSearch {
 		// The shortest prefix that frees a GPU, then its pods given back, highest priority first,
 		// where the rest still frees one (as the scheduler reprieves).
+		chosen := make([]bool, len(cands))
+		set := func() []types.UID {
+			var out []types.UID
+			for i := range cands {
+				if chosen[i] {
+					out = append(out, cands[i].uid)
+				}
+			}
+			return out
+		}
 		for i := range cands {
-			mask := uint64(1)<<(i+1) - 1
-			if !s.fitsWithoutLocked(node, uids(mask), req) {
+			chosen[i] = true
+			if !s.fitsWithoutLocked(node, set(), req) {
 				continue
 			}
 			for j := i; j >= 0; j-- {
-				if s.fitsWithoutLocked(node, uids(mask&^(1<<j)), req) {
-					mask &^= 1 << j
+				chosen[j] = false
+				if !s.fitsWithoutLocked(node, set(), req) {
+					chosen[j] = true
 				}
 			}
-			return uids(mask), true
+			return set(), true
 		}
 		return nil, false
 	}

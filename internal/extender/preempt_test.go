@@ -5,6 +5,8 @@ import (
 	"slices"
 	"testing"
 
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -128,6 +130,44 @@ func TestPreemptNamesVictimsGreedilyPastTheSearchLimit(t *testing.T) {
 	}
 	// The scheduler's victim (s15, GPU 7) frees nothing the preemptor needs and is given back too.
 	if want := []string{uids[0], uids[8]}; !slices.Equal(got, want) {
+		t.Fatalf("victims %v, want %v", got, want)
+	}
+}
+
+// TestPreemptKeepsVictimsThatFreeCPU: the scheduler's victim holds no GPU but the CPU the
+// preemptor needs; the extender keeps it and names the share whose GPU the preemptor needs beside it.
+func TestPreemptKeepsVictimsThatFreeCPU(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	n := testNode(testInventory("n1", 1, 2, "T4"), nil)
+	n.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("8"), corev1.ResourceMemory: resource.MustParse("64Gi")}
+	x.State.UpsertNode(n)
+	low, high := int32(100), int32(1000)
+	withCPU := func(p *corev1.Pod, cpu string) *corev1.Pod {
+		p.Spec.Containers[0].Resources.Requests = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu)}
+		p.Spec.Priority = &low
+		return p
+	}
+	cpuOnly := withCPU(testPod("cpu-only", corev1.ResourceList{}), "6")
+	cpuOnly.Spec.NodeName = "n1"
+	x.State.UpsertPod(cpuOnly, x.Class)
+	for g := range 2 {
+		p := withCPU(assigned(sharePod(fmt.Sprintf("share-%d", g), 1, 1, 60), "n1", api.DeviceAssignment{UUID: gpuUUID(1, g), MemoryBytes: 1 << 30, CoresPercent: 60}), "1")
+		x.State.UpsertPod(p, x.Class)
+	}
+	pod := withCPU(sharePod("big", 1, 1, 80), "4")
+	pod.Spec.Priority = &high
+	res := x.Preempt(&extenderv1.ExtenderPreemptionArgs{Pod: pod, NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{
+		"n1": {Pods: []*extenderv1.MetaPod{{UID: string(cpuOnly.UID)}}}}})
+	mv := res.NodeNameToMetaVictims["n1"]
+	if mv == nil {
+		t.Fatal("n1 dropped: evicting cpu-only and one share frees 7 CPUs and a GPU")
+	}
+	var got []string
+	for _, p := range mv.Pods {
+		got = append(got, p.UID)
+	}
+	slices.Sort(got)
+	if want := []string{"uid-cpu-only", "uid-share-0"}; !slices.Equal(got, want) {
 		t.Fatalf("victims %v, want %v", got, want)
 	}
 }
