@@ -132,7 +132,7 @@ func (p *Process) LogTail(n int) string {
 //     that way and TestDRA failed in CI): ports come from below the kernel's ephemeral range, which
 //     outbound connections never use;
 //   - another test process may pick it too: each port handed out is locked in a machine-wide
-//     register (reservePort) until this process exits.
+//     register (pickPort, lockPort) until this process exits.
 func freePort(t testing.TB) int {
 	t.Helper()
 	portRegister.once.Do(func() {
