@@ -75,24 +75,13 @@ func TestPreemptNamesTheVictimsThatFreeAGPU(t *testing.T) {
 		return &extenderv1.ExtenderPreemptionArgs{Pod: p, NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{
 			"n1": {Pods: []*extenderv1.MetaPod{{UID: uid["low"]}}, NumPDBViolations: 0}}}
 	}
-	res := x.Preempt(preemptor(10000))
-	mv := res.NodeNameToMetaVictims["n1"]
-	if mv == nil {
-		t.Fatal("n1 dropped: evicting the low and the mid share on GPU 0 frees it")
-	}
-	var got []string
-	for _, p := range mv.Pods {
-		got = append(got, p.UID)
-	}
+	got := victimUIDs(t, x.Preempt(preemptor(10000)), "n1", "evicting the low and the mid share on GPU 0 frees it")
 	if want := []string{uid["low"], uid["mid-z0"]}; !slices.Equal(got, want) {
 		t.Fatalf("victims %v, want the scheduler's low share then mid-z0 %v", got, want)
 	}
 	args := preemptor(10000)
 	args.NodeNameToMetaVictims["n1"].Pods = []*extenderv1.MetaPod{{UID: uid["mid-a1"]}}
-	got = nil
-	for _, p := range x.Preempt(args).NodeNameToMetaVictims["n1"].Pods {
-		got = append(got, p.UID)
-	}
+	got = victimUIDs(t, x.Preempt(args), "n1", "the same pods free GPU 0 whichever the scheduler picked")
 	if want := []string{uid["low"], uid["mid-z0"]}; !slices.Equal(got, want) {
 		t.Fatalf("victims %v where the scheduler picked mid-a1, want %v", got, want)
 	}
@@ -124,10 +113,7 @@ func TestPreemptNamesVictimsGreedilyPastTheSearchLimit(t *testing.T) {
 	pod.Spec.Priority = &high
 	res := x.Preempt(&extenderv1.ExtenderPreemptionArgs{Pod: pod, NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{
 		"n1": {Pods: []*extenderv1.MetaPod{{UID: uids[15]}}}}})
-	var got []string
-	for _, p := range res.NodeNameToMetaVictims["n1"].Pods {
-		got = append(got, p.UID)
-	}
+	got := victimUIDs(t, res, "n1", "evicting two shares of one GPU frees it")
 	// The scheduler's victim (s15, GPU 7) frees nothing the preemptor needs and is given back too.
 	if want := []string{uids[0], uids[8]}; !slices.Equal(got, want) {
 		t.Fatalf("victims %v, want %v", got, want)
@@ -158,16 +144,23 @@ func TestPreemptKeepsVictimsThatFreeCPU(t *testing.T) {
 	pod.Spec.Priority = &high
 	res := x.Preempt(&extenderv1.ExtenderPreemptionArgs{Pod: pod, NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{
 		"n1": {Pods: []*extenderv1.MetaPod{{UID: string(cpuOnly.UID)}}}}})
-	mv := res.NodeNameToMetaVictims["n1"]
-	if mv == nil {
-		t.Fatal("n1 dropped: evicting cpu-only and one share frees 7 CPUs and a GPU")
-	}
-	var got []string
-	for _, p := range mv.Pods {
-		got = append(got, p.UID)
-	}
+	got := victimUIDs(t, res, "n1", "evicting cpu-only and one share frees 7 CPUs and a GPU")
 	slices.Sort(got)
 	if want := []string{"uid-cpu-only", "uid-share-0"}; !slices.Equal(got, want) {
 		t.Fatalf("victims %v, want %v", got, want)
 	}
+}
+
+// victimUIDs lists the victims the preemption result names on node (nil node entry: the test fails).
+func victimUIDs(t *testing.T, res *extenderv1.ExtenderPreemptionResult, node, why string) []string {
+	t.Helper()
+	mv := res.NodeNameToMetaVictims[node]
+	if mv == nil {
+		t.Fatalf("%s dropped: %s", node, why)
+	}
+	var out []string
+	for _, p := range mv.Pods {
+		out = append(out, p.UID)
+	}
+	return out
 }
