@@ -187,8 +187,7 @@ func (sc *ScoreContext) scoreBound(nb *NodeBound, n *NodeState, r *Request, p *P
 	touched, ok := touchedGPUs(p)
 	if total > 0 && total2 > 0 && ok && touched < 1<<len(nb.u) {
 		d := float64(total - total2)
-		switch {
-		case nb.stranded == 0:
+		if nb.stranded == 0 {
 			// No floor before: each shape's gain is at most its fragment's change, Σ_k d_k·U(k) -
 			// fa_k·B(k) over the touched GPUs.
 			g := 0.0
@@ -198,20 +197,21 @@ func (sc *ScoreContext) scoreBound(nb *NodeBound, n *NodeState, r *Request, p *P
 				g += float64(n.GPUs[i].FreeMilli()-after.GPUs[i].FreeMilli())*nb.u[i] - fa*b
 			}
 			gain = min(gain, g)
-		case bits.OnesCount64(touched) == 1:
-			D := nb.mix.stranded(n, total) - nb.mix.stranded(after, total2)
-			i := bits.TrailingZeros64(touched)
-			u := nb.u[i]
-			fa, b := sc.stopsServing(nb, &n.GPUs[i], &after.GPUs[i], u)
-			gain = min(gain, max(D, d)*u+max(D, -fa)*b+max(D, 0)*(nb.w-u-b))
-		default:
-			D := nb.mix.stranded(n, total) - nb.mix.stranded(after, total2)
-			g := max(D, 0)*nb.w + d*nb.wl
-			for m := touched; m != 0; m &= m - 1 {
-				i := bits.TrailingZeros64(m)
-				g += float64(n.GPUs[i].FreeMilli()-after.GPUs[i].FreeMilli()) * (nb.u[i] - nb.wl)
+		} else {
+			D := nb.stranded - nb.mix.stranded(after, total2) // how far the floor falls
+			if bits.OnesCount64(touched) == 1 {
+				i := bits.TrailingZeros64(touched)
+				u := nb.u[i]
+				fa, b := sc.stopsServing(nb, &n.GPUs[i], &after.GPUs[i], u)
+				gain = min(gain, max(D, d)*u+max(D, -fa)*b+max(D, 0)*(nb.w-u-b))
+			} else {
+				g := max(D, 0)*nb.w + d*nb.wl
+				for m := touched; m != 0; m &= m - 1 {
+					i := bits.TrailingZeros64(m)
+					g += float64(n.GPUs[i].FreeMilli()-after.GPUs[i].FreeMilli()) * (nb.u[i] - nb.wl)
+				}
+				gain = min(gain, g)
 			}
-			gain = min(gain, g)
 		}
 	}
 	gain += boundSlack
