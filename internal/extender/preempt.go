@@ -2,7 +2,6 @@ package extender
 
 import (
 	"cmp"
-	"math/bits"
 	"slices"
 	"strings"
 
@@ -111,10 +110,11 @@ func (s *State) VictimsFreeing(node string, victims []types.UID, req *placement.
 		}
 		return strings.Compare(a.key, b.key)
 	})
-	uids := func(mask uint64) []types.UID {
+	chosen := make([]bool, len(cands))
+	set := func() []types.UID { // the chosen candidates
 		var out []types.UID
 		for i := range cands {
-			if mask>>i&1 == 1 {
+			if chosen[i] {
 				out = append(out, cands[i].uid)
 			}
 		}
@@ -123,16 +123,6 @@ func (s *State) VictimsFreeing(node string, victims []types.UID, req *placement.
 	if len(cands) > maxVictimSearch {
 		// The shortest prefix that frees a GPU, then its pods given back, highest priority first,
 		// where the rest still frees one (as the scheduler reprieves).
-		chosen := make([]bool, len(cands))
-		set := func() []types.UID {
-			var out []types.UID
-			for i := range cands {
-				if chosen[i] {
-					out = append(out, cands[i].uid)
-				}
-			}
-			return out
-		}
 		for i := range cands {
 			chosen[i] = true
 			if !s.fitsWithoutLocked(node, set(), req) {
@@ -148,15 +138,18 @@ func (s *State) VictimsFreeing(node string, victims []types.UID, req *placement.
 		}
 		return nil, false
 	}
-	best, bestN, bestSum := uint64(0), len(cands)+1, int64(0)
-	for mask := uint64(1); mask < 1<<len(cands); mask++ {
-		n, sum := bits.OnesCount64(mask), int64(0)
+	choose := func(mask uint64) (n int, sum int64) {
 		for i := range cands {
-			if mask>>i&1 == 1 {
-				sum += int64(cands[i].priority)
+			if chosen[i] = mask>>i&1 == 1; chosen[i] {
+				n, sum = n+1, sum+int64(cands[i].priority)
 			}
 		}
-		if n > bestN || (n == bestN && sum >= bestSum) || !s.fitsWithoutLocked(node, uids(mask), req) {
+		return n, sum
+	}
+	best, bestN, bestSum := uint64(0), len(cands)+1, int64(0)
+	for mask := uint64(1); mask < 1<<len(cands); mask++ {
+		n, sum := choose(mask)
+		if n > bestN || (n == bestN && sum >= bestSum) || !s.fitsWithoutLocked(node, set(), req) {
 			continue
 		}
 		best, bestN, bestSum = mask, n, sum
@@ -164,7 +157,8 @@ func (s *State) VictimsFreeing(node string, victims []types.UID, req *placement.
 	if best == 0 {
 		return nil, false
 	}
-	return uids(best), true
+	choose(best)
+	return set(), true
 }
 
 // fitsWithoutLocked reports whether req fits the node once the given pods' GPUs, CPU and memory are
