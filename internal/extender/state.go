@@ -190,7 +190,11 @@ func (s *State) UpsertNode(node *corev1.Node) {
 	if inv == nil {
 		inv = &api.NodeInventory{Node: node.Name}
 	}
+	if e.state != nil {
+		s.shapes.AddNodeFree(e.state, -1)
+	}
 	e.state = placement.NewNodeState(inv, e.labels)
+	s.shapes.AddNodeFree(e.state, 1)
 	// Allocatable CPU and memory make them hard constraints and feed tessera's stranded-GPU term, as
 	// in the simulator (a node without them in its status leaves them to the kube-scheduler).
 	e.state.CPUMilli, e.state.MemMiB = cpu, mem
@@ -230,6 +234,9 @@ func (s *State) DeleteNode(name string) {
 		}
 		for _, u := range s.usesOn[name] {
 			u.applied = false
+		}
+		if e.state != nil {
+			s.shapes.AddNodeFree(e.state, -1)
 		}
 		delete(s.nodes, name)
 		s.freeSlots = append(s.freeSlots, e.slot)
@@ -356,14 +363,19 @@ func (s *State) addLocked(p *podEntry) {
 
 // applyOn, releaseOn and addUseOn are the only ways the State changes a node's placement state
 // (besides replacing it): each records the change for the warmer (warm.go), which would otherwise
-// keep outcomes evaluated before it.
+// keep outcomes evaluated before it, and the first two report the GPU compute they take or give back
+// to the model pressure (placement/pressure.go).
 func (s *State) applyOn(e *nodeEntry, p *placement.Placement) {
+	s.shapes.AddNodeFree(e.state, -1)
 	e.state.Apply(&placement.Request{}, p)
+	s.shapes.AddNodeFree(e.state, 1)
 	s.changes.touch(e)
 }
 
 func (s *State) releaseOn(e *nodeEntry, p *placement.Placement) {
+	s.shapes.AddNodeFree(e.state, -1)
 	e.state.Release(&placement.Request{}, p)
+	s.shapes.AddNodeFree(e.state, 1)
 	s.changes.touch(e)
 }
 

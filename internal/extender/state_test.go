@@ -133,3 +133,29 @@ func TestNameListsKeepTheListInUse(t *testing.T) {
 		}
 	}
 }
+
+// TestStateReportsFreeComputeByModel: the model pressure reads the cluster's free GPU compute per
+// model from the State: every node as it appears, every GPU taken or given back by a pod, a node
+// rebuilt (its pods applied again) and a node gone.
+func TestStateReportsFreeComputeByModel(t *testing.T) {
+	s := NewState(time.Minute, nil)
+	want := func(step string, a100, t4 int64) {
+		t.Helper()
+		if got := s.Shapes().FreeCompute(); got["A100"] != a100 || got["T4"] != t4 {
+			t.Fatalf("%s: free compute %v, want A100 %d, T4 %d", step, got, a100, t4)
+		}
+	}
+	s.UpsertNode(testNode(testInventory("n1", 1, 4, "A100"), nil))
+	s.UpsertNode(testNode(testInventory("n2", 2, 2, "T4"), nil))
+	want("nodes", 4000, 2000)
+	whole := assigned(wholePod("w", 1), "n1", api.DeviceAssignment{UUID: gpuUUID(1, 0), Whole: true})
+	s.UpsertPod(whole, ClassOptions{})
+	s.UpsertPod(assigned(sharePod("s", 1, 2, 30), "n1", api.DeviceAssignment{UUID: gpuUUID(1, 1), MemoryBytes: 2 << 30, CoresPercent: 30}), ClassOptions{})
+	want("pods", 2700, 2000)
+	s.DeletePod(whole.UID)
+	want("pod gone", 3700, 2000)
+	s.UpsertNode(testNode(testInventory("n1", 1, 4, "A100"), map[string]string{"rebuilt": "yes"}))
+	want("node rebuilt", 3700, 2000)
+	s.DeleteNode("n1")
+	want("node gone", 0, 2000)
+}

@@ -37,7 +37,9 @@ import (
 // before (f = 0, the common case where CPU and memory are not short), max(f, v) - max(f', v') <=
 // v - v' for every shape, and the sum is linear: Σ_k d_k·U(k) - fa_k·B(k) over the touched GPUs
 // (each shape that GPU k stops serving gains fa_k). The score is monotone in the gain, and its
-// tie-break term (how full the placement leaves the GPUs) is exact. TestScoreBoundHolds checks
+// tie-break term (how full the placement leaves the GPUs) is exact, and so is the model pressure's
+// term (pressure.go: each device's compute times its model's coefficient), added as it is; CoarseBound
+// takes the largest coefficient of the node's models for all the compute. TestScoreBoundHolds checks
 // bound >= score on random nodes and shapes.
 //
 // CoarseBound is the same sums with what they read of the state after a placement replaced by
@@ -56,6 +58,8 @@ type NodeBound struct {
 	mix  strandedMix
 	// stranded is the node's stranded compute (the floor): what a placement can lower it by at most.
 	stranded float64
+	// pressure is the largest model-pressure coefficient of the node's GPUs (pressure.go).
+	pressure float64
 	// w is the weight of the GPU shapes that count at the node, wl of those that lack CPU, memory or
 	// GPUs there; u[i] the weight of those that lack or that GPU i cannot serve.
 	w, wl float64
@@ -125,6 +129,7 @@ func (sc *ScoreContext) nodeBound(n *NodeState) *NodeBound {
 	st := sc.beforeStats(n)
 	nb := &NodeBound{frag: sc.lastFrag, mix: pl.mixAt(n), cpuFree: math.MaxInt64, memFree: math.MaxInt64, total: n.FreeMilli(), ngpus: len(n.GPUs)}
 	nb.stranded = max(0, nb.mix.stranded(n, nb.total))
+	nb.pressure = sc.maxPressure(n)
 	if n.CPUMilli > 0 {
 		nb.cpuFree = n.CPUMilli - n.UsedCPU
 	}
@@ -214,7 +219,7 @@ func (sc *ScoreContext) scoreBound(nb *NodeBound, n *NodeState, r *Request, p *P
 			}
 		}
 	}
-	gain += boundSlack
+	gain += boundSlack + sc.pressureGain(n, p) // exact
 	return squash(gain) - 1e-3*gpuTightnessAfter(n, p)
 }
 
@@ -310,6 +315,7 @@ func (e *Engine) CoarseBound(sc *ScoreContext, n *NodeState, r *Request, nb *Nod
 		if d < total {
 			gain[i] = min(nb.frag, term[i])
 		}
+		gain[i] += df * nb.pressure // at least the pressure term: d on models of at most that coefficient
 		best = max(best, gain[i])
 	}
 	if k > 1 {
@@ -320,6 +326,7 @@ func (e *Engine) CoarseBound(sc *ScoreContext, n *NodeState, r *Request, nb *Nod
 			df := float64(d)
 			g = min(nb.frag, df*umax+min(df, nb.stranded)*nb.w)
 		}
+		g += float64(k*dmax) * nb.pressure
 		return squash(g+boundSlack) - 1e-3*leftMin, nb, true
 	}
 	// One squash for the node: only the GPUs whose gain reaches best's integer score can set the

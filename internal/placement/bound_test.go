@@ -11,8 +11,8 @@ import (
 // TestScoreBoundHolds: Bound is at least the best score Evaluate finds, on random nodes (CPU,
 // memory, mixed GPU models and usage; some of more than 8 GPUs, where there is no bound: +Inf) for
 // requests of random typical shapes (whole, share, memory-only, model-restricted, CPU-only) and of
-// two share containers (which may share a GPU), with and without the fragmentation cache, with
-// NodeBounds kept from call to call; it refuses exactly the nodes Evaluate refuses. It must also
+// two share containers (which may share a GPU), with and without the fragmentation cache and model
+// pressure, with NodeBounds kept from call to call; it refuses exactly the nodes Evaluate refuses. It must also
 // prune: on a third of the nodes at least the bound is below the best score of the population (a
 // bound of +Inf everywhere would hold and be worthless). CoarseBound, where it bounds, is at least
 // the score too, -Inf only where Evaluate refuses, and must prune a fifth.
@@ -35,6 +35,9 @@ func TestScoreBoundHolds(t *testing.T) {
 			cache = NewFragCache()
 		}
 		sc := &ScoreContext{Shapes: shapes, Cache: cache}
+		if iter%3 != 0 { // model pressure (a term exact in the bounds, at most the largest in the coarse one)
+			sc.pressure = newModelPressure(0.5, map[string]float64{"A": 0.5 * rng.Float64(), "B": 0.5 * rng.Float64()})
+		}
 		kept := map[*NodeState]*NodeBound{}
 		r := &shapes[rng.IntN(len(shapes))].Req
 		if iter%4 == 3 { // two containers (each share may land on the other's GPU), CPU besides

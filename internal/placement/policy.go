@@ -46,11 +46,13 @@ type ScoreContext struct {
 	// lastKeyed: lastNode's values go through the cache; the judges say whether it pays.
 	lastKeyed               bool
 	beforeJudge, afterJudge cacheJudge
+	// pressure is the snapshot's model pressure (pressure.go; nil: none).
+	pressure *modelPressure
 }
 
 // Fork returns a context for another goroutine on the same shapes, cache and compiled plan.
 func (sc *ScoreContext) Fork() *ScoreContext {
-	return &ScoreContext{Shapes: sc.Shapes, Cache: sc.Cache, Snapshot: sc.Snapshot, Rand: sc.Rand, plan: sc.plan}
+	return &ScoreContext{Shapes: sc.Shapes, Cache: sc.Cache, Snapshot: sc.Snapshot, Rand: sc.Rand, plan: sc.plan, pressure: sc.pressure}
 }
 
 // Reuse points sc at from's snapshot (shapes, cache, compiled plan, randomness) for another call,
@@ -60,7 +62,7 @@ func (sc *ScoreContext) Fork() *ScoreContext {
 // at an old one's address (memoReq, lastNode), and the cache judges judged another call's cache.
 func (sc *ScoreContext) Reuse(from *ScoreContext) {
 	*sc = ScoreContext{
-		Shapes: from.Shapes, Cache: from.Cache, Snapshot: from.Snapshot, Rand: from.Rand, plan: from.plan,
+		Shapes: from.Shapes, Cache: from.Cache, Snapshot: from.Snapshot, Rand: from.Rand, plan: from.plan, pressure: from.pressure,
 		after: sc.after, arena: sc.arena, memo: sc.memo, memoDevs: sc.memoDevs, stOwn: sc.stOwn, stAfter: sc.stAfter,
 		masks: sc.masks, // fragBeforeAfter clears them when the plan differs
 	}

@@ -19,6 +19,9 @@ import (
 // filling the models the fewest shapes may use, the small ones; with many model-restricted pods spread
 // over the models it sends unrestricted pods onto the small models and starves the pods restricted to
 // them (README "Generalisation": the spec=0.5 variant went from 6.69 to 4.61 on seeds 42-43, fgd 6.57).
+// What protects a model that restricted pods crowd is the model pressure instead (pressure.go): the
+// gain of compute taken on a GPU model grows with the room that model has beyond the demand only it
+// can serve, weighed against its capacity, which FGD's term is not.
 //
 // Alternatives measured on all four openb traces (exploration seeds 42-43, held-out seeds 46-49):
 // capping each whole-GPU shape by the CPU its own tasks need scored about the same on two traces
@@ -26,7 +29,7 @@ import (
 // hungry shapes, so empty nodes got broken up); capping share shapes too was worse still; a best-fit
 // node tie-break lost to list order; exact fragmentation deltas lose to the quantised score.
 //
-// Score: the gain (expected fragmentation before minus after) squashed like FGD's into an integer
+// Score: the gain (expected fragmentation before minus after, plus the model pressure's term) squashed like FGD's into an integer
 // 0..100 score, so near-equal gains tie and ties go to the first node in list order (packing, as in
 // FGD's simulator), and within a node to the GPUs the placement leaves fullest (best fit on the
 // GPU's remaining compute).
@@ -35,5 +38,5 @@ type tesseraPolicy struct{}
 func (tesseraPolicy) Name() string { return api.PolicyTessera }
 func (tesseraPolicy) Score(sc *ScoreContext, n *NodeState, r *Request, p *Placement) float64 {
 	before, after := sc.fragBeforeAfter(2, n, r, p)
-	return squash(before-after) - 1e-3*gpuTightnessAfter(n, p)
+	return squash(before-after+sc.pressureGain(n, p)) - 1e-3*gpuTightnessAfter(n, p)
 }

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"maps"
 	"slices"
 	"sort"
 	"strings"
@@ -66,15 +67,22 @@ type ShapeStats struct {
 	staging  bool
 	stagedAt time.Time
 	now      func() time.Time
+	// For the model pressure (pressure.go): the demand of restricted pods by allowed set, the GPU
+	// pods counted and their GPU request, and the free compute per GPU model the caller reports.
+	restricted map[string]*setDemand
+	gpuPods    int
+	gpuMilli   int64
+	free       map[string]int64
 }
 
 // snapshot is one typical-shape table with its fragmentation cache and compiled plan (shared
 // read-only by its score contexts).
 type snapshot struct {
-	typical []Shape
-	version uint64
-	cache   *FragCache
-	plan    *fragPlan
+	typical  []Shape
+	version  uint64
+	cache    *FragCache
+	plan     *fragPlan
+	pressure *modelPressure
 }
 
 // stageLimit bounds how long a staged snapshot waits for Promote: a warmer that cannot keep up
@@ -87,7 +95,9 @@ const stageLimit = 2 * time.Second
 const refreshFraction = 0.02
 
 // NewShapeStats returns empty statistics.
-func NewShapeStats() *ShapeStats { return &ShapeStats{counts: map[shapeKey]*Shape{}, now: time.Now} }
+func NewShapeStats() *ShapeStats {
+	return &ShapeStats{counts: map[shapeKey]*Shape{}, now: time.Now, restricted: map[string]*setDemand{}, free: map[string]int64{}}
+}
 
 // StageSnapshots turns staging on or off (off promotes a staged snapshot at once). A server whose
 // background warmer fills the evaluation memo for a new snapshot before it serves turns it on
@@ -123,6 +133,7 @@ func (s *ShapeStats) Observe(r *Request, delta int) {
 		s.counts[k] = sh
 	}
 	before := abs(sh.Count - s.snap[k])
+	s.observeDemandLocked(r, delta)
 	sh.Count += delta
 	s.total += delta
 	s.drift += abs(sh.Count-s.snap[k]) - before
@@ -132,6 +143,48 @@ func (s *ShapeStats) Observe(r *Request, delta int) {
 }
 
 func abs(x int) int { return max(x, -x) }
+
+// observeDemandLocked counts r in the model pressure's demand.
+func (s *ShapeStats) observeDemandLocked(r *Request, delta int) {
+	if !r.WantsGPU() {
+		return
+	}
+	milli := int64(delta) * int64(r.GPUMilli())
+	s.gpuPods += delta
+	s.gpuMilli += milli
+	k, models := modelSetKey(r.Models)
+	if k == "" {
+		return
+	}
+	d := s.restricted[k]
+	if d == nil {
+		d = &setDemand{models: models}
+		s.restricted[k] = d
+	}
+	d.pods += delta
+	d.milli += milli
+	if d.pods <= 0 {
+		delete(s.restricted, k)
+	}
+}
+
+// FreeCompute is the free GPU compute per model (per-mille) the callers reported, a copy.
+func (s *ShapeStats) FreeCompute() map[string]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return maps.Clone(s.free)
+}
+
+// AddNodeFree adds n's free GPU compute per model (sign -1: takes it away) to what the model
+// pressure reads as the cluster's free compute. Callers report every node's state this way: added
+// when it appears, taken away and added again around each change, taken away when it goes.
+func (s *ShapeStats) AddNodeFree(n *NodeState, sign int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range n.GPUs {
+		s.free[n.GPUs[i].Model] += sign * int64(n.GPUs[i].FreeMilli())
+	}
+}
 
 // Total is the number of pods counted.
 func (s *ShapeStats) Total() int {
@@ -183,7 +236,7 @@ func (sn *snapshot) context() *ScoreContext {
 	if !sn.plan.compiledFor(sn.typical) {
 		sn.plan = compileFragPlan(sn.typical)
 	}
-	return &ScoreContext{Shapes: sn.typical, Cache: sn.cache, Snapshot: sn.version, plan: sn.plan}
+	return &ScoreContext{Shapes: sn.typical, Cache: sn.cache, Snapshot: sn.version, plan: sn.plan, pressure: sn.pressure}
 }
 
 // Typical returns the most frequent shapes covering TypicalCoverage of observed pods, weights summing
@@ -195,10 +248,27 @@ func (s *ShapeStats) Typical() []Shape {
 	return s.cur.typical
 }
 
-// refreshLocked rebuilds the snapshot once the counts have drifted: in place, or into next when
-// staging (the very first one serves at once: there is nothing to serve meanwhile).
+// refreshLocked rebuilds the snapshot once the counts have drifted, or only its model pressure once
+// that moved (the same shapes, fragmentation cache and plan): in place, or into next when staging
+// (the very first one serves at once: there is nothing to serve meanwhile).
 func (s *ShapeStats) refreshLocked() {
+	pressure := pressureOf(s.restricted, s.gpuPods, s.gpuMilli, s.free)
 	if s.drift == 0 || (s.cur.typical != nil && float64(s.drift) < refreshFraction*float64(s.total)) {
+		base := &s.cur
+		if s.next != nil {
+			base = s.next
+		}
+		if base.typical == nil || !base.pressure.moved(pressure) {
+			return
+		}
+		sn := *base
+		if !sn.plan.compiledFor(sn.typical) {
+			sn.plan = compileFragPlan(sn.typical) // compiled once for both snapshots
+			base.plan = sn.plan
+		}
+		s.version++
+		sn.version, sn.pressure = s.version, pressure
+		s.install(&sn)
 		return
 	}
 	all := make([]*Shape, 0, len(s.counts))
@@ -229,7 +299,11 @@ func (s *ShapeStats) refreshLocked() {
 		s.snap[k] = sh.Count
 	}
 	s.version++
-	sn := &snapshot{typical: out, version: s.version, cache: NewSharedFragCache()}
+	s.install(&snapshot{typical: out, version: s.version, cache: NewSharedFragCache(), pressure: pressure})
+}
+
+// install makes sn the snapshot scoring reads, or stages it.
+func (s *ShapeStats) install(sn *snapshot) {
 	if !s.staging || s.cur.typical == nil {
 		s.cur, s.next = *sn, nil
 		return

@@ -65,7 +65,7 @@ type Cluster struct {
 	Pods  []Pod
 	// Capacity is the cluster's GPU compute in per-mille.
 	Capacity int64
-	shapes   []placement.Shape
+	oracle   bool
 }
 
 // NewCluster prepares a trace for runs.
@@ -80,13 +80,7 @@ func NewCluster(nodes []Node, pods []Pod) *Cluster {
 // UseOracleShapes makes every run score with the typical shapes of the whole pod list (CPU-only
 // pods included), as the FGD paper's simulator does, instead of learning them from the GPU pods
 // arrived so far (the default, and all the server can know). It exists to reproduce the paper.
-func (c *Cluster) UseOracleShapes() {
-	st := placement.NewShapeStats()
-	for i := range c.Pods {
-		st.Observe(c.Pods[i].Request(), 1)
-	}
-	c.shapes = st.Typical()
-}
+func (c *Cluster) UseOracleShapes() { c.oracle = true }
 
 // buildNodes returns fresh node states in the seed's order; nodes with identical hardware share a
 // TypeID. The reference simulator sorts the nodes by name, renames node i to "%04d-<name>" with
@@ -195,10 +189,20 @@ func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, erro
 	}
 	nodes := c.buildNodes(seed)
 	rng := rand.New(rand.NewPCG(seed, 7))
-	sc := &placement.ScoreContext{Shapes: c.shapes, Cache: placement.NewFragCache(), Rand: rng}
-	// Online: the shapes of the pods arrived so far, the current one included (in a cluster it is
-	// pending, and the server counts pending pods), through the server's own ShapeStats snapshots.
+	// The typical shapes and model pressure come from the server's own ShapeStats snapshots: of the
+	// whole pod list (oracle), or of the pods arrived so far, the current one included (in a cluster
+	// it is pending, and the server counts pending pods). The pressure reads the cluster's free
+	// compute, reported as the server's State reports it.
 	st := placement.NewShapeStats()
+	if c.oracle {
+		for i := range c.Pods {
+			st.Observe(c.Pods[i].Request(), 1)
+		}
+	}
+	for _, n := range nodes {
+		st.AddNodeFree(n, 1)
+	}
+	sc := &placement.ScoreContext{Rand: rng}
 	res := Result{Policy: policy, Seed: seed, FailedMilli: map[string]int64{}}
 	var arrived, allocated int64
 	points := make([]checkpoint, len(Checkpoints))
@@ -209,22 +213,24 @@ func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, erro
 	shares := make([]int, placement.MilliPerGPU) // placed shares by compute
 	for _, pod := range c.Arrivals(seed, inflate) {
 		r := pod.Request()
-		if c.shapes == nil {
-			if r.WantsGPU() {
-				st.Observe(r, 1)
-			}
-			fresh := st.ScoreContext()
-			sc.Shapes, sc.Cache = fresh.Shapes, fresh.Cache
+		if !c.oracle && r.WantsGPU() {
+			st.Observe(r, 1)
+		}
+		if fresh := st.ScoreContext(); fresh.Snapshot != sc.Snapshot {
+			sc.Reuse(fresh)
+			sc.Rand = rng
 		}
 		i, p := eng.Pick(sc, nodes, r, nil)
 		if i >= 0 {
+			st.AddNodeFree(nodes[i], -1)
 			nodes[i].Apply(r, &p)
+			st.AddNodeFree(nodes[i], 1)
 			allocated += int64(r.GPUMilli())
 			if pod.GPUMilli > 0 && pod.GPUMilli < placement.MilliPerGPU {
 				shares[pod.GPUMilli] += pod.NumGPU
 			}
 		} else {
-			if c.shapes == nil && r.WantsGPU() {
+			if !c.oracle && r.WantsGPU() {
 				st.Observe(r, -1) // a pod that cannot run leaves the learned mix, as in the extender
 			}
 			res.Failed++

@@ -92,3 +92,41 @@ func TestRunReportsPackingFloor(t *testing.T) {
 		}
 	}
 }
+
+// TestRunProtectsRestrictedModels: a fifth of the GPUs are T4 and pods restricted to T4 ask for a
+// fifth of the request. Unrestricted pods must leave the T4 GPUs to them (the model pressure), so
+// that at 100% arrived next to nothing is unallocated, under the paper's protocol and with shapes
+// learned online; the restricted pods fail only where their own model is full.
+func TestRunProtectsRestrictedModels(t *testing.T) {
+	var nodes []Node
+	for i := range 10 {
+		nodes = append(nodes, Node{Name: fmt.Sprintf("t4-%d", i), CPUMilli: 64000, MemMiB: 1 << 20, GPUs: 2, Model: "T4"},
+			Node{Name: fmt.Sprintf("g2-%d", i), CPUMilli: 96000, MemMiB: 1 << 20, GPUs: 8, Model: "G2"})
+	}
+	var pods []Pod
+	for i := range 10 {
+		p := Pod{Name: fmt.Sprintf("p%d", i), CPUMilli: 4000, MemMiB: 1024, NumGPU: 1, GPUMilli: 1000}
+		if i < 2 {
+			p.Models = []string{"T4"}
+		}
+		pods = append(pods, p)
+	}
+	for _, oracle := range []bool{true, false} {
+		c := NewCluster(nodes, pods)
+		if oracle {
+			c.UseOracleShapes()
+		}
+		var worst float64
+		for seed := uint64(42); seed < 46; seed++ {
+			res, err := c.Run("tessera", seed, 1.3)
+			if err != nil {
+				t.Fatal(err)
+			}
+			worst = max(worst, res.Unallocated[len(res.Unallocated)-1])
+		}
+		t.Logf("oracle shapes %t: worst unallocated at 100%%: %.2f", oracle, worst)
+		if worst > 3 {
+			t.Errorf("oracle shapes %t: %.2f%% unallocated at 100%% (seeds 42..45), want at most 3", oracle, worst)
+		}
+	}
+}
