@@ -206,6 +206,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	}
 	reg := telemetry.NewRegistry("tessera-extender")
 	metrics := newExtenderMetrics(reg, leader, o.leaderElect, x.Evaluations, x.Bounded, x.Warmed)
+	reg.MustRegister(newPressureCollector(x.State.Shapes()))
 	verbsHandler := x.Handler(synced.Load)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", telemetry.MetricsHandler(reg))

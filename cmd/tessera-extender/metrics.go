@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
@@ -49,6 +50,34 @@ func newExtenderMetrics(reg prometheus.Registerer, leader *atomic.Bool, leaderEl
 		return 0
 	}))
 	return m
+}
+
+// pressureCollector reports, per GPU model, the free GPU compute the extender's state counts and
+// the model pressure placement adds for compute taken there (placement/pressure.go): why
+// unrestricted pods keep off a model that pods restricted to it crowd.
+type pressureCollector struct {
+	shapes     *placement.ShapeStats
+	free, coef *prometheus.Desc
+}
+
+func newPressureCollector(shapes *placement.ShapeStats) *pressureCollector {
+	return &pressureCollector{shapes: shapes,
+		free: prometheus.NewDesc("tessera_extender_free_gpus", "Free GPU compute by GPU model, in GPUs, as the extender's state counts it "+
+			"(the model pressure's input).", []string{"model"}, nil),
+		coef: prometheus.NewDesc("tessera_extender_model_pressure", "The model pressure's coefficient by GPU model in the serving "+
+			"typical-shape snapshot: tessera's gain per per-mille of compute taken there (0 where pods restricted to the model need "+
+			"all its free compute; none while no pod is restricted to models).", []string{"model"}, nil)}
+}
+
+func (c *pressureCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.free; ch <- c.coef }
+
+func (c *pressureCollector) Collect(ch chan<- prometheus.Metric) {
+	for model, milli := range c.shapes.FreeCompute() {
+		ch <- prometheus.MustNewConstMetric(c.free, prometheus.GaugeValue, float64(milli)/placement.MilliPerGPU, model)
+	}
+	for model, v := range c.shapes.Pressure() {
+		ch <- prometheus.MustNewConstMetric(c.coef, prometheus.GaugeValue, v, model)
+	}
 }
 
 // verbs are the extender API's paths, by the verb label they get.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/tessera-gpu/tessera/internal/placement"
 	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
@@ -84,4 +85,39 @@ func scrape(t *testing.T, reg *prometheus.Registry) string {
 	rec := httptest.NewRecorder()
 	telemetry.MetricsHandler(reg).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
 	return rec.Body.String()
+}
+
+// TestPressureMetrics: the free GPUs and the model pressure by model, read from the shape
+// statistics at scrape time (T4-only pods ask 20% of the request; T4 holds 2 of 10 free GPUs: its
+// pressure is 0, G2's the restricted share 0.2).
+func TestPressureMetrics(t *testing.T) {
+	shapes := placement.NewShapeStats()
+	for i := range 100 {
+		r := &placement.Request{CPUMilli: 1000, Containers: []placement.ContainerShape{{Whole: 1}}}
+		if i < 20 {
+			r.Models = []string{"T4"}
+		}
+		shapes.Observe(r, 1)
+	}
+	for model, gpus := range map[string]int{"G2": 8, "T4": 2} {
+		n := &placement.NodeState{}
+		for i := range gpus {
+			n.GPUs = append(n.GPUs, placement.GPUState{Index: i, Model: model, Usable: true})
+		}
+		shapes.AddNodeFree(n, 1)
+	}
+	shapes.ScoreContext() // the snapshot that serves
+	reg := telemetry.NewRegistry("tessera-extender")
+	reg.MustRegister(newPressureCollector(shapes))
+	out := scrape(t, reg)
+	for _, want := range []string{
+		`tessera_extender_free_gpus{model="G2"} 8`,
+		`tessera_extender_free_gpus{model="T4"} 2`,
+		`tessera_extender_model_pressure{model="G2"} 0.2`,
+		`tessera_extender_model_pressure{model="T4"} 0`,
+	} {
+		if !strings.Contains(out, want+"\n") {
+			t.Errorf("metrics lack %q:\n%s", want, out)
+		}
+	}
 }

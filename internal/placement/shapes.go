@@ -175,6 +175,17 @@ func (s *ShapeStats) FreeCompute() map[string]int64 {
 	return maps.Clone(s.free)
 }
 
+// Pressure is the serving snapshot's model-pressure coefficients (pressure.go), a copy; empty while
+// no pod is restricted to GPU models.
+func (s *ShapeStats) Pressure() map[string]float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cur.pressure == nil {
+		return map[string]float64{}
+	}
+	return maps.Clone(s.cur.pressure.coef)
+}
+
 // AddNodeFree adds n's free GPU compute per model (sign -1: takes it away) to what the model
 // pressure reads as the cluster's free compute. Callers report every node's state this way: added
 // when it appears, taken away and added again around each change, taken away when it goes.
