@@ -133,12 +133,16 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("informers: %w", err)
 	}
+	pdbs, podByUID, err := extender.WirePreemptionListers(factory)
+	if err != nil {
+		return fmt.Errorf("informers: %w", err)
+	}
 	broadcaster := record.NewBroadcaster()
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
 	leader := &atomic.Bool{}
 	x := &extender.Extender{
-		Engine: eng, State: state, Client: client, Quotas: quotas, Class: class, Log: log,
+		Engine: eng, State: state, Client: client, Quotas: quotas, PDBs: pdbs, PodByUID: podByUID, Class: class, Log: log,
 		Events:      broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "tessera-extender"}),
 		Locker:      &extender.NodeLocker{Client: client, Namespace: cfg.LeaseNamespace, Identity: o.identity, Duration: 15 * time.Second},
 		BindTimeout: 30 * time.Second,

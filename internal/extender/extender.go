@@ -8,6 +8,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/record"
 
@@ -21,9 +23,14 @@ type Extender struct {
 	Client kubernetes.Interface
 	// Quotas returns the ResourceQuotas of a namespace (an informer lister in the server).
 	Quotas func(namespace string) []*corev1.ResourceQuota
-	Events record.EventRecorder
-	Class  ClassOptions
-	Locker *NodeLocker
+	// PDBs lists every PodDisruptionBudget, PodByUID finds a pod by UID (informer listers in the
+	// server; nil: Preempt counts no budget). Preempt counts the budgets the victims it names would
+	// violate, as the scheduler does for its own.
+	PDBs     func() []*policyv1.PodDisruptionBudget
+	PodByUID func(types.UID) *corev1.Pod
+	Events   record.EventRecorder
+	Class    ClassOptions
+	Locker   *NodeLocker
 	// Leader reports whether this replica may bind; nil means always (no leader election).
 	Leader *atomic.Bool
 	// LeaderURL returns the leader's base URL; a non-leader passes binds there (nil: it refuses them).

@@ -1,7 +1,11 @@
 package extender
 
 import (
+	"fmt"
+
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
 )
@@ -50,3 +54,36 @@ func WireInformers(f informers.SharedInformerFactory, s *State, opts ClassOption
 }
 
 var labelsEverything = labelsEverythingSelector()
+
+// podUIDIndex indexes the pod informer's cache by UID (the preemption verb names pods by UID).
+const podUIDIndex = "uid"
+
+// WirePreemptionListers returns what Preempt reads besides the State (Extender.PDBs, PodByUID):
+// every PodDisruptionBudget, and pods by UID from the pod informer (given an index for it). The
+// caller starts the factory and waits for sync.
+func WirePreemptionListers(f informers.SharedInformerFactory) (func() []*policyv1.PodDisruptionBudget, func(types.UID) *corev1.Pod, error) {
+	pods := f.Core().V1().Pods().Informer()
+	if err := pods.AddIndexers(cache.Indexers{podUIDIndex: func(o any) ([]string, error) {
+		if p, ok := o.(*corev1.Pod); ok {
+			return []string{string(p.UID)}, nil
+		}
+		return nil, nil
+	}}); err != nil {
+		return nil, nil, fmt.Errorf("pod UID index: %w", err)
+	}
+	pdbs := f.Policy().V1().PodDisruptionBudgets().Lister()
+	return func() []*policyv1.PodDisruptionBudget {
+			l, err := pdbs.List(labelsEverything)
+			if err != nil {
+				return nil
+			}
+			return l
+		}, func(uid types.UID) *corev1.Pod {
+			objs, err := pods.GetIndexer().ByIndex(podUIDIndex, string(uid))
+			if err != nil || len(objs) == 0 {
+				return nil
+			}
+			p, _ := objs[0].(*corev1.Pod)
+			return p
+		}, nil
+}

@@ -2,9 +2,12 @@ package extender
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"strings"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
@@ -14,10 +17,11 @@ import (
 // Preempt answers the preemption verb. The scheduler picks victims by counting GPU and share
 // tokens, not by which GPUs they free, so its victims may free none the preemptor fits on. Per
 // candidate node: where its victims free a GPU the request fits on, they are kept as the scheduler
-// chose them; where they do not, the fewest of the node's pods of lower priority than the preemptor
-// (the scheduler's victims among them) whose GPUs free one are named instead (VictimsFreeing); where
-// none do, the node is dropped. The scheduler's count of PodDisruptionBudget violations is kept: the
-// pods named here are not counted against budgets.
+// chose them (with its count of PodDisruptionBudget violations); where they do not, the node's pods
+// of lower priority than the preemptor (the scheduler's victims among them) whose GPUs free one are
+// named instead (VictimsFreeing: the fewest budget violations, then the fewest pods, then the lowest
+// summed priority), with the violations they cause counted as the scheduler counts its own
+// (pdbViolations), so that it picks among nodes knowing them; where none do, the node is dropped.
 func (x *Extender) Preempt(args *extenderv1.ExtenderPreemptionArgs) *extenderv1.ExtenderPreemptionResult {
 	out := &extenderv1.ExtenderPreemptionResult{NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{}}
 	if args.Pod == nil {
@@ -47,14 +51,15 @@ func (x *Extender) Preempt(args *extenderv1.ExtenderPreemptionArgs) *extenderv1.
 		}
 		meta[node] = mv
 	}
+	violations := x.pdbViolations()
 	for node, uids := range victims {
-		named, ok := x.State.VictimsFreeing(node, uids, req, priority)
+		named, ok := x.State.VictimsFreeing(node, uids, req, priority, violations)
 		switch {
 		case !ok:
 		case named == nil:
 			out.NodeNameToMetaVictims[node] = meta[node]
 		default:
-			mv := &extenderv1.MetaVictims{NumPDBViolations: meta[node].NumPDBViolations}
+			mv := &extenderv1.MetaVictims{NumPDBViolations: int64(violations(named))}
 			for _, uid := range named {
 				mv.Pods = append(mv.Pods, &extenderv1.MetaPod{UID: string(uid)})
 			}
@@ -64,14 +69,71 @@ func (x *Extender) Preempt(args *extenderv1.ExtenderPreemptionArgs) *extenderv1.
 	return out
 }
 
+// pdbViolations returns a function counting how many of a set of pods would be evicted against a
+// PodDisruptionBudget, as kube-scheduler counts its victims' (default preemption's
+// filterPodsWithPDBViolation): each budget in the pod's namespace whose selector (not empty) matches
+// the pod's labels, the pod not already in its disrupted pods, takes one of its allowed disruptions;
+// a pod that takes one past zero violates. Without the listers it counts none.
+func (x *Extender) pdbViolations() func([]types.UID) int {
+	if x.PDBs == nil || x.PodByUID == nil {
+		return func([]types.UID) int { return 0 }
+	}
+	pdbs := x.PDBs()
+	selectors := make([]labels.Selector, len(pdbs))
+	for i, pdb := range pdbs {
+		if sel, err := metav1.LabelSelectorAsSelector(pdb.Spec.Selector); err == nil && !sel.Empty() {
+			selectors[i] = sel
+		}
+	}
+	matches := map[types.UID][]int{} // the budgets a pod counts against, by UID
+	budgetsOf := func(uid types.UID) []int {
+		if m, ok := matches[uid]; ok {
+			return m
+		}
+		var m []int
+		if pod := x.PodByUID(uid); pod != nil && len(pod.Labels) > 0 {
+			for i, pdb := range pdbs {
+				if selectors[i] == nil || pdb.Namespace != pod.Namespace || !selectors[i].Matches(labels.Set(pod.Labels)) {
+					continue
+				}
+				if _, gone := pdb.Status.DisruptedPods[pod.Name]; !gone {
+					m = append(m, i)
+				}
+			}
+		}
+		matches[uid] = m
+		return m
+	}
+	allowed := make([]int32, len(pdbs))
+	return func(uids []types.UID) int {
+		for i, pdb := range pdbs {
+			allowed[i] = pdb.Status.DisruptionsAllowed
+		}
+		n := 0
+		for _, uid := range uids {
+			violates := false
+			for _, i := range budgetsOf(uid) {
+				if allowed[i]--; allowed[i] < 0 {
+					violates = true
+				}
+			}
+			if violates {
+				n++
+			}
+		}
+		return n
+	}
+}
+
 // maxVictimSearch bounds the pods whose subsets VictimsFreeing tries (2^n fit checks of a node);
 // past it, it adds pods greedily, lowest priority first.
 const maxVictimSearch = 12
 
 // VictimsFreeing reports whether req fits the node once victims are gone (named nil), or else once
 // some set of the victims and the node's other GPU pods of priority below the preemptor's are gone
-// (named: the fewest such pods, then the lowest summed priority).
-func (s *State) VictimsFreeing(node string, victims []types.UID, req *placement.Request, below int32) (named []types.UID, ok bool) {
+// (named: the fewest budget violations by violations, then the fewest pods, then the lowest summed
+// priority; past maxVictimSearch candidates, greedily by priority alone).
+func (s *State) VictimsFreeing(node string, victims []types.UID, req *placement.Request, below int32, violations func([]types.UID) int) (named []types.UID, ok bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.fitsWithoutLocked(node, victims, req) {
@@ -146,13 +208,14 @@ func (s *State) VictimsFreeing(node string, victims []types.UID, req *placement.
 		}
 		return n, sum
 	}
-	best, bestN, bestSum := uint64(0), len(cands)+1, int64(0)
+	best, bestV, bestN, bestSum := uint64(0), math.MaxInt, len(cands)+1, int64(0)
 	for mask := uint64(1); mask < 1<<len(cands); mask++ {
 		n, sum := choose(mask)
-		if n > bestN || (n == bestN && sum >= bestSum) || !s.fitsWithoutLocked(node, set(), req) {
+		v := violations(set())
+		if cmp.Or(cmp.Compare(v, bestV), cmp.Compare(n, bestN), cmp.Compare(sum, bestSum)) >= 0 || !s.fitsWithoutLocked(node, set(), req) {
 			continue
 		}
-		best, bestN, bestSum = mask, n, sum
+		best, bestV, bestN, bestSum = mask, v, n, sum
 	}
 	if best == 0 {
 		return nil, false
