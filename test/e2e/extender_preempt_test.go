@@ -6,9 +6,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	policyv1 "k8s.io/api/policy/v1"
 	schedulingv1 "k8s.io/api/scheduling/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
@@ -20,7 +22,8 @@ import (
 //     preemptor still cannot run);
 //   - where the scheduler's victims free too little but other pods of lower priority would, the
 //     extender names the fewest such pods, and the preemptor is bound to the GPU they free;
-//   - where the scheduler's victims suffice, they go and the preemptor gets their GPU.
+//   - where the scheduler's victims suffice, they go and the preemptor gets their GPU;
+//   - where two sets free a GPU, the one that violates no PodDisruptionBudget is named.
 func TestExtenderPreemption(t *testing.T) {
 	if chartExtender(t, "http://unused").PreemptVerb == "" {
 		t.Fatal("the chart's scheduler config has no preemptVerb: preemption would evict without asking the extender")
@@ -113,7 +116,43 @@ func TestExtenderPreemption(t *testing.T) {
 	if got := gpusOf(t, after)["high-80b"]; got != freed {
 		t.Fatalf("high-80b is on GPU %s, want %s, the one low-60 freed", got, freed)
 	}
-	s.checkAssignments(t, append(after, s.poolPods(t, pool)...), specs)
+
+	// A PodDisruptionBudget decides between two sets that free a GPU. db-60 (low, app=db) and x-30
+	// (low) share one GPU, b-40 and c-40 (mid) the other; all four tokens taken. By tokens the
+	// scheduler's victim is x-30 alone (it spares the budget's pod first), which frees too little;
+	// the cheaper set that frees a GPU is db-60 and x-30, but db-60's budget allows no disruption,
+	// so the extender names b-40 and c-40, and high-80c gets their GPU.
+	const budget = "budget"
+	one := intstr.FromInt32(1)
+	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: "db", Namespace: s.ns},
+		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: &one, Selector: &metav1.LabelSelector{MatchLabels: map[string]string{"app": "db"}}}}
+	if _, err := s.Client.PolicyV1().PodDisruptionBudgets(s.ns).Create(ctx, pdb, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	s.addNode(t, gpuNode{name: "budget-a", pool: budget, gpus: 2, memory: 40 * gib, sharesPerGPU: 2})
+	create(gpuPod{name: "db-60", pool: budget, shares: 1, memory: gib, cores: 60, priority: "e2e-low", app: "db"})
+	s.waitBound(t, budget, []string{"db-60"}, time.Minute)
+	create(gpuPod{name: "x-30", pool: budget, shares: 1, memory: gib, cores: 30, priority: "e2e-low"})
+	s.waitBound(t, budget, []string{"db-60", "x-30"}, time.Minute)
+	create(gpuPod{name: "b-40", pool: budget, shares: 1, memory: gib, cores: 40, priority: "e2e-mid"})
+	create(gpuPod{name: "c-40", pool: budget, shares: 1, memory: gib, cores: 40, priority: "e2e-mid"})
+	before = s.waitBound(t, budget, []string{"db-60", "x-30", "b-40", "c-40"}, time.Minute)
+	layout = gpusOf(t, before)
+	if layout["db-60"] != layout["x-30"] || layout["b-40"] != layout["c-40"] || layout["db-60"] == layout["b-40"] {
+		t.Fatalf("the case needs db-60 and x-30 on one GPU, b-40 and c-40 on the other: %v", layout)
+	}
+	create(gpuPod{name: "high-80c", pool: budget, shares: 1, memory: gib, cores: 80, priority: "e2e-high"})
+	after = s.waitBound(t, budget, []string{"high-80c", "db-60", "x-30"}, time.Minute)
+	for _, name := range []string{"b-40", "c-40"} {
+		if !gone(name) {
+			t.Fatalf("pod %s should have been evicted for high-80c (db-60's budget allows no disruption)", name)
+		}
+		delete(specs, name)
+	}
+	if got := gpusOf(t, after)["high-80c"]; got != layout["b-40"] {
+		t.Fatalf("high-80c is on GPU %s, want %s, the one b-40 and c-40 freed", got, layout["b-40"])
+	}
+	s.checkAssignments(t, append(append(after, s.poolPods(t, pool)...), s.poolPods(t, frees)...), specs)
 }
 
 // gpusOf maps each bound one-share pod to the UUID of its GPU, from its assignment annotation.

@@ -193,6 +193,7 @@ type gpuPod struct {
 	// priority is a PriorityClass name; such pods also get a termination grace period of 0, so
 	// that a victim the scheduler deletes is gone at once (no kubelet confirms it here).
 	priority string
+	app      string // label app (PodDisruptionBudget selectors)
 }
 
 func (p gpuPod) object(ns string) *corev1.Pod {
@@ -224,6 +225,9 @@ func (p gpuPod) object(ns string) *corev1.Pod {
 				Resources: corev1.ResourceRequirements{Limits: lim},
 			}},
 		},
+	}
+	if p.app != "" {
+		pod.Labels["app"] = p.app
 	}
 	if p.priority != "" {
 		pod.Spec.PriorityClassName = p.priority
