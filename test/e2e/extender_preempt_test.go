@@ -45,6 +45,20 @@ func TestExtenderPreemption(t *testing.T) {
 		p, err := s.Client.CoreV1().Pods(s.ns).Get(ctx, name, metav1.GetOptions{})
 		return apierrors.IsNotFound(err) || (err == nil && p.DeletionTimestamp != nil)
 	}
+	// evictedFor checks that the victims are gone (and forgets them) and that the preemptor, bound,
+	// holds the GPU they freed.
+	evictedFor := func(preemptor string, bound []corev1.Pod, gpu string, victims ...string) {
+		t.Helper()
+		for _, name := range victims {
+			if !gone(name) {
+				t.Fatalf("pod %s should have been evicted for %s", name, preemptor)
+			}
+			delete(specs, name)
+		}
+		if got := gpusOf(t, bound)[preemptor]; got != gpu {
+			t.Fatalf("%s is on GPU %s, want %s, the one %v freed", preemptor, got, gpu, victims)
+		}
+	}
 
 	// Two GPUs with two share tokens each: a low- and a mid-priority 30% share on one GPU, two
 	// mid-priority 50% shares on the other; all four tokens taken. An 80% share needs one token, so
@@ -88,15 +102,7 @@ func TestExtenderPreemption(t *testing.T) {
 	// low-a and mid-b (mid-c and mid-d would free the other GPU at a higher priority).
 	create(gpuPod{name: "high-80", pool: pool, shares: 1, memory: gib, cores: 80, priority: "e2e-high"})
 	after := s.waitBound(t, pool, []string{"high-80", "mid-c", "mid-d"}, time.Minute)
-	for _, name := range []string{"low-a", "mid-b"} {
-		if !gone(name) {
-			t.Fatalf("pod %s should have been evicted for high-80", name)
-		}
-		delete(specs, name)
-	}
-	if got := gpusOf(t, after)["high-80"]; got != layout["low-a"] {
-		t.Fatalf("high-80 is on GPU %s, want %s, the one low-a and mid-b freed", got, layout["low-a"])
-	}
+	evictedFor("high-80", after, layout["low-a"], "low-a", "mid-b")
 
 	// Victims that free a GPU. One share token per GPU: a low-priority 60% share on one GPU, a
 	// mid-priority 60% share on the other. The 80% share evicts the low pod and takes its GPU.
@@ -109,13 +115,7 @@ func TestExtenderPreemption(t *testing.T) {
 	freed := gpusOf(t, before)["low-60"]
 	create(gpuPod{name: "high-80b", pool: frees, shares: 1, memory: gib, cores: 80, priority: "e2e-high"})
 	after = s.waitBound(t, frees, []string{"high-80b", "mid-60"}, time.Minute)
-	if _, err := s.Client.CoreV1().Pods(s.ns).Get(ctx, "low-60", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
-		t.Fatalf("low-60 should have been evicted for high-80b: %v", err)
-	}
-	delete(specs, "low-60")
-	if got := gpusOf(t, after)["high-80b"]; got != freed {
-		t.Fatalf("high-80b is on GPU %s, want %s, the one low-60 freed", got, freed)
-	}
+	evictedFor("high-80b", after, freed, "low-60")
 
 	// A PodDisruptionBudget decides between two sets that free a GPU. db-60 (low, app=db) and x-30
 	// (low) share one GPU, b-40 and c-40 (mid) the other; all four tokens taken. By tokens the
@@ -143,15 +143,7 @@ func TestExtenderPreemption(t *testing.T) {
 	}
 	create(gpuPod{name: "high-80c", pool: budget, shares: 1, memory: gib, cores: 80, priority: "e2e-high"})
 	after = s.waitBound(t, budget, []string{"high-80c", "db-60", "x-30"}, time.Minute)
-	for _, name := range []string{"b-40", "c-40"} {
-		if !gone(name) {
-			t.Fatalf("pod %s should have been evicted for high-80c (db-60's budget allows no disruption)", name)
-		}
-		delete(specs, name)
-	}
-	if got := gpusOf(t, after)["high-80c"]; got != layout["b-40"] {
-		t.Fatalf("high-80c is on GPU %s, want %s, the one b-40 and c-40 freed", got, layout["b-40"])
-	}
+	evictedFor("high-80c", after, layout["b-40"], "b-40", "c-40") // not db-60: its budget allows no disruption
 	s.checkAssignments(t, append(append(after, s.poolPods(t, pool)...), s.poolPods(t, frees)...), specs)
 }
 
