@@ -79,6 +79,9 @@ func BenchmarkPlacement(b *testing.B) {
 		if err != nil {
 			b.Fatalf("TESSERA_BENCH_VARY: %v", err)
 		}
+		if err := v.Applies(pods); err != nil {
+			b.Fatalf("TESSERA_BENCH_VARY: %v", err)
+		}
 		pods = simulate.Vary(pods, nodes, v, 1) // as tessera-sim --vary
 	}
 	cluster := simulate.NewCluster(nodes, pods)

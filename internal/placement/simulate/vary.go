@@ -24,9 +24,16 @@ type Variant struct {
 	// (openb_pod_list_multigpu20.csv is the default list plus 172 such copies: 20.4% of its GPU
 	// request is multi-GPU pods, 7.3% of the default's). Not a share of GPU pods, unlike the others.
 	MultiGPURequest float64
+	// SpecRequest restricts more of the list's GPU pods, drawn at random, each to the allowed models
+	// of one of the list's own restricted pods, also drawn at random, until restricted pods are this
+	// share of the GPU pods: how the paper's gpuspecX traces are made (a random sample of GPU pods,
+	// whole and shares alike, gets a gpu_spec from the trace's own; openb_pod_list_gpuspec10.csv has
+	// 10.2% of its GPU pods restricted, mostly to T4). The list must have restricted pods (Vary
+	// returns it unchanged otherwise; tessera-sim refuses).
+	SpecRequest float64
 }
 
-// ParseVariant reads "spec=0.5,multigpu=0.3,share=0.4,cpu=1,multigpu-request=0.4".
+// ParseVariant reads "spec=0.5,multigpu=0.3,share=0.4,cpu=1,multigpu-request=0.4,spec-request=0.2".
 func ParseVariant(s string) (Variant, error) {
 	var v Variant
 	for kv := range strings.SplitSeq(s, ",") {
@@ -52,11 +59,25 @@ func ParseVariant(s string) (Variant, error) {
 				return v, fmt.Errorf("variant %q: a share of the GPU request, below 1", kv)
 			}
 			v.MultiGPURequest = f
+		case "spec-request":
+			if f > 1 {
+				return v, fmt.Errorf("variant %q: a share of the GPU pods, at most 1", kv)
+			}
+			v.SpecRequest = f
 		default:
-			return v, fmt.Errorf("variant %q: unknown name (spec, multigpu, share, cpu, multigpu-request)", kv)
+			return v, fmt.Errorf("variant %q: unknown name (spec, multigpu, share, cpu, multigpu-request, spec-request)", kv)
 		}
 	}
 	return v, nil
+}
+
+// Applies reports why v cannot be made of pods (nil: it can): spec-request draws the allowed models
+// from the list's own restricted pods.
+func (v Variant) Applies(pods []Pod) error {
+	if v.SpecRequest > 0 && !slices.ContainsFunc(pods, func(p Pod) bool { return p.GPURequest() > 0 && len(p.Models) > 0 }) {
+		return fmt.Errorf("spec-request draws allowed models from the pod list's restricted pods, and it has none (no gpu_spec): use a list such as openb_pod_list_gpuspec10.csv")
+	}
+	return nil
 }
 
 // Vary returns a changed copy of pods (deterministic for a seed).
@@ -111,7 +132,33 @@ func Vary(pods []Pod, nodes []Node, v Variant, seed uint64) []Pod {
 		}
 		p.CPUMilli += int64(v.CPU * float64(p.CPUMilli))
 	}
-	return addMultiGPU(out, v.MultiGPURequest, rng)
+	return addMultiGPU(restrictMore(out, v.SpecRequest, rng), v.MultiGPURequest, rng)
+}
+
+// restrictMore restricts unrestricted GPU pods, drawn by rng, to the models of restricted pods of
+// the list, drawn by rng, while restricted pods are less than share of the GPU pods.
+func restrictMore(pods []Pod, share float64, rng *rand.Rand) []Pod {
+	var sets [][]string
+	var free []int // unrestricted GPU pods
+	gpuPods := 0
+	for i, p := range pods {
+		if p.GPURequest() == 0 {
+			continue
+		}
+		gpuPods++
+		if len(p.Models) > 0 {
+			sets = append(sets, p.Models)
+		} else {
+			free = append(free, i)
+		}
+	}
+	for restricted := len(sets); len(sets) > 0 && len(free) > 0 && float64(restricted) < share*float64(gpuPods); restricted++ {
+		k := rng.IntN(len(free))
+		pods[free[k]].Models = slices.Clone(sets[rng.IntN(len(sets))])
+		free[k] = free[len(free)-1]
+		free = free[:len(free)-1]
+	}
+	return pods
 }
 
 // addMultiGPU appends copies of pods' multi-GPU pods, drawn by rng, while multi-GPU pods ask for less

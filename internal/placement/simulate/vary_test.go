@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -54,9 +55,76 @@ func TestParseVariantRefuses(t *testing.T) {
 		"multigpu-request=1":  "below 1",
 		"multigpu-requests=1": "unknown name",
 		"spec=-1":             "non-negative",
+		"spec-request=1.5":    "at most 1",
 	} {
 		if _, err := ParseVariant(in); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: error %v, want one saying %q", in, err, want)
 		}
+	}
+}
+
+// TestVarySpecRequest: unrestricted GPU pods are restricted, each to the allowed models of one of
+// the list's own restricted pods, until restricted pods are the share of GPU pods asked (and no
+// further); CPU-only pods and the other fields stay; a list without restricted pods is refused.
+func TestVarySpecRequest(t *testing.T) {
+	var pods []Pod
+	for i := range 100 {
+		p := Pod{Name: fmt.Sprintf("p%d", i), CPUMilli: 4000, NumGPU: 1, GPUMilli: 300 + 7*i}
+		switch {
+		case i < 5:
+			p.Models = []string{"T4"}
+		case i < 10:
+			p.Models = []string{"V100M16", "V100M32"}
+		case i >= 90:
+			p.NumGPU, p.GPUMilli = 0, 0 // CPU-only
+		}
+		pods = append(pods, p)
+	}
+	v, err := ParseVariant("spec-request=0.3")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := v.Applies(pods); err != nil {
+		t.Fatal(err)
+	}
+	out := Vary(pods, nil, v, 1)
+	restricted := 0
+	added := map[string]int{} // newly restricted pods by allowed set
+	for i, p := range out {
+		q := pods[i]
+		if p.Name != q.Name || p.CPUMilli != q.CPUMilli || p.NumGPU != q.NumGPU || p.GPUMilli != q.GPUMilli {
+			t.Fatalf("pod %d changed beyond its models: %+v -> %+v", i, q, p)
+		}
+		if len(q.Models) > 0 && !reflect.DeepEqual(p.Models, q.Models) {
+			t.Fatalf("restricted pod %d changed models: %v -> %v", i, q.Models, p.Models)
+		}
+		if p.GPURequest() == 0 && len(p.Models) > 0 {
+			t.Fatalf("CPU-only pod %d restricted", i)
+		}
+		if len(p.Models) > 0 {
+			restricted++
+			m := strings.Join(p.Models, "|")
+			if m != "T4" && m != "V100M16|V100M32" {
+				t.Fatalf("pod %d restricted to %s, not to a set of the list's", i, m)
+			}
+			if len(q.Models) == 0 {
+				added[m]++
+			}
+		}
+	}
+	if restricted != 27 { // 30% of the 90 GPU pods
+		t.Fatalf("%d of 90 GPU pods restricted, want 27", restricted)
+	}
+	if added["T4"] < 3 || added["V100M16|V100M32"] < 3 { // drawn from the list's restricted pods, half each
+		t.Fatalf("newly restricted pods by set %v: want both of the list's sets drawn", added)
+	}
+	if !reflect.DeepEqual(out, Vary(pods, nil, v, 1)) {
+		t.Fatal("one seed gave two lists")
+	}
+	for i := range pods {
+		pods[i].Models = nil
+	}
+	if err := v.Applies(pods); err == nil || !strings.Contains(err.Error(), "gpu_spec") {
+		t.Fatalf("a list without restricted pods: %v, want a refusal naming gpu_spec", err)
 	}
 }
