@@ -29,10 +29,10 @@ import (
 // hungry shapes, so empty nodes got broken up); capping share shapes too was worse still; a best-fit
 // node tie-break lost to list order; exact fragmentation deltas lose to the quantised score.
 //
-// Score: the gain (expected fragmentation before minus after, plus the model pressure's term) squashed like FGD's into an integer
-// 0..100 score, so near-equal gains tie and ties go to the first node in list order (packing, as in
-// FGD's simulator), and within a node to the GPUs the placement leaves fullest (best fit on the
-// GPU's remaining compute).
+// Score: the gain (expected fragmentation before minus after, plus the model pressure's term)
+// squashed like FGD's into an integer 0..100 score, so near-equal gains tie and ties go to the first
+// node in list order (packing, as in FGD's simulator), and within a node to the GPUs the placement
+// leaves fullest (best fit on the GPU's remaining compute).
 type tesseraPolicy struct{}
 
 func (tesseraPolicy) Name() string { return api.PolicyTessera }
