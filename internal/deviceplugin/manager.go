@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -36,6 +37,13 @@ type Options struct {
 	// ObserveAllocate, when set, is told how long each kubelet Allocate call of a resource took and
 	// its error (the node agent's latency histogram).
 	ObserveAllocate func(resource string, took time.Duration, err error)
+	// SocketTag ends every socket's name (tessera-<resource>-<tag>.sock). Default: a new one per
+	// process start, so that a restarted agent never registers an endpoint path the kubelet may still
+	// hold for its predecessor. kubelet 1.37 refuses a registration whose socket path it already has
+	// connected ("device plugin already connected"), and drops its client for that path when the
+	// refused attempt fails, so the predecessor's endpoint is never disconnected and every retry is
+	// refused until the kubelet restarts (seen after a kill -9 of the agent in the e2e suite).
+	SocketTag string
 }
 
 // DefaultPreferredAllocation asks for preferred allocations only for hardware-bound devices (MIG
@@ -84,6 +92,9 @@ func NewManager(src Source, opts Options) *Manager {
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
+	}
+	if opts.SocketTag == "" {
+		opts.SocketTag = strconv.FormatInt(time.Now().UnixNano(), 36)
 	}
 	return &Manager{
 		src:     src,
@@ -175,7 +186,7 @@ func (m *Manager) reconcile(ctx context.Context) {
 		log := m.log.With("resource", r)
 		srv := newServer(r, m.src, m.opts.PreferredAllocation(r), log)
 		srv.observe = m.opts.ObserveAllocate
-		p := newPlugin(srv, m.opts.PluginDir, m.opts.KubeletSocket, log)
+		p := newPlugin(srv, m.opts.PluginDir, m.opts.SocketTag, m.opts.KubeletSocket, log)
 		pctx, cancel := context.WithCancel(ctx)
 		m.mu.Lock()
 		m.plugins[r] = &managed{plugin: p, cancel: cancel}

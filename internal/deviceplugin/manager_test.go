@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
@@ -27,10 +28,13 @@ const (
 
 // runManager starts a Manager on dir. The returned stop cancels Run and returns its result once
 // it has returned; it also runs (and checks for a nil result) when the test ends.
+// testTag is the socket tag of the managers runManager starts.
+const testTag = "t1"
+
 func runManager(t *testing.T, src Source, dir string, configure ...func(*Manager)) (*Manager, func() error) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(newTestWriter(t), &slog.HandlerOptions{Level: slog.LevelDebug}))
-	m := NewManager(src, Options{PluginDir: dir, Logger: log})
+	m := NewManager(src, Options{PluginDir: dir, Logger: log, SocketTag: testTag})
 	for _, c := range configure {
 		c(m)
 	}
@@ -90,9 +94,9 @@ func TestRegistersEveryResource(t *testing.T) {
 		preferred bool
 		devices   int
 	}{
-		{gpuRes, "tessera-nvidia.com_gpu.sock", false, 2},
-		{vgpuRes, "tessera-tessera.dev_vgpu.sock", false, 3},
-		{migRes, "tessera-nvidia.com_mig-1g.10gb.sock", true, 1},
+		{gpuRes, "tessera-nvidia.com_gpu-t1.sock", false, 2},
+		{vgpuRes, "tessera-tessera.dev_vgpu-t1.sock", false, 3},
+		{migRes, "tessera-nvidia.com_mig-1g.10gb-t1.sock", true, 1},
 	}
 	for _, tc := range tests {
 		t.Run(tc.resource, func(t *testing.T) {
@@ -331,7 +335,7 @@ func TestResourceAddedAndRemovedAtRuntime(t *testing.T) {
 	waitRegistered(t, m, gpuRes, migRes)
 
 	// And goes again: its server stops and its socket is removed; the other resource is untouched.
-	migSock := filepath.Join(dir, socketName(migRes))
+	migSock := filepath.Join(dir, socketName(migRes, testTag))
 	src.removeResource(migRes)
 	waitRegistered(t, m, gpuRes)
 	waitFor(t, "the MIG socket to be removed", func() bool {
@@ -392,7 +396,7 @@ func TestRecreatesDeletedSocket(t *testing.T) {
 	runManager(t, src, dir)
 	k.waitServed(gpuRes)
 
-	if err := os.Remove(filepath.Join(dir, socketName(gpuRes))); err != nil {
+	if err := os.Remove(filepath.Join(dir, socketName(gpuRes, testTag))); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "a second registration", func() bool { return k.registrations(gpuRes) >= 2 })
@@ -410,7 +414,7 @@ func TestRegistersWhenKubeletStartsLater(t *testing.T) {
 	src.setResource(gpuRes, healthyDevices("gpu-0"))
 	m, _ := runManager(t, src, dir)
 	waitFor(t, "the plugin socket", func() bool {
-		_, err := os.Stat(filepath.Join(dir, socketName(gpuRes)))
+		_, err := os.Stat(filepath.Join(dir, socketName(gpuRes, testTag)))
 		return err == nil
 	})
 	if m.Registered()[gpuRes] {
@@ -457,7 +461,7 @@ func TestPollingAlone(t *testing.T) {
 	k2.waitServed(gpuRes)
 	waitRegistered(t, m, gpuRes)
 
-	if err := os.Remove(filepath.Join(dir, socketName(gpuRes))); err != nil {
+	if err := os.Remove(filepath.Join(dir, socketName(gpuRes, testTag))); err != nil {
 		t.Fatal(err)
 	}
 	waitFor(t, "a registration after the socket was deleted", func() bool { return k2.registrations(gpuRes) >= 2 })
@@ -506,9 +510,15 @@ func TestSocketName(t *testing.T) {
 		"tessera.dev/mdev-A100-4C": "tessera-tessera.dev_mdev-A100-4C.sock",
 	}
 	for in, want := range tests {
-		if got := socketName(in); got != want {
+		if got := socketName(in, ""); got != want {
 			t.Errorf("socketName(%q) = %q, want %q", in, got, want)
 		}
+		if got, want := socketName(in, "x1"), strings.TrimSuffix(want, ".sock")+"-x1.sock"; got != want {
+			t.Errorf("socketName(%q, x1) = %q, want %q", in, got, want)
+		}
+	}
+	if a, b := NewManager(nil, Options{}).opts.SocketTag, NewManager(nil, Options{}).opts.SocketTag; a == "" || a == b || strings.Contains(a, "-") {
+		t.Errorf("default socket tags %q, %q: want a fresh one per manager, without '-'", a, b)
 	}
 }
 
@@ -531,5 +541,44 @@ func TestBackoff(t *testing.T) {
 	b.reset()
 	if d := b.next(); d < backoffInitial*8/10 || d > backoffInitial*12/10 {
 		t.Errorf("after reset: wait %v, want %v ±20%%", d, backoffInitial)
+	}
+}
+
+// TestStaleSocketsRemoved: a restarted agent serves on a socket of its own tag (never the path the
+// kubelet may still hold for its predecessor) and removes the sockets of this resource that nobody
+// serves any more (a killed agent's, tagged or from before tags); a socket still served (an agent
+// being replaced) stays, as does another resource's.
+func TestStaleSocketsRemoved(t *testing.T) {
+	dir := shortTempDir(t)
+	k := startFakeKubelet(t, dir)
+	dead := func(name string) string { // a socket file nobody listens on, as kill -9 leaves it
+		path := filepath.Join(dir, name)
+		l, err := net.Listen("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l.(*net.UnixListener).SetUnlinkOnClose(false)
+		l.Close()
+		return path
+	}
+	staleTagged, staleOld := dead(socketName(gpuRes, "old")), dead(socketName(gpuRes, ""))
+	otherStale := dead(socketName(vgpuRes, "old"))
+	live := filepath.Join(dir, socketName(gpuRes, "live"))
+	l, err := net.Listen("unix", live)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	src := newFakeSource()
+	src.setResource(gpuRes, healthyDevices("gpu-0"))
+	runManager(t, src, dir)
+	if e := k.waitServed(gpuRes); e.req.GetEndpoint() != socketName(gpuRes, testTag) {
+		t.Fatalf("endpoint %q, want %q", e.req.GetEndpoint(), socketName(gpuRes, testTag))
+	}
+	for path, want := range map[string]bool{staleTagged: false, staleOld: false, live: true, otherStale: true,
+		filepath.Join(dir, socketName(gpuRes, testTag)): true} {
+		if _, err := os.Stat(path); (err == nil) != want {
+			t.Errorf("%s: exists %v, want %v", filepath.Base(path), err == nil, want)
+		}
 	}
 }

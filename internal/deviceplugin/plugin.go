@@ -36,8 +36,8 @@ type plugin struct {
 	socketID fileID
 }
 
-func newPlugin(srv *server, dir, kubeletSocket string, log *slog.Logger) *plugin {
-	path := filepath.Join(dir, socketName(srv.resource))
+func newPlugin(srv *server, dir, tag, kubeletSocket string, log *slog.Logger) *plugin {
+	path := filepath.Join(dir, socketName(srv.resource, tag))
 	return &plugin{
 		server:        srv,
 		socketPath:    path,
@@ -49,18 +49,54 @@ func newPlugin(srv *server, dir, kubeletSocket string, log *slog.Logger) *plugin
 	}
 }
 
-// socketName derives the socket's file name from the resource name, e.g. nvidia.com/gpu ->
-// tessera-nvidia.com_gpu.sock: stable across restarts, distinct per resource, and recognisably ours
-// among other vendors' plugins in the shared directory.
-func socketName(resource string) string {
-	clean := strings.Map(func(r rune) rune {
+// socketName derives the socket's file name from the resource name and the process's tag, e.g.
+// nvidia.com/gpu, tag x1 -> tessera-nvidia.com_gpu-x1.sock: distinct per resource and per agent
+// start (Options.SocketTag), and recognisably ours among other vendors' plugins in the shared
+// directory. Without a tag: tessera-nvidia.com_gpu.sock (what agents before tags used).
+func socketName(resource, tag string) string {
+	name := socketStem(resource)
+	if tag != "" {
+		name += "-" + tag
+	}
+	return name + ".sock"
+}
+
+// socketStem is the part of resource's socket names that does not change from start to start.
+func socketStem(resource string) string {
+	return "tessera-" + strings.Map(func(r rune) rune {
 		switch {
 		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '.', r == '-':
 			return r
 		}
 		return '_'
 	}, resource)
-	return "tessera-" + clean + ".sock"
+}
+
+// removeStaleSockets removes the sockets of this resource that earlier agents left (killed, they
+// could not remove their own) and that nobody serves any more: a socket that accepts a connection
+// belongs to a live agent (one being replaced) and stays.
+func (p *plugin) removeStaleSockets() {
+	stem := socketStem(p.server.resource)
+	dir := filepath.Dir(p.socketPath)
+	for _, pattern := range []string{stem + ".sock", stem + "-*.sock"} {
+		matches, _ := filepath.Glob(filepath.Join(dir, pattern))
+		for _, m := range matches {
+			if m == p.socketPath {
+				continue
+			}
+			// A tag never contains '-' (base 36), so a longer resource name sharing our stem is not matched.
+			if tag := strings.TrimSuffix(strings.TrimPrefix(filepath.Base(m), stem), ".sock"); strings.Contains(strings.TrimPrefix(tag, "-"), "-") {
+				continue
+			}
+			if c, err := net.DialTimeout("unix", m, 200*time.Millisecond); err == nil {
+				c.Close()
+				continue
+			}
+			if err := os.Remove(m); err == nil {
+				p.log.Info("removed a socket an earlier agent left", "stale", m)
+			}
+		}
+	}
 }
 
 // signal sends a coalesced, non-blocking notification.
@@ -177,6 +213,7 @@ func (p *plugin) restart(bo *backoff) {
 
 // serve listens on the socket and starts the gRPC server on it.
 func (p *plugin) serve() error {
+	p.removeStaleSockets()
 	// A socket left by an earlier run (or another process using our name) would make Listen fail.
 	if err := os.Remove(p.socketPath); err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return fmt.Errorf("remove stale socket %s: %w", p.socketPath, err)
