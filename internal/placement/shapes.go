@@ -73,6 +73,9 @@ type ShapeStats struct {
 	gpuPods    int
 	gpuMilli   int64
 	free       map[string]int64
+	// pressure is pressureOf those, recomputed only after one of them changed (pressureStale).
+	pressure      *modelPressure
+	pressureStale bool
 }
 
 // snapshot is one typical-shape table with its fragmentation cache and compiled plan (shared
@@ -150,6 +153,7 @@ func (s *ShapeStats) observeDemandLocked(r *Request, delta int) {
 		return
 	}
 	milli := int64(delta) * int64(r.GPUMilli())
+	s.pressureStale = true
 	s.gpuPods += delta
 	s.gpuMilli += milli
 	k, models := modelSetKey(r.Models)
@@ -195,6 +199,7 @@ func (s *ShapeStats) AddNodeFree(n *NodeState, sign int64) {
 	for i := range n.GPUs {
 		s.free[n.GPUs[i].Model] += sign * int64(n.GPUs[i].FreeMilli())
 	}
+	s.pressureStale = true
 }
 
 // Total is the number of pods counted.
@@ -263,7 +268,10 @@ func (s *ShapeStats) Typical() []Shape {
 // that moved (the same shapes, fragmentation cache and plan): in place, or into next when staging
 // (the very first one serves at once: there is nothing to serve meanwhile).
 func (s *ShapeStats) refreshLocked() {
-	pressure := pressureOf(s.restricted, s.gpuPods, s.gpuMilli, s.free)
+	if s.pressureStale {
+		s.pressure, s.pressureStale = pressureOf(s.restricted, s.gpuPods, s.gpuMilli, s.free), false
+	}
+	pressure := s.pressure
 	if s.drift == 0 || (s.cur.typical != nil && float64(s.drift) < refreshFraction*float64(s.total)) {
 		base := &s.cur
 		if s.next != nil {
