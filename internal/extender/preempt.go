@@ -211,8 +211,9 @@ func (s *State) VictimsFreeing(node string, victims []types.UID, req *placement.
 	best, bestV, bestN, bestSum := uint64(0), math.MaxInt, len(cands)+1, int64(0)
 	for mask := uint64(1); mask < 1<<len(cands); mask++ {
 		n, sum := choose(mask)
-		v := violations(set())
-		if cmp.Or(cmp.Compare(v, bestV), cmp.Compare(n, bestN), cmp.Compare(sum, bestSum)) >= 0 || !s.fitsWithoutLocked(node, set(), req) {
+		uids := set()
+		v := violations(uids)
+		if cmp.Or(cmp.Compare(v, bestV), cmp.Compare(n, bestN), cmp.Compare(sum, bestSum)) >= 0 || !s.fitsWithoutLocked(node, uids, req) {
 			continue
 		}
 		best, bestV, bestN, bestSum = mask, v, n, sum
