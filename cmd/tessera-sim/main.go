@@ -110,14 +110,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		pods = pods[:o.limit]
 	}
 	if o.variant != "" {
-		v, err := simulate.ParseVariant(o.variant)
-		if err != nil {
+		if pods, err = simulate.VaryBy(pods, nodes, o.variant); err != nil {
 			return fmt.Errorf("--vary: %w", err)
 		}
-		if err := v.Applies(pods); err != nil {
-			return fmt.Errorf("--vary: %w", err)
-		}
-		pods = simulate.Vary(pods, nodes, v, 1)
 	}
 	cluster := simulate.NewCluster(nodes, pods)
 	var shapes string

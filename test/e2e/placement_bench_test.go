@@ -75,14 +75,9 @@ func BenchmarkPlacement(b *testing.B) {
 		pods = pods[:limit]
 	}
 	if vary := os.Getenv("TESSERA_BENCH_VARY"); vary != "" {
-		v, err := simulate.ParseVariant(vary)
-		if err != nil {
+		if pods, err = simulate.VaryBy(pods, nodes, vary); err != nil { // as tessera-sim --vary
 			b.Fatalf("TESSERA_BENCH_VARY: %v", err)
 		}
-		if err := v.Applies(pods); err != nil {
-			b.Fatalf("TESSERA_BENCH_VARY: %v", err)
-		}
-		pods = simulate.Vary(pods, nodes, v, 1) // as tessera-sim --vary
 	}
 	cluster := simulate.NewCluster(nodes, pods)
 	arrivals := len(cluster.Arrivals(seed, 1.3))

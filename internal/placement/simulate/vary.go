@@ -71,9 +71,22 @@ func ParseVariant(s string) (Variant, error) {
 	return v, nil
 }
 
-// Applies reports why v cannot be made of pods (nil: it can): spec-request draws the allowed models
+// VaryBy derives the variant spec names (ParseVariant) from pods, as tessera-sim --vary and the
+// placement benchmark do (seed 1), or says why it cannot.
+func VaryBy(pods []Pod, nodes []Node, spec string) ([]Pod, error) {
+	v, err := ParseVariant(spec)
+	if err != nil {
+		return nil, err
+	}
+	if err := v.applies(pods); err != nil {
+		return nil, err
+	}
+	return Vary(pods, nodes, v, 1), nil
+}
+
+// applies reports why v cannot be made of pods (nil: it can): spec-request draws the allowed models
 // from the list's own restricted pods.
-func (v Variant) Applies(pods []Pod) error {
+func (v Variant) applies(pods []Pod) error {
 	if v.SpecRequest > 0 && !slices.ContainsFunc(pods, func(p Pod) bool { return p.GPURequest() > 0 && len(p.Models) > 0 }) {
 		return fmt.Errorf("spec-request draws allowed models from the pod list's restricted pods, and it has none (no gpu_spec): use a list such as openb_pod_list_gpuspec10.csv")
 	}

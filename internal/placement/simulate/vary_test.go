@@ -84,7 +84,7 @@ func TestVarySpecRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := v.Applies(pods); err != nil {
+	if err := v.applies(pods); err != nil {
 		t.Fatal(err)
 	}
 	out := Vary(pods, nil, v, 1)
@@ -124,7 +124,7 @@ func TestVarySpecRequest(t *testing.T) {
 	for i := range pods {
 		pods[i].Models = nil
 	}
-	if err := v.Applies(pods); err == nil || !strings.Contains(err.Error(), "gpu_spec") {
+	if err := v.applies(pods); err == nil || !strings.Contains(err.Error(), "gpu_spec") {
 		t.Fatalf("a list without restricted pods: %v, want a refusal naming gpu_spec", err)
 	}
 }
