@@ -23,7 +23,8 @@ import (
 // fakeKubelet plays the kubelet's side of the device plugin API over the real v1beta1 gRPC
 // services: on start it wipes the sockets in its directory and serves Registration on kubelet.sock;
 // on Register it dials the plugin's socket back, asks for its options and keeps a ListAndWatch
-// stream open, as the kubelet's device manager does.
+// stream open, as the kubelet's device manager does, and refuses a registration on a socket path
+// whose endpoint is still connected, as kubelet 1.37's does.
 type fakeKubelet struct {
 	t    *testing.T
 	dir  string
@@ -100,6 +101,13 @@ func (r *registrationService) Register(ctx context.Context, req *pluginapi.Regis
 		k.mu.Unlock()
 		return nil, status.Error(codes.Unavailable, "fake kubelet: not ready")
 	}
+	// kubelet 1.37 (devicemanager PluginConnected) refuses a registration on a socket path whose
+	// earlier endpoint is still connected.
+	if old := k.endpoints[req.GetResourceName()]; old != nil && old.req.GetEndpoint() == req.GetEndpoint() && !old.isClosed() {
+		k.refused++
+		k.mu.Unlock()
+		return nil, fmt.Errorf("device plugin already connected: %s", filepath.Join(k.dir, req.GetEndpoint()))
+	}
 	k.mu.Unlock()
 	if req.GetVersion() != pluginapi.Version {
 		return nil, fmt.Errorf("unsupported version %q", req.GetVersion())
@@ -151,6 +159,12 @@ func (e *endpoint) watch(stream grpc.ServerStreamingClient[pluginapi.ListAndWatc
 		e.lists = append(e.lists, resp.GetDevices())
 		e.mu.Unlock()
 	}
+}
+
+func (e *endpoint) isClosed() bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.closed
 }
 
 func (e *endpoint) history() [][]*pluginapi.Device {

@@ -582,3 +582,19 @@ func TestStaleSocketsRemoved(t *testing.T) {
 		}
 	}
 }
+
+// TestFakeKubeletRefusesConnectedPath: the fake kubelet is as unkind as kubelet 1.37 (devicemanager
+// PluginConnected): a registration on a socket path whose endpoint is still connected is refused,
+// which is why every agent start serves on a socket of its own tag.
+func TestFakeKubeletRefusesConnectedPath(t *testing.T) {
+	dir := shortTempDir(t)
+	k := startFakeKubelet(t, dir)
+	src := newFakeSource()
+	src.setResource(gpuRes, healthyDevices("gpu-0"))
+	runManager(t, src, dir)
+	k.waitServed(gpuRes)
+	err := register(context.Background(), filepath.Join(dir, "kubelet.sock"), socketName(gpuRes, testTag), gpuRes, &pluginapi.DevicePluginOptions{})
+	if err == nil || !strings.Contains(err.Error(), "device plugin already connected") {
+		t.Fatalf("registration on a connected path: %v, want kubelet 1.37's refusal", err)
+	}
+}
