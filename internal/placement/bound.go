@@ -36,7 +36,9 @@ import (
 // and at most the fragmentation before (the one after is not negative). Where nothing is stranded
 // before (f = 0, the common case where CPU and memory are not short), max(f, v) - max(f', v') <=
 // v - v' for every shape, and the sum is linear: Σ_k d_k·U(k) - fa_k·B(k) over the touched GPUs
-// (each shape that GPU k stops serving gains fa_k). The score is monotone in the gain, and its
+// (each shape that GPU k stops serving gains fa_k). A share is scored without the floor
+// (tesseraMeasure), so its gain is bounded by that linear sum on every node, and by the node's
+// fragmentation without the floor (NodeBound.fragNoFloor). The score is monotone in the gain, and its
 // tie-break term (how full the placement leaves the GPUs) is exact, and so is the model pressure's
 // term (pressure.go: each device's compute times its model's coefficient), added as it is; CoarseBound
 // takes the largest coefficient of the node's models for all the compute. TestScoreBoundHolds checks
@@ -54,8 +56,10 @@ const boundSlack = 1e-3
 // NodeBound is what the score bound reads of a node state under one typical-shape snapshot, for
 // any request: keep it while the node's state (its usage digest) and the snapshot are the same.
 type NodeBound struct {
-	frag float64 // the node's fragmentation (tessera's)
-	mix  strandedMix
+	// frag is the node's fragmentation (tessera's), fragNoFloor the same without the stranded floor
+	// (what a share's placement is scored by).
+	frag, fragNoFloor float64
+	mix               strandedMix
 	// stranded is the node's stranded compute (the floor): what a placement can lower it by at most.
 	stranded float64
 	// pressure is the largest model-pressure coefficient of the node's GPUs (pressure.go).
@@ -125,10 +129,11 @@ func (sc *ScoreContext) nodeBound(n *NodeState) *NodeBound {
 	if len(n.GPUs) > len(NodeBound{}.u) {
 		return nil
 	}
-	pl := sc.loadBefore(2, n, false)
+	pl := sc.loadBefore(measureFed, n, false)
 	st := sc.beforeStats(n)
 	nb := &NodeBound{frag: sc.lastFrag, mix: pl.mixAt(n), cpuFree: math.MaxInt64, memFree: math.MaxInt64, total: n.FreeMilli(), ngpus: len(n.GPUs)}
 	nb.stranded = max(0, nb.mix.stranded(n, nb.total))
+	nb.fragNoFloor = pl.frag(n, st, measureFedNoFloor)
 	nb.pressure = sc.maxPressure(n)
 	if n.CPUMilli > 0 {
 		nb.cpuFree = n.CPUMilli - n.UsedCPU
@@ -188,13 +193,16 @@ func (sc *ScoreContext) nodeBound(n *NodeState) *NodeBound {
 func (sc *ScoreContext) scoreBound(nb *NodeBound, n *NodeState, r *Request, p *Placement) float64 {
 	after := sc.afterState(n, r, p)
 	total, total2 := n.FreeMilli(), after.FreeMilli()
-	gain := nb.frag
+	gain, floor := nb.frag, nb.stranded > 0
+	if tesseraMeasure(r) == measureFedNoFloor {
+		gain, floor = nb.fragNoFloor, false
+	}
 	touched, ok := touchedGPUs(p)
 	if total > 0 && total2 > 0 && ok && touched < 1<<len(nb.u) {
 		d := float64(total - total2)
-		if nb.stranded == 0 {
-			// No floor before: each shape's gain is at most its fragment's change, Σ_k d_k·U(k) -
-			// fa_k·B(k) over the touched GPUs.
+		if !floor {
+			// No floor before (nothing stranded, or a share's measure): each shape's gain is at
+			// most its fragment's change, Σ_k d_k·U(k) - fa_k·B(k) over the touched GPUs.
 			g := 0.0
 			for m := touched; m != 0; m &= m - 1 {
 				i := bits.TrailingZeros64(m)
@@ -248,10 +256,10 @@ func (sc *ScoreContext) stopsServing(nb *NodeBound, g, a *GPUState, u float64) (
 // negative, and the placement takes d of the free compute and CPU and memory, never gives any. So
 // with one GPU i touched, max(D, d)·U + max(D, -fa)·B + max(D, 0)·(W - U - B) <= d·U(i) + min(d,
 // stranded)·(W - U(i)); with more, max(D, 0)·W + Σ_k d_k·U(k) <= min(d, stranded)·W + d·max U.
-// Without stranded compute, a share's GPU k leaves fa_k = free_k - d_k, and every shape it served
-// (W - U(k)) that asks more compute than fa_k it serves no more: B(k) >= W - U(k) - servable(fa_k);
-// the sum over the touched GPUs is at most that of the k largest terms. The tie-break (how full the
-// placement leaves its GPUs) is at least the least a fitting GPU leaves.
+// A share (scored without the floor: the linear sum) on GPU k leaves fa_k = free_k - d_k, and
+// every shape it served (W - U(k)) that asks more compute than fa_k it serves no more: B(k) >= W -
+// U(k) - servable(fa_k); the sum over the touched GPUs is at most that of the k largest terms. The
+// tie-break (how full the placement leaves its GPUs) is at least the least a fitting GPU leaves.
 func (e *Engine) CoarseBound(sc *ScoreContext, n *NodeState, r *Request, nb *NodeBound) (float64, *NodeBound, bool) {
 	if len(r.Containers) != 1 || len(n.GPUs) > len(NodeBound{}.u) {
 		return 0, nb, false
@@ -288,10 +296,14 @@ func (e *Engine) CoarseBound(sc *ScoreContext, n *NodeState, r *Request, nb *Nod
 	if bits.OnesCount8(fits) < k {
 		return math.Inf(-1), nb, true
 	}
-	// Without a floor before (nothing stranded), a share placement's gain is at most the sum of its
+	// A share placement's measure has no floor (tesseraMeasure): its gain is at most the sum of its
 	// GPUs' d·U - fa·B (as in scoreBound), with B at least what a GPU served before (W - U) less
 	// all that asks no more compute than fa (servable).
-	linear := nb.stranded == 0 && c.Shares > 0
+	linear := c.Shares > 0
+	frag := nb.frag
+	if linear {
+		frag = nb.fragNoFloor
+	}
 	pl := sc.compiledPlan()
 	var gain, left, term [8]float64 // per GPU in fits: the gain bound, the compute it leaves free, its linear term
 	dmax, umax, leftMin, best := 0, 0.0, math.Inf(1), math.Inf(-1)
@@ -311,20 +323,20 @@ func (e *Engine) CoarseBound(sc *ScoreContext, n *NodeState, r *Request, nb *Nod
 		} else {
 			term[i] = df*nb.u[i] + min(df, nb.stranded)*max(0, nb.w-nb.u[i])
 		}
-		gain[i] = nb.frag
+		gain[i] = frag
 		if d < total {
-			gain[i] = min(nb.frag, term[i])
+			gain[i] = min(frag, term[i])
 		}
 		gain[i] += df * nb.pressure // at least the pressure term: d on models of at most that coefficient
 		best = max(best, gain[i])
 	}
 	if k > 1 {
-		g := nb.frag
+		g := frag
 		if d := k * dmax; d < total && linear {
-			g = min(nb.frag, largest(term, fits, k))
+			g = min(frag, largest(term, fits, k))
 		} else if d < total {
 			df := float64(d)
-			g = min(nb.frag, df*umax+min(df, nb.stranded)*nb.w)
+			g = min(frag, df*umax+min(df, nb.stranded)*nb.w)
 		}
 		g += float64(k*dmax) * nb.pressure
 		return squash(g+boundSlack) - 1e-3*leftMin, nb, true

@@ -66,7 +66,7 @@ func (e *Engine) EvaluateScratch(sc *ScoreContext, n *NodeState, r *Request, exp
 		sc.memoDevs = sc.memoDevs[:0]
 		sc.memoReq, sc.memoExplain, sc.memoLookups, sc.memoHits = r, explain, 0, 0
 	}
-	if _, random := pol.(randomPolicy); !random && (sc.memoLookups < memoProbe || 2*sc.memoHits >= sc.memoLookups) && sc.stateKey(0, n, &key) {
+	if _, random := pol.(randomPolicy); !random && (sc.memoLookups < memoProbe || 2*sc.memoHits >= sc.memoLookups) && sc.stateKey(measureNone, n, &key) {
 		sc.memoLookups++
 		h = key.hash()
 		if m, ok := sc.memo[h]; ok {

@@ -370,21 +370,25 @@ func (pl *fragPlan) mixAt(n *NodeState) strandedMix {
 	return mixOf(n, pl.shapes)
 }
 
-// frag is FGD's expected fragmentation of n (fed: tessera's multi-resource one, over the GPU shapes
-// that may use one of n's GPU models) from its part stats.
-func (pl *fragPlan) frag(n *NodeState, st []partStats, fed bool) float64 {
+// frag is n's expected fragmentation under measure m, from its part stats: FGD's, or tessera's
+// multi-resource one over the GPU shapes that may use one of n's GPU models (with the stranded floor,
+// or without it: the measure a share's placement is scored by, policy_tessera.go).
+func (pl *fragPlan) frag(n *NodeState, st []partStats, m measure) float64 {
 	total := n.FreeMilli()
 	if total == 0 {
 		return 0
 	}
 	f := 0.0
-	if !fed {
+	if m == measureFGD {
 		for i := range pl.items {
 			f += pl.items[i].weight * float64(shapeFrag(&pl.items[i], n, st, total, false))
 		}
 		return f
 	}
-	floor := pl.mixAt(n).stranded(n, total)
+	floor := 0.0
+	if m == measureFed {
+		floor = pl.mixAt(n).stranded(n, total)
+	}
 	for i := range pl.items {
 		it := &pl.items[i]
 		if it.part < 0 {
@@ -403,9 +407,9 @@ func (pl *fragPlan) frag(n *NodeState, st []partStats, fed bool) float64 {
 }
 
 // fragmentation computes n's fragmentation with a plan compiled for this call only.
-func fragmentation(n *NodeState, shapes []Shape, fed bool) float64 {
+func fragmentation(n *NodeState, shapes []Shape, m measure) float64 {
 	pl := compileFragPlan(shapes)
 	st := make([]partStats, len(pl.parts))
 	pl.stats(n, st, &fitMasks{pl: pl})
-	return pl.frag(n, st, fed)
+	return pl.frag(n, st, m)
 }

@@ -39,14 +39,16 @@ func naiveShapeFrag(n *NodeState, r *Request, total int, hostMem bool) int {
 	return rest
 }
 
-func naiveFragmentation(n *NodeState, shapes []Shape, fed bool) float64 {
+// naiveFragmentation is measure m shape by shape, as the measures' comments define them.
+func naiveFragmentation(n *NodeState, shapes []Shape, m measure) float64 {
 	total := n.FreeMilli()
 	if total == 0 {
 		return 0
 	}
 	f := 0.0
 	floor := 0.0
-	if fed {
+	fed := m == measureFed || m == measureFedNoFloor
+	if m == measureFed {
 		floor = stranded(n, shapes, total)
 	}
 	for i := range shapes {
@@ -62,6 +64,9 @@ func naiveFragmentation(n *NodeState, shapes []Shape, fed bool) float64 {
 	}
 	return f
 }
+
+// allMeasures are the fragmentation measures policies score by.
+var allMeasures = []measure{measureFGD, measureFed, measureFedNoFloor}
 
 func randomPlanNode(rng *rand.Rand) *NodeState {
 	n := &NodeState{CPUMilli: 64000, MemMiB: 1 << 20, UsedCPU: int64(rng.IntN(64000)), UsedMem: int64(rng.IntN(1 << 20))}
@@ -104,9 +109,9 @@ func TestFragPlanMatchesPerShape(t *testing.T) {
 	for iter := 0; iter < 3000; iter++ {
 		n := randomPlanNode(rng)
 		shapes := randomPlanShapes(rng)
-		for _, fed := range []bool{false, true} {
-			if got, want := fragmentation(n, shapes, fed), naiveFragmentation(n, shapes, fed); got != want {
-				t.Fatalf("iter %d fed=%v: plan %v, per shape %v", iter, fed, got, want)
+		for _, m := range allMeasures {
+			if got, want := fragmentation(n, shapes, m), naiveFragmentation(n, shapes, m); got != want {
+				t.Fatalf("iter %d measure %d: plan %v, per shape %v", iter, m, got, want)
 			}
 		}
 		r := &shapes[rng.IntN(len(shapes))].Req
@@ -120,14 +125,13 @@ func TestFragPlanMatchesPerShape(t *testing.T) {
 		}
 		sc := &ScoreContext{Shapes: shapes, Cache: cache}
 		for i := range cands {
-			for _, variant := range []uint8{1, 2} {
-				before, after := sc.fragBeforeAfter(variant, n, r, &cands[i])
-				fed := variant == 2
-				if want := naiveFragmentation(n, shapes, fed); before != want {
-					t.Fatalf("iter %d cand %d fed=%v: before %v, want %v", iter, i, fed, before, want)
+			for _, m := range allMeasures {
+				before, after := sc.fragBeforeAfter(m, n, r, &cands[i])
+				if want := naiveFragmentation(n, shapes, m); before != want {
+					t.Fatalf("iter %d cand %d measure %d: before %v, want %v", iter, i, m, before, want)
 				}
-				if want := naiveFragmentation(sc.afterState(n, r, &cands[i]), shapes, fed); after != want {
-					t.Fatalf("iter %d cand %d fed=%v: after %v, want %v", iter, i, fed, after, want)
+				if want := naiveFragmentation(sc.afterState(n, r, &cands[i]), shapes, m); after != want {
+					t.Fatalf("iter %d cand %d measure %d: after %v, want %v", iter, i, m, after, want)
 				}
 			}
 		}
@@ -157,8 +161,8 @@ func TestCachedNodeStats(t *testing.T) {
 				continue
 			}
 			for i := range cands {
-				_, after := sc.fragBeforeAfter(2, n, r, &cands[i])
-				if want := naiveFragmentation(sc.afterState(n, r, &cands[i]), shapes, true); after != want {
+				_, after := sc.fragBeforeAfter(measureFed, n, r, &cands[i])
+				if want := naiveFragmentation(sc.afterState(n, r, &cands[i]), shapes, measureFed); after != want {
 					t.Fatalf("pass %d node %s cand %d: after %v, want %v", pass, n.Name, i, after, want)
 				}
 			}
@@ -189,9 +193,9 @@ func TestFitMasksSharedAcrossGoroutines(t *testing.T) {
 			for k := range 3 * len(nodes) {
 				n := nodes[(k*(w+1))%len(nodes)]
 				pl.stats(n, st, fm)
-				for _, fed := range []bool{false, true} {
-					if got, want := pl.frag(n, st, fed), naiveFragmentation(n, shapes, fed); got != want {
-						errs <- fmt.Sprintf("worker %d node %d fed=%v: %v, per shape %v", w, k, fed, got, want)
+				for _, m := range allMeasures {
+					if got, want := pl.frag(n, st, m), naiveFragmentation(n, shapes, m); got != want {
+						errs <- fmt.Sprintf("worker %d node %d measure %d: %v, per shape %v", w, k, m, got, want)
 						return
 					}
 				}

@@ -33,7 +33,7 @@ type ScoreContext struct {
 	memoLookups, memoHits int
 	// The last node fragBeforeAfter saw: its key and fragmentation (for its next candidates).
 	lastNode    *NodeState
-	lastVariant uint8
+	lastMeasure measure
 	lastCache   *FragCache
 	lastKey     fragKey
 	lastFrag    float64

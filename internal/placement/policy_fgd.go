@@ -19,7 +19,9 @@ import (
 
 // NodeFragmentation is FGD's expected fragmentation of n over the shapes (CPU-only shapes included,
 // host memory ignored), in per-mille of a GPU: frag.go NodeGpuShareFragAmountScore.
-func NodeFragmentation(n *NodeState, shapes []Shape) float64 { return fragmentation(n, shapes, false) }
+func NodeFragmentation(n *NodeState, shapes []Shape) float64 {
+	return fragmentation(n, shapes, measureFGD)
+}
 
 // NodeFragmentationFed is tessera's multi-resource fragmentation: for every GPU shape, at least the
 // node's stranded GPU compute is a fragment. Stranded is the free compute beyond what the node's free
@@ -29,8 +31,23 @@ func NodeFragmentation(n *NodeState, shapes []Shape) float64 { return fragmentat
 // balanced node) has none. CPU-only shapes are left out: every free GPU is a fragment to them wherever
 // a pod goes.
 func NodeFragmentationFed(n *NodeState, shapes []Shape) float64 {
-	return fragmentation(n, shapes, true)
+	return fragmentation(n, shapes, measureFed)
 }
+
+// measure names a fragmentation measure; it is part of the fragmentation cache's key.
+type measure uint8
+
+const (
+	// measureNone keys a node state without a measure (the evaluation memo, engine.go).
+	measureNone measure = iota
+	// measureFGD is FGD's (NodeFragmentation).
+	measureFGD
+	// measureFed is tessera's (NodeFragmentationFed).
+	measureFed
+	// measureFedNoFloor is tessera's without the stranded floor: what a share's placement is scored
+	// by (policy_tessera.go).
+	measureFedNoFloor
+)
 
 // strandedMix is the weighted CPU, memory and GPU need of the mix that can run on a node.
 type strandedMix struct{ cpu, mem, gpu float64 }
@@ -82,7 +99,7 @@ func canUseModel(n *NodeState, r *Request) bool {
 // hardware type, the CPU and memory in use, and per GPU the free compute, the memory in use
 // and whether it is held whole or shared.
 type fragKey struct {
-	variant       uint8
+	measure       measure
 	whole, shared uint8
 	typ           int32
 	cpu, mem      int64
@@ -112,7 +129,7 @@ type stateHash [2]uint64
 
 func (k *fragKey) hash() stateHash {
 	words := [...]uint64{
-		uint64(k.variant) | uint64(k.whole)<<8 | uint64(k.shared)<<16 | uint64(uint32(k.typ))<<32,
+		uint64(k.measure) | uint64(k.whole)<<8 | uint64(k.shared)<<16 | uint64(uint32(k.typ))<<32,
 		uint64(k.cpu), uint64(k.mem),
 		uint64(uint16(k.free[0])) | uint64(uint16(k.free[1]))<<16 | uint64(uint16(k.free[2]))<<32 | uint64(uint16(k.free[3]))<<48,
 		uint64(uint16(k.free[4])) | uint64(uint16(k.free[5]))<<16 | uint64(uint16(k.free[6]))<<32 | uint64(uint16(k.free[7]))<<48,
@@ -171,11 +188,11 @@ func (c *FragCache) put(k *fragKey, v fragValue) {
 }
 
 // stateKey fills k with n's state; false when n cannot be keyed (no TypeID, more than 8 GPUs).
-func (sc *ScoreContext) stateKey(variant uint8, n *NodeState, k *fragKey) bool {
+func (sc *ScoreContext) stateKey(m measure, n *NodeState, k *fragKey) bool {
 	if n.TypeID == 0 || len(n.GPUs) > 8 {
 		return false
 	}
-	*k = fragKey{variant: variant, typ: int32(n.TypeID), cpu: n.UsedCPU, mem: n.UsedMem}
+	*k = fragKey{measure: m, typ: int32(n.TypeID), cpu: n.UsedCPU, mem: n.UsedMem}
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		k.free[i] = int16(g.FreeMilli())
@@ -190,14 +207,13 @@ func (sc *ScoreContext) stateKey(variant uint8, n *NodeState, k *fragKey) bool {
 	return true
 }
 
-// fragBeforeAfter returns the fragmentation (fed: tessera's) of n and of n after p, memoised when
+// fragBeforeAfter returns the fragmentation (under measure m) of n and of n after p, memoised when
 // possible. The state key after p is derived from n's by changing only the GPUs p touches, so a cached
 // placement costs one lookup and no copy of the node; n's own key, value and part stats are
 // remembered for the node's next candidate, and an uncached after-state re-tests only the GPUs p
 // touches (fragPlan).
-func (sc *ScoreContext) fragBeforeAfter(variant uint8, n *NodeState, r *Request, p *Placement) (float64, float64) {
-	fed := variant == 2
-	pl := sc.loadBefore(variant, n, true)
+func (sc *ScoreContext) fragBeforeAfter(m measure, n *NodeState, r *Request, p *Placement) (float64, float64) {
+	pl := sc.loadBefore(m, n, true)
 	// After-states are judged on their own: a shape never seen meets before-states the cache knows
 	// and after-states it does not.
 	keyed := sc.lastKeyed && sc.afterJudge.pays()
@@ -219,7 +235,7 @@ func (sc *ScoreContext) fragBeforeAfter(variant uint8, n *NodeState, r *Request,
 	} else {
 		pl.stats(after, sc.stAfter, &sc.masks)
 	}
-	v := pl.frag(after, sc.stAfter, fed)
+	v := pl.frag(after, sc.stAfter, m)
 	if keyed {
 		sc.Cache.put(&k, fragValue{v: v})
 	}
@@ -239,19 +255,18 @@ func (sc *ScoreContext) compiledPlan() *fragPlan {
 	return sc.plan
 }
 
-// loadBefore makes n the context's node for variant (its fragmentation in lastFrag, its part stats
+// loadBefore makes n the context's node for measure m (its fragmentation in lastFrag, its part stats
 // through beforeStats), through the fragmentation cache where that pays (and cached is set: the
 // score bound keeps what it needs itself), and returns the compiled plan.
-func (sc *ScoreContext) loadBefore(variant uint8, n *NodeState, cached bool) *fragPlan {
-	fed := variant == 2
+func (sc *ScoreContext) loadBefore(m measure, n *NodeState, cached bool) *fragPlan {
 	pl := sc.compiledPlan()
-	if sc.lastNode != n || sc.lastVariant != variant || sc.lastCache != sc.Cache {
-		sc.lastNode, sc.lastVariant, sc.lastCache, sc.haveStats = n, variant, sc.Cache, false
+	if sc.lastNode != n || sc.lastMeasure != m || sc.lastCache != sc.Cache {
+		sc.lastNode, sc.lastMeasure, sc.lastCache, sc.haveStats = n, m, sc.Cache, false
 		sc.lastKeyed = cached && sc.Cache != nil && n.TypeID != 0 && len(n.GPUs) <= 8 && sc.beforeJudge.pays()
 		var fv fragValue
 		ok := false
 		if sc.lastKeyed {
-			sc.stateKey(variant, n, &sc.lastKey)
+			sc.stateKey(m, n, &sc.lastKey)
 			fv, ok = sc.Cache.get(&sc.lastKey)
 			sc.beforeJudge.record(ok)
 		}
@@ -259,7 +274,7 @@ func (sc *ScoreContext) loadBefore(variant uint8, n *NodeState, cached bool) *fr
 			sc.stBefore, sc.haveStats = fv.st, true // shared: read only
 		}
 		if !ok {
-			fv.v = pl.frag(n, sc.beforeStats(n), fed)
+			fv.v = pl.frag(n, sc.beforeStats(n), m)
 			if sc.lastKeyed {
 				fv.st = slices.Clone(sc.stBefore)
 				sc.Cache.put(&sc.lastKey, fv)
@@ -352,7 +367,7 @@ type fgdPolicy struct{}
 
 func (fgdPolicy) Name() string { return api.PolicyFGD }
 func (fgdPolicy) Score(sc *ScoreContext, n *NodeState, r *Request, p *Placement) float64 {
-	before, after := sc.fragBeforeAfter(1, n, r, p)
+	before, after := sc.fragBeforeAfter(measureFGD, n, r, p)
 	// The paper's implementation squashes the gain (in GPUs) through a sigmoid into an integer
 	// 0..100 node score; the truncation makes near-equal placements tie (broken at random), which
 	// the published numbers include, so the baseline keeps it.

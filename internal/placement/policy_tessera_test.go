@@ -61,3 +61,59 @@ func TestRestrictedShapesDoNotPullPods(t *testing.T) {
 		}
 	}
 }
+
+// TestShareScoredWithoutFloor: a CPU-hungry share (500 compute, 12 CPUs), a CPU-short 4-GPU node
+// whose half-used GPU it would fill exactly, and an empty 8-GPU node. Scored with the stranded floor,
+// the short node loses (the share's CPU strands more of its free compute than the share takes), so
+// the share would open a fresh GPU on the empty node and two GPUs would stay half empty; a share is
+// scored without the floor and fills the half-used GPU, whichever node comes first. A whole GPU is
+// still scored with the floor: between an 8-GPU node whose free CPU feeds only part of its free
+// GPUs and the empty node, where FGD's terms tie, it goes to the empty node even when the short one
+// comes first.
+func TestShareScoredWithoutFloor(t *testing.T) {
+	share := Request{CPUMilli: 12000, Containers: []ContainerShape{{Shares: 1, Milli: 500}}}
+	whole := katShapes["whole1"]
+	node := func(name string, k katNode) *NodeState {
+		n := k.state()
+		n.Name = name
+		return n
+	}
+	shareShort := katNode{48000, 22000, "V100M16", []int{-1, 500, 0, 0}}
+	wholeShort := katNode{96000, 66000, "V100M16", []int{-1, 0, 0, 0, 0, 0, 0, 0}}
+	// The share case matters: with the floor, the empty node scores higher.
+	eng, err := NewEngine("tessera")
+	if err != nil {
+		t.Fatal(err)
+	}
+	score := func(m measure, n *NodeState) float64 {
+		sc := &ScoreContext{Shapes: katMix()}
+		p, _, u := eng.Evaluate(sc, n, &share)
+		if u != nil {
+			t.Fatalf("%s: %v", n.Name, u)
+		}
+		before, after := sc.fragBeforeAfter(m, n, &share, &p)
+		return squash(before - after)
+	}
+	short, empty := node("short", shareShort), node("empty", katNodes["empty8"])
+	if s, e := score(measureFed, short), score(measureFed, empty); s >= e {
+		t.Fatalf("with the floor the short node scores %v, the empty one %v: the case no longer tells the measures apart", s, e)
+	}
+	for _, shortFirst := range []bool{true, false} {
+		for _, c := range []struct {
+			r     *Request
+			short katNode
+			want  string
+		}{{&share, shareShort, "short"}, {&whole, wholeShort, "empty"}} {
+			ns := []*NodeState{node("short", c.short), node("empty", katNodes["empty8"])}
+			if !shortFirst {
+				ns[0], ns[1] = ns[1], ns[0]
+			}
+			i, p := eng.Pick(&ScoreContext{Shapes: katMix()}, ns, c.r, nil)
+			if i < 0 || ns[i].Name != c.want {
+				t.Errorf("%d whole, %d shares (short node first: %t): picked %v, want the %s node", c.r.Containers[0].Whole, c.r.Containers[0].Shares, shortFirst, i, c.want)
+			} else if c.r == &share && p.Devices[0].GPU != 1 {
+				t.Errorf("share (short node first: %t): GPU %d, want the half-used GPU 1", shortFirst, p.Devices[0].GPU)
+			}
+		}
+	}
+}

@@ -64,6 +64,18 @@ func (r *Request) WantsGPU() bool {
 	return false
 }
 
+// sharesOnly reports whether the request places shares and no whole GPU.
+func (r *Request) sharesOnly() bool {
+	shares := false
+	for _, c := range r.Containers {
+		if c.Whole > 0 {
+			return false
+		}
+		shares = shares || c.Shares > 0
+	}
+	return shares
+}
+
 // modelAllowed reports whether a GPU model satisfies the request's model constraint.
 func (r *Request) modelAllowed(model string) bool {
 	return len(r.Models) == 0 || slices.Contains(r.Models, model)
