@@ -17,15 +17,15 @@ import (
 // A share's placement is scored without the stranded floor (measureFedNoFloor). The floor's
 // arithmetic, free compute fed by free CPU at the whole mix's ratio, is about compute any pod can
 // take; the compute a share leaves on its GPU can be taken by shares only, and what a share decides is
-// which GPU it shares: where the floor counts, a CPU-hungry share is sent off a CPU-short node whose
-// half-used GPU it would have filled, to open a fresh GPU elsewhere, and both GPUs stay half empty.
-// At 100% load the free compute left on shared GPUs is most of what every openb trace leaves
-// unallocated, and whole-GPU placements, still scored with the floor, keep the whole GPUs fed. Scored
-// with the floor, shares left 4.38% partial free compute on the default trace (10 seeds, median
-// 4.40% unallocated) and 3.20 on multigpu40; without it 4.26 and 3.02 (4.28, 3.05), whole free GPUs
-// 0.01-0.04 either way; only where every GPU pod is a share (gpushare100) does the floor's steering
-// of shares keep more whole GPUs fed than it costs (13.21 with it, 13.30 without; README
-// "Generalisation").
+// which GPU it shares: where the floor counts (max(floor, v) hides v), a CPU-hungry share is sent off
+// a CPU-short node whose half-used GPU it would have filled, to open a fresh GPU elsewhere, and both
+// GPUs stay half empty. At 100% load the free compute left on shared GPUs is most of what every openb
+// trace leaves unallocated, and whole-GPU placements, still scored with the floor, keep the whole GPUs
+// fed: on the default trace and multigpu40 (4 seeds) the shared GPUs' free compute fell from 4.38 to
+// 4.26 and 3.20 to 3.02% of capacity, free whole GPUs 0.01-0.04 either way. The cost is where CPU is
+// what runs out (README "Generalisation": CPU requests doubled, or half the whole-GPU pods made
+// CPU-heavy shares): there the floor's steering of shares is what keeps whole GPUs fed, and tessera
+// gives back 1.5-3 of its 2-7 points over fgd.
 //
 // Shapes restricted to GPU models a node does not have are no part of its measure (FGD counts all of
 // the node's free compute as their fragment). That term only depends on the node's model and rewards
