@@ -54,10 +54,11 @@ func newExtenderMetrics(reg prometheus.Registerer, leader *atomic.Bool, leaderEl
 
 // pressureCollector reports, per GPU model, the free GPU compute the extender's state counts and
 // the model pressure placement adds for compute taken there (placement/pressure.go): why
-// unrestricted pods keep off a model that pods restricted to it crowd.
+// unrestricted pods keep off a model that pods restricted to it crowd; and whether tessera counts
+// the cluster host-bound (policy_tessera.go: shares are then scored with the stranded floor).
 type pressureCollector struct {
-	shapes     *placement.ShapeStats
-	free, coef *prometheus.Desc
+	shapes                *placement.ShapeStats
+	free, coef, hostBound *prometheus.Desc
 }
 
 func newPressureCollector(shapes *placement.ShapeStats) *pressureCollector {
@@ -66,10 +67,16 @@ func newPressureCollector(shapes *placement.ShapeStats) *pressureCollector {
 			"(the model pressure's input).", []string{"model"}, nil),
 		coef: prometheus.NewDesc("tessera_extender_model_pressure", "The model pressure's coefficient by GPU model in the serving "+
 			"typical-shape snapshot: tessera's gain per per-mille of compute taken there (0 where pods restricted to the model need "+
-			"all its free compute; none while no pod is restricted to models).", []string{"model"}, nil)}
+			"all its free compute; none while no pod is restricted to models).", []string{"model"}, nil),
+		hostBound: prometheus.NewDesc("tessera_extender_host_bound", "1 when the cluster has less CPU or memory per GPU than "+
+			"the GPU pods' mix asks (it runs out of them before its GPUs): tessera then scores shares with the stranded-GPU floor too.", nil, nil)}
 }
 
-func (c *pressureCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.free; ch <- c.coef }
+func (c *pressureCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.free
+	ch <- c.coef
+	ch <- c.hostBound
+}
 
 func (c *pressureCollector) Collect(ch chan<- prometheus.Metric) {
 	for model, milli := range c.shapes.FreeCompute() {
@@ -78,6 +85,11 @@ func (c *pressureCollector) Collect(ch chan<- prometheus.Metric) {
 	for model, v := range c.shapes.Pressure() {
 		ch <- prometheus.MustNewConstMetric(c.coef, prometheus.GaugeValue, v, model)
 	}
+	bound := 0.0
+	if c.shapes.HostBound() {
+		bound = 1
+	}
+	ch <- prometheus.MustNewConstMetric(c.hostBound, prometheus.GaugeValue, bound)
 }
 
 // verbs are the extender API's paths, by the verb label they get.

@@ -115,9 +115,21 @@ func TestPressureMetrics(t *testing.T) {
 		`tessera_extender_free_gpus{model="T4"} 2`,
 		`tessera_extender_model_pressure{model="G2"} 0.2`,
 		`tessera_extender_model_pressure{model="T4"} 0`,
+		`tessera_extender_host_bound 0`, // the nodes track no CPU or memory
 	} {
 		if !strings.Contains(out, want+"\n") {
 			t.Errorf("metrics lack %q:\n%s", want, out)
 		}
+	}
+	// A node with 1 CPU per GPU, against the pods' 1 CPU per GPU, and another with none.
+	shapes.AddNodeFree(&placement.NodeState{CPUMilli: 1000, GPUs: []placement.GPUState{{Model: "G2", Usable: true}}}, 1)
+	shapes.ScoreContext()
+	if out := scrape(t, reg); !strings.Contains(out, "tessera_extender_host_bound 0\n") {
+		t.Errorf("a cluster with the CPU per GPU its pods ask is not host-bound:\n%s", out)
+	}
+	shapes.AddNodeFree(&placement.NodeState{CPUMilli: 100, GPUs: []placement.GPUState{{Model: "G2", Usable: true}}}, 1)
+	shapes.ScoreContext()
+	if out := scrape(t, reg); !strings.Contains(out, "tessera_extender_host_bound 1\n") {
+		t.Errorf("a cluster with less CPU per GPU than its pods ask should be host-bound:\n%s", out)
 	}
 }

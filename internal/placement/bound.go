@@ -37,8 +37,8 @@ import (
 // before (f = 0, the common case where CPU and memory are not short), max(f, v) - max(f', v') <=
 // v - v' for every shape, and the sum is linear: Σ_k d_k·U(k) - fa_k·B(k) over the touched GPUs
 // (each shape that GPU k stops serving gains fa_k). A share is scored without the floor
-// (tesseraMeasure), so its gain is bounded by that linear sum on every node, and by the node's
-// fragmentation without the floor (NodeBound.fragNoFloor). The score is monotone in the gain, and its
+// (tesseraMeasure, unless the cluster is host-bound), so its gain is bounded by that linear sum on
+// every node, and by the node's fragmentation without the floor (NodeBound.fragNoFloor). The score is monotone in the gain, and its
 // tie-break term (how full the placement leaves the GPUs) is exact, and so is the model pressure's
 // term (pressure.go: each device's compute times its model's coefficient), added as it is; CoarseBound
 // takes the largest coefficient of the node's models for all the compute. TestScoreBoundHolds checks
@@ -194,7 +194,7 @@ func (sc *ScoreContext) scoreBound(nb *NodeBound, n *NodeState, r *Request, p *P
 	after := sc.afterState(n, r, p)
 	total, total2 := n.FreeMilli(), after.FreeMilli()
 	gain, floor := nb.frag, nb.stranded > 0
-	if tesseraMeasure(r) == measureFedNoFloor {
+	if sc.tesseraMeasure(r) == measureFedNoFloor {
 		gain, floor = nb.fragNoFloor, false
 	}
 	touched, ok := touchedGPUs(p)
@@ -296,12 +296,12 @@ func (e *Engine) CoarseBound(sc *ScoreContext, n *NodeState, r *Request, nb *Nod
 	if bits.OnesCount8(fits) < k {
 		return math.Inf(-1), nb, true
 	}
-	// A share placement's measure has no floor (tesseraMeasure): its gain is at most the sum of its
-	// GPUs' d·U - fa·B (as in scoreBound), with B at least what a GPU served before (W - U) less
-	// all that asks no more compute than fa (servable).
-	linear := c.Shares > 0
+	// Where a share placement's measure has no floor (tesseraMeasure), or nothing is stranded, its
+	// gain is at most the sum of its GPUs' d·U - fa·B (as in scoreBound), with B at least what a GPU
+	// served before (W - U) less all that asks no more compute than fa (servable).
+	linear := c.Shares > 0 && (nb.stranded == 0 || sc.tesseraMeasure(r) == measureFedNoFloor)
 	frag := nb.frag
-	if linear {
+	if sc.tesseraMeasure(r) == measureFedNoFloor {
 		frag = nb.fragNoFloor
 	}
 	pl := sc.compiledPlan()

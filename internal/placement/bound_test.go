@@ -34,7 +34,8 @@ func TestScoreBoundHolds(t *testing.T) {
 		if iter%2 == 0 {
 			cache = NewFragCache()
 		}
-		sc := &ScoreContext{Shapes: shapes, Cache: cache}
+		// A host-bound cluster in a fifth of the iterations (shares scored with the floor).
+		sc := &ScoreContext{Shapes: shapes, Cache: cache, HostBound: iter%5 == 1}
 		if iter%3 != 0 { // model pressure (a term exact in the bounds, at most the largest in the coarse one)
 			sc.pressure = newModelPressure(0.5, map[string]float64{"A": 0.5 * rng.Float64(), "B": 0.5 * rng.Float64()})
 		}

@@ -48,11 +48,14 @@ type ScoreContext struct {
 	beforeJudge, afterJudge cacheJudge
 	// pressure is the snapshot's model pressure (pressure.go; nil: none).
 	pressure *modelPressure
+	// HostBound is set when the cluster runs out of CPU or memory before its GPUs at the typical
+	// shapes' mix (ShapeStats; tessera then scores shares with the stranded floor too).
+	HostBound bool
 }
 
 // Fork returns a context for another goroutine on the same shapes, cache and compiled plan.
 func (sc *ScoreContext) Fork() *ScoreContext {
-	return &ScoreContext{Shapes: sc.Shapes, Cache: sc.Cache, Snapshot: sc.Snapshot, Rand: sc.Rand, plan: sc.plan, pressure: sc.pressure}
+	return &ScoreContext{Shapes: sc.Shapes, Cache: sc.Cache, Snapshot: sc.Snapshot, Rand: sc.Rand, plan: sc.plan, pressure: sc.pressure, HostBound: sc.HostBound}
 }
 
 // Reuse points sc at from's snapshot (shapes, cache, compiled plan, randomness) for another call,
@@ -62,7 +65,7 @@ func (sc *ScoreContext) Fork() *ScoreContext {
 // at an old one's address (memoReq, lastNode), and the cache judges judged another call's cache.
 func (sc *ScoreContext) Reuse(from *ScoreContext) {
 	*sc = ScoreContext{
-		Shapes: from.Shapes, Cache: from.Cache, Snapshot: from.Snapshot, Rand: from.Rand, plan: from.plan, pressure: from.pressure,
+		Shapes: from.Shapes, Cache: from.Cache, Snapshot: from.Snapshot, Rand: from.Rand, plan: from.plan, pressure: from.pressure, HostBound: from.HostBound,
 		after: sc.after, arena: sc.arena, memo: sc.memo, memoDevs: sc.memoDevs, stOwn: sc.stOwn, stAfter: sc.stAfter,
 		masks: sc.masks, // fragBeforeAfter clears them when the plan differs
 	}

@@ -22,10 +22,11 @@ import (
 // GPUs stay half empty. At 100% load the free compute left on shared GPUs is most of what every openb
 // trace leaves unallocated, and whole-GPU placements, still scored with the floor, keep the whole GPUs
 // fed: on the default trace and multigpu40 (4 seeds) the shared GPUs' free compute fell from 4.38 to
-// 4.26 and 3.20 to 3.02% of capacity, free whole GPUs 0.01-0.04 either way. The cost is where CPU is
-// what runs out (README "Generalisation": CPU requests doubled, or half the whole-GPU pods made
-// CPU-heavy shares): there the floor's steering of shares is what keeps whole GPUs fed, and tessera
-// gives back 1.5-3 of its 2-7 points over fgd.
+// 4.26 and 3.20 to 3.02% of capacity, free whole GPUs 0.01-0.04 either way. Where the cluster runs out
+// of CPU or memory before its GPUs (ScoreContext.HostBound: less of them per GPU than the GPU pods'
+// mix asks; the openb traces have 1.6x the CPU their mix needs), the floor's steering of shares is
+// what keeps whole GPUs fed, and shares keep the floor (README "Generalisation": with CPU requests
+// doubled, scoring them without it gave back 1.65 of tessera's 2 points over fgd).
 //
 // Shapes restricted to GPU models a node does not have are no part of its measure (FGD counts all of
 // the node's free compute as their fragment). That term only depends on the node's model and rewards
@@ -50,14 +51,14 @@ type tesseraPolicy struct{}
 
 func (tesseraPolicy) Name() string { return api.PolicyTessera }
 func (tesseraPolicy) Score(sc *ScoreContext, n *NodeState, r *Request, p *Placement) float64 {
-	before, after := sc.fragBeforeAfter(tesseraMeasure(r), n, r, p)
+	before, after := sc.fragBeforeAfter(sc.tesseraMeasure(r), n, r, p)
 	return squash(before-after+sc.pressureGain(n, p)) - 1e-3*gpuTightnessAfter(n, p)
 }
 
 // tesseraMeasure is the measure tessera scores r's placements by: without the stranded floor for a
-// share (see tesseraPolicy).
-func tesseraMeasure(r *Request) measure {
-	if r.sharesOnly() {
+// share, unless the cluster runs out of CPU or memory before its GPUs (see tesseraPolicy).
+func (sc *ScoreContext) tesseraMeasure(r *Request) measure {
+	if r.sharesOnly() && !sc.HostBound {
 		return measureFedNoFloor
 	}
 	return measureFed

@@ -69,7 +69,8 @@ func TestRestrictedShapesDoNotPullPods(t *testing.T) {
 // scored without the floor and fills the half-used GPU, whichever node comes first. A whole GPU is
 // still scored with the floor: between an 8-GPU node whose free CPU feeds only part of its free
 // GPUs and the empty node, where FGD's terms tie, it goes to the empty node even when the short one
-// comes first.
+// comes first. In a cluster that runs out of CPU or memory before its GPUs (HostBound) the share is
+// scored with the floor too, and goes to the empty node.
 func TestShareScoredWithoutFloor(t *testing.T) {
 	share := Request{CPUMilli: 12000, Containers: []ContainerShape{{Shares: 1, Milli: 500}}}
 	whole := katShapes["whole1"]
@@ -100,18 +101,20 @@ func TestShareScoredWithoutFloor(t *testing.T) {
 	}
 	for _, shortFirst := range []bool{true, false} {
 		for _, c := range []struct {
-			r     *Request
-			short katNode
-			want  string
-		}{{&share, shareShort, "short"}, {&whole, wholeShort, "empty"}} {
+			r         *Request
+			short     katNode
+			hostBound bool
+			want      string
+		}{{&share, shareShort, false, "short"}, {&whole, wholeShort, false, "empty"}, {&share, shareShort, true, "empty"}} {
 			ns := []*NodeState{node("short", c.short), node("empty", katNodes["empty8"])}
 			if !shortFirst {
 				ns[0], ns[1] = ns[1], ns[0]
 			}
-			i, p := eng.Pick(&ScoreContext{Shapes: katMix()}, ns, c.r, nil)
+			i, p := eng.Pick(&ScoreContext{Shapes: katMix(), HostBound: c.hostBound}, ns, c.r, nil)
 			if i < 0 || ns[i].Name != c.want {
-				t.Errorf("%d whole, %d shares (short node first: %t): picked %v, want the %s node", c.r.Containers[0].Whole, c.r.Containers[0].Shares, shortFirst, i, c.want)
-			} else if c.r == &share && p.Devices[0].GPU != 1 {
+				t.Errorf("%d whole, %d shares (short node first: %t, host-bound cluster: %t): picked %v, want the %s node",
+					c.r.Containers[0].Whole, c.r.Containers[0].Shares, shortFirst, c.hostBound, i, c.want)
+			} else if c.want == "short" && p.Devices[0].GPU != 1 {
 				t.Errorf("share (short node first: %t): GPU %d, want the half-used GPU 1", shortFirst, p.Devices[0].GPU)
 			}
 		}

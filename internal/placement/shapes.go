@@ -73,6 +73,9 @@ type ShapeStats struct {
 	gpuPods    int
 	gpuMilli   int64
 	free       map[string]int64
+	// The cluster's host capacity beside its GPU capacity (nodes that track CPU, memory), for
+	// hostBound.
+	hostCap hostCapacity
 	// pressure is pressureOf those, recomputed only after one of them changed (pressureStale).
 	pressure      *modelPressure
 	pressureStale bool
@@ -86,6 +89,9 @@ type snapshot struct {
 	cache    *FragCache
 	plan     *fragPlan
 	pressure *modelPressure
+	// hostBound: the cluster runs out of CPU or memory before its GPUs at the typical shapes' mix
+	// (policy_tessera.go: shares are then scored with the stranded floor too).
+	hostBound bool
 }
 
 // stageLimit bounds how long a staged snapshot waits for Promote: a warmer that cannot keep up
@@ -190,6 +196,14 @@ func (s *ShapeStats) Pressure() map[string]float64 {
 	return maps.Clone(s.cur.pressure.coef)
 }
 
+// HostBound reports the serving snapshot's verdict: the cluster runs out of CPU or memory before
+// its GPUs at the typical shapes' mix (tessera then scores shares with the stranded floor too).
+func (s *ShapeStats) HostBound() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cur.hostBound
+}
+
 // AddNodeFree adds n's free GPU compute per model (sign -1: takes it away) to what the model
 // pressure reads as the cluster's free compute. Callers report every node's state this way: added
 // when it appears, taken away and added again around each change, taken away when it goes.
@@ -200,6 +214,7 @@ func (s *ShapeStats) AddNodeFree(n *NodeState, sign int64) {
 		s.free[n.GPUs[i].Model] += sign * int64(n.GPUs[i].FreeMilli())
 	}
 	s.pressureStale = true
+	s.hostCap.add(n, sign)
 }
 
 // Total is the number of pods counted.
@@ -252,7 +267,7 @@ func (sn *snapshot) context() *ScoreContext {
 	if !sn.plan.compiledFor(sn.typical) {
 		sn.plan = compileFragPlan(sn.typical)
 	}
-	return &ScoreContext{Shapes: sn.typical, Cache: sn.cache, Snapshot: sn.version, plan: sn.plan, pressure: sn.pressure}
+	return &ScoreContext{Shapes: sn.typical, Cache: sn.cache, Snapshot: sn.version, plan: sn.plan, pressure: sn.pressure, HostBound: sn.hostBound}
 }
 
 // Typical returns the most frequent shapes covering TypicalCoverage of observed pods, weights summing
@@ -277,7 +292,11 @@ func (s *ShapeStats) refreshLocked() {
 		if s.next != nil {
 			base = s.next
 		}
-		if base.typical == nil || !base.pressure.moved(pressure) {
+		if base.typical == nil {
+			return
+		}
+		hostBound := s.hostCap.bound(base.typical)
+		if !base.pressure.moved(pressure) && hostBound == base.hostBound {
 			return
 		}
 		sn := *base
@@ -286,7 +305,7 @@ func (s *ShapeStats) refreshLocked() {
 			base.plan = sn.plan
 		}
 		s.version++
-		sn.version, sn.pressure = s.version, pressure
+		sn.version, sn.pressure, sn.hostBound = s.version, pressure, hostBound
 		s.install(&sn)
 		return
 	}
@@ -318,7 +337,7 @@ func (s *ShapeStats) refreshLocked() {
 		s.snap[k] = sh.Count
 	}
 	s.version++
-	s.install(&snapshot{typical: out, version: s.version, cache: NewSharedFragCache(), pressure: pressure})
+	s.install(&snapshot{typical: out, version: s.version, cache: NewSharedFragCache(), pressure: pressure, hostBound: s.hostCap.bound(out)})
 }
 
 // install makes sn the snapshot scoring reads, or stages it.
@@ -349,4 +368,27 @@ func lessShape(a, b *Request) bool {
 		return ka.memory < kb.memory
 	}
 	return ka.models < kb.models
+}
+
+// hostCapacity is the cluster's CPU and memory against the GPU compute of the nodes that track each.
+type hostCapacity struct{ cpu, gpuCPU, mem, gpuMem int64 }
+
+func (h *hostCapacity) add(n *NodeState, sign int64) {
+	g := int64(n.CapacityMilli())
+	if n.CPUMilli > 0 {
+		h.cpu += sign * n.CPUMilli
+		h.gpuCPU += sign * g
+	}
+	if n.MemMiB > 0 {
+		h.mem += sign * n.MemMiB
+		h.gpuMem += sign * g
+	}
+}
+
+// bound reports whether the cluster has less CPU or memory per GPU per-mille than the GPU shapes'
+// mix asks (the stranded floor's ratio): at that mix its host resources run out before its GPUs.
+func (h *hostCapacity) bound(shapes []Shape) bool {
+	m := mixOf(nil, shapes)
+	return (h.gpuCPU > 0 && m.cpu > 0 && float64(h.cpu)*m.gpu < float64(h.gpuCPU)*m.cpu) ||
+		(h.gpuMem > 0 && m.mem > 0 && float64(h.mem)*m.gpu < float64(h.gpuMem)*m.mem)
 }
