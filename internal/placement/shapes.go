@@ -279,9 +279,10 @@ func (s *ShapeStats) Typical() []Shape {
 	return s.cur.typical
 }
 
-// refreshLocked rebuilds the snapshot once the counts have drifted, or only its model pressure once
-// that moved (the same shapes, fragmentation cache and plan): in place, or into next when staging
-// (the very first one serves at once: there is nothing to serve meanwhile).
+// refreshLocked rebuilds the snapshot once the counts have drifted, or only its model pressure and
+// host-bound verdict once the pressure moved or the verdict flipped (the same shapes, fragmentation
+// cache and plan; the cache is keyed by measure, so a flip reuses it exactly): in place, or into
+// next when staging (the very first one serves at once: there is nothing to serve meanwhile).
 func (s *ShapeStats) refreshLocked() {
 	if s.pressureStale {
 		s.pressure, s.pressureStale = pressureOf(s.restricted, s.gpuPods, s.gpuMilli, s.free), false
