@@ -308,13 +308,21 @@ func TestGetPreferredAllocation(t *testing.T) {
 	}
 }
 
-func TestResourceAddedAndRemovedAtRuntime(t *testing.T) {
-	dir := shortTempDir(t)
-	k := startFakeKubelet(t, dir)
-	src := newFakeSource()
+// servingOneGPU starts a fake kubelet and a manager with one healthy GPU (gpu-0) in its own
+// plugin directory, and waits until the kubelet is served.
+func servingOneGPU(t *testing.T) (dir string, k *fakeKubelet, src *fakeSource, m *Manager) {
+	t.Helper()
+	dir = shortTempDir(t)
+	k = startFakeKubelet(t, dir)
+	src = newFakeSource()
 	src.setResource(gpuRes, healthyDevices("gpu-0"))
-	m, _ := runManager(t, src, dir)
+	m, _ = runManager(t, src, dir)
 	k.waitServed(gpuRes)
+	return dir, k, src, m
+}
+
+func TestResourceAddedAndRemovedAtRuntime(t *testing.T) {
+	dir, k, src, m := servingOneGPU(t)
 	waitRegistered(t, m, gpuRes)
 
 	// A MIG profile appears.
@@ -389,12 +397,7 @@ func TestReregistersAfterKubeletRestart(t *testing.T) {
 }
 
 func TestRecreatesDeletedSocket(t *testing.T) {
-	dir := shortTempDir(t)
-	k := startFakeKubelet(t, dir)
-	src := newFakeSource()
-	src.setResource(gpuRes, healthyDevices("gpu-0"))
-	runManager(t, src, dir)
-	k.waitServed(gpuRes)
+	dir, k, _, _ := servingOneGPU(t)
 
 	if err := os.Remove(filepath.Join(dir, socketName(gpuRes, testTag))); err != nil {
 		t.Fatal(err)
@@ -587,12 +590,7 @@ func TestStaleSocketsRemoved(t *testing.T) {
 // PluginConnected): a registration on a socket path whose endpoint is still connected is refused,
 // which is why every agent start serves on a socket of its own tag.
 func TestFakeKubeletRefusesConnectedPath(t *testing.T) {
-	dir := shortTempDir(t)
-	k := startFakeKubelet(t, dir)
-	src := newFakeSource()
-	src.setResource(gpuRes, healthyDevices("gpu-0"))
-	runManager(t, src, dir)
-	k.waitServed(gpuRes)
+	dir, _, _, _ := servingOneGPU(t)
 	err := register(context.Background(), filepath.Join(dir, "kubelet.sock"), socketName(gpuRes, testTag), gpuRes, &pluginapi.DevicePluginOptions{})
 	if err == nil || !strings.Contains(err.Error(), "device plugin already connected") {
 		t.Fatalf("registration on a connected path: %v, want kubelet 1.37's refusal", err)
