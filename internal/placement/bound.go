@@ -133,7 +133,10 @@ func (sc *ScoreContext) nodeBound(n *NodeState) *NodeBound {
 	st := sc.beforeStats(n)
 	nb := &NodeBound{frag: sc.lastFrag, mix: pl.mixAt(n), cpuFree: math.MaxInt64, memFree: math.MaxInt64, total: n.FreeMilli(), ngpus: len(n.GPUs)}
 	nb.stranded = max(0, nb.mix.stranded(n, nb.total))
-	nb.fragNoFloor = pl.frag(n, st, measureFedNoFloor)
+	nb.fragNoFloor = nb.frag // the same where nothing is stranded (max(0, v) = v): no second pass
+	if nb.stranded > 0 {
+		nb.fragNoFloor = pl.frag(n, st, measureFedNoFloor)
+	}
 	nb.pressure = sc.maxPressure(n)
 	if n.CPUMilli > 0 {
 		nb.cpuFree = n.CPUMilli - n.UsedCPU
@@ -299,9 +302,10 @@ func (e *Engine) CoarseBound(sc *ScoreContext, n *NodeState, r *Request, nb *Nod
 	// Where a share placement's measure has no floor (tesseraMeasure), or nothing is stranded, its
 	// gain is at most the sum of its GPUs' d·U - fa·B (as in scoreBound), with B at least what a GPU
 	// served before (W - U) less all that asks no more compute than fa (servable).
-	linear := c.Shares > 0 && (nb.stranded == 0 || sc.tesseraMeasure(r) == measureFedNoFloor)
+	noFloor := sc.tesseraMeasure(r) == measureFedNoFloor
+	linear := c.Shares > 0 && (nb.stranded == 0 || noFloor)
 	frag := nb.frag
-	if sc.tesseraMeasure(r) == measureFedNoFloor {
+	if noFloor {
 		frag = nb.fragNoFloor
 	}
 	pl := sc.compiledPlan()
