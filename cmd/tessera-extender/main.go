@@ -31,6 +31,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
 
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/extender"
 	"github.com/tessera-gpu/tessera/internal/placement"
@@ -94,7 +95,7 @@ func main() {
 }
 
 func run(ctx context.Context, o *options, log *slog.Logger) error {
-	cfg, err := api.LoadExtenderConfig(o.config)
+	cfg, err := configv1.LoadExtenderConfig(o.config)
 	if err != nil {
 		return err
 	}

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	api "github.com/tessera-gpu/tessera/api/v1"
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 )
 
 func TestFlagsAndConfigFile(t *testing.T) {
@@ -53,7 +53,7 @@ func TestFlagsAndConfigFile(t *testing.T) {
 func TestHealthFlags(t *testing.T) {
 	cfgFile := filepath.Join(t.TempDir(), "node.yaml")
 	os.WriteFile(cfgFile, []byte("apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\nignoredXIDs: [13, 94]\nhealthCheckInterval: 10s\n"), 0o644)
-	load := func(args ...string) (*api.NodeConfig, error) {
+	load := func(args ...string) (*configv1.NodeConfig, error) {
 		fs := flag.NewFlagSet("t", flag.ContinueOnError)
 		fs.SetOutput(io.Discard)
 		var f nodeFlags
@@ -69,10 +69,10 @@ func TestHealthFlags(t *testing.T) {
 		xids     []uint64
 		interval time.Duration
 	}{
-		{nil, api.DefaultIgnoredXIDs, api.DefaultHealthCheckInterval},
+		{nil, configv1.DefaultIgnoredXIDs, configv1.DefaultHealthCheckInterval},
 		{[]string{"--config", cfgFile}, []uint64{13, 94}, 10 * time.Second},
 		{[]string{"--config", cfgFile, "--ignored-xids=none", "--health-check-interval=2m"}, []uint64{}, 2 * time.Minute},
-		{[]string{"--ignored-xids", "43, 79"}, []uint64{43, 79}, api.DefaultHealthCheckInterval},
+		{[]string{"--ignored-xids", "43, 79"}, []uint64{43, 79}, configv1.DefaultHealthCheckInterval},
 	} {
 		cfg, err := load(tc.args...)
 		if err != nil {

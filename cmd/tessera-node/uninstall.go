@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	api "github.com/tessera-gpu/tessera/api/v1"
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
 )
 
@@ -144,7 +144,7 @@ func retryAPI(ctx context.Context, call func(context.Context) error) error {
 // cleanupNode removes what the agent put on the node, after every part of it has stopped. Regions
 // of containers still running are detached, not torn down: the container's bind mount keeps its
 // region (and libvcuda.so, the ledger-free preload list) alive until it exits.
-func cleanupNode(cfg *api.NodeConfig) []error {
+func cleanupNode(cfg *configv1.NodeConfig) []error {
 	var errs []error
 	keep := func(err error) {
 		if err != nil && !errors.Is(err, os.ErrNotExist) {
