@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	cli "github.com/urfave/cli/v3"
 	"golang.org/x/sys/unix"
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -36,10 +36,12 @@ type uninstallFlags struct {
 	podName, podNamespace string
 }
 
-func (u *uninstallFlags) register(fs *flag.FlagSet) {
-	fs.BoolVar(&u.enabled, "cleanup-on-uninstall", false, "when the DaemonSet that runs this pod is deleted (helm uninstall), remove on exit what the agent put on the node: its CDI specs, the ledger and health files and bin/ in --data-dir, the per-container files in --run-dir, the simulated node's --state-dir, --vcuda-library and --hook-binary (the chart's init container installs them); needs --pod-name and --pod-namespace")
-	fs.StringVar(&u.podName, "pod-name", "", "this agent's pod (the chart: $(POD_NAME)), to find the DaemonSet that owns it")
-	fs.StringVar(&u.podNamespace, "pod-namespace", "", "this agent's pod's namespace (the chart: $(POD_NAMESPACE))")
+func (u *uninstallFlags) flags(f *nodeFlags) []cli.Flag {
+	return []cli.Flag{
+		field(f, "", &cli.BoolFlag{Name: "cleanup-on-uninstall", Destination: &u.enabled, Usage: "when the DaemonSet that runs this pod is deleted (helm uninstall), remove on exit what the agent put on the node: its CDI specs, the ledger and health files and bin/ in --data-dir, the per-container files in --run-dir, the simulated node's --state-dir, --vcuda-library and --hook-binary (the chart's init container installs them); needs --pod-name and --pod-namespace"}),
+		field(f, "", &cli.StringFlag{Name: "pod-name", Destination: &u.podName, Usage: "this agent's pod (the chart: $(POD_NAME)), to find the DaemonSet that owns it"}),
+		field(f, "", &cli.StringFlag{Name: "pod-namespace", Destination: &u.podNamespace, Usage: "this agent's pod's namespace (the chart: $(POD_NAMESPACE))"}),
+	}
 }
 
 // ownerWatch follows the DaemonSet that owns the agent's pod.
