@@ -110,3 +110,22 @@ func TestEnvVars(t *testing.T) {
 		t.Errorf("merged config %+v", cfg)
 	}
 }
+
+// TestChartFlags parses the flags deploy/helm/tessera/templates/node-agent.yaml passes to
+// `tessera-node run` (bare --dra, repeated --admin-namespace).
+func TestChartFlags(t *testing.T) {
+	cfg, err := loadRunFlags(t, "--backend=nvml", "--driver-root=/", "--container-driver-root=/driver-root",
+		"--cdi-hook-path=/usr/bin/nvidia-cdi-hook", "--node-name=gpu-1", "--shares-per-gpu=10", "--cdi-dir=/var/run/cdi",
+		"--vendor=tessera.dev", "--nri-socket=/var/run/nri/nri.sock", "--data-dir=/var/lib/tessera", "--run-dir=/run/tessera",
+		"--device-plugin-dir=/var/lib/kubelet/device-plugins", "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
+		"--vcuda-library=/usr/local/lib/tessera/libvcuda.so", "--hook-binary=/usr/local/lib/tessera/tessera-node",
+		"--admin-namespace=monitoring", "--admin-namespace=a,b", "--listen=0.0.0.0:9445", "--dra",
+		"--dra-registrar-dir=/var/lib/kubelet/plugins_registry", "--dra-plugin-dir=/var/lib/kubelet/plugins/gpu.tessera.dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NodeName != "gpu-1" || cfg.ContainerDriverRoot != "/driver-root" || cfg.CDIDir != "/var/run/cdi" || !cfg.DRA ||
+		!slices.Equal(cfg.AdminNamespaces, []string{"monitoring", "a,b"}) || cfg.Listen != "0.0.0.0:9445" || cfg.SharesPerGPU != 10 {
+		t.Errorf("parsed %+v", cfg)
+	}
+}
