@@ -1,8 +1,10 @@
 package v1
 
 import (
-	"encoding/json"
+	"cmp"
 	"fmt"
+
+	"github.com/tessera-gpu/tessera/api/internal/strict"
 )
 
 // PodAssignment is what the extender decided for a pod (pod annotation AnnotationAssignment): for each
@@ -41,40 +43,28 @@ func (a *PodAssignment) Container(name string) *ContainerAssignment {
 	return nil
 }
 
-// EncodeAssignment validates and encodes an assignment for the annotation.
+// EncodeAssignment validates and encodes an assignment for the annotation (apiVersion Version when
+// empty); a is not changed.
 func EncodeAssignment(a *PodAssignment) ([]byte, error) {
-	if a.APIVersion == "" {
-		a.APIVersion = Version
-	}
-	if err := a.Validate(); err != nil {
-		return nil, err
-	}
-	return json.Marshal(a)
+	return strict.EncodeVersioned(a, func(c *PodAssignment) { c.APIVersion = cmp.Or(c.APIVersion, Version) })
 }
 
 // DecodeAssignment strictly decodes and validates an assignment annotation.
 func DecodeAssignment(data []byte) (*PodAssignment, error) {
-	var a PodAssignment
-	if err := decodeStrict(data, &a, "GPU assignment"); err != nil {
-		return nil, err
-	}
-	if err := a.Validate(); err != nil {
-		return nil, err
-	}
-	return &a, nil
+	return strict.DecodeVersioned[PodAssignment](data, "GPU assignment")
 }
 
 // Validate checks the assignment on its own (not against a node or a pod: see the node agent for that).
 func (a *PodAssignment) Validate() error {
-	fe := &fieldErrors{doc: "GPU assignment"}
+	fe := &strict.Errors{Doc: "GPU assignment"}
 	if a.APIVersion != Version {
-		fe.add("apiVersion", "must be %q, got %q", Version, a.APIVersion)
+		fe.Add("apiVersion", "must be %q, got %q", Version, a.APIVersion)
 	}
 	if a.Node == "" {
-		fe.add("node", "must not be empty")
+		fe.Add("node", "must not be empty")
 	}
 	if len(a.Containers) == 0 {
-		fe.add("containers", "must list at least one container")
+		fe.Add("containers", "must list at least one container")
 	}
 	names := map[string]bool{}
 	wholeOwner := map[string]string{} // GPU UUID -> container holding it whole
@@ -82,51 +72,51 @@ func (a *PodAssignment) Validate() error {
 	for i, c := range a.Containers {
 		p := fmt.Sprintf("containers[%d]", i)
 		if c.Name == "" {
-			fe.add(p+".name", "must not be empty")
+			fe.Add(p+".name", "must not be empty")
 		} else if names[c.Name] {
-			fe.add(p+".name", "duplicated container %q", c.Name)
+			fe.Add(p+".name", "duplicated container %q", c.Name)
 		}
 		names[c.Name] = true
 		if len(c.Devices) == 0 || len(c.Devices) > maxGPUsPerNode {
-			fe.add(p+".devices", "must list 1 to %d devices, got %d", maxGPUsPerNode, len(c.Devices))
+			fe.Add(p+".devices", "must list 1 to %d devices, got %d", maxGPUsPerNode, len(c.Devices))
 		}
 		seen := map[string]bool{}
 		for j, d := range c.Devices {
 			q := fmt.Sprintf("%s.devices[%d]", p, j)
 			if !IsGPUUUID(d.UUID) {
-				fe.add(q+".uuid", "must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got %q", d.UUID)
+				fe.Add(q+".uuid", "must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got %q", d.UUID)
 			}
 			if seen[d.UUID] {
-				fe.add(q+".uuid", "GPU %s given twice to one container (each share must be on a different GPU)", d.UUID)
+				fe.Add(q+".uuid", "GPU %s given twice to one container (each share must be on a different GPU)", d.UUID)
 			}
 			seen[d.UUID] = true
 			if j > 0 && d.Whole != c.Devices[0].Whole {
-				fe.add(q+".whole", "a container gets either whole GPUs or shares, not both")
+				fe.Add(q+".whole", "a container gets either whole GPUs or shares, not both")
 			}
 			if d.Whole {
 				if d.MemoryBytes != 0 || d.CoresPercent != 0 {
-					fe.add(q, "a whole GPU carries no memoryBytes or coresPercent")
+					fe.Add(q, "a whole GPU carries no memoryBytes or coresPercent")
 				}
 				if other, ok := wholeOwner[d.UUID]; ok && other != c.Name {
-					fe.add(q+".uuid", "GPU %s is given whole to containers %q and %q", d.UUID, other, c.Name)
+					fe.Add(q+".uuid", "GPU %s is given whole to containers %q and %q", d.UUID, other, c.Name)
 				}
 				if other, ok := sharedBy[d.UUID]; ok {
-					fe.add(q+".uuid", "GPU %s is given whole to %q and shared with %q", d.UUID, c.Name, other)
+					fe.Add(q+".uuid", "GPU %s is given whole to %q and shared with %q", d.UUID, c.Name, other)
 				}
 				wholeOwner[d.UUID] = c.Name
 				continue
 			}
 			if d.MemoryBytes <= 0 {
-				fe.add(q+".memoryBytes", "a share needs a memory cap > 0, got %d", d.MemoryBytes)
+				fe.Add(q+".memoryBytes", "a share needs a memory cap > 0, got %d", d.MemoryBytes)
 			}
 			if d.CoresPercent < 0 || d.CoresPercent > MaxCoresPercent {
-				fe.add(q+".coresPercent", "must be between 0 (not capped) and 100, got %d", d.CoresPercent)
+				fe.Add(q+".coresPercent", "must be between 0 (not capped) and 100, got %d", d.CoresPercent)
 			}
 			if other, ok := wholeOwner[d.UUID]; ok {
-				fe.add(q+".uuid", "GPU %s is shared with %q and given whole to %q", d.UUID, c.Name, other)
+				fe.Add(q+".uuid", "GPU %s is shared with %q and given whole to %q", d.UUID, c.Name, other)
 			}
 			sharedBy[d.UUID] = c.Name
 		}
 	}
-	return fe.err()
+	return fe.Err()
 }

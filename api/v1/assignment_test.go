@@ -1,6 +1,7 @@
 package v1
 
 import (
+	"reflect"
 	"strings"
 	"testing"
 )
@@ -87,4 +88,26 @@ func FuzzDecodeAssignment(f *testing.F) {
 			t.Fatalf("re-encoded assignment does not decode: %v", err)
 		}
 	})
+}
+
+// TestEncodersDoNotMutate encodes documents whose defaulted fields are empty and checks that the
+// callers' values are unchanged: the encoders fill a copy.
+func TestEncodersDoNotMutate(t *testing.T) {
+	a := &PodAssignment{Node: "node-a", Containers: []ContainerAssignment{{Name: "c", Devices: []DeviceAssignment{{UUID: testUUID(0), Whole: true}}}}}
+	inv := testInventory()
+	inv.APIVersion = ""
+	h := &NodeHoldings{Node: "node-a"}
+	before := []any{*a, *inv, *h}
+	if _, err := EncodeAssignment(a); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EncodeInventory(inv); err != nil {
+		t.Fatal(err)
+	}
+	if data, err := EncodeHoldings(h); err != nil || !strings.Contains(string(data), `"apiVersion":"tessera.dev/v1"`) || !strings.Contains(string(data), `"pods":[]`) {
+		t.Fatalf("holdings %s, %v", data, err)
+	}
+	if after := []any{*a, *inv, *h}; !reflect.DeepEqual(before, after) {
+		t.Errorf("an encoder changed its input:\nbefore %+v\nafter  %+v", before, after)
+	}
 }

@@ -1,14 +1,11 @@
 package v1
 
 import (
-	"encoding/json"
+	"cmp"
 	"fmt"
-)
 
-// AnnotationHoldings (node) holds the NodeHoldings the node agent publishes: what its ledger holds,
-// local placements and stopped containers' holds included. The extender counts every holding of a
-// pod it does not track itself as occupied, so no bind collides with a local placement.
-const AnnotationHoldings = "tessera.dev/holdings"
+	"github.com/tessera-gpu/tessera/api/internal/strict"
+)
 
 // NodeHoldings is the node agent's ledger as the extender needs it: whole GPUs and shares per pod.
 type NodeHoldings struct {
@@ -28,58 +25,48 @@ type PodHolding struct {
 	Containers []ContainerAssignment `json:"containers"`
 }
 
-// EncodeHoldings validates and encodes a holdings annotation.
+// EncodeHoldings validates and encodes a holdings annotation (apiVersion Version when empty, an
+// empty pod list as []); h is not changed.
 func EncodeHoldings(h *NodeHoldings) ([]byte, error) {
-	if h.APIVersion == "" {
-		h.APIVersion = Version
-	}
-	if h.Pods == nil {
-		h.Pods = []PodHolding{}
-	}
-	if err := h.Validate(); err != nil {
-		return nil, err
-	}
-	return json.Marshal(h)
+	return strict.EncodeVersioned(h, func(c *NodeHoldings) {
+		c.APIVersion = cmp.Or(c.APIVersion, Version)
+		if c.Pods == nil {
+			c.Pods = []PodHolding{}
+		}
+	})
 }
 
 // DecodeHoldings strictly decodes and validates a holdings annotation.
 func DecodeHoldings(data []byte) (*NodeHoldings, error) {
-	var h NodeHoldings
-	if err := decodeStrict(data, &h, "node holdings"); err != nil {
-		return nil, err
-	}
-	if err := h.Validate(); err != nil {
-		return nil, err
-	}
-	return &h, nil
+	return strict.DecodeVersioned[NodeHoldings](data, "node holdings")
 }
 
 // Validate checks each pod's holding as an assignment on this node and that pods are not listed
 // twice; every error names its field.
 func (h *NodeHoldings) Validate() error {
-	fe := &fieldErrors{doc: "node holdings"}
+	fe := &strict.Errors{Doc: "node holdings"}
 	if h.APIVersion != Version {
-		fe.add("apiVersion", "must be %q, got %q", Version, h.APIVersion)
+		fe.Add("apiVersion", "must be %q, got %q", Version, h.APIVersion)
 	}
 	if h.Node == "" {
-		fe.add("node", "must not be empty")
+		fe.Add("node", "must not be empty")
 	}
 	uids := map[string]bool{}
 	for i, p := range h.Pods {
 		q := fmt.Sprintf("pods[%d]", i)
 		if p.UID == "" {
-			fe.add(q+".uid", "must not be empty")
+			fe.Add(q+".uid", "must not be empty")
 		} else if uids[p.UID] {
-			fe.add(q+".uid", "pod %s listed twice", p.UID)
+			fe.Add(q+".uid", "pod %s listed twice", p.UID)
 		}
 		uids[p.UID] = true
 		if p.Namespace == "" || p.Pod == "" {
-			fe.add(q, "must name the pod's namespace and name")
+			fe.Add(q, "must name the pod's namespace and name")
 		}
 		a := PodAssignment{APIVersion: Version, Node: h.Node, Containers: p.Containers}
 		if err := a.Validate(); err != nil {
-			fe.add(q+".containers", "%v", err)
+			fe.Add(q+".containers", "%v", err)
 		}
 	}
-	return fe.err()
+	return fe.Err()
 }

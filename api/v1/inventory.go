@@ -1,10 +1,12 @@
 package v1
 
 import (
-	"encoding/json"
+	"cmp"
 	"fmt"
 	"regexp"
 	"strings"
+
+	"github.com/tessera-gpu/tessera/api/internal/strict"
 )
 
 // NodeInventory is what the node agent publishes about its GPUs (node annotation AnnotationInventory).
@@ -154,84 +156,72 @@ func IsMIGProfile(s string) bool { return migProfilePattern.MatchString(s) }
 // maxGPUsPerNode bounds inventories; no node holds more GPUs than this.
 const maxGPUsPerNode = 64
 
-// EncodeInventory returns the canonical JSON of an inventory after validating it.
+// EncodeInventory returns the canonical JSON of an inventory after validating it (apiVersion
+// Version when empty); inv is not changed.
 func EncodeInventory(inv *NodeInventory) ([]byte, error) {
-	if inv.APIVersion == "" {
-		inv.APIVersion = Version
-	}
-	if err := inv.Validate(); err != nil {
-		return nil, err
-	}
-	return json.Marshal(inv)
+	return strict.EncodeVersioned(inv, func(c *NodeInventory) { c.APIVersion = cmp.Or(c.APIVersion, Version) })
 }
 
 // DecodeInventory strictly decodes and validates an inventory annotation.
 func DecodeInventory(data []byte) (*NodeInventory, error) {
-	var inv NodeInventory
-	if err := decodeStrict(data, &inv, "node inventory"); err != nil {
-		return nil, err
-	}
-	if err := inv.Validate(); err != nil {
-		return nil, err
-	}
-	return &inv, nil
+	return strict.DecodeVersioned[NodeInventory](data, "node inventory")
 }
 
 // Validate checks ranges, formats and uniqueness; every error names its field.
 func (inv *NodeInventory) Validate() error {
-	fe := &fieldErrors{doc: "node inventory"}
+	fe := &strict.Errors{Doc: "node inventory"}
 	if inv.APIVersion != Version {
-		fe.add("apiVersion", "must be %q, got %q", Version, inv.APIVersion)
+		fe.Add("apiVersion", "must be %q, got %q", Version, inv.APIVersion)
 	}
 	if inv.Node == "" {
-		fe.add("node", "must not be empty")
+		fe.Add("node", "must not be empty")
 	}
 	if inv.SharesPerGPU < 1 || inv.SharesPerGPU > 1024 {
-		fe.add("sharesPerGPU", "must be between 1 and 1024, got %d", inv.SharesPerGPU)
+		fe.Add("sharesPerGPU", "must be between 1 and 1024, got %d", inv.SharesPerGPU)
 	}
 	if len(inv.GPUs) > maxGPUsPerNode {
-		fe.add("gpus", "at most %d GPUs per node, got %d", maxGPUsPerNode, len(inv.GPUs))
+		fe.Add("gpus", "at most %d GPUs per node, got %d", maxGPUsPerNode, len(inv.GPUs))
 	}
 	uuids := map[string]string{}
 	indices := map[int]bool{}
 	minors := map[int]bool{}
 	claim := func(path, uuid string) {
 		if prev, dup := uuids[uuid]; dup {
-			fe.add(path, "duplicated UUID %q (also at %s)", uuid, prev)
+			fe.Add(path, "duplicated UUID %q (also at %s)", uuid, prev)
 		}
 		uuids[uuid] = path
 	}
 	for i, g := range inv.GPUs {
 		p := fmt.Sprintf("gpus[%d]", i)
 		if !IsGPUUUID(g.UUID) {
-			fe.add(p+".uuid", "must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got %q", g.UUID)
+			fe.Add(p+".uuid", "must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got %q", g.UUID)
 		}
 		claim(p+".uuid", g.UUID)
 		if g.Index < 0 || g.Index >= maxGPUsPerNode {
-			fe.add(p+".index", "must be between 0 and %d, got %d", maxGPUsPerNode-1, g.Index)
+			fe.Add(p+".index", "must be between 0 and %d, got %d", maxGPUsPerNode-1, g.Index)
 		} else if indices[g.Index] {
-			fe.add(p+".index", "duplicated index %d", g.Index)
+			fe.Add(p+".index", "duplicated index %d", g.Index)
 		}
 		indices[g.Index] = true
 		if strings.TrimSpace(g.Model) == "" {
-			fe.add(p+".model", "must not be empty")
+			fe.Add(p+".model", "must not be empty")
 		}
 		if g.MemoryBytes <= 0 {
-			fe.add(p+".memoryBytes", "must be > 0, got %d", g.MemoryBytes)
+			fe.Add(p+".memoryBytes", "must be > 0, got %d", g.MemoryBytes)
 		}
 		if g.SMCount <= 0 || g.SMCount > 1024 {
-			fe.add(p+".smCount", "must be between 1 and 1024, got %d", g.SMCount)
+			fe.Add(p+".smCount", "must be between 1 and 1024, got %d", g.SMCount)
 		}
 		if g.NUMANode < -1 || g.NUMANode > 1024 {
-			fe.add(p+".numaNode", "must be -1 (unknown) or between 0 and 1024, got %d", g.NUMANode)
+			fe.Add(p+".numaNode", "must be -1 (unknown) or between 0 and 1024, got %d", g.NUMANode)
 		}
 		if !pciBusIDPattern.MatchString(g.PCIBusID) {
-			fe.add(p+".pciBusID", "must look like 0000:07:00.0, got %q", g.PCIBusID)
+			fe.Add(p+".pciBusID", "must look like 0000:07:00.0, got %q", g.PCIBusID)
 		}
 		if g.Minor < 0 || g.Minor > 255 {
-			fe.add(p+".minor", "must be between 0 and 255, got %d", g.Minor)
+			fe.Add(p+".minor", "must be between 0 and 255, got %d", g.Minor)
 		} else if minors[g.Minor] {
-			fe.add(p+".minor", "duplicated device minor %d", g.Minor)
+			fe.Add(p+".minor", "duplicated device minor %d", g.Minor)
 		}
 		minors[g.Minor] = true
 		if g.MIG != nil {
@@ -243,81 +233,81 @@ func (inv *NodeInventory) Validate() error {
 	for i, l := range inv.Links {
 		p := fmt.Sprintf("links[%d]", i)
 		if !indices[l.A] {
-			fe.add(p+".a", "no GPU with index %d", l.A)
+			fe.Add(p+".a", "no GPU with index %d", l.A)
 		}
 		if !indices[l.B] {
-			fe.add(p+".b", "no GPU with index %d", l.B)
+			fe.Add(p+".b", "no GPU with index %d", l.B)
 		}
 		if l.A == l.B {
-			fe.add(p, "links GPU %d to itself", l.A)
+			fe.Add(p, "links GPU %d to itself", l.A)
 		}
 		key := [2]int{min(l.A, l.B), max(l.A, l.B)}
 		if pairs[key] {
-			fe.add(p, "duplicated link between GPUs %d and %d", key[0], key[1])
+			fe.Add(p, "duplicated link between GPUs %d and %d", key[0], key[1])
 		}
 		pairs[key] = true
 		if _, ok := linkDistance[l.Kind]; !ok {
-			fe.add(p+".kind", "must be one of nvlink, pcie-switch, host-bridge, numa, system; got %q", l.Kind)
+			fe.Add(p+".kind", "must be one of nvlink, pcie-switch, host-bridge, numa, system; got %q", l.Kind)
 		}
 		if l.NVLinks < 0 || l.NVLinks > 64 || (l.NVLinks > 0 && l.Kind != LinkNVLink) {
-			fe.add(p+".nvlinks", "must be 0..64 and only set on nvlink links, got %d", l.NVLinks)
+			fe.Add(p+".nvlinks", "must be 0..64 and only set on nvlink links, got %d", l.NVLinks)
 		}
 	}
-	return fe.err()
+	return fe.Err()
 }
 
-func validateMIG(fe *fieldErrors, p string, g GPU, claim func(path, uuid string)) {
+func validateMIG(fe *strict.Errors, p string, g GPU, claim func(path, uuid string)) {
 	var mem int64
 	sm := 0
 	for j, m := range g.MIG.Instances {
 		q := fmt.Sprintf("%s.instances[%d]", p, j)
 		if !migUUIDPattern.MatchString(m.UUID) {
-			fe.add(q+".uuid", "must look like MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got %q", m.UUID)
+			fe.Add(q+".uuid", "must look like MIG-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got %q", m.UUID)
 		}
 		claim(q+".uuid", m.UUID)
 		if !IsMIGProfile(m.Profile) {
-			fe.add(q+".profile", "must look like 1g.10gb, got %q", m.Profile)
+			fe.Add(q+".profile", "must look like 1g.10gb, got %q", m.Profile)
 		}
 		if m.MemoryBytes <= 0 {
-			fe.add(q+".memoryBytes", "must be > 0, got %d", m.MemoryBytes)
+			fe.Add(q+".memoryBytes", "must be > 0, got %d", m.MemoryBytes)
 		}
 		if m.SMCount <= 0 {
-			fe.add(q+".smCount", "must be > 0, got %d", m.SMCount)
+			fe.Add(q+".smCount", "must be > 0, got %d", m.SMCount)
 		}
 		if m.GPUInstanceID < 0 || m.ComputeInstanceID < 0 || m.GICapMinor < 0 || m.CICapMinor < 0 {
-			fe.add(q, "instance ids and cap minors must be >= 0")
+			fe.Add(q, "instance ids and cap minors must be >= 0")
 		}
 		mem += m.MemoryBytes
 		sm += m.SMCount
 	}
 	if mem > g.MemoryBytes {
-		fe.add(p+".instances", "MIG instances hold %d bytes, more than the GPU's %d", mem, g.MemoryBytes)
+		fe.Add(p+".instances", "MIG instances hold %d bytes, more than the GPU's %d", mem, g.MemoryBytes)
 	}
 	if sm > g.SMCount {
-		fe.add(p+".instances", "MIG instances hold %d SMs, more than the GPU's %d", sm, g.SMCount)
+		fe.Add(p+".instances", "MIG instances hold %d SMs, more than the GPU's %d", sm, g.SMCount)
 	}
 }
 
-func validateMdev(fe *fieldErrors, p string, types []MdevType, claim func(path, uuid string)) {
+func validateMdev(fe *strict.Errors, p string, types []MdevType, claim func(path, uuid string)) {
 	names := map[string]bool{}
 	for j, t := range types {
 		q := fmt.Sprintf("%s[%d]", p, j)
 		if !resourceSuffixPattern.MatchString(t.Name) {
-			fe.add(q+".name", "must be a resource-name suffix like A100-4C, got %q", t.Name)
+			fe.Add(q+".name", "must be a resource-name suffix like A100-4C, got %q", t.Name)
 		}
 		if names[t.Name] {
-			fe.add(q+".name", "duplicated mdev type %q", t.Name)
+			fe.Add(q+".name", "duplicated mdev type %q", t.Name)
 		}
 		names[t.Name] = true
 		if t.ID == "" {
-			fe.add(q+".id", "must not be empty")
+			fe.Add(q+".id", "must not be empty")
 		}
 		if t.Available < 0 {
-			fe.add(q+".available", "must be >= 0, got %d", t.Available)
+			fe.Add(q+".available", "must be >= 0, got %d", t.Available)
 		}
 		for k, u := range t.Instances {
 			if !mdevUUIDPattern.MatchString(u) {
-				fe.add(fmt.Sprintf("%s.instances[%d]", q, k), "must be a UUID, got %q", u)
+				fe.Add(fmt.Sprintf("%s.instances[%d]", q, k), "must be a UUID, got %q", u)
 			}
 			claim(fmt.Sprintf("%s.instances[%d]", q, k), u)
 		}

@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/tessera-gpu/tessera/api/internal/strict"
 )
 
 // The vcuda limits file: written by the node agent per container, bind-mounted read-only at
@@ -133,35 +135,35 @@ func DecodeLimits(data []byte) (*Limits, error) {
 
 // Validate checks the limits the way vcuda will.
 func (l *Limits) Validate() error {
-	fe := &fieldErrors{doc: "vcuda limits"}
+	fe := &strict.Errors{Doc: "vcuda limits"}
 	if l.ContainerID == "" || strings.ContainsAny(l.ContainerID, " \t\n#") {
-		fe.add("container", "must be a non-empty id without spaces, got %q", l.ContainerID)
+		fe.Add("container", "must be a non-empty id without spaces, got %q", l.ContainerID)
 	}
 	if !filepath.IsAbs(l.RegionPath) || strings.ContainsAny(l.RegionPath, " \t\n") {
-		fe.add("region", "must be an absolute path without spaces, got %q", l.RegionPath)
+		fe.Add("region", "must be an absolute path without spaces, got %q", l.RegionPath)
 	}
 	if len(l.GPUs) == 0 || len(l.GPUs) > maxLimitsGPUs {
-		fe.add("gpu", "must list 1 to %d GPUs, got %d", maxLimitsGPUs, len(l.GPUs))
+		fe.Add("gpu", "must list 1 to %d GPUs, got %d", maxLimitsGPUs, len(l.GPUs))
 	}
 	seen := map[string]bool{}
 	for i, g := range l.GPUs {
 		p := fmt.Sprintf("gpu[%d]", i)
 		if !IsGPUUUID(g.UUID) {
-			fe.add(p+".uuid", "must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got %q", g.UUID)
+			fe.Add(p+".uuid", "must look like GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx, got %q", g.UUID)
 		}
 		// vcuda compares UUIDs case-insensitively.
 		if seen[strings.ToLower(g.UUID)] {
-			fe.add(p+".uuid", "duplicated GPU %s", g.UUID)
+			fe.Add(p+".uuid", "duplicated GPU %s", g.UUID)
 		}
 		seen[strings.ToLower(g.UUID)] = true
 		if g.MemoryBytes < 1 {
-			fe.add(p+".memory", "must be at least 1 byte, got %d", g.MemoryBytes)
+			fe.Add(p+".memory", "must be at least 1 byte, got %d", g.MemoryBytes)
 		}
 		if g.CoresPercent < 1 || g.CoresPercent > MaxCoresPercent {
-			fe.add(p+".cores", "must be between 1 and 100, got %d", g.CoresPercent)
+			fe.Add(p+".cores", "must be between 1 and 100, got %d", g.CoresPercent)
 		}
 	}
-	return fe.err()
+	return fe.Err()
 }
 
 // digitsOnly reports whether s is a plain decimal number (vcuda accepts no sign).

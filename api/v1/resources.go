@@ -25,32 +25,6 @@ const (
 	DRADriverName = "gpu.tessera.dev"
 )
 
-// Annotation and label keys.
-const (
-	// AnnotationAssignment (pod) holds the PodAssignment the extender wrote at bind time.
-	AnnotationAssignment = "tessera.dev/assignment"
-	// AnnotationInventory (node) holds the NodeInventory the node agent publishes.
-	AnnotationInventory = "tessera.dev/inventory"
-	// AnnotationInventoryHeartbeat (node) is when the node agent last confirmed its inventory
-	// (RFC 3339). Apart from the inventory so that a heartbeat does not rebuild the node's state.
-	AnnotationInventoryHeartbeat = "tessera.dev/inventory-heartbeat"
-	// AnnotationPolicy (pod) overrides the extender's placement policy for this pod.
-	AnnotationPolicy = "tessera.dev/policy"
-	// LabelWorkload (pod) marks the workload class: experiment, training or inference.
-	LabelWorkload = "tessera.dev/workload"
-	// LabelGPUModel (node) is the GPU model of the node's GPUs, set by the node agent.
-	LabelGPUModel = "tessera.dev/gpu-model"
-	// LabelPool (node) puts a node into a named GPU pool; pods select pools with a node selector on it.
-	LabelPool = "tessera.dev/pool"
-)
-
-// Workload classes (values of LabelWorkload).
-const (
-	WorkloadExperiment = "experiment"
-	WorkloadTraining   = "training"
-	WorkloadInference  = "inference"
-)
-
 // MaxCoresPercent is the compute of a whole GPU.
 const MaxCoresPercent = 100
 

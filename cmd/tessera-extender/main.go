@@ -19,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	cli "github.com/urfave/cli/v3"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
@@ -31,6 +32,7 @@ import (
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/client-go/tools/record"
 
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/extender"
 	"github.com/tessera-gpu/tessera/internal/placement"
@@ -41,31 +43,59 @@ type options struct {
 	kubeconfig, listen, metricsListen, config, policy, identity string
 	advertiseURL, peerListen                                    string
 	leaderElect, pickOne, version, reusePort, warmMemo          bool
-	qps                                                         int
-	log                                                         telemetry.LogOptions
+	// policySet: --policy (or its variable) was given, and overrides the config file's policy.
+	policySet bool
+	qps       int
+	log       telemetry.LogOptions
 }
 
+// envPrefix starts the environment variable of every flag: --policy is also TESSERA_EXTENDER_POLICY.
+const envPrefix = "TESSERA_EXTENDER_"
+
+// parseFlags reads the flags with urfave/cli: each from the command line, else from its environment
+// variable, else its default. It returns flag.ErrHelp when it printed the help.
 func parseFlags(args []string, stderr io.Writer) (*options, error) {
-	fs := flag.NewFlagSet("tessera-extender", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	o := &options{}
 	host, _ := os.Hostname()
-	fs.StringVar(&o.kubeconfig, "kubeconfig", "", "kubeconfig file (empty: in-cluster config)")
-	fs.StringVar(&o.listen, "listen", "127.0.0.1:8888", "address the extender HTTP API listens on (POST /filter, /prioritize, /bind; GET /healthz)")
-	fs.StringVar(&o.config, "config", "", "ExtenderConfig YAML file (apiVersion tessera.dev/v1, kind ExtenderConfig); empty: defaults")
-	fs.StringVar(&o.policy, "policy", "", "default placement policy, overriding the config file: "+fmt.Sprint(api.KnownPolicies))
-	fs.StringVar(&o.identity, "identity", fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's identity in leader election and node bind Leases")
-	fs.IntVar(&o.qps, "kube-api-qps", 100, "requests per second to the API server (burst twice that); a bind costs about seven")
-	fs.StringVar(&o.advertiseURL, "advertise-url", "", "URL other replicas reach this one at (http://POD_IP:PORT); non-leaders pass binds on to the leader's. With --peer-listen, port 0 stands for that listener's port")
-	fs.StringVar(&o.peerListen, "peer-listen", "", "an extra address of the extender API, for binds other replicas pass on to this one; port 0 picks a free port (for replicas sharing a host network, where --listen is shared with --reuse-port)")
-	fs.BoolVar(&o.reusePort, "reuse-port", false, "open --listen and --metrics-listen with SO_REUSEPORT, so replicas on one host network share the ports (the kernel spreads connections over them)")
-	fs.BoolVar(&o.pickOne, "filter-pick-one", false, "filter keeps only the placement policy's chosen node (ties to the smallest name) and holds it until the bind, so the kube-scheduler binds where the policy prefers")
-	fs.BoolVar(&o.warmMemo, "warm-memo", true, "re-evaluate, on one background goroutine, the nodes that changed for the request shapes the evaluation memo holds (and every node for the 32 most recently used shapes after a new typical-shape snapshot), so that the next pod of a shape finds its outcomes remembered; costs a few ms of CPU per pod")
-	fs.BoolVar(&o.leaderElect, "leader-elect", true, "bind only while holding the leader Lease (the other replicas answer filter/prioritize)")
-	fs.StringVar(&o.metricsListen, "metrics-listen", "", "address /metrics (Prometheus) and /healthz are served on apart from the extender API, so that scrapes need no access to it (the chart: 0.0.0.0:9447); empty: /metrics is served on --listen")
-	fs.BoolVar(&o.version, "version", false, "print the version and exit")
-	o.log.AddFlags(fs)
-	return o, fs.Parse(args)
+	str := func(name string, dst *string, def, usage string) cli.Flag {
+		return &cli.StringFlag{Name: name, Destination: dst, Value: def, Usage: usage, Sources: telemetry.EnvSources(envPrefix, name)}
+	}
+	boolean := func(name string, dst *bool, def bool, usage string) cli.Flag {
+		return &cli.BoolFlag{Name: name, Destination: dst, Value: def, Usage: usage, Sources: telemetry.EnvSources(envPrefix, name)}
+	}
+	flags := []cli.Flag{
+		str("kubeconfig", &o.kubeconfig, "", "kubeconfig file (empty: in-cluster config)"),
+		str("listen", &o.listen, "127.0.0.1:8888", "address the extender HTTP API listens on (POST /filter, /prioritize, /bind; GET /healthz)"),
+		str("config", &o.config, "", "ExtenderConfig YAML file (apiVersion tessera.dev/v1, kind ExtenderConfig); empty: defaults"),
+		str("policy", &o.policy, "", "default placement policy, overriding the config file: "+fmt.Sprint(api.KnownPolicies)),
+		str("identity", &o.identity, fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's identity in leader election and node bind Leases"),
+		&cli.IntFlag{Name: "kube-api-qps", Destination: &o.qps, Value: 100, Sources: telemetry.EnvSources(envPrefix, "kube-api-qps"),
+			Usage: "requests per second to the API server (burst twice that); a bind costs about seven"},
+		str("advertise-url", &o.advertiseURL, "", "URL other replicas reach this one at (http://POD_IP:PORT); non-leaders pass binds on to the leader's. With --peer-listen, port 0 stands for that listener's port"),
+		str("peer-listen", &o.peerListen, "", "an extra address of the extender API, for binds other replicas pass on to this one; port 0 picks a free port (for replicas sharing a host network, where --listen is shared with --reuse-port)"),
+		boolean("reuse-port", &o.reusePort, false, "open --listen and --metrics-listen with SO_REUSEPORT, so replicas on one host network share the ports (the kernel spreads connections over them)"),
+		boolean("filter-pick-one", &o.pickOne, false, "filter keeps only the placement policy's chosen node (ties to the smallest name) and holds it until the bind, so the kube-scheduler binds where the policy prefers"),
+		boolean("warm-memo", &o.warmMemo, true, "re-evaluate, on one background goroutine, the nodes that changed for the request shapes the evaluation memo holds (and every node for the 32 most recently used shapes after a new typical-shape snapshot), so that the next pod of a shape finds its outcomes remembered; costs a few ms of CPU per pod"),
+		boolean("leader-elect", &o.leaderElect, true, "bind only while holding the leader Lease (the other replicas answer filter/prioritize)"),
+		str("metrics-listen", &o.metricsListen, "", "address /metrics (Prometheus) and /healthz are served on apart from the extender API, so that scrapes need no access to it (the chart: 0.0.0.0:9447); empty: /metrics is served on --listen"),
+		&cli.BoolFlag{Name: "version", Destination: &o.version, Usage: "print the version and exit"},
+	}
+	parsed := false
+	cmd := &cli.Command{Name: "tessera-extender", Usage: "Tessera's kube-scheduler extender", HideHelpCommand: true,
+		Flags: append(flags, o.log.CLIFlags(envPrefix)...), ErrWriter: stderr,
+		Action: func(_ context.Context, cmd *cli.Command) error {
+			parsed = true
+			o.policySet = cmd.IsSet("policy") && o.policy != ""
+			return nil
+		}}
+	if err := cmd.Run(context.Background(), append([]string{"tessera-extender"}, args...)); err != nil {
+		fmt.Fprintln(stderr, "tessera-extender:", err)
+		return nil, err
+	}
+	if !parsed {
+		return nil, flag.ErrHelp
+	}
+	return o, nil
 }
 
 func main() {
@@ -94,11 +124,11 @@ func main() {
 }
 
 func run(ctx context.Context, o *options, log *slog.Logger) error {
-	cfg, err := api.LoadExtenderConfig(o.config)
+	cfg, err := configv1.LoadExtenderConfig(o.config)
 	if err != nil {
 		return err
 	}
-	if o.policy != "" {
+	if o.policySet {
 		cfg.Policy = o.policy
 		if err := cfg.Validate(); err != nil {
 			return err

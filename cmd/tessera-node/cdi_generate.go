@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 
+	cli "github.com/urfave/cli/v3"
+
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
 	"github.com/tessera-gpu/tessera/internal/gpu"
 )
@@ -15,20 +17,24 @@ import (
 // cdiGenerate writes the node's CDI specs and prints every device name, one per line, like
 // `nvidia-ctk cdi generate` does.
 func cdiGenerate(args []string, out io.Writer) error {
-	fs := flag.NewFlagSet("tessera-node cdi generate", flag.ContinueOnError)
 	var f nodeFlags
-	f.register(fs)
-	inventory := fs.String("inventory", "", "also write what discovery found (the inventory the agent publishes, as JSON) to this file")
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		return fmt.Errorf("cdi generate takes no arguments, got %q", fs.Args())
-	}
-	cfg, err := f.load(fs)
-	if err != nil {
-		return err
-	}
+	var inventory string
+	flags := append(f.flags(), field(&f, "", &cli.StringFlag{Name: "inventory", Destination: &inventory,
+		Usage: "also write what discovery found (the inventory the agent publishes, as JSON) to this file"}))
+	return command("tessera-node cdi generate", "write CDI specs for this node's GPUs (real or simulated) and print the device names", flags, func(_ context.Context, cmd *cli.Command) error {
+		if cmd.NArg() > 0 {
+			return fmt.Errorf("cdi generate takes no arguments, got %q", cmd.Args().Slice())
+		}
+		cfg, err := f.load(cmd)
+		if err != nil {
+			return err
+		}
+		return generate(cfg, inventory, out)
+	}).Run(context.Background(), append([]string{"tessera-node cdi generate"}, args...))
+}
+
+// generate writes the CDI specs of the node cfg describes and prints the device names.
+func generate(cfg *configv1.NodeConfig, inventory string, out io.Writer) error {
 	backend, err := gpu.Open(gpuOptions(cfg))
 	if err != nil {
 		return err
@@ -38,8 +44,8 @@ func cdiGenerate(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if *inventory != "" {
-		if err := writeInventory(*inventory, node, cfg.SharesPerGPU); err != nil {
+	if inventory != "" {
+		if err := writeInventory(inventory, node, cfg.SharesPerGPU); err != nil {
 			return err
 		}
 	}

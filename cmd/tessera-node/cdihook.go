@@ -11,7 +11,7 @@ import (
 	"github.com/sirupsen/logrus"
 	cli "github.com/urfave/cli/v3"
 
-	api "github.com/tessera-gpu/tessera/api/v1"
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 )
 
 // hookName is the toolkit's hook binary name. nvcdi writes it as every hook's argv[0], so a
@@ -38,7 +38,7 @@ func runCDIHook(args []string) error {
 // itself as <dataDir>/bin/tessera-node with nvidia-cdi-hook beside it as a link (the DaemonSet mounts
 // dataDir from the host at the same path, so both paths are valid on the host, where the runtime
 // runs them), and the toolkit's own hook is preferred when it is installed.
-func hookBinaries(cfg *api.NodeConfig) (tesseraNode, nvidiaHook string, err error) {
+func hookBinaries(cfg *configv1.NodeConfig) (tesseraNode, nvidiaHook string, err error) {
 	tesseraNode, nvidiaHook = cfg.HookBinary, cfg.CDIHookPath
 	if tesseraNode == "" {
 		self, err := os.Executable()

@@ -1,87 +1,105 @@
 package main
 
 import (
-	"flag"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
+	cli "github.com/urfave/cli/v3"
+
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
 	"github.com/tessera-gpu/tessera/internal/gpu"
 	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
-// nodeFlags binds the flags of a subcommand to NodeConfig fields. Flags the user sets override the
-// config file; the config file overrides the defaults.
+// envPrefix starts the environment variable of every flag of `tessera-node run` and `cdi
+// generate`: --cdi-dir is also TESSERA_NODE_CDI_DIR (telemetry.EnvSources).
+const envPrefix = "TESSERA_NODE_"
+
+// nodeFlags declares the flags of a subcommand that looks at the node's GPUs. urfave/cli reads each
+// from the command line or else from its environment variable; load lays the flags that were set
+// (cmd.IsSet) over the config file, and every flag's default over what the file leaves empty:
+// flags and environment > config file > defaults.
 type nodeFlags struct {
-	config       string
-	strings      map[string]*string // flag name -> value
-	fields       map[string]func(*api.NodeConfig) *string
-	sharesPerGPU int
-	rediscover   time.Duration
-	// adminNamespaces are added to the config's.
-	adminNamespaces stringList
-	ignoredXIDs     string
-	healthCheck     time.Duration
-	dra             bool
-	log             telemetry.LogOptions
+	// keys maps a flag to the NodeConfig field it sets, by the field's JSON name.
+	keys map[string]string
+	log  telemetry.LogOptions
 }
 
-// stringList is a repeatable string flag.
-type stringList []string
-
-func (s *stringList) String() string     { return strings.Join(*s, ",") }
-func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
-
-// stringFlag declares a flag that overrides one string field of the config.
-func (f *nodeFlags) stringFlag(fs *flag.FlagSet, name, def, usage string, field func(*api.NodeConfig) *string) {
-	if f.strings == nil {
-		f.strings, f.fields = map[string]*string{}, map[string]func(*api.NodeConfig) *string{}
+// field declares fl with its environment variable as a source; key names the NodeConfig field it
+// sets ("" for a flag load does not merge into the config).
+func field[T any, C any, VC cli.ValueCreator[T, C]](f *nodeFlags, key string, fl *cli.FlagBase[T, C, VC]) cli.Flag {
+	fl.Sources = telemetry.EnvSources(envPrefix, fl.Name)
+	if key != "" {
+		if f.keys == nil {
+			f.keys = map[string]string{}
+		}
+		f.keys[fl.Name] = key
 	}
-	f.strings[name] = fs.String(name, def, usage)
-	f.fields[name] = field
+	return fl
 }
 
-// register declares the flags every subcommand that looks at the node's GPUs has.
-func (f *nodeFlags) register(fs *flag.FlagSet) {
-	f.log.AddFlags(fs)
-	fs.StringVar(&f.config, "config", "", "versioned config file (apiVersion: "+api.Version+", kind: "+api.KindNodeConfig+"); flags override it")
-	f.stringFlag(fs, "backend", api.DefaultBackend, "GPU inventory: nvml (the NVIDIA driver under --driver-root; fails when it cannot be loaded) or sim (the simulated node)", func(c *api.NodeConfig) *string { return &c.Backend })
-	f.stringFlag(fs, "node-description", "", "simulated node: a description file (YAML) or a built-in name, dgx-a100 (8 x A100-SXM4-40GB, the default) or dgx-h100 (8 x H100-SXM5-80GB)", func(c *api.NodeConfig) *string { return &c.NodeDescription })
-	f.stringFlag(fs, "driver-root", "", "host path of the NVIDIA driver's root: / for a driver on the host, /run/nvidia/driver with the GPU Operator, or a folder like /usr/local/nvidia (default /; the simulated node's own root with --backend=sim)", func(c *api.NodeConfig) *string { return &c.DriverRoot })
-	f.stringFlag(fs, "container-driver-root", "", "where this process sees --driver-root, when it runs in a container with the host's driver root mounted elsewhere (default: --driver-root)", func(c *api.NodeConfig) *string { return &c.ContainerDriverRoot })
-	f.stringFlag(fs, "dev-root", "", "host path of the root whose dev/ holds the NVIDIA device nodes (default /; the simulated node's own root with --backend=sim)", func(c *api.NodeConfig) *string { return &c.DevRoot })
-	f.stringFlag(fs, "cdi-hook-path", "", "host path of nvidia-cdi-hook for the CDI specs' hooks (default: "+toolkitHookPath+" if installed, else tessera-node installs itself as <data-dir>/bin/nvidia-cdi-hook)", func(c *api.NodeConfig) *string { return &c.CDIHookPath })
-	f.stringFlag(fs, "sim-driver-dir", "", "simulated node: folder with the simulated driver's libcuda.so.1, libnvidia-ml.so.1 and nvidia-smi (`make vcuda` builds them in bin/vcuda/fake); empty: placeholders, CUDA does not run", func(c *api.NodeConfig) *string { return &c.SimDriverDir })
-	f.stringFlag(fs, "state-dir", api.DefaultSimStateDir, "where the simulated node keeps its state (its root: dev/, proc/, the driver; mig-minors)", func(c *api.NodeConfig) *string { return &c.StateDir })
-	f.stringFlag(fs, "data-dir", api.DefaultDataDir, "persistent state: the ledger, and the CDI hook binary when the toolkit's is not installed", func(c *api.NodeConfig) *string { return &c.DataDir })
-	f.stringFlag(fs, "cdi-dir", api.DefaultCDIDir, "directory the CDI specs are written to", func(c *api.NodeConfig) *string { return &c.CDIDir })
-	f.stringFlag(fs, "vendor", api.DefaultCDIVendor, "vendor of the CDI device names (<vendor>/gpu=<uuid>)", func(c *api.NodeConfig) *string { return &c.CDIVendor })
-	f.stringFlag(fs, "vcuda-library", api.DefaultVCUDALibrary, "host path of libvcuda.so, mounted read-only into share containers", func(c *api.NodeConfig) *string { return &c.VCUDALibrary })
-	fs.IntVar(&f.sharesPerGPU, "shares-per-gpu", api.DefaultSharesPerGPU, "tessera.dev/vgpu tokens advertised per GPU")
+// flags declares the flags every subcommand that looks at the node's GPUs has.
+func (f *nodeFlags) flags() []cli.Flag {
+	str := func(name, key, def, usage string) cli.Flag {
+		return field(f, key, &cli.StringFlag{Name: name, Value: def, Usage: usage})
+	}
+	return append(f.log.CLIFlags(envPrefix),
+		// --config comes first: it names the file load reads after every flag is parsed.
+		field(f, "", &cli.StringFlag{Name: "config", Usage: "versioned config file (apiVersion: " + configv1.Version + ", kind: " + configv1.KindNodeConfig + "); flags override it"}),
+		str("backend", "backend", configv1.DefaultBackend, "GPU inventory: nvml (the NVIDIA driver under --driver-root; fails when it cannot be loaded) or sim (the simulated node)"),
+		str("node-description", "nodeDescription", "", "simulated node: a description file (YAML) or a built-in name, dgx-a100 (8 x A100-SXM4-40GB, the default) or dgx-h100 (8 x H100-SXM5-80GB)"),
+		str("driver-root", "driverRoot", "", "host path of the NVIDIA driver's root: / for a driver on the host, /run/nvidia/driver with the GPU Operator, or a folder like /usr/local/nvidia (default /; the simulated node's own root with --backend=sim)"),
+		str("container-driver-root", "containerDriverRoot", "", "where this process sees --driver-root, when it runs in a container with the host's driver root mounted elsewhere (default: --driver-root)"),
+		str("dev-root", "devRoot", "", "host path of the root whose dev/ holds the NVIDIA device nodes (default /; the simulated node's own root with --backend=sim)"),
+		str("cdi-hook-path", "cdiHookPath", "", "host path of nvidia-cdi-hook for the CDI specs' hooks (default: "+toolkitHookPath+" if installed, else tessera-node installs itself as <data-dir>/bin/nvidia-cdi-hook)"),
+		str("sim-driver-dir", "simDriverDir", "", "simulated node: folder with the simulated driver's libcuda.so.1, libnvidia-ml.so.1 and nvidia-smi (`make vcuda` builds them in bin/vcuda/fake); empty: placeholders, CUDA does not run"),
+		str("state-dir", "stateDir", configv1.DefaultSimStateDir, "where the simulated node keeps its state (its root: dev/, proc/, the driver; mig-minors)"),
+		str("data-dir", "dataDir", configv1.DefaultDataDir, "persistent state: the ledger, and the CDI hook binary when the toolkit's is not installed"),
+		str("cdi-dir", "cdiDir", configv1.DefaultCDIDir, "directory the CDI specs are written to"),
+		str("vendor", "cdiVendor", configv1.DefaultCDIVendor, "vendor of the CDI device names (<vendor>/gpu=<uuid>)"),
+		str("vcuda-library", "vcudaLibrary", configv1.DefaultVCUDALibrary, "host path of libvcuda.so, mounted read-only into share containers"),
+		field(f, "sharesPerGPU", &cli.IntFlag{Name: "shares-per-gpu", Value: configv1.DefaultSharesPerGPU, Usage: "tessera.dev/vgpu tokens advertised per GPU"}),
+	)
 }
 
-// registerRun declares the flags of `tessera-node run`.
-func (f *nodeFlags) registerRun(fs *flag.FlagSet, host string) {
-	f.stringFlag(fs, "node-name", host, "Kubernetes node name (the inventory annotation goes on this Node)", func(c *api.NodeConfig) *string { return &c.NodeName })
-	f.stringFlag(fs, "run-dir", api.DefaultRunDir, "per-container vcuda files (limits, preload list, accounting region); best on tmpfs", func(c *api.NodeConfig) *string { return &c.RunDir })
-	f.stringFlag(fs, "device-plugin-dir", api.DefaultPluginDir, "the kubelet's device plugin directory (kubelet.sock lives here)", func(c *api.NodeConfig) *string { return &c.DevicePluginDir })
-	f.stringFlag(fs, "pod-resources-socket", api.DefaultPodResources, "the kubelet's PodResources API socket", func(c *api.NodeConfig) *string { return &c.PodResourcesSocket })
-	f.stringFlag(fs, "nri-socket", api.DefaultNRISocket, "containerd's NRI socket", func(c *api.NodeConfig) *string { return &c.NRISocket })
-	f.stringFlag(fs, "nri-plugin-index", api.DefaultNRIIndex, "NRI plugin index (order among NRI plugins)", func(c *api.NodeConfig) *string { return &c.NRIPluginIndex })
-	f.stringFlag(fs, "kata-runtime-handler", api.DefaultKataHandler, "runtime handlers starting with this run pods in VMs (VFIO devices, no /dev/nvidia*)", func(c *api.NodeConfig) *string { return &c.KataRuntimeHandler })
-	f.stringFlag(fs, "kubeconfig", "", "kubeconfig for the API server (empty: in-cluster config); pods are read from it and the inventory is published to the Node", func(c *api.NodeConfig) *string { return &c.Kubeconfig })
-	f.stringFlag(fs, "listen", api.DefaultNodeListen, "address for /metrics and /healthz", func(c *api.NodeConfig) *string { return &c.Listen })
-	f.stringFlag(fs, "hook-binary", "", "host path of tessera-node for the realisation hook in the CDI specs (default: this binary)", func(c *api.NodeConfig) *string { return &c.HookBinary })
-	fs.Var(&f.adminNamespaces, "admin-namespace", "namespace whose pods may see every GPU (monitoring, e.g. dcgm-exporter); repeatable")
-	fs.DurationVar(&f.rediscover, "rediscover-interval", api.DefaultRediscover, "how often the GPUs are rediscovered (MIG or mdev changes made outside Tessera)")
-	fs.StringVar(&f.ignoredXIDs, "ignored-xids", formatXIDs(api.DefaultIgnoredXIDs), "comma-separated XIDs that do not make a GPU unhealthy (application errors); \"none\" ignores none")
-	fs.BoolVar(&f.dra, "dra", false, "also serve the GPUs through Dynamic Resource Allocation (driver "+api.DRADriverName+": ResourceSlices, claims prepared into the same ledger)")
-	f.stringFlag(fs, "dra-registrar-dir", api.DefaultDRARegistrar, "the kubelet's plugin registry directory (<kubelet root-dir>/plugins_registry), where the DRA plugin registers", func(c *api.NodeConfig) *string { return &c.DRARegistrarDir })
-	f.stringFlag(fs, "dra-plugin-dir", api.DefaultDRAPluginDir, "directory of the DRA plugin's socket (<kubelet root-dir>/plugins/"+api.DRADriverName+")", func(c *api.NodeConfig) *string { return &c.DRAPluginDir })
-	fs.DurationVar(&f.healthCheck, "health-check-interval", api.DefaultHealthCheckInterval, "how often GPUs are probed; an unhealthy GPU recovers when a probe passes after a whole interval without errors")
+// runFlags declares the flags of `tessera-node run`.
+func (f *nodeFlags) runFlags(host string) []cli.Flag {
+	str := func(name, key, def, usage string) cli.Flag {
+		return field(f, key, &cli.StringFlag{Name: name, Value: def, Usage: usage})
+	}
+	return []cli.Flag{
+		str("node-name", "nodeName", host, "Kubernetes node name (the inventory annotation goes on this Node)"),
+		str("run-dir", "runDir", configv1.DefaultRunDir, "per-container vcuda files (limits, preload list, accounting region); best on tmpfs"),
+		str("device-plugin-dir", "devicePluginDir", configv1.DefaultPluginDir, "the kubelet's device plugin directory (kubelet.sock lives here)"),
+		str("pod-resources-socket", "podResourcesSocket", configv1.DefaultPodResources, "the kubelet's PodResources API socket"),
+		str("nri-socket", "nriSocket", configv1.DefaultNRISocket, "containerd's NRI socket"),
+		str("nri-plugin-index", "nriPluginIndex", configv1.DefaultNRIIndex, "NRI plugin index (order among NRI plugins)"),
+		str("kata-runtime-handler", "kataRuntimeHandler", configv1.DefaultKataHandler, "runtime handlers starting with this run pods in VMs (VFIO devices, no /dev/nvidia*)"),
+		str("kubeconfig", "kubeconfig", "", "kubeconfig for the API server (empty: in-cluster config); pods are read from it and the inventory is published to the Node"),
+		str("listen", "listen", configv1.DefaultNodeListen, "address for /metrics and /healthz"),
+		str("hook-binary", "hookBinary", "", "host path of tessera-node for the realisation hook in the CDI specs (default: this binary)"),
+		// Added to the config file's list, not merged by key; a comma is not a separator.
+		field(f, "", &cli.StringSliceFlag{Name: "admin-namespace", Usage: "namespace whose pods may see every GPU (monitoring, e.g. dcgm-exporter); repeatable"}),
+		field(f, "rediscoverInterval", &cli.DurationFlag{Name: "rediscover-interval", Value: configv1.DefaultRediscover, Usage: "how often the GPUs are rediscovered (MIG or mdev changes made outside Tessera)"}),
+		// Replaces the file's list only when set: an empty list in the file means none.
+		field(f, "", &cli.StringFlag{Name: "ignored-xids", Value: formatXIDs(configv1.DefaultIgnoredXIDs), Usage: "comma-separated XIDs that do not make a GPU unhealthy (application errors); \"none\" ignores none"}),
+		field(f, "dra", &cli.BoolFlag{Name: "dra", Usage: "also serve the GPUs through Dynamic Resource Allocation (driver " + api.DRADriverName + ": ResourceSlices, claims prepared into the same ledger)"}),
+		str("dra-registrar-dir", "draRegistrarDir", configv1.DefaultDRARegistrar, "the kubelet's plugin registry directory (<kubelet root-dir>/plugins_registry), where the DRA plugin registers"),
+		str("dra-plugin-dir", "draPluginDir", configv1.DefaultDRAPluginDir, "directory of the DRA plugin's socket (<kubelet root-dir>/plugins/"+api.DRADriverName+")"),
+		field(f, "healthCheckInterval", &cli.DurationFlag{Name: "health-check-interval", Value: configv1.DefaultHealthCheckInterval, Usage: "how often GPUs are probed; an unhealthy GPU recovers when a probe passes after a whole interval without errors"}),
+	}
+}
+
+// command is a subcommand with these flags; action runs after they are parsed (not for --help).
+func command(name, usage string, flags []cli.Flag, action cli.ActionFunc) *cli.Command {
+	return &cli.Command{Name: name, Usage: usage, Flags: flags, Action: action, HideHelpCommand: true,
+		// --admin-namespace=a,b is one namespace, as it was with the standard flag package.
+		DisableSliceFlagSeparator: true}
 }
 
 // parseXIDs reads --ignored-xids: "13,31,43" or "none".
@@ -108,42 +126,50 @@ func formatXIDs(xids []uint64) string {
 	return strings.Join(s, ",")
 }
 
-// load merges the config file with the flags: a flag the user set wins, then the file, then the
-// flag's default.
-func (f *nodeFlags) load(fs *flag.FlagSet) (*api.NodeConfig, error) {
-	cfg := &api.NodeConfig{}
-	if f.config != "" {
+// load merges the config file with the flags: a flag set on the command line or by its
+// environment variable (cmd.IsSet) wins, then the file, then the flag's default. The merge goes
+// through the fields' JSON names: the file's set fields are those its JSON encoding keeps.
+func (f *nodeFlags) load(cmd *cli.Command) (*configv1.NodeConfig, error) {
+	cfg := &configv1.NodeConfig{}
+	inFile := map[string]any{}
+	if path := cmd.String("config"); path != "" {
 		var err error
-		if cfg, err = api.LoadNodeConfig(f.config); err != nil {
+		if cfg, err = configv1.LoadNodeConfig(path); err != nil {
+			return nil, err
+		}
+		data, err := json.Marshal(cfg)
+		if err != nil {
+			return nil, err
+		}
+		if err := json.Unmarshal(data, &inFile); err != nil {
 			return nil, err
 		}
 	}
-	set := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
-	for name, v := range f.strings {
-		if dst := f.fields[name](cfg); set[name] || *dst == "" {
-			*dst = *v
+	fromFlags := map[string]any{}
+	for name, key := range f.keys {
+		if _, set := inFile[key]; set && !cmd.IsSet(name) {
+			continue
 		}
+		v := cmd.Value(name)
+		if d, ok := v.(time.Duration); ok {
+			v = configv1.Duration{Duration: d}
+		}
+		fromFlags[key] = v
 	}
-	if set["shares-per-gpu"] || cfg.SharesPerGPU == 0 {
-		cfg.SharesPerGPU = f.sharesPerGPU
+	data, err := json.Marshal(fromFlags)
+	if err != nil {
+		return nil, err
 	}
-	if set["rediscover-interval"] || cfg.RediscoverInterval.Duration == 0 {
-		cfg.RediscoverInterval.Duration = f.rediscover
+	if err := json.Unmarshal(data, cfg); err != nil {
+		return nil, fmt.Errorf("flags: %w", err)
 	}
-	cfg.AdminNamespaces = append(cfg.AdminNamespaces, f.adminNamespaces...)
-	if set["ignored-xids"] {
-		xids, err := parseXIDs(f.ignoredXIDs)
+	cfg.AdminNamespaces = append(cfg.AdminNamespaces, cmd.StringSlice("admin-namespace")...)
+	if cmd.IsSet("ignored-xids") {
+		xids, err := parseXIDs(cmd.String("ignored-xids"))
 		if err != nil {
 			return nil, err
 		}
 		cfg.IgnoredXIDs = xids
-	}
-	if set["health-check-interval"] || cfg.HealthCheckInterval.Duration == 0 {
-		cfg.HealthCheckInterval.Duration = f.healthCheck
-	}
-	if set["dra"] {
-		cfg.DRA = f.dra
 	}
 	cfg.Defaults()
 	if err := cfg.Validate(); err != nil {
@@ -152,7 +178,7 @@ func (f *nodeFlags) load(fs *flag.FlagSet) (*api.NodeConfig, error) {
 	return cfg, nil
 }
 
-func gpuOptions(cfg *api.NodeConfig) gpu.Options {
+func gpuOptions(cfg *configv1.NodeConfig) gpu.Options {
 	driverRoot := cfg.ContainerDriverRoot
 	if driverRoot == "" {
 		driverRoot = cfg.DriverRoot
@@ -164,7 +190,7 @@ func gpuOptions(cfg *api.NodeConfig) gpu.Options {
 // cdiGenerator builds the CDI spec generator: the driver's files from nvcdi, named by host paths.
 // realise adds the realisation check to every GPU spec: the agent's specs carry it; specs written
 // by hand with `cdi generate` (no NRI plugin to realise anything) do not.
-func cdiGenerator(cfg *api.NodeConfig, backend gpu.Backend, realise bool) (*cdi.Generator, error) {
+func cdiGenerator(cfg *configv1.NodeConfig, backend gpu.Backend, realise bool) (*cdi.Generator, error) {
 	tesseraNode, nvidiaHook, err := hookBinaries(cfg)
 	if err != nil {
 		return nil, err

@@ -1,7 +1,7 @@
 package main
 
 import (
-	"flag"
+	"context"
 	"io"
 	"os"
 	"path/filepath"
@@ -10,25 +10,15 @@ import (
 	"testing"
 	"time"
 
-	api "github.com/tessera-gpu/tessera/api/v1"
+	cli "github.com/urfave/cli/v3"
+
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 )
 
 func TestFlagsAndConfigFile(t *testing.T) {
 	cfgFile := filepath.Join(t.TempDir(), "node.yaml")
 	os.WriteFile(cfgFile, []byte("apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\nbackend: sim\ncdiDir: /from/file\nnriSocket: /file/nri.sock\nsharesPerGPU: 4\nrediscoverInterval: 30s\n"), 0o644)
-	parse := func(args ...string) (*nodeFlags, *flag.FlagSet) {
-		fs := flag.NewFlagSet("t", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		var f nodeFlags
-		f.register(fs)
-		f.registerRun(fs, "host-a")
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		return &f, fs
-	}
-	f, fs := parse("--config", cfgFile, "--cdi-dir", "/from/flag", "--listen", "0.0.0.0:9999")
-	cfg, err := f.load(fs)
+	cfg, err := loadRunFlags(t, "--config", cfgFile, "--cdi-dir", "/from/flag", "--listen", "0.0.0.0:9999")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,8 +33,7 @@ func TestFlagsAndConfigFile(t *testing.T) {
 		"--listen=9400":              `listen: Invalid value: must be host:port`,
 		"--rediscover-interval=10ms": "rediscoverInterval: Invalid value: must be at least 1s",
 	} {
-		f, fs := parse(args)
-		if _, err := f.load(fs); err == nil || !strings.Contains(err.Error(), want) {
+		if _, err := loadRunFlags(t, args); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want %q", args, err, want)
 		}
 	}
@@ -53,26 +42,16 @@ func TestFlagsAndConfigFile(t *testing.T) {
 func TestHealthFlags(t *testing.T) {
 	cfgFile := filepath.Join(t.TempDir(), "node.yaml")
 	os.WriteFile(cfgFile, []byte("apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\nignoredXIDs: [13, 94]\nhealthCheckInterval: 10s\n"), 0o644)
-	load := func(args ...string) (*api.NodeConfig, error) {
-		fs := flag.NewFlagSet("t", flag.ContinueOnError)
-		fs.SetOutput(io.Discard)
-		var f nodeFlags
-		f.register(fs)
-		f.registerRun(fs, "host-a")
-		if err := fs.Parse(args); err != nil {
-			t.Fatal(err)
-		}
-		return f.load(fs)
-	}
+	load := func(args ...string) (*configv1.NodeConfig, error) { return loadRunFlags(t, args...) }
 	for _, tc := range []struct {
 		args     []string
 		xids     []uint64
 		interval time.Duration
 	}{
-		{nil, api.DefaultIgnoredXIDs, api.DefaultHealthCheckInterval},
+		{nil, configv1.DefaultIgnoredXIDs, configv1.DefaultHealthCheckInterval},
 		{[]string{"--config", cfgFile}, []uint64{13, 94}, 10 * time.Second},
 		{[]string{"--config", cfgFile, "--ignored-xids=none", "--health-check-interval=2m"}, []uint64{}, 2 * time.Minute},
-		{[]string{"--ignored-xids", "43, 79"}, []uint64{43, 79}, api.DefaultHealthCheckInterval},
+		{[]string{"--ignored-xids", "43, 79"}, []uint64{43, 79}, configv1.DefaultHealthCheckInterval},
 	} {
 		cfg, err := load(tc.args...)
 		if err != nil {
@@ -90,5 +69,63 @@ func TestHealthFlags(t *testing.T) {
 		if _, err := load(args); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want %q", args, err, want)
 		}
+	}
+}
+
+// loadRunFlags parses the flags of `tessera-node run` (on node host-a) as urfave/cli does and
+// merges them with the config file they name.
+func loadRunFlags(t *testing.T, args ...string) (*configv1.NodeConfig, error) {
+	t.Helper()
+	var f nodeFlags
+	var cfg *configv1.NodeConfig
+	var loadErr error
+	cmd := command("t", "", append(f.flags(), f.runFlags("host-a")...), func(_ context.Context, cmd *cli.Command) error {
+		cfg, loadErr = f.load(cmd)
+		return nil
+	})
+	cmd.Writer, cmd.ErrWriter = io.Discard, io.Discard
+	if err := cmd.Run(context.Background(), append([]string{"t"}, args...)); err != nil {
+		t.Fatal(err)
+	}
+	return cfg, loadErr
+}
+
+// TestEnvVars: every flag is also an environment variable, TESSERA_NODE_<FLAG>; it beats the config
+// file and loses to the command line.
+func TestEnvVars(t *testing.T) {
+	cfgFile := filepath.Join(t.TempDir(), "node.yaml")
+	os.WriteFile(cfgFile, []byte("apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\ncdiDir: /from/file\nnriSocket: /file/nri.sock\nsharesPerGPU: 4\n"), 0o644)
+	t.Setenv("TESSERA_NODE_CONFIG", cfgFile)
+	t.Setenv("TESSERA_NODE_CDI_DIR", "/from/env")
+	t.Setenv("TESSERA_NODE_SHARES_PER_GPU", "6")
+	t.Setenv("TESSERA_NODE_HEALTH_CHECK_INTERVAL", "45s")
+	t.Setenv("TESSERA_NODE_DRA", "true")
+	t.Setenv("TESSERA_NODE_ADMIN_NAMESPACE", "monitoring")
+	cfg, err := loadRunFlags(t, "--shares-per-gpu=8")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.CDIDir != "/from/env" || cfg.NRISocket != "/file/nri.sock" || cfg.SharesPerGPU != 8 ||
+		cfg.HealthCheckInterval.Duration != 45*time.Second || !cfg.DRA || !slices.Equal(cfg.AdminNamespaces, []string{"monitoring"}) {
+		t.Errorf("merged config %+v", cfg)
+	}
+}
+
+// TestChartFlags parses the flags deploy/helm/tessera/templates/node-agent.yaml passes to
+// `tessera-node run` (bare --dra, repeated --admin-namespace).
+func TestChartFlags(t *testing.T) {
+	cfg, err := loadRunFlags(t, "--backend=nvml", "--driver-root=/", "--container-driver-root=/driver-root",
+		"--cdi-hook-path=/usr/bin/nvidia-cdi-hook", "--node-name=gpu-1", "--shares-per-gpu=10", "--cdi-dir=/var/run/cdi",
+		"--vendor=tessera.dev", "--nri-socket=/var/run/nri/nri.sock", "--data-dir=/var/lib/tessera", "--run-dir=/run/tessera",
+		"--device-plugin-dir=/var/lib/kubelet/device-plugins", "--pod-resources-socket=/var/lib/kubelet/pod-resources/kubelet.sock",
+		"--vcuda-library=/usr/local/lib/tessera/libvcuda.so", "--hook-binary=/usr/local/lib/tessera/tessera-node",
+		"--admin-namespace=monitoring", "--admin-namespace=a,b", "--listen=0.0.0.0:9445", "--dra",
+		"--dra-registrar-dir=/var/lib/kubelet/plugins_registry", "--dra-plugin-dir=/var/lib/kubelet/plugins/gpu.tessera.dev")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NodeName != "gpu-1" || cfg.ContainerDriverRoot != "/driver-root" || cfg.CDIDir != "/var/run/cdi" || !cfg.DRA ||
+		!slices.Equal(cfg.AdminNamespaces, []string{"monitoring", "a,b"}) || cfg.Listen != "0.0.0.0:9445" || cfg.SharesPerGPU != 10 {
+		t.Errorf("parsed %+v", cfg)
 	}
 }

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -16,6 +15,7 @@ import (
 
 	nriapi "github.com/containerd/nri/pkg/api"
 	"github.com/prometheus/client_golang/prometheus"
+	cli "github.com/urfave/cli/v3"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
@@ -34,20 +34,21 @@ import (
 
 // runAgent is the node agent: inventory, CDI specs, device plugins, the NRI plugin, /metrics and /healthz.
 func runAgent(args []string) error {
-	fs := flag.NewFlagSet("tessera-node run", flag.ContinueOnError)
 	var f nodeFlags
-	f.register(fs)
-	host, _ := os.Hostname()
-	f.registerRun(fs, host)
 	var un uninstallFlags
-	un.register(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
-	}
+	host, _ := os.Hostname()
+	flags := append(append(f.flags(), f.runFlags(host)...), un.flags(&f)...)
+	return command("tessera-node run", "the node agent: device plugins, NRI plugin, CDI specs, /metrics and /healthz", flags, func(_ context.Context, cmd *cli.Command) error {
+		return agentMain(&f, &un, cmd)
+	}).Run(context.Background(), append([]string{"tessera-node run"}, args...))
+}
+
+// agentMain runs the agent with the parsed flags.
+func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 	if _, err := f.log.Setup(os.Stderr); err != nil {
 		return err
 	}
-	cfg, err := f.load(fs)
+	cfg, err := f.load(cmd)
 	if err != nil {
 		return err
 	}

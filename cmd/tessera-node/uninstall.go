@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"os"
@@ -11,6 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	cli "github.com/urfave/cli/v3"
 	"golang.org/x/sys/unix"
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -20,7 +20,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
-	api "github.com/tessera-gpu/tessera/api/v1"
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
 )
 
@@ -36,10 +36,12 @@ type uninstallFlags struct {
 	podName, podNamespace string
 }
 
-func (u *uninstallFlags) register(fs *flag.FlagSet) {
-	fs.BoolVar(&u.enabled, "cleanup-on-uninstall", false, "when the DaemonSet that runs this pod is deleted (helm uninstall), remove on exit what the agent put on the node: its CDI specs, the ledger and health files and bin/ in --data-dir, the per-container files in --run-dir, the simulated node's --state-dir, --vcuda-library and --hook-binary (the chart's init container installs them); needs --pod-name and --pod-namespace")
-	fs.StringVar(&u.podName, "pod-name", "", "this agent's pod (the chart: $(POD_NAME)), to find the DaemonSet that owns it")
-	fs.StringVar(&u.podNamespace, "pod-namespace", "", "this agent's pod's namespace (the chart: $(POD_NAMESPACE))")
+func (u *uninstallFlags) flags(f *nodeFlags) []cli.Flag {
+	return []cli.Flag{
+		field(f, "", &cli.BoolFlag{Name: "cleanup-on-uninstall", Destination: &u.enabled, Usage: "when the DaemonSet that runs this pod is deleted (helm uninstall), remove on exit what the agent put on the node: its CDI specs, the ledger and health files and bin/ in --data-dir, the per-container files in --run-dir, the simulated node's --state-dir, --vcuda-library and --hook-binary (the chart's init container installs them); needs --pod-name and --pod-namespace"}),
+		field(f, "", &cli.StringFlag{Name: "pod-name", Destination: &u.podName, Usage: "this agent's pod (the chart: $(POD_NAME)), to find the DaemonSet that owns it"}),
+		field(f, "", &cli.StringFlag{Name: "pod-namespace", Destination: &u.podNamespace, Usage: "this agent's pod's namespace (the chart: $(POD_NAMESPACE))"}),
+	}
 }
 
 // ownerWatch follows the DaemonSet that owns the agent's pod.
@@ -144,7 +146,7 @@ func retryAPI(ctx context.Context, call func(context.Context) error) error {
 // cleanupNode removes what the agent put on the node, after every part of it has stopped. Regions
 // of containers still running are detached, not torn down: the container's bind mount keeps its
 // region (and libvcuda.so, the ledger-free preload list) alive until it exits.
-func cleanupNode(cfg *api.NodeConfig) []error {
+func cleanupNode(cfg *configv1.NodeConfig) []error {
 	var errs []error
 	keep := func(err error) {
 		if err != nil && !errors.Is(err, os.ErrNotExist) {

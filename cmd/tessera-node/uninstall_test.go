@@ -15,7 +15,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	api "github.com/tessera-gpu/tessera/api/v1"
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 )
 
 // TestUninstallDecision: only a DaemonSet that is gone, being deleted or replaced (or a rejected
@@ -66,7 +66,7 @@ func TestUninstallDecision(t *testing.T) {
 // the agent did not make stay.
 func TestCleanupNode(t *testing.T) {
 	root := t.TempDir()
-	cfg := &api.NodeConfig{Backend: "sim", CDIDir: filepath.Join(root, "cdi"), DataDir: filepath.Join(root, "data"),
+	cfg := &configv1.NodeConfig{Backend: "sim", CDIDir: filepath.Join(root, "cdi"), DataDir: filepath.Join(root, "data"),
 		RunDir: filepath.Join(root, "run"), StateDir: filepath.Join(root, "run", "sim"),
 		VCUDALibrary: filepath.Join(root, "lib", "libvcuda.so"), HookBinary: filepath.Join(root, "lib", "tessera-node")}
 	files := map[string]bool{ // path -> stays

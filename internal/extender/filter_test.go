@@ -9,6 +9,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/placement"
 )
@@ -23,7 +24,7 @@ func newTestExtender(t testing.TB, policy string) *Extender {
 }
 
 // DefaultTTL is the reservation TTL used in tests.
-const DefaultTTL = api.DefaultReservationTTL
+const DefaultTTL = configv1.DefaultReservationTTL
 
 func TestFilterReasons(t *testing.T) {
 	x := newTestExtender(t, api.PolicyTessera)

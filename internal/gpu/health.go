@@ -13,7 +13,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/utils/clock"
 
-	api "github.com/tessera-gpu/tessera/api/v1"
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 )
 
 // HealthEvent says a GPU (or MIG instance) changed health, and why.
@@ -28,9 +28,9 @@ type HealthEvent struct {
 // HealthOptions configure WatchHealth.
 type HealthOptions struct {
 	// IgnoredXIDs do not make a GPU unhealthy: they are the application's fault, not the GPU's.
-	// nil means api.DefaultIgnoredXIDs; an empty list ignores none.
+	// nil means configv1.DefaultIgnoredXIDs; an empty list ignores none.
 	IgnoredXIDs []uint64
-	// CheckInterval is how often every GPU is probed (default api.DefaultHealthCheckInterval).
+	// CheckInterval is how often every GPU is probed (default configv1.DefaultHealthCheckInterval).
 	CheckInterval time.Duration
 	// Unhealthy is the health the watch starts from (UUID -> reason), e.g. as persisted before a
 	// restart. These stay unhealthy until a full quiet interval has passed and a probe succeeds.
@@ -68,12 +68,12 @@ type healthMonitor struct {
 func newHealthMonitor(lib nvml.Interface, opts HealthOptions, report func(HealthEvent)) *healthMonitor {
 	ignored := opts.IgnoredXIDs
 	if ignored == nil {
-		ignored = api.DefaultIgnoredXIDs
+		ignored = configv1.DefaultIgnoredXIDs
 	}
 	m := &healthMonitor{lib: lib, ignored: map[uint64]bool{}, interval: opts.CheckInterval, report: report,
 		gpus: map[string]bool{}, unhealthy: maps.Clone(opts.Unhealthy), recent: map[string]bool{}}
 	if m.interval <= 0 {
-		m.interval = api.DefaultHealthCheckInterval
+		m.interval = configv1.DefaultHealthCheckInterval
 	}
 	if m.unhealthy == nil {
 		m.unhealthy = map[string]string{}

@@ -108,7 +108,7 @@ func Open(path string) (*Ledger, error) {
 	}
 	var f file
 	if err := json.Unmarshal(data, &f); err != nil {
-		// The running containers carry their entries (nri.AnnotationLedgerEntry); Synchronize re-adopts them.
+		// The running containers carry their entries (api.AnnotationLedgerEntry); Synchronize re-adopts them.
 		aside := path + ".corrupt"
 		slog.Error("ledger is corrupt; starting empty, running containers are re-adopted at the runtime's Synchronize", "path", path, "movedTo", aside, "err", err)
 		if err := os.Rename(path, aside); err != nil {

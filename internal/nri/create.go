@@ -27,10 +27,6 @@ var (
 	retryDelay = time.Second
 )
 
-// AnnotationLedgerEntry is set on every container Tessera adjusted, so a restarted agent can rebuild
-// its ledger from the running containers alone (Synchronize).
-const AnnotationLedgerEntry = "tessera.dev/ledger-entry"
-
 // CreateContainer realises the container's GPU assignment or refuses the container with the reason.
 func (p *Plugin) CreateContainer(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container) (*nriapi.ContainerAdjustment, []*nriapi.ContainerUpdate, error) {
 	start := time.Now()
@@ -323,7 +319,7 @@ func (p *Plugin) realise(pod *nriapi.PodSandbox, c *nriapi.Container, e *ledger.
 	if err != nil {
 		return err
 	}
-	adj.AddAnnotation(AnnotationLedgerEntry, string(raw))
+	adj.AddAnnotation(api.AnnotationLedgerEntry, string(raw))
 	if p.isKata(pod) {
 		return p.realiseKata(e, claims, adj)
 	}

@@ -278,7 +278,7 @@ func TestCreateContainer(t *testing.T) {
 	if st, err := os.Stat(filepath.Join(e.dir, "state", "containers", "c-share", "vcuda", "region")); err != nil || st.Mode().Perm() != 0o666 {
 		t.Errorf("region file not pre-created writable for any container user: %v %v", st, err)
 	}
-	if _, ok := e.agent.Ledger().Get("c-share"); !ok || adj.GetAnnotations()[AnnotationLedgerEntry] == "" {
+	if _, ok := e.agent.Ledger().Get("c-share"); !ok || adj.GetAnnotations()[api.AnnotationLedgerEntry] == "" {
 		t.Errorf("no ledger entry / annotation")
 	}
 
@@ -434,7 +434,7 @@ func newEnvWithLedgerEntries(t *testing.T, stale []ledger.Entry, live *nriapi.Co
 	}
 	entry.Devices = []api.DeviceAssignment{{UUID: inv.GPUs[0].UUID, MemoryBytes: 1 << 30}}
 	raw, _ := json.Marshal(entry)
-	live.Annotations = map[string]string{AnnotationLedgerEntry: string(raw)}
+	live.Annotations = map[string]string{api.AnnotationLedgerEntry: string(raw)}
 	e.running = []*nriapi.Container{live}
 	client := podresources.New(filepath.Join(e.dir, "none.sock"))
 	return e.start(client, l)

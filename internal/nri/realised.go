@@ -13,14 +13,9 @@ import (
 
 	nriapi "github.com/containerd/nri/pkg/api"
 	"golang.org/x/sys/unix"
-)
 
-// AnnotationRealised carries a per-container nonce that the NRI plugin adds to every container it
-// approved and also writes, root-only, on the host. The realisation hook (cdi.HookCheckRealised)
-// compares the two: a container NRI created without our adjustment (the plugin timed out or was
-// disconnected) lacks the annotation, a pod cannot write the host file, and a nonce from another
-// container does not match.
-const AnnotationRealised = "tessera.dev/realised"
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
 
 const realisedFile = "realised"
 
@@ -39,7 +34,7 @@ func (p *Plugin) markRealised(id string, adj *nriapi.ContainerAdjustment) error 
 	if err := os.WriteFile(filepath.Join(dir, realisedFile), []byte(nonce), 0o600); err != nil {
 		return fmt.Errorf("write the container's realisation mark: %w", err)
 	}
-	adj.AddAnnotation(AnnotationRealised, nonce)
+	adj.AddAnnotation(api.AnnotationRealised, nonce)
 	return nil
 }
 
@@ -63,16 +58,16 @@ func CheckRealised(runDir string, state io.Reader) error {
 	}
 	const notRealised = "container %s holds Tessera GPU devices but the tessera NRI plugin did not realise it (%s); " +
 		"it must not run unchecked. Check that tessera-node is running and connected to containerd's NRI socket; the kubelet retries the container"
-	got, ok := st.Annotations[AnnotationRealised]
+	got, ok := st.Annotations[api.AnnotationRealised]
 	if !ok {
-		return fmt.Errorf(notRealised, st.ID, "no "+AnnotationRealised+" annotation: the plugin did not answer or is not connected")
+		return fmt.Errorf(notRealised, st.ID, "no "+api.AnnotationRealised+" annotation: the plugin did not answer or is not connected")
 	}
 	want, err := readSmall(filepath.Join(runDir, "containers", st.ID, realisedFile), 64)
 	if err != nil {
 		return fmt.Errorf(notRealised, st.ID, "no realisation mark on the host: "+err.Error())
 	}
 	if string(want) != got {
-		return fmt.Errorf(notRealised, st.ID, "its "+AnnotationRealised+" annotation does not match the mark on the host")
+		return fmt.Errorf(notRealised, st.ID, "its "+api.AnnotationRealised+" annotation does not match the mark on the host")
 	}
 	return nil
 }

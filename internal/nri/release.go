@@ -9,6 +9,7 @@ import (
 
 	nriapi "github.com/containerd/nri/pkg/api"
 
+	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/podresources"
 )
@@ -172,7 +173,7 @@ func sandboxUID(pods []*nriapi.PodSandbox, c *nriapi.Container) string {
 // annotation (which only the plugin's adjustment sets; the ledger still refuses any over-commit).
 func (p *Plugin) readopt(c *nriapi.Container) {
 	l := p.agent.Ledger()
-	raw, ok := c.GetAnnotations()[AnnotationLedgerEntry]
+	raw, ok := c.GetAnnotations()[api.AnnotationLedgerEntry]
 	if _, known := l.Get(c.GetId()); known || !ok {
 		return
 	}

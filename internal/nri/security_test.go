@@ -81,11 +81,11 @@ func TestSecurityRealisationHook(t *testing.T) {
 		t.Fatal(err)
 	}
 	runDir := filepath.Join(e.dir, "state")
-	nonce := adj.GetAnnotations()[AnnotationRealised]
+	nonce := adj.GetAnnotations()[api.AnnotationRealised]
 	if nonce == "" {
 		t.Fatal("the plugin added no realisation annotation")
 	}
-	if err := CheckRealised(runDir, ociState("c-victim", map[string]string{AnnotationRealised: nonce})); err != nil {
+	if err := CheckRealised(runDir, ociState("c-victim", map[string]string{api.AnnotationRealised: nonce})); err != nil {
 		t.Errorf("realised container refused: %v", err)
 	}
 	for name, tc := range map[string]struct {
@@ -93,9 +93,9 @@ func TestSecurityRealisationHook(t *testing.T) {
 		ann map[string]string
 	}{
 		"no annotation (plugin timed out)": {"c-victim", nil},
-		"forged nonce":                     {"c-victim", map[string]string{AnnotationRealised: "0123"}},
-		"never realised":                   {"c-other", map[string]string{AnnotationRealised: nonce}},
-		"path as id":                       {"../c-victim", map[string]string{AnnotationRealised: nonce}},
+		"forged nonce":                     {"c-victim", map[string]string{api.AnnotationRealised: "0123"}},
+		"never realised":                   {"c-other", map[string]string{api.AnnotationRealised: nonce}},
+		"path as id":                       {"../c-victim", map[string]string{api.AnnotationRealised: nonce}},
 	} {
 		err := CheckRealised(runDir, ociState(tc.id, tc.ann))
 		if err == nil {

@@ -7,9 +7,11 @@ import (
 	"io"
 	"log/slog"
 	"strconv"
+	"strings"
 
 	nrilog "github.com/containerd/nri/pkg/log"
 	"github.com/sirupsen/logrus"
+	cli "github.com/urfave/cli/v3"
 	"k8s.io/klog/v2"
 )
 
@@ -118,4 +120,22 @@ func (h logrusHook) Fire(e *logrus.Entry) error {
 	}
 	h.log.Log(ctx, level, e.Message, attrs...)
 	return nil
+}
+
+// CLIFlags declares -v and --log-format for a urfave/cli command, each also read from the
+// environment variable envPrefix + its name (EnvSources).
+func (o *LogOptions) CLIFlags(envPrefix string) []cli.Flag {
+	return []cli.Flag{
+		&cli.IntFlag{Name: "v", Value: 0, Destination: &o.Verbosity, Sources: EnvSources(envPrefix, "v"),
+			Usage: "log verbosity: 0 info and above, 4 and more debug (also client-go's klog.V(n) lines)"},
+		&cli.StringFlag{Name: "log-format", Value: "text", Destination: &o.Format, Sources: EnvSources(envPrefix, "log-format"),
+			Usage: "log format: text or json"},
+	}
+}
+
+// EnvSources is the environment variable a flag is also read from: envPrefix and the flag's name in
+// upper case with "-" as "_" (TESSERA_NODE_ and cdi-dir: TESSERA_NODE_CDI_DIR). A flag given on the
+// command line wins over its variable.
+func EnvSources(envPrefix, flag string) cli.ValueSourceChain {
+	return cli.EnvVars(envPrefix + strings.ToUpper(strings.ReplaceAll(flag, "-", "_")))
 }

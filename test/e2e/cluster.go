@@ -21,6 +21,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 )
@@ -152,7 +153,7 @@ func (c *Cluster) startExtender(t *testing.T, policy string) {
 	cfg := filepath.Join(c.CP.Dir, "extender-config.yaml")
 	// inventoryMaxAge as the chart sets it: pods place only while the agent's heartbeat is fresh.
 	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("apiVersion: %s\nkind: %s\npolicy: %s\nreservationTTL: 30s\ninventoryMaxAge: 5m\n",
-		api.Version, api.KindExtenderConfig, policy)), 0o644); err != nil {
+		api.Version, configv1.KindExtenderConfig, policy)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	// A fixed identity lets a restarted extender take its leader Lease back at once instead of

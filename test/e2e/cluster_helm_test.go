@@ -15,7 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/yaml"
 	sigyaml "sigs.k8s.io/yaml"
 
-	api "github.com/tessera-gpu/tessera/api/v1"
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 )
 
 // HelmDryRun renders the chart with helm template (extra arguments: values, namespace) and applies
@@ -111,12 +111,12 @@ func checkChartMatchesBinaries(t *testing.T) {
 			if err := sigyaml.Unmarshal(raw, &cm); err != nil {
 				t.Fatal(err)
 			}
-			if cfg, ok := cm.Data["config.yaml"]; ok && strings.Contains(cfg, "kind: "+api.KindExtenderConfig) {
+			if cfg, ok := cm.Data["config.yaml"]; ok && strings.Contains(cfg, "kind: "+configv1.KindExtenderConfig) {
 				f := filepath.Join(t.TempDir(), "config.yaml")
 				if err := os.WriteFile(f, []byte(cfg), 0o644); err != nil {
 					t.Fatal(err)
 				}
-				if _, err := api.LoadExtenderConfig(f); err != nil {
+				if _, err := configv1.LoadExtenderConfig(f); err != nil {
 					t.Errorf("the chart's ExtenderConfig (ConfigMap %s) does not load: %v\n%s", cm.Name, err, cfg)
 				}
 				checked["ExtenderConfig"] = true

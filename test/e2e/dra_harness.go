@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
@@ -26,7 +27,7 @@ func (c *Cluster) draAgentConfig(t testing.TB) string {
 		return ""
 	}
 	path := filepath.Join(c.Dir, "agent-dra.yaml")
-	cfg := fmt.Sprintf("apiVersion: %s\nkind: %s\ndra: true\ndraRegistrarDir: %s\ndraPluginDir: %s\n", api.Version, api.KindNodeConfig,
+	cfg := fmt.Sprintf("apiVersion: %s\nkind: %s\ndra: true\ndraRegistrarDir: %s\ndraPluginDir: %s\n", api.Version, configv1.KindNodeConfig,
 		filepath.Join(c.Kubelet.RootDir, "plugins_registry"), filepath.Join(c.Kubelet.RootDir, "plugins", api.DRADriverName))
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)

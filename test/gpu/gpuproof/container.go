@@ -14,6 +14,7 @@ import (
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
 	"github.com/tessera-gpu/tessera/internal/nri"
@@ -57,7 +58,7 @@ func runContainer(args []string) error {
 	if err != nil {
 		return fmt.Errorf("load the CDI specs: %w", err)
 	}
-	gen := &cdi.Generator{Vendor: api.DefaultCDIVendor}
+	gen := &cdi.Generator{Vendor: configv1.DefaultCDIVendor}
 	p.Env["gpu_uuid"], p.Env["gpu_model"] = g.UUID, g.Model
 	r := &runner{runc: *runc, rootfs: *rootfs, dir: filepath.Join(*work, "containers"), cache: cache}
 

@@ -17,6 +17,7 @@ import (
 
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
@@ -142,7 +143,7 @@ func checkSpecs(p *Phase, cdiDir string, inv *api.NodeInventory) {
 	}
 	var missing []string
 	for _, g := range inv.GPUs {
-		if g.Shareable() && cache.GetDevice(api.DefaultCDIVendor+"/gpu="+g.UUID) == nil {
+		if g.Shareable() && cache.GetDevice(configv1.DefaultCDIVendor+"/gpu="+g.UUID) == nil {
 			missing = append(missing, g.UUID)
 		}
 	}

@@ -1,3 +1,7 @@
+// Package v1 holds the versioned config files of Tessera's binaries (apiVersion tessera.dev/v1,
+// kinds NodeAgentConfig and ExtenderConfig), their defaults (host paths, ports, intervals) and their
+// validation, apart from the wire contract in api/v1, as NVIDIA's k8s-device-plugin keeps its
+// api/config/v1. Import it as configv1.
 package v1
 
 import (
@@ -9,7 +13,14 @@ import (
 	"time"
 
 	"sigs.k8s.io/yaml"
+
+	"github.com/tessera-gpu/tessera/api/internal/strict"
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
+
+// Version is the apiVersion of the config files: the same string as the wire contract's, so config
+// files written for earlier releases (when these types lived in api/v1) keep working.
+const Version = api.Version
 
 // Config kinds (the "kind" of a versioned config file).
 const (
@@ -125,7 +136,7 @@ const (
 	DefaultKataHandler  = "kata"
 	DefaultNodeListen   = "127.0.0.1:9445" // not 9400: dcgm-exporter's port, often on the same node
 	DefaultDRARegistrar = "/var/lib/kubelet/plugins_registry"
-	DefaultDRAPluginDir = "/var/lib/kubelet/plugins/" + DRADriverName
+	DefaultDRAPluginDir = "/var/lib/kubelet/plugins/" + api.DRADriverName
 	DefaultRediscover   = time.Minute
 	// DefaultHealthCheckInterval is how often GPUs are probed for health.
 	DefaultHealthCheckInterval = 30 * time.Second
@@ -183,94 +194,88 @@ func (c *NodeConfig) Defaults() {
 
 // Validate checks a defaulted NodeConfig.
 func (c *NodeConfig) Validate() error {
-	fe := &fieldErrors{doc: "node agent config"}
+	fe := &strict.Errors{Doc: "node agent config"}
 	checkKind(fe, c.APIVersion, c.Kind, KindNodeConfig)
 	switch c.Backend {
 	case "nvml", "sim":
 	default:
-		fe.add("backend", "must be nvml (a real NVIDIA driver) or sim (the simulated node), got %q", c.Backend)
+		fe.Add("backend", "must be nvml (a real NVIDIA driver) or sim (the simulated node), got %q", c.Backend)
 	}
 	for name, path := range map[string]string{"driverRoot": c.DriverRoot, "containerDriverRoot": c.ContainerDriverRoot, "devRoot": c.DevRoot, "cdiHookPath": c.CDIHookPath, "simDriverDir": c.SimDriverDir} {
 		if path != "" && !filepath.IsAbs(path) {
-			fe.add(name, "must be an absolute path, got %q", path)
+			fe.Add(name, "must be an absolute path, got %q", path)
 		}
 	}
 	if !cdiVendorPattern.MatchString(c.CDIVendor) {
-		fe.add("cdiVendor", "must be a vendor name like tessera.dev, got %q", c.CDIVendor)
+		fe.Add("cdiVendor", "must be a vendor name like tessera.dev, got %q", c.CDIVendor)
 	}
 	if c.SharesPerGPU < 1 || c.SharesPerGPU > 1024 {
-		fe.add("sharesPerGPU", "must be between 1 and 1024, got %d", c.SharesPerGPU)
+		fe.Add("sharesPerGPU", "must be between 1 and 1024, got %d", c.SharesPerGPU)
 	}
 	for name, path := range map[string]string{"vcudaLibrary": c.VCUDALibrary, "stateDir": c.StateDir, "dataDir": c.DataDir, "runDir": c.RunDir,
 		"devicePluginDir": c.DevicePluginDir, "podResourcesSocket": c.PodResourcesSocket, "nriSocket": c.NRISocket, "cdiDir": c.CDIDir} {
 		if !filepath.IsAbs(path) {
-			fe.add(name, "must be an absolute path, got %q", path)
+			fe.Add(name, "must be an absolute path, got %q", path)
 		}
 	}
 	if c.HookBinary != "" && !filepath.IsAbs(c.HookBinary) {
-		fe.add("hookBinary", "must be an absolute path on the host, got %q", c.HookBinary)
+		fe.Add("hookBinary", "must be an absolute path on the host, got %q", c.HookBinary)
 	}
 	for i, ns := range c.AdminNamespaces {
 		if ns == "" {
-			fe.add(fmt.Sprintf("adminNamespaces[%d]", i), "must name a namespace")
+			fe.Add(fmt.Sprintf("adminNamespaces[%d]", i), "must name a namespace")
 		}
 	}
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
-		fe.add("listen", "must be host:port, got %q", c.Listen)
+		fe.Add("listen", "must be host:port, got %q", c.Listen)
 	}
 	if c.RediscoverInterval.Duration < time.Second {
-		fe.add("rediscoverInterval", "must be at least 1s, got %s", c.RediscoverInterval.Duration)
+		fe.Add("rediscoverInterval", "must be at least 1s, got %s", c.RediscoverInterval.Duration)
 	}
 	for i, x := range c.IgnoredXIDs {
 		if x == 0 || x > maxXID {
-			fe.add(fmt.Sprintf("ignoredXIDs[%d]", i), "must be an XID between 1 and %d, got %d", maxXID, x)
+			fe.Add(fmt.Sprintf("ignoredXIDs[%d]", i), "must be an XID between 1 and %d, got %d", maxXID, x)
 		}
 	}
 	if c.HealthCheckInterval.Duration < time.Second {
-		fe.add("healthCheckInterval", "must be at least 1s, got %s", c.HealthCheckInterval.Duration)
+		fe.Add("healthCheckInterval", "must be at least 1s, got %s", c.HealthCheckInterval.Duration)
 	}
-	return fe.err()
+	return fe.Err()
 }
 
-func checkKind(fe *fieldErrors, apiVersion, kind, want string) {
+func checkKind(fe *strict.Errors, apiVersion, kind, want string) {
 	if apiVersion != Version {
-		fe.add("apiVersion", "must be %q, got %q", Version, apiVersion)
+		fe.Add("apiVersion", "must be %q, got %q", Version, apiVersion)
 	}
 	if kind != want {
-		fe.add("kind", "must be %q, got %q", want, kind)
+		fe.Add("kind", "must be %q, got %q", want, kind)
 	}
-}
-
-// DecodeYAML strictly decodes a YAML (or JSON) document into v: unknown fields and duplicated keys
-// are errors. doc names the document in messages.
-func DecodeYAML(data []byte, v any, doc string) error {
-	js, err := yaml.YAMLToJSONStrict(data)
-	if err != nil {
-		return fmt.Errorf("invalid %s: %w", doc, err)
-	}
-	return decodeStrict(js, v, doc)
 }
 
 // LoadNodeConfig reads, defaults and validates a node agent config file ("" means all defaults).
 func LoadNodeConfig(path string) (*NodeConfig, error) {
-	c := &NodeConfig{}
-	return c, loadConfig(path, "node agent config", c)
+	return load[NodeConfig](path, "node agent config")
 }
 
-// loadConfig strictly decodes a config file (if any) into c, then defaults and validates it.
-func loadConfig(path, doc string, c interface {
+// config is a config file: it fills its zero fields with defaults and validates itself.
+type config[T any] interface {
+	strict.Document[T]
 	Defaults()
-	Validate() error
-}) error {
+}
+
+// load strictly decodes a config file (YAML or JSON; "" means an empty one), then defaults and
+// validates it: the one versioned decode of api/internal/strict, after YAML is turned into JSON.
+func load[T any, P config[T]](path, doc string) (*T, error) {
+	data := []byte("{}")
 	if path != "" {
-		data, err := os.ReadFile(path)
+		raw, err := os.ReadFile(path)
 		if err != nil {
-			return fmt.Errorf("read %s: %w", doc, err)
+			return nil, fmt.Errorf("read %s: %w", doc, err)
 		}
-		if err := DecodeYAML(data, c, doc+" "+path); err != nil {
-			return err
+		doc += " " + path
+		if data, err = yaml.YAMLToJSONStrict(raw); err != nil {
+			return nil, fmt.Errorf("invalid %s: %w", doc, err)
 		}
 	}
-	c.Defaults()
-	return c.Validate()
+	return strict.DecodeVersioned[T, P](data, doc)
 }

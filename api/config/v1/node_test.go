@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
 func TestLoadNodeConfig(t *testing.T) {
@@ -49,7 +51,7 @@ func FuzzDecodeNodeConfig(f *testing.F) {
 	f.Add([]byte("{a: [1, {b: c}]}"))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var c NodeConfig
-		if err := DecodeYAML(data, &c, "config"); err != nil {
+		if err := api.DecodeYAML(data, &c, "config"); err != nil {
 			return
 		}
 		c.Defaults()

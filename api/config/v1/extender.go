@@ -4,25 +4,9 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-)
 
-// AnnotationGPUModel (pod) restricts a pod to GPUs of the listed models, separated by "|"
-// (e.g. "V100M16|V100M32"); it mirrors the gpu_spec column of the openb trace.
-const AnnotationGPUModel = "tessera.dev/gpu-model"
-
-// LabelAssignedNode (pod) is written together with AnnotationAssignment: the node the assignment is
-// for. It lets a binder list every assignment on a node straight from the API server (a label
-// selector), including pods annotated but not bound yet.
-const LabelAssignedNode = "tessera.dev/assigned-node"
-
-// Placement policy names understood by the extender (config Policy and pod annotation AnnotationPolicy).
-const (
-	PolicyTessera = "tessera"
-	PolicyFGD     = "fgd"
-	PolicyBestFit = "bestfit"
-	PolicyBinpack = "binpack"
-	PolicySpread  = "spread"
-	PolicyRandom  = "random"
+	"github.com/tessera-gpu/tessera/api/internal/strict"
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
 // ExtenderConfig configures tessera-extender. Flags override the file; zero values take the defaults.
@@ -56,24 +40,11 @@ type Duration = metav1.Duration
 
 // Extender defaults.
 const (
-	DefaultExtenderPolicy   = PolicyTessera
+	DefaultExtenderPolicy   = api.PolicyTessera
 	DefaultLeaseNamespace   = "kube-system"
 	DefaultLeaderElectionID = "tessera-extender"
 	DefaultReservationTTL   = 2 * time.Minute
 )
-
-// KnownPolicies lists the policy names in a stable order.
-var KnownPolicies = []string{PolicyTessera, PolicyFGD, PolicyBestFit, PolicyBinpack, PolicySpread, PolicyRandom}
-
-// IsKnownPolicy reports whether name is one of KnownPolicies.
-func IsKnownPolicy(name string) bool {
-	for _, p := range KnownPolicies {
-		if p == name {
-			return true
-		}
-	}
-	return false
-}
 
 // Defaults fills zero fields with defaults.
 func (c *ExtenderConfig) Defaults() {
@@ -103,16 +74,16 @@ func (c *ExtenderConfig) Defaults() {
 
 // Validate checks a defaulted ExtenderConfig.
 func (c *ExtenderConfig) Validate() error {
-	fe := &fieldErrors{doc: "extender config"}
+	fe := &strict.Errors{Doc: "extender config"}
 	checkKind(fe, c.APIVersion, c.Kind, KindExtenderConfig)
-	if !IsKnownPolicy(c.Policy) {
-		fe.add("policy", "must be one of %v, got %q", KnownPolicies, c.Policy)
+	if !api.IsKnownPolicy(c.Policy) {
+		fe.Add("policy", "must be one of %v, got %q", api.KnownPolicies, c.Policy)
 	}
 	if c.InventoryMaxAge.Duration < 0 {
-		fe.add("inventoryMaxAge", "must not be negative, got %s", c.InventoryMaxAge.Duration)
+		fe.Add("inventoryMaxAge", "must not be negative, got %s", c.InventoryMaxAge.Duration)
 	}
 	if c.ReservationTTL.Duration < time.Second {
-		fe.add("reservationTTL", "must be at least 1s, got %s", c.ReservationTTL.Duration)
+		fe.Add("reservationTTL", "must be at least 1s, got %s", c.ReservationTTL.Duration)
 	}
 	seen := map[string]string{}
 	for field, names := range map[string][]string{
@@ -122,16 +93,15 @@ func (c *ExtenderConfig) Validate() error {
 	} {
 		for _, n := range names {
 			if prev, dup := seen[n]; dup && prev != field {
-				fe.add(field, "priority class %q is also listed in %s", n, prev)
+				fe.Add(field, "priority class %q is also listed in %s", n, prev)
 			}
 			seen[n] = field
 		}
 	}
-	return fe.err()
+	return fe.Err()
 }
 
 // LoadExtenderConfig reads, defaults and validates an extender config file ("" means all defaults).
 func LoadExtenderConfig(path string) (*ExtenderConfig, error) {
-	c := &ExtenderConfig{}
-	return c, loadConfig(path, "extender config", c)
+	return load[ExtenderConfig](path, "extender config")
 }

@@ -1,4 +1,7 @@
-package v1
+// Package strict is the strict decoding and field-error reporting shared by the versioned documents
+// of api/v1 (the wire contract) and api/config/v1 (the binaries' config files): unknown fields,
+// duplicated keys, trailing data and oversized input are errors whose message names the field.
+package strict
 
 import (
 	"encoding/json"
@@ -9,20 +12,21 @@ import (
 
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	sjson "sigs.k8s.io/json"
+	"sigs.k8s.io/yaml"
 )
 
-// maxDocumentBytes bounds every decoded document; Kubernetes caps all annotations of an object at 256 KiB.
-const maxDocumentBytes = 256 << 10
+// MaxDocumentBytes bounds every decoded document; Kubernetes caps all annotations of an object at 256 KiB.
+const MaxDocumentBytes = 256 << 10
 
-// fieldErrors collects apimachinery field errors ("gpus[2].memoryBytes: Invalid value: ...") under a
-// document name; callers can errors.As a *field.Error out of the joined error.
-type fieldErrors struct {
-	doc  string
+// Errors collects apimachinery field errors ("gpus[2].memoryBytes: Invalid value: ...") under a
+// document name (Doc); callers can errors.As a *field.Error out of the joined error.
+type Errors struct {
+	Doc  string
 	errs field.ErrorList
 }
 
-// add records an invalid value at path; the message carries the value where it helps.
-func (f *fieldErrors) add(path, format string, args ...any) {
+// Add records an invalid value at path; the message carries the value where it helps.
+func (f *Errors) Add(path, format string, args ...any) {
 	f.errs = append(f.errs, invalid(path, fmt.Sprintf(format, args...)))
 }
 
@@ -32,7 +36,8 @@ func invalid(path, detail string) *field.Error {
 	return &field.Error{Type: field.ErrorTypeInvalid, Field: path, BadValue: field.OmitValueType{}, Detail: detail}
 }
 
-func (f *fieldErrors) err() error {
+// Err is nil when nothing was added, otherwise "invalid <Doc>: " and every field error.
+func (f *Errors) Err() error {
 	if len(f.errs) == 0 {
 		return nil
 	}
@@ -40,15 +45,15 @@ func (f *fieldErrors) err() error {
 	for i, e := range f.errs {
 		errs[i] = e
 	}
-	return fmt.Errorf("invalid %s: %w", f.doc, errors.Join(errs...))
+	return fmt.Errorf("invalid %s: %w", f.Doc, errors.Join(errs...))
 }
 
-// decodeStrict decodes one JSON document into v, refusing unknown fields, duplicated keys,
+// Decode decodes one JSON document into v, refusing unknown fields, duplicated keys,
 // trailing data and oversized input (sigs.k8s.io/json, the API server's strict decoder). doc names
 // the document in error messages.
-func decodeStrict(data []byte, v any, doc string) error {
-	if len(data) > maxDocumentBytes {
-		return fmt.Errorf("invalid %s: %d bytes exceeds the %d byte limit", doc, len(data), maxDocumentBytes)
+func Decode(data []byte, v any, doc string) error {
+	if len(data) > MaxDocumentBytes {
+		return fmt.Errorf("invalid %s: %d bytes exceeds the %d byte limit", doc, len(data), MaxDocumentBytes)
 	}
 	strict, err := sjson.UnmarshalStrict(data, v, sjson.DisallowDuplicateFields, sjson.DisallowUnknownFields)
 	if err != nil {
@@ -93,4 +98,52 @@ func describeTypeError(data []byte, v any, err error) error {
 			Detail: fmt.Sprintf("expected %s, got JSON %s", te.Type, te.Value)}
 	}
 	return err
+}
+
+// DecodeYAML strictly decodes a YAML (or JSON) document into v: unknown fields and duplicated keys
+// are errors. doc names the document in messages.
+func DecodeYAML(data []byte, v any, doc string) error {
+	js, err := yaml.YAMLToJSONStrict(data)
+	if err != nil {
+		return fmt.Errorf("invalid %s: %w", doc, err)
+	}
+	return Decode(js, v, doc)
+}
+
+// Document is a versioned document: a pointer to T that validates itself.
+type Document[T any] interface {
+	*T
+	Validate() error
+}
+
+// defaulter is a document that fills its zero fields before it is validated (the config files).
+type defaulter interface{ Defaults() }
+
+// DecodeVersioned is the one decode of every versioned document: strict JSON decoding into a new
+// T, Defaults when T has them (config files), then Validate. doc names the document in messages.
+func DecodeVersioned[T any, P Document[T]](data []byte, doc string) (*T, error) {
+	v := P(new(T))
+	if err := Decode(data, v, doc); err != nil {
+		return nil, err
+	}
+	if d, ok := any(v).(defaulter); ok {
+		d.Defaults()
+	}
+	if err := v.Validate(); err != nil {
+		return nil, err
+	}
+	return v, nil
+}
+
+// EncodeVersioned validates and encodes a copy of *v that fill completed (apiVersion and the like):
+// the caller's document is never changed. The copy is shallow; fill must only set fields of the
+// top-level struct.
+func EncodeVersioned[T any, P Document[T]](v P, fill func(P)) ([]byte, error) {
+	c := *v
+	cp := P(&c)
+	fill(cp)
+	if err := cp.Validate(); err != nil {
+		return nil, err
+	}
+	return json.Marshal(cp)
 }

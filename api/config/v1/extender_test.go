@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
 func TestLoadExtenderConfig(t *testing.T) {
@@ -15,13 +17,13 @@ func TestLoadExtenderConfig(t *testing.T) {
 		check               func(*testing.T, *ExtenderConfig)
 	}{
 		{name: "defaults", yaml: "", check: func(t *testing.T, c *ExtenderConfig) {
-			if c.Policy != PolicyTessera || !*c.AllowPolicyOverride || c.ReservationTTL.Duration != DefaultReservationTTL {
+			if c.Policy != api.PolicyTessera || !*c.AllowPolicyOverride || c.ReservationTTL.Duration != DefaultReservationTTL {
 				t.Fatalf("bad defaults: %+v", c)
 			}
 		}},
 		{name: "full", yaml: "apiVersion: tessera.dev/v1\nkind: ExtenderConfig\npolicy: fgd\nallowPolicyOverride: false\nreservationTTL: 30s\ninferencePriorityClasses: [serving]\n",
 			check: func(t *testing.T, c *ExtenderConfig) {
-				if c.Policy != PolicyFGD || *c.AllowPolicyOverride || c.ReservationTTL.Duration != 30*time.Second || c.InferencePriorityClasses[0] != "serving" {
+				if c.Policy != api.PolicyFGD || *c.AllowPolicyOverride || c.ReservationTTL.Duration != 30*time.Second || c.InferencePriorityClasses[0] != "serving" {
 					t.Fatalf("bad config: %+v", c)
 				}
 			}},
