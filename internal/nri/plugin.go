@@ -18,6 +18,7 @@ import (
 	nriapi "github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	"github.com/tessera-gpu/tessera/internal/agent"
 	"github.com/tessera-gpu/tessera/internal/podresources"
@@ -115,6 +116,7 @@ func New(cfg Config, a *agent.Agent, grants Grants, pods Pods) *Plugin {
 // Run connects to the runtime's NRI socket and serves until ctx ends, reconnecting whenever the
 // runtime restarts (containerd drops its plugins when it goes away).
 func (p *Plugin) Run(ctx context.Context, socket string) error {
+	retry := wait.Backoff{Duration: retryDelay} // no factor: every retry a second later
 	for ctx.Err() == nil {
 		closed := make(chan struct{})
 		s, err := stub.New(p, stub.WithPluginName(pluginName), stub.WithPluginIdx(p.cfg.PluginIndex),
@@ -126,7 +128,7 @@ func (p *Plugin) Run(ctx context.Context, socket string) error {
 			slog.Warn("cannot connect to the runtime's NRI socket, retrying", "socket", socket, "err", err)
 			select {
 			case <-ctx.Done():
-			case <-timeAfter(retryDelay):
+			case <-timeAfter(retry.Step()):
 			}
 			continue
 		}
