@@ -12,6 +12,7 @@ import (
 	cli "github.com/urfave/cli/v3"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/fsatomic"
 )
 
 // hookName is the toolkit's hook binary name. nvcdi writes it as every hook's argv[0], so a
@@ -67,12 +68,7 @@ func linkFile(target, link string) error {
 	if old, err := os.Readlink(link); err == nil && old == target {
 		return nil
 	}
-	tmp := link + ".tmp"
-	_ = os.Remove(tmp)
-	if err := os.Symlink(target, tmp); err != nil {
-		return err
-	}
-	return os.Rename(tmp, link)
+	return fsatomic.Symlink(target, link)
 }
 
 // installFile copies src to dst atomically (a running hook keeps its old inode).
@@ -82,24 +78,8 @@ func installFile(src, dst string) error {
 		return err
 	}
 	defer in.Close()
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+	return fsatomic.Write(dst, 0o755, func(w io.Writer) error {
+		_, err := io.Copy(w, in)
 		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+"-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := io.Copy(tmp, in); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o755); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), dst)
+	})
 }

@@ -17,8 +17,8 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/fsatomic"
 	"github.com/tessera-gpu/tessera/internal/gpu"
-	"github.com/tessera-gpu/tessera/internal/ledger"
 )
 
 // Reasons of the Node events the agent records for GPU health changes.
@@ -66,7 +66,7 @@ func (a *Agent) saveHealthLocked() {
 	}
 	data, err := json.MarshalIndent(healthState{APIVersion: api.Version, Unhealthy: a.unhealthy}, "", "  ")
 	if err == nil {
-		err = ledger.WriteFileAtomic(a.cfg.HealthStatePath, data)
+		err = fsatomic.WriteFile(a.cfg.HealthStatePath, data, 0o600)
 	}
 	if err != nil {
 		slog.Error("persist GPU health; after a restart it would start from the last saved state", "path", a.cfg.HealthStatePath, "err", err)

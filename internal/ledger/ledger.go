@@ -11,12 +11,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/fsatomic"
 )
 
 // Entry is what one container holds.
@@ -357,30 +357,8 @@ func (l *Ledger) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	if err := WriteFileAtomic(l.path, data); err != nil {
+	if err := fsatomic.WriteFile(l.path, data, 0o600); err != nil {
 		return fmt.Errorf("save ledger: %w", err)
 	}
 	return nil
-}
-
-// WriteFileAtomic replaces path with data through a temporary file and a rename, so a reader (or a
-// crash) sees the old content or the new, never a torn file. The node agent's other state files use
-// it too.
-func WriteFileAtomic(path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }
