@@ -17,7 +17,6 @@ import (
 	nriapi "github.com/containerd/nri/pkg/api"
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
@@ -97,10 +96,9 @@ func runAgent(args []string) error {
 		}
 	}
 	var pods nri.Pods = noPods{err}
-	var podEvents nri.Events
 	if client != nil {
 		apiPods := nri.NewAPIPods(ctx, client, cfg.NodeName)
-		pods, podEvents = apiPods, apiPods
+		pods = apiPods
 		a.WithPublisher(publisher(ctx, client, cfg.NodeName))
 		publishHoldings(ctx, client, cfg.NodeName, l)
 	}
@@ -112,7 +110,7 @@ func runAgent(args []string) error {
 	}
 
 	plugin := nri.New(nri.Config{StateDir: cfg.RunDir, VCUDALibrary: cfg.VCUDALibrary, KataHandlers: []string{cfg.KataRuntimeHandler},
-		PluginIndex: cfg.NRIPluginIndex, AdminNamespaces: cfg.AdminNamespaces, Events: podEvents,
+		PluginIndex: cfg.NRIPluginIndex, AdminNamespaces: cfg.AdminNamespaces, Events: events,
 		OnCreate: func(pod *nriapi.PodSandbox, c *nriapi.Container, took time.Duration, refusal error) {
 			metrics.observeCreate(pod, c, took, refusal)
 			onRefusal(pod, c, took, refusal)
@@ -278,7 +276,6 @@ func refusalEvents(rec record.EventRecorder) func(*nriapi.PodSandbox, *nriapi.Co
 		if refusal == nil || rec == nil {
 			return
 		}
-		ref := &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: types.UID(pod.GetUid())}
-		rec.Eventf(ref, corev1.EventTypeWarning, "GPUContainerRefused", "container %q refused by the Tessera node agent: %v", c.GetName(), refusal)
+		rec.Eventf(nri.PodRef(pod), corev1.EventTypeWarning, "GPUContainerRefused", "container %q refused by the Tessera node agent: %v", c.GetName(), refusal)
 	}
 }

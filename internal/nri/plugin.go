@@ -18,7 +18,9 @@ import (
 	nriapi "github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/tessera-gpu/tessera/internal/agent"
 	"github.com/tessera-gpu/tessera/internal/podresources"
@@ -38,16 +40,11 @@ type Config struct {
 	// AdminNamespaces are the namespaces an administrator marked for pods that see every GPU
 	// (monitoring): no device checks, NVIDIA_VISIBLE_DEVICES left alone.
 	AdminNamespaces []string
-	// Events reports problems on pods (nil: log only).
-	Events Events
+	// Events records Warning Events on pods (nil: log only).
+	Events record.EventRecorder
 	// OnCreate, when set, is told of every CreateContainer with how long it took and the refusal
 	// (nil when the container was admitted): the node agent's histogram and the pod's Warning Event.
 	OnCreate func(pod *nriapi.PodSandbox, c *nriapi.Container, took time.Duration, refusal error)
-}
-
-// Events records a Warning Event on a pod.
-type Events interface {
-	Warn(ctx context.Context, namespace, pod, uid, reason, message string)
 }
 
 // pluginName is how NRI knows the plugin (containerd's required_plugins may name it).
@@ -162,10 +159,16 @@ func (p *Plugin) isAdmin(pod *nriapi.PodSandbox) bool {
 	return slices.Contains(p.cfg.AdminNamespaces, pod.GetNamespace())
 }
 
-func (p *Plugin) warn(ctx context.Context, pod *nriapi.PodSandbox, reason, msg string) {
+// warn records a Warning Event on the pod.
+func (p *Plugin) warn(pod *nriapi.PodSandbox, reason, msg string) {
 	if p.cfg.Events != nil {
-		p.cfg.Events.Warn(ctx, pod.GetNamespace(), pod.GetName(), pod.GetUid(), reason, msg)
+		p.cfg.Events.Event(PodRef(pod), corev1.EventTypeWarning, reason, msg)
 	}
+}
+
+// PodRef is the sandbox's pod as an Event's involved object.
+func PodRef(pod *nriapi.PodSandbox) *corev1.ObjectReference {
+	return &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: types.UID(pod.GetUid())}
 }
 
 func (p *Plugin) containerDir(id string) string {

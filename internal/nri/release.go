@@ -216,7 +216,7 @@ func (p *Plugin) reportUnrealised(ctx context.Context, pod *nriapi.PodSandbox, c
 	msg := fmt.Sprintf("container %q is running with GPU devices Tessera did not grant or record: %s; delete the pod so it is recreated through the kubelet's grant",
 		c.GetName(), strings.Join(bad, "; "))
 	slog.Error("unrealised GPU container", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "devices", bad)
-	p.warn(ctx, pod, "TesseraUnrealisedGPU", msg)
+	p.warn(pod, "TesseraUnrealisedGPU", msg)
 	return true
 }
 
