@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 
 	"github.com/tessera-gpu/tessera/internal/cdi"
@@ -14,7 +15,7 @@ import (
 
 // cdiGenerate writes the node's CDI specs and prints every device name, one per line, like
 // `nvidia-ctk cdi generate` does.
-func cdiGenerate(args []string, out io.Writer) error {
+func cdiGenerate(args []string, out io.Writer, log *slog.Logger) error {
 	fs := flag.NewFlagSet("tessera-node cdi generate", flag.ContinueOnError)
 	var f nodeFlags
 	f.register(fs)
@@ -47,6 +48,7 @@ func cdiGenerate(args []string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	gen.Driver.Log = log
 	specs, err := gen.Specs(node)
 	if err != nil {
 		return err

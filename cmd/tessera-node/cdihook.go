@@ -4,15 +4,16 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 
 	"github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook/commands"
-	"github.com/sirupsen/logrus"
 	cli "github.com/urfave/cli/v3"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/fsatomic"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 // hookName is the toolkit's hook binary name. nvcdi writes it as every hook's argv[0], so a
@@ -25,9 +26,8 @@ const toolkitHookPath = "/usr/bin/nvidia-cdi-hook"
 // runCDIHook runs the NVIDIA Container Toolkit's own hook commands (create-symlinks,
 // update-ldcache, disable-device-node-modification, enable-cuda-compat, ...), compiled in, for
 // nodes where the toolkit is not installed.
-func runCDIHook(args []string) error {
-	log := logrus.New()
-	c := commands.ConfigureCDIHookCommand(log, &cli.Command{
+func runCDIHook(args []string, log *slog.Logger) error {
+	c := commands.ConfigureCDIHookCommand(telemetry.Logrus(log), &cli.Command{
 		Name:  hookName,
 		Usage: "NVIDIA CDI hook commands (the NVIDIA Container Toolkit's, built into tessera-node)",
 	})

@@ -43,7 +43,8 @@ func runAgent(args []string) error {
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if _, err := f.log.Setup(os.Stderr); err != nil {
+	log, err := f.log.Setup(os.Stderr)
+	if err != nil {
 		return err
 	}
 	cfg, err := f.load(fs)
@@ -58,7 +59,7 @@ func runAgent(args []string) error {
 		return err
 	}
 	defer backend.Close()
-	l, err := ledger.Open(filepath.Join(cfg.DataDir, "ledger.json"))
+	l, err := ledger.Open(filepath.Join(cfg.DataDir, "ledger.json"), log)
 	if err != nil {
 		return err
 	}
@@ -66,14 +67,16 @@ func runAgent(args []string) error {
 	if err != nil {
 		return err
 	}
+	gen.Driver.Log = log
 	client, err := kubeClient(cfg.Kubeconfig)
 	if err != nil {
-		slog.Warn("no API server: pods granted GPUs cannot be verified and will be refused; the inventory is not published", "err", err)
+		log.Warn("no API server: pods granted GPUs cannot be verified and will be refused; the inventory is not published", "err", err)
 	}
 	acfg := agent.Config{NodeName: cfg.NodeName, SharesPerGPU: cfg.SharesPerGPU, CDIDir: cfg.CDIDir,
 		Generator:       gen,
 		HealthStatePath: filepath.Join(cfg.DataDir, "health.json"),
-		Health:          gpu.HealthOptions{IgnoredXIDs: cfg.IgnoredXIDs, CheckInterval: cfg.HealthCheckInterval.Duration}}
+		Health:          gpu.HealthOptions{IgnoredXIDs: cfg.IgnoredXIDs, CheckInterval: cfg.HealthCheckInterval.Duration},
+		Log:             log}
 	var events record.EventRecorder
 	if client != nil {
 		var stopEvents func()
@@ -91,7 +94,7 @@ func runAgent(args []string) error {
 		if client == nil {
 			return fmt.Errorf("--cleanup-on-uninstall needs the API server to watch this agent's DaemonSet: %w", err)
 		}
-		if owner, err = watchOwner(ctx, client, un.podNamespace, un.podName); err != nil {
+		if owner, err = watchOwner(ctx, client, un.podNamespace, un.podName, log); err != nil {
 			return err
 		}
 	}
@@ -99,8 +102,8 @@ func runAgent(args []string) error {
 	if client != nil {
 		apiPods := nri.NewAPIPods(ctx, client, cfg.NodeName)
 		pods = apiPods
-		a.WithPublisher(publisher(ctx, client, cfg.NodeName))
-		publishHoldings(ctx, client, cfg.NodeName, l)
+		a.WithPublisher(publisher(ctx, client, cfg.NodeName, log))
+		publishHoldings(ctx, client, cfg.NodeName, l, log)
 	}
 	reg := telemetry.NewRegistry("tessera-node")
 	metrics := newNodeMetrics(reg)
@@ -110,12 +113,12 @@ func runAgent(args []string) error {
 	}
 
 	plugin := nri.New(nri.Config{StateDir: cfg.RunDir, VCUDALibrary: cfg.VCUDALibrary, KataHandlers: []string{cfg.KataRuntimeHandler},
-		PluginIndex: cfg.NRIPluginIndex, AdminNamespaces: cfg.AdminNamespaces, Events: events,
+		PluginIndex: cfg.NRIPluginIndex, AdminNamespaces: cfg.AdminNamespaces, Events: events, Log: log,
 		OnCreate: func(pod *nriapi.PodSandbox, c *nriapi.Container, took time.Duration, refusal error) {
 			metrics.observeCreate(pod, c, took, refusal)
 			onRefusal(pod, c, took, refusal)
 		}}, a, grants, pods)
-	mgr := deviceplugin.NewManager(a, deviceplugin.Options{PluginDir: cfg.DevicePluginDir, ObserveAllocate: metrics.observeAllocate})
+	mgr := deviceplugin.NewManager(a, deviceplugin.Options{PluginDir: cfg.DevicePluginDir, Logger: log, ObserveAllocate: metrics.observeAllocate})
 	state := &nodeState{node: cfg.NodeName, agent: a, regions: func() []containerUsage { return readContainerRegions(a, plugin.ReadRegion) }}
 	reg.MustRegister(&stateCollector{state}, &hamiCollector{state})
 	registerSecurityMetrics(reg, plugin)
@@ -124,23 +127,23 @@ func runAgent(args []string) error {
 	go func() { errc <- named("device plugins", mgr.Run(ctx)) }()
 	go func() { errc <- named("NRI plugin", plugin.Run(ctx, cfg.NRISocket)) }()
 	go func() { errc <- named("health watch", a.WatchHealth(ctx)) }()
-	go rediscover(ctx, a, cfg.RediscoverInterval.Duration)
+	go rediscover(ctx, a, cfg.RediscoverInterval.Duration, log)
 	if cfg.DRA {
 		if client == nil {
 			return fmt.Errorf("--dra needs the API server (ResourceSlices, ResourceClaims): %w", err)
 		}
 		go func() {
-			errc <- named("DRA plugin", dra.New(a).Run(ctx, dra.Options{NodeName: cfg.NodeName, Client: client,
+			errc <- named("DRA plugin", dra.New(a, log).Run(ctx, dra.Options{NodeName: cfg.NodeName, Client: client,
 				RegistrarDir: cfg.DRARegistrarDir, PluginDir: cfg.DRAPluginDir}))
 		}()
 	}
-	go releaseUnlisted(ctx, plugin, grants, unlistedInterval)
+	go releaseUnlisted(ctx, plugin, grants, unlistedInterval, log)
 	srv, err := serveHTTP(cfg.Listen, a, mgr, plugin, reg)
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
-	slog.Info("tessera-node running", "version", telemetry.Version(), "node", cfg.NodeName, "backend", backend.Name(), "cdiDir", cfg.CDIDir, "nri", cfg.NRISocket, "listen", cfg.Listen)
+	log.Info("tessera-node running", "version", telemetry.Version(), "node", cfg.NodeName, "backend", backend.Name(), "cdiDir", cfg.CDIDir, "nri", cfg.NRISocket, "listen", cfg.Listen)
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -151,7 +154,7 @@ func runAgent(args []string) error {
 	}
 	uninstall, why := owner.uninstalling()
 	if !uninstall {
-		slog.Info("stopping; the node's files stay for the next agent (upgrade or restart)")
+		log.Info("stopping; the node's files stay for the next agent (upgrade or restart)")
 		return nil
 	}
 	// Let the device plugins (their sockets), the NRI plugin and the health watch finish first,
@@ -166,11 +169,11 @@ wait:
 		}
 	}
 	srv.Close()
-	slog.Info("uninstall: removing what the agent put on the node", "why", why)
+	log.Info("uninstall: removing what the agent put on the node", "why", why)
 	if errs := cleanupNode(cfg); len(errs) > 0 {
 		return fmt.Errorf("uninstall cleanup: %w", errors.Join(errs...))
 	}
-	slog.Info("uninstall: the node is clean")
+	log.Info("uninstall: the node is clean")
 	return nil
 }
 
@@ -181,7 +184,7 @@ func named(what string, err error) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-func rediscover(ctx context.Context, a *agent.Agent, every time.Duration) {
+func rediscover(ctx context.Context, a *agent.Agent, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -190,7 +193,7 @@ func rediscover(ctx context.Context, a *agent.Agent, every time.Duration) {
 			return
 		case <-t.C:
 			if err := a.Refresh(ctx); err != nil {
-				slog.Error("rediscover GPUs", "err", err)
+				log.Error("rediscover GPUs", "err", err)
 			}
 		}
 	}
@@ -203,7 +206,7 @@ func rediscover(ctx context.Context, a *agent.Agent, every time.Duration) {
 const unlistedInterval = 10 * time.Second
 
 // releaseUnlisted frees the holds of pods the kubelet no longer lists (nri.Plugin.ReleaseUnlisted).
-func releaseUnlisted(ctx context.Context, plugin *nri.Plugin, grants *podresources.Client, every time.Duration) {
+func releaseUnlisted(ctx context.Context, plugin *nri.Plugin, grants *podresources.Client, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -213,7 +216,7 @@ func releaseUnlisted(ctx context.Context, plugin *nri.Plugin, grants *podresourc
 		case <-t.C:
 			listed, err := grants.List(ctx)
 			if err != nil {
-				slog.Warn("list the kubelet's pods to release stale holds", "err", err)
+				log.Warn("list the kubelet's pods to release stale holds", "err", err)
 				continue
 			}
 			plugin.ReleaseUnlisted(ctx, listed)

@@ -48,13 +48,14 @@ type ownerWatch struct {
 	namespace string
 	name      string
 	uid       types.UID
+	log       *slog.Logger
 	// gone is set when the watch saw the DaemonSet deleted, being deleted, or replaced by another
 	// of the same name.
 	gone atomic.Bool
 }
 
 // watchOwner finds the DaemonSet that owns the pod and watches it until ctx ends.
-func watchOwner(ctx context.Context, client kubernetes.Interface, namespace, pod string) (*ownerWatch, error) {
+func watchOwner(ctx context.Context, client kubernetes.Interface, namespace, pod string, log *slog.Logger) (*ownerWatch, error) {
 	if namespace == "" || pod == "" {
 		return nil, errors.New("--cleanup-on-uninstall needs --pod-name and --pod-namespace (the chart passes them from the downward API)")
 	}
@@ -73,7 +74,7 @@ func watchOwner(ctx context.Context, client kubernetes.Interface, namespace, pod
 	if ref == nil || ref.Kind != "DaemonSet" {
 		return nil, fmt.Errorf("pod %s/%s is not run by a DaemonSet: --cleanup-on-uninstall applies to the chart's DaemonSet only", namespace, pod)
 	}
-	w := &ownerWatch{client: client, namespace: namespace, name: ref.Name, uid: ref.UID}
+	w := &ownerWatch{client: client, namespace: namespace, name: ref.Name, uid: ref.UID, log: log}
 	lw := cache.NewListWatchFromClient(client.AppsV1().RESTClient(), "daemonsets", namespace, fields.OneTermEqualSelector("metadata.name", ref.Name))
 	_, ctrl := cache.NewInformerWithOptions(cache.InformerOptions{
 		ListerWatcher: lw, ObjectType: &appsv1.DaemonSet{},
@@ -84,7 +85,7 @@ func watchOwner(ctx context.Context, client kubernetes.Interface, namespace, pod
 		},
 	})
 	go ctrl.RunWithContext(ctx)
-	slog.Info("watching this agent's DaemonSet: its deletion (helm uninstall) makes the agent clean the node up on exit", "daemonset", namespace+"/"+ref.Name)
+	log.Info("watching this agent's DaemonSet: its deletion (helm uninstall) makes the agent clean the node up on exit", "daemonset", namespace+"/"+ref.Name)
 	return w, nil
 }
 
@@ -111,7 +112,7 @@ func (w *ownerWatch) uninstalling() (bool, string) {
 	case apierrors.IsUnauthorized(err):
 		return true, "this agent's ServiceAccount is gone"
 	case err != nil:
-		slog.Warn("cannot tell whether this is an uninstall; keeping the node's files", "daemonset", w.name, "err", err)
+		w.log.Warn("cannot tell whether this is an uninstall; keeping the node's files", "daemonset", w.name, "err", err)
 		return false, ""
 	case ds.DeletionTimestamp != nil:
 		return true, "the DaemonSet " + w.name + " is being deleted"

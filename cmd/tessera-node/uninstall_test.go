@@ -49,13 +49,13 @@ func TestUninstallDecision(t *testing.T) {
 		if tc.err != nil {
 			client.PrependReactor("get", "daemonsets", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, tc.err })
 		}
-		w := &ownerWatch{client: client, namespace: "ts", name: "tessera-node", uid: "u1"}
+		w := &ownerWatch{client: client, namespace: "ts", name: "tessera-node", uid: "u1", log: testLog(t)}
 		if got, why := w.uninstalling(); got != tc.want {
 			t.Errorf("%s: uninstalling = %t (%s), want %t", tc.name, got, why, tc.want)
 		}
 	}
 	// What the watch saw decides without a read.
-	w := &ownerWatch{client: fake.NewClientset(ds("u1", false)), namespace: "ts", name: "tessera-node", uid: "u1"}
+	w := &ownerWatch{client: fake.NewClientset(ds("u1", false)), namespace: "ts", name: "tessera-node", uid: "u1", log: testLog(t)}
 	w.see(ds("u1", true))
 	if got, _ := w.uninstalling(); !got {
 		t.Error("a deletion the watch saw did not count")

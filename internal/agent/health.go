@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"os"
 
@@ -52,7 +51,7 @@ func (a *Agent) loadHealth() {
 		err = fmt.Errorf("GPU health state %s: apiVersion %q, want %q", a.cfg.HealthStatePath, st.APIVersion, api.Version)
 	}
 	if err != nil {
-		slog.Error("GPU health state unreadable: every GPU is unhealthy until its health check passes", "err", err)
+		a.log.Error("GPU health state unreadable: every GPU is unhealthy until its health check passes", "err", err)
 		a.suspectAll = "health state unreadable after a restart (" + err.Error() + ")"
 		return
 	}
@@ -69,7 +68,7 @@ func (a *Agent) saveHealthLocked() {
 		err = fsatomic.WriteFile(a.cfg.HealthStatePath, data, 0o600)
 	}
 	if err != nil {
-		slog.Error("persist GPU health; after a restart it would start from the last saved state", "path", a.cfg.HealthStatePath, "err", err)
+		a.log.Error("persist GPU health; after a restart it would start from the last saved state", "path", a.cfg.HealthStatePath, "err", err)
 	}
 }
 
@@ -113,9 +112,9 @@ func (a *Agent) healthChanged(e gpu.HealthEvent) {
 	what := a.describeLocked(e.UUID)
 	a.mu.Unlock()
 	if e.Healthy {
-		slog.Info("GPU healthy again", "uuid", e.UUID, "reason", e.Reason)
+		a.log.Info("GPU healthy again", "uuid", e.UUID, "reason", e.Reason)
 	} else {
-		slog.Warn("GPU unhealthy", "uuid", e.UUID, "reason", e.Reason)
+		a.log.Warn("GPU unhealthy", "uuid", e.UUID, "reason", e.Reason)
 	}
 	if a.cfg.Recorder != nil {
 		ref := &corev1.ObjectReference{Kind: "Node", Name: a.cfg.NodeName, UID: types.UID(a.cfg.NodeName)}

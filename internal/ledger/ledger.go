@@ -96,8 +96,12 @@ type Ledger struct {
 	onChange func()
 }
 
-// Open loads the ledger at path (a missing file is an empty ledger).
-func Open(path string) (*Ledger, error) {
+// Open loads the ledger at path (a missing file is an empty ledger). log is told when a corrupt
+// ledger is moved aside (nil: discarded).
+func Open(path string, log *slog.Logger) (*Ledger, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	l := &Ledger{path: path, entries: map[string]*Entry{}}
 	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -110,7 +114,7 @@ func Open(path string) (*Ledger, error) {
 	if err := json.Unmarshal(data, &f); err != nil {
 		// The running containers carry their entries (nri.AnnotationLedgerEntry); Synchronize re-adopts them.
 		aside := path + ".corrupt"
-		slog.Error("ledger is corrupt; starting empty, running containers are re-adopted at the runtime's Synchronize", "path", path, "movedTo", aside, "err", err)
+		log.Error("ledger is corrupt; starting empty, running containers are re-adopted at the runtime's Synchronize", "path", path, "movedTo", aside, "err", err)
 		if err := os.Rename(path, aside); err != nil {
 			return nil, fmt.Errorf("move corrupt ledger %s aside: %w", path, err)
 		}

@@ -24,6 +24,7 @@ import (
 
 	"github.com/tessera-gpu/tessera/internal/agent"
 	"github.com/tessera-gpu/tessera/internal/podresources"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 // Config is the plugin's configuration.
@@ -42,6 +43,8 @@ type Config struct {
 	AdminNamespaces []string
 	// Events records Warning Events on pods (nil: log only).
 	Events record.EventRecorder
+	// Log receives the plugin's lines and, through the stub, NRI's own (nil: discarded).
+	Log *slog.Logger
 	// OnCreate, when set, is told of every CreateContainer with how long it took and the refusal
 	// (nil when the container was admitted): the node agent's histogram and the pod's Warning Event.
 	OnCreate func(pod *nriapi.PodSandbox, c *nriapi.Container, took time.Duration, refusal error)
@@ -64,6 +67,7 @@ type Pods interface {
 // Plugin is the NRI plugin around one stub.
 type Plugin struct {
 	cfg    Config
+	log    *slog.Logger
 	agent  *agent.Agent
 	grants Grants
 	pods   Pods
@@ -107,7 +111,10 @@ func New(cfg Config, a *agent.Agent, grants Grants, pods Pods) *Plugin {
 	if len(cfg.KataHandlers) == 0 {
 		cfg.KataHandlers = []string{"kata"}
 	}
-	return &Plugin{cfg: cfg, agent: a, grants: grants, pods: pods}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Plugin{cfg: cfg, log: cfg.Log, agent: a, grants: grants, pods: pods}
 }
 
 // Run connects to the runtime's NRI socket and serves until ctx ends, reconnecting whenever the
@@ -117,12 +124,12 @@ func (p *Plugin) Run(ctx context.Context, socket string) error {
 	for ctx.Err() == nil {
 		closed := make(chan struct{})
 		s, err := stub.New(p, stub.WithPluginName(pluginName), stub.WithPluginIdx(p.cfg.PluginIndex),
-			stub.WithSocketPath(socket), stub.WithOnClose(func() { close(closed) }))
+			stub.WithSocketPath(socket), stub.WithOnClose(func() { close(closed) }), stub.WithLogger(telemetry.NRILogger(p.log)))
 		if err != nil {
 			return fmt.Errorf("create NRI stub: %w", err)
 		}
 		if err := s.Start(ctx); err != nil {
-			slog.Warn("cannot connect to the runtime's NRI socket, retrying", "socket", socket, "err", err)
+			p.log.Warn("cannot connect to the runtime's NRI socket, retrying", "socket", socket, "err", err)
 			select {
 			case <-ctx.Done():
 			case <-timeAfter(retry.Step()):
@@ -130,12 +137,12 @@ func (p *Plugin) Run(ctx context.Context, socket string) error {
 			continue
 		}
 		p.stub = s
-		slog.Info("NRI plugin connected", "socket", socket)
+		p.log.Info("NRI plugin connected", "socket", socket)
 		select {
 		case <-ctx.Done():
 			s.Stop()
 		case <-closed:
-			slog.Warn("runtime closed the NRI connection; reconnecting", "socket", socket)
+			p.log.Warn("runtime closed the NRI connection; reconnecting", "socket", socket)
 		}
 		p.synced.Store(false)
 	}
@@ -144,7 +151,7 @@ func (p *Plugin) Run(ctx context.Context, socket string) error {
 
 // Configure subscribes to the events the plugin handles.
 func (p *Plugin) Configure(ctx context.Context, config, runtime, version string) (nriapi.EventMask, error) {
-	slog.Info("NRI plugin configured", "runtime", runtime, "version", version)
+	p.log.Info("NRI plugin configured", "runtime", runtime, "version", version)
 	// ValidateContainerAdjustment: the device checks run again on what the container gets after
 	// every plugin has made its adjustments.
 	return nriapi.MustParseEventMask("CreateContainer", "StopContainer", "RemoveContainer", "StopPodSandbox", "RemovePodSandbox", "ValidateContainerAdjustment"), nil

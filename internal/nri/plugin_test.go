@@ -110,7 +110,7 @@ func newAgentEnv(t testing.TB) (*env, *ledger.Ledger) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { backend.Close() })
-	l, err := ledger.Open(filepath.Join(dir, "ledger.json"))
+	l, err := ledger.Open(filepath.Join(dir, "ledger.json"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -421,7 +421,7 @@ func TestSynchronizeRebuildsLedger(t *testing.T) {
 	// The runtime reports one running container Tessera adjusted earlier (its annotation holds the
 	// entry) that the ledger lost, and the ledger holds one the runtime no longer has.
 	dir := t.TempDir()
-	l, _ := ledger.Open(filepath.Join(dir, "x.json"))
+	l, _ := ledger.Open(filepath.Join(dir, "x.json"), nil)
 	_ = l
 	entry := ledger.Entry{ContainerID: "c-live", PodUID: "u", Namespace: "ns", Pod: "p", Container: "main"}
 	live := ctr("c-live")
