@@ -17,7 +17,7 @@ func TestNoDriverFailsLoud(t *testing.T) {
 		{"run", "--driver-root=" + empty, "--data-dir=" + data, "--cdi-dir=" + filepath.Join(data, "cdi")},
 		{"cdi", "generate", "--driver-root=" + empty, "--data-dir=" + data, "--cdi-dir=" + filepath.Join(data, "cdi")},
 	} {
-		err := run(args)
+		err := run(args, testLog(t))
 		if err == nil {
 			t.Fatalf("%v: no error on a node without a driver", args)
 		}
@@ -32,7 +32,7 @@ func TestNoDriverFailsLoud(t *testing.T) {
 		}
 	}
 	// "auto" is gone: a config or flag asking for it is refused, not quietly simulated.
-	if err := run([]string{"cdi", "generate", "--backend=auto", "--data-dir=" + data}); err == nil || !strings.Contains(err.Error(), `backend: Invalid value: must be nvml`) {
+	if err := run([]string{"cdi", "generate", "--backend=auto", "--data-dir=" + data}, testLog(t)); err == nil || !strings.Contains(err.Error(), `backend: Invalid value: must be nvml`) {
 		t.Errorf("--backend=auto: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 
 	cli "github.com/urfave/cli/v3"
@@ -16,7 +17,7 @@ import (
 
 // cdiGenerate writes the node's CDI specs and prints every device name, one per line, like
 // `nvidia-ctk cdi generate` does.
-func cdiGenerate(args []string, out io.Writer) error {
+func cdiGenerate(args []string, out io.Writer, log *slog.Logger) error {
 	var f nodeFlags
 	var inventory string
 	flags := append(f.flags(), field(&f, "", &cli.StringFlag{Name: "inventory", Destination: &inventory,
@@ -29,12 +30,12 @@ func cdiGenerate(args []string, out io.Writer) error {
 		if err != nil {
 			return err
 		}
-		return generate(cfg, inventory, out)
+		return generate(cfg, inventory, out, log)
 	}).Run(context.Background(), append([]string{"tessera-node cdi generate"}, args...))
 }
 
 // generate writes the CDI specs of the node cfg describes and prints the device names.
-func generate(cfg *configv1.NodeConfig, inventory string, out io.Writer) error {
+func generate(cfg *configv1.NodeConfig, inventory string, out io.Writer, log *slog.Logger) error {
 	backend, err := gpu.Open(gpuOptions(cfg))
 	if err != nil {
 		return err
@@ -53,6 +54,7 @@ func generate(cfg *configv1.NodeConfig, inventory string, out io.Writer) error {
 	if err != nil {
 		return err
 	}
+	gen.Driver.Log = log
 	specs, err := gen.Specs(node)
 	if err != nil {
 		return err

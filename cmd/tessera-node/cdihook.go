@@ -4,14 +4,16 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"path/filepath"
 
 	"github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook/commands"
-	"github.com/sirupsen/logrus"
 	cli "github.com/urfave/cli/v3"
 
 	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
+	"github.com/tessera-gpu/tessera/internal/fsatomic"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 // hookName is the toolkit's hook binary name. nvcdi writes it as every hook's argv[0], so a
@@ -24,9 +26,8 @@ const toolkitHookPath = "/usr/bin/nvidia-cdi-hook"
 // runCDIHook runs the NVIDIA Container Toolkit's own hook commands (create-symlinks,
 // update-ldcache, disable-device-node-modification, enable-cuda-compat, ...), compiled in, for
 // nodes where the toolkit is not installed.
-func runCDIHook(args []string) error {
-	log := logrus.New()
-	c := commands.ConfigureCDIHookCommand(log, &cli.Command{
+func runCDIHook(args []string, log *slog.Logger) error {
+	c := commands.ConfigureCDIHookCommand(telemetry.Logrus(log), &cli.Command{
 		Name:  hookName,
 		Usage: "NVIDIA CDI hook commands (the NVIDIA Container Toolkit's, built into tessera-node)",
 	})
@@ -67,12 +68,7 @@ func linkFile(target, link string) error {
 	if old, err := os.Readlink(link); err == nil && old == target {
 		return nil
 	}
-	tmp := link + ".tmp"
-	_ = os.Remove(tmp)
-	if err := os.Symlink(target, tmp); err != nil {
-		return err
-	}
-	return os.Rename(tmp, link)
+	return fsatomic.Symlink(target, link)
 }
 
 // installFile copies src to dst atomically (a running hook keeps its old inode).
@@ -82,24 +78,8 @@ func installFile(src, dst string) error {
 		return err
 	}
 	defer in.Close()
-	if err := os.MkdirAll(filepath.Dir(dst), 0o755); err != nil {
+	return fsatomic.Write(dst, 0o755, func(w io.Writer) error {
+		_, err := io.Copy(w, in)
 		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(dst), "."+filepath.Base(dst)+"-")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := io.Copy(tmp, in); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Chmod(0o755); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), dst)
+	})
 }

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -20,19 +21,20 @@ import (
 )
 
 func main() {
+	// Subcommands with -v and --log-format flags set up their own logging; the others use this.
+	log, err := (telemetry.LogOptions{}).Setup(os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "tessera-node:", err)
+		os.Exit(1)
+	}
 	if filepath.Base(os.Args[0]) == hookName {
-		if err := runCDIHook(os.Args[1:]); err != nil {
+		if err := runCDIHook(os.Args[1:], log); err != nil {
 			fmt.Fprintln(os.Stderr, hookName+":", err)
 			os.Exit(1)
 		}
 		return
 	}
-	// Subcommands set up logging from their -v and --log-format flags; until then, the default.
-	if _, err := (telemetry.LogOptions{}).Setup(os.Stderr); err != nil {
-		fmt.Fprintln(os.Stderr, "tessera-node:", err)
-		os.Exit(1)
-	}
-	if err := run(os.Args[1:]); err != nil {
+	if err := run(os.Args[1:], log); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return
 		}
@@ -53,18 +55,18 @@ commands:
   version        print the version (also --version)
 `
 
-func run(args []string) error {
+func run(args []string, log *slog.Logger) error {
 	if len(args) >= 1 && args[0] == "run" {
 		return runAgent(args[1:])
 	}
 	if len(args) >= 1 && args[0] == "cdi-hook" {
-		return runCDIHook(args[1:])
+		return runCDIHook(args[1:], log)
 	}
 	if len(args) >= 1 && args[0] == "hook" {
 		return hook(args[1:], os.Stdin)
 	}
 	if len(args) >= 2 && args[0] == "cdi" && args[1] == "generate" {
-		return cdiGenerate(args[2:], os.Stdout)
+		return cdiGenerate(args[2:], os.Stdout, log)
 	}
 	if len(args) >= 1 && (args[0] == "version" || args[0] == "--version" || args[0] == "-version") {
 		telemetry.PrintVersion(os.Stdout, "tessera-node")

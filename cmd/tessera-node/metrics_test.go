@@ -34,7 +34,7 @@ func metricsAgent(t *testing.T) (*agent.Agent, *ledger.Entry) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	l, err := ledger.Open(filepath.Join(dir, "ledger.json"))
+	l, err := ledger.Open(filepath.Join(dir, "ledger.json"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,12 +21,12 @@ import (
 // extender refuses nodes whose heartbeat is older than its inventoryMaxAge (agent gone, GPUs
 // unknown). The inventory itself is patched only when it changed, so a heartbeat does not make the
 // extender rebuild the node.
-func publisher(ctx context.Context, client kubernetes.Interface, nodeName string) func(*api.NodeInventory) {
+func publisher(ctx context.Context, client kubernetes.Interface, nodeName string, log *slog.Logger) func(*api.NodeInventory) {
 	last := ""
 	return func(inv *api.NodeInventory) {
 		data, err := api.EncodeInventory(inv)
 		if err != nil {
-			slog.Error("inventory does not encode; not published", "err", err)
+			log.Error("inventory does not encode; not published", "err", err)
 			return
 		}
 		annotations := map[string]string{api.AnnotationInventoryHeartbeat: time.Now().UTC().Format(time.RFC3339)}
@@ -38,11 +38,11 @@ func publisher(ctx context.Context, client kubernetes.Interface, nodeName string
 			}
 		}
 		if err := patchNodeMeta(ctx, client, nodeName, meta); err != nil {
-			slog.Error("publish inventory on the Node", "node", nodeName, "err", err)
+			log.Error("publish inventory on the Node", "node", nodeName, "err", err)
 			return
 		}
 		if string(data) != last {
-			slog.Info("inventory published", "node", nodeName, "gpus", len(inv.GPUs))
+			log.Info("inventory published", "node", nodeName, "gpus", len(inv.GPUs))
 		}
 		last = string(data)
 	}
@@ -96,7 +96,7 @@ func holdingsOf(node string, entries []ledger.Entry) *api.NodeHoldings {
 
 // publishHoldings keeps the holdings annotation on the agent's Node equal to the ledger: it checks
 // every second and patches only when the content changed (or the last patch failed).
-func publishHoldings(ctx context.Context, client kubernetes.Interface, nodeName string, l *ledger.Ledger) {
+func publishHoldings(ctx context.Context, client kubernetes.Interface, nodeName string, l *ledger.Ledger, log *slog.Logger) {
 	go func() {
 		last := ""
 		t := time.NewTicker(time.Second)
@@ -104,11 +104,11 @@ func publishHoldings(ctx context.Context, client kubernetes.Interface, nodeName 
 		for {
 			data, err := api.EncodeHoldings(holdingsOf(nodeName, l.Entries()))
 			if err != nil {
-				slog.Error("ledger holdings do not encode; not published", "err", err)
+				log.Error("ledger holdings do not encode; not published", "err", err)
 			} else if string(data) != last {
 				meta := map[string]any{"annotations": map[string]string{api.AnnotationHoldings: string(data)}}
 				if err := patchNodeMeta(ctx, client, nodeName, meta); err != nil {
-					slog.Error("publish ledger holdings on the Node", "node", nodeName, "err", err)
+					log.Error("publish ledger holdings on the Node", "node", nodeName, "err", err)
 				} else {
 					last = string(data)
 				}

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,9 @@ import (
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 )
+
+// testLog writes the code's log lines into the test's output.
+func testLog(t testing.TB) *slog.Logger { return slog.New(slog.NewTextHandler(t.Output(), nil)) }
 
 // Everything the ledger holds in whole GPUs or shares is published per pod: local placements and
 // holds of stopped containers included; MIG and mdev (the kubelet counts them) are not.
@@ -45,7 +49,7 @@ func TestPublisherHeartbeat(t *testing.T) {
 		return false, nil, nil
 	})
 	inv := &api.NodeInventory{APIVersion: api.Version, Node: "n", SharesPerGPU: 4, GPUs: []api.GPU{}}
-	publish := publisher(context.Background(), client, "n")
+	publish := publisher(context.Background(), client, "n", testLog(t))
 	for range 3 {
 		publish(inv)
 	}

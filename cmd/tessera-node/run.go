@@ -17,7 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	cli "github.com/urfave/cli/v3"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
@@ -45,7 +44,8 @@ func runAgent(args []string) error {
 
 // agentMain runs the agent with the parsed flags.
 func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
-	if _, err := f.log.Setup(os.Stderr); err != nil {
+	log, err := f.log.Setup(os.Stderr)
+	if err != nil {
 		return err
 	}
 	cfg, err := f.load(cmd)
@@ -60,7 +60,7 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 		return err
 	}
 	defer backend.Close()
-	l, err := ledger.Open(filepath.Join(cfg.DataDir, "ledger.json"))
+	l, err := ledger.Open(filepath.Join(cfg.DataDir, "ledger.json"), log)
 	if err != nil {
 		return err
 	}
@@ -68,14 +68,16 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 	if err != nil {
 		return err
 	}
+	gen.Driver.Log = log
 	client, err := kubeClient(cfg.Kubeconfig)
 	if err != nil {
-		slog.Warn("no API server: pods granted GPUs cannot be verified and will be refused; the inventory is not published", "err", err)
+		log.Warn("no API server: pods granted GPUs cannot be verified and will be refused; the inventory is not published", "err", err)
 	}
 	acfg := agent.Config{NodeName: cfg.NodeName, SharesPerGPU: cfg.SharesPerGPU, CDIDir: cfg.CDIDir,
 		Generator:       gen,
 		HealthStatePath: filepath.Join(cfg.DataDir, "health.json"),
-		Health:          gpu.HealthOptions{IgnoredXIDs: cfg.IgnoredXIDs, CheckInterval: cfg.HealthCheckInterval.Duration}}
+		Health:          gpu.HealthOptions{IgnoredXIDs: cfg.IgnoredXIDs, CheckInterval: cfg.HealthCheckInterval.Duration},
+		Log:             log}
 	var events record.EventRecorder
 	if client != nil {
 		var stopEvents func()
@@ -93,17 +95,16 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 		if client == nil {
 			return fmt.Errorf("--cleanup-on-uninstall needs the API server to watch this agent's DaemonSet: %w", err)
 		}
-		if owner, err = watchOwner(ctx, client, un.podNamespace, un.podName); err != nil {
+		if owner, err = watchOwner(ctx, client, un.podNamespace, un.podName, log); err != nil {
 			return err
 		}
 	}
 	var pods nri.Pods = noPods{err}
-	var podEvents nri.Events
 	if client != nil {
 		apiPods := nri.NewAPIPods(ctx, client, cfg.NodeName)
-		pods, podEvents = apiPods, apiPods
-		a.WithPublisher(publisher(ctx, client, cfg.NodeName))
-		publishHoldings(ctx, client, cfg.NodeName, l)
+		pods = apiPods
+		a.WithPublisher(publisher(ctx, client, cfg.NodeName, log))
+		publishHoldings(ctx, client, cfg.NodeName, l, log)
 	}
 	reg := telemetry.NewRegistry("tessera-node")
 	metrics := newNodeMetrics(reg)
@@ -113,12 +114,12 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 	}
 
 	plugin := nri.New(nri.Config{StateDir: cfg.RunDir, VCUDALibrary: cfg.VCUDALibrary, KataHandlers: []string{cfg.KataRuntimeHandler},
-		PluginIndex: cfg.NRIPluginIndex, AdminNamespaces: cfg.AdminNamespaces, Events: podEvents,
+		PluginIndex: cfg.NRIPluginIndex, AdminNamespaces: cfg.AdminNamespaces, Events: events, Log: log,
 		OnCreate: func(pod *nriapi.PodSandbox, c *nriapi.Container, took time.Duration, refusal error) {
 			metrics.observeCreate(pod, c, took, refusal)
 			onRefusal(pod, c, took, refusal)
 		}}, a, grants, pods)
-	mgr := deviceplugin.NewManager(a, deviceplugin.Options{PluginDir: cfg.DevicePluginDir, ObserveAllocate: metrics.observeAllocate})
+	mgr := deviceplugin.NewManager(a, deviceplugin.Options{PluginDir: cfg.DevicePluginDir, Logger: log, ObserveAllocate: metrics.observeAllocate})
 	state := &nodeState{node: cfg.NodeName, agent: a, regions: func() []containerUsage { return readContainerRegions(a, plugin.ReadRegion) }}
 	reg.MustRegister(&stateCollector{state}, &hamiCollector{state})
 	registerSecurityMetrics(reg, plugin)
@@ -127,23 +128,23 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 	go func() { errc <- named("device plugins", mgr.Run(ctx)) }()
 	go func() { errc <- named("NRI plugin", plugin.Run(ctx, cfg.NRISocket)) }()
 	go func() { errc <- named("health watch", a.WatchHealth(ctx)) }()
-	go rediscover(ctx, a, cfg.RediscoverInterval.Duration)
+	go rediscover(ctx, a, cfg.RediscoverInterval.Duration, log)
 	if cfg.DRA {
 		if client == nil {
 			return fmt.Errorf("--dra needs the API server (ResourceSlices, ResourceClaims): %w", err)
 		}
 		go func() {
-			errc <- named("DRA plugin", dra.New(a).Run(ctx, dra.Options{NodeName: cfg.NodeName, Client: client,
+			errc <- named("DRA plugin", dra.New(a, log).Run(ctx, dra.Options{NodeName: cfg.NodeName, Client: client,
 				RegistrarDir: cfg.DRARegistrarDir, PluginDir: cfg.DRAPluginDir}))
 		}()
 	}
-	go releaseUnlisted(ctx, plugin, grants, unlistedInterval)
+	go releaseUnlisted(ctx, plugin, grants, unlistedInterval, log)
 	srv, err := serveHTTP(cfg.Listen, a, mgr, plugin, reg)
 	if err != nil {
 		return err
 	}
 	defer srv.Close()
-	slog.Info("tessera-node running", "version", telemetry.Version(), "node", cfg.NodeName, "backend", backend.Name(), "cdiDir", cfg.CDIDir, "nri", cfg.NRISocket, "listen", cfg.Listen)
+	log.Info("tessera-node running", "version", telemetry.Version(), "node", cfg.NodeName, "backend", backend.Name(), "cdiDir", cfg.CDIDir, "nri", cfg.NRISocket, "listen", cfg.Listen)
 	select {
 	case <-ctx.Done():
 	case err := <-errc:
@@ -154,7 +155,7 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 	}
 	uninstall, why := owner.uninstalling()
 	if !uninstall {
-		slog.Info("stopping; the node's files stay for the next agent (upgrade or restart)")
+		log.Info("stopping; the node's files stay for the next agent (upgrade or restart)")
 		return nil
 	}
 	// Let the device plugins (their sockets), the NRI plugin and the health watch finish first,
@@ -169,11 +170,11 @@ wait:
 		}
 	}
 	srv.Close()
-	slog.Info("uninstall: removing what the agent put on the node", "why", why)
+	log.Info("uninstall: removing what the agent put on the node", "why", why)
 	if errs := cleanupNode(cfg); len(errs) > 0 {
 		return fmt.Errorf("uninstall cleanup: %w", errors.Join(errs...))
 	}
-	slog.Info("uninstall: the node is clean")
+	log.Info("uninstall: the node is clean")
 	return nil
 }
 
@@ -184,7 +185,7 @@ func named(what string, err error) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-func rediscover(ctx context.Context, a *agent.Agent, every time.Duration) {
+func rediscover(ctx context.Context, a *agent.Agent, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -193,7 +194,7 @@ func rediscover(ctx context.Context, a *agent.Agent, every time.Duration) {
 			return
 		case <-t.C:
 			if err := a.Refresh(ctx); err != nil {
-				slog.Error("rediscover GPUs", "err", err)
+				log.Error("rediscover GPUs", "err", err)
 			}
 		}
 	}
@@ -206,7 +207,7 @@ func rediscover(ctx context.Context, a *agent.Agent, every time.Duration) {
 const unlistedInterval = 10 * time.Second
 
 // releaseUnlisted frees the holds of pods the kubelet no longer lists (nri.Plugin.ReleaseUnlisted).
-func releaseUnlisted(ctx context.Context, plugin *nri.Plugin, grants *podresources.Client, every time.Duration) {
+func releaseUnlisted(ctx context.Context, plugin *nri.Plugin, grants *podresources.Client, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -216,7 +217,7 @@ func releaseUnlisted(ctx context.Context, plugin *nri.Plugin, grants *podresourc
 		case <-t.C:
 			listed, err := grants.List(ctx)
 			if err != nil {
-				slog.Warn("list the kubelet's pods to release stale holds", "err", err)
+				log.Warn("list the kubelet's pods to release stale holds", "err", err)
 				continue
 			}
 			plugin.ReleaseUnlisted(ctx, listed)
@@ -279,7 +280,6 @@ func refusalEvents(rec record.EventRecorder) func(*nriapi.PodSandbox, *nriapi.Co
 		if refusal == nil || rec == nil {
 			return
 		}
-		ref := &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: types.UID(pod.GetUid())}
-		rec.Eventf(ref, corev1.EventTypeWarning, "GPUContainerRefused", "container %q refused by the Tessera node agent: %v", c.GetName(), refusal)
+		rec.Eventf(nri.PodRef(pod), corev1.EventTypeWarning, "GPUContainerRefused", "container %q refused by the Tessera node agent: %v", c.GetName(), refusal)
 	}
 }

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -50,13 +51,14 @@ type ownerWatch struct {
 	namespace string
 	name      string
 	uid       types.UID
+	log       *slog.Logger
 	// gone is set when the watch saw the DaemonSet deleted, being deleted, or replaced by another
 	// of the same name.
 	gone atomic.Bool
 }
 
 // watchOwner finds the DaemonSet that owns the pod and watches it until ctx ends.
-func watchOwner(ctx context.Context, client kubernetes.Interface, namespace, pod string) (*ownerWatch, error) {
+func watchOwner(ctx context.Context, client kubernetes.Interface, namespace, pod string, log *slog.Logger) (*ownerWatch, error) {
 	if namespace == "" || pod == "" {
 		return nil, errors.New("--cleanup-on-uninstall needs --pod-name and --pod-namespace (the chart passes them from the downward API)")
 	}
@@ -75,7 +77,7 @@ func watchOwner(ctx context.Context, client kubernetes.Interface, namespace, pod
 	if ref == nil || ref.Kind != "DaemonSet" {
 		return nil, fmt.Errorf("pod %s/%s is not run by a DaemonSet: --cleanup-on-uninstall applies to the chart's DaemonSet only", namespace, pod)
 	}
-	w := &ownerWatch{client: client, namespace: namespace, name: ref.Name, uid: ref.UID}
+	w := &ownerWatch{client: client, namespace: namespace, name: ref.Name, uid: ref.UID, log: log}
 	lw := cache.NewListWatchFromClient(client.AppsV1().RESTClient(), "daemonsets", namespace, fields.OneTermEqualSelector("metadata.name", ref.Name))
 	_, ctrl := cache.NewInformerWithOptions(cache.InformerOptions{
 		ListerWatcher: lw, ObjectType: &appsv1.DaemonSet{},
@@ -86,7 +88,7 @@ func watchOwner(ctx context.Context, client kubernetes.Interface, namespace, pod
 		},
 	})
 	go ctrl.RunWithContext(ctx)
-	slog.Info("watching this agent's DaemonSet: its deletion (helm uninstall) makes the agent clean the node up on exit", "daemonset", namespace+"/"+ref.Name)
+	log.Info("watching this agent's DaemonSet: its deletion (helm uninstall) makes the agent clean the node up on exit", "daemonset", namespace+"/"+ref.Name)
 	return w, nil
 }
 
@@ -113,7 +115,7 @@ func (w *ownerWatch) uninstalling() (bool, string) {
 	case apierrors.IsUnauthorized(err):
 		return true, "this agent's ServiceAccount is gone"
 	case err != nil:
-		slog.Warn("cannot tell whether this is an uninstall; keeping the node's files", "daemonset", w.name, "err", err)
+		w.log.Warn("cannot tell whether this is an uninstall; keeping the node's files", "daemonset", w.name, "err", err)
 		return false, ""
 	case ds.DeletionTimestamp != nil:
 		return true, "the DaemonSet " + w.name + " is being deleted"
@@ -123,24 +125,27 @@ func (w *ownerWatch) uninstalling() (bool, string) {
 	return false, ""
 }
 
+// apiRetry spaces retryAPI's five tries: 1 s, then half as long again each time (1, 1.5, 2.25,
+// 3.4 s; about the 1, 2, 3, 4 s it replaced, without a wait after the last try).
+var apiRetry = wait.Backoff{Duration: time.Second, Factor: 1.5, Steps: 5}
+
 // retryAPI retries a call for a short while: the agent starts with its pod, when the API server
 // may still be settling.
 func retryAPI(ctx context.Context, call func(context.Context) error) error {
-	var err error
-	for i := 0; i < 5; i++ {
+	backoff := apiRetry
+	for try := 1; ; try++ {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err = call(cctx)
+		err := call(cctx)
 		cancel()
-		if err == nil || apierrors.IsNotFound(err) || apierrors.IsForbidden(err) {
+		if err == nil || apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || try >= apiRetry.Steps {
 			return err
 		}
 		select {
 		case <-ctx.Done():
 			return err
-		case <-time.After(time.Duration(i+1) * time.Second):
+		case <-time.After(backoff.Step()):
 		}
 	}
-	return err
 }
 
 // cleanupNode removes what the agent put on the node, after every part of it has stopped. Regions

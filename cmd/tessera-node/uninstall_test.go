@@ -1,10 +1,12 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -49,13 +51,13 @@ func TestUninstallDecision(t *testing.T) {
 		if tc.err != nil {
 			client.PrependReactor("get", "daemonsets", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, tc.err })
 		}
-		w := &ownerWatch{client: client, namespace: "ts", name: "tessera-node", uid: "u1"}
+		w := &ownerWatch{client: client, namespace: "ts", name: "tessera-node", uid: "u1", log: testLog(t)}
 		if got, why := w.uninstalling(); got != tc.want {
 			t.Errorf("%s: uninstalling = %t (%s), want %t", tc.name, got, why, tc.want)
 		}
 	}
 	// What the watch saw decides without a read.
-	w := &ownerWatch{client: fake.NewClientset(ds("u1", false)), namespace: "ts", name: "tessera-node", uid: "u1"}
+	w := &ownerWatch{client: fake.NewClientset(ds("u1", false)), namespace: "ts", name: "tessera-node", uid: "u1", log: testLog(t)}
 	w.see(ds("u1", true))
 	if got, _ := w.uninstalling(); !got {
 		t.Error("a deletion the watch saw did not count")
@@ -107,6 +109,25 @@ func TestCleanupNode(t *testing.T) {
 	for _, d := range []string{cfg.DataDir, cfg.RunDir} {
 		if _, err := os.Stat(d); err == nil {
 			t.Errorf("the empty folder %s stayed", d)
+		}
+	}
+}
+
+// TestRetryAPI: a failing call is tried five times, spaced by apiRetry; a NotFound or a success
+// ends the tries at once.
+func TestRetryAPI(t *testing.T) {
+	saved := apiRetry
+	t.Cleanup(func() { apiRetry = saved })
+	apiRetry.Duration = time.Millisecond
+	transient := errors.New("connection refused")
+	for _, tc := range []struct {
+		err   error
+		tries int
+	}{{transient, 5}, {apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, "p"), 1}, {nil, 1}} {
+		tries := 0
+		err := retryAPI(context.Background(), func(context.Context) error { tries++; return tc.err })
+		if err != tc.err || tries != tc.tries {
+			t.Errorf("call failing with %v: %d tries, %v; want %d tries", tc.err, tries, err, tc.tries)
 		}
 	}
 }

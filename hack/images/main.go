@@ -30,6 +30,8 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/google/go-containerregistry/pkg/v1/types"
+
+	"github.com/tessera-gpu/tessera/internal/fsatomic"
 )
 
 type multi []string
@@ -273,15 +275,6 @@ func writeArchive(out, name string, img v1.Image, mtime time.Time) error {
 		"io.containerd.image.name": name, "org.opencontainers.image.ref.name": tag})); err != nil {
 		return err
 	}
-	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
-		return err
-	}
-	f, err := os.Create(out + ".tmp")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(out + ".tmp")
-	tw := tar.NewWriter(f)
 	var files []string
 	if err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
 		if err == nil && !d.IsDir() {
@@ -292,6 +285,14 @@ func writeArchive(out, name string, img v1.Image, mtime time.Time) error {
 		return err
 	}
 	sort.Strings(files)
+	return fsatomic.Write(out, 0o644, func(f io.Writer) error {
+		return tarFiles(f, dir, files, mtime)
+	})
+}
+
+// tarFiles writes files (under dir) as a tar archive of regular files dated mtime.
+func tarFiles(f io.Writer, dir string, files []string, mtime time.Time) error {
+	tw := tar.NewWriter(f)
 	for _, p := range files {
 		data, err := os.ReadFile(p)
 		if err != nil {
@@ -305,11 +306,5 @@ func writeArchive(out, name string, img v1.Image, mtime time.Time) error {
 			return err
 		}
 	}
-	if err := tw.Close(); err != nil {
-		return err
-	}
-	if err := f.Close(); err != nil {
-		return err
-	}
-	return os.Rename(out+".tmp", out)
+	return tw.Close()
 }

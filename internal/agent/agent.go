@@ -31,11 +31,15 @@ type Config struct {
 	Health gpu.HealthOptions
 	// Recorder, when set, records a Node event for every GPU health change.
 	Recorder record.EventRecorder
+	// Log receives the agent's lines and, unless Health.Log is set, the health watch's (nil:
+	// discarded).
+	Log *slog.Logger
 }
 
 // Agent owns the node's inventory. It is safe for concurrent use.
 type Agent struct {
 	cfg     Config
+	log     *slog.Logger
 	backend gpu.Backend
 	ledger  *ledger.Ledger
 	writer  *cdi.Writer
@@ -61,7 +65,13 @@ func New(cfg Config, backend gpu.Backend, l *ledger.Ledger) *Agent {
 		gen.Driver = &driver
 		cfg.Generator = &gen
 	}
-	a := &Agent{cfg: cfg, backend: backend, ledger: l, writer: &cdi.Writer{Dir: cfg.CDIDir},
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Health.Log == nil {
+		cfg.Health.Log = cfg.Log
+	}
+	a := &Agent{cfg: cfg, log: cfg.Log, backend: backend, ledger: l, writer: &cdi.Writer{Dir: cfg.CDIDir},
 		unhealthy: map[string]string{}, changed: make(chan struct{}, 1)}
 	l.OnChange(a.notify)
 	a.loadHealth()
@@ -93,7 +103,7 @@ func (a *Agent) Refresh(ctx context.Context) error {
 	a.node = n
 	a.suspectUnknownLocked(n)
 	a.mu.Unlock()
-	slog.Info("inventory refreshed", "backend", a.backend.Name(), "gpus", len(n.GPUs), "mdevs", len(n.Mdevs), "cdiDir", a.cfg.CDIDir)
+	a.log.Info("inventory refreshed", "backend", a.backend.Name(), "gpus", len(n.GPUs), "mdevs", len(n.Mdevs), "cdiDir", a.cfg.CDIDir)
 	a.notify()
 	if a.publish != nil {
 		a.publish(a.Inventory())

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"maps"
 	"os"
 
@@ -17,8 +16,8 @@ import (
 	"k8s.io/client-go/tools/record"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/fsatomic"
 	"github.com/tessera-gpu/tessera/internal/gpu"
-	"github.com/tessera-gpu/tessera/internal/ledger"
 )
 
 // Reasons of the Node events the agent records for GPU health changes.
@@ -52,7 +51,7 @@ func (a *Agent) loadHealth() {
 		err = fmt.Errorf("GPU health state %s: apiVersion %q, want %q", a.cfg.HealthStatePath, st.APIVersion, api.Version)
 	}
 	if err != nil {
-		slog.Error("GPU health state unreadable: every GPU is unhealthy until its health check passes", "err", err)
+		a.log.Error("GPU health state unreadable: every GPU is unhealthy until its health check passes", "err", err)
 		a.suspectAll = "health state unreadable after a restart (" + err.Error() + ")"
 		return
 	}
@@ -66,10 +65,10 @@ func (a *Agent) saveHealthLocked() {
 	}
 	data, err := json.MarshalIndent(healthState{APIVersion: api.Version, Unhealthy: a.unhealthy}, "", "  ")
 	if err == nil {
-		err = ledger.WriteFileAtomic(a.cfg.HealthStatePath, data)
+		err = fsatomic.WriteFile(a.cfg.HealthStatePath, data, 0o600)
 	}
 	if err != nil {
-		slog.Error("persist GPU health; after a restart it would start from the last saved state", "path", a.cfg.HealthStatePath, "err", err)
+		a.log.Error("persist GPU health; after a restart it would start from the last saved state", "path", a.cfg.HealthStatePath, "err", err)
 	}
 }
 
@@ -113,9 +112,9 @@ func (a *Agent) healthChanged(e gpu.HealthEvent) {
 	what := a.describeLocked(e.UUID)
 	a.mu.Unlock()
 	if e.Healthy {
-		slog.Info("GPU healthy again", "uuid", e.UUID, "reason", e.Reason)
+		a.log.Info("GPU healthy again", "uuid", e.UUID, "reason", e.Reason)
 	} else {
-		slog.Warn("GPU unhealthy", "uuid", e.UUID, "reason", e.Reason)
+		a.log.Warn("GPU unhealthy", "uuid", e.UUID, "reason", e.Reason)
 	}
 	if a.cfg.Recorder != nil {
 		ref := &corev1.ObjectReference{Kind: "Node", Name: a.cfg.NodeName, UID: types.UID(a.cfg.NodeName)}

@@ -39,7 +39,7 @@ func injectXID(t *testing.T, b gpu.Backend, uuid string, xid uint64) {
 // healthAgent is an agent on the simulated node with its health persisted in dir.
 func healthAgent(t *testing.T, dir string, b gpu.Backend, cfg Config) *Agent {
 	t.Helper()
-	l, err := ledger.Open(filepath.Join(dir, "ledger.json"))
+	l, err := ledger.Open(filepath.Join(dir, "ledger.json"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

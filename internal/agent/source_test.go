@@ -24,7 +24,7 @@ func newAgent(t *testing.T) (*Agent, gpu.Backend) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { b.Close() })
-	l, err := ledger.Open(filepath.Join(dir, "ledger.json"))
+	l, err := ledger.Open(filepath.Join(dir, "ledger.json"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -334,14 +334,15 @@ func TestDriverFolderLayout(t *testing.T) {
 	}
 }
 
-// nvcdi's lines reach the process's slog logger (one log setup per binary), tagged with their source.
+// nvcdi's lines reach the Driver's slog logger (one log setup per binary, passed down), tagged
+// with their source.
 func TestNvcdiLogsReachSlog(t *testing.T) {
 	var buf strings.Builder
-	prev := slog.Default()
-	slog.SetDefault(slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug})))
-	t.Cleanup(func() { slog.SetDefault(prev) })
 	n := simNode(t)
-	if _, err := testGen.Specs(n); err != nil {
+	gen, driver := *testGen, *testGen.Driver
+	driver.Log = slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	gen.Driver = &driver
+	if _, err := gen.Specs(n); err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(buf.String(), "component=nvcdi") || !strings.Contains(buf.String(), "Using driver version") {

@@ -31,6 +31,8 @@ type Driver struct {
 	HookPath string
 	// NVML is the backend's library; nvcdi uses it only where it needs the driver.
 	NVML nvml.Interface
+	// Log receives nvcdi's lines (nil: discarded).
+	Log *slog.Logger
 }
 
 // CommonEdits returns the edits every GPU container needs (not mdev VMs): nvcdi's common edits
@@ -48,7 +50,7 @@ func (d *Driver) CommonEdits() (specs.ContainerEdits, error) {
 		nvcdi.WithDriverRoot(d.Root),
 		nvcdi.WithDevRoot(d.DevRoot),
 		nvcdi.WithNVIDIACDIHookPath(d.HookPath),
-		nvcdi.WithLogger(nvcdiLogger{slog.Default().With("component", "nvcdi")}),
+		nvcdi.WithLogger(nvcdiLogger{d.logger().With("component", "nvcdi")}),
 		// One path on every node: the driver version comes from NVML, never from sandboxutils.
 		nvcdi.WithFeatureFlag(nvcdi.FeatureDisableNvsandboxUtils),
 	)
@@ -113,6 +115,13 @@ func simEdits(n *gpu.Node) []*specs.Mount {
 		return nil
 	}
 	return []*specs.Mount{{HostPath: n.SimGPUFile, ContainerPath: gpu.SimGPUFileInContainer, Options: []string{"ro", "nosuid", "nodev", "bind"}}}
+}
+
+func (d *Driver) logger() *slog.Logger {
+	if d.Log == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return d.Log
 }
 
 // nvcdiLogger gives nvcdi the process's slog logger (its logger interface is the toolkit's own).

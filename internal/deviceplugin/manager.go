@@ -32,7 +32,7 @@ type Options struct {
 	// PollInterval is how often the sockets are checked even without a directory event, the safety
 	// net for missed or unavailable inotify events. Default: 2 s.
 	PollInterval time.Duration
-	// Logger receives structured logs. Default: slog.Default().
+	// Logger receives structured logs (nil: discarded).
 	Logger *slog.Logger
 	// ObserveAllocate, when set, is told how long each kubelet Allocate call of a resource took and
 	// its error (the node agent's latency histogram).
@@ -91,7 +91,7 @@ func NewManager(src Source, opts Options) *Manager {
 		opts.PollInterval = 2 * time.Second
 	}
 	if opts.Logger == nil {
-		opts.Logger = slog.Default()
+		opts.Logger = slog.New(slog.DiscardHandler)
 	}
 	if opts.SocketTag == "" {
 		opts.SocketTag = strconv.FormatInt(time.Now().UnixNano(), 36)

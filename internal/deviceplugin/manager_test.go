@@ -526,23 +526,23 @@ func TestSocketName(t *testing.T) {
 }
 
 func TestBackoff(t *testing.T) {
-	var b backoff
+	b := registrationBackoff()
 	tests := []time.Duration{ // nominal waits; each may be off by ±20% jitter
 		500 * time.Millisecond, time.Second, 2 * time.Second, 4 * time.Second, 8 * time.Second,
 		16 * time.Second, 30 * time.Second, 30 * time.Second, 30 * time.Second,
 	}
 	for i, nominal := range tests {
-		if d := b.next(); d < nominal*8/10 || d > nominal*12/10 {
+		if d := b.Step(); d < nominal*8/10 || d > nominal*12/10 {
 			t.Errorf("attempt %d: wait %v, want %v ±20%%", i, d, nominal)
 		}
 	}
 	for range 100 { // the shift must not overflow after many failures
-		if d := b.next(); d < backoffMax*8/10 || d > backoffMax*12/10 {
+		if d := b.Step(); d < backoffMax*8/10 || d > backoffMax*12/10 {
 			t.Fatalf("after many attempts: wait %v, want %v ±20%%", d, backoffMax)
 		}
 	}
-	b.reset()
-	if d := b.next(); d < backoffInitial*8/10 || d > backoffInitial*12/10 {
+	b = registrationBackoff()
+	if d := b.Step(); d < backoffInitial*8/10 || d > backoffInitial*12/10 {
 		t.Errorf("after reset: wait %v, want %v ±20%%", d, backoffInitial)
 	}
 }

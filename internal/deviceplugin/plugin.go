@@ -127,7 +127,8 @@ func (p *plugin) run(ctx context.Context) {
 	defer p.stopServing()
 
 	var (
-		bo        backoff
+		bo        = registrationBackoff()
+		failures  int // since the last success or restart
 		gen       int
 		cancelReg = context.CancelFunc(func() {})
 		results   = make(chan regResult)
@@ -146,7 +147,8 @@ func (p *plugin) run(ctx context.Context) {
 		}
 		if p.grpc == nil {
 			if err := p.serve(); err != nil {
-				wait := bo.next()
+				wait := bo.Step()
+				failures++
 				p.log.Error("cannot serve device plugin socket; retrying", "err", err, "retry_in", wait)
 				retry.Reset(wait)
 				return
@@ -174,17 +176,19 @@ func (p *plugin) run(ctx context.Context) {
 				continue // superseded by a restart
 			}
 			if r.err != nil {
-				wait := bo.next()
-				p.log.Warn("registration with the kubelet failed; retrying", "err", r.err, "attempt", bo.attempt, "retry_in", wait)
+				wait := bo.Step()
+				failures++
+				p.log.Warn("registration with the kubelet failed; retrying", "err", r.err, "attempt", failures, "retry_in", wait)
 				retry.Reset(wait)
 				continue
 			}
-			bo.reset()
+			bo, failures = registrationBackoff(), 0
 			p.registered.Store(true)
 			p.log.Info("registered with the kubelet", "kubelet_socket", p.kubeletSocket)
 		case <-p.restartCh:
 			p.log.Info("kubelet restarted: recreating socket and registering again")
-			p.restart(&bo)
+			p.restart()
+			bo, failures = registrationBackoff(), 0
 			attempt()
 		case <-p.checkCh:
 			if len(p.restartCh) > 0 {
@@ -194,7 +198,8 @@ func (p *plugin) run(ctx context.Context) {
 				// The kubelet wipes the directory when it starts; without our socket it cannot
 				// reach us even if it still has us registered.
 				p.log.Info("socket removed or replaced: recreating it and registering again")
-				p.restart(&bo)
+				p.restart()
+				bo, failures = registrationBackoff(), 0
 				attempt()
 			}
 		case <-retry.C:
@@ -203,12 +208,11 @@ func (p *plugin) run(ctx context.Context) {
 	}
 }
 
-// restart drops the current server so the next attempt serves on a fresh socket; the backoff starts
-// over because the cause (a new kubelet) is likely gone now.
-func (p *plugin) restart(bo *backoff) {
+// restart drops the current server so the next attempt serves on a fresh socket; the caller starts
+// the backoff over because the cause (a new kubelet) is likely gone now.
+func (p *plugin) restart() {
 	p.registered.Store(false)
 	p.stopServing()
-	bo.reset()
 }
 
 // serve listens on the socket and starts the gRPC server on it.

@@ -3,11 +3,12 @@ package deviceplugin
 import (
 	"context"
 	"fmt"
-	"math/rand/v2"
+	"math"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/util/wait"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
@@ -37,24 +38,15 @@ func register(ctx context.Context, kubeletSocket, endpoint, resource string, opt
 	return nil
 }
 
-// backoff spaces out retries of a failing registration (kubelet not up yet, or refusing us), so a
-// node without a kubelet does not get a log line and a dial every few milliseconds.
-type backoff struct {
-	attempt int
+// registrationBackoff spaces out retries of a failing registration (kubelet not up yet, or refusing
+// us), so a node without a kubelet does not get a log line and a dial every few milliseconds: 500 ms
+// doubling up to 30 s, each wait ±20%. wait.Backoff's jitter only adds (up to Jitter times the
+// base), so the base is 80% of the nominal wait and Jitter 0.5 reaches 120% of it.
+func registrationBackoff() wait.Backoff {
+	return wait.Backoff{Duration: backoffInitial * 8 / 10, Factor: 2, Jitter: 0.5, Cap: backoffMax * 8 / 10, Steps: math.MaxInt32}
 }
 
 const (
 	backoffInitial = 500 * time.Millisecond
 	backoffMax     = 30 * time.Second
 )
-
-// next returns the wait before the next attempt: exponential with ±20% jitter, capped.
-func (b *backoff) next() time.Duration {
-	d := backoffInitial << min(b.attempt, 10)
-	b.attempt++
-	d = min(d, backoffMax)
-	jitter := time.Duration(rand.Int64N(int64(d)/5*2+1)) - d/5
-	return d + jitter
-}
-
-func (b *backoff) reset() { b.attempt = 0 }

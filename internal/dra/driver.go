@@ -33,12 +33,19 @@ type Agent interface {
 // Driver implements kubeletplugin.DRAPlugin over the agent.
 type Driver struct {
 	agent Agent
+	log   *slog.Logger
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
 
-// New returns the driver; Run registers it with the kubelet.
-func New(a Agent) *Driver { return &Driver{agent: a} }
+// New returns the driver; Run registers it with the kubelet. log receives its lines (nil:
+// discarded).
+func New(a Agent, log *slog.Logger) *Driver {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Driver{agent: a, log: log}
+}
 
 // Options are where the kubelet looks for the plugin.
 type Options struct {
@@ -75,7 +82,7 @@ func (d *Driver) Run(ctx context.Context, o Options) error {
 		return fmt.Errorf("start the DRA kubelet plugin %s (registry %s, socket dir %s): %w", DriverName, o.RegistrarDir, o.PluginDir, err)
 	}
 	defer helper.Stop()
-	slog.Info("DRA kubelet plugin started", "driver", DriverName, "registry", o.RegistrarDir, "pluginDir", o.PluginDir)
+	d.log.Info("DRA kubelet plugin started", "driver", DriverName, "registry", o.RegistrarDir, "pluginDir", o.PluginDir)
 	var last *resourceslice.DriverResources
 	t := time.NewTicker(o.RepublishInterval)
 	defer t.Stop()
@@ -83,7 +90,7 @@ func (d *Driver) Run(ctx context.Context, o Options) error {
 		res := Resources(d.agent.Inventory())
 		if last == nil || !equality.Semantic.DeepEqual(*last, res) {
 			if err := helper.PublishResources(ctx, res); err != nil {
-				slog.Error("publish ResourceSlices", "driver", DriverName, "err", err)
+				d.log.Error("publish ResourceSlices", "driver", DriverName, "err", err)
 			} else {
 				last = &res
 			}
@@ -98,7 +105,7 @@ func (d *Driver) Run(ctx context.Context, o Options) error {
 
 // HandleError logs background errors (slice publishing); they are retried by the helper.
 func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
-	slog.Error("DRA plugin: "+msg, "driver", DriverName, "err", err, "recoverable", errors.Is(err, kubeletplugin.ErrRecoverable))
+	d.log.Error("DRA plugin: "+msg, "driver", DriverName, "err", err, "recoverable", errors.Is(err, kubeletplugin.ErrRecoverable))
 }
 
 // WatchHealthStatus is off (HealthService(false)); health shows in the slices.
@@ -115,10 +122,10 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	for _, c := range claims {
 		devs, err := d.prepare(c)
 		if err != nil {
-			slog.Error("cannot prepare ResourceClaim", "claim", c.Namespace+"/"+c.Name, "uid", c.UID, "err", err)
+			d.log.Error("cannot prepare ResourceClaim", "claim", c.Namespace+"/"+c.Name, "uid", c.UID, "err", err)
 			err = fmt.Errorf("tessera: ResourceClaim %s/%s: %w", c.Namespace, c.Name, err)
 		} else {
-			slog.Info("ResourceClaim prepared", "claim", c.Namespace+"/"+c.Name, "uid", c.UID, "devices", len(devs))
+			d.log.Info("ResourceClaim prepared", "claim", c.Namespace+"/"+c.Name, "uid", c.UID, "devices", len(devs))
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Devices: devs, Err: err}
 	}
@@ -248,7 +255,7 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		if err != nil {
 			err = fmt.Errorf("tessera: release ResourceClaim %s: %w", c.String(), err)
 		} else if ok {
-			slog.Info("ResourceClaim unprepared", "claim", c.String(), "uid", c.UID, "devices", e.Devices, "mig", e.MIG)
+			d.log.Info("ResourceClaim unprepared", "claim", c.String(), "uid", c.UID, "devices", e.Devices, "mig", e.MIG)
 		}
 		out[c.UID] = err
 	}

@@ -51,12 +51,12 @@ func testInventory() *api.NodeInventory {
 func newDriver(t *testing.T) (*Driver, *fakeAgent, string) {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "ledger.json")
-	l, err := ledger.Open(path)
+	l, err := ledger.Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	a := &fakeAgent{inv: testInventory(), l: l, gen: &cdi.Generator{Vendor: "tessera.dev"}}
-	return New(a), a, path
+	return New(a, nil), a, path
 }
 
 // claim is an allocated claim reserved for pod "p-<name>" with one result per device; capacity,
@@ -225,7 +225,7 @@ func TestPrepareWholeMIGAndRelease(t *testing.T) {
 		t.Fatalf("preparing a prepared claim again: %v", r.Err)
 	}
 	// The ledger on disk is the checkpoint: an agent restart finds every claim.
-	l2, err := ledger.Open(path)
+	l2, err := ledger.Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

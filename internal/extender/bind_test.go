@@ -189,3 +189,18 @@ func TestConcurrentBindersNeverOvercommit(t *testing.T) {
 		t.Fatalf("%d binds succeeded, %d GPUs assigned; want 4 and 4", ok, len(owner))
 	}
 }
+
+// TestLockBackoff: a held Lease is retried after small waits growing from 4 ms to 20 ms, each up to
+// a quarter longer, and the shared lockBackoff is not advanced by a Lock's copy of it.
+func TestLockBackoff(t *testing.T) {
+	b := lockBackoff
+	nominal := []time.Duration{4 * time.Millisecond, 6 * time.Millisecond, 9 * time.Millisecond, 13500 * time.Microsecond, 20 * time.Millisecond, 20 * time.Millisecond, 20 * time.Millisecond}
+	for i, n := range nominal {
+		if d := b.Step(); d < n || d > n*5/4 {
+			t.Errorf("try %d: wait %v, want %v to %v", i, d, n, n*5/4)
+		}
+	}
+	if lockBackoff.Duration != 4*time.Millisecond {
+		t.Errorf("lockBackoff advanced to %v", lockBackoff.Duration)
+	}
+}

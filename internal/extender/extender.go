@@ -56,9 +56,12 @@ type Extender struct {
 	memo evalMemo
 }
 
+// discardLog is the logger of an Extender or State built without one (tests).
+var discardLog = slog.New(slog.DiscardHandler)
+
 func (x *Extender) log() *slog.Logger {
 	if x.Log == nil {
-		return slog.Default()
+		return discardLog
 	}
 	return x.Log
 }

@@ -132,7 +132,7 @@ type podUse struct {
 // NewState returns an empty state; ttl bounds in-flight reservations.
 func NewState(ttl time.Duration, log *slog.Logger) *State {
 	if log == nil {
-		log = slog.Default()
+		log = discardLog
 	}
 	return &State{nodes: map[string]*nodeEntry{}, pods: map[types.UID]*podEntry{}, shapes: placement.NewShapeStats(),
 		typeIDs: map[string]int{}, podsOn: map[string]map[types.UID]*podEntry{}, observed: map[types.UID]*placement.Request{},

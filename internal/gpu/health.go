@@ -37,6 +37,8 @@ type HealthOptions struct {
 	Unhealthy map[string]string
 	// Clock ticks the periodic check (nil: the real clock); tests step a fake one.
 	Clock clock.WithTicker
+	// Log receives the watch's lines (nil: discarded).
+	Log *slog.Logger
 }
 
 // healthEvents are the events health registers for, each masked by what the GPU supports.
@@ -53,6 +55,7 @@ const healthEvents = nvml.EventTypeXidCriticalError | nvml.EventTypeDoubleBitEcc
 //     remapping); a failing probe marks it unhealthy, and an unhealthy one becomes healthy again
 //     only when no bad news arrived during the last whole interval and the probe passes.
 type healthMonitor struct {
+	log      *slog.Logger
 	lib      nvml.Interface
 	ignored  map[uint64]bool
 	interval time.Duration
@@ -70,7 +73,11 @@ func newHealthMonitor(lib nvml.Interface, opts HealthOptions, report func(Health
 	if ignored == nil {
 		ignored = configv1.DefaultIgnoredXIDs
 	}
-	m := &healthMonitor{lib: lib, ignored: map[uint64]bool{}, interval: opts.CheckInterval, report: report,
+	log := opts.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m := &healthMonitor{log: log, lib: lib, ignored: map[uint64]bool{}, interval: opts.CheckInterval, report: report,
 		gpus: map[string]bool{}, unhealthy: maps.Clone(opts.Unhealthy), recent: map[string]bool{}}
 	if m.interval <= 0 {
 		m.interval = configv1.DefaultHealthCheckInterval
@@ -156,12 +163,12 @@ func (m *healthMonitor) register(set nvml.EventSet) {
 	for i := 0; i < count; i++ {
 		d, ret := m.lib.DeviceGetHandleByIndex(i)
 		if ret != nvml.SUCCESS {
-			slog.Error("GPU health: no handle", "index", i, "err", nvml.ErrorString(ret))
+			m.log.Error("GPU health: no handle", "index", i, "err", nvml.ErrorString(ret))
 			continue
 		}
 		uuid, ret := d.GetUUID()
 		if ret != nvml.SUCCESS {
-			slog.Error("GPU health: no UUID", "index", i, "err", nvml.ErrorString(ret))
+			m.log.Error("GPU health: no UUID", "index", i, "err", nvml.ErrorString(ret))
 			continue
 		}
 		supported, ret := d.GetSupportedEventTypes()
@@ -171,13 +178,13 @@ func (m *healthMonitor) register(set nvml.EventSet) {
 		}
 		mask := healthEvents & supported
 		if mask == 0 {
-			slog.Warn("GPU supports no health events; only the periodic check watches it", "uuid", uuid)
+			m.log.Warn("GPU supports no health events; only the periodic check watches it", "uuid", uuid)
 			continue
 		}
 		switch ret := d.RegisterEvents(mask, set); ret {
 		case nvml.SUCCESS:
 		case nvml.ERROR_NOT_SUPPORTED:
-			slog.Warn("GPU too old for NVML health events; only the periodic check watches it", "uuid", uuid)
+			m.log.Warn("GPU too old for NVML health events; only the periodic check watches it", "uuid", uuid)
 		default:
 			changes = m.markLocked(changes, uuid, "cannot register for NVML health events: "+nvml.ErrorString(ret), 0)
 		}
@@ -192,7 +199,7 @@ func (m *healthMonitor) handle(e nvml.EventData) {
 	switch e.EventType {
 	case nvml.EventTypeXidCriticalError:
 		if m.ignored[e.EventData] {
-			slog.Info("application XID ignored for health", "xid", e.EventData)
+			m.log.Info("application XID ignored for health", "xid", e.EventData)
 			return
 		}
 		reason, xid = fmt.Sprintf("XID %d", e.EventData), e.EventData
@@ -217,7 +224,7 @@ func (m *healthMonitor) handle(e nvml.EventData) {
 		if len(targets) == 0 {
 			// Not an instance this node serves (created outside Tessera since discovery): MIG
 			// isolates it from ours, so nothing of ours is hurt.
-			slog.Warn("XID on an unknown MIG instance ignored", "gpu", uuid, "gi", e.GpuInstanceId, "ci", e.ComputeInstanceId, "xid", e.EventData)
+			m.log.Warn("XID on an unknown MIG instance ignored", "gpu", uuid, "gi", e.GpuInstanceId, "ci", e.ComputeInstanceId, "xid", e.EventData)
 			return
 		}
 	}
@@ -349,7 +356,7 @@ func (m *healthMonitor) probe(uuid string) error {
 
 // markAll marks every known GPU unhealthy.
 func (m *healthMonitor) markAll(reason string) {
-	slog.Error("GPU health: marking all GPUs unhealthy", "reason", reason)
+	m.log.Error("GPU health: marking all GPUs unhealthy", "reason", reason)
 	m.mu.Lock()
 	uuids := sortedUUIDs(m.gpus)
 	m.mu.Unlock()

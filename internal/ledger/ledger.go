@@ -11,12 +11,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/fsatomic"
 )
 
 // Entry is what one container holds.
@@ -96,8 +96,12 @@ type Ledger struct {
 	onChange func()
 }
 
-// Open loads the ledger at path (a missing file is an empty ledger).
-func Open(path string) (*Ledger, error) {
+// Open loads the ledger at path (a missing file is an empty ledger). log is told when a corrupt
+// ledger is moved aside (nil: discarded).
+func Open(path string, log *slog.Logger) (*Ledger, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
 	l := &Ledger{path: path, entries: map[string]*Entry{}}
 	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -110,7 +114,7 @@ func Open(path string) (*Ledger, error) {
 	if err := json.Unmarshal(data, &f); err != nil {
 		// The running containers carry their entries (api.AnnotationLedgerEntry); Synchronize re-adopts them.
 		aside := path + ".corrupt"
-		slog.Error("ledger is corrupt; starting empty, running containers are re-adopted at the runtime's Synchronize", "path", path, "movedTo", aside, "err", err)
+		log.Error("ledger is corrupt; starting empty, running containers are re-adopted at the runtime's Synchronize", "path", path, "movedTo", aside, "err", err)
 		if err := os.Rename(path, aside); err != nil {
 			return nil, fmt.Errorf("move corrupt ledger %s aside: %w", path, err)
 		}
@@ -357,30 +361,8 @@ func (l *Ledger) saveLocked() error {
 	if err != nil {
 		return err
 	}
-	if err := WriteFileAtomic(l.path, data); err != nil {
+	if err := fsatomic.WriteFile(l.path, data, 0o600); err != nil {
 		return fmt.Errorf("save ledger: %w", err)
 	}
 	return nil
-}
-
-// WriteFileAtomic replaces path with data through a temporary file and a rename, so a reader (or a
-// crash) sees the old content or the new, never a torn file. The node agent's other state files use
-// it too.
-func WriteFileAtomic(path string, data []byte) error {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+"-*")
-	if err != nil {
-		return err
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(data); err != nil {
-		tmp.Close()
-		return err
-	}
-	if err := tmp.Close(); err != nil {
-		return err
-	}
-	return os.Rename(tmp.Name(), path)
 }

@@ -1,7 +1,9 @@
 package ledger
 
 import (
+	"bytes"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
@@ -27,7 +29,7 @@ func share(i int, gib int64, cores int) api.DeviceAssignment {
 
 func TestReserveRules(t *testing.T) {
 	inv := testInventory()
-	l, err := Open(filepath.Join(t.TempDir(), "ledger.json"))
+	l, err := Open(filepath.Join(t.TempDir(), "ledger.json"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +88,7 @@ func TestReserveRules(t *testing.T) {
 func TestPersistenceAndRetain(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "sub", "ledger.json")
 	inv := testInventory()
-	l, _ := Open(path)
+	l, _ := Open(path, nil)
 	changes := 0
 	l.OnChange(func() { changes++ })
 	for _, id := range []string{"a", "b", "c"} {
@@ -95,7 +97,7 @@ func TestPersistenceAndRetain(t *testing.T) {
 		}
 	}
 	// A restarted agent reads the same ledger.
-	again, err := Open(path)
+	again, err := Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +108,7 @@ func TestPersistenceAndRetain(t *testing.T) {
 	if err != nil || len(gone) != 2 || gone[0].ContainerID != "a" || gone[1].ContainerID != "c" {
 		t.Fatalf("retain: %+v %v", gone, err)
 	}
-	if third, _ := Open(path); len(third.Entries()) != 1 {
+	if third, _ := Open(path, nil); len(third.Entries()) != 1 {
 		t.Fatalf("release not persisted: %+v", third.Entries())
 	}
 	if e, ok, _ := again.Release("b"); !ok || e.Pod != "p-b" {
@@ -120,8 +122,12 @@ func TestPersistenceAndRetain(t *testing.T) {
 	}
 	// A corrupt ledger is moved aside and the agent starts empty (Synchronize re-adopts containers).
 	os.WriteFile(path, []byte("{not json"), 0o644)
-	if l, err := Open(path); err != nil || len(l.Entries()) != 0 {
+	var logged bytes.Buffer
+	if l, err := Open(path, slog.New(slog.NewTextHandler(&logged, nil))); err != nil || len(l.Entries()) != 0 {
 		t.Errorf("corrupt ledger: %v", err)
+	}
+	if !strings.Contains(logged.String(), "level=ERROR msg=\"ledger is corrupt;") {
+		t.Errorf("corrupt ledger not logged as an error: %q", logged.String())
 	}
 	if b, err := os.ReadFile(path + ".corrupt"); err != nil || string(b) != "{not json" {
 		t.Errorf("corrupt ledger not kept aside: %q %v", b, err)
@@ -130,7 +136,7 @@ func TestPersistenceAndRetain(t *testing.T) {
 
 func TestSaveFailureKeepsMemoryAndDiskInStep(t *testing.T) {
 	dir := t.TempDir()
-	l, _ := Open(filepath.Join(dir, "ledger.json"))
+	l, _ := Open(filepath.Join(dir, "ledger.json"), nil)
 	inv := testInventory()
 	if err := l.Reserve(Entry{ContainerID: "a", Devices: []api.DeviceAssignment{share(0, 1, 0)}}, inv); err != nil {
 		t.Fatal(err)
@@ -153,7 +159,7 @@ func TestSaveFailureKeepsMemoryAndDiskInStep(t *testing.T) {
 
 func TestPlaceLocally(t *testing.T) {
 	inv := testInventory()
-	l, _ := Open(filepath.Join(t.TempDir(), "l.json"))
+	l, _ := Open(filepath.Join(t.TempDir(), "l.json"), nil)
 	l.Reserve(Entry{ContainerID: "a", Devices: []api.DeviceAssignment{share(1, 30, 0)}}, inv)
 	// Best fit: the 5 GiB share goes to GPU 1 (10 GiB free) rather than the empty GPU 0.
 	got, err := l.PlaceLocally(&api.ContainerRequest{Name: "c", Shares: 1, ShareMemoryBytes: 5 << 30, ShareCores: 20}, inv)
@@ -180,7 +186,7 @@ func TestPlaceLocally(t *testing.T) {
 func TestMove(t *testing.T) {
 	inv := testInventory()
 	path := filepath.Join(t.TempDir(), "ledger.json")
-	l, err := Open(path)
+	l, err := Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +211,7 @@ func TestMove(t *testing.T) {
 	if _, ok := l.Get("hold:u/main"); !ok {
 		t.Error("a refused move dropped the source entry")
 	}
-	again, err := Open(path)
+	again, err := Open(path, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

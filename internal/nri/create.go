@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -36,7 +35,7 @@ func (p *Plugin) CreateContainer(ctx context.Context, pod *nriapi.PodSandbox, c 
 	p.createNanos.Add(int64(took))
 	if err != nil {
 		p.refusals.Add(1)
-		slog.Error("refusing container", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "err", err)
+		p.log.Error("refusing container", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "err", err)
 		err = fmt.Errorf("tessera: %s/%s container %q: %w", pod.GetNamespace(), pod.GetName(), c.GetName(), err)
 	}
 	if p.cfg.OnCreate != nil {
@@ -121,7 +120,7 @@ func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.C
 		p.release(entry.ContainerID)
 		return nil, err
 	}
-	slog.Info("GPU assignment realised", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "id", c.GetId(),
+	p.log.Info("GPU assignment realised", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "id", c.GetId(),
 		"devices", entry.Devices, "mig", entry.MIG, "mdev", entry.Mdev, "claims", entry.Claims, "local", entry.Local, "restarted", held)
 	return adj, nil
 }
@@ -283,7 +282,7 @@ func (p *Plugin) allowUngranted(ctx context.Context, pod *nriapi.PodSandbox, c *
 	if priv, err := p.privilegedContainer(ctx, pod, c.GetName()); err == nil && priv {
 		if count {
 			p.privileged.Add(1)
-			slog.Warn("privileged container holds every GPU: outside isolation", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName())
+			p.log.Warn("privileged container holds every GPU: outside isolation", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName())
 		}
 		return true, nil
 	}

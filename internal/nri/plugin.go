@@ -18,9 +18,13 @@ import (
 	nriapi "github.com/containerd/nri/pkg/api"
 	"github.com/containerd/nri/pkg/stub"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/tools/record"
 
 	"github.com/tessera-gpu/tessera/internal/agent"
 	"github.com/tessera-gpu/tessera/internal/podresources"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 // Config is the plugin's configuration.
@@ -37,16 +41,13 @@ type Config struct {
 	// AdminNamespaces are the namespaces an administrator marked for pods that see every GPU
 	// (monitoring): no device checks, NVIDIA_VISIBLE_DEVICES left alone.
 	AdminNamespaces []string
-	// Events reports problems on pods (nil: log only).
-	Events Events
+	// Events records Warning Events on pods (nil: log only).
+	Events record.EventRecorder
+	// Log receives the plugin's lines and, through the stub, NRI's own (nil: discarded).
+	Log *slog.Logger
 	// OnCreate, when set, is told of every CreateContainer with how long it took and the refusal
 	// (nil when the container was admitted): the node agent's histogram and the pod's Warning Event.
 	OnCreate func(pod *nriapi.PodSandbox, c *nriapi.Container, took time.Duration, refusal error)
-}
-
-// Events records a Warning Event on a pod.
-type Events interface {
-	Warn(ctx context.Context, namespace, pod, uid, reason, message string)
 }
 
 // pluginName is how NRI knows the plugin (containerd's required_plugins may name it).
@@ -66,6 +67,7 @@ type Pods interface {
 // Plugin is the NRI plugin around one stub.
 type Plugin struct {
 	cfg    Config
+	log    *slog.Logger
 	agent  *agent.Agent
 	grants Grants
 	pods   Pods
@@ -109,34 +111,38 @@ func New(cfg Config, a *agent.Agent, grants Grants, pods Pods) *Plugin {
 	if len(cfg.KataHandlers) == 0 {
 		cfg.KataHandlers = []string{"kata"}
 	}
-	return &Plugin{cfg: cfg, agent: a, grants: grants, pods: pods}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	return &Plugin{cfg: cfg, log: cfg.Log, agent: a, grants: grants, pods: pods}
 }
 
 // Run connects to the runtime's NRI socket and serves until ctx ends, reconnecting whenever the
 // runtime restarts (containerd drops its plugins when it goes away).
 func (p *Plugin) Run(ctx context.Context, socket string) error {
+	retry := wait.Backoff{Duration: retryDelay} // no factor: every retry a second later
 	for ctx.Err() == nil {
 		closed := make(chan struct{})
 		s, err := stub.New(p, stub.WithPluginName(pluginName), stub.WithPluginIdx(p.cfg.PluginIndex),
-			stub.WithSocketPath(socket), stub.WithOnClose(func() { close(closed) }))
+			stub.WithSocketPath(socket), stub.WithOnClose(func() { close(closed) }), stub.WithLogger(telemetry.NRILogger(p.log)))
 		if err != nil {
 			return fmt.Errorf("create NRI stub: %w", err)
 		}
 		if err := s.Start(ctx); err != nil {
-			slog.Warn("cannot connect to the runtime's NRI socket, retrying", "socket", socket, "err", err)
+			p.log.Warn("cannot connect to the runtime's NRI socket, retrying", "socket", socket, "err", err)
 			select {
 			case <-ctx.Done():
-			case <-timeAfter(retryDelay):
+			case <-timeAfter(retry.Step()):
 			}
 			continue
 		}
 		p.stub = s
-		slog.Info("NRI plugin connected", "socket", socket)
+		p.log.Info("NRI plugin connected", "socket", socket)
 		select {
 		case <-ctx.Done():
 			s.Stop()
 		case <-closed:
-			slog.Warn("runtime closed the NRI connection; reconnecting", "socket", socket)
+			p.log.Warn("runtime closed the NRI connection; reconnecting", "socket", socket)
 		}
 		p.synced.Store(false)
 	}
@@ -145,7 +151,7 @@ func (p *Plugin) Run(ctx context.Context, socket string) error {
 
 // Configure subscribes to the events the plugin handles.
 func (p *Plugin) Configure(ctx context.Context, config, runtime, version string) (nriapi.EventMask, error) {
-	slog.Info("NRI plugin configured", "runtime", runtime, "version", version)
+	p.log.Info("NRI plugin configured", "runtime", runtime, "version", version)
 	// ValidateContainerAdjustment: the device checks run again on what the container gets after
 	// every plugin has made its adjustments.
 	return nriapi.MustParseEventMask("CreateContainer", "StopContainer", "RemoveContainer", "StopPodSandbox", "RemovePodSandbox", "ValidateContainerAdjustment"), nil
@@ -160,10 +166,16 @@ func (p *Plugin) isAdmin(pod *nriapi.PodSandbox) bool {
 	return slices.Contains(p.cfg.AdminNamespaces, pod.GetNamespace())
 }
 
-func (p *Plugin) warn(ctx context.Context, pod *nriapi.PodSandbox, reason, msg string) {
+// warn records a Warning Event on the pod.
+func (p *Plugin) warn(pod *nriapi.PodSandbox, reason, msg string) {
 	if p.cfg.Events != nil {
-		p.cfg.Events.Warn(ctx, pod.GetNamespace(), pod.GetName(), pod.GetUid(), reason, msg)
+		p.cfg.Events.Event(PodRef(pod), corev1.EventTypeWarning, reason, msg)
 	}
+}
+
+// PodRef is the sandbox's pod as an Event's involved object.
+func PodRef(pod *nriapi.PodSandbox) *corev1.ObjectReference {
+	return &corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: pod.GetNamespace(), Name: pod.GetName(), UID: types.UID(pod.GetUid())}
 }
 
 func (p *Plugin) containerDir(id string) string {

@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -61,16 +62,29 @@ type env struct {
 	outcomes map[string]error // container name -> what OnCreate was told
 }
 
-// fakeEvents records the Warning Events the plugin reports.
+// fakeEvents is a record.EventRecorder that keeps each Event as "TYPE APIVERSION/KIND
+// NAMESPACE/NAME(UID) REASON: MESSAGE".
 type fakeEvents struct {
 	mu     sync.Mutex
 	events []string
 }
 
-func (f *fakeEvents) Warn(_ context.Context, namespace, pod, uid, reason, message string) {
+func (f *fakeEvents) Event(object runtime.Object, eventtype, reason, message string) {
+	ref, ok := object.(*corev1.ObjectReference)
+	if !ok {
+		panic(fmt.Sprintf("event on a %T, want an *ObjectReference", object))
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.events = append(f.events, namespace+"/"+pod+" "+reason+": "+message)
+	f.events = append(f.events, fmt.Sprintf("%s %s/%s %s/%s(%s) %s: %s", eventtype, ref.APIVersion, ref.Kind, ref.Namespace, ref.Name, ref.UID, reason, message))
+}
+
+func (f *fakeEvents) Eventf(object runtime.Object, eventtype, reason, messageFmt string, args ...any) {
+	f.Event(object, eventtype, reason, fmt.Sprintf(messageFmt, args...))
+}
+
+func (f *fakeEvents) AnnotatedEventf(object runtime.Object, _ map[string]string, eventtype, reason, messageFmt string, args ...any) {
+	f.Eventf(object, eventtype, reason, messageFmt, args...)
 }
 
 // outcome returns what OnCreate was told about the container, and whether it was called.
@@ -96,7 +110,7 @@ func newAgentEnv(t testing.TB) (*env, *ledger.Ledger) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { backend.Close() })
-	l, err := ledger.Open(filepath.Join(dir, "ledger.json"))
+	l, err := ledger.Open(filepath.Join(dir, "ledger.json"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -407,7 +421,7 @@ func TestSynchronizeRebuildsLedger(t *testing.T) {
 	// The runtime reports one running container Tessera adjusted earlier (its annotation holds the
 	// entry) that the ledger lost, and the ledger holds one the runtime no longer has.
 	dir := t.TempDir()
-	l, _ := ledger.Open(filepath.Join(dir, "x.json"))
+	l, _ := ledger.Open(filepath.Join(dir, "x.json"), nil)
 	_ = l
 	entry := ledger.Entry{ContainerID: "c-live", PodUID: "u", Namespace: "ns", Pod: "p", Container: "main"}
 	live := ctr("c-live")

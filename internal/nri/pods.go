@@ -3,13 +3,11 @@ package nri
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	listersv1 "k8s.io/client-go/listers/core/v1"
@@ -49,19 +47,4 @@ func (a *APIPods) Pod(ctx context.Context, namespace, name, uid string) (*corev1
 		return nil, fmt.Errorf("pod %s/%s in the API server has UID %s, the sandbox %s", namespace, name, p.UID, uid)
 	}
 	return p, nil
-}
-
-// Warn records a Warning Event on the pod (best effort: a failure is logged).
-func (a *APIPods) Warn(ctx context.Context, namespace, pod, uid, reason, message string) {
-	now := metav1.Now()
-	ev := &corev1.Event{
-		ObjectMeta:     metav1.ObjectMeta{GenerateName: pod + ".", Namespace: namespace},
-		InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: namespace, Name: pod, UID: types.UID(uid), APIVersion: "v1"},
-		Reason:         reason, Message: message, Type: corev1.EventTypeWarning,
-		FirstTimestamp: now, LastTimestamp: now, Count: 1,
-		Source: corev1.EventSource{Component: "tessera-node"},
-	}
-	if _, err := a.client.CoreV1().Events(namespace).Create(ctx, ev, metav1.CreateOptions{}); err != nil {
-		slog.Error("record event", "pod", namespace+"/"+pod, "reason", reason, "err", err)
-	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"strings"
 
 	nriapi "github.com/containerd/nri/pkg/api"
@@ -55,7 +54,7 @@ func (p *Plugin) RemovePodSandbox(ctx context.Context, pod *nriapi.PodSandbox) e
 // releaseSandbox frees the holds of a pod sandbox, known by its pod UID or, for a sandbox containerd
 // recovered after a restart (it may report no pod metadata), by its ID.
 func (p *Plugin) releaseSandbox(ctx context.Context, pod *nriapi.PodSandbox) {
-	slog.Info("pod sandbox going", "id", pod.GetId(), "uid", pod.GetUid(), "pod", pod.GetNamespace()+"/"+pod.GetName())
+	p.log.Info("pod sandbox going", "id", pod.GetId(), "uid", pod.GetUid(), "pod", pod.GetNamespace()+"/"+pod.GetName())
 	uids := map[string]bool{}
 	if pod.GetUid() != "" {
 		uids[pod.GetUid()] = true
@@ -79,19 +78,19 @@ func (p *Plugin) releasePod(ctx context.Context, podUID string) {
 		}
 		if _, ok, err := l.Release(e.ContainerID); err != nil || !ok {
 			if err != nil {
-				slog.Error("release pod devices", "pod", e.Namespace+"/"+e.Pod, "err", err)
+				p.log.Error("release pod devices", "pod", e.Namespace+"/"+e.Pod, "err", err)
 			}
 			continue
 		}
 		p.removeMdevs(ctx, e.Mdev)
-		slog.Info("pod devices released", "pod", e.Namespace+"/"+e.Pod, "container", e.Container, "devices", e.Devices, "mig", e.MIG, "mdev", e.Mdev)
+		p.log.Info("pod devices released", "pod", e.Namespace+"/"+e.Pod, "container", e.Container, "devices", e.Devices, "mig", e.MIG, "mdev", e.Mdev)
 	}
 }
 
 func (p *Plugin) removeMdevs(ctx context.Context, ids []string) {
 	for _, id := range ids {
 		if err := p.agent.RemoveMdev(ctx, id); err != nil {
-			slog.Error("remove mdev device", "uuid", id, "err", err)
+			p.log.Error("remove mdev device", "uuid", id, "err", err)
 		}
 	}
 }
@@ -109,10 +108,10 @@ func (p *Plugin) release(containerID string) {
 	if err := l.Move(containerID, hold, p.agent.Inventory()); err != nil {
 		// Moving cannot over-commit (same devices); if it fails the container's entry stays, which
 		// over-reserves rather than gives the GPU away; Synchronize retries.
-		slog.Error("keep stopped container's devices for its pod", "id", containerID, "err", err)
+		p.log.Error("keep stopped container's devices for its pod", "id", containerID, "err", err)
 		return
 	}
-	slog.Info("container stopped; its devices stay with its pod", "pod", e.Namespace+"/"+e.Pod, "container", e.Container, "id", containerID)
+	p.log.Info("container stopped; its devices stay with its pod", "pod", e.Namespace+"/"+e.Pod, "container", e.Container, "id", containerID)
 }
 
 // Synchronize rebuilds the ledger from the containers the runtime has: entries of containers that
@@ -156,7 +155,7 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*nriapi.PodSandbox, con
 		}
 	}
 	p.synced.Store(true)
-	slog.Info("synchronized with the runtime", "containers", len(containers), "held", len(l.Entries()), "unrealised", unrealised)
+	p.log.Info("synchronized with the runtime", "containers", len(containers), "held", len(l.Entries()), "unrealised", unrealised)
 	return nil, nil
 }
 
@@ -179,7 +178,7 @@ func (p *Plugin) readopt(c *nriapi.Container) {
 	}
 	var e ledger.Entry
 	if err := json.Unmarshal([]byte(raw), &e); err != nil || e.ContainerID != c.GetId() {
-		slog.Error("cannot re-adopt container: bad ledger annotation", "id", c.GetId(), "err", err)
+		p.log.Error("cannot re-adopt container: bad ledger annotation", "id", c.GetId(), "err", err)
 		return
 	}
 	var err error
@@ -189,10 +188,10 @@ func (p *Plugin) readopt(c *nriapi.Container) {
 		err = l.Reserve(e, p.agent.Inventory())
 	}
 	if err != nil {
-		slog.Error("cannot re-adopt container", "id", c.GetId(), "err", err)
+		p.log.Error("cannot re-adopt container", "id", c.GetId(), "err", err)
 		return
 	}
-	slog.Info("re-adopted running container", "id", c.GetId(), "pod", e.Namespace+"/"+e.Pod)
+	p.log.Info("re-adopted running container", "id", c.GetId(), "pod", e.Namespace+"/"+e.Pod)
 }
 
 // reportUnrealised reports a running container holding GPU devices with no ledger entry: it started
@@ -216,8 +215,8 @@ func (p *Plugin) reportUnrealised(ctx context.Context, pod *nriapi.PodSandbox, c
 	}
 	msg := fmt.Sprintf("container %q is running with GPU devices Tessera did not grant or record: %s; delete the pod so it is recreated through the kubelet's grant",
 		c.GetName(), strings.Join(bad, "; "))
-	slog.Error("unrealised GPU container", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "devices", bad)
-	p.warn(ctx, pod, "TesseraUnrealisedGPU", msg)
+	p.log.Error("unrealised GPU container", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "devices", bad)
+	p.warn(pod, "TesseraUnrealisedGPU", msg)
 	return true
 }
 
@@ -238,7 +237,7 @@ func (p *Plugin) ReleaseUnlisted(ctx context.Context, listed map[podresources.Ke
 		}
 		missing[e.PodUID] = true
 		if p.unlisted[e.PodUID] {
-			slog.Info("the kubelet no longer lists the pod; releasing its holds", "pod", e.Namespace+"/"+e.Pod)
+			p.log.Info("the kubelet no longer lists the pod; releasing its holds", "pod", e.Namespace+"/"+e.Pod)
 			p.releasePod(ctx, e.PodUID)
 		}
 	}

@@ -355,7 +355,7 @@ func TestSecurityUnrealisedReported(t *testing.T) {
 	}
 	e.events.mu.Lock()
 	defer e.events.mu.Unlock()
-	if len(e.events.events) != 1 || !strings.Contains(e.events.events[0], "TesseraUnrealisedGPU") || !strings.Contains(e.events.events[0], "/dev/nvidia2 (195:2") {
+	if len(e.events.events) != 1 || !strings.HasPrefix(e.events.events[0], "Warning v1/Pod ns/rogue(uid-rogue) TesseraUnrealisedGPU: ") || !strings.Contains(e.events.events[0], "/dev/nvidia2 (195:2") {
 		t.Errorf("events: %v", e.events.events)
 	}
 }

@@ -3,7 +3,6 @@ package nri
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"strings"
 
 	nriapi "github.com/containerd/nri/pkg/api"
@@ -22,7 +21,7 @@ func (p *Plugin) ValidateContainerAdjustment(ctx context.Context, req *nriapi.Va
 	if err := p.validate(ctx, req); err != nil {
 		p.refusals.Add(1)
 		pod, c := req.GetPod(), req.GetContainer()
-		slog.Error("refusing container after all plugins' adjustments", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "err", err)
+		p.log.Error("refusing container after all plugins' adjustments", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName(), "err", err)
 		return fmt.Errorf("tessera: %s/%s container %q: %w", pod.GetNamespace(), pod.GetName(), c.GetName(), err)
 	}
 	return nil

@@ -58,13 +58,26 @@ func (o LogOptions) Setup(w io.Writer) (*slog.Logger, error) {
 	}
 	klog.SetSlogLogger(log)
 
-	nrilog.Set(nriLogger{log})
+	nrilog.Set(NRILogger(log))
 
-	logrus.SetOutput(io.Discard)
-	logrus.SetLevel(logrus.TraceLevel)
-	logrus.StandardLogger().ReplaceHooks(logrus.LevelHooks{})
-	logrus.AddHook(logrusHook{log})
+	routeLogrus(logrus.StandardLogger(), log)
 	return log, nil
+}
+
+// Logrus returns a logrus logger whose entries go to log, for an API that wants one (the NVIDIA
+// Container Toolkit's CDI hook commands); Setup routes logrus's standard logger the same way.
+func Logrus(log *slog.Logger) *logrus.Logger {
+	l := logrus.New()
+	routeLogrus(l, log)
+	return l
+}
+
+// routeLogrus makes l write nothing itself and hand every entry to log, whose level decides.
+func routeLogrus(l *logrus.Logger, log *slog.Logger) {
+	l.SetOutput(io.Discard)
+	l.SetLevel(logrus.TraceLevel)
+	l.ReplaceHooks(logrus.LevelHooks{})
+	l.AddHook(logrusHook{log})
 }
 
 // verbosityName names klog's V(n) lines (slog levels -1..-3) "V1".."V3" rather than slog's
@@ -79,7 +92,10 @@ func verbosityName(_ []string, a slog.Attr) slog.Attr {
 	return a
 }
 
-// nriLogger is NRI's Logger interface over slog.
+// NRILogger is NRI's Logger interface over log: for NRI's global logger (Setup) and a plugin's
+// stub (stub.WithLogger). Its lines carry component=nri.
+func NRILogger(log *slog.Logger) nrilog.Logger { return nriLogger{log} }
+
 type nriLogger struct{ log *slog.Logger }
 
 func (l nriLogger) Debugf(ctx context.Context, format string, args ...any) {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"log/slog"
 	"strings"
 	"testing"
 
@@ -61,5 +62,26 @@ func TestLogSetupRoutesLibraries(t *testing.T) {
 func TestLogSetupRejectsUnknownFormat(t *testing.T) {
 	if _, err := (LogOptions{Format: "xml"}).Setup(&bytes.Buffer{}); err == nil || !strings.Contains(err.Error(), "--log-format") {
 		t.Fatalf("want a --log-format error, got %v", err)
+	}
+}
+
+// TestLogrusAndNRILoggerGoToTheirSlog: the logrus logger made for an API that wants one, and the
+// NRI logger given to a plugin's stub, write into the slog logger they were made from, not
+// logrus's or NRI's global.
+func TestLogrusAndNRILoggerGoToTheirSlog(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	l := Logrus(log)
+	l.WithField("f", "x").Warningf("from the hook %d", 1)
+	l.Debugf("hook debug")
+	NRILogger(log).Warnf(context.Background(), "from the stub %d", 2)
+	out := buf.String()
+	for _, want := range []string{`level=WARN msg="from the hook 1" f=x`, `level=WARN msg="from the stub 2" component=nri`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("want %q in:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "hook debug") {
+		t.Errorf("a debug line passed an Info logger:\n%s", out)
 	}
 }
