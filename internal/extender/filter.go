@@ -134,15 +134,15 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 	pool, hasPool := pod.Spec.NodeSelector[api.LabelPool]
 	// Each node's verdict goes to its own slot (nodes are checked in parallel).
 	workers := runtime.GOMAXPROCS(0)
-	scs, tab := x.evalSetup(req, workers)
-	defer releaseScoreContexts(scs...)
+	ev := x.evaluation(req, workers)
+	defer ev.Release()
 	// Pick-one needs the best node only: nodes are bounded first and evaluated only where the bound
 	// reaches the best score (refineBounds).
 	bound := x.bounds(req)
 	var refine func(again revisit)
 	if bound {
 		refine = func(again revisit) {
-			x.refineBounds(again, tab, scs, req, names, verdict, reason, scores, gens, bounded, &sc.order)
+			x.refineBounds(again, ev, req, names, verdict, reason, scores, gens, bounded, &sc.order)
 		}
 	}
 	x.State.viewIndexedThen(names, workers, func(w, i int, slot int, n *placement.NodeState, missing string) {
@@ -153,17 +153,17 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 		case hasPool && n.Labels[api.LabelPool] != pool:
 			verdict[i], reason[i] = verdictUnresolvable, fmt.Sprintf("node is in GPU pool %q, pod asks for pool %q", n.Labels[api.LabelPool], pool)
 		default:
-			var o evalOutcome
+			var o placement.Outcome
 			if bound {
-				o, bounded[i] = x.evaluateBound(tab, scs[w], slot, n, req)
+				o = ev.Bound(w, slot, n)
 			} else {
-				o = *x.evaluate(tab, scs[w], slot, n, req, true)
+				o = ev.Exact(w, slot, n, true)
 			}
-			if o.u != nil {
-				verdict[i], reason[i] = refusal(o.u), o.u.Msg
+			if o.Unfit != nil {
+				verdict[i], reason[i] = refusal(o.Unfit), o.Unfit.Msg
 				return
 			}
-			scores[i], gens[i] = o.score, o.gen
+			scores[i], gens[i], bounded[i] = o.Score, o.Gen, o.Kind
 		}
 	}, refine)
 	nfit := 0
@@ -200,8 +200,8 @@ type filterScratch struct {
 	verdict      []uint8
 	reason       []string
 	scores, gens []float64
-	bounded      []uint8 // scoreExact, or scores[i] is an upper bound (pick-one's first pass): scoreBound or scoreCoarse
-	order        []int   // refineBounds' nodes to evaluate
+	bounded      []placement.ScoreKind // ScoreExact, or scores[i] is an upper bound (pick-one's first pass)
+	order        []int                 // refineBounds' nodes to evaluate
 }
 
 var filterScratches = sync.Pool{New: func() any { return new(filterScratch) }}
@@ -210,7 +210,7 @@ var filterScratches = sync.Pool{New: func() any { return new(filterScratch) }}
 func getFilterScratch(n int) *filterScratch {
 	sc := filterScratches.Get().(*filterScratch)
 	if cap(sc.verdict) < n {
-		*sc = filterScratch{verdict: make([]uint8, n), reason: make([]string, n), scores: make([]float64, n), gens: make([]float64, n), bounded: make([]uint8, n)}
+		*sc = filterScratch{verdict: make([]uint8, n), reason: make([]string, n), scores: make([]float64, n), gens: make([]float64, n), bounded: make([]placement.ScoreKind, n)}
 		return sc
 	}
 	sc.verdict, sc.reason, sc.scores, sc.gens, sc.bounded = sc.verdict[:n], sc.reason[:n], sc.scores[:n], sc.gens[:n], sc.bounded[:n]
@@ -318,7 +318,7 @@ func (x *Extender) bounds(req *placement.Request) bool {
 // bound that reaches it is first made a Bound (which also says whether the node fits), and the
 // node evaluated only if that reaches it too. Every node left bounded then scores below the choice
 // or loses the tie to it, so keepBest picks what it picks after evaluating every node.
-func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.ScoreContext, req *placement.Request, names []string, verdict []uint8, reason []string, scores, gens []float64, bounded []uint8, orderBuf *[]int) {
+func (x *Extender) refineBounds(again revisit, ev *placement.Evaluation, req *placement.Request, names []string, verdict []uint8, reason []string, scores, gens []float64, bounded []placement.ScoreKind, orderBuf *[]int) {
 	// The leader is the best exact score found and, where keepBest breaks ties by name (not for
 	// experiment or inference pods: GPU generations first), the smallest name among its ties: a
 	// node whose bound can at most tie it and whose name is greater cannot be kept either. (An exact
@@ -338,7 +338,7 @@ func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.
 		}
 	}
 	for i := range verdict {
-		if verdict[i] == verdictFits && bounded[i] == scoreExact {
+		if verdict[i] == verdictFits && bounded[i] == placement.ScoreExact {
 			offer(scores[i], names[i])
 		}
 	}
@@ -349,7 +349,7 @@ func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.
 	// Highest bound first, by integer score (a count sort) and then sorted within each integer only
 	// as far as the best score found reaches (most nodes' bounds end far below it).
 	pending := func(i int) bool {
-		return verdict[i] == verdictFits && bounded[i] != scoreExact && scores[i] >= best-placement.ScoreEpsilon
+		return verdict[i] == verdictFits && bounded[i] != placement.ScoreExact && scores[i] >= best-placement.ScoreEpsilon
 	}
 	var count [scoreBuckets + 1]int
 	for i := range verdict {
@@ -369,42 +369,36 @@ func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.
 			next[b+1]++
 		}
 	}
-	// beaten: node i's bound (scores[i]) cannot make it keepBest's choice over the leader; stop:
-	// nor can any node after it in the order.
-	beaten := func(i int) (beaten, stop bool) {
+	// beaten: a bound s of node i cannot make it keepBest's choice over the leader; stop: nor can
+	// any node after it in the order.
+	beaten := func(s float64, i int) (beaten, stop bool) {
 		l := lead.Load()
 		switch {
 		case l == nil:
 			return false, false
-		case scores[i] < l.score-placement.ScoreEpsilon:
+		case s < l.score-placement.ScoreEpsilon:
 			return true, true
 		}
-		return byName && scores[i] <= l.score+placement.ScoreEpsilon && names[i] > l.name, false
+		return byName && s <= l.score+placement.ScoreEpsilon && names[i] > l.name, false
 	}
 	refine := func(w, i, slot int, n *placement.NodeState) bool {
-		if beaten, stop := beaten(i); beaten {
+		if beaten, stop := beaten(scores[i], i); beaten {
 			return !stop // sorted by bound: every later bound is lower still
 		}
-		if bounded[i] == scoreCoarse {
-			o, kind, _ := x.boundOutcome(tab, scs[w], slot, n, req, false)
-			if o.u != nil {
-				verdict[i], reason[i] = refusal(o.u), o.u.Msg
-				return true
-			}
-			scores[i], gens[i], bounded[i] = o.score, o.gen, kind
-			if beaten, _ := beaten(i); kind == scoreBound && beaten {
-				return true // a later node's coarse bound may still reach the leader
-			}
+		// A coarse bound made a Bound that is beaten stays one: a later node's coarse bound may
+		// still reach the leader.
+		o := ev.Refine(w, slot, n, placement.Outcome{Score: scores[i], Kind: bounded[i]}, func(b float64) bool {
+			beaten, _ := beaten(b, i)
+			return beaten
+		})
+		if o.Unfit != nil {
+			verdict[i], reason[i] = refusal(o.Unfit), o.Unfit.Msg
+			return true
 		}
-		if bounded[i] == scoreBound {
-			o := x.evaluate(tab, scs[w], slot, n, req, true)
-			if o.u != nil { // cannot happen: the bound pass saw the same state fit
-				verdict[i], reason[i] = refusal(o.u), o.u.Msg
-				return true
-			}
-			scores[i], gens[i], bounded[i] = o.score, o.gen, scoreExact
+		scores[i], gens[i], bounded[i] = o.Score, o.Gen, o.Kind
+		if o.Kind == placement.ScoreExact {
+			offer(scores[i], names[i])
 		}
-		offer(scores[i], names[i])
 		return true
 	}
 	for b := scoreBuckets - 1; b >= 0; b-- {
@@ -470,9 +464,7 @@ func (x *Extender) holdChoice(pod *corev1.Pod, req *placement.Request, node stri
 		if n == nil {
 			return
 		}
-		sc := x.scoreContext()
-		defer releaseScoreContexts(sc)
-		if p, _, u := x.Engine.Evaluate(sc, n, req); u == nil {
+		if p, _, u := x.Engine.EvaluateOn(x.State.Shapes().ScoreContext(), n, req); u == nil {
 			a = BuildAssignment(n, req, &p)
 		}
 	})
