@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"math"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -286,28 +285,5 @@ func TestBoundedWarmerAgreesWithExhaustive(t *testing.T) {
 	}
 	if compared < 80 || x.Warmed() == 0 {
 		t.Fatalf("compared %d steps, warmed %d: the comparison proved little", compared, x.Warmed())
-	}
-}
-
-// TestScoreBuckets: refineBounds' buckets order scores (a higher score never lands in a lower
-// bucket) and every score is at most its bucket's top (else a bucket could be skipped that holds a
-// node reaching the best score).
-func TestScoreBuckets(t *testing.T) {
-	rng := rand.New(rand.NewPCG(7, 8))
-	scores := []float64{math.Inf(-1), math.Inf(1), -1, -0.5, 0, 1e-12, 0.999, 1, 100, 100.0001, 101, 101.5, 1e9, -1e9}
-	for range 10000 {
-		scores = append(scores, float64(rng.IntN(101))-1e-3*rng.Float64(), 110*rng.Float64()-5)
-	}
-	for _, s := range scores {
-		b := scoreBucket(s)
-		if b < 0 || b >= scoreBuckets {
-			t.Fatalf("score %v: bucket %d out of 0..%d", s, b, scoreBuckets-1)
-		}
-		if s > bucketTop(b) {
-			t.Fatalf("score %v above its bucket %d's top %v", s, b, bucketTop(b))
-		}
-		if b > 0 && s <= bucketTop(b-1) {
-			t.Fatalf("score %v in bucket %d although bucket %d's top %v holds it", s, b, b-1, bucketTop(b-1))
-		}
 	}
 }

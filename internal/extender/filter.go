@@ -351,20 +351,20 @@ func (x *Extender) refineBounds(again revisit, ev *placement.Evaluation, req *pl
 	pending := func(i int) bool {
 		return verdict[i] == verdictFits && bounded[i] != placement.ScoreExact && scores[i] >= best-placement.ScoreEpsilon
 	}
-	var count [scoreBuckets + 1]int
+	var count [placement.ScoreBuckets + 1]int
 	for i := range verdict {
 		if pending(i) {
-			count[scoreBucket(scores[i])]++
+			count[placement.ScoreBucket(scores[i])]++
 		}
 	}
-	for b := scoreBuckets - 1; b >= 0; b-- {
+	for b := placement.ScoreBuckets - 1; b >= 0; b-- {
 		count[b] += count[b+1] // count[b]: how many are in buckets b and above
 	}
 	order := slices.Grow((*orderBuf)[:0], count[0])[:count[0]]
 	next := count // next[b+1]: the next free position of bucket b
 	for i := range verdict {
 		if pending(i) {
-			b := scoreBucket(scores[i])
+			b := placement.ScoreBucket(scores[i])
 			order[next[b+1]] = i
 			next[b+1]++
 		}
@@ -401,8 +401,8 @@ func (x *Extender) refineBounds(again revisit, ev *placement.Evaluation, req *pl
 		}
 		return true
 	}
-	for b := scoreBuckets - 1; b >= 0; b-- {
-		if l := lead.Load(); l != nil && bucketTop(b) < l.score-placement.ScoreEpsilon {
+	for b := placement.ScoreBuckets - 1; b >= 0; b-- {
+		if l := lead.Load(); l != nil && placement.BucketTop(b) < l.score-placement.ScoreEpsilon {
 			break // this bucket and every lower one
 		}
 		seg := order[count[b+1]:count[b]]
@@ -429,24 +429,6 @@ func refusal(u *placement.Unfit) uint8 {
 type leader struct {
 	score float64
 	name  string
-}
-
-// Score buckets of refineBounds' order: a score is an integer 0..100 less a tie-break below 1 (an
-// upper bound is one too), -Inf where a coarse bound knows the node does not fit, +Inf where there
-// is no bound; bucket b holds the scores whose ceiling is b-1, clamped to -1..101 (the last bucket
-// has no top).
-const scoreBuckets = 103
-
-func scoreBucket(s float64) int {
-	return int(min(max(math.Ceil(s), -1), 101)) + 1
-}
-
-// bucketTop is the highest score bucket b holds.
-func bucketTop(b int) float64 {
-	if b == scoreBuckets-1 {
-		return math.Inf(1)
-	}
-	return float64(b - 1)
 }
 
 // holdChoice reserves Filter's choice (GPUs, CPU and memory) until the bind lands, so that the pods

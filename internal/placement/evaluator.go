@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"math"
 	"sync"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -29,6 +30,25 @@ const (
 	// it knows the node does not fit).
 	ScoreCoarse
 )
+
+// Score buckets order nodes by score or bound, highest first, by a count sort (the extender's
+// pick-one refineBounds): a score is an integer 0..100 less a tie-break below 1 (an upper bound is
+// one too), -Inf where a coarse bound knows the node does not fit, +Inf where there is no bound;
+// bucket b holds the scores whose ceiling is b-1, clamped to -1..101 (the last bucket has no top).
+const ScoreBuckets = 103
+
+// ScoreBucket is the bucket of score s.
+func ScoreBucket(s float64) int {
+	return int(min(max(math.Ceil(s), -1), 101)) + 1
+}
+
+// BucketTop is the highest score bucket b holds.
+func BucketTop(b int) float64 {
+	if b == ScoreBuckets-1 {
+		return math.Inf(1)
+	}
+	return float64(b - 1)
+}
 
 // Outcome is a request's outcome on one node: its score (Kind says whether exact or an upper bound)
 // and, where exact, the newest GPU generation of the best placement; or why the request does not fit

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -141,5 +142,28 @@ func TestEvaluatorRemembersAndAgrees(t *testing.T) {
 	}
 	if ev.Counts().Remembered == remembered || ev.Counts().Bounded == 0 || ev.Counts().Warmed == 0 {
 		t.Fatalf("counts %+v: the comparison proved little", ev.Counts())
+	}
+}
+
+// TestScoreBuckets: ScoreBuckets order scores (a higher score never lands in a lower
+// bucket) and every score is at most its bucket's top (else a bucket could be skipped that holds a
+// node reaching the best score).
+func TestScoreBuckets(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	scores := []float64{math.Inf(-1), math.Inf(1), -1, -0.5, 0, 1e-12, 0.999, 1, 100, 100.0001, 101, 101.5, 1e9, -1e9}
+	for range 10000 {
+		scores = append(scores, float64(rng.IntN(101))-1e-3*rng.Float64(), 110*rng.Float64()-5)
+	}
+	for _, s := range scores {
+		b := ScoreBucket(s)
+		if b < 0 || b >= ScoreBuckets {
+			t.Fatalf("score %v: bucket %d out of 0..%d", s, b, ScoreBuckets-1)
+		}
+		if s > BucketTop(b) {
+			t.Fatalf("score %v above its bucket %d's top %v", s, b, BucketTop(b))
+		}
+		if b > 0 && s <= BucketTop(b-1) {
+			t.Fatalf("score %v in bucket %d although bucket %d's top %v holds it", s, b, b-1, BucketTop(b-1))
+		}
 	}
 }
