@@ -369,28 +369,25 @@ func (x *Extender) refineBounds(again revisit, ev *placement.Evaluation, req *pl
 			next[b+1]++
 		}
 	}
-	// beaten: a bound s of node i cannot make it keepBest's choice over the leader; stop: nor can
-	// any node after it in the order.
-	beaten := func(s float64, i int) (beaten, stop bool) {
-		l := lead.Load()
+	// least is the least bound that can make node i keepBest's choice over the leader l.
+	least := func(l *leader, i int) float64 {
 		switch {
 		case l == nil:
-			return false, false
-		case s < l.score-placement.ScoreEpsilon:
-			return true, true
+			return math.Inf(-1)
+		case byName && names[i] > l.name:
+			return math.Nextafter(l.score+placement.ScoreEpsilon, math.Inf(1)) // a tie loses by name
 		}
-		return byName && s <= l.score+placement.ScoreEpsilon && names[i] > l.name, false
+		return l.score - placement.ScoreEpsilon
 	}
 	refine := func(w, i, slot int, n *placement.NodeState) bool {
-		if beaten, stop := beaten(scores[i], i); beaten {
-			return !stop // sorted by bound: every later bound is lower still
+		l := lead.Load()
+		if scores[i] < least(l, i) {
+			// Beaten; sorted by bound: below the leader's score, so is every later bound (stop).
+			return scores[i] >= l.score-placement.ScoreEpsilon
 		}
 		// A coarse bound made a Bound that is beaten stays one: a later node's coarse bound may
 		// still reach the leader.
-		o := ev.Refine(w, slot, n, placement.Outcome{Score: scores[i], Kind: bounded[i]}, func(b float64) bool {
-			beaten, _ := beaten(b, i)
-			return beaten
-		})
+		o := ev.Refine(w, slot, n, placement.Outcome{Score: scores[i], Kind: bounded[i]}, least(lead.Load(), i))
 		if o.Unfit != nil {
 			verdict[i], reason[i] = refusal(o.Unfit), o.Unfit.Msg
 			return true

@@ -150,12 +150,12 @@ func (c *Evaluation) Bound(w, slot int, n *NodeState) Outcome {
 
 // Refine makes Bound's outcome o of node n (in slot) exact where it can still be the best: a coarse
 // bound is first made a Bound (which also says whether the node fits), and the node evaluated only
-// where beaten does not rule that bound out. The result is exact, or the Bound beaten ruled out, or
-// why the node does not fit.
-func (c *Evaluation) Refine(w, slot int, n *NodeState, o Outcome, beaten func(bound float64) bool) Outcome {
+// where that reaches least (the least score that can still be the caller's choice). The result is
+// exact, or a Bound below least, or why the node does not fit.
+func (c *Evaluation) Refine(w, slot int, n *NodeState, o Outcome, least float64) Outcome {
 	if o.Kind == ScoreCoarse {
 		o, _ = c.memo.boundOutcome(c.e, c.t, c.scs[w], slot, n, c.req, false)
-		if o.Unfit != nil || o.Kind == ScoreBound && beaten(o.Score) {
+		if o.Unfit != nil || o.Kind == ScoreBound && o.Score < least {
 			return o
 		}
 	}

@@ -72,7 +72,7 @@ func TestEvaluatorRemembersAndAgrees(t *testing.T) {
 		for i, n := range nodes {
 			var o Outcome
 			if bound {
-				o = c.Refine(0, i, n, c.Bound(0, i, n), func(float64) bool { return false })
+				o = c.Refine(0, i, n, c.Bound(0, i, n), math.Inf(-1))
 			} else {
 				o = c.Exact(0, i, n, true)
 			}
