@@ -104,23 +104,31 @@ type Evaluation struct {
 // Begin starts an evaluation of r with e on snapshot's shapes (ShapeStats.ScoreContext) for node
 // slots 0..slots-1, from workers goroutines (worker w uses its own context).
 func (ev *Evaluator) Begin(e *Engine, snapshot *ScoreContext, r *Request, slots, workers int) *Evaluation {
-	c := &Evaluation{memo: &ev.memo, e: e, req: r, scs: make([]*ScoreContext, workers)}
-	for w := range c.scs {
-		c.scs[w] = pooledScoreContext(snapshot)
+	c := evaluations.Get().(*Evaluation)
+	scs := c.scs[:0]
+	for range workers {
+		scs = append(scs, pooledScoreContext(snapshot))
 	}
+	*c = Evaluation{memo: &ev.memo, e: e, req: r, scs: scs}
 	if e.PolicyFor(r).Name() != api.PolicyRandom {
 		c.t = ev.memo.table(snapshot, r.Digest(), r, slots)
 	}
 	return c
 }
 
-// Release gives the evaluation's score contexts back (its outcomes stay valid).
+// Release gives the evaluation and its score contexts back: the Outcomes it returned stay valid,
+// the evaluation is not used again.
 func (c *Evaluation) Release() {
 	for _, sc := range c.scs {
 		scoreContexts.Put(sc)
 	}
-	c.scs = nil
+	clear(c.scs)
+	*c = Evaluation{scs: c.scs[:0]}
+	evaluations.Put(c)
 }
+
+// evaluations keeps Evaluations (and their context lists) between calls.
+var evaluations = sync.Pool{New: func() any { return new(Evaluation) }}
 
 // Exact is the request's outcome on node n (in slot): remembered when n has not changed since,
 // else evaluated with worker w's context and remembered (with the Unfit message when explain).
