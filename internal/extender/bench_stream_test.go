@@ -205,10 +205,9 @@ func streamBind(x *Extender, pod *corev1.Pod, node string) error {
 	}
 	x.State.Unreserve(pod.UID)
 	var a *api.PodAssignment
-	sc := x.scoreContext()
-	defer releaseScoreContexts(sc)
+	sc := x.State.Shapes().ScoreContext()
 	x.State.View([]string{node}, func(_ string, n *placement.NodeState, _ string) {
-		if p, _, u := x.Engine.Evaluate(sc, n, req); u == nil {
+		if p, _, u := x.Engine.EvaluateOn(sc, n, req); u == nil {
 			a = BuildAssignment(n, req, &p)
 		}
 	})

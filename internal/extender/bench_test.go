@@ -128,7 +128,7 @@ func BenchmarkFilterPrioritize(b *testing.B) {
 				cpu0 := cpuTime()
 				b.ResetTimer()
 				for i := 0; i < b.N; i++ {
-					x.memo.reset() // every node evaluated (the memo only: see above)
+					x.eval.Reset() // every node evaluated (the memo only: see above)
 					start := time.Now()
 					fr := x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
 					if _, err := x.Prioritize(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: fr.NodeNames}); err != nil {

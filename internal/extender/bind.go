@@ -228,9 +228,7 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 			return BuildAssignment(n, req, &p), nil
 		}
 	}
-	sc := x.scoreContext()
-	defer releaseScoreContexts(sc)
-	p, _, u := x.Engine.Evaluate(sc, n, req)
+	p, _, u := x.Engine.EvaluateOn(x.State.Shapes().ScoreContext(), n, req)
 	if u != nil {
 		return nil, fmt.Errorf("GPU request no longer fits node %s: %s", node, u.Msg)
 	}

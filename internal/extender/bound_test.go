@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"maps"
-	"math"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -154,27 +153,6 @@ func refusalsAgree(got, want extenderv1.FailedNodesMap, kept bool) bool {
 	return true
 }
 
-// TestBoundWordsRoundUp: a bound kept in a table's word (float32) reads back no lower than it was
-// (else a node whose bound equals its score could be pruned although it is the best), and only
-// for the node bound data it was computed from.
-func TestBoundWordsRoundUp(t *testing.T) {
-	tab := newEvalTable(nil, 4)
-	rng := rand.New(rand.NewPCG(5, 6))
-	nb, other := &nodeBoundSlot{gen: 7}, &nodeBoundSlot{gen: 8}
-	for range 10000 {
-		b := float64(rng.IntN(101)) - 1e-3*rng.Float64()*8000
-		kind := uint8(scoreBound + rng.IntN(2))
-		tab.storeBound(1, nb, b, kind)
-		got, k, ok := tab.bound(1, nb)
-		if !ok || got < b || k != kind {
-			t.Fatalf("stored %v (kind %d), read %v (kind %d, ok %v)", b, kind, got, k, ok)
-		}
-		if _, _, ok := tab.bound(1, other); ok {
-			t.Fatal("a bound read back for other node bound data")
-		}
-	}
-}
-
 // TestWarmerBoundsForPickOne: where pick-one Filter bounds (many typical shapes), the warmer bounds
 // the nodes that changed for the shapes the memo holds, and while a new snapshot is staged it
 // computes every node's bound data, so that the next pod of a shape bounds nothing in the call and
@@ -197,9 +175,9 @@ func TestWarmerBoundsForPickOne(t *testing.T) {
 		step++
 		px, py := pods[k](name), pods[k](name)
 		px.UID, py.UID = "", "" // no hold: a hold changes the chosen node, which the next call bounds again
-		b0, d0 := x.Bounded(), x.memo.boundData.Load()
+		b0, d0 := x.Bounded(), x.eval.Counts().BoundData
 		got := x.Filter(&extenderv1.ExtenderArgs{Pod: px, NodeNames: &names})
-		b1, d1 := x.Bounded(), x.memo.boundData.Load()
+		b1, d1 := x.Bounded(), x.eval.Counts().BoundData
 		want := y.Filter(&extenderv1.ExtenderArgs{Pod: py, NodeNames: &names})
 		if !slices.Equal(*got.NodeNames, *want.NodeNames) || len(*got.NodeNames) != 1 {
 			t.Fatalf("shape %d: bounded pick-one kept %v, exhaustive %v", k, *got.NodeNames, *want.NodeNames)
@@ -236,8 +214,8 @@ func TestWarmerBoundsForPickOne(t *testing.T) {
 	sc := x.State.Shapes().ScoreContext()
 	req := mustRequest(t, x, pods[2]("check"))
 	x.State.viewIndexed(names, 1, func(_, _, slot int, n *placement.NodeState, _ string) {
-		kept := x.memo.bounds.get(slot, n, n.UsageDigest())
-		if _, nb, u := x.Engine.Bound(sc, n, req, nil, true); u == nil && (kept == nil || !reflect.DeepEqual(*kept.nb, *nb)) {
+		kept := x.eval.NodeBound(slot, n)
+		if _, nb, u := x.Engine.Bound(sc, n, req, nil, true); u == nil && (kept == nil || !reflect.DeepEqual(*kept, *nb)) {
 			t.Fatalf("node %s: kept bound data %+v, the serving snapshot's %+v", n.Name, kept, nb)
 		}
 	})
@@ -307,28 +285,5 @@ func TestBoundedWarmerAgreesWithExhaustive(t *testing.T) {
 	}
 	if compared < 80 || x.Warmed() == 0 {
 		t.Fatalf("compared %d steps, warmed %d: the comparison proved little", compared, x.Warmed())
-	}
-}
-
-// TestScoreBuckets: refineBounds' buckets order scores (a higher score never lands in a lower
-// bucket) and every score is at most its bucket's top (else a bucket could be skipped that holds a
-// node reaching the best score).
-func TestScoreBuckets(t *testing.T) {
-	rng := rand.New(rand.NewPCG(7, 8))
-	scores := []float64{math.Inf(-1), math.Inf(1), -1, -0.5, 0, 1e-12, 0.999, 1, 100, 100.0001, 101, 101.5, 1e9, -1e9}
-	for range 10000 {
-		scores = append(scores, float64(rng.IntN(101))-1e-3*rng.Float64(), 110*rng.Float64()-5)
-	}
-	for _, s := range scores {
-		b := scoreBucket(s)
-		if b < 0 || b >= scoreBuckets {
-			t.Fatalf("score %v: bucket %d out of 0..%d", s, b, scoreBuckets-1)
-		}
-		if s > bucketTop(b) {
-			t.Fatalf("score %v above its bucket %d's top %v", s, b, bucketTop(b))
-		}
-		if b > 0 && s <= bucketTop(b-1) {
-			t.Fatalf("score %v in bucket %d although bucket %d's top %v holds it", s, b, b-1, bucketTop(b-1))
-		}
 	}
 }

@@ -52,8 +52,9 @@ type Extender struct {
 	WarmShapes int
 	// calls counts filter and prioritize calls in flight (the warmer waits for them, warm.go).
 	calls atomic.Int64
-	// memo remembers evaluation outcomes per request shape and node (memo.go).
-	memo evalMemo
+	// eval evaluates requests node by node and remembers the outcomes per request shape and node
+	// (placement.Evaluator).
+	eval placement.Evaluator
 }
 
 // discardLog is the logger of an Extender or State built without one (tests).

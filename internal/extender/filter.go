@@ -134,15 +134,15 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 	pool, hasPool := pod.Spec.NodeSelector[api.LabelPool]
 	// Each node's verdict goes to its own slot (nodes are checked in parallel).
 	workers := runtime.GOMAXPROCS(0)
-	scs, tab := x.evalSetup(req, workers)
-	defer releaseScoreContexts(scs...)
+	ev := x.evaluation(req, workers)
+	defer ev.Release()
 	// Pick-one needs the best node only: nodes are bounded first and evaluated only where the bound
 	// reaches the best score (refineBounds).
 	bound := x.bounds(req)
 	var refine func(again revisit)
 	if bound {
 		refine = func(again revisit) {
-			x.refineBounds(again, tab, scs, req, names, verdict, reason, scores, gens, bounded, &sc.order)
+			x.refineBounds(again, ev, req, names, verdict, reason, scores, gens, bounded, &sc.order)
 		}
 	}
 	x.State.viewIndexedThen(names, workers, func(w, i int, slot int, n *placement.NodeState, missing string) {
@@ -153,17 +153,17 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 		case hasPool && n.Labels[api.LabelPool] != pool:
 			verdict[i], reason[i] = verdictUnresolvable, fmt.Sprintf("node is in GPU pool %q, pod asks for pool %q", n.Labels[api.LabelPool], pool)
 		default:
-			var o evalOutcome
+			var o placement.Outcome
 			if bound {
-				o, bounded[i] = x.evaluateBound(tab, scs[w], slot, n, req)
+				o = ev.Bound(w, slot, n)
 			} else {
-				o = *x.evaluate(tab, scs[w], slot, n, req, true)
+				o = ev.Exact(w, slot, n, true)
 			}
-			if o.u != nil {
-				verdict[i], reason[i] = refusal(o.u), o.u.Msg
+			if o.Unfit != nil {
+				verdict[i], reason[i] = refusal(o.Unfit), o.Unfit.Msg
 				return
 			}
-			scores[i], gens[i] = o.score, o.gen
+			scores[i], gens[i], bounded[i] = o.Score, o.Gen, o.Kind
 		}
 	}, refine)
 	nfit := 0
@@ -200,8 +200,8 @@ type filterScratch struct {
 	verdict      []uint8
 	reason       []string
 	scores, gens []float64
-	bounded      []uint8 // scoreExact, or scores[i] is an upper bound (pick-one's first pass): scoreBound or scoreCoarse
-	order        []int   // refineBounds' nodes to evaluate
+	bounded      []placement.ScoreKind // ScoreExact, or scores[i] is an upper bound (pick-one's first pass)
+	order        []int                 // refineBounds' nodes to evaluate
 }
 
 var filterScratches = sync.Pool{New: func() any { return new(filterScratch) }}
@@ -210,7 +210,7 @@ var filterScratches = sync.Pool{New: func() any { return new(filterScratch) }}
 func getFilterScratch(n int) *filterScratch {
 	sc := filterScratches.Get().(*filterScratch)
 	if cap(sc.verdict) < n {
-		*sc = filterScratch{verdict: make([]uint8, n), reason: make([]string, n), scores: make([]float64, n), gens: make([]float64, n), bounded: make([]uint8, n)}
+		*sc = filterScratch{verdict: make([]uint8, n), reason: make([]string, n), scores: make([]float64, n), gens: make([]float64, n), bounded: make([]placement.ScoreKind, n)}
 		return sc
 	}
 	sc.verdict, sc.reason, sc.scores, sc.gens, sc.bounded = sc.verdict[:n], sc.reason[:n], sc.scores[:n], sc.gens[:n], sc.bounded[:n]
@@ -318,7 +318,7 @@ func (x *Extender) bounds(req *placement.Request) bool {
 // bound that reaches it is first made a Bound (which also says whether the node fits), and the
 // node evaluated only if that reaches it too. Every node left bounded then scores below the choice
 // or loses the tie to it, so keepBest picks what it picks after evaluating every node.
-func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.ScoreContext, req *placement.Request, names []string, verdict []uint8, reason []string, scores, gens []float64, bounded []uint8, orderBuf *[]int) {
+func (x *Extender) refineBounds(again revisit, ev *placement.Evaluation, req *placement.Request, names []string, verdict []uint8, reason []string, scores, gens []float64, bounded []placement.ScoreKind, orderBuf *[]int) {
 	// The leader is the best exact score found and, where keepBest breaks ties by name (not for
 	// experiment or inference pods: GPU generations first), the smallest name among its ties: a
 	// node whose bound can at most tie it and whose name is greater cannot be kept either. (An exact
@@ -338,7 +338,7 @@ func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.
 		}
 	}
 	for i := range verdict {
-		if verdict[i] == verdictFits && bounded[i] == scoreExact {
+		if verdict[i] == verdictFits && bounded[i] == placement.ScoreExact {
 			offer(scores[i], names[i])
 		}
 	}
@@ -349,66 +349,57 @@ func (x *Extender) refineBounds(again revisit, tab *evalTable, scs []*placement.
 	// Highest bound first, by integer score (a count sort) and then sorted within each integer only
 	// as far as the best score found reaches (most nodes' bounds end far below it).
 	pending := func(i int) bool {
-		return verdict[i] == verdictFits && bounded[i] != scoreExact && scores[i] >= best-placement.ScoreEpsilon
+		return verdict[i] == verdictFits && bounded[i] != placement.ScoreExact && scores[i] >= best-placement.ScoreEpsilon
 	}
-	var count [scoreBuckets + 1]int
+	var count [placement.ScoreBuckets + 1]int
 	for i := range verdict {
 		if pending(i) {
-			count[scoreBucket(scores[i])]++
+			count[placement.ScoreBucket(scores[i])]++
 		}
 	}
-	for b := scoreBuckets - 1; b >= 0; b-- {
+	for b := placement.ScoreBuckets - 1; b >= 0; b-- {
 		count[b] += count[b+1] // count[b]: how many are in buckets b and above
 	}
 	order := slices.Grow((*orderBuf)[:0], count[0])[:count[0]]
 	next := count // next[b+1]: the next free position of bucket b
 	for i := range verdict {
 		if pending(i) {
-			b := scoreBucket(scores[i])
+			b := placement.ScoreBucket(scores[i])
 			order[next[b+1]] = i
 			next[b+1]++
 		}
 	}
-	// beaten: node i's bound (scores[i]) cannot make it keepBest's choice over the leader; stop:
-	// nor can any node after it in the order.
-	beaten := func(i int) (beaten, stop bool) {
-		l := lead.Load()
+	// least is the least bound that can make node i keepBest's choice over the leader l.
+	least := func(l *leader, i int) float64 {
 		switch {
 		case l == nil:
-			return false, false
-		case scores[i] < l.score-placement.ScoreEpsilon:
-			return true, true
+			return math.Inf(-1)
+		case byName && names[i] > l.name:
+			return math.Nextafter(l.score+placement.ScoreEpsilon, math.Inf(1)) // a tie loses by name
 		}
-		return byName && scores[i] <= l.score+placement.ScoreEpsilon && names[i] > l.name, false
+		return l.score - placement.ScoreEpsilon
 	}
 	refine := func(w, i, slot int, n *placement.NodeState) bool {
-		if beaten, stop := beaten(i); beaten {
-			return !stop // sorted by bound: every later bound is lower still
+		l := lead.Load()
+		if scores[i] < least(l, i) {
+			// Beaten; sorted by bound: below the leader's score, so is every later bound (stop).
+			return scores[i] >= l.score-placement.ScoreEpsilon
 		}
-		if bounded[i] == scoreCoarse {
-			o, kind, _ := x.boundOutcome(tab, scs[w], slot, n, req, false)
-			if o.u != nil {
-				verdict[i], reason[i] = refusal(o.u), o.u.Msg
-				return true
-			}
-			scores[i], gens[i], bounded[i] = o.score, o.gen, kind
-			if beaten, _ := beaten(i); kind == scoreBound && beaten {
-				return true // a later node's coarse bound may still reach the leader
-			}
+		// A coarse bound made a Bound that is beaten stays one: a later node's coarse bound may
+		// still reach the leader.
+		o := ev.Refine(w, slot, n, placement.Outcome{Score: scores[i], Kind: bounded[i]}, least(lead.Load(), i))
+		if o.Unfit != nil {
+			verdict[i], reason[i] = refusal(o.Unfit), o.Unfit.Msg
+			return true
 		}
-		if bounded[i] == scoreBound {
-			o := x.evaluate(tab, scs[w], slot, n, req, true)
-			if o.u != nil { // cannot happen: the bound pass saw the same state fit
-				verdict[i], reason[i] = refusal(o.u), o.u.Msg
-				return true
-			}
-			scores[i], gens[i], bounded[i] = o.score, o.gen, scoreExact
+		scores[i], gens[i], bounded[i] = o.Score, o.Gen, o.Kind
+		if o.Kind == placement.ScoreExact {
+			offer(scores[i], names[i])
 		}
-		offer(scores[i], names[i])
 		return true
 	}
-	for b := scoreBuckets - 1; b >= 0; b-- {
-		if l := lead.Load(); l != nil && bucketTop(b) < l.score-placement.ScoreEpsilon {
+	for b := placement.ScoreBuckets - 1; b >= 0; b-- {
+		if l := lead.Load(); l != nil && placement.BucketTop(b) < l.score-placement.ScoreEpsilon {
 			break // this bucket and every lower one
 		}
 		seg := order[count[b+1]:count[b]]
@@ -437,24 +428,6 @@ type leader struct {
 	name  string
 }
 
-// Score buckets of refineBounds' order: a score is an integer 0..100 less a tie-break below 1 (an
-// upper bound is one too), -Inf where a coarse bound knows the node does not fit, +Inf where there
-// is no bound; bucket b holds the scores whose ceiling is b-1, clamped to -1..101 (the last bucket
-// has no top).
-const scoreBuckets = 103
-
-func scoreBucket(s float64) int {
-	return int(min(max(math.Ceil(s), -1), 101)) + 1
-}
-
-// bucketTop is the highest score bucket b holds.
-func bucketTop(b int) float64 {
-	if b == scoreBuckets-1 {
-		return math.Inf(1)
-	}
-	return float64(b - 1)
-}
-
 // holdChoice reserves Filter's choice (GPUs, CPU and memory) until the bind lands, so that the pods
 // the scheduler filters meanwhile see it, as the simulator places pods one after another.
 // The chosen node is evaluated once more, for its GPUs: the evaluation memo keeps each node's score,
@@ -470,9 +443,7 @@ func (x *Extender) holdChoice(pod *corev1.Pod, req *placement.Request, node stri
 		if n == nil {
 			return
 		}
-		sc := x.scoreContext()
-		defer releaseScoreContexts(sc)
-		if p, _, u := x.Engine.Evaluate(sc, n, req); u == nil {
+		if p, _, u := x.Engine.EvaluateOn(x.State.Shapes().ScoreContext(), n, req); u == nil {
 			a = BuildAssignment(n, req, &p)
 		}
 	})

@@ -196,7 +196,7 @@ func TestMemoAgreesWithFreshEvaluation(t *testing.T) {
 		}
 		r1, _ := x.Evaluations()
 		remembered += r1 - r0
-		x.memo.reset()
+		x.eval.Reset()
 		want := x.Filter(args)
 		wantP, _ := x.Prioritize(args)
 		if !slices.Equal(*got.NodeNames, *want.NodeNames) || !maps.Equal(got.FailedNodes, want.FailedNodes) ||

@@ -10,7 +10,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
-// The evaluation warmer keeps the memo (memo.go) current off the request path. Without it the
+// The evaluation warmer keeps the memo (placement.Evaluator) current off the request path. Without it the
 // next pod of a shape re-evaluates, inside its Filter call, every node that changed since the
 // shape's last pod: for a shape last seen k pods ago, the ~2k nodes the binds and deletions in
 // between touched; and after a shape-snapshot rebuild the first pod of every shape evaluates every
@@ -137,7 +137,7 @@ func (x *Extender) warmOnce(ctx context.Context) {
 	}
 	shapes := x.State.Shapes()
 	if next := shapes.StagedScoreContext(); next != nil {
-		if staged := x.memo.stagedTables(next, x.State.nodeSlots(), x.warmShapes()); len(staged) > 0 {
+		if staged := x.eval.StagedTables(next, x.State.nodeSlots(), x.warmShapes()); len(staged) > 0 {
 			all := x.State.usableEntries()
 			for _, wt := range staged {
 				if s := shapes.StagedScoreContext(); s == nil || s.Snapshot != next.Snapshot {
@@ -152,7 +152,7 @@ func (x *Extender) warmOnce(ctx context.Context) {
 	}
 	sc := shapes.ScoreContext() // rebuilds (or promotes) the snapshot when due
 	changed := x.State.changes.take()
-	tables, fresh := x.memo.warmTables(sc, x.State.nodeSlots(), x.warmShapes())
+	tables, fresh := x.eval.WarmTables(sc, x.State.nodeSlots(), x.warmShapes())
 	if len(fresh) > 0 {
 		all := x.State.usableEntries()
 		for _, wt := range fresh {
@@ -175,8 +175,8 @@ func (x *Extender) warmOnce(ctx context.Context) {
 // under the State's read lock; false when ctx ended. Where pick-one Filter bounds the request, it
 // bounds them instead (what that Filter reads first; the node bound data it computes serves every
 // shape, so a shape never seen after a new snapshot finds it too).
-func (x *Extender) warmNodes(ctx context.Context, sc *placement.ScoreContext, wt warmTable, entries []*nodeEntry) bool {
-	bound := x.bounds(wt.req)
+func (x *Extender) warmNodes(ctx context.Context, sc *placement.ScoreContext, wt placement.WarmTable, entries []*nodeEntry) bool {
+	bound := x.bounds(wt.Request)
 	for start := 0; start < len(entries); start += warmBatch {
 		// Filter and prioritize go first: the warmer waits while one is in flight, so it takes the
 		// cores only between calls (a call waits at most for the batch under way).
@@ -195,15 +195,7 @@ func (x *Extender) warmNodes(ctx context.Context, sc *placement.ScoreContext, wt
 			if x.State.nodes[e.name] != e || x.State.unusable(e, now) != "" {
 				continue // deleted since, or not offered to placement (its outcome is never read)
 			}
-			switch {
-			case bound:
-				if _, _, remembered := x.boundOutcome(wt.t, sc, e.slot, e.state, wt.req, false); !remembered {
-					x.memo.warmed.Add(1)
-				}
-			case wt.t.lookup(e.slot, e.state, true) == nil:
-				x.memo.warmed.Add(1)
-				x.store(wt.t, sc, e.slot, e.state, wt.req, true)
-			}
+			x.eval.Warm(x.Engine, sc, wt, e.slot, e.state, bound)
 		}
 		x.State.mu.RUnlock()
 		runtime.Gosched() // let a waiting Filter call's goroutines run first

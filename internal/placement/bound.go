@@ -10,7 +10,7 @@ import (
 // nodes whose bound reaches the best exact score found so far are evaluated (branch and bound), and
 // the choice is the one exhaustive evaluation makes (same score, same ties). The bound is cheap
 // because everything it reads about the node is independent of the request, computed once per node
-// state and typical-shape snapshot (NodeBound, which callers keep: the extender per node slot), and
+// state and typical-shape snapshot (NodeBound, which callers keep: the Evaluator per node slot), and
 // what it reads about a GPU state is kept with the GPU state's fit mask (failWeight).
 //
 // Why it holds. tessera's gain is the node's fragmentation before minus after, a weighted sum over
@@ -47,7 +47,8 @@ import (
 // CoarseBound is the same sums with what they read of the state after a placement replaced by
 // extremes, for a request of one kind of part (whole GPUs or shares): a pass over the node's GPUs,
 // no candidate placements. Pick-one Filter ranks every node by it and bounds (and evaluates) only
-// the nodes whose coarse bound reaches the best score (extender refineBounds).
+// the nodes whose coarse bound reaches the best score (Evaluation.Bound and Refine, driven by the
+// extender's refineBounds).
 
 // boundSlack absorbs floating-point rounding between the bound's sums and the exact ones (in
 // per-mille of a GPU: far below one step of the quantised score).

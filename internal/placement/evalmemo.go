@@ -1,4 +1,4 @@
-package extender
+package placement
 
 import (
 	"cmp"
@@ -6,11 +6,9 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
-
-	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
-// evalMemo remembers, per request digest and node, the outcome of evaluating the request on the
+// evalMemo is an Evaluator's memory. It remembers, per request digest and node, the outcome of evaluating the request on the
 // node: valid while the node is the same state object with the same usage (its usage digest) and the typical-shape
 // snapshot is the same. Between two pods of one shape the scheduler sends the same nodes again and
 // only the few that changed (the last binds, pod deletions) are evaluated again; a scheduling queue
@@ -19,39 +17,40 @@ import (
 //
 // Memory is bounded: at most evalMemoBudget bytes of tables (a table holds one slot per node), the
 // least recently used request's table goes first, and every table goes when the snapshot changes.
-// A staged snapshot (placement.ShapeStats.StageSnapshots) has tables of its own, next, which the
-// warmer fills for the most recently used requests before the snapshot serves (warm.go).
+// A staged snapshot (ShapeStats.StageSnapshots) has tables of its own, next, which the
+// warmer fills for the most recently used requests before the snapshot serves (StagedTables, Warm;
+// the extender's warm.go).
 type evalMemo struct {
 	mu       sync.Mutex
-	snapshot *placement.FragCache
-	version  uint64 // the snapshot's number (placement.ScoreContext.Snapshot)
+	snapshot *FragCache
+	version  uint64 // the snapshot's number (ScoreContext.Snapshot)
 	tables   map[string]*evalTable
 	next     nextTables
 	tick     uint64
 	// pending are the requests of the tables the last snapshot change dropped, for the warmer to
-	// fill under the new snapshot (warm.go).
+	// fill under the new snapshot (WarmTables).
 	pending []pendingRequest
 	// bounds are the node states' bound data under the serving snapshot (pick-one Filter).
 	bounds *nodeBounds
-	// remembered and evaluated count node outcomes filter and prioritize took from the memo and
-	// computed afresh; bounded the nodes pick-one Filter bounded instead of evaluating them; warmed
-	// those the warmer computed (warm.go).
+	// remembered and evaluated count node outcomes calls took from the memo and computed afresh
+	// (Evaluation.Exact, Bound); bounded the nodes pick-one Filter bounded instead of evaluating
+	// them; warmed those the warmer computed (Warm).
 	remembered, evaluated, bounded, warmed atomic.Int64
-	// boundData counts the node bound data computed (placement.NodeBound: once per node state and
+	// boundData counts the node bound data computed (NodeBound: once per node state and
 	// snapshot, whoever asks first: a call or the warmer).
 	boundData atomic.Int64
 }
 
 // nextTables are the tables of a staged snapshot (by digest) and its node bounds.
 type nextTables struct {
-	snapshot *placement.FragCache
+	snapshot *FragCache
 	version  uint64
 	tables   map[string]*evalTable
 	bounds   *nodeBounds
 }
 
 type pendingRequest struct {
-	req  *placement.Request
+	req  *Request
 	used uint64
 }
 
@@ -67,7 +66,7 @@ type evalTable struct {
 	used  atomic.Uint64
 	slots []atomic.Pointer[evalOutcome]
 	// req is the request the table was made for (every request with its digest evaluates alike).
-	req *placement.Request
+	req *Request
 	// bounds are the memo's node bounds under the table's snapshot (shared by every table);
 	// boundWords the request's score bound per node slot where it was bounded and not evaluated:
 	// the bound (float32, rounded up) and the generation of the node's bound data it was computed
@@ -78,7 +77,7 @@ type evalTable struct {
 	boundWords []atomic.Uint64
 }
 
-// nodeBounds keep each node state's placement.NodeBound under one snapshot, by node slot: what a
+// nodeBounds keep each node state's NodeBound under one snapshot, by node slot: what a
 // score bound reads of a node is the same for every request shape, so a shape never seen bounds
 // the nodes at the cost of a few operations each (valid while the node is the same state object
 // with the same usage digest, as outcomes are). About 5,000 x 200 bytes; not counted in the budget.
@@ -88,9 +87,9 @@ type nodeBounds struct {
 }
 
 type nodeBoundSlot struct {
-	state *placement.NodeState
+	state *NodeState
 	usage uint64
-	nb    *placement.NodeBound
+	nb    *NodeBound
 	gen   uint32 // unique per put (from 1): what a table's bound word refers to
 }
 
@@ -103,7 +102,7 @@ func sized(b *nodeBounds, slots int) *nodeBounds {
 }
 
 // get returns the kept bound data of node slot for n with usage (nil: none; b may be nil).
-func (b *nodeBounds) get(slot int, n *placement.NodeState, usage uint64) *nodeBoundSlot {
+func (b *nodeBounds) get(slot int, n *NodeState, usage uint64) *nodeBoundSlot {
 	if b == nil || slot < 0 || slot >= len(b.slots) {
 		return nil
 	}
@@ -114,7 +113,7 @@ func (b *nodeBounds) get(slot int, n *placement.NodeState, usage uint64) *nodeBo
 }
 
 // put keeps nb for node slot (n with usage) and returns the kept slot (nil where none is kept).
-func (b *nodeBounds) put(slot int, n *placement.NodeState, usage uint64, nb *placement.NodeBound) *nodeBoundSlot {
+func (b *nodeBounds) put(slot int, n *NodeState, usage uint64, nb *NodeBound) *nodeBoundSlot {
 	if b == nil || slot < 0 || slot >= len(b.slots) {
 		return nil
 	}
@@ -124,8 +123,8 @@ func (b *nodeBounds) put(slot int, n *placement.NodeState, usage uint64, nb *pla
 }
 
 // bound returns the request's remembered bound of node slot computed from nb's data, and its kind
-// (scoreBound or scoreCoarse).
-func (t *evalTable) bound(slot int, nb *nodeBoundSlot) (float64, uint8, bool) {
+// (ScoreBound or ScoreCoarse).
+func (t *evalTable) bound(slot int, nb *nodeBoundSlot) (float64, ScoreKind, bool) {
 	if t == nil || nb == nil || slot < 0 || slot >= len(t.boundWords) {
 		return 0, 0, false
 	}
@@ -133,9 +132,9 @@ func (t *evalTable) bound(slot int, nb *nodeBoundSlot) (float64, uint8, bool) {
 	if uint32(w>>32)&^coarseWord != nb.gen&^coarseWord {
 		return 0, 0, false
 	}
-	kind := uint8(scoreBound)
+	kind := ScoreBound
 	if uint32(w>>32)&coarseWord != 0 {
-		kind = scoreCoarse
+		kind = ScoreCoarse
 	}
 	return float64(math.Float32frombits(uint32(w))), kind, true
 }
@@ -144,9 +143,9 @@ func (t *evalTable) bound(slot int, nb *nodeBoundSlot) (float64, uint8, bool) {
 // their lower 31 bits, for the first 2^31 node bound data kept under one snapshot).
 const coarseWord = 1 << 31
 
-// storeBound remembers the request's bound b of node slot (of kind scoreBound or scoreCoarse),
+// storeBound remembers the request's bound b of node slot (of kind ScoreBound or ScoreCoarse),
 // computed from nb's data.
-func (t *evalTable) storeBound(slot int, nb *nodeBoundSlot, b float64, kind uint8) {
+func (t *evalTable) storeBound(slot int, nb *nodeBoundSlot, b float64, kind ScoreKind) {
 	if t == nil || nb == nil || slot < 0 || slot >= len(t.boundWords) {
 		return
 	}
@@ -155,7 +154,7 @@ func (t *evalTable) storeBound(slot int, nb *nodeBoundSlot, b float64, kind uint
 		f = math.Nextafter32(f, float32(math.Inf(1)))
 	}
 	gen := nb.gen &^ coarseWord
-	if kind == scoreCoarse {
+	if kind == ScoreCoarse {
 		gen |= coarseWord
 	}
 	t.boundWords[slot].Store(uint64(gen)<<32 | uint64(math.Float32bits(f)))
@@ -164,17 +163,22 @@ func (t *evalTable) storeBound(slot int, nb *nodeBoundSlot, b float64, kind uint
 // evalOutcome is one node's outcome for the table's request: the policy score and the newest GPU
 // generation of the best placement, or why the request does not fit (explained: u has its message).
 type evalOutcome struct {
-	state     *placement.NodeState
-	usage     uint64 // the node's usage digest the evaluation read (placement.NodeState.UsageDigest)
+	state     *NodeState
+	usage     uint64 // the node's usage digest the evaluation read (NodeState.UsageDigest)
 	score     float64
 	gen       float64
-	u         *placement.Unfit
+	u         *Unfit
 	explained bool
+}
+
+// outcome is o as an exact Outcome.
+func (o *evalOutcome) outcome() Outcome {
+	return Outcome{Score: o.score, Gen: o.gen, Unfit: o.u}
 }
 
 // table returns the request's table under snapshot, sized for node slots 0..slots-1; a new
 // snapshot drops every table (outcomes depend on every typical shape's weight).
-func (m *evalMemo) table(sc *placement.ScoreContext, digest string, req *placement.Request, slots int) *evalTable {
+func (m *evalMemo) table(sc *ScoreContext, digest string, req *Request, slots int) *evalTable {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if !m.switchLocked(sc) {
@@ -196,7 +200,7 @@ func (m *evalMemo) table(sc *placement.ScoreContext, digest string, req *placeme
 // while it was staged, or to none, and then the requests of the tables left behind become pending
 // (most recently used first) for the warmer. False when sc's snapshot is older than the memo's (a
 // concurrent call already moved on): never move back.
-func (m *evalMemo) switchLocked(sc *placement.ScoreContext) bool {
+func (m *evalMemo) switchLocked(sc *ScoreContext) bool {
 	if m.snapshot != nil && sc.Snapshot < m.version {
 		return false
 	}
@@ -226,7 +230,7 @@ func (m *evalMemo) switchLocked(sc *placement.ScoreContext) bool {
 // stagedTables returns tables under the staged snapshot sc for the warmer to fill for every node:
 // one for each of the limit most recently used requests of the serving snapshot (nil when sc is
 // not newer than the serving snapshot).
-func (m *evalMemo) stagedTables(sc *placement.ScoreContext, slots, limit int) []warmTable {
+func (m *evalMemo) stagedTables(sc *ScoreContext, slots, limit int) []WarmTable {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.snapshot == nil || sc.Snapshot <= m.version {
@@ -246,7 +250,7 @@ func (m *evalMemo) stagedTables(sc *placement.ScoreContext, slots, limit int) []
 		recent = append(recent, used{d, t, t.used.Load()})
 	}
 	slices.SortFunc(recent, func(a, b used) int { return cmp.Compare(b.at, a.at) })
-	var out []warmTable
+	var out []WarmTable
 	for _, u := range recent[:min(limit, len(recent))] {
 		t := m.next.tables[u.digest]
 		if t == nil || len(t.slots) < slots {
@@ -255,12 +259,12 @@ func (m *evalMemo) stagedTables(sc *placement.ScoreContext, slots, limit int) []
 		}
 		t.bounds.Store(m.next.bounds)
 		t.used.Store(u.at)
-		out = append(out, warmTable{t, u.t.req})
+		out = append(out, WarmTable{t, u.t.req})
 	}
 	return out
 }
 
-func (m *evalMemo) newTableLocked(digest string, req *placement.Request, slots int) *evalTable {
+func (m *evalMemo) newTableLocked(digest string, req *Request, slots int) *evalTable {
 	maxTables := max(4, evalMemoBudget/(evalSlotBytes*max(slots, 1)))
 	for len(m.tables) >= maxTables {
 		m.evictOldest()
@@ -272,21 +276,15 @@ func (m *evalMemo) newTableLocked(digest string, req *placement.Request, slots i
 
 // newEvalTable is an empty table for req with room for node slots 0..slots-1 and some to spare
 // (nodes added later).
-func newEvalTable(req *placement.Request, slots int) *evalTable {
+func newEvalTable(req *Request, slots int) *evalTable {
 	n := slots + slots/8 + 8
 	return &evalTable{slots: make([]atomic.Pointer[evalOutcome], n), boundWords: make([]atomic.Uint64, n), req: req}
-}
-
-// warmTable is a table the warmer fills and the request it evaluates.
-type warmTable struct {
-	t   *evalTable
-	req *placement.Request
 }
 
 // warmTables returns the tables under snapshot for the warmer, most recently used first: every
 // table in use, and fresh ones made for (at most freshLimit of) the requests a snapshot change left
 // pending, to be filled for every node.
-func (m *evalMemo) warmTables(sc *placement.ScoreContext, slots, freshLimit int) (tables, fresh []warmTable) {
+func (m *evalMemo) warmTables(sc *ScoreContext, slots, freshLimit int) (tables, fresh []WarmTable) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.tables == nil && len(m.pending) == 0 || !m.switchLocked(sc) {
@@ -299,7 +297,7 @@ func (m *evalMemo) warmTables(sc *placement.ScoreContext, slots, freshLimit int)
 			t = m.newTableLocked(d, p.req, slots)
 			t.used.Store(p.used)
 			made[t] = true
-			fresh = append(fresh, warmTable{t, p.req})
+			fresh = append(fresh, WarmTable{t, p.req})
 		}
 	}
 	m.pending = nil
@@ -307,10 +305,10 @@ func (m *evalMemo) warmTables(sc *placement.ScoreContext, slots, freshLimit int)
 	for _, t := range m.tables {
 		t.bounds.Store(m.bounds) // made here, or earlier for fewer slots
 		if !made[t] {
-			tables = append(tables, warmTable{t, t.req})
+			tables = append(tables, WarmTable{t, t.req})
 		}
 	}
-	slices.SortFunc(tables, func(a, b warmTable) int { return cmp.Compare(b.t.used.Load(), a.t.used.Load()) })
+	slices.SortFunc(tables, func(a, b WarmTable) int { return cmp.Compare(b.t.used.Load(), a.t.used.Load()) })
 	return tables, fresh
 }
 
@@ -328,7 +326,7 @@ func (m *evalMemo) evictOldest() {
 
 // lookup returns the remembered outcome of node slot for n with its current usage (with the Unfit
 // message when explain is set), or nil.
-func (t *evalTable) lookup(slot int, n *placement.NodeState, explain bool) *evalOutcome {
+func (t *evalTable) lookup(slot int, n *NodeState, explain bool) *evalOutcome {
 	if t == nil || slot < 0 || slot >= len(t.slots) {
 		return nil
 	}

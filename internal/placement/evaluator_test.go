@@ -1,0 +1,169 @@
+package placement
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
+)
+
+// TestBoundWordsRoundUp: a bound kept in a table's word (float32) reads back no lower than it was
+// (else a node whose bound equals its score could be pruned although it is the best), and only
+// for the node bound data it was computed from.
+func TestBoundWordsRoundUp(t *testing.T) {
+	tab := newEvalTable(nil, 4)
+	rng := rand.New(rand.NewPCG(5, 6))
+	nb, other := &nodeBoundSlot{gen: 7}, &nodeBoundSlot{gen: 8}
+	for range 10000 {
+		b := float64(rng.IntN(101)) - 1e-3*rng.Float64()*8000
+		kind := ScoreBound + ScoreKind(rng.IntN(2))
+		tab.storeBound(1, nb, b, kind)
+		got, k, ok := tab.bound(1, nb)
+		if !ok || got < b || k != kind {
+			t.Fatalf("stored %v (kind %d), read %v (kind %d, ok %v)", b, kind, got, k, ok)
+		}
+		if _, _, ok := tab.bound(1, other); ok {
+			t.Fatal("a bound read back for other node bound data")
+		}
+	}
+}
+
+// TestEvaluatorRemembersAndAgrees: an Evaluator's outcomes - exact (Exact), and bounded then made
+// exact (Bound, Refine) - are a fresh evaluation's, step after step of random placements applied and
+// released on 24 tracked nodes and a typical-shape snapshot rebuilt now and then; a node that did
+// not change since a request's last call is not evaluated again, one that changed is (or is warmed:
+// Warm), and a new snapshot evaluates every node again.
+func TestEvaluatorRemembersAndAgrees(t *testing.T) {
+	e, err := NewEngine(api.PolicyTessera)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(35, 1))
+	palette := randomPlanShapes(rng)
+	for len(palette) < 6 {
+		palette = append(palette, randomPlanShapes(rng)...)
+	}
+	st := NewShapeStats()
+	for i := range 300 {
+		st.Observe(&palette[i%len(palette)].Req, 1)
+	}
+	nodes := make([]*NodeState, 24)
+	for i := range nodes {
+		nodes[i] = randomPlanNode(rng)
+		nodes[i].TrackUsage()
+	}
+	type applied struct {
+		node int
+		r    *Request
+		p    Placement
+	}
+	var placed []applied
+	var ev Evaluator
+	// pass evaluates r on every node (bounded and refined where bound) and checks each outcome
+	// against Evaluate; it returns how many nodes it evaluated.
+	pass := func(step int, r *Request, bound bool) int64 {
+		sc := st.ScoreContext()
+		fresh := new(ScoreContext)
+		fresh.Reuse(sc)
+		before := ev.Counts()
+		c := ev.Begin(e, sc, r, len(nodes), 1)
+		defer c.Release()
+		for i, n := range nodes {
+			var o Outcome
+			if bound {
+				o = c.Refine(0, i, n, c.Bound(0, i, n), math.Inf(-1))
+			} else {
+				o = c.Exact(0, i, n, true)
+			}
+			_, s, u := e.Evaluate(fresh, n, r)
+			if (u == nil) != (o.Unfit == nil) || u != nil && u.Msg != o.Unfit.Msg || u == nil && (o.Kind != ScoreExact || o.Score != s) {
+				t.Fatalf("step %d node %d (bound %v): evaluator %+v, fresh score %v unfit %v", step, i, bound, o, s, u)
+			}
+		}
+		return ev.Counts().Evaluated - before.Evaluated
+	}
+	remembered := ev.Counts().Remembered
+	for step := range 300 {
+		r := &palette[rng.IntN(len(palette))].Req
+		bound := step%2 == 1
+		first := pass(step, r, bound)
+		if again := pass(step, r, bound); again != 0 {
+			t.Fatalf("step %d: nothing changed, %d nodes evaluated again", step, again)
+		}
+		// One node changes: a placement applied, or one released.
+		k := rng.IntN(len(nodes))
+		if rng.IntN(3) > 0 || len(placed) == 0 {
+			q := &palette[rng.IntN(len(palette))].Req
+			if p, _, u := e.Evaluate(st.ScoreContext(), nodes[k], q); u == nil {
+				nodes[k].Apply(q, &p)
+				placed = append(placed, applied{k, q, p})
+			}
+		} else {
+			i := rng.IntN(len(placed))
+			a := placed[i]
+			nodes[a.node].Release(a.r, &a.p)
+			placed = append(placed[:i], placed[i+1:]...)
+			k = a.node
+		}
+		switch step % 3 {
+		case 0: // the changed node alone is evaluated again (at most: it may be back where it was)
+			if n := pass(step, r, false); n > 1 {
+				t.Fatalf("step %d: one node changed, %d evaluated", step, n)
+			}
+		case 1: // the warmer fills the changed node, then the call evaluates nothing
+			tables, _ := ev.WarmTables(st.ScoreContext(), len(nodes), 4)
+			w0 := ev.Counts().Warmed
+			for _, wt := range tables {
+				ev.Warm(e, st.ScoreContext(), wt, k, nodes[k], false)
+			}
+			if w := ev.Counts().Warmed - w0; w > int64(len(tables)) {
+				t.Fatalf("step %d: %d warmed for one node and %d tables", step, w, len(tables))
+			}
+			if n := pass(step, r, false); n != 0 {
+				t.Fatalf("step %d: after Warm, %d evaluated", step, n)
+			}
+		}
+		if step%50 == 49 { // the counts move: a new snapshot, every node evaluated again
+			v := st.ScoreContext().Snapshot
+			for i := range 20 {
+				st.Observe(&palette[i%2].Req, 1)
+			}
+			if st.ScoreContext().Snapshot == v {
+				t.Fatal("no new snapshot")
+			}
+			if n := pass(step, r, false); n != int64(len(nodes)) {
+				t.Fatalf("step %d: new snapshot, %d of %d nodes evaluated", step, n, len(nodes))
+			}
+		}
+		if step == 0 && first != int64(len(nodes)) && !bound {
+			t.Fatalf("first call: %d of %d nodes evaluated", first, len(nodes))
+		}
+	}
+	if ev.Counts().Remembered == remembered || ev.Counts().Bounded == 0 || ev.Counts().Warmed == 0 {
+		t.Fatalf("counts %+v: the comparison proved little", ev.Counts())
+	}
+}
+
+// TestScoreBuckets: ScoreBuckets order scores (a higher score never lands in a lower
+// bucket) and every score is at most its bucket's top (else a bucket could be skipped that holds a
+// node reaching the best score).
+func TestScoreBuckets(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 8))
+	scores := []float64{math.Inf(-1), math.Inf(1), -1, -0.5, 0, 1e-12, 0.999, 1, 100, 100.0001, 101, 101.5, 1e9, -1e9}
+	for range 10000 {
+		scores = append(scores, float64(rng.IntN(101))-1e-3*rng.Float64(), 110*rng.Float64()-5)
+	}
+	for _, s := range scores {
+		b := ScoreBucket(s)
+		if b < 0 || b >= ScoreBuckets {
+			t.Fatalf("score %v: bucket %d out of 0..%d", s, b, ScoreBuckets-1)
+		}
+		if s > BucketTop(b) {
+			t.Fatalf("score %v above its bucket %d's top %v", s, b, BucketTop(b))
+		}
+		if b > 0 && s <= BucketTop(b-1) {
+			t.Fatalf("score %v in bucket %d although bucket %d's top %v holds it", s, b, b-1, BucketTop(b-1))
+		}
+	}
+}
