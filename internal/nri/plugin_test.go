@@ -25,6 +25,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/gpu"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/podresources"
+	"github.com/tessera-gpu/tessera/internal/podresources/podresourcestest"
 )
 
 // fakePods is the API server's pod store for the plugin.
@@ -44,12 +45,12 @@ func (f *fakePods) Pod(_ context.Context, ns, name, uid string) (*corev1.Pod, er
 }
 
 // env is the plugin connected to NRI's runtime-side adaptation over a real socket, with a real
-// simulated-node agent and ledger, and the kubelet's PodResources API served by podresources.Server.
+// simulated-node agent and ledger, and the kubelet's PodResources API served by podresourcestest.Server.
 type env struct {
 	t         testing.TB
 	rt        *nriadapt.Adaptation
 	agent     *agent.Agent
-	grants    *podresources.Server
+	grants    *podresourcestest.Server
 	pods      *fakePods
 	plugin    *Plugin
 	dir       string
@@ -90,7 +91,7 @@ func newAgentEnv(t testing.TB) (*env, *ledger.Ledger) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	e := &env{t: t, dir: dir, grants: podresources.NewServer(), pods: &fakePods{pods: map[string]*corev1.Pod{}}}
+	e := &env{t: t, dir: dir, grants: podresourcestest.NewServer(), pods: &fakePods{pods: map[string]*corev1.Pod{}}}
 	backend, err := gpu.OpenSim(gpu.Options{StateDir: filepath.Join(dir, "sim")})
 	if err != nil {
 		t.Fatal(err)
