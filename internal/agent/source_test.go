@@ -1,8 +1,7 @@
-package agent
+package agent_test
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -10,30 +9,16 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
-	"github.com/tessera-gpu/tessera/internal/cdi"
+	"github.com/tessera-gpu/tessera/internal/agent"
 	"github.com/tessera-gpu/tessera/internal/gpu"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/podresources"
+	"github.com/tessera-gpu/tessera/internal/testing/simagent"
 )
 
-func newAgent(t *testing.T) (*Agent, gpu.Backend) {
+func newAgent(t *testing.T) (*agent.Agent, gpu.Backend) {
 	t.Helper()
-	dir := t.TempDir()
-	b, err := gpu.OpenSim(gpu.Options{StateDir: filepath.Join(dir, "sim")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	l, err := ledger.Open(filepath.Join(dir, "ledger.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := New(Config{NodeName: "n", SharesPerGPU: 10, CDIDir: filepath.Join(dir, "cdi"),
-		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so", Driver: &cdi.Driver{HookPath: "/usr/bin/nvidia-cdi-hook"}}}, b, l)
-	if err := a.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return a, b
+	return simagent.New(t, t.TempDir(), agent.Config{NodeName: "n"})
 }
 
 func healthy(devs []*pluginapi.Device) []string {
