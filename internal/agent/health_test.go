@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -64,7 +65,11 @@ func nodeEvents(t *testing.T, client *fake.Clientset, n int) []corev1.Event {
 // TestHealthEventsAndRecovery runs the agent's health watch on the simulated node: an XID makes
 // the GPU unhealthy with a Warning event on the Node naming the XID; once the GPU has been quiet
 // for a check interval and its probe passes it is healthy again, with a Normal event.
-func TestHealthEventsAndRecovery(t *testing.T) {
+func TestHealthEventsAndRecovery(t *testing.T) { synctest.Test(t, healthEventsAndRecovery) }
+
+// healthEventsAndRecovery runs in a synctest bubble: the check interval and the waits for the XID
+// to be watched and for the events pass on the bubble's clock, at once.
+func healthEventsAndRecovery(t *testing.T) {
 	dir := t.TempDir()
 	b := simagent.Backend(t, dir)
 	client := fake.NewClientset()
@@ -72,8 +77,9 @@ func TestHealthEventsAndRecovery(t *testing.T) {
 	defer stop()
 	a := healthAgent(t, dir, b, agent.Config{Recorder: rec, Health: gpu.HealthOptions{CheckInterval: 20 * time.Millisecond}})
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go a.WatchHealth(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.WatchHealth(ctx) }()
+	defer func() { cancel(); <-done }() // nothing may outlive the bubble
 	uuid := a.Inventory().GPUs[2].UUID
 	injectXID(t, b, uuid, 79)
 

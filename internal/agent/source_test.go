@@ -5,6 +5,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
@@ -41,7 +42,11 @@ func TestResources(t *testing.T) {
 	}
 }
 
-func TestModeLocksAndHealth(t *testing.T) {
+func TestModeLocksAndHealth(t *testing.T) { synctest.Test(t, modeLocksAndHealth) }
+
+// modeLocksAndHealth runs in a synctest bubble: the wait for the XID to be watched passes on the
+// bubble's clock, at once.
+func modeLocksAndHealth(t *testing.T) {
 	a, b := newAgent(t)
 	inv := a.Inventory()
 	if got := healthy(a.Devices(api.ResourceGPU)); len(got) != 6 {
@@ -69,8 +74,9 @@ func TestModeLocksAndHealth(t *testing.T) {
 	}
 	// An XID error on GPU 2 takes it out of both pools.
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go a.WatchHealth(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.WatchHealth(ctx) }()
+	defer func() { cancel(); <-done }() // nothing may outlive the bubble
 	changed := a.Changed()
 	for len(changed) > 0 {
 		<-changed
