@@ -1,11 +1,9 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"io"
 	"net/http/httptest"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -18,30 +16,17 @@ import (
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/agent"
-	"github.com/tessera-gpu/tessera/internal/cdi"
-	"github.com/tessera-gpu/tessera/internal/gpu"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/telemetry"
+	"github.com/tessera-gpu/tessera/internal/testing/simagent"
 	"github.com/tessera-gpu/tessera/vcuda"
 )
 
 // metricsAgent is a simulated node with one share container (3 GiB, 25%) on GPU 1 and one whole
 // GPU 2.
 func metricsAgent(t *testing.T) (*agent.Agent, *ledger.Entry) {
-	dir := t.TempDir()
-	b, err := gpu.OpenSim(gpu.Options{StateDir: filepath.Join(dir, "sim")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	l, err := ledger.Open(filepath.Join(dir, "ledger.json"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := agent.New(agent.Config{NodeName: "n", SharesPerGPU: 4, CDIDir: filepath.Join(dir, "cdi"), Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so", Driver: &cdi.Driver{HookPath: "/usr/bin/nvidia-cdi-hook"}}}, b, l)
-	if err := a.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	a, _ := simagent.New(t, t.TempDir(), agent.Config{NodeName: "n", SharesPerGPU: 4})
+	l := a.Ledger()
 	inv := a.Inventory()
 	share := ledger.Entry{ContainerID: "c1", Namespace: "ns", Pod: "p", Container: "main",
 		Devices: []api.DeviceAssignment{{UUID: inv.GPUs[1].UUID, MemoryBytes: 3 << 30, CoresPercent: 25}}}

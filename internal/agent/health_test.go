@@ -1,4 +1,4 @@
-package agent
+package agent_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -15,9 +16,9 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
-	"github.com/tessera-gpu/tessera/internal/cdi"
+	"github.com/tessera-gpu/tessera/internal/agent"
 	"github.com/tessera-gpu/tessera/internal/gpu"
-	"github.com/tessera-gpu/tessera/internal/ledger"
+	"github.com/tessera-gpu/tessera/internal/testing/simagent"
 )
 
 // injectXID raises an XID once the agent's health watch has registered for it (before that the
@@ -37,30 +38,10 @@ func injectXID(t *testing.T, b gpu.Backend, uuid string, xid uint64) {
 }
 
 // healthAgent is an agent on the simulated node with its health persisted in dir.
-func healthAgent(t *testing.T, dir string, b gpu.Backend, cfg Config) *Agent {
+func healthAgent(t *testing.T, dir string, b gpu.Backend, cfg agent.Config) *agent.Agent {
 	t.Helper()
-	l, err := ledger.Open(filepath.Join(dir, "ledger.json"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.NodeName, cfg.SharesPerGPU, cfg.CDIDir = "node-a", 10, filepath.Join(dir, "cdi")
-	cfg.Generator = &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so", Driver: &cdi.Driver{HookPath: "/usr/bin/nvidia-cdi-hook"}}
 	cfg.HealthStatePath = filepath.Join(dir, "health.json")
-	a := New(cfg, b, l)
-	if err := a.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return a
-}
-
-func openSim(t *testing.T, dir string) gpu.Backend {
-	t.Helper()
-	b, err := gpu.OpenSim(gpu.Options{StateDir: filepath.Join(dir, "sim")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	return b
+	return simagent.Agent(t, dir, b, cfg)
 }
 
 // nodeEvents waits until the fake API server holds n events about the Node, and returns them.
@@ -84,16 +65,21 @@ func nodeEvents(t *testing.T, client *fake.Clientset, n int) []corev1.Event {
 // TestHealthEventsAndRecovery runs the agent's health watch on the simulated node: an XID makes
 // the GPU unhealthy with a Warning event on the Node naming the XID; once the GPU has been quiet
 // for a check interval and its probe passes it is healthy again, with a Normal event.
-func TestHealthEventsAndRecovery(t *testing.T) {
+func TestHealthEventsAndRecovery(t *testing.T) { synctest.Test(t, healthEventsAndRecovery) }
+
+// healthEventsAndRecovery runs in a synctest bubble: the check interval and the waits for the XID
+// to be watched and for the events pass on the bubble's clock, at once.
+func healthEventsAndRecovery(t *testing.T) {
 	dir := t.TempDir()
-	b := openSim(t, dir)
+	b := simagent.Backend(t, dir)
 	client := fake.NewClientset()
-	rec, stop := NewEventRecorder(client, "node-a")
+	rec, stop := agent.NewEventRecorder(client, "node-a")
 	defer stop()
-	a := healthAgent(t, dir, b, Config{Recorder: rec, Health: gpu.HealthOptions{CheckInterval: 20 * time.Millisecond}})
+	a := healthAgent(t, dir, b, agent.Config{Recorder: rec, Health: gpu.HealthOptions{CheckInterval: 20 * time.Millisecond}})
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go a.WatchHealth(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.WatchHealth(ctx) }()
+	defer func() { cancel(); <-done }() // nothing may outlive the bubble
 	uuid := a.Inventory().GPUs[2].UUID
 	injectXID(t, b, uuid, 79)
 
@@ -101,17 +87,17 @@ func TestHealthEventsAndRecovery(t *testing.T) {
 	var warn, normal corev1.Event
 	for _, e := range events {
 		switch e.Reason {
-		case EventGPUUnhealthy:
+		case agent.EventGPUUnhealthy:
 			warn = e
-		case EventGPURecovered:
+		case agent.EventGPURecovered:
 			normal = e
 		}
 	}
-	if warn.Type != corev1.EventTypeWarning || warn.Reason != EventGPUUnhealthy || !strings.Contains(warn.Message, "GPU 2 (") ||
+	if warn.Type != corev1.EventTypeWarning || warn.Reason != agent.EventGPUUnhealthy || !strings.Contains(warn.Message, "GPU 2 (") ||
 		!strings.Contains(warn.Message, uuid) || !strings.Contains(warn.Message, "XID 79") {
 		t.Errorf("unhealthy event %s %s %q", warn.Type, warn.Reason, warn.Message)
 	}
-	if normal.Type != corev1.EventTypeNormal || normal.Reason != EventGPURecovered || !strings.Contains(normal.Message, uuid) {
+	if normal.Type != corev1.EventTypeNormal || normal.Reason != agent.EventGPURecovered || !strings.Contains(normal.Message, uuid) {
 		t.Errorf("recovery event %s %s %q", normal.Type, normal.Reason, normal.Message)
 	}
 	for _, e := range events {
@@ -128,12 +114,12 @@ func TestHealthEventsAndRecovery(t *testing.T) {
 // restarted agent, before any health check; an unreadable state file makes every GPU suspect.
 func TestHealthPersistsAcrossRestart(t *testing.T) {
 	dir := t.TempDir()
-	b := openSim(t, dir)
-	a := healthAgent(t, dir, b, Config{})
+	b := simagent.Backend(t, dir)
+	a := healthAgent(t, dir, b, agent.Config{})
 	bad := a.Inventory().GPUs[4].UUID
-	a.healthChanged(gpu.HealthEvent{UUID: bad, Reason: "XID 79", XID: 79})
+	a.HealthChanged(gpu.HealthEvent{UUID: bad, Reason: "XID 79", XID: 79})
 
-	restarted := healthAgent(t, dir, b, Config{})
+	restarted := healthAgent(t, dir, b, agent.Config{})
 	for _, g := range restarted.Inventory().GPUs {
 		if g.Healthy == (g.UUID == bad) {
 			t.Errorf("after restart GPU %d healthy=%v", g.Index, g.Healthy)
@@ -143,8 +129,8 @@ func TestHealthPersistsAcrossRestart(t *testing.T) {
 		t.Errorf("whole tokens healthy after restart: %d, want 5 (GPU 4 still out)", got)
 	}
 	// Recovered GPUs are saved as such.
-	restarted.healthChanged(gpu.HealthEvent{UUID: bad, Healthy: true, Reason: "periodic check passed"})
-	again := healthAgent(t, dir, b, Config{})
+	restarted.HealthChanged(gpu.HealthEvent{UUID: bad, Healthy: true, Reason: "periodic check passed"})
+	again := healthAgent(t, dir, b, agent.Config{})
 	if !again.Inventory().GPUs[4].Healthy {
 		t.Error("a recovered GPU came back unhealthy after a restart")
 	}
@@ -152,7 +138,7 @@ func TestHealthPersistsAcrossRestart(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "health.json"), []byte("{not json"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	corrupt := healthAgent(t, dir, b, Config{})
+	corrupt := healthAgent(t, dir, b, agent.Config{})
 	for _, g := range corrupt.Inventory().GPUs {
 		if g.Healthy {
 			t.Errorf("GPU %d healthy although the health state was unreadable", g.Index)

@@ -1,39 +1,25 @@
-package agent
+package agent_test
 
 import (
 	"context"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
-	"github.com/tessera-gpu/tessera/internal/cdi"
+	"github.com/tessera-gpu/tessera/internal/agent"
 	"github.com/tessera-gpu/tessera/internal/gpu"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/podresources"
+	"github.com/tessera-gpu/tessera/internal/testing/simagent"
 )
 
-func newAgent(t *testing.T) (*Agent, gpu.Backend) {
+func newAgent(t *testing.T) (*agent.Agent, gpu.Backend) {
 	t.Helper()
-	dir := t.TempDir()
-	b, err := gpu.OpenSim(gpu.Options{StateDir: filepath.Join(dir, "sim")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { b.Close() })
-	l, err := ledger.Open(filepath.Join(dir, "ledger.json"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := New(Config{NodeName: "n", SharesPerGPU: 10, CDIDir: filepath.Join(dir, "cdi"),
-		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so", Driver: &cdi.Driver{HookPath: "/usr/bin/nvidia-cdi-hook"}}}, b, l)
-	if err := a.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return a, b
+	return simagent.New(t, t.TempDir(), agent.Config{NodeName: "n"})
 }
 
 func healthy(devs []*pluginapi.Device) []string {
@@ -56,7 +42,11 @@ func TestResources(t *testing.T) {
 	}
 }
 
-func TestModeLocksAndHealth(t *testing.T) {
+func TestModeLocksAndHealth(t *testing.T) { synctest.Test(t, modeLocksAndHealth) }
+
+// modeLocksAndHealth runs in a synctest bubble: the wait for the XID to be watched passes on the
+// bubble's clock, at once.
+func modeLocksAndHealth(t *testing.T) {
 	a, b := newAgent(t)
 	inv := a.Inventory()
 	if got := healthy(a.Devices(api.ResourceGPU)); len(got) != 6 {
@@ -84,8 +74,9 @@ func TestModeLocksAndHealth(t *testing.T) {
 	}
 	// An XID error on GPU 2 takes it out of both pools.
 	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go a.WatchHealth(ctx)
+	done := make(chan error, 1)
+	go func() { done <- a.WatchHealth(ctx) }()
+	defer func() { cancel(); <-done }() // nothing may outlive the bubble
 	changed := a.Changed()
 	for len(changed) > 0 {
 		<-changed

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
+	"github.com/tessera-gpu/tessera/internal/testing/fakekubelet"
 )
 
 const (
@@ -81,7 +83,7 @@ func waitRegistered(t *testing.T, m *Manager, resources ...string) {
 
 func TestRegistersEveryResource(t *testing.T) {
 	dir := shortTempDir(t)
-	k := startFakeKubelet(t, dir)
+	k := fakekubelet.Start(t, dir)
 	src := newFakeSource()
 	src.setResource(gpuRes, healthyDevices("gpu-0", "gpu-1"))
 	src.setResource(vgpuRes, healthyDevices("vgpu-0", "vgpu-1", "vgpu-2"))
@@ -100,29 +102,29 @@ func TestRegistersEveryResource(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.resource, func(t *testing.T) {
-			e := k.waitServed(tc.resource)
-			if e.req.GetEndpoint() != tc.socket {
-				t.Errorf("endpoint = %q, want %q", e.req.GetEndpoint(), tc.socket)
+			e := k.WaitServed(t, tc.resource)
+			if e.Request().GetEndpoint() != tc.socket {
+				t.Errorf("endpoint = %q, want %q", e.Request().GetEndpoint(), tc.socket)
 			}
-			if e.req.GetVersion() != pluginapi.Version {
-				t.Errorf("version = %q", e.req.GetVersion())
+			if e.Request().GetVersion() != pluginapi.Version {
+				t.Errorf("version = %q", e.Request().GetVersion())
 			}
-			if got := e.req.GetOptions().GetGetPreferredAllocationAvailable(); got != tc.preferred {
+			if got := e.Request().GetOptions().GetGetPreferredAllocationAvailable(); got != tc.preferred {
 				t.Errorf("registered GetPreferredAllocationAvailable = %v, want %v", got, tc.preferred)
 			}
-			if got := e.options.GetGetPreferredAllocationAvailable(); got != tc.preferred {
+			if got := e.Options().GetGetPreferredAllocationAvailable(); got != tc.preferred {
 				t.Errorf("GetDevicePluginOptions GetPreferredAllocationAvailable = %v, want %v", got, tc.preferred)
 			}
-			if e.options.GetPreStartRequired() {
+			if e.Options().GetPreStartRequired() {
 				t.Error("PreStartRequired is set")
 			}
-			if n := len(e.latest()); n != tc.devices {
+			if n := len(e.Latest()); n != tc.devices {
 				t.Errorf("got %d devices, want %d", n, tc.devices)
 			}
 			if _, err := os.Stat(filepath.Join(dir, tc.socket)); err != nil {
 				t.Errorf("socket: %v", err)
 			}
-			if _, err := e.client.PreStartContainer(context.Background(), &pluginapi.PreStartContainerRequest{}); err != nil {
+			if _, err := e.Client().PreStartContainer(context.Background(), &pluginapi.PreStartContainerRequest{}); err != nil {
 				t.Errorf("PreStartContainer: %v", err)
 			}
 		})
@@ -132,22 +134,22 @@ func TestRegistersEveryResource(t *testing.T) {
 
 func TestListAndWatchSendsHealthChanges(t *testing.T) {
 	dir := shortTempDir(t)
-	k := startFakeKubelet(t, dir)
+	k := fakekubelet.Start(t, dir)
 	src := newFakeSource()
 	src.setResource(gpuRes, healthyDevices("gpu-1", "gpu-0"))
 	runManager(t, src, dir)
 
-	e := k.waitServed(gpuRes)
-	first := e.history()[0]
+	e := k.WaitServed(t, gpuRes)
+	first := e.History()[0]
 	if got, want := deviceHealth(first), map[string]string{"gpu-0": pluginapi.Healthy, "gpu-1": pluginapi.Healthy}; !maps.Equal(got, want) {
 		t.Fatalf("initial list %v, want %v", got, want)
 	}
 
 	src.setHealth(gpuRes, "gpu-1", pluginapi.Unhealthy)
 	waitFor(t, "gpu-1 to be reported Unhealthy", func() bool {
-		return deviceHealth(e.latest())["gpu-1"] == pluginapi.Unhealthy
+		return deviceHealth(e.Latest())["gpu-1"] == pluginapi.Unhealthy
 	})
-	if got := deviceHealth(e.latest())["gpu-0"]; got != pluginapi.Healthy {
+	if got := deviceHealth(e.Latest())["gpu-0"]; got != pluginapi.Healthy {
 		t.Errorf("gpu-0 became %s", got)
 	}
 
@@ -158,16 +160,16 @@ func TestListAndWatchSendsHealthChanges(t *testing.T) {
 	waitFor(t, "the manager to reread devices", func() bool { return src.calls() > before })
 	src.setHealth(gpuRes, "gpu-1", pluginapi.Healthy)
 	waitFor(t, "gpu-1 to be reported Healthy again", func() bool {
-		return deviceHealth(e.latest())["gpu-1"] == pluginapi.Healthy
+		return deviceHealth(e.Latest())["gpu-1"] == pluginapi.Healthy
 	})
-	if n := len(e.history()); n != 3 {
+	if n := len(e.History()); n != 3 {
 		t.Errorf("kubelet received %d lists, want 3 (initial, unhealthy, healthy)", n)
 	}
 }
 
 func TestAllocate(t *testing.T) {
 	dir := shortTempDir(t)
-	k := startFakeKubelet(t, dir)
+	k := fakekubelet.Start(t, dir)
 	src := newFakeSource()
 	src.setResource(gpuRes, healthyDevices("gpu-0", "gpu-1", "gpu-2"))
 	var observed struct {
@@ -184,7 +186,7 @@ func TestAllocate(t *testing.T) {
 			observed.calls = append(observed.calls, err)
 		}
 	})
-	e := k.waitServed(gpuRes)
+	e := k.WaitServed(t, gpuRes)
 
 	tests := []struct {
 		name       string
@@ -232,7 +234,7 @@ func TestAllocate(t *testing.T) {
 			for _, ids := range tc.containers {
 				req.ContainerRequests = append(req.ContainerRequests, &pluginapi.ContainerAllocateRequest{DevicesIds: ids})
 			}
-			resp, err := e.client.Allocate(context.Background(), req)
+			resp, err := e.Client().Allocate(context.Background(), req)
 			// Every call is observed once, with its error (the agent's Allocate histogram).
 			observed.Lock()
 			calls := observed.calls
@@ -269,16 +271,16 @@ func TestAllocate(t *testing.T) {
 
 func TestGetPreferredAllocation(t *testing.T) {
 	dir := shortTempDir(t)
-	k := startFakeKubelet(t, dir)
+	k := fakekubelet.Start(t, dir)
 	src := newFakeSource()
 	src.setResource(migRes, healthyDevices("mig-a", "mig-b", "mig-c", "mig-d"))
 	runManager(t, src, dir)
-	e := k.waitServed(migRes)
-	if !e.req.GetOptions().GetGetPreferredAllocationAvailable() {
+	e := k.WaitServed(t, migRes)
+	if !e.Request().GetOptions().GetGetPreferredAllocationAvailable() {
 		t.Fatal("MIG resource registered without GetPreferredAllocationAvailable")
 	}
 
-	resp, err := e.client.GetPreferredAllocation(context.Background(), &pluginapi.PreferredAllocationRequest{
+	resp, err := e.Client().GetPreferredAllocation(context.Background(), &pluginapi.PreferredAllocationRequest{
 		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{
 			AvailableDeviceIDs:   []string{"mig-b", "mig-c", "mig-d"},
 			MustIncludeDeviceIDs: []string{"mig-d"},
@@ -300,7 +302,7 @@ func TestGetPreferredAllocation(t *testing.T) {
 	}
 
 	src.set(func(f *fakeSource) { f.preferredErr = errors.New("topology unknown") })
-	_, err = e.client.GetPreferredAllocation(context.Background(), &pluginapi.PreferredAllocationRequest{
+	_, err = e.Client().GetPreferredAllocation(context.Background(), &pluginapi.PreferredAllocationRequest{
 		ContainerRequests: []*pluginapi.ContainerPreferredAllocationRequest{{AvailableDeviceIDs: []string{"mig-a"}, AllocationSize: 1}},
 	})
 	if st, _ := status.FromError(err); st.Code() != codes.Internal || !strings.Contains(st.Message(), "topology unknown") {
@@ -310,14 +312,14 @@ func TestGetPreferredAllocation(t *testing.T) {
 
 // servingOneGPU starts a fake kubelet and a manager with one healthy GPU (gpu-0) in its own
 // plugin directory, and waits until the kubelet is served.
-func servingOneGPU(t *testing.T) (dir string, k *fakeKubelet, src *fakeSource, m *Manager) {
+func servingOneGPU(t *testing.T) (dir string, k *fakekubelet.Kubelet, src *fakeSource, m *Manager) {
 	t.Helper()
 	dir = shortTempDir(t)
-	k = startFakeKubelet(t, dir)
+	k = fakekubelet.Start(t, dir)
 	src = newFakeSource()
 	src.setResource(gpuRes, healthyDevices("gpu-0"))
 	m, _ = runManager(t, src, dir)
-	k.waitServed(gpuRes)
+	k.WaitServed(t, gpuRes)
 	return dir, k, src, m
 }
 
@@ -327,11 +329,11 @@ func TestResourceAddedAndRemovedAtRuntime(t *testing.T) {
 
 	// A MIG profile appears.
 	src.setResource(migRes, healthyDevices("mig-a", "mig-b"))
-	e := k.waitServed(migRes)
-	if n := len(e.latest()); n != 2 {
+	e := k.WaitServed(t, migRes)
+	if n := len(e.Latest()); n != 2 {
 		t.Errorf("got %d MIG devices, want 2", n)
 	}
-	resp, err := e.client.Allocate(context.Background(), &pluginapi.AllocateRequest{
+	resp, err := e.Client().Allocate(context.Background(), &pluginapi.AllocateRequest{
 		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"mig-b"}}},
 	})
 	if err != nil {
@@ -350,35 +352,35 @@ func TestResourceAddedAndRemovedAtRuntime(t *testing.T) {
 		_, err := os.Stat(migSock)
 		return errors.Is(err, os.ErrNotExist)
 	})
-	if k.registrations(gpuRes) != 1 {
-		t.Errorf("gpu registered %d times, want 1", k.registrations(gpuRes))
+	if k.Registrations(gpuRes) != 1 {
+		t.Errorf("gpu registered %d times, want 1", k.Registrations(gpuRes))
 	}
 }
 
 func TestReregistersAfterKubeletRestart(t *testing.T) {
 	dir := shortTempDir(t)
-	k1 := startFakeKubelet(t, dir)
+	k1 := fakekubelet.Start(t, dir)
 	src := newFakeSource()
 	src.setResource(gpuRes, healthyDevices("gpu-0", "gpu-1"))
 	src.setResource(migRes, healthyDevices("mig-a"))
 	m, _ := runManager(t, src, dir)
-	k1.waitServed(gpuRes)
-	k1.waitServed(migRes)
+	k1.WaitServed(t, gpuRes)
+	k1.WaitServed(t, migRes)
 	waitRegistered(t, m, gpuRes, migRes)
 
 	// The kubelet restarts: kubelet.sock goes away, the new kubelet wipes the directory (our
 	// sockets too) and creates a new kubelet.sock.
-	k1.stop()
-	k2 := startFakeKubelet(t, dir)
+	k1.Stop()
+	k2 := fakekubelet.Start(t, dir)
 
 	for _, r := range []string{gpuRes, migRes} {
-		e := k2.waitServed(r)
-		if n := len(e.latest()); n == 0 {
+		e := k2.WaitServed(t, r)
+		if n := len(e.Latest()); n == 0 {
 			t.Errorf("%s: new kubelet got no devices", r)
 		}
 	}
-	e := k2.endpoint(gpuRes)
-	resp, err := e.client.Allocate(context.Background(), &pluginapi.AllocateRequest{
+	e := k2.Endpoint(gpuRes)
+	resp, err := e.Client().Allocate(context.Background(), &pluginapi.AllocateRequest{
 		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"gpu-1"}}},
 	})
 	if err != nil {
@@ -392,7 +394,7 @@ func TestReregistersAfterKubeletRestart(t *testing.T) {
 	// Health changes still reach the new kubelet.
 	src.setHealth(gpuRes, "gpu-0", pluginapi.Unhealthy)
 	waitFor(t, "the new kubelet to see gpu-0 Unhealthy", func() bool {
-		return deviceHealth(k2.endpoint(gpuRes).latest())["gpu-0"] == pluginapi.Unhealthy
+		return deviceHealth(k2.Endpoint(gpuRes).Latest())["gpu-0"] == pluginapi.Unhealthy
 	})
 }
 
@@ -402,9 +404,9 @@ func TestRecreatesDeletedSocket(t *testing.T) {
 	if err := os.Remove(filepath.Join(dir, socketName(gpuRes, testTag))); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a second registration", func() bool { return k.registrations(gpuRes) >= 2 })
-	e := k.waitServed(gpuRes)
-	if _, err := e.client.Allocate(context.Background(), &pluginapi.AllocateRequest{
+	waitFor(t, "a second registration", func() bool { return k.Registrations(gpuRes) >= 2 })
+	e := k.WaitServed(t, gpuRes)
+	if _, err := e.Client().Allocate(context.Background(), &pluginapi.AllocateRequest{
 		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"gpu-0"}}},
 	}); err != nil {
 		t.Fatalf("Allocate on the recreated socket: %v", err)
@@ -424,22 +426,22 @@ func TestRegistersWhenKubeletStartsLater(t *testing.T) {
 		t.Fatal("registered without a kubelet")
 	}
 
-	k := startFakeKubelet(t, dir)
-	k.waitServed(gpuRes)
+	k := fakekubelet.Start(t, dir)
+	k.WaitServed(t, gpuRes)
 	waitRegistered(t, m, gpuRes)
 }
 
 func TestRetriesRejectedRegistration(t *testing.T) {
 	dir := shortTempDir(t)
-	k := startFakeKubelet(t, dir)
-	k.rejectNext(2)
+	k := fakekubelet.Start(t, dir)
+	k.RejectNext(2)
 	src := newFakeSource()
 	src.setResource(gpuRes, healthyDevices("gpu-0"))
 	m, _ := runManager(t, src, dir)
 
-	k.waitServed(gpuRes)
+	k.WaitServed(t, gpuRes)
 	waitRegistered(t, m, gpuRes)
-	if n := k.rejected(); n != 2 {
+	if n := k.Rejected(); n != 2 {
 		t.Errorf("kubelet rejected %d registrations, want 2", n)
 	}
 }
@@ -448,7 +450,7 @@ func TestRetriesRejectedRegistration(t *testing.T) {
 // kubelet restart and a deleted socket.
 func TestPollingAlone(t *testing.T) {
 	dir := shortTempDir(t)
-	k1 := startFakeKubelet(t, dir)
+	k1 := fakekubelet.Start(t, dir)
 	src := newFakeSource()
 	src.setResource(gpuRes, healthyDevices("gpu-0"))
 	m, _ := runManager(t, src, dir, func(m *Manager) {
@@ -457,19 +459,19 @@ func TestPollingAlone(t *testing.T) {
 			return nil, errors.New("inotify unavailable")
 		}
 	})
-	k1.waitServed(gpuRes)
+	k1.WaitServed(t, gpuRes)
 
-	k1.stop()
-	k2 := startFakeKubelet(t, dir)
-	k2.waitServed(gpuRes)
+	k1.Stop()
+	k2 := fakekubelet.Start(t, dir)
+	k2.WaitServed(t, gpuRes)
 	waitRegistered(t, m, gpuRes)
 
 	if err := os.Remove(filepath.Join(dir, socketName(gpuRes, testTag))); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "a registration after the socket was deleted", func() bool { return k2.registrations(gpuRes) >= 2 })
-	e := k2.waitServed(gpuRes)
-	if _, err := e.client.Allocate(context.Background(), &pluginapi.AllocateRequest{
+	waitFor(t, "a registration after the socket was deleted", func() bool { return k2.Registrations(gpuRes) >= 2 })
+	e := k2.WaitServed(t, gpuRes)
+	if _, err := e.Client().Allocate(context.Background(), &pluginapi.AllocateRequest{
 		ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: []string{"gpu-0"}}},
 	}); err != nil {
 		t.Fatalf("Allocate on the recreated socket: %v", err)
@@ -478,13 +480,13 @@ func TestPollingAlone(t *testing.T) {
 
 func TestShutdownRemovesSockets(t *testing.T) {
 	dir := shortTempDir(t)
-	k := startFakeKubelet(t, dir)
+	k := fakekubelet.Start(t, dir)
 	src := newFakeSource()
 	src.setResource(gpuRes, healthyDevices("gpu-0"))
 	src.setResource(vgpuRes, healthyDevices("vgpu-0"))
 	_, stop := runManager(t, src, dir)
-	e := k.waitServed(gpuRes)
-	k.waitServed(vgpuRes)
+	e := k.WaitServed(t, gpuRes)
+	k.WaitServed(t, vgpuRes)
 
 	if err := stop(); err != nil {
 		t.Fatalf("Run: %v", err)
@@ -498,11 +500,7 @@ func TestShutdownRemovesSockets(t *testing.T) {
 	if !slices.Equal(left, []string{"kubelet.sock"}) {
 		t.Errorf("directory holds %v after shutdown, want only kubelet.sock", left)
 	}
-	waitFor(t, "the kubelet's ListAndWatch stream to end", func() bool {
-		e.mu.Lock()
-		defer e.mu.Unlock()
-		return e.closed
-	})
+	waitFor(t, "the kubelet's ListAndWatch stream to end", e.Closed)
 }
 
 func TestSocketName(t *testing.T) {
@@ -553,7 +551,7 @@ func TestBackoff(t *testing.T) {
 // being replaced) stays, as does another resource's.
 func TestStaleSocketsRemoved(t *testing.T) {
 	dir := shortTempDir(t)
-	k := startFakeKubelet(t, dir)
+	k := fakekubelet.Start(t, dir)
 	dead := func(name string) string { // a socket file nobody listens on, as kill -9 leaves it
 		path := filepath.Join(dir, name)
 		l, err := net.Listen("unix", path)
@@ -575,8 +573,8 @@ func TestStaleSocketsRemoved(t *testing.T) {
 	src := newFakeSource()
 	src.setResource(gpuRes, healthyDevices("gpu-0"))
 	runManager(t, src, dir)
-	if e := k.waitServed(gpuRes); e.req.GetEndpoint() != socketName(gpuRes, testTag) {
-		t.Fatalf("endpoint %q, want %q", e.req.GetEndpoint(), socketName(gpuRes, testTag))
+	if e := k.WaitServed(t, gpuRes); e.Request().GetEndpoint() != socketName(gpuRes, testTag) {
+		t.Fatalf("endpoint %q, want %q", e.Request().GetEndpoint(), socketName(gpuRes, testTag))
 	}
 	for path, want := range map[string]bool{staleTagged: false, staleOld: false, live: true, otherStale: true,
 		filepath.Join(dir, socketName(gpuRes, testTag)): true} {

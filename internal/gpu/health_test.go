@@ -6,6 +6,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -210,6 +211,12 @@ func TestHealthStartsFromPersistedState(t *testing.T) {
 // unhealthy, the watch goes on (new event set), GPUs recover at the checks, and a later XID is
 // still heard.
 func TestHealthWaitErrorsDoNotEndTheWatch(t *testing.T) {
+	synctest.Test(t, healthWaitErrorsDoNotEndTheWatch)
+}
+
+// healthWaitErrorsDoNotEndTheWatch runs in a synctest bubble: the check interval, the backoff
+// after the failed wait and the event waits pass on the bubble's clock, at once.
+func healthWaitErrorsDoNotEndTheWatch(t *testing.T) {
 	b, n := openTestSim(t, "")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -270,6 +277,12 @@ func ignoreNotWatched(err error) error {
 // TestHealthWatchWaitsAWholeIntervalBeforeRecovery runs the loop on a fake clock: a GPU persisted
 // as unhealthy stays so through the start and its first check, and recovers only after ticks.
 func TestHealthWatchWaitsAWholeIntervalBeforeRecovery(t *testing.T) {
+	synctest.Test(t, healthWatchWaitsAWholeIntervalBeforeRecovery)
+}
+
+// healthWatchWaitsAWholeIntervalBeforeRecovery runs in a synctest bubble: the polls and the event
+// waits pass on the bubble's clock, at once (the ticks still come from the fake clock).
+func healthWatchWaitsAWholeIntervalBeforeRecovery(t *testing.T) {
 	b, n := openTestSim(t, "")
 	fc := clocktesting.NewFakeClock(time.Now())
 	ctx, cancel := context.WithCancel(context.Background())

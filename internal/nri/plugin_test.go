@@ -22,10 +22,10 @@ import (
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/agent"
-	"github.com/tessera-gpu/tessera/internal/cdi"
-	"github.com/tessera-gpu/tessera/internal/gpu"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/podresources"
+	"github.com/tessera-gpu/tessera/internal/podresources/podresourcestest"
+	"github.com/tessera-gpu/tessera/internal/testing/simagent"
 )
 
 // fakePods is the API server's pod store for the plugin.
@@ -45,12 +45,12 @@ func (f *fakePods) Pod(_ context.Context, ns, name, uid string) (*corev1.Pod, er
 }
 
 // env is the plugin connected to NRI's runtime-side adaptation over a real socket, with a real
-// simulated-node agent and ledger, and the kubelet's PodResources API served by podresources.Server.
+// simulated-node agent and ledger, and the kubelet's PodResources API served by podresourcestest.Server.
 type env struct {
 	t         testing.TB
 	rt        *nriadapt.Adaptation
 	agent     *agent.Agent
-	grants    *podresources.Server
+	grants    *podresourcestest.Server
 	pods      *fakePods
 	plugin    *Plugin
 	dir       string
@@ -104,22 +104,9 @@ func newAgentEnv(t testing.TB) (*env, *ledger.Ledger) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	e := &env{t: t, dir: dir, grants: podresources.NewServer(), pods: &fakePods{pods: map[string]*corev1.Pod{}}}
-	backend, err := gpu.OpenSim(gpu.Options{StateDir: filepath.Join(dir, "sim")})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { backend.Close() })
-	l, err := ledger.Open(filepath.Join(dir, "ledger.json"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.agent = agent.New(agent.Config{NodeName: "node-a", SharesPerGPU: 10, CDIDir: filepath.Join(dir, "cdi"),
-		Generator: &cdi.Generator{Vendor: "tessera.dev", VCUDALibrary: "/opt/libvcuda.so", Driver: &cdi.Driver{HookPath: "/usr/bin/nvidia-cdi-hook"}}}, backend, l)
-	if err := e.agent.Refresh(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	return e, l
+	e := &env{t: t, dir: dir, grants: podresourcestest.NewServer(), pods: &fakePods{pods: map[string]*corev1.Pod{}}}
+	e.agent, _ = simagent.New(t, dir, agent.Config{})
+	return e, e.agent.Ledger()
 }
 
 func newEnv(t testing.TB, preexisting ...*nriapi.Container) *env {

@@ -17,6 +17,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/testing/fakekubelet"
 )
 
 // nodeStack is one simulated GPU node: real containerd (NRI + CDI), a real API server, the fake
@@ -24,7 +25,7 @@ import (
 type nodeStack struct {
 	ctr     *Containerd
 	cp      *ControlPlane
-	kubelet *FakeKubelet
+	kubelet *fakekubelet.Kubelet
 	agent   *Process
 	dir     string
 	node    string
@@ -40,7 +41,8 @@ func startNodeStack(t testing.TB) *nodeStack {
 	s.ctr = StartContainerd(t)
 	s.dir = s.ctr.Base
 	s.cp = StartControlPlane(t, ControlPlaneOptions{NoScheduler: true})
-	s.kubelet = StartFakeKubelet(t, filepath.Join(s.dir, "kubelet"))
+	s.kubelet = fakekubelet.Start(t, filepath.Join(s.dir, "kubelet", "device-plugins"))
+	s.kubelet.ServePodResources(t, filepath.Join(s.dir, "kubelet", "pod-resources.sock"))
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: s.node}}
 	if _, err := s.cp.Client.CoreV1().Nodes().Create(context.Background(), node, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -59,7 +61,7 @@ func startNodeStack(t testing.TB) *nodeStack {
 	s.agent = s.cp.StartProcess(t, "tessera-node", tesseraBinary(t, "tessera-node"), "run",
 		"--backend=sim", "--state-dir="+filepath.Join(s.dir, "sim"), "--cdi-dir="+s.ctr.CDIDir,
 		"--node-name="+s.node, "--data-dir="+filepath.Join(s.dir, "data"), "--run-dir="+filepath.Join(s.dir, "run-tessera"),
-		"--device-plugin-dir="+s.kubelet.PluginDir, "--pod-resources-socket="+s.kubelet.PodResSocket,
+		"--device-plugin-dir="+s.kubelet.PluginDir(), "--pod-resources-socket="+s.kubelet.PodResourcesSocket(),
 		"--nri-socket="+s.ctr.NRISocket, "--kubeconfig="+s.cp.Kubeconfig, "--listen="+s.metrics,
 		"--vcuda-library="+lib, "--sim-driver-dir="+BuildSimDriver(t).FakeDir)
 	s.waitReady(t)

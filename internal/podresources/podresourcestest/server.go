@@ -1,4 +1,7 @@
-package podresources
+// Package podresourcestest is a test double for the kubelet's side of the PodResources API: a server
+// that lists what it is told was granted, for the unit tests that read grants and for the fake
+// kubelet of the end-to-end suite (internal/testing/fakekubelet).
+package podresourcestest
 
 import (
 	"context"
@@ -10,25 +13,27 @@ import (
 
 	"google.golang.org/grpc"
 	podresv1 "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/tessera-gpu/tessera/internal/podresources"
 )
 
-// Server serves the PodResources API from grants it is told about: the kubelet's side of the API,
-// for tests and for the fake kubelet of the end-to-end suite.
+// Server serves the PodResources API from grants it is told about.
 type Server struct {
 	podresv1.UnimplementedPodResourcesListerServer
 	mu     sync.Mutex
-	grants map[Key]Grant
+	grants map[podresources.Key]podresources.Grant
 }
 
 // NewServer returns an empty server.
-func NewServer() *Server { return &Server{grants: map[Key]Grant{}} }
+func NewServer() *Server { return &Server{grants: map[podresources.Key]podresources.Grant{}} }
 
-// Add records devices of a resource granted to a container.
-func (s *Server) Add(k Key, resource string, ids ...string) {
+// Add records devices of a resource granted to a container; resource may be a
+// podresources.ClaimKey, whose IDs are "<driver>/<pool>/<device>".
+func (s *Server) Add(k podresources.Key, resource string, ids ...string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.grants[k] == nil {
-		s.grants[k] = Grant{}
+		s.grants[k] = podresources.Grant{}
 	}
 	s.grants[k][resource] = append(s.grants[k][resource], ids...)
 }
@@ -69,12 +74,12 @@ func (s *Server) Serve(socket string) (*grpc.Server, error) {
 	return g, nil
 }
 
-// List implements the API.
+// List implements the API: device-plugin grants as Devices, claim grants as DynamicResources.
 func (s *Server) List(context.Context, *podresv1.ListPodResourcesRequest) (*podresv1.ListPodResourcesResponse, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	pods := map[[2]string]*podresv1.PodResources{}
-	keys := make([]Key, 0, len(s.grants))
+	keys := make([]podresources.Key, 0, len(s.grants))
 	for k := range s.grants {
 		keys = append(keys, k)
 	}
@@ -88,28 +93,29 @@ func (s *Server) List(context.Context, *podresv1.ListPodResourcesRequest) (*podr
 			pods[pk] = pr
 			resp.PodResources = append(resp.PodResources, pr)
 		}
+		g := s.grants[k]
 		c := &podresv1.ContainerResources{Name: k.Container}
-		res := make([]string, 0, len(s.grants[k]))
-		for r := range s.grants[k] {
-			res = append(res, r)
+		res := make([]string, 0, len(g))
+		for r := range g {
+			if !podresources.IsClaimKey(r) {
+				res = append(res, r)
+			}
 		}
 		sort.Strings(res)
 		for _, r := range res {
-			if IsClaimKey(r) {
-				c.DynamicResources = append(c.DynamicResources, dynamicResource(r, s.grants[k][r]))
-				continue
-			}
-			c.Devices = append(c.Devices, &podresv1.ContainerDevices{ResourceName: r, DeviceIds: s.grants[k][r]})
+			c.Devices = append(c.Devices, &podresv1.ContainerDevices{ResourceName: r, DeviceIds: g[r]})
+		}
+		for _, ref := range g.Claims() { // sorted, as the keys are
+			c.DynamicResources = append(c.DynamicResources, dynamicResource(ref, g[podresources.ClaimKey(ref.Namespace, ref.Name)]))
 		}
 		pr.Containers = append(pr.Containers, c)
 	}
 	return resp, nil
 }
 
-// dynamicResource is a claim grant (ClaimKey, "<driver>/<pool>/<device>" IDs) as the kubelet lists it.
-func dynamicResource(key string, ids []string) *podresv1.DynamicResource {
-	ns, name, _ := strings.Cut(strings.TrimPrefix(key, claimKeyPrefix), "/")
-	dr := &podresv1.DynamicResource{ClaimNamespace: ns, ClaimName: name}
+// dynamicResource is a claim grant ("<driver>/<pool>/<device>" IDs) as the kubelet lists it.
+func dynamicResource(ref podresources.ClaimRef, ids []string) *podresv1.DynamicResource {
+	dr := &podresv1.DynamicResource{ClaimNamespace: ref.Namespace, ClaimName: ref.Name}
 	for _, id := range ids {
 		parts := strings.SplitN(id, "/", 3)
 		for len(parts) < 3 {
