@@ -40,8 +40,6 @@ type State struct {
 	// entries under a nodeGen (the scheduler sends the same lists again and again).
 	nodeGen  uint64
 	resolved resolveCache
-	// lastNames are the last node-name lists filter and prioritize decoded (server.go).
-	lastNames nameLists
 	// slots is one more than the highest node slot handed out; freeSlots are those of deleted nodes.
 	slots     atomic.Int64
 	freeSlots []int
@@ -717,6 +715,20 @@ func (c *resolveCache) resolve(names []string, gen uint64, nodes map[string]*nod
 	c.slots[c.next] = resolved{gen: gen, names: slices.Clone(names), entries: entries}
 	c.next = (c.next + 1) % len(c.slots)
 	return entries
+}
+
+// internNames runs f with intern, which returns the State's own string for a known node's name
+// (the map lookup takes the bytes without allocating) and a new string for any other; f runs under
+// one read lock (the request decoder reads thousands of names per call, wire.go).
+func (s *State) internNames(f func(intern func(b []byte) string)) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	f(func(b []byte) string {
+		if e := s.nodes[string(b)]; e != nil {
+			return e.name
+		}
+		return string(b)
+	})
 }
 
 // NamespaceUsage is the GPU resources held (committed or reserved) by pods of a namespace.

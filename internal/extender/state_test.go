@@ -117,23 +117,6 @@ func TestResolveCacheKeepsTheListInUse(t *testing.T) {
 	}
 }
 
-// TestNameListsKeepTheListInUse: as TestResolveCacheKeepsTheListInUse, for the decoded request
-// bodies.
-func TestNameListsKeepTheListInUse(t *testing.T) {
-	var c nameLists
-	all := []byte(`["a","b","c"]`)
-	c.put(all, []string{"a", "b", "c"})
-	for _, one := range []string{"a", "b", "c", "a"} {
-		raw := []byte(`["` + one + `"]`)
-		if _, ok := c.get(raw, nil); !ok {
-			c.put(raw, []string{one})
-		}
-		if _, ok := c.get(all, nil); !ok {
-			t.Fatalf("after [%s] the list of every node was not remembered", one)
-		}
-	}
-}
-
 // TestStateReportsFreeComputeByModel: the model pressure reads the cluster's free GPU compute per
 // model from the State: every node as it appears, every GPU taken or given back by a pod, a node
 // rebuilt (its pods applied again) and a node gone.
