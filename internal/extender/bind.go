@@ -162,47 +162,22 @@ func (x *Extender) assign(ctx context.Context, lock *NodeLock, pod *corev1.Pod, 
 
 // decide builds the node's state from the API server's view of its assignments and places req.
 func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.Request, node string) (*api.PodAssignment, error) {
-	var inv *api.NodeInventory
-	var labelsOf map[string]string
-	missing := ""
-	var cpu, mem, usedCPU, usedMem int64
 	// This process's in-flight decisions on the node (Filter's holds, other binds' reservations):
 	// the API server's list does not show a hold whose pod has no annotation yet, and a bind that
 	// chose past it would give one GPU to two pods in the state (the live divergence of issue 14).
-	holds := map[types.UID]*api.PodAssignment{}
-	var own *api.PodAssignment
-	x.State.mu.RLock()
-	e := x.State.nodes[node]
-	if missing = x.State.unusable(e, x.State.now()); missing == "" {
-		inv, labelsOf = e.inv, e.labels
-		// CPU and memory come from the informers (every pod's requests), less this pod's own hold:
-		// the GPU choice inside the node then weighs them as Filter and the simulator do.
-		cpu, mem, usedCPU, usedMem = e.state.CPUMilli, e.state.MemMiB, e.state.UsedCPU, e.state.UsedMem
-		if u := x.State.uses[pod.UID]; u != nil && u.node == node && u.applied {
-			usedCPU, usedMem = usedCPU-u.cpu, usedMem-u.mem
-		}
-		for uid, p := range x.State.podsOn[node] {
-			switch {
-			case !p.reserved:
-			case uid == pod.UID:
-				own = p.assignment
-			default:
-				holds[uid] = p.assignment
-			}
-		}
-	}
-	x.State.mu.RUnlock()
-	if inv == nil {
+	base, missing := x.State.bindBase(node, pod.UID)
+	if base == nil {
 		return nil, errors.New(missing)
 	}
+	holds := base.holds
 	list, err := x.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{
 		LabelSelector: labels.SelectorFromSet(labels.Set{api.LabelAssignedNode: node}).String(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list assignments on node %s: %w", node, err)
 	}
-	n := placement.NewNodeState(inv, labelsOf)
-	n.CPUMilli, n.MemMiB, n.UsedCPU, n.UsedMem = cpu, mem, usedCPU, usedMem
+	n := placement.NewNodeState(base.inv, base.labels)
+	n.CPUMilli, n.MemMiB, n.UsedCPU, n.UsedMem = base.cpu, base.mem, base.usedCPU, base.usedMem
 	for i := range list.Items {
 		other := &list.Items[i]
 		if other.UID == pod.UID {
@@ -223,7 +198,7 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 	}
 	// Filter's choice for this pod stands while it still fits: it is the policy's choice made in
 	// arrival order (as the simulator places), not one made against holds of pods filtered later.
-	if own != nil {
+	if own := base.own; own != nil {
 		if p := placementFor(n, req, own); placement.Fits(n, req, &p) {
 			return BuildAssignment(n, req, &p), nil
 		}

@@ -51,7 +51,8 @@ type State struct {
 	// conflicts counts pod entries applied on a GPU another entry already holds (should stay 0).
 	conflicts atomic.Int64
 	log       *slog.Logger
-	// changes lists the nodes whose placement state changed, for the evaluation warmer (warm.go).
+	// changes lists the nodes whose placement state changed, for the change subscription
+	// (state_changes.go: the evaluation warmer).
 	changes changeLog
 }
 
@@ -603,6 +604,44 @@ func (s *State) View(names []string, f func(name string, n *placement.NodeState,
 			f(name, e.state, "")
 		}
 	}
+}
+
+// bindBase is what a bind's decision starts from (decide, bind.go): a node's inventory, labels,
+// CPU and memory (used: less the binding pod's own hold), the pod's own in-flight decision there
+// and the other pods' (Filter's holds, other binds' reservations).
+type bindBase struct {
+	inv                        *api.NodeInventory
+	labels                     map[string]string
+	cpu, mem, usedCPU, usedMem int64
+	own                        *api.PodAssignment
+	holds                      map[types.UID]*api.PodAssignment
+}
+
+// bindBase returns node's base for binding pod uid, or nil and why placement must not use the node.
+func (s *State) bindBase(node string, uid types.UID) (*bindBase, string) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	e := s.nodes[node]
+	if missing := s.unusable(e, s.now()); missing != "" {
+		return nil, missing
+	}
+	// CPU and memory come from the informers (every pod's requests), less this pod's own hold:
+	// the GPU choice inside the node then weighs them as Filter and the simulator do.
+	b := &bindBase{inv: e.inv, labels: e.labels, holds: map[types.UID]*api.PodAssignment{},
+		cpu: e.state.CPUMilli, mem: e.state.MemMiB, usedCPU: e.state.UsedCPU, usedMem: e.state.UsedMem}
+	if u := s.uses[uid]; u != nil && u.node == node && u.applied {
+		b.usedCPU, b.usedMem = b.usedCPU-u.cpu, b.usedMem-u.mem
+	}
+	for other, p := range s.podsOn[node] {
+		switch {
+		case !p.reserved:
+		case other == uid:
+			b.own = p.assignment
+		default:
+			b.holds[other] = p.assignment
+		}
+	}
+	return b, ""
 }
 
 // parallelMin is the node count from which viewIndexed spreads the work over GOMAXPROCS goroutines.
