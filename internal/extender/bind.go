@@ -52,7 +52,7 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 		}
 		return fmt.Errorf("bind %s/%s: already bound to %s", args.PodNamespace, args.PodName, pod.Spec.NodeName)
 	}
-	req, err := RequestFromPod(pod, x.Class)
+	req, err := x.State.request(pod, x.Class)
 	if err != nil {
 		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "%v", err)
 		return err
@@ -170,6 +170,7 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 		return nil, errors.New(missing)
 	}
 	holds := base.holds
+	request := func(p *corev1.Pod) (*placement.Request, error) { return x.State.request(p, x.Class) }
 	list, err := x.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{
 		LabelSelector: labels.SelectorFromSet(labels.Set{api.LabelAssignedNode: node}).String(),
 	})
@@ -184,7 +185,7 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 			continue
 		}
 		// The same rule as the informer state (trust.go): the label only narrows the list.
-		a, _ := counted(other, x.Class, x.State.Reserved)
+		a, _ := counted(other, request, x.State.Reserved)
 		if a == nil || a.Node != node {
 			continue
 		}

@@ -119,7 +119,7 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "%s", why)
 		return fr
 	}
-	req, err := RequestFromPod(pod, x.Class)
+	req, err := x.State.request(pod, x.Class)
 	if err != nil {
 		return failAll(err.Error(), true)
 	}

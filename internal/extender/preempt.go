@@ -20,7 +20,7 @@ func (x *Extender) Preempt(args *extenderv1.ExtenderPreemptionArgs) *extenderv1.
 	if args.Pod == nil {
 		return out
 	}
-	req, err := RequestFromPod(args.Pod, x.Class)
+	req, err := x.State.request(args.Pod, x.Class)
 	if err != nil {
 		return out
 	}

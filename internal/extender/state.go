@@ -31,6 +31,10 @@ type State struct {
 	podsOn map[string]map[types.UID]*podEntry
 	// observed are the non-terminated pods counted in shapes (arrived: pending or assigned).
 	observed map[types.UID]*placement.Request
+	// requests are the non-terminated GPU pods' requests, parsed once per pod version
+	// (state_requests.go); parse is RequestFromPod (a test counts its calls).
+	requests map[types.UID]parsedRequest
+	parse    func(*corev1.Pod, ClassOptions) (*placement.Request, error)
 	// uses are the CPU and memory requests of pods bound to a node (every pod, not only GPU pods) and
 	// of our reservations, charged to the node's state so that CPU shapes placement as in the
 	// simulator; usesOn indexes them by node.
@@ -136,7 +140,7 @@ func NewState(ttl time.Duration, log *slog.Logger) *State {
 	return &State{nodes: map[string]*nodeEntry{}, pods: map[types.UID]*podEntry{}, shapes: placement.NewShapeStats(),
 		typeIDs: map[string]int{}, podsOn: map[string]map[types.UID]*podEntry{}, observed: map[types.UID]*placement.Request{},
 		uses: map[types.UID]*podUse{}, usesOn: map[string]map[types.UID]*podUse{},
-		ttl: ttl, now: time.Now, log: log}
+		requests: map[types.UID]parsedRequest{}, parse: RequestFromPod, ttl: ttl, now: time.Now, log: log}
 }
 
 // Shapes returns the task-shape statistics of the pods seen so far (FGD's typical shapes).
@@ -254,6 +258,11 @@ func podTerminated(pod *corev1.Pod) bool {
 func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if podTerminated(pod) {
+		delete(s.requests, pod.UID)
+	} else {
+		_, _ = s.requestLocked(pod, opts) // for the verbs, pending unschedulable pods' included
+	}
 	s.observeLocked(pod, opts)
 	switch {
 	case podTerminated(pod):
@@ -263,7 +272,7 @@ func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
 		s.setUseLocked(&podUse{uid: pod.UID, node: pod.Spec.NodeName, cpu: cpu, mem: mem})
 	}
 	old := s.pods[pod.UID]
-	a, req := counted(pod, opts, s.reservedLocked)
+	a, req := counted(pod, func(p *corev1.Pod) (*placement.Request, error) { return s.requestLocked(p, opts) }, s.reservedLocked)
 	if a == nil {
 		// A reservation stays while its pod lives: the pod's update may predate our own write.
 		if old != nil && !(old.reserved && !podTerminated(pod)) {
@@ -315,7 +324,7 @@ func (s *State) observeLocked(pod *corev1.Pod, opts ClassOptions) {
 	if _, ok := s.observed[pod.UID]; ok {
 		return
 	}
-	req, err := RequestFromPod(pod, opts)
+	req, err := s.requestLocked(pod, opts)
 	if err != nil || !req.WantsGPU() {
 		return
 	}
@@ -424,6 +433,7 @@ func (s *State) DeletePod(uid types.UID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.forgetLocked(uid)
+	delete(s.requests, uid)
 	s.clearUseLocked(uid, false)
 	if p := s.pods[uid]; p != nil {
 		s.removeLocked(p)
