@@ -2,9 +2,13 @@ package extender
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync/atomic"
 	"testing"
 
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -52,5 +56,80 @@ func TestHTTPServer(t *testing.T) {
 	resp, _ = http.Post(srv.URL+"/filter", "application/json", bytes.NewReader([]byte("{")))
 	if resp.StatusCode != http.StatusBadRequest {
 		t.Fatalf("bad JSON answered %d", resp.StatusCode)
+	}
+}
+
+// TestPickOneReplicaPassesVerbsOn: under pick-one a replica that is not the leader passes filter,
+// prioritize and preempt on to the leader (one state decides) and answers what the leader answers;
+// where the leader cannot be reached, filter and bind say so in their result, prioritize and
+// preempt by HTTP 502. Without pick-one it answers filter itself.
+func TestPickOneReplicaPassesVerbsOn(t *testing.T) {
+	node := testNode(testInventory("n1", 1, 2, "T4"), nil)
+	leader, follower := newTestExtender(t, api.PolicyTessera), newTestExtender(t, api.PolicyTessera)
+	leader.State.UpsertNode(node) // the follower's state has no node: its own answers would differ
+	leader.PickOne, follower.PickOne = true, true
+	leader.Leader, follower.Leader = &atomic.Bool{}, &atomic.Bool{}
+	leader.Leader.Store(true)
+	synced := func() bool { return true }
+	ls := httptest.NewServer(leader.Handler(synced))
+	defer ls.Close()
+	fs := httptest.NewServer(follower.Handler(synced))
+	defer fs.Close()
+	reach := true
+	follower.LeaderURL = func(context.Context) (string, error) {
+		if !reach {
+			return "", errors.New("no lease")
+		}
+		return ls.URL, nil
+	}
+	post := func(url, path string, in, out any) int {
+		t.Helper()
+		body, _ := json.Marshal(in)
+		resp, err := http.Post(url+path, "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return resp.StatusCode
+	}
+	names := []string{"n1"}
+	args := extenderv1.ExtenderArgs{Pod: wholePod("p", 1), NodeNames: &names}
+	var fr extenderv1.ExtenderFilterResult
+	if code := post(fs.URL, "/filter", args, &fr); code != http.StatusOK || fr.Error != "" || fr.NodeNames == nil || len(*fr.NodeNames) != 1 {
+		t.Fatalf("filter through the follower: %d %+v, want the leader's n1", code, fr)
+	}
+	var hp extenderv1.HostPriorityList
+	if code := post(fs.URL, "/prioritize", args, &hp); code != http.StatusOK || len(hp) != 1 || hp[0].Score != 10 {
+		t.Fatalf("prioritize through the follower: %d %+v, want the leader's n1 at 10", code, hp)
+	}
+	pargs := extenderv1.ExtenderPreemptionArgs{Pod: wholePod("big", 1), NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{
+		"n1": {Pods: []*extenderv1.MetaPod{{UID: "uid-gone"}}}}}
+	var pr extenderv1.ExtenderPreemptionResult
+	if code := post(fs.URL, "/preempt", pargs, &pr); code != http.StatusOK || pr.NodeNameToMetaVictims["n1"] == nil {
+		t.Fatalf("preempt through the follower: %d %+v, want the leader's n1", code, pr)
+	}
+	reach = false
+	fr = extenderv1.ExtenderFilterResult{}
+	if code := post(fs.URL, "/filter", args, &fr); code != http.StatusOK || !strings.Contains(fr.Error, "no lease") {
+		t.Fatalf("filter with no leader: %d %+v, want the error in the result", code, fr)
+	}
+	var br extenderv1.ExtenderBindingResult
+	if code := post(fs.URL, "/bind", extenderv1.ExtenderBindingArgs{PodName: "p", PodNamespace: "default", Node: "n1"}, &br); code != http.StatusOK || !strings.Contains(br.Error, "no lease") {
+		t.Fatalf("bind with no leader: %d %+v, want the error in the result", code, br)
+	}
+	for path, in := range map[string]any{"/prioritize": args, "/preempt": pargs} {
+		if code := post(fs.URL, path, in, new(any)); code != http.StatusBadGateway {
+			t.Fatalf("%s with no leader: %d, want 502", path, code)
+		}
+	}
+	follower.PickOne = false
+	fr = extenderv1.ExtenderFilterResult{}
+	if code := post(fs.URL, "/filter", args, &fr); code != http.StatusOK || fr.Error != "" || len(fr.FailedNodes) != 1 {
+		t.Fatalf("filter without pick-one: %d %+v, want the follower's own answer (n1 unknown to it)", code, fr)
 	}
 }
