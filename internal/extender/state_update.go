@@ -124,12 +124,16 @@ func podTerminated(pod *corev1.Pod) bool {
 func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// The pod's request, parsed once per version (and kept for the verbs, pending unschedulable
+	// pods' included: the scheduler tries them again).
+	var req *placement.Request
+	var reqErr error
 	if podTerminated(pod) {
 		delete(s.requests, pod.UID)
 	} else {
-		_, _ = s.requestLocked(pod, opts) // for the verbs, pending unschedulable pods' included
+		req, reqErr = s.requestLocked(pod, opts)
 	}
-	s.observeLocked(pod, opts)
+	s.observeLocked(pod, req, reqErr)
 	switch {
 	case podTerminated(pod):
 		s.clearUseLocked(pod.UID, false)
@@ -138,7 +142,7 @@ func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
 		s.setUseLocked(&podUse{uid: pod.UID, node: pod.Spec.NodeName, cpu: cpu, mem: mem})
 	}
 	old := s.pods[pod.UID]
-	a, req := counted(pod, func(p *corev1.Pod) (*placement.Request, error) { return s.requestLocked(p, opts) }, s.reservedLocked)
+	a, req := counted(pod, func(*corev1.Pod) (*placement.Request, error) { return req, reqErr }, s.reservedLocked)
 	if a == nil {
 		// A reservation stays while its pod lives: the pod's update may predate our own write.
 		if old != nil && !(old.reserved && !podTerminated(pod)) {
@@ -180,7 +184,8 @@ func (s *State) Reserved(uid types.UID, a *api.PodAssignment) bool {
 
 // observeLocked counts a pod's task shape once while it is not terminated: pending pods count too,
 // because the typical shapes are the arrival distribution (the FGD paper's), not what got placed.
-func (s *State) observeLocked(pod *corev1.Pod, opts ClassOptions) {
+// req and err are the pod's request as UpsertPod parsed it.
+func (s *State) observeLocked(pod *corev1.Pod, req *placement.Request, err error) {
 	if podTerminated(pod) || unschedulable(pod) {
 		// A pending pod the scheduler found no node for is not an arrival the cluster can serve:
 		// junk pods must not collapse the learned mix (the simulator forgets failed pods alike).
@@ -190,7 +195,6 @@ func (s *State) observeLocked(pod *corev1.Pod, opts ClassOptions) {
 	if _, ok := s.observed[pod.UID]; ok {
 		return
 	}
-	req, err := s.requestLocked(pod, opts)
 	if err != nil || !req.WantsGPU() {
 		return
 	}
