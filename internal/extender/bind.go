@@ -146,10 +146,10 @@ func (x *Extender) assign(ctx context.Context, lock *NodeLock, pod *corev1.Pod, 
 		"annotations":     map[string]string{api.AnnotationAssignment: string(enc)},
 		"labels":          map[string]string{api.LabelAssignedNode: node},
 	}})
-	x.State.Reserve(pod.UID, req.Key, pod.Namespace, req, a)
+	x.State.reserve(pod.UID, req.Key, pod.Namespace, req, a)
 	written, err := x.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
-		x.State.Unreserve(pod.UID)
+		x.State.unreserve(pod.UID)
 		return nil, fmt.Errorf("write assignment of %s: %w", req.Key, err)
 	}
 	if !lock.Valid() {
@@ -185,7 +185,7 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 			continue
 		}
 		// The same rule as the informer state (trust.go): the label only narrows the list.
-		a, _ := counted(other, request, x.State.Reserved)
+		a, _ := counted(other, request, x.State.reserved)
 		if a == nil || a.Node != node {
 			continue
 		}
@@ -255,7 +255,7 @@ func BuildAssignment(n *placement.NodeState, req *placement.Request, p *placemen
 // release removes a pod's assignment after a failed bind (fenced on the version we wrote, so an
 // assignment someone wrote since stays).
 func (x *Extender) release(pod *corev1.Pod) {
-	x.State.Unreserve(pod.UID)
+	x.State.unreserve(pod.UID)
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
 		"resourceVersion": pod.ResourceVersion,
 		"annotations":     map[string]any{api.AnnotationAssignment: nil},

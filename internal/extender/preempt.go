@@ -12,7 +12,7 @@ import (
 // candidate node: where its victims free a GPU the request fits on, they are kept as the scheduler
 // chose them (with its count of PodDisruptionBudget violations); where they do not, the node's pods
 // of lower priority than the preemptor (the scheduler's victims among them) whose GPUs free one are
-// named instead (VictimsFreeing: the fewest budget violations, then the fewest pods, then the lowest
+// named instead (victimsFreeing: the fewest budget violations, then the fewest pods, then the lowest
 // summed priority), with the violations they cause counted as the scheduler counts its own
 // (pdbViolations), so that it picks among nodes knowing them; where none do, the node is dropped.
 func (x *Extender) Preempt(args *extenderv1.ExtenderPreemptionArgs) *extenderv1.ExtenderPreemptionResult {
@@ -46,7 +46,7 @@ func (x *Extender) Preempt(args *extenderv1.ExtenderPreemptionArgs) *extenderv1.
 	}
 	violations := x.pdbViolations()
 	for node, uids := range victims {
-		named, ok := x.State.VictimsFreeing(node, uids, req, priority, violations)
+		named, ok := x.State.victimsFreeing(node, uids, req, priority, violations)
 		switch {
 		case !ok:
 		case named == nil:

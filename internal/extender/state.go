@@ -18,18 +18,18 @@ import (
 // State is the extender's view of the cluster: every node's GPU inventory and what is committed
 // on it. It is rebuilt from the API server (node inventory annotations, pod assignment annotations)
 // through informers and holds nothing else but in-flight reservations, which live until the bind
-// lands (the pod's annotation shows up) or fails (Unreserve) or their TTL passes.
+// lands (the pod's annotation shows up) or fails (unreserve) or their TTL passes.
 //
 // Only the State's own files (state*.go) take its lock or read its maps; the rest of the package
 // goes through its methods:
 //   - writers (state_update.go): UpsertNode, DeleteNode, UpsertPod and DeletePod for the
-//     informers; Reserve, ReserveFor, ReserveUse, Unreserve and ExpireReservations for the verbs'
+//     informers; reserve, reserveFor, reserveUse, unreserve and ExpireReservations for the verbs'
 //     in-flight decisions;
 //   - node views (state.go): View, and viewIndexed and viewIndexedThen for the verbs' hot loops
 //     (name lists resolved to nodes through a cache); internNames for the request decoder
 //     (wire.go); bindBase for bind's decision;
 //   - pod views: request (a pod's request, parsed once per pod version: state_requests.go),
-//     Reserved, Holds, NamespaceUsage, and VictimsFreeing for preemption (state_preempt.go);
+//     reserved, Holds, namespaceUsage, and victimsFreeing for preemption (state_preempt.go);
 //   - the change subscription for the evaluation warmer (state_changes.go): subscribeChanges,
 //     takeChanges, viewEntries, usableEntries;
 //   - Shapes (the task-shape statistics), nodeSlots and Conflicts.
@@ -342,8 +342,8 @@ func (s *State) internNames(f func(intern func(b []byte) string)) {
 	})
 }
 
-// NamespaceUsage is the GPU resources held (committed or reserved) by pods of a namespace.
-func (s *State) NamespaceUsage(ns string) map[string]int64 {
+// namespaceUsage is the GPU resources held (committed or reserved) by pods of a namespace.
+func (s *State) namespaceUsage(ns string) map[string]int64 {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	out := map[string]int64{}

@@ -13,15 +13,15 @@ import (
 
 // The State's answer to the preemption verb (preempt.go): which of a node's pods free a GPU.
 
-// maxVictimSearch bounds the pods whose subsets VictimsFreeing tries (2^n fit checks of a node);
+// maxVictimSearch bounds the pods whose subsets victimsFreeing tries (2^n fit checks of a node);
 // past it, it adds pods greedily, lowest priority first.
 const maxVictimSearch = 12
 
-// VictimsFreeing reports whether req fits the node once victims are gone (named nil), or else once
+// victimsFreeing reports whether req fits the node once victims are gone (named nil), or else once
 // some set of the victims and the node's other GPU pods of priority below the preemptor's are gone
 // (named: the fewest budget violations by violations, then the fewest pods, then the lowest summed
 // priority; past maxVictimSearch candidates, greedily by priority alone).
-func (s *State) VictimsFreeing(node string, victims []types.UID, req *placement.Request, below int32, violations func([]types.UID) int) (named []types.UID, ok bool) {
+func (s *State) victimsFreeing(node string, victims []types.UID, req *placement.Request, below int32, violations func([]types.UID) int) (named []types.UID, ok bool) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.fitsWithoutLocked(node, victims, req) {

@@ -64,7 +64,7 @@ func TestPrioritizeReusesFilter(t *testing.T) {
 			devs = append(devs, api.DeviceAssignment{UUID: gpuUUID(1, g), Whole: true})
 		}
 		req, _ := RequestFromPod(wholePod("late", 4), x.Class)
-		x.State.Reserve("uid-late", "default/late", "default", req, &api.PodAssignment{APIVersion: api.Version, Node: "n1",
+		x.State.reserve("uid-late", "default/late", "default", req, &api.PodAssignment{APIVersion: api.Version, Node: "n1",
 			Containers: []api.ContainerAssignment{{Name: "main", Devices: devs}}})
 	}
 	for _, changed := range []bool{false, true} {

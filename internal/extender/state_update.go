@@ -175,8 +175,8 @@ func (s *State) reservedLocked(uid types.UID, a *api.PodAssignment) bool {
 	return p != nil && p.reserved && p.node == a.Node && sameAssignment(p.assignment, a)
 }
 
-// Reserved is reservedLocked for callers outside the lock (bind's fresh list).
-func (s *State) Reserved(uid types.UID, a *api.PodAssignment) bool {
+// reserved is reservedLocked for callers outside the lock (bind's fresh list).
+func (s *State) reserved(uid types.UID, a *api.PodAssignment) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.reservedLocked(uid, a)
@@ -357,14 +357,14 @@ func (s *State) clearUseLocked(uid types.UID, reservedOnly bool) {
 	delete(s.uses, uid)
 }
 
-// Reserve holds an in-flight decision so that concurrent filter/prioritize/bind calls see it.
-func (s *State) Reserve(uid types.UID, key, namespace string, req *placement.Request, a *api.PodAssignment) {
-	s.ReserveFor(uid, key, namespace, req, a, s.ttl)
+// reserve holds an in-flight decision so that concurrent filter/prioritize/bind calls see it.
+func (s *State) reserve(uid types.UID, key, namespace string, req *placement.Request, a *api.PodAssignment) {
+	s.reserveFor(uid, key, namespace, req, a, s.ttl)
 }
 
-// ReserveFor is Reserve with its own lifetime (Filter's choice is held briefly: if no bind follows,
+// reserveFor is reserve with its own lifetime (Filter's choice is held briefly: if no bind follows,
 // the scheduler went elsewhere).
-func (s *State) ReserveFor(uid types.UID, key, namespace string, req *placement.Request, a *api.PodAssignment, ttl time.Duration) {
+func (s *State) reserveFor(uid types.UID, key, namespace string, req *placement.Request, a *api.PodAssignment, ttl time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if old := s.pods[uid]; old != nil {
@@ -375,8 +375,8 @@ func (s *State) ReserveFor(uid types.UID, key, namespace string, req *placement.
 	s.setUseLocked(&podUse{uid: uid, node: a.Node, cpu: req.CPUMilli, mem: req.MemMiB, reserved: true, expires: p.expires})
 }
 
-// ReserveUse holds an in-flight decision of a pod without GPUs (its CPU and memory on a node).
-func (s *State) ReserveUse(uid types.UID, node string, req *placement.Request, ttl time.Duration) {
+// reserveUse holds an in-flight decision of a pod without GPUs (its CPU and memory on a node).
+func (s *State) reserveUse(uid types.UID, node string, req *placement.Request, ttl time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if p := s.pods[uid]; p != nil && p.reserved {
@@ -385,8 +385,8 @@ func (s *State) ReserveUse(uid types.UID, node string, req *placement.Request, t
 	s.setUseLocked(&podUse{uid: uid, node: node, cpu: req.CPUMilli, mem: req.MemMiB, reserved: true, expires: s.now().Add(ttl)})
 }
 
-// Unreserve drops an in-flight decision that did not land; committed assignments stay.
-func (s *State) Unreserve(uid types.UID) {
+// unreserve drops an in-flight decision that did not land; committed assignments stay.
+func (s *State) unreserve(uid types.UID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if p := s.pods[uid]; p != nil && p.reserved {
