@@ -203,7 +203,7 @@ func streamBind(x *Extender, pod *corev1.Pod, node string) error {
 	if err != nil {
 		return err
 	}
-	x.State.Unreserve(pod.UID)
+	x.State.unreserve(pod.UID)
 	var a *api.PodAssignment
 	sc := x.State.Shapes().ScoreContext()
 	x.State.View([]string{node}, func(_ string, n *placement.NodeState, _ string) {

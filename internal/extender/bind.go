@@ -52,7 +52,7 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 		}
 		return fmt.Errorf("bind %s/%s: already bound to %s", args.PodNamespace, args.PodName, pod.Spec.NodeName)
 	}
-	req, err := RequestFromPod(pod, x.Class)
+	req, err := x.State.request(pod, x.Class)
 	if err != nil {
 		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "%v", err)
 		return err
@@ -146,10 +146,10 @@ func (x *Extender) assign(ctx context.Context, lock *NodeLock, pod *corev1.Pod, 
 		"annotations":     map[string]string{api.AnnotationAssignment: string(enc)},
 		"labels":          map[string]string{api.LabelAssignedNode: node},
 	}})
-	x.State.Reserve(pod.UID, req.Key, pod.Namespace, req, a)
+	x.State.reserve(pod.UID, req.Key, pod.Namespace, req, a)
 	written, err := x.Client.CoreV1().Pods(pod.Namespace).Patch(ctx, pod.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 	if err != nil {
-		x.State.Unreserve(pod.UID)
+		x.State.unreserve(pod.UID)
 		return nil, fmt.Errorf("write assignment of %s: %w", req.Key, err)
 	}
 	if !lock.Valid() {
@@ -162,54 +162,30 @@ func (x *Extender) assign(ctx context.Context, lock *NodeLock, pod *corev1.Pod, 
 
 // decide builds the node's state from the API server's view of its assignments and places req.
 func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.Request, node string) (*api.PodAssignment, error) {
-	var inv *api.NodeInventory
-	var labelsOf map[string]string
-	missing := ""
-	var cpu, mem, usedCPU, usedMem int64
 	// This process's in-flight decisions on the node (Filter's holds, other binds' reservations):
 	// the API server's list does not show a hold whose pod has no annotation yet, and a bind that
 	// chose past it would give one GPU to two pods in the state (the live divergence of issue 14).
-	holds := map[types.UID]*api.PodAssignment{}
-	var own *api.PodAssignment
-	x.State.mu.RLock()
-	e := x.State.nodes[node]
-	if missing = x.State.unusable(e, x.State.now()); missing == "" {
-		inv, labelsOf = e.inv, e.labels
-		// CPU and memory come from the informers (every pod's requests), less this pod's own hold:
-		// the GPU choice inside the node then weighs them as Filter and the simulator do.
-		cpu, mem, usedCPU, usedMem = e.state.CPUMilli, e.state.MemMiB, e.state.UsedCPU, e.state.UsedMem
-		if u := x.State.uses[pod.UID]; u != nil && u.node == node && u.applied {
-			usedCPU, usedMem = usedCPU-u.cpu, usedMem-u.mem
-		}
-		for uid, p := range x.State.podsOn[node] {
-			switch {
-			case !p.reserved:
-			case uid == pod.UID:
-				own = p.assignment
-			default:
-				holds[uid] = p.assignment
-			}
-		}
-	}
-	x.State.mu.RUnlock()
-	if inv == nil {
+	base, missing := x.State.bindBase(node, pod.UID)
+	if base == nil {
 		return nil, errors.New(missing)
 	}
+	holds := base.holds
+	request := func(p *corev1.Pod) (*placement.Request, error) { return x.State.request(p, x.Class) }
 	list, err := x.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{
 		LabelSelector: labels.SelectorFromSet(labels.Set{api.LabelAssignedNode: node}).String(),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("list assignments on node %s: %w", node, err)
 	}
-	n := placement.NewNodeState(inv, labelsOf)
-	n.CPUMilli, n.MemMiB, n.UsedCPU, n.UsedMem = cpu, mem, usedCPU, usedMem
+	n := placement.NewNodeState(base.inv, base.labels)
+	n.CPUMilli, n.MemMiB, n.UsedCPU, n.UsedMem = base.cpu, base.mem, base.usedCPU, base.usedMem
 	for i := range list.Items {
 		other := &list.Items[i]
 		if other.UID == pod.UID {
 			continue
 		}
 		// The same rule as the informer state (trust.go): the label only narrows the list.
-		a, _ := counted(other, x.Class, x.State.Reserved)
+		a, _ := counted(other, request, x.State.reserved)
 		if a == nil || a.Node != node {
 			continue
 		}
@@ -223,7 +199,7 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 	}
 	// Filter's choice for this pod stands while it still fits: it is the policy's choice made in
 	// arrival order (as the simulator places), not one made against holds of pods filtered later.
-	if own != nil {
+	if own := base.own; own != nil {
 		if p := placementFor(n, req, own); placement.Fits(n, req, &p) {
 			return BuildAssignment(n, req, &p), nil
 		}
@@ -277,7 +253,7 @@ func BuildAssignment(n *placement.NodeState, req *placement.Request, p *placemen
 // release removes a pod's assignment after a failed bind (fenced on the version we wrote, so an
 // assignment someone wrote since stays).
 func (x *Extender) release(pod *corev1.Pod) {
-	x.State.Unreserve(pod.UID)
+	x.State.unreserve(pod.UID)
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{
 		"resourceVersion": pod.ResourceVersion,
 		"annotations":     map[string]any{api.AnnotationAssignment: nil},

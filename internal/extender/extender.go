@@ -38,6 +38,8 @@ type Extender struct {
 	// Forward is the HTTP client for passed-on binds (nil: http.DefaultClient).
 	Forward *http.Client
 	Log     *slog.Logger
+	// names remembers the node-name lists filter and prioritize decoded last (wire.go).
+	names nameLists
 	// PickOne makes Filter keep only the policy's chosen node (and hold it until the bind), so that the
 	// kube-scheduler binds where the policy prefers despite its own scores and random ties.
 	PickOne bool

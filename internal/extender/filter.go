@@ -119,15 +119,15 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "%s", why)
 		return fr
 	}
-	req, err := RequestFromPod(pod, x.Class)
+	req, err := x.State.request(pod, x.Class)
 	if err != nil {
 		return failAll(err.Error(), true)
 	}
 	if x.PickOne && pod.UID != "" {
-		x.State.Unreserve(pod.UID) // an earlier cycle's hold of this pod is not capacity taken from it
+		x.State.unreserve(pod.UID) // an earlier cycle's hold of this pod is not capacity taken from it
 	}
 	if x.Quotas != nil {
-		if why := CheckQuota(x.Quotas(pod.Namespace), x.State.NamespaceUsage(pod.Namespace), req); why != "" {
+		if why := CheckQuota(x.Quotas(pod.Namespace), x.State.namespaceUsage(pod.Namespace), req); why != "" {
 			return failAll(why, false)
 		}
 	}
@@ -435,7 +435,7 @@ type leader struct {
 // memory per table), for one node evaluation per Filter call that already reads thousands of nodes.
 func (x *Extender) holdChoice(pod *corev1.Pod, req *placement.Request, node string) {
 	if !req.WantsGPU() {
-		x.State.ReserveUse(pod.UID, node, req, choiceTTL)
+		x.State.reserveUse(pod.UID, node, req, choiceTTL)
 		return
 	}
 	var a *api.PodAssignment
@@ -448,6 +448,6 @@ func (x *Extender) holdChoice(pod *corev1.Pod, req *placement.Request, node stri
 		}
 	})
 	if a != nil {
-		x.State.ReserveFor(pod.UID, req.Key, pod.Namespace, req, a, choiceTTL)
+		x.State.reserveFor(pod.UID, req.Key, pod.Namespace, req, a, choiceTTL)
 	}
 }

@@ -1,8 +1,12 @@
 package extender
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"strings"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -45,4 +49,48 @@ func LeaseLeaderURL(client kubernetes.Interface, namespace, name string) func(ct
 		}
 		return url, nil
 	}
+}
+
+// forwardedHeader marks a bind a non-leader passed on, so that it is never passed on twice.
+const forwardedHeader = "X-Tessera-Forwarded-Bind"
+
+// passOn reports whether this replica passes the request on to the leader: it is not the leader,
+// knows how to reach it, and the request was not passed on already.
+func (x *Extender) passOn(r *http.Request) bool {
+	return x.Leader != nil && !x.Leader.Load() && r.Header.Get(forwardedHeader) == "" && x.LeaderURL != nil
+}
+
+// forward posts a verb's arguments to the leader and decodes its answer into out.
+func (x *Extender) forward(ctx context.Context, path string, args, out any) error {
+	url, err := x.LeaderURL(ctx)
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrNotLeader, err)
+	}
+	body, _ := json.Marshal(args)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(url, "/")+path, bytes.NewReader(body))
+	if err != nil {
+		return fmt.Errorf("pass %s on to the leader at %s: %w", path, url, err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set(forwardedHeader, "1")
+	client := x.Forward
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("pass %s on to the leader at %s: %w", path, url, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxBodyBytes))
+	if err == nil && resp.StatusCode != http.StatusOK {
+		err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))
+	}
+	if err == nil {
+		err = json.Unmarshal(raw, out)
+	}
+	if err != nil {
+		return fmt.Errorf("pass %s on to the leader at %s: %w", path, url, err)
+	}
+	return nil
 }

@@ -143,12 +143,12 @@ func TestMemoEvaluatesOnlyChangedNodes(t *testing.T) {
 		p, _, _ := x.Engine.Evaluate(x.State.Shapes().ScoreContext(), n, hreq)
 		a = BuildAssignment(n, hreq, &p)
 	})
-	x.State.Reserve(held.UID, hreq.Key, held.Namespace, hreq, a)
-	x.State.Unreserve(held.UID)
+	x.State.reserve(held.UID, hreq.Key, held.Namespace, hreq, a)
+	x.State.unreserve(held.UID)
 	if r, e, _ := filter(withCPU(wholePod("p3d", 1), "4")); e != 0 || r != before {
 		t.Fatalf("hold made and released: %d remembered, %d evaluated; want %d, 0 (c is as it was)", r, e, before)
 	}
-	x.State.Reserve(held.UID, hreq.Key, held.Namespace, hreq, a)
+	x.State.reserve(held.UID, hreq.Key, held.Namespace, hreq, a)
 	if _, e, _ := filter(withCPU(wholePod("p3e", 1), "4")); e != 1 {
 		t.Fatalf("held again: %d evaluated, want 1", e)
 	}

@@ -24,7 +24,7 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (*extenderv1.HostPr
 	if args.Pod == nil {
 		return &out, nil
 	}
-	req, err := RequestFromPod(args.Pod, x.Class)
+	req, err := x.State.request(args.Pod, x.Class)
 	if err != nil {
 		for _, n := range names {
 			out = append(out, extenderv1.HostPriority{Host: n, Score: 0})

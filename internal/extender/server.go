@@ -1,28 +1,14 @@
 package extender
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"strings"
-	"sync"
-	"time"
-	"unicode/utf8"
 
-	corev1 "k8s.io/api/core/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 )
 
-// maxBodyBytes bounds a request body; a filter call for 5,000 full Node objects stays well below.
-const maxBodyBytes = 256 << 20
-
-// forwardedHeader marks a bind a non-leader passed on, so that it is never passed on twice.
-const forwardedHeader = "X-Tessera-Forwarded-Bind"
-
-// Handler serves the extender verbs (POST /filter, /prioritize, /bind, JSON of
+// Handler serves the extender verbs (POST /filter, /prioritize, /bind, /preempt, JSON of
 // k8s.io/kube-scheduler/extender/v1) and GET /healthz. ready reports readiness (informers synced):
 // until then every verb answers 503, since an answer from a partial state could over-commit.
 func (x *Extender) Handler(ready func() bool) http.Handler {
@@ -34,93 +20,45 @@ func (x *Extender) Handler(ready func() bool) http.Handler {
 		}
 		return true
 	}
-	mux.HandleFunc("POST /filter", func(w http.ResponseWriter, r *http.Request) {
-		if !synced(w) {
-			return
-		}
-		var args extenderv1.ExtenderArgs
-		release, ok := x.decodeArgs(w, r, &args)
-		if !ok {
-			return
-		}
-		defer release()
-		if x.PickOne && x.passOn(r) {
-			// The leader holds the choices made so far (Filter's holds): one state decides.
-			var res extenderv1.ExtenderFilterResult
-			if err := x.forward(r.Context(), "/filter", &args, &res); err != nil {
-				res = extenderv1.ExtenderFilterResult{Error: err.Error()}
-			}
-			x.reply(w, r, replyOf(&res))
-			return
-		}
-		fr := x.filter(&args)
-		defer fr.release()
-		x.reply(w, r, fr)
-	})
-	mux.HandleFunc("POST /prioritize", func(w http.ResponseWriter, r *http.Request) {
-		if !synced(w) {
-			return
-		}
-		var args extenderv1.ExtenderArgs
-		release, ok := x.decodeArgs(w, r, &args)
-		if !ok {
-			return
-		}
-		defer release()
-		if x.PickOne && x.passOn(r) {
-			var list extenderv1.HostPriorityList
-			if err := x.forward(r.Context(), "/prioritize", &args, &list); err != nil {
-				http.Error(w, err.Error(), http.StatusBadGateway)
-				return
-			}
-			x.reply(w, r, &list)
-			return
-		}
-		list, err := x.Prioritize(&args)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusInternalServerError)
-			return
-		}
-		x.reply(w, r, list)
-	})
-	mux.HandleFunc("POST /bind", func(w http.ResponseWriter, r *http.Request) {
-		if !synced(w) {
-			return
-		}
-		var args extenderv1.ExtenderBindingArgs
-		if !x.decode(w, r, &args) {
-			return
-		}
-		res := &extenderv1.ExtenderBindingResult{}
-		if x.passOn(r) {
-			// Only the leader binds; a replica the Service routed the bind to passes it on.
-			if err := x.forward(r.Context(), "/bind", &args, res); err != nil {
+	// Under pick-one the leader holds the choices made so far (Filter's holds): one state decides,
+	// and a replica passes filter, prioritize and preempt on to it. Only the leader binds, always.
+	mux.HandleFunc("POST /filter", handle(x, synced, verb[extenderv1.ExtenderArgs, extenderv1.ExtenderFilterResult]{
+		path: "/filter",
+		serve: func(_ context.Context, args *extenderv1.ExtenderArgs) (any, func(), error) {
+			fr := x.filter(args)
+			return fr, fr.release, nil
+		},
+		inBand: func(err error) *extenderv1.ExtenderFilterResult {
+			return &extenderv1.ExtenderFilterResult{Error: err.Error()}
+		},
+	}))
+	mux.HandleFunc("POST /prioritize", handle(x, synced, verb[extenderv1.ExtenderArgs, extenderv1.HostPriorityList]{
+		path: "/prioritize",
+		serve: func(_ context.Context, args *extenderv1.ExtenderArgs) (any, func(), error) {
+			list, err := x.Prioritize(args)
+			return list, nil, err
+		},
+	}))
+	mux.HandleFunc("POST /bind", handle(x, synced, verb[extenderv1.ExtenderBindingArgs, extenderv1.ExtenderBindingResult]{
+		path:   "/bind",
+		always: true,
+		serve: func(ctx context.Context, args *extenderv1.ExtenderBindingArgs) (any, func(), error) {
+			res := &extenderv1.ExtenderBindingResult{}
+			if err := x.Bind(ctx, args); err != nil {
 				res.Error = err.Error()
 			}
-		} else if err := x.Bind(r.Context(), &args); err != nil {
-			res.Error = err.Error()
-		}
-		x.reply(w, r, res)
-	})
-	mux.HandleFunc("POST /preempt", func(w http.ResponseWriter, r *http.Request) {
-		if !synced(w) {
-			return
-		}
-		var args extenderv1.ExtenderPreemptionArgs
-		if !x.decode(w, r, &args) {
-			return
-		}
-		if x.PickOne && x.passOn(r) {
-			var res extenderv1.ExtenderPreemptionResult
-			if err := x.forward(r.Context(), "/preempt", &args, &res); err != nil {
-				http.Error(w, err.Error(), http.StatusBadGateway)
-				return
-			}
-			x.reply(w, r, &res)
-			return
-		}
-		x.reply(w, r, x.Preempt(&args))
-	})
+			return res, nil, nil
+		},
+		inBand: func(err error) *extenderv1.ExtenderBindingResult {
+			return &extenderv1.ExtenderBindingResult{Error: err.Error()}
+		},
+	}))
+	mux.HandleFunc("POST /preempt", handle(x, synced, verb[extenderv1.ExtenderPreemptionArgs, extenderv1.ExtenderPreemptionResult]{
+		path: "/preempt",
+		serve: func(_ context.Context, args *extenderv1.ExtenderPreemptionArgs) (any, func(), error) {
+			return x.Preempt(args), nil, nil
+		},
+	}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		if ready != nil && !ready() {
 			http.Error(w, "informers not synced", http.StatusServiceUnavailable)
@@ -131,454 +69,52 @@ func (x *Extender) Handler(ready func() bool) http.Handler {
 	return mux
 }
 
-// passOn reports whether this replica passes the request on to the leader: it is not the leader,
-// knows how to reach it, and the request was not passed on already.
-func (x *Extender) passOn(r *http.Request) bool {
-	return x.Leader != nil && !x.Leader.Load() && r.Header.Get(forwardedHeader) == "" && x.LeaderURL != nil
+// verb is what one extender verb does with its arguments A; R is the reply the leader answers
+// when the verb is passed on.
+type verb[A, R any] struct {
+	path string
+	// always: a non-leader passes the verb on whether or not the extender is pick-one.
+	always bool
+	// serve answers on this replica: the reply, what to do once it is written (or nil), and an
+	// error answered as HTTP 500.
+	serve func(ctx context.Context, args *A) (reply any, done func(), err error)
+	// inBand is the reply that says the verb could not be passed on (nil: HTTP 502 says it).
+	inBand func(err error) *R
 }
 
-// forward posts a verb's arguments to the leader and decodes its answer into out.
-func (x *Extender) forward(ctx context.Context, path string, args, out any) error {
-	url, err := x.LeaderURL(ctx)
-	if err != nil {
-		return fmt.Errorf("%w: %w", ErrNotLeader, err)
-	}
-	body, _ := json.Marshal(args)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimSuffix(url, "/")+path, bytes.NewReader(body))
-	if err != nil {
-		return fmt.Errorf("pass %s on to the leader at %s: %w", path, url, err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set(forwardedHeader, "1")
-	client := x.Forward
-	if client == nil {
-		client = http.DefaultClient
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return fmt.Errorf("pass %s on to the leader at %s: %w", path, url, err)
-	}
-	defer resp.Body.Close()
-	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxBodyBytes))
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("HTTP %d: %s", resp.StatusCode, strings.TrimSpace(string(raw)))
-	}
-	if err == nil {
-		err = json.Unmarshal(raw, out)
-	}
-	if err != nil {
-		return fmt.Errorf("pass %s on to the leader at %s: %w", path, url, err)
-	}
-	return nil
-}
-
-// bodies are request and reply buffers reused across calls: a filter call for 5,000 node names
-// is a few hundred KiB each way, and fresh buffers per call made garbage the GC had to chase.
-var bodies = sync.Pool{New: func() any { return new(bytes.Buffer) }}
-
-// readBody reads a request body (bounded) into a pooled buffer; put it back when decoded.
-func readBody(r *http.Request) (*bytes.Buffer, error) {
-	buf := bodies.Get().(*bytes.Buffer)
-	buf.Reset()
-	if r.ContentLength > 0 && r.ContentLength <= maxBodyBytes {
-		buf.Grow(int(r.ContentLength) + 1)
-	}
-	_, err := buf.ReadFrom(io.LimitReader(r.Body, maxBodyBytes))
-	return buf, err
-}
-
-func (x *Extender) decode(w http.ResponseWriter, r *http.Request, v any) bool {
-	buf, err := readBody(r)
-	defer bodies.Put(buf)
-	if err == nil {
-		err = json.Unmarshal(buf.Bytes(), v)
-	}
-	return x.decoded(w, r, err)
-}
-
-func (x *Extender) decoded(w http.ResponseWriter, r *http.Request, err error) bool {
-	if err != nil {
-		x.log().Warn("bad extender request", "path", r.URL.Path, "err", err)
-		http.Error(w, "invalid extender request: "+err.Error(), http.StatusBadRequest)
-		return false
-	}
-	return true
-}
-
-// argsWire is ExtenderArgs as filter and prioritize decode it: the node names (nodeCacheCapable
-// sends thousands) are read by nameList, which reuses the state's strings for known nodes.
-type argsWire struct {
-	Pod       *corev1.Pod
-	Nodes     *corev1.NodeList
-	NodeNames *nameList
-}
-
-// nameList decodes a JSON array of node names, reusing the State's name strings (one read lock
-// for the whole list) instead of allocating one string per name per call.
-type nameList struct {
-	state *State
-	set   bool
-	names []string
-}
-
-func (l *nameList) UnmarshalJSON(data []byte) error {
-	l.set = true
-	if names, ok := l.state.lastNames.get(data, l.names[:0]); ok {
-		l.names = names
-		return nil
-	}
-	l.state.mu.RLock()
-	names, ok := appendPlainStrings(l.names[:0], data, func(b []byte) string {
-		if e := l.state.nodes[string(b)]; e != nil { // no allocation: the map lookup takes the bytes
-			return e.name
+// handle serves one verb: readiness, decoding (wire.go), passing on to the leader (leader.go) or
+// serving here, and the reply.
+func handle[A, R any](x *Extender, synced func(http.ResponseWriter) bool, v verb[A, R]) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !synced(w) {
+			return
 		}
-		return string(b)
-	})
-	l.state.mu.RUnlock()
-	if !ok { // escapes or anything unusual: the standard decoder, strictly
-		l.names = nil
-		return json.Unmarshal(data, &l.names)
-	}
-	l.names = names
-	l.state.lastNames.put(data, names)
-	return nil
-}
-
-// nameLists remembers the last few node-name lists as received (the JSON array's bytes) and as
-// decoded: the kube-scheduler sends the same list, byte for byte, call after call, and comparing
-// 5,000 names' bytes costs far less than looking each up (a third of a warm filter call's CPU).
-type nameLists struct {
-	mu    sync.Mutex
-	slots [2]struct {
-		raw   []byte
-		names []string
-	}
-	next int
-}
-
-// get appends the decoded names of raw to dst when raw is a remembered list.
-func (c *nameLists) get(raw []byte, dst []string) ([]string, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for i := range c.slots {
-		if sl := &c.slots[i]; sl.names != nil && bytes.Equal(sl.raw, raw) {
-			c.next = (i + 1) % len(c.slots) // the least recently used goes (resolveCache's rule)
-			return append(dst, sl.names...), true
+		var args A
+		release, ok := x.decodeVerb(w, r, &args)
+		if !ok {
+			return
 		}
-	}
-	return nil, false
-}
-
-// put remembers raw's decoded names (both copied: the caller's buffers are reused).
-func (c *nameLists) put(raw []byte, names []string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	sl := &c.slots[c.next]
-	sl.raw, sl.names = append(sl.raw[:0], raw...), append(sl.names[:0], names...)
-	if sl.names == nil {
-		sl.names = []string{}
-	}
-	c.next = (c.next + 1) % len(c.slots)
-}
-
-// appendPlainStrings appends the strings of a JSON array of strings without escapes (node names
-// never have any) to dst, each made by str from its bytes, in one pass; false for anything else.
-// data is valid JSON (the decoder checked it).
-func appendPlainStrings(dst []string, data []byte, str func([]byte) string) ([]string, bool) {
-	i := 0
-	ws := func() { i = skipJSONSpace(data, i) }
-	ws()
-	if i >= len(data) || data[i] != '[' {
-		return nil, false
-	}
-	i++
-	ws()
-	if i < len(data) && data[i] == ']' {
-		if dst == nil {
-			dst = []string{}
-		}
-		return dst, true
-	}
-	for {
-		ws()
-		if i >= len(data) || data[i] != '"' {
-			return nil, false
-		}
-		end := bytes.IndexByte(data[i+1:], '"')
-		if end < 0 || !printableASCII(data[i+1:i+1+end]) {
-			return nil, false
-		}
-		dst = append(dst, str(data[i+1:i+1+end]))
-		i += end + 2
-		ws()
-		if i < len(data) && data[i] == ']' {
-			return dst, true
-		}
-		if i >= len(data) || data[i] != ',' {
-			return nil, false
-		}
-		i++
-	}
-}
-
-// printableASCII reports whether b is printable ASCII without backslashes: a JSON string's content
-// that decodes to itself (node names are DNS subdomains); anything else takes the standard decoder,
-// which rejects control characters and replaces invalid UTF-8.
-func printableASCII(b []byte) bool {
-	for _, c := range b {
-		if c < 0x20 || c >= utf8.RuneSelf || c == '\\' {
-			return false
-		}
-	}
-	return true
-}
-
-// splitNodeNames finds the node-name array of an extender-args object (the member whose key
-// matches "NodeNames" as encoding/json matches keys, case-insensitively) and appends the object with
-// that array replaced by null to rest: the standard decoder then validates and decodes only the
-// small rest (the pod), and the array (most of the body) is read once, by nameList. ok is false
-// for anything unusual (no such member, two of them, a key with escapes, a value that is not an
-// array); the caller then decodes the whole body the standard way.
-func splitNodeNames(body, rest []byte) (_, names []byte, ok bool) {
-	i := 0
-	ws := func() { i = skipJSONSpace(body, i) }
-	ws()
-	if i >= len(body) || body[i] != '{' {
-		return nil, nil, false
-	}
-	i++
-	from, to := -1, -1
-	for {
-		ws()
-		if i >= len(body) || body[i] != '"' {
-			return nil, nil, false
-		}
-		end := bytes.IndexByte(body[i+1:], '"')
-		if end < 0 || bytes.IndexByte(body[i+1:i+1+end], '\\') >= 0 {
-			return nil, nil, false
-		}
-		key := body[i+1 : i+1+end]
-		i += end + 2
-		ws()
-		if i >= len(body) || body[i] != ':' {
-			return nil, nil, false
-		}
-		i++
-		ws()
-		start := i
-		if i = skipJSONValue(body, i); i < 0 {
-			return nil, nil, false
-		}
-		if bytes.EqualFold(key, []byte("NodeNames")) {
-			if from >= 0 || body[start] != '[' {
-				return nil, nil, false
-			}
-			from, to = start, i
-		}
-		ws()
-		if i < len(body) && body[i] == ',' {
-			i++
-			continue
-		}
-		if i >= len(body) || body[i] != '}' || from < 0 {
-			return nil, nil, false
-		}
-		break
-	}
-	rest = append(append(append(rest, body[:from]...), "null"...), body[to:]...)
-	return rest, body[from:to], true
-}
-
-// skipJSONValue returns the index just past the value at body[i] (-1 when it is cut short). It only
-// finds the value's end; whether the value is valid JSON is for the decoder that reads it.
-func skipJSONValue(body []byte, i int) int {
-	depth := 0
-	for i < len(body) {
-		switch c := body[i]; c {
-		case '"':
-			for i++; i < len(body) && body[i] != '"'; i++ {
-				if body[i] == '\\' {
-					i++
+		defer release()
+		if (v.always || x.PickOne) && x.passOn(r) {
+			res := new(R)
+			if err := x.forward(r.Context(), v.path, &args, res); err != nil {
+				if v.inBand == nil {
+					http.Error(w, err.Error(), http.StatusBadGateway)
+					return
 				}
+				res = v.inBand(err)
 			}
-			if i >= len(body) {
-				return -1
-			}
-			i++
-		case '{', '[':
-			depth++
-			i++
-		case '}', ']':
-			if depth == 0 {
-				return i
-			}
-			depth--
-			i++
-		case ',':
-			if depth == 0 {
-				return i
-			}
-			i++
-		default:
-			i++
+			x.reply(w, r, res)
+			return
 		}
-		if depth == 0 && i < len(body) && (body[i-1] == '"' || body[i-1] == '}' || body[i-1] == ']') {
-			return i
+		reply, done, err := v.serve(r.Context(), &args)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusInternalServerError)
+			return
 		}
-	}
-	if depth == 0 {
-		return i
-	}
-	return -1
-}
-
-// skipJSONSpace returns the index of the first byte at or after i in b that is not JSON white space.
-func skipJSONSpace(b []byte, i int) int {
-	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
-		i++
-	}
-	return i
-}
-
-// nameSlices are node-name lists reused across filter and prioritize calls (5,000 names are 80 KB
-// a call otherwise); a list goes back once the reply is written.
-var nameSlices = sync.Pool{New: func() any { return new([]string) }}
-
-// decodeArgs decodes filter's and prioritize's arguments (see argsWire); release gives the name
-// list back to the pool once nothing reads args any more (after the reply).
-func (x *Extender) decodeArgs(w http.ResponseWriter, r *http.Request, args *extenderv1.ExtenderArgs) (release func(), ok bool) {
-	buf, err := readBody(r)
-	defer bodies.Put(buf)
-	pooled := nameSlices.Get().(*[]string)
-	wire := argsWire{NodeNames: &nameList{state: x.State, names: *pooled}}
-	if err == nil {
-		rest := bodies.Get().(*bytes.Buffer)
-		rest.Reset()
-		if r, names, ok := splitNodeNames(buf.Bytes(), rest.AvailableBuffer()); ok {
-			list := wire.NodeNames
-			if err = list.UnmarshalJSON(names); err == nil {
-				err = json.Unmarshal(r, &wire) // NodeNames is null there: wire.NodeNames becomes nil
-				wire.NodeNames = list
-			}
-			rest.Write(r) // keep the grown buffer for the next call
-		} else {
-			err = json.Unmarshal(buf.Bytes(), &wire)
+		if done != nil {
+			defer done()
 		}
-		bodies.Put(rest)
+		x.reply(w, r, reply)
 	}
-	args.Pod, args.Nodes = wire.Pod, wire.Nodes
-	list := wire.NodeNames
-	if list != nil && list.set {
-		args.NodeNames = &list.names
-	}
-	release = func() {
-		if list != nil && list.names != nil {
-			clear(list.names) // no references to names kept by the pool
-			*pooled = list.names[:0]
-		}
-		nameSlices.Put(pooled)
-	}
-	if !x.decoded(w, r, err) {
-		release()
-		return nil, false
-	}
-	return release, true
-}
-
-// encodeFilterReply writes a filter reply as encoding/json writes an ExtenderFilterResult (its
-// keys), the reason maps from the call's per-node slices without per-entry allocations:
-// encoding/json sorts map keys, allocates per entry and re-scans a Marshaler's output, which with
-// thousands of refused nodes was the reply's main cost. Object members are unordered in JSON.
-func encodeFilterReply(buf *bytes.Buffer, fr *filterReply) error {
-	nodes, err := json.Marshal(fr.res.Nodes)
-	if err != nil {
-		return err
-	}
-	names, err := json.Marshal(fr.res.NodeNames)
-	if err != nil {
-		return err
-	}
-	out := buf.AvailableBuffer()
-	out = append(append(append(out, `{"Nodes":`...), nodes...), `,"NodeNames":`...)
-	out = append(append(out, names...), `,"FailedNodes":`...)
-	out = fr.appendReasons(out, verdictFailed)
-	out = append(out, `,"FailedAndUnresolvableNodes":`...)
-	out = fr.appendReasons(out, verdictUnresolvable)
-	out = append(appendJSONString(append(out, `,"Error":`...), fr.res.Error), "}\n"...)
-	_, err = buf.Write(out)
-	return err
-}
-
-// appendReasons writes the nodes with verdict v and their reasons as a JSON object.
-func (fr *filterReply) appendReasons(out []byte, v uint8) []byte {
-	out = append(out, '{')
-	first := true
-	// Reasons repeat (with --filter-pick-one every refused node shares one string): the last one's
-	// encoding is copied instead of encoded again.
-	var last string
-	var lastAt, lastEnd int
-	for i, name := range fr.names {
-		if fr.verdict[i] != v {
-			continue
-		}
-		if !first {
-			out = append(out, ',')
-		}
-		out = appendJSONString(out, name)
-		out = append(out, ':')
-		if r := fr.reason[i]; !first && r == last {
-			out = append(out, out[lastAt:lastEnd]...)
-		} else {
-			lastAt = len(out)
-			out = appendJSONString(out, r)
-			last, lastEnd = r, len(out)
-		}
-		first = false
-	}
-	return append(out, '}')
-}
-
-// appendJSONString appends s as a JSON string: quote, backslash and control characters escaped,
-// invalid UTF-8 as U+FFFD (as encoding/json does).
-func appendJSONString(out []byte, s string) []byte {
-	out = append(out, '"')
-	plain := true // printable ASCII without quote or backslash: copied as it is
-	for i := 0; i < len(s) && plain; i++ {
-		plain = s[i] >= 0x20 && s[i] < utf8.RuneSelf && s[i] != '"' && s[i] != '\\'
-	}
-	if plain {
-		return append(append(out, s...), '"')
-	}
-	for _, r := range s {
-		switch {
-		case r == '"' || r == '\\':
-			out = append(out, '\\', byte(r))
-		case r < 0x20:
-			out = append(out, fmt.Sprintf("\\u%04x", r)...)
-		default:
-			out = utf8.AppendRune(out, r) // an invalid byte came out of range as U+FFFD
-		}
-	}
-	return append(out, '"')
-}
-
-func (x *Extender) reply(w http.ResponseWriter, r *http.Request, v any) {
-	start := time.Now()
-	buf := bodies.Get().(*bytes.Buffer)
-	buf.Reset()
-	defer bodies.Put(buf)
-	w.Header().Set("Content-Type", "application/json")
-	var err error
-	if fr, ok := v.(*filterReply); ok {
-		err = encodeFilterReply(buf, fr)
-	} else {
-		err = json.NewEncoder(buf).Encode(v)
-	}
-	if err == nil {
-		_, err = w.Write(buf.Bytes())
-	}
-	if err != nil {
-		x.log().Warn("write extender response", "path", r.URL.Path, "err", err)
-	}
-	x.log().Debug("served", "path", r.URL.Path, "encode", time.Since(start))
 }

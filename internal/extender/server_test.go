@@ -2,11 +2,13 @@ package extender
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/httptest"
-	"reflect"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
@@ -57,88 +59,77 @@ func TestHTTPServer(t *testing.T) {
 	}
 }
 
-// TestDecodeArgsMatchesStandardDecoding: the name-list decoder (state's strings reused) reads what
-// encoding/json reads, escapes, spacing, empty and null lists included.
-func TestDecodeArgsMatchesStandardDecoding(t *testing.T) {
-	x := newTestExtender(t, api.PolicyTessera)
-	x.State.UpsertNode(testNode(testInventory("n1", 1, 1, "T4"), nil))
-	cases := []string{
-		`{"Pod":{"metadata":{"name":"p"}},"NodeNames":["n1","n2"]}`,
-		`{"pod":null,"nodenames":[ "n1" , "n\u0032", "n1" ]}`,
-		`{"NodeNames":[]}`, `{"NodeNames":null}`, `{}`, `{"NodeNames":[ ]}`,
-		`{"Nodes":{"items":[{"metadata":{"name":"n1"}}]}}`,
-		`{"NodeNames":["a\"b"]}`,
-		// Lists of the same length one after another: remembered lists are told apart by content.
-		`{"NodeNames":["n1","n2"]}`, `{"NodeNames":["n2","n1"]}`, `{"NodeNames":["n3","n1"]}`,
-		// The node-name array is split off the body (splitNodeNames): brackets, braces and quotes in
-		// the pod's strings, the array first, last or twice, odd spacing, names that are not plain.
-		`{"Pod":{"metadata":{"name":"p]},\"NodeNames\":[\"x\"]","labels":{"a":"[{"}}},"NodeNames":["n1"]}`,
-		` { "NodeNames" : [ "n1" ,"n2" ] , "Pod" : { "metadata" : { "name" : "q" } } } `,
-		`{"NodeNames":["n1"],"nodeNames":["n2"]}`, `{"NodeNames":["é"]}`, `{"NodeNames":["\u00e9"]}`,
-		`{"Pod":{"spec":{"priority":7,"hostNetwork":true,"nodeName":null}},"NodeNames":["n1"]}`,
+// TestPickOneReplicaPassesVerbsOn: under pick-one a replica that is not the leader passes filter,
+// prioritize and preempt on to the leader (one state decides) and answers what the leader answers;
+// where the leader cannot be reached, filter and bind say so in their result, prioritize and
+// preempt by HTTP 502. Without pick-one it answers filter itself.
+func TestPickOneReplicaPassesVerbsOn(t *testing.T) {
+	node := testNode(testInventory("n1", 1, 2, "T4"), nil)
+	leader, follower := newTestExtender(t, api.PolicyTessera), newTestExtender(t, api.PolicyTessera)
+	leader.State.UpsertNode(node) // the follower's state has no node: its own answers would differ
+	leader.PickOne, follower.PickOne = true, true
+	leader.Leader, follower.Leader = &atomic.Bool{}, &atomic.Bool{}
+	leader.Leader.Store(true)
+	synced := func() bool { return true }
+	ls := httptest.NewServer(leader.Handler(synced))
+	defer ls.Close()
+	fs := httptest.NewServer(follower.Handler(synced))
+	defer fs.Close()
+	reach := true
+	follower.LeaderURL = func(context.Context) (string, error) {
+		if !reach {
+			return "", errors.New("no lease")
+		}
+		return ls.URL, nil
 	}
-	// Twice over: the second round decodes into name lists the first gave back to the pool (longer
-	// lists before shorter ones, released lists cleared).
-	for _, body := range append(cases, cases...) {
-		var want extenderv1.ExtenderArgs
-		if err := json.Unmarshal([]byte(body), &want); err != nil {
+	post := func(url, path string, in, out any) int {
+		t.Helper()
+		body, _ := json.Marshal(in)
+		resp, err := http.Post(url+path, "application/json", bytes.NewReader(body))
+		if err != nil {
 			t.Fatal(err)
 		}
-		var got extenderv1.ExtenderArgs
-		rec := httptest.NewRecorder()
-		release, ok := x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(body)), &got)
-		if !ok {
-			t.Fatalf("%s: %s", body, rec.Body.String())
-		}
-		if !reflect.DeepEqual(got, want) {
-			t.Errorf("%s: decoded %+v, want %+v", body, got, want)
-		}
-		release()
-	}
-	for _, body := range []string{
-		`{"NodeNames":["n1",]}`, `{"NodeNames":["n1"]} x`, `{"Pod":{,"NodeNames":["n1"]}`, `{"Pod":{}, "NodeNames":["n1"]`,
-		`{"NodeNames":["n1"],}`, "{\"NodeNames\":[\"n\x01\"]}", `{"NodeNames":["n1"] "Pod":{}}`, `{"Pod":tru,"NodeNames":["n1"]}`,
-		`{"NodeNames":["n1"]`, `{"NodeNames":["n1"}`,
-	} {
-		rec := httptest.NewRecorder()
-		if _, ok := x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(body)), &extenderv1.ExtenderArgs{}); ok {
-			t.Errorf("invalid JSON %s decoded", body)
-		}
-		if json.Valid([]byte(body)) {
-			t.Errorf("%s is valid JSON: not a case for this list", body)
-		}
-	}
-}
-
-// TestFilterReplyEncoding: the filter reply's own encoder (reason maps written from per-node slices)
-// gives what encoding/json reads back as the same result (escapes, control characters, invalid
-// UTF-8, repeated reasons, no refused nodes; a nil map reads back empty).
-func TestFilterReplyEncoding(t *testing.T) {
-	x := newTestExtender(t, api.PolicyTessera)
-	names := []string{"n1", "n\"2"}
-	for _, res := range []*extenderv1.ExtenderFilterResult{
-		{NodeNames: &names, FailedNodes: extenderv1.FailedNodesMap{"a": "plain", "b\\c": "quote \" and \\ and \n\t\x01 and é and \xff"},
-			FailedAndUnresolvableNodes: extenderv1.FailedNodesMap{}, Error: "e"},
-		// Repeated reasons (copied once encoded) beside others, escapes among them, in map order.
-		{FailedNodes: extenderv1.FailedNodesMap{"r1": "same \"one\"", "r2": "same \"one\"", "r3": "same \"two\"", "r4": "same \"one\"",
-			"r5": "same \"two\"", "r6": "same \"one\"", "r7": "same \"ten\""}},
-		{},
-	} {
-		rec := httptest.NewRecorder()
-		x.reply(rec, httptest.NewRequest(http.MethodPost, "/filter", nil), replyOf(res))
-		want, _ := json.Marshal(res)
-		var got, exp extenderv1.ExtenderFilterResult
-		if err := json.Unmarshal(rec.Body.Bytes(), &got); err != nil {
-			t.Fatalf("%s: %v", rec.Body.String(), err)
-		}
-		_ = json.Unmarshal(want, &exp)
-		for _, m := range []*extenderv1.FailedNodesMap{&exp.FailedNodes, &exp.FailedAndUnresolvableNodes} {
-			if *m == nil {
-				*m = extenderv1.FailedNodesMap{}
+		defer resp.Body.Close()
+		if resp.StatusCode == http.StatusOK {
+			if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+				t.Fatal(err)
 			}
 		}
-		if !reflect.DeepEqual(got, exp) {
-			t.Errorf("reply %s\ndecodes to %+v\nwant %+v", rec.Body.String(), got, exp)
+		return resp.StatusCode
+	}
+	names := []string{"n1"}
+	args := extenderv1.ExtenderArgs{Pod: wholePod("p", 1), NodeNames: &names}
+	var fr extenderv1.ExtenderFilterResult
+	if code := post(fs.URL, "/filter", args, &fr); code != http.StatusOK || fr.Error != "" || fr.NodeNames == nil || len(*fr.NodeNames) != 1 {
+		t.Fatalf("filter through the follower: %d %+v, want the leader's n1", code, fr)
+	}
+	var hp extenderv1.HostPriorityList
+	if code := post(fs.URL, "/prioritize", args, &hp); code != http.StatusOK || len(hp) != 1 || hp[0].Score != 10 {
+		t.Fatalf("prioritize through the follower: %d %+v, want the leader's n1 at 10", code, hp)
+	}
+	pargs := extenderv1.ExtenderPreemptionArgs{Pod: wholePod("big", 1), NodeNameToMetaVictims: map[string]*extenderv1.MetaVictims{
+		"n1": {Pods: []*extenderv1.MetaPod{{UID: "uid-gone"}}}}}
+	var pr extenderv1.ExtenderPreemptionResult
+	if code := post(fs.URL, "/preempt", pargs, &pr); code != http.StatusOK || pr.NodeNameToMetaVictims["n1"] == nil {
+		t.Fatalf("preempt through the follower: %d %+v, want the leader's n1", code, pr)
+	}
+	reach = false
+	fr = extenderv1.ExtenderFilterResult{}
+	if code := post(fs.URL, "/filter", args, &fr); code != http.StatusOK || !strings.Contains(fr.Error, "no lease") {
+		t.Fatalf("filter with no leader: %d %+v, want the error in the result", code, fr)
+	}
+	var br extenderv1.ExtenderBindingResult
+	if code := post(fs.URL, "/bind", extenderv1.ExtenderBindingArgs{PodName: "p", PodNamespace: "default", Node: "n1"}, &br); code != http.StatusOK || !strings.Contains(br.Error, "no lease") {
+		t.Fatalf("bind with no leader: %d %+v, want the error in the result", code, br)
+	}
+	for path, in := range map[string]any{"/prioritize": args, "/preempt": pargs} {
+		if code := post(fs.URL, path, in, new(any)); code != http.StatusBadGateway {
+			t.Fatalf("%s with no leader: %d, want 502", path, code)
 		}
+	}
+	follower.PickOne = false
+	fr = extenderv1.ExtenderFilterResult{}
+	if code := post(fs.URL, "/filter", args, &fr); code != http.StatusOK || fr.Error != "" || len(fr.FailedNodes) != 1 {
+		t.Fatalf("filter without pick-one: %d %+v, want the follower's own answer (n1 unknown to it)", code, fr)
 	}
 }

@@ -64,7 +64,7 @@ func TestPrioritizeReusesFilter(t *testing.T) {
 			devs = append(devs, api.DeviceAssignment{UUID: gpuUUID(1, g), Whole: true})
 		}
 		req, _ := RequestFromPod(wholePod("late", 4), x.Class)
-		x.State.Reserve("uid-late", "default/late", "default", req, &api.PodAssignment{APIVersion: api.Version, Node: "n1",
+		x.State.reserve("uid-late", "default/late", "default", req, &api.PodAssignment{APIVersion: api.Version, Node: "n1",
 			Containers: []api.ContainerAssignment{{Name: "main", Devices: devs}}})
 	}
 	for _, changed := range []bool{false, true} {
@@ -113,23 +113,6 @@ func TestResolveCacheKeepsTheListInUse(t *testing.T) {
 		c.resolve([]string{one}, 1, nodes)
 		if got := c.resolve(all, 1, nodes); &got[0] != &first[0] {
 			t.Fatalf("after resolving [%s] the list of every node was resolved again", one)
-		}
-	}
-}
-
-// TestNameListsKeepTheListInUse: as TestResolveCacheKeepsTheListInUse, for the decoded request
-// bodies.
-func TestNameListsKeepTheListInUse(t *testing.T) {
-	var c nameLists
-	all := []byte(`["a","b","c"]`)
-	c.put(all, []string{"a", "b", "c"})
-	for _, one := range []string{"a", "b", "c", "a"} {
-		raw := []byte(`["` + one + `"]`)
-		if _, ok := c.get(raw, nil); !ok {
-			c.put(raw, []string{one})
-		}
-		if _, ok := c.get(all, nil); !ok {
-			t.Fatalf("after [%s] the list of every node was not remembered", one)
 		}
 	}
 }

@@ -13,8 +13,9 @@ import (
 // the assigned-node label). It holds only when the pod asks for GPUs, is not terminated, the
 // assignment matches the request exactly, and either the pod is bound to the assignment's node or the
 // assignment is this extender's own in-flight reservation (ours reports that). Anything else holds
-// nothing: the returned assignment and request are nil.
-func counted(pod *corev1.Pod, opts ClassOptions, ours func(types.UID, *api.PodAssignment) bool) (*api.PodAssignment, *placement.Request) {
+// nothing: the returned assignment and request are nil. request is the pod's request (the State's,
+// State.request), asked for only when the pod has an assignment to check.
+func counted(pod *corev1.Pod, request func(*corev1.Pod) (*placement.Request, error), ours func(types.UID, *api.PodAssignment) bool) (*api.PodAssignment, *placement.Request) {
 	raw, ok := pod.Annotations[api.AnnotationAssignment]
 	if !ok || podTerminated(pod) {
 		return nil, nil
@@ -23,7 +24,7 @@ func counted(pod *corev1.Pod, opts ClassOptions, ours func(types.UID, *api.PodAs
 	if err != nil {
 		return nil, nil
 	}
-	req, err := RequestFromPod(pod, opts)
+	req, err := request(pod)
 	if err != nil || !req.WantsGPU() || !matchesRequest(req, a) {
 		return nil, nil
 	}

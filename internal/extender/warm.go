@@ -3,8 +3,6 @@ package extender
 import (
 	"context"
 	"runtime"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/tessera-gpu/tessera/internal/placement"
@@ -19,54 +17,6 @@ import (
 // rebuild fills the new snapshot's tables for the shapes used before it; it runs on one goroutine,
 // so a Filter call always has the other cores, and holds the State's read lock for small batches
 // only, so informer updates are not held up.
-
-// changeLog lists node entries whose placement state changed (deduplicated), once a warmer reads it.
-type changeLog struct {
-	on      atomic.Bool
-	mu      sync.Mutex
-	entries []*nodeEntry
-	signal  chan struct{}
-}
-
-// touch records that e's placement state changed (callers hold the State's write lock).
-func (c *changeLog) touch(e *nodeEntry) {
-	if !c.on.Load() {
-		return
-	}
-	c.mu.Lock()
-	if !e.changed {
-		e.changed = true
-		c.entries = append(c.entries, e)
-	}
-	c.mu.Unlock()
-	select {
-	case c.signal <- struct{}{}:
-	default:
-	}
-}
-
-// start turns the log on (a State without a warmer keeps none) and returns its wake-up channel.
-func (c *changeLog) start() <-chan struct{} {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.signal == nil {
-		c.signal = make(chan struct{}, 1)
-	}
-	c.on.Store(true)
-	return c.signal
-}
-
-// take returns the entries changed since the last take and empties the log.
-func (c *changeLog) take() []*nodeEntry {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := c.entries
-	for _, e := range out {
-		e.changed = false
-	}
-	c.entries = nil
-	return out
-}
 
 // DefaultWarmShapes is how many of the most recently used request shapes the warmer fills afresh
 // for a new shape snapshot: a whole table costs about 5-7 ms of CPU at 5,000 nodes on the openb mix
@@ -105,7 +55,7 @@ const warmRecheck = time.Second
 // RunWarmer keeps the evaluation memo warm until ctx ends (see the comment at the top of warm.go).
 // While it runs, a rebuilt shape snapshot is staged: the warmer fills its tables, then promotes it.
 func (x *Extender) RunWarmer(ctx context.Context) {
-	wake := x.State.changes.start()
+	wake := x.State.subscribeChanges()
 	x.State.Shapes().StageSnapshots(true)
 	defer x.State.Shapes().StageSnapshots(false)
 	t := time.NewTicker(warmRecheck)
@@ -151,7 +101,7 @@ func (x *Extender) warmOnce(ctx context.Context) {
 		shapes.Promote(next.Snapshot)
 	}
 	sc := shapes.ScoreContext() // rebuilds (or promotes) the snapshot when due
-	changed := x.State.changes.take()
+	changed := x.State.takeChanges()
 	tables, fresh := x.eval.WarmTables(sc, x.State.nodeSlots(), x.warmShapes())
 	if len(fresh) > 0 {
 		all := x.State.usableEntries()
@@ -189,30 +139,10 @@ func (x *Extender) warmNodes(ctx context.Context, sc *placement.ScoreContext, wt
 		if ctx.Err() != nil {
 			return false
 		}
-		x.State.mu.RLock()
-		now := x.State.now()
-		for _, e := range entries[start:min(start+warmBatch, len(entries))] {
-			if x.State.nodes[e.name] != e || x.State.unusable(e, now) != "" {
-				continue // deleted since, or not offered to placement (its outcome is never read)
-			}
-			x.eval.Warm(x.Engine, sc, wt, e.slot, e.state, bound)
-		}
-		x.State.mu.RUnlock()
+		x.State.viewEntries(entries[start:min(start+warmBatch, len(entries))], func(slot int, n *placement.NodeState) {
+			x.eval.Warm(x.Engine, sc, wt, slot, n, bound)
+		})
 		runtime.Gosched() // let a waiting Filter call's goroutines run first
 	}
 	return true
-}
-
-// usableEntries lists the node entries placement may use now.
-func (s *State) usableEntries() []*nodeEntry {
-	s.mu.RLock()
-	defer s.mu.RUnlock()
-	now := s.now()
-	out := make([]*nodeEntry, 0, len(s.nodes))
-	for _, e := range s.nodes {
-		if s.unusable(e, now) == "" {
-			out = append(out, e)
-		}
-	}
-	return out
 }
