@@ -268,6 +268,9 @@ func (l *Ledger) put(fromID string, e Entry, inv *api.NodeInventory) error {
 
 // checkLocked refuses over-commit: every rule names the GPU and what holds it.
 func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory) error {
+	if err := e.listsTwice(); err != nil {
+		return err
+	}
 	usage := l.usageLocked(e.ContainerID)
 	for _, d := range e.Devices {
 		g := inv.GPUByUUID(d.UUID)
@@ -307,6 +310,28 @@ func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory) error {
 		}
 	}
 	return nil
+}
+
+// listsTwice refuses an entry that names one device twice: a holder gets a GPU, MIG instance or
+// mdev device once, as the holdings annotation the extender reads requires.
+func (e *Entry) listsTwice() error {
+	seen := map[string]bool{}
+	for _, id := range e.deviceIDs() {
+		if seen[id] {
+			return fmt.Errorf("device %s is listed twice in the entry of %s; one holder gets a device once", id, e.ContainerID)
+		}
+		seen[id] = true
+	}
+	return nil
+}
+
+// deviceIDs are the UUIDs of everything the entry holds.
+func (e *Entry) deviceIDs() []string {
+	ids := make([]string, 0, len(e.Devices)+len(e.MIG)+len(e.Mdev))
+	for _, d := range e.Devices {
+		ids = append(ids, d.UUID)
+	}
+	return append(append(ids, e.MIG...), e.Mdev...)
 }
 
 // Release forgets a container and returns what it held.
