@@ -174,6 +174,20 @@ func (l *Ledger) ClaimUsage() map[string]Usage {
 	return l.usageOf(func(id string) bool { return IsClaim(id) })
 }
 
+// ClaimHeld is the set of MIG instances and mdev devices prepared DRA claims hold: as with
+// ClaimUsage, the kubelet does not count them against the device plugins' devices, so the agent must.
+func (l *Ledger) ClaimHeld() map[string]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	held := map[string]bool{}
+	for uuid, id := range l.holders("") {
+		if IsClaim(id) {
+			held[uuid] = true
+		}
+	}
+	return held
+}
+
 func (l *Ledger) usageLocked(except string) map[string]Usage {
 	return l.usageOf(func(id string) bool { return id != except })
 }
