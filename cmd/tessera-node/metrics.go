@@ -2,6 +2,7 @@ package main
 
 import (
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	nriapi "github.com/containerd/nri/pkg/api"
@@ -308,9 +309,13 @@ func readContainerRegions(a *agent.Agent, read func(containerID string) ([]byte,
 
 // registerSecurityMetrics exports what the NRI plugin counted about containers outside isolation:
 // privileged containers admitted with GPU nodes, admin-namespace containers, and running containers
-// found holding GPU devices with no ledger entry at the last Synchronize.
-func registerSecurityMetrics(reg prometheus.Registerer, plugin *nri.Plugin) {
+// found holding GPU devices with no ledger entry at the last Synchronize; and the ledger holders
+// left out of the holdings annotation (publishHoldings).
+func registerSecurityMetrics(reg prometheus.Registerer, plugin *nri.Plugin, holdingsLeftOut *atomic.Int64) {
 	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "tessera_holdings_left_out",
+			Help: "Ledger holders (containers or pods) left out of the Node's holdings annotation because they do not validate; the agent's log says why."},
+			func() float64 { return float64(holdingsLeftOut.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tessera_privileged_gpu_containers_total",
 			Help: "Privileged containers admitted holding GPU device nodes (outside isolation)."},
 			func() float64 { p, _, _ := plugin.SecurityStats(); return float64(p) }),

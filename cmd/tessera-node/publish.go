@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -94,18 +95,69 @@ func holdingsOf(node string, entries []ledger.Entry) *api.NodeHoldings {
 	return h
 }
 
+// publishableHoldings encodes what the ledger holds. One holder that does not validate (say a GPU
+// listed twice, from a ledger written before that was refused) must not stop publication for every
+// other pod of the node: a container that does not validate on its own is left out, then a pod whose
+// containers do not validate together; what was left out is returned, each naming the pod and why.
+func publishableHoldings(node string, entries []ledger.Entry) ([]byte, []string) {
+	h := holdingsOf(node, entries)
+	if data, err := api.EncodeHoldings(h); err == nil {
+		return data, nil
+	}
+	var left []string
+	valid := func(p api.PodHolding) error {
+		_, err := api.EncodeHoldings(&api.NodeHoldings{Node: node, Pods: []api.PodHolding{p}})
+		return err
+	}
+	pods := make([]api.PodHolding, 0, len(h.Pods))
+	for _, p := range h.Pods {
+		who := fmt.Sprintf("pod %s/%s (uid %s)", p.Namespace, p.Pod, p.UID)
+		kept := p
+		kept.Containers = nil
+		for _, c := range p.Containers {
+			one := p
+			one.Containers = []api.ContainerAssignment{c}
+			if err := valid(one); err != nil {
+				left = append(left, fmt.Sprintf("%s container %q: %v", who, c.Name, err))
+				continue
+			}
+			kept.Containers = append(kept.Containers, c)
+		}
+		if len(kept.Containers) == 0 {
+			continue
+		}
+		if err := valid(kept); err != nil {
+			left = append(left, fmt.Sprintf("%s: %v", who, err))
+			continue
+		}
+		pods = append(pods, kept)
+	}
+	h.Pods = pods
+	data, err := api.EncodeHoldings(h)
+	if err != nil {
+		return nil, append(left, err.Error())
+	}
+	return data, left
+}
+
 // publishHoldings keeps the holdings annotation on the agent's Node equal to the ledger: it checks
-// every second and patches only when the content changed (or the last patch failed).
-func publishHoldings(ctx context.Context, client kubernetes.Interface, nodeName string, l *ledger.Ledger, log *slog.Logger) {
+// every second and patches only when the content changed (or the last patch failed). Holders left
+// out (publishableHoldings) are logged when they change and counted in leftOut.
+func publishHoldings(ctx context.Context, client kubernetes.Interface, nodeName string, l *ledger.Ledger, leftOut *atomic.Int64, log *slog.Logger) {
 	go func() {
-		last := ""
+		last, lastLeft := "", ""
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
 		for {
-			data, err := api.EncodeHoldings(holdingsOf(nodeName, l.Entries()))
-			if err != nil {
-				log.Error("ledger holdings do not encode; not published", "err", err)
-			} else if string(data) != last {
+			data, left := publishableHoldings(nodeName, l.Entries())
+			leftOut.Store(int64(len(left)))
+			if why := strings.Join(left, "; "); why != lastLeft {
+				if why != "" {
+					log.Error("ledger holdings left out of the Node's holdings annotation (the extender does not count them); the rest is published", "node", nodeName, "leftOut", len(left), "why", why)
+				}
+				lastLeft = why
+			}
+			if data != nil && string(data) != last {
 				meta := map[string]any{"annotations": map[string]string{api.AnnotationHoldings: string(data)}}
 				if err := patchNodeMeta(ctx, client, nodeName, meta); err != nil {
 					log.Error("publish ledger holdings on the Node", "node", nodeName, "err", err)

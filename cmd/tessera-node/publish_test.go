@@ -3,7 +3,10 @@ package main
 import (
 	"context"
 	"log/slog"
+	"path/filepath"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -68,5 +71,80 @@ func TestPublisherHeartbeat(t *testing.T) {
 	publish(inv)
 	if inventoryPatches != 2 {
 		t.Errorf("a changed inventory was not published (%d patches)", inventoryPatches)
+	}
+}
+
+// One ledger holder that does not validate (a GPU listed twice, as a DRA claim allocated one GPU
+// for two requests was before prepare refused it) must not stop the holdings annotation for the
+// node's other pods: what validates is published, the rest is named in the log and counted.
+func TestSecurityHoldingsSurviveBadEntry(t *testing.T) {
+	g := func(i int) string { return "GPU-00000000-0000-4000-8000-00000000000" + string(rune('0'+i)) }
+	share := func(i int) api.DeviceAssignment { return api.DeviceAssignment{UUID: g(i), MemoryBytes: 1 << 30} }
+	whole := func(i int) api.DeviceAssignment { return api.DeviceAssignment{UUID: g(i), Whole: true} }
+	entries := []ledger.Entry{
+		{ContainerID: "c1", PodUID: "u1", Namespace: "ns", Pod: "good", Container: "a", Devices: []api.DeviceAssignment{share(0)}},
+		{ContainerID: ledger.ClaimID("bad"), PodUID: "u2", Namespace: "ns", Pod: "claim-twice", Container: "resourceclaim/bad",
+			Devices: []api.DeviceAssignment{share(1), share(1)}},
+		{ContainerID: "c3a", PodUID: "u3", Namespace: "ns", Pod: "half", Container: "a", Devices: []api.DeviceAssignment{whole(2), whole(2)}},
+		{ContainerID: "c3b", PodUID: "u3", Namespace: "ns", Pod: "half", Container: "b", Devices: []api.DeviceAssignment{share(3)}},
+		{ContainerID: "c4a", PodUID: "u4", Namespace: "ns", Pod: "clash", Container: "a", Devices: []api.DeviceAssignment{whole(4)}},
+		{ContainerID: "c4b", PodUID: "u4", Namespace: "ns", Pod: "clash", Container: "b", Devices: []api.DeviceAssignment{whole(4)}},
+	}
+	data, left := publishableHoldings("n", entries)
+	if data == nil {
+		t.Fatalf("nothing published; left out: %v", left)
+	}
+	h, err := api.DecodeHoldings(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range h.Pods {
+		for _, c := range p.Containers {
+			got = append(got, p.UID+"/"+c.Name)
+		}
+	}
+	if want := []string{"u1/a", "u3/b"}; !slices.Equal(got, want) {
+		t.Errorf("published %v, want %v (the valid pod, and the valid container of a pod with a bad one)", got, want)
+	}
+	all := strings.Join(left, "\n")
+	if len(left) != 3 || !strings.Contains(all, "ns/claim-twice (uid u2)") || !strings.Contains(all, `ns/half (uid u3) container "a"`) ||
+		!strings.Contains(all, "ns/clash (uid u4)") || !strings.Contains(all, "given twice") {
+		t.Errorf("left out:\n%s\nwant the claim listing a GPU twice, container a of pod half, and pod clash, each named with why", all)
+	}
+
+	// The loop publishes and counts them.
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}})
+	l, err := ledger.Open(filepath.Join(t.TempDir(), "ledger.json"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inv := &api.NodeInventory{APIVersion: api.Version, Node: "n", SharesPerGPU: 4}
+	for i := range 2 {
+		inv.GPUs = append(inv.GPUs, api.GPU{UUID: g(i), Index: i, MemoryBytes: 8 << 30, Healthy: true})
+	}
+	if err := l.Reserve(entries[0], inv); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var leftOut atomic.Int64
+	publishHoldings(ctx, client, "n", l, &leftOut, testLog(t))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		node, err := client.CoreV1().Nodes().Get(ctx, "n", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h, err := api.DecodeHoldings([]byte(node.Annotations[api.AnnotationHoldings])); err == nil && len(h.Pods) == 1 && h.Pods[0].UID == "u1" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("holdings annotation %q, want pod u1's", node.Annotations[api.AnnotationHoldings])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if leftOut.Load() != 0 {
+		t.Errorf("left-out gauge %d for a valid ledger", leftOut.Load())
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -100,11 +101,12 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 		}
 	}
 	var pods nri.Pods = noPods{err}
+	var holdingsLeftOut atomic.Int64
 	if client != nil {
 		apiPods := nri.NewAPIPods(ctx, client, cfg.NodeName)
 		pods = apiPods
 		a.WithPublisher(publisher(ctx, client, cfg.NodeName, log))
-		publishHoldings(ctx, client, cfg.NodeName, l, log)
+		publishHoldings(ctx, client, cfg.NodeName, l, &holdingsLeftOut, log)
 	}
 	reg := telemetry.NewRegistry("tessera-node")
 	metrics := newNodeMetrics(reg)
@@ -122,7 +124,7 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 	mgr := deviceplugin.NewManager(a, deviceplugin.Options{PluginDir: cfg.DevicePluginDir, Logger: log, ObserveAllocate: metrics.observeAllocate})
 	state := &nodeState{node: cfg.NodeName, agent: a, regions: func() []containerUsage { return readContainerRegions(a, plugin.ReadRegion) }}
 	reg.MustRegister(&stateCollector{state}, &hamiCollector{state})
-	registerSecurityMetrics(reg, plugin)
+	registerSecurityMetrics(reg, plugin, &holdingsLeftOut)
 
 	errc := make(chan error, 5)
 	go func() { errc <- named("device plugins", mgr.Run(ctx)) }()

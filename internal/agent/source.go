@@ -87,6 +87,8 @@ func (a *Agent) Devices(resource string) []*pluginapi.Device {
 		}
 		return a.tokens(resource, prefix, gpus*per, free)
 	case strings.HasPrefix(resource, api.MIGResourcePrefix):
+		// Likewise a MIG instance a DRA claim holds is not offered: the kubelet would hand it out again.
+		claimed := a.ledger.ClaimHeld()
 		var out []*pluginapi.Device
 		for _, g := range inv.GPUs {
 			if g.MIG == nil {
@@ -94,7 +96,7 @@ func (a *Agent) Devices(resource string) []*pluginapi.Device {
 			}
 			for _, m := range g.MIG.Instances {
 				if api.MIGResource(m.Profile) == resource {
-					out = append(out, device(m.UUID, g.Healthy && a.healthy(m.UUID), g.NUMANode))
+					out = append(out, device(m.UUID, g.Healthy && a.healthy(m.UUID) && !claimed[m.UUID], g.NUMANode))
 				}
 			}
 		}

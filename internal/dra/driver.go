@@ -152,10 +152,15 @@ func (d *Driver) prepare(c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, 
 		return nil, errors.New("it is reserved for no pod (status.reservedFor); the kubelet prepares claims of pods only")
 	}
 	var out []kubeletplugin.Device
+	requestOf := map[string]string{} // device -> the request it was first allocated to
 	for _, r := range c.Status.Allocation.Devices.Results {
 		if r.Driver != DriverName {
 			continue
 		}
+		if first, ok := requestOf[r.Device]; ok {
+			return nil, sameDeviceTwice(r.Device, first, r.Request)
+		}
+		requestOf[r.Device] = r.Request
 		if r.Pool != inv.Node {
 			return nil, fmt.Errorf("device %s is in pool %q, this node's pool is %q", r.Device, r.Pool, inv.Node)
 		}
@@ -172,6 +177,19 @@ func (d *Driver) prepare(c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, 
 		return nil, err
 	}
 	return out, nil
+}
+
+// sameDeviceTwice is the refusal of a claim allocated one device for two of its requests (a GPU
+// allows multiple allocations, so without a distinctAttribute constraint the allocator may put two
+// shares on one GPU). The ledger and the holdings the extender reads give a GPU to a holder once.
+func sameDeviceTwice(device, first, second string) error {
+	what, requests := fmt.Sprintf("both request %q and request %q", first, second), first+", "+second
+	if first == second {
+		what, requests = fmt.Sprintf("request %q twice", first), first
+	}
+	return fmt.Errorf("device %s is allocated to %s of this claim, and one claim may hold a device only once: "+
+		"add a constraint {requests: [%s], distinctAttribute: %s/%s} to put them on different GPUs, or ask for one larger share in a single request",
+		device, what, requests, DriverName, AttrUUID)
 }
 
 // result adds one allocated device to the claim's entry and returns its CDI names.

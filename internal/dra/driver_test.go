@@ -12,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
+	"k8s.io/utils/ptr"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
@@ -269,6 +270,58 @@ func TestPrepareRefusals(t *testing.T) {
 		r := prepare(t, d, tc.c)
 		if r.Err == nil || !strings.Contains(r.Err.Error(), tc.want) {
 			t.Errorf("claim %s: error %v, want one saying %q", tc.c.Name, r.Err, tc.want)
+		}
+	}
+}
+
+// A GPU allows multiple allocations (shares), so a claim whose two requests have no
+// distinctAttribute constraint may be allocated one GPU twice. Prepare refuses it, naming the
+// claim, the device and the fix, and records nothing; the ledger itself refuses an entry that
+// lists one GPU twice (such an entry would stop the node's holdings annotation from encoding).
+func TestSecurityDRAClaimSameGPUTwice(t *testing.T) {
+	d, a, _ := newDriver(t)
+	share := map[resourceapi.QualifiedName]string{CapacityMemory: "10Gi"}
+	twoRequests := claim("two", share, "gpu-0", "gpu-0")
+	second := twoRequests.Spec.Devices.Requests[0]
+	second.Name = "b"
+	twoRequests.Spec.Devices.Requests = append(twoRequests.Spec.Devices.Requests, second)
+	results := twoRequests.Status.Allocation.Devices.Results
+	results[0].ShareID, results[1].ShareID = ptr.To(types.UID("s-1")), ptr.To(types.UID("s-2"))
+	results[1].Request = "b"
+	countTwo := claim("count", share, "gpu-0", "gpu-0")
+	for _, tc := range []struct {
+		c    *resourceapi.ResourceClaim
+		want []string
+	}{
+		{twoRequests, []string{"ns/two", "gpu-0", `both request "gpu" and request "b"`, "distinctAttribute: gpu.tessera.dev/uuid", "requests: [gpu, b]"}},
+		{countTwo, []string{"ns/count", "gpu-0", `request "gpu" twice`, "requests: [gpu]"}},
+	} {
+		r := prepare(t, d, tc.c)
+		if r.Err == nil {
+			t.Fatalf("claim %s holding gpu-0 twice was prepared", tc.c.Name)
+		}
+		for _, w := range tc.want {
+			if !strings.Contains(r.Err.Error(), w) {
+				t.Errorf("claim %s: error %q does not say %q", tc.c.Name, r.Err, w)
+			}
+		}
+		if _, ok := a.l.Get(ledger.ClaimID(string(tc.c.UID))); ok {
+			t.Errorf("claim %s: a refused claim left a ledger entry", tc.c.Name)
+		}
+	}
+	// The same shares on two GPUs are fine.
+	apart := claim("apart", share, "gpu-0", "gpu-1")
+	if r := prepare(t, d, apart); r.Err != nil {
+		t.Fatalf("two shares on two GPUs: %v", r.Err)
+	}
+	// Whichever front door: the ledger gives a holder a device once.
+	for _, e := range []ledger.Entry{
+		{ContainerID: "ctr-twice", Devices: []api.DeviceAssignment{{UUID: "GPU-b", MemoryBytes: gib}, {UUID: "GPU-b", MemoryBytes: gib}}},
+		{ContainerID: "ctr-whole-twice", Devices: []api.DeviceAssignment{{UUID: "GPU-b", Whole: true}, {UUID: "GPU-b", Whole: true}}},
+		{ContainerID: "ctr-mig-twice", MIG: []string{"MIG-x", "MIG-x"}},
+	} {
+		if err := a.l.Reserve(e, a.inv); err == nil || !strings.Contains(err.Error(), "listed twice") {
+			t.Errorf("entry %s listing a device twice: %v, want a refusal", e.ContainerID, err)
 		}
 	}
 }

@@ -11,9 +11,11 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/fsatomic"
@@ -96,8 +98,16 @@ type Ledger struct {
 	onChange func()
 }
 
-// Open loads the ledger at path (a missing file is an empty ledger). log is told when a corrupt
-// ledger is moved aside (nil: discarded).
+// maxCorruptCopies is how many copies of ledger files found corrupt or hostile are kept beside the
+// ledger (the newest; each has a name of its own, so one never overwrites another).
+const maxCorruptCopies = 8
+
+// Open loads the ledger at path (a missing file is an empty ledger). A file that is not JSON, or
+// holds entries that are corrupt (null, no container ID, an ID twice) or over-commit together with
+// the entries before them, never stops the agent and is never lost: what loads is kept, a copy of
+// the file is kept aside (keepAside) and log is told what was left out and why (nil: discarded).
+// The running containers carry their entries (api.AnnotationLedgerEntry); Synchronize re-adopts
+// them.
 func Open(path string, log *slog.Logger) (*Ledger, error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
@@ -110,23 +120,92 @@ func Open(path string, log *slog.Logger) (*Ledger, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read ledger: %w", err)
 	}
-	var f file
+	var f struct {
+		APIVersion string            `json:"apiVersion"`
+		Entries    []json.RawMessage `json:"entries"`
+	}
+	var refused []string
 	if err := json.Unmarshal(data, &f); err != nil {
-		// The running containers carry their entries (api.AnnotationLedgerEntry); Synchronize re-adopts them.
-		aside := path + ".corrupt"
-		log.Error("ledger is corrupt; starting empty, running containers are re-adopted at the runtime's Synchronize", "path", path, "movedTo", aside, "err", err)
-		if err := os.Rename(path, aside); err != nil {
-			return nil, fmt.Errorf("move corrupt ledger %s aside: %w", path, err)
-		}
+		refused = []string{err.Error()}
+	} else if f.APIVersion != api.Version {
+		return nil, fmt.Errorf("ledger %s has apiVersion %q, this agent reads %q", path, f.APIVersion, api.Version)
+	} else {
+		refused = l.load(f.Entries)
+	}
+	if len(refused) == 0 {
 		return l, nil
 	}
-	if f.APIVersion != api.Version {
-		return nil, fmt.Errorf("ledger %s has apiVersion %q, this agent reads %q", path, f.APIVersion, api.Version)
+	aside, err := keepAside(path, data)
+	if err != nil {
+		return nil, err
 	}
-	for _, e := range f.Entries {
-		l.entries[e.ContainerID] = e
+	log.Error("ledger is corrupt or over-commits; what loads is kept, the rest is left out (running containers are re-adopted at the runtime's Synchronize)",
+		"path", path, "copiedTo", aside, "kept", len(l.entries), "leftOut", refused)
+	if err := l.saveLocked(); err != nil {
+		return nil, err
 	}
 	return l, nil
+}
+
+// load admits a ledger file's entries in the order saved (by container ID): each must decode to an
+// entry with an ID of its own and must not over-commit with those admitted before it (the rules of
+// Reserve that need no inventory). It returns what it refused, each naming the entry and why.
+func (l *Ledger) load(raw []json.RawMessage) []string {
+	var refused []string
+	for i, r := range raw {
+		var e *Entry
+		err := json.Unmarshal(r, &e)
+		switch {
+		case err != nil:
+			refused = append(refused, fmt.Sprintf("entries[%d]: %v", i, err))
+		case e == nil:
+			refused = append(refused, fmt.Sprintf("entries[%d]: null", i))
+		case e.ContainerID == "":
+			refused = append(refused, fmt.Sprintf("entries[%d]: no containerID", i))
+		case l.entries[e.ContainerID] != nil:
+			refused = append(refused, fmt.Sprintf("entries[%d] (%s): the container ID is listed twice", i, e.ContainerID))
+		default:
+			if err := l.checkLocked(e, nil); err != nil {
+				refused = append(refused, fmt.Sprintf("entries[%d] (%s): %v", i, e.ContainerID, err))
+				continue
+			}
+			l.entries[e.ContainerID] = e
+		}
+	}
+	return refused
+}
+
+// keepAside writes a copy of a ledger file found corrupt or hostile beside it as
+// <path>.corrupt-<UTC time>, a name no earlier copy has, and removes the oldest copies past
+// maxCorruptCopies.
+func keepAside(path string, data []byte) (string, error) {
+	prefix := filepath.Base(path) + ".corrupt-"
+	stamp := prefix + time.Now().UTC().Format("20060102T150405.000000000Z")
+	aside := filepath.Join(filepath.Dir(path), stamp)
+	for n := 1; ; n++ {
+		if _, err := os.Lstat(aside); errors.Is(err, os.ErrNotExist) {
+			break
+		}
+		aside = filepath.Join(filepath.Dir(path), fmt.Sprintf("%s-%d", stamp, n))
+	}
+	if err := fsatomic.WriteFile(aside, data, 0o600); err != nil {
+		return "", fmt.Errorf("keep a copy of the corrupt ledger %s: %w", path, err)
+	}
+	dir, err := os.ReadDir(filepath.Dir(path))
+	if err != nil {
+		return aside, nil
+	}
+	var copies []string
+	for _, d := range dir {
+		if strings.HasPrefix(d.Name(), prefix) {
+			copies = append(copies, d.Name())
+		}
+	}
+	sort.Strings(copies) // by time
+	for _, old := range copies[:max(0, len(copies)-maxCorruptCopies)] {
+		_ = os.Remove(filepath.Join(filepath.Dir(path), old))
+	}
+	return aside, nil
 }
 
 // OnChange registers a callback run (outside the lock) after every committed change.
@@ -172,6 +251,20 @@ func (l *Ledger) ClaimUsage() map[string]Usage {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.usageOf(func(id string) bool { return IsClaim(id) })
+}
+
+// ClaimHeld is the set of MIG instances and mdev devices prepared DRA claims hold: as with
+// ClaimUsage, the kubelet does not count them against the device plugins' devices, so the agent must.
+func (l *Ledger) ClaimHeld() map[string]bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	held := map[string]bool{}
+	for uuid, id := range l.holders("") {
+		if IsClaim(id) {
+			held[uuid] = true
+		}
+	}
+	return held
 }
 
 func (l *Ledger) usageLocked(except string) map[string]Usage {
@@ -266,18 +359,26 @@ func (l *Ledger) put(fromID string, e Entry, inv *api.NodeInventory) error {
 	return nil
 }
 
-// checkLocked refuses over-commit: every rule names the GPU and what holds it.
+// checkLocked refuses over-commit: every rule names the GPU and what holds it. With no inventory
+// (a ledger file being loaded) the rules that need one (the GPU is here, usable, healthy, has the
+// memory, offers the shares) are left out.
 func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory) error {
+	if err := e.listsTwice(); err != nil {
+		return err
+	}
 	usage := l.usageLocked(e.ContainerID)
 	for _, d := range e.Devices {
-		g := inv.GPUByUUID(d.UUID)
-		switch {
-		case g == nil:
-			return fmt.Errorf("GPU %s is not on node %s", d.UUID, inv.Node)
-		case !g.Shareable():
-			return fmt.Errorf("GPU %s is in MIG mode or an mdev parent; it cannot be given whole or shared", d.UUID)
-		case !g.Healthy:
-			return fmt.Errorf("GPU %s is unhealthy", d.UUID)
+		var g *api.GPU
+		if inv != nil {
+			g = inv.GPUByUUID(d.UUID)
+			switch {
+			case g == nil:
+				return fmt.Errorf("GPU %s is not on node %s", d.UUID, inv.Node)
+			case !g.Shareable():
+				return fmt.Errorf("GPU %s is in MIG mode or an mdev parent; it cannot be given whole or shared", d.UUID)
+			case !g.Healthy:
+				return fmt.Errorf("GPU %s is unhealthy", d.UUID)
+			}
 		}
 		u := usage[d.UUID]
 		if u.Whole {
@@ -289,13 +390,13 @@ func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory) error {
 			}
 			continue
 		}
-		if u.MemoryBytes+d.MemoryBytes > g.MemoryBytes {
+		if g != nil && u.MemoryBytes+d.MemoryBytes > g.MemoryBytes {
 			return fmt.Errorf("GPU %s has %d bytes of memory and %d are already shared out; %d more would over-commit it", d.UUID, g.MemoryBytes, u.MemoryBytes, d.MemoryBytes)
 		}
 		if u.Cores+d.CoresPercent > api.MaxCoresPercent {
 			return fmt.Errorf("GPU %s has %d%% of its compute shared out; %d%% more would over-commit it", d.UUID, u.Cores, d.CoresPercent)
 		}
-		if u.Shares+1 > inv.SharesPerGPU {
+		if inv != nil && u.Shares+1 > inv.SharesPerGPU {
 			return fmt.Errorf("GPU %s already holds %d shares, the most it offers", d.UUID, u.Shares)
 		}
 		usage[d.UUID] = Usage{Shares: u.Shares + 1, MemoryBytes: u.MemoryBytes + d.MemoryBytes, Cores: u.Cores + d.CoresPercent}
@@ -307,6 +408,28 @@ func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory) error {
 		}
 	}
 	return nil
+}
+
+// listsTwice refuses an entry that names one device twice: a holder gets a GPU, MIG instance or
+// mdev device once, as the holdings annotation the extender reads requires.
+func (e *Entry) listsTwice() error {
+	seen := map[string]bool{}
+	for _, id := range e.deviceIDs() {
+		if seen[id] {
+			return fmt.Errorf("device %s is listed twice in the entry of %s; one holder gets a device once", id, e.ContainerID)
+		}
+		seen[id] = true
+	}
+	return nil
+}
+
+// deviceIDs are the UUIDs of everything the entry holds.
+func (e *Entry) deviceIDs() []string {
+	ids := make([]string, 0, len(e.Devices)+len(e.MIG)+len(e.Mdev))
+	for _, d := range e.Devices {
+		ids = append(ids, d.UUID)
+	}
+	return append(append(ids, e.MIG...), e.Mdev...)
 }
 
 // Release forgets a container and returns what it held.

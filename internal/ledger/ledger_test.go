@@ -2,10 +2,13 @@ package ledger
 
 import (
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"sort"
 	"strings"
 	"testing"
 
@@ -126,11 +129,121 @@ func TestPersistenceAndRetain(t *testing.T) {
 	if l, err := Open(path, slog.New(slog.NewTextHandler(&logged, nil))); err != nil || len(l.Entries()) != 0 {
 		t.Errorf("corrupt ledger: %v", err)
 	}
-	if !strings.Contains(logged.String(), "level=ERROR msg=\"ledger is corrupt;") {
+	if !strings.Contains(logged.String(), "level=ERROR msg=\"ledger is corrupt") {
 		t.Errorf("corrupt ledger not logged as an error: %q", logged.String())
 	}
-	if b, err := os.ReadFile(path + ".corrupt"); err != nil || string(b) != "{not json" {
-		t.Errorf("corrupt ledger not kept aside: %q %v", b, err)
+	if copies := corruptCopies(t, path); len(copies) != 1 || copies[0] != "{not json" {
+		t.Errorf("corrupt ledger not kept aside: %q", copies)
+	}
+}
+
+// corruptCopies returns the contents of the copies of corrupt ledgers kept beside path, oldest first.
+func corruptCopies(t *testing.T, path string) []string {
+	t.Helper()
+	names, err := filepath.Glob(path + ".corrupt-*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(names)
+	var out []string
+	for _, n := range names {
+		b, err := os.ReadFile(n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, string(b))
+	}
+	return out
+}
+
+// A ledger file is the agent's to read at every start: a hostile or corrupt one (a null entry, an
+// entry without an ID or listed twice, entries that over-commit a GPU or a MIG instance together)
+// must neither panic Open (a crash loop) nor be taken as it is. What loads is kept, the rest is
+// named in the log, the original is copied aside, and the ledger on disk is the clean one.
+func TestSecurityLedgerHostileFile(t *testing.T) {
+	g0, g1 := uuid(0), uuid(1)
+	entry := func(id string, devs ...api.DeviceAssignment) string {
+		b, _ := json.Marshal(Entry{ContainerID: id, PodUID: "p-" + id, Devices: devs})
+		return string(b)
+	}
+	for _, tc := range []struct {
+		name    string
+		entries []string
+		kept    []string
+		why     []string
+	}{
+		{"null", []string{"null", entry("a", share(0, 1, 10))}, []string{"a"}, []string{"entries[0]: null"}},
+		{"no ID", []string{entry(""), entry("a", share(0, 1, 10))}, []string{"a"}, []string{"entries[0]: no containerID"}},
+		{"not an entry", []string{`"x"`, `{"containerID": 5}`, entry("a", share(0, 1, 10))}, []string{"a"}, []string{"entries[0]: json", "entries[1]: json"}},
+		{"ID twice", []string{entry("a", share(0, 1, 10)), entry("a", api.DeviceAssignment{UUID: g1, Whole: true})}, []string{"a"},
+			[]string{"entries[1] (a): the container ID is listed twice"}},
+		{"whole twice", []string{entry("a", api.DeviceAssignment{UUID: g0, Whole: true}), entry("b", api.DeviceAssignment{UUID: g0, Whole: true}), entry("c", share(1, 1, 10))},
+			[]string{"a", "c"}, []string{"entries[1] (b): GPU " + g0 + " is already held whole"}},
+		{"whole and shared", []string{entry("a", share(0, 1, 10)), entry("b", api.DeviceAssignment{UUID: g0, Whole: true})}, []string{"a"},
+			[]string{"entries[1] (b): GPU " + g0 + " holds 1 shares"}},
+		{"compute over 100%", []string{entry("a", share(0, 1, 60)), entry("b", share(0, 1, 60))}, []string{"a"},
+			[]string{"entries[1] (b): GPU " + g0 + " has 60% of its compute shared out"}},
+		{"GPU twice in one entry", []string{entry("a", share(0, 1, 10), share(0, 1, 10))}, nil, []string{"entries[0] (a): device " + g0 + " is listed twice"}},
+		{"MIG twice", []string{`{"containerID":"a","mig":["MIG-x"]}`, `{"containerID":"claim:b","mig":["MIG-x"]}`}, []string{"a"},
+			[]string{"entries[1] (claim:b): device MIG-x is already held by container a"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "ledger.json")
+			data := `{"apiVersion":"` + api.Version + `","entries":[` + strings.Join(tc.entries, ",") + `]}`
+			if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			var logged bytes.Buffer
+			l, err := Open(path, slog.New(slog.NewTextHandler(&logged, nil)))
+			if err != nil {
+				t.Fatalf("Open: %v", err)
+			}
+			var kept []string
+			for _, e := range l.Entries() {
+				kept = append(kept, e.ContainerID)
+			}
+			if !slices.Equal(kept, tc.kept) {
+				t.Errorf("kept %v, want %v", kept, tc.kept)
+			}
+			for _, w := range append([]string{"level=ERROR", "leftOut"}, tc.why...) {
+				if !strings.Contains(logged.String(), w) {
+					t.Errorf("log %q does not say %q", logged.String(), w)
+				}
+			}
+			if copies := corruptCopies(t, path); len(copies) != 1 || copies[0] != data {
+				t.Errorf("the original file was not copied aside: %q", copies)
+			}
+			// The ledger on disk is the clean one: the next start loads it with nothing to say.
+			logged.Reset()
+			again, err := Open(path, slog.New(slog.NewTextHandler(&logged, nil)))
+			if err != nil || len(again.Entries()) != len(tc.kept) || logged.Len() != 0 {
+				t.Errorf("reopened: %d entries, %v, log %q", len(again.Entries()), err, logged.String())
+			}
+		})
+	}
+}
+
+// Each corrupt ledger found is kept under a name of its own, the newest maxCorruptCopies of them.
+func TestSecurityLedgerCorruptCopiesKept(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "ledger.json")
+	var want []string
+	for i := range maxCorruptCopies + 2 {
+		data := fmt.Sprintf("{not json %d", i)
+		if err := os.WriteFile(path, []byte(data), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := Open(path, nil); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, data)
+		if i == 1 {
+			if got := corruptCopies(t, path); !slices.Equal(got, want) {
+				t.Fatalf("after two corrupt ledgers, copies %q, want both %q", got, want)
+			}
+		}
+	}
+	if got := corruptCopies(t, path); !slices.Equal(got, want[2:]) {
+		t.Errorf("copies %q, want the newest %d: %q", got, maxCorruptCopies, want[2:])
 	}
 }
 
