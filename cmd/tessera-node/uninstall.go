@@ -175,6 +175,11 @@ func cleanupNode(cfg *configv1.NodeConfig) []error {
 	for _, f := range []string{"ledger.json", "health.json", "bin"} {
 		keep(os.RemoveAll(filepath.Join(cfg.DataDir, f)))
 	}
+	// The copies of corrupt ledgers the ledger kept aside (ledger.json.corrupt-<time>).
+	aside, _ := filepath.Glob(filepath.Join(cfg.DataDir, "ledger.json.corrupt-*"))
+	for _, f := range aside {
+		keep(os.Remove(f))
+	}
 	if cfg.HookBinary != "" {
 		keep(os.Remove(cfg.HookBinary))
 		// The nvidia-cdi-hook link the agent made beside it (hookBinaries).

@@ -72,17 +72,18 @@ func TestCleanupNode(t *testing.T) {
 		RunDir: filepath.Join(root, "run"), StateDir: filepath.Join(root, "run", "sim"),
 		VCUDALibrary: filepath.Join(root, "lib", "libvcuda.so"), HookBinary: filepath.Join(root, "lib", "tessera-node")}
 	files := map[string]bool{ // path -> stays
-		filepath.Join(cfg.CDIDir, "tessera-tessera.dev-gpu.json"):        false,
-		filepath.Join(cfg.CDIDir, "nvidia.yaml"):                         true,
-		filepath.Join(cfg.DataDir, "ledger.json"):                        false,
-		filepath.Join(cfg.DataDir, "health.json"):                        false,
-		filepath.Join(cfg.DataDir, "bin", "tessera-node"):                false,
-		filepath.Join(cfg.RunDir, "containers", "c1", "limits"):          false,
-		filepath.Join(cfg.RunDir, "containers", "c1", "vcuda", "region"): false,
-		filepath.Join(cfg.StateDir, "root", "dev", "nvidia0"):            false,
-		filepath.Join(root, "lib", "libvcuda.so"):                        false,
-		filepath.Join(root, "lib", "tessera-node"):                       false,
-		filepath.Join(root, "lib", "other.so"):                           true,
+		filepath.Join(cfg.CDIDir, "tessera-tessera.dev-gpu.json"):                    false,
+		filepath.Join(cfg.CDIDir, "nvidia.yaml"):                                     true,
+		filepath.Join(cfg.DataDir, "ledger.json"):                                    false,
+		filepath.Join(cfg.DataDir, "ledger.json.corrupt-20261127T014400.000000001Z"): false,
+		filepath.Join(cfg.DataDir, "health.json"):                                    false,
+		filepath.Join(cfg.DataDir, "bin", "tessera-node"):                            false,
+		filepath.Join(cfg.RunDir, "containers", "c1", "limits"):                      false,
+		filepath.Join(cfg.RunDir, "containers", "c1", "vcuda", "region"):             false,
+		filepath.Join(cfg.StateDir, "root", "dev", "nvidia0"):                        false,
+		filepath.Join(root, "lib", "libvcuda.so"):                                    false,
+		filepath.Join(root, "lib", "tessera-node"):                                   false,
+		filepath.Join(root, "lib", "other.so"):                                       true,
 	}
 	for f := range files {
 		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
