@@ -190,11 +190,18 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 			continue
 		}
 		delete(holds, other.UID) // counted from the API server's copy
+		delete(base.held, other.UID)
 		p := placementOf(n, a)
 		n.Apply(&placement.Request{}, &p)
 	}
 	for _, a := range holds {
 		p := placementOf(n, a)
+		n.Apply(&placement.Request{}, &p)
+	}
+	// What the node agent's ledger holds for pods the state does not track (a local placement, a
+	// restarting container's hold) is occupied here as it is for Filter: a bind whose Filter
+	// reservation is missing, expired or stale must not hand out a GPU the node still holds.
+	for _, p := range base.held {
 		n.Apply(&placement.Request{}, &p)
 	}
 	// Filter's choice for this pod stands while it still fits: it is the policy's choice made in
