@@ -94,6 +94,25 @@ func TestSecurityBindCountsHoldings(t *testing.T) {
 			}
 		})
 	}
+	// A pod the API server lists as assigned on the node (the state has not seen it yet) and the
+	// holdings both name is counted once: half of the GPU stays free for the binding pod.
+	t.Run("counted once", func(t *testing.T) {
+		node := testNode(testInventory("n1", 1, 1, "A100"), nil)
+		dev := api.DeviceAssignment{UUID: gpuUUID(1, 0), MemoryBytes: 8 << 30}
+		raw, err := api.EncodeHoldings(&api.NodeHoldings{Node: "n1", Pods: []api.PodHolding{
+			{Namespace: "default", Pod: "b", UID: "uid-b", Containers: []api.ContainerAssignment{{Name: "main", Devices: []api.DeviceAssignment{dev}}}},
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		node.Annotations[api.AnnotationHoldings] = string(raw)
+		pod := sharePod("s", 1, 8, 0)
+		cs, _ := fakeAPI(t, node, assigned(sharePod("b", 1, 8, 0), "n1", dev), pod)
+		x := newBinder(t, cs, "a", node)
+		if err := x.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: "s", PodNamespace: "default", PodUID: pod.UID, Node: "n1"}); err != nil {
+			t.Fatalf("8 GiB of the GPU are free, bind refused: %v", err)
+		}
+	})
 	// A second GPU is free: bind takes it, never the held one.
 	for _, pod := range []*corev1.Pod{wholePod("w", 1), sharePod("s", 1, 4, 10)} {
 		t.Run("other/"+pod.Name, func(t *testing.T) {
