@@ -45,8 +45,10 @@ type options struct {
 	leaderElect, pickOne, version, reusePort, warmMemo          bool
 	// policySet: --policy (or its variable) was given, and overrides the config file's policy.
 	policySet bool
-	qps       int
-	log       telemetry.LogOptions
+	// schedulerNames, when given, replace the config file's schedulerNames.
+	schedulerNames []string
+	qps            int
+	log            telemetry.LogOptions
 }
 
 // envPrefix starts the environment variable of every flag: --policy is also TESSERA_EXTENDER_POLICY.
@@ -68,6 +70,8 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		str("listen", &o.listen, "127.0.0.1:8888", "address the extender HTTP API listens on (POST /filter, /prioritize, /bind; GET /healthz)"),
 		str("config", &o.config, "", "ExtenderConfig YAML file (apiVersion tessera.dev/v1, kind ExtenderConfig); empty: defaults"),
 		str("policy", &o.policy, "", "default placement policy, overriding the config file: "+fmt.Sprint(api.KnownPolicies)),
+		&cli.StringSliceFlag{Name: "scheduler-names", Destination: &o.schedulerNames, Sources: telemetry.EnvSources(envPrefix, "scheduler-names"),
+			Usage: "schedulers (a pod's spec.schedulerName) whose pods bind binds, any other pod refused; overriding the config file's schedulerNames (default " + configv1.DefaultSchedulerName + "); comma-separated or repeated"},
 		str("identity", &o.identity, fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's identity in leader election and node bind Leases"),
 		&cli.IntFlag{Name: "kube-api-qps", Destination: &o.qps, Value: 100, Sources: telemetry.EnvSources(envPrefix, "kube-api-qps"),
 			Usage: "requests per second to the API server (burst twice that); a bind costs about seven"},
@@ -128,11 +132,15 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	// Flags override the file (validated again with them).
 	if o.policySet {
 		cfg.Policy = o.policy
-		if err := cfg.Validate(); err != nil {
-			return err
-		}
+	}
+	if len(o.schedulerNames) > 0 {
+		cfg.SchedulerNames = o.schedulerNames
+	}
+	if err := cfg.Validate(); err != nil {
+		return err
 	}
 	var rc *rest.Config
 	if o.kubeconfig != "" {
@@ -173,10 +181,11 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	leader := &atomic.Bool{}
 	x := &extender.Extender{
 		Engine: eng, State: state, Client: client, Quotas: quotas, PDBs: pdbs, PodByUID: podByUID, Class: class, Log: log,
-		Events:      broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "tessera-extender"}),
-		Locker:      &extender.NodeLocker{Client: client, Namespace: cfg.LeaseNamespace, Identity: o.identity, Duration: 15 * time.Second},
-		BindTimeout: 30 * time.Second,
-		PickOne:     o.pickOne,
+		Events:         broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "tessera-extender"}),
+		Locker:         &extender.NodeLocker{Client: client, Namespace: cfg.LeaseNamespace, Identity: o.identity, Duration: 15 * time.Second},
+		BindTimeout:    30 * time.Second,
+		PickOne:        o.pickOne,
+		SchedulerNames: cfg.SchedulerNames,
 	}
 	if o.leaderElect {
 		x.Leader = leader

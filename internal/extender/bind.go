@@ -5,11 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"k8s.io/apimachinery/pkg/api/resource"
+	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
@@ -45,6 +46,10 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 	}
 	if args.PodUID != "" && pod.UID != args.PodUID {
 		return fmt.Errorf("bind %s/%s: pod UID is %s, the scheduler asked for %s (pod was recreated)", args.PodNamespace, args.PodName, pod.UID, args.PodUID)
+	}
+	if name := schedulerName(pod); !slices.Contains(x.SchedulerNames, name) {
+		x.log().Warn("bind refused: the pod's scheduler is not one this extender serves", "pod", args.PodNamespace+"/"+args.PodName, "schedulerName", name, "serves", x.SchedulerNames)
+		return fmt.Errorf("bind %s/%s: the pod's schedulerName %q is not one this extender serves %q", args.PodNamespace, args.PodName, name, x.SchedulerNames)
 	}
 	if pod.Spec.NodeName != "" {
 		if pod.Spec.NodeName == args.Node {
@@ -82,6 +87,14 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 		x.event(written, corev1.EventTypeNormal, "GPUAssigned", "node %s: %s", args.Node, describeAssignment(a))
 	}
 	return nil
+}
+
+// schedulerName is the pod's spec.schedulerName, empty read as the API server defaults it.
+func schedulerName(pod *corev1.Pod) string {
+	if pod.Spec.SchedulerName == "" {
+		return corev1.DefaultSchedulerName
+	}
+	return pod.Spec.SchedulerName
 }
 
 // describeAssignment says which GPUs each container got, and how much of them, for the pod's
@@ -190,11 +203,18 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 			continue
 		}
 		delete(holds, other.UID) // counted from the API server's copy
+		delete(base.held, other.UID)
 		p := placementOf(n, a)
 		n.Apply(&placement.Request{}, &p)
 	}
 	for _, a := range holds {
 		p := placementOf(n, a)
+		n.Apply(&placement.Request{}, &p)
+	}
+	// What the node agent's ledger holds for pods the state does not track (a local placement, a
+	// restarting container's hold) is occupied here as it is for Filter: a bind whose Filter
+	// reservation is missing, expired or stale must not hand out a GPU the node still holds.
+	for _, p := range base.held {
 		n.Apply(&placement.Request{}, &p)
 	}
 	// Filter's choice for this pod stands while it still fits: it is the policy's choice made in

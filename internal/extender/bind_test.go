@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -202,5 +203,51 @@ func TestLockBackoff(t *testing.T) {
 	}
 	if lockBackoff.Duration != 4*time.Millisecond {
 		t.Errorf("lockBackoff advanced to %v", lockBackoff.Duration)
+	}
+}
+
+// TestSecurityBindServesItsSchedulers: Bind binds only pods whose spec.schedulerName is one this
+// extender serves; a call naming any other pod (another tenant's, one without GPUs that no filter
+// ever saw) is refused and leaves it unbound.
+func TestSecurityBindServesItsSchedulers(t *testing.T) {
+	cpuOnly := testPod("cpu", corev1.ResourceList{})
+	for _, tc := range []struct {
+		name      string
+		serves    []string
+		scheduler string
+		pod       *corev1.Pod
+		bound     bool
+	}{
+		{"served", []string{"tessera-scheduler"}, "tessera-scheduler", wholePod("w", 1), true},
+		{"empty is default-scheduler", []string{"tessera-scheduler", corev1.DefaultSchedulerName}, "", wholePod("w", 1), true},
+		{"other scheduler", []string{"tessera-scheduler"}, "other-scheduler", wholePod("w", 1), false},
+		{"default-scheduler not served, no GPU", []string{"tessera-scheduler"}, corev1.DefaultSchedulerName, cpuOnly, false},
+		{"serves none", nil, "tessera-scheduler", wholePod("w", 1), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := testNode(testInventory("n1", 1, 1, "T4"), nil)
+			pod := tc.pod.DeepCopy()
+			pod.Spec.SchedulerName = tc.scheduler
+			cs, _ := fakeAPI(t, node, pod)
+			x := newBinder(t, cs, "a", node)
+			x.SchedulerNames = tc.serves
+			err := x.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: "default", PodUID: pod.UID, Node: "n1"})
+			got, gerr := cs.CoreV1().Pods("default").Get(context.Background(), pod.Name, metav1.GetOptions{})
+			if gerr != nil {
+				t.Fatal(gerr)
+			}
+			if tc.bound {
+				if err != nil || got.Spec.NodeName != "n1" {
+					t.Fatalf("bind of a pod of a served scheduler: err %v, node %q", err, got.Spec.NodeName)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), "is not one this extender serves") {
+				t.Fatalf("bind of a pod of scheduler %q (serving %q): err %v, want a refusal", tc.scheduler, tc.serves, err)
+			}
+			if got.Spec.NodeName != "" || got.Annotations[api.AnnotationAssignment] != "" || x.State.Holds(pod.UID) {
+				t.Fatalf("refused bind left node %q assignment %q holds=%v", got.Spec.NodeName, got.Annotations[api.AnnotationAssignment], x.State.Holds(pod.UID))
+			}
+		})
 	}
 }

@@ -47,6 +47,10 @@ type Extender struct {
 	// and evaluating only those that can be the choice (refineBounds): the same choice at more cost,
 	// for comparisons (tests, benchmarks).
 	ExhaustivePickOne bool
+	// SchedulerNames are the schedulers Bind binds for: a pod whose spec.schedulerName (empty read
+	// as the API server defaults it, default-scheduler) is not listed is refused, so a bind call
+	// cannot place a pod that no scheduler configured with this extender schedules. Empty: none.
+	SchedulerNames []string
 	// BindTimeout bounds one bind, lock wait included.
 	BindTimeout time.Duration
 	// WarmShapes is how many recently used request shapes the warmer fills afresh after a new shape

@@ -20,7 +20,8 @@ func newTestExtender(t testing.TB, policy string) *Extender {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Extender{Engine: eng, State: NewState(DefaultTTL, nil), Class: ClassOptions{AllowPolicyOverride: true}}
+	// The test pods name no scheduler: the API server's default, which the test extender serves.
+	return &Extender{Engine: eng, State: NewState(DefaultTTL, nil), Class: ClassOptions{AllowPolicyOverride: true}, SchedulerNames: []string{corev1.DefaultSchedulerName}}
 }
 
 // DefaultTTL is the reservation TTL used in tests.

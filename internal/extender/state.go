@@ -179,14 +179,17 @@ func (s *State) View(names []string, f func(name string, n *placement.NodeState,
 }
 
 // bindBase is what a bind's decision starts from (decide, bind.go): a node's inventory, labels,
-// CPU and memory (used: less the binding pod's own hold), the pod's own in-flight decision there
-// and the other pods' (Filter's holds, other binds' reservations).
+// CPU and memory (used: less the binding pod's own hold), the pod's own in-flight decision there,
+// the other pods' (Filter's holds, other binds' reservations) and what the node agent's ledger
+// holds for pods this state does not track (held: applyHoldingsLocked's view of the node's
+// holdings annotation, placed on a NodeState of the same inventory).
 type bindBase struct {
 	inv                        *api.NodeInventory
 	labels                     map[string]string
 	cpu, mem, usedCPU, usedMem int64
 	own                        *api.PodAssignment
 	holds                      map[types.UID]*api.PodAssignment
+	held                       map[types.UID]placement.Placement
 }
 
 // bindBase returns node's base for binding pod uid, or nil and why placement must not use the node.
@@ -199,7 +202,7 @@ func (s *State) bindBase(node string, uid types.UID) (*bindBase, string) {
 	}
 	// CPU and memory come from the informers (every pod's requests), less this pod's own hold:
 	// the GPU choice inside the node then weighs them as Filter and the simulator do.
-	b := &bindBase{inv: e.inv, labels: e.labels, holds: map[types.UID]*api.PodAssignment{},
+	b := &bindBase{inv: e.inv, labels: e.labels, holds: map[types.UID]*api.PodAssignment{}, held: map[types.UID]placement.Placement{},
 		cpu: e.state.CPUMilli, mem: e.state.MemMiB, usedCPU: e.state.UsedCPU, usedMem: e.state.UsedMem}
 	if u := s.uses[uid]; u != nil && u.node == node && u.applied {
 		b.usedCPU, b.usedMem = b.usedCPU-u.cpu, b.usedMem-u.mem
@@ -211,6 +214,13 @@ func (s *State) bindBase(node string, uid types.UID) (*bindBase, string) {
 			b.own = p.assignment
 		default:
 			b.holds[other] = p.assignment
+		}
+	}
+	// The node's holdings, as applyHoldingsLocked counts them for Filter (pods this state tracks
+	// are left out there, so they are not counted twice).
+	for other, pl := range e.held {
+		if other != uid {
+			b.held[other] = pl
 		}
 	}
 	return b, ""

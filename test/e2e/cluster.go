@@ -151,8 +151,9 @@ func (c *Cluster) startExtender(t *testing.T, policy string) {
 	t.Helper()
 	kc := c.CP.MintKubeconfig(t, "tessera-extender", CertSpec{CommonName: "tessera-extender", Organizations: []string{"system:masters"}})
 	cfg := filepath.Join(c.CP.Dir, "extender-config.yaml")
-	// inventoryMaxAge as the chart sets it: pods place only while the agent's heartbeat is fresh.
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("apiVersion: %s\nkind: %s\npolicy: %s\nreservationTTL: 30s\ninventoryMaxAge: 5m\n",
+	// inventoryMaxAge as the chart sets it: pods place only while the agent's heartbeat is fresh;
+	// the pods here are the default scheduler's, which calls the extender.
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("apiVersion: %s\nkind: %s\npolicy: %s\nreservationTTL: 30s\ninventoryMaxAge: 5m\nschedulerNames: [default-scheduler]\n",
 		api.Version, configv1.KindExtenderConfig, policy)), 0o644); err != nil {
 		t.Fatal(err)
 	}

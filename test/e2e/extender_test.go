@@ -50,7 +50,9 @@ const chartNamespace = "tessera-system"
 // ConfigMap's config.yaml and authenticates as the ServiceAccount (a client certificate with the
 // ServiceAccount's user name and groups, which RBAC treats alike), so a permission missing from
 // the chart fails these tests. The scheduler calls it as the chart configures it (chartExtender);
-// adjust, if not nil, changes that for a test that needs otherwise and says why.
+// adjust, if not nil, changes that for a test that needs otherwise and says why. The chart is
+// rendered in scheduler.mode=default, as this control plane runs it: the default scheduler calls the
+// extender, so the extender binds pods of default-scheduler (its config's schedulerNames).
 func startExtenderStack(t *testing.T, adjust func(*ExtenderConfig)) *extenderStack {
 	t.Helper()
 	t0 := time.Now()
@@ -63,7 +65,7 @@ func startExtenderStack(t *testing.T, adjust func(*ExtenderConfig)) *extenderSta
 	cp := StartControlPlane(t, ControlPlaneOptions{Extender: ext})
 	cp.CreateNamespace(t, chartNamespace)
 	rendered := mustRun(t, time.Minute, tool(t, "helm"), "template", "tessera", filepath.Join(repoRoot(), "deploy", "helm", "tessera"),
-		"--namespace", chartNamespace, "--show-only", "templates/extender.yaml")
+		"--namespace", chartNamespace, "--set", "scheduler.mode=default", "--set", "extender.networkPolicy.enabled=false", "--show-only", "templates/extender.yaml")
 	manifest := filepath.Join(cp.Dir, "extender-chart.yaml")
 	if err := os.WriteFile(manifest, []byte(rendered), 0o644); err != nil {
 		t.Fatal(err)

@@ -153,7 +153,7 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64, s
 	var x *Process
 	if policy != policyKubeScheduler {
 		x = cp.StartProcess(b, "tessera-extender", tesseraBinary(b, "tessera-extender"), "--kubeconfig", cp.Kubeconfig,
-			"--listen", addr, "--policy", policy, "--leader-elect=false", "--filter-pick-one=true", "--kube-api-qps=1000")
+			"--listen", addr, "--policy", policy, "--leader-elect=false", "--filter-pick-one=true", "--kube-api-qps=1000", "--scheduler-names=default-scheduler")
 		x.WaitHealthy(b, "http://"+addr+"/healthz", time.Minute)
 	}
 	states := createBenchNodes(b, client, c, seed)

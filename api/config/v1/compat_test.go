@@ -29,6 +29,7 @@ func TestHelmExtenderConfigDecodes(t *testing.T) {
 		"{{ .Values.extender.policy }}", "tessera",
 		`{{ .Values.extender.inventoryMaxAge | quote }}`, `"5m"`,
 		"{{ .Release.Namespace }}", "tessera-system",
+		`{{ include "tessera.schedulerName" . | quote }}`, `"tessera-scheduler"`,
 		"experimentPriorityClasses: {{ toJson . }}", `experimentPriorityClasses: ["batch-low"]`,
 		"inferencePriorityClasses: {{ toJson . }}", `inferencePriorityClasses: ["serving"]`,
 	)
@@ -48,7 +49,8 @@ func TestHelmExtenderConfigDecodes(t *testing.T) {
 		t.Fatalf("%v\n%s", err, rendered)
 	}
 	if c.Kind != KindExtenderConfig || c.Policy != api.PolicyTessera || c.InventoryMaxAge.Duration != 5*time.Minute ||
-		c.LeaseNamespace != "tessera-system" || len(c.ExperimentPriorityClasses) != 1 || len(c.InferencePriorityClasses) != 1 {
+		c.LeaseNamespace != "tessera-system" || len(c.ExperimentPriorityClasses) != 1 || len(c.InferencePriorityClasses) != 1 ||
+		len(c.SchedulerNames) != 1 || c.SchedulerNames[0] != "tessera-scheduler" {
 		t.Errorf("rendered chart config decoded as %+v\n%s", c, rendered)
 	}
 }

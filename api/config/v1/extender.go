@@ -32,6 +32,11 @@ type ExtenderConfig struct {
 	// InventoryMaxAge, when set, refuses nodes whose inventory heartbeat (AnnotationInventoryHeartbeat)
 	// is missing or older: their agent may be gone and their GPUs changed. 0 checks nothing.
 	InventoryMaxAge Duration `json:"inventoryMaxAge,omitempty"`
+	// SchedulerNames are the schedulers (a pod's spec.schedulerName) this extender binds for: Bind
+	// refuses any other pod, so that a call naming a pod no Tessera-configured scheduler schedules
+	// cannot bind it (default [tessera-scheduler], the chart's second scheduler; the chart sets the
+	// name of the profile it configures with the extender).
+	SchedulerNames []string `json:"schedulerNames,omitempty"`
 }
 
 // Duration is a time.Duration written as a Go duration string ("30s") in config files:
@@ -44,6 +49,7 @@ const (
 	DefaultLeaseNamespace   = "kube-system"
 	DefaultLeaderElectionID = "tessera-extender"
 	DefaultReservationTTL   = 2 * time.Minute
+	DefaultSchedulerName    = "tessera-scheduler"
 )
 
 // Defaults fills zero fields with defaults.
@@ -70,6 +76,9 @@ func (c *ExtenderConfig) Defaults() {
 	if c.ReservationTTL.Duration == 0 {
 		c.ReservationTTL.Duration = DefaultReservationTTL
 	}
+	if len(c.SchedulerNames) == 0 {
+		c.SchedulerNames = []string{DefaultSchedulerName}
+	}
 }
 
 // Validate checks a defaulted ExtenderConfig.
@@ -84,6 +93,11 @@ func (c *ExtenderConfig) Validate() error {
 	}
 	if c.ReservationTTL.Duration < time.Second {
 		fe.Add("reservationTTL", "must be at least 1s, got %s", c.ReservationTTL.Duration)
+	}
+	for _, n := range c.SchedulerNames {
+		if n == "" {
+			fe.Add("schedulerNames", "must not list an empty name")
+		}
 	}
 	seen := map[string]string{}
 	for field, names := range map[string][]string{

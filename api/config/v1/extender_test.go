@@ -17,7 +17,8 @@ func TestLoadExtenderConfig(t *testing.T) {
 		check               func(*testing.T, *ExtenderConfig)
 	}{
 		{name: "defaults", yaml: "", check: func(t *testing.T, c *ExtenderConfig) {
-			if c.Policy != api.PolicyTessera || !*c.AllowPolicyOverride || c.ReservationTTL.Duration != DefaultReservationTTL {
+			if c.Policy != api.PolicyTessera || !*c.AllowPolicyOverride || c.ReservationTTL.Duration != DefaultReservationTTL ||
+				len(c.SchedulerNames) != 1 || c.SchedulerNames[0] != DefaultSchedulerName {
 				t.Fatalf("bad defaults: %+v", c)
 			}
 		}},
@@ -31,6 +32,12 @@ func TestLoadExtenderConfig(t *testing.T) {
 		{name: "unknown field", yaml: "polcy: fgd\n", wantErr: "unknown field"},
 		{name: "wrong kind", yaml: "kind: NodeAgentConfig\n", wantErr: "kind: Invalid value: must be"},
 		{name: "bad duration", yaml: "reservationTTL: 10\n", wantErr: "reservationTTL: Invalid value: expected string"},
+		{name: "schedulers", yaml: "schedulerNames: [default-scheduler, gpu-scheduler]\n", check: func(t *testing.T, c *ExtenderConfig) {
+			if len(c.SchedulerNames) != 2 || c.SchedulerNames[0] != "default-scheduler" {
+				t.Fatalf("schedulerNames %q", c.SchedulerNames)
+			}
+		}},
+		{name: "empty scheduler", yaml: "schedulerNames: [\"\"]\n", wantErr: "schedulerNames: Invalid value: must not list an empty name"},
 		{name: "class twice", yaml: "inferencePriorityClasses: [a]\nexperimentPriorityClasses: [a]\n", wantErr: "is also listed"},
 	}
 	for _, tc := range cases {

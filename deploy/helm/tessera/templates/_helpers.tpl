@@ -53,3 +53,8 @@ app.kubernetes.io/instance: {{ $root.Release.Name }}
 host: {{ . }}
 {{- end }}
 {{- end }}
+
+{{/* tessera.schedulerName: the scheduler profile the chart configures with the extender (scheduler.name in mode second, the default scheduler's otherwise); the extender binds only its pods. */}}
+{{- define "tessera.schedulerName" -}}
+{{ if eq .Values.scheduler.mode "second" }}{{ .Values.scheduler.name }}{{ else }}default-scheduler{{ end }}
+{{- end }}
