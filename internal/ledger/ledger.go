@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"sort"
 	"strings"
@@ -191,13 +192,32 @@ func (l *Ledger) usageOf(keep func(id string) bool) map[string]Usage {
 				g.Whole = true
 			} else {
 				g.Shares++
-				g.MemoryBytes += d.MemoryBytes
-				g.Cores += d.CoresPercent
+				g.MemoryBytes = addCapped(g.MemoryBytes, d.MemoryBytes)
+				g.Cores = int(addCapped(int64(g.Cores), int64(d.CoresPercent)))
 			}
 			u[d.UUID] = g
 		}
 	}
 	return u
+}
+
+// addCapped adds a share's amount to a usage total, stopping at math.MaxInt64 instead of wrapping
+// negative (after which every share would fit); a negative amount, which only a damaged ledger file
+// holds (checkLocked refuses it), counts as none.
+func addCapped(total, more int64) int64 {
+	if more <= 0 {
+		return total
+	}
+	if total > math.MaxInt64-more {
+		return math.MaxInt64
+	}
+	return total + more
+}
+
+// fits reports whether more fits on top of used within capacity, every operand checked so no sum
+// can wrap: a negative amount never fits, nor anything on a total already past capacity.
+func fits(used, more, capacity int64) bool {
+	return used >= 0 && more >= 0 && used <= capacity && more <= capacity-used
 }
 
 // holders maps a MIG or mdev UUID to the container holding it.
@@ -289,10 +309,13 @@ func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory) error {
 			}
 			continue
 		}
-		if u.MemoryBytes+d.MemoryBytes > g.MemoryBytes {
+		if d.MemoryBytes < 0 || d.CoresPercent < 0 {
+			return fmt.Errorf("a share of GPU %s cannot have negative memory (%d bytes) or compute (%d%%)", d.UUID, d.MemoryBytes, d.CoresPercent)
+		}
+		if !fits(u.MemoryBytes, d.MemoryBytes, g.MemoryBytes) {
 			return fmt.Errorf("GPU %s has %d bytes of memory and %d are already shared out; %d more would over-commit it", d.UUID, g.MemoryBytes, u.MemoryBytes, d.MemoryBytes)
 		}
-		if u.Cores+d.CoresPercent > api.MaxCoresPercent {
+		if !fits(int64(u.Cores), int64(d.CoresPercent), api.MaxCoresPercent) {
 			return fmt.Errorf("GPU %s has %d%% of its compute shared out; %d%% more would over-commit it", d.UUID, u.Cores, d.CoresPercent)
 		}
 		if u.Shares+1 > inv.SharesPerGPU {
