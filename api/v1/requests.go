@@ -208,6 +208,13 @@ func clamp(v, hi int64) int64 {
 	return min(v, hi)
 }
 
+// FitsWithin reports whether more fits on top of used within capacity, every operand checked so no
+// sum can wrap past int64: a negative amount never fits, nor anything on a total already past
+// capacity. The ledger and placement compare shares' memory and compute with it.
+func FitsWithin(used, more, capacity int64) bool {
+	return used >= 0 && more >= 0 && used <= capacity && more <= capacity-used
+}
+
 // CheckFits reports why a request cannot fit a node with these GPUs regardless of what is in use:
 // a share larger than every GPU's memory, more shares than the node has GPUs, and so on.
 // It returns nil when the node could hold the request when empty.

@@ -214,12 +214,6 @@ func addCapped(total, more int64) int64 {
 	return total + more
 }
 
-// fits reports whether more fits on top of used within capacity, every operand checked so no sum
-// can wrap: a negative amount never fits, nor anything on a total already past capacity.
-func fits(used, more, capacity int64) bool {
-	return used >= 0 && more >= 0 && used <= capacity && more <= capacity-used
-}
-
 // holders maps a MIG or mdev UUID to the container holding it.
 func (l *Ledger) holders(except string) map[string]string {
 	h := map[string]string{}
@@ -312,10 +306,10 @@ func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory) error {
 		if d.MemoryBytes < 0 || d.CoresPercent < 0 {
 			return fmt.Errorf("a share of GPU %s cannot have negative memory (%d bytes) or compute (%d%%)", d.UUID, d.MemoryBytes, d.CoresPercent)
 		}
-		if !fits(u.MemoryBytes, d.MemoryBytes, g.MemoryBytes) {
+		if !api.FitsWithin(u.MemoryBytes, d.MemoryBytes, g.MemoryBytes) {
 			return fmt.Errorf("GPU %s has %d bytes of memory and %d are already shared out; %d more would over-commit it", d.UUID, g.MemoryBytes, u.MemoryBytes, d.MemoryBytes)
 		}
-		if !fits(int64(u.Cores), int64(d.CoresPercent), api.MaxCoresPercent) {
+		if !api.FitsWithin(int64(u.Cores), int64(d.CoresPercent), api.MaxCoresPercent) {
 			return fmt.Errorf("GPU %s has %d%% of its compute shared out; %d%% more would over-commit it", d.UUID, u.Cores, d.CoresPercent)
 		}
 		if u.Shares+1 > inv.SharesPerGPU {

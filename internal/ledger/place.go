@@ -30,7 +30,7 @@ func (l *Ledger) PlaceLocally(req *api.ContainerRequest, inv *api.NodeInventory)
 			continue
 		}
 		mem := req.ShareMemoryOn(g.MemoryBytes)
-		if fits(u.MemoryBytes, mem, g.MemoryBytes) && fits(int64(u.Cores), int64(req.ShareCores), api.MaxCoresPercent) && u.Shares < inv.SharesPerGPU {
+		if api.FitsWithin(u.MemoryBytes, mem, g.MemoryBytes) && api.FitsWithin(int64(u.Cores), int64(req.ShareCores), api.MaxCoresPercent) && u.Shares < inv.SharesPerGPU {
 			cands = append(cands, cand{g, g.MemoryBytes - u.MemoryBytes - mem})
 		}
 	}
