@@ -239,6 +239,11 @@ func TestSecurityOverflowingEntries(t *testing.T) {
 	if got, err := l.PlaceLocally(&api.ContainerRequest{Name: "c", Shares: 1, ShareMemoryBytes: 1 << 30, ShareCores: 1}, inv); err == nil {
 		t.Errorf("placed a share %+v; no GPU has room", got)
 	}
+	// A pod bound by nodeName (no extender) asking for more than any GPU here has: refused with why.
+	if _, err := l.PlaceLocally(&api.ContainerRequest{Name: "c", Shares: 1, ShareMemoryBytes: api.MaxShareMemoryBytes}, inv); err == nil ||
+		!strings.Contains(err.Error(), "asks for 1125899906842624 bytes per share but the largest GPU on node n has 42949672960") {
+		t.Errorf("a share larger than every GPU: %v", err)
+	}
 }
 
 // Move replaces one entry by another in one step: the moved devices are checked against everyone
