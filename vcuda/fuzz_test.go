@@ -218,8 +218,9 @@ func FuzzLimitsParser(f *testing.F) {
 	})
 }
 
-// FuzzParseRegion: the Go reader never panics on a damaged region file.
-func FuzzParseRegion(f *testing.F) {
+// regionImage is a well-formed region image laid out as src/region.h writes
+// it, with one GPU record in use.
+func regionImage() []byte {
 	img := make([]byte, 4096+64*256+1024*576)
 	le := binary.LittleEndian
 	le.PutUint64(img[0:], RegionMagic)
@@ -233,14 +234,109 @@ func FuzzParseRegion(f *testing.F) {
 	le.PutUint32(img[40:], 4096+64*256)
 	le.PutUint32(img[44:], 576)
 	copy(img[4096:], "GPU-fa4e0000-0000-4000-8000-000000000000")
+	return img
+}
+
+type craftedRegion struct {
+	name string
+	img  []byte
+}
+
+// craftedRegions are images a container can write into its own region to
+// make a reader index past a record (issue 28: a GPU record shorter than the
+// 232 bytes read of it, ending at the end of the file, panicked ParseRegion
+// and blanked the agent's /metrics). Each must be refused with an error.
+func craftedRegions() []craftedRegion {
+	le := binary.LittleEndian
+	var out []craftedRegion
+	put := func(name string, edit func(img []byte) []byte) {
+		img := edit(regionImage())
+		out = append(out, craftedRegion{name, img[:len(img):len(img)]}) // no capacity to read past the end into
+	}
+	put("short gpu record at the end", func(img []byte) []byte {
+		img = img[:4096+224]
+		le.PutUint64(img[16:], uint64(len(img)))
+		le.PutUint32(img[28:], 0)
+		le.PutUint32(img[36:], 224)
+		le.PutUint32(img[40:], 4096)
+		return img
+	})
+	put("short slot at the end", func(img []byte) []byte {
+		img = img[:4096+256+64]
+		le.PutUint64(img[16:], uint64(len(img)))
+		le.PutUint32(img[28:], 1)
+		le.PutUint32(img[40:], 4096+256)
+		le.PutUint32(img[44:], 64)
+		le.PutUint32(img[4096+256:], 1) // a live pid
+		return img
+	})
+	put("gpu records over the header", func(img []byte) []byte {
+		le.PutUint32(img[32:], 0)
+		return img
+	})
+	put("gpu records past the end", func(img []byte) []byte {
+		le.PutUint32(img[24:], 64)
+		le.PutUint32(img[32:], uint32(len(img))-256)
+		return img
+	})
+	put("total past the file", func(img []byte) []byte {
+		le.PutUint64(img[16:], 1<<63)
+		return img
+	})
+	put("too many slots", func(img []byte) []byte {
+		le.PutUint32(img[28:], 1<<31)
+		le.PutUint32(img[44:], 1<<31)
+		return img
+	})
+	put("header size", func(img []byte) []byte {
+		le.PutUint32(img[12:], 1)
+		return img
+	})
+	return out
+}
+
+// FuzzParseRegion: the Go reader never panics on a damaged region file. The
+// seeds hold every crafted image above, so plain `go test` runs them.
+func FuzzParseRegion(f *testing.F) {
+	img := regionImage()
 	f.Add(img)
 	f.Add(img[:4096])
+	for _, c := range craftedRegions() {
+		f.Add(c.img)
+	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := ParseRegion(b)
 		if err == nil && (len(r.GPUs) > 64 || r == nil) {
 			t.Fatalf("accepted %d gpus", len(r.GPUs))
 		}
 	})
+}
+
+// TestSecurityCraftedRegion: a region image a container crafted to make the
+// agent's reader index past a record is refused with an error naming the bad
+// field (not a panic, which took down /metrics for every container), and the
+// well-formed image still reads.
+func TestSecurityCraftedRegion(t *testing.T) {
+	if r, err := ParseRegion(regionImage()); err != nil || len(r.GPUs) != 1 || r.GPUs[0].UUID != "GPU-fa4e0000-0000-4000-8000-000000000000" {
+		t.Fatalf("well-formed image: %+v, %v", r, err)
+	}
+	for _, c := range craftedRegions() {
+		t.Run(c.name, func(t *testing.T) {
+			defer func() {
+				if p := recover(); p != nil {
+					t.Fatalf("ParseRegion panicked: %v", p)
+				}
+			}()
+			r, err := ParseRegion(c.img)
+			if err == nil {
+				t.Fatalf("crafted image accepted: %+v", r)
+			}
+			if !strings.HasPrefix(err.Error(), "vcuda region: ") {
+				t.Errorf("error %q does not say what was wrong", err)
+			}
+			t.Log(err)
+		})
+	}
 }
 
 // Every limits file the node agent can write (api.EncodeLimits) is read by

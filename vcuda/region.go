@@ -53,10 +53,23 @@ func ReadRegion(path string) (*Region, error) {
 	return ParseRegion(b)
 }
 
-// ParseRegion decodes a region image.
+// Sizes of the layout's parts (src/region.h), and the least a reader needs of
+// each: a GPU record is read up to busy_ns, a process slot up to used[maxGPUs].
+const (
+	regionHeaderSize = 4096           // sizeof(vc_region_hdr)
+	maxSlots         = 1024           // VC_MAX_SLOTS
+	gpuRecordMin     = 224 + 8        // busy_ns at 224
+	slotRecordMin    = 64 + 8*maxGPUs // used[] at 64
+	regionHeaderMin  = 48 + 256       // container[256] at 48
+)
+
+// ParseRegion decodes a region image. The image is written by processes of the
+// container it describes, so it is hostile input: every size, offset and count
+// in it is checked against the image before anything is read, and a damaged
+// or crafted image is an error naming the bad field, never a panic.
 func ParseRegion(b []byte) (*Region, error) {
 	le := binary.LittleEndian
-	if len(b) < 4096 {
+	if len(b) < regionHeaderSize {
 		return nil, fmt.Errorf("vcuda region: %d bytes, too short", len(b))
 	}
 	if m := le.Uint64(b[0:]); m != RegionMagic {
@@ -65,18 +78,34 @@ func ParseRegion(b []byte) (*Region, error) {
 	if v := le.Uint32(b[8:]); v != RegionVersion {
 		return nil, fmt.Errorf("vcuda region: version %d, want %d", v, RegionVersion)
 	}
-	total := le.Uint64(b[16:])
+	hdrSize, total := le.Uint32(b[12:]), le.Uint64(b[16:])
 	ngpus, nslots := le.Uint32(b[24:]), le.Uint32(b[28:])
-	gpuOff, gpuSize := le.Uint32(b[32:]), le.Uint32(b[36:])
-	slotOff, slotSize := le.Uint32(b[40:]), le.Uint32(b[44:])
-	if uint64(len(b)) < total || ngpus > maxGPUs || gpuSize < 224 || slotSize < 64+8*maxGPUs ||
-		uint64(gpuOff)+uint64(ngpus)*uint64(gpuSize) > total ||
-		uint64(slotOff)+uint64(nslots)*uint64(slotSize) > total {
-		return nil, fmt.Errorf("vcuda region: inconsistent header")
+	gpuOff, gpuSize := uint64(le.Uint32(b[32:])), uint64(le.Uint32(b[36:]))
+	slotOff, slotSize := uint64(le.Uint32(b[40:])), uint64(le.Uint32(b[44:]))
+	switch {
+	case hdrSize != regionHeaderSize:
+		return nil, fmt.Errorf("vcuda region: header size %d, want %d", hdrSize, regionHeaderSize)
+	case total > uint64(len(b)) || total < regionHeaderSize:
+		return nil, fmt.Errorf("vcuda region: total size %d, file has %d bytes", total, len(b))
+	case ngpus > maxGPUs:
+		return nil, fmt.Errorf("vcuda region: %d gpu records, at most %d", ngpus, maxGPUs)
+	case nslots > maxSlots:
+		return nil, fmt.Errorf("vcuda region: %d process slots, at most %d", nslots, maxSlots)
+	case gpuSize < gpuRecordMin:
+		return nil, fmt.Errorf("vcuda region: gpu record size %d, at least %d", gpuSize, gpuRecordMin)
+	case slotSize < slotRecordMin:
+		return nil, fmt.Errorf("vcuda region: slot size %d, at least %d", slotSize, slotRecordMin)
+	case gpuOff < regionHeaderSize || gpuOff+uint64(ngpus)*gpuSize > total:
+		return nil, fmt.Errorf("vcuda region: %d gpu records of %d bytes at %d do not fit in %d bytes", ngpus, gpuSize, gpuOff, total)
+	case slotOff < regionHeaderSize || slotOff+uint64(nslots)*slotSize > total:
+		return nil, fmt.Errorf("vcuda region: %d slots of %d bytes at %d do not fit in %d bytes", nslots, slotSize, slotOff, total)
 	}
-	r := &Region{Container: cstring(b[48 : 48+256])}
-	for i := uint32(0); i < ngpus; i++ {
-		g := b[gpuOff+i*gpuSize:]
+	// From here every record lies inside b[:total] and is at least as long as
+	// what is read of it; nothing past total can be read, even within cap(b).
+	b = b[:total:total]
+	r := &Region{Container: cstring(b[48:regionHeaderMin])}
+	for i := uint64(0); i < uint64(ngpus); i++ {
+		g := b[gpuOff+i*gpuSize:][:gpuRecordMin]
 		used := le.Uint64(g[64:])
 		r.GPUs = append(r.GPUs, RegionGPU{
 			UUID:           cstring(g[:48]),
@@ -91,14 +120,14 @@ func ParseRegion(b []byte) (*Region, error) {
 			BusyNs:         le.Uint64(g[224:]),
 		})
 	}
-	for i := uint32(0); i < nslots; i++ {
-		s := b[slotOff+i*slotSize:]
+	for i := uint64(0); i < uint64(nslots); i++ {
+		s := b[slotOff+i*slotSize:][:slotRecordMin]
 		pid := le.Uint32(s[0:])
 		if pid == 0 {
 			continue
 		}
 		p := RegionProcess{PID: pid, Used: make([]uint64, ngpus)}
-		for g := uint32(0); g < ngpus; g++ {
+		for g := range p.Used {
 			p.Used[g] = le.Uint64(s[64+8*g:])
 		}
 		r.Processes = append(r.Processes, p)

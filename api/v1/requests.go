@@ -52,6 +52,11 @@ func (p *PodRequest) Empty() bool { return len(p.Containers) == 0 }
 // maxSharesPerContainer bounds tessera.dev/vgpu; no node has more GPUs than this.
 const maxSharesPerContainer = maxGPUsPerNode
 
+// MaxShareMemoryBytes bounds tessera.dev/vgpu-memory: 1 PiB, far above any GPU, and low enough that
+// no sum of shares on a node comes near int64's range (a pod bound by nodeName never meets the
+// extender's check against the node's GPUs, so the parser is the one bound every path meets).
+const MaxShareMemoryBytes int64 = 1 << 50
+
 // ParsePodRequest reads and validates the GPU requests of a pod's containers. It rejects what would
 // otherwise be silently rounded or ignored: fractional quantities, caps out of range, share
 // parameters without shares, whole GPUs mixed with shares in one container, and shares requested
@@ -134,6 +139,8 @@ func parseContainer(c corev1.Container) (ContainerRequest, []string) {
 			cr.ShareMemoryBytes = v
 			if v <= 0 {
 				bad(name, "must be a positive number of bytes per share (e.g. 10Gi), got %s", q.String())
+			} else if v > MaxShareMemoryBytes {
+				bad(name, "must be at most %d bytes (1Pi) per share, got %s", MaxShareMemoryBytes, q.String())
 			}
 		case name == ResourceShareMemoryPercent:
 			cr.ShareMemoryPercent = int(clamp(v, 101))
@@ -199,6 +206,13 @@ func clamp(v, hi int64) int64 {
 		return -1
 	}
 	return min(v, hi)
+}
+
+// FitsWithin reports whether more fits on top of used within capacity, every operand checked so no
+// sum can wrap past int64: a negative amount never fits, nor anything on a total already past
+// capacity. The ledger and placement compare shares' memory and compute with it.
+func FitsWithin(used, more, capacity int64) bool {
+	return used >= 0 && more >= 0 && used <= capacity && more <= capacity-used
 }
 
 // CheckFits reports why a request cannot fit a node with these GPUs regardless of what is in use:

@@ -79,6 +79,23 @@ func TestParsePodRequestRejects(t *testing.T) {
 	}
 }
 
+// TestSecurityOverflowingRequest: a share's memory near int64's limit (which, on a pod bound by
+// nodeName, wrapped the agent's ledger sum negative so every later share fitted) is refused at
+// parsing, with the field and the limit named; 1Pi itself is accepted.
+func TestSecurityOverflowingRequest(t *testing.T) {
+	for _, mem := range []string{"9223372030e9", "1125899906842625", "2e15"} {
+		_, err := ParsePodRequest(podWith(map[string]string{ResourceShare: "1", ResourceShareMemory: mem}))
+		want := `container "a": tessera.dev/vgpu-memory: must be at most 1125899906842624 bytes (1Pi) per share, got ` + mem
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("vgpu-memory %s: error %v, want it to contain %q", mem, err, want)
+		}
+	}
+	req, err := ParsePodRequest(podWith(map[string]string{ResourceShare: "1", ResourceShareMemory: "1125899906842624"}))
+	if err != nil || req.Containers[0].ShareMemoryBytes != MaxShareMemoryBytes {
+		t.Errorf("1125899906842624 (1Pi): %+v, %v", req, err)
+	}
+}
+
 func TestParsePodRequestRequestLimitMismatchAndInit(t *testing.T) {
 	pod := podWith(map[string]string{ResourceShare: "1", ResourceShareMemory: "1Gi"})
 	pod.Spec.Containers[0].Resources.Requests = corev1.ResourceList{ResourceShare: resource.MustParse("2")}

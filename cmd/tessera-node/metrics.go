@@ -1,7 +1,9 @@
 package main
 
 import (
+	"log/slog"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -57,8 +59,9 @@ var (
 // nodeMetrics are the agent's metrics: its state, read at every scrape, and the latency histograms
 // of the calls the kubelet and containerd wait on.
 type nodeMetrics struct {
-	create   *prometheus.HistogramVec
-	allocate *prometheus.HistogramVec
+	create     *prometheus.HistogramVec
+	allocate   *prometheus.HistogramVec
+	badRegions prometheus.Counter
 }
 
 func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
@@ -71,8 +74,10 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 			Name: "tessera_deviceplugin_allocate_duration_seconds", Buckets: telemetry.LatencyBuckets,
 			Help: "Time a kubelet Allocate call took, per resource; result is ok or error.",
 		}, []string{"resource", "result"}),
+		badRegions: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_container_region_errors_total",
+			Help: "Reads of a share container's accounting region that failed its checks (damaged or crafted); that container's usage series are left out."}),
 	}
-	reg.MustRegister(m.create, m.allocate)
+	reg.MustRegister(m.create, m.allocate, m.badRegions)
 	return m
 }
 
@@ -287,9 +292,12 @@ type containerUsage struct {
 
 // readContainerRegions reads the accounting region of every share container in the ledger,
 // without trusting it (read is nri.Plugin.ReadRegion: a regular file, no symlink, bounded, never
-// blocking); containers in which no CUDA process has run yet have none and are left out.
-func readContainerRegions(a *agent.Agent, read func(containerID string) ([]byte, error)) []containerUsage {
+// blocking); containers in which no CUDA process has run yet have none and are left out. A region
+// that fails vcuda.ParseRegion's checks is left out too, counted and logged by bad: one container's
+// bad region never costs the others their series.
+func readContainerRegions(a *agent.Agent, read func(containerID string) ([]byte, error), bad *badRegions) []containerUsage {
 	var out []containerUsage
+	var refused []refusedRegion
 	for _, e := range a.Ledger().Entries() {
 		if len(e.Devices) == 0 || e.Devices[0].Whole {
 			continue
@@ -300,11 +308,43 @@ func readContainerRegions(a *agent.Agent, read func(containerID string) ([]byte,
 		}
 		r, err := vcuda.ParseRegion(data)
 		if err != nil {
+			refused = append(refused, refusedRegion{e, err})
 			continue
 		}
 		out = append(out, containerUsage{entry: &e, gpus: r.GPUs})
 	}
+	bad.note(refused)
 	return out
+}
+
+// refusedRegion is a share container whose region failed vcuda.ParseRegion's checks.
+type refusedRegion struct {
+	entry ledger.Entry
+	err   error
+}
+
+// badRegions counts every refused region read and logs a container once while its region stays
+// bad, so a container rewriting its own region cannot flood the agent's log at every scrape.
+type badRegions struct {
+	total  prometheus.Counter
+	log    *slog.Logger
+	mu     sync.Mutex
+	logged map[string]bool // container IDs refused at the last read
+}
+
+func (b *badRegions) note(refused []refusedRegion) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := make(map[string]bool, len(refused))
+	for _, r := range refused {
+		b.total.Inc()
+		now[r.entry.ContainerID] = true
+		if !b.logged[r.entry.ContainerID] {
+			b.log.Warn("vcuda region refused; the container's GPU usage is left out of the metrics", "namespace", r.entry.Namespace,
+				"pod", r.entry.Pod, "container", r.entry.Container, "containerID", r.entry.ContainerID, "err", r.err)
+		}
+	}
+	b.logged = now
 }
 
 // registerSecurityMetrics exports what the NRI plugin counted about containers outside isolation:

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http/httptest"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -128,6 +132,78 @@ func TestMetricsEscaping(t *testing.T) {
 	reg.MustRegister(&stateCollector{state})
 	if out := scrape(t, reg); !strings.Contains(out, `pod="we\"ird\\pod`+"\u00e9"+`"`) {
 		t.Errorf("pod label not escaped per the exposition format:\n%s", out)
+	}
+}
+
+// regionFile is a vcuda region image (src/region.h's layout) with one GPU record of gpuSize bytes
+// ending the file and no process slots.
+func regionFile(uuid string, memCap, used uint64, gpuSize uint32) []byte {
+	b := make([]byte, 4096+gpuSize)
+	le := binary.LittleEndian
+	le.PutUint64(b[0:], vcuda.RegionMagic)
+	le.PutUint32(b[8:], vcuda.RegionVersion)
+	le.PutUint32(b[12:], 4096)
+	le.PutUint64(b[16:], uint64(len(b)))
+	le.PutUint32(b[24:], 1)
+	for i, v := range []uint32{4096, gpuSize, 4096, 576} {
+		le.PutUint32(b[32+4*i:], v)
+	}
+	copy(b[4096:], uuid)
+	le.PutUint64(b[4096+48:], memCap)
+	le.PutUint64(b[4096+64:], used)
+	return b
+}
+
+// TestSecurityCraftedRegionMetrics: a share container that crafts its region (a GPU record too
+// short for what is read of it, which panicked the reader and blanked /metrics) loses only its own
+// usage series: the other containers' are scraped, the refusal is counted at every read and logged
+// once.
+func TestSecurityCraftedRegionMetrics(t *testing.T) {
+	a, share := metricsAgent(t)
+	g1 := a.Inventory().GPUs[1]
+	evil := ledger.Entry{ContainerID: "c3", Namespace: "ns", Pod: "evil", Container: "main",
+		Devices: []api.DeviceAssignment{{UUID: g1.UUID, MemoryBytes: 1 << 30, CoresPercent: 25}}}
+	if err := a.Ledger().Reserve(evil, a.Inventory()); err != nil {
+		t.Fatal(err)
+	}
+	images := map[string][]byte{share.ContainerID: regionFile(g1.UUID, 3<<30, 1<<30, 256), evil.ContainerID: regionFile(g1.UUID, 1<<30, 0, 224)}
+	read := func(id string) ([]byte, error) {
+		if b, ok := images[id]; ok {
+			return b, nil
+		}
+		return nil, os.ErrNotExist
+	}
+	var logged bytes.Buffer
+	reg := prometheus.NewRegistry()
+	m := newNodeMetrics(reg)
+	bad := &badRegions{total: m.badRegions, log: slog.New(slog.NewTextHandler(&logged, nil))}
+	state := &nodeState{node: "n", agent: a, regions: func() []containerUsage { return readContainerRegions(a, read, bad) }}
+	reg.MustRegister(&stateCollector{state}, &hamiCollector{state})
+	var out string
+	for range 2 {
+		out = scrape(t, reg)
+	}
+	for _, want := range []string{
+		`tessera_container_gpu_memory_used_bytes{Hostname="n",UUID="` + g1.UUID + `",container="main",gpu="1",namespace="ns",pod="p"} 1.073741824e+09`,
+		`vGPU_device_memory_limit_in_bytes{ctrname="main",deviceuuid="` + g1.UUID + `",podname="p",podnamespace="ns",vdeviceid="0"} 3.221225472e+09`,
+		`tessera_container_gpu_allocated_memory_bytes{Hostname="n",UUID="` + g1.UUID + `",container="main",device_uuid="` + g1.UUID + `",gpu="1",mode="share",namespace="ns",pod="evil"} 1.073741824e+09`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("metrics lack %q", want)
+		}
+	}
+	if strings.Contains(out, `tessera_container_gpu_memory_used_bytes{Hostname="n",UUID="`+g1.UUID+`",container="main",gpu="1",namespace="ns",pod="evil"}`) {
+		t.Error("the crafted region's usage was exported")
+	}
+	if n := testutil.ToFloat64(m.badRegions); n != 4 { // two collectors read the regions at each of two scrapes
+		t.Errorf("tessera_container_region_errors_total = %v, want 4", n)
+	}
+	if n := strings.Count(logged.String(), "vcuda region refused"); n != 1 || !strings.Contains(logged.String(), "pod=evil") ||
+		!strings.Contains(logged.String(), "gpu record size 224") {
+		t.Errorf("want the refusal logged once, naming the pod and the field:\n%s", logged.String())
+	}
+	if t.Failed() {
+		t.Log(out)
 	}
 }
 

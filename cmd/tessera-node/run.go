@@ -122,7 +122,8 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 			onRefusal(pod, c, took, refusal)
 		}}, a, grants, pods)
 	mgr := deviceplugin.NewManager(a, deviceplugin.Options{PluginDir: cfg.DevicePluginDir, Logger: log, ObserveAllocate: metrics.observeAllocate})
-	state := &nodeState{node: cfg.NodeName, agent: a, regions: func() []containerUsage { return readContainerRegions(a, plugin.ReadRegion) }}
+	badRegions := &badRegions{total: metrics.badRegions, log: log}
+	state := &nodeState{node: cfg.NodeName, agent: a, regions: func() []containerUsage { return readContainerRegions(a, plugin.ReadRegion, badRegions) }}
 	reg.MustRegister(&stateCollector{state}, &hamiCollector{state})
 	registerSecurityMetrics(reg, plugin, &holdingsLeftOut)
 

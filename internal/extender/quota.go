@@ -43,7 +43,7 @@ func CheckQuota(quotas []*corev1.ResourceQuota, used map[string]int64, r *placem
 			if !ok || !api.IsTesseraResource(res) {
 				continue
 			}
-			if used[res]+w > hard.Value() {
+			if !api.FitsWithin(used[res], w, hard.Value()) {
 				over = append(over, fmt.Sprintf("ResourceQuota %s/%s: %s would be %d, hard limit %d", q.Namespace, q.Name, name, used[res]+w, hard.Value()))
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"sort"
@@ -284,13 +285,26 @@ func (l *Ledger) usageOf(keep func(id string) bool) map[string]Usage {
 				g.Whole = true
 			} else {
 				g.Shares++
-				g.MemoryBytes += d.MemoryBytes
-				g.Cores += d.CoresPercent
+				g.MemoryBytes = addCapped(g.MemoryBytes, d.MemoryBytes)
+				g.Cores = int(addCapped(int64(g.Cores), int64(d.CoresPercent)))
 			}
 			u[d.UUID] = g
 		}
 	}
 	return u
+}
+
+// addCapped adds a share's amount to a usage total, stopping at math.MaxInt64 instead of wrapping
+// negative (after which every share would fit); a negative amount, which only a damaged ledger file
+// holds (checkLocked refuses it), counts as none.
+func addCapped(total, more int64) int64 {
+	if more <= 0 {
+		return total
+	}
+	if total > math.MaxInt64-more {
+		return math.MaxInt64
+	}
+	return total + more
 }
 
 // holders maps a MIG or mdev UUID to the container holding it.
@@ -390,16 +404,19 @@ func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory) error {
 			}
 			continue
 		}
-		if g != nil && u.MemoryBytes+d.MemoryBytes > g.MemoryBytes {
+		if d.MemoryBytes < 0 || d.CoresPercent < 0 {
+			return fmt.Errorf("a share of GPU %s cannot have negative memory (%d bytes) or compute (%d%%)", d.UUID, d.MemoryBytes, d.CoresPercent)
+		}
+		if g != nil && !api.FitsWithin(u.MemoryBytes, d.MemoryBytes, g.MemoryBytes) {
 			return fmt.Errorf("GPU %s has %d bytes of memory and %d are already shared out; %d more would over-commit it", d.UUID, g.MemoryBytes, u.MemoryBytes, d.MemoryBytes)
 		}
-		if u.Cores+d.CoresPercent > api.MaxCoresPercent {
+		if !api.FitsWithin(int64(u.Cores), int64(d.CoresPercent), api.MaxCoresPercent) {
 			return fmt.Errorf("GPU %s has %d%% of its compute shared out; %d%% more would over-commit it", d.UUID, u.Cores, d.CoresPercent)
 		}
 		if inv != nil && u.Shares+1 > inv.SharesPerGPU {
 			return fmt.Errorf("GPU %s already holds %d shares, the most it offers", d.UUID, u.Shares)
 		}
-		usage[d.UUID] = Usage{Shares: u.Shares + 1, MemoryBytes: u.MemoryBytes + d.MemoryBytes, Cores: u.Cores + d.CoresPercent}
+		usage[d.UUID] = Usage{Shares: u.Shares + 1, MemoryBytes: addCapped(u.MemoryBytes, d.MemoryBytes), Cores: u.Cores + d.CoresPercent}
 	}
 	holders := l.holders(e.ContainerID)
 	for _, m := range append(append([]string{}, e.MIG...), e.Mdev...) {

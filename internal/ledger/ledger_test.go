@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -291,6 +292,67 @@ func TestPlaceLocally(t *testing.T) {
 	}
 	if _, err := l.PlaceLocally(&api.ContainerRequest{Name: "c", WholeGPUs: 2}, inv); err == nil || !strings.Contains(err.Error(), "needs 2 GPUs but only 1") {
 		t.Fatalf("two whole: %v", err)
+	}
+}
+
+// TestSecurityOverflowingEntries: shares whose memory sums past int64 are refused rather than
+// wrapping the GPU's usage negative (after which every later share fitted); entries that reach the
+// ledger without its check (a hand-written or damaged file) make the usage stop at math.MaxInt64,
+// so nothing more fits there. The entries are built directly, past api.ParsePodRequest's bound.
+func TestSecurityOverflowingEntries(t *testing.T) {
+	inv := testInventory()
+	l, err := Open(filepath.Join(t.TempDir(), "ledger.json"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Reserve(Entry{ContainerID: "a", Devices: []api.DeviceAssignment{share(0, 10, 10)}}, inv); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		d    api.DeviceAssignment
+		want string
+	}{
+		{api.DeviceAssignment{UUID: uuid(0), MemoryBytes: math.MaxInt64 - 5<<30, CoresPercent: 1}, "10737418240 are already shared out; 9223372031486066687 more would over-commit it"},
+		{api.DeviceAssignment{UUID: uuid(0), MemoryBytes: 1 << 30, CoresPercent: math.MaxInt - 5}, "10% of its compute shared out"},
+		{api.DeviceAssignment{UUID: uuid(0), MemoryBytes: -20 << 30}, "cannot have negative memory"},
+	} {
+		if err := l.Reserve(Entry{ContainerID: "b", Devices: []api.DeviceAssignment{tc.d}}, inv); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("share %+v: %v, want it refused with %q", tc.d, err, tc.want)
+		}
+	}
+	if u := l.Usage()[uuid(0)]; u.MemoryBytes != 10<<30 || u.Cores != 10 || u.Shares != 1 {
+		t.Errorf("usage after the refusals: %+v", u)
+	}
+
+	// GPU 1's memory summed past int64 by entries the check never saw: a ledger file is loaded
+	// before the agent knows its GPUs, so memory cannot be checked at load (compute can: entries
+	// over 100% are left out there, TestSecurityLedgerHostileFile), and the sum must stop at
+	// math.MaxInt64 instead of wrapping negative.
+	path := filepath.Join(t.TempDir(), "ledger.json")
+	mem := api.DeviceAssignment{UUID: uuid(1), MemoryBytes: math.MaxInt64/2 + 1, CoresPercent: 1}
+	cores := api.DeviceAssignment{UUID: uuid(0), MemoryBytes: 1 << 30, CoresPercent: math.MaxInt/2 + 1}
+	data, err := json.Marshal(file{APIVersion: api.Version, Entries: []*Entry{{ContainerID: "w", Devices: []api.DeviceAssignment{cores}},
+		{ContainerID: "x", Devices: []api.DeviceAssignment{mem}}, {ContainerID: "y", Devices: []api.DeviceAssignment{mem}},
+		{ContainerID: "z", Devices: []api.DeviceAssignment{cores}}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if l, err = Open(path, nil); err != nil {
+		t.Fatal(err)
+	}
+	if u := l.Usage(); u[uuid(1)].MemoryBytes != math.MaxInt64 || u[uuid(0)].Cores != 0 {
+		t.Errorf("usage of entries summing past int64: %+v, want GPU 1's memory to stop at math.MaxInt64 and GPU 0's compute entries left out", u)
+	}
+	if err := l.Reserve(Entry{ContainerID: "c", Devices: []api.DeviceAssignment{share(1, 1, 1)}}, inv); err == nil || !strings.Contains(err.Error(), "would over-commit it") {
+		t.Errorf("a share on the overflowed GPU 1: %v, want it refused", err)
+	}
+	// A pod bound by nodeName (no extender) asking for more than any GPU here has: refused with why.
+	if _, err := l.PlaceLocally(&api.ContainerRequest{Name: "c", Shares: 1, ShareMemoryBytes: api.MaxShareMemoryBytes}, inv); err == nil ||
+		!strings.Contains(err.Error(), "asks for 1125899906842624 bytes per share but the largest GPU on node n has 42949672960") {
+		t.Errorf("a share larger than every GPU: %v", err)
 	}
 }
 

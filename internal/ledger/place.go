@@ -10,6 +10,11 @@ import (
 // PlaceLocally chooses GPUs for a container that arrived without an assignment (its pod was
 // scheduled without the extender): best fit on this node, the same rules Reserve enforces.
 func (l *Ledger) PlaceLocally(req *api.ContainerRequest, inv *api.NodeInventory) ([]api.DeviceAssignment, error) {
+	// A pod bound by nodeName never met the extender: what no GPU here could hold (a share larger
+	// than the largest GPU) is refused with that reason, not as "no room now".
+	if err := req.CheckFits(inv); err != nil {
+		return nil, err
+	}
 	usage := l.Usage()
 	type cand struct {
 		gpu  *api.GPU
@@ -30,7 +35,7 @@ func (l *Ledger) PlaceLocally(req *api.ContainerRequest, inv *api.NodeInventory)
 			continue
 		}
 		mem := req.ShareMemoryOn(g.MemoryBytes)
-		if u.MemoryBytes+mem <= g.MemoryBytes && u.Cores+req.ShareCores <= api.MaxCoresPercent && u.Shares < inv.SharesPerGPU {
+		if api.FitsWithin(u.MemoryBytes, mem, g.MemoryBytes) && api.FitsWithin(int64(u.Cores), int64(req.ShareCores), api.MaxCoresPercent) && u.Shares < inv.SharesPerGPU {
 			cands = append(cands, cand{g, g.MemoryBytes - u.MemoryBytes - mem})
 		}
 	}

@@ -225,9 +225,10 @@ func shareFits(g *GPUState, r *Request, c *ContainerShape) bool {
 }
 
 // shareRoom reports whether a GPU with free compute and memory of which used is taken has room for
-// one share of c (what shareFits asks beyond the GPU's mode and model).
+// one share of c (what shareFits asks beyond the GPU's mode and model). Memory is compared by what
+// is left, never by a sum that could wrap past int64.
 func shareRoom(free int, memory, used int64, c *ContainerShape) bool {
-	return free >= c.Milli && (memory == 0 || used+c.shareMemoryOn(memory) <= memory)
+	return free >= c.Milli && (memory == 0 || api.FitsWithin(used, c.shareMemoryOn(memory), memory))
 }
 
 // interchangeable reports whether two GPUs are the same for placement: same model and size, same
@@ -578,7 +579,7 @@ func Fits(n *NodeState, r *Request, p *Placement) bool {
 				milli, mem = milli+o.Milli, mem+o.Memory
 			}
 		}
-		if !g.Usable || g.Whole || !r.modelAllowed(g.Model) || g.FreeMilli() < milli || g.Memory > 0 && g.UsedMemory+mem > g.Memory {
+		if !g.Usable || g.Whole || !r.modelAllowed(g.Model) || g.FreeMilli() < milli || g.Memory > 0 && !api.FitsWithin(g.UsedMemory, mem, g.Memory) {
 			return false
 		}
 	}
