@@ -16,8 +16,9 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
 
@@ -45,107 +46,174 @@ func (u *uninstallFlags) flags(f *nodeFlags) []cli.Flag {
 	}
 }
 
-// ownerWatch follows the DaemonSet that owns the agent's pod.
+// ownerWatch follows the DaemonSet that owns the agent's pod. It is started without waiting for the
+// API server: the agent serves its node whether or not the API server answers, and finds its
+// DaemonSet in the background.
 type ownerWatch struct {
-	client    kubernetes.Interface
-	namespace string
-	name      string
-	uid       types.UID
-	log       *slog.Logger
+	client         kubernetes.Interface
+	namespace, pod string
+	log            *slog.Logger
+	// owner is the DaemonSet once the pod's controller reference was read; nil until then.
+	owner atomic.Pointer[metav1.OwnerReference]
 	// gone is set when the watch saw the DaemonSet deleted, being deleted, or replaced by another
 	// of the same name.
 	gone atomic.Bool
 }
 
-// watchOwner finds the DaemonSet that owns the pod and watches it until ctx ends.
+// errNotDaemonSet: the pod has no DaemonSet controller; retrying does not change that.
+var errNotDaemonSet = errors.New("not run by a DaemonSet: --cleanup-on-uninstall applies to the chart's DaemonSet only")
+
+// ownerRetry spaces the background tries to find the agent's DaemonSet while the API server does
+// not answer: 1 s, doubling up to a try a minute, until the agent stops.
+var ownerRetry = wait.Backoff{Duration: time.Second, Factor: 2, Cap: time.Minute, Steps: 1 << 30}
+
+// watchOwner starts following the DaemonSet that owns the pod until ctx ends. It returns at once:
+// reading the pod and watching its DaemonSet retry in the background, so an API server that is
+// down when the agent starts delays only the uninstall decision, never the node's service.
 func watchOwner(ctx context.Context, client kubernetes.Interface, namespace, pod string, log *slog.Logger) (*ownerWatch, error) {
 	if namespace == "" || pod == "" {
 		return nil, errors.New("--cleanup-on-uninstall needs --pod-name and --pod-namespace (the chart passes them from the downward API)")
 	}
-	var p *metav1.PartialObjectMetadata
-	err := retryAPI(ctx, func(ctx context.Context) error {
-		got, err := client.CoreV1().Pods(namespace).Get(ctx, pod, metav1.GetOptions{})
+	w := &ownerWatch{client: client, namespace: namespace, pod: pod, log: log}
+	go w.run(ctx)
+	return w, nil
+}
+
+// run finds the DaemonSet, retrying for as long as the agent runs, then watches it.
+func (w *ownerWatch) run(ctx context.Context) {
+	backoff := ownerRetry
+	var ref *metav1.OwnerReference
+	for {
+		var err error
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		ref, err = w.resolve(cctx)
+		cancel()
 		if err == nil {
-			p = &metav1.PartialObjectMetadata{ObjectMeta: got.ObjectMeta}
+			break
 		}
-		return err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read this agent's pod %s/%s to find its DaemonSet: %w", namespace, pod, err)
+		if errors.Is(err, errNotDaemonSet) {
+			w.log.Error("cannot watch this agent's DaemonSet; the node's files stay when the agent stops", "err", err)
+			return
+		}
+		wait := backoff.Step()
+		w.log.Warn("cannot find this agent's DaemonSet yet; retrying (the node is served meanwhile; a stop before it is found keeps the node's files)", "err", err, "retryIn", wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
 	}
-	ref := metav1.GetControllerOf(p)
-	if ref == nil || ref.Kind != "DaemonSet" {
-		return nil, fmt.Errorf("pod %s/%s is not run by a DaemonSet: --cleanup-on-uninstall applies to the chart's DaemonSet only", namespace, pod)
+	w.owner.Store(ref)
+	selector := fields.OneTermEqualSelector("metadata.name", ref.Name).String()
+	daemonSets := w.client.AppsV1().DaemonSets(w.namespace)
+	lw := &cache.ListWatch{
+		ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			o.FieldSelector = selector
+			return daemonSets.List(ctx, o)
+		},
+		WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			o.FieldSelector = selector
+			return daemonSets.Watch(ctx, o)
+		},
 	}
-	w := &ownerWatch{client: client, namespace: namespace, name: ref.Name, uid: ref.UID, log: log}
-	lw := cache.NewListWatchFromClient(client.AppsV1().RESTClient(), "daemonsets", namespace, fields.OneTermEqualSelector("metadata.name", ref.Name))
 	_, ctrl := cache.NewInformerWithOptions(cache.InformerOptions{
 		ListerWatcher: lw, ObjectType: &appsv1.DaemonSet{},
 		Handler: cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { w.see(obj) },
 			UpdateFunc: func(_, obj any) { w.see(obj) },
-			DeleteFunc: func(any) { w.gone.Store(true) },
+			DeleteFunc: func(obj any) {
+				if w.ours(obj) {
+					w.gone.Store(true)
+				}
+			},
 		},
 	})
-	go ctrl.RunWithContext(ctx)
-	log.Info("watching this agent's DaemonSet: its deletion (helm uninstall) makes the agent clean the node up on exit", "daemonset", namespace+"/"+ref.Name)
-	return w, nil
+	w.log.Info("watching this agent's DaemonSet: its deletion (helm uninstall) makes the agent clean the node up on exit", "daemonset", w.namespace+"/"+ref.Name)
+	ctrl.RunWithContext(ctx)
+}
+
+// resolve reads the agent's pod for the DaemonSet that controls it.
+func (w *ownerWatch) resolve(ctx context.Context) (*metav1.OwnerReference, error) {
+	got, err := w.client.CoreV1().Pods(w.namespace).Get(ctx, w.pod, metav1.GetOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("read this agent's pod %s/%s to find its DaemonSet: %w", w.namespace, w.pod, err)
+	}
+	ref := metav1.GetControllerOf(got)
+	if ref == nil || ref.Kind != "DaemonSet" {
+		return nil, fmt.Errorf("pod %s/%s is %w", w.namespace, w.pod, errNotDaemonSet)
+	}
+	return ref, nil
+}
+
+// ours: the object is the DaemonSet the pod belongs to by name (a tombstone of it counts).
+func (w *ownerWatch) ours(obj any) bool {
+	ref := w.owner.Load()
+	if ref == nil {
+		return false
+	}
+	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = t.Obj
+	}
+	ds, ok := obj.(*appsv1.DaemonSet)
+	return ok && ds.Namespace == w.namespace && ds.Name == ref.Name
 }
 
 func (w *ownerWatch) see(obj any) {
-	if ds, ok := obj.(*appsv1.DaemonSet); ok && (ds.DeletionTimestamp != nil || ds.UID != w.uid) {
+	ref := w.owner.Load()
+	if ds, ok := obj.(*appsv1.DaemonSet); ok && w.ours(obj) && (ds.DeletionTimestamp != nil || ds.UID != ref.UID) {
 		w.gone.Store(true)
 	}
 }
 
-// uninstalling decides, as the agent stops, whether its DaemonSet is going away. The watch usually
-// knows already; otherwise one read decides: not found, being deleted, or another of the same name
-// means yes, and so does a rejected ServiceAccount token (the release's ServiceAccount is deleted
-// with the DaemonSet). Any other error keeps the node's files: an upgrade must never lose them.
+// uninstalling decides, as the agent stops, whether its DaemonSet is going away. Only positive
+// evidence counts: the watch saw it deleted, or one read finds it gone, being deleted, or replaced
+// by another of the same name. Everything else keeps the node's files, and says why: a rejected
+// token (401) or a refusal (403) during an upgrade, an API server that does not answer, or a
+// DaemonSet never found. An upgrade must never lose the holds, the prepared claims or the specs.
 func (w *ownerWatch) uninstalling() (bool, string) {
 	if w.gone.Load() {
-		return true, "the DaemonSet " + w.name + " was deleted"
+		return true, "the DaemonSet " + w.owner.Load().Name + " was deleted"
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	ds, err := w.client.AppsV1().DaemonSets(w.namespace).Get(ctx, w.name, metav1.GetOptions{})
+	keep := func(err error) (bool, string) {
+		w.log.Warn("cannot tell whether this is an uninstall; keeping the node's files (if the release was uninstalled, remove them by hand: docs/upgrade.md#uninstall)", "why", uncertain(err), "err", err)
+		return false, ""
+	}
+	ref := w.owner.Load()
+	if ref == nil {
+		var err error
+		if ref, err = w.resolve(ctx); err != nil {
+			return keep(err)
+		}
+	}
+	ds, err := w.client.AppsV1().DaemonSets(w.namespace).Get(ctx, ref.Name, metav1.GetOptions{})
 	switch {
 	case apierrors.IsNotFound(err):
-		return true, "the DaemonSet " + w.name + " is gone"
-	case apierrors.IsUnauthorized(err):
-		return true, "this agent's ServiceAccount is gone"
+		return true, "the DaemonSet " + ref.Name + " is gone"
 	case err != nil:
-		w.log.Warn("cannot tell whether this is an uninstall; keeping the node's files", "daemonset", w.name, "err", err)
-		return false, ""
+		return keep(err)
 	case ds.DeletionTimestamp != nil:
-		return true, "the DaemonSet " + w.name + " is being deleted"
-	case ds.UID != w.uid:
-		return true, "the DaemonSet " + w.name + " was replaced"
+		return true, "the DaemonSet " + ref.Name + " is being deleted"
+	case ds.UID != ref.UID:
+		return true, "the DaemonSet " + ref.Name + " was replaced"
 	}
 	return false, ""
 }
 
-// apiRetry spaces retryAPI's five tries: 1 s, then half as long again each time (1, 1.5, 2.25,
-// 3.4 s; about the 1, 2, 3, 4 s it replaced, without a wait after the last try).
-var apiRetry = wait.Backoff{Duration: time.Second, Factor: 1.5, Steps: 5}
-
-// retryAPI retries a call for a short while: the agent starts with its pod, when the API server
-// may still be settling.
-func retryAPI(ctx context.Context, call func(context.Context) error) error {
-	backoff := apiRetry
-	for try := 1; ; try++ {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := call(cctx)
-		cancel()
-		if err == nil || apierrors.IsNotFound(err) || apierrors.IsForbidden(err) || try >= apiRetry.Steps {
-			return err
-		}
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(backoff.Step()):
-		}
+// uncertain says why an error is no evidence of an uninstall.
+func uncertain(err error) string {
+	switch {
+	case apierrors.IsUnauthorized(err):
+		return "the API server rejected this agent's token (401): a rotated token or a restarting API server gives that during an upgrade too"
+	case apierrors.IsForbidden(err):
+		return "the API server refused the read (403): RBAC being replaced during an upgrade gives that too"
+	case errors.Is(err, errNotDaemonSet):
+		return "this agent's pod has no DaemonSet to watch"
+	case errors.Is(err, context.DeadlineExceeded) || apierrors.IsTimeout(err) || apierrors.IsServerTimeout(err):
+		return "the API server did not answer in time"
 	}
+	return "the API server's answer is no evidence that the DaemonSet is gone"
 }
 
 // cleanupNode removes what the agent put on the node, after every part of it has stopped. Regions

@@ -3,26 +3,32 @@ package main
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
 	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 )
 
-// TestUninstallDecision: only a DaemonSet that is gone, being deleted or replaced (or a rejected
-// ServiceAccount token) makes the stopping agent clean up; a DaemonSet that is still there (an
-// upgrade) or an API error keeps the node's files.
+// TestUninstallDecision: only a DaemonSet that is gone, being deleted or replaced makes the stopping
+// agent clean up; a DaemonSet that is still there (an upgrade) or an API error keeps the node's
+// files (TestSecurityUninstallNever401 has the errors).
 func TestUninstallDecision(t *testing.T) {
 	now := metav1.Now()
 	ds := func(uid string, deleting bool) *appsv1.DaemonSet {
@@ -43,7 +49,6 @@ func TestUninstallDecision(t *testing.T) {
 		{"uninstall: gone", nil, nil, true},
 		{"uninstall: being deleted", []runtime.Object{ds("u1", true)}, nil, true},
 		{"replaced by another of the name", []runtime.Object{ds("u2", false)}, nil, true},
-		{"ServiceAccount gone", []runtime.Object{ds("u1", false)}, apierrors.NewUnauthorized("token"), true},
 		{"API error keeps the files", []runtime.Object{ds("u1", false)}, apierrors.NewInternalError(errors.New("etcd")), false},
 		{"forbidden keeps the files", []runtime.Object{ds("u1", false)}, apierrors.NewForbidden(gr, "tessera-node", errors.New("rbac")), false},
 	} {
@@ -51,17 +56,24 @@ func TestUninstallDecision(t *testing.T) {
 		if tc.err != nil {
 			client.PrependReactor("get", "daemonsets", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, tc.err })
 		}
-		w := &ownerWatch{client: client, namespace: "ts", name: "tessera-node", uid: "u1", log: testLog(t)}
+		w := resolvedWatch(t, client)
 		if got, why := w.uninstalling(); got != tc.want {
 			t.Errorf("%s: uninstalling = %t (%s), want %t", tc.name, got, why, tc.want)
 		}
 	}
 	// What the watch saw decides without a read.
-	w := &ownerWatch{client: fake.NewClientset(ds("u1", false)), namespace: "ts", name: "tessera-node", uid: "u1", log: testLog(t)}
+	w := resolvedWatch(t, fake.NewClientset(ds("u1", false)))
 	w.see(ds("u1", true))
 	if got, _ := w.uninstalling(); !got {
 		t.Error("a deletion the watch saw did not count")
 	}
+}
+
+// resolvedWatch is an ownerWatch that has found its DaemonSet ts/tessera-node (UID u1).
+func resolvedWatch(t *testing.T, client *fake.Clientset) *ownerWatch {
+	w := &ownerWatch{client: client, namespace: "ts", pod: "tessera-node-x", log: testLog(t)}
+	w.owner.Store(&metav1.OwnerReference{Kind: "DaemonSet", Name: "tessera-node", UID: "u1"})
+	return w
 }
 
 // TestCleanupNode removes the agent's files and nothing else: other vendors' CDI specs and files
@@ -114,21 +126,128 @@ func TestCleanupNode(t *testing.T) {
 	}
 }
 
-// TestRetryAPI: a failing call is tried five times, spaced by apiRetry; a NotFound or a success
-// ends the tries at once.
-func TestRetryAPI(t *testing.T) {
-	saved := apiRetry
-	t.Cleanup(func() { apiRetry = saved })
-	apiRetry.Duration = time.Millisecond
-	transient := errors.New("connection refused")
-	for _, tc := range []struct {
-		err   error
-		tries int
-	}{{transient, 5}, {apierrors.NewNotFound(schema.GroupResource{Resource: "pods"}, "p"), 1}, {nil, 1}} {
-		tries := 0
-		err := retryAPI(context.Background(), func(context.Context) error { tries++; return tc.err })
-		if err != tc.err || tries != tc.tries {
-			t.Errorf("call failing with %v: %d tries, %v; want %d tries", tc.err, tries, err, tc.tries)
+// TestSecurityUninstallNever401: a stopping agent wipes the node (ledger, CDI specs, health) only on
+// positive evidence that its DaemonSet is gone. A rejected token (401), a refusal (403), a timeout or
+// an API server that is down, whether the DaemonSet was found before or not, keep everything, and the
+// log says why: a transient auth failure during an upgrade must not lose holds and prepared claims.
+func TestSecurityUninstallNever401(t *testing.T) {
+	gr := schema.GroupResource{Group: "apps", Resource: "daemonsets"}
+	errs := map[string]error{
+		"401":                apierrors.NewUnauthorized("token rejected"),
+		"403":                apierrors.NewForbidden(gr, "tessera-node", errors.New("rbac")),
+		"timeout":            apierrors.NewTimeoutError("etcd", 1),
+		"deadline":           context.DeadlineExceeded,
+		"connection refused": errors.New("dial tcp 10.96.0.1:443: connect: connection refused"),
+	}
+	for name, err := range errs {
+		// The DaemonSet was found at start, even deleted since (the watch missed it): the read at
+		// stop fails and decides nothing.
+		for _, objs := range [][]runtime.Object{{uninstallDS("u1")}, nil} {
+			var log strings.Builder
+			client := fake.NewClientset(objs...)
+			client.PrependReactor("get", "daemonsets", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, err })
+			w := resolvedWatch(t, client)
+			w.log = slog.New(slog.NewTextHandler(&log, nil))
+			if got, why := w.uninstalling(); got {
+				t.Errorf("%s on the DaemonSet read (%d objects): taken as an uninstall (%s); the node's files would be wiped", name, len(objs), why)
+			}
+			if !strings.Contains(log.String(), "keeping the node's files") {
+				t.Errorf("%s: the log does not say the files are kept:\n%s", name, log.String())
+			}
+		}
+		// The DaemonSet was never found (the API server failed since the agent started).
+		client := fake.NewClientset(uninstallPod())
+		client.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, err })
+		client.PrependReactor("get", "daemonsets", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, err })
+		w := &ownerWatch{client: client, namespace: "ts", pod: "tessera-node-x", log: testLog(t)}
+		if got, why := w.uninstalling(); got {
+			t.Errorf("%s before the DaemonSet was found: taken as an uninstall (%s)", name, why)
 		}
 	}
+	var log strings.Builder
+	client := fake.NewClientset(uninstallDS("u1"))
+	client.PrependReactor("get", "daemonsets", func(k8stesting.Action) (bool, runtime.Object, error) { return true, nil, errs["401"] })
+	w := resolvedWatch(t, client)
+	w.log = slog.New(slog.NewTextHandler(&log, nil))
+	w.uninstalling()
+	if !strings.Contains(log.String(), "(401)") {
+		t.Errorf("the log does not name the 401 as the reason:\n%s", log.String())
+	}
+}
+
+// TestSecurityAgentStartsWithAPIDown: with --cleanup-on-uninstall the agent starts while the API
+// server is down (watchOwner returns at once), keeps the files if stopped before the API server came
+// back, and finds its DaemonSet in the background once it does, so a later uninstall is still seen.
+func TestSecurityAgentStartsWithAPIDown(t *testing.T) {
+	saved := ownerRetry
+	t.Cleanup(func() { ownerRetry = saved })
+	ownerRetry = wait.Backoff{Duration: 5 * time.Millisecond, Factor: 2, Cap: 50 * time.Millisecond, Steps: 1 << 30}
+	var down atomic.Bool
+	down.Store(true)
+	client := fake.NewClientset(uninstallPod(), uninstallDS("u1"))
+	for _, verb := range []string{"get", "list", "watch"} {
+		client.PrependReactor(verb, "*", func(k8stesting.Action) (bool, runtime.Object, error) {
+			if down.Load() {
+				return true, nil, errors.New("dial tcp 10.96.0.1:443: connect: connection refused")
+			}
+			return false, nil, nil
+		})
+	}
+	client.PrependWatchReactor("*", func(k8stesting.Action) (bool, watch.Interface, error) {
+		if down.Load() {
+			return true, nil, errors.New("dial tcp 10.96.0.1:443: connect: connection refused")
+		}
+		return false, nil, nil
+	})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	type result struct {
+		w   *ownerWatch
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		w, err := watchOwner(ctx, client, "ts", "tessera-node-x", testLog(t))
+		done <- result{w, err}
+	}()
+	var w *ownerWatch
+	select {
+	case r := <-done:
+		if r.err != nil {
+			t.Fatalf("the agent cannot start while the API server is down: %v", r.err)
+		}
+		w = r.w
+	case <-time.After(2 * time.Second):
+		t.Fatal("watchOwner did not return within 2 s while the API server is down: the agent would not start (serve its node) until it answers")
+	}
+	if got, why := w.uninstalling(); got {
+		t.Errorf("stopped while the API server is down: taken as an uninstall (%s)", why)
+	}
+	down.Store(false)
+	deadline := time.Now().Add(5 * time.Second)
+	for w.owner.Load() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the DaemonSet was not found in the background after the API server came back")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if got, why := w.uninstalling(); got {
+		t.Errorf("an upgrade (the DaemonSet is there) taken as an uninstall (%s)", why)
+	}
+	if err := client.AppsV1().DaemonSets("ts").Delete(ctx, "tessera-node", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if got, why := w.uninstalling(); !got {
+		t.Errorf("the DaemonSet was deleted after the API server came back, but the stop keeps the files (%s)", why)
+	}
+}
+
+func uninstallDS(uid string) *appsv1.DaemonSet {
+	return &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: "tessera-node", Namespace: "ts", UID: types.UID(uid)}}
+}
+
+func uninstallPod() *corev1.Pod {
+	yes := true
+	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "tessera-node-x", Namespace: "ts",
+		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "tessera-node", UID: "u1", Controller: &yes}}}}
 }
