@@ -390,3 +390,53 @@ func TestSecurityRestartKeepsMdev(t *testing.T) {
 		t.Errorf("the mdev is not held for the pod: %+v", h)
 	}
 }
+
+// TestSecurityValidatorForeignPluginName: a GPU CDI annotation that a later runtime would resolve is
+// Tessera's own (the Kata mdev annotation) only when the plugin that set it is this plugin as NRI
+// names it (index as configured, "-tessera") and the same plugin set the container's realisation
+// nonce to the value on the host. A foreign plugin named "evil-tessera", or "tessera" under another
+// index, or one that copies the exact name but cannot know the nonce, is refused.
+func TestSecurityValidatorForeignPluginName(t *testing.T) {
+	e := newEnv(t)
+	pod := e.pod("foreign", nil, nil)
+	const key, gpus = "cdi.k8s.io/x", "tessera.dev/gpu=all"
+	self := e.plugin.cfg.PluginIndex + "-" + pluginName
+	// request builds the validation request: the CDI annotation set by owner; the realisation
+	// annotation set by realisedBy, with the host's nonce (real) or a made-up one.
+	request := func(id, owner, realisedBy string, real bool) *nriapi.ValidateContainerAdjustmentRequest {
+		adj := &nriapi.ContainerAdjustment{}
+		adj.AddEnv(VisibleDevicesEnv, "void")
+		if err := e.plugin.markRealised(id, adj); err != nil {
+			t.Fatal(err)
+		}
+		if !real {
+			adj.AddAnnotation(api.AnnotationRealised, "00112233445566778899aabbccddeeff")
+		}
+		adj.AddAnnotation(key, gpus)
+		owners := nriapi.NewOwningPlugins()
+		for k, by := range map[string]string{key: owner, api.AnnotationRealised: realisedBy} {
+			if err := owners.ClaimAnnotation(id, k, by); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return &nriapi.ValidateContainerAdjustmentRequest{Pod: pod, Container: ctr(id), Adjust: adj, Owners: owners}
+	}
+	if err := e.plugin.ValidateContainerAdjustment(context.Background(), request("c-self", self, self, true)); err != nil {
+		t.Fatalf("Tessera's own annotation (owner %s, the host's nonce) refused: %v", self, err)
+	}
+	unnamed := request("c-unnamed", self, self, true)
+	unnamed.Owners = nil
+	for name, r := range map[string]*nriapi.ValidateContainerAdjustmentRequest{
+		"no owners recorded":                              unnamed,
+		"a plugin named evil-tessera":                     request("c-evil", "10-evil-tessera", self, true),
+		"a plugin named tessera under another index":      request("c-idx", "10-tessera", "10-tessera", true),
+		"a plugin with the exact name but a forged nonce": request("c-forged", self, self, false),
+		"the exact name, the nonce set by another plugin": request("c-split", self, "10-tessera", true),
+		"a plugin named plain tessera, no index":          request("c-plain", pluginName, pluginName, true),
+	} {
+		err := e.plugin.ValidateContainerAdjustment(context.Background(), r)
+		if err == nil || !strings.Contains(err.Error(), key+"="+gpus) {
+			t.Errorf("%s: GPU CDI annotation admitted (%v): a later runtime would inject %s", name, err, gpus)
+		}
+	}
+}

@@ -2,11 +2,14 @@ package nri
 
 import (
 	"context"
+	"crypto/subtle"
 	"fmt"
+	"path/filepath"
 	"strings"
 
 	nriapi "github.com/containerd/nri/pkg/api"
 
+	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 )
 
@@ -60,7 +63,8 @@ func (p *Plugin) validate(ctx context.Context, req *nriapi.ValidateContainerAdju
 
 // checkCDIAnnotations refuses cdi.k8s.io annotations that would reach the OCI spec (a runtime's
 // pod-annotation passthrough) naming GPU devices (Tessera's vendor or NVIDIA's), unless Tessera added
-// them (the Kata mdev annotation). Other vendors' devices (a NIC's device plugin) pass.
+// them (the Kata mdev annotation; isSelf says what proves that). Other vendors' devices (a NIC's
+// device plugin) pass.
 func (p *Plugin) checkCDIAnnotations(orig, adjusted map[string]string, owners *nriapi.OwningPlugins, id string) error {
 	gpuNames := func(v string) bool {
 		l := strings.ToLower(v)
@@ -78,8 +82,13 @@ func (p *Plugin) checkCDIAnnotations(orig, adjusted map[string]string, owners *n
 		if !strings.HasPrefix(k, cdiAnnotationPrefix) || !gpuNames(v) {
 			continue
 		}
-		// NRI names owners "<index>-<name>".
-		if owner, ok := owners.AnnotationOwner(id, k); ok && owner != pluginName && !strings.HasSuffix(owner, "-"+pluginName) {
+		owner, ok := "", false
+		if owners != nil {
+			owner, ok = owners.AnnotationOwner(id, k)
+		}
+		if !ok {
+			bad = append(bad, k+"="+v+" (set by a plugin NRI does not name)")
+		} else if !p.isSelf(owner, adjusted, owners, id) {
 			bad = append(bad, k+"="+v+" (set by plugin "+owner+")")
 		}
 	}
@@ -87,6 +96,22 @@ func (p *Plugin) checkCDIAnnotations(orig, adjusted map[string]string, owners *n
 		return fmt.Errorf("it carries CDI annotations %v that a runtime would resolve into GPU devices after the kubelet's grant was checked; request GPUs through resources instead", bad)
 	}
 	return nil
+}
+
+// isSelf says whether owner, a plugin that adjusted container id, is this plugin. Names prove
+// nothing (any plugin may register as "tessera" under any index): owner must be this plugin as NRI
+// names it ("<configured index>-tessera") and must also have set the container's realisation nonce
+// to the value written on the host for this container, which only this plugin knows.
+func (p *Plugin) isSelf(owner string, adjusted map[string]string, owners *nriapi.OwningPlugins, id string) bool {
+	if owner != p.cfg.PluginIndex+"-"+pluginName {
+		return false
+	}
+	nonce, ok := adjusted[api.AnnotationRealised]
+	if setBy, owned := owners.AnnotationOwner(id, api.AnnotationRealised); !ok || !owned || setBy != owner || !containerIDPattern.MatchString(id) {
+		return false
+	}
+	want, err := readSmall(filepath.Join(p.containerDir(id), realisedFile), 64)
+	return err == nil && subtle.ConstantTimeCompare(want, []byte(nonce)) == 1
 }
 
 // finalEnv is the value a variable has after the adjustment (NRI marks removals with a "-" key).
