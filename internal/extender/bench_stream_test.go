@@ -146,6 +146,7 @@ func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream
 		*next++
 		pod := stream[i%len(stream)].DeepCopy()
 		pod.UID = types.UID(fmt.Sprintf("%s-%d", pod.Name, i))
+		x.State.markPending(pod, x.Class) // Filter holds its choice, as for the informer's pods
 		body = argsBody(b, body, pod, namesJSON)
 		if resnapEvery > 0 && i%resnapEvery == 0 {
 			newSnapshot(x, i/resnapEvery)

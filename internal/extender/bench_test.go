@@ -275,6 +275,7 @@ func benchHTTP(b *testing.B, x *Extender, names []string, mode string) {
 			x.warmOnce(context.Background())
 			pod = benchShapePod(i)
 		}
+		x.State.markPending(pod, x.Class) // Filter holds its choice, as for the informer's pods
 		fbody = argsBody(b, fbody, pod, namesJSON)
 		b.StartTimer()
 		start := time.Now()

@@ -96,6 +96,8 @@ func TestBoundedPickOneMatchesExhaustive(t *testing.T) {
 		if step%3 == 0 { // ties go to the older GPUs first, then to the smallest name
 			px.Labels, py.Labels = map[string]string{api.LabelWorkload: api.WorkloadExperiment}, map[string]string{api.LabelWorkload: api.WorkloadExperiment}
 		}
+		x.State.markPending(px, x.Class) // Filter holds each choice, as for the informer's pods
+		y.State.markPending(py, y.Class)
 		got := x.Filter(&extenderv1.ExtenderArgs{Pod: px, NodeNames: &names})
 		want := y.Filter(&extenderv1.ExtenderArgs{Pod: py, NodeNames: &names})
 		if got.Error != want.Error || !slices.Equal(*got.NodeNames, *want.NodeNames) ||
@@ -257,6 +259,7 @@ func TestBoundedWarmerAgreesWithExhaustive(t *testing.T) {
 		pod := pods[rng.IntN(len(pods))](fmt.Sprintf("p%d", step))
 		args := &extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}
 		before := x.State.Shapes().ScoreContext().Snapshot
+		x.State.markPending(pod, x.Class) // Filter holds each choice, as for the informer's pods
 		got := x.Filter(args)
 		want := fresh.Filter(args)
 		if x.State.Shapes().ScoreContext().Snapshot != before {

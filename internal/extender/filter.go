@@ -429,25 +429,32 @@ type leader struct {
 }
 
 // holdChoice reserves Filter's choice (GPUs, CPU and memory) until the bind lands, so that the pods
-// the scheduler filters meanwhile see it, as the simulator places pods one after another.
+// the scheduler filters meanwhile see it, as the simulator places pods one after another; only for a
+// pod that is pending as the informer shows it (state_pending.go), else the answer stands and
+// nothing is held.
 // The chosen node is evaluated once more, for its GPUs: the evaluation memo keeps each node's score,
 // not its placement (keeping one would cost an allocation per fitting node evaluated and more memo
 // memory per table), for one node evaluation per Filter call that already reads thousands of nodes.
 func (x *Extender) holdChoice(pod *corev1.Pod, req *placement.Request, node string) {
-	if !req.WantsGPU() {
-		x.State.reserveUse(pod.UID, node, req, choiceTTL)
-		return
-	}
+	why := x.State.holdable(pod, req)
 	var a *api.PodAssignment
-	x.State.View([]string{node}, func(_ string, n *placement.NodeState, _ string) {
-		if n == nil {
+	if why == "" && req.WantsGPU() {
+		x.State.View([]string{node}, func(_ string, n *placement.NodeState, _ string) {
+			if n == nil {
+				return
+			}
+			if p, _, u := x.Engine.EvaluateOn(x.State.Shapes().ScoreContext(), n, req); u == nil {
+				a = BuildAssignment(n, req, &p)
+			}
+		})
+		if a == nil {
 			return
 		}
-		if p, _, u := x.Engine.EvaluateOn(x.State.Shapes().ScoreContext(), n, req); u == nil {
-			a = BuildAssignment(n, req, &p)
-		}
-	})
-	if a != nil {
-		x.State.reserveFor(pod.UID, req.Key, pod.Namespace, req, a, choiceTTL)
+	}
+	if why == "" {
+		why = x.State.holdChoice(pod, req, node, a, choiceTTL)
+	}
+	if why != "" {
+		x.log().Debug("filter: choice answered, not held", "pod", pod.Namespace+"/"+pod.Name, "uid", pod.UID, "node", node, "why", why)
 	}
 }

@@ -19,6 +19,12 @@ import (
 // resourceVersion (create, or update of a free or expired Lease), so two processes can never both
 // hold it; the API server is the only shared state. Inside one process a mutex per node orders
 // the callers first, so the Lease sees one contender per process.
+//
+// A held Lease expires by observation, as client-go's leader election times it: only once this
+// process has seen the same holder, renewTime and resourceVersion for longer than the Lease's
+// duration on its own (monotonic) clock. The holder's renewTime is written on the holder's clock,
+// so comparing it with the local clock would let a replica whose clock runs ahead (16 s of skew
+// against a 15 s Lease) take a Lease its holder still uses.
 type NodeLocker struct {
 	Client    kubernetes.Interface
 	Namespace string
@@ -29,6 +35,27 @@ type NodeLocker struct {
 
 	mu    sync.Mutex
 	local map[string]*sync.Mutex
+	// observed is, per node, the held Lease record this process last saw and since when (guarded
+	// by mu).
+	observed map[string]leaseObservation
+	// now is the local clock (time.Now when nil; tests set it).
+	now func() time.Time
+}
+
+// leaseObservation is a held Lease's record as this process saw it, and when it first saw it on
+// its own clock.
+type leaseObservation struct {
+	holder  string
+	renew   time.Time
+	version string
+	since   time.Time
+}
+
+func (l *NodeLocker) clock() time.Time {
+	if l.now != nil {
+		return l.now()
+	}
+	return time.Now()
 }
 
 // LeaseName is the per-node bind Lease's name.
@@ -66,7 +93,7 @@ func (l *NodeLocker) Lock(ctx context.Context, node string) (*NodeLock, error) {
 	secs := int32(max(1, l.Duration/time.Second))
 	backoff := lockBackoff
 	for {
-		now := metav1.NewMicroTime(time.Now())
+		now := metav1.NewMicroTime(l.clock())
 		cur, err := leases.Get(ctx, name, metav1.GetOptions{})
 		var got *coordinationv1.Lease
 		switch {
@@ -76,7 +103,7 @@ func (l *NodeLocker) Lock(ctx context.Context, node string) (*NodeLock, error) {
 				Spec:       coordinationv1.LeaseSpec{HolderIdentity: &l.Identity, LeaseDurationSeconds: &secs, AcquireTime: &now, RenewTime: &now},
 			}, metav1.CreateOptions{})
 		case err != nil:
-		case leaseFree(cur, now.Time):
+		case l.expired(node, cur, now.Time):
 			next := cur.DeepCopy() // carries cur's resourceVersion: the update is a compare-and-swap
 			next.Spec.HolderIdentity, next.Spec.LeaseDurationSeconds = &l.Identity, &secs
 			next.Spec.AcquireTime, next.Spec.RenewTime = &now, &now
@@ -85,6 +112,7 @@ func (l *NodeLocker) Lock(ctx context.Context, node string) (*NodeLock, error) {
 			err = errHeld
 		}
 		if err == nil {
+			l.forget(node)
 			return &NodeLock{l: l, node: node, lease: got, acquired: now.Time, local: local}, nil
 		}
 		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) && err != errHeld {
@@ -108,21 +136,42 @@ var lockBackoff = wait.Backoff{Duration: 4 * time.Millisecond, Factor: 1.5, Jitt
 
 var errHeld = fmt.Errorf("lease held by another extender")
 
-// leaseFree reports whether a Lease has no holder or its holder let it expire.
-func leaseFree(l *coordinationv1.Lease, now time.Time) bool {
-	s := l.Spec
+// expired reports whether a node's Lease has no holder or its holder let it expire: this process
+// has observed the same record (holder, renewTime, resourceVersion) since more than the Lease's
+// duration ago on its own clock (now). A record not seen before starts its observation.
+func (l *NodeLocker) expired(node string, lease *coordinationv1.Lease, now time.Time) bool {
+	s := lease.Spec
 	if s.HolderIdentity == nil || *s.HolderIdentity == "" || s.RenewTime == nil || s.LeaseDurationSeconds == nil {
 		return true
 	}
-	return now.After(s.RenewTime.Add(time.Duration(*s.LeaseDurationSeconds) * time.Second))
+	seen := leaseObservation{holder: *s.HolderIdentity, renew: s.RenewTime.Time, version: lease.ResourceVersion, since: now}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	o, ok := l.observed[node]
+	if !ok || o.holder != seen.holder || !o.renew.Equal(seen.renew) || o.version != seen.version {
+		if l.observed == nil {
+			l.observed = map[string]leaseObservation{}
+		}
+		l.observed[node] = seen
+		return false
+	}
+	return now.Sub(o.since) > time.Duration(*s.LeaseDurationSeconds)*time.Second
+}
+
+// forget drops the node's observation (this process holds the Lease now).
+func (l *NodeLocker) forget(node string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	delete(l.observed, node)
 }
 
 // Valid reports whether the lock is still safely held: well inside its duration, so that a
 // holder delayed past it (and possibly overtaken) does not write on stale information.
-func (nl *NodeLock) Valid() bool { return time.Now().Before(nl.SafeUntil()) }
+func (nl *NodeLock) Valid() bool { return nl.l.clock().Before(nl.SafeUntil()) }
 
 // SafeUntil is when the lock stops being safely held (half its duration after acquiring: another
-// process can take it only after the whole duration).
+// process can take it only after observing it unchanged for the whole duration, which it starts
+// after this process wrote it).
 func (nl *NodeLock) SafeUntil() time.Time { return nl.acquired.Add(nl.l.Duration / 2) }
 
 // Unlock frees the Lease (a compare-and-swap on the version we wrote; if it fails the Lease

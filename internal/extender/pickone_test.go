@@ -54,6 +54,7 @@ func TestFilterPicksThePolicysNode(t *testing.T) {
 	var got []string
 	for i := range 4 {
 		pod := withRequests(wholePod(fmt.Sprintf("w%d", i), 1), 8000, 4096)
+		x.State.UpsertPod(pod, x.Class) // the informer shows it pending: Filter holds its choice
 		res := x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
 		if res.NodeNames == nil || len(*res.NodeNames) != 1 {
 			t.Fatalf("pod %d: filter kept %v (failed %v)", i, res.NodeNames, res.FailedNodes)

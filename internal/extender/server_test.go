@@ -99,6 +99,7 @@ func TestPickOneReplicaPassesVerbsOn(t *testing.T) {
 	}
 	names := []string{"n1"}
 	args := extenderv1.ExtenderArgs{Pod: wholePod("p", 1), NodeNames: &names}
+	leader.State.markPending(args.Pod, leader.Class)
 	var fr extenderv1.ExtenderFilterResult
 	if code := post(fs.URL, "/filter", args, &fr); code != http.StatusOK || fr.Error != "" || fr.NodeNames == nil || len(*fr.NodeNames) != 1 {
 		t.Fatalf("filter through the follower: %d %+v, want the leader's n1", code, fr)

@@ -23,8 +23,9 @@ import (
 // Only the State's own files (state*.go) take its lock or read its maps; the rest of the package
 // goes through its methods:
 //   - writers (state_update.go): UpsertNode, DeleteNode, UpsertPod and DeletePod for the
-//     informers; reserve, reserveFor, reserveUse, unreserve and ExpireReservations for the verbs'
-//     in-flight decisions;
+//     informers; reserve, unreserve and ExpireReservations for the verbs' in-flight
+//     decisions, and holdChoice for Filter's (only for a pending pod the informer has shown:
+//     state_pending.go);
 //   - node views (state.go): View, and viewIndexed and viewIndexedThen for the verbs' hot loops
 //     (name lists resolved to nodes through a cache); internNames for the request decoder
 //     (wire.go); bindBase for bind's decision;
@@ -48,6 +49,9 @@ type State struct {
 	// (state_requests.go); parse is RequestFromPod (a test counts its calls).
 	requests map[types.UID]parsedRequest
 	parse    func(*corev1.Pod, ClassOptions) (*placement.Request, error)
+	// pending are the unbound, non-terminated pods the informer has shown, by UID: the only pods
+	// Filter's choice may be held for (state_pending.go).
+	pending map[types.UID]pendingPod
 	// uses are the CPU and memory requests of pods bound to a node (every pod, not only GPU pods) and
 	// of our reservations, charged to the node's state so that CPU shapes placement as in the
 	// simulator; usesOn indexes them by node.
@@ -153,7 +157,7 @@ func NewState(ttl time.Duration, log *slog.Logger) *State {
 	return &State{nodes: map[string]*nodeEntry{}, pods: map[types.UID]*podEntry{}, shapes: placement.NewShapeStats(),
 		typeIDs: map[string]int{}, podsOn: map[string]map[types.UID]*podEntry{}, observed: map[types.UID]*placement.Request{},
 		uses: map[types.UID]*podUse{}, usesOn: map[string]map[types.UID]*podUse{},
-		requests: map[types.UID]parsedRequest{}, parse: RequestFromPod, ttl: ttl, now: time.Now, log: log}
+		requests: map[types.UID]parsedRequest{}, pending: map[types.UID]pendingPod{}, parse: RequestFromPod, ttl: ttl, now: time.Now, log: log}
 }
 
 // Shapes returns the task-shape statistics of the pods seen so far (FGD's typical shapes).

@@ -134,6 +134,7 @@ func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
 		req, reqErr = s.requestLocked(pod, opts)
 	}
 	s.observeLocked(pod, req, reqErr)
+	s.trackPendingLocked(pod, req, reqErr)
 	switch {
 	case podTerminated(pod):
 		s.clearUseLocked(pod.UID, false)
@@ -304,6 +305,7 @@ func (s *State) DeletePod(uid types.UID) {
 	defer s.mu.Unlock()
 	s.forgetLocked(uid)
 	delete(s.requests, uid)
+	delete(s.pending, uid)
 	s.clearUseLocked(uid, false)
 	if p := s.pods[uid]; p != nil {
 		s.removeLocked(p)
@@ -359,14 +361,14 @@ func (s *State) clearUseLocked(uid types.UID, reservedOnly bool) {
 
 // reserve holds an in-flight decision so that concurrent filter/prioritize/bind calls see it.
 func (s *State) reserve(uid types.UID, key, namespace string, req *placement.Request, a *api.PodAssignment) {
-	s.reserveFor(uid, key, namespace, req, a, s.ttl)
-}
-
-// reserveFor is reserve with its own lifetime (Filter's choice is held briefly: if no bind follows,
-// the scheduler went elsewhere).
-func (s *State) reserveFor(uid types.UID, key, namespace string, req *placement.Request, a *api.PodAssignment, ttl time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.reserveForLocked(uid, key, namespace, req, a, s.ttl)
+}
+
+// reserveForLocked is reserve with its own lifetime (Filter's choice is held briefly: if no bind
+// follows, the scheduler went elsewhere).
+func (s *State) reserveForLocked(uid types.UID, key, namespace string, req *placement.Request, a *api.PodAssignment, ttl time.Duration) {
 	if old := s.pods[uid]; old != nil {
 		s.removeLocked(old)
 	}
@@ -375,10 +377,8 @@ func (s *State) reserveFor(uid types.UID, key, namespace string, req *placement.
 	s.setUseLocked(&podUse{uid: uid, node: a.Node, cpu: req.CPUMilli, mem: req.MemMiB, reserved: true, expires: p.expires})
 }
 
-// reserveUse holds an in-flight decision of a pod without GPUs (its CPU and memory on a node).
-func (s *State) reserveUse(uid types.UID, node string, req *placement.Request, ttl time.Duration) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+// reserveUseLocked holds an in-flight decision of a pod without GPUs (its CPU and memory on a node).
+func (s *State) reserveUseLocked(uid types.UID, node string, req *placement.Request, ttl time.Duration) {
 	if p := s.pods[uid]; p != nil && p.reserved {
 		s.removeLocked(p)
 	}

@@ -145,7 +145,9 @@ func TestChangeLogCoversEveryChange(t *testing.T) {
 	for step := range 400 {
 		switch step % 7 {
 		case 0, 3:
-			x.Filter(c.args(step)) // pick-one: holds the chosen node
+			args := c.args(step)
+			x.State.markPending(args.Pod, x.Class)
+			x.Filter(args) // pick-one: holds the chosen node
 		case 5: // the node agent's holdings for a pod placed locally come and go (a status-only update)
 			i := c.rng.IntN(len(c.names))
 			node := memoNode(c.names[i], i, 4, "24")
