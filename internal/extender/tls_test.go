@@ -88,6 +88,17 @@ func extenderTLS(t *testing.T, dir string, ca *testCA) configv1.ExtenderTLS {
 	return configv1.ExtenderTLS{CertFile: cert, KeyFile: key, ClientCAFile: caFile, AllowedClients: []string{"tessera-scheduler", "tessera-extender"}}
 }
 
+// testMaterial is the TLSMaterial of extenderTLS's files.
+func testMaterial(t *testing.T, dir string, ca *testCA) (*TLSMaterial, configv1.ExtenderTLS) {
+	t.Helper()
+	files := extenderTLS(t, dir, ca)
+	m, err := NewTLSMaterial(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m, files
+}
+
 // tlsServer serves h over TLS with the material's configuration (as the extender's listeners do).
 func tlsServer(t *testing.T, m *TLSMaterial, h http.Handler) *httptest.Server {
 	t.Helper()
@@ -133,10 +144,7 @@ func healthz(c *http.Client, url string) (int, error) {
 func TestSecurityExtenderRequiresClientCert(t *testing.T) {
 	dir := t.TempDir()
 	ca, other := newTestCA(t, "tessera-ca"), newTestCA(t, "other-ca")
-	m, err := NewTLSMaterial(extenderTLS(t, dir, ca))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, _ := testMaterial(t, dir, ca)
 	cfg, err := m.ServerConfig().GetConfigForClient(&tls.ClientHelloInfo{})
 	if err != nil {
 		t.Fatal(err)
@@ -191,11 +199,7 @@ func TestSecurityPeerForwardTLS(t *testing.T) {
 
 	dir := t.TempDir()
 	ca := newTestCA(t, "tessera-ca")
-	files := extenderTLS(t, dir, ca)
-	m, err := NewTLSMaterial(files)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, _ := testMaterial(t, dir, ca)
 	// The leader records the client certificate each passed-on call presented.
 	var presented atomic.Value
 	ls := tlsServer(t, m, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -234,11 +238,7 @@ func TestSecurityPeerForwardTLS(t *testing.T) {
 
 	// A "leader" serving a certificate of another CA (with the same names) is not trusted.
 	otherDir := t.TempDir()
-	impostor := extenderTLS(t, otherDir, newTestCA(t, "other-ca"))
-	im, err := NewTLSMaterial(impostor)
-	if err != nil {
-		t.Fatal(err)
-	}
+	im, _ := testMaterial(t, otherDir, newTestCA(t, "other-ca"))
 	var reached atomic.Bool
 	is := httptest.NewUnstartedServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { reached.Store(true) }))
 	is.TLS = &tls.Config{Certificates: []tls.Certificate{*must(im.current()).cert}}
@@ -267,11 +267,7 @@ func must[T any](v T, err error) T {
 func TestExtenderTLSRotation(t *testing.T) {
 	dir := t.TempDir()
 	ca := newTestCA(t, "tessera-ca")
-	files := extenderTLS(t, dir, ca)
-	m, err := NewTLSMaterial(files)
-	if err != nil {
-		t.Fatal(err)
-	}
+	m, files := testMaterial(t, dir, ca)
 	srv := tlsServer(t, m, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { fmt.Fprintln(w, "ok") }))
 	sched, schedKey := ca.issue(t, dir, "tessera-scheduler", nil, nil)
 	serial := func() *big.Int {
