@@ -1,7 +1,11 @@
 package main
 
 import (
+	"crypto/tls"
+	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -70,5 +74,41 @@ func TestSecurityPlainHTTPOnlyOnLoopback(t *testing.T) {
 	}
 	if _, err := serveTLS(&options{listen: "0.0.0.0:8888", advertiseURL: "https://10.0.0.1:0"}, tlsFiles); err == nil || !strings.Contains(err.Error(), "nonexistent") {
 		t.Errorf("TLS with missing files: %v, want the file's error", err)
+	}
+}
+
+// TestServeTLSWrapsAPIAndPeer: with TLS, both the API and the peer listener speak TLS only (a plain
+// HTTP request gets 400, an HTTPS one is served); the metrics listener stays plain.
+func TestServeTLSWrapsAPIAndPeer(t *testing.T) {
+	l, err := listen(&options{listen: "127.0.0.1:0", peerListen: "127.0.0.1:0", metricsListen: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.close()
+	borrowed := httptest.NewTLSServer(nil) // for its certificate
+	defer borrowed.Close()
+	l.serveTLS(&tls.Config{Certificates: borrowed.TLS.Certificates})
+	ok := http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	for _, ln := range []net.Listener{l.api, l.peer, l.metrics} {
+		go func() { _ = http.Serve(ln, ok) }()
+	}
+	get := func(c *http.Client, url string) int {
+		resp, err := c.Get(url)
+		if err != nil {
+			t.Fatalf("%s: %v", url, err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for _, ln := range []net.Listener{l.api, l.peer} {
+		if code := get(http.DefaultClient, "http://"+ln.Addr().String()); code != http.StatusBadRequest {
+			t.Errorf("plain HTTP to %s: %d, want 400", ln.Addr(), code)
+		}
+		if code := get(borrowed.Client(), "https://"+ln.Addr().String()); code != http.StatusOK {
+			t.Errorf("HTTPS to %s: %d", ln.Addr(), code)
+		}
+	}
+	if code := get(http.DefaultClient, "http://"+l.metrics.Addr().String()); code != http.StatusOK {
+		t.Errorf("plain HTTP to the metrics listener: %d", code)
 	}
 }
