@@ -34,6 +34,7 @@ type tlsState struct {
 	cert       *tls.Certificate
 	pool       *x509.CertPool
 	serverName string // the name the leader's serving certificate must carry
+	server     *tls.Config
 }
 
 // NewTLSMaterial reads the files once, so that a bad file stops the start with its error.
@@ -75,6 +76,7 @@ func (m *TLSMaterial) current() (*tlsState, error) {
 		}
 		return nil, err
 	}
+	st.server = m.serverConfigFor(st) // one per reading: connections share it
 	m.cur, m.stamp = st, stamp
 	return st, nil
 }
@@ -120,7 +122,7 @@ func (m *TLSMaterial) ServerConfig() *tls.Config {
 			if err != nil {
 				return nil, err
 			}
-			return m.serverConfigFor(st), nil
+			return st.server, nil
 		},
 	}
 }
