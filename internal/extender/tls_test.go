@@ -120,7 +120,9 @@ func clientWith(t *testing.T, ca *testCA, certFile, keyFile string) *http.Client
 		if err != nil {
 			t.Fatal(err)
 		}
-		cfg.Certificates = []tls.Certificate{c}
+		// Always sent, whatever CAs the server names as acceptable: a forged certificate must
+		// reach the server's verification, not be held back by the client.
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return &c, nil }
 	}
 	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
 }
