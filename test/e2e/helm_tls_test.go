@@ -137,6 +137,7 @@ func TestHelmExtenderTLS(t *testing.T) {
 	}{
 		{[]string{"--set", "extender.tls.enabled=false"}, "only on loopback"},
 		{[]string{"--set", "scheduler.extenderURL=http://10.0.0.1:8888"}, "serves https only"},
+		{[]string{"--set", "extender.tls.existingSecret=ext-cert"}, "scheduler.tls.existingSecret"},
 	} {
 		if out, err := helm(t, append([]string{"template", "tessera", helmChart()}, tc.args...)...); err == nil || !strings.Contains(out, tc.want) {
 			t.Errorf("helm template %v: %v, want an error with %q\n%s", tc.args, err, tc.want, tail(out, 5))
