@@ -35,6 +35,11 @@ func TestParseFlags(t *testing.T) {
 	if o, err = parseFlags([]string{"--scheduler-names=a", "--scheduler-names=b"}, io.Discard); err != nil || len(o.schedulerNames) != 2 || o.schedulerNames[0] != "a" {
 		t.Errorf("--scheduler-names twice: %v %q", err, o.schedulerNames)
 	}
+	if o, err = parseFlags([]string{"--tls-cert-file=/tls/tls.crt", "--tls-key-file=/tls/tls.key", "--tls-client-ca-file=/tls/ca.crt",
+		"--tls-allowed-clients=tessera-scheduler,tessera-extender"}, io.Discard); err != nil || o.tls.CertFile != "/tls/tls.crt" ||
+		o.tls.KeyFile != "/tls/tls.key" || o.tls.ClientCAFile != "/tls/ca.crt" || len(o.tls.AllowedClients) != 2 {
+		t.Errorf("TLS flags: %v %+v", err, o.tls)
+	}
 	if _, err := parseFlags([]string{"--help"}, io.Discard); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("--help: %v", err)
 	}

@@ -47,8 +47,10 @@ type options struct {
 	policySet bool
 	// schedulerNames, when given, replace the config file's schedulerNames.
 	schedulerNames []string
-	qps            int
-	log            telemetry.LogOptions
+	// tls overrides the config file's tls fields that are set.
+	tls configv1.ExtenderTLS
+	qps int
+	log telemetry.LogOptions
 }
 
 // envPrefix starts the environment variable of every flag: --policy is also TESSERA_EXTENDER_POLICY.
@@ -81,6 +83,12 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		boolean("filter-pick-one", &o.pickOne, false, "filter keeps only the placement policy's chosen node (ties to the smallest name) and holds it until the bind, so the kube-scheduler binds where the policy prefers"),
 		boolean("warm-memo", &o.warmMemo, true, "re-evaluate, on one background goroutine, the nodes that changed for the request shapes the evaluation memo holds (and every node for the 32 most recently used shapes after a new typical-shape snapshot), so that the next pod of a shape finds its outcomes remembered; costs a few ms of CPU per pod"),
 		boolean("leader-elect", &o.leaderElect, true, "bind only while holding the leader Lease (the other replicas answer filter/prioritize)"),
+		str("tls-cert-file", &o.tls.CertFile, "", "serving certificate (PEM) of the extender API and the peer port; also the client certificate a replica presents when passing a verb on to the leader (overrides the config's tls.certFile). Re-read when it changes"),
+		str("tls-key-file", &o.tls.KeyFile, "", "key of --tls-cert-file (overrides tls.keyFile)"),
+		str("tls-client-ca-file", &o.tls.ClientCAFile, "", "CA bundle client certificates must chain to; it also verifies the leader's certificate (overrides tls.clientCAFile)"),
+		&cli.StringSliceFlag{Name: "tls-allowed-clients", Destination: &o.tls.AllowedClients, Sources: telemetry.EnvSources(envPrefix, "tls-allowed-clients"),
+			Usage: "client identities allowed to call (a verified client certificate's CommonName, DNS name or Organization): the kube-scheduler's and the extender's own; overrides tls.allowedClients; comma-separated or repeated"},
+		str("tls-peer-server-name", &o.tls.PeerServerName, "", "name the leader's serving certificate must carry when a verb is passed on (default: the first DNS name of --tls-cert-file)"),
 		str("metrics-listen", &o.metricsListen, "", "address /metrics (Prometheus) and /healthz are served on apart from the extender API, so that scrapes need no access to it (the chart: 0.0.0.0:9447); empty: /metrics is served on --listen"),
 		&cli.BoolFlag{Name: "version", Destination: &o.version, Usage: "print the version and exit"},
 	}
@@ -139,6 +147,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if len(o.schedulerNames) > 0 {
 		cfg.SchedulerNames = o.schedulerNames
 	}
+	overrideTLS(&cfg.TLS, o.tls)
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
@@ -187,10 +196,17 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		PickOne:        o.pickOne,
 		SchedulerNames: cfg.SchedulerNames,
 	}
+	secure, err := serveTLS(o, cfg.TLS)
+	if err != nil {
+		return err
+	}
 	if o.leaderElect {
 		x.Leader = leader
 		x.LeaderURL = extender.LeaseLeaderURL(client, cfg.LeaseNamespace, cfg.LeaderElectionID)
 		x.Forward = &http.Client{Timeout: 35 * time.Second}
+		if secure != nil {
+			x.Forward = secure.ForwardClient(35 * time.Second)
+		}
 	}
 	factory.Start(ctx.Done())
 	var synced atomic.Bool
@@ -218,6 +234,9 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		return err
 	}
 	defer lns.close()
+	if secure != nil {
+		lns.serveTLS(secure.ServerConfig())
+	}
 	advertise, err := advertiseURL(o.advertiseURL, lns.peer)
 	if err != nil {
 		return err
@@ -288,7 +307,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			_ = srv.Shutdown(sctx)
 		}
 	}()
-	log.Info("serving", "version", telemetry.Version(), "listen", lns.api.Addr().String(), "metricsListen", o.metricsListen, "advertise", advertise, "policy", cfg.Policy, "identity", o.identity, "leaderElect", o.leaderElect)
+	log.Info("serving", "version", telemetry.Version(), "listen", lns.api.Addr().String(), "metricsListen", o.metricsListen, "advertise", advertise, "policy", cfg.Policy, "identity", o.identity, "leaderElect", o.leaderElect, "tls", secure != nil)
 	errc := make(chan error, len(servers))
 	for i, srv := range servers {
 		go func() { errc <- srv.Serve(listeners[i]) }()

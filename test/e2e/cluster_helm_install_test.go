@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"io"
 	"net/http"
@@ -73,7 +75,10 @@ func TestHelmInstall(t *testing.T) {
 		return out
 	}
 	// The scheduler comes first: it places the chart's own pods too (they ask for no GPU, so the
-	// extender is not called for them).
+	// extender is not called for them). It needs its client certificate for the extender before
+	// the install: the chart's generated Secrets, rendered and created ahead, which the install
+	// keeps (lookup) as it keeps them across upgrades.
+	h.preloadTLS(t, c, ns, release)
 	schedCfg := h.startScheduler(t, c, ns, release)
 	step("kube-scheduler running the chart's configuration")
 	helmCmd("install", release, helmChart(), "--wait", "--timeout", "100s")
@@ -143,6 +148,8 @@ func TestHelmInstall(t *testing.T) {
 		t.Errorf("%d extender replicas serve, want 2", len(replicas))
 	}
 	step("binds through both extender replicas checked")
+	h.checkTLSRefusals(t, replicas)
+	extCert := h.secretData(t, c, ns, release+"-extender-tls")
 
 	// helm upgrade with a changed agent value: a new agent pod; running pods keep their GPUs.
 	before := map[string]string{}
@@ -158,6 +165,9 @@ func TestHelmInstall(t *testing.T) {
 	// lists them again: wait for the Node to offer what the running pods leave.
 	h.waitAllocatable(t, c, c.ExpectedAllocatable(t))
 	step("helm upgrade done, new agent pod serving")
+	if got := h.secretData(t, c, ns, release+"-extender-tls"); got != extCert {
+		t.Errorf("helm upgrade replaced the extender's generated certificate: the running scheduler's client certificate no longer matches")
+	}
 	for name, a := range before {
 		if got := c.Pod(t, name).Annotations[api.AnnotationAssignment]; got != a {
 			t.Errorf("%s: assignment changed across the upgrade:\n%s\n->\n%s", name, a, got)
@@ -192,13 +202,14 @@ type helmHost struct {
 	agentMetrics, extenderPort int
 	extenderMetrics            int
 	values                     []string
+	tlsDir                     string // the scheduler's client certificate, CA and key (scheduler.tls.dir)
 	cdiDir                     string
 }
 
 func newHelmHost(t *testing.T, c *Cluster) *helmHost {
 	t.Helper()
 	h := &helmHost{c: c, dataDir: filepath.Join(c.Dir, "tessera-data"), runDir: filepath.Join(c.Dir, "tessera-run"),
-		libDir: filepath.Join(c.Dir, "tessera-lib"), cdiDir: c.Ctr.CDIDir,
+		libDir: filepath.Join(c.Dir, "tessera-lib"), cdiDir: c.Ctr.CDIDir, tlsDir: filepath.Join(c.Dir, "scheduler-tls"),
 		agentMetrics: freePort(t), extenderPort: freePort(t), extenderMetrics: freePort(t)}
 	// The agent mounts each container's region (a tmpfs) under the run dir, and the mount must
 	// reach the host: a Bidirectional volume, which containerd allows only on a shared mount (as
@@ -225,7 +236,7 @@ func newHelmHost(t *testing.T, c *Cluster) *helmHost {
 		"node.dataDir":         h.dataDir, "node.runDir": h.runDir, "node.libDir": h.libDir,
 		"extender.hostNetwork": "true", "extender.listenHost": "127.0.0.1",
 		"extender.port": strconv.Itoa(h.extenderPort), "extender.metricsPort": strconv.Itoa(h.extenderMetrics),
-		"scheduler.mode": "default", "scheduler.extenderURL": "http://" + h.extenderAddr,
+		"scheduler.mode": "default", "scheduler.extenderURL": "https://" + h.extenderAddr, "scheduler.tls.dir": h.tlsDir,
 		"extender.networkPolicy.extraFrom[0].ipBlock.cidr": "127.0.0.1/32",
 	}
 	for k, v := range set {
@@ -318,7 +329,7 @@ func (h *helmHost) startScheduler(t *testing.T, c *Cluster, ns, release string) 
 	if err := sigyaml.Unmarshal([]byte(cm.Data["config.yaml"]), &cfg); err != nil {
 		t.Fatalf("the chart's KubeSchedulerConfiguration: %v\n%s", err, cm.Data["config.yaml"])
 	}
-	if !strings.Contains(cm.Data["config.yaml"], "urlPrefix: http://"+h.extenderAddr) {
+	if !strings.Contains(cm.Data["config.yaml"], "urlPrefix: https://"+h.extenderAddr) || !strings.Contains(cm.Data["config.yaml"], "enableHTTPS: true") {
 		t.Fatalf("the chart's scheduler configuration does not call the extender at scheduler.extenderURL:\n%s", cm.Data["config.yaml"])
 	}
 	kc := c.CP.MintKubeconfig(t, "scheduler", CertSpec{CommonName: "system:kube-scheduler"})
@@ -427,7 +438,8 @@ func (h *helmHost) extenderReplicas(t *testing.T, c *Cluster, ns string) []exten
 		t.Fatal(err)
 	}
 	var out []extenderReplica
-	advertise := regexp.MustCompile(`advertise"?[=:]"?(http://[0-9.:]+)`)
+	advertise := regexp.MustCompile(`advertise"?[=:]"?(https://[0-9.:]+)`)
+	client := h.tlsClient(t, true)
 	for _, p := range l.Items {
 		logs, _ := c.Kubectl(t, "-n", ns, "logs", p.Name)
 		m := advertise.FindStringSubmatch(logs)
@@ -435,7 +447,7 @@ func (h *helmHost) extenderReplicas(t *testing.T, c *Cluster, ns string) []exten
 			t.Fatalf("extender %s logged no advertised URL:\n%s", p.Name, logs)
 		}
 		r := extenderReplica{pod: p.Name, url: m[1], binds: map[string]int{}}
-		resp, err := http.Get(r.url + "/metrics")
+		resp, err := client.Get(r.url + "/metrics")
 		if err != nil {
 			t.Fatalf("extender %s metrics at %s: %v", p.Name, r.url, err)
 		}
@@ -493,4 +505,95 @@ func (h *helmHost) diagnose(t *testing.T, ns string) string {
 func tail(s string, n int) string {
 	lines := strings.Split(s, "\n")
 	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// preloadTLS creates the chart's generated TLS Secrets (helm template of templates/extender-tls.yaml
+// with the install's values) as the release's own, and writes the scheduler's client certificate,
+// key and CA into scheduler.tls.dir for the host kube-scheduler.
+func (h *helmHost) preloadTLS(t *testing.T, c *Cluster, ns, release string) {
+	t.Helper()
+	out, err := helm(t, append([]string{"template", release, helmChart(), "--namespace", ns, "--show-only", "templates/extender-tls.yaml"}, h.values...)...)
+	if err != nil {
+		t.Fatalf("helm template the TLS Secrets: %v\n%s", err, out)
+	}
+	if err := os.MkdirAll(h.tlsDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, doc := range strings.Split(out, "\n---") {
+		var s corev1.Secret
+		if err := sigyaml.Unmarshal([]byte(doc), &s); err != nil || s.Kind != "Secret" {
+			continue
+		}
+		// Helm adopts an object with its release's ownership metadata.
+		s.Annotations = map[string]string{"meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": ns}
+		if _, err := c.CP.Client.CoreV1().Secrets(ns).Create(context.Background(), &s, metav1.CreateOptions{}); err != nil {
+			t.Fatalf("create Secret %s: %v", s.Name, err)
+		}
+		if s.Name == release+"-scheduler-tls" {
+			for _, k := range []string{"tls.crt", "tls.key", "ca.crt"} {
+				if err := os.WriteFile(filepath.Join(h.tlsDir, k), s.Data[k], 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		n++
+	}
+	if n != 2 {
+		t.Fatalf("the chart rendered %d TLS Secrets, want 2:\n%s", n, out)
+	}
+}
+
+// tlsClient is an HTTPS client trusting the chart's CA, presenting the scheduler's client
+// certificate when withCert.
+func (h *helmHost) tlsClient(t *testing.T, withCert bool) *http.Client {
+	t.Helper()
+	ca, err := os.ReadFile(filepath.Join(h.tlsDir, "ca.crt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	pool.AppendCertsFromPEM(ca)
+	cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	if withCert {
+		pair, err := tls.LoadX509KeyPair(filepath.Join(h.tlsDir, "tls.crt"), filepath.Join(h.tlsDir, "tls.key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{TLSClientConfig: cfg}}
+}
+
+// checkTLSRefusals: the extender API (the shared port and each replica's peer port) refuses a
+// caller without a client certificate, and answers nothing in plain HTTP.
+func (h *helmHost) checkTLSRefusals(t *testing.T, replicas []extenderReplica) {
+	t.Helper()
+	urls := []string{"https://" + h.extenderAddr}
+	for _, r := range replicas {
+		urls = append(urls, r.url)
+	}
+	anonymous := h.tlsClient(t, false)
+	for _, u := range urls {
+		if resp, err := anonymous.Post(u+"/bind", "application/json", strings.NewReader(`{"podName":"whole","podNamespace":"default","node":"x"}`)); err == nil {
+			resp.Body.Close()
+			t.Errorf("the extender at %s answered a bind without a client certificate: HTTP %d", u, resp.StatusCode)
+		}
+		if resp, err := http.Post(strings.Replace(u, "https:", "http:", 1)+"/bind", "application/json", strings.NewReader("{}")); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Errorf("the extender at %s answered plain HTTP with %d, want 400 (client sent HTTP to an HTTPS server)", u, resp.StatusCode)
+			}
+		}
+	}
+}
+
+// secretData returns a Secret's tls.crt.
+func (h *helmHost) secretData(t *testing.T, c *Cluster, ns, name string) string {
+	t.Helper()
+	s, err := c.CP.Client.CoreV1().Secrets(ns).Get(context.Background(), name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatalf("Secret %s: %v", name, err)
+	}
+	return string(s.Data["tls.crt"])
 }

@@ -31,10 +31,12 @@ func helm(t testing.TB, args ...string) (string, error) {
 // pointed at urlPrefix: the e2e control planes call tessera-extender with the chart's settings
 // (nodeCacheCapable, weight, verbs, timeout, managed resources), not with copies of them that could
 // drift (the preemption verb included: TestExtenderPreemption). Not carried: enableHTTPS (the test
-// extenders serve plain HTTP on loopback; a chart that asks for HTTPS fails here).
+// extenders serve plain HTTP on loopback, rendered so with extender.tls.enabled=false;
+// TestHelmInstall runs the chart's TLS).
 func chartExtender(t testing.TB, urlPrefix string) *ExtenderConfig {
 	t.Helper()
-	out, err := helm(t, "template", "tessera", helmChart(), "--show-only", "templates/scheduler.yaml")
+	out, err := helm(t, "template", "tessera", helmChart(), "--show-only", "templates/scheduler.yaml",
+		"--set", "extender.tls.enabled=false", "--set", "extender.listenHost=127.0.0.1")
 	if err != nil {
 		t.Fatalf("helm template scheduler.yaml: %v\n%s", err, out)
 	}

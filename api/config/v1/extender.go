@@ -37,6 +37,33 @@ type ExtenderConfig struct {
 	// cannot bind it (default [tessera-scheduler], the chart's second scheduler; the chart sets the
 	// name of the profile it configures with the extender).
 	SchedulerNames []string `json:"schedulerNames,omitempty"`
+	// TLS serves the extender API and the peer port over TLS with verified client certificates.
+	// Without it the extender serves plain HTTP, which it refuses on any address but loopback.
+	TLS ExtenderTLS `json:"tls,omitempty"`
+}
+
+// ExtenderTLS names the extender's TLS material. The files are read again when they change
+// (certificate rotation without a restart).
+type ExtenderTLS struct {
+	// CertFile and KeyFile: the serving certificate (PEM), also presented as the client certificate
+	// when a replica passes a verb on to the leader; it must allow both server and client auth.
+	CertFile string `json:"certFile,omitempty"`
+	KeyFile  string `json:"keyFile,omitempty"`
+	// ClientCAFile: the CA bundle (PEM) client certificates must chain to; it also verifies the
+	// leader's serving certificate when passing a verb on.
+	ClientCAFile string `json:"clientCAFile,omitempty"`
+	// AllowedClients: the client identities allowed to call, each matched against a verified client
+	// certificate's CommonName, DNS names and Organizations (the kube-scheduler's and the
+	// extender's own). Required with TLS.
+	AllowedClients []string `json:"allowedClients,omitempty"`
+	// PeerServerName: the name the leader's serving certificate must carry when a replica passes a
+	// verb on (the advertised URL names a pod IP). Empty: the first DNS name of CertFile.
+	PeerServerName string `json:"peerServerName,omitempty"`
+}
+
+// Enabled reports whether TLS is configured.
+func (t ExtenderTLS) Enabled() bool {
+	return t.CertFile != "" || t.KeyFile != "" || t.ClientCAFile != ""
 }
 
 // Duration is a time.Duration written as a Go duration string ("30s") in config files:
@@ -97,6 +124,21 @@ func (c *ExtenderConfig) Validate() error {
 	for _, n := range c.SchedulerNames {
 		if n == "" {
 			fe.Add("schedulerNames", "must not list an empty name")
+		}
+	}
+	if c.TLS.Enabled() {
+		if c.TLS.CertFile == "" || c.TLS.KeyFile == "" || c.TLS.ClientCAFile == "" {
+			fe.Add("tls", "certFile, keyFile and clientCAFile go together: set all three")
+		}
+		if len(c.TLS.AllowedClients) == 0 {
+			fe.Add("tls.allowedClients", "must name the client identities allowed to call (CommonName, DNS name or Organization)")
+		}
+	} else if len(c.TLS.AllowedClients) > 0 || c.TLS.PeerServerName != "" {
+		fe.Add("tls", "allowedClients and peerServerName need certFile, keyFile and clientCAFile")
+	}
+	for _, n := range c.TLS.AllowedClients {
+		if n == "" {
+			fe.Add("tls.allowedClients", "must not list an empty name")
 		}
 	}
 	seen := map[string]string{}

@@ -38,6 +38,14 @@ func TestLoadExtenderConfig(t *testing.T) {
 			}
 		}},
 		{name: "empty scheduler", yaml: "schedulerNames: [\"\"]\n", wantErr: "schedulerNames: Invalid value: must not list an empty name"},
+		{name: "tls", yaml: "tls: {certFile: /c, keyFile: /k, clientCAFile: /ca, allowedClients: [tessera-scheduler]}\n", check: func(t *testing.T, c *ExtenderConfig) {
+			if !c.TLS.Enabled() || c.TLS.ClientCAFile != "/ca" || c.TLS.AllowedClients[0] != "tessera-scheduler" {
+				t.Fatalf("tls %+v", c.TLS)
+			}
+		}},
+		{name: "tls without ca", yaml: "tls: {certFile: /c, keyFile: /k, allowedClients: [s]}\n", wantErr: "clientCAFile go together"},
+		{name: "tls without clients", yaml: "tls: {certFile: /c, keyFile: /k, clientCAFile: /ca}\n", wantErr: "tls.allowedClients: Invalid value: must name"},
+		{name: "clients without tls", yaml: "tls: {allowedClients: [s]}\n", wantErr: "need certFile"},
 		{name: "class twice", yaml: "inferencePriorityClasses: [a]\nexperimentPriorityClasses: [a]\n", wantErr: "is also listed"},
 	}
 	for _, tc := range cases {
