@@ -242,6 +242,10 @@ func shareOf(c *resourceapi.ResourceClaim, r *resourceapi.DeviceRequestAllocatio
 	if mem.Value() <= 0 || mem.Value() > g.MemoryBytes || cores < 0 || cores > api.MaxCoresPercent {
 		return api.DeviceAssignment{}, fmt.Errorf("device %s: consumed memory %s and compute %d%% are outside the GPU's %d bytes and 100%%", r.Device, mem.String(), cores, g.MemoryBytes)
 	}
+	if need := minShareMemory(g); mem.Value() < need {
+		return api.DeviceAssignment{}, fmt.Errorf("device %s: share memory %s is below the %d MiB a CUDA context takes on this GPU (compute capability %q): vcuda could not create one; ask for at least %dMi of %s",
+			r.Device, mem.String(), need>>20, g.ComputeCapability, need>>20, CapacityMemory)
+	}
 	return api.DeviceAssignment{UUID: g.UUID, MemoryBytes: mem.Value(), CoresPercent: int(cores)}, nil
 }
 

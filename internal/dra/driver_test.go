@@ -325,3 +325,36 @@ func TestSecurityDRAClaimSameGPUTwice(t *testing.T) {
 		}
 	}
 }
+
+// TestSecurityDRASmallCapRefused: a share below what vcuda charges one CUDA context on the GPU
+// (api.ContextOverheadBytes: 384 MiB on the test's 8.0 GPUs) could create no context at all. The
+// slices publish that as the least memory a share may take (the allocator rounds a smaller request
+// up to it), and prepare refuses an allocation below it (slices of an older agent, a hand-made
+// allocation), naming the overhead, and records nothing.
+func TestSecurityDRASmallCapRefused(t *testing.T) {
+	for _, dev := range Resources(testInventory()).Pools["node-a"].Slices[0].Devices {
+		if !strings.HasPrefix(dev.Name, "gpu-") || strings.Contains(dev.Name, "mig") {
+			continue
+		}
+		if min := dev.Capacity[CapacityMemory].RequestPolicy.ValidRange.Min; min == nil || min.Value() != 384<<20 {
+			t.Errorf("%s: a share's least memory is %v, want 384Mi", dev.Name, min)
+		}
+	}
+	d, a, _ := newDriver(t)
+	small := claim("small", map[resourceapi.QualifiedName]string{CapacityMemory: "256Mi"}, "gpu-0")
+	r := prepare(t, d, small)
+	if r.Err == nil {
+		t.Fatal("a 256 MiB share on an 8.0 GPU was prepared")
+	}
+	for _, w := range []string{"ns/small", "gpu-0", "share memory 256Mi is below the 384 MiB a CUDA context takes", "at least 384Mi"} {
+		if !strings.Contains(r.Err.Error(), w) {
+			t.Errorf("error %q does not say %q", r.Err, w)
+		}
+	}
+	if _, ok := a.l.Get(ledger.ClaimID(string(small.UID))); ok {
+		t.Error("a refused claim left a ledger entry")
+	}
+	if r := prepare(t, d, claim("enough", map[resourceapi.QualifiedName]string{CapacityMemory: "384Mi"}, "gpu-0")); r.Err != nil {
+		t.Fatalf("a 384 MiB share on an 8.0 GPU: %v", r.Err)
+	}
+}

@@ -50,8 +50,12 @@ const (
 	TypeMIG = "mig"
 )
 
-// minShareMemory is the least memory a share may ask for: a share with no memory is no share.
-var minShareMemory = resource.MustParse("1Mi")
+// minShareMemory is the least memory a share of g may take: what vcuda charges one CUDA context on
+// it (api.ContextOverheadBytes). A smaller cap could create no context at all; the allocator rounds
+// a smaller request up to it (DRA's ValidRange.Min), and prepare refuses an allocation below it.
+func minShareMemory(g *api.GPU) int64 {
+	return api.ContextOverheadBytes(api.ComputeCapabilityMajor(g.ComputeCapability))
+}
 
 // GPUDeviceName is the device name of a GPU usable whole or shared.
 func GPUDeviceName(index int) string { return "gpu-" + strconv.Itoa(index) }
@@ -131,7 +135,7 @@ func gpuDevice(g *api.GPU, sharesPerGPU int, domain int) resourceapi.Device {
 		Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
 			CapacityMemory: {Value: *mem, RequestPolicy: &resourceapi.CapacityRequestPolicy{
 				Default:    mem,
-				ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: ptr.To(minShareMemory.DeepCopy()), Max: mem},
+				ValidRange: &resourceapi.CapacityRequestPolicyRange{Min: resource.NewQuantity(min(minShareMemory(g), g.MemoryBytes), resource.BinarySI), Max: mem},
 			}},
 			CapacityCompute: {Value: *resource.NewQuantity(api.MaxCoresPercent, resource.DecimalSI), RequestPolicy: &resourceapi.CapacityRequestPolicy{
 				Default: resource.NewQuantity(0, resource.DecimalSI),

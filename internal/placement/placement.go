@@ -172,6 +172,11 @@ func checkStatic(n *NodeState, r *Request, explain bool) *Unfit {
 			}
 			return unfit(true, "container %q asks for %d MiB per share, the largest usable GPU here has %d MiB", c.Name, c.Memory>>20, maxMem>>20)
 		}
+		if c.Shares > 0 {
+			if u := contextUnfit(n, r, &c, explain); u != nil {
+				return u
+			}
+		}
 	}
 	if need == 0 {
 		return nil
@@ -221,7 +226,46 @@ func sortedKeys(m map[string]bool) []string {
 
 // shareFits reports whether one share of c fits on g.
 func shareFits(g *GPUState, r *Request, c *ContainerShape) bool {
-	return g.Usable && !g.Whole && r.modelAllowed(g.Model) && shareRoom(g.FreeMilli(), g.Memory, g.UsedMemory, c)
+	return g.Usable && !g.Whole && r.modelAllowed(g.Model) && shareRoom(g.FreeMilli(), g.Memory, g.UsedMemory, c) &&
+		holdsContext(g, c.shareMemoryOn(g.Memory))
+}
+
+// holdsContext reports whether a share of memory bytes on g can hold one CUDA context: vcuda fails
+// every context creation under a cap below api.ContextOverheadBytes, so a smaller share is useless.
+// GPUs of unknown size (the simulator's, whose shares take no memory) are not checked.
+func holdsContext(g *GPUState, memory int64) bool {
+	return g.Memory == 0 || memory >= api.ContextOverheadBytes(g.Gen/10)
+}
+
+// contextUnfit refuses a share container whose share is, on every usable GPU of an allowed model,
+// too small to hold a CUDA context (holdsContext): no freeing on this node would help.
+func contextUnfit(n *NodeState, r *Request, c *ContainerShape, explain bool) *Unfit {
+	var need, got int64 // the least overhead among those GPUs, and the share there
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		if !g.Usable || !r.modelAllowed(g.Model) {
+			continue
+		}
+		m := c.shareMemoryOn(g.Memory)
+		if holdsContext(g, m) {
+			return nil
+		}
+		if o := api.ContextOverheadBytes(g.Gen / 10); need == 0 || o < need {
+			need, got = o, m
+		}
+	}
+	if need == 0 {
+		return nil
+	}
+	if !explain {
+		return unfitQuietUnresolvable
+	}
+	what := fmt.Sprintf("%d MiB per share", got>>20)
+	if c.MemoryPercent > 0 {
+		what = fmt.Sprintf("%d%% of a GPU's memory per share (%d MiB here)", c.MemoryPercent, got>>20)
+	}
+	return unfit(true, "container %q asks for %s, below the %d MiB a CUDA context takes on this node's GPUs (vcuda could not create one); ask for at least %dMi of %s",
+		c.Name, what, need>>20, need>>20, api.ResourceShareMemory)
 }
 
 // shareRoom reports whether a GPU with free compute and memory of which used is taken has room for
@@ -579,7 +623,8 @@ func Fits(n *NodeState, r *Request, p *Placement) bool {
 				milli, mem = milli+o.Milli, mem+o.Memory
 			}
 		}
-		if !g.Usable || g.Whole || !r.modelAllowed(g.Model) || g.FreeMilli() < milli || g.Memory > 0 && !api.FitsWithin(g.UsedMemory, mem, g.Memory) {
+		if !g.Usable || g.Whole || !r.modelAllowed(g.Model) || g.FreeMilli() < milli || g.Memory > 0 && !api.FitsWithin(g.UsedMemory, mem, g.Memory) ||
+			!holdsContext(g, d.Memory) {
 			return false
 		}
 	}

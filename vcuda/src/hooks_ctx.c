@@ -124,13 +124,45 @@ VC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
  * credited when the context goes (cuCtxDestroy, last primary release,
  * reset, cuGreenCtxDestroy). */
 #define MiB_ (1ull << 20)
-/* Architecture table (compute capability major): what a CUDA 12 context
- * with lazy module loading takes, rounded up (unknown: the largest). */
+/* Architecture table: what a CUDA 12 context with lazy module loading
+ * takes, rounded up, by compute capability major: the first row whose
+ * major is at most the device's; a device below every row (or whose
+ * capability cannot be read) is charged VC_CTX_MIB_OTHER, the largest.
+ * api/v1's ContextOverheadBytes is the same table for the extender and DRA,
+ * which refuse shares below it; TestContextOverheadMatchesVcuda reads this
+ * one and fails when the two differ. */
+static const struct {
+    int major;
+    uint64_t mib;
+} ctx_table[] = {
+    {9, 512},
+    {8, 384},
+    {7, 320},
+};
+#define VC_CTX_MIB_OTHER 512
 static uint64_t table_cost(CUdevice dev) {
     int major = 0;
     if (!vc_real.cuDeviceGetAttribute || vc_real.cuDeviceGetAttribute(&major, 75, dev) != CUDA_SUCCESS)
         major = 0;
-    return major >= 9 ? 512 * MiB_ : major == 8 ? 384 * MiB_ : major == 7 ? 320 * MiB_ : 512 * MiB_;
+    for (size_t i = 0; i < sizeof(ctx_table) / sizeof(ctx_table[0]); i++)
+        if (major >= ctx_table[i].major)
+            return ctx_table[i].mib * MiB_;
+    return VC_CTX_MIB_OTHER * MiB_;
+}
+
+/* A cap that cannot hold one context: the creation fails with
+ * CUDA_ERROR_OUT_OF_MEMORY whatever else the container does, so say why,
+ * once per GPU and process. */
+static _Atomic int small_cap_told[VC_MAX_GPUS];
+static int below_cap(int g, uint64_t cost) {
+    if (g < 0 || g >= vc_g.limits.ngpus || cost <= vc_g.limits.gpu[g].mem_cap)
+        return 0;
+    if (!atomic_exchange(&small_cap_told[g], 1))
+        vc_log("%s: memory cap %llu MiB is below the %llu MiB a CUDA context needs on this GPU; ask for more "
+               "tessera.dev/vgpu-memory",
+               vc_g.limits.gpu[g].uuid, (unsigned long long)(vc_g.limits.gpu[g].mem_cap / MiB_),
+               (unsigned long long)((cost + MiB_ - 1) / MiB_));
+    return 1;
 }
 
 #define VC_MAX_ORD 256
@@ -190,6 +222,8 @@ static CUresult ctx_pre(CUdevice dev, ctx_charge *c) {
     uint64_t k = dev >= 0 && dev < VC_MAX_ORD ? atomic_load(&ctx_cost_known[dev]) : 0;
     if (k) {
         c->charged = k - 1;
+        if (below_cap(c->g, c->charged))
+            return CUDA_ERROR_OUT_OF_MEMORY;
         if (c->charged && vc_reserve(c->g, c->charged) != 0)
             return CUDA_ERROR_OUT_OF_MEMORY;
         return CUDA_SUCCESS;
@@ -199,6 +233,10 @@ static CUresult ctx_pre(CUdevice dev, ctx_charge *c) {
      * listed: an entry with its pid is another process's (a pid of
      * another namespace), so only the table can be trusted. */
     c->measure = nvml_self(dev, &c->self0) == 0;
+    /* Nothing to measure: the table is what will be charged, so a cap
+     * below it is refused before the driver creates anything. */
+    if (!c->measure && below_cap(c->g, c->table))
+        return CUDA_ERROR_OUT_OF_MEMORY;
     return CUDA_SUCCESS;
 }
 
@@ -224,7 +262,7 @@ static CUresult ctx_post(CUresult r, ctx_charge *c, uint64_t key, void (*destroy
     }
     if (cost > c->charged) {
         /* more than the room held: take the rest, or undo */
-        if (vc_reserve(c->g, cost - c->charged) != 0) {
+        if (below_cap(c->g, cost) || vc_reserve(c->g, cost - c->charged) != 0) {
             destroy(key, c->dev);
             if (c->charged)
                 vc_release(c->g, c->charged);

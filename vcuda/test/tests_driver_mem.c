@@ -298,6 +298,39 @@ TEST(mem_context_over_cap_refused) {
           (unsigned long long)phys_peak());
 }
 
+/* A cap below what one context takes (the fake's default: 512 MiB on 9.x)
+ * can hold no context at all: every creation fails with
+ * CUDA_ERROR_OUT_OF_MEMORY, and one stderr line says why, naming the cap and
+ * the context's cost; later attempts are refused before the driver. */
+TEST(mem_context_small_cap_told) {
+    gpu_line g[1] = {{0, 256 * MiB, 100}};
+    setup_limits(g, 1);
+    CHECK(getenv("FAKE_CUDA_CTX_BYTES") == NULL, "the case needs the fake's default context size");
+    int saved = redirect_stderr(tpath("stderr"));
+    CUresult r0 = cuInit(0);
+    CUcontext c;
+    CUresult r1 = cuDevicePrimaryCtxRetain(&c, 0);
+    CUresult r2 = cuCtxCreate_v2(&c, 0, 0);
+    CUresult r3 = cuDevicePrimaryCtxRetain(&c, 0);
+    dup2(saved, 2);
+    CHECK(r0 == CUDA_SUCCESS, "cuInit returned %d", r0);
+    CHECK(r1 == CUDA_ERROR_OUT_OF_MEMORY, "primary context under a 256 MiB cap: %d", r1);
+    CHECK(r2 == CUDA_ERROR_OUT_OF_MEMORY, "cuCtxCreate under a 256 MiB cap: %d", r2);
+    CHECK(r3 == CUDA_ERROR_OUT_OF_MEMORY, "primary context again: %d", r3);
+    CHECK(region_used(0) == 0 && phys_used() == 0, "left: region %llu fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used());
+    CHECK(phys_peak() <= FAKE_CTX_BYTES_SM90, "a known cost was not checked first: peak %llu",
+          (unsigned long long)phys_peak());
+    char *log = read_text(tpath("stderr"));
+    char want[256];
+    snprintf(want, sizeof(want),
+             "vcuda: %s: memory cap 256 MiB is below the 512 MiB a CUDA context needs on this GPU; "
+             "ask for more tessera.dev/vgpu-memory\n",
+             fake_uuid(0));
+    CHECK(strstr(log, want) != NULL, "log %s, want %s", log, want);
+    CHECK(strstr(strstr(log, want) + strlen(want), "memory cap") == NULL, "told more than once: %s", log);
+}
+
 /* With the fake's default (a context as large as a real one on the
  * architecture: 512 MiB for 9.x), the context counts against the cap: an
  * allocation that would fit only if the context were free is refused. */

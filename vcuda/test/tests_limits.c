@@ -98,15 +98,6 @@ TEST(limits_parse_malformed) {
     CHECK(parse(big, &l, &line, err) != 0 && strstr(err, "more than 64"), "65 gpus: %s", err);
 }
 
-static int redirect_stderr(const char *path) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
-    CHECK(fd >= 0, "open %s", path);
-    int saved = dup(2);
-    dup2(fd, 2);
-    close(fd);
-    return saved;
-}
-
 TEST(limits_fail_closed_when_malformed) {
     const char *p = tpath("limits");
     char text[512];

@@ -298,3 +298,12 @@ int test_main(int argc, char **argv) {
     fprintf(stderr, "unknown case %s\n", argv[1]);
     return 2;
 }
+
+int redirect_stderr(const char *path) {
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    CHECK(fd >= 0, "open %s", path);
+    int saved = dup(2);
+    dup2(fd, 2);
+    close(fd);
+    return saved;
+}

@@ -105,4 +105,8 @@ uint64_t chan_recv_down(chan *c);
 
 uint64_t now_ns(void);
 
+/* Sends this process's stderr to path (truncated); returns the old stderr
+ * for dup2(saved, 2). */
+int redirect_stderr(const char *path);
+
 #endif
