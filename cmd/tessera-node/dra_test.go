@@ -48,8 +48,9 @@ func TestDRASharedClaimUsageOnce(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	plugin := nri.New(nri.Config{StateDir: t.TempDir()}, a, nil, nil)
-	path := plugin.RegionPath(ledger.ClaimID("cu"))
+	run := t.TempDir()
+	plugin := nri.New(nri.Config{StateDir: run}, a, nil, nil)
+	path := filepath.Join(run, "claims", "cu", "vcuda", "region") // where the NRI plugin makes it
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		t.Fatal(err)
 	}
