@@ -290,9 +290,13 @@ type containerUsage struct {
 	gpus  []vcuda.RegionGPU
 }
 
-// readContainerRegions reads the accounting region of every share container in the ledger,
-// without trusting it (read is nri.Plugin.ReadRegion: a regular file, no symlink, bounded, never
-// blocking); containers in which no CUDA process has run yet have none and are left out. A region
+// readContainerRegions reads the accounting region of every share container in the ledger, and of
+// every prepared DRA share claim: a claim's containers (of one pod or several) share the claim's
+// one region and cap, so its usage is reported once, on the claim's entry (container
+// "resourceclaim/<name>", pod the first it is reserved for), and its containers, which hold no
+// devices of their own, have no usage series. Regions are read without trusting them (read is
+// nri.Plugin.ReadRegion: a regular file, no symlink, bounded, never blocking); containers in which
+// no CUDA process has run yet have none and are left out. A region
 // that fails vcuda.ParseRegion's checks is left out too, counted and logged by bad: one container's
 // bad region never costs the others their series.
 func readContainerRegions(a *agent.Agent, read func(containerID string) ([]byte, error), bad *badRegions) []containerUsage {

@@ -137,7 +137,7 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 			return fmt.Errorf("--dra needs the API server (ResourceSlices, ResourceClaims): %w", err)
 		}
 		go func() {
-			errc <- named("DRA plugin", dra.New(a, log).Run(ctx, dra.Options{NodeName: cfg.NodeName, Client: client,
+			errc <- named("DRA plugin", dra.New(a, log).OnUnprepared(plugin.ReleaseClaim).Run(ctx, dra.Options{NodeName: cfg.NodeName, Client: client,
 				RegistrarDir: cfg.DRARegistrarDir, PluginDir: cfg.DRAPluginDir}))
 		}()
 	}

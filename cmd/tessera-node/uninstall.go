@@ -228,15 +228,19 @@ func cleanupNode(cfg *configv1.NodeConfig) []error {
 	}
 	// The agent's CDI specs: a writer that owns no spec removes all of its files.
 	keep((&cdi.Writer{Dir: cfg.CDIDir}).Sync(nil))
-	containers := filepath.Join(cfg.RunDir, "containers")
-	ids, _ := os.ReadDir(containers)
-	for _, id := range ids {
-		region := filepath.Join(containers, id.Name(), "vcuda")
-		if err := unix.Unmount(region, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
-			keep(fmt.Errorf("unmount %s: %w", region, err))
+	// The per-container files and the per-claim ones (a DRA claim's region and limits, shared by
+	// its containers).
+	for _, sub := range []string{"containers", "claims"} {
+		owners := filepath.Join(cfg.RunDir, sub)
+		ids, _ := os.ReadDir(owners)
+		for _, id := range ids {
+			region := filepath.Join(owners, id.Name(), "vcuda")
+			if err := unix.Unmount(region, unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
+				keep(fmt.Errorf("unmount %s: %w", region, err))
+			}
 		}
+		keep(os.RemoveAll(owners))
 	}
-	keep(os.RemoveAll(containers))
 	if cfg.Backend == "sim" {
 		keep(os.RemoveAll(cfg.StateDir))
 	}

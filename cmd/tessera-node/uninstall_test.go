@@ -92,6 +92,8 @@ func TestCleanupNode(t *testing.T) {
 		filepath.Join(cfg.DataDir, "bin", "tessera-node"):                            false,
 		filepath.Join(cfg.RunDir, "containers", "c1", "limits"):                      false,
 		filepath.Join(cfg.RunDir, "containers", "c1", "vcuda", "region"):             false,
+		filepath.Join(cfg.RunDir, "claims", "cu", "limits"):                          false,
+		filepath.Join(cfg.RunDir, "claims", "cu", "vcuda", "region"):                 false,
 		filepath.Join(cfg.StateDir, "root", "dev", "nvidia0"):                        false,
 		filepath.Join(root, "lib", "libvcuda.so"):                                    false,
 		filepath.Join(root, "lib", "tessera-node"):                                   false,

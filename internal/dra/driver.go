@@ -34,6 +34,8 @@ type Agent interface {
 type Driver struct {
 	agent Agent
 	log   *slog.Logger
+	// unprepared is told each claim the kubelet unprepared (OnUnprepared).
+	unprepared func(uid string)
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -45,6 +47,14 @@ func New(a Agent, log *slog.Logger) *Driver {
 		log = slog.New(slog.DiscardHandler)
 	}
 	return &Driver{agent: a, log: log}
+}
+
+// OnUnprepared sets what is told, by UID, of every claim the kubelet unprepares once the ledger has
+// released it: the NRI plugin removes the claim's shared vcuda region and limits (every pod using
+// the claim is gone by then). It returns d.
+func (d *Driver) OnUnprepared(f func(uid string)) *Driver {
+	d.unprepared = f
+	return d
 }
 
 // Options are where the kubelet looks for the plugin.
@@ -269,7 +279,7 @@ func asksCapacity(c *resourceapi.ResourceClaim, request string) bool {
 }
 
 // UnprepareResourceClaims releases the claims' ledger entries (idempotent: a claim the ledger does
-// not hold is already released).
+// not hold is already released) and tells OnUnprepared's function of each.
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
@@ -278,6 +288,9 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 			err = fmt.Errorf("tessera: release ResourceClaim %s: %w", c.String(), err)
 		} else if ok {
 			d.log.Info("ResourceClaim unprepared", "claim", c.String(), "uid", c.UID, "devices", e.Devices, "mig", e.MIG)
+		}
+		if err == nil && d.unprepared != nil {
+			d.unprepared(string(c.UID))
 		}
 		out[c.UID] = err
 	}

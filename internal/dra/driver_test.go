@@ -236,6 +236,8 @@ func TestPrepareWholeMIGAndRelease(t *testing.T) {
 		}
 	}
 	a.l = l2
+	var told []string
+	d.OnUnprepared(func(uid string) { told = append(told, uid) })
 	res, err := d.UnprepareResourceClaims(context.Background(), []kubeletplugin.NamespacedObject{
 		{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "w"}, UID: "uid-w"},
 		{NamespacedName: types.NamespacedName{Namespace: "ns", Name: "gone"}, UID: "uid-gone"},
@@ -245,6 +247,10 @@ func TestPrepareWholeMIGAndRelease(t *testing.T) {
 	}
 	if u := l2.Usage()["GPU-b"]; u.Whole {
 		t.Error("unprepare did not release the whole GPU")
+	}
+	// The NRI plugin hears of each (it removes a claim's shared vcuda files), known or not.
+	if !slices.Equal(told, []string{"uid-w", "uid-gone"}) {
+		t.Errorf("OnUnprepared told of %v, want both claims", told)
 	}
 }
 

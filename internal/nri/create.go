@@ -341,7 +341,37 @@ func (p *Plugin) realise(pod *nriapi.PodSandbox, c *nriapi.Container, e *ledger.
 	if len(shares) != len(all) {
 		return fmt.Errorf("it holds whole GPUs and shares at once (through its ResourceClaims); vcuda caps every GPU of a container, so use separate containers")
 	}
-	return p.addVCUDA(c, e.ContainerID, shares, adj)
+	owner, err := capOwner(e, claims)
+	if err != nil {
+		return err
+	}
+	return p.addVCUDA(c, owner, shares, adj)
+}
+
+// capOwner names what a share container's region and limits belong to: the container itself for
+// device-plugin shares, the claim (its ledger ID) for shares of a DRA claim. A claim may be used by
+// several containers of several pods (a claim shared by pods, or named by two containers of one
+// pod) and is charged once in the ledger, so they all get its one region and one limits file: one
+// cap for all, as the ledger counts it. A container taking shares from a claim and from anything
+// else (another claim, device-plugin shares) would need two regions, which vcuda does not have:
+// refused.
+func capOwner(e *ledger.Entry, claims []ledger.Entry) (string, error) {
+	var from []string
+	owner := e.ContainerID
+	for _, cl := range claims {
+		if slices.ContainsFunc(cl.Devices, func(d api.DeviceAssignment) bool { return !d.Whole }) {
+			from = append(from, "ResourceClaim "+cl.Claim.Namespace+"/"+cl.Claim.Name)
+			owner = ledger.ClaimID(cl.Claim.UID)
+		}
+	}
+	if len(from) == 0 || len(from) == 1 && len(e.Devices) == 0 {
+		return owner, nil
+	}
+	if len(e.Devices) > 0 {
+		from = append(from, api.ResourceShare+" shares")
+	}
+	return "", fmt.Errorf("it takes shares from %s; a claim's shares are capped by one accounting region shared by every container using the claim, "+
+		"so a container may take shares from one ResourceClaim and nothing else: ask for all its GPUs in one claim, or use separate containers", strings.Join(from, " and "))
 }
 
 // claims returns the prepared ResourceClaims the kubelet granted the container (PodResources):
@@ -400,16 +430,23 @@ func (p *Plugin) claimEntries(e *ledger.Entry) []ledger.Entry {
 	return out
 }
 
-// addVCUDA writes the container's limits file and mounts it, its accounting region (the file
-// alone, on its own size-limited tmpfs: region.go), the library and a read-only /etc/ld.so.preload
-// naming the library.
-func (p *Plugin) addVCUDA(c *nriapi.Container, id string, shares []api.DeviceAssignment, adj *nriapi.ContainerAdjustment) error {
-	region, err := p.createRegion(id)
+// addVCUDA writes the limits file of owner (a container, or the claim whose shares it takes:
+// capOwner) and mounts it, its accounting region (the file alone, on its own size-limited tmpfs:
+// region.go), the library and a read-only /etc/ld.so.preload naming the library. A claim's files are
+// made by the first container that uses it and mounted as they are into every later one: they are
+// never rewritten while a container may read them (claims.go removes them with the claim).
+func (p *Plugin) addVCUDA(c *nriapi.Container, owner string, shares []api.DeviceAssignment, adj *nriapi.ContainerAdjustment) error {
+	dir, err := p.ownerDir(owner)
 	if err != nil {
 		return err
 	}
 	hasLib := slices.ContainsFunc(c.GetMounts(), func(m *nriapi.Mount) bool { return m.GetDestination() == api.VCUDALibraryInContainer })
-	mounts, err := VCUDAMounts(p.containerDir(id), region, id, shares, p.cfg.VCUDALibrary, !hasLib)
+	var mounts []*nriapi.Mount
+	if ledger.IsClaim(owner) {
+		mounts, err = p.claimMounts(dir, owner, shares, !hasLib)
+	} else {
+		mounts, err = p.newVCUDAFiles(dir, owner, shares, !hasLib)
+	}
 	if err != nil {
 		return err
 	}
@@ -417,6 +454,15 @@ func (p *Plugin) addVCUDA(c *nriapi.Container, id string, shares []api.DeviceAss
 		adj.AddMount(m)
 	}
 	return nil
+}
+
+// newVCUDAFiles creates owner's region and limits in dir and returns their mounts.
+func (p *Plugin) newVCUDAFiles(dir, owner string, shares []api.DeviceAssignment, withLibrary bool) ([]*nriapi.Mount, error) {
+	region, err := p.createRegion(dir)
+	if err != nil {
+		return nil, err
+	}
+	return VCUDAMounts(dir, region, owner, shares, p.cfg.VCUDALibrary, withLibrary)
 }
 
 // VCUDAMounts writes a share container's vcuda files into dir (limits, ld.so.preload) and returns
@@ -453,6 +499,11 @@ func VCUDAMounts(dir, region, containerID string, devs []api.DeviceAssignment, l
 			return nil, fmt.Errorf("write the container's %s: %w", f.name, err)
 		}
 	}
+	return vcudaMountList(dir, region, library, withLibrary), nil
+}
+
+// vcudaMountList is the mounts of the vcuda files in dir and of region.
+func vcudaMountList(dir, region, library string, withLibrary bool) []*nriapi.Mount {
 	ro := []string{"bind", "ro", "nosuid", "nodev"}
 	mounts := []*nriapi.Mount{
 		{Source: filepath.Join(dir, "limits"), Destination: api.LimitsPathInContainer, Type: "bind", Options: ro},
@@ -462,7 +513,7 @@ func VCUDAMounts(dir, region, containerID string, devs []api.DeviceAssignment, l
 	if withLibrary {
 		mounts = append(mounts, &nriapi.Mount{Source: library, Destination: api.VCUDALibraryInContainer, Type: "bind", Options: ro})
 	}
-	return mounts, nil
+	return mounts
 }
 
 func (p *Plugin) isKata(pod *nriapi.PodSandbox) bool {

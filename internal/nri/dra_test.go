@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 
 	nriapi "github.com/containerd/nri/pkg/api"
@@ -61,7 +62,7 @@ func TestDRAContainers(t *testing.T) {
 	if got := cdiNames(adj); len(got) != 0 {
 		t.Errorf("CDI devices %v added again; the kubelet passed the claim's", got)
 	}
-	limits, err := os.ReadFile(filepath.Join(e.dir, "state", "containers", "c-dra", "limits"))
+	limits, err := os.ReadFile(filepath.Join(e.dir, "state", "claims", "cuid-c1", "limits"))
 	if err != nil || !strings.Contains(string(limits), "gpu "+g0+" 10737418240 30") {
 		t.Errorf("limits file %q %v: want the claim's 10 GiB / 30%%", limits, err)
 	}
@@ -130,5 +131,112 @@ func TestDRAContainers(t *testing.T) {
 	}
 	if _, ok := e.agent.Ledger().Get("c-dra"); ok {
 		t.Error("Synchronize kept the entry of a container that is gone")
+	}
+}
+
+// TestSecurityDRASharedClaimOneCap: a 10 GiB share claim shared by two pods, and named by two
+// containers of one of them, is one 10 GiB cap, not one per container: every container gets the
+// claim's one region and one limits file (made once, never rewritten), the ledger charges the
+// claim once, and the files go when the claim is unprepared. A container that would take shares
+// from the claim and from another claim is refused, naming both.
+func TestSecurityDRASharedClaimOneCap(t *testing.T) {
+	e := newEnv(t)
+	g0 := e.agent.Inventory().GPUs[0].UUID
+	prepareClaim(t, e, "shared", []string{"uid-a", "uid-b"}, api.DeviceAssignment{UUID: g0, MemoryBytes: 10 << 30, CoresPercent: 30})
+	ourDevice := api.DRADriverName + "/node-a/gpu-0"
+	claimDir := filepath.Join(e.dir, "state", "claims", "cuid-shared")
+	region := filepath.Join(claimDir, "vcuda", "region")
+	var regionIno uint64
+	pods := map[string]*nriapi.PodSandbox{"a": e.pod("a", nil, nil), "b": e.pod("b", nil, nil)}
+	for _, u := range []struct{ pod, container, id string }{{"a", "main", "c-a"}, {"b", "main", "c-b"}, {"a", "side", "c-a2"}} {
+		e.grants.Add(podresources.Key{Namespace: "ns", Pod: u.pod, Container: u.container}, podresources.ClaimKey("ns", "shared"), ourDevice)
+		c := e.draCtr(u.id, 0, true)
+		c.Name = u.container
+		adj, err := e.create(pods[u.pod], c)
+		if err != nil {
+			t.Fatalf("%s: %v", u.id, err)
+		}
+		src := map[string]string{}
+		for _, m := range adj.GetMounts() {
+			src[m.Destination] = m.Source
+		}
+		if src[api.LimitsPathInContainer] != filepath.Join(claimDir, "limits") || src[api.RegionDirInContainer+"/region"] != region {
+			t.Errorf("%s: limits from %q and region from %q, want the claim's %s/{limits,vcuda/region}", u.id, src[api.LimitsPathInContainer],
+				src[api.RegionDirInContainer+"/region"], claimDir)
+		}
+		if _, err := os.Stat(filepath.Join(e.dir, "state", "containers", u.id, "vcuda")); !os.IsNotExist(err) {
+			t.Errorf("%s: a per-container vcuda dir was made (%v)", u.id, err)
+		}
+		var st syscall.Stat_t
+		if err := syscall.Stat(region, &st); err != nil {
+			t.Fatal(err)
+		}
+		if regionIno == 0 {
+			regionIno = st.Ino
+			// What vcuda of the first container writes must be what the later ones see.
+			if err := os.WriteFile(region, []byte("used"), 0); err != nil {
+				t.Fatal(err)
+			}
+		} else if got, _ := os.ReadFile(region); st.Ino != regionIno || string(got) != "used" {
+			t.Errorf("%s: the claim's region was made again (inode %d, was %d; content %q)", u.id, st.Ino, regionIno, got)
+		}
+		if entry, ok := e.agent.Ledger().Get(u.id); !ok || len(entry.Devices) != 0 || !slices.Equal(entry.Claims, []string{"cuid-shared"}) {
+			t.Errorf("%s: ledger entry %+v, want the claim by UID and no devices of its own", u.id, entry)
+		}
+	}
+	limits, err := os.ReadFile(filepath.Join(claimDir, "limits"))
+	if err != nil || strings.Count(string(limits), "\ngpu ") != 1 || !strings.Contains(string(limits), "\ngpu "+g0+" 10737418240 30\n") ||
+		!strings.Contains(string(limits), "\ncontainer "+ledger.ClaimID("cuid-shared")+"\n") {
+		t.Errorf("claim's limits file %q %v: want the claim's one 10 GiB / 30%% GPU", limits, err)
+	}
+	if got := e.plugin.RegionPath(ledger.ClaimID("cuid-shared")); got != region {
+		t.Errorf("RegionPath of the claim = %q, want %q (the metrics read it there)", got, region)
+	}
+	if u := e.agent.Ledger().Usage()[g0]; u.Shares != 1 || u.MemoryBytes != 10<<30 {
+		t.Errorf("GPU usage %+v: the shared claim must be charged once", u)
+	}
+
+	// The files outlive their containers while the claim is prepared (a later pod may use it).
+	if _, err := e.plugin.Synchronize(context.Background(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(region); err != nil {
+		t.Errorf("the prepared claim's region went with its containers: %v", err)
+	}
+	// Unprepared: gone (the DRA plugin calls ReleaseClaim), the tmpfs with them.
+	if _, _, err := e.agent.Ledger().Release(ledger.ClaimID("cuid-shared")); err != nil {
+		t.Fatal(err)
+	}
+	e.plugin.ReleaseClaim("cuid-shared")
+	if _, err := os.Stat(claimDir); !os.IsNotExist(err) {
+		t.Errorf("the unprepared claim's files are left: %v", err)
+	}
+	// An unprepare the plugin missed: Synchronize removes the files of a claim the ledger lost.
+	prepareClaim(t, e, "later", []string{"uid-c"}, api.DeviceAssignment{UUID: g0, MemoryBytes: 1 << 30})
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "c", Container: "main"}, podresources.ClaimKey("ns", "later"), ourDevice)
+	if _, err := e.create(e.pod("c", nil, nil), e.draCtr("c-c", 0, true)); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := e.agent.Ledger().Release(ledger.ClaimID("cuid-later")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.plugin.Synchronize(context.Background(), nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(e.dir, "state", "claims", "cuid-later")); !os.IsNotExist(err) {
+		t.Errorf("Synchronize left the files of a claim the ledger no longer holds: %v", err)
+	}
+
+	// Shares from two claims in one container would need two regions: refused, naming both.
+	g1 := e.agent.Inventory().GPUs[1].UUID
+	prepareClaim(t, e, "x", []string{"uid-two"}, api.DeviceAssignment{UUID: g0, MemoryBytes: 1 << 30})
+	prepareClaim(t, e, "y", []string{"uid-two"}, api.DeviceAssignment{UUID: g1, MemoryBytes: 1 << 30})
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "two", Container: "main"}, podresources.ClaimKey("ns", "x"), ourDevice)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "two", Container: "main"}, podresources.ClaimKey("ns", "y"), api.DRADriverName+"/node-a/gpu-1")
+	two := e.draCtr("c-two", 0, true)
+	two.CDIDevices = append(two.CDIDevices, &nriapi.CDIDevice{Name: "tessera.dev/gpu=" + g1})
+	two.Linux.Devices = append(two.Linux.Devices, e.ctr("", "/dev/nvidia1").Linux.Devices...)
+	if _, err := e.create(e.pod("two", nil, nil), two); err == nil || !strings.Contains(err.Error(), "ResourceClaim ns/x and ResourceClaim ns/y") {
+		t.Errorf("a container taking shares from two claims: %v", err)
 	}
 }

@@ -29,8 +29,10 @@ import (
 
 // Config is the plugin's configuration.
 type Config struct {
-	// StateDir holds per-container files: <StateDir>/containers/<id>/{limits,ld.so.preload,vcuda/region}.
-	// They live only as long as their container, so a tmpfs (/run) suits them best.
+	// StateDir holds per-container files: <StateDir>/containers/<id>/{limits,ld.so.preload,vcuda/region},
+	// and the same files of a DRA claim's shares in <StateDir>/claims/<claim UID>/, shared by every
+	// container using the claim. They live only as long as their container (claim), so a tmpfs
+	// (/run) suits them best.
 	StateDir string
 	// VCUDALibrary is the host path of libvcuda.so.
 	VCUDALibrary string
@@ -86,6 +88,8 @@ type Plugin struct {
 	// unlisted are the pods (by UID) whose holds the kubelet did not list last time.
 	unlistedMu sync.Mutex
 	unlisted   map[string]bool
+	// claimMu orders the making, reuse and removal of claims' shared vcuda files (claims.go).
+	claimMu sync.Mutex
 }
 
 // Stats are the plugin's counters: CreateContainer calls, the time spent in them, and refusals.
@@ -157,9 +161,14 @@ func (p *Plugin) Configure(ctx context.Context, config, runtime, version string)
 	return nriapi.MustParseEventMask("CreateContainer", "StopContainer", "RemoveContainer", "StopPodSandbox", "RemovePodSandbox", "ValidateContainerAdjustment"), nil
 }
 
-// RegionPath is where a share container's vcuda accounting region lives on the host.
-func (p *Plugin) RegionPath(containerID string) string {
-	return filepath.Join(p.containerDir(containerID), "vcuda", "region")
+// RegionPath is where a share container's vcuda accounting region lives on the host; for a
+// prepared claim's ledger ID (ledger.ClaimID), the region every container using the claim shares.
+func (p *Plugin) RegionPath(id string) string {
+	dir, err := p.ownerDir(id)
+	if err != nil {
+		return "" // no such region
+	}
+	return filepath.Join(dir, "vcuda", "region")
 }
 
 func (p *Plugin) isAdmin(pod *nriapi.PodSandbox) bool {

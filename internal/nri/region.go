@@ -14,11 +14,12 @@ import (
 // node's /run; the agent never reads more than this.
 const RegionLimit = 4 << 20
 
-// createRegion makes the container's accounting region: an empty file (vcuda sizes and initialises
-// it on first use) on its own size-limited tmpfs. The container gets only the FILE (mountRegion):
-// it can write it but cannot replace it with a FIFO or a symlink, nor create anything beside it.
-func (p *Plugin) createRegion(id string) (string, error) {
-	dir := filepath.Join(p.containerDir(id), "vcuda")
+// createRegion makes an accounting region in owner's dir (ownerDir: a container's, or a shared
+// claim's): an empty file (vcuda sizes and initialises it on first use) on its own size-limited
+// tmpfs. The container gets only the FILE (vcudaMountList): it can write it but cannot replace it
+// with a FIFO or a symlink, nor create anything beside it.
+func (p *Plugin) createRegion(ownerDir string) (string, error) {
+	dir := filepath.Join(ownerDir, "vcuda")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", fmt.Errorf("create the container's vcuda directory: %w", err)
 	}
@@ -39,15 +40,20 @@ func (p *Plugin) createRegion(id string) (string, error) {
 
 // removeContainerDir removes a container's files, unmounting its region's tmpfs first.
 func (p *Plugin) removeContainerDir(id string) {
-	dir := p.containerDir(id)
+	removeOwnerDir(p.containerDir(id))
+}
+
+// removeOwnerDir removes a container's or a claim's vcuda files, unmounting the region's tmpfs
+// first.
+func removeOwnerDir(dir string) {
 	if err := unix.Unmount(filepath.Join(dir, "vcuda"), unix.MNT_DETACH); err != nil && err != unix.EINVAL && err != unix.ENOENT {
 		fmt.Fprintf(os.Stderr, "unmount %s: %v\n", filepath.Join(dir, "vcuda"), err)
 	}
 	os.RemoveAll(dir)
 }
 
-// ReadRegion reads a container's accounting region for /metrics without trusting it: the container
-// writes it, so it is opened O_NOFOLLOW|O_NONBLOCK, must be a regular file, and at most RegionLimit
+// ReadRegion reads a container's (or, by its ledger ID, a claim's) accounting region for /metrics
+// without trusting it: the containers write it, so it is opened O_NOFOLLOW|O_NONBLOCK, must be a regular file, and at most RegionLimit
 // bytes are read. A region that is not there yet (no CUDA process ran) is an error.
 func (p *Plugin) ReadRegion(containerID string) ([]byte, error) {
 	f, err := OpenRegular(p.RegionPath(containerID))

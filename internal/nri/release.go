@@ -154,6 +154,7 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*nriapi.PodSandbox, con
 			p.removeMdevs(ctx, e.Mdev)
 		}
 	}
+	p.sweepClaims(l)
 	p.synced.Store(true)
 	p.log.Info("synchronized with the runtime", "containers", len(containers), "held", len(l.Entries()), "unrealised", unrealised)
 	return nil, nil

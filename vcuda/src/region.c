@@ -51,6 +51,7 @@ static struct {
     int my_index;
     pid_t pid;
     uint64_t starttime;
+    uint64_t pidns; /* this process's PID namespace (pid_ns()) */
     int claim_failed;
     _Atomic uint64_t last_info_reclaim;
 } R = {.fd = -1, .my_index = -1};
@@ -86,6 +87,19 @@ static int proc_stat(pid_t pid, char *state, uint64_t *starttime) {
     return 1;
 }
 
+/* The PID namespace this process is in: the inode of /proc/self/ns/pid
+ * (nsfs), 0 if it cannot be read. */
+static uint64_t pid_ns(void) {
+    struct stat sb;
+    return stat("/proc/self/ns/pid", &sb) == 0 ? (uint64_t)sb.st_ino : 0;
+}
+
+/* Whether slot s's pid means, to this process, the process that owns it:
+ * the owner is in this process's PID namespace. A region shared by the
+ * containers of a DRA claim holds slots of other namespaces, whose pids may
+ * equal ours or name unrelated processes here. */
+static int slot_in_my_ns(int s) { return R.pidns != 0 && R.slot[s].pidns == R.pidns; }
+
 /*
  * Liveness: each process holds an open-file-description lock on one byte
  * past the end of the region's mapping (VC_REGION_SIZE + slot) for as long
@@ -113,6 +127,8 @@ static int slot_alive(int s) {
     int held = live_lock(R.fd, s, F_WRLCK, F_OFD_GETLK);
     if (held >= 0)
         return held;
+    if (!slot_in_my_ns(s))
+        return 1; /* its pid names nobody we can check: cannot tell */
     return proc_alive((pid_t)atomic_load(&R.slot[s].pid), R.slot[s].starttime);
 }
 
@@ -176,6 +192,7 @@ static void unlock_region(void) {
 int vc_region_open(const vc_limits *l) {
     snprintf(R.path, sizeof(R.path), "%s", l->region);
     R.pid = getpid();
+    R.pidns = pid_ns();
     char st;
     if (proc_stat(R.pid, &st, &R.starttime) <= 0)
         R.starttime = 0;
@@ -312,6 +329,7 @@ static int recompute_locked(unsigned char *dead) {
             atomic_store(&sl->used[g], 0);
         atomic_store(&sl->inflight, 0);
         sl->starttime = 0;
+        sl->pidns = 0;
         atomic_store(&sl->state, VC_SLOT_FREE);
         atomic_store(&sl->pid, 0);
     }
@@ -339,9 +357,10 @@ int vc_region_reclaim(void) {
         uint32_t pid = atomic_load(&sl->pid);
         if (pid == 0 || sl == me)
             continue;
-        if ((pid_t)pid == R.pid) {
-            /* Our own pid on a slot that is not ours: the image this process
-             * exec'ed from. It is gone. */
+        if ((pid_t)pid == R.pid && slot_in_my_ns(s)) {
+            /* Our own pid, in our PID namespace, on a slot that is not ours:
+             * the image this process exec'ed from. It is gone. (The same pid
+             * in another namespace is another container's process.) */
             dead[s] = 1;
         } else if (!slot_alive(s)) { /* its liveness lock is taken before its state is set */
             dead[s] = 1;
@@ -386,7 +405,7 @@ static vc_region_slot *claim_slot(void) {
         for (int s = 0; s < VC_MAX_SLOTS && !me; s++) {
             vc_region_slot *sl = &R.slot[s];
             uint32_t pid = atomic_load(&sl->pid);
-            if ((pid_t)pid == R.pid)
+            if ((pid_t)pid == R.pid && slot_in_my_ns(s))
                 stale = 1;
             if (pid != 0)
                 continue;
@@ -394,6 +413,7 @@ static vc_region_slot *claim_slot(void) {
             if (live_lock(R.fd, s, F_WRLCK, F_OFD_SETLK) != 0 && errno != EINVAL)
                 continue;
             atomic_store(&sl->state, VC_SLOT_CLAIMING);
+            sl->pidns = R.pidns; /* before the pid: a pid is never read without its namespace */
             atomic_store(&sl->pid, (uint32_t)R.pid);
             sl->starttime = R.starttime;
             atomic_store(&sl->inflight, 0);
@@ -504,7 +524,9 @@ int vc_region_procs(int g, uint32_t *pids, uint64_t *used, int max) {
     for (int s = 0; s < VC_MAX_SLOTS; s++) {
         uint32_t pid = atomic_load(&R.slot[s].pid);
         uint64_t u = atomic_load(&R.slot[s].used[g]);
-        if (pid == 0 || u == 0 || atomic_load(&R.slot[s].state) != VC_SLOT_LIVE)
+        /* Another container's process (a claim's shared region) is left out:
+         * its pid means nothing, or another process, in this namespace. */
+        if (pid == 0 || u == 0 || atomic_load(&R.slot[s].state) != VC_SLOT_LIVE || !slot_in_my_ns(s))
             continue;
         if (n < max) {
             pids[n] = pid;
@@ -528,6 +550,7 @@ void vc_region_detach(void) {
         return;
     if (atomic_load(&me->pid) == (uint32_t)R.pid) {
         me->starttime = 0;
+        me->pidns = 0;
         atomic_store(&me->state, VC_SLOT_FREE);
         atomic_store(&me->pid, 0);
         live_lock(R.fd, R.my_index, F_UNLCK, F_OFD_SETLK);
@@ -542,6 +565,7 @@ void vc_region_atfork_child(void) {
     atomic_store(&R.me, NULL);
     R.my_index = -1;
     R.pid = getpid();
+    R.pidns = pid_ns();
     char st;
     if (proc_stat(R.pid, &st, &R.starttime) <= 0)
         R.starttime = 0;

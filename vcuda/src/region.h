@@ -63,7 +63,12 @@ typedef struct vc_region_slot {
     /* Threads of the owner inside a reserve/release update; a reclaim waits
      * for it to drain (for live owners) before recomputing totals. */
     _Atomic uint64_t inflight;
-    uint64_t pad[5];
+    /* Owner's PID namespace (inode of /proc/self/ns/pid; 0 = unknown). A
+     * claim's region is shared by containers with their own PID namespaces:
+     * pid alone (every container has a pid 1) names the owner only to a
+     * process of the same namespace. */
+    uint64_t pidns;
+    uint64_t pad[4];
     _Atomic uint64_t used[VC_MAX_GPUS]; /* bytes this process holds, per gpu record */
 } vc_region_slot;
 

@@ -24,9 +24,11 @@ static void one_gpu(void) {
 
 /* Holds 40 MiB from inside a new PID namespace (where it is pid 1, a pid
  * that in the parent's namespace names another, live process), reports
- * the grandchild's pid in our namespace, then waits to be killed. */
+ * the grandchild's pid in our namespace, then waits to be killed. With
+ * i == QUERY it instead asks for the memory figures (which first drops the
+ * region's dead processes), reports and exits. */
+#define QUERY 2
 static int holder_in_pidns(int i, void *arg) {
-    (void)i;
     chan *c = arg; /* c[0]: the pid in our namespace, c[1]: in its own */
     if (unshare(CLONE_NEWPID) != 0 && unshare(CLONE_NEWUSER | CLONE_NEWPID) != 0) {
         fprintf(stderr, "unshare(CLONE_NEWPID): %s\n", strerror(errno));
@@ -38,6 +40,13 @@ static int holder_in_pidns(int i, void *arg) {
     if (g == 0) {
         prctl_die_with_parent();
         ctx_on(0);
+        if (i == QUERY) {
+            size_t free, total;
+            if (cuMemGetInfo_v2(&free, &total) != CUDA_SUCCESS)
+                _exit(6);
+            chan_send_up(&c[1], (uint64_t)getpid());
+            exit(0); /* exit, not _exit: vcuda gives its slot back */
+        }
         CUdeviceptr d;
         if (cuMemAlloc_v2(&d, 40 * MiB) != CUDA_SUCCESS)
             _exit(5);
@@ -48,7 +57,7 @@ static int holder_in_pidns(int i, void *arg) {
     chan_send_up(&c[0], (uint64_t)g);
     int st;
     waitpid(g, &st, 0);
-    return 0;
+    return i == QUERY && !(WIFEXITED(st) && WEXITSTATUS(st) == 0) ? 7 : 0;
 }
 
 TEST(identity_nested_pid_namespace) {
@@ -74,6 +83,71 @@ TEST(identity_nested_pid_namespace) {
     CHECK(wait_child(m) == 0, "namespace parent");
     CHECK_CU(cuMemAlloc_v2(&d, 40 * MiB));
     CHECK(region_used(0) == 40 * MiB, "region %llu", (unsigned long long)region_used(0));
+}
+
+/* How many live slots hold at least bytes on GPU record 0 (live: how many
+ * are live). */
+static int slots_holding(uint64_t bytes, int *live) {
+    vc_region_slot *sl = (vc_region_slot *)((char *)region_map() + VC_REGION_SLOT_OFFSET);
+    int n = 0;
+    *live = 0;
+    for (int i = 0; i < VC_MAX_SLOTS; i++) {
+        if (atomic_load(&sl[i].pid) == 0)
+            continue;
+        (*live)++;
+        n += atomic_load(&sl[i].used[0]) >= bytes;
+    }
+    return n;
+}
+
+/* A DRA claim's region is shared by the containers using it, each in its own
+ * PID namespace: two live processes with the same pid (1, a container's
+ * first process). Neither takes the other's slot for the image it exec'ed
+ * from (a pid alone never marks a slot dead), nor does a third looking for
+ * the dead (nvidia-smi): neither's memory is dropped from the claim's one
+ * cap. */
+TEST(identity_same_pid_in_two_pid_namespaces) {
+    /* Room for a context's table cost: the fake's NVML lists pids as each
+     * namespace sees them, so the second pid 1 finds "itself" listed before
+     * its first context and is charged the table (as wherever NVML's pid is
+     * not the process's own). */
+    gpu_line gl[1] = {{0, 4096 * MiB, 100}};
+    setup_limits(gl, 1);
+    ctx_costs_nothing();
+    chan a[2], b[2];
+    for (int i = 0; i < 2; i++) {
+        chan_init(&a[i]);
+        chan_init(&b[i]);
+    }
+    pid_t ma = spawn(holder_in_pidns, 0, a);
+    pid_t ga = (pid_t)chan_recv_up(&a[0]);
+    CHECK(chan_recv_up(&a[1]) == 1, "the first holder is not pid 1 in its namespace");
+    CHECK(region_used(0) == 40 * MiB, "first holder: region %llu", (unsigned long long)region_used(0));
+    pid_t mb = spawn(holder_in_pidns, 1, b);
+    pid_t gb = (pid_t)chan_recv_up(&b[0]);
+    CHECK(chan_recv_up(&b[1]) == 1, "the second holder is not pid 1 in its namespace");
+    int live = 0;
+    int both = slots_holding(40 * MiB, &live);
+    CHECK(both == 2 && live == 2, "%d of %d live slots hold 40 MiB or more, want both: the second pid 1 took the first's slot for dead", both, live);
+    /* a third pid 1 (nvidia-smi in a third container) looks for the dead */
+    chan q[2];
+    chan_init(&q[0]);
+    chan_init(&q[1]);
+    pid_t mq = spawn(holder_in_pidns, QUERY, q);
+    chan_recv_up(&q[0]);
+    CHECK(chan_recv_up(&q[1]) == 1, "the querying process is not pid 1 in its namespace");
+    CHECK(wait_child(mq) == 0, "the querying process failed");
+    both = slots_holding(40 * MiB, &live);
+    CHECK(both == 2 && live == 2, "after a query: %d of %d live slots hold 40 MiB or more, want both: a pid 1 reclaimed the others", both, live);
+    CHECK(region_used(0) >= 80 * MiB, "region %llu: a pid 1's 40 MiB were dropped", (unsigned long long)region_used(0));
+    kill(gb, SIGKILL);
+    kill(ga, SIGKILL);
+    CHECK(wait_child(mb) == 0 && wait_child(ma) == 0, "namespace parents");
+    /* both dead now: all of the cap comes back */
+    ctx_on(0);
+    CUdeviceptr d;
+    CHECK_CU(cuMemAlloc_v2(&d, 4000 * MiB));
+    CHECK(region_used(0) == 4000 * MiB, "region %llu", (unsigned long long)region_used(0));
 }
 
 /* A pid reused by an unrelated process does not keep a dead slot alive:
