@@ -231,9 +231,28 @@ typedef struct {
  * held for long (e.g. if the launch blocks on a full queue).
  */
 #define GATE_MAX_NS 5000000ull
+/* Two hold a gate: the host function (until it stops waiting) and the
+ * launcher (until it opens it); the last to let go frees it. The host
+ * function gives up after GATE_MAX_NS, which a launcher descheduled between
+ * closing and opening the gate outlasts on a loaded machine: a gate freed by
+ * the host function alone was then written by the launcher, a heap
+ * corruption in the tenant's process (malloc's "unaligned fastbin chunk"). */
 struct gate {
     _Atomic int open;
+    _Atomic int refs;
 };
+#ifdef VCUDA_TEST_HOOKS
+/* Test build: a gate is never freed but marked released, so a write after
+ * release is caught at once instead of corrupting the heap silently. */
+#define GATE_RELEASED 0x5eed
+static void gate_free(struct gate *gt) { atomic_store(&gt->open, GATE_RELEASED); }
+#else
+static void gate_free(struct gate *gt) { free(gt); }
+#endif
+static void gate_put(struct gate *gt) {
+    if (atomic_fetch_sub_explicit(&gt->refs, 1, memory_order_acq_rel) == 1)
+        gate_free(gt);
+}
 static void gate_wait(void *p) {
     struct gate *gt = p;
     uint64_t start = 0;
@@ -250,7 +269,7 @@ static void gate_wait(void *p) {
         struct timespec ts = {0, 20000};
         nanosleep(&ts, NULL);
     }
-    free(gt); /* the host function runs exactly once and owns the gate */
+    gate_put(gt); /* the host function runs exactly once */
 }
 
 static struct gate *gate_close(launch_ctx *lc) {
@@ -260,16 +279,26 @@ static struct gate *gate_close(launch_ctx *lc) {
     if (!gt)
         return NULL;
     atomic_store(&gt->open, 0);
+    atomic_store(&gt->refs, 2);
     if (fn(lc->stream, gate_wait, gt) != CUDA_SUCCESS) {
-        free(gt);
+        free(gt); /* the host function will never run */
         return NULL; /* sample ungated */
     }
+    VC_TEST_DELAY("gate"); /* a launcher descheduled past GATE_MAX_NS */
     return gt;
 }
 
 static void gate_open(launch_ctx *lc) {
-    if (lc->gate)
+    if (lc->gate) {
+#ifdef VCUDA_TEST_HOOKS
+        if (atomic_load(&lc->gate->open) == GATE_RELEASED) {
+            vc_log("test build: a sampling gate was opened after it was released");
+            abort();
+        }
+#endif
         atomic_store_explicit(&lc->gate->open, 1, memory_order_release);
+        gate_put(lc->gate);
+    }
     lc->gate = NULL;
 }
 

@@ -282,4 +282,16 @@ void vc_test_pause(const char *point) {
     for (;;)
         pause();
 }
+
+/* Test build only: VCUDA_TEST_DELAY=<point> makes the process sleep
+ * VCUDA_TEST_DELAY_MS milliseconds at that point (a thread descheduled
+ * there on a loaded machine). */
+void vc_test_delay(const char *point) {
+    const char *p = getenv("VCUDA_TEST_DELAY"), *ms = getenv("VCUDA_TEST_DELAY_MS");
+    if (!p || !ms || strcmp(p, point) != 0)
+        return;
+    long v = strtol(ms, NULL, 10);
+    struct timespec ts = {v / 1000, (v % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
 #endif

@@ -85,9 +85,12 @@ static inline uint64_t vc_now_coarse_ns(void) {
  * path. */
 #ifdef VCUDA_TEST_HOOKS
 void vc_test_pause(const char *point);
+void vc_test_delay(const char *point);
 #define VC_TEST_PAUSE(p) vc_test_pause(p)
+#define VC_TEST_DELAY(p) vc_test_delay(p)
 #else
 #define VC_TEST_PAUSE(p) ((void)0)
+#define VC_TEST_DELAY(p) ((void)0)
 #endif
 
 /* Maps a CUDA device ordinal to its gpu record: >= 0, or -1 when the device's

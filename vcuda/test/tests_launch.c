@@ -518,3 +518,22 @@ TEST(limiter_never_invalidates_a_capture) {
     CHECK(a.end == CUDA_SUCCESS, "the capture was invalidated (%d) by the limiter", a.end);
     CHECK(atomic_load(&rgpu(0)->throttled_ns) > 0, "not limited meanwhile");
 }
+
+/* The sampling gate outlives a launcher descheduled between closing and
+ * opening it: the host function gives up after 5 ms, and the gate it held
+ * must not be freed while the launcher still writes it (the test build marks
+ * a released gate, and opening one aborts). VCUDA_TEST_DELAY holds the
+ * launcher 20 ms right after it closes a gate, at every sampled launch. */
+TEST_LIB(limiter_gate_outlives_a_slow_launcher, "testhooks") {
+    setenv("VCUDA_TEST_DELAY", "gate", 1);
+    setenv("VCUDA_TEST_DELAY_MS", "20", 1);
+    setenv("FAKE_CUDA_SMS", "16", 1);
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%llu", WAVE_NS);
+    setenv("FAKE_CUDA_WAVE_NS", buf, 1);
+    gpu_line g[1] = {{0, 1ull << 30, 50}};
+    setup_limits(g, 1);
+    ctx_on(0);
+    launch_loop(16, MIX_KERNEL, now_ns() + 300000000ull);
+    CHECK_CU(cuCtxSynchronize());
+}
