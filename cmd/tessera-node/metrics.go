@@ -62,6 +62,8 @@ type nodeMetrics struct {
 	create     *prometheus.HistogramVec
 	allocate   *prometheus.HistogramVec
 	badRegions prometheus.Counter
+	// ledgerRefused counts the ledger entries Verify left out against the first inventory.
+	ledgerRefused prometheus.Counter
 }
 
 func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
@@ -76,9 +78,19 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 		}, []string{"resource", "result"}),
 		badRegions: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_container_region_errors_total",
 			Help: "Reads of a share container's accounting region that failed its checks (damaged or crafted); that container's usage series are left out."}),
+		ledgerRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_ledger_entries_refused_total",
+			Help: "Ledger entries left out at start because they are impossible on this node's GPUs (a GPU not here, memory or shares over-committed); each is logged and the ledger copied aside."}),
 	}
-	reg.MustRegister(m.create, m.allocate, m.badRegions)
+	reg.MustRegister(m.create, m.allocate, m.badRegions, m.ledgerRefused)
 	return m
+}
+
+// verifyLedger checks the ledger loaded at start against the first inventory (ledger.Verify) and
+// counts what it left out.
+func (m *nodeMetrics) verifyLedger(l *ledger.Ledger, inv *api.NodeInventory, log *slog.Logger) error {
+	refused, err := l.Verify(inv, log)
+	m.ledgerRefused.Add(float64(len(refused)))
+	return err
 }
 
 // observeCreate is the NRI plugin's OnCreate hook (metrics part).

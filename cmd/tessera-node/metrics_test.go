@@ -119,6 +119,32 @@ func TestMetrics(t *testing.T) {
 	}
 }
 
+// The agent verifies its ledger against the first inventory and counts what it left out: here an
+// entry on a GPU this node does not have (Open, knowing no inventory, loaded it).
+func TestSecurityLedgerRefusedCounted(t *testing.T) {
+	a, _ := metricsAgent(t)
+	l := a.Ledger()
+	gone := ledger.Entry{ContainerID: "c3", Namespace: "ns", Pod: "q", Container: "main",
+		Devices: []api.DeviceAssignment{{UUID: "GPU-ffffffff-0000-4000-8000-ffffffffffff", Whole: true}}}
+	if err := l.Reserve(gone, nil); err != nil {
+		t.Fatal(err)
+	}
+	reg := telemetry.NewRegistry("tessera-node")
+	m := newNodeMetrics(reg)
+	if out := scrape(t, reg); !strings.Contains(out, "\ntessera_ledger_entries_refused_total 0\n") {
+		t.Errorf("the counter is not exposed before any refusal: %s", out)
+	}
+	if err := m.verifyLedger(l, a.Inventory(), nil); err != nil {
+		t.Fatal(err)
+	}
+	if _, held := l.Get("c3"); held || len(l.Entries()) != 2 {
+		t.Errorf("the entry on a missing GPU is still held (%d entries)", len(l.Entries()))
+	}
+	if out := scrape(t, reg); !strings.Contains(out, "\ntessera_ledger_entries_refused_total 1\n") {
+		t.Errorf("the refused entry is not counted: %s", out)
+	}
+}
+
 // TestMetricsEscaping: label values are escaped as the exposition format says (a quote and a
 // backslash in a pod name), not as Go's %q would.
 func TestMetricsEscaping(t *testing.T) {

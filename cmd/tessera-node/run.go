@@ -114,6 +114,9 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 	if err := a.Refresh(ctx); err != nil {
 		return err
 	}
+	if err := metrics.verifyLedger(l, a.Inventory(), log); err != nil {
+		return err
+	}
 
 	plugin := nri.New(nri.Config{StateDir: cfg.RunDir, VCUDALibrary: cfg.VCUDALibrary, KataHandlers: []string{cfg.KataRuntimeHandler},
 		PluginIndex: cfg.NRIPluginIndex, AdminNamespaces: cfg.AdminNamespaces, Events: events, Log: log,

@@ -166,7 +166,7 @@ func (l *Ledger) load(raw []json.RawMessage) []string {
 		case l.entries[e.ContainerID] != nil:
 			refused = append(refused, fmt.Sprintf("entries[%d] (%s): the container ID is listed twice", i, e.ContainerID))
 		default:
-			if err := l.checkLocked(e, nil); err != nil {
+			if err := l.checkLocked(e, nil, false); err != nil {
 				refused = append(refused, fmt.Sprintf("entries[%d] (%s): %v", i, e.ContainerID, err))
 				continue
 			}
@@ -348,7 +348,7 @@ func (l *Ledger) put(fromID string, e Entry, inv *api.NodeInventory) error {
 			l.entries[fromID] = prevFrom
 		}
 	}
-	if err := l.checkLocked(&e, inv); err != nil {
+	if err := l.checkLocked(&e, inv, false); err != nil {
 		restore()
 		l.mu.Unlock()
 		return err
@@ -375,8 +375,10 @@ func (l *Ledger) put(fromID string, e Entry, inv *api.NodeInventory) error {
 
 // checkLocked refuses over-commit: every rule names the GPU and what holds it. With no inventory
 // (a ledger file being loaded) the rules that need one (the GPU is here, usable, healthy, has the
-// memory, offers the shares) are left out.
-func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory) error {
+// memory, offers the shares) are left out. held (Verify: an entry saved earlier, whose container
+// may be running) leaves out the rules of what may change under a running container (the GPU
+// became unhealthy, or is now in MIG mode or an mdev parent), keeping only the impossible.
+func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory, held bool) error {
 	if err := e.listsTwice(); err != nil {
 		return err
 	}
@@ -388,6 +390,7 @@ func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory) error {
 			switch {
 			case g == nil:
 				return fmt.Errorf("GPU %s is not on node %s", d.UUID, inv.Node)
+			case held:
 			case !g.Shareable():
 				return fmt.Errorf("GPU %s is in MIG mode or an mdev parent; it cannot be given whole or shared", d.UUID)
 			case !g.Healthy:
@@ -425,6 +428,94 @@ func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory) error {
 		}
 	}
 	return nil
+}
+
+// Refused is an entry Verify left out, and why.
+type Refused struct {
+	Entry  Entry
+	Reason string
+}
+
+// Verify checks the loaded entries against the node's inventory, which Open cannot know: each GPU
+// an entry names is on this node, and its shares fit the GPU's memory and the shares per GPU. It
+// admits the entries in the order of the file (by container ID, as Open loads them), so of two
+// entries that over-commit a GPU together the one admitted first is kept and the later one is left
+// out; the reason names both. An entry on a GPU that is unhealthy, in MIG mode or an mdev parent is
+// kept: its container may still be running on it, and dropping the entry would hand the GPU to
+// another pod. What is left out is logged with its container and reason, the file as it was is kept
+// aside (keepAside), and the ledger is saved without it. Its container keeps running: Synchronize
+// cannot re-adopt it (the same rules refuse it) and reports it as an unrealised GPU container
+// (metric and Event telling to delete the pod).
+func (l *Ledger) Verify(inv *api.NodeInventory, log *slog.Logger) ([]Refused, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	l.mu.Lock()
+	before := l.entries
+	ordered := make([]*Entry, 0, len(before))
+	for _, e := range before {
+		ordered = append(ordered, e)
+	}
+	sort.Slice(ordered, func(i, j int) bool { return ordered[i].ContainerID < ordered[j].ContainerID })
+	l.entries = make(map[string]*Entry, len(before))
+	var refused []Refused
+	for _, e := range ordered {
+		if err := l.checkLocked(e, inv, true); err != nil {
+			refused = append(refused, Refused{Entry: *e, Reason: fmt.Sprintf("%v%s", err, l.sharersLocked(e))})
+			continue
+		}
+		l.entries[e.ContainerID] = e
+	}
+	if len(refused) == 0 {
+		l.entries = before
+		l.mu.Unlock()
+		return nil, nil
+	}
+	data, err := marshalFile(ordered)
+	if err == nil {
+		var aside string
+		if aside, err = keepAside(l.path, data); err == nil {
+			for _, r := range refused {
+				log.Error("ledger entry left out: it is impossible on this node's GPUs (its container keeps running and is reported unrealised at Synchronize)",
+					"container", r.Entry.ContainerID, "pod", r.Entry.Namespace+"/"+r.Entry.Pod, "name", r.Entry.Container,
+					"reason", r.Reason, "copiedTo", aside)
+			}
+			err = l.saveLocked()
+		}
+	}
+	if err != nil {
+		l.entries = before
+		l.mu.Unlock()
+		return nil, err
+	}
+	fn := l.onChange
+	l.mu.Unlock()
+	if fn != nil {
+		fn()
+	}
+	return refused, nil
+}
+
+// sharersLocked names the admitted entries that hold a GPU e names, for Verify's reasons.
+func (l *Ledger) sharersLocked(e *Entry) string {
+	gpus := map[string]bool{}
+	for _, d := range e.Devices {
+		gpus[d.UUID] = true
+	}
+	var ids []string
+	for id, o := range l.entries {
+		for _, d := range o.Devices {
+			if gpus[d.UUID] {
+				ids = append(ids, id)
+				break
+			}
+		}
+	}
+	if len(ids) == 0 {
+		return ""
+	}
+	sort.Strings(ids)
+	return fmt.Sprintf(" (the GPU is held by %s, which the file lists before %s)", strings.Join(ids, ", "), e.ContainerID)
 }
 
 // listsTwice refuses an entry that names one device twice: a holder gets a GPU, MIG instance or
@@ -492,12 +583,12 @@ func (l *Ledger) Retain(live map[string]bool) ([]Entry, error) {
 // half. There is no fsync on this hot path (CreateContainer): after a power loss no container is
 // running, and the containers' own annotations are what Synchronize rebuilds the ledger from.
 func (l *Ledger) saveLocked() error {
-	f := file{APIVersion: api.Version, Entries: make([]*Entry, 0, len(l.entries))}
+	entries := make([]*Entry, 0, len(l.entries))
 	for _, e := range l.entries {
-		f.Entries = append(f.Entries, e)
+		entries = append(entries, e)
 	}
-	sort.Slice(f.Entries, func(i, j int) bool { return f.Entries[i].ContainerID < f.Entries[j].ContainerID })
-	data, err := json.MarshalIndent(f, "", "  ")
+	sort.Slice(entries, func(i, j int) bool { return entries[i].ContainerID < entries[j].ContainerID })
+	data, err := marshalFile(entries)
 	if err != nil {
 		return err
 	}
@@ -505,4 +596,9 @@ func (l *Ledger) saveLocked() error {
 		return fmt.Errorf("save ledger: %w", err)
 	}
 	return nil
+}
+
+// marshalFile is the file holding entries, in the order given.
+func marshalFile(entries []*Entry) ([]byte, error) {
+	return json.MarshalIndent(file{APIVersion: api.Version, Entries: entries}, "", "  ")
 }

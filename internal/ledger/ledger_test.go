@@ -397,3 +397,75 @@ func TestMove(t *testing.T) {
 		t.Error("a refused move was recorded")
 	}
 }
+
+// Open cannot know the inventory, so a ledger file whose entries over-commit a GPU's memory or name
+// a GPU the node lacks loads whole; Verify, after the first inventory, leaves those out (the later
+// of two that over-commit together, with a reason naming both), logs and copies them aside, and
+// keeps an entry on an unhealthy GPU, whose container may still run on it.
+func TestSecurityLedgerVerifiedAgainstInventory(t *testing.T) {
+	inv := testInventory()
+	inv.GPUs[1].Healthy = false
+	gone := "GPU-ffffffff-0000-4000-8000-ffffffffffff"
+	entries := []*Entry{
+		{ContainerID: "a", PodUID: "pa", Namespace: "ns", Pod: "pa", Devices: []api.DeviceAssignment{share(0, 30, 10)}},
+		{ContainerID: "b", PodUID: "pb", Namespace: "ns", Pod: "pb", Devices: []api.DeviceAssignment{share(0, 30, 10)}},
+		{ContainerID: "c", PodUID: "pc", Namespace: "ns", Pod: "pc", Devices: []api.DeviceAssignment{{UUID: gone, Whole: true}}},
+		{ContainerID: "d", PodUID: "pd", Namespace: "ns", Pod: "pd", Devices: []api.DeviceAssignment{share(1, 1, 10)}},
+	}
+	data, err := marshalFile(entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "ledger.json")
+	if err := os.WriteFile(path, data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	l, err := Open(path, nil)
+	if err != nil || len(l.Entries()) != 4 {
+		t.Fatalf("Open kept %d entries, %v; want all 4 (the inventory is not known yet)", len(l.Entries()), err)
+	}
+	changed := 0
+	l.OnChange(func() { changed++ })
+	var logged bytes.Buffer
+	refused, err := l.Verify(inv, slog.New(slog.NewTextHandler(&logged, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var kept []string
+	for _, e := range l.Entries() {
+		kept = append(kept, e.ContainerID)
+	}
+	if !slices.Equal(kept, []string{"a", "d"}) {
+		t.Errorf("kept %v, want [a d] (the earlier share, and the share on the unhealthy GPU)", kept)
+	}
+	if len(refused) != 2 || refused[0].Entry.ContainerID != "b" || refused[1].Entry.ContainerID != "c" {
+		t.Fatalf("refused %+v, want b and c", refused)
+	}
+	for _, w := range []string{"GPU " + uuid(0) + " has 42949672960 bytes", "held by a", "before b"} {
+		if !strings.Contains(refused[0].Reason, w) {
+			t.Errorf("reason %q does not say %q", refused[0].Reason, w)
+		}
+	}
+	if !strings.Contains(refused[1].Reason, "GPU "+gone+" is not on node n") {
+		t.Errorf("reason %q does not name the missing GPU", refused[1].Reason)
+	}
+	for _, w := range []string{"level=ERROR", "container=b", "container=c", "copiedTo="} {
+		if !strings.Contains(logged.String(), w) {
+			t.Errorf("log %q does not say %q", logged.String(), w)
+		}
+	}
+	if copies := corruptCopies(t, path); len(copies) != 1 || copies[0] != string(data) {
+		t.Errorf("the ledger as it was is not kept aside: %q", copies)
+	}
+	if changed != 1 {
+		t.Errorf("OnChange ran %d times, want 1 (holdings are published again)", changed)
+	}
+	again, err := Open(path, nil)
+	if err != nil || len(again.Entries()) != 2 {
+		t.Errorf("the ledger on disk holds %d entries (%v), want the 2 kept", len(again.Entries()), err)
+	}
+	// A verified ledger has nothing more to say, and writes nothing.
+	if refused, err := again.Verify(inv, nil); err != nil || refused != nil || len(corruptCopies(t, path)) != 1 {
+		t.Errorf("verified again: %v, %v, %d copies", refused, err, len(corruptCopies(t, path)))
+	}
+}
