@@ -19,8 +19,8 @@ import (
 
 // publisher writes the inventory annotation (and the GPU model label) on the agent's Node, which
 // is all the extender knows about the node's GPUs, and on every refresh the inventory heartbeat: the
-// extender refuses nodes whose heartbeat is older than its inventoryMaxAge (agent gone, GPUs
-// unknown). The inventory itself is patched only when it changed, so a heartbeat does not make the
+// extender refuses nodes whose heartbeat it has not seen change for longer than its inventoryMaxAge
+// (agent gone, GPUs unknown; timed on the extender's clock, not this one). The inventory itself is patched only when it changed, so a heartbeat does not make the
 // extender rebuild the node.
 func publisher(ctx context.Context, client kubernetes.Interface, nodeName string, log *slog.Logger) func(*api.NodeInventory) {
 	last := ""

@@ -14,8 +14,8 @@ import (
 )
 
 // TestStaleInventoryRefused: with InventoryMaxAge set, a node whose inventory heartbeat is missing,
-// unreadable or too old is refused with a reason that says so; a fresh one is used, and a heartbeat
-// update (no inventory change) brings a stale node back.
+// unreadable or not renewed for too long (as the extender observes it) is refused with a reason that
+// says so; a fresh one is used, and a heartbeat update (no inventory change) brings a stale node back.
 func TestStaleInventoryRefused(t *testing.T) {
 	now := time.Date(2026, 11, 23, 10, 0, 0, 0, time.UTC)
 	x := newTestExtender(t, api.PolicyTessera)
@@ -28,8 +28,13 @@ func TestStaleInventoryRefused(t *testing.T) {
 		}
 		x.State.UpsertNode(n)
 	}
-	beat("fresh", now.Add(-30*time.Second).Format(time.RFC3339))
+	// Freshness is timed by observation: "old" is seen with one heartbeat 5 minutes ago and never
+	// again; "fresh" renews its heartbeat 30 s ago.
 	beat("old", now.Add(-5*time.Minute).Format(time.RFC3339))
+	beat("fresh", now.Add(-5*time.Minute).Format(time.RFC3339))
+	now = now.Add(4*time.Minute + 30*time.Second)
+	beat("fresh", now.Format(time.RFC3339))
+	now = now.Add(30 * time.Second)
 	beat("none", "")
 	beat("junk", "yesterday")
 	names := []string{"fresh", "old", "none", "junk"}
@@ -37,7 +42,7 @@ func TestStaleInventoryRefused(t *testing.T) {
 	if len(*res.NodeNames) != 1 || (*res.NodeNames)[0] != "fresh" {
 		t.Fatalf("fit %v, want only fresh; failed %v", *res.NodeNames, res.FailedNodes)
 	}
-	for node, want := range map[string]string{"old": "stale: last confirmed 5m0s ago", "none": "carries no heartbeat", "junk": "not an RFC 3339 time"} {
+	for node, want := range map[string]string{"old": "stale: heartbeat not renewed for 5m0s as observed by the extender", "none": "carries no heartbeat", "junk": "not an RFC 3339 time"} {
 		if !strings.Contains(res.FailedNodes[node], want) {
 			t.Errorf("%s: reason %q, want it to contain %q", node, res.FailedNodes[node], want)
 		}
@@ -52,7 +57,8 @@ func TestStaleInventoryRefused(t *testing.T) {
 	}
 }
 
-// TestStaleInventoryBindRefused: bind refuses a node whose inventory went stale since Filter.
+// TestStaleInventoryBindRefused: bind refuses a node whose inventory went stale since Filter (its
+// heartbeat not renewed for longer than InventoryMaxAge on the extender's clock).
 func TestStaleInventoryBindRefused(t *testing.T) {
 	now := time.Now()
 	node := testNode(testInventory("n1", 1, 1, "T4"), nil)
@@ -61,6 +67,8 @@ func TestStaleInventoryBindRefused(t *testing.T) {
 	cs, _ := fakeAPI(t, []runtime.Object{node, a}...)
 	x := newBinder(t, cs, "x", node)
 	x.State.InventoryMaxAge = time.Minute
+	// Two minutes pass on the extender's clock without a heartbeat renewal.
+	x.State.now = func() time.Time { return time.Now().Add(2 * time.Minute) }
 	err := x.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: "a", PodNamespace: "default", PodUID: a.UID, Node: "n1"})
 	if err == nil || !strings.Contains(err.Error(), "stale") {
 		t.Fatalf("bind on a stale inventory: %v", err)

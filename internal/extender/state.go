@@ -66,8 +66,9 @@ type State struct {
 	freeSlots []int
 	ttl       time.Duration
 	now       func() time.Time
-	// InventoryMaxAge, when positive, makes nodes whose inventory heartbeat is missing or older
-	// unusable (set before the informers start).
+	// InventoryMaxAge, when positive, makes nodes whose inventory heartbeat is missing, unreadable
+	// or not renewed for longer, as observed on the State's clock, unusable (set before the
+	// informers start).
 	InventoryMaxAge time.Duration
 	// conflicts counts pod entries applied on a GPU another entry already holds (should stay 0).
 	conflicts atomic.Int64
@@ -92,10 +93,14 @@ type nodeEntry struct {
 	// (local placements, holds of restarting containers), applied to state as occupied.
 	heldRaw string
 	held    map[types.UID]placement.Placement
-	// heartbeat is when the node agent last confirmed the inventory (zero: none or unreadable,
-	// heartbeatErr says which).
-	heartbeat    time.Time
-	heartbeatErr string
+	// heartbeat is the node agent's heartbeat annotation as last seen, and heartbeatSeen when (on
+	// the State's own monotonic clock) it was first seen with that value: the agent's timestamp is
+	// written on the agent's clock, so freshness is timed by observation, as NodeLocker times Leases
+	// (a dead node whose clock runs fast must not stay placeable). heartbeatErr says why the
+	// heartbeat is missing or unreadable ("" when it is not).
+	heartbeat     string
+	heartbeatSeen time.Time
+	heartbeatErr  string
 	// slot is the entry's index in per-node tables (the evaluation memo); freed slots are reused.
 	slot int
 	// changed: the entry is in the change log (guarded by changeLog.mu).
@@ -103,7 +108,9 @@ type nodeEntry struct {
 }
 
 // unusable says why placement must not use the node now ("" when it may): no entry, no valid
-// inventory, or (with InventoryMaxAge) an inventory its agent has not confirmed recently.
+// inventory, or (with InventoryMaxAge) an inventory whose heartbeat this State has not seen
+// renewed for longer than InventoryMaxAge (now is the State's clock; the check runs at every
+// view, so a dead node, which sends no informer event, goes stale all the same).
 func (s *State) unusable(e *nodeEntry, now time.Time) string {
 	switch {
 	case e == nil:
@@ -114,9 +121,9 @@ func (s *State) unusable(e *nodeEntry, now time.Time) string {
 		return ""
 	case e.heartbeatErr != "":
 		return e.heartbeatErr
-	case now.Sub(e.heartbeat) > s.InventoryMaxAge:
-		return fmt.Sprintf("node's GPU inventory is stale: last confirmed %s ago (at most %s); is tessera-node running there?",
-			now.Sub(e.heartbeat).Round(time.Second), s.InventoryMaxAge)
+	case now.Sub(e.heartbeatSeen) > s.InventoryMaxAge:
+		return fmt.Sprintf("node's GPU inventory is stale: heartbeat not renewed for %s as observed by the extender (at most %s); is tessera-node running there?",
+			now.Sub(e.heartbeatSeen).Round(time.Second), s.InventoryMaxAge)
 	}
 	return ""
 }

@@ -30,13 +30,17 @@ func (s *State) UpsertNode(node *corev1.Node) {
 		s.nodes[node.Name] = e
 		s.nodeGen++
 	}
-	e.heartbeat, e.heartbeatErr = time.Time{}, ""
-	if hb, ok := node.Annotations[api.AnnotationInventoryHeartbeat]; !ok {
+	// The heartbeat counts as renewed when its value changes (a node first seen counts from now);
+	// its time is the agent's clock and is only checked to be one.
+	hb, ok := node.Annotations[api.AnnotationInventoryHeartbeat]
+	if e.heartbeatSeen.IsZero() || hb != e.heartbeat {
+		e.heartbeat, e.heartbeatSeen = hb, s.now()
+	}
+	e.heartbeatErr = ""
+	if !ok {
 		e.heartbeatErr = "node's GPU inventory carries no heartbeat (annotation " + api.AnnotationInventoryHeartbeat + "); is tessera-node running there, and new enough?"
-	} else if t, err := time.Parse(time.RFC3339, hb); err != nil {
+	} else if _, err := time.Parse(time.RFC3339, hb); err != nil {
 		e.heartbeatErr = fmt.Sprintf("node's GPU inventory heartbeat %q is not an RFC 3339 time", hb)
-	} else {
-		e.heartbeat = t
 	}
 	raw := node.Annotations[api.AnnotationInventory]
 	cpu, mem := node.Status.Allocatable.Cpu().MilliValue(), node.Status.Allocatable.Memory().Value()>>20

@@ -30,7 +30,8 @@ type ExtenderConfig struct {
 	// ReservationTTL bounds how long an in-flight decision is held when no bind outcome is seen.
 	ReservationTTL Duration `json:"reservationTTL,omitempty"`
 	// InventoryMaxAge, when set, refuses nodes whose inventory heartbeat (AnnotationInventoryHeartbeat)
-	// is missing or older: their agent may be gone and their GPUs changed. 0 checks nothing.
+	// is missing, unreadable, or not seen to change for longer, timed on the extender's own clock
+	// (the agent's clock may be skewed): their agent may be gone and their GPUs changed. 0 checks nothing.
 	InventoryMaxAge Duration `json:"inventoryMaxAge,omitempty"`
 	// SchedulerNames are the schedulers (a pod's spec.schedulerName) this extender binds for: Bind
 	// refuses any other pod, so that a call naming a pod no Tessera-configured scheduler schedules
