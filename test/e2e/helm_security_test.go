@@ -73,3 +73,38 @@ func TestHelmNetworkPolicyAdmitsReplicas(t *testing.T) {
 		}
 	}
 }
+
+// TestHelmAgentListensOnHostIP renders the node agent (no cluster): under hostNetwork its /metrics
+// and /healthz listen on the pod's IP (status.podIP, the node's own IP there), not on 0.0.0.0 (every
+// address of the node, other networks included); the probes carry no host, so the kubelet probes
+// that same IP. An explicit node.listenHost still wins (127.0.0.1: the probes follow).
+func TestHelmAgentListensOnHostIP(t *testing.T) {
+	var ds appsv1.DaemonSet
+	chartObject(t, chartObjects(t), "DaemonSet/tessera-node", &ds)
+	spec := ds.Spec.Template.Spec
+	c := spec.Containers[0]
+	if !spec.HostNetwork {
+		t.Fatal("the agent no longer runs on the host network by default; this test assumes it does")
+	}
+	if !slices.Contains(c.Args, "--listen=$(POD_IP):9445") {
+		t.Errorf("the agent does not listen on its pod's (the node's) IP: %q", c.Args)
+	}
+	ip := false
+	for _, e := range c.Env {
+		if e.Name == "POD_IP" {
+			ip = e.ValueFrom != nil && e.ValueFrom.FieldRef != nil && e.ValueFrom.FieldRef.FieldPath == "status.podIP"
+		}
+	}
+	if !ip {
+		t.Errorf("POD_IP is not the downward API's status.podIP: %+v", c.Env)
+	}
+	if c.ReadinessProbe.HTTPGet.Host != "" || c.LivenessProbe.TCPSocket.Host != "" {
+		t.Errorf("the probes name a host (want the pod IP the agent listens on): %+v %+v", c.ReadinessProbe, c.LivenessProbe)
+	}
+
+	chartObject(t, chartObjects(t, "--set", "node.listenHost=127.0.0.1"), "DaemonSet/tessera-node", &ds)
+	c = ds.Spec.Template.Spec.Containers[0]
+	if !slices.Contains(c.Args, "--listen=127.0.0.1:9445") || c.ReadinessProbe.HTTPGet.Host != "127.0.0.1" || c.LivenessProbe.TCPSocket.Host != "127.0.0.1" {
+		t.Errorf("node.listenHost=127.0.0.1: args %q, probes %+v %+v", c.Args, c.ReadinessProbe, c.LivenessProbe)
+	}
+}
