@@ -108,3 +108,26 @@ func TestHelmAgentListensOnHostIP(t *testing.T) {
 		t.Errorf("node.listenHost=127.0.0.1: args %q, probes %+v %+v", c.Args, c.ReadinessProbe, c.LivenessProbe)
 	}
 }
+
+// TestHelmSchedulerSecurityContext renders the chart's own kube-scheduler (scheduler.mode=second;
+// no cluster): it runs as a non-root user with the RuntimeDefault seccomp profile, a read-only root
+// filesystem, no privilege escalation and no capabilities, as the extender does.
+func TestHelmSchedulerSecurityContext(t *testing.T) {
+	objs := chartObjects(t)
+	for _, name := range []string{"tessera-scheduler", "tessera-extender"} {
+		var d appsv1.Deployment
+		chartObject(t, objs, "Deployment/"+name, &d)
+		pod := d.Spec.Template.Spec.SecurityContext
+		if pod == nil || pod.RunAsNonRoot == nil || !*pod.RunAsNonRoot || pod.RunAsUser == nil || *pod.RunAsUser == 0 ||
+			pod.SeccompProfile == nil || pod.SeccompProfile.Type != "RuntimeDefault" {
+			t.Errorf("%s: pod securityContext %+v, want runAsNonRoot, a non-root runAsUser and seccomp RuntimeDefault", name, pod)
+		}
+		for _, c := range d.Spec.Template.Spec.Containers {
+			sc := c.SecurityContext
+			if sc == nil || sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
+				sc.Privileged != nil && *sc.Privileged || sc.Capabilities == nil || !slices.Contains(sc.Capabilities.Drop, "ALL") || len(sc.Capabilities.Add) != 0 {
+				t.Errorf("%s container %s: securityContext %+v, want no privilege escalation, a read-only root filesystem and all capabilities dropped", name, c.Name, sc)
+			}
+		}
+	}
+}
