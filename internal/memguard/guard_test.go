@@ -380,8 +380,8 @@ func TestSecurityPidReuseNotKilled(t *testing.T) {
 
 // TestSecurityNVMLErrorNothingKilled: a sample NVML cannot answer (an error, or a process whose
 // memory it cannot say) is missing data: it enforces nothing and breaks the run of over-cap
-// samples. Mutation: treat a failed sample as ok with no processes counted... (kept: s.ok false
-// -> continue) removing the reset of the run kills the child at the 4th sample.
+// samples. Mutation: without the reset of the run on a failed sample (delete(g.over, k)) the
+// child is killed at the first over-cap sample after the failure.
 func TestSecurityNVMLErrorNothingKilled(t *testing.T) {
 	e := newEnv(t, share(ctrA, "pod-a", gpu0, 256*mib))
 	c := e.inContainer(ctrA)
