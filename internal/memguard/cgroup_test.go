@@ -33,6 +33,7 @@ func TestSecurityContainerFromCgroup(t *testing.T) {
 		{"v1 lines disagree", "12:memory:/kubepods/pod1/" + idA + "\n11:devices:/kubepods/pod1/" + idB + "\n", ""},
 		{"nested cgroup named like another container", "0::/kubepods.slice/kubepods-pod1.slice/cri-containerd-" + idA + ".scope/cri-containerd-" + idB + ".scope\n", idA},
 		{"nested cgroupfs", "0::/kubepods/pod1/" + idA + "/" + idB + "\n", idA},
+		{"read from a private cgroup namespace (the agent in a container)", "0::/../../kubepods-besteffort.slice/kubepods-besteffort-pod1.slice/cri-containerd-" + idA + ".scope\n", idA},
 		{"host process", "0::/system.slice/containerd.service\n", ""},
 		{"upper-case hex is no runtime's ID", "0::/kubepods/pod1/" + strings.ToUpper(idA) + "\n", ""},
 		{"63 hex", "0::/kubepods/pod1/" + idA[1:] + "\n", ""},
