@@ -18,12 +18,10 @@ import (
 	"github.com/tessera-gpu/tessera/vcuda"
 )
 
-// Label names. Per-GPU series carry dcgm-exporter's labels (gpu, UUID, device, modelName, Hostname)
-// so they join with its DCGM_FI_* series; per-container series add namespace, pod and container as
-// dcgm-exporter's Kubernetes mapping does.
+// Label names (telemetry.GPULabels, telemetry.ContainerLabels: dcgm-exporter's).
 var (
-	gpuLabels       = []string{"gpu", "UUID", "device", "modelName", "Hostname"}
-	containerLabels = []string{"namespace", "pod", "container", "gpu", "UUID", "Hostname"}
+	gpuLabels       = telemetry.GPULabels
+	containerLabels = telemetry.ContainerLabels
 	// HAMi's label sets, for the dashboards written for HAMi's vGPU metrics.
 	hamiGPULabels       = []string{"nodeid", "deviceuuid", "deviceidx", "devicetype"}
 	hamiContainerLabels = []string{"podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid"}
@@ -250,12 +248,10 @@ func (c *hamiCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-func (s *nodeState) gpuLabelValues(g *api.GPU) []string {
-	return []string{strconv.Itoa(g.Index), g.UUID, "nvidia" + strconv.Itoa(g.Minor), g.Model, s.node}
-}
+func (s *nodeState) gpuLabelValues(g *api.GPU) []string { return telemetry.GPULabelValues(g, s.node) }
 
 func (s *nodeState) containerLabelValues(e *ledger.Entry, g *api.GPU) []string {
-	return []string{e.Namespace, e.Pod, e.Container, strconv.Itoa(g.Index), g.UUID, s.node}
+	return telemetry.ContainerLabelValues(e.Namespace, e.Pod, e.Container, g, s.node)
 }
 
 // hamiDeviceType is HAMi's devicetype label: "NVIDIA-" and NVML's device name.

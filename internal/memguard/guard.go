@@ -18,6 +18,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strconv"
 	"sync"
 	"time"
 
@@ -250,7 +251,7 @@ func (g *Guard) Sample() {
 		samples[uuid] = g.sampleGPU(uuid, known)
 	}
 
-	snap := snapshot{gpus: g.gpuLabels()}
+	snap := snapshot{gpus: g.inventoryGPUs()}
 	for uuid, s := range samples {
 		if !s.ok {
 			continue
@@ -498,8 +499,8 @@ func mibString(b int64) string { return fmt.Sprintf("%d MiB", b>>20) }
 
 // gpuName is "<index> (<uuid>)" when the inventory knows the GPU.
 func (g *Guard) gpuName(uuid string) string {
-	if gl, ok := g.gpuLabels()[uuid]; ok {
-		return gl[0] + " (" + uuid + ")"
+	if gp, ok := g.inventoryGPUs()[uuid]; ok {
+		return strconv.Itoa(gp.Index) + " (" + uuid + ")"
 	}
 	return uuid
 }

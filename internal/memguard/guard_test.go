@@ -147,10 +147,12 @@ func (e *env) uses(uuid string, c *child, bytes int64) {
 	e.procs[uuid] = append(ps, nvml.ProcessInfo{Pid: c.pid, UsedGpuMemory: uint64(bytes)})
 }
 
-// sample advances the clock by one interval and samples.
-func (e *env) sample() {
-	e.clock.Step(time.Second)
-	e.guard.Sample()
+// samples advances the clock by one interval and samples, n times.
+func (e *env) samples(n int) {
+	for range n {
+		e.clock.Step(time.Second)
+		e.guard.Sample()
+	}
 }
 
 // killed waits for c to end (the guard's SIGKILL) and checks it died of SIGKILL. The deadline only
@@ -214,10 +216,10 @@ func TestSecurityMemoryCapKill(t *testing.T) {
 	c := e.inContainer(ctrA)
 	e.uses(gpu0, c, 4096*mib) // allocated past vcuda: a DEEPBIND library, a static binary
 	for range 3 {             // at 0s, 1s, 2s over the cap: inside the grace
-		e.sample()
+		e.samples(1)
 		c.alive(t)
 	}
-	e.sample() // 3s over the cap
+	e.samples(1) // 3s over the cap
 	c.killed(t)
 	if got := e.kills(); got != 1 {
 		t.Errorf("tessera_memory_cap_kills_total = %v, want 1", got)
@@ -245,11 +247,9 @@ func TestSecurityMemoryCapGrace(t *testing.T) {
 	c := e.inContainer(ctrA)
 	for range 2 {
 		e.uses(gpu0, c, 2048*mib)
-		for range 3 { // 0s, 1s, 2s: a spike shorter than the 3s grace
-			e.sample()
-		}
+		e.samples(3) // 0s, 1s, 2s: a spike shorter than the 3s grace
 		e.uses(gpu0, c, 512*mib)
-		e.sample()
+		e.samples(1)
 	}
 	c.alive(t)
 	if e.kills() != 0 || len(e.eventsWith(ReasonCapExceeded)) != 0 {
@@ -263,18 +263,14 @@ func TestMemoryCapTolerance(t *testing.T) {
 	a, b := e.inContainer(ctrA), e.inContainer(ctrB)
 	e.uses(gpu0, a, 256*mib+64*mib)            // the 64 MiB floor
 	e.uses(gpu1, b, 10240*mib+10240*mib/100*2) // 2% of a 10 GiB cap
-	for range 10 {
-		e.sample()
-	}
+	e.samples(10)
 	a.alive(t)
 	b.alive(t)
 	if e.kills() != 0 {
 		t.Errorf("kills %v under cap plus tolerance", e.kills())
 	}
 	e.uses(gpu0, a, 256*mib+64*mib+1)
-	for range 4 {
-		e.sample()
-	}
+	e.samples(4)
 	a.killed(t)
 	b.alive(t)
 }
@@ -292,9 +288,7 @@ func TestSecuritySharedClaimCapSummed(t *testing.T) {
 	ca, cb := e.inContainer(ctrA), e.inContainer(ctrB)
 	e.uses(gpu0, ca, 600*mib) // each under the 1 GiB cap, together 1200 MiB over it
 	e.uses(gpu0, cb, 600*mib)
-	for range 4 {
-		e.sample()
-	}
+	e.samples(4)
 	ca.killed(t)
 	cb.killed(t)
 	if e.kills() != 2 {
@@ -314,9 +308,7 @@ func TestSecurityWholeGPUNeverKilled(t *testing.T) {
 	e := newEnv(t, whole, share(ctrA, "pod-a", gpu0, 256*mib))
 	w := e.inContainer(ctrW)
 	e.uses(gpu0, w, 40960*mib)
-	for range 6 {
-		e.sample()
-	}
+	e.samples(6)
 	w.alive(t)
 	if e.kills() != 0 {
 		t.Errorf("kills %v", e.kills())
@@ -334,9 +326,7 @@ func TestSecurityUnknownProcessNeverKilled(t *testing.T) {
 	e.uses(gpu0, host, 8192*mib)
 	e.uses(gpu0, other, 8192*mib)
 	e.uses(gpu0, split, 8192*mib)
-	for range 6 {
-		e.sample()
-	}
+	e.samples(6)
 	for _, c := range []*child{host, other, split} {
 		c.alive(t)
 	}
@@ -369,12 +359,30 @@ func TestSecurityPidReuseNotKilled(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for range 4 {
-		e.sample()
-	}
+	e.samples(4)
 	c.alive(t)
 	if e.kills() != 0 || testutil.ToFloat64(e.guard.metrics.killErrors) != 0 {
 		t.Errorf("kills %v, kill errors %v", e.kills(), testutil.ToFloat64(e.guard.metrics.killErrors))
+	}
+}
+
+// TestSecurityPidInOtherContainerNotKilled: a pid that, at the kill, is in another container than
+// the one measured (reused there) is not killed. Mutation: skip the container check in sameProcess
+// and the child is killed.
+func TestSecurityPidInOtherContainerNotKilled(t *testing.T) {
+	e := newEnv(t, share(ctrA, "pod-a", gpu0, 256*mib), share(ctrB, "pod-b", gpu1, 256*mib))
+	c := e.inContainer(ctrA)
+	e.uses(gpu0, c, 4096*mib)
+	e.guard.beforeKill = func(pid uint32) {
+		cg := "0::/kubepods/pod1/" + ctrB + "\n"
+		if err := os.WriteFile(filepath.Join(e.proc, strconv.Itoa(int(pid)), "cgroup"), []byte(cg), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.samples(4)
+	c.alive(t)
+	if e.kills() != 0 {
+		t.Errorf("kills %v", e.kills())
 	}
 }
 
@@ -391,13 +399,11 @@ func TestSecurityNVMLErrorNothingKilled(t *testing.T) {
 		func() { e.fail[gpu0] = nvml.ERROR_GPU_IS_LOST },
 		func() { e.procs[gpu0] = []nvml.ProcessInfo{{Pid: c.pid, UsedGpuMemory: ^uint64(0)}} }, // NVML_VALUE_NOT_AVAILABLE
 	} {
-		for range 3 {
-			e.sample()
-		}
+		e.samples(3)
 		e.mu.Lock()
 		fail()
 		e.mu.Unlock()
-		e.sample()
+		e.samples(1)
 		e.mu.Lock()
 		delete(e.fail, gpu0)
 		e.mu.Unlock()
@@ -420,9 +426,7 @@ func TestSecurityRegionUnderreport(t *testing.T) {
 	c := e.inContainer(ctrA)
 	e.uses(gpu0, c, 900*mib)
 	e.regions[ctrA] = &vcuda.Region{GPUs: []vcuda.RegionGPU{{UUID: gpu0, MemCap: uint64(1024 * mib), Used: 0}}}
-	for range 3 {
-		e.sample()
-	}
+	e.samples(3)
 	ev := e.eventsWith(ReasonAccountingMismatch)
 	if len(ev) != 1 || !strings.Contains(ev[0], "900 MiB") || !strings.Contains(ev[0], "counts 0 MiB") {
 		t.Fatalf("events %v, want one %s", ev, ReasonAccountingMismatch)
@@ -436,7 +440,7 @@ tessera_container_gpu_memory_measured_bytes{Hostname="node-a",UUID="%s",containe
 	}
 	// An honest region (within tolerance of the measurement) is no mismatch.
 	e.regions[ctrA].GPUs[0].Used = uint64(880 * mib)
-	e.sample()
+	e.samples(1)
 	if strings.Contains(scrape(t, e.guard.metrics), "tessera_container_region_underreport_bytes{") {
 		t.Error("underreport exported for a region within tolerance")
 	}

@@ -1,30 +1,26 @@
 package memguard
 
 import (
-	"strconv"
 	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/ledger"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
-// Labels follow the agent's other series (cmd/tessera-node/metrics.go): per-GPU series carry
-// dcgm-exporter's gpu, UUID, device, modelName and Hostname; per-container series namespace, pod,
-// container, gpu, UUID and Hostname.
+// The guard's series carry the agent's labels (telemetry.GPULabels, telemetry.ContainerLabels).
 var (
-	gpuLabels       = []string{"gpu", "UUID", "device", "modelName", "Hostname"}
-	containerLabels = []string{"namespace", "pod", "container", "gpu", "UUID", "Hostname"}
-
 	measuredDesc = prometheus.NewDesc("tessera_container_gpu_memory_measured_bytes",
 		"GPU memory the container's processes hold as the driver reports it (NVML's per-process used memory on the host, contexts and modules included); the memory guard enforces caps on it.",
-		containerLabels, nil)
+		telemetry.ContainerLabels, nil)
 	underreportDesc = prometheus.NewDesc("tessera_container_region_underreport_bytes",
 		"Measured GPU memory of a share (a container's, or a shared claim's on its claim entry) past what its vcuda accounting region counts, when over the tolerance: memory allocated past vcuda or a region written by the container.",
-		containerLabels, nil)
+		telemetry.ContainerLabels, nil)
 	unattributedDesc = prometheus.NewDesc("tessera_gpu_memory_unattributed_bytes",
 		"GPU memory on a shared GPU held by processes in no container Tessera placed (never killed by the memory guard).",
-		gpuLabels, nil)
+		telemetry.GPULabels, nil)
 )
 
 // metrics are the guard's series: the last sample's gauges and the counters.
@@ -40,7 +36,7 @@ type metrics struct {
 
 // snapshot is what one sample measured.
 type snapshot struct {
-	gpus         map[string][]string // uuid -> gpu, UUID, device, modelName (inventory)
+	gpus         map[string]*api.GPU // the inventory's GPUs by UUID
 	measured     []containerValue
 	underreport  []containerValue
 	unattributed []gpuValue
@@ -95,25 +91,25 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	s := m.last
 	m.mu.Unlock()
 	for _, v := range s.measured {
-		if gl, ok := s.gpus[v.uuid]; ok {
-			ch <- prometheus.MustNewConstMetric(measuredDesc, prometheus.GaugeValue, v.value, v.entry.Namespace, v.entry.Pod, v.entry.Container, gl[0], v.uuid, m.node)
+		if g, ok := s.gpus[v.uuid]; ok {
+			ch <- prometheus.MustNewConstMetric(measuredDesc, prometheus.GaugeValue, v.value, telemetry.ContainerLabelValues(v.entry.Namespace, v.entry.Pod, v.entry.Container, g, m.node)...)
 		}
 	}
 	for _, v := range s.underreport {
-		if gl, ok := s.gpus[v.uuid]; ok {
-			ch <- prometheus.MustNewConstMetric(underreportDesc, prometheus.GaugeValue, v.value, v.entry.Namespace, v.entry.Pod, v.entry.Container, gl[0], v.uuid, m.node)
+		if g, ok := s.gpus[v.uuid]; ok {
+			ch <- prometheus.MustNewConstMetric(underreportDesc, prometheus.GaugeValue, v.value, telemetry.ContainerLabelValues(v.entry.Namespace, v.entry.Pod, v.entry.Container, g, m.node)...)
 		}
 	}
 	for _, v := range s.unattributed {
-		if gl, ok := s.gpus[v.uuid]; ok {
-			ch <- prometheus.MustNewConstMetric(unattributedDesc, prometheus.GaugeValue, v.value, append(gl, m.node)...)
+		if g, ok := s.gpus[v.uuid]; ok {
+			ch <- prometheus.MustNewConstMetric(unattributedDesc, prometheus.GaugeValue, v.value, telemetry.GPULabelValues(g, m.node)...)
 		}
 	}
 }
 
-// gpuLabels are the inventory's GPUs' label values but Hostname, by UUID.
-func (g *Guard) gpuLabels() map[string][]string {
-	out := map[string][]string{}
+// inventoryGPUs are the inventory's GPUs by UUID.
+func (g *Guard) inventoryGPUs() map[string]*api.GPU {
+	out := map[string]*api.GPU{}
 	if g.cfg.Inventory == nil {
 		return out
 	}
@@ -121,8 +117,8 @@ func (g *Guard) gpuLabels() map[string][]string {
 	if inv == nil {
 		return out
 	}
-	for _, gp := range inv.GPUs {
-		out[gp.UUID] = []string{strconv.Itoa(gp.Index), gp.UUID, "nvidia" + strconv.Itoa(gp.Minor), gp.Model}
+	for i := range inv.GPUs {
+		out[inv.GPUs[i].UUID] = &inv.GPUs[i]
 	}
 	return out
 }
