@@ -108,3 +108,11 @@ func TestSecurityProcFileBounded(t *testing.T) {
 		t.Error("a missing pid has a start time")
 	}
 }
+
+func FuzzStartTime(f *testing.F) {
+	f.Add([]byte("42 (sleep) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 987654 20 21\n"))
+	f.Add([]byte("42 (a) b) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21) 1\n"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		_, _ = StartTime(data) // never a panic: the command name is the process's to choose
+	})
+}
