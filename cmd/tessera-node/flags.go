@@ -92,6 +92,12 @@ func (f *nodeFlags) runFlags(host string) []cli.Flag {
 		str("dra-registrar-dir", "draRegistrarDir", configv1.DefaultDRARegistrar, "the kubelet's plugin registry directory (<kubelet root-dir>/plugins_registry), where the DRA plugin registers"),
 		str("dra-plugin-dir", "draPluginDir", configv1.DefaultDRAPluginDir, "directory of the DRA plugin's socket (<kubelet root-dir>/plugins/"+api.DRADriverName+")"),
 		field(f, "healthCheckInterval", &cli.DurationFlag{Name: "health-check-interval", Value: configv1.DefaultHealthCheckInterval, Usage: "how often GPUs are probed; an unhealthy GPU recovers when a probe passes after a whole interval without errors"}),
+		str("host-proc", "hostProc", configv1.DefaultHostProc, "the host's /proc, where the memory guard maps GPU processes (NVML's host pids) to containers; the agent needs the host's PID namespace"),
+		field(f, "memoryGuard.enabled", &cli.BoolFlag{Name: "memory-guard", Value: true, Usage: "kill the GPU processes of a share whose memory, as the driver measures it, stays over its cap (--memory-guard=false: vcuda alone enforces caps, which a container can walk past)"}),
+		field(f, "memoryGuard.interval", &cli.DurationFlag{Name: "memory-guard-interval", Value: configv1.DefaultMemoryGuardInterval, Usage: "how often the memory guard reads each shared GPU's per-process memory from NVML"}),
+		field(f, "memoryGuard.grace", &cli.DurationFlag{Name: "memory-guard-grace", Value: configv1.DefaultMemoryGuardGrace, Usage: "how long a share must stay over its cap plus tolerance, in consecutive samples, before its GPU processes are killed"}),
+		field(f, "memoryGuard.toleranceBytes", &cli.Int64Flag{Name: "memory-guard-tolerance-bytes", Value: configv1.DefaultMemoryGuardTolerance, Usage: "usage up to cap + max(this, cap x --memory-guard-tolerance-percent / 100) is within the cap"}),
+		field(f, "memoryGuard.tolerancePercent", &cli.Int64Flag{Name: "memory-guard-tolerance-percent", Value: configv1.DefaultMemoryGuardPercent, Usage: "the tolerance's share of the cap, in percent"}),
 	}
 }
 
@@ -147,14 +153,24 @@ func (f *nodeFlags) load(cmd *cli.Command) (*configv1.NodeConfig, error) {
 	}
 	fromFlags := map[string]any{}
 	for name, key := range f.keys {
-		if _, set := inFile[key]; set && !cmd.IsSet(name) {
+		// A key "section.field" is a field of a section (memoryGuard.interval).
+		file, flags := inFile, fromFlags
+		if section, k, nested := strings.Cut(key, "."); nested {
+			file, _ = inFile[section].(map[string]any)
+			if flags, _ = fromFlags[section].(map[string]any); flags == nil {
+				flags = map[string]any{}
+				fromFlags[section] = flags
+			}
+			key = k
+		}
+		if _, set := file[key]; set && !cmd.IsSet(name) {
 			continue
 		}
 		v := cmd.Value(name)
 		if d, ok := v.(time.Duration); ok {
 			v = configv1.Duration{Duration: d}
 		}
-		fromFlags[key] = v
+		flags[key] = v
 	}
 	data, err := json.Marshal(fromFlags)
 	if err != nil {

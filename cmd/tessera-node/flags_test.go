@@ -129,3 +129,46 @@ func TestChartFlags(t *testing.T) {
 		t.Errorf("parsed %+v", cfg)
 	}
 }
+
+// TestMemoryGuardFlags: the memoryGuard section and --host-proc merge like every other field:
+// flag > TESSERA_NODE_* > config file > default, field by field inside the section.
+func TestMemoryGuardFlags(t *testing.T) {
+	cfg, err := loadRunFlags(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := cfg.MemoryGuard
+	if !m.On() || m.Interval.Duration != time.Second || m.Grace.Duration != 3*time.Second || m.ToleranceBytes != 64<<20 ||
+		m.TolerancePercent != 2 || cfg.HostProc != "/proc" {
+		t.Errorf("defaults: %+v host-proc %q", m, cfg.HostProc)
+	}
+	cfgFile := filepath.Join(t.TempDir(), "node.yaml")
+	os.WriteFile(cfgFile, []byte("apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\nmemoryGuard:\n  interval: 2s\n  grace: 10s\n  tolerancePercent: 5\n"), 0o644)
+	t.Setenv("TESSERA_NODE_MEMORY_GUARD_GRACE", "20s")
+	cfg, err = loadRunFlags(t, "--config", cfgFile, "--memory-guard-tolerance-bytes=1048576", "--host-proc=/host/proc")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m = cfg.MemoryGuard
+	if !m.On() || m.Interval.Duration != 2*time.Second || m.Grace.Duration != 20*time.Second || m.ToleranceBytes != 1<<20 ||
+		m.TolerancePercent != 5 || cfg.HostProc != "/host/proc" {
+		t.Errorf("merged: %+v host-proc %q", m, cfg.HostProc)
+	}
+	if cfg, err := loadRunFlags(t, "--memory-guard=false"); err != nil || cfg.MemoryGuard.On() {
+		t.Errorf("--memory-guard=false: %v %v", cfg, err)
+	}
+	os.WriteFile(cfgFile, []byte("apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\nmemoryGuard:\n  enabled: false\n"), 0o644)
+	if cfg, err := loadRunFlags(t, "--config", cfgFile); err != nil || cfg.MemoryGuard.On() {
+		t.Errorf("enabled: false in the file: %+v %v", cfg.MemoryGuard, err)
+	}
+	for args, want := range map[string]string{
+		"--memory-guard-interval=10ms":      "memoryGuard.interval: Invalid value: must be between 100ms and 1m",
+		"--memory-guard-grace=500ms":        "memoryGuard.grace: Invalid value: must be at least memoryGuard.interval",
+		"--memory-guard-tolerance-bytes=-1": "memoryGuard.toleranceBytes: Invalid value",
+		"--host-proc=proc":                  `hostProc: Invalid value: must be an absolute path, got "proc"`,
+	} {
+		if _, err := loadRunFlags(t, args); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%s: error %v, want %q", args, err, want)
+		}
+	}
+}

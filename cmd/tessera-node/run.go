@@ -145,6 +145,9 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 		}()
 	}
 	go releaseUnlisted(ctx, plugin, grants, unlistedInterval, log)
+	if err := startMemoryGuard(ctx, cfg, backend, a, plugin, events, reg, log); err != nil {
+		return err
+	}
 	srv, err := serveHTTP(cfg.Listen, a, mgr, plugin, reg)
 	if err != nil {
 		return err

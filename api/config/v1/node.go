@@ -112,7 +112,34 @@ type NodeConfig struct {
 	DRARegistrarDir string `json:"draRegistrarDir,omitempty"`
 	// DRAPluginDir holds the DRA plugin's socket (the kubelet must reach it at the same path).
 	DRAPluginDir string `json:"draPluginDir,omitempty"`
+	// HostProc is the host's /proc, where the memory guard maps GPU processes (host pids, as NVML
+	// reports them) to containers; the agent runs with the host's PID namespace.
+	HostProc string `json:"hostProc,omitempty"`
+	// MemoryGuard enforces share memory caps on what the driver measures (internal/memguard).
+	MemoryGuard MemoryGuard `json:"memoryGuard"`
 }
+
+// MemoryGuard configures the agent's memory guard: every Interval it reads each shared GPU's
+// per-process memory from NVML on the host and kills the GPU processes of a share that stays over
+// its cap plus tolerance for Grace, as the kernel's OOM killer does for RAM.
+type MemoryGuard struct {
+	// Enabled turns the guard on (default true). Off, caps rest on vcuda alone, which a container
+	// can walk past.
+	Enabled *bool `json:"enabled,omitempty"`
+	// Interval is the time between samples (default 1s).
+	Interval Duration `json:"interval,omitempty"`
+	// Grace is how long usage must stay over cap plus tolerance, in consecutive samples, before the
+	// share's processes are killed (default 3s; "0s" is not allowed: one sample is not evidence).
+	Grace Duration `json:"grace,omitempty"`
+	// ToleranceBytes and TolerancePercent: usage up to cap + max(ToleranceBytes, cap x
+	// TolerancePercent / 100) is within the cap (defaults 64 MiB and 2%; 0 takes the default): NVML counts whole pages
+	// and the driver grows a process's memory on its own (local memory, page tables).
+	ToleranceBytes   int64 `json:"toleranceBytes,omitempty"`
+	TolerancePercent int64 `json:"tolerancePercent,omitempty"`
+}
+
+// On reports whether the guard runs.
+func (m MemoryGuard) On() bool { return m.Enabled == nil || *m.Enabled }
 
 // DefaultIgnoredXIDs are the XIDs NVIDIA's device plugin ignores as application errors: 13 graphics
 // engine exception, 31 GPU memory page fault, 43 GPU stopped processing, 45 preemptive cleanup,
@@ -140,6 +167,15 @@ const (
 	DefaultRediscover   = time.Minute
 	// DefaultHealthCheckInterval is how often GPUs are probed for health.
 	DefaultHealthCheckInterval = 30 * time.Second
+	DefaultHostProc            = "/proc"
+	// Memory guard defaults: a sample a second; three seconds over the cap (three samples after
+	// the first) before a kill, so a transient spike (an allocation freed at once, the driver's own
+	// growth) is not killed; a tolerance of max(64 MiB, 2% of the cap), above NVML's page
+	// granularity and the driver's own per-process growth, small beside any cap worth enforcing.
+	DefaultMemoryGuardInterval  = time.Second
+	DefaultMemoryGuardGrace     = 3 * time.Second
+	DefaultMemoryGuardTolerance = 64 << 20
+	DefaultMemoryGuardPercent   = 2
 )
 
 // maxXID bounds XIDs; NVML reports 999 for an unknown one.
@@ -190,6 +226,26 @@ func (c *NodeConfig) Defaults() {
 	if c.HealthCheckInterval.Duration == 0 {
 		c.HealthCheckInterval.Duration = DefaultHealthCheckInterval
 	}
+	if c.HostProc == "" {
+		c.HostProc = DefaultHostProc
+	}
+	m := &c.MemoryGuard
+	if m.Enabled == nil {
+		on := true
+		m.Enabled = &on
+	}
+	if m.Interval.Duration == 0 {
+		m.Interval.Duration = DefaultMemoryGuardInterval
+	}
+	if m.Grace.Duration == 0 {
+		m.Grace.Duration = DefaultMemoryGuardGrace
+	}
+	if m.ToleranceBytes == 0 {
+		m.ToleranceBytes = DefaultMemoryGuardTolerance
+	}
+	if m.TolerancePercent == 0 {
+		m.TolerancePercent = DefaultMemoryGuardPercent
+	}
 }
 
 // Validate checks a defaulted NodeConfig.
@@ -239,6 +295,22 @@ func (c *NodeConfig) Validate() error {
 	}
 	if c.HealthCheckInterval.Duration < time.Second {
 		fe.Add("healthCheckInterval", "must be at least 1s, got %s", c.HealthCheckInterval.Duration)
+	}
+	if !filepath.IsAbs(c.HostProc) {
+		fe.Add("hostProc", "must be an absolute path, got %q", c.HostProc)
+	}
+	m := c.MemoryGuard
+	if m.Interval.Duration < 100*time.Millisecond || m.Interval.Duration > time.Minute {
+		fe.Add("memoryGuard.interval", "must be between 100ms and 1m, got %s", m.Interval.Duration)
+	}
+	if m.Grace.Duration < m.Interval.Duration || m.Grace.Duration > 10*time.Minute {
+		fe.Add("memoryGuard.grace", "must be at least memoryGuard.interval (%s: one sample is not evidence) and at most 10m, got %s", m.Interval.Duration, m.Grace.Duration)
+	}
+	if m.ToleranceBytes < 0 || m.ToleranceBytes > 16<<30 {
+		fe.Add("memoryGuard.toleranceBytes", "must be between 0 and 16 GiB (17179869184), got %d", m.ToleranceBytes)
+	}
+	if m.TolerancePercent < 0 || m.TolerancePercent > 50 {
+		fe.Add("memoryGuard.tolerancePercent", "must be between 0 and 50, got %d", m.TolerancePercent)
 	}
 	return fe.Err()
 }

@@ -102,3 +102,39 @@ func TestNodeConfigHealth(t *testing.T) {
 		t.Error("the default ignored XIDs were shared with a config")
 	}
 }
+
+// TestNodeConfigMemoryGuard: the memoryGuard section defaults to on (1s, 3s, max(64 MiB, 2%)) and
+// refuses what would kill on one sample or never sample.
+func TestNodeConfigMemoryGuard(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "c.yaml")
+	load := func(body string) (*NodeConfig, error) {
+		if err := os.WriteFile(p, []byte("apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\n"+body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return LoadNodeConfig(p)
+	}
+	c, err := load("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := c.MemoryGuard; !m.On() || m.Interval.Duration != DefaultMemoryGuardInterval || m.Grace.Duration != DefaultMemoryGuardGrace ||
+		m.ToleranceBytes != DefaultMemoryGuardTolerance || m.TolerancePercent != DefaultMemoryGuardPercent || c.HostProc != "/proc" {
+		t.Errorf("defaults %+v", m)
+	}
+	if c, err := load("memoryGuard:\n  enabled: false\n"); err != nil || c.MemoryGuard.On() {
+		t.Errorf("enabled: false: %v", err)
+	}
+	for body, want := range map[string]string{
+		"memoryGuard:\n  interval: 50ms\n":       "memoryGuard.interval: Invalid value: must be between 100ms and 1m",
+		"memoryGuard:\n  interval: 5s\n":         "memoryGuard.grace: Invalid value: must be at least memoryGuard.interval",
+		"memoryGuard:\n  grace: 1h\n":            "memoryGuard.grace: Invalid value",
+		"memoryGuard:\n  tolerancePercent: 90\n": "memoryGuard.tolerancePercent: Invalid value: must be between 0 and 50",
+		"memoryGuard:\n  toleranceBytes: -5\n":   "memoryGuard.toleranceBytes: Invalid value",
+		"memoryGuard:\n  killAfter: 3\n":         "memoryGuard.killAfter: Forbidden: unknown field",
+		"hostProc: proc\n":                       "hostProc: Invalid value: must be an absolute path",
+	} {
+		if _, err := load(body); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: error %v, want %q", body, err, want)
+		}
+	}
+}

@@ -1,0 +1,46 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/tools/record"
+
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
+	"github.com/tessera-gpu/tessera/internal/agent"
+	"github.com/tessera-gpu/tessera/internal/gpu"
+	"github.com/tessera-gpu/tessera/internal/memguard"
+	"github.com/tessera-gpu/tessera/internal/nri"
+	"github.com/tessera-gpu/tessera/vcuda"
+)
+
+// startMemoryGuard runs the memory guard (internal/memguard) on the backend's NVML until ctx ends:
+// the caps of the agent's ledger enforced on what the driver measures per process, compared with
+// the regions the metrics read (the same bounded read and vcuda.ParseRegion).
+func startMemoryGuard(ctx context.Context, cfg *configv1.NodeConfig, backend gpu.Backend, a *agent.Agent, plugin *nri.Plugin,
+	events record.EventRecorder, reg prometheus.Registerer, log *slog.Logger) error {
+	m := cfg.MemoryGuard
+	if !m.On() {
+		log.Warn("memory guard off (--memory-guard=false): share memory caps rest on vcuda alone, which a container can walk past")
+		return nil
+	}
+	g := memguard.New(memguard.Config{NVML: backend.NVML(), Entries: a.Ledger().Entries, Inventory: a.Inventory,
+		Region: func(id string) (*vcuda.Region, error) {
+			data, err := plugin.ReadRegion(id)
+			if err != nil {
+				return nil, err
+			}
+			return vcuda.ParseRegion(data)
+		},
+		HostProc: cfg.HostProc, Interval: m.Interval.Duration, Grace: m.Grace.Duration,
+		ToleranceBytes: m.ToleranceBytes, TolerancePercent: m.TolerancePercent,
+		NodeName: cfg.NodeName, Events: events, Log: log})
+	if err := g.Register(reg); err != nil {
+		return err
+	}
+	go g.Run(ctx)
+	log.Info("memory guard running", "interval", m.Interval.Duration, "grace", m.Grace.Duration, "toleranceBytes", m.ToleranceBytes,
+		"tolerancePercent", m.TolerancePercent, "hostProc", cfg.HostProc)
+	return nil
+}
