@@ -94,6 +94,11 @@ func parseSimProcRecord(b []byte) (simProcRecord, error) {
 	return r, nil
 }
 
+// fileName is the name the driver gives the record: "<pidns>-<nspid>-<start>.proc".
+func (r simProcRecord) fileName() string {
+	return fmt.Sprintf("%d-%d-%d.proc", r.PIDNS, r.NSPID, r.Start)
+}
+
 // simProcs reads the simulated driver's records and maps them to host pids through procRoot.
 type simProcs struct {
 	dir      string
@@ -155,7 +160,9 @@ func (p *simProcs) read() ([]simProcRecord, []string, error) {
 		if !e.Type().IsRegular() || !strings.HasSuffix(e.Name(), ".proc") {
 			continue
 		}
-		if r, err := readSimProcRecord(filepath.Join(p.dir, e.Name())); err == nil {
+		// Only the file named for its key counts: one record per process, however many copies of it
+		// a container writes under other names.
+		if r, err := readSimProcRecord(filepath.Join(p.dir, e.Name())); err == nil && e.Name() == r.fileName() {
 			records = append(records, r)
 			names = append(names, e.Name())
 		}

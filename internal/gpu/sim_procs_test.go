@@ -109,24 +109,31 @@ func TestSimProcsMapRecordsToHostPIDs(t *testing.T) {
 	fakeProc(t, proc, 6001, 901, "6001\t1", 333)     // another container's init
 	fakeProc(t, proc, 7001, 902, "7001\t40\t1", 444) // nested: the innermost pid counts
 	records := map[string][]byte{
-		"a.proc":    simRecord(900, 1, 111, simProcDev{Minor: 0, Ctxs: 1, Used: 100}, simProcDev{Minor: 2, Used: 5}),
-		"b.proc":    simRecord(900, 2, 222, simProcDev{Minor: 0, Ctxs: 1}),            // a context holding nothing is listed
-		"reused":    simRecord(901, 1, 999, simProcDev{Minor: 0, Ctxs: 1, Used: 300}), // not .proc: not a record
-		"dead.proc": simRecord(901, 1, 999, simProcDev{Minor: 0, Ctxs: 1, Used: 300}), // pid 1 of 901 started later: the holder died
-		"gone.proc": simRecord(903, 1, 555, simProcDev{Minor: 0, Used: 400}),          // no such namespace any more
-		"nest.proc": simRecord(902, 1, 444, simProcDev{Minor: 0, Used: 50}),
-		"idle.proc": simRecord(901, 1, 333, simProcDev{Minor: 0}), // alive, holding nothing: not listed
-		"junk.proc": []byte("not a record"),
+		"900-1-111.proc": simRecord(900, 1, 111, simProcDev{Minor: 0, Ctxs: 1, Used: 100}, simProcDev{Minor: 2, Used: 5}),
+		"900-2-222.proc": simRecord(900, 2, 222, simProcDev{Minor: 0, Ctxs: 1}),            // a context holding nothing is listed
+		"901-1-999":      simRecord(901, 1, 999, simProcDev{Minor: 0, Ctxs: 1, Used: 300}), // not .proc: not a record
+		"901-1-999.proc": simRecord(901, 1, 999, simProcDev{Minor: 0, Ctxs: 1, Used: 300}), // pid 1 of 901 started later: the holder died
+		"903-1-555.proc": simRecord(903, 1, 555, simProcDev{Minor: 0, Used: 400}),          // no such namespace any more
+		"902-1-444.proc": simRecord(902, 1, 444, simProcDev{Minor: 0, Used: 50}),
+		"901-1-333.proc": simRecord(901, 1, 333, simProcDev{Minor: 0}),                // alive, holding nothing: not listed
+		"copy.proc":      simRecord(900, 1, 111, simProcDev{Minor: 0, Used: 1 << 40}), // a second record of a live process, misnamed
+		"junk.proc":      []byte("not a record"),
 	}
 	for name, b := range records {
 		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := os.Symlink(filepath.Join(dir, "a.proc"), filepath.Join(dir, "link.proc")); err != nil {
+	// A link to a valid record of a live process elsewhere is not followed; a FIFO is not waited on.
+	fakeProc(t, proc, 6002, 901, "6002\t2", 666)
+	outside := filepath.Join(t.TempDir(), "record")
+	if err := os.WriteFile(outside, simRecord(901, 2, 666, simProcDev{Minor: 0, Used: 77}), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if err := syscall.Mkfifo(filepath.Join(dir, "fifo.proc"), 0o644); err != nil {
+	if err := os.Symlink(outside, filepath.Join(dir, "901-2-666.proc")); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(dir, "901-3-777.proc"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	p := simProcs{dir: dir, procRoot: proc}
@@ -141,7 +148,8 @@ func TestSimProcsMapRecordsToHostPIDs(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("processes by minor:\n got %v\nwant %v", got, want)
 	}
-	for name, kept := range map[string]bool{"dead.proc": false, "gone.proc": false, "a.proc": true, "idle.proc": true, "junk.proc": true, "reused": true} {
+	for name, kept := range map[string]bool{"901-1-999.proc": false, "903-1-555.proc": false, "900-1-111.proc": true, "901-1-333.proc": true,
+		"junk.proc": true, "901-1-999": true, "copy.proc": true} {
 		if _, err := os.Stat(filepath.Join(dir, name)); (err == nil) != kept {
 			t.Errorf("%s: kept=%v, want %v", name, err == nil, kept)
 		}

@@ -2234,8 +2234,12 @@ static int node_processes(int d, fake_proc *out, int max) {
             continue;
         ssize_t got = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? pread(fd, &r, sizeof(r), 0) : -1;
         close(fd);
+        char want[96];
+        snprintf(want, sizeof(want), "%llu-%llu-%llu.proc", (unsigned long long)r.pidns, (unsigned long long)r.nspid,
+                 (unsigned long long)r.start);
+        /* only the file named for its key: one record per process */
         if (got != (ssize_t)sizeof(r) || memcmp(r.magic, FAKE_PROC_MAGIC, sizeof(r.magic)) != 0 ||
-            r.seq != r.seq_end)
+            r.seq != r.seq_end || strcmp(e->d_name, want) != 0)
             continue;
         const fake_proc_dev *pd = NULL;
         for (int i = 0; i < FAKE_MAX_DEVS && !pd; i++)
