@@ -173,6 +173,12 @@ func checkDriverEdits(t *testing.T, n *gpu.Node, s *oci.Spec) {
 			t.Errorf("%s is not read-only: %v", dst, m.Options)
 		}
 	}
+	// The simulated driver's state directory: read-write, so the driver inside can record what each
+	// process holds for the host's NVML.
+	if m := mountAt(s, gpu.SimDriverStateInContainer); m == nil || m.Source != filepath.Join(n.DriverRoot, strings.TrimPrefix(gpu.SimDriverStateInContainer, "/")) ||
+		!slices.Contains(m.Options, "rw") || slices.Contains(m.Options, "ro") {
+		t.Errorf("simulated driver state mount %+v, want %s read-write from the driver root", m, gpu.SimDriverStateInContainer)
+	}
 	var hooks []string
 	for _, h := range s.Hooks.CreateContainer {
 		if h.Path != testHook {

@@ -109,12 +109,19 @@ func fillDeviceNumbers(edits *specs.ContainerEdits) error {
 }
 
 // simEdits are the simulated node's extra edits: the file that tells the simulated driver inside
-// a container which GPU each /dev/nvidiaN is. Real nodes have none.
+// a container which GPU each /dev/nvidiaN is, and the simulated driver's state directory, where it
+// records each process's device memory for the host's NVML (read-write: a real driver keeps this in
+// the kernel; see internal/testing/README.md). Real nodes have none.
 func simEdits(n *gpu.Node) []*specs.Mount {
 	if n.SimGPUFile == "" {
 		return nil
 	}
-	return []*specs.Mount{{HostPath: n.SimGPUFile, ContainerPath: gpu.SimGPUFileInContainer, Options: []string{"ro", "nosuid", "nodev", "bind"}}}
+	m := []*specs.Mount{{HostPath: n.SimGPUFile, ContainerPath: gpu.SimGPUFileInContainer, Options: []string{"ro", "nosuid", "nodev", "bind"}}}
+	if n.SimDriverState != "" {
+		m = append(m, &specs.Mount{HostPath: n.SimDriverState, ContainerPath: gpu.SimDriverStateInContainer,
+			Options: []string{"rw", "nosuid", "nodev", "noexec", "bind"}})
+	}
+	return m
 }
 
 func (d *Driver) logger() *slog.Logger {

@@ -23,6 +23,10 @@ type Node struct {
 	// SimGPUFile is the simulated node only: the host path of the file that tells the simulated
 	// driver inside containers which GPU each /dev/nvidiaN is (mounted at SimGPUFileInContainer).
 	SimGPUFile string
+	// SimDriverState is the simulated node only: the host path of the simulated driver's state
+	// directory, where the driver inside containers records each process's device memory (mounted
+	// read-write at SimDriverStateInContainer; writable by containers, so for simulation only).
+	SimDriverState string
 }
 
 // SimGPUFileInContainer is where the simulated driver (vcuda/test's fake libcuda and NVML) reads

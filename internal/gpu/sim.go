@@ -179,6 +179,8 @@ type simBackend struct {
 
 	faultMu sync.Mutex
 	faults  map[int]*simGPUState
+	// procs is the simulated driver's per-process accounting (sim_procs.go).
+	procs simProcs
 
 	mu     sync.Mutex
 	closed bool
@@ -215,7 +217,8 @@ func OpenSim(opts Options) (Backend, error) {
 		return nil, fmt.Errorf("the simulated node must not create device nodes in the real /dev: leave --dev-root empty or pick another root")
 	}
 	b := &simBackend{desc: desc, devRoot: devRoot, driverRoot: driverRoot, simRoot: root, stateDir: stateDir, migs: map[int][]nvml.Device{},
-		faults: map[int]*simGPUState{}, events: simEvents{sets: map[*simEventSet]bool{}, waitErrs: make(chan nvml.Return, 16)}}
+		faults: map[int]*simGPUState{}, events: simEvents{sets: map[*simEventSet]bool{}, waitErrs: make(chan nvml.Return, 16)},
+		procs: simProcs{dir: filepath.Join(root, SimDriverStateInContainer), procRoot: "/proc"}}
 	if driverRoot == root {
 		if err := writeSimDriverRoot(root, desc.DriverVersion, opts.SimDriverDir); err != nil {
 			return nil, err
@@ -249,6 +252,9 @@ func (b *simBackend) build() error {
 	b.srv = srv
 	if err := os.MkdirAll(b.stateDir, 0o755); err != nil {
 		return fmt.Errorf("create simulated node state dir: %w", err)
+	}
+	if err := makeSimDriverState(b.procs.dir); err != nil {
+		return err
 	}
 	if err := writeMigMinors(b.migMinorsPath(), len(configs)); err != nil {
 		return fmt.Errorf("write simulated mig-minors: %w", err)
@@ -433,6 +439,7 @@ func (b *simBackend) shapeServer() {
 		return nvml.TOPOLOGY_SYSTEM, nvml.SUCCESS
 	}
 	b.srv.EventSetCreateFunc = b.newEventSet
+	b.serveProcesses()
 	// "The UUID of the target GPU or MIG instance"; NOT_FOUND "if uuid does not match a valid device".
 	b.srv.DeviceGetHandleByUUIDFunc = func(uuid string) (nvml.Device, nvml.Return) {
 		for _, d := range b.srv.Devices {
@@ -459,6 +466,7 @@ func (b *simBackend) Discover(ctx context.Context) (*Node, error) {
 	n.DevRoot, n.DriverRoot = b.devRoot, b.driverRoot
 	n.ProcDevices = filepath.Join(b.simRoot, "proc/devices")
 	n.SimGPUFile = filepath.Join(b.simRoot, SimGPUFileInContainer)
+	n.SimDriverState = b.procs.dir
 	if b.mdev != nil {
 		if err := addMdev(n, b.mdev); err != nil {
 			return nil, err

@@ -195,6 +195,7 @@ func (b *simBackend) strictDevice(d *server.Device, capable bool) {
 		s.regs[d] |= types
 		return nvml.SUCCESS
 	}
+	b.strictProcesses(d)
 	// "NVML_ERROR_NOT_SUPPORTED If MIG is enabled or if the device doesn't support this feature".
 	d.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) {
 		switch {
@@ -226,6 +227,7 @@ func (b *simBackend) strictMIGDevice(m *mock.Device, parent *server.Device, name
 	m.GetMaxMigDeviceCountFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_INVALID_ARGUMENT }
 	m.GetMigModeFunc = func() (int, int, nvml.Return) { return 0, 0, nvml.ERROR_NOT_SUPPORTED }
 	m.GetRemappedRowsFunc = func() (int, int, bool, bool, nvml.Return) { return 0, 0, false, false, nvml.ERROR_NOT_SUPPORTED }
+	strictMIGProcesses(m, func() bool { return b.lost(parent) })
 }
 
 // newEventSet is nvmlEventSetCreate: an empty set that receives what is registered on it from now on.

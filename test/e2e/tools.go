@@ -96,7 +96,8 @@ func mustRun(t testing.TB, timeout time.Duration, name string, args ...string) s
 // SimDriver is what `make vcuda` builds for the simulated node, once per test binary run: the fake
 // driver (libcuda.so.1, libnvidia-ml.so.1, nvidia-smi) that the agent's --sim-driver-dir installs
 // as the simulated driver root, the real libvcuda.so, and an image overlay holding
-// /usr/local/bin/cudaprobe (test/image/cudaprobe.c, linked against libcuda.so.1).
+// /usr/local/bin/cudaprobe (test/image/cudaprobe.c, linked against libcuda.so.1) and
+// /usr/local/bin/cudaprobe-static (the same with the fake driver linked in, past vcuda).
 type SimDriver struct {
 	FakeDir      string // --sim-driver-dir
 	VCUDALibrary string // --vcuda-library
@@ -127,6 +128,11 @@ func BuildSimDriver(t testing.TB) SimDriver {
 			{"mkdir", "-p", probe},
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(probe, "cudaprobe"), filepath.Join(repoRoot(), "test", "image", "cudaprobe.c"),
 				"-L" + fake, "-l:libcuda.so.1"},
+			// cudaprobe-static carries its own copy of the driver, as a static binary or one making raw
+			// ioctls would: vcuda never sees its calls, while the simulated driver still charges its
+			// memory to it (the node agent's NVML reports it).
+			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(probe, "cudaprobe-static"), filepath.Join(repoRoot(), "test", "image", "cudaprobe.c"),
+				filepath.Join(repoRoot(), "vcuda", "test", "fake_cuda.c"), "-lpthread"},
 		}
 		for _, s := range steps {
 			if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {

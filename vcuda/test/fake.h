@@ -33,7 +33,17 @@
  * order. No node file or no visible GPU: cuInit returns
  * CUDA_ERROR_NO_DEVICE; NVML initialises with 0 devices, or fails with
  * NVML_ERROR_DRIVER_NOT_LOADED when nvidiactl is missing. State is private
- * to each process unless FAKE_CUDA_SHM is set.
+ * to each process unless FAKE_CUDA_SHM is set, except what a real kernel
+ * driver knows of every process: the device memory it holds per GPU,
+ * published as one record file per process in the simulated driver's state
+ * directory,
+ *   FAKE_SIM_DRIVER_DIR (default FAKE_SIM_DRIVER_DIR_DEFAULT, which the
+ *                       simulated node mounts read-write into containers;
+ *                       absent: nothing is published)
+ * where the node agent's simulated NVML reads them (internal/gpu,
+ * sim_procs.go) and maps them to host pids; NVML here lists them too, with
+ * host pids, which it can know only in the initial PID namespace (see
+ * fake_nvml.c).
  *
  * Both modes: FAKE_DRIVER_VERSION (default FAKE_DRIVER_VERSION_DEFAULT) is
  * what nvmlSystemGetDriverVersion prints; cuDriverGetVersion reports the
@@ -69,6 +79,31 @@
 #define FAKE_DRIVER_VERSION_DEFAULT "580.95.05"
 #define FAKE_CUDA_VERSION_DEFAULT 13000
 #define FAKE_NODE_FILE_DEFAULT "/etc/tessera-sim/gpus"
+#define FAKE_SIM_DRIVER_DIR_DEFAULT "/run/tessera-sim/driver"
+
+/* One process's record in the simulated driver's state directory, in the
+ * file <pidns inode>-<ns pid>-<start time>.proc, native byte order, written
+ * whole (pwrite) at every change of what the process holds: the key the
+ * host maps to a host pid (its PID namespace's inode, /proc/self/ns/pid;
+ * its pid there; field 22 of /proc/self/stat, so a reused pid is not taken
+ * for it) and, per device of the process, the device's minor, the
+ * process's live contexts there and the bytes the driver charges it
+ * (contexts, allocations, modules, pools' reserved pages). seq is bumped
+ * by each write and stored at both ends: a reader that sees them differ
+ * read a write half done. */
+#define FAKE_PROC_MAGIC "TSDRVPR1"
+typedef struct fake_proc_dev {
+    uint32_t minor; /* UINT32_MAX: no device */
+    uint32_t ctxs;
+    uint64_t used;
+} fake_proc_dev;
+typedef struct fake_proc_record {
+    char magic[8];
+    uint64_t seq;
+    uint64_t pidns, nspid, start;
+    fake_proc_dev dev[FAKE_MAX_DEVS];
+    uint64_t seq_end;
+} fake_proc_record; /* 304 bytes */
 /* What a context takes by default, per compute capability major (9.x and
  * later, and unknown: SM90; 8.x; 7.x): the rounded-up figures vcuda's
  * README states for CUDA 12 contexts with lazy loading. */

@@ -4,6 +4,7 @@
  * CI without a GPU. See fake.h for the model and its configuration.
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -417,7 +418,7 @@ static uint64_t ctx_cost(int d) {
 static CUresult take(int d, uint64_t size);
 static void give(int d, uint64_t size);
 static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
-static shared_proc *self_proc(void);
+static void proc_charge(int d, int64_t bytes, int ctxs);
 static CUresult ctx_born(fake_ctx *c, int d) {
     c->dev = d;
     uint64_t own = ctx_cost(d);
@@ -428,9 +429,7 @@ static CUresult ctx_born(fake_ctx *c, int d) {
     }
     c->own = own;
     c->refs_proc = 1;
-    shared_proc *me = self_proc();
-    if (me)
-        atomic_fetch_add(&me->ctxs[d], 1);
+    proc_charge(d, 0, 1);
     return CUDA_SUCCESS;
 }
 static void ctx_gone(fake_ctx *c) {
@@ -440,9 +439,8 @@ static void ctx_gone(fake_ctx *c) {
     if (c->own)
         give(c->dev, c->own);
     c->own = 0;
-    shared_proc *me = c->refs_proc ? self_proc() : NULL;
-    if (me)
-        atomic_fetch_sub(&me->ctxs[c->dev], 1);
+    if (c->refs_proc)
+        proc_charge(c->dev, 0, -1);
     c->refs_proc = 0;
 }
 EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d) {
@@ -880,6 +878,98 @@ static shared_proc *self_proc(void) {
     return NULL; /* table full: the process is not listed */
 }
 
+/* ---- the driver's per-process accounting, published ----
+ * In node-file mode each process's device state is private, but a real
+ * kernel driver knows what every process holds and NVML on the host lists
+ * it by host pid. So every change of what the device charges this process
+ * (proc_charge, the one place) rewrites its record (fake.h,
+ * fake_proc_record) in the simulated driver's state directory, which the
+ * node agent's simulated NVML reads. A process that dies keeps its record:
+ * the reader drops records whose process is gone, as the driver frees a
+ * dead process's memory. */
+static pthread_mutex_t rec_mu = PTHREAD_MUTEX_INITIALIZER;
+static int rec_fd = -1;
+static pid_t rec_pid; /* the process rec_fd was opened for (a forked child opens its own) */
+static fake_proc_record my_rec;
+
+static const char *sim_driver_dir(void) {
+    const char *e = getenv("FAKE_SIM_DRIVER_DIR");
+    return e && *e ? e : FAKE_SIM_DRIVER_DIR_DEFAULT;
+}
+/* Field 22 of a /proc/<pid>/stat text: the start time in clock ticks after
+ * boot, counted after the ')' that ends the command name (which may hold
+ * spaces); 0 if there is none. */
+static uint64_t stat_start_time(const char *b) {
+    const char *p = strrchr(b, ')');
+    for (int field = 2; field < 22 && p; field++) /* p: the space before field+1 */
+        p = strchr(p + 1, ' ');
+    return p ? strtoull(p + 1, NULL, 10) : 0;
+}
+static uint64_t self_start_time(void) {
+    char b[1024];
+    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ssize_t n = read(fd, b, sizeof(b) - 1);
+    close(fd);
+    if (n <= 0)
+        return 0;
+    b[n] = '\0';
+    return stat_start_time(b);
+}
+/* Opens this process's record (under rec_mu); -1 where the directory is
+ * absent (a host without the simulated node) or the key cannot be read. */
+static int rec_open(pid_t me) {
+    if (rec_fd >= 0 && rec_pid == me)
+        return rec_fd;
+    if (rec_fd >= 0)
+        close(rec_fd); /* the parent's, inherited across fork */
+    rec_fd = -1;
+    struct stat ns;
+    uint64_t start = self_start_time();
+    if (stat("/proc/self/ns/pid", &ns) != 0 || start == 0)
+        return -1;
+    memset(&my_rec, 0, sizeof(my_rec));
+    memcpy(my_rec.magic, FAKE_PROC_MAGIC, sizeof(my_rec.magic));
+    my_rec.pidns = (uint64_t)ns.st_ino;
+    my_rec.nspid = (uint64_t)me;
+    my_rec.start = start;
+    for (int d = 0; d < FAKE_MAX_DEVS; d++)
+        my_rec.dev[d].minor = d < F.ndev ? (uint32_t)F.minor[d] : UINT32_MAX;
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/%llu-%llu-%llu.proc", sim_driver_dir(), (unsigned long long)my_rec.pidns,
+             (unsigned long long)my_rec.nspid, (unsigned long long)my_rec.start);
+    rec_fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    rec_pid = me;
+    return rec_fd;
+}
+/* What the device charges this process on d changes by bytes and ctxs. */
+static void proc_charge(int d, int64_t bytes, int ctxs) {
+    shared_proc *me = self_proc();
+    if (!me)
+        return;
+    if (bytes)
+        atomic_fetch_add(&me->used[d], (uint64_t)bytes);
+    if (ctxs)
+        atomic_fetch_add(&me->ctxs[d], ctxs);
+    if (!F.node_mode)
+        return;
+    pthread_mutex_lock(&rec_mu);
+    if (rec_open(fake_pid()) >= 0) {
+        for (int i = 0; i < F.ndev; i++) {
+            int c = atomic_load(&me->ctxs[i]);
+            my_rec.dev[i].ctxs = c > 0 ? (uint32_t)c : 0;
+            my_rec.dev[i].used = atomic_load(&me->used[i]);
+        }
+        my_rec.seq++;
+        my_rec.seq_end = my_rec.seq;
+        if (pwrite(rec_fd, &my_rec, sizeof(my_rec), 0) != (ssize_t)sizeof(my_rec)) {
+            /* a full disk: the host sees a short record and ignores it */
+        }
+    }
+    pthread_mutex_unlock(&rec_mu);
+}
+
 /* Takes size bytes of device d's capacity. */
 static CUresult take(int d, uint64_t size) {
     if (d < 0 || d >= F.ndev)
@@ -893,16 +983,12 @@ static CUresult take(int d, uint64_t size) {
     uint64_t p = atomic_load(&s->peak);
     while (u + size > p && !atomic_compare_exchange_weak(&s->peak, &p, u + size))
         ;
-    shared_proc *me = self_proc();
-    if (me)
-        atomic_fetch_add(&me->used[d], size);
+    proc_charge(d, (int64_t)size, 0);
     return CUDA_SUCCESS;
 }
 static void give(int d, uint64_t size) {
     atomic_fetch_sub(&F.sh->dev[d].used, size);
-    shared_proc *me = self_proc();
-    if (me)
-        atomic_fetch_sub(&me->used[d], size);
+    proc_charge(d, -(int64_t)size, 0);
 }
 
 /* Rounding: the driver maps device memory in 2 MiB pages. An allocation
@@ -2068,10 +2154,117 @@ EXPORT int fakeDeviceDesc(int d, fake_desc *o) {
     o->cc_minor = F.cc[d][1];
     return 0;
 }
+/* ---- node-file mode: every process's record, as the host sees it ----
+ * NVML names processes by host pid. The records hold a process's PID
+ * namespace and its pid there; only a reader in the initial PID namespace
+ * (whose /proc shows every process) can tell the host pid: it finds the
+ * process in /proc whose namespace and innermost NSpid match and whose
+ * start time is the record's (else it died and the driver freed its
+ * memory). Elsewhere (a container's own PID namespace) no host pid can be
+ * known, so nothing is listed, and vcuda's "NVML does not list me" path
+ * runs as on a real driver. */
+#define INIT_PIDNS_INO 0xEFFFFFFCu /* the kernel's PROC_PID_INIT_INO */
+static int read_small(const char *path, char *b, size_t cap) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    ssize_t n = read(fd, b, cap - 1);
+    close(fd);
+    if (n < 0)
+        return -1;
+    b[n] = '\0';
+    return (int)n;
+}
+/* The host pid of (pidns, nspid, start) from /proc; 0 when no such live process. */
+static pid_t host_pid_of(const fake_proc_record *r) {
+    DIR *dir = opendir("/proc");
+    if (!dir)
+        return 0;
+    pid_t found = 0;
+    struct dirent *e;
+    char path[512], b[4096];
+    while (!found && (e = readdir(dir))) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        struct stat ns;
+        if (*end || pid <= 0)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%ld/ns/pid", pid);
+        if (stat(path, &ns) != 0 || (uint64_t)ns.st_ino != r->pidns)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%ld/status", pid);
+        if (read_small(path, b, sizeof(b)) < 0)
+            continue;
+        char *l = strstr(b, "\nNSpid:");
+        if (!l)
+            continue;
+        l += 7;
+        char *eol = strchr(l, '\n');
+        if (eol)
+            *eol = '\0';
+        char *last = strrchr(l, '\t');
+        if (!last || strtoull(last + 1, NULL, 10) != r->nspid)
+            continue;
+        snprintf(path, sizeof(path), "/proc/%ld/stat", pid);
+        if (read_small(path, b, sizeof(b)) < 0)
+            continue;
+        if (stat_start_time(b) == r->start)
+            found = (pid_t)pid;
+    }
+    closedir(dir);
+    return found;
+}
+static int node_processes(int d, fake_proc *out, int max) {
+    struct stat self;
+    if (stat("/proc/self/ns/pid", &self) != 0 || self.st_ino != INIT_PIDNS_INO)
+        return 0;
+    DIR *dir = opendir(sim_driver_dir());
+    if (!dir)
+        return 0;
+    int n = 0;
+    struct dirent *e;
+    for (int seen = 0; (e = readdir(dir)) && seen < 4 * FAKE_MAX_PROCS && n < FAKE_MAX_PROCS; seen++) {
+        size_t len = strlen(e->d_name);
+        if (len < 6 || strcmp(e->d_name + len - 5, ".proc") != 0)
+            continue;
+        fake_proc_record r;
+        struct stat st;
+        int fd = openat(dirfd(dir), e->d_name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+        if (fd < 0)
+            continue;
+        ssize_t got = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) ? pread(fd, &r, sizeof(r), 0) : -1;
+        close(fd);
+        char want[96];
+        snprintf(want, sizeof(want), "%llu-%llu-%llu.proc", (unsigned long long)r.pidns, (unsigned long long)r.nspid,
+                 (unsigned long long)r.start);
+        /* only the file named for its key: one record per process */
+        if (got != (ssize_t)sizeof(r) || memcmp(r.magic, FAKE_PROC_MAGIC, sizeof(r.magic)) != 0 ||
+            r.seq != r.seq_end || strcmp(e->d_name, want) != 0)
+            continue;
+        const fake_proc_dev *pd = NULL;
+        for (int i = 0; i < FAKE_MAX_DEVS && !pd; i++)
+            if (r.dev[i].minor == (uint32_t)F.minor[d])
+                pd = &r.dev[i];
+        if (!pd || (pd->used == 0 && pd->ctxs == 0))
+            continue;
+        pid_t host = host_pid_of(&r);
+        if (!host)
+            continue;
+        if (n < max && out) {
+            out[n].pid = host;
+            out[n].used = pd->used;
+        }
+        n++;
+    }
+    closedir(dir);
+    return n;
+}
 EXPORT int fakeDeviceProcesses(int d, fake_proc *out, int max) {
     INIT();
     if (d < 0 || d >= F.ndev)
         return -1;
+    if (F.node_mode)
+        return node_processes(d, out, max);
     int n = 0;
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
         int p = atomic_load(&F.sh->proc[i].pid);

@@ -193,7 +193,12 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
 
 /* ---- processes and utilisation ---- */
 
-/* The driver's view: every live process holding memory on the device. */
+/* The driver's view: every live process holding memory on the device. In
+ * node-file mode (the simulated node) that is every process's record in the
+ * simulated driver's state directory, named by host pid, and so empty in a
+ * container's own PID namespace, where no host pid can be known (fake_cuda.c,
+ * node_processes); a real driver's list there holds only pids of other
+ * namespaces too, so vcuda's "NVML does not list me" path runs. */
 static nvmlReturn_t procs(nvmlDevice_t d, fake_proc *out, int *n) {
     NEED_DEV(d);
     *n = fakeDeviceProcesses(d->idx, out, FAKE_MAX_PROCS);

@@ -4,6 +4,7 @@
  * scenario runs in a fresh child, since the driver reads its world once. */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -53,6 +54,10 @@ static void node_env(const char *file, const char *root) {
     else
         setenv("FAKE_GPU_NODE_FILE", tpath("no-such-file"), 1);
     setenv("FAKE_DEV_ROOT", root, 1);
+    /* the simulated driver's state directory the node mounts */
+    const char *drv = tpath("sim-driver");
+    CHECK(mkdir(drv, 0755) == 0 || errno == EEXIST, "mkdir %s: %s", drv, strerror(errno));
+    setenv("FAKE_SIM_DRIVER_DIR", drv, 1);
 }
 
 static int visible(int i, void *arg) {
@@ -160,6 +165,46 @@ static int version(int i, void *arg) {
     return 0;
 }
 
+/* Holds a context and 10 MiB on device 1 (the A100) until killed. */
+static int holder(int i, void *arg) {
+    (void)i;
+    chan *c = arg;
+    CHECK_CU(cuInit(0));
+    CUcontext ctx;
+    CHECK_CU(cuCtxCreate_v2(&ctx, 0, 1));
+    CUdeviceptr p;
+    CHECK_CU(cuMemAlloc_v2(&p, 10 * MiB));
+    chan_send_up(c, 1);
+    for (;;)
+        pause();
+}
+
+/* Another process's memory is the driver's to report (each process's
+ * device state is private in this mode): NVML lists the holder by its pid
+ * with its context and allocation, and not once it is killed, as the
+ * driver frees a dead process's memory. */
+static int other_process(int i, void *arg) {
+    (void)i;
+    (void)arg;
+    chan c;
+    chan_init(&c);
+    pid_t h = spawn(holder, 0, &c);
+    CHECK(chan_recv_up(&c) == 1, "holder ready");
+    CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit");
+    nvmlDevice_t d;
+    CHECK(nvmlDeviceGetHandleByIndex_v2(1, &d) == NVML_SUCCESS, "handle");
+    nvmlProcessInfo_t pi[4];
+    unsigned k = 4;
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(d, &k, pi) == NVML_SUCCESS && k == 1, "list %u", k);
+    CHECK(pi[0].pid == (unsigned)h && pi[0].usedGpuMemory == FAKE_CTX_BYTES_SM80 + 10 * MiB,
+          "pid %u (holder %d) used %llu", pi[0].pid, (int)h, pi[0].usedGpuMemory);
+    CHECK(kill(h, SIGKILL) == 0, "kill");
+    wait_child(h);
+    k = 4;
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(d, &k, pi) == NVML_SUCCESS && k == 0, "after SIGKILL %u", k);
+    return 0;
+}
+
 static void in_child(child_fn fn) {
     int rc = wait_child(spawn(fn, 0, NULL));
     CHECK(rc == 0, "scenario exited %d", rc);
@@ -181,4 +226,11 @@ TEST(nodefile_visibility_follows_dev_nodes) {
     node_env(file, make_dev_root("dev-ver", 1, all, 2));
     setenv("FAKE_DRIVER_VERSION", "570.86.15", 1);
     in_child(version);
+    unsetenv("FAKE_DRIVER_VERSION");
+}
+
+TEST(nodefile_other_process_listed_until_killed) {
+    const int all[] = {0, 2};
+    node_env(node_file(), make_dev_root("dev-other", 1, all, 2));
+    in_child(other_process);
 }

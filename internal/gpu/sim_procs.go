@@ -1,0 +1,373 @@
+package gpu
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
+	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+)
+
+// This file is the simulated driver's per-process accounting, as NVML on the host reports it. A real
+// kernel driver knows the device memory of every process (its contexts, allocations, modules, pools'
+// reserved pages) and NVML lists each process by host pid, until it exits, even by SIGKILL. Inside the
+// simulated node's containers the driver is vcuda/test's fake, whose state is private to each
+// process; so the fake publishes one record per process in the simulated driver's state directory
+// (mounted read-write into every GPU container at SimDriverStateInContainer), and here the records
+// become NVML's process lists. The directory is written by containers: every record is hostile input,
+// read bounded and never trusted beyond simulation.
+
+// SimDriverStateInContainer is where containers of the simulated node find the simulated driver's
+// state directory (vcuda/test/fake.h, FAKE_SIM_DRIVER_DIR_DEFAULT).
+const SimDriverStateInContainer = "/run/tessera-sim/driver"
+
+// The record layout (vcuda/test/fake.h, fake_proc_record), native byte order: magic, seq, PID
+// namespace inode, pid in that namespace, start time (field 22 of /proc/<pid>/stat), 16 device
+// entries of (minor u32, live contexts u32, bytes u64), seq again.
+const (
+	simProcMagic      = "TSDRVPR1"
+	simProcDevs       = 16
+	simProcDevSize    = 16
+	simProcHeaderSize = 40
+	simProcRecordSize = simProcHeaderSize + simProcDevs*simProcDevSize + 8
+	// simProcNoDevice marks an unused device entry.
+	simProcNoDevice = ^uint32(0)
+	// simProcMaxRecords bounds what one listing reads: a container filling the directory with
+	// names costs the agent no more than this.
+	simProcMaxRecords = 4096
+	// simProcRetries is how often a record caught mid-write (seq differs at its two ends) is read again.
+	simProcRetries = 3
+)
+
+// simProcRecord is one process's record, parsed.
+type simProcRecord struct {
+	PIDNS, NSPID, Start uint64
+	Devs                []simProcDev
+}
+
+// simProcDev is what the driver charges a process on one GPU.
+type simProcDev struct {
+	Minor uint32
+	Ctxs  uint32
+	Used  uint64
+}
+
+var (
+	errSimProcTorn = errors.New("record caught mid-write")
+	simProcOrder   = binary.NativeEndian
+)
+
+// parseSimProcRecord decodes a record exactly simProcRecordSize bytes long; anything else is an error,
+// never a panic.
+func parseSimProcRecord(b []byte) (simProcRecord, error) {
+	var r simProcRecord
+	if len(b) != simProcRecordSize {
+		return r, fmt.Errorf("record is %d bytes, want %d", len(b), simProcRecordSize)
+	}
+	if string(b[:8]) != simProcMagic {
+		return r, fmt.Errorf("record magic %q, want %q", b[:8], simProcMagic)
+	}
+	if simProcOrder.Uint64(b[8:]) != simProcOrder.Uint64(b[simProcRecordSize-8:]) {
+		return r, errSimProcTorn
+	}
+	r.PIDNS, r.NSPID, r.Start = simProcOrder.Uint64(b[16:]), simProcOrder.Uint64(b[24:]), simProcOrder.Uint64(b[32:])
+	if r.PIDNS == 0 || r.NSPID == 0 || r.NSPID > 1<<22 || r.Start == 0 {
+		return r, fmt.Errorf("record key (pid namespace %d, pid %d, start %d) names no process", r.PIDNS, r.NSPID, r.Start)
+	}
+	for i := 0; i < simProcDevs; i++ {
+		e := b[simProcHeaderSize+i*simProcDevSize:]
+		d := simProcDev{Minor: simProcOrder.Uint32(e), Ctxs: simProcOrder.Uint32(e[4:]), Used: simProcOrder.Uint64(e[8:])}
+		if d.Minor != simProcNoDevice {
+			r.Devs = append(r.Devs, d)
+		}
+	}
+	return r, nil
+}
+
+// fileName is the name the driver gives the record: "<pidns>-<nspid>-<start>.proc".
+func (r simProcRecord) fileName() string {
+	return fmt.Sprintf("%d-%d-%d.proc", r.PIDNS, r.NSPID, r.Start)
+}
+
+// simProcs reads the simulated driver's records and maps them to host pids through procRoot.
+type simProcs struct {
+	dir      string
+	procRoot string
+}
+
+// simProcess is a live process holding memory on a GPU, by host pid.
+type simProcess struct {
+	hostPID uint32
+	dev     simProcDev
+}
+
+// byMinor lists the live processes per GPU minor. Records of processes that are gone (no process in
+// procRoot with that PID namespace, pid and start time) are removed: the driver freed their memory
+// when they exited.
+func (p *simProcs) byMinor() (map[uint32][]simProcess, error) {
+	records, names, err := p.read()
+	if err != nil {
+		return nil, err
+	}
+	hosts := p.hostPIDs(records)
+	out := map[uint32][]simProcess{}
+	for i, r := range records {
+		host, ok := hosts[i]
+		if !ok {
+			_ = os.Remove(filepath.Join(p.dir, names[i]))
+			continue
+		}
+		for _, d := range r.Devs {
+			if d.Used > 0 || d.Ctxs > 0 { // NVML lists a process with a context even if it holds nothing else
+				out[d.Minor] = append(out[d.Minor], simProcess{hostPID: host, dev: d})
+			}
+		}
+	}
+	for _, l := range out {
+		sort.Slice(l, func(a, b int) bool { return l[a].hostPID < l[b].hostPID })
+	}
+	return out, nil
+}
+
+// read returns the valid records in the directory (at most simProcMaxRecords entries looked at) and
+// their file names. A missing directory has none.
+func (p *simProcs) read() ([]simProcRecord, []string, error) {
+	dir, err := os.Open(p.dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil, nil
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("simulated driver state: %w", err)
+	}
+	defer dir.Close()
+	entries, err := dir.ReadDir(simProcMaxRecords)
+	if err != nil && !errors.Is(err, io.EOF) {
+		return nil, nil, fmt.Errorf("simulated driver state: %w", err)
+	}
+	var records []simProcRecord
+	var names []string
+	for _, e := range entries {
+		if !e.Type().IsRegular() || !strings.HasSuffix(e.Name(), ".proc") {
+			continue
+		}
+		// Only the file named for its key counts: one record per process, however many copies of it
+		// a container writes under other names.
+		if r, err := readSimProcRecord(filepath.Join(p.dir, e.Name())); err == nil && e.Name() == r.fileName() {
+			records = append(records, r)
+			names = append(names, e.Name())
+		}
+	}
+	return records, names, nil
+}
+
+// readSimProcRecord reads one record file: a regular file (no link followed, no FIFO waited on) of
+// exactly the record's size, read again while caught mid-write.
+func readSimProcRecord(path string) (simProcRecord, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
+	if err != nil {
+		return simProcRecord{}, err
+	}
+	defer f.Close()
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		return simProcRecord{}, fmt.Errorf("%s is not a regular file", path)
+	}
+	buf := make([]byte, simProcRecordSize+1)
+	for try := 0; ; try++ {
+		n, err := f.ReadAt(buf, 0)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return simProcRecord{}, err
+		}
+		r, err := parseSimProcRecord(buf[:n])
+		if !errors.Is(err, errSimProcTorn) || try == simProcRetries {
+			return r, err
+		}
+	}
+}
+
+// hostPIDs maps records (by index) to the pid of their process in procRoot: the process whose
+// /proc/<pid>/ns/pid is the record's namespace, whose innermost NSpid is the record's pid and whose
+// start time is the record's. Records without one are absent.
+func (p *simProcs) hostPIDs(records []simProcRecord) map[int]uint32 {
+	out := map[int]uint32{}
+	if len(records) == 0 {
+		return out
+	}
+	type key struct{ ns, pid uint64 }
+	want := map[key][]int{}
+	namespaces := map[uint64]bool{}
+	for i, r := range records {
+		want[key{r.PIDNS, r.NSPID}] = append(want[key{r.PIDNS, r.NSPID}], i)
+		namespaces[r.PIDNS] = true
+	}
+	entries, err := os.ReadDir(p.procRoot)
+	if err != nil {
+		return out
+	}
+	for _, e := range entries {
+		pid, err := strconv.ParseUint(e.Name(), 10, 32)
+		if err != nil || pid == 0 {
+			continue
+		}
+		base := filepath.Join(p.procRoot, e.Name())
+		ns, ok := pidNamespace(filepath.Join(base, "ns/pid"))
+		if !ok || !namespaces[ns] {
+			continue
+		}
+		nspid, ok := innermostNSpid(filepath.Join(base, "status"))
+		if !ok {
+			continue
+		}
+		idx := want[key{ns, nspid}]
+		if len(idx) == 0 {
+			continue
+		}
+		start, ok := procStartTime(filepath.Join(base, "stat"))
+		if !ok {
+			continue
+		}
+		for _, i := range idx {
+			if records[i].Start == start {
+				out[i] = uint32(pid)
+			}
+		}
+	}
+	return out
+}
+
+// pidNamespace reads the inode of a /proc/<pid>/ns/pid link ("pid:[4026531836]").
+func pidNamespace(path string) (uint64, bool) {
+	target, err := os.Readlink(path)
+	if err != nil || !strings.HasPrefix(target, "pid:[") || !strings.HasSuffix(target, "]") {
+		return 0, false
+	}
+	ino, err := strconv.ParseUint(target[5:len(target)-1], 10, 64)
+	return ino, err == nil
+}
+
+// innermostNSpid is the last pid of the NSpid line of /proc/<pid>/status: the pid in the process's
+// own PID namespace.
+func innermostNSpid(path string) (uint64, bool) {
+	b, err := readProcFile(path)
+	if err != nil {
+		return 0, false
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
+			f := strings.Fields(rest)
+			if len(f) == 0 {
+				return 0, false
+			}
+			v, err := strconv.ParseUint(f[len(f)-1], 10, 64)
+			return v, err == nil
+		}
+	}
+	return 0, false
+}
+
+// procStartTime is field 22 of /proc/<pid>/stat, counted after the ')' that ends the command name.
+func procStartTime(path string) (uint64, bool) {
+	b, err := readProcFile(path)
+	if err != nil {
+		return 0, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, false
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 { // fields 3..22
+		return 0, false
+	}
+	v, err := strconv.ParseUint(f[19], 10, 64)
+	return v, err == nil
+}
+
+// readProcFile reads a small /proc file, bounded.
+func readProcFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return io.ReadAll(io.LimitReader(f, 16<<10))
+}
+
+// strictProcesses makes a GPU's process lists the simulated driver's: compute processes from the
+// records by host pid (GPU and compute instance not attributable: a process on the full GPU), no
+// graphics or MPS clients. go-nvml's wrapper of the C call retries on INSUFFICIENT_SIZE until the
+// list fits, so its Go interface only ever sees the whole list.
+func (b *simBackend) strictProcesses(d *server.Device) {
+	compute := func() ([]nvml.ProcessInfo, nvml.Return) {
+		if b.lost(d) {
+			return nil, nvml.ERROR_GPU_IS_LOST
+		}
+		all, err := b.procs.byMinor()
+		if err != nil {
+			return nil, nvml.ERROR_UNKNOWN
+		}
+		var out []nvml.ProcessInfo
+		for _, p := range all[uint32(d.Minor)] {
+			out = append(out, nvml.ProcessInfo{Pid: p.hostPID, UsedGpuMemory: p.dev.Used, GpuInstanceId: noInstance, ComputeInstanceId: noInstance})
+		}
+		return out, nvml.SUCCESS
+	}
+	none := func() ([]nvml.ProcessInfo, nvml.Return) {
+		if b.lost(d) {
+			return nil, nvml.ERROR_GPU_IS_LOST
+		}
+		return nil, nvml.SUCCESS
+	}
+	d.GetComputeRunningProcessesFunc = compute
+	d.GetGraphicsRunningProcessesFunc = none
+	d.GetMPSComputeRunningProcessesFunc = none
+}
+
+// strictMIGProcesses: the records name GPUs by minor, not GPU instances, so a MIG device lists no
+// processes (they are listed on the parent, as real NVML lists every process there to root).
+func strictMIGProcesses(m *mock.Device, parentLost func() bool) {
+	none := func() ([]nvml.ProcessInfo, nvml.Return) {
+		if parentLost() {
+			return nil, nvml.ERROR_GPU_IS_LOST
+		}
+		return nil, nvml.SUCCESS
+	}
+	m.GetComputeRunningProcessesFunc = none
+	m.GetGraphicsRunningProcessesFunc = none
+	m.GetMPSComputeRunningProcessesFunc = none
+}
+
+// serveProcesses answers the library-level process calls through the device's own.
+func (b *simBackend) serveProcesses() {
+	b.srv.DeviceGetComputeRunningProcessesFunc = func(d nvml.Device) ([]nvml.ProcessInfo, nvml.Return) {
+		return d.GetComputeRunningProcesses()
+	}
+	b.srv.DeviceGetGraphicsRunningProcessesFunc = func(d nvml.Device) ([]nvml.ProcessInfo, nvml.Return) {
+		return d.GetGraphicsRunningProcesses()
+	}
+	b.srv.DeviceGetMPSComputeRunningProcessesFunc = func(d nvml.Device) ([]nvml.ProcessInfo, nvml.Return) {
+		return d.GetMPSComputeRunningProcesses()
+	}
+}
+
+// makeSimDriverState creates the state directory the containers' simulated driver writes into:
+// world-writable (a container's user may be anyone) and sticky (one user cannot remove another's
+// records).
+func makeSimDriverState(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create simulated driver state directory: %w", err)
+	}
+	if err := os.Chmod(dir, 0o777|os.ModeSticky); err != nil {
+		return fmt.Errorf("simulated driver state directory: %w", err)
+	}
+	return nil
+}

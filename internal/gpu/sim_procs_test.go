@@ -1,0 +1,245 @@
+package gpu
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// simRecord encodes a record as vcuda/test/fake.h lays it out (written out here byte by byte, not
+// through the parser's constants).
+func simRecord(pidns, nspid, start uint64, devs ...simProcDev) []byte {
+	b := make([]byte, 304)
+	copy(b, "TSDRVPR1")
+	binary.NativeEndian.PutUint64(b[8:], 7)
+	binary.NativeEndian.PutUint64(b[16:], pidns)
+	binary.NativeEndian.PutUint64(b[24:], nspid)
+	binary.NativeEndian.PutUint64(b[32:], start)
+	for i := 0; i < 16; i++ {
+		e := b[40+16*i:]
+		binary.NativeEndian.PutUint32(e, ^uint32(0))
+		if i < len(devs) {
+			binary.NativeEndian.PutUint32(e, devs[i].Minor)
+			binary.NativeEndian.PutUint32(e[4:], devs[i].Ctxs)
+			binary.NativeEndian.PutUint64(e[8:], devs[i].Used)
+		}
+	}
+	binary.NativeEndian.PutUint64(b[296:], 7)
+	return b
+}
+
+// Records come from containers: whatever their bytes, parsing refuses what is not a whole record and
+// never panics.
+func TestSimProcRecordRefusesGarbage(t *testing.T) {
+	good := simRecord(4026532000, 7, 12345, simProcDev{Minor: 3, Ctxs: 1, Used: 1 << 30})
+	r, err := parseSimProcRecord(good)
+	if err != nil || r.PIDNS != 4026532000 || r.NSPID != 7 || r.Start != 12345 || len(r.Devs) != 1 ||
+		r.Devs[0] != (simProcDev{Minor: 3, Ctxs: 1, Used: 1 << 30}) {
+		t.Fatalf("good record: %+v, %v", r, err)
+	}
+	mutate := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
+	for name, b := range map[string][]byte{
+		"empty":      nil,
+		"short":      good[:303],
+		"long":       append(append([]byte(nil), good...), 0),
+		"magic":      mutate(func(b []byte) []byte { b[0] = 'X'; return b }),
+		"torn":       mutate(func(b []byte) []byte { b[296]++; return b }),
+		"no pid":     simRecord(4026532000, 0, 12345),
+		"no ns":      simRecord(0, 7, 12345),
+		"no start":   simRecord(4026532000, 7, 0),
+		"pid > max":  simRecord(4026532000, 1<<23, 12345),
+		"all ones":   mutate(func(b []byte) []byte { copy(b[8:], strings.Repeat("\xff", 296)); return b }),
+		"text":       []byte(strings.Repeat("TSDRVPR1", 38)),
+		"twice size": append(append([]byte(nil), good...), good...),
+	} {
+		if _, err := parseSimProcRecord(b); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func FuzzSimProcRecord(f *testing.F) {
+	f.Add(simRecord(4026532000, 7, 12345, simProcDev{Minor: 3, Ctxs: 1, Used: 1 << 30}))
+	f.Add([]byte("TSDRVPR1"))
+	f.Add(make([]byte, 304))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := parseSimProcRecord(b)
+		if err == nil && (len(b) != 304 || len(r.Devs) > 16) {
+			t.Fatalf("accepted %d bytes with %d devices", len(b), len(r.Devs))
+		}
+	})
+}
+
+// fakeProc writes a process into a fake /proc: its PID namespace link, NSpid and start time.
+func fakeProc(t *testing.T, root string, hostPID int, pidns uint64, nspids string, start uint64) {
+	t.Helper()
+	dir := filepath.Join(root, strconv.Itoa(hostPID))
+	if err := os.MkdirAll(filepath.Join(dir, "ns"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(fmt.Sprintf("pid:[%d]", pidns), filepath.Join(dir, "ns/pid")); err != nil {
+		t.Fatal(err)
+	}
+	status := "Name:\tholder\nPid:\t" + strconv.Itoa(hostPID) + "\nNSpid:\t" + nspids + "\nNSpgid:\t1\n"
+	// A command name with spaces and a ')' is why field 22 is counted from the last ')'.
+	stat := fmt.Sprintf("%d (a) b c) S 1 1 1 0 -1 4194560 100 0 0 0 0 0 0 0 20 0 1 0 %d 1000 10\n", hostPID, start)
+	for name, text := range map[string]string{"status": status, "stat": stat} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// A record names a process by (PID namespace, pid there, start time); NVML reports it by the pid the
+// host's /proc gives the process with that namespace, innermost NSpid and start time, and not at all
+// once no such process lives (its record is removed: the driver freed its memory).
+func TestSimProcsMapRecordsToHostPIDs(t *testing.T) {
+	proc, dir := t.TempDir(), t.TempDir()
+	fakeProc(t, proc, 5001, 900, "5001\t1", 111)     // a container's init
+	fakeProc(t, proc, 5002, 900, "5002\t2", 222)     // its second process
+	fakeProc(t, proc, 6001, 901, "6001\t1", 333)     // another container's init
+	fakeProc(t, proc, 7001, 902, "7001\t40\t1", 444) // nested: the innermost pid counts
+	records := map[string][]byte{
+		"900-1-111.proc": simRecord(900, 1, 111, simProcDev{Minor: 0, Ctxs: 1, Used: 100}, simProcDev{Minor: 2, Used: 5}),
+		"900-2-222.proc": simRecord(900, 2, 222, simProcDev{Minor: 0, Ctxs: 1}),            // a context holding nothing is listed
+		"901-1-999":      simRecord(901, 1, 999, simProcDev{Minor: 0, Ctxs: 1, Used: 300}), // not .proc: not a record
+		"901-1-999.proc": simRecord(901, 1, 999, simProcDev{Minor: 0, Ctxs: 1, Used: 300}), // pid 1 of 901 started later: the holder died
+		"903-1-555.proc": simRecord(903, 1, 555, simProcDev{Minor: 0, Used: 400}),          // no such namespace any more
+		"902-1-444.proc": simRecord(902, 1, 444, simProcDev{Minor: 0, Used: 50}),
+		"901-1-333.proc": simRecord(901, 1, 333, simProcDev{Minor: 0}),                // alive, holding nothing: not listed
+		"copy.proc":      simRecord(900, 1, 111, simProcDev{Minor: 0, Used: 1 << 40}), // a second record of a live process, misnamed
+		"junk.proc":      []byte("not a record"),
+	}
+	for name, b := range records {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A link to a valid record of a live process elsewhere is not followed; a FIFO is not waited on.
+	fakeProc(t, proc, 6002, 901, "6002\t2", 666)
+	outside := filepath.Join(t.TempDir(), "record")
+	if err := os.WriteFile(outside, simRecord(901, 2, 666, simProcDev{Minor: 0, Used: 77}), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(outside, filepath.Join(dir, "901-2-666.proc")); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(dir, "901-3-777.proc"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	p := simProcs{dir: dir, procRoot: proc}
+	got, err := p.byMinor()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[uint32][]simProcess{
+		0: {{5001, simProcDev{0, 1, 100}}, {5002, simProcDev{0, 1, 0}}, {7001, simProcDev{0, 0, 50}}},
+		2: {{5001, simProcDev{2, 0, 5}}},
+	}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("processes by minor:\n got %v\nwant %v", got, want)
+	}
+	for name, kept := range map[string]bool{"901-1-999.proc": false, "903-1-555.proc": false, "900-1-111.proc": true, "901-1-333.proc": true,
+		"junk.proc": true, "901-1-999": true, "copy.proc": true} {
+		if _, err := os.Stat(filepath.Join(dir, name)); (err == nil) != kept {
+			t.Errorf("%s: kept=%v, want %v", name, err == nil, kept)
+		}
+	}
+}
+
+// buildFakeDriver builds vcuda/test's fake libcuda and test/image's cudaprobe (make and gcc are
+// required: a missing toolchain fails the test).
+func buildFakeDriver(t *testing.T) (libDir, probe string) {
+	t.Helper()
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	build := t.TempDir()
+	libDir = filepath.Join(build, "fake")
+	probe = filepath.Join(build, "cudaprobe")
+	for _, s := range [][]string{
+		{"make", "-s", "-C", filepath.Join(root, "vcuda"), "BUILD=" + build, filepath.Join(libDir, "libcuda.so.1")},
+		{"gcc", "-O2", "-Wall", "-Werror", "-o", probe, filepath.Join(root, "test/image/cudaprobe.c"), "-L" + libDir, "-l:libcuda.so.1"},
+	} {
+		if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(s, " "), err, out)
+		}
+	}
+	return libDir, probe
+}
+
+// The simulated node's NVML reports a process in a container's PID namespace the way the real driver
+// does: by host pid, with what the driver charges it (its context included), until it is killed.
+func TestSimNVMLReportsContainerProcessesByHostPID(t *testing.T) {
+	b, n := openTestSim(t, "")
+	libDir, probe := buildFakeDriver(t)
+	const held = 100 << 20
+	cmd := exec.Command("unshare", "--pid", "--fork", "--mount-proc", probe, "hold", strconv.Itoa(held), "600")
+	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+libDir, "FAKE_GPU_NODE_FILE="+n.SimGPUFile,
+		"FAKE_DEV_ROOT="+filepath.Join(n.DevRoot, "dev"), "FAKE_SIM_DRIVER_DIR="+n.SimDriverState)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("unshare (util-linux) is required: %v", err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, fmt.Sprintf("held=%d error=0", held)) {
+		t.Fatalf("cudaprobe hold: %q, %v", line, err)
+	}
+	// unshare forks the namespace's init, which execs cudaprobe: that is the holder.
+	kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))
+	f := strings.Fields(string(kids))
+	if err != nil || len(f) != 1 {
+		t.Fatalf("children of unshare: %q, %v", kids, err)
+	}
+	holder, _ := strconv.Atoi(f[0])
+
+	// GPU 0 (minor 0, an A100: a context takes 384 MiB there) is the holder's device 0.
+	dev, ret := b.NVML().DeviceGetHandleByIndex(0)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	procs, ret := dev.GetComputeRunningProcesses()
+	want := []nvml.ProcessInfo{{Pid: uint32(holder), UsedGpuMemory: 384<<20 + held, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}}
+	if ret != nvml.SUCCESS || fmt.Sprint(procs) != fmt.Sprint(want) {
+		t.Fatalf("GPU 0 processes: %+v (%v), want host pid %d: %+v", procs, ret, holder, want)
+	}
+	if procs, ret := b.NVML().DeviceGetComputeRunningProcesses(dev); ret != nvml.SUCCESS || len(procs) != 1 {
+		t.Errorf("library-level list: %+v (%v)", procs, ret)
+	}
+	other, _ := b.NVML().DeviceGetHandleByIndex(1)
+	for name, list := range map[string]func() ([]nvml.ProcessInfo, nvml.Return){
+		"GPU 1 compute": other.GetComputeRunningProcesses, "graphics": dev.GetGraphicsRunningProcesses, "MPS": dev.GetMPSComputeRunningProcesses,
+	} {
+		if procs, ret := list(); ret != nvml.SUCCESS || len(procs) != 0 {
+			t.Errorf("%s: %+v (%v), want none", name, procs, ret)
+		}
+	}
+
+	// SIGKILL: the driver frees the process's memory; NVML lists it no more.
+	if err := syscall.Kill(holder, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = cmd.Wait() // unshare has reaped the holder
+	if procs, ret := dev.GetComputeRunningProcesses(); ret != nvml.SUCCESS || len(procs) != 0 {
+		t.Errorf("after SIGKILL: %+v (%v), want none", procs, ret)
+	}
+	if left, _ := filepath.Glob(filepath.Join(n.SimDriverState, "*.proc")); len(left) != 0 {
+		t.Errorf("records of dead processes left: %v", left)
+	}
+}
