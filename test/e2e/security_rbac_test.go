@@ -22,6 +22,7 @@ import (
 	"k8s.io/utils/ptr"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/agent"
 	"github.com/tessera-gpu/tessera/internal/dra"
 )
 
@@ -82,12 +83,12 @@ func TestSecurityLeastPrivilege(t *testing.T) {
 	work := pod(team, "work", "", "gpu-a")
 	pending := pod(team, "pending", "", "")
 
-	agent := saClient(t, cp, ns, release+"-node", agentPod)
+	nodeAgent := saClient(t, cp, ns, release+"-node", agentPod)
 	unbound := saClient(t, cp, ns, release+"-node", nil) // no pod, so no node claim
 	extender := saClient(t, cp, ns, release+"-extender", nil)
 
 	// The premise: the bound token names gpu-a in the request's identity, as the policies read it.
-	review, err := agent.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	review, err := nodeAgent.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
 	must("SelfSubjectReview", err)
 	if got := review.Status.UserInfo.Extra["authentication.kubernetes.io/node-name"]; len(got) != 1 || got[0] != "gpu-a" {
 		t.Fatalf("the agent's bound token carries node-name %v, want [gpu-a]: the node policies have nothing to check", got)
@@ -121,53 +122,70 @@ func TestSecurityLeastPrivilege(t *testing.T) {
 	var mine *resourceapi.ResourceSlice
 	agentWrites := []write{
 		{"patch its own Node's Tessera keys", "", func() error {
-			_, err := agent.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+
+			_, err := nodeAgent.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+
 				api.AnnotationInventory+`":"{}","`+api.AnnotationInventoryHeartbeat+`":"now","`+api.AnnotationHoldings+`":"{}"},"labels":{"`+
 				api.LabelGPUModel+`":"A100"}}}`), metav1.PatchOptions{})
 			return err
 		}},
 		{"patch another Node's Tessera keys", "policy", func() error {
-			_, err := agent.CoreV1().Nodes().Patch(ctx, "gpu-b", types.MergePatchType, metaPatch("annotations", api.AnnotationInventory, "{}"), metav1.PatchOptions{})
+			_, err := nodeAgent.CoreV1().Nodes().Patch(ctx, "gpu-b", types.MergePatchType, metaPatch("annotations", api.AnnotationInventory, "{}"), metav1.PatchOptions{})
 			return err
 		}},
 		{"move its Node to another pool", "policy", func() error {
-			_, err := agent.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, metaPatch("labels", api.LabelPool, "pool-2"), metav1.PatchOptions{})
+			_, err := nodeAgent.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, metaPatch("labels", api.LabelPool, "pool-2"), metav1.PatchOptions{})
 			return err
 		}},
 		{"set another annotation on its Node", "policy", func() error {
-			_, err := agent.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, metaPatch("annotations", "example.com/x", "y"), metav1.PatchOptions{})
+			_, err := nodeAgent.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, metaPatch("annotations", "example.com/x", "y"), metav1.PatchOptions{})
 			return err
 		}},
 		{"taint its Node", "policy", func() error {
-			_, err := agent.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{})
+			_, err := nodeAgent.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, []byte(`{"spec":{"unschedulable":true}}`), metav1.PatchOptions{})
 			return err
 		}},
 		{"patch its Node without a node claim", "policy", func() error {
 			_, err := unbound.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, metaPatch("annotations", api.AnnotationInventoryHeartbeat, "later"), metav1.PatchOptions{})
 			return err
 		}},
-		{"delete a Node", "rbac", func() error { return agent.CoreV1().Nodes().Delete(ctx, "gpu-b", metav1.DeleteOptions{}) }},
+		{"delete a Node", "rbac", func() error { return nodeAgent.CoreV1().Nodes().Delete(ctx, "gpu-b", metav1.DeleteOptions{}) }},
 		{"patch a pod on its node", "rbac", func() error {
-			_, err := agent.CoreV1().Pods(team).Patch(ctx, work.Name, types.MergePatchType, metaPatch("labels", "app", "x"), metav1.PatchOptions{})
+			_, err := nodeAgent.CoreV1().Pods(team).Patch(ctx, work.Name, types.MergePatchType, metaPatch("labels", "app", "x"), metav1.PatchOptions{})
 			return err
 		}},
 		{"write a node heartbeat Lease", "rbac", func() error {
-			_, err := agent.CoordinationV1().Leases("kube-node-lease").Create(ctx, testLease("gpu-b"), metav1.CreateOptions{})
+			_, err := nodeAgent.CoordinationV1().Leases("kube-node-lease").Create(ctx, testLease("gpu-b"), metav1.CreateOptions{})
 			return err
 		}},
 		{"read a Secret", "rbac", func() error {
-			_, err := agent.CoreV1().Secrets(ns).Get(ctx, release+"-extender-tls", metav1.GetOptions{})
+			_, err := nodeAgent.CoreV1().Secrets(ns).Get(ctx, release+"-extender-tls", metav1.GetOptions{})
 			return err
 		}},
-		{"record an Event", "", func() error {
-			_, err := agent.CoreV1().Events(team).Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{GenerateName: "refused-", Namespace: team},
+		{"record an Event through its recorder", "", func() error {
+			// The agent's own recorder (agent.NewEventRecorder), as it records refused containers.
+			rec, stop := agent.NewEventRecorder(nodeAgent, "gpu-a")
+			rec.Eventf(&corev1.ObjectReference{APIVersion: "v1", Kind: "Pod", Namespace: team, Name: work.Name, UID: work.UID},
+				corev1.EventTypeWarning, "GPUContainerRefused", "e2e: recorded by tessera-node")
+			defer stop()
+			return waitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
+				l, err := admin.CoreV1().Events(team).List(ctx, metav1.ListOptions{FieldSelector: "reason=GPUContainerRefused"})
+				return err == nil && len(l.Items) > 0, err
+			})
+		}},
+		{"record an Event as another node", "policy", func() error {
+			_, err := nodeAgent.CoreV1().Events(team).Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{GenerateName: "forged-", Namespace: team},
 				InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: team, Name: work.Name, UID: work.UID},
-				Reason:         "GPUContainerRefused", Message: "test", Type: corev1.EventTypeWarning, Source: corev1.EventSource{Component: "tessera-node", Host: "gpu-a"}}, metav1.CreateOptions{})
+				Reason:         "GPUContainerRefused", Message: "test", Type: corev1.EventTypeWarning, Source: corev1.EventSource{Component: "tessera-node", Host: "gpu-b"}}, metav1.CreateOptions{})
+			return err
+		}},
+		{"record an Event as the kubelet", "policy", func() error {
+			_, err := nodeAgent.CoreV1().Events(team).Create(ctx, &corev1.Event{ObjectMeta: metav1.ObjectMeta{GenerateName: "forged-", Namespace: team},
+				InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: team, Name: work.Name, UID: work.UID},
+				Reason:         "Killing", Message: "test", Type: corev1.EventTypeNormal, Source: corev1.EventSource{Component: "kubelet", Host: "gpu-a"}}, metav1.CreateOptions{})
 			return err
 		}},
 		{"create its own ResourceSlice", "", func() error {
 			var err error
-			mine, err = agent.ResourceV1().ResourceSlices().Create(ctx, testSlice("gpu-a-slice", "gpu-a", dra.DriverName), metav1.CreateOptions{})
+			mine, err = nodeAgent.ResourceV1().ResourceSlices().Create(ctx, testSlice("gpu-a-slice", "gpu-a", dra.DriverName), metav1.CreateOptions{})
 			return err
 		}},
 		{"update its own ResourceSlice", "", func() error {
@@ -176,15 +194,15 @@ func TestSecurityLeastPrivilege(t *testing.T) {
 			}
 			mine.Spec.Pool.Generation++
 			var err error
-			mine, err = agent.ResourceV1().ResourceSlices().Update(ctx, mine, metav1.UpdateOptions{})
+			mine, err = nodeAgent.ResourceV1().ResourceSlices().Update(ctx, mine, metav1.UpdateOptions{})
 			return err
 		}},
 		{"create a ResourceSlice for another node", "policy", func() error {
-			_, err := agent.ResourceV1().ResourceSlices().Create(ctx, testSlice("gpu-b-forged", "gpu-b", dra.DriverName), metav1.CreateOptions{})
+			_, err := nodeAgent.ResourceV1().ResourceSlices().Create(ctx, testSlice("gpu-b-forged", "gpu-b", dra.DriverName), metav1.CreateOptions{})
 			return err
 		}},
 		{"create a ResourceSlice of another driver", "policy", func() error {
-			_, err := agent.ResourceV1().ResourceSlices().Create(ctx, testSlice("gpu-a-other", "gpu-a", "other.example.com"), metav1.CreateOptions{})
+			_, err := nodeAgent.ResourceV1().ResourceSlices().Create(ctx, testSlice("gpu-a-other", "gpu-a", "other.example.com"), metav1.CreateOptions{})
 			return err
 		}},
 		{"create a ResourceSlice without a node claim", "policy", func() error {
@@ -194,17 +212,17 @@ func TestSecurityLeastPrivilege(t *testing.T) {
 		{"update another node's ResourceSlice", "policy", func() error {
 			s := otherSlice.DeepCopy()
 			s.Spec.Pool.Generation++
-			_, err := agent.ResourceV1().ResourceSlices().Update(ctx, s, metav1.UpdateOptions{})
+			_, err := nodeAgent.ResourceV1().ResourceSlices().Update(ctx, s, metav1.UpdateOptions{})
 			return err
 		}},
 		{"delete another node's ResourceSlice", "policy", func() error {
-			return agent.ResourceV1().ResourceSlices().Delete(ctx, otherSlice.Name, metav1.DeleteOptions{})
+			return nodeAgent.ResourceV1().ResourceSlices().Delete(ctx, otherSlice.Name, metav1.DeleteOptions{})
 		}},
 		{"delete every ResourceSlice at once", "rbac", func() error {
-			return agent.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
+			return nodeAgent.ResourceV1().ResourceSlices().DeleteCollection(ctx, metav1.DeleteOptions{}, metav1.ListOptions{})
 		}},
 		{"delete its own ResourceSlice", "", func() error {
-			return agent.ResourceV1().ResourceSlices().Delete(ctx, "gpu-a-slice", metav1.DeleteOptions{})
+			return nodeAgent.ResourceV1().ResourceSlices().Delete(ctx, "gpu-a-slice", metav1.DeleteOptions{})
 		}},
 	}
 	assign := `{"metadata":{"annotations":{"` + api.AnnotationAssignment + `":"{}"},"labels":{"` + api.LabelAssignedNode + `":"gpu-a"}}}`
@@ -315,7 +333,7 @@ func TestSecurityLeastPrivilege(t *testing.T) {
 	claims, err := admin.ResourceV1().ResourceClaims(team).List(ctx, metav1.ListOptions{})
 	must("list claims", err)
 	if len(claims.Items) > 0 {
-		if _, err := agent.ResourceV1().ResourceClaims(team).Get(ctx, claims.Items[0].Name, metav1.GetOptions{}); err != nil {
+		if _, err := nodeAgent.ResourceV1().ResourceClaims(team).Get(ctx, claims.Items[0].Name, metav1.GetOptions{}); err != nil {
 			t.Errorf("tessera-node cannot read a claim it would prepare: %v", err)
 		}
 	}
