@@ -10,12 +10,14 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	sigyaml "sigs.k8s.io/yaml"
 
@@ -120,6 +122,7 @@ func TestHelmInstall(t *testing.T) {
 			t.Errorf("no GPUAssigned Event for %s:\n%s", p.Name, c.Describe(t, p.Name))
 		}
 	}
+	h.checkAgentWrites(t, c, ns, pods)
 	for _, name := range []string{"share-a", "share-b"} {
 		out := c.MustExec(t, name, "cudaprobe info")
 		if info := probeValues(t, out, "device"); info["total_mem"] != 10<<30 {
@@ -243,6 +246,40 @@ func newHelmHost(t *testing.T, c *Cluster) *helmHost {
 		h.values = append(h.values, "--set", k+"="+v)
 	}
 	return h
+}
+
+// checkAgentWrites: the agent's writes pass the chart's policies with the token the kubelet projects
+// into its pod (TestSecurityLeastPrivilege refuses everything else): its Node's holdings annotation
+// lists the running pods, and its node's ResourceSlices are published.
+func (h *helmHost) checkAgentWrites(t *testing.T, c *Cluster, ns string, pods []*corev1.Pod) {
+	t.Helper()
+	ctx := context.Background()
+	err := waitFor(time.Minute, 300*time.Millisecond, func() (bool, error) {
+		node, err := c.CP.Client.CoreV1().Nodes().Get(ctx, c.Node, metav1.GetOptions{})
+		if err != nil {
+			return false, err
+		}
+		held, err := api.DecodeHoldings([]byte(node.Annotations[api.AnnotationHoldings]))
+		if err != nil {
+			return false, fmt.Errorf("holdings annotation: %w", err)
+		}
+		for _, p := range pods {
+			if !slices.ContainsFunc(held.Pods, func(h api.PodHolding) bool { return h.UID == string(p.UID) }) {
+				return false, fmt.Errorf("pod %s not in the Node's holdings", p.Name)
+			}
+		}
+		l, err := c.CP.Client.ResourceV1().ResourceSlices().List(ctx, metav1.ListOptions{FieldSelector: resourceapi.ResourceSliceSelectorNodeName + "=" + c.Node})
+		if err != nil {
+			return false, err
+		}
+		if len(l.Items) == 0 {
+			return false, fmt.Errorf("no ResourceSlices of node %s", c.Node)
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("the agent's own writes did not land: %v\n%s", err, h.diagnose(t, ns))
+	}
 }
 
 func urlPort(u string) (string, error) {

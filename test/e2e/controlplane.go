@@ -67,6 +67,9 @@ type ControlPlaneOptions struct {
 	// SchedulerExtraConfig is appended to the KubeSchedulerConfiguration (top-level YAML keys such
 	// as percentageOfNodesToScore or profiles).
 	SchedulerExtraConfig string
+	// AdmissionConfig, when set, is an AdmissionConfiguration (YAML) kube-apiserver reads with
+	// --admission-control-config-file (e.g. ResourceQuota's limitedResources).
+	AdmissionConfig string
 	// SchedulerMaxBackoff, when set (whole seconds), caps the retry backoff of pods whose
 	// scheduling failed; the scheduler's default is 1 s doubling up to 10 s.
 	SchedulerMaxBackoff time.Duration
@@ -139,7 +142,7 @@ func StartControlPlane(t testing.TB, opts ControlPlaneOptions) *ControlPlane {
 		t.Fatal(err)
 	}
 	cp.startEtcd(t)
-	cp.startAPIServer(t)
+	cp.startAPIServer(t, opts.AdmissionConfig)
 	cp.waitAPIServer(t)
 	if !opts.NoScheduler {
 		cp.startScheduler(t, opts)
@@ -195,8 +198,15 @@ func (cp *ControlPlane) startEtcd(t testing.TB) {
 	cp.etcdURL = client
 }
 
-func (cp *ControlPlane) startAPIServer(t testing.TB) {
+func (cp *ControlPlane) startAPIServer(t testing.TB, admissionConfig string) {
 	t.Helper()
+	admissionFile := "" // the flag's default: none
+	if admissionConfig != "" {
+		admissionFile = filepath.Join(cp.Dir, "admission.yaml")
+		if err := os.WriteFile(admissionFile, []byte(admissionConfig), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
 	p := cp.PKI
 	port := freePort(t)
 	cp.APIServerURL = "https://127.0.0.1:" + strconv.Itoa(port)
@@ -232,7 +242,7 @@ func (cp *ControlPlane) startAPIServer(t testing.TB) {
 		"--requestheader-username-headers=X-Remote-User", "--requestheader-group-headers=X-Remote-Group",
 		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
 		"--proxy-client-cert-file="+proxyCert, "--proxy-client-key-file="+proxyKey,
-		"--profiling=false")
+		"--profiling=false", "--admission-control-config-file="+admissionFile)
 	cp.saKey = saKey
 }
 
