@@ -28,20 +28,44 @@ import (
 	"github.com/tessera-gpu/tessera/internal/testing/simagent"
 )
 
-// fakePods is the API server's pod store for the plugin.
+// fakePods is the API server's pod store for the plugin: a pod of another UID is not found, as
+// with APIPods (which the static-pod test uses for the mirror rule); down makes every read fail as
+// an unreachable API server does (no answer, so not ErrPodGone).
 type fakePods struct {
 	mu   sync.Mutex
 	pods map[string]*corev1.Pod
+	down error
 }
 
 func (f *fakePods) Pod(_ context.Context, ns, name, uid string) (*corev1.Pod, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.down != nil {
+		return nil, fmt.Errorf("get pod %s/%s: %w", ns, name, f.down)
+	}
 	p, ok := f.pods[ns+"/"+name]
 	if !ok || string(p.UID) != uid {
-		return nil, fmt.Errorf("pods %q with UID %s not found", name, uid)
+		return nil, fmt.Errorf("pods %q with UID %s not found: %w", name, uid, ErrPodGone)
 	}
 	return p, nil
+}
+
+// setDown makes the API server unreachable (err) or reachable again (nil).
+func (f *fakePods) setDown(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down = err
+}
+
+// set changes the API server's copy of a pod (nil deletes it).
+func (f *fakePods) set(ns, name string, change func(*corev1.Pod) *corev1.Pod) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p := change(f.pods[ns+"/"+name].DeepCopy()); p != nil {
+		f.pods[ns+"/"+name] = p
+	} else {
+		delete(f.pods, ns+"/"+name)
+	}
 }
 
 // env is the plugin connected to NRI's runtime-side adaptation over a real socket, with a real

@@ -3,6 +3,7 @@ package nri
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"path/filepath"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	nriadapt "github.com/containerd/nri/pkg/adaptation"
 	nriapi "github.com/containerd/nri/pkg/api"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/podresources"
@@ -34,7 +36,8 @@ func (e *env) victim(t *testing.T) string {
 	return v.Devices[0].UUID
 }
 
-// Holds of a pod the kubelet stopped listing go after two lists without it.
+// Holds of a pod the kubelet stopped listing go after two lists without it, once the API server has
+// no such pod either (while it has the pod, the kubelet may run it again with the same grant).
 func TestSecurityHoldReleasedWhenUnlisted(t *testing.T) {
 	e := newEnv(t)
 	g := e.victim(t)
@@ -48,8 +51,19 @@ func TestSecurityHoldReleasedWhenUnlisted(t *testing.T) {
 	}
 	victimOnly := map[podresources.Key]podresources.Grant{{Namespace: "ns", Pod: "victim", Container: "main"}: nil}
 	e.plugin.ReleaseUnlisted(context.Background(), victimOnly)
+	e.plugin.ReleaseUnlisted(context.Background(), victimOnly)
 	if _, ok := e.agent.Ledger().Get(holdID("uid-gone", "main")); !ok {
-		t.Fatal("hold released after one list")
+		t.Fatal("hold released while the API server still has the pod")
+	}
+	e.pods.set("ns", "gone", func(*corev1.Pod) *corev1.Pod { return nil })
+	both := map[podresources.Key]podresources.Grant{{Namespace: "ns", Pod: "victim", Container: "main"}: nil, {Namespace: "ns", Pod: "gone", Container: "main"}: nil}
+	e.plugin.ReleaseUnlisted(context.Background(), both)
+	if _, ok := e.agent.Ledger().Get(holdID("uid-gone", "main")); !ok {
+		t.Fatal("hold released while the kubelet still lists the pod")
+	}
+	e.plugin.ReleaseUnlisted(context.Background(), victimOnly)
+	if _, ok := e.agent.Ledger().Get(holdID("uid-gone", "main")); !ok {
+		t.Fatal("hold released after one list without the pod")
 	}
 	e.plugin.ReleaseUnlisted(context.Background(), victimOnly)
 	if _, ok := e.agent.Ledger().Get(holdID("uid-gone", "main")); ok {
@@ -270,6 +284,7 @@ func TestSecurityRestartKeepsGPU(t *testing.T) {
 	if _, ok := e.agent.Ledger().Get(holdID("uid-crash", "main")); !ok {
 		t.Error("hold released while the kubelet listed the pod a moment ago")
 	}
+	e.pods.set("ns", "crash", func(*corev1.Pod) *corev1.Pod { return nil })
 	if err := e.rt.StopPodSandbox(context.Background(), &nriadapt.StopPodSandboxRequest{Pod: pod}); err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +294,7 @@ func TestSecurityRestartKeepsGPU(t *testing.T) {
 }
 
 // A sandbox containerd recovered after a restart reports its ID but no pod metadata: its holds go
-// when it is stopped all the same.
+// when it is stopped all the same (its pod, as the ledger names it, is gone).
 func TestSecurityRecoveredSandboxReleasesHolds(t *testing.T) {
 	e := newEnv(t)
 	pod := e.pod("old", shareReq, nil)
@@ -290,6 +305,7 @@ func TestSecurityRecoveredSandboxReleasesHolds(t *testing.T) {
 	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: ctr("c-old")}); err != nil {
 		t.Fatal(err)
 	}
+	e.pods.set("ns", "old", func(*corev1.Pod) *corev1.Pod { return nil })
 	if err := e.rt.StopPodSandbox(context.Background(), &nriadapt.StopPodSandboxRequest{Pod: &nriapi.PodSandbox{Id: pod.GetId()}}); err != nil {
 		t.Fatal(err)
 	}
@@ -438,5 +454,86 @@ func TestSecurityValidatorForeignPluginName(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), key+"="+gpus) {
 			t.Errorf("%s: GPU CDI annotation admitted (%v): a later runtime would inject %s", name, err, gpus)
 		}
+	}
+}
+
+// TestSecuritySandboxRecreationKeepsGPU: a pod's sandbox is stopped and removed also when the kubelet
+// recreates it (the sandbox died, the node rebooted); the kubelet keeps the pod's grant, and the
+// recreated container (same pod UID, same grant, a new sandbox) gets its GPUs back: the holds stay
+// while the API server shows the pod may run again or cannot say (unreachable), and another pod
+// cannot take them meanwhile. They go once the pod is finished (terminal phase: at the sandbox's
+// stop, or at the next kubelet list if the phase came later) or gone.
+func TestSecuritySandboxRecreationKeepsGPU(t *testing.T) {
+	e := newEnv(t)
+	pod := e.pod("crash", map[string]string{api.ResourceGPU: "6"}, nil)
+	e.pods.set("ns", "crash", func(p *corev1.Pod) *corev1.Pod { p.Status.Phase = corev1.PodRunning; return p })
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "crash", Container: "main"}, api.ResourceGPU, "gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5")
+	if _, err := e.create(pod, ctr("c-crash-1")); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := e.agent.Ledger().Get("c-crash-1")
+	stopSandbox := func(sb *nriapi.PodSandbox) {
+		t.Helper()
+		ctx := context.Background()
+		if _, err := e.rt.StopContainer(ctx, &nriadapt.StopContainerRequest{Pod: sb, Container: ctr(first.ContainerID)}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.rt.StopPodSandbox(ctx, &nriadapt.StopPodSandboxRequest{Pod: sb}); err != nil {
+			t.Fatal(err)
+		}
+		if err := e.rt.RemovePodSandbox(ctx, &nriadapt.RemovePodSandboxRequest{Pod: sb}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopSandbox(pod)
+	if _, ok := e.agent.Ledger().Get(holdID("uid-crash", "main")); !ok {
+		t.Fatal("the sandbox of a running pod went and its GPUs were released")
+	}
+	other := e.pod("thief", map[string]string{api.ResourceGPU: "1"}, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "thief", Container: "main"}, api.ResourceGPU, "gpu-6")
+	if _, err := e.create(other, ctr("c-thief")); err == nil {
+		t.Error("another pod took a GPU while the kubelet recreated the sandbox of its pod")
+	}
+	recreated := &nriapi.PodSandbox{Id: "sb-crash-2", Name: "crash", Namespace: "ns", Uid: "uid-crash"}
+	if _, err := e.create(recreated, ctr("c-crash-2")); err != nil {
+		t.Fatalf("container of the recreated sandbox refused: %v", err)
+	}
+	again, _ := e.agent.Ledger().Get("c-crash-2")
+	if len(again.Devices) != 6 || again.Devices[0].UUID != first.Devices[0].UUID || again.SandboxID != "sb-crash-2" {
+		t.Errorf("recreated sandbox's container got %+v, the first had %+v", again, first)
+	}
+	first = again
+	// The API server cannot answer: the holds stay.
+	e.pods.setDown(errors.New("connection refused"))
+	stopSandbox(recreated)
+	e.plugin.ReleaseUnlisted(context.Background(), nil)
+	e.plugin.ReleaseUnlisted(context.Background(), nil)
+	if _, ok := e.agent.Ledger().Get(holdID("uid-crash", "main")); !ok {
+		t.Fatal("holds released while the API server could not say whether the pod is gone")
+	}
+	// The pod succeeded (its phase written after the sandbox stopped): the next list frees it,
+	// though the kubelet still lists it.
+	e.pods.setDown(nil)
+	e.pods.set("ns", "crash", func(p *corev1.Pod) *corev1.Pod { p.Status.Phase = corev1.PodSucceeded; return p })
+	e.plugin.ReleaseUnlisted(context.Background(), map[podresources.Key]podresources.Grant{{Namespace: "ns", Pod: "crash", Container: "main"}: nil})
+	if n := len(e.agent.Ledger().Entries()); n != 0 {
+		t.Errorf("the pod succeeded but the ledger holds %+v", e.agent.Ledger().Entries())
+	}
+	// A finished pod's sandbox stop frees at once.
+	third := &nriapi.PodSandbox{Id: "sb-crash-3", Name: "crash", Namespace: "ns", Uid: "uid-crash"}
+	e.pods.set("ns", "crash", func(p *corev1.Pod) *corev1.Pod { p.Status.Phase = corev1.PodRunning; return p })
+	if _, err := e.create(third, ctr("c-crash-3")); err != nil {
+		t.Fatal(err)
+	}
+	first, _ = e.agent.Ledger().Get("c-crash-3")
+	e.pods.set("ns", "crash", func(p *corev1.Pod) *corev1.Pod { p.DeletionTimestamp = &metav1.Time{}; return p })
+	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: third, Container: ctr("c-crash-3")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rt.StopPodSandbox(context.Background(), &nriadapt.StopPodSandboxRequest{Pod: third}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.agent.Ledger().Entries()); n != 0 {
+		t.Errorf("the pod is being deleted and its sandbox stopped, but the ledger holds %+v", e.agent.Ledger().Entries())
 	}
 }
