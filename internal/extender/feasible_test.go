@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
@@ -82,5 +83,26 @@ func TestSecurityBindChecksNodeFeasibility(t *testing.T) {
 	x := newBinder(t, cs, "a", testNode(testInventory("n1", 1, 1, "T4"), nil))
 	if err := x.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: "default", PodUID: pod.UID, Node: "gone"}); err == nil || !strings.Contains(err.Error(), "get node gone") {
 		t.Fatalf("bind to a node the API server lacks: err %v", err)
+	}
+}
+
+// TestSecurityInitContainerWholeGPURefused: a pod whose init container asks for whole GPUs, which no
+// assignment can name (it lists regular containers only) and the node would refuse at create, is
+// refused by Filter on every node, unresolvably, with the reason; a MIG instance in an init container
+// is the kubelet's to pass on and is not refused.
+func TestSecurityInitContainerWholeGPURefused(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	x.State.UpsertNode(testNode(testInventory("n1", 1, 2, "T4"), nil))
+	names := []string{"n1"}
+	pod := wholePod("staged", 1)
+	pod.Spec.InitContainers = []corev1.Container{{Name: "init", Resources: pod.Spec.Containers[0].Resources}}
+	res := x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names})
+	if why := res.FailedAndUnresolvableNodes["n1"]; !strings.Contains(why, `init container "init": nvidia.com/gpu is not supported in init containers`) {
+		t.Errorf("filter of a pod with a whole GPU in its init container: fit %v, unresolvable %v, failed %v", res.NodeNames, res.FailedAndUnresolvableNodes, res.FailedNodes)
+	}
+	pod.Spec.InitContainers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceName(api.MIGResource("1g.5gb")): resource.MustParse("1")}
+	pod.UID = "uid-staged-mig"
+	if res := x.Filter(&extenderv1.ExtenderArgs{Pod: pod, NodeNames: &names}); len(res.FailedAndUnresolvableNodes) != 0 {
+		t.Errorf("a MIG instance in an init container refused: %v", res.FailedAndUnresolvableNodes)
 	}
 }

@@ -104,6 +104,9 @@ func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.C
 		}
 		return adj, nil
 	}
+	if err := p.takeFromPodHolds(&entry); err != nil {
+		return nil, err
+	}
 	if held {
 		err = p.agent.Ledger().Move(hold.ContainerID, entry, p.agent.Inventory())
 	} else {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	nriapi "github.com/containerd/nri/pkg/api"
@@ -165,6 +166,44 @@ func (p *Plugin) release(containerID string) {
 		return
 	}
 	p.log.Info("container stopped; its devices stay with its pod", "pod", e.Namespace+"/"+e.Pod, "container", e.Container, "id", containerID)
+}
+
+// takeFromPodHolds takes the MIG and mdev devices the kubelet granted e's container away from the
+// holds of its pod's other, stopped containers. The kubelet's device manager passes an init
+// container's devices on to the pod's later containers (and a recreated sandbox's init container
+// gets them back), so a device held for a stopped container of the same pod is the pod's to pass
+// on; another pod's holds and running containers' entries keep theirs (the ledger refuses those).
+func (p *Plugin) takeFromPodHolds(e *ledger.Entry) error {
+	granted := map[string]bool{}
+	for _, id := range append(slices.Clone(e.MIG), e.Mdev...) {
+		granted[id] = true
+	}
+	if len(granted) == 0 {
+		return nil
+	}
+	l := p.agent.Ledger()
+	for _, h := range l.Entries() {
+		if h.PodUID != e.PodUID || !isHold(h.ContainerID) || h.Container == e.Container {
+			continue
+		}
+		left := h
+		left.MIG = slices.DeleteFunc(slices.Clone(h.MIG), func(id string) bool { return granted[id] })
+		left.Mdev = slices.DeleteFunc(slices.Clone(h.Mdev), func(id string) bool { return granted[id] })
+		if len(left.MIG) == len(h.MIG) && len(left.Mdev) == len(h.Mdev) {
+			continue
+		}
+		var err error
+		if len(left.Devices) == 0 && len(left.MIG) == 0 && len(left.Mdev) == 0 && len(left.Claims) == 0 {
+			_, _, err = l.Release(h.ContainerID)
+		} else {
+			err = l.Move(h.ContainerID, left, p.agent.Inventory())
+		}
+		if err != nil {
+			return fmt.Errorf("take the devices the kubelet passed on from container %q of the pod: %w", h.Container, err)
+		}
+		p.log.Info("devices passed on within the pod", "pod", e.Namespace+"/"+e.Pod, "from", h.Container, "to", e.Container)
+	}
+	return nil
 }
 
 // Synchronize rebuilds the ledger from the containers the runtime has: entries of containers that

@@ -13,6 +13,7 @@ import (
 	nriadapt "github.com/containerd/nri/pkg/adaptation"
 	nriapi "github.com/containerd/nri/pkg/api"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -536,4 +537,82 @@ func TestSecuritySandboxRecreationKeepsGPU(t *testing.T) {
 	if n := len(e.agent.Ledger().Entries()); n != 0 {
 		t.Errorf("the pod is being deleted and its sandbox stopped, but the ledger holds %+v", e.agent.Ledger().Entries())
 	}
+}
+
+// TestSecurityInitContainerGPUs: the kubelet passes an init container's devices on to the pod's
+// later containers. A MIG instance granted to the init container and then to the main container is
+// the main container's once the init container stopped (it was refused as held by the init
+// container's hold), stays the pod's against another pod, and goes back to the init container when
+// a recreated sandbox runs it again. A whole GPU in an init container, which no assignment can name,
+// is refused with the reason (as the extender's Filter refuses the pod: api.ParsePodRequest).
+func TestSecurityInitContainerGPUs(t *testing.T) {
+	t.Run("MIG passed on", func(t *testing.T) {
+		e := newEnv(t)
+		res := "nvidia.com/mig-1g.5gb"
+		mig := e.agent.Inventory().GPUs[7].MIG.Instances[2].UUID
+		pod := e.pod("staged", map[string]string{res: "1"}, nil)
+		e.pods.set("ns", "staged", func(p *corev1.Pod) *corev1.Pod {
+			p.Spec.InitContainers = []corev1.Container{{Name: "init", Resources: p.Spec.Containers[0].Resources}}
+			return p
+		})
+		for _, c := range []string{"init", "main"} {
+			e.grants.Add(podresources.Key{Namespace: "ns", Pod: "staged", Container: c}, res, mig)
+		}
+		named := func(id, name string) *nriapi.Container { c := ctr(id); c.Name = name; return c }
+		run := func(sb *nriapi.PodSandbox, id, name string) {
+			t.Helper()
+			if _, err := e.create(sb, named(id, name)); err != nil {
+				t.Fatalf("container %s refused: %v", name, err)
+			}
+			if got, _ := e.agent.Ledger().Get(id); len(got.MIG) != 1 || got.MIG[0] != mig {
+				t.Fatalf("container %s holds %+v, want MIG %s", name, got.MIG, mig)
+			}
+			if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: sb, Container: named(id, name)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		run(pod, "c-init", "init")
+		if _, err := e.create(pod, named("c-main", "main")); err != nil {
+			t.Fatalf("main container refused the MIG instance its init container passed on: %v", err)
+		}
+		if got, _ := e.agent.Ledger().Get("c-main"); len(got.MIG) != 1 || got.MIG[0] != mig {
+			t.Fatalf("main container holds %+v", got.MIG)
+		}
+		if _, ok := e.agent.Ledger().Get(holdID("uid-staged", "init")); ok {
+			t.Error("the init container's hold still names the instance the main container took")
+		}
+		thief := e.pod("thief", map[string]string{res: "1"}, nil)
+		e.grants.Add(podresources.Key{Namespace: "ns", Pod: "thief", Container: "main"}, res, mig)
+		if _, err := e.create(thief, ctr("c-thief")); err == nil || !strings.Contains(err.Error(), "already held by container c-main") {
+			t.Errorf("another pod's container given the pod's MIG instance: %v", err)
+		}
+		if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: named("c-main", "main")}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.create(thief, ctr("c-thief-2")); err == nil {
+			t.Error("another pod took the MIG instance held for the stopped main container")
+		}
+		// A recreated sandbox runs the init container again, then the main container.
+		again := &nriapi.PodSandbox{Id: "sb-staged-2", Name: "staged", Namespace: "ns", Uid: "uid-staged"}
+		run(again, "c-init-2", "init")
+		run(again, "c-main-2", "main")
+	})
+	t.Run("whole GPU refused", func(t *testing.T) {
+		e := newEnv(t)
+		pod := e.pod("initgpu", nil, nil)
+		e.pods.set("ns", "initgpu", func(p *corev1.Pod) *corev1.Pod {
+			p.Spec.InitContainers = []corev1.Container{{Name: "init", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{api.ResourceGPU: resource.MustParse("1")}}}}
+			return p
+		})
+		e.grants.Add(podresources.Key{Namespace: "ns", Pod: "initgpu", Container: "init"}, api.ResourceGPU, "gpu-0")
+		c := ctr("c-init")
+		c.Name = "init"
+		_, err := e.create(pod, c)
+		if err == nil || !strings.Contains(err.Error(), `init container "init": nvidia.com/gpu is not supported in init containers`) {
+			t.Errorf("init container with a whole GPU: %v", err)
+		}
+		if n := len(e.agent.Ledger().Entries()); n != 0 {
+			t.Errorf("refused init container left %+v", e.agent.Ledger().Entries())
+		}
+	})
 }
