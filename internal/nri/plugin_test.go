@@ -76,6 +76,7 @@ type env struct {
 	agent     *agent.Agent
 	grants    *podresourcestest.Server
 	pods      *fakePods
+	apiPods   Pods // when set, the plugin reads pods here instead of pods (APIPods over a fake clientset)
 	plugin    *Plugin
 	dir       string
 	running   []*nriapi.Container // what the runtime reports at Synchronize
@@ -174,7 +175,11 @@ func (e *env) start(client *podresources.Client, l *ledger.Ledger) *env {
 		defer e.mu.Unlock()
 		e.outcomes[pod.GetName()+"/"+c.GetName()+"/"+c.GetId()] = refusal
 	}
-	e.plugin = New(Config{StateDir: filepath.Join(e.dir, "state"), VCUDALibrary: "/opt/libvcuda.so", Events: e.events, OnCreate: onCreate}, e.agent, client, e.pods)
+	var pods Pods = e.pods
+	if e.apiPods != nil {
+		pods = e.apiPods
+	}
+	e.plugin = New(Config{StateDir: filepath.Join(e.dir, "state"), VCUDALibrary: "/opt/libvcuda.so", Events: e.events, OnCreate: onCreate}, e.agent, client, pods)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go e.plugin.Run(ctx, sock)

@@ -15,6 +15,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/podresources"
@@ -615,4 +617,103 @@ func TestSecurityInitContainerGPUs(t *testing.T) {
 			t.Errorf("refused init container left %+v", e.agent.Ledger().Entries())
 		}
 	})
+}
+
+// TestSecurityStaticPodPrivileged: a static pod's sandbox carries the kubelet's UID for it (its
+// config hash); the API server has its mirror pod, of another UID, naming that hash in
+// kubernetes.io/config.mirror. A privileged container of a static pod (kube-proxy, a CNI agent) is
+// resolved through its mirror pod and runs; the annotation counts only on a mirror pod of this node,
+// and a pod of the same name with another UID and no such annotation is not the sandbox's pod. The
+// pods are read through APIPods over client-go's fake clientset, so the rule under test is the
+// production one.
+func TestSecurityStaticPodPrivileged(t *testing.T) {
+	yes := true
+	mirror := func(name, hash, node string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system", UID: types.UID("mirror-" + name)},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", SecurityContext: &corev1.SecurityContext{Privileged: &yes}}}}}
+		if hash != "" {
+			p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: hash}
+		}
+		return p
+	}
+	client := fake.NewClientset(
+		mirror("kube-proxy-node-a", "static-hash-1", "node-a"),
+		mirror("elsewhere", "static-hash-2", "node-b"),
+		mirror("plain", "", "node-a"),
+	)
+	e, l := newAgentEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	e.apiPods = NewAPIPods(ctx, client, "node-a")
+	srv, err := e.grants.Serve(filepath.Join(e.dir, "podres.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	grants := podresources.New(filepath.Join(e.dir, "podres.sock"))
+	t.Cleanup(func() { grants.Close() })
+	e.start(grants, l)
+	for _, tc := range []struct {
+		name, uid string
+		admit     bool
+	}{
+		{"kube-proxy-node-a", "static-hash-1", true},
+		{"elsewhere", "static-hash-2", false}, // the mirror pod of another node
+		{"plain", "static-hash-3", false},     // another UID, no mirror annotation
+		{"kube-proxy-node-a", "static-hash-9", false},
+	} {
+		sb := &nriapi.PodSandbox{Id: "sb-" + tc.uid, Name: tc.name, Namespace: "kube-system", Uid: tc.uid}
+		_, err := e.create(sb, e.ctr("c-"+tc.uid, "/dev/nvidia0", "/dev/nvidiactl"))
+		if tc.admit && err != nil {
+			t.Errorf("privileged container of static pod %s (sandbox UID %s) refused: %v", tc.name, tc.uid, err)
+		}
+		if !tc.admit && (err == nil || !strings.Contains(err.Error(), "is no longer in the API server")) {
+			t.Errorf("container of sandbox %s/%s with GPU devices: %v, want a refusal (its pod is not in the API server)", tc.name, tc.uid, err)
+		}
+	}
+	if priv, _, _ := e.plugin.SecurityStats(); priv != 1 {
+		t.Errorf("privileged containers counted %d, want 1", priv)
+	}
+}
+
+// TestSecurityUnreadableSpecRetryable: when the pod's spec cannot be read (the API server is down,
+// the cache cold), a container whose admission depends on it (a privileged one with every GPU, a
+// share container whose grant is checked against its requests) is refused with an error that says
+// the refusal is not final and what to check, and the kubelet's retry is admitted once the API server
+// answers. A pod the API server no longer has is refused without that promise.
+func TestSecurityUnreadableSpecRetryable(t *testing.T) {
+	e := newEnv(t)
+	yes := true
+	priv := e.pod("priv", nil, nil)
+	e.pods.set("ns", "priv", func(p *corev1.Pod) *corev1.Pod {
+		p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &yes}
+		return p
+	})
+	share := e.pod("share", shareReq, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "share", Container: "main"}, api.ResourceShare, "vgpu-0")
+	e.pods.setDown(errors.New("dial tcp 10.96.0.1:443: connect: connection refused"))
+	for _, try := range []struct {
+		pod *nriapi.PodSandbox
+		c   *nriapi.Container
+	}{{priv, e.ctr("c-priv-1", "/dev/nvidia0")}, {share, ctr("c-share-1")}} {
+		_, err := e.create(try.pod, try.c)
+		if err == nil || !strings.Contains(err.Error(), "cannot read the pod's spec from the API server") || !strings.Contains(err.Error(), "connection refused") ||
+			!strings.Contains(err.Error(), "not a final refusal: the kubelet retries creating the container") || !strings.Contains(err.Error(), "check the API server and tessera-node's access") {
+			t.Errorf("%s with the API server down: %v", try.pod.GetName(), err)
+		}
+	}
+	if n := len(e.agent.Ledger().Entries()); n != 0 {
+		t.Errorf("refused containers left %+v", e.agent.Ledger().Entries())
+	}
+	e.pods.setDown(nil)
+	if _, err := e.create(priv, e.ctr("c-priv-2", "/dev/nvidia0")); err != nil {
+		t.Errorf("privileged container retried with the API server back: %v", err)
+	}
+	if _, err := e.create(share, ctr("c-share-2")); err != nil {
+		t.Errorf("share container retried with the API server back: %v", err)
+	}
+	e.pods.set("ns", "priv", func(*corev1.Pod) *corev1.Pod { return nil })
+	if _, err := e.create(priv, e.ctr("c-priv-3", "/dev/nvidia0")); err == nil || strings.Contains(err.Error(), "not a final refusal") || !strings.Contains(err.Error(), "no longer in the API server") {
+		t.Errorf("container of a deleted pod: %v", err)
+	}
 }
