@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -35,9 +36,17 @@ type fakePods struct {
 	mu   sync.Mutex
 	pods map[string]*corev1.Pod
 	down error
+	// stall, when set, holds every read until it is closed (a slow API server).
+	stall chan struct{}
 }
 
 func (f *fakePods) Pod(_ context.Context, ns, name, uid string) (*corev1.Pod, error) {
+	f.mu.Lock()
+	stall := f.stall
+	f.mu.Unlock()
+	if stall != nil {
+		<-stall
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.down != nil {
@@ -80,6 +89,7 @@ type env struct {
 	plugin    *Plugin
 	dir       string
 	running   []*nriapi.Container // what the runtime reports at Synchronize
+	syncs     atomic.Int32        // how many times a plugin registered and was synchronized
 	sandboxes []*nriapi.PodSandbox
 	events    *fakeEvents
 
@@ -153,6 +163,7 @@ func (e *env) start(client *podresources.Client, l *ledger.Ledger) *env {
 	sock := filepath.Join(e.dir, "nri.sock")
 	rt, err := nriadapt.New("containerd", "2.2.9",
 		func(ctx context.Context, cb nriadapt.SyncCB) error {
+			e.syncs.Add(1)
 			_, err := cb(ctx, e.sandboxes, e.running)
 			return err
 		},

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	nriadapt "github.com/containerd/nri/pkg/adaptation"
 	nriapi "github.com/containerd/nri/pkg/api"
@@ -715,5 +716,38 @@ func TestSecurityUnreadableSpecRetryable(t *testing.T) {
 	e.pods.set("ns", "priv", func(*corev1.Pod) *corev1.Pod { return nil })
 	if _, err := e.create(priv, e.ctr("c-priv-3", "/dev/nvidia0")); err == nil || strings.Contains(err.Error(), "not a final refusal") || !strings.Contains(err.Error(), "no longer in the API server") {
 		t.Errorf("container of a deleted pod: %v", err)
+	}
+}
+
+// TestSecurityFailurePolicyKeepsValidator: a CreateContainer the plugin does not answer within the
+// runtime's request timeout (here the API server stalls) fails as such, instead of proceeding
+// without the plugin, and the plugin stays registered: the next container with GPU devices nobody
+// granted is still refused, by the same connection (no new registration). Without KeepConnected the
+// runtime drops the plugin, and with it the validator, until it reconnects.
+func TestSecurityFailurePolicyKeepsValidator(t *testing.T) {
+	nriadapt.SetPluginRequestTimeout(300 * time.Millisecond)
+	t.Cleanup(func() { nriadapt.SetPluginRequestTimeout(nriadapt.DefaultPluginRequestTimeout) })
+	e := newEnv(t)
+	registered := e.syncs.Load()
+	slow := e.pod("slow", shareReq, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "slow", Container: "main"}, api.ResourceShare, "vgpu-0")
+	stall := make(chan struct{})
+	e.pods.mu.Lock()
+	e.pods.stall = stall
+	e.pods.mu.Unlock()
+	// Without the policy the request would go on without the plugin, and only the validator's
+	// NVIDIA_VISIBLE_DEVICES rule would stop it, under a misleading reason.
+	if _, err := e.create(slow, ctr("c-slow")); err == nil || !strings.Contains(err.Error(), "failed to handle CreateContainer request: context deadline exceeded") {
+		t.Errorf("a CreateContainer the plugin did not answer in time: %v, want it failed for that", err)
+	}
+	e.pods.mu.Lock()
+	e.pods.stall = nil
+	e.pods.mu.Unlock()
+	close(stall)
+	if _, err := e.create(e.pod("rogue", nil, nil), e.ctr("c-rogue", "/dev/nvidia0")); err == nil || !strings.Contains(err.Error(), "did not grant") {
+		t.Errorf("after a timeout, a container with an ungranted GPU: %v (the plugin was dropped?)", err)
+	}
+	if n := e.syncs.Load(); n != registered {
+		t.Errorf("the plugin was synchronized %d times, %d before the timeout: the timeout dropped it", n, registered)
 	}
 }
