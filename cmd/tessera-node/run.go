@@ -242,11 +242,12 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(rc)
 }
 
-// noPods answers when there is no API server: granted containers cannot be verified.
+// noPods answers when there is no API server: granted containers cannot be verified, and holds go
+// by the kubelet's word alone (nri.ErrNoAPIServer).
 type noPods struct{ err error }
 
 func (n noPods) Pod(context.Context, string, string, string) (*corev1.Pod, error) {
-	return nil, fmt.Errorf("no API server access to read the pod (%v); start tessera-node with --kubeconfig or in-cluster credentials", n.err)
+	return nil, fmt.Errorf("%w (%v); start tessera-node with --kubeconfig or in-cluster credentials", nri.ErrNoAPIServer, n.err)
 }
 
 // serveHTTP serves /healthz and the registry's /metrics.

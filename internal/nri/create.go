@@ -300,11 +300,12 @@ func (p *Plugin) allowUngranted(ctx context.Context, pod *nriapi.PodSandbox, c *
 }
 
 // specUnread says why the pod's spec, needed to do what, could not be read, and what follows: a pod
-// the API server no longer has is refused for good; when the API server cannot answer (unreachable,
+// the API server no longer has is refused for good (and every such pod on a node agent without API
+// server access, whose error says what to configure); when the API server cannot answer (unreachable,
 // a cold cache) the refusal is not a verdict, since the kubelet retries CreateContainer and the
 // container starts once the spec can be read.
 func specUnread(to string, err error) error {
-	if errors.Is(err, ErrPodGone) {
+	if errors.Is(err, ErrPodGone) || errors.Is(err, ErrNoAPIServer) {
 		return fmt.Errorf("cannot %s: %w", to, err)
 	}
 	return fmt.Errorf("cannot read the pod's spec from the API server to %s (%w); not a final refusal: the kubelet retries creating the container, "+

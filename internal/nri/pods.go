@@ -41,6 +41,11 @@ func NewAPIPods(ctx context.Context, client kubernetes.Interface, nodeName strin
 // spec could not be read (API server unreachable, cold cache) and says nothing about the pod.
 var ErrPodGone = errors.New("the pod is no longer in the API server")
 
+// ErrNoAPIServer is wrapped by a Pods source that has no API server at all (tessera-node started
+// without credentials): no pod can be verified, and the kubelet's word alone decides when a pod is
+// gone (podFate counts it as gone; ReleaseUnlisted still waits for two kubelet lists without it).
+var ErrNoAPIServer = errors.New("no API server access to read the pod")
+
 // Pod returns the pod with this UID, from the cache when it is there; otherwise (not seen yet, or
 // the cache still holds a deleted pod of the same name) from the API server. A static pod's sandbox
 // carries the kubelet's UID for it (its config hash), which the API server's mirror pod names in its

@@ -101,7 +101,7 @@ const (
 func (p *Plugin) podFate(ctx context.Context, namespace, name, uid string) (podFate, string) {
 	spec, err := p.pods.Pod(ctx, namespace, name, uid)
 	switch {
-	case errors.Is(err, ErrPodGone):
+	case errors.Is(err, ErrPodGone), errors.Is(err, ErrNoAPIServer):
 		return podGone, err.Error()
 	case err != nil:
 		return podMayRun, "the API server cannot say whether the pod is gone: " + err.Error()
@@ -207,7 +207,8 @@ func (p *Plugin) takeFromPodHolds(e *ledger.Entry) error {
 }
 
 // Synchronize rebuilds the ledger from the containers the runtime has: entries of containers that
-// are gone become holds of their pod, holds of pods that are gone are released, live containers the
+// are gone become holds of their pod (kept, as every hold, until ReleaseUnlisted finds the pod
+// finished or gone), live containers the
 // ledger does not know (it was lost) are re-adopted from the entry Tessera annotated them with, and
 // running containers that hold GPU devices with no entry are reported (metric and Event).
 func (p *Plugin) Synchronize(ctx context.Context, pods []*nriapi.PodSandbox, containers []*nriapi.Container) ([]*nriapi.ContainerUpdate, error) {
@@ -233,13 +234,14 @@ func (p *Plugin) Synchronize(ctx context.Context, pods []*nriapi.PodSandbox, con
 		switch {
 		case live[e.ContainerID]:
 		case ledger.IsClaim(e.ContainerID): // a prepared DRA claim: NodeUnprepareResources releases it
-		case isHold(e.ContainerID) && livePods[e.PodUID] != nil:
 		case isHold(e.ContainerID):
-			// No sandbox now, but the kubelet may be recreating it (releaseSandbox's rule).
-			if fate, _ := p.podFate(ctx, e.Namespace, e.Pod, e.PodUID); fate != podMayRun {
-				p.releasePod(ctx, e.PodUID)
-			}
-		case livePods[e.PodUID] != nil:
+			// Kept even with no live sandbox (the kubelet may be recreating it: releaseSandbox's rule);
+			// ReleaseUnlisted decides, outside the runtime's request: asking the API server here could
+			// hold up the registration when it is down (after a reboot of a node whose API server is a
+			// static pod waiting on this very runtime).
+		case e.PodUID != "":
+			// The container is gone (its sandbox may be too, after a reboot): its devices become its
+			// pod's hold, for the container the kubelet recreates with the same grant.
 			p.release(e.ContainerID)
 		default:
 			if _, _, err := l.Release(e.ContainerID); err != nil {

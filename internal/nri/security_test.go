@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -20,6 +21,7 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/podresources"
 )
 
@@ -749,5 +751,60 @@ func TestSecurityFailurePolicyKeepsValidator(t *testing.T) {
 	}
 	if n := e.syncs.Load(); n != registered {
 		t.Errorf("the plugin was synchronized %d times, %d before the timeout: the timeout dropped it", n, registered)
+	}
+}
+
+// TestSecurityRebootKeepsGPU: after a reboot (or a runtime restart that lost its containers) the
+// runtime reports neither the container nor its sandbox; the container's devices become its pod's
+// hold at Synchronize, for the container the kubelet recreates with the same grant, instead of being
+// freed for any pod (ReleaseUnlisted frees holds of pods that are gone: TestSecurityHoldReleasedWhenUnlisted).
+func TestSecurityRebootKeepsGPU(t *testing.T) {
+	e, l := newAgentEnv(t)
+	gpu := e.agent.Inventory().GPUs[0].UUID
+	if err := l.Reserve(ledger.Entry{ContainerID: "c-before", PodUID: "uid-train", Namespace: "ns", Pod: "train", Container: "main", SandboxID: "sb-before",
+		Devices: []api.DeviceAssignment{{UUID: gpu, Whole: true}}, Local: true}, e.agent.Inventory()); err != nil {
+		t.Fatal(err)
+	}
+	e.pod("train", map[string]string{api.ResourceGPU: "1"}, nil)
+	srv, err := e.grants.Serve(filepath.Join(e.dir, "podres.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Stop)
+	grants := podresources.New(filepath.Join(e.dir, "podres.sock"))
+	t.Cleanup(func() { grants.Close() })
+	e.start(grants, l)
+	if h, ok := l.Get(holdID("uid-train", "main")); !ok || len(h.Devices) != 1 || h.Devices[0].UUID != gpu {
+		t.Fatalf("after a reboot the container's GPU is not held for its pod: %+v", l.Entries())
+	}
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "train", Container: "main"}, api.ResourceGPU, "gpu-0")
+	if _, err := e.create(&nriapi.PodSandbox{Id: "sb-after", Name: "train", Namespace: "ns", Uid: "uid-train"}, ctr("c-after")); err != nil {
+		t.Fatalf("recreated container refused: %v", err)
+	}
+	if got, _ := l.Get("c-after"); len(got.Devices) != 1 || got.Devices[0].UUID != gpu {
+		t.Errorf("recreated container got %+v, before the reboot %s", got.Devices, gpu)
+	}
+}
+
+// TestSecurityNoAPIServerHoldsGoBySandbox: a node agent started without API server credentials
+// cannot ask whether a pod may run again; the runtime's and the kubelet's word decide, as before
+// holds waited for the API server: its holds go with the pod's sandbox.
+func TestSecurityNoAPIServerHoldsGoBySandbox(t *testing.T) {
+	e := newEnv(t)
+	pod := e.pod("mig", nil, nil)
+	mig := e.agent.Inventory().GPUs[7].MIG.Instances[2].UUID
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "mig", Container: "main"}, "nvidia.com/mig-1g.5gb", mig)
+	e.pods.setDown(fmt.Errorf("%w (no kubeconfig)", ErrNoAPIServer))
+	if _, err := e.create(pod, ctr("c-mig")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: ctr("c-mig")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.rt.StopPodSandbox(context.Background(), &nriadapt.StopPodSandboxRequest{Pod: pod}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(e.agent.Ledger().Entries()); n != 0 {
+		t.Errorf("without an API server the stopped sandbox's holds stay: %+v", e.agent.Ledger().Entries())
 	}
 }
