@@ -206,13 +206,15 @@ func rediscover(ctx context.Context, a *agent.Agent, every time.Duration, log *s
 	}
 }
 
-// unlistedInterval is how often the kubelet's pods are listed to release holds of pods it forgot: a
-// cheap local call; a hold goes after two lists without its pod. Sandbox events normally release
-// holds at once, but for sandboxes created before a containerd restart none that matched arrived
-// (TestCluster/ContainerdRestart, TestNodeAgent).
+// unlistedInterval is how often the kubelet's pods are listed to release holds of pods that will run
+// no container again (nri.Plugin.ReleaseUnlisted): a cheap local call; a finished pod's holds go at
+// the next list, a gone pod's after two lists without it. Sandbox events normally release holds at
+// once, but a pod's phase may reach the API server after its sandbox stopped, and for sandboxes
+// created before a containerd restart no matching event arrived (TestCluster/ContainerdRestart,
+// TestNodeAgent).
 const unlistedInterval = 10 * time.Second
 
-// releaseUnlisted frees the holds of pods the kubelet no longer lists (nri.Plugin.ReleaseUnlisted).
+// releaseUnlisted frees the holds of finished or gone pods (nri.Plugin.ReleaseUnlisted).
 func releaseUnlisted(ctx context.Context, plugin *nri.Plugin, grants *podresources.Client, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
