@@ -72,10 +72,11 @@ func (p *Plugin) releaseSandbox(ctx context.Context, pod *nriapi.PodSandbox, how
 		}
 	}
 	for uid, k := range uids {
+		if !p.holds(uid) {
+			continue // most pods hold no GPU: no question to the API server for them
+		}
 		if fate, why := p.podFate(ctx, k.namespace, k.name, uid); fate == podMayRun {
-			if p.holds(uid) {
-				p.log.Info("pod sandbox "+how+" but the pod may run again; its devices stay held", "pod", k.namespace+"/"+k.name, "uid", uid, "why", why)
-			}
+			p.log.Info("pod sandbox "+how+" but the pod may run again; its devices stay held", "pod", k.namespace+"/"+k.name, "uid", uid, "why", why)
 			continue
 		}
 		p.releasePod(ctx, uid)
