@@ -7,7 +7,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -55,13 +54,7 @@ func TestSecurityBindChecksNodeFeasibility(t *testing.T) {
 				node := testNode(testInventory("n1", 1, 1, "T4"), tc.nodeLabels)
 				node.Spec.Taints, node.Spec.Unschedulable = tc.taints, tc.unschedulable
 				pod.Spec.Tolerations, pod.Spec.NodeSelector, pod.Spec.Affinity = tc.tolerations, tc.selector, tc.affinity
-				cs, _ := fakeAPI(t, node, pod)
-				x := newBinder(t, cs, "a", node)
-				err := x.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: "default", PodUID: pod.UID, Node: "n1"})
-				got, gerr := cs.CoreV1().Pods("default").Get(context.Background(), pod.Name, metav1.GetOptions{})
-				if gerr != nil {
-					t.Fatal(gerr)
-				}
+				x, got, err := bindAndRead(t, node, pod)
 				if tc.want == "" {
 					if err != nil || got.Spec.NodeName != "n1" {
 						t.Fatalf("bind to a feasible node: err %v, node %q", err, got.Spec.NodeName)

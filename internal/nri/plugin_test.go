@@ -148,6 +148,12 @@ func newEnv(t testing.TB, preexisting ...*nriapi.Container) *env {
 	t.Helper()
 	e, l := newAgentEnv(t)
 	e.running = preexisting
+	return e.start(e.podResources(t), l)
+}
+
+// podResources serves the env's kubelet PodResources API and returns a client of it.
+func (e *env) podResources(t testing.TB) *podresources.Client {
+	t.Helper()
 	srv, err := e.grants.Serve(filepath.Join(e.dir, "podres.sock"))
 	if err != nil {
 		t.Fatal(err)
@@ -155,7 +161,7 @@ func newEnv(t testing.TB, preexisting ...*nriapi.Container) *env {
 	t.Cleanup(srv.Stop)
 	client := podresources.New(filepath.Join(e.dir, "podres.sock"))
 	t.Cleanup(func() { client.Close() })
-	return e.start(client, l)
+	return client
 }
 
 func (e *env) start(client *podresources.Client, l *ledger.Ledger) *env {

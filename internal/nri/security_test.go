@@ -463,6 +463,19 @@ func TestSecurityValidatorForeignPluginName(t *testing.T) {
 	}
 }
 
+// stopPod stops the containers, then their pod's sandbox, as the runtime reports a pod going.
+func (e *env) stopPod(t *testing.T, sb *nriapi.PodSandbox, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: sb, Container: ctr(id)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.rt.StopPodSandbox(context.Background(), &nriadapt.StopPodSandboxRequest{Pod: sb}); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // TestSecuritySandboxRecreationKeepsGPU: a pod's sandbox is stopped and removed also when the kubelet
 // recreates it (the sandbox died, the node rebooted); the kubelet keeps the pod's grant, and the
 // recreated container (same pod UID, same grant, a new sandbox) gets its GPUs back: the holds stay
@@ -480,14 +493,8 @@ func TestSecuritySandboxRecreationKeepsGPU(t *testing.T) {
 	first, _ := e.agent.Ledger().Get("c-crash-1")
 	stopSandbox := func(sb *nriapi.PodSandbox) {
 		t.Helper()
-		ctx := context.Background()
-		if _, err := e.rt.StopContainer(ctx, &nriadapt.StopContainerRequest{Pod: sb, Container: ctr(first.ContainerID)}); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.rt.StopPodSandbox(ctx, &nriadapt.StopPodSandboxRequest{Pod: sb}); err != nil {
-			t.Fatal(err)
-		}
-		if err := e.rt.RemovePodSandbox(ctx, &nriadapt.RemovePodSandboxRequest{Pod: sb}); err != nil {
+		e.stopPod(t, sb, first.ContainerID)
+		if err := e.rt.RemovePodSandbox(context.Background(), &nriadapt.RemovePodSandboxRequest{Pod: sb}); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -531,14 +538,8 @@ func TestSecuritySandboxRecreationKeepsGPU(t *testing.T) {
 	if _, err := e.create(third, ctr("c-crash-3")); err != nil {
 		t.Fatal(err)
 	}
-	first, _ = e.agent.Ledger().Get("c-crash-3")
 	e.pods.set("ns", "crash", func(p *corev1.Pod) *corev1.Pod { p.DeletionTimestamp = &metav1.Time{}; return p })
-	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: third, Container: ctr("c-crash-3")}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.rt.StopPodSandbox(context.Background(), &nriadapt.StopPodSandboxRequest{Pod: third}); err != nil {
-		t.Fatal(err)
-	}
+	e.stopPod(t, third, "c-crash-3")
 	if n := len(e.agent.Ledger().Entries()); n != 0 {
 		t.Errorf("the pod is being deleted and its sandbox stopped, but the ledger holds %+v", e.agent.Ledger().Entries())
 	}
@@ -648,14 +649,7 @@ func TestSecurityStaticPodPrivileged(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	e.apiPods = NewAPIPods(ctx, client, "node-a")
-	srv, err := e.grants.Serve(filepath.Join(e.dir, "podres.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	grants := podresources.New(filepath.Join(e.dir, "podres.sock"))
-	t.Cleanup(func() { grants.Close() })
-	e.start(grants, l)
+	e.start(e.podResources(t), l)
 	for _, tc := range []struct {
 		name, uid string
 		admit     bool
@@ -766,14 +760,7 @@ func TestSecurityRebootKeepsGPU(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.pod("train", map[string]string{api.ResourceGPU: "1"}, nil)
-	srv, err := e.grants.Serve(filepath.Join(e.dir, "podres.sock"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(srv.Stop)
-	grants := podresources.New(filepath.Join(e.dir, "podres.sock"))
-	t.Cleanup(func() { grants.Close() })
-	e.start(grants, l)
+	e.start(e.podResources(t), l)
 	if h, ok := l.Get(holdID("uid-train", "main")); !ok || len(h.Devices) != 1 || h.Devices[0].UUID != gpu {
 		t.Fatalf("after a reboot the container's GPU is not held for its pod: %+v", l.Entries())
 	}
@@ -798,12 +785,7 @@ func TestSecurityNoAPIServerHoldsGoBySandbox(t *testing.T) {
 	if _, err := e.create(pod, ctr("c-mig")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: ctr("c-mig")}); err != nil {
-		t.Fatal(err)
-	}
-	if err := e.rt.StopPodSandbox(context.Background(), &nriadapt.StopPodSandboxRequest{Pod: pod}); err != nil {
-		t.Fatal(err)
-	}
+	e.stopPod(t, pod, "c-mig")
 	if n := len(e.agent.Ledger().Entries()); n != 0 {
 		t.Errorf("without an API server the stopped sandbox's holds stay: %+v", e.agent.Ledger().Entries())
 	}
