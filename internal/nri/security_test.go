@@ -253,7 +253,7 @@ func TestSecurityPrivilegedRuns(t *testing.T) {
 }
 
 // A stopped container's GPU stays with its pod: another pod cannot take it and the restarted
-// container gets the same GPU back; the pod's sandbox going frees it.
+// container gets the same GPU back; the pod deleted and its sandbox stopped frees it.
 func TestSecurityRestartKeepsGPU(t *testing.T) {
 	e := newEnv(t)
 	req := map[string]string{api.ResourceGPU: "6"}
