@@ -59,14 +59,19 @@ const MaxShareMemoryBytes int64 = 1 << 50
 
 // ParsePodRequest reads and validates the GPU requests of a pod's containers. It rejects what would
 // otherwise be silently rounded or ignored: fractional quantities, caps out of range, share
-// parameters without shares, whole GPUs mixed with shares in one container, and shares requested
-// by init containers.
+// parameters without shares, whole GPUs mixed with shares in one container, and whole GPUs or
+// shares requested by init containers.
 func ParsePodRequest(pod *corev1.Pod) (*PodRequest, error) {
 	var errs []string
 	for _, c := range pod.Spec.InitContainers {
 		for name := range containerQuantities(c) {
-			if name == ResourceShare || strings.HasPrefix(name, "tessera.dev/vgpu-") {
+			switch {
+			case name == ResourceShare || strings.HasPrefix(name, "tessera.dev/vgpu-"):
 				errs = append(errs, fmt.Sprintf("init container %q: %s is not supported in init containers; request shares in a regular container", c.Name, name))
+			case name == ResourceGPU:
+				// The extender places whole GPUs for regular containers only (an assignment names no
+				// init container), so the node could not tell which GPU an init container's grant is.
+				errs = append(errs, fmt.Sprintf("init container %q: %s is not supported in init containers; request whole GPUs in a regular container, or a MIG instance (%s<profile>), which the kubelet passes on to the pod's later containers", c.Name, name, MIGResourcePrefix))
 			}
 		}
 	}

@@ -107,6 +107,14 @@ func TestParsePodRequestRequestLimitMismatchAndInit(t *testing.T) {
 	if _, err := ParsePodRequest(pod); err == nil || !strings.Contains(err.Error(), `init container "init": tessera.dev/vgpu is not supported`) {
 		t.Errorf("init container: %v", err)
 	}
+	pod.Spec.InitContainers[0].Resources.Limits = corev1.ResourceList{ResourceGPU: resource.MustParse("1")}
+	if _, err := ParsePodRequest(pod); err == nil || !strings.Contains(err.Error(), `init container "init": nvidia.com/gpu is not supported in init containers`) {
+		t.Errorf("init container with a whole GPU: %v", err)
+	}
+	pod.Spec.InitContainers[0].Resources.Limits = corev1.ResourceList{corev1.ResourceName(MIGResource("1g.5gb")): resource.MustParse("1")}
+	if _, err := ParsePodRequest(pod); err != nil {
+		t.Errorf("init container with a MIG instance: %v", err)
+	}
 }
 
 func TestCheckFits(t *testing.T) {

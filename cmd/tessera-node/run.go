@@ -209,13 +209,15 @@ func rediscover(ctx context.Context, a *agent.Agent, every time.Duration, log *s
 	}
 }
 
-// unlistedInterval is how often the kubelet's pods are listed to release holds of pods it forgot: a
-// cheap local call; a hold goes after two lists without its pod. Sandbox events normally release
-// holds at once, but for sandboxes created before a containerd restart none that matched arrived
-// (TestCluster/ContainerdRestart, TestNodeAgent).
+// unlistedInterval is how often the kubelet's pods are listed to release holds of pods that will run
+// no container again (nri.Plugin.ReleaseUnlisted): a cheap local call; a finished pod's holds go at
+// the next list, a gone pod's after two lists without it. Sandbox events normally release holds at
+// once, but a pod's phase may reach the API server after its sandbox stopped, and for sandboxes
+// created before a containerd restart no matching event arrived (TestCluster/ContainerdRestart,
+// TestNodeAgent).
 const unlistedInterval = 10 * time.Second
 
-// releaseUnlisted frees the holds of pods the kubelet no longer lists (nri.Plugin.ReleaseUnlisted).
+// releaseUnlisted frees the holds of finished or gone pods (nri.Plugin.ReleaseUnlisted).
 func releaseUnlisted(ctx context.Context, plugin *nri.Plugin, grants *podresources.Client, every time.Duration, log *slog.Logger) {
 	t := time.NewTicker(every)
 	defer t.Stop()
@@ -245,11 +247,12 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(rc)
 }
 
-// noPods answers when there is no API server: granted containers cannot be verified.
+// noPods answers when there is no API server: granted containers cannot be verified, and holds go
+// by the kubelet's word alone (nri.ErrNoAPIServer).
 type noPods struct{ err error }
 
 func (n noPods) Pod(context.Context, string, string, string) (*corev1.Pod, error) {
-	return nil, fmt.Errorf("no API server access to read the pod (%v); start tessera-node with --kubeconfig or in-cluster credentials", n.err)
+	return nil, fmt.Errorf("%w (%v); start tessera-node with --kubeconfig or in-cluster credentials", nri.ErrNoAPIServer, n.err)
 }
 
 // serveHTTP serves /healthz and the registry's /metrics.

@@ -57,6 +57,16 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 		}
 		return fmt.Errorf("bind %s/%s: already bound to %s", args.PodNamespace, args.PodName, pod.Spec.NodeName)
 	}
+	// The node as the API server has it now (a taint or cordon added since the scheduler's filter counts).
+	node, err := x.Client.CoreV1().Nodes().Get(ctx, args.Node, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("bind %s/%s: get node %s: %w", args.PodNamespace, args.PodName, args.Node, err)
+	}
+	if why := infeasible(pod, node, x.log()); why != "" {
+		x.log().Warn("bind refused: the node is not feasible for the pod", "pod", args.PodNamespace+"/"+args.PodName, "node", args.Node, "why", why)
+		x.event(pod, corev1.EventTypeWarning, "GPUBindRefused", "node %s: %s", args.Node, why)
+		return fmt.Errorf("bind %s/%s to node %s refused: %s", args.PodNamespace, args.PodName, args.Node, why)
+	}
 	req, err := x.State.request(pod, x.Class)
 	if err != nil {
 		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "%v", err)

@@ -85,6 +85,20 @@ func newBinder(t *testing.T, cs *fake.Clientset, id string, node *corev1.Node) *
 	return x
 }
 
+// bindAndRead binds pod to node n1 through a new binder over a fake API holding node and pod, and
+// returns the binder, the pod as the API server has it afterwards, and Bind's error.
+func bindAndRead(t *testing.T, node *corev1.Node, pod *corev1.Pod) (*Extender, *corev1.Pod, error) {
+	t.Helper()
+	cs, _ := fakeAPI(t, node, pod)
+	x := newBinder(t, cs, "a", node)
+	err := x.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: "default", PodUID: pod.UID, Node: "n1"})
+	got, gerr := cs.CoreV1().Pods("default").Get(context.Background(), pod.Name, metav1.GetOptions{})
+	if gerr != nil {
+		t.Fatal(gerr)
+	}
+	return x, got, err
+}
+
 func TestBindWritesAssignment(t *testing.T) {
 	node := testNode(testInventory("n1", 1, 2, "T4"), nil)
 	pod := sharePod("s", 2, 4, 30)

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -73,13 +72,7 @@ func TestSecurityBindCountsHoldings(t *testing.T) {
 		t.Helper()
 		node := testNode(testInventory("n1", 1, gpus, "A100"), nil)
 		heldWhole(t, node)
-		cs, _ := fakeAPI(t, node, pod)
-		x := newBinder(t, cs, "a", node)
-		err := x.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: pod.Name, PodNamespace: "default", PodUID: pod.UID, Node: "n1"})
-		got, gerr := cs.CoreV1().Pods("default").Get(context.Background(), pod.Name, metav1.GetOptions{})
-		if gerr != nil {
-			t.Fatal(gerr)
-		}
+		_, got, err := bindAndRead(t, node, pod)
 		return got, err
 	}
 	// The node's only GPU is held whole: nothing is left, whole or shared.

@@ -3,6 +3,7 @@ package nri
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -104,6 +105,9 @@ func (p *Plugin) create(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.C
 		}
 		return adj, nil
 	}
+	if err := p.takeFromPodHolds(&entry); err != nil {
+		return nil, err
+	}
 	if held {
 		err = p.agent.Ledger().Move(hold.ContainerID, entry, p.agent.Inventory())
 	} else {
@@ -152,7 +156,7 @@ func (p *Plugin) ourCDINames(c *nriapi.Container) []string {
 func (p *Plugin) assignment(ctx context.Context, pod *nriapi.PodSandbox, c *nriapi.Container, whole, shares int, held []api.DeviceAssignment) ([]api.DeviceAssignment, bool, error) {
 	spec, err := p.pods.Pod(ctx, pod.GetNamespace(), pod.GetName(), pod.GetUid())
 	if err != nil {
-		return nil, false, fmt.Errorf("read the pod's spec to check its requests: %w", err)
+		return nil, false, specUnread("check the kubelet's grant against the pod's requests", err)
 	}
 	req, err := api.ParsePodRequest(spec)
 	if err != nil {
@@ -279,7 +283,12 @@ func (p *Plugin) allowUngranted(ctx context.Context, pod *nriapi.PodSandbox, c *
 		}
 		return false, nil
 	}
-	if priv, err := p.privilegedContainer(ctx, pod, c.GetName()); err == nil && priv {
+	priv, err := p.privilegedContainer(ctx, pod, c.GetName())
+	if err != nil {
+		return false, fmt.Errorf("it has GPU devices the kubelet did not grant it (%s), which only a privileged container may have: %w", strings.Join(bad, "; "),
+			specUnread("tell whether it is privileged", err))
+	}
+	if priv {
 		if count {
 			p.privileged.Add(1)
 			p.log.Warn("privileged container holds every GPU: outside isolation", "pod", pod.GetNamespace()+"/"+pod.GetName(), "container", c.GetName())
@@ -288,6 +297,19 @@ func (p *Plugin) allowUngranted(ctx context.Context, pod *nriapi.PodSandbox, c *
 	}
 	return false, fmt.Errorf("it has GPU devices the kubelet did not grant it: %s; request GPUs through resources (%s, %s, %s<profile>) instead",
 		strings.Join(bad, "; "), api.ResourceGPU, api.ResourceShare, api.MIGResourcePrefix)
+}
+
+// specUnread says why the pod's spec, needed to do what, could not be read, and what follows: a pod
+// the API server no longer has is refused for good (and every such pod on a node agent without API
+// server access, whose error says what to configure); when the API server cannot answer (unreachable,
+// a cold cache) the refusal is not a verdict, since the kubelet retries CreateContainer and the
+// container starts once the spec can be read.
+func specUnread(to string, err error) error {
+	if errors.Is(err, ErrPodGone) || errors.Is(err, ErrNoAPIServer) {
+		return fmt.Errorf("cannot %s: %w", to, err)
+	}
+	return fmt.Errorf("cannot read the pod's spec from the API server to %s (%w); not a final refusal: the kubelet retries creating the container, "+
+		"which starts once tessera-node can read the pod (check the API server and tessera-node's access to it)", to, err)
 }
 
 // privilegedContainer reads from the API server whether the container runs privileged.

@@ -121,6 +121,12 @@ func New(cfg Config, a *agent.Agent, grants Grants, pods Pods) *Plugin {
 	return &Plugin{cfg: cfg, log: cfg.Log, agent: a, grants: grants, pods: pods}
 }
 
+// failurePolicy: a request the plugin does not answer in time (a slow API server or kubelet) fails
+// rather than proceeds without the plugin, which would create the container unchecked, and the
+// plugin stays registered, so the next request, and the validator's look at every container, still
+// reach it. (A runtime whose NRI predates failure policies ignores it.)
+var failurePolicy = &nriapi.FailurePolicy{FailRequest: true, KeepConnected: true}
+
 // Run connects to the runtime's NRI socket and serves until ctx ends, reconnecting whenever the
 // runtime restarts (containerd drops its plugins when it goes away).
 func (p *Plugin) Run(ctx context.Context, socket string) error {
@@ -128,7 +134,8 @@ func (p *Plugin) Run(ctx context.Context, socket string) error {
 	for ctx.Err() == nil {
 		closed := make(chan struct{})
 		s, err := stub.New(p, stub.WithPluginName(pluginName), stub.WithPluginIdx(p.cfg.PluginIndex),
-			stub.WithSocketPath(socket), stub.WithOnClose(func() { close(closed) }), stub.WithLogger(telemetry.NRILogger(p.log)))
+			stub.WithSocketPath(socket), stub.WithOnClose(func() { close(closed) }), stub.WithLogger(telemetry.NRILogger(p.log)),
+			stub.WithFailurePolicy(failurePolicy))
 		if err != nil {
 			return fmt.Errorf("create NRI stub: %w", err)
 		}

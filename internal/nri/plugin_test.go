@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -28,20 +29,52 @@ import (
 	"github.com/tessera-gpu/tessera/internal/testing/simagent"
 )
 
-// fakePods is the API server's pod store for the plugin.
+// fakePods is the API server's pod store for the plugin: a pod of another UID is not found, as
+// with APIPods (which the static-pod test uses for the mirror rule); down makes every read fail as
+// an unreachable API server does (no answer, so not ErrPodGone).
 type fakePods struct {
 	mu   sync.Mutex
 	pods map[string]*corev1.Pod
+	down error
+	// stall, when set, holds every read until it is closed (a slow API server).
+	stall chan struct{}
 }
 
 func (f *fakePods) Pod(_ context.Context, ns, name, uid string) (*corev1.Pod, error) {
 	f.mu.Lock()
+	stall := f.stall
+	f.mu.Unlock()
+	if stall != nil {
+		<-stall
+	}
+	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.down != nil {
+		return nil, fmt.Errorf("get pod %s/%s: %w", ns, name, f.down)
+	}
 	p, ok := f.pods[ns+"/"+name]
 	if !ok || string(p.UID) != uid {
-		return nil, fmt.Errorf("pods %q with UID %s not found", name, uid)
+		return nil, fmt.Errorf("pods %q with UID %s not found: %w", name, uid, ErrPodGone)
 	}
 	return p, nil
+}
+
+// setDown makes the API server unreachable (err) or reachable again (nil).
+func (f *fakePods) setDown(err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.down = err
+}
+
+// set changes the API server's copy of a pod (nil deletes it).
+func (f *fakePods) set(ns, name string, change func(*corev1.Pod) *corev1.Pod) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if p := change(f.pods[ns+"/"+name].DeepCopy()); p != nil {
+		f.pods[ns+"/"+name] = p
+	} else {
+		delete(f.pods, ns+"/"+name)
+	}
 }
 
 // env is the plugin connected to NRI's runtime-side adaptation over a real socket, with a real
@@ -52,9 +85,11 @@ type env struct {
 	agent     *agent.Agent
 	grants    *podresourcestest.Server
 	pods      *fakePods
+	apiPods   Pods // when set, the plugin reads pods here instead of pods (APIPods over a fake clientset)
 	plugin    *Plugin
 	dir       string
 	running   []*nriapi.Container // what the runtime reports at Synchronize
+	syncs     atomic.Int32        // how many times a plugin registered and was synchronized
 	sandboxes []*nriapi.PodSandbox
 	events    *fakeEvents
 
@@ -113,6 +148,12 @@ func newEnv(t testing.TB, preexisting ...*nriapi.Container) *env {
 	t.Helper()
 	e, l := newAgentEnv(t)
 	e.running = preexisting
+	return e.start(e.podResources(t), l)
+}
+
+// podResources serves the env's kubelet PodResources API and returns a client of it.
+func (e *env) podResources(t testing.TB) *podresources.Client {
+	t.Helper()
 	srv, err := e.grants.Serve(filepath.Join(e.dir, "podres.sock"))
 	if err != nil {
 		t.Fatal(err)
@@ -120,7 +161,7 @@ func newEnv(t testing.TB, preexisting ...*nriapi.Container) *env {
 	t.Cleanup(srv.Stop)
 	client := podresources.New(filepath.Join(e.dir, "podres.sock"))
 	t.Cleanup(func() { client.Close() })
-	return e.start(client, l)
+	return client
 }
 
 func (e *env) start(client *podresources.Client, l *ledger.Ledger) *env {
@@ -128,6 +169,7 @@ func (e *env) start(client *podresources.Client, l *ledger.Ledger) *env {
 	sock := filepath.Join(e.dir, "nri.sock")
 	rt, err := nriadapt.New("containerd", "2.2.9",
 		func(ctx context.Context, cb nriadapt.SyncCB) error {
+			e.syncs.Add(1)
 			_, err := cb(ctx, e.sandboxes, e.running)
 			return err
 		},
@@ -150,7 +192,11 @@ func (e *env) start(client *podresources.Client, l *ledger.Ledger) *env {
 		defer e.mu.Unlock()
 		e.outcomes[pod.GetName()+"/"+c.GetName()+"/"+c.GetId()] = refusal
 	}
-	e.plugin = New(Config{StateDir: filepath.Join(e.dir, "state"), VCUDALibrary: "/opt/libvcuda.so", Events: e.events, OnCreate: onCreate}, e.agent, client, e.pods)
+	var pods Pods = e.pods
+	if e.apiPods != nil {
+		pods = e.apiPods
+	}
+	e.plugin = New(Config{StateDir: filepath.Join(e.dir, "state"), VCUDALibrary: "/opt/libvcuda.so", Events: e.events, OnCreate: onCreate}, e.agent, client, pods)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	go e.plugin.Run(ctx, sock)

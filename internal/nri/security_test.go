@@ -3,17 +3,25 @@ package nri
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	nriadapt "github.com/containerd/nri/pkg/adaptation"
 	nriapi "github.com/containerd/nri/pkg/api"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/podresources"
 )
 
@@ -34,7 +42,8 @@ func (e *env) victim(t *testing.T) string {
 	return v.Devices[0].UUID
 }
 
-// Holds of a pod the kubelet stopped listing go after two lists without it.
+// Holds of a pod the kubelet stopped listing go after two lists without it, once the API server has
+// no such pod either (while it has the pod, the kubelet may run it again with the same grant).
 func TestSecurityHoldReleasedWhenUnlisted(t *testing.T) {
 	e := newEnv(t)
 	g := e.victim(t)
@@ -48,8 +57,19 @@ func TestSecurityHoldReleasedWhenUnlisted(t *testing.T) {
 	}
 	victimOnly := map[podresources.Key]podresources.Grant{{Namespace: "ns", Pod: "victim", Container: "main"}: nil}
 	e.plugin.ReleaseUnlisted(context.Background(), victimOnly)
+	e.plugin.ReleaseUnlisted(context.Background(), victimOnly)
 	if _, ok := e.agent.Ledger().Get(holdID("uid-gone", "main")); !ok {
-		t.Fatal("hold released after one list")
+		t.Fatal("hold released while the API server still has the pod")
+	}
+	e.pods.set("ns", "gone", func(*corev1.Pod) *corev1.Pod { return nil })
+	both := map[podresources.Key]podresources.Grant{{Namespace: "ns", Pod: "victim", Container: "main"}: nil, {Namespace: "ns", Pod: "gone", Container: "main"}: nil}
+	e.plugin.ReleaseUnlisted(context.Background(), both)
+	if _, ok := e.agent.Ledger().Get(holdID("uid-gone", "main")); !ok {
+		t.Fatal("hold released while the kubelet still lists the pod")
+	}
+	e.plugin.ReleaseUnlisted(context.Background(), victimOnly)
+	if _, ok := e.agent.Ledger().Get(holdID("uid-gone", "main")); !ok {
+		t.Fatal("hold released after one list without the pod")
 	}
 	e.plugin.ReleaseUnlisted(context.Background(), victimOnly)
 	if _, ok := e.agent.Ledger().Get(holdID("uid-gone", "main")); ok {
@@ -233,7 +253,7 @@ func TestSecurityPrivilegedRuns(t *testing.T) {
 }
 
 // A stopped container's GPU stays with its pod: another pod cannot take it and the restarted
-// container gets the same GPU back; the pod's sandbox going frees it.
+// container gets the same GPU back; the pod deleted and its sandbox stopped frees it.
 func TestSecurityRestartKeepsGPU(t *testing.T) {
 	e := newEnv(t)
 	req := map[string]string{api.ResourceGPU: "6"}
@@ -270,6 +290,7 @@ func TestSecurityRestartKeepsGPU(t *testing.T) {
 	if _, ok := e.agent.Ledger().Get(holdID("uid-crash", "main")); !ok {
 		t.Error("hold released while the kubelet listed the pod a moment ago")
 	}
+	e.pods.set("ns", "crash", func(*corev1.Pod) *corev1.Pod { return nil })
 	if err := e.rt.StopPodSandbox(context.Background(), &nriadapt.StopPodSandboxRequest{Pod: pod}); err != nil {
 		t.Fatal(err)
 	}
@@ -279,7 +300,7 @@ func TestSecurityRestartKeepsGPU(t *testing.T) {
 }
 
 // A sandbox containerd recovered after a restart reports its ID but no pod metadata: its holds go
-// when it is stopped all the same.
+// when it is stopped all the same (its pod, as the ledger names it, is gone).
 func TestSecurityRecoveredSandboxReleasesHolds(t *testing.T) {
 	e := newEnv(t)
 	pod := e.pod("old", shareReq, nil)
@@ -290,6 +311,7 @@ func TestSecurityRecoveredSandboxReleasesHolds(t *testing.T) {
 	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: ctr("c-old")}); err != nil {
 		t.Fatal(err)
 	}
+	e.pods.set("ns", "old", func(*corev1.Pod) *corev1.Pod { return nil })
 	if err := e.rt.StopPodSandbox(context.Background(), &nriadapt.StopPodSandboxRequest{Pod: &nriapi.PodSandbox{Id: pod.GetId()}}); err != nil {
 		t.Fatal(err)
 	}
@@ -438,5 +460,333 @@ func TestSecurityValidatorForeignPluginName(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), key+"="+gpus) {
 			t.Errorf("%s: GPU CDI annotation admitted (%v): a later runtime would inject %s", name, err, gpus)
 		}
+	}
+}
+
+// stopPod stops the containers, then their pod's sandbox, as the runtime reports a pod going.
+func (e *env) stopPod(t *testing.T, sb *nriapi.PodSandbox, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: sb, Container: ctr(id)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := e.rt.StopPodSandbox(context.Background(), &nriadapt.StopPodSandboxRequest{Pod: sb}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestSecuritySandboxRecreationKeepsGPU: a pod's sandbox is stopped and removed also when the kubelet
+// recreates it (the sandbox died, the node rebooted); the kubelet keeps the pod's grant, and the
+// recreated container (same pod UID, same grant, a new sandbox) gets its GPUs back: the holds stay
+// while the API server shows the pod may run again or cannot say (unreachable), and another pod
+// cannot take them meanwhile. They go once the pod is finished (terminal phase: at the sandbox's
+// stop, or at the next kubelet list if the phase came later) or gone.
+func TestSecuritySandboxRecreationKeepsGPU(t *testing.T) {
+	e := newEnv(t)
+	pod := e.pod("crash", map[string]string{api.ResourceGPU: "6"}, nil)
+	e.pods.set("ns", "crash", func(p *corev1.Pod) *corev1.Pod { p.Status.Phase = corev1.PodRunning; return p })
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "crash", Container: "main"}, api.ResourceGPU, "gpu-0", "gpu-1", "gpu-2", "gpu-3", "gpu-4", "gpu-5")
+	if _, err := e.create(pod, ctr("c-crash-1")); err != nil {
+		t.Fatal(err)
+	}
+	first, _ := e.agent.Ledger().Get("c-crash-1")
+	stopSandbox := func(sb *nriapi.PodSandbox) {
+		t.Helper()
+		e.stopPod(t, sb, first.ContainerID)
+		if err := e.rt.RemovePodSandbox(context.Background(), &nriadapt.RemovePodSandboxRequest{Pod: sb}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stopSandbox(pod)
+	if _, ok := e.agent.Ledger().Get(holdID("uid-crash", "main")); !ok {
+		t.Fatal("the sandbox of a running pod went and its GPUs were released")
+	}
+	other := e.pod("thief", map[string]string{api.ResourceGPU: "1"}, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "thief", Container: "main"}, api.ResourceGPU, "gpu-6")
+	if _, err := e.create(other, ctr("c-thief")); err == nil {
+		t.Error("another pod took a GPU while the kubelet recreated the sandbox of its pod")
+	}
+	recreated := &nriapi.PodSandbox{Id: "sb-crash-2", Name: "crash", Namespace: "ns", Uid: "uid-crash"}
+	if _, err := e.create(recreated, ctr("c-crash-2")); err != nil {
+		t.Fatalf("container of the recreated sandbox refused: %v", err)
+	}
+	again, _ := e.agent.Ledger().Get("c-crash-2")
+	if len(again.Devices) != 6 || again.Devices[0].UUID != first.Devices[0].UUID || again.SandboxID != "sb-crash-2" {
+		t.Errorf("recreated sandbox's container got %+v, the first had %+v", again, first)
+	}
+	first = again
+	// The API server cannot answer: the holds stay.
+	e.pods.setDown(errors.New("connection refused"))
+	stopSandbox(recreated)
+	e.plugin.ReleaseUnlisted(context.Background(), nil)
+	e.plugin.ReleaseUnlisted(context.Background(), nil)
+	if _, ok := e.agent.Ledger().Get(holdID("uid-crash", "main")); !ok {
+		t.Fatal("holds released while the API server could not say whether the pod is gone")
+	}
+	// The pod succeeded (its phase written after the sandbox stopped): the next list frees it,
+	// though the kubelet still lists it.
+	e.pods.setDown(nil)
+	e.pods.set("ns", "crash", func(p *corev1.Pod) *corev1.Pod { p.Status.Phase = corev1.PodSucceeded; return p })
+	e.plugin.ReleaseUnlisted(context.Background(), map[podresources.Key]podresources.Grant{{Namespace: "ns", Pod: "crash", Container: "main"}: nil})
+	if n := len(e.agent.Ledger().Entries()); n != 0 {
+		t.Errorf("the pod succeeded but the ledger holds %+v", e.agent.Ledger().Entries())
+	}
+	// A finished pod's sandbox stop frees at once.
+	third := &nriapi.PodSandbox{Id: "sb-crash-3", Name: "crash", Namespace: "ns", Uid: "uid-crash"}
+	e.pods.set("ns", "crash", func(p *corev1.Pod) *corev1.Pod { p.Status.Phase = corev1.PodRunning; return p })
+	if _, err := e.create(third, ctr("c-crash-3")); err != nil {
+		t.Fatal(err)
+	}
+	e.pods.set("ns", "crash", func(p *corev1.Pod) *corev1.Pod { p.DeletionTimestamp = &metav1.Time{}; return p })
+	e.stopPod(t, third, "c-crash-3")
+	if n := len(e.agent.Ledger().Entries()); n != 0 {
+		t.Errorf("the pod is being deleted and its sandbox stopped, but the ledger holds %+v", e.agent.Ledger().Entries())
+	}
+}
+
+// TestSecurityInitContainerGPUs: the kubelet passes an init container's devices on to the pod's
+// later containers. A MIG instance granted to the init container and then to the main container is
+// the main container's once the init container stopped (it was refused as held by the init
+// container's hold), stays the pod's against another pod, and goes back to the init container when
+// a recreated sandbox runs it again. A whole GPU in an init container, which no assignment can name,
+// is refused with the reason (as the extender's Filter refuses the pod: api.ParsePodRequest).
+func TestSecurityInitContainerGPUs(t *testing.T) {
+	t.Run("MIG passed on", func(t *testing.T) {
+		e := newEnv(t)
+		res := "nvidia.com/mig-1g.5gb"
+		mig := e.agent.Inventory().GPUs[7].MIG.Instances[2].UUID
+		pod := e.pod("staged", map[string]string{res: "1"}, nil)
+		e.pods.set("ns", "staged", func(p *corev1.Pod) *corev1.Pod {
+			p.Spec.InitContainers = []corev1.Container{{Name: "init", Resources: p.Spec.Containers[0].Resources}}
+			return p
+		})
+		for _, c := range []string{"init", "main"} {
+			e.grants.Add(podresources.Key{Namespace: "ns", Pod: "staged", Container: c}, res, mig)
+		}
+		named := func(id, name string) *nriapi.Container { c := ctr(id); c.Name = name; return c }
+		run := func(sb *nriapi.PodSandbox, id, name string) {
+			t.Helper()
+			if _, err := e.create(sb, named(id, name)); err != nil {
+				t.Fatalf("container %s refused: %v", name, err)
+			}
+			if got, _ := e.agent.Ledger().Get(id); len(got.MIG) != 1 || got.MIG[0] != mig {
+				t.Fatalf("container %s holds %+v, want MIG %s", name, got.MIG, mig)
+			}
+			if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: sb, Container: named(id, name)}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		run(pod, "c-init", "init")
+		if _, err := e.create(pod, named("c-main", "main")); err != nil {
+			t.Fatalf("main container refused the MIG instance its init container passed on: %v", err)
+		}
+		if got, _ := e.agent.Ledger().Get("c-main"); len(got.MIG) != 1 || got.MIG[0] != mig {
+			t.Fatalf("main container holds %+v", got.MIG)
+		}
+		if _, ok := e.agent.Ledger().Get(holdID("uid-staged", "init")); ok {
+			t.Error("the init container's hold still names the instance the main container took")
+		}
+		thief := e.pod("thief", map[string]string{res: "1"}, nil)
+		e.grants.Add(podresources.Key{Namespace: "ns", Pod: "thief", Container: "main"}, res, mig)
+		if _, err := e.create(thief, ctr("c-thief")); err == nil || !strings.Contains(err.Error(), "already held by container c-main") {
+			t.Errorf("another pod's container given the pod's MIG instance: %v", err)
+		}
+		if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: pod, Container: named("c-main", "main")}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.create(thief, ctr("c-thief-2")); err == nil {
+			t.Error("another pod took the MIG instance held for the stopped main container")
+		}
+		// A recreated sandbox runs the init container again, then the main container.
+		again := &nriapi.PodSandbox{Id: "sb-staged-2", Name: "staged", Namespace: "ns", Uid: "uid-staged"}
+		run(again, "c-init-2", "init")
+		run(again, "c-main-2", "main")
+	})
+	t.Run("whole GPU refused", func(t *testing.T) {
+		e := newEnv(t)
+		pod := e.pod("initgpu", nil, nil)
+		e.pods.set("ns", "initgpu", func(p *corev1.Pod) *corev1.Pod {
+			p.Spec.InitContainers = []corev1.Container{{Name: "init", Resources: corev1.ResourceRequirements{Limits: corev1.ResourceList{api.ResourceGPU: resource.MustParse("1")}}}}
+			return p
+		})
+		e.grants.Add(podresources.Key{Namespace: "ns", Pod: "initgpu", Container: "init"}, api.ResourceGPU, "gpu-0")
+		c := ctr("c-init")
+		c.Name = "init"
+		_, err := e.create(pod, c)
+		if err == nil || !strings.Contains(err.Error(), `init container "init": nvidia.com/gpu is not supported in init containers`) {
+			t.Errorf("init container with a whole GPU: %v", err)
+		}
+		if n := len(e.agent.Ledger().Entries()); n != 0 {
+			t.Errorf("refused init container left %+v", e.agent.Ledger().Entries())
+		}
+	})
+}
+
+// TestSecurityStaticPodPrivileged: a static pod's sandbox carries the kubelet's UID for it (its
+// config hash); the API server has its mirror pod, of another UID, naming that hash in
+// kubernetes.io/config.mirror. A privileged container of a static pod (kube-proxy, a CNI agent) is
+// resolved through its mirror pod and runs; the annotation counts only on a mirror pod of this node,
+// and a pod of the same name with another UID and no such annotation is not the sandbox's pod. The
+// pods are read through APIPods over client-go's fake clientset, so the rule under test is the
+// production one.
+func TestSecurityStaticPodPrivileged(t *testing.T) {
+	yes := true
+	mirror := func(name, hash, node string) *corev1.Pod {
+		p := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "kube-system", UID: types.UID("mirror-" + name)},
+			Spec: corev1.PodSpec{NodeName: node, Containers: []corev1.Container{{Name: "main", SecurityContext: &corev1.SecurityContext{Privileged: &yes}}}}}
+		if hash != "" {
+			p.Annotations = map[string]string{corev1.MirrorPodAnnotationKey: hash}
+		}
+		return p
+	}
+	client := fake.NewClientset(
+		mirror("kube-proxy-node-a", "static-hash-1", "node-a"),
+		mirror("elsewhere", "static-hash-2", "node-b"),
+		mirror("plain", "", "node-a"),
+	)
+	e, l := newAgentEnv(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	e.apiPods = NewAPIPods(ctx, client, "node-a")
+	e.start(e.podResources(t), l)
+	for _, tc := range []struct {
+		name, uid string
+		admit     bool
+	}{
+		{"kube-proxy-node-a", "static-hash-1", true},
+		{"elsewhere", "static-hash-2", false}, // the mirror pod of another node
+		{"plain", "static-hash-3", false},     // another UID, no mirror annotation
+		{"kube-proxy-node-a", "static-hash-9", false},
+	} {
+		sb := &nriapi.PodSandbox{Id: "sb-" + tc.uid, Name: tc.name, Namespace: "kube-system", Uid: tc.uid}
+		_, err := e.create(sb, e.ctr("c-"+tc.uid, "/dev/nvidia0", "/dev/nvidiactl"))
+		if tc.admit && err != nil {
+			t.Errorf("privileged container of static pod %s (sandbox UID %s) refused: %v", tc.name, tc.uid, err)
+		}
+		if !tc.admit && (err == nil || !strings.Contains(err.Error(), "is no longer in the API server")) {
+			t.Errorf("container of sandbox %s/%s with GPU devices: %v, want a refusal (its pod is not in the API server)", tc.name, tc.uid, err)
+		}
+	}
+	if priv, _, _ := e.plugin.SecurityStats(); priv != 1 {
+		t.Errorf("privileged containers counted %d, want 1", priv)
+	}
+}
+
+// TestSecurityUnreadableSpecRetryable: when the pod's spec cannot be read (the API server is down,
+// the cache cold), a container whose admission depends on it (a privileged one with every GPU, a
+// share container whose grant is checked against its requests) is refused with an error that says
+// the refusal is not final and what to check, and the kubelet's retry is admitted once the API server
+// answers. A pod the API server no longer has is refused without that promise.
+func TestSecurityUnreadableSpecRetryable(t *testing.T) {
+	e := newEnv(t)
+	yes := true
+	priv := e.pod("priv", nil, nil)
+	e.pods.set("ns", "priv", func(p *corev1.Pod) *corev1.Pod {
+		p.Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &yes}
+		return p
+	})
+	share := e.pod("share", shareReq, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "share", Container: "main"}, api.ResourceShare, "vgpu-0")
+	e.pods.setDown(errors.New("dial tcp 10.96.0.1:443: connect: connection refused"))
+	for _, try := range []struct {
+		pod *nriapi.PodSandbox
+		c   *nriapi.Container
+	}{{priv, e.ctr("c-priv-1", "/dev/nvidia0")}, {share, ctr("c-share-1")}} {
+		_, err := e.create(try.pod, try.c)
+		if err == nil || !strings.Contains(err.Error(), "cannot read the pod's spec from the API server") || !strings.Contains(err.Error(), "connection refused") ||
+			!strings.Contains(err.Error(), "not a final refusal: the kubelet retries creating the container") || !strings.Contains(err.Error(), "check the API server and tessera-node's access") {
+			t.Errorf("%s with the API server down: %v", try.pod.GetName(), err)
+		}
+	}
+	if n := len(e.agent.Ledger().Entries()); n != 0 {
+		t.Errorf("refused containers left %+v", e.agent.Ledger().Entries())
+	}
+	e.pods.setDown(nil)
+	if _, err := e.create(priv, e.ctr("c-priv-2", "/dev/nvidia0")); err != nil {
+		t.Errorf("privileged container retried with the API server back: %v", err)
+	}
+	if _, err := e.create(share, ctr("c-share-2")); err != nil {
+		t.Errorf("share container retried with the API server back: %v", err)
+	}
+	e.pods.set("ns", "priv", func(*corev1.Pod) *corev1.Pod { return nil })
+	if _, err := e.create(priv, e.ctr("c-priv-3", "/dev/nvidia0")); err == nil || strings.Contains(err.Error(), "not a final refusal") || !strings.Contains(err.Error(), "no longer in the API server") {
+		t.Errorf("container of a deleted pod: %v", err)
+	}
+}
+
+// TestSecurityFailurePolicyKeepsValidator: a CreateContainer the plugin does not answer within the
+// runtime's request timeout (here the API server stalls) fails as such, instead of proceeding
+// without the plugin, and the plugin stays registered: the next container with GPU devices nobody
+// granted is still refused, by the same connection (no new registration). Without KeepConnected the
+// runtime drops the plugin, and with it the validator, until it reconnects.
+func TestSecurityFailurePolicyKeepsValidator(t *testing.T) {
+	nriadapt.SetPluginRequestTimeout(300 * time.Millisecond)
+	t.Cleanup(func() { nriadapt.SetPluginRequestTimeout(nriadapt.DefaultPluginRequestTimeout) })
+	e := newEnv(t)
+	registered := e.syncs.Load()
+	slow := e.pod("slow", shareReq, nil)
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "slow", Container: "main"}, api.ResourceShare, "vgpu-0")
+	stall := make(chan struct{})
+	e.pods.mu.Lock()
+	e.pods.stall = stall
+	e.pods.mu.Unlock()
+	// Without the policy the request would go on without the plugin, and only the validator's
+	// NVIDIA_VISIBLE_DEVICES rule would stop it, under a misleading reason.
+	if _, err := e.create(slow, ctr("c-slow")); err == nil || !strings.Contains(err.Error(), "failed to handle CreateContainer request: context deadline exceeded") {
+		t.Errorf("a CreateContainer the plugin did not answer in time: %v, want it failed for that", err)
+	}
+	e.pods.mu.Lock()
+	e.pods.stall = nil
+	e.pods.mu.Unlock()
+	close(stall)
+	if _, err := e.create(e.pod("rogue", nil, nil), e.ctr("c-rogue", "/dev/nvidia0")); err == nil || !strings.Contains(err.Error(), "did not grant") {
+		t.Errorf("after a timeout, a container with an ungranted GPU: %v (the plugin was dropped?)", err)
+	}
+	if n := e.syncs.Load(); n != registered {
+		t.Errorf("the plugin was synchronized %d times, %d before the timeout: the timeout dropped it", n, registered)
+	}
+}
+
+// TestSecurityRebootKeepsGPU: after a reboot (or a runtime restart that lost its containers) the
+// runtime reports neither the container nor its sandbox; the container's devices become its pod's
+// hold at Synchronize, for the container the kubelet recreates with the same grant, instead of being
+// freed for any pod (ReleaseUnlisted frees holds of pods that are gone: TestSecurityHoldReleasedWhenUnlisted).
+func TestSecurityRebootKeepsGPU(t *testing.T) {
+	e, l := newAgentEnv(t)
+	gpu := e.agent.Inventory().GPUs[0].UUID
+	if err := l.Reserve(ledger.Entry{ContainerID: "c-before", PodUID: "uid-train", Namespace: "ns", Pod: "train", Container: "main", SandboxID: "sb-before",
+		Devices: []api.DeviceAssignment{{UUID: gpu, Whole: true}}, Local: true}, e.agent.Inventory()); err != nil {
+		t.Fatal(err)
+	}
+	e.pod("train", map[string]string{api.ResourceGPU: "1"}, nil)
+	e.start(e.podResources(t), l)
+	if h, ok := l.Get(holdID("uid-train", "main")); !ok || len(h.Devices) != 1 || h.Devices[0].UUID != gpu {
+		t.Fatalf("after a reboot the container's GPU is not held for its pod: %+v", l.Entries())
+	}
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "train", Container: "main"}, api.ResourceGPU, "gpu-0")
+	if _, err := e.create(&nriapi.PodSandbox{Id: "sb-after", Name: "train", Namespace: "ns", Uid: "uid-train"}, ctr("c-after")); err != nil {
+		t.Fatalf("recreated container refused: %v", err)
+	}
+	if got, _ := l.Get("c-after"); len(got.Devices) != 1 || got.Devices[0].UUID != gpu {
+		t.Errorf("recreated container got %+v, before the reboot %s", got.Devices, gpu)
+	}
+}
+
+// TestSecurityNoAPIServerHoldsGoBySandbox: a node agent started without API server credentials
+// cannot ask whether a pod may run again; the runtime's and the kubelet's word decide, as before
+// holds waited for the API server: its holds go with the pod's sandbox.
+func TestSecurityNoAPIServerHoldsGoBySandbox(t *testing.T) {
+	e := newEnv(t)
+	pod := e.pod("mig", nil, nil)
+	mig := e.agent.Inventory().GPUs[7].MIG.Instances[2].UUID
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "mig", Container: "main"}, "nvidia.com/mig-1g.5gb", mig)
+	e.pods.setDown(fmt.Errorf("%w (no kubeconfig)", ErrNoAPIServer))
+	if _, err := e.create(pod, ctr("c-mig")); err != nil {
+		t.Fatal(err)
+	}
+	e.stopPod(t, pod, "c-mig")
+	if n := len(e.agent.Ledger().Entries()); n != 0 {
+		t.Errorf("without an API server the stopped sandbox's holds stay: %+v", e.agent.Ledger().Entries())
 	}
 }
