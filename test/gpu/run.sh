@@ -17,7 +17,8 @@
 # phase could not run (a missing tool, a bad setting).
 #
 # Settings (environment): OUT (default ./out), GPU_INDEX (0), CAP_GIB (10), DRIVER_ROOT (auto),
-# PYTHON (python3), COMPUTE_SECONDS (4, per measurement), DRY_RUN=1 (the simulated node and the
+# PYTHON (python3), COMPUTE_SECONDS (4, per measurement), TORCH_CONFS (the torch phase's allocator
+# settings, comma-separated: default,expandable_segments:True,backend:cudaMallocAsync; all if empty), DRY_RUN=1 (the simulated node and the
 # fake driver in this bundle: no GPU needed; torch and compute need a GPU and write "not run").
 set -euo pipefail
 
@@ -28,6 +29,7 @@ CAP_GIB=${CAP_GIB:-10}
 DRIVER_ROOT=${DRIVER_ROOT:-auto}
 PYTHON=${PYTHON:-python3}
 COMPUTE_SECONDS=${COMPUTE_SECONDS:-4}
+TORCH_CONFS=${TORCH_CONFS:-}
 DRY_RUN=${DRY_RUN:-0}
 WORK=$OUT/work PARTIAL=$OUT/partial RESULTS=$OUT/results
 PROOF=$B/bin/gpuproof
@@ -132,7 +134,7 @@ torch_preflight() {
 phase_torch() {
   torch_preflight torch || return 2
   "$PYTHON" "$B/torch_checks.py" torch --lib "$LIB" --uuid "$UUID" --cap-gib "$CAP_GIB" --work "$WORK/torch" \
-    --out "$PARTIAL/torch.json"
+    --confs "$TORCH_CONFS" --out "$PARTIAL/torch.json"
 }
 
 phase_compute() {
