@@ -44,26 +44,12 @@ func runContainer(args []string) error {
 	}
 	start := time.Now()
 	p := newPhase("container", *dry)
-	inv, err := readInventory(filepath.Join(*work, "inventory.json"))
+	_, g, r, err := setupContainers(*work, *index, *runc, *rootfs, filepath.Join(*work, "containers"))
 	if err != nil {
 		return err
 	}
-	var g *api.GPU
-	for i := range inv.GPUs {
-		if inv.GPUs[i].Index == *index {
-			g = &inv.GPUs[i]
-		}
-	}
-	if g == nil {
-		return fmt.Errorf("no GPU with index %d in the inventory", *index)
-	}
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(filepath.Join(*work, "cdi")), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		return fmt.Errorf("load the CDI specs: %w", err)
-	}
 	gen := &cdi.Generator{Vendor: configv1.DefaultCDIVendor}
 	p.Env["gpu_uuid"], p.Env["gpu_model"] = g.UUID, g.Model
-	r := &runner{runc: *runc, rootfs: *rootfs, dir: filepath.Join(*work, "containers"), cache: cache}
 
 	// A whole GPU: exactly that GPU, the whole of its memory.
 	const probeWhole = "echo ==list; nvidia-smi -L; echo ==info; cudaprobe info"
@@ -111,6 +97,29 @@ func runContainer(args []string) error {
 	p.check("share: nvidia-smi shows the cap", m != nil && m[2] == strconv.FormatInt(*shareMiB, 10), "nvidia-smi in the container (NVML through vcuda)", "%s", firstOrNone(m))
 	p.Env["share_nvidia_smi"] = oneLine(smi)
 	return finish(p, *out, start)
+}
+
+// setupContainers reads what the node phase left in work (the inventory, the CDI specs) and returns
+// the GPU with the given index and a runner whose containers live under dir.
+func setupContainers(work string, index int, runc, rootfs, dir string) (*api.NodeInventory, *api.GPU, *runner, error) {
+	inv, err := readInventory(filepath.Join(work, "inventory.json"))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var g *api.GPU
+	for i := range inv.GPUs {
+		if inv.GPUs[i].Index == index {
+			g = &inv.GPUs[i]
+		}
+	}
+	if g == nil {
+		return nil, nil, nil, fmt.Errorf("no GPU with index %d in the inventory", index)
+	}
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(filepath.Join(work, "cdi")), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("load the CDI specs: %w", err)
+	}
+	return inv, g, &runner{runc: runc, rootfs: rootfs, dir: dir, cache: cache}, nil
 }
 
 // shareMounts are the vcuda files of a share container exactly as the NRI plugin adds them

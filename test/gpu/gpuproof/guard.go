@@ -16,8 +16,6 @@ import (
 	"strings"
 	"time"
 
-	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
-
 	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
@@ -52,7 +50,11 @@ func runGuard(args []string) error {
 	if *work == "" || *out == "" || !filepath.IsAbs(*rootfs) || *vcudaLib == "" {
 		return fmt.Errorf("-work, -out, -vcuda-library and an absolute -rootfs are required")
 	}
-	inv, err := readInventory(filepath.Join(*work, "inventory.json"))
+	dir := filepath.Join(*work, "guard")
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	_, g, r, err := setupContainers(*work, *index, *runc, *rootfs, filepath.Join(dir, "containers"))
 	if err != nil {
 		return err
 	}
@@ -69,20 +71,7 @@ func runGuard(args []string) error {
 		agentArgs = append(agentArgs, "--driver-root="+root)
 	}
 	agentArgs = append(agentArgs, fs.Args()...) // the sim backend's state, as the node phase passes it
-	var g *api.GPU
-	for i := range inv.GPUs {
-		if inv.GPUs[i].Index == *index {
-			g = &inv.GPUs[i]
-		}
-	}
-	if g == nil {
-		return fmt.Errorf("no GPU with index %d in the inventory", *index)
-	}
 	capBytes := *capMiB << 20
-	dir := filepath.Join(*work, "guard")
-	if err := os.RemoveAll(dir); err != nil {
-		return err
-	}
 	// The two containers' shares, half the GPU's compute each, in the ledger the agent loads.
 	ids := map[string]string{"bypass": newContainerID(), "polite": newContainerID()}
 	l, err := ledger.Open(filepath.Join(dir, "data", "ledger.json"), nil)
@@ -145,11 +134,6 @@ func runGuard(args []string) error {
 		return finish(p, *out, start)
 	}
 
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(filepath.Join(*work, "cdi")), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		return fmt.Errorf("load the CDI specs: %w", err)
-	}
-	r := &runner{runc: *runc, rootfs: *rootfs, dir: filepath.Join(dir, "containers"), cache: cache}
 	gen := &cdi.Generator{Vendor: configv1.DefaultCDIVendor}
 	devices := []string{gen.Name(cdi.ClassGPU, g.UUID), gen.Name(cdi.ClassShare, cdi.ShareName)}
 	run := func(name string, preload bool, bytes int64) *started {

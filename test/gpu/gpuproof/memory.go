@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -43,13 +42,9 @@ func runMemory(args []string) error {
 	}
 	start := time.Now()
 	p := newPhase("memory", *dry)
-	inv, err := readInventory(filepath.Join(*work, "inventory.json"))
+	inv, g, r, err := setupContainers(*work, *index, *runc, *rootfs, filepath.Join(*work, "containers"))
 	if err != nil {
 		return err
-	}
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(filepath.Join(*work, "cdi")), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		return fmt.Errorf("load the CDI specs: %w", err)
 	}
 	lib, err := openNVML(*nvmlLib)
 	if err != nil {
@@ -57,21 +52,11 @@ func runMemory(args []string) error {
 		return finish(p, *out, start)
 	}
 	defer lib.Shutdown()
-	r := &runner{runc: *runc, rootfs: *rootfs, dir: filepath.Join(*work, "containers"), cache: cache}
 	by := "host NVML (usedGpuMemory by host pid)"
 	if *dry {
 		by = "the fake driver's NVML on the host (its per-process records, by host pid); the fake charges the figures vcuda's README gives, so this is no measurement"
 	}
 	contextOverhead(p, r, inv, lib, by)
-	var g *api.GPU
-	for i := range inv.GPUs {
-		if inv.GPUs[i].Index == *index {
-			g = &inv.GPUs[i]
-		}
-	}
-	if g == nil {
-		return fmt.Errorf("no GPU with index %d in the inventory", *index)
-	}
 	for _, pattern := range []string{"pool", "loop"} {
 		vmmPattern(p, r, *work, g, lib, pattern, *shareMiB<<20, by)
 	}
