@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Builds the bundle carried to a GPU machine for the real-GPU proof (test/gpu/README.md):
-#   bin/   tessera-node, gpuproof, runc (static), cudaprobe, callbench
+#   bin/   tessera-node, gpuproof, runc (static), cudaprobe, callbench, memprobe
 #   lib/   libvcuda.so
 #   fake/  vcuda/test's fake driver (libcuda.so.1, libnvidia-ml.so.1, nvidia-smi): the dry run, and
 #          the overhead phase's fake-driver figure taken on the GPU machine's own CPU
-#   rootfs/  busybox + Debian's libc6 + cudaprobe: the runc containers' root
+#   rootfs/  busybox + Debian's libc6 + cudaprobe + memprobe: the runc containers' root
 #   run.sh, torch_checks.py, README.md, MANIFEST
 # usage: bundle.sh <out.tar.gz>   (needs `make tools`: busybox and glibc under $TESSERA_TOOLS)
 set -euo pipefail
@@ -38,7 +38,7 @@ if [ ! -x "$CACHE/runc-$RUNC_V" ]; then
 fi
 cp "$CACHE/runc-$RUNC_V" "$B/bin/runc"
 
-log "vcuda, the fake driver, cudaprobe, callbench"
+log "vcuda, the fake driver, cudaprobe, callbench, memprobe"
 V=$W/vcuda
 make -s -C "$ROOT/vcuda" BUILD="$V" "$V/libvcuda.so" "$V/fake/libcuda.so.1" "$V/fake/libnvidia-ml.so.1" "$V/fake/nvidia-smi" >/dev/null
 cp "$V/libvcuda.so" "$B/lib/"
@@ -47,9 +47,10 @@ cp "$V/fake/libcuda.so.1" "$V/fake/libnvidia-ml.so.1" "$V/fake/nvidia-smi" "$B/f
 # real driver's on a GPU machine (the driver API's ABI is stable across drivers).
 gcc -O2 -Wall -Werror -o "$B/bin/cudaprobe" "$ROOT/test/image/cudaprobe.c" -L"$V/fake" -l:libcuda.so.1
 gcc -O2 -Wall -Wextra -Werror -o "$B/bin/callbench" "$ROOT/test/gpu/csrc/callbench.c" -L"$V/fake" -l:libcuda.so.1 -ldl
+gcc -O2 -Wall -Wextra -Werror -o "$B/bin/memprobe" "$ROOT/test/gpu/csrc/memprobe.c" -L"$V/fake" -l:libcuda.so.1 -ldl
 
 log "rootfs"
-mkdir -p "$W/probe/usr/local/bin" && cp "$B/bin/cudaprobe" "$W/probe/usr/local/bin/"
+mkdir -p "$W/probe/usr/local/bin" && cp "$B/bin/cudaprobe" "$B/bin/memprobe" "$W/probe/usr/local/bin/"
 ROOTFS_DIR=$B/rootfs bash "$ROOT/test/tools/make-image.sh" "$BB" /dev/null gpuproof '["/bin/sh"]' "$GLIBC" "$W/probe"
 
 cp "$ROOT/test/gpu/run.sh" "$ROOT/test/gpu/torch_checks.py" "$ROOT/test/gpu/README.md" "$B/"
@@ -59,7 +60,7 @@ cp "$ROOT/test/gpu/run.sh" "$ROOT/test/gpu/torch_checks.py" "$ROOT/test/gpu/READ
   echo "built: $(date -u +%FT%TZ) with $(go version | cut -d' ' -f3), gcc $(gcc -dumpversion), glibc $(ldd --version | head -1 | awk '{print $NF}')"
   echo "rootfs glibc: $(cd "$TOOLS" && ls debs-libc/*.deb 2>/dev/null || echo "$GLIBC")"
   echo "host glibc needed (newest symbol version each binary uses):"
-  for f in bin/tessera-node bin/gpuproof bin/cudaprobe bin/callbench lib/libvcuda.so; do
+  for f in bin/tessera-node bin/gpuproof bin/cudaprobe bin/callbench bin/memprobe lib/libvcuda.so; do
     echo "  $f: $(objdump -T "$B/$f" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)"
   done
   echo "  bin/runc: static"

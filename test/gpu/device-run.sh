@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # One call of the device tool: run phases of the real-GPU proof from the carried bundle.
-#   run(command="bash test/gpu/device-run.sh node container overhead", carry=["bin/tessera-gpu-bundle.tar.gz"])
+#   run(command="bash test/gpu/device-run.sh node container memory guard overhead", carry=["bin/tessera-gpu-bundle.tar.gz"])
 # The bundle is unpacked once under .cache/gpu-run (ignored, so it stays while the machine is warm),
 # results accumulate in .cache/gpu-run/out across calls, and after every call the partial and merged
-# results (and the phases' logs) are copied to $OUT, which the device tool brings back.
+# results and a tarball of the phases' logs are copied to $OUT, which the device tool brings back.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 TARBALL=$ROOT/bin/tessera-gpu-bundle.tar.gz
@@ -15,13 +15,16 @@ fi
 OUT_DIR=${OUT:-$RUN/returned}
 mkdir -p "$RUN/out" "$OUT_DIR"
 # Copied after every phase: a call cut off by the device tool's time limit still returns what
-# the finished phases wrote.
+# the finished phases wrote. The tool brings back at most 8 files: the merged results, one tarball
+# of the partial results and every log (the run, the containers, the agent, PyTorch's children),
+# and nvidia-smi's view.
 collect() {
-  cp -r "$RUN/out/partial" "$RUN/out/results" "$RUN/out/run.log" "$OUT_DIR/" 2>/dev/null
-  cp "$RUN/out/work/inventory.json" "$OUT_DIR/" 2>/dev/null
-  for f in "$RUN"/out/work/containers/*/output.txt "$RUN"/out/work/*/child.log "$RUN"/out/work/*/*/child.log; do
-    [[ -f $f ]] && cp "$f" "$OUT_DIR/$(echo "${f#"$RUN"/out/work/}" | tr / _)"
-  done
+  cp "$RUN"/out/results/*.json "$OUT_DIR/" 2>/dev/null
+  local logs
+  logs=$(cd "$RUN/out" && ls -d partial run.log work/inventory.json work/containers/*/output.txt work/guard/tessera-node.log \
+    work/guard/containers/*/output.txt work/*/child.log work/*/*/child.log 2>/dev/null)
+  # shellcheck disable=SC2086 # one path a line, none with spaces
+  [[ -n $logs ]] && tar -C "$RUN/out" -czf "$OUT_DIR/logs.tar.gz" $logs
 }
 nvidia-smi >"$OUT_DIR/nvidia-smi.txt" 2>&1
 status=0

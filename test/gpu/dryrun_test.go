@@ -42,12 +42,24 @@ func run(t *testing.T, timeout time.Duration, env []string, dir, name string, ar
 	return out.String(), 0
 }
 
+// vmmNotYet are the memory phase's VMM checks that fail on this branch, with why: its fake driver
+// and vcuda have no cuMemAddressReserve/cuMemMap/cuMemUnmap (branch s13-vmm adds them and keeps
+// mapped memory charged), so llama.cpp's create/map/release pattern cannot run, and the check says
+// so instead of passing. Once s13-vmm is merged, empty this map: every VMM check must then pass.
+var vmmNotYet = map[string]string{
+	"memory: vmm pool: OOM at the cap": "exports no cuMemAddressReserve",
+	"memory: vmm loop: OOM at the cap": "exports no cuMemAddressReserve",
+}
+
 // TestGPUBundleDryRun builds the GPU bundle as `make gpu-bundle` does, unpacks it, and runs every
 // phase that needs no GPU on the simulated node with vcuda's fake driver: discovery and CDI specs,
-// CUDA in runc containers made only from the CDI edits (whole GPU and a vcuda share), the call
-// overhead on the fake driver; then the results file and both markdown tables. The PyTorch parts
-// are compiled and their helpers self-tested. Needs root (runc, device nodes), go, gcc, make,
-// python3 and `make tools`' busybox and glibc: a missing one fails the test.
+// CUDA in runc containers made only from the CDI edits (whole GPU and a vcuda share), the memory
+// phase (per-context overhead read from the host's NVML by host pid, the VMM patterns under a cap),
+// the guard phase (tessera-node's memory guard kills a share allocating past vcuda, leaves one under
+// its cap), the call overhead on the fake driver; then the results file and both markdown tables.
+// The PyTorch phases cannot run here and must say so in the results; torch_checks.py is compiled
+// and its helpers self-tested. Needs root (runc, device nodes), go, gcc, make, python3 and `make
+// tools`' busybox and glibc: a missing one fails the test.
 func TestGPUBundleDryRun(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("the dry run needs root: runc and the simulated node's device nodes")
@@ -75,16 +87,22 @@ func TestGPUBundleDryRun(t *testing.T) {
 	}
 	b := filepath.Join(dir, "tessera-gpu-bundle")
 	env := []string{"DRY_RUN=1", "OUT=" + filepath.Join(dir, "out")}
-	for _, phase := range []string{"node", "container", "overhead"} {
+	for _, phase := range []string{"node", "container", "memory", "guard", "overhead"} {
 		out, rc := run(t, 5*time.Minute, env, b, "./run.sh", phase)
-		if rc != 0 {
-			t.Fatalf("run.sh %s: exit %d\n%s", phase, rc, out)
+		want := 0
+		if phase == "memory" && len(vmmNotYet) > 0 {
+			want = 1 // some check failed, its results written all the same
+		}
+		if rc != want {
+			t.Fatalf("run.sh %s: exit %d, want %d\n%s", phase, rc, want, out)
 		}
 		t.Logf("run.sh %s:\n%s", phase, out)
 	}
-	// The GPU-only phases refuse a dry run instead of pretending.
-	if out, rc := run(t, time.Minute, env, b, "./run.sh", "torch"); rc != 2 || !strings.Contains(out, "needs a GPU") {
-		t.Errorf("run.sh torch in a dry run: exit %d, want 2 with a reason\n%s", rc, out)
+	// The GPU-only phases refuse a dry run instead of pretending, and say so in the results.
+	for _, phase := range []string{"torch", "compute"} {
+		if out, rc := run(t, time.Minute, env, b, "./run.sh", phase); rc != 2 || !strings.Contains(out, "needs a GPU") {
+			t.Errorf("run.sh %s in a dry run: exit %d, want 2 with a reason\n%s", phase, rc, out)
+		}
 	}
 
 	files, _ := filepath.Glob(filepath.Join(dir, "out", "results", "*.json"))
@@ -99,10 +117,10 @@ func TestGPUBundleDryRun(t *testing.T) {
 		Missing []string `json:"phases_missing"`
 		Phases  []struct {
 			Phase   string `json:"phase"`
-			Checks  []struct{ Name, Status string }
+			Checks  []struct{ Name, Status, Detail string }
 			Figures []struct {
-				Name       string
-				MeasuredBy string `json:"measured_by"`
+				Name, Status string
+				MeasuredBy   string `json:"measured_by"`
 			}
 		}
 	}
@@ -113,27 +131,54 @@ func TestGPUBundleDryRun(t *testing.T) {
 	if err := json.Unmarshal(data, &res); err != nil {
 		t.Fatal(err)
 	}
-	if !res.DryRun || res.Failed != 0 || res.Driver != "580.95.05" || res.CUDA != "13.0" || strings.Join(res.Missing, ",") != "torch,compute" {
-		t.Errorf("results: dry_run=%v failed=%d driver=%q cuda=%q missing=%v\n%s", res.DryRun, res.Failed, res.Driver, res.CUDA, res.Missing, data)
+	if !res.DryRun || res.Failed != len(vmmNotYet) || res.Driver != "580.95.05" || res.CUDA != "13.0" || len(res.Missing) != 0 {
+		t.Errorf("results: dry_run=%v failed=%d (want %d) driver=%q cuda=%q missing=%v\n%s", res.DryRun, res.Failed, len(vmmNotYet), res.Driver, res.CUDA, res.Missing, data)
 	}
 	passed := map[string]bool{}
+	checks := map[string]string{} // name -> status: detail
 	figures := map[string]string{}
 	for _, p := range res.Phases {
 		for _, c := range p.Checks {
 			passed[p.Phase+": "+c.Name] = c.Status == "pass"
+			checks[p.Phase+": "+c.Name] = c.Status + ": " + c.Detail
 		}
 		for _, f := range p.Figures {
 			figures[p.Phase+": "+f.Name] = f.MeasuredBy
+			passed[p.Phase+": "+f.Name] = f.Status == "pass"
 		}
 	}
-	for _, want := range []string{
+	want := []string{
 		"node: specs load", "node: specs mount libcuda.so", "node: specs mount nvidia-smi", "node: GPU count",
 		"container: whole: nvidia-smi -L lists exactly that GPU", "container: whole: CUDA sees all its memory",
 		"container: share: ld.so.preload names vcuda", "container: share: CUDA reports the cap",
 		"container: share: OOM at the cap", "container: share: nvidia-smi shows the cap",
-	} {
-		if !passed[want] {
-			t.Errorf("check %q did not pass (or is missing)", want)
+		// the context overhead where a pod's processes live: NVML lists them by host pid
+		"memory: context overhead: NVML lists the container's process by host pid",
+		"memory: context overhead: NVIDIA A100-SXM4-40GB (cc 8.0): vcuda's table is right",
+		// the agent kills the share past vcuda, from NVML's per-process memory, and only it
+		"guard: agent runs with the memory guard", "guard: bypass: killed (SIGKILL)",
+		"guard: bypass: the agent logs the kill (GPUMemoryCapExceeded without an API server)",
+		"guard: the agent counts one kill", "guard: polite: the agent measures it", "guard: polite: under its cap, left alone",
+	}
+	if len(vmmNotYet) == 0 {
+		for _, pattern := range []string{"pool", "loop"} {
+			want = append(want, "memory: vmm "+pattern+": OOM at the cap", "memory: vmm "+pattern+": the unmap gives the memory back",
+				"memory: vmm "+pattern+": most host NVML showed")
+		}
+	}
+	for _, name := range want {
+		if !passed[name] {
+			t.Errorf("check %q did not pass (or is missing): %s", name, checks[name])
+		}
+	}
+	for name, why := range vmmNotYet {
+		if c := checks[name]; !strings.HasPrefix(c, "fail: ") || !strings.Contains(c, why) {
+			t.Errorf("check %q: %q, want a failure saying %q (passing now? then empty vmmNotYet)", name, c, why)
+		}
+	}
+	for _, phase := range []string{"torch", "compute"} {
+		if c := checks[phase+": "+phase+": not run"]; !strings.HasPrefix(c, "not_checked: ") || !strings.Contains(c, "needs a GPU") {
+			t.Errorf("the results must say the %s phase did not run, and why: %q", phase, c)
 		}
 	}
 	for _, want := range []string{"overhead: fake driver: alloc, added by vcuda at 100% compute", "overhead: fake driver: launch, added by vcuda at 100% compute"} {
@@ -141,10 +186,16 @@ func TestGPUBundleDryRun(t *testing.T) {
 			t.Errorf("figure %q missing or not labelled with the fake driver: %q", want, figures[want])
 		}
 	}
-	for section, want := range map[string]string{"node": "| share: OOM at the cap | pass |", "vcuda": "| `cuLaunchKernel` (empty kernel, 1 block) | added by vcuda, container at 100% compute | not measured | "} {
+	for section, wants := range map[string][]string{
+		"node": {"| share: OOM at the cap | pass |", "| bypass: killed (SIGKILL) | pass |"},
+		"vcuda": {"| `cuLaunchKernel` (empty kernel, 1 block) | added by vcuda, container at 100% compute | not measured | ",
+			"| context overhead: NVIDIA A100-SXM4-40GB (cc 8.0): vcuda's table is right | pass |", "| torch: not run | not_checked |"},
+	} {
 		out, rc := run(t, time.Minute, nil, b, "bin/gpuproof", "tables", "-section", section, files[0])
-		if rc != 0 || !strings.HasPrefix(out, "**DRY RUN") || !strings.Contains(out, want) {
-			t.Errorf("tables -section %s: exit %d, want the dry-run banner and %q:\n%s", section, rc, want, out)
+		for _, want := range wants {
+			if rc != 0 || !strings.HasPrefix(out, "**DRY RUN") || !strings.Contains(out, want) {
+				t.Errorf("tables -section %s: exit %d, want the dry-run banner and %q:\n%s", section, rc, want, out)
+			}
 		}
 	}
 	if out, rc := run(t, time.Minute, nil, b, "python3", "-m", "py_compile", "torch_checks.py"); rc != 0 {

@@ -3,10 +3,13 @@
 #
 #   ./run.sh node        discovery + CDI specs on this machine vs nvidia-smi, CUDA, sysfs   (~1 min)
 #   ./run.sh container   CUDA in runc containers made only from the CDI specs (+ vcuda)       (~1 min)
+#   ./run.sh memory      per-context overhead in a container's PID namespace; VMM create/map/
+#                        release under a cap, NVML on the host never above it                 (~1 min)
+#   ./run.sh guard       the node agent's memory guard kills a share allocating past vcuda     (~1 min)
 #   ./run.sh torch       vcuda memory caps with PyTorch: 3 allocators x CUDA graphs on/off    (~2-3 min)
 #   ./run.sh compute     vcuda compute shares 10/30/50/70%, two containers 30+70, 100% cost   (~4 min)
 #   ./run.sh overhead    ns added per intercepted call, real driver next to the fake driver   (~1 min)
-#   ./run.sh all         all of the above in that order (~10 min: split it over device-tool calls)
+#   ./run.sh all         all of the above in that order (~12 min: split it over device-tool calls)
 #
 # Each phase writes $OUT/partial/<phase>.json as it ends, then merges every phase so far into
 # $OUT/results/<date>-<gpu model>.json; render it with `gpuproof tables` (test/gpu/README.md).
@@ -14,8 +17,9 @@
 # phase could not run (a missing tool, a bad setting).
 #
 # Settings (environment): OUT (default ./out), GPU_INDEX (0), CAP_GIB (10), DRIVER_ROOT (auto),
-# PYTHON (python3), COMPUTE_SECONDS (4, per measurement), DRY_RUN=1 (the simulated node and the
-# fake driver in this bundle: no GPU needed; torch and compute need a GPU and refuse).
+# PYTHON (python3), COMPUTE_SECONDS (4, per measurement), TORCH_CONFS (the torch phase's allocator
+# settings, comma-separated: default,expandable_segments:True,backend:cudaMallocAsync; all if empty), DRY_RUN=1 (the simulated node and the
+# fake driver in this bundle: no GPU needed; torch and compute need a GPU and write "not run").
 set -euo pipefail
 
 B=$(cd "$(dirname "$0")" && pwd)
@@ -25,6 +29,7 @@ CAP_GIB=${CAP_GIB:-10}
 DRIVER_ROOT=${DRIVER_ROOT:-auto}
 PYTHON=${PYTHON:-python3}
 COMPUTE_SECONDS=${COMPUTE_SECONDS:-4}
+TORCH_CONFS=${TORCH_CONFS:-}
 DRY_RUN=${DRY_RUN:-0}
 WORK=$OUT/work PARTIAL=$OUT/partial RESULTS=$OUT/results
 PROOF=$B/bin/gpuproof
@@ -33,9 +38,9 @@ LIB=$B/lib/libvcuda.so
 die() { echo "run.sh: $*" >&2; exit 2; }
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 
-[[ $# -eq 1 ]] || die "usage: run.sh node|container|torch|compute|overhead|all"
+[[ $# -eq 1 ]] || die "usage: run.sh node|container|memory|guard|torch|compute|overhead|all"
 [[ $(id -u) -eq 0 ]] || die "run as root: runc and the device nodes need it"
-for f in bin/tessera-node bin/gpuproof bin/runc bin/cudaprobe bin/callbench lib/libvcuda.so fake/libcuda.so.1 rootfs/lib64/ld-linux-x86-64.so.2; do
+for f in bin/tessera-node bin/gpuproof bin/runc bin/cudaprobe bin/callbench bin/memprobe lib/libvcuda.so fake/libcuda.so.1 rootfs/lib64/ld-linux-x86-64.so.2; do
   [[ -e $B/$f ]] || die "$B/$f is missing: this is not a complete bundle (make gpu-bundle)"
 done
 # Everything here was built against glibc 2.34+ (see MANIFEST); say so plainly instead of failing oddly.
@@ -51,7 +56,10 @@ if [[ $DRY_RUN == 1 ]]; then
   # and device nodes from the simulated root tessera-node lays out under $WORK/sim.
   export LD_LIBRARY_PATH=$B/fake PATH=$B/fake:$PATH
   export FAKE_GPU_NODE_FILE=$WORK/sim/root/etc/tessera-sim/gpus FAKE_DEV_ROOT=$WORK/sim/root/dev
+  # where the containers' fake driver records each process's memory (NVML's per-process list)
+  export FAKE_SIM_DRIVER_DIR=$WORK/sim/root/run/tessera-sim/driver
 fi
+sim_flags=("--state-dir=$WORK/sim" "--sim-driver-dir=$B/fake")
 
 merge() { "$PROOF" merge -dir "$PARTIAL" -out-dir "$RESULTS" || true; }
 
@@ -59,16 +67,40 @@ phase_node() {
   local backend=(-backend nvml -driver-root "$DRIVER_ROOT") extra=()
   if [[ $DRY_RUN == 1 ]]; then
     backend=(-backend sim)
-    extra=(-- "--state-dir=$WORK/sim" "--sim-driver-dir=$B/fake")
+    extra=(-- "${sim_flags[@]}")
   fi
   "$PROOF" node -tessera-node "$B/bin/tessera-node" "${backend[@]}" -work "$WORK" -out "$PARTIAL/node.json" \
     -vcuda-library "$LIB" -cudaprobe "$B/bin/cudaprobe" "${dry[@]}" "${extra[@]}"
 }
 
 phase_container() {
-  [[ -f $WORK/inventory.json ]] || { echo "run.sh: run the node phase first (it writes the CDI specs the containers use)" >&2; return 2; }
+  need_specs || return 2
   "$PROOF" container -work "$WORK" -out "$PARTIAL/container.json" -rootfs "$B/rootfs" -runc "$B/bin/runc" \
     -gpu-index "$GPU_INDEX" -share-mib 4096 "${dry[@]}"
+}
+
+need_specs() {
+  [[ -f $WORK/inventory.json ]] || { echo "run.sh: run the node phase first (it writes the CDI specs the containers use)" >&2; return 2; }
+}
+
+phase_memory() {
+  need_specs || return 2
+  local nvml=auto
+  [[ $DRY_RUN == 1 ]] && nvml=$B/fake/libnvidia-ml.so.1
+  "$PROOF" memory -work "$WORK" -out "$PARTIAL/memory.json" -rootfs "$B/rootfs" -runc "$B/bin/runc" \
+    -gpu-index "$GPU_INDEX" -share-mib 4096 -nvml-library "$nvml" "${dry[@]}"
+}
+
+phase_guard() {
+  need_specs || return 2
+  local backend=(-backend nvml -driver-root "$DRIVER_ROOT") extra=()
+  if [[ $DRY_RUN == 1 ]]; then
+    backend=(-backend sim)
+    extra=(-- "${sim_flags[@]}")
+  fi
+  "$PROOF" guard -work "$WORK" -out "$PARTIAL/guard.json" -rootfs "$B/rootfs" -runc "$B/bin/runc" \
+    -tessera-node "$B/bin/tessera-node" -vcuda-library "$LIB" -gpu-index "$GPU_INDEX" -cap-mib 1024 \
+    "${backend[@]}" "${dry[@]}" "${extra[@]}"
 }
 
 phase_overhead() {
@@ -92,6 +124,8 @@ torch_preflight() {
   fi
   if [[ -n $why ]]; then
     echo "run.sh: $why" >&2
+    # said in the results too: a phase that did not run is not a pass
+    "$PROOF" notrun -phase "$1" -reason "$why" -out "$PARTIAL/$1.json" "${dry[@]}" >/dev/null || true
     return 2
   fi
   export CUDA_VISIBLE_DEVICES=$UUID GPUPROOF=$PROOF
@@ -100,7 +134,7 @@ torch_preflight() {
 phase_torch() {
   torch_preflight torch || return 2
   "$PYTHON" "$B/torch_checks.py" torch --lib "$LIB" --uuid "$UUID" --cap-gib "$CAP_GIB" --work "$WORK/torch" \
-    --out "$PARTIAL/torch.json"
+    --confs "$TORCH_CONFS" --out "$PARTIAL/torch.json"
 }
 
 phase_compute() {
@@ -120,8 +154,8 @@ run_phase() {
 }
 
 case $1 in
-  node | container | torch | compute | overhead) run_phase "$1" ;;
-  all) for p in node container torch compute overhead; do run_phase "$p"; done ;;
-  *) die "unknown phase $1 (node|container|torch|compute|overhead|all)" ;;
+  node | container | memory | guard | torch | compute | overhead) run_phase "$1" ;;
+  all) for p in node container memory guard torch compute overhead; do run_phase "$p"; done ;;
+  *) die "unknown phase $1 (node|container|memory|guard|torch|compute|overhead|all)" ;;
 esac
 exit $status

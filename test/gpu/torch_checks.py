@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """vcuda with PyTorch on a real GPU: the torch and compute phases of test/gpu/run.sh.
 
-  torch_checks.py torch   --lib L --uuid U --cap-gib N --work DIR --out F
+  torch_checks.py torch   --lib L --uuid U --cap-gib N --work DIR --out F [--confs C,...]
   torch_checks.py compute --lib L --uuid U --cap-gib N --work DIR --seconds S --out F
   torch_checks.py selftest          (no GPU, no torch: the helpers; run by the dry-run test)
 
@@ -79,6 +79,17 @@ def parse_apps(csv_text):
         if len(parts) == 2 and parts[0].isdigit() and parts[1].isdigit():
             apps[int(parts[0])] = int(parts[1])
     return apps
+
+
+def parse_confs(text):
+    """--confs: allocator settings to check, comma-separated ("default" is PyTorch's own); all if empty."""
+    if not text:
+        return list(ALLOC_CONFS)
+    confs = ["" if c == "default" else c for c in text.split(",")]
+    unknown = [c for c in confs if c not in ALLOC_CONFS]
+    if unknown:
+        raise SystemExit("torch_checks.py: unknown --confs %s (known: default, %s)" % (unknown, ", ".join(ALLOC_CONFS[1:])))
+    return confs
 
 
 def busy_share(iterations, gpu_s_per_iter, wall_s):
@@ -266,7 +277,7 @@ def phase_torch(a):
                   base_by + " minus torch.cuda.memory_reserved(), after one 1024x1024 matmul")
     else:
         ph.check("baseline process", False, HOST_NVML, "no baseline: %s" % base.get("log", base)[:300])
-    for conf in ALLOC_CONFS:
+    for conf in parse_confs(a.confs):
         for graphs in (False, True):
             name = (conf.replace(":", "-") or "default") + ("+graphs" if graphs else "")
             limits = write_limits(os.path.join(a.work, name), a.uuid, cap, 100)
@@ -460,6 +471,12 @@ def phase_compute(a):
 
 def selftest(_):
     assert parse_apps("1234, 500\n 77, 12\n[N/A], x\n") == {1234: 500, 77: 12}
+    assert parse_confs("") == ALLOC_CONFS and parse_confs("default,expandable_segments:True") == ["", "expandable_segments:True"]
+    try:
+        parse_confs("expandable_segments:true")
+        raise AssertionError("an unknown allocator setting must be refused")
+    except SystemExit:
+        pass
     assert abs(busy_share(100, 0.003, 1.0) - 0.3) < 1e-9 and busy_share(1, 1, 0) == 0.0
     assert within(0.32, 0.30, 0.10) and not within(0.34, 0.30, 0.10)
     import tempfile
@@ -491,6 +508,7 @@ def main():
         s.add_argument("--work", required=True)
         s.add_argument("--out", required=True)
         s.add_argument("--seconds", type=float, default=4)
+        s.add_argument("--confs", default="", help="torch: allocator settings, comma-separated (default, expandable_segments:True, backend:cudaMallocAsync); all if empty")
     s = sub.add_parser("child-oom")
     s.add_argument("--ready", required=True)
     s.add_argument("--release", required=True)

@@ -1,14 +1,17 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
@@ -41,26 +44,12 @@ func runContainer(args []string) error {
 	}
 	start := time.Now()
 	p := newPhase("container", *dry)
-	inv, err := readInventory(filepath.Join(*work, "inventory.json"))
+	_, g, r, err := setupContainers(*work, *index, *runc, *rootfs, filepath.Join(*work, "containers"))
 	if err != nil {
 		return err
 	}
-	var g *api.GPU
-	for i := range inv.GPUs {
-		if inv.GPUs[i].Index == *index {
-			g = &inv.GPUs[i]
-		}
-	}
-	if g == nil {
-		return fmt.Errorf("no GPU with index %d in the inventory", *index)
-	}
-	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(filepath.Join(*work, "cdi")), cdiapi.WithAutoRefresh(false))
-	if err != nil {
-		return fmt.Errorf("load the CDI specs: %w", err)
-	}
 	gen := &cdi.Generator{Vendor: configv1.DefaultCDIVendor}
 	p.Env["gpu_uuid"], p.Env["gpu_model"] = g.UUID, g.Model
-	r := &runner{runc: *runc, rootfs: *rootfs, dir: filepath.Join(*work, "containers"), cache: cache}
 
 	// A whole GPU: exactly that GPU, the whole of its memory.
 	const probeWhole = "echo ==list; nvidia-smi -L; echo ==info; cudaprobe info"
@@ -78,27 +67,9 @@ func runContainer(args []string) error {
 
 	// A share: the GPU plus the share token (the library) plus the NRI plugin's preload and limits.
 	capBytes := *shareMiB << 20
-	shareDir := filepath.Join(*work, "containers", "share-vcuda")
-	region := filepath.Join(shareDir, "region")
-	if err := os.MkdirAll(shareDir, 0o755); err != nil {
-		return err
-	}
-	// The accounting region: on a node the plugin puts it on its own small tmpfs (region.go); here a
-	// plain file writable by the container's user does.
-	if err := os.WriteFile(region, nil, 0o666); err != nil {
-		return err
-	}
-	if err := os.Chmod(region, 0o666); err != nil {
-		return err
-	}
-	mounts, err := nri.VCUDAMounts(shareDir, region, "gpuproof-share",
-		[]api.DeviceAssignment{{UUID: g.UUID, MemoryBytes: capBytes, CoresPercent: *shareCores}}, "", false)
+	extra, err := shareMounts(filepath.Join(*work, "containers", "share-vcuda"), "gpuproof-share", g.UUID, capBytes, *shareCores, true)
 	if err != nil {
 		return err
-	}
-	var extra []rspec.Mount
-	for _, m := range mounts {
-		extra = append(extra, rspec.Mount{Destination: m.Destination, Type: m.Type, Source: m.Source, Options: m.Options})
 	}
 	const granule = 64 << 20
 	probeShare := fmt.Sprintf("echo ==preload; cat /etc/ld.so.preload; echo ==list; nvidia-smi -L; echo ==info; cudaprobe info; "+
@@ -126,6 +97,59 @@ func runContainer(args []string) error {
 	p.check("share: nvidia-smi shows the cap", m != nil && m[2] == strconv.FormatInt(*shareMiB, 10), "nvidia-smi in the container (NVML through vcuda)", "%s", firstOrNone(m))
 	p.Env["share_nvidia_smi"] = oneLine(smi)
 	return finish(p, *out, start)
+}
+
+// setupContainers reads what the node phase left in work (the inventory, the CDI specs) and returns
+// the GPU with the given index and a runner whose containers live under dir.
+func setupContainers(work string, index int, runc, rootfs, dir string) (*api.NodeInventory, *api.GPU, *runner, error) {
+	inv, err := readInventory(filepath.Join(work, "inventory.json"))
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	var g *api.GPU
+	for i := range inv.GPUs {
+		if inv.GPUs[i].Index == index {
+			g = &inv.GPUs[i]
+		}
+	}
+	if g == nil {
+		return nil, nil, nil, fmt.Errorf("no GPU with index %d in the inventory", index)
+	}
+	cache, err := cdiapi.NewCache(cdiapi.WithSpecDirs(filepath.Join(work, "cdi")), cdiapi.WithAutoRefresh(false))
+	if err != nil {
+		return nil, nil, nil, fmt.Errorf("load the CDI specs: %w", err)
+	}
+	return inv, g, &runner{runc: runc, rootfs: rootfs, dir: dir, cache: cache}, nil
+}
+
+// shareMounts are the vcuda files of a share container exactly as the NRI plugin adds them
+// (nri.VCUDAMounts: the preload, the limits, the accounting region), kept in dir; preload false
+// leaves out /etc/ld.so.preload: a container that walks past vcuda.
+func shareMounts(dir, id, uuid string, capBytes int64, cores int, preload bool) ([]rspec.Mount, error) {
+	region := filepath.Join(dir, "region")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, err
+	}
+	// The accounting region: on a node the plugin puts it on its own small tmpfs (region.go); here a
+	// plain file writable by the container's user does.
+	if err := os.WriteFile(region, nil, 0o666); err != nil {
+		return nil, err
+	}
+	if err := os.Chmod(region, 0o666); err != nil {
+		return nil, err
+	}
+	mounts, err := nri.VCUDAMounts(dir, region, id, []api.DeviceAssignment{{UUID: uuid, MemoryBytes: capBytes, CoresPercent: cores}}, "", false)
+	if err != nil {
+		return nil, err
+	}
+	var out []rspec.Mount
+	for _, m := range mounts {
+		if !preload && m.Destination == "/etc/ld.so.preload" {
+			continue
+		}
+		out = append(out, rspec.Mount{Destination: m.Destination, Type: m.Type, Source: m.Source, Options: m.Options})
+	}
+	return out, nil
 }
 
 func passFail(ok bool) string {
@@ -165,6 +189,23 @@ type runner struct {
 // run creates the bundle of one container (runc's default spec, the rootfs, the CDI devices, extra
 // mounts), runs the shell command in it and returns its output.
 func (r *runner) run(name string, devices []string, mounts []rspec.Mount, command string) (string, error) {
+	bundle, err := r.prepare(name, devices, mounts, command, "")
+	if err != nil {
+		return "", err
+	}
+	id := fmt.Sprintf("gpuproof-%s-%d", name, os.Getpid())
+	defer output(30*time.Second, nil, r.runc, "delete", "--force", id) //nolint:errcheck // best effort: the container may be gone
+	got, err := output(3*time.Minute, nil, r.runc, "run", "--bundle", bundle, id)
+	if err := os.WriteFile(filepath.Join(bundle, "output.txt"), []byte(got), 0o644); err != nil {
+		return "", err
+	}
+	return got, err
+}
+
+// prepare writes the bundle of one container: runc's default spec with the rootfs, the CDI devices,
+// extra mounts and the shell command; cgroupsPath ("": runc's default) places it where the memory
+// guard finds a container ID.
+func (r *runner) prepare(name string, devices []string, mounts []rspec.Mount, command, cgroupsPath string) (string, error) {
 	bundle := filepath.Join(r.dir, name)
 	if err := os.MkdirAll(bundle, 0o755); err != nil {
 		return "", err
@@ -185,6 +226,9 @@ func (r *runner) run(name string, devices []string, mounts []rspec.Mount, comman
 	spec.Hostname = "gpuproof-" + name
 	spec.Process.Terminal = false
 	spec.Process.Args = []string{"/bin/sh", "-c", command}
+	if cgroupsPath != "" && spec.Linux != nil {
+		spec.Linux.CgroupsPath = cgroupsPath
+	}
 	if _, err := r.cache.InjectDevices(spec, devices...); err != nil {
 		return "", fmt.Errorf("inject CDI devices %v: %w", devices, err)
 	}
@@ -195,11 +239,120 @@ func (r *runner) run(name string, devices []string, mounts []rspec.Mount, comman
 	if err := os.WriteFile(filepath.Join(bundle, "config.json"), data, 0o644); err != nil {
 		return "", err
 	}
-	id := fmt.Sprintf("gpuproof-%s-%d", name, os.Getpid())
-	defer output(30*time.Second, nil, r.runc, "delete", "--force", id) //nolint:errcheck // best effort: the container may be gone
-	got, err := output(3*time.Minute, nil, r.runc, "run", "--bundle", bundle, id)
-	if err := os.WriteFile(filepath.Join(bundle, "output.txt"), []byte(got), 0o644); err != nil {
-		return "", err
+	return bundle, nil
+}
+
+// started is a container running in the background (runner.start): the host measures it while it runs.
+type started struct {
+	runc, id, bundle string
+	out              *syncBuffer
+	done             chan struct{}
+	exit             int // runc run's exit status (137: SIGKILL), valid once done is closed
+	err              error
+}
+
+// start runs the shell command in a new container without waiting for it; stop ends it.
+func (r *runner) start(name string, devices []string, mounts []rspec.Mount, command, cgroupsPath string) (*started, error) {
+	bundle, err := r.prepare(name, devices, mounts, command, cgroupsPath)
+	if err != nil {
+		return nil, err
 	}
-	return got, err
+	s := &started{runc: r.runc, id: fmt.Sprintf("gpuproof-%s-%d", name, os.Getpid()), bundle: bundle, out: &syncBuffer{}, done: make(chan struct{})}
+	_, _ = output(30*time.Second, nil, r.runc, "delete", "--force", s.id) // a leftover of an earlier run
+	cmd := exec.Command(r.runc, "run", "--bundle", bundle, s.id)
+	cmd.Stdout, cmd.Stderr = s.out, s.out
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("runc run %s: %w", s.id, err)
+	}
+	go func() {
+		s.err = cmd.Wait()
+		s.exit = cmd.ProcessState.ExitCode()
+		close(s.done)
+	}()
+	return s, nil
+}
+
+// waitLine waits until the container printed the line, or ended, or the timeout passed.
+func (s *started) waitLine(line string, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if strings.Contains("\n"+s.out.String(), "\n"+line+"\n") {
+			return true
+		}
+		select {
+		case <-s.done:
+			return strings.Contains("\n"+s.out.String(), "\n"+line+"\n")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return false
+}
+
+// pid is the host pid of the container's first process, as runc knows it.
+func (s *started) pid() (int, error) {
+	got, err := output(30*time.Second, nil, s.runc, "state", s.id)
+	if err != nil {
+		return 0, err
+	}
+	var st struct {
+		Pid    int    `json:"pid"`
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal([]byte(got), &st); err != nil {
+		return 0, fmt.Errorf("runc state %s: %w", s.id, err)
+	}
+	if st.Pid <= 0 || st.Status != "running" {
+		return 0, fmt.Errorf("runc state %s: %s (pid %d)", s.id, st.Status, st.Pid)
+	}
+	return st.Pid, nil
+}
+
+// wait waits up to timeout for the container to end by itself: its exit status, or -1 if it runs on.
+func (s *started) wait(timeout time.Duration) int {
+	select {
+	case <-s.done:
+		return s.exit
+	case <-time.After(timeout):
+		return -1
+	}
+}
+
+// running reports whether the container still runs.
+func (s *started) running() bool {
+	select {
+	case <-s.done:
+		return false
+	default:
+		return true
+	}
+}
+
+// stop kills the container if it still runs, removes it and saves its output beside its bundle.
+func (s *started) stop() string {
+	if s.running() {
+		_, _ = output(30*time.Second, nil, s.runc, "kill", s.id, "KILL")
+		s.wait(30 * time.Second)
+	}
+	_, _ = output(30*time.Second, nil, s.runc, "delete", "--force", s.id)
+	got := s.out.String()
+	_ = os.WriteFile(filepath.Join(s.bundle, "output.txt"), []byte(got), 0o644)
+	return got
+}
+
+// syncBuffer is a bytes.Buffer a container writes while the phase reads it.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

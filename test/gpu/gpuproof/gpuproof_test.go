@@ -115,3 +115,17 @@ func TestNvidiaSMIQuery(t *testing.T) {
 		t.Error("an nvidia-smi without --query-gpu must be an error (the caller falls back to -L)")
 	}
 }
+
+// vcuda's per-context table is right only if it covers the driver's figure (a share would hold more
+// than its cap) and overcharges by no more than the memory guard's tolerance (64 MiB).
+func TestTableRight(t *testing.T) {
+	for _, c := range []struct {
+		measured, table uint64
+		want            bool
+	}{{384 << 20, 384 << 20, true}, {500 << 20, 512 << 20, true}, {448 << 20, 512 << 20, true},
+		{513 << 20, 512 << 20, false}, {447 << 20, 512 << 20, false}} {
+		if got := tableRight(c.measured, c.table); got != c.want {
+			t.Errorf("tableRight(%d MiB, %d MiB) = %v, want %v", c.measured>>20, c.table>>20, got, c.want)
+		}
+	}
+}

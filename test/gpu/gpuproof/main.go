@@ -4,10 +4,13 @@
 //
 //	gpuproof node      tessera-node cdi generate on this machine; inventory vs nvidia-smi and CUDA; the specs
 //	gpuproof container CUDA in runc containers made only from the CDI specs (+ the NRI plugin's vcuda mounts)
+//	gpuproof memory    per-context overhead in a container's PID namespace; VMM create/map/release under a cap
+//	gpuproof guard     the node agent's memory guard kills a share container that allocates past vcuda
 //	gpuproof overhead  cost per intercepted call, real driver and fake driver, with and without vcuda
 //	gpuproof merge     the phases' partial results -> results/<date>-<gpu model>.json
 //	gpuproof tables    the markdown tables for vcuda/README.md and docs/install.md
 //	gpuproof limits    write a vcuda limits file (for torch_checks.py)
+//	gpuproof notrun    a phase's result saying why it did not run (not a pass)
 //
 // Each phase writes one JSON file (a Phase) as it finishes, so a run cut short keeps what it measured.
 // Every figure says what measured it; a dry run (the fake driver) is marked as such everywhere.
@@ -15,6 +18,7 @@ package main
 
 import (
 	"encoding/json"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -122,7 +126,7 @@ func orDash(s string) string {
 	return s
 }
 
-const usage = `usage: gpuproof <node|container|overhead|merge|tables|limits> [flags]   (see test/gpu/README.md)`
+const usage = `usage: gpuproof <node|container|memory|guard|overhead|merge|tables|limits|notrun> [flags]   (see test/gpu/README.md)`
 
 func main() {
 	if len(os.Args) < 2 {
@@ -130,8 +134,8 @@ func main() {
 		os.Exit(2)
 	}
 	cmds := map[string]func([]string) error{
-		"node": runNode, "container": runContainer, "overhead": runOverhead, "merge": runMerge, "tables": runTables,
-		"limits": runLimits,
+		"node": runNode, "container": runContainer, "memory": runMemory, "guard": runGuard, "overhead": runOverhead, "merge": runMerge, "tables": runTables,
+		"limits": runLimits, "notrun": runNotRun,
 	}
 	cmd, ok := cmds[os.Args[1]]
 	if !ok {
@@ -161,4 +165,23 @@ func finish(p *Phase, path string, start time.Time) error {
 		return errFailed{p.Phase, n}
 	}
 	return nil
+}
+
+// runNotRun writes the result of a phase that could not run here (no GPU in a dry run, no PyTorch on
+// the GPU machine): one not_checked check with the reason, so the results say it, and no pass.
+func runNotRun(args []string) error {
+	fs := flag.NewFlagSet("notrun", flag.ContinueOnError)
+	phase := fs.String("phase", "", "the phase (required)")
+	reason := fs.String("reason", "", "why it did not run (required)")
+	out := fs.String("out", "", "phase result file (required)")
+	dry := fs.Bool("dry-run", false, "the simulated node and the fake driver")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *phase == "" || *reason == "" || *out == "" {
+		return fmt.Errorf("-phase, -reason and -out are required")
+	}
+	p := newPhase(*phase, *dry)
+	p.skip(*phase+": not run", "run.sh", "%s", *reason)
+	return p.write(*out, time.Now())
 }

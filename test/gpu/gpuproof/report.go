@@ -14,7 +14,7 @@ import (
 )
 
 // phaseOrder is the order of run.sh's phases in the results file and the tables.
-var phaseOrder = []string{"node", "container", "torch", "compute", "overhead"}
+var phaseOrder = []string{"node", "container", "memory", "guard", "torch", "compute", "overhead"}
 
 // Results is test/gpu/results/<date>-<gpu model>.json: every phase that ran, and what it ran on.
 type Results struct {
@@ -112,8 +112,8 @@ func slug(s string) string { return strings.Trim(nonSlug.ReplaceAllString(s, "-"
 
 // sections: which phases go to which document.
 var sections = map[string][]string{
-	"node":  {"node", "container"},            // docs/install.md
-	"vcuda": {"torch", "compute", "overhead"}, // vcuda/README.md
+	"node":  {"node", "container", "guard"},             // docs/install.md
+	"vcuda": {"memory", "torch", "compute", "overhead"}, // vcuda/README.md
 }
 
 func runTables(args []string) error {

@@ -1,0 +1,245 @@
+package main
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
+	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/cdi"
+	"github.com/tessera-gpu/tessera/internal/ledger"
+	"github.com/tessera-gpu/tessera/internal/memguard"
+)
+
+// The guard phase: the node agent's memory guard (tessera-node run, internal/memguard) on this
+// machine's NVML kills a share container that allocates past vcuda over its cap, and leaves one under
+// its cap alone. No kubelet or containerd is here: the agent runs on its own with a ledger holding
+// the two containers' shares (written with internal/ledger before it starts, as the NRI plugin would
+// have), and the containers are runc containers in cgroups named by their container IDs, as the
+// cgroupfs driver names a pod's containers. With no API server the kill is told by the agent's log
+// and its kill counter, not an Event.
+func runGuard(args []string) error {
+	fs := flag.NewFlagSet("guard", flag.ContinueOnError)
+	work := fs.String("work", "", "the node phase's work folder (cdi/, inventory.json) (required)")
+	out := fs.String("out", "", "phase result file (required)")
+	rootfs := fs.String("rootfs", "", "the containers' root file system, with cudaprobe (required)")
+	runc := fs.String("runc", "runc", "runc binary")
+	node := fs.String("tessera-node", "tessera-node", "tessera-node binary")
+	vcudaLib := fs.String("vcuda-library", "", "libvcuda.so (required)")
+	index := fs.Int("gpu-index", 0, "the GPU the share containers get")
+	capMiB := fs.Int64("cap-mib", 1024, "each share's memory cap")
+	grace := fs.Duration("grace", 2*time.Second, "the guard's grace (--memory-guard-grace)")
+	backend := fs.String("backend", "nvml", "nvml (a real GPU) or sim (the dry run; its flags after --)")
+	driverRoot := fs.String("driver-root", "auto", "the driver root for --backend=nvml (auto: as the node phase finds it)")
+	dry := fs.Bool("dry-run", false, "the simulated node and the fake driver")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *work == "" || *out == "" || !filepath.IsAbs(*rootfs) || *vcudaLib == "" {
+		return fmt.Errorf("-work, -out, -vcuda-library and an absolute -rootfs are required")
+	}
+	dir := filepath.Join(*work, "guard")
+	if err := os.RemoveAll(dir); err != nil {
+		return err
+	}
+	_, g, r, err := setupContainers(*work, *index, *runc, *rootfs, filepath.Join(dir, "containers"))
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	p := newPhase("guard", *dry)
+	agentArgs := []string{"--backend=" + *backend}
+	if *backend == "nvml" {
+		root := *driverRoot
+		if root == "auto" {
+			if root, err = findDriverRoot(driverRootCandidates); err != nil {
+				return err
+			}
+		}
+		agentArgs = append(agentArgs, "--driver-root="+root)
+	}
+	agentArgs = append(agentArgs, fs.Args()...) // the sim backend's state, as the node phase passes it
+	capBytes := *capMiB << 20
+	// The two containers' shares, half the GPU's compute each, in the ledger the agent loads.
+	ids := map[string]string{"bypass": newContainerID(), "polite": newContainerID()}
+	l, err := ledger.Open(filepath.Join(dir, "data", "ledger.json"), nil)
+	if err != nil {
+		return err
+	}
+	for name, id := range ids {
+		if err := l.Reserve(ledger.Entry{ContainerID: id, PodUID: newContainerID()[:32], Namespace: "gpuproof", Pod: name, Container: "main",
+			Devices: []api.DeviceAssignment{{UUID: g.UUID, MemoryBytes: capBytes, CoresPercent: 50}}}, nil); err != nil {
+			return fmt.Errorf("ledger entry for %s: %w", name, err)
+		}
+	}
+	listen, err := freePort()
+	if err != nil {
+		return err
+	}
+	interval := 500 * time.Millisecond
+	cmdArgs := append([]string{"run", "--node-name=gpuproof", "--data-dir=" + filepath.Join(dir, "data"), "--cdi-dir=" + filepath.Join(dir, "cdi"),
+		"--run-dir=" + filepath.Join(dir, "run"), "--device-plugin-dir=" + filepath.Join(dir, "device-plugins"),
+		"--pod-resources-socket=" + filepath.Join(dir, "no-kubelet.sock"), "--nri-socket=" + filepath.Join(dir, "no-nri.sock"),
+		"--kubeconfig=" + filepath.Join(dir, "no-kubeconfig"), "--listen=" + listen, "--vcuda-library=" + *vcudaLib,
+		"--memory-guard-interval=" + interval.String(), "--memory-guard-grace=" + grace.String()}, agentArgs...)
+	logPath := filepath.Join(dir, "tessera-node.log")
+	logFile, err := os.Create(logPath)
+	if err != nil {
+		return err
+	}
+	defer logFile.Close()
+	agent := exec.Command(*node, cmdArgs...)
+	agent.Stdout, agent.Stderr = logFile, logFile
+	agent.Env = append(os.Environ(), "KUBECONFIG=")
+	p.Env["agent"] = "tessera-node " + strings.Join(cmdArgs, " ")
+	if err := agent.Start(); err != nil {
+		p.check("agent runs", false, "tessera-node run", "%v", err)
+		return finish(p, *out, start)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- agent.Wait() }()
+	defer func() {
+		_ = agent.Process.Signal(os.Interrupt)
+		select {
+		case <-exited:
+		case <-time.After(10 * time.Second):
+			_ = agent.Process.Kill()
+		}
+	}()
+	readLog := func() string { data, _ := os.ReadFile(logPath); return string(data) }
+	up := false
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && !up; time.Sleep(100 * time.Millisecond) {
+		select {
+		case err := <-exited:
+			p.check("agent runs", false, "tessera-node run", "exited: %v: %s", err, lastLines(readLog(), 10))
+			return finish(p, *out, start)
+		default:
+		}
+		up = strings.Contains(readLog(), "memory guard running")
+	}
+	p.check("agent runs with the memory guard", up, "tessera-node run's log", "%s", lastLines(firstMatch(readLog(), `(?m)^.*memory guard running.*$`), 1))
+	if !up {
+		return finish(p, *out, start)
+	}
+
+	gen := &cdi.Generator{Vendor: configv1.DefaultCDIVendor}
+	devices := []string{gen.Name(cdi.ClassGPU, g.UUID), gen.Name(cdi.ClassShare, cdi.ShareName)}
+	run := func(name string, preload bool, bytes int64) *started {
+		mounts, err := shareMounts(filepath.Join(dir, "containers", name+"-vcuda"), ids[name], g.UUID, capBytes, 50, preload)
+		if err != nil {
+			p.check(name+": container runs", false, "nri.VCUDAMounts", "%v", err)
+			return nil
+		}
+		c, err := r.start("guard-"+name, devices, mounts, fmt.Sprintf("exec cudaprobe hold %d 120", bytes), "/tessera-gpuproof/"+ids[name])
+		if err != nil {
+			p.check(name+": container runs", false, "runc run", "%v", err)
+			return nil
+		}
+		if !c.waitLine(fmt.Sprintf("held=%d error=0", bytes), time.Minute) {
+			p.check(name+": container holds its memory", false, "cudaprobe hold", "%s", lastLines(c.out.String(), 5))
+		}
+		return c
+	}
+	// Under its cap through vcuda: a quarter of it (and its context) held.
+	polite := run("polite", true, capBytes/4)
+	if polite == nil {
+		return finish(p, *out, start)
+	}
+	defer polite.stop()
+	// Past vcuda (no /etc/ld.so.preload): twice the cap, straight from the driver.
+	bypass := run("bypass", false, 2*capBytes)
+	if bypass == nil {
+		return finish(p, *out, start)
+	}
+	defer bypass.stop()
+	t0 := time.Now()
+	// The grace, the samples either side of it, and the kill.
+	exit := bypass.wait(*grace + 10*interval + 10*time.Second)
+	took := time.Since(t0)
+	p.check("bypass: killed (SIGKILL)", exit == 137, "runc run's exit status (137: SIGKILL)",
+		"exit %d %.1f s after it held %d MiB past vcuda; cap %d MiB, grace %v, interval %v", exit, took.Seconds(), (2*capBytes)>>20, *capMiB, *grace, interval)
+	f := Figure{Name: "bypass: time from holding to its end", Value: took.Seconds(), Unit: "s", MeasuredBy: "gpuproof: from cudaprobe's held line to runc run's exit"}
+	if !*dry { // a dry run's timing on a shared CPU says nothing of the agent's
+		f.Goal, f.Status = fmt.Sprintf("<= grace + 3 intervals = %.1f s", (*grace+3*interval).Seconds()), passFail(exit == 137 && took <= *grace+3*interval)
+	}
+	p.figure(f)
+	// The agent logs the kill a moment after it; a second for it to land.
+	killLine := regexp.MustCompile(`(?m)^.*memory guard: GPU memory over the cap.*$`)
+	var logged string
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline) && logged == ""; time.Sleep(100 * time.Millisecond) {
+		for _, line := range killLine.FindAllString(readLog(), -1) {
+			if strings.Contains(line, ids["bypass"]) {
+				logged = line
+			}
+		}
+	}
+	p.check("bypass: the agent logs the kill ("+memguard.ReasonCapExceeded+" without an API server)", logged != "", "tessera-node run's log",
+		"%s", first(logged, "no kill line naming "+ids["bypass"]))
+	kills := metricValue(scrape(listen), `tessera_memory_cap_kills_total`)
+	p.check("the agent counts one kill", kills == "1", "tessera-node /metrics tessera_memory_cap_kills_total", "%q", kills)
+	// polite was sampled in the same passes: measured (so seen, not missed), still running, never
+	// named in a kill.
+	time.Sleep(*grace + 2*interval)
+	politeKilled := false
+	for _, line := range killLine.FindAllString(readLog(), -1) {
+		politeKilled = politeKilled || strings.Contains(line, ids["polite"])
+	}
+	measured, _ := strconv.ParseFloat(metricValue(scrape(listen), `tessera_container_gpu_memory_measured_bytes\{[^}]*pod="polite"[^}]*\}`), 64)
+	p.check("polite: the agent measures it", measured >= float64(capBytes/4), "tessera-node /metrics tessera_container_gpu_memory_measured_bytes{pod=\"polite\"}",
+		"%.0f MiB measured; it holds %d MiB and its context", measured/(1<<20), (capBytes/4)>>20)
+	p.check("polite: under its cap, left alone", polite.running() && !politeKilled, "runc state and tessera-node run's log",
+		"running %v, named in a kill line %v", polite.running(), politeKilled)
+	p.Env["agent_log_tail"] = lastLines(readLog(), 8)
+	return finish(p, *out, start)
+}
+
+// newContainerID is a runtime-style container ID (64 hex digits), which the guard finds in a cgroup path.
+func newContainerID() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// freePort is a loopback address nothing listens on, for the agent's /metrics.
+func freePort() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+// scrape is the agent's /metrics ("" when it does not answer).
+func scrape(addr string) string {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	_, _ = b.ReadFrom(resp.Body)
+	return b.String()
+}
+
+// metricValue is the value of the first series matching the pattern (name and labels), "" if none.
+func metricValue(metrics, series string) string {
+	m := regexp.MustCompile(`(?m)^` + series + ` (\S+)$`).FindStringSubmatch(metrics)
+	if m == nil {
+		return ""
+	}
+	return m[1]
+}
