@@ -1,7 +1,8 @@
 /*
  * hooks_mem.c - the paths that create or release device memory: linear
- * memory, arrays, VMM handles, IPC and external memory. The stream-ordered
- * allocator is in hooks_pool.c, graph memory in hooks_graph.c.
+ * memory, arrays, IPC and external memory. VMM (cuMemCreate/cuMemMap) is in
+ * hooks_vmm.c, the stream-ordered allocator in hooks_pool.c, graph memory in
+ * hooks_graph.c.
  *
  * Pattern: find the device the memory lands on, reserve the bytes in the
  * shared region (lock-free; refuses over the cap), call the driver, then
@@ -324,29 +325,6 @@ CUresult vc_location_gpu(const CUmemLocation *loc, int *g) {
         return vc_cur_gpu(g, &dev);
     }
 }
-
-VC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
-                               const CUmemAllocationProp *prop, unsigned long long flags) {
-    PROLOGUE(cuMemCreate);
-    if (!ACTIVE() || !h || !prop || size == 0)
-        return REFUSED() ? CUDA_ERROR_OUT_OF_MEMORY : vc_real.cuMemCreate(h, size, prop, flags);
-    int g;
-    CUresult r = vc_location_gpu(&prop->location, &g);
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (g == VC_GPU_HOST)
-        return vc_real.cuMemCreate(h, size, prop, flags);
-    if ((r = vc_mem_charge(g, size)) != CUDA_SUCCESS)
-        return r;
-    r = vc_real.cuMemCreate(h, size, prop, flags);
-    SETTLE(r, VC_K_GENERIC, *h, g, size, 0, vc_real.cuMemRelease(*h));
-}
-
-VC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
-    PROLOGUE(cuMemRelease);
-    RELEASE(VC_K_GENERIC, h, vc_real.cuMemRelease(h));
-}
-
 
 /* ---- IPC and external memory ---- */
 

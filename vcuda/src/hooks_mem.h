@@ -33,4 +33,7 @@ void vc_graph_add(const void *h, int g, uint64_t pages);
 /* Whether stream s is being captured (the per-thread variant with ptsz). */
 int vc_stream_captured(CUstream s, int ptsz);
 
+/* Forgets the VMM mappings in a forked child (hooks_vmm.c). */
+void vc_vmm_atfork_child(void);
+
 #endif

@@ -24,7 +24,7 @@
 H(cuMemAlloc_v2) H(cuMemAlloc) H(cuMemAllocPitch_v2) H(cuMemAllocPitch) H(cuMemAllocManaged)
 H(cuMemFree_v2) H(cuArrayCreate_v2) H(cuArrayCreate) H(cuArray3DCreate_v2) H(cuArray3DCreate)
 H(cuArrayDestroy) H(cuMipmappedArrayCreate) H(cuMipmappedArrayDestroy) H(cuMemCreate)
-H(cuMemRelease) H(cuMemAllocAsync) H(cuMemAllocAsync_ptsz) H(cuMemAllocFromPoolAsync)
+H(cuMemRelease) H(cuMemMap) H(cuMemUnmap) H(cuMemRetainAllocationHandle) H(cuMemAllocAsync) H(cuMemAllocAsync_ptsz) H(cuMemAllocFromPoolAsync)
 H(cuMemAllocFromPoolAsync_ptsz) H(cuMemFreeAsync) H(cuMemFreeAsync_ptsz) H(cuMemPoolCreate)
 H(cuMemPoolDestroy) H(cuMemPoolSetAttribute) H(cuMemPoolTrimTo) H(cuStreamSynchronize)
 H(cuStreamSynchronize_ptsz) H(cuCtxSynchronize) H(cuEventSynchronize) H(cuGraphAddMemAllocNode) H(cuStreamEndCapture) H(cuGraphDestroy)
@@ -78,6 +78,9 @@ static const hook_entry hooks[] = {
     E(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0, 0),
     E(cuMemCreate, "cuMemCreate", 0, 0),
     E(cuMemRelease, "cuMemRelease", 0, 0),
+    E(cuMemMap, "cuMemMap", 0, 0),
+    E(cuMemUnmap, "cuMemUnmap", 0, 0),
+    E(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 0, 0),
     E(cuMemAllocAsync, "cuMemAllocAsync", 0, 0),
     E(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 0, 1),
     E(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 0, 0),

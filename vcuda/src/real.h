@@ -70,6 +70,9 @@
     X(cuMipmappedArrayDestroy, (CUmipmappedArray))                                                 \
     X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
     X(cuMemRelease, (CUmemGenericAllocationHandle))                                                \
+    X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))   \
+    X(cuMemUnmap, (CUdeviceptr, size_t))                                                           \
+    X(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *, void *))                       \
     X(cuMemAllocAsync, (CUdeviceptr *, size_t, CUstream))                                          \
     X(cuMemAllocAsync_ptsz, (CUdeviceptr *, size_t, CUstream))                                     \
     X(cuMemAllocFromPoolAsync, (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                    \

@@ -1061,19 +1061,230 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) {
     return dev_free((uint64_t)(uintptr_t)a, K_DEV);
 }
 
+/* ---- virtual memory management ----
+ * As the real driver: a cuMemCreate'd allocation lives while its handle has
+ * references (cuMemCreate's, plus one per cuMemRetainAllocationHandle, each
+ * dropped by cuMemRelease) OR any of its mappings is still mapped. Releasing
+ * the last handle reference of a mapped allocation frees nothing; the memory
+ * goes with its last cuMemUnmap. A released handle can no longer be mapped
+ * or released (until retained again from a mapped address). cuMemMap needs
+ * a range reserved with cuMemAddressReserve, not yet mapped, within the
+ * allocation; cuMemUnmap must cover whole mappings; cuMemAddressFree refuses
+ * a range that still has mappings. */
+typedef struct vmm_alloc {
+    uint64_t h, size;
+    int dev, host;
+    int hrefs, maps;
+    int owner_pid; /* the process that created it (cuMemExportToShareableHandle's handle names it) */
+    struct vmm_alloc *next;
+} vmm_alloc;
+typedef struct vmm_range {
+    uint64_t va, size;
+    vmm_alloc *a; /* NULL for a reservation */
+    struct vmm_range *next;
+} vmm_range;
+static vmm_alloc *vmm_allocs;
+static vmm_range *vmm_reserved, *vmm_mapped;
+static pthread_mutex_t vmm_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static vmm_alloc *vmm_find(uint64_t h) {
+    for (vmm_alloc *a = vmm_allocs; a; a = a->next)
+        if (a->h == h)
+            return a;
+    return NULL;
+}
+/* Frees the allocation once nothing references it (vmm_mu held). */
+static void vmm_maybe_free(vmm_alloc *a) {
+    if (a->hrefs > 0 || a->maps > 0)
+        return;
+    for (vmm_alloc **pp = &vmm_allocs; *pp; pp = &(*pp)->next)
+        if (*pp == a) {
+            *pp = a->next;
+            break;
+        }
+    if (!a->host)
+        give(a->dev, a->size);
+    old_addr(a->h, a->size);
+    free(a);
+}
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags) {
-    (void)flags;
-    if (!prop)
+    INIT();
+    if (!prop || !h || size == 0 || flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-        return dev_alloc_ctx((uint64_t *)h, size, prop->location.id, K_DEV, NULL);
-    if (prop->location.type >= CU_MEM_LOCATION_TYPE_HOST &&
-        prop->location.type <= CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT)
-        return dev_alloc_ctx((uint64_t *)h, size, 0, K_HOSTVMM, NULL);
+    int host = 0, d = prop->location.id;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        if (d < 0 || d >= F.ndev)
+            return CUDA_ERROR_INVALID_DEVICE;
+    } else if (prop->location.type >= CU_MEM_LOCATION_TYPE_HOST &&
+               prop->location.type <= CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT) {
+        host = 1;
+        d = 0;
+    } else {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    maybe_block();
+    if (!host) {
+        CUresult r = take(d, size);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    vmm_alloc *a = calloc(1, sizeof(*a));
+    a->h = new_addr(size);
+    a->size = size;
+    a->dev = d;
+    a->host = host;
+    a->hrefs = 1;
+    a->owner_pid = fake_pid();
+    pthread_mutex_lock(&vmm_mu);
+    a->next = vmm_allocs;
+    vmm_allocs = a;
+    pthread_mutex_unlock(&vmm_mu);
+    *h = a->h;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    pthread_mutex_lock(&vmm_mu);
+    vmm_alloc *a = vmm_find(h);
+    if (!a || a->hrefs == 0) {
+        pthread_mutex_unlock(&vmm_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    a->hrefs--;
+    vmm_maybe_free(a);
+    pthread_mutex_unlock(&vmm_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                                    unsigned long long flags) {
+    (void)addr; /* a hint only */
+    INIT();
+    if (!ptr || size == 0 || size % PAGE2M || flags != 0 || (align & (align - 1)))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (align < PAGE2M)
+        align = PAGE2M;
+    vmm_range *r = calloc(1, sizeof(*r));
+    r->va = round_up(atomic_fetch_add(&F.next_addr, size + align), align);
+    r->size = size;
+    pthread_mutex_lock(&vmm_mu);
+    r->next = vmm_reserved;
+    vmm_reserved = r;
+    pthread_mutex_unlock(&vmm_mu);
+    *ptr = r->va;
+    return CUDA_SUCCESS;
+}
+static int vmm_overlaps(uint64_t va, uint64_t size, const vmm_range *r) {
+    return va < r->va + r->size && r->va < va + size;
+}
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    pthread_mutex_lock(&vmm_mu);
+    for (vmm_range *m = vmm_mapped; m; m = m->next)
+        if (vmm_overlaps(ptr, size, m)) {
+            pthread_mutex_unlock(&vmm_mu);
+            return CUDA_ERROR_INVALID_VALUE; /* still mapped */
+        }
+    for (vmm_range **pp = &vmm_reserved; *pp; pp = &(*pp)->next) {
+        vmm_range *r = *pp;
+        if (r->va == ptr && r->size == size) {
+            *pp = r->next;
+            free(r);
+            pthread_mutex_unlock(&vmm_mu);
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&vmm_mu);
     return CUDA_ERROR_INVALID_VALUE;
 }
-EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return dev_free(h, 0); }
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                         unsigned long long flags) {
+    if (size == 0 || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&vmm_mu);
+    vmm_alloc *a = vmm_find(h);
+    int inside = 0;
+    for (vmm_range *r = vmm_reserved; r; r = r->next)
+        inside |= ptr >= r->va && ptr + size <= r->va + r->size;
+    int clash = 0;
+    for (vmm_range *m = vmm_mapped; m; m = m->next)
+        clash |= vmm_overlaps(ptr, size, m);
+    if (!a || a->hrefs == 0 || !inside || clash || offset > a->size || size > a->size - offset) {
+        pthread_mutex_unlock(&vmm_mu);
+        return !a || a->hrefs == 0 ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
+    }
+    vmm_range *m = calloc(1, sizeof(*m));
+    m->va = ptr;
+    m->size = size;
+    m->a = a;
+    m->next = vmm_mapped;
+    vmm_mapped = m;
+    a->maps++;
+    pthread_mutex_unlock(&vmm_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&vmm_mu);
+    int found = 0;
+    for (vmm_range *m = vmm_mapped; m; m = m->next) {
+        if (!vmm_overlaps(ptr, size, m))
+            continue;
+        if (m->va < ptr || m->va + m->size > ptr + size) { /* a sub-range of a mapping */
+            pthread_mutex_unlock(&vmm_mu);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        found = 1;
+    }
+    if (!found) {
+        pthread_mutex_unlock(&vmm_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (vmm_range **pp = &vmm_mapped; *pp;) {
+        vmm_range *m = *pp;
+        if (!vmm_overlaps(ptr, size, m)) {
+            pp = &m->next;
+            continue;
+        }
+        *pp = m->next;
+        m->a->maps--;
+        vmm_maybe_free(m->a);
+        free(m);
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const void *desc, size_t count) {
+    if (!desc || count == 0 || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&vmm_mu);
+    int ok = 0;
+    for (vmm_range *m = vmm_mapped; m; m = m->next)
+        ok |= ptr >= m->va && ptr < m->va + m->size;
+    pthread_mutex_unlock(&vmm_mu);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr) {
+    if (!h)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t va = (uint64_t)(uintptr_t)addr;
+    pthread_mutex_lock(&vmm_mu);
+    for (vmm_range *m = vmm_mapped; m; m = m->next)
+        if (va >= m->va && va < m->va + m->size) {
+            m->a->hrefs++;
+            *h = m->a->h;
+            pthread_mutex_unlock(&vmm_mu);
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&vmm_mu);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option) {
+    (void)option;
+    if (!g || !prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    *g = PAGE2M;
+    return CUDA_SUCCESS;
+}
 
 /* ---- stream-ordered pools ----
  * A pool takes device memory in 2 MiB pages as its live allocations (each
@@ -2163,7 +2374,9 @@ static const proc procs[] = {
     PV("cuMemFree", cuMemFree_v2), PV("cuMemGetAddressRange", cuMemGetAddressRange_v2),
     PV("cuMemGetInfo", cuMemGetInfo_v2), PV("cuArrayCreate", cuArrayCreate_v2),
     PV("cuArray3DCreate", cuArray3DCreate_v2), P(cuArrayDestroy), P(cuMipmappedArrayCreate),
-    P(cuMipmappedArrayDestroy), P(cuMemCreate), P(cuMemRelease), P(cuMemPoolCreate),
+    P(cuMipmappedArrayDestroy), P(cuMemCreate), P(cuMemRelease), P(cuMemAddressReserve), P(cuMemAddressFree),
+    P(cuMemMap), P(cuMemUnmap), P(cuMemSetAccess), P(cuMemRetainAllocationHandle),
+    P(cuMemGetAllocationGranularity), P(cuMemPoolCreate),
     P(cuMemPoolDestroy), P(cuDeviceGetDefaultMemPool), P(cuDeviceGetMemPool), P(cuDeviceSetMemPool),
     P(cuMemPoolSetAttribute), P(cuMemPoolGetAttribute), P(cuMemPoolTrimTo), PT(cuMemAllocAsync),
     PT(cuMemAllocFromPoolAsync), PT(cuMemFreeAsync), P(cuIpcGetMemHandle),
