@@ -59,6 +59,46 @@ VC_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, cons
     return r;
 }
 
+/* A node added by type (cuGraphAddNode[_v2], 12.2+): an allocation node
+ * counts as one added by cuGraphAddMemAllocNode; a child graph whose
+ * ownership moves to the parent (12.9+) brings its allocation nodes along
+ * (the parent's instantiation takes their pages). A cloned child cannot
+ * hold allocation nodes (the driver refuses it). */
+static void node_added(CUgraph graph, const CUgraphNodeParams *p) {
+    int g;
+    if (!ACTIVE() || !p)
+        return;
+    if (p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+        if (vc_location_gpu(&p->alloc.poolProps.location, &g) == CUDA_SUCCESS && g != VC_GPU_HOST && g >= 0)
+            vc_graph_add(graph, g, vc_round_up(p->alloc.bytesize, VC_PAGE));
+    } else if (p->type == CU_GRAPH_NODE_TYPE_GRAPH && p->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE &&
+               p->graph.graph) {
+        for (g = 0; g < vc_g.limits.ngpus; g++) {
+            uint64_t pages, c;
+            int gg;
+            if (vc_untrack(VC_K_GRAPH, gkey(p->graph.graph, g), &pages, &gg, &c) == 0)
+                vc_graph_add(graph, g, pages);
+        }
+    }
+}
+
+VC_EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t n,
+                                  CUgraphNodeParams *p) {
+    PROLOGUE(cuGraphAddNode);
+    CUresult r = vc_real.cuGraphAddNode(node, graph, deps, n, p);
+    if (r == CUDA_SUCCESS)
+        node_added(graph, p);
+    return r;
+}
+VC_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                     const CUgraphEdgeData *edges, size_t n, CUgraphNodeParams *p) {
+    PROLOGUE(cuGraphAddNode_v2);
+    CUresult r = vc_real.cuGraphAddNode_v2(node, graph, deps, edges, n, p);
+    if (r == CUDA_SUCCESS)
+        node_added(graph, p);
+    return r;
+}
+
 VC_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *graph) {
     PROLOGUE(cuStreamEndCapture);
     CUresult r = vc_real.cuStreamEndCapture(s, graph);

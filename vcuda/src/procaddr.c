@@ -27,7 +27,7 @@ H(cuArrayDestroy) H(cuMipmappedArrayCreate) H(cuMipmappedArrayDestroy) H(cuMemCr
 H(cuMemRelease) H(cuMemMap) H(cuMemUnmap) H(cuMemRetainAllocationHandle) H(cuMemAllocAsync) H(cuMemAllocAsync_ptsz) H(cuMemAllocFromPoolAsync)
 H(cuMemAllocFromPoolAsync_ptsz) H(cuMemFreeAsync) H(cuMemFreeAsync_ptsz) H(cuMemPoolCreate)
 H(cuMemPoolDestroy) H(cuMemPoolSetAttribute) H(cuMemPoolTrimTo) H(cuStreamSynchronize)
-H(cuStreamSynchronize_ptsz) H(cuCtxSynchronize) H(cuEventSynchronize) H(cuGraphAddMemAllocNode) H(cuStreamEndCapture) H(cuGraphDestroy)
+H(cuStreamSynchronize_ptsz) H(cuCtxSynchronize) H(cuEventSynchronize) H(cuGraphAddMemAllocNode) H(cuGraphAddNode) H(cuGraphAddNode_v2) H(cuStreamEndCapture) H(cuGraphDestroy)
 H(cuGraphInstantiateWithFlags) H(cuGraphInstantiateWithParams) H(cuGraphInstantiate_v2) H(cuGraphExecDestroy)
 H(cuDeviceGraphMemTrim) H(cuDeviceGetDefaultMemPool) H(cuDeviceGetMemPool) H(cuIpcOpenMemHandle)
 H(cuIpcOpenMemHandle_v2) H(cuIpcCloseMemHandle) H(cuImportExternalMemory)
@@ -96,6 +96,8 @@ static const hook_entry hooks[] = {
     E(cuCtxSynchronize, "cuCtxSynchronize", 0, 0),
     E(cuEventSynchronize, "cuEventSynchronize", 0, 0),
     E(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 0, 0),
+    E(cuGraphAddNode, "cuGraphAddNode", 12020, 0),
+    E(cuGraphAddNode_v2, "cuGraphAddNode", 12030, 0),
     E(cuStreamEndCapture, "cuStreamEndCapture", 0, 0),
     E(cuGraphDestroy, "cuGraphDestroy", 0, 0),
     E(cuGraphInstantiate_v2, "cuGraphInstantiate", 0, 0),

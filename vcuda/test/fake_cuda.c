@@ -297,6 +297,7 @@ static TLS int thread_capture_mode; /* 0 global (the default), 1 thread local, 2
 struct fake_graph_def {
     uint64_t mem;
     int dev;
+    int moved; /* a child graph whose parent took it (ownership MOVE): the parent destroys it */
 };
 typedef struct fake_stream {
     fake_ctx *ctx;
@@ -2071,6 +2072,8 @@ EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned flags) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphDestroy(CUgraph g) {
+    if (!g || ((struct fake_graph_def *)g)->moved)
+        return CUDA_ERROR_INVALID_VALUE; /* a moved child graph belongs to its parent */
     free(g);
     return CUDA_SUCCESS;
 }
@@ -2087,6 +2090,44 @@ EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgra
     p->dptr = new_addr(p->bytesize);
     *node = (CUgraphNode)(uintptr_t)p->dptr;
     return CUDA_SUCCESS;
+}
+/* cuGraphAddNode[_v2]: allocation nodes as cuGraphAddMemAllocNode; a child
+ * graph either cloned (a child with allocation nodes is refused, as the
+ * driver does) or moved into the parent, allocation nodes included. */
+static CUresult add_node(CUgraphNode *node, CUgraph g, CUgraphNodeParams *p) {
+    INIT();
+    if (!node || !g || !p)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_graph_def *x = (struct fake_graph_def *)g;
+    if (p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return cuGraphAddMemAllocNode(node, g, NULL, 0, &p->alloc);
+    if (p->type == CU_GRAPH_NODE_TYPE_GRAPH) {
+        struct fake_graph_def *c = (struct fake_graph_def *)p->graph.graph;
+        if (!c || c == x || c->moved)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (p->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE) {
+            if (c->mem) {
+                x->mem += c->mem;
+                x->dev = c->dev;
+            }
+            c->mem = 0;
+            c->moved = 1;
+        } else if (p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE || c->mem) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    *node = (CUgraphNode)(uintptr_t)new_addr(64);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                               CUgraphNodeParams *p) {
+    (void)deps, (void)n;
+    return add_node(node, g, p);
+}
+EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                                  const CUgraphEdgeData *edges, size_t n, CUgraphNodeParams *p) {
+    (void)deps, (void)edges, (void)n;
+    return add_node(node, g, p);
 }
 static CUresult instantiate(CUgraphExec *e, CUgraph g) {
     if (!e || !g)
@@ -2435,6 +2476,8 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, cu
     *pfn = NULL;
     if (strcmp(sym, "cuGetProcAddress") == 0) {
         *pfn = version >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
+    } else if (strcmp(sym, "cuGraphAddNode") == 0) { /* 12.3 headers: _v2 */
+        *pfn = version >= 12030 ? (void *)cuGraphAddNode_v2 : version >= 12020 ? (void *)cuGraphAddNode : NULL;
     } else if (strcmp(sym, "cuGraphInstantiate") == 0) { /* 12.0 headers: WithFlags */
         *pfn = version >= 12000 ? (void *)cuGraphInstantiateWithFlags : (void *)cuGraphInstantiate_v2;
     } else if (strcmp(sym, "cuCtxCreate") == 0) { /* as cuda.h maps it per version */

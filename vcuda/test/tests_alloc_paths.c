@@ -1,0 +1,129 @@
+/*
+ * tests_alloc_paths.c - allocation paths other than the classic allocators,
+ * each the way a program (or a tenant) can take device memory: graph nodes
+ * added by type (cuGraphAddNode[_v2]) and child graphs moved into a parent;
+ * stream capture on the per-thread default stream through cuGetProcAddress.
+ * Each security_ case fails on a vcuda that misses the path: the fake
+ * driver takes the memory, so its physical peak passes the cap.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <string.h>
+
+#include "cuda_api.h"
+#include "util.h"
+
+#define CAP (60 * MiB)
+
+CUresult cuGraphCreate(CUgraph *, unsigned);
+CUresult cuGraphDestroy(CUgraph);
+CUresult cuGraphAddNode(CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraphNodeParams *);
+CUresult cuGraphAddNode_v2(CUgraphNode *, CUgraph, const CUgraphNode *, const CUgraphEdgeData *, size_t,
+                           CUgraphNodeParams *);
+CUresult cuGraphInstantiateWithFlags(CUgraphExec *, CUgraph, unsigned long long);
+CUresult cuGraphExecDestroy(CUgraphExec);
+CUresult cuDeviceGraphMemTrim(CUdevice);
+
+static void one_gpu(void) {
+    gpu_line g[1] = {{0, CAP, 100}};
+    setup_limits(g, 1);
+    ctx_costs_nothing(); /* graph pages counted to the byte */
+    ctx_on(0);
+}
+static uint64_t phys(int peak) {
+    fake_stats st;
+    fakeDeviceStats(0, &st);
+    return peak ? st.peak : st.used;
+}
+
+static CUgraphNodeParams alloc_node(uint64_t bytes) {
+    CUgraphNodeParams p;
+    memset(&p, 0, sizeof(p));
+    p.type = CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+    p.alloc.poolProps.allocType = 1;
+    p.alloc.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    p.alloc.bytesize = bytes;
+    return p;
+}
+
+/* Instantiating then launching g: charged before the driver takes the pages,
+ * refused over the cap. Returns the instantiation's result. */
+static CUresult run_graph(CUgraph g, CUgraphExec *e) {
+    CUresult r = cuGraphInstantiateWithFlags(e, g, 0);
+    if (r == CUDA_SUCCESS)
+        CHECK_CU(cuGraphLaunch(*e, NULL));
+    return r;
+}
+
+/* cuGraphAddNode (12.2) and cuGraphAddNode_v2 (12.3, the default of CUDA
+ * 13 headers) with CU_GRAPH_NODE_TYPE_MEM_ALLOC params: the graph's pages
+ * are charged at instantiation like cuGraphAddMemAllocNode's. */
+TEST(security_graph_add_node_mem_alloc) {
+    one_gpu();
+    CUgraph g1, g2;
+    CUgraphNode n;
+    CHECK_CU(cuGraphCreate(&g1, 0));
+    CUgraphNodeParams p = alloc_node(40 * MiB);
+    CHECK_CU(cuGraphAddNode(&n, g1, NULL, 0, &p));
+    CHECK(p.alloc.dptr != 0, "no address for the node");
+    CUgraphExec e1, e2;
+    CHECK_CU(run_graph(g1, &e1));
+    CHECK(region_used(0) == 40 * MiB, "cuGraphAddNode's allocation node: region %llu, the driver holds %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys(0));
+    CHECK_CU(cuGraphCreate(&g2, 0));
+    p = alloc_node(30 * MiB);
+    CHECK_CU(cuGraphAddNode_v2(&n, g2, NULL, NULL, 0, &p));
+    CHECK(run_graph(g2, &e2) == CUDA_ERROR_OUT_OF_MEMORY, "a 30 MiB graph (cuGraphAddNode_v2) next to 40 MiB under 60");
+    CHECK(phys(1) <= CAP, "physical peak %llu MiB over the cap", (unsigned long long)(phys(1) / MiB));
+    CHECK_CU(cuGraphExecDestroy(e1));
+    CHECK_CU(cuDeviceGraphMemTrim(0));
+    CHECK(region_used(0) == 0 && phys(0) == 0, "after trim: region %llu fake %llu", (unsigned long long)region_used(0),
+          (unsigned long long)phys(0));
+    CHECK_CU(run_graph(g2, &e2));
+    CHECK(region_used(0) == 30 * MiB, "cuGraphAddNode_v2's node: region %llu", (unsigned long long)region_used(0));
+    CHECK_CU(cuGraphExecDestroy(e2));
+    CHECK_CU(cuDeviceGraphMemTrim(0));
+    CHECK_CU(cuGraphDestroy(g1));
+    CHECK_CU(cuGraphDestroy(g2));
+    /* through cuGetProcAddress as the CUDA 12.3+ runtime resolves it */
+    void *fn = NULL;
+    CHECK_CU(cuGetProcAddress("cuGraphAddNode", &fn, 12030, 0));
+    CHECK(fn == dlsym(RTLD_DEFAULT, "cuGraphAddNode_v2"), "cuGetProcAddress(cuGraphAddNode, 12.3) is not vcuda's _v2 hook");
+    CHECK_CU(cuGetProcAddress("cuGraphAddNode", &fn, 12020, 0));
+    CHECK(fn == dlsym(RTLD_DEFAULT, "cuGraphAddNode"), "cuGetProcAddress(cuGraphAddNode, 12.2) is not vcuda's hook");
+}
+
+/* A child graph whose ownership moves to its parent takes its allocation
+ * nodes along: the parent's instantiation takes their pages. */
+TEST(security_graph_child_graph_moved) {
+    one_gpu();
+    CUgraph child, parent, other;
+    CUgraphNode n;
+    CHECK_CU(cuGraphCreate(&child, 0));
+    CUgraphNodeParams p = alloc_node(50 * MiB);
+    CHECK_CU(cuGraphAddNode_v2(&n, child, NULL, NULL, 0, &p));
+    CHECK_CU(cuGraphCreate(&parent, 0));
+    CUgraphNodeParams c;
+    memset(&c, 0, sizeof(c));
+    c.type = CU_GRAPH_NODE_TYPE_GRAPH;
+    c.graph.graph = child;
+    c.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE;
+    CHECK_CU(cuGraphCreate(&other, 0));
+    CHECK(cuGraphAddNode_v2(&n, other, NULL, NULL, 0, &c) == CUDA_ERROR_INVALID_VALUE,
+          "the fake cloned a child graph with allocation nodes");
+    c.graph.ownership = CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE;
+    CHECK_CU(cuGraphAddNode_v2(&n, parent, NULL, NULL, 0, &c));
+    CHECK(cuGraphDestroy(child) == CUDA_ERROR_INVALID_VALUE, "the fake let a moved child graph be destroyed");
+    CUgraphExec e;
+    CHECK_CU(run_graph(parent, &e));
+    CHECK(region_used(0) == 50 * MiB, "moved child's allocation nodes: region %llu, the driver holds %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys(0));
+    CUdeviceptr d;
+    CHECK(cuMemAlloc_v2(&d, 12 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "12 MiB next to the parent's 50 MiB under 60");
+    CHECK(phys(1) <= CAP, "physical peak %llu MiB", (unsigned long long)(phys(1) / MiB));
+    CHECK_CU(cuGraphExecDestroy(e));
+    CHECK_CU(cuGraphDestroy(parent));
+    CHECK_CU(cuDeviceGraphMemTrim(0));
+    CHECK(region_used(0) == 0 && phys(0) == 0, "left: region %llu fake %llu", (unsigned long long)region_used(0),
+          (unsigned long long)phys(0));
+}
