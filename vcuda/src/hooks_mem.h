@@ -30,6 +30,11 @@ CUresult vc_location_gpu(const CUmemLocation *loc, int *g);
  * (hooks_graph.c). */
 void vc_graph_add(const void *h, int g, uint64_t pages);
 
+/* The key a capturing stream's allocation nodes are kept under until
+ * cuStreamEndCapture: the stream, or a per-thread key for the per-thread
+ * default stream (ptsz: the call came through a _ptsz entry point). */
+const void *vc_capture_key(CUstream s, int ptsz);
+
 /* Whether stream s is being captured (the per-thread variant with ptsz). */
 int vc_stream_captured(CUstream s, int ptsz);
 

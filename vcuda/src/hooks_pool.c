@@ -233,12 +233,12 @@ static CUresult pool_alloc_in(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool
 }
 
 static CUresult capture_alloc(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), CUdeviceptr *dptr, size_t size,
-                              CUstream s, int g) {
+                              CUstream s, int ptsz, int g) {
     if (g < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = fn(dptr, size, s);
     if (r == CUDA_SUCCESS)
-        vc_graph_add(s, g, vc_round_up(size, VC_PAGE));
+        vc_graph_add(vc_capture_key(s, ptsz), g, vc_round_up(size, VC_PAGE));
     return r;
 }
 
@@ -264,7 +264,7 @@ static CUresult async_alloc(int ptsz, CUresult (*ffree)(CUdeviceptr, CUstream), 
     if (r != CUDA_SUCCESS)
         return r;
     if (vc_stream_captured(s, ptsz)) /* an allocation node: charged with its graph */
-        return capture_alloc(fn, dptr, size, s, g);
+        return capture_alloc(fn, dptr, size, s, ptsz, g);
     CUmemoryPool pool = NULL;
     if (!vc_real.cuDeviceGetMemPool || vc_real.cuDeviceGetMemPool(&pool, dev) != CUDA_SUCCESS || !pool)
         return CUDA_ERROR_OUT_OF_MEMORY; /* cannot tell which pool grows: refuse */
@@ -303,11 +303,12 @@ static CUresult pool_alloc(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool, C
     CUresult r = pool_gpu(pool, s, &g);
     if (r != CUDA_SUCCESS)
         return r;
-    if (g != VC_GPU_HOST && vc_stream_captured(s, fn == vc_real.cuMemAllocFromPoolAsync_ptsz)) {
+    int ptsz = fn == vc_real.cuMemAllocFromPoolAsync_ptsz;
+    if (g != VC_GPU_HOST && vc_stream_captured(s, ptsz)) {
         if (g < 0)
             return CUDA_ERROR_OUT_OF_MEMORY;
         if ((r = fn(dptr, size, pool, s)) == CUDA_SUCCESS)
-            vc_graph_add(s, g, vc_round_up(size, VC_PAGE));
+            vc_graph_add(vc_capture_key(s, ptsz), g, vc_round_up(size, VC_PAGE));
         return r;
     }
     return pool_alloc_in(fn, ffree, dptr, size, pool, s, g);

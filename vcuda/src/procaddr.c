@@ -27,8 +27,8 @@ H(cuArrayDestroy) H(cuMipmappedArrayCreate) H(cuMipmappedArrayDestroy) H(cuMemCr
 H(cuMemRelease) H(cuMemMap) H(cuMemUnmap) H(cuMemRetainAllocationHandle) H(cuMemAllocAsync) H(cuMemAllocAsync_ptsz) H(cuMemAllocFromPoolAsync)
 H(cuMemAllocFromPoolAsync_ptsz) H(cuMemFreeAsync) H(cuMemFreeAsync_ptsz) H(cuMemPoolCreate)
 H(cuMemPoolDestroy) H(cuMemPoolSetAttribute) H(cuMemPoolTrimTo) H(cuStreamSynchronize)
-H(cuStreamSynchronize_ptsz) H(cuCtxSynchronize) H(cuEventSynchronize) H(cuGraphAddMemAllocNode) H(cuGraphAddNode) H(cuGraphAddNode_v2) H(cuStreamEndCapture) H(cuGraphDestroy)
-H(cuGraphInstantiateWithFlags) H(cuGraphInstantiateWithParams) H(cuGraphInstantiate_v2) H(cuGraphExecDestroy)
+H(cuStreamSynchronize_ptsz) H(cuCtxSynchronize) H(cuEventSynchronize) H(cuGraphAddMemAllocNode) H(cuGraphAddNode) H(cuGraphAddNode_v2) H(cuStreamEndCapture) H(cuStreamEndCapture_ptsz) H(cuGraphDestroy)
+H(cuGraphInstantiateWithFlags) H(cuGraphInstantiateWithParams) H(cuGraphInstantiateWithParams_ptsz) H(cuGraphInstantiate_v2) H(cuGraphExecDestroy)
 H(cuDeviceGraphMemTrim) H(cuDeviceGetDefaultMemPool) H(cuDeviceGetMemPool) H(cuIpcOpenMemHandle)
 H(cuIpcOpenMemHandle_v2) H(cuIpcCloseMemHandle) H(cuImportExternalMemory)
 H(cuDestroyExternalMemory) H(cuMemGetInfo_v2) H(cuMemGetInfo) H(cuDeviceTotalMem_v2)
@@ -99,11 +99,13 @@ static const hook_entry hooks[] = {
     E(cuGraphAddNode, "cuGraphAddNode", 12020, 0),
     E(cuGraphAddNode_v2, "cuGraphAddNode", 12030, 0),
     E(cuStreamEndCapture, "cuStreamEndCapture", 0, 0),
+    E(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 0, 1),
     E(cuGraphDestroy, "cuGraphDestroy", 0, 0),
     E(cuGraphInstantiate_v2, "cuGraphInstantiate", 0, 0),
     E(cuGraphInstantiateWithFlags, "cuGraphInstantiate", 12000, 0),
     E(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 0, 0),
     E(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 0, 0),
+    E(cuGraphInstantiateWithParams_ptsz, "cuGraphInstantiateWithParams", 0, 1),
     E(cuGraphExecDestroy, "cuGraphExecDestroy", 0, 0),
     E(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 0, 0),
     E(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 0, 0),

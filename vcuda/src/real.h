@@ -116,6 +116,8 @@
     X(cuDeviceGraphMemTrim, (CUdevice))                                                            \
     X(cuDeviceGetGraphMemAttribute, (CUdevice, int, void *))                                       \
     X(cuStreamEndCapture, (CUstream, CUgraph *))                                                   \
+    X(cuStreamEndCapture_ptsz, (CUstream, CUgraph *))                                              \
+    X(cuGraphInstantiateWithParams_ptsz, (CUgraphExec *, CUgraph, void *))                         \
     X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))                                                 \
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int *, CUfunction, int, size_t))                \
     X(cuThreadExchangeStreamCaptureMode, (int *))                                                  \

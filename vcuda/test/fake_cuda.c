@@ -308,6 +308,20 @@ typedef struct fake_stream {
     _Atomic uint64_t until; /* when the work queued on it so far ends */
     struct fake_graph_def *graph; /* the graph being captured */
 } fake_stream;
+/* The per-thread default stream of each device (CU_STREAM_PER_THREAD, or
+ * NULL through a _ptsz entry point): a stream like any other, which can be
+ * captured; the legacy default stream (NULL, CU_STREAM_LEGACY) cannot. */
+static TLS fake_stream *ptds[FAKE_MAX_DEVS];
+static CUstream per_thread(CUstream s, int ptsz) {
+    if (!((uintptr_t)s == 2 || (!s && ptsz)) || !cur)
+        return s;
+    fake_stream **x = &ptds[cur->dev];
+    if (!*x) {
+        *x = calloc(1, sizeof(**x));
+        (*x)->ctx = cur;
+    }
+    return (CUstream)*x;
+}
 /* The legacy default stream of each device (per process). */
 static _Atomic uint64_t null_until[FAKE_MAX_DEVS];
 
@@ -654,8 +668,11 @@ EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
-    if ((uintptr_t)s <= 2 || mode < 0 || mode > 2)
+    s = per_thread(s, 0);
+    if (mode < 0 || mode > 2)
         return CUDA_ERROR_INVALID_VALUE;
+    if ((uintptr_t)s <= 2)
+        return 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: the legacy stream cannot be captured */
     fake_stream *x = (fake_stream *)s;
     if (x->capturing)
         return CUDA_ERROR_INVALID_VALUE;
@@ -669,6 +686,7 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamEndCapture(CUstream s, void **graph) {
+    s = per_thread(s, 0);
     if ((uintptr_t)s <= 2 || !((fake_stream *)s)->capturing)
         return CUDA_ERROR_INVALID_VALUE;
     fake_stream *x = (fake_stream *)s;
@@ -684,12 +702,19 @@ EXPORT CUresult cuStreamEndCapture(CUstream s, void **graph) {
     return bad ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) {
+    s = per_thread(s, 0);
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
     *status = (uintptr_t)s > 2 && ((fake_stream *)s)->capturing ? 1 : 0;
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { return cuStreamIsCapturing(s, status); }
+EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) {
+    return cuStreamIsCapturing(per_thread(s, 1), status);
+}
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode) {
+    return cuStreamBeginCapture_v2(per_thread(s, 1), mode);
+}
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, void **graph) { return cuStreamEndCapture(per_thread(s, 1), graph); }
 static int capturing(CUstream s) { return (uintptr_t)s > 2 && ((fake_stream *)s)->capturing; }
 
 static _Atomic uint64_t *stream_until(CUstream s, int d) {
@@ -1510,6 +1535,7 @@ static CUresult capture_alloc(uint64_t *key, uint64_t size, int d, CUstream s) {
 }
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
     INIT();
+    s = per_thread(s, 0);
     int d = stream_dev(s);
     if (d < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -1518,24 +1544,26 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
     return pool_alloc((uint64_t *)p, size, dev_pool(d));
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s) {
-    return cuMemAllocAsync(p, size, s);
+    return cuMemAllocAsync(p, size, per_thread(s, 1));
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, CUmemoryPool pool,
                                         CUstream s) {
+    s = per_thread(s, 0);
     if (capturing(s) && pool && ((fake_pool *)pool)->dev >= 0)
         return capture_alloc((uint64_t *)p, size, ((fake_pool *)pool)->dev, s);
     return pool_alloc((uint64_t *)p, size, (fake_pool *)pool);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, CUmemoryPool pool,
                                              CUstream s) {
-    return cuMemAllocFromPoolAsync(p, size, pool, s);
+    return cuMemAllocFromPoolAsync(p, size, pool, per_thread(s, 1));
 }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    s = per_thread(s, 0);
     if (capturing(s))
         return CUDA_SUCCESS; /* a free node of the graph */
     return dev_free(p, 0);
 }
-EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, per_thread(s, 1)); }
 
 /* ---- modules and libraries ----
  * Loading code takes device memory of the current context: its code, its
@@ -2148,6 +2176,10 @@ EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g, void *pa
         return CUDA_ERROR_INVALID_VALUE;
     return instantiate(e, g);
 }
+/* The params' upload stream, when NULL, is the per-thread default stream. */
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *e, CUgraph g, void *params) {
+    return cuGraphInstantiateWithParams(e, g, params);
+}
 EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t n) {
     (void)err, (void)log, (void)n;
     return instantiate(e, g);
@@ -2427,11 +2459,11 @@ static const proc procs[] = {
     P(cuModuleLoadFatBinary), P(cuModuleUnload), P(cuLibraryLoadData), P(cuLibraryLoadFromFile), P(cuLibraryUnload), P(cuLaunch), P(cuLaunchGrid), P(cuLaunchGridAsync), P(cuLaunchCooperativeKernelMultiDevice),
     PT(cuLaunchHostFunc), PT(cuLaunchKernel), PT(cuLaunchKernelEx), PT(cuLaunchCooperativeKernel), PT(cuGraphLaunch),
     P(cuGraphExecDestroy), P(cuGraphCreate), P(cuGraphDestroy), P(cuGraphAddMemAllocNode),
-    P(cuGraphInstantiateWithFlags), P(cuGraphInstantiateWithParams), PV("cuGraphInstantiate", cuGraphInstantiate_v2),
+    P(cuGraphInstantiateWithFlags), PT(cuGraphInstantiateWithParams), PV("cuGraphInstantiate", cuGraphInstantiate_v2),
     P(cuGraphUpload), P(cuDeviceGraphMemTrim), P(cuDeviceGetGraphMemAttribute), P(cuEventCreate), PV("cuEventDestroy", cuEventDestroy_v2),
     PT(cuEventRecord), P(cuEventQuery), P(cuThreadExchangeStreamCaptureMode),
-    P(cuOccupancyMaxActiveBlocksPerMultiprocessor), PV("cuStreamBeginCapture", cuStreamBeginCapture_v2),
-    P(cuStreamEndCapture), PT(cuStreamIsCapturing), P(cuEventSynchronize), P(cuEventElapsedTime),
+    P(cuOccupancyMaxActiveBlocksPerMultiprocessor), {"cuStreamBeginCapture", (void *)cuStreamBeginCapture_v2, (void *)cuStreamBeginCapture_v2_ptsz},
+    PT(cuStreamEndCapture), PT(cuStreamIsCapturing), P(cuEventSynchronize), P(cuEventElapsedTime),
 };
 
 /* FAKE_CUDA_PROC_INTERNAL=1: like a real driver, cuGetProcAddress hands out

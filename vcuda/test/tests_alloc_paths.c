@@ -127,3 +127,56 @@ TEST(security_graph_child_graph_moved) {
     CHECK(region_used(0) == 0 && phys(0) == 0, "left: region %llu fake %llu", (unsigned long long)region_used(0),
           (unsigned long long)phys(0));
 }
+
+/* The CUDA runtime built with --default-stream per-thread resolves every
+ * stream function with CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM and
+ * captures on the per-thread default stream (NULL to the _ptsz entry
+ * points). vcuda must hand back its _ptsz hooks, which call the driver's
+ * _ptsz functions: a legacy hook would end a capture on the legacy stream,
+ * which is not capturing. The captured allocation is charged with the
+ * graph. */
+typedef struct {
+    unsigned long long flags;
+    CUstream hUploadStream;
+    CUgraphNode hErrNode_out;
+    int result_out;
+} instantiate_params;
+TEST(security_ptsz_capture_through_procaddr) {
+    one_gpu();
+    const cuuint64_t ptds = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
+    CUresult (*begin)(CUstream, int), (*end)(CUstream, CUgraph *), (*alloc)(CUdeviceptr *, size_t, CUstream),
+        (*mfree)(CUdeviceptr, CUstream), (*inst)(CUgraphExec *, CUgraph, instantiate_params *),
+        (*launch)(CUgraphExec, CUstream);
+    CHECK_CU(cuGetProcAddress("cuStreamBeginCapture", (void **)&begin, 12080, ptds));
+    CHECK_CU(cuGetProcAddress("cuStreamEndCapture", (void **)&end, 12080, ptds));
+    CHECK_CU(cuGetProcAddress("cuMemAllocAsync", (void **)&alloc, 12080, ptds));
+    CHECK_CU(cuGetProcAddress("cuMemFreeAsync", (void **)&mfree, 12080, ptds));
+    CHECK_CU(cuGetProcAddress("cuGraphInstantiateWithParams", (void **)&inst, 12080, ptds));
+    CHECK_CU(cuGetProcAddress("cuGraphLaunch", (void **)&launch, 12080, ptds));
+    CHECK((void *)end == dlsym(RTLD_DEFAULT, "cuStreamEndCapture_ptsz"),
+          "cuGetProcAddress(cuStreamEndCapture, per-thread) is not vcuda's cuStreamEndCapture_ptsz");
+    CHECK((void *)inst == dlsym(RTLD_DEFAULT, "cuGraphInstantiateWithParams_ptsz"),
+          "cuGetProcAddress(cuGraphInstantiateWithParams, per-thread) is not vcuda's _ptsz hook");
+    CHECK_CU(begin(NULL, 0 /* global */));
+    CUdeviceptr d;
+    CHECK_CU(alloc(&d, 40 * MiB, NULL));
+    CHECK_CU(mfree(d, NULL));
+    CHECK(region_used(0) == 0 && phys(0) == 0, "the capture took memory: region %llu fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys(0));
+    CUgraph g = NULL;
+    CUresult r = end(NULL, &g);
+    CHECK(r == CUDA_SUCCESS, "ending the per-thread stream's capture through cuGetProcAddress: %d", r);
+    instantiate_params ip;
+    memset(&ip, 0, sizeof(ip));
+    CUgraphExec e, e2;
+    CHECK_CU(inst(&e, g, &ip));
+    CHECK(region_used(0) == 40 * MiB, "captured allocation node: region %llu", (unsigned long long)region_used(0));
+    CHECK(inst(&e2, g, &ip) == CUDA_ERROR_OUT_OF_MEMORY, "a second 40 MiB graph under 60 MiB");
+    CHECK_CU(launch(e, NULL));
+    CHECK(phys(0) == 40 * MiB && phys(1) <= CAP, "the fake's graph took %llu, peak %llu", (unsigned long long)phys(0),
+          (unsigned long long)phys(1));
+    CHECK_CU(cuGraphExecDestroy(e));
+    CHECK_CU(cuDeviceGraphMemTrim(0));
+    CHECK(region_used(0) == 0 && phys(0) == 0, "left: region %llu fake %llu", (unsigned long long)region_used(0),
+          (unsigned long long)phys(0));
+}
