@@ -29,7 +29,7 @@ H(cuMemAllocFromPoolAsync_ptsz) H(cuMemFreeAsync) H(cuMemFreeAsync_ptsz) H(cuMem
 H(cuMemPoolDestroy) H(cuMemPoolSetAttribute) H(cuMemPoolTrimTo) H(cuStreamSynchronize)
 H(cuStreamSynchronize_ptsz) H(cuCtxSynchronize) H(cuEventSynchronize) H(cuGraphAddMemAllocNode) H(cuGraphAddNode) H(cuGraphAddNode_v2) H(cuStreamEndCapture) H(cuStreamEndCapture_ptsz) H(cuGraphDestroy)
 H(cuGraphInstantiateWithFlags) H(cuGraphInstantiateWithParams) H(cuGraphInstantiateWithParams_ptsz) H(cuGraphInstantiate_v2) H(cuGraphExecDestroy)
-H(cuDeviceGraphMemTrim) H(cuDeviceGetDefaultMemPool) H(cuDeviceGetMemPool) H(cuIpcOpenMemHandle)
+H(cuDeviceGraphMemTrim) H(cuDeviceGetDefaultMemPool) H(cuDeviceGetMemPool) H(cuIpcGetMemHandle) H(cuIpcOpenMemHandle)
 H(cuIpcOpenMemHandle_v2) H(cuIpcCloseMemHandle) H(cuImportExternalMemory)
 H(cuDestroyExternalMemory) H(cuMemGetInfo_v2) H(cuMemGetInfo) H(cuDeviceTotalMem_v2)
 H(cuDeviceTotalMem) H(cuLaunchKernel) H(cuLaunchKernel_ptsz) H(cuLaunchKernelEx)
@@ -110,6 +110,7 @@ static const hook_entry hooks[] = {
     E(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 0, 0),
     E(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 0, 0),
     E(cuDeviceGetMemPool, "cuDeviceGetMemPool", 0, 0),
+    E(cuIpcGetMemHandle, "cuIpcGetMemHandle", 0, 0),
     E(cuIpcOpenMemHandle, "cuIpcOpenMemHandle", 0, 0),
     E(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000, 0),
     E(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 0, 0),

@@ -89,6 +89,7 @@
     X(cuCtxSynchronize, (void))                                                                    \
     X(cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice))                                       \
     X(cuDeviceGetMemPool, (CUmemoryPool *, CUdevice))                                              \
+    X(cuIpcGetMemHandle, (CUipcMemHandle *, CUdeviceptr))                                         \
     X(cuIpcOpenMemHandle, (CUdeviceptr *, CUipcMemHandle, unsigned int))                           \
     X(cuIpcOpenMemHandle_v2, (CUdeviceptr *, CUipcMemHandle, unsigned int))                        \
     X(cuIpcCloseMemHandle, (CUdeviceptr))                                                          \

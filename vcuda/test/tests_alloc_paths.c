@@ -180,3 +180,88 @@ TEST(security_ptsz_capture_through_procaddr) {
     CHECK(region_used(0) == 0 && phys(0) == 0, "left: region %llu fake %llu", (unsigned long long)region_used(0),
           (unsigned long long)phys(0));
 }
+
+/* CUDA IPC (a server sharing its weights with workers): inside one
+ * container the exporter's allocation is charged once, so the importer's
+ * mapping is not charged again (it was: a false OOM at half the cap); an
+ * importer in another container is charged, so it cannot use memory its own
+ * cap does not hold. Child 0 exports 40 MiB in container c0 (cap 60 MiB),
+ * child 1 imports it in c0, child 2 in c1 (its own region, cap 60 MiB). */
+CUresult cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
+static chan ipc_ch[3];
+static uint64_t container_used(void) {
+    size_t fr = 0, tot = 0;
+    CHECK_CU(cuMemGetInfo_v2(&fr, &tot));
+    return tot - fr;
+}
+static CUipcMemHandle read_handle(void) {
+    CUipcMemHandle h;
+    FILE *f = fopen(tpath("ipc-handle"), "r");
+    CHECK(f && fread(&h, sizeof(h), 1, f) == 1, "read handle");
+    fclose(f);
+    return h;
+}
+static int ipc_child(int i, void *arg) {
+    (void)arg;
+    if (i == 2) { /* another container */
+        char text[1024];
+        snprintf(text, sizeof(text), "tessera-vcuda-limits 1\ncontainer c1\nregion %s/c1-region\ngpu %s %llu 100\n",
+                 tmpdir(), fake_uuid(0), (unsigned long long)CAP);
+        write_file(tpath("c1-limits"), text);
+        setenv("TESSERA_VCUDA_LIMITS", tpath("c1-limits"), 1);
+    }
+    ctx_on(0);
+    CUdeviceptr d, x;
+    if (i == 0) {
+        CUipcMemHandle h;
+        CHECK_CU(cuMemAlloc_v2(&d, 40 * MiB));
+        CHECK_CU(cuIpcGetMemHandle(&h, d));
+        FILE *f = fopen(tpath("ipc-handle"), "w");
+        CHECK(f && fwrite(&h, sizeof(h), 1, f) == 1, "write handle");
+        fclose(f);
+        chan_send_up(&ipc_ch[0], 1);
+        chan_recv_down(&ipc_ch[0]); /* the importers are done */
+        CHECK_CU(cuMemFree_v2(d));
+        chan_send_up(&ipc_ch[0], container_used());
+        return 0;
+    }
+    chan_recv_down(&ipc_ch[i]);
+    CUipcMemHandle h = read_handle();
+    CUresult r = cuIpcOpenMemHandle_v2(&d, h, 1);
+    if (i == 1) {
+        CHECK(r == CUDA_SUCCESS, "opening a handle exported in the same container: %d (counted twice)", r);
+        CHECK(container_used() == 40 * MiB, "same container: %llu MiB charged for one 40 MiB allocation",
+              (unsigned long long)(container_used() / MiB));
+        CHECK_CU(cuMemAlloc_v2(&x, 20 * MiB)); /* the rest of the cap */
+        CHECK(cuMemAlloc_v2(&d, 1) == CUDA_ERROR_OUT_OF_MEMORY || (cuMemFree_v2(d), 0), "over the cap");
+        CHECK_CU(cuMemFree_v2(x));
+    } else {
+        CHECK(r == CUDA_SUCCESS, "another container's handle: %d", r);
+        CHECK(container_used() == 40 * MiB, "another container's import charged %llu MiB to the importer, want 40",
+              (unsigned long long)(container_used() / MiB));
+        CHECK(cuMemAlloc_v2(&x, 21 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "21 MiB next to a 40 MiB import under 60");
+    }
+    CHECK_CU(cuIpcCloseMemHandle(d));
+    CHECK(container_used() == (i == 1 ? 40 * MiB : 0), "after close: %llu", (unsigned long long)container_used());
+    chan_send_up(&ipc_ch[i], 1);
+    return 0;
+}
+TEST(security_ipc_counted_once_per_container) {
+    gpu_line g[1] = {{0, CAP, 100}};
+    setup_limits(g, 1);
+    ctx_costs_nothing(); /* the IPC bytes to the cap exactly */
+    pid_t pid[3];
+    for (int i = 0; i < 3; i++) {
+        chan_init(&ipc_ch[i]);
+        pid[i] = spawn(ipc_child, i, NULL);
+    }
+    chan_recv_up(&ipc_ch[0]);
+    for (int i = 1; i < 3; i++) {
+        chan_send_down(&ipc_ch[i], 1);
+        chan_recv_up(&ipc_ch[i]);
+    }
+    chan_send_down(&ipc_ch[0], 1);
+    CHECK(chan_recv_up(&ipc_ch[0]) == 0, "exporter's container still charged");
+    for (int i = 0; i < 3; i++)
+        CHECK(wait_child(pid[i]) == 0, "child %d failed", i);
+}
