@@ -150,6 +150,9 @@ typedef struct CUgraphEdgeData_st CUgraphEdgeData; /* opaque here */
 typedef struct CUipcMemHandle_st {
     char reserved[64];
 } CUipcMemHandle;
+typedef struct CUmemPoolPtrExportData_st {
+    unsigned char reserved[64];
+} CUmemPoolPtrExportData;
 typedef struct CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st {
     int type; /* CUexternalMemoryHandleType */
     union {

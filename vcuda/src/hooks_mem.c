@@ -387,24 +387,33 @@ static ipc_exports *exports_map(void) {
     return m;
 }
 
-static uint64_t ipc_key(const CUipcMemHandle *h) {
+static uint64_t ipc_key(const void *token) {
     uint64_t k = 0xcbf29ce484222325ull; /* FNV-1a */
-    for (size_t i = 0; i < sizeof(h->reserved); i++)
-        k = (k ^ (unsigned char)h->reserved[i]) * 0x100000001b3ull;
+    for (size_t i = 0; i < 64; i++)
+        k = (k ^ ((const unsigned char *)token)[i]) * 0x100000001b3ull;
     return k | 1;
 }
 
-/* The gpu record this container's exporter charged the handle's memory to,
- * or -1 when no process of the container exported it. */
-static int ipc_exported_here(const CUipcMemHandle *h) {
+int vc_exported_here(const void *token) {
     ipc_exports *m = exports_map();
     if (!m || m->magic != IPC_EXPORTS_MAGIC)
         return -1;
-    uint64_t k = ipc_key(h);
+    uint64_t k = ipc_key(token);
     for (int i = 0; i < IPC_EXPORTS; i++)
         if (atomic_load_explicit(&m->e[i].key, memory_order_acquire) == k)
             return m->e[i].gpu < VC_MAX_GPUS ? (int)m->e[i].gpu : -1;
     return -1;
+}
+
+void vc_export_add(const void *token, int g) {
+    ipc_exports *m;
+    if (g < 0 || vc_exported_here(token) >= 0 || !(m = exports_map()))
+        return;
+    /* A ring: an overwritten entry only makes a later import count twice. */
+    uint64_t i = atomic_fetch_add(&m->next, 1) % IPC_EXPORTS;
+    atomic_store_explicit(&m->e[i].key, 0, memory_order_relaxed);
+    m->e[i].gpu = (uint64_t)g;
+    atomic_store_explicit(&m->e[i].key, ipc_key(token), memory_order_release);
 }
 
 VC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
@@ -412,16 +421,9 @@ VC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
     CUresult r = vc_real.cuIpcGetMemHandle(h, p);
     uint64_t size;
     int g;
-    ipc_exports *m;
     /* Only memory charged here: an export is what makes imports free. */
-    if (r != CUDA_SUCCESS || !ACTIVE() || !h || vc_lookup(VC_K_PTR, p, &size, &g) != 0 || g < 0 ||
-        ipc_exported_here(h) >= 0 || !(m = exports_map()))
-        return r;
-    /* A ring: an overwritten entry only makes a later import count twice. */
-    uint64_t i = atomic_fetch_add(&m->next, 1) % IPC_EXPORTS;
-    atomic_store_explicit(&m->e[i].key, 0, memory_order_relaxed);
-    m->e[i].gpu = (uint64_t)g;
-    atomic_store_explicit(&m->e[i].key, ipc_key(h), memory_order_release);
+    if (r == CUDA_SUCCESS && ACTIVE() && h && vc_lookup(VC_K_PTR, p, &size, &g) == 0)
+        vc_export_add(h->reserved, g);
     return r;
 }
 
@@ -432,7 +434,7 @@ static CUresult ipc_open(CUresult (*fn)(CUdeviceptr *, CUipcMemHandle, unsigned 
     CUresult r = fn(dptr, h, flags);
     if (r != CUDA_SUCCESS || !ACTIVE() || !dptr)
         return r;
-    int here = ipc_exported_here(&h);
+    int here = vc_exported_here(h.reserved);
     if (here >= 0) /* charged to the container by its exporter: counted once */
         SETTLE(CUDA_SUCCESS, VC_K_IPC, *dptr, here, 0, cur_ctx(), vc_real.cuIpcCloseMemHandle(*dptr));
     /* The size is only known once mapped. The mapping adds no physical

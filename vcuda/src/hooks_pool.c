@@ -418,6 +418,53 @@ VC_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *valu
     return r;
 }
 
+/* Pool pointers shared between processes (cuMemPoolExportPointer /
+ * cuMemPoolImportPointer): as CUDA IPC (hooks_mem.c), an import of memory a
+ * process of this container exported is not charged again; any other import
+ * is charged to the importer by its size and credited when freed. */
+VC_EXPORT CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *data, CUdeviceptr p) {
+    PROLOGUE(cuMemPoolExportPointer);
+    CUresult r = vc_real.cuMemPoolExportPointer(data, p);
+    uint64_t size;
+    int slot;
+    if (r == CUDA_SUCCESS && ACTIVE() && data && vc_lookup(VC_K_POOLPTR, p, &size, &slot) == 0 && slot >= 0 &&
+        slot < VC_MAX_POOLS)
+        vc_export_add(data->reserved, pools[slot].g);
+    return r;
+}
+
+VC_EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr *p, CUmemoryPool pool, CUmemPoolPtrExportData *data) {
+    PROLOGUE(cuMemPoolImportPointer);
+    if (REFUSED())
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = vc_real.cuMemPoolImportPointer(p, pool, data);
+    if (r != CUDA_SUCCESS || !ACTIVE() || !p || !data)
+        return r;
+    int g = vc_exported_here(data->reserved);
+    uint64_t size = 0;
+    if (g < 0) {
+        /* Imported memory adds no pages to the importer's pool: importing
+         * first and refusing after is safe. */
+        CUdeviceptr base = 0;
+        size_t sz = 0;
+        CUdevice dev;
+        if (vc_cur_gpu(&g, &dev) != CUDA_SUCCESS || !vc_real.cuMemGetAddressRange_v2 ||
+            vc_real.cuMemGetAddressRange_v2(&base, &sz, *p) != CUDA_SUCCESS || vc_mem_charge(g, sz) != CUDA_SUCCESS) {
+            vc_real.cuMemFree_v2(*p);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        size = sz;
+    }
+    /* Freed with cuMemFree[Async] like linear memory (free_ptr credits it). */
+    if (vc_track(VC_K_PTR, *p, size, g) != 0) {
+        vc_real.cuMemFree_v2(*p);
+        vc_release(g, size);
+        vc_mem_table_full();
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    return r;
+}
+
 VC_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, size_t keep) {
     PROLOGUE(cuMemPoolTrimTo);
     CUresult r = vc_real.cuMemPoolTrimTo(pool, keep);

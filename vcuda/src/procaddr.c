@@ -26,7 +26,7 @@ H(cuMemFree_v2) H(cuArrayCreate_v2) H(cuArrayCreate) H(cuArray3DCreate_v2) H(cuA
 H(cuArrayDestroy) H(cuMipmappedArrayCreate) H(cuMipmappedArrayDestroy) H(cuMemCreate)
 H(cuMemRelease) H(cuMemMap) H(cuMemUnmap) H(cuMemRetainAllocationHandle) H(cuMemAllocAsync) H(cuMemAllocAsync_ptsz) H(cuMemAllocFromPoolAsync)
 H(cuMemAllocFromPoolAsync_ptsz) H(cuMemFreeAsync) H(cuMemFreeAsync_ptsz) H(cuMemPoolCreate)
-H(cuMemPoolDestroy) H(cuMemPoolSetAttribute) H(cuMemPoolTrimTo) H(cuStreamSynchronize)
+H(cuMemPoolDestroy) H(cuMemPoolSetAttribute) H(cuMemPoolTrimTo) H(cuMemPoolExportPointer) H(cuMemPoolImportPointer) H(cuStreamSynchronize)
 H(cuStreamSynchronize_ptsz) H(cuCtxSynchronize) H(cuEventSynchronize) H(cuGraphAddMemAllocNode) H(cuGraphAddNode) H(cuGraphAddNode_v2) H(cuStreamEndCapture) H(cuStreamEndCapture_ptsz) H(cuGraphDestroy)
 H(cuGraphInstantiateWithFlags) H(cuGraphInstantiateWithParams) H(cuGraphInstantiateWithParams_ptsz) H(cuGraphInstantiate_v2) H(cuGraphExecDestroy)
 H(cuDeviceGraphMemTrim) H(cuDeviceGetDefaultMemPool) H(cuDeviceGetMemPool) H(cuIpcGetMemHandle) H(cuIpcOpenMemHandle)
@@ -91,6 +91,8 @@ static const hook_entry hooks[] = {
     E(cuMemPoolDestroy, "cuMemPoolDestroy", 0, 0),
     E(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 0, 0),
     E(cuMemPoolTrimTo, "cuMemPoolTrimTo", 0, 0),
+    E(cuMemPoolExportPointer, "cuMemPoolExportPointer", 0, 0),
+    E(cuMemPoolImportPointer, "cuMemPoolImportPointer", 0, 0),
     E(cuStreamSynchronize, "cuStreamSynchronize", 0, 0),
     E(cuStreamSynchronize_ptsz, "cuStreamSynchronize", 0, 1),
     E(cuCtxSynchronize, "cuCtxSynchronize", 0, 0),

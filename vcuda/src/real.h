@@ -84,6 +84,8 @@
     X(cuMemPoolSetAttribute, (CUmemoryPool, int, void *))                                         \
     X(cuMemPoolGetAttribute, (CUmemoryPool, int, void *))                                         \
     X(cuMemPoolTrimTo, (CUmemoryPool, size_t))                                                     \
+    X(cuMemPoolExportPointer, (CUmemPoolPtrExportData *, CUdeviceptr))                            \
+    X(cuMemPoolImportPointer, (CUdeviceptr *, CUmemoryPool, CUmemPoolPtrExportData *))            \
     X(cuStreamSynchronize, (CUstream))                                                             \
     X(cuStreamSynchronize_ptsz, (CUstream))                                                        \
     X(cuCtxSynchronize, (void))                                                                    \

@@ -1665,6 +1665,32 @@ EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned
     atomic_fetch_add(&F.sh->dev[cur->dev].mapped, pl.size);
     return CUDA_SUCCESS;
 }
+/* Pool pointers shared with another process: the export data carries the
+ * size; the import maps it (no device memory of the importer's), freed with
+ * cuMemFree[Async]. (Lenient: any pool of the importer is accepted, where
+ * the driver wants one imported with cuMemPoolImportFromShareableHandle.) */
+EXPORT CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *data, CUdeviceptr p) {
+    rec r;
+    if (!data || reg_take(p, K_POOL, &r, 0) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(data, 0, sizeof(*data));
+    ipc_payload pl = {"FAKEPPX", r.size, r.dev};
+    memcpy(data->reserved, &pl, sizeof(pl));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr *p, CUmemoryPool pool, CUmemPoolPtrExportData *data) {
+    INIT();
+    ipc_payload pl;
+    if (!p || !pool || !data)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(&pl, data->reserved, sizeof(pl));
+    if (memcmp(pl.magic, "FAKEPPX", 8) != 0 || !cur)
+        return CUDA_ERROR_INVALID_VALUE;
+    *p = new_addr(pl.size);
+    reg_add(*p, pl.size, cur->dev, K_IPC);
+    atomic_fetch_add(&F.sh->dev[cur->dev].mapped, pl.size);
+    return CUDA_SUCCESS;
+}
 EXPORT CUresult cuIpcOpenMemHandle(CUdeviceptr *p, CUipcMemHandle h, unsigned flags) {
     return cuIpcOpenMemHandle_v2(p, h, flags);
 }
@@ -2451,7 +2477,7 @@ static const proc procs[] = {
     P(cuMemMap), P(cuMemUnmap), P(cuMemSetAccess), P(cuMemRetainAllocationHandle),
     P(cuMemGetAllocationGranularity), P(cuMemPoolCreate),
     P(cuMemPoolDestroy), P(cuDeviceGetDefaultMemPool), P(cuDeviceGetMemPool), P(cuDeviceSetMemPool),
-    P(cuMemPoolSetAttribute), P(cuMemPoolGetAttribute), P(cuMemPoolTrimTo), PT(cuMemAllocAsync),
+    P(cuMemPoolSetAttribute), P(cuMemPoolGetAttribute), P(cuMemPoolTrimTo), P(cuMemPoolExportPointer), P(cuMemPoolImportPointer), PT(cuMemAllocAsync),
     PT(cuMemAllocFromPoolAsync), PT(cuMemFreeAsync), P(cuIpcGetMemHandle),
     PV("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2), P(cuIpcCloseMemHandle),
     P(cuImportExternalMemory), P(cuDestroyExternalMemory), P(cuExternalMemoryGetMappedBuffer),

@@ -188,14 +188,17 @@ TEST(security_ptsz_capture_through_procaddr) {
  * cap does not hold. Child 0 exports 40 MiB in container c0 (cap 60 MiB),
  * child 1 imports it in c0, child 2 in c1 (its own region, cap 60 MiB). */
 CUresult cuIpcGetMemHandle(CUipcMemHandle *, CUdeviceptr);
+CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *, CUdeviceptr);
+CUresult cuMemPoolImportPointer(CUdeviceptr *, CUmemoryPool, CUmemPoolPtrExportData *);
 static chan ipc_ch[3];
+static int pool_pointers; /* share pool allocations (cuMemPoolExportPointer) instead of IPC handles */
 static uint64_t container_used(void) {
     size_t fr = 0, tot = 0;
     CHECK_CU(cuMemGetInfo_v2(&fr, &tot));
     return tot - fr;
 }
 static CUipcMemHandle read_handle(void) {
-    CUipcMemHandle h;
+    CUipcMemHandle h; /* the same 64 bytes as CUmemPoolPtrExportData */
     FILE *f = fopen(tpath("ipc-handle"), "r");
     CHECK(f && fread(&h, sizeof(h), 1, f) == 1, "read handle");
     fclose(f);
@@ -212,22 +215,38 @@ static int ipc_child(int i, void *arg) {
     }
     ctx_on(0);
     CUdeviceptr d, x;
+    CUstream s = NULL;
+    CUmemoryPool pool = NULL;
+    if (pool_pointers) {
+        CHECK_CU(cuStreamCreate(&s, 0));
+        CHECK_CU(cuDeviceGetDefaultMemPool(&pool, 0));
+    }
     if (i == 0) {
         CUipcMemHandle h;
-        CHECK_CU(cuMemAlloc_v2(&d, 40 * MiB));
-        CHECK_CU(cuIpcGetMemHandle(&h, d));
+        if (pool_pointers) {
+            CHECK_CU(cuMemAllocAsync(&d, 40 * MiB, s));
+            CHECK_CU(cuMemPoolExportPointer((CUmemPoolPtrExportData *)&h, d));
+        } else {
+            CHECK_CU(cuMemAlloc_v2(&d, 40 * MiB));
+            CHECK_CU(cuIpcGetMemHandle(&h, d));
+        }
         FILE *f = fopen(tpath("ipc-handle"), "w");
         CHECK(f && fwrite(&h, sizeof(h), 1, f) == 1, "write handle");
         fclose(f);
         chan_send_up(&ipc_ch[0], 1);
         chan_recv_down(&ipc_ch[0]); /* the importers are done */
         CHECK_CU(cuMemFree_v2(d));
+        if (pool_pointers) {
+            CHECK_CU(cuStreamSynchronize(s));
+            CHECK_CU(cuMemPoolTrimTo(pool, 0));
+        }
         chan_send_up(&ipc_ch[0], container_used());
         return 0;
     }
     chan_recv_down(&ipc_ch[i]);
     CUipcMemHandle h = read_handle();
-    CUresult r = cuIpcOpenMemHandle_v2(&d, h, 1);
+    CUresult r = pool_pointers ? cuMemPoolImportPointer(&d, pool, (CUmemPoolPtrExportData *)&h)
+                               : cuIpcOpenMemHandle_v2(&d, h, 1);
     if (i == 1) {
         CHECK(r == CUDA_SUCCESS, "opening a handle exported in the same container: %d (counted twice)", r);
         CHECK(container_used() == 40 * MiB, "same container: %llu MiB charged for one 40 MiB allocation",
@@ -241,12 +260,15 @@ static int ipc_child(int i, void *arg) {
               (unsigned long long)(container_used() / MiB));
         CHECK(cuMemAlloc_v2(&x, 21 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "21 MiB next to a 40 MiB import under 60");
     }
-    CHECK_CU(cuIpcCloseMemHandle(d));
+    if (pool_pointers)
+        CHECK_CU(cuMemFreeAsync(d, s));
+    else
+        CHECK_CU(cuIpcCloseMemHandle(d));
     CHECK(container_used() == (i == 1 ? 40 * MiB : 0), "after close: %llu", (unsigned long long)container_used());
     chan_send_up(&ipc_ch[i], 1);
     return 0;
 }
-TEST(security_ipc_counted_once_per_container) {
+static void shared_memory_counted_once(void) {
     gpu_line g[1] = {{0, CAP, 100}};
     setup_limits(g, 1);
     ctx_costs_nothing(); /* the IPC bytes to the cap exactly */
@@ -264,4 +286,12 @@ TEST(security_ipc_counted_once_per_container) {
     CHECK(chan_recv_up(&ipc_ch[0]) == 0, "exporter's container still charged");
     for (int i = 0; i < 3; i++)
         CHECK(wait_child(pid[i]) == 0, "child %d failed", i);
+}
+TEST(security_ipc_counted_once_per_container) { shared_memory_counted_once(); }
+/* The same with stream-ordered pool allocations shared by
+ * cuMemPoolExportPointer / cuMemPoolImportPointer (an import was not
+ * charged at all: another container's memory was free to use). */
+TEST(security_pool_import_pointer_counted) {
+    pool_pointers = 1;
+    shared_memory_counted_once();
 }
