@@ -16,6 +16,15 @@
  * drops each of them. The bookkeeping runs under one mutex held across the
  * driver call, so a handle value the driver reuses after its last reference
  * cannot be confused with the old one. VMM calls are not on a hot path.
+ *
+ * Imports (cuMemImportFromShareableHandle) map another process's memory.
+ * Inside one container it is already charged to the exporter; a fabric
+ * handle (64 bytes) exported by a process of the container is found in the
+ * container's export table (hooks_mem.c) and not charged again. Any other
+ * import (another container's, or a POSIX file descriptor, which carries no
+ * identity vcuda can trust: same-container fd imports are counted twice,
+ * conservatively) is charged to the importer for what it maps, from
+ * cuMemMap to cuMemUnmap: the import does not say its size, a mapping does.
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -30,7 +39,11 @@
 
 typedef struct {
     uint64_t va, size, h;
+    uint64_t charged; /* what mapping an import charged (else 0) */
+    int g;
 } vmm_map;
+/* In a VC_K_GENERIC entry's reference count: an import charged per mapping. */
+#define REF_IMPORT (1ull << 62)
 static pthread_mutex_t vmm_mu = PTHREAD_MUTEX_INITIALIZER;
 static vmm_map *maps; /* sorted by va, under vmm_mu */
 static size_t nmaps, capmaps;
@@ -54,7 +67,7 @@ static size_t map_lower(uint64_t va) {
     return lo;
 }
 
-static int map_insert(uint64_t va, uint64_t size, uint64_t h) {
+static int map_insert(uint64_t va, uint64_t size, uint64_t h, uint64_t charged, int g) {
     if (nmaps == capmaps) {
         size_t nc = capmaps ? capmaps * 2 : 256;
         vmm_map *m = realloc(maps, nc * sizeof(*m));
@@ -65,7 +78,7 @@ static int map_insert(uint64_t va, uint64_t size, uint64_t h) {
     }
     size_t i = map_lower(va);
     memmove(&maps[i + 1], &maps[i], (nmaps - i) * sizeof(*maps));
-    maps[i] = (vmm_map){va, size, h};
+    maps[i] = (vmm_map){va, size, h, charged, g};
     nmaps++;
     return 0;
 }
@@ -77,7 +90,7 @@ static void unref(uint64_t h) {
     int g;
     if (vc_lookup_ctx(VC_K_GENERIC, h, &size, &g, &refs) != 0)
         return;
-    if (refs > 1) {
+    if ((refs & ~REF_IMPORT) > 1) {
         vc_set_ctx(VC_K_GENERIC, h, refs - 1);
         return;
     }
@@ -85,14 +98,19 @@ static void unref(uint64_t h) {
         vc_release(g, size);
 }
 
-/* Adds a reference to h if vcuda charged it; 0 if it did (vmm_mu held). */
-static int addref(uint64_t h) {
+/* Adds a reference to h if vcuda tracks it; 0 if it does, and whether it
+ * is an import charged per mapping and to which gpu record (vmm_mu held). */
+static int addref_import(uint64_t h, int *import, int *g) {
     uint64_t size, refs;
-    int g;
-    if (vc_lookup_ctx(VC_K_GENERIC, h, &size, &g, &refs) != 0)
+    if (vc_lookup_ctx(VC_K_GENERIC, h, &size, g, &refs) != 0)
         return -1;
     vc_set_ctx(VC_K_GENERIC, h, refs + 1);
+    *import = (refs & REF_IMPORT) != 0;
     return 0;
+}
+static int addref(uint64_t h) {
+    int import, g;
+    return addref_import(h, &import, &g);
 }
 
 /* An entry for a handle value the driver has just handed out again belongs
@@ -161,13 +179,23 @@ VC_EXPORT CUresult cuMemMap(CUdeviceptr va, size_t size, size_t offset, CUmemGen
         return vc_real.cuMemMap(va, size, offset, h, flags);
     pthread_mutex_lock(&vmm_mu);
     CUresult r = vc_real.cuMemMap(va, size, offset, h, flags);
-    if (r == CUDA_SUCCESS && addref(h) == 0 && map_insert(va, size, h) != 0) {
-        /* Cannot remember the mapping, so could not credit it later: undo. */
-        unref(h);
-        if (vc_real.cuMemUnmap)
-            vc_real.cuMemUnmap(va, size);
-        vc_mem_table_full();
-        r = CUDA_ERROR_OUT_OF_MEMORY;
+    int import = 0, g = -1;
+    if (r == CUDA_SUCCESS && addref_import(h, &import, &g) == 0) {
+        /* An import's mapping adds no physical memory of its own: mapping
+         * first and refusing after is safe. */
+        int over = import && vc_mem_charge(g, size) != CUDA_SUCCESS;
+        if (over || map_insert(va, size, h, import ? size : 0, g) != 0) {
+            /* Over the cap, or the mapping cannot be remembered (so never
+             * credited): undo. */
+            if (import && !over)
+                vc_release(g, size);
+            unref(h);
+            if (vc_real.cuMemUnmap)
+                vc_real.cuMemUnmap(va, size);
+            if (!over)
+                vc_mem_table_full();
+            r = CUDA_ERROR_OUT_OF_MEMORY;
+        }
     }
     pthread_mutex_unlock(&vmm_mu);
     return r;
@@ -182,12 +210,63 @@ VC_EXPORT CUresult cuMemUnmap(CUdeviceptr va, size_t size) {
     if (r == CUDA_SUCCESS) {
         /* The driver unmaps only whole mappings: every one starting in the range goes. */
         size_t i = map_lower(va), j = i;
-        while (j < nmaps && maps[j].va - va < size)
-            unref(maps[j++].h);
+        for (; j < nmaps && maps[j].va - va < size; j++) {
+            if (maps[j].charged)
+                vc_release(maps[j].g, maps[j].charged);
+            unref(maps[j].h);
+        }
         memmove(&maps[i], &maps[j], (nmaps - j) * sizeof(*maps));
         nmaps -= j - i;
     }
     pthread_mutex_unlock(&vmm_mu);
+    return r;
+}
+
+#define CU_MEM_HANDLE_TYPE_FABRIC 8
+
+VC_EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, int type,
+                                                unsigned long long flags) {
+    PROLOGUE(cuMemExportToShareableHandle);
+    CUresult r = vc_real.cuMemExportToShareableHandle(out, h, type, flags);
+    uint64_t size, refs;
+    int g;
+    if (r != CUDA_SUCCESS || !ACTIVE() || !out || type != CU_MEM_HANDLE_TYPE_FABRIC)
+        return r;
+    pthread_mutex_lock(&vmm_mu);
+    /* Only memory charged here (not an import) makes same-container imports free. */
+    if (vc_lookup_ctx(VC_K_GENERIC, h, &size, &g, &refs) == 0 && !(refs & REF_IMPORT))
+        vc_export_add(out, g);
+    pthread_mutex_unlock(&vmm_mu);
+    return r;
+}
+
+VC_EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, int type) {
+    PROLOGUE(cuMemImportFromShareableHandle);
+    if (REFUSED())
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = vc_real.cuMemImportFromShareableHandle(h, os, type);
+    if (r != CUDA_SUCCESS || !ACTIVE() || !h)
+        return r;
+    CUmemAllocationProp prop;
+    int g;
+    if (!vc_real.cuMemGetAllocationPropertiesFromHandle ||
+        vc_real.cuMemGetAllocationPropertiesFromHandle(&prop, *h) != CUDA_SUCCESS ||
+        vc_location_gpu(&prop.location, &g) != CUDA_SUCCESS) {
+        vc_real.cuMemRelease(*h);
+        return CUDA_ERROR_OUT_OF_MEMORY; /* cannot tell where it is: refuse */
+    }
+    if (g == VC_GPU_HOST)
+        return r;
+    int here = type == CU_MEM_HANDLE_TYPE_FABRIC && os ? vc_exported_here(os) : -1;
+    pthread_mutex_lock(&vmm_mu);
+    drop_stale(*h);
+    int t = vc_track_ctx(VC_K_GENERIC, *h, 0, g, here >= 0 ? 1 : 1 | REF_IMPORT);
+    pthread_mutex_unlock(&vmm_mu);
+    if (t != 0) {
+        vc_real.cuMemRelease(*h);
+        vc_mem_table_full();
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     return r;
 }
 

@@ -24,7 +24,7 @@
 H(cuMemAlloc_v2) H(cuMemAlloc) H(cuMemAllocPitch_v2) H(cuMemAllocPitch) H(cuMemAllocManaged)
 H(cuMemFree_v2) H(cuArrayCreate_v2) H(cuArrayCreate) H(cuArray3DCreate_v2) H(cuArray3DCreate)
 H(cuArrayDestroy) H(cuMipmappedArrayCreate) H(cuMipmappedArrayDestroy) H(cuMemCreate)
-H(cuMemRelease) H(cuMemMap) H(cuMemUnmap) H(cuMemRetainAllocationHandle) H(cuMemAllocAsync) H(cuMemAllocAsync_ptsz) H(cuMemAllocFromPoolAsync)
+H(cuMemRelease) H(cuMemMap) H(cuMemUnmap) H(cuMemRetainAllocationHandle) H(cuMemExportToShareableHandle) H(cuMemImportFromShareableHandle) H(cuMemAllocAsync) H(cuMemAllocAsync_ptsz) H(cuMemAllocFromPoolAsync)
 H(cuMemAllocFromPoolAsync_ptsz) H(cuMemFreeAsync) H(cuMemFreeAsync_ptsz) H(cuMemPoolCreate)
 H(cuMemPoolDestroy) H(cuMemPoolSetAttribute) H(cuMemPoolTrimTo) H(cuMemPoolExportPointer) H(cuMemPoolImportPointer) H(cuStreamSynchronize)
 H(cuStreamSynchronize_ptsz) H(cuCtxSynchronize) H(cuEventSynchronize) H(cuGraphAddMemAllocNode) H(cuGraphAddNode) H(cuGraphAddNode_v2) H(cuStreamEndCapture) H(cuStreamEndCapture_ptsz) H(cuGraphDestroy)
@@ -81,6 +81,8 @@ static const hook_entry hooks[] = {
     E(cuMemMap, "cuMemMap", 0, 0),
     E(cuMemUnmap, "cuMemUnmap", 0, 0),
     E(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 0, 0),
+    E(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 0, 0),
+    E(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 0, 0),
     E(cuMemAllocAsync, "cuMemAllocAsync", 0, 0),
     E(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 0, 1),
     E(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 0, 0),

@@ -73,6 +73,9 @@
     X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))   \
     X(cuMemUnmap, (CUdeviceptr, size_t))                                                           \
     X(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *, void *))                       \
+    X(cuMemExportToShareableHandle, (void *, CUmemGenericAllocationHandle, int, unsigned long long)) \
+    X(cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle *, void *, int))               \
+    X(cuMemGetAllocationPropertiesFromHandle, (CUmemAllocationProp *, CUmemGenericAllocationHandle)) \
     X(cuMemAllocAsync, (CUdeviceptr *, size_t, CUstream))                                          \
     X(cuMemAllocAsync_ptsz, (CUdeviceptr *, size_t, CUstream))                                     \
     X(cuMemAllocFromPoolAsync, (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                    \

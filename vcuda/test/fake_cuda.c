@@ -1101,7 +1101,7 @@ typedef struct vmm_alloc {
     uint64_t h, size;
     int dev, host;
     int hrefs, maps;
-    int owner_pid; /* the process that created it (cuMemExportToShareableHandle's handle names it) */
+    int imported;  /* cuMemImportFromShareableHandle: the exporter's memory (no device memory of its own) */
     struct vmm_alloc *next;
 } vmm_alloc;
 typedef struct vmm_range {
@@ -1128,7 +1128,7 @@ static void vmm_maybe_free(vmm_alloc *a) {
             *pp = a->next;
             break;
         }
-    if (!a->host)
+    if (!a->host && !a->imported)
         give(a->dev, a->size);
     old_addr(a->h, a->size);
     free(a);
@@ -1161,7 +1161,6 @@ EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
     a->dev = d;
     a->host = host;
     a->hrefs = 1;
-    a->owner_pid = fake_pid();
     pthread_mutex_lock(&vmm_mu);
     a->next = vmm_allocs;
     vmm_allocs = a;
@@ -1303,6 +1302,84 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, voi
         }
     pthread_mutex_unlock(&vmm_mu);
     return CUDA_ERROR_INVALID_VALUE;
+}
+/* Shareable handles: the exported payload names the allocation's size and
+ * device; POSIX file descriptors (a memfd holding it) and fabric handles (its
+ * 64 bytes). An import in another process maps the exporter's memory: it
+ * takes no device memory of its own. (Simplified: the memory goes with the
+ * exporter's last reference, where the driver keeps it while an importer
+ * holds it.) */
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
+#define CU_MEM_HANDLE_TYPE_FABRIC 8
+typedef struct {
+    char magic[8];
+    uint64_t size;
+    int dev;
+} vmm_payload;
+EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, int type,
+                                             unsigned long long flags) {
+    if (!out || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&vmm_mu);
+    vmm_alloc *a = vmm_find(h);
+    vmm_payload pl = {"FAKEVMM", a ? a->size : 0, a ? a->dev : 0};
+    pthread_mutex_unlock(&vmm_mu);
+    if (!a || a->host)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (type == CU_MEM_HANDLE_TYPE_FABRIC) {
+        memset(out, 0, 64);
+        memcpy(out, &pl, sizeof(pl));
+        return CUDA_SUCCESS;
+    }
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    int fd = memfd_create("fake-vmm-export", MFD_CLOEXEC);
+    if (fd < 0 || write(fd, &pl, sizeof(pl)) != (ssize_t)sizeof(pl)) {
+        if (fd >= 0)
+            close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *(int *)out = fd;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, int type) {
+    INIT();
+    vmm_payload pl;
+    if (!h || !os)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (type == CU_MEM_HANDLE_TYPE_FABRIC)
+        memcpy(&pl, os, sizeof(pl));
+    else if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+             pread((int)(uintptr_t)os, &pl, sizeof(pl), 0) != (ssize_t)sizeof(pl))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (memcmp(pl.magic, "FAKEVMM", 8) != 0 || pl.dev < 0 || pl.dev >= F.ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    vmm_alloc *a = calloc(1, sizeof(*a));
+    a->h = new_addr(pl.size);
+    a->size = pl.size;
+    a->dev = pl.dev;
+    a->imported = 1;
+    a->hrefs = 1;
+    pthread_mutex_lock(&vmm_mu);
+    a->next = vmm_allocs;
+    vmm_allocs = a;
+    pthread_mutex_unlock(&vmm_mu);
+    *h = a->h;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&vmm_mu);
+    vmm_alloc *a = vmm_find(h);
+    if (a) {
+        memset(prop, 0, sizeof(*prop));
+        prop->type = 1;
+        prop->location.type = a->host ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
+        prop->location.id = a->host ? 0 : a->dev;
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    return a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option) {
     (void)option;
@@ -2475,7 +2552,8 @@ static const proc procs[] = {
     PV("cuArray3DCreate", cuArray3DCreate_v2), P(cuArrayDestroy), P(cuMipmappedArrayCreate),
     P(cuMipmappedArrayDestroy), P(cuMemCreate), P(cuMemRelease), P(cuMemAddressReserve), P(cuMemAddressFree),
     P(cuMemMap), P(cuMemUnmap), P(cuMemSetAccess), P(cuMemRetainAllocationHandle),
-    P(cuMemGetAllocationGranularity), P(cuMemPoolCreate),
+    P(cuMemGetAllocationGranularity), P(cuMemExportToShareableHandle), P(cuMemImportFromShareableHandle),
+    P(cuMemGetAllocationPropertiesFromHandle), P(cuMemPoolCreate),
     P(cuMemPoolDestroy), P(cuDeviceGetDefaultMemPool), P(cuDeviceGetMemPool), P(cuDeviceSetMemPool),
     P(cuMemPoolSetAttribute), P(cuMemPoolGetAttribute), P(cuMemPoolTrimTo), P(cuMemPoolExportPointer), P(cuMemPoolImportPointer), PT(cuMemAllocAsync),
     PT(cuMemAllocFromPoolAsync), PT(cuMemFreeAsync), P(cuIpcGetMemHandle),

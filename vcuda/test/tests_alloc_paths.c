@@ -192,6 +192,23 @@ CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *, CUdeviceptr);
 CUresult cuMemPoolImportPointer(CUdeviceptr *, CUmemoryPool, CUmemPoolPtrExportData *);
 static chan ipc_ch[3];
 static int pool_pointers; /* share pool allocations (cuMemPoolExportPointer) instead of IPC handles */
+static int vmm_fabric;    /* share a cuMemCreate allocation by a fabric handle */
+CUresult cuMemExportToShareableHandle(void *, CUmemGenericAllocationHandle, int, unsigned long long);
+CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *, void *, int);
+#define FABRIC 8
+static CUdeviceptr vmm_va;
+/* Imports and maps 40 MiB shared by a fabric handle. */
+static CUresult vmm_import(CUdeviceptr *d, CUipcMemHandle *token) {
+    CUmemGenericAllocationHandle h;
+    CUresult r = cuMemImportFromShareableHandle(&h, token, FABRIC);
+    if (r != CUDA_SUCCESS)
+        return r;
+    CHECK_CU(cuMemAddressReserve(&vmm_va, 40 * MiB, 0, 0, 0));
+    r = cuMemMap(vmm_va, 40 * MiB, 0, h, 0);
+    CHECK_CU(cuMemRelease(h));
+    *d = vmm_va;
+    return r;
+}
 static uint64_t container_used(void) {
     size_t fr = 0, tot = 0;
     CHECK_CU(cuMemGetInfo_v2(&fr, &tot));
@@ -223,7 +240,15 @@ static int ipc_child(int i, void *arg) {
     }
     if (i == 0) {
         CUipcMemHandle h;
-        if (pool_pointers) {
+        CUmemGenericAllocationHandle vh = 0;
+        if (vmm_fabric) {
+            CUmemAllocationProp p;
+            memset(&p, 0, sizeof(p));
+            p.type = 1;
+            p.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+            CHECK_CU(cuMemCreate(&vh, 40 * MiB, &p, 0));
+            CHECK_CU(cuMemExportToShareableHandle(&h, vh, FABRIC, 0));
+        } else if (pool_pointers) {
             CHECK_CU(cuMemAllocAsync(&d, 40 * MiB, s));
             CHECK_CU(cuMemPoolExportPointer((CUmemPoolPtrExportData *)&h, d));
         } else {
@@ -235,7 +260,10 @@ static int ipc_child(int i, void *arg) {
         fclose(f);
         chan_send_up(&ipc_ch[0], 1);
         chan_recv_down(&ipc_ch[0]); /* the importers are done */
-        CHECK_CU(cuMemFree_v2(d));
+        if (vmm_fabric)
+            CHECK_CU(cuMemRelease(vh));
+        else
+            CHECK_CU(cuMemFree_v2(d));
         if (pool_pointers) {
             CHECK_CU(cuStreamSynchronize(s));
             CHECK_CU(cuMemPoolTrimTo(pool, 0));
@@ -245,7 +273,8 @@ static int ipc_child(int i, void *arg) {
     }
     chan_recv_down(&ipc_ch[i]);
     CUipcMemHandle h = read_handle();
-    CUresult r = pool_pointers ? cuMemPoolImportPointer(&d, pool, (CUmemPoolPtrExportData *)&h)
+    CUresult r = vmm_fabric      ? vmm_import(&d, &h)
+                 : pool_pointers ? cuMemPoolImportPointer(&d, pool, (CUmemPoolPtrExportData *)&h)
                                : cuIpcOpenMemHandle_v2(&d, h, 1);
     if (i == 1) {
         CHECK(r == CUDA_SUCCESS, "opening a handle exported in the same container: %d (counted twice)", r);
@@ -260,7 +289,10 @@ static int ipc_child(int i, void *arg) {
               (unsigned long long)(container_used() / MiB));
         CHECK(cuMemAlloc_v2(&x, 21 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "21 MiB next to a 40 MiB import under 60");
     }
-    if (pool_pointers)
+    if (vmm_fabric) {
+        CHECK_CU(cuMemUnmap(d, 40 * MiB));
+        CHECK_CU(cuMemAddressFree(d, 40 * MiB));
+    } else if (pool_pointers)
         CHECK_CU(cuMemFreeAsync(d, s));
     else
         CHECK_CU(cuIpcCloseMemHandle(d));
@@ -293,5 +325,12 @@ TEST(security_ipc_counted_once_per_container) { shared_memory_counted_once(); }
  * charged at all: another container's memory was free to use). */
 TEST(security_pool_import_pointer_counted) {
     pool_pointers = 1;
+    shared_memory_counted_once();
+}
+/* The same with VMM memory shared by cuMemExportToShareableHandle /
+ * cuMemImportFromShareableHandle (fabric handles): the import was not
+ * charged at all; it is charged to the importer for what it maps. */
+TEST(security_vmm_import_shareable_handle_counted) {
+    vmm_fabric = 1;
     shared_memory_counted_once();
 }
