@@ -233,7 +233,7 @@ func TestSecurityAllocationPaths(t *testing.T) { runGroup(t, "security_") }
 // groupPrefixes are the C case prefixes the tests above run; a case named
 // otherwise would never run.
 var groupPrefixes = []string{"mem_", "limits_", "info_", "procaddr_", "nodefile_", "fake_", "identity_",
-	"harness_", "crash_", "limiter_", "security_"}
+	"harness_", "crash_", "limiter_", "security_", "hooktable_"}
 
 func TestEveryCaseRuns(t *testing.T) {
 	dir := build(t)
