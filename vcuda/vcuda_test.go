@@ -223,10 +223,17 @@ func TestFakeNodeFile(t *testing.T) { runGroup(t, "nodefile_") }
 // one row per documented rule (NVML's process-list sizing, ...).
 func TestFakeDriver(t *testing.T) { runGroup(t, "fake_") }
 
+// Every allocation path a tenant can use to pass the cap with the driver's real
+// semantics (vcuda/README.md's allocation-path table cites these cases): VMM
+// memory released while mapped or retained, create/map/release loops, graph
+// memory nodes added through cuGraphAddNode and moved child graphs, captures
+// ended on the per-thread stream, IPC and shareable-handle imports.
+func TestSecurityAllocationPaths(t *testing.T) { runGroup(t, "security_") }
+
 // groupPrefixes are the C case prefixes the tests above run; a case named
 // otherwise would never run.
 var groupPrefixes = []string{"mem_", "limits_", "info_", "procaddr_", "nodefile_", "fake_", "identity_",
-	"harness_", "crash_", "limiter_"}
+	"harness_", "crash_", "limiter_", "security_", "hooktable_"}
 
 func TestEveryCaseRuns(t *testing.T) {
 	dir := build(t)

@@ -124,10 +124,35 @@ typedef struct CUDA_MEM_ALLOC_NODE_PARAMS_st { /* _v1 */
     CUdeviceptr dptr; /* out */
 } CUDA_MEM_ALLOC_NODE_PARAMS;
 
+/* cuGraphAddNode[_v2] (12.2 / 12.3): a node of any type, by its params.
+ * Only the kinds vcuda accounts are spelled out; the union is 232 bytes. */
+#define CU_GRAPH_NODE_TYPE_GRAPH 4
+#define CU_GRAPH_NODE_TYPE_MEM_ALLOC 10
+#define CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE 0
+#define CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE 1 /* 12.9: the parent takes the child graph */
+typedef struct CUDA_CHILD_GRAPH_NODE_PARAMS_st {
+    CUgraph graph;
+    int ownership; /* CUgraphChildGraphNodeOwnership */
+} CUDA_CHILD_GRAPH_NODE_PARAMS;
+typedef struct CUgraphNodeParams_st {
+    int type; /* CUgraphNodeType */
+    int reserved0[3];
+    union {
+        long long reserved1[29];
+        CUDA_MEM_ALLOC_NODE_PARAMS alloc; /* _v2: the same layout as _v1 */
+        CUDA_CHILD_GRAPH_NODE_PARAMS graph;
+    };
+    long long reserved2;
+} CUgraphNodeParams;
+typedef struct CUgraphEdgeData_st CUgraphEdgeData; /* opaque here */
+
 /* IPC and external memory. */
 typedef struct CUipcMemHandle_st {
     char reserved[64];
 } CUipcMemHandle;
+typedef struct CUmemPoolPtrExportData_st {
+    unsigned char reserved[64];
+} CUmemPoolPtrExportData;
 typedef struct CUDA_EXTERNAL_MEMORY_HANDLE_DESC_st {
     int type; /* CUexternalMemoryHandleType */
     union {
@@ -224,6 +249,7 @@ _Static_assert(sizeof(CUmemAllocationProp) == 32, "CUmemAllocationProp ABI");
 _Static_assert(sizeof(CUmemPoolProps) == 88, "CUmemPoolProps ABI");
 _Static_assert(offsetof(CUDA_MEM_ALLOC_NODE_PARAMS, bytesize) == 104, "CUDA_MEM_ALLOC_NODE_PARAMS ABI");
 _Static_assert(offsetof(CUDA_EXTERNAL_MEMORY_HANDLE_DESC, size) == 24, "ext mem desc ABI");
+_Static_assert(sizeof(CUgraphNodeParams) == 256 && offsetof(CUgraphNodeParams, alloc) == 16, "CUgraphNodeParams ABI");
 _Static_assert(offsetof(CUlaunchConfig, hStream) == 32, "CUlaunchConfig ABI");
 _Static_assert(sizeof(CUDA_ARRAY3D_DESCRIPTOR) == 40, "CUDA_ARRAY3D_DESCRIPTOR ABI");
 _Static_assert(sizeof(nvmlMemory_v2_t) == 40, "nvmlMemory_v2_t ABI");

@@ -128,6 +128,27 @@ int vc_lookup(int kind, uint64_t key, uint64_t *size, int *gpu) {
     return 0;
 }
 
+int vc_lookup_ctx(int kind, uint64_t key, uint64_t *size, int *gpu, uint64_t *ctx) {
+    if (key == 0 || key >= BUSY || !tables[kind][0])
+        return -1;
+    vc_entry *e = find(kind, key);
+    if (!e)
+        return -1;
+    unpack(e->val, size, gpu);
+    *ctx = e->ctx;
+    return 0;
+}
+
+int vc_set_ctx(int kind, uint64_t key, uint64_t ctx) {
+    if (key == 0 || key >= BUSY || !tables[kind][0])
+        return -1;
+    vc_entry *e = find(kind, key);
+    if (!e)
+        return -1;
+    e->ctx = ctx;
+    return 0;
+}
+
 int vc_untrack(int kind, uint64_t key, uint64_t *size, int *gpu, uint64_t *ctx) {
     if (key == 0 || key >= BUSY || !tables[kind][0])
         return -1;

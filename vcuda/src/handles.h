@@ -11,7 +11,7 @@ enum {
     VC_K_PTR = 0, /* cuMemAlloc*, pitch, managed, async, from-pool */
     VC_K_ARRAY,
     VC_K_MIPMAP,
-    VC_K_GENERIC, /* cuMemCreate */
+    VC_K_GENERIC, /* cuMemCreate; ctx holds its references (creation, retains, mappings: hooks_vmm.c) */
     VC_K_IPC,     /* cuIpcOpenMemHandle mappings */
     VC_K_EXTMEM,  /* cuImportExternalMemory */
     VC_K_POOLPTR, /* stream-ordered pool allocations: 512-rounded size, pool slot */
@@ -41,6 +41,11 @@ void vc_untrack_ctx(uint64_t ctx, void (*fn)(uint64_t size, int gpu));
 int vc_untrack(int kind, uint64_t key, uint64_t *size, int *gpu, uint64_t *ctx);
 /* Looks key up without removing it; -1 if unknown. */
 int vc_lookup(int kind, uint64_t key, uint64_t *size, int *gpu);
+/* The same, with the ctx field; and setting it. Only for kinds whose ctx is
+ * not a context (never swept by vc_untrack_ctx) and whose writers serialise
+ * on their own lock (VC_K_GENERIC: hooks_vmm.c). */
+int vc_lookup_ctx(int kind, uint64_t key, uint64_t *size, int *gpu, uint64_t *ctx);
+int vc_set_ctx(int kind, uint64_t key, uint64_t ctx);
 int vc_handles_init(void);
 void vc_handles_atfork_child(void);
 

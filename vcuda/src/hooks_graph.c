@@ -41,11 +41,20 @@ void vc_graph_add(const void *h, int g, uint64_t pages) {
         vc_mem_table_full(); /* the graph will be charged nothing for these: logged */
 }
 
+/* The per-thread default stream (CU_STREAM_PER_THREAD, or NULL through a
+ * _ptsz entry point) can be captured like any stream; the legacy one (NULL,
+ * CU_STREAM_LEGACY) cannot. Its handle value is the same in every thread,
+ * so its allocation nodes are kept under a per-thread key. */
+static _Thread_local char per_thread_key __attribute__((tls_model("initial-exec")));
+static int per_thread(CUstream s, int ptsz) { return (uintptr_t)s == 2 || (!s && ptsz); }
+
+const void *vc_capture_key(CUstream s, int ptsz) { return per_thread(s, ptsz) ? (const void *)&per_thread_key : s; }
+
 int vc_stream_captured(CUstream s, int ptsz) {
-    int st = 0;
+    int st = 0, ptd = per_thread(s, ptsz);
     CUresult (*fn)(CUstream, int *) = ptsz && vc_real.cuStreamIsCapturing_ptsz ? vc_real.cuStreamIsCapturing_ptsz
                                                                              : vc_real.cuStreamIsCapturing;
-    return (uintptr_t)s > 2 && fn && fn(s, &st) == CUDA_SUCCESS && st == 1 /* ACTIVE */;
+    return ((uintptr_t)s > 2 || ptd) && fn && fn(s, &st) == CUDA_SUCCESS && st == 1 /* ACTIVE */;
 }
 
 VC_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
@@ -59,18 +68,65 @@ VC_EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph graph, cons
     return r;
 }
 
-VC_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *graph) {
-    PROLOGUE(cuStreamEndCapture);
-    CUresult r = vc_real.cuStreamEndCapture(s, graph);
+/* A node added by type (cuGraphAddNode[_v2], 12.2+): an allocation node
+ * counts as one added by cuGraphAddMemAllocNode; a child graph whose
+ * ownership moves to the parent (12.9+) brings its allocation nodes along
+ * (the parent's instantiation takes their pages). A cloned child cannot
+ * hold allocation nodes (the driver refuses it). */
+static void node_added(CUgraph graph, const CUgraphNodeParams *p) {
+    int g;
+    if (!ACTIVE() || !p)
+        return;
+    if (p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC) {
+        if (vc_location_gpu(&p->alloc.poolProps.location, &g) == CUDA_SUCCESS && g != VC_GPU_HOST && g >= 0)
+            vc_graph_add(graph, g, vc_round_up(p->alloc.bytesize, VC_PAGE));
+    } else if (p->type == CU_GRAPH_NODE_TYPE_GRAPH && p->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE &&
+               p->graph.graph) {
+        for (g = 0; g < vc_g.limits.ngpus; g++) {
+            uint64_t pages, c;
+            int gg;
+            if (vc_untrack(VC_K_GRAPH, gkey(p->graph.graph, g), &pages, &gg, &c) == 0)
+                vc_graph_add(graph, g, pages);
+        }
+    }
+}
+
+VC_EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps, size_t n,
+                                  CUgraphNodeParams *p) {
+    PROLOGUE(cuGraphAddNode);
+    CUresult r = vc_real.cuGraphAddNode(node, graph, deps, n, p);
+    if (r == CUDA_SUCCESS)
+        node_added(graph, p);
+    return r;
+}
+VC_EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph graph, const CUgraphNode *deps,
+                                     const CUgraphEdgeData *edges, size_t n, CUgraphNodeParams *p) {
+    PROLOGUE(cuGraphAddNode_v2);
+    CUresult r = vc_real.cuGraphAddNode_v2(node, graph, deps, edges, n, p);
+    if (r == CUDA_SUCCESS)
+        node_added(graph, p);
+    return r;
+}
+
+/* The capture's allocation nodes become the graph's. */
+static CUresult end_capture(CUresult r, const void *key, CUgraph *graph) {
     if (!ACTIVE())
         return r;
     for (int g = 0; g < vc_g.limits.ngpus; g++) {
         uint64_t pages, c;
         int gg;
-        if (vc_untrack(VC_K_GRAPH, gkey(s, g), &pages, &gg, &c) == 0 && r == CUDA_SUCCESS && graph && *graph)
+        if (vc_untrack(VC_K_GRAPH, gkey(key, g), &pages, &gg, &c) == 0 && r == CUDA_SUCCESS && graph && *graph)
             vc_graph_add(*graph, g, pages);
     }
     return r;
+}
+VC_EXPORT CUresult cuStreamEndCapture(CUstream s, CUgraph *graph) {
+    PROLOGUE(cuStreamEndCapture);
+    return end_capture(vc_real.cuStreamEndCapture(s, graph), vc_capture_key(s, 0), graph);
+}
+VC_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, CUgraph *graph) {
+    PROLOGUE(cuStreamEndCapture_ptsz);
+    return end_capture(vc_real.cuStreamEndCapture_ptsz(s, graph), vc_capture_key(s, 1), graph);
 }
 
 VC_EXPORT CUresult cuGraphDestroy(CUgraph graph) {
@@ -140,6 +196,10 @@ VC_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *e, CUgraph graph, un
 VC_EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph graph, void *params) {
     PROLOGUE(cuGraphInstantiateWithParams);
     return instantiated(vc_real.cuGraphInstantiateWithParams(e, graph, params), e, graph);
+}
+VC_EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *e, CUgraph graph, void *params) {
+    PROLOGUE(cuGraphInstantiateWithParams_ptsz);
+    return instantiated(vc_real.cuGraphInstantiateWithParams_ptsz(e, graph, params), e, graph);
 }
 VC_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph graph, CUgraphNode *err, char *log, size_t n) {
     PROLOGUE(cuGraphInstantiate_v2);

@@ -1,7 +1,8 @@
 /*
  * hooks_mem.c - the paths that create or release device memory: linear
- * memory, arrays, VMM handles, IPC and external memory. The stream-ordered
- * allocator is in hooks_pool.c, graph memory in hooks_graph.c.
+ * memory, arrays, IPC and external memory. VMM (cuMemCreate/cuMemMap) is in
+ * hooks_vmm.c, the stream-ordered allocator in hooks_pool.c, graph memory in
+ * hooks_graph.c.
  *
  * Pattern: find the device the memory lands on, reserve the bytes in the
  * shared region (lock-free; refuses over the cap), call the driver, then
@@ -11,8 +12,13 @@
  * cap returns CUDA_ERROR_OUT_OF_MEMORY and changes nothing.
  */
 #define _GNU_SOURCE
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "handles.h"
 #include "hooks_mem.h"
@@ -325,30 +331,101 @@ CUresult vc_location_gpu(const CUmemLocation *loc, int *g) {
     }
 }
 
-VC_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
-                               const CUmemAllocationProp *prop, unsigned long long flags) {
-    PROLOGUE(cuMemCreate);
-    if (!ACTIVE() || !h || !prop || size == 0)
-        return REFUSED() ? CUDA_ERROR_OUT_OF_MEMORY : vc_real.cuMemCreate(h, size, prop, flags);
-    int g;
-    CUresult r = vc_location_gpu(&prop->location, &g);
-    if (r != CUDA_SUCCESS)
-        return r;
-    if (g == VC_GPU_HOST)
-        return vc_real.cuMemCreate(h, size, prop, flags);
-    if ((r = vc_mem_charge(g, size)) != CUDA_SUCCESS)
-        return r;
-    r = vc_real.cuMemCreate(h, size, prop, flags);
-    SETTLE(r, VC_K_GENERIC, *h, g, size, 0, vc_real.cuMemRelease(*h));
-}
-
-VC_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
-    PROLOGUE(cuMemRelease);
-    RELEASE(VC_K_GENERIC, h, vc_real.cuMemRelease(h));
-}
-
-
 /* ---- IPC and external memory ---- */
+
+/* CUDA IPC inside one container (a server and its workers sharing weights):
+ * the exporter's allocation is already charged to the container, and the
+ * importer's mapping adds no physical memory, so charging the importer too
+ * counted it twice (a false OOM at half the cap). Exporters record each
+ * handle they give out (a hash of its 64 bytes, which the driver makes
+ * unique per allocation) in a table beside the container's region
+ * (<region>.ipc-exports, shared by the container's processes like the
+ * region); an import whose handle is in the table is not charged again.
+ * Anything else (another container's export, a table vcuda cannot open) is
+ * charged to the importer. The table, like the region, is writable by the
+ * container: a forged entry makes an import of another container's memory
+ * free for the importer while the exporter's cap still holds it; the node
+ * agent's NVML guard bounds what the driver really holds. */
+#define IPC_EXPORTS 255
+typedef struct {
+    uint64_t magic;
+    _Atomic uint64_t next;
+    struct {
+        _Atomic uint64_t key;
+        uint64_t gpu;
+    } e[IPC_EXPORTS];
+} ipc_exports;
+_Static_assert(sizeof(ipc_exports) == 4096, "ipc export table size");
+#define IPC_EXPORTS_MAGIC 0x31505849414455ull /* "UDAIXP1" */
+
+static ipc_exports *exports_map(void) {
+    static ipc_exports *_Atomic map;
+    static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+    ipc_exports *m = atomic_load(&map);
+    if (m)
+        return m;
+    pthread_mutex_lock(&mu);
+    if (!(m = atomic_load(&map))) {
+        char path[sizeof(vc_g.limits.region) + 16];
+        snprintf(path, sizeof(path), "%s.ipc-exports", vc_g.limits.region);
+        int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+        struct stat st;
+        if (fd >= 0 && fstat(fd, &st) == 0 && S_ISREG(st.st_mode) &&
+            (st.st_size >= (off_t)sizeof(ipc_exports) || ftruncate(fd, sizeof(ipc_exports)) == 0)) {
+            void *p = mmap(NULL, sizeof(ipc_exports), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            if (p != MAP_FAILED) {
+                m = p;
+                uint64_t zero = 0;
+                atomic_compare_exchange_strong((_Atomic uint64_t *)&m->magic, &zero, IPC_EXPORTS_MAGIC);
+                atomic_store(&map, m);
+            }
+        }
+        if (fd >= 0)
+            close(fd);
+    }
+    pthread_mutex_unlock(&mu);
+    return m;
+}
+
+static uint64_t ipc_key(const void *token) {
+    uint64_t k = 0xcbf29ce484222325ull; /* FNV-1a */
+    for (size_t i = 0; i < 64; i++)
+        k = (k ^ ((const unsigned char *)token)[i]) * 0x100000001b3ull;
+    return k | 1;
+}
+
+int vc_exported_here(const void *token) {
+    ipc_exports *m = exports_map();
+    if (!m || m->magic != IPC_EXPORTS_MAGIC)
+        return -1;
+    uint64_t k = ipc_key(token);
+    for (int i = 0; i < IPC_EXPORTS; i++)
+        if (atomic_load_explicit(&m->e[i].key, memory_order_acquire) == k)
+            return m->e[i].gpu < VC_MAX_GPUS ? (int)m->e[i].gpu : -1;
+    return -1;
+}
+
+void vc_export_add(const void *token, int g) {
+    ipc_exports *m;
+    if (g < 0 || vc_exported_here(token) >= 0 || !(m = exports_map()))
+        return;
+    /* A ring: an overwritten entry only makes a later import count twice. */
+    uint64_t i = atomic_fetch_add(&m->next, 1) % IPC_EXPORTS;
+    atomic_store_explicit(&m->e[i].key, 0, memory_order_relaxed);
+    m->e[i].gpu = (uint64_t)g;
+    atomic_store_explicit(&m->e[i].key, ipc_key(token), memory_order_release);
+}
+
+VC_EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
+    PROLOGUE(cuIpcGetMemHandle);
+    CUresult r = vc_real.cuIpcGetMemHandle(h, p);
+    uint64_t size;
+    int g;
+    /* Only memory charged here: an export is what makes imports free. */
+    if (r == CUDA_SUCCESS && ACTIVE() && h && vc_lookup(VC_K_PTR, p, &size, &g) == 0)
+        vc_export_add(h->reserved, g);
+    return r;
+}
 
 static CUresult ipc_open(CUresult (*fn)(CUdeviceptr *, CUipcMemHandle, unsigned int),
                          CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags) {
@@ -357,6 +434,9 @@ static CUresult ipc_open(CUresult (*fn)(CUdeviceptr *, CUipcMemHandle, unsigned 
     CUresult r = fn(dptr, h, flags);
     if (r != CUDA_SUCCESS || !ACTIVE() || !dptr)
         return r;
+    int here = vc_exported_here(h.reserved);
+    if (here >= 0) /* charged to the container by its exporter: counted once */
+        SETTLE(CUDA_SUCCESS, VC_K_IPC, *dptr, here, 0, cur_ctx(), vc_real.cuIpcCloseMemHandle(*dptr));
     /* The size is only known once mapped. The mapping adds no physical
      * memory of its own, so mapping first and refusing after is safe. */
     int g;

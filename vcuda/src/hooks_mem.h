@@ -30,7 +30,22 @@ CUresult vc_location_gpu(const CUmemLocation *loc, int *g);
  * (hooks_graph.c). */
 void vc_graph_add(const void *h, int g, uint64_t pages);
 
+/* The key a capturing stream's allocation nodes are kept under until
+ * cuStreamEndCapture: the stream, or a per-thread key for the per-thread
+ * default stream (ptsz: the call came through a _ptsz entry point). */
+const void *vc_capture_key(CUstream s, int ptsz);
+
 /* Whether stream s is being captured (the per-thread variant with ptsz). */
 int vc_stream_captured(CUstream s, int ptsz);
+
+/* Exports of this container (hooks_mem.c): token is the 64 bytes another
+ * process imports with (a CUipcMemHandle, a CUmemPoolPtrExportData). Records
+ * that memory charged to gpu record g here was exported; and the gpu record
+ * an export was charged to, -1 when no process of the container made it. */
+void vc_export_add(const void *token, int g);
+int vc_exported_here(const void *token);
+
+/* Forgets the VMM mappings in a forked child (hooks_vmm.c). */
+void vc_vmm_atfork_child(void);
 
 #endif

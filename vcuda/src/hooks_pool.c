@@ -233,12 +233,12 @@ static CUresult pool_alloc_in(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool
 }
 
 static CUresult capture_alloc(CUresult (*fn)(CUdeviceptr *, size_t, CUstream), CUdeviceptr *dptr, size_t size,
-                              CUstream s, int g) {
+                              CUstream s, int ptsz, int g) {
     if (g < 0)
         return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult r = fn(dptr, size, s);
     if (r == CUDA_SUCCESS)
-        vc_graph_add(s, g, vc_round_up(size, VC_PAGE));
+        vc_graph_add(vc_capture_key(s, ptsz), g, vc_round_up(size, VC_PAGE));
     return r;
 }
 
@@ -264,7 +264,7 @@ static CUresult async_alloc(int ptsz, CUresult (*ffree)(CUdeviceptr, CUstream), 
     if (r != CUDA_SUCCESS)
         return r;
     if (vc_stream_captured(s, ptsz)) /* an allocation node: charged with its graph */
-        return capture_alloc(fn, dptr, size, s, g);
+        return capture_alloc(fn, dptr, size, s, ptsz, g);
     CUmemoryPool pool = NULL;
     if (!vc_real.cuDeviceGetMemPool || vc_real.cuDeviceGetMemPool(&pool, dev) != CUDA_SUCCESS || !pool)
         return CUDA_ERROR_OUT_OF_MEMORY; /* cannot tell which pool grows: refuse */
@@ -303,11 +303,12 @@ static CUresult pool_alloc(CUresult (*fn)(CUdeviceptr *, size_t, CUmemoryPool, C
     CUresult r = pool_gpu(pool, s, &g);
     if (r != CUDA_SUCCESS)
         return r;
-    if (g != VC_GPU_HOST && vc_stream_captured(s, fn == vc_real.cuMemAllocFromPoolAsync_ptsz)) {
+    int ptsz = fn == vc_real.cuMemAllocFromPoolAsync_ptsz;
+    if (g != VC_GPU_HOST && vc_stream_captured(s, ptsz)) {
         if (g < 0)
             return CUDA_ERROR_OUT_OF_MEMORY;
         if ((r = fn(dptr, size, pool, s)) == CUDA_SUCCESS)
-            vc_graph_add(s, g, vc_round_up(size, VC_PAGE));
+            vc_graph_add(vc_capture_key(s, ptsz), g, vc_round_up(size, VC_PAGE));
         return r;
     }
     return pool_alloc_in(fn, ffree, dptr, size, pool, s, g);
@@ -413,6 +414,53 @@ VC_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void *valu
         if (pool_over(&pools[s]))
             atomic_store(&pools_trimmable, 1);
         pthread_mutex_unlock(&pool_mu);
+    }
+    return r;
+}
+
+/* Pool pointers shared between processes (cuMemPoolExportPointer /
+ * cuMemPoolImportPointer): as CUDA IPC (hooks_mem.c), an import of memory a
+ * process of this container exported is not charged again; any other import
+ * is charged to the importer by its size and credited when freed. */
+VC_EXPORT CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *data, CUdeviceptr p) {
+    PROLOGUE(cuMemPoolExportPointer);
+    CUresult r = vc_real.cuMemPoolExportPointer(data, p);
+    uint64_t size;
+    int slot;
+    if (r == CUDA_SUCCESS && ACTIVE() && data && vc_lookup(VC_K_POOLPTR, p, &size, &slot) == 0 && slot >= 0 &&
+        slot < VC_MAX_POOLS)
+        vc_export_add(data->reserved, pools[slot].g);
+    return r;
+}
+
+VC_EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr *p, CUmemoryPool pool, CUmemPoolPtrExportData *data) {
+    PROLOGUE(cuMemPoolImportPointer);
+    if (REFUSED())
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = vc_real.cuMemPoolImportPointer(p, pool, data);
+    if (r != CUDA_SUCCESS || !ACTIVE() || !p || !data)
+        return r;
+    int g = vc_exported_here(data->reserved);
+    uint64_t size = 0;
+    if (g < 0) {
+        /* Imported memory adds no pages to the importer's pool: importing
+         * first and refusing after is safe. */
+        CUdeviceptr base = 0;
+        size_t sz = 0;
+        CUdevice dev;
+        if (vc_cur_gpu(&g, &dev) != CUDA_SUCCESS || !vc_real.cuMemGetAddressRange_v2 ||
+            vc_real.cuMemGetAddressRange_v2(&base, &sz, *p) != CUDA_SUCCESS || vc_mem_charge(g, sz) != CUDA_SUCCESS) {
+            vc_real.cuMemFree_v2(*p);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        size = sz;
+    }
+    /* Freed with cuMemFree[Async] like linear memory (free_ptr credits it). */
+    if (vc_track(VC_K_PTR, *p, size, g) != 0) {
+        vc_real.cuMemFree_v2(*p);
+        vc_release(g, size);
+        vc_mem_table_full();
+        return CUDA_ERROR_OUT_OF_MEMORY;
     }
     return r;
 }

@@ -24,12 +24,12 @@
 H(cuMemAlloc_v2) H(cuMemAlloc) H(cuMemAllocPitch_v2) H(cuMemAllocPitch) H(cuMemAllocManaged)
 H(cuMemFree_v2) H(cuArrayCreate_v2) H(cuArrayCreate) H(cuArray3DCreate_v2) H(cuArray3DCreate)
 H(cuArrayDestroy) H(cuMipmappedArrayCreate) H(cuMipmappedArrayDestroy) H(cuMemCreate)
-H(cuMemRelease) H(cuMemAllocAsync) H(cuMemAllocAsync_ptsz) H(cuMemAllocFromPoolAsync)
+H(cuMemRelease) H(cuMemMap) H(cuMemUnmap) H(cuMemRetainAllocationHandle) H(cuMemExportToShareableHandle) H(cuMemImportFromShareableHandle) H(cuMemAllocAsync) H(cuMemAllocAsync_ptsz) H(cuMemAllocFromPoolAsync)
 H(cuMemAllocFromPoolAsync_ptsz) H(cuMemFreeAsync) H(cuMemFreeAsync_ptsz) H(cuMemPoolCreate)
-H(cuMemPoolDestroy) H(cuMemPoolSetAttribute) H(cuMemPoolTrimTo) H(cuStreamSynchronize)
-H(cuStreamSynchronize_ptsz) H(cuCtxSynchronize) H(cuEventSynchronize) H(cuGraphAddMemAllocNode) H(cuStreamEndCapture) H(cuGraphDestroy)
-H(cuGraphInstantiateWithFlags) H(cuGraphInstantiateWithParams) H(cuGraphInstantiate_v2) H(cuGraphExecDestroy)
-H(cuDeviceGraphMemTrim) H(cuDeviceGetDefaultMemPool) H(cuDeviceGetMemPool) H(cuIpcOpenMemHandle)
+H(cuMemPoolDestroy) H(cuMemPoolSetAttribute) H(cuMemPoolTrimTo) H(cuMemPoolExportPointer) H(cuMemPoolImportPointer) H(cuStreamSynchronize)
+H(cuStreamSynchronize_ptsz) H(cuCtxSynchronize) H(cuEventSynchronize) H(cuGraphAddMemAllocNode) H(cuGraphAddNode) H(cuGraphAddNode_v2) H(cuStreamEndCapture) H(cuStreamEndCapture_ptsz) H(cuGraphDestroy)
+H(cuGraphInstantiateWithFlags) H(cuGraphInstantiateWithParams) H(cuGraphInstantiateWithParams_ptsz) H(cuGraphInstantiate_v2) H(cuGraphExecDestroy)
+H(cuDeviceGraphMemTrim) H(cuDeviceGetDefaultMemPool) H(cuDeviceGetMemPool) H(cuIpcGetMemHandle) H(cuIpcOpenMemHandle)
 H(cuIpcOpenMemHandle_v2) H(cuIpcCloseMemHandle) H(cuImportExternalMemory)
 H(cuDestroyExternalMemory) H(cuMemGetInfo_v2) H(cuMemGetInfo) H(cuDeviceTotalMem_v2)
 H(cuDeviceTotalMem) H(cuLaunchKernel) H(cuLaunchKernel_ptsz) H(cuLaunchKernelEx)
@@ -78,6 +78,11 @@ static const hook_entry hooks[] = {
     E(cuMipmappedArrayDestroy, "cuMipmappedArrayDestroy", 0, 0),
     E(cuMemCreate, "cuMemCreate", 0, 0),
     E(cuMemRelease, "cuMemRelease", 0, 0),
+    E(cuMemMap, "cuMemMap", 0, 0),
+    E(cuMemUnmap, "cuMemUnmap", 0, 0),
+    E(cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 0, 0),
+    E(cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 0, 0),
+    E(cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 0, 0),
     E(cuMemAllocAsync, "cuMemAllocAsync", 0, 0),
     E(cuMemAllocAsync_ptsz, "cuMemAllocAsync", 0, 1),
     E(cuMemAllocFromPoolAsync, "cuMemAllocFromPoolAsync", 0, 0),
@@ -88,21 +93,28 @@ static const hook_entry hooks[] = {
     E(cuMemPoolDestroy, "cuMemPoolDestroy", 0, 0),
     E(cuMemPoolSetAttribute, "cuMemPoolSetAttribute", 0, 0),
     E(cuMemPoolTrimTo, "cuMemPoolTrimTo", 0, 0),
+    E(cuMemPoolExportPointer, "cuMemPoolExportPointer", 0, 0),
+    E(cuMemPoolImportPointer, "cuMemPoolImportPointer", 0, 0),
     E(cuStreamSynchronize, "cuStreamSynchronize", 0, 0),
     E(cuStreamSynchronize_ptsz, "cuStreamSynchronize", 0, 1),
     E(cuCtxSynchronize, "cuCtxSynchronize", 0, 0),
     E(cuEventSynchronize, "cuEventSynchronize", 0, 0),
     E(cuGraphAddMemAllocNode, "cuGraphAddMemAllocNode", 0, 0),
+    E(cuGraphAddNode, "cuGraphAddNode", 12020, 0),
+    E(cuGraphAddNode_v2, "cuGraphAddNode", 12030, 0),
     E(cuStreamEndCapture, "cuStreamEndCapture", 0, 0),
+    E(cuStreamEndCapture_ptsz, "cuStreamEndCapture", 0, 1),
     E(cuGraphDestroy, "cuGraphDestroy", 0, 0),
     E(cuGraphInstantiate_v2, "cuGraphInstantiate", 0, 0),
     E(cuGraphInstantiateWithFlags, "cuGraphInstantiate", 12000, 0),
     E(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags", 0, 0),
     E(cuGraphInstantiateWithParams, "cuGraphInstantiateWithParams", 0, 0),
+    E(cuGraphInstantiateWithParams_ptsz, "cuGraphInstantiateWithParams", 0, 1),
     E(cuGraphExecDestroy, "cuGraphExecDestroy", 0, 0),
     E(cuDeviceGraphMemTrim, "cuDeviceGraphMemTrim", 0, 0),
     E(cuDeviceGetDefaultMemPool, "cuDeviceGetDefaultMemPool", 0, 0),
     E(cuDeviceGetMemPool, "cuDeviceGetMemPool", 0, 0),
+    E(cuIpcGetMemHandle, "cuIpcGetMemHandle", 0, 0),
     E(cuIpcOpenMemHandle, "cuIpcOpenMemHandle", 0, 0),
     E(cuIpcOpenMemHandle_v2, "cuIpcOpenMemHandle", 11000, 0),
     E(cuIpcCloseMemHandle, "cuIpcCloseMemHandle", 0, 0),

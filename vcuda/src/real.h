@@ -70,6 +70,12 @@
     X(cuMipmappedArrayDestroy, (CUmipmappedArray))                                                 \
     X(cuMemCreate, (CUmemGenericAllocationHandle *, size_t, const CUmemAllocationProp *, unsigned long long)) \
     X(cuMemRelease, (CUmemGenericAllocationHandle))                                                \
+    X(cuMemMap, (CUdeviceptr, size_t, size_t, CUmemGenericAllocationHandle, unsigned long long))   \
+    X(cuMemUnmap, (CUdeviceptr, size_t))                                                           \
+    X(cuMemRetainAllocationHandle, (CUmemGenericAllocationHandle *, void *))                       \
+    X(cuMemExportToShareableHandle, (void *, CUmemGenericAllocationHandle, int, unsigned long long)) \
+    X(cuMemImportFromShareableHandle, (CUmemGenericAllocationHandle *, void *, int))               \
+    X(cuMemGetAllocationPropertiesFromHandle, (CUmemAllocationProp *, CUmemGenericAllocationHandle)) \
     X(cuMemAllocAsync, (CUdeviceptr *, size_t, CUstream))                                          \
     X(cuMemAllocAsync_ptsz, (CUdeviceptr *, size_t, CUstream))                                     \
     X(cuMemAllocFromPoolAsync, (CUdeviceptr *, size_t, CUmemoryPool, CUstream))                    \
@@ -81,11 +87,14 @@
     X(cuMemPoolSetAttribute, (CUmemoryPool, int, void *))                                         \
     X(cuMemPoolGetAttribute, (CUmemoryPool, int, void *))                                         \
     X(cuMemPoolTrimTo, (CUmemoryPool, size_t))                                                     \
+    X(cuMemPoolExportPointer, (CUmemPoolPtrExportData *, CUdeviceptr))                            \
+    X(cuMemPoolImportPointer, (CUdeviceptr *, CUmemoryPool, CUmemPoolPtrExportData *))            \
     X(cuStreamSynchronize, (CUstream))                                                             \
     X(cuStreamSynchronize_ptsz, (CUstream))                                                        \
     X(cuCtxSynchronize, (void))                                                                    \
     X(cuDeviceGetDefaultMemPool, (CUmemoryPool *, CUdevice))                                       \
     X(cuDeviceGetMemPool, (CUmemoryPool *, CUdevice))                                              \
+    X(cuIpcGetMemHandle, (CUipcMemHandle *, CUdeviceptr))                                         \
     X(cuIpcOpenMemHandle, (CUdeviceptr *, CUipcMemHandle, unsigned int))                           \
     X(cuIpcOpenMemHandle_v2, (CUdeviceptr *, CUipcMemHandle, unsigned int))                        \
     X(cuIpcCloseMemHandle, (CUdeviceptr))                                                          \
@@ -103,6 +112,8 @@
     X(cuLaunchCooperativeKernel_ptsz, (CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream, void **)) \
     X(cuGraphLaunch, (CUgraphExec, CUstream))                                                      \
     X(cuGraphAddMemAllocNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *)) \
+    X(cuGraphAddNode, (CUgraphNode *, CUgraph, const CUgraphNode *, size_t, CUgraphNodeParams *))  \
+    X(cuGraphAddNode_v2, (CUgraphNode *, CUgraph, const CUgraphNode *, const CUgraphEdgeData *, size_t, CUgraphNodeParams *)) \
     X(cuGraphInstantiateWithFlags, (CUgraphExec *, CUgraph, unsigned long long))                   \
     X(cuGraphInstantiateWithParams, (CUgraphExec *, CUgraph, void *))                              \
     X(cuGraphInstantiate_v2, (CUgraphExec *, CUgraph, CUgraphNode *, char *, size_t))              \
@@ -111,6 +122,8 @@
     X(cuDeviceGraphMemTrim, (CUdevice))                                                            \
     X(cuDeviceGetGraphMemAttribute, (CUdevice, int, void *))                                       \
     X(cuStreamEndCapture, (CUstream, CUgraph *))                                                   \
+    X(cuStreamEndCapture_ptsz, (CUstream, CUgraph *))                                              \
+    X(cuGraphInstantiateWithParams_ptsz, (CUgraphExec *, CUgraph, void *))                         \
     X(cuGraphLaunch_ptsz, (CUgraphExec, CUstream))                                                 \
     X(cuOccupancyMaxActiveBlocksPerMultiprocessor, (int *, CUfunction, int, size_t))                \
     X(cuThreadExchangeStreamCaptureMode, (int *))                                                  \

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "handles.h"
+#include "hooks_mem.h"
 #include "real.h"
 #include "region.h"
 
@@ -146,6 +147,7 @@ static void on_fork_child(void) {
     if (vc_g.mode == VC_MODE_ENFORCE) {
         vc_region_atfork_child();
         vc_handles_atfork_child();
+        vc_vmm_atfork_child();
     }
 }
 

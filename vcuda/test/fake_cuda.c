@@ -298,6 +298,7 @@ static TLS int thread_capture_mode; /* 0 global (the default), 1 thread local, 2
 struct fake_graph_def {
     uint64_t mem;
     int dev;
+    int moved; /* a child graph whose parent took it (ownership MOVE): the parent destroys it */
 };
 typedef struct fake_stream {
     fake_ctx *ctx;
@@ -308,6 +309,20 @@ typedef struct fake_stream {
     _Atomic uint64_t until; /* when the work queued on it so far ends */
     struct fake_graph_def *graph; /* the graph being captured */
 } fake_stream;
+/* The per-thread default stream of each device (CU_STREAM_PER_THREAD, or
+ * NULL through a _ptsz entry point): a stream like any other, which can be
+ * captured; the legacy default stream (NULL, CU_STREAM_LEGACY) cannot. */
+static TLS fake_stream *ptds[FAKE_MAX_DEVS];
+static CUstream per_thread(CUstream s, int ptsz) {
+    if (!((uintptr_t)s == 2 || (!s && ptsz)) || !cur)
+        return s;
+    fake_stream **x = &ptds[cur->dev];
+    if (!*x) {
+        *x = calloc(1, sizeof(**x));
+        (*x)->ctx = cur;
+    }
+    return (CUstream)*x;
+}
 /* The legacy default stream of each device (per process). */
 static _Atomic uint64_t null_until[FAKE_MAX_DEVS];
 
@@ -651,8 +666,11 @@ EXPORT CUresult cuThreadExchangeStreamCaptureMode(int *mode) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
-    if ((uintptr_t)s <= 2 || mode < 0 || mode > 2)
+    s = per_thread(s, 0);
+    if (mode < 0 || mode > 2)
         return CUDA_ERROR_INVALID_VALUE;
+    if ((uintptr_t)s <= 2)
+        return 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: the legacy stream cannot be captured */
     fake_stream *x = (fake_stream *)s;
     if (x->capturing)
         return CUDA_ERROR_INVALID_VALUE;
@@ -666,6 +684,7 @@ EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamEndCapture(CUstream s, void **graph) {
+    s = per_thread(s, 0);
     if ((uintptr_t)s <= 2 || !((fake_stream *)s)->capturing)
         return CUDA_ERROR_INVALID_VALUE;
     fake_stream *x = (fake_stream *)s;
@@ -681,12 +700,19 @@ EXPORT CUresult cuStreamEndCapture(CUstream s, void **graph) {
     return bad ? CUDA_ERROR_STREAM_CAPTURE_INVALIDATED : CUDA_SUCCESS;
 }
 EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) {
+    s = per_thread(s, 0);
     if (!status)
         return CUDA_ERROR_INVALID_VALUE;
     *status = (uintptr_t)s > 2 && ((fake_stream *)s)->capturing ? 1 : 0;
     return CUDA_SUCCESS;
 }
-EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { return cuStreamIsCapturing(s, status); }
+EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) {
+    return cuStreamIsCapturing(per_thread(s, 1), status);
+}
+EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream s, int mode) {
+    return cuStreamBeginCapture_v2(per_thread(s, 1), mode);
+}
+EXPORT CUresult cuStreamEndCapture_ptsz(CUstream s, void **graph) { return cuStreamEndCapture(per_thread(s, 1), graph); }
 static int capturing(CUstream s) { return (uintptr_t)s > 2 && ((fake_stream *)s)->capturing; }
 
 static _Atomic uint64_t *stream_until(CUstream s, int d) {
@@ -1147,19 +1173,307 @@ EXPORT CUresult cuMipmappedArrayDestroy(CUmipmappedArray a) {
     return dev_free((uint64_t)(uintptr_t)a, K_DEV);
 }
 
+/* ---- virtual memory management ----
+ * As the real driver: a cuMemCreate'd allocation lives while its handle has
+ * references (cuMemCreate's, plus one per cuMemRetainAllocationHandle, each
+ * dropped by cuMemRelease) OR any of its mappings is still mapped. Releasing
+ * the last handle reference of a mapped allocation frees nothing; the memory
+ * goes with its last cuMemUnmap. A released handle can no longer be mapped
+ * or released (until retained again from a mapped address). cuMemMap needs
+ * a range reserved with cuMemAddressReserve, not yet mapped, within the
+ * allocation; cuMemUnmap must cover whole mappings; cuMemAddressFree refuses
+ * a range that still has mappings. */
+typedef struct vmm_alloc {
+    uint64_t h, size;
+    int dev, host;
+    int hrefs, maps;
+    int imported;  /* cuMemImportFromShareableHandle: the exporter's memory (no device memory of its own) */
+    struct vmm_alloc *next;
+} vmm_alloc;
+typedef struct vmm_range {
+    uint64_t va, size;
+    vmm_alloc *a; /* NULL for a reservation */
+    struct vmm_range *next;
+} vmm_range;
+static vmm_alloc *vmm_allocs;
+static vmm_range *vmm_reserved, *vmm_mapped;
+static pthread_mutex_t vmm_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static vmm_alloc *vmm_find(uint64_t h) {
+    for (vmm_alloc *a = vmm_allocs; a; a = a->next)
+        if (a->h == h)
+            return a;
+    return NULL;
+}
+/* Frees the allocation once nothing references it (vmm_mu held). */
+static void vmm_maybe_free(vmm_alloc *a) {
+    if (a->hrefs > 0 || a->maps > 0)
+        return;
+    for (vmm_alloc **pp = &vmm_allocs; *pp; pp = &(*pp)->next)
+        if (*pp == a) {
+            *pp = a->next;
+            break;
+        }
+    if (!a->host && !a->imported)
+        give(a->dev, a->size);
+    old_addr(a->h, a->size);
+    free(a);
+}
 EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size,
                             const CUmemAllocationProp *prop, unsigned long long flags) {
-    (void)flags;
-    if (!prop)
+    INIT();
+    if (!prop || !h || size == 0 || flags != 0)
         return CUDA_ERROR_INVALID_VALUE;
-    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE)
-        return dev_alloc_ctx((uint64_t *)h, size, prop->location.id, K_DEV, NULL);
-    if (prop->location.type >= CU_MEM_LOCATION_TYPE_HOST &&
-        prop->location.type <= CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT)
-        return dev_alloc_ctx((uint64_t *)h, size, 0, K_HOSTVMM, NULL);
+    int host = 0, d = prop->location.id;
+    if (prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE) {
+        if (d < 0 || d >= F.ndev)
+            return CUDA_ERROR_INVALID_DEVICE;
+    } else if (prop->location.type >= CU_MEM_LOCATION_TYPE_HOST &&
+               prop->location.type <= CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT) {
+        host = 1;
+        d = 0;
+    } else {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    maybe_block();
+    if (!host) {
+        CUresult r = take(d, size);
+        if (r != CUDA_SUCCESS)
+            return r;
+    }
+    vmm_alloc *a = calloc(1, sizeof(*a));
+    a->h = new_addr(size);
+    a->size = size;
+    a->dev = d;
+    a->host = host;
+    a->hrefs = 1;
+    pthread_mutex_lock(&vmm_mu);
+    a->next = vmm_allocs;
+    vmm_allocs = a;
+    pthread_mutex_unlock(&vmm_mu);
+    *h = a->h;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
+    pthread_mutex_lock(&vmm_mu);
+    vmm_alloc *a = vmm_find(h);
+    if (!a || a->hrefs == 0) {
+        pthread_mutex_unlock(&vmm_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    a->hrefs--;
+    vmm_maybe_free(a);
+    pthread_mutex_unlock(&vmm_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t align, CUdeviceptr addr,
+                                    unsigned long long flags) {
+    (void)addr; /* a hint only */
+    INIT();
+    if (!ptr || size == 0 || size % PAGE2M || flags != 0 || (align & (align - 1)))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (align < PAGE2M)
+        align = PAGE2M;
+    vmm_range *r = calloc(1, sizeof(*r));
+    r->va = round_up(atomic_fetch_add(&F.next_addr, size + align), align);
+    r->size = size;
+    pthread_mutex_lock(&vmm_mu);
+    r->next = vmm_reserved;
+    vmm_reserved = r;
+    pthread_mutex_unlock(&vmm_mu);
+    *ptr = r->va;
+    return CUDA_SUCCESS;
+}
+static int vmm_overlaps(uint64_t va, uint64_t size, const vmm_range *r) {
+    return va < r->va + r->size && r->va < va + size;
+}
+EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
+    pthread_mutex_lock(&vmm_mu);
+    for (vmm_range *m = vmm_mapped; m; m = m->next)
+        if (vmm_overlaps(ptr, size, m)) {
+            pthread_mutex_unlock(&vmm_mu);
+            return CUDA_ERROR_INVALID_VALUE; /* still mapped */
+        }
+    for (vmm_range **pp = &vmm_reserved; *pp; pp = &(*pp)->next) {
+        vmm_range *r = *pp;
+        if (r->va == ptr && r->size == size) {
+            *pp = r->next;
+            free(r);
+            pthread_mutex_unlock(&vmm_mu);
+            return CUDA_SUCCESS;
+        }
+    }
+    pthread_mutex_unlock(&vmm_mu);
     return CUDA_ERROR_INVALID_VALUE;
 }
-EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle h) { return dev_free(h, 0); }
+EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle h,
+                         unsigned long long flags) {
+    if (size == 0 || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&vmm_mu);
+    vmm_alloc *a = vmm_find(h);
+    int inside = 0;
+    for (vmm_range *r = vmm_reserved; r; r = r->next)
+        inside |= ptr >= r->va && ptr + size <= r->va + r->size;
+    int clash = 0;
+    for (vmm_range *m = vmm_mapped; m; m = m->next)
+        clash |= vmm_overlaps(ptr, size, m);
+    if (!a || a->hrefs == 0 || !inside || clash || offset > a->size || size > a->size - offset) {
+        pthread_mutex_unlock(&vmm_mu);
+        return !a || a->hrefs == 0 ? CUDA_ERROR_INVALID_HANDLE : CUDA_ERROR_INVALID_VALUE;
+    }
+    vmm_range *m = calloc(1, sizeof(*m));
+    m->va = ptr;
+    m->size = size;
+    m->a = a;
+    m->next = vmm_mapped;
+    vmm_mapped = m;
+    a->maps++;
+    pthread_mutex_unlock(&vmm_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
+    if (size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&vmm_mu);
+    int found = 0;
+    for (vmm_range *m = vmm_mapped; m; m = m->next) {
+        if (!vmm_overlaps(ptr, size, m))
+            continue;
+        if (m->va < ptr || m->va + m->size > ptr + size) { /* a sub-range of a mapping */
+            pthread_mutex_unlock(&vmm_mu);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        found = 1;
+    }
+    if (!found) {
+        pthread_mutex_unlock(&vmm_mu);
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    for (vmm_range **pp = &vmm_mapped; *pp;) {
+        vmm_range *m = *pp;
+        if (!vmm_overlaps(ptr, size, m)) {
+            pp = &m->next;
+            continue;
+        }
+        *pp = m->next;
+        m->a->maps--;
+        vmm_maybe_free(m->a);
+        free(m);
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const void *desc, size_t count) {
+    if (!desc || count == 0 || size == 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&vmm_mu);
+    int ok = 0;
+    for (vmm_range *m = vmm_mapped; m; m = m->next)
+        ok |= ptr >= m->va && ptr < m->va + m->size;
+    pthread_mutex_unlock(&vmm_mu);
+    return ok ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, void *addr) {
+    if (!h)
+        return CUDA_ERROR_INVALID_VALUE;
+    uint64_t va = (uint64_t)(uintptr_t)addr;
+    pthread_mutex_lock(&vmm_mu);
+    for (vmm_range *m = vmm_mapped; m; m = m->next)
+        if (va >= m->va && va < m->va + m->size) {
+            m->a->hrefs++;
+            *h = m->a->h;
+            pthread_mutex_unlock(&vmm_mu);
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&vmm_mu);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+/* Shareable handles: the exported payload names the allocation's size and
+ * device; POSIX file descriptors (a memfd holding it) and fabric handles (its
+ * 64 bytes). An import in another process maps the exporter's memory: it
+ * takes no device memory of its own. (Simplified: the memory goes with the
+ * exporter's last reference, where the driver keeps it while an importer
+ * holds it.) */
+#define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
+#define CU_MEM_HANDLE_TYPE_FABRIC 8
+typedef struct {
+    char magic[8];
+    uint64_t size;
+    int dev;
+} vmm_payload;
+EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, int type,
+                                             unsigned long long flags) {
+    if (!out || flags)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&vmm_mu);
+    vmm_alloc *a = vmm_find(h);
+    vmm_payload pl = {"FAKEVMM", a ? a->size : 0, a ? a->dev : 0};
+    pthread_mutex_unlock(&vmm_mu);
+    if (!a || a->host)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (type == CU_MEM_HANDLE_TYPE_FABRIC) {
+        memset(out, 0, 64);
+        memcpy(out, &pl, sizeof(pl));
+        return CUDA_SUCCESS;
+    }
+    if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)
+        return CUDA_ERROR_NOT_SUPPORTED;
+    int fd = memfd_create("fake-vmm-export", MFD_CLOEXEC);
+    if (fd < 0 || write(fd, &pl, sizeof(pl)) != (ssize_t)sizeof(pl)) {
+        if (fd >= 0)
+            close(fd);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    *(int *)out = fd;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemImportFromShareableHandle(CUmemGenericAllocationHandle *h, void *os, int type) {
+    INIT();
+    vmm_payload pl;
+    if (!h || !os)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (type == CU_MEM_HANDLE_TYPE_FABRIC)
+        memcpy(&pl, os, sizeof(pl));
+    else if (type != CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR ||
+             pread((int)(uintptr_t)os, &pl, sizeof(pl), 0) != (ssize_t)sizeof(pl))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (memcmp(pl.magic, "FAKEVMM", 8) != 0 || pl.dev < 0 || pl.dev >= F.ndev)
+        return CUDA_ERROR_INVALID_VALUE;
+    vmm_alloc *a = calloc(1, sizeof(*a));
+    a->h = new_addr(pl.size);
+    a->size = pl.size;
+    a->dev = pl.dev;
+    a->imported = 1;
+    a->hrefs = 1;
+    pthread_mutex_lock(&vmm_mu);
+    a->next = vmm_allocs;
+    vmm_allocs = a;
+    pthread_mutex_unlock(&vmm_mu);
+    *h = a->h;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemGetAllocationPropertiesFromHandle(CUmemAllocationProp *prop, CUmemGenericAllocationHandle h) {
+    if (!prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&vmm_mu);
+    vmm_alloc *a = vmm_find(h);
+    if (a) {
+        memset(prop, 0, sizeof(*prop));
+        prop->type = 1;
+        prop->location.type = a->host ? CU_MEM_LOCATION_TYPE_HOST : CU_MEM_LOCATION_TYPE_DEVICE;
+        prop->location.id = a->host ? 0 : a->dev;
+    }
+    pthread_mutex_unlock(&vmm_mu);
+    return a ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+EXPORT CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, int option) {
+    (void)option;
+    if (!g || !prop)
+        return CUDA_ERROR_INVALID_VALUE;
+    *g = PAGE2M;
+    return CUDA_SUCCESS;
+}
 
 /* ---- stream-ordered pools ----
  * A pool takes device memory in 2 MiB pages as its live allocations (each
@@ -1384,6 +1698,7 @@ static CUresult capture_alloc(uint64_t *key, uint64_t size, int d, CUstream s) {
 }
 EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
     INIT();
+    s = per_thread(s, 0);
     int d = stream_dev(s);
     if (d < 0)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -1392,24 +1707,26 @@ EXPORT CUresult cuMemAllocAsync(CUdeviceptr *p, size_t size, CUstream s) {
     return pool_alloc((uint64_t *)p, size, dev_pool(d));
 }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *p, size_t size, CUstream s) {
-    return cuMemAllocAsync(p, size, s);
+    return cuMemAllocAsync(p, size, per_thread(s, 1));
 }
 EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *p, size_t size, CUmemoryPool pool,
                                         CUstream s) {
+    s = per_thread(s, 0);
     if (capturing(s) && pool && ((fake_pool *)pool)->dev >= 0)
         return capture_alloc((uint64_t *)p, size, ((fake_pool *)pool)->dev, s);
     return pool_alloc((uint64_t *)p, size, (fake_pool *)pool);
 }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *p, size_t size, CUmemoryPool pool,
                                              CUstream s) {
-    return cuMemAllocFromPoolAsync(p, size, pool, s);
+    return cuMemAllocFromPoolAsync(p, size, pool, per_thread(s, 1));
 }
 EXPORT CUresult cuMemFreeAsync(CUdeviceptr p, CUstream s) {
+    s = per_thread(s, 0);
     if (capturing(s))
         return CUDA_SUCCESS; /* a free node of the graph */
     return dev_free(p, 0);
 }
-EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, s); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFreeAsync(p, per_thread(s, 1)); }
 
 /* ---- modules and libraries ----
  * Loading code takes device memory of the current context: its code, its
@@ -1505,6 +1822,32 @@ EXPORT CUresult cuIpcOpenMemHandle_v2(CUdeviceptr *p, CUipcMemHandle h, unsigned
     ipc_payload pl;
     memcpy(&pl, h.reserved, sizeof(pl));
     if (!p || memcmp(pl.magic, "FAKEIPC", 8) != 0 || !cur)
+        return CUDA_ERROR_INVALID_VALUE;
+    *p = new_addr(pl.size);
+    reg_add(*p, pl.size, cur->dev, K_IPC);
+    atomic_fetch_add(&F.sh->dev[cur->dev].mapped, pl.size);
+    return CUDA_SUCCESS;
+}
+/* Pool pointers shared with another process: the export data carries the
+ * size; the import maps it (no device memory of the importer's), freed with
+ * cuMemFree[Async]. (Lenient: any pool of the importer is accepted, where
+ * the driver wants one imported with cuMemPoolImportFromShareableHandle.) */
+EXPORT CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *data, CUdeviceptr p) {
+    rec r;
+    if (!data || reg_take(p, K_POOL, &r, 0) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    memset(data, 0, sizeof(*data));
+    ipc_payload pl = {"FAKEPPX", r.size, r.dev};
+    memcpy(data->reserved, &pl, sizeof(pl));
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolImportPointer(CUdeviceptr *p, CUmemoryPool pool, CUmemPoolPtrExportData *data) {
+    INIT();
+    ipc_payload pl;
+    if (!p || !pool || !data)
+        return CUDA_ERROR_INVALID_VALUE;
+    memcpy(&pl, data->reserved, sizeof(pl));
+    if (memcmp(pl.magic, "FAKEPPX", 8) != 0 || !cur)
         return CUDA_ERROR_INVALID_VALUE;
     *p = new_addr(pl.size);
     reg_add(*p, pl.size, cur->dev, K_IPC);
@@ -1946,6 +2289,8 @@ EXPORT CUresult cuGraphCreate(CUgraph *g, unsigned flags) {
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphDestroy(CUgraph g) {
+    if (!g || ((struct fake_graph_def *)g)->moved)
+        return CUDA_ERROR_INVALID_VALUE; /* a moved child graph belongs to its parent */
     free(g);
     return CUDA_SUCCESS;
 }
@@ -1962,6 +2307,44 @@ EXPORT CUresult cuGraphAddMemAllocNode(CUgraphNode *node, CUgraph g, const CUgra
     p->dptr = new_addr(p->bytesize);
     *node = (CUgraphNode)(uintptr_t)p->dptr;
     return CUDA_SUCCESS;
+}
+/* cuGraphAddNode[_v2]: allocation nodes as cuGraphAddMemAllocNode; a child
+ * graph either cloned (a child with allocation nodes is refused, as the
+ * driver does) or moved into the parent, allocation nodes included. */
+static CUresult add_node(CUgraphNode *node, CUgraph g, CUgraphNodeParams *p) {
+    INIT();
+    if (!node || !g || !p)
+        return CUDA_ERROR_INVALID_VALUE;
+    struct fake_graph_def *x = (struct fake_graph_def *)g;
+    if (p->type == CU_GRAPH_NODE_TYPE_MEM_ALLOC)
+        return cuGraphAddMemAllocNode(node, g, NULL, 0, &p->alloc);
+    if (p->type == CU_GRAPH_NODE_TYPE_GRAPH) {
+        struct fake_graph_def *c = (struct fake_graph_def *)p->graph.graph;
+        if (!c || c == x || c->moved)
+            return CUDA_ERROR_INVALID_VALUE;
+        if (p->graph.ownership == CU_GRAPH_CHILD_GRAPH_OWNERSHIP_MOVE) {
+            if (c->mem) {
+                x->mem += c->mem;
+                x->dev = c->dev;
+            }
+            c->mem = 0;
+            c->moved = 1;
+        } else if (p->graph.ownership != CU_GRAPH_CHILD_GRAPH_OWNERSHIP_CLONE || c->mem) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    *node = (CUgraphNode)(uintptr_t)new_addr(64);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphAddNode(CUgraphNode *node, CUgraph g, const CUgraphNode *deps, size_t n,
+                               CUgraphNodeParams *p) {
+    (void)deps, (void)n;
+    return add_node(node, g, p);
+}
+EXPORT CUresult cuGraphAddNode_v2(CUgraphNode *node, CUgraph g, const CUgraphNode *deps,
+                                  const CUgraphEdgeData *edges, size_t n, CUgraphNodeParams *p) {
+    (void)deps, (void)edges, (void)n;
+    return add_node(node, g, p);
 }
 static CUresult instantiate(CUgraphExec *e, CUgraph g) {
     if (!e || !g)
@@ -1981,6 +2364,10 @@ EXPORT CUresult cuGraphInstantiateWithParams(CUgraphExec *e, CUgraph g, void *pa
     if (!params)
         return CUDA_ERROR_INVALID_VALUE;
     return instantiate(e, g);
+}
+/* The params' upload stream, when NULL, is the per-thread default stream. */
+EXPORT CUresult cuGraphInstantiateWithParams_ptsz(CUgraphExec *e, CUgraph g, void *params) {
+    return cuGraphInstantiateWithParams(e, g, params);
 }
 EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *e, CUgraph g, CUgraphNode *err, char *log, size_t n) {
     (void)err, (void)log, (void)n;
@@ -2356,9 +2743,12 @@ static const proc procs[] = {
     PV("cuMemFree", cuMemFree_v2), PV("cuMemGetAddressRange", cuMemGetAddressRange_v2),
     PV("cuMemGetInfo", cuMemGetInfo_v2), PV("cuArrayCreate", cuArrayCreate_v2),
     PV("cuArray3DCreate", cuArray3DCreate_v2), P(cuArrayDestroy), P(cuMipmappedArrayCreate),
-    P(cuMipmappedArrayDestroy), P(cuMemCreate), P(cuMemRelease), P(cuMemPoolCreate),
+    P(cuMipmappedArrayDestroy), P(cuMemCreate), P(cuMemRelease), P(cuMemAddressReserve), P(cuMemAddressFree),
+    P(cuMemMap), P(cuMemUnmap), P(cuMemSetAccess), P(cuMemRetainAllocationHandle),
+    P(cuMemGetAllocationGranularity), P(cuMemExportToShareableHandle), P(cuMemImportFromShareableHandle),
+    P(cuMemGetAllocationPropertiesFromHandle), P(cuMemPoolCreate),
     P(cuMemPoolDestroy), P(cuDeviceGetDefaultMemPool), P(cuDeviceGetMemPool), P(cuDeviceSetMemPool),
-    P(cuMemPoolSetAttribute), P(cuMemPoolGetAttribute), P(cuMemPoolTrimTo), PT(cuMemAllocAsync),
+    P(cuMemPoolSetAttribute), P(cuMemPoolGetAttribute), P(cuMemPoolTrimTo), P(cuMemPoolExportPointer), P(cuMemPoolImportPointer), PT(cuMemAllocAsync),
     PT(cuMemAllocFromPoolAsync), PT(cuMemFreeAsync), P(cuIpcGetMemHandle),
     PV("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2), P(cuIpcCloseMemHandle),
     P(cuImportExternalMemory), P(cuDestroyExternalMemory), P(cuExternalMemoryGetMappedBuffer),
@@ -2366,11 +2756,11 @@ static const proc procs[] = {
     P(cuModuleLoadFatBinary), P(cuModuleUnload), P(cuLibraryLoadData), P(cuLibraryLoadFromFile), P(cuLibraryUnload), P(cuLaunch), P(cuLaunchGrid), P(cuLaunchGridAsync), P(cuLaunchCooperativeKernelMultiDevice),
     PT(cuLaunchHostFunc), PT(cuLaunchKernel), PT(cuLaunchKernelEx), PT(cuLaunchCooperativeKernel), PT(cuGraphLaunch),
     P(cuGraphExecDestroy), P(cuGraphCreate), P(cuGraphDestroy), P(cuGraphAddMemAllocNode),
-    P(cuGraphInstantiateWithFlags), P(cuGraphInstantiateWithParams), PV("cuGraphInstantiate", cuGraphInstantiate_v2),
+    P(cuGraphInstantiateWithFlags), PT(cuGraphInstantiateWithParams), PV("cuGraphInstantiate", cuGraphInstantiate_v2),
     P(cuGraphUpload), P(cuDeviceGraphMemTrim), P(cuDeviceGetGraphMemAttribute), P(cuEventCreate), PV("cuEventDestroy", cuEventDestroy_v2),
     PT(cuEventRecord), P(cuEventQuery), P(cuThreadExchangeStreamCaptureMode),
-    P(cuOccupancyMaxActiveBlocksPerMultiprocessor), PV("cuStreamBeginCapture", cuStreamBeginCapture_v2),
-    P(cuStreamEndCapture), PT(cuStreamIsCapturing), P(cuEventSynchronize), P(cuEventElapsedTime),
+    P(cuOccupancyMaxActiveBlocksPerMultiprocessor), {"cuStreamBeginCapture", (void *)cuStreamBeginCapture_v2, (void *)cuStreamBeginCapture_v2_ptsz},
+    PT(cuStreamEndCapture), PT(cuStreamIsCapturing), P(cuEventSynchronize), P(cuEventElapsedTime),
 };
 
 /* FAKE_CUDA_PROC_INTERNAL=1: like a real driver, cuGetProcAddress hands out
@@ -2415,6 +2805,8 @@ EXPORT CUresult cuGetProcAddress_v2(const char *sym, void **pfn, int version, cu
     *pfn = NULL;
     if (strcmp(sym, "cuGetProcAddress") == 0) {
         *pfn = version >= 12000 ? (void *)cuGetProcAddress_v2 : (void *)cuGetProcAddress;
+    } else if (strcmp(sym, "cuGraphAddNode") == 0) { /* 12.3 headers: _v2 */
+        *pfn = version >= 12030 ? (void *)cuGraphAddNode_v2 : version >= 12020 ? (void *)cuGraphAddNode : NULL;
     } else if (strcmp(sym, "cuGraphInstantiate") == 0) { /* 12.0 headers: WithFlags */
         *pfn = version >= 12000 ? (void *)cuGraphInstantiateWithFlags : (void *)cuGraphInstantiate_v2;
     } else if (strcmp(sym, "cuCtxCreate") == 0) { /* as cuda.h maps it per version */

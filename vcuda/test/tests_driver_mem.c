@@ -298,8 +298,8 @@ TEST(mem_context_over_cap_refused) {
           (unsigned long long)phys_peak());
 }
 
-/* A cap below what one context takes (the fake's default: 512 MiB on 9.x)
- * can hold no context at all: every creation fails with
+/* A cap below what one context takes (the fake's default on 9.x,
+ * FAKE_CTX_BYTES_SM90, measured through NVML) can hold no context at all: every creation fails with
  * CUDA_ERROR_OUT_OF_MEMORY, and one stderr line says why, naming the cap and
  * the context's cost; later attempts are refused before the driver. */
 TEST(mem_context_small_cap_told) {
@@ -324,15 +324,15 @@ TEST(mem_context_small_cap_told) {
     char *log = read_text(tpath("stderr"));
     char want[256];
     snprintf(want, sizeof(want),
-             "vcuda: %s: memory cap 256 MiB is below the 512 MiB a CUDA context needs on this GPU; "
+             "vcuda: %s: memory cap 256 MiB is below the %llu MiB a CUDA context needs on this GPU; "
              "ask for more tessera.dev/vgpu-memory\n",
-             fake_uuid(0));
+             fake_uuid(0), FAKE_CTX_BYTES_SM90 / MiB);
     CHECK(strstr(log, want) != NULL, "log %s, want %s", log, want);
     CHECK(strstr(strstr(log, want) + strlen(want), "memory cap") == NULL, "told more than once: %s", log);
 }
 
 /* With the fake's default (a context as large as a real one on the
- * architecture: 512 MiB for 9.x), the context counts against the cap: an
+ * architecture: FAKE_CTX_BYTES_SM90 for 9.x), the context counts against the cap: an
  * allocation that would fit only if the context were free is refused. */
 TEST(mem_context_default_cost_counted) {
     gpu_line g[1] = {{0, 1ull << 30, 100}};
@@ -348,7 +348,7 @@ TEST(mem_context_default_cost_counted) {
     CHECK_CU(cuMemGetInfo_v2(&fr, &tot));
     CHECK(tot == 1ull << 30 && fr == (1ull << 30) - FAKE_CTX_BYTES_SM90, "info %zu/%zu", fr, tot);
     CUdeviceptr d;
-    CHECK(cuMemAlloc_v2(&d, 600 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "600 MiB beside a 512 MiB context under 1 GiB");
+    CHECK(cuMemAlloc_v2(&d, 600 * MiB) == CUDA_ERROR_OUT_OF_MEMORY, "600 MiB beside the fake's context under 1 GiB");
     CHECK_CU(cuMemAlloc_v2(&d, (1ull << 30) - FAKE_CTX_BYTES_SM90));
     CUdeviceptr one;
     CHECK(cuMemAlloc_v2(&one, 1) == CUDA_ERROR_OUT_OF_MEMORY, "a byte past the cap");

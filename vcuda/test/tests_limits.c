@@ -150,7 +150,7 @@ TEST(limits_passthrough_env_file_missing) {
 }
 
 TEST(limits_unlisted_gpu_gets_cap_zero) {
-    gpu_line g[1] = {{1, 1ull << 30, 100}}; /* room for a real context (the fake's 512 MiB) */
+    gpu_line g[1] = {{1, 1ull << 30, 100}}; /* room for a real context (the fake's FAKE_CTX_BYTES_SM90) */
     setup_limits(g, 1);
     CUcontext c1 = ctx_on(1);
     /* a context takes device memory: refused on a device with cap 0 */

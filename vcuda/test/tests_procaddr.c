@@ -223,3 +223,43 @@ TEST(procaddr_internal_addresses) {
     fakeDeviceStats(0, &fs);
     CHECK(fs.peak <= CAP0, "physical peak %llu", (unsigned long long)fs.peak);
 }
+
+/* Every hook through cuGetProcAddress (v1 and v2) at every version and
+ * flag in the matrix TestHookTable writes (generated from procaddr.c's
+ * table): one line "base version flags want", want the hook's name or "-"
+ * for a version no variant serves. */
+TEST(hooktable_every_hook_every_version) {
+    gpu_line g[1] = {{0, CAP0, 100}};
+    setup_limits(g, 1);
+    void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    CHECK(h != NULL, "dlopen: %s", dlerror());
+    gpa2_fn gpa2 = (gpa2_fn)dlsym(h, "cuGetProcAddress_v2");
+    gpa_fn gpa1 = (gpa_fn)dlsym(h, "cuGetProcAddress");
+    FILE *f = fopen(tpath("matrix"), "r");
+    CHECK(f != NULL, "no matrix at %s (TestHookTable writes it)", tpath("matrix"));
+    char base[128], want[128];
+    int version, n = 0;
+    unsigned long long flags;
+    while (fscanf(f, "%127s %d %llu %127s", base, &version, &flags, want) == 4) {
+        for (int v = 1; v <= 2; v++) {
+            void *fn = NULL;
+            CUdriverProcAddressQueryResult st = 99;
+            CUresult r = v == 2 ? gpa2(base, &fn, version, flags, &st) : gpa1(base, &fn, version, flags);
+            if (strcmp(want, "-") == 0) {
+                CHECK(r != CUDA_SUCCESS, "cuGetProcAddress%s(%s, %d, %llu) answered for a version before its hook",
+                      v == 2 ? "_v2" : "", base, version, flags);
+                continue;
+            }
+            CHECK(r == CUDA_SUCCESS, "cuGetProcAddress%s(%s, %d, %llu): %d", v == 2 ? "_v2" : "", base, version, flags,
+                  r);
+            const char *l, *s;
+            where(fn, &l, &s);
+            CHECK(strstr(l, "libvcuda") != NULL && strcmp(s, want) == 0,
+                  "cuGetProcAddress%s(%s, %d, %llu) is %s in %s, want vcuda's %s", v == 2 ? "_v2" : "", base, version,
+                  flags, s, l, want);
+        }
+        n++;
+    }
+    fclose(f);
+    CHECK(n > 100, "only %d matrix lines", n);
+}
