@@ -42,14 +42,9 @@ func run(t *testing.T, timeout time.Duration, env []string, dir, name string, ar
 	return out.String(), 0
 }
 
-// vmmNotYet are the memory phase's VMM checks that fail on this branch, with why: its fake driver
-// and vcuda have no cuMemAddressReserve/cuMemMap/cuMemUnmap (branch s13-vmm adds them and keeps
-// mapped memory charged), so llama.cpp's create/map/release pattern cannot run, and the check says
-// so instead of passing. Once s13-vmm is merged, empty this map: every VMM check must then pass.
-var vmmNotYet = map[string]string{
-	"memory: vmm pool: OOM at the cap": "exports no cuMemAddressReserve",
-	"memory: vmm loop: OOM at the cap": "exports no cuMemAddressReserve",
-}
+// vmmNotYet are the memory phase's VMM checks allowed to fail, with why. Empty: vcuda and the fake
+// driver keep VMM memory charged while mapped, so every VMM check must pass.
+var vmmNotYet = map[string]string{}
 
 // TestGPUBundleDryRun builds the GPU bundle as `make gpu-bundle` does, unpacks it, and runs every
 // phase that needs no GPU on the simulated node with vcuda's fake driver: discovery and CDI specs,
