@@ -1,10 +1,15 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"strings"
+	"testing"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
@@ -53,23 +58,18 @@ func fakeAPI(objs ...runtime.Object) *fake.Clientset {
 			if err != nil {
 				return true, nil, err
 			}
-			switch l := obj.(type) {
-			case *corev1.PodList:
-				var kept []corev1.Pod
-				for i := range l.Items {
-					if sel.Matches(set(&l.Items[i])) {
-						kept = append(kept, l.Items[i])
-					}
+			items, err := meta.ExtractList(obj)
+			if err != nil {
+				return true, nil, err
+			}
+			var kept []runtime.Object
+			for _, o := range items {
+				if sel.Matches(set(o)) {
+					kept = append(kept, o)
 				}
-				l.Items = kept
-			case *corev1.EventList:
-				var kept []corev1.Event
-				for i := range l.Items {
-					if sel.Matches(set(&l.Items[i])) {
-						kept = append(kept, l.Items[i])
-					}
-				}
-				l.Items = kept
+			}
+			if err := meta.SetList(obj, kept); err != nil {
+				return true, nil, err
 			}
 			return true, obj, nil
 		}
@@ -77,4 +77,19 @@ func fakeAPI(objs ...runtime.Object) *fake.Clientset {
 	c.PrependReactor("list", "pods", selected("pods", "Pod", podFields))
 	c.PrependReactor("list", "events", selected("events", "Event", eventFields))
 	return c
+}
+
+// TestFakeAPIFieldSelectors: the double filters pod lists by field selector as the API server
+// does, and refuses a field the server does not support.
+func TestFakeAPIFieldSelectors(t *testing.T) {
+	c := fakeAPI(&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "a", Namespace: "ns"}, Spec: corev1.PodSpec{NodeName: "n1"}},
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "b", Namespace: "ns"}, Spec: corev1.PodSpec{NodeName: "n2"}})
+	l, err := c.CoreV1().Pods("").List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=n1"})
+	if err != nil || len(l.Items) != 1 || l.Items[0].Name != "a" {
+		t.Errorf("spec.nodeName=n1: %v %v", err, l)
+	}
+	_, err = c.CoreV1().Events("ns").List(context.Background(), metav1.ListOptions{FieldSelector: "spec.nodeName=n1"})
+	if !apierrors.IsBadRequest(err) || !strings.Contains(err.Error(), "field label not supported: spec.nodeName") {
+		t.Errorf("events by spec.nodeName: %v, want the server's BadRequest", err)
+	}
 }

@@ -73,7 +73,7 @@ func (o *options) client() (kubernetes.Interface, string, error) {
 	return c, ns, nil
 }
 
-// checkOutput refuses an -o this command cannot print, before anything is loaded.
+// checkOutput refuses an -o no command can print.
 func (o *options) checkOutput() error {
 	if o.output == "" {
 		return nil
@@ -111,6 +111,8 @@ extender's assignments and the Events that say why GPU pods wait. Without a comm
 	config.AddFlags(root.PersistentFlags())
 	root.PersistentFlags().StringVarP(&o.output, "output", "o", "", "Output format: "+strings.Join(outputs, ", ")+" (default: a table)")
 	root.SetFlagErrorFunc(flagError)
+	// Every command's -o is checked before its RunE loads the kubeconfig.
+	root.PersistentPreRunE = func(*cobra.Command, []string) error { return o.checkOutput() }
 	nodes := nodesCommand(o)
 	root.AddCommand(nodes, pendingCommand(o), whyCommand(o), &cobra.Command{
 		Use:   "version",

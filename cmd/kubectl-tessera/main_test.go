@@ -102,6 +102,8 @@ func TestCommandLine(t *testing.T) {
 		{name: "unknown flag", args: []string{"pending", "--kubeconfig", bad, "--bogus"}, wantErr: "unknown flag: --bogus (see kubectl tessera pending --help)"},
 		{name: "-A belongs to pending", args: []string{"nodes", "-A", "--kubeconfig", bad}, wantErr: "unknown shorthand flag: 'A' in -A"},
 		{name: "bad output", args: []string{"pending", "-o", "xml", "--kubeconfig", bad}, wantErr: `unknown output format "xml" for -o; use one of: wide, json, yaml`},
+		{name: "bad output for nodes", args: []string{"nodes", "--kubeconfig", bad, "-o=jsonpath={.items}"}, wantErr: `unknown output format "jsonpath={.items}"`},
+		{name: "bad output for why", args: []string{"why", "p", "--kubeconfig", bad, "--output", "name"}, wantErr: `unknown output format "name"`},
 		{name: "pending takes no pod", args: []string{"pending", "p", "--kubeconfig", bad}, wantErr: `unknown command "p" for "kubectl tessera pending"`},
 		{name: "why needs a pod", args: []string{"why", "--kubeconfig", bad}, wantErr: "accepts 1 arg(s), received 0"},
 		{name: "garbage kubeconfig is reported when loaded", args: []string{"pending", "--kubeconfig", bad}, wantErr: "kubeconfig:"},

@@ -32,9 +32,6 @@ or unreadable shows its GPUs' free capacity as unknown. -o wide adds PCI bus, NU
   kubectl tessera nodes gpu-node-1 -o wide
   kubectl tessera nodes --context prod -o json`,
 		RunE: func(cmd *cobra.Command, names []string) error {
-			if err := o.checkOutput(); err != nil {
-				return err
-			}
 			client, _, err := o.client()
 			if err != nil {
 				return err

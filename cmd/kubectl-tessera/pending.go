@@ -31,9 +31,6 @@ Long lines are wrapped to $COLUMNS (100 when unset); -o wide does not wrap.`,
   kubectl tessera pending -n team-a -o yaml`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := o.checkOutput(); err != nil {
-				return err
-			}
 			client, ns, err := o.client()
 			if err != nil {
 				return err
@@ -73,9 +70,6 @@ func whyCommand(o *options) *cobra.Command {
 		Example: `  kubectl tessera why trainer-0 -n team-a`,
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := o.checkOutput(); err != nil {
-				return err
-			}
 			client, ns, err := o.client()
 			if err != nil {
 				return err
