@@ -27,7 +27,8 @@ func nodesCommand(o *options) *cobra.Command {
 		Long: `nodes lists, per node with a Tessera inventory, each GPU's mode, its holders and what is free.
 Holders are the extender's assignments and the node agent's holdings (annotation ` + api.AnnotationHoldings + `):
 DRA claims and pods the agent placed itself hold GPUs too. A node whose holdings are not published
-or unreadable shows its GPUs' free capacity as unknown. -o wide adds PCI bus, NUMA node and health.`,
+or unreadable shows its GPUs' free capacity as unknown. -o wide adds PCI bus and NUMA node.
+Nodes are cluster-wide: -n does not narrow the list.`,
 		Example: `  kubectl tessera nodes
   kubectl tessera nodes gpu-node-1 -o wide
   kubectl tessera nodes --context prod -o json`,
