@@ -1,301 +1,167 @@
 // Command kubectl-tessera shows who holds which GPU and why pods wait, installed as a kubectl plugin
 // (put it on $PATH; kubectl finds kubectl-<name> binaries):
 //
-//	kubectl tessera nodes [node...]   GPUs per node: mode, holders (pod/container, whole, share memory and
-//	                                  cores, MIG, mdev) and what is free, per GPU
-//	kubectl tessera pending [-n ns]   pods asking for GPUs that are not running, with the scheduler's
+//	kubectl tessera nodes [NODE...]   GPUs per node: mode, holders (pod/container, whole, share memory and
+//	                                  cores, DRA claims, local placements, MIG, mdev) and what is free
+//	kubectl tessera pending [-A]      pods asking for GPUs that are not running, with the scheduler's
 //	                                  and Tessera's reasons
+//	kubectl tessera why POD           one pod: why it is not running
 //
-// It reads only the API server: the node agents' inventory annotations, the extender's assignment
-// annotations and Events.
+// It takes kubectl's flags (cli-runtime's ConfigFlags: --kubeconfig, --context, -n/--namespace, --as,
+// ...) and -o wide|json|yaml, and reads only the API server: the node agents' inventory and holdings
+// annotations, the extender's assignment annotations and Events.
 package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"slices"
-	"sort"
+	"regexp"
 	"strings"
-	"text/tabwriter"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/fields"
+	"github.com/spf13/cobra"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/rest"
 
-	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
-const usage = `usage: kubectl tessera <command> [flags]
-
-commands:
-  nodes [node...]   GPUs per node: mode, who holds what, what is free
-  pending           GPU pods that are not running, and why
-  version           the version
-
-flags:
-`
-
 func main() {
-	err := run(context.Background(), os.Args[1:], os.Stdout, os.Stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return
-	}
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "kubectl-tessera:", err)
+	streams := genericiooptions.IOStreams{In: os.Stdin, Out: os.Stdout, ErrOut: os.Stderr}
+	cmd := newCommand(streams, genericclioptions.NewConfigFlags(true), func(c *rest.Config) (kubernetes.Interface, error) {
+		return kubernetes.NewForConfig(c)
+	})
+	if err := cmd.ExecuteContext(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, "error:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := flag.NewFlagSet("kubectl-tessera", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(stderr, usage); fs.PrintDefaults() }
-	kubeconfig := fs.String("kubeconfig", "", "kubeconfig file (default: $KUBECONFIG or ~/.kube/config)")
-	kubecontext := fs.String("context", "", "kubeconfig context")
-	namespace := fs.String("n", "", "pending: only this namespace (default: all)")
-	version := telemetry.AddVersionFlag(fs)
-	if err := fs.Parse(args); err != nil {
-		return err
+// newClient makes the client from the loaded kubeconfig (tests return a fake clientset).
+type newClient func(*rest.Config) (kubernetes.Interface, error)
+
+// options are the flags every command shares and what they resolve to.
+type options struct {
+	config    *genericclioptions.ConfigFlags
+	newClient newClient
+	output    string
+	streams   genericiooptions.IOStreams
+}
+
+// outputs are -o's formats; "" is the default table.
+var outputs = []string{"wide", "json", "yaml"}
+
+// client loads the kubeconfig (only a command that runs does: a bad command or flag is refused
+// before) and returns a client and the namespace -n or the kubeconfig's context names.
+func (o *options) client() (kubernetes.Interface, string, error) {
+	rc, err := o.config.ToRESTConfig()
+	if err != nil {
+		return nil, "", fmt.Errorf("kubeconfig: %w", err)
 	}
-	cmd, rest := "nodes", fs.Args()
-	if len(rest) > 0 {
-		cmd, rest = rest[0], rest[1:]
-		if err := fs.Parse(rest); err != nil { // flags may follow the command
-			return err
-		}
-		rest = fs.Args()
+	ns, _, err := o.config.ToRawKubeConfigLoader().Namespace()
+	if err != nil {
+		return nil, "", fmt.Errorf("kubeconfig: namespace: %w", err)
 	}
-	if *version || cmd == "version" {
-		telemetry.PrintVersion(stdout, "kubectl-tessera")
+	c, err := o.newClient(rc)
+	if err != nil {
+		return nil, "", fmt.Errorf("client: %w", err)
+	}
+	return c, ns, nil
+}
+
+// checkOutput refuses an -o no command can print.
+func (o *options) checkOutput() error {
+	if o.output == "" {
 		return nil
 	}
-	rules := clientcmd.NewDefaultClientConfigLoadingRules()
-	rules.ExplicitPath = *kubeconfig
-	rc, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{CurrentContext: *kubecontext}).ClientConfig()
-	if err != nil {
-		return fmt.Errorf("kubeconfig: %w", err)
+	for _, f := range outputs {
+		if o.output == f {
+			return nil
+		}
 	}
-	client, err := kubernetes.NewForConfig(rc)
-	if err != nil {
-		return err
-	}
-	ctx, cancel := context.WithTimeout(ctx, time.Minute)
-	defer cancel()
-	switch cmd {
-	case "nodes":
-		nodes, err := client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return fmt.Errorf("list nodes: %w", err)
-		}
-		pods, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{})
-		if err != nil {
-			return fmt.Errorf("list pods: %w", err)
-		}
-		return writeNodes(stdout, nodes.Items, pods.Items, rest)
-	case "pending":
-		pods, err := client.CoreV1().Pods(*namespace).List(ctx, metav1.ListOptions{
-			FieldSelector: fields.AndSelectors(fields.OneTermNotEqualSelector("status.phase", "Running"),
-				fields.OneTermNotEqualSelector("status.phase", "Succeeded")).String()})
-		if err != nil {
-			return fmt.Errorf("list pods: %w", err)
-		}
-		events, err := client.CoreV1().Events(*namespace).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.kind=Pod"})
-		if err != nil {
-			return fmt.Errorf("list events: %w", err)
-		}
-		return writePending(stdout, pods.Items, events.Items)
-	}
-	fs.Usage()
-	return fmt.Errorf("unknown command %q", cmd)
+	return fmt.Errorf("unknown output format %q for -o; use one of: %s", o.output, strings.Join(outputs, ", "))
 }
 
-// holder is one container's hold on a GPU.
-type holder struct {
-	pod, container string
-	whole          bool
-	memory         int64 // a share's memory cap
-	cores          int   // a share's compute cap, percent
-	what           string
+// timeout bounds one command's requests.
+const timeout = time.Minute
+
+func newCommand(streams genericiooptions.IOStreams, config *genericclioptions.ConfigFlags, nc newClient) *cobra.Command {
+	o := &options{config: config, newClient: nc, streams: streams}
+	root := &cobra.Command{
+		Use:   "tessera",
+		Short: "Who holds which GPU, and why GPU pods wait",
+		Long: `kubectl tessera shows Tessera's view of the cluster from the API server alone: the node
+agents' GPU inventories and holdings (whole GPUs, shares, DRA claims, local placements), the
+extender's assignments and the Events that say why GPU pods wait. Without a command it runs nodes.`,
+		Annotations:       map[string]string{cobra.CommandDisplayNameAnnotation: "kubectl tessera"},
+		Version:           versionText(),
+		SilenceUsage:      true,
+		SilenceErrors:     true,
+		CompletionOptions: cobra.CompletionOptions{DisableDefaultCmd: true},
+	}
+	root.SetVersionTemplate("{{.Version}}\n")
+	root.Flags().Bool("version", false, "Print the version") // no -v: kubectl's -v is verbosity
+	root.SetIn(streams.In)
+	root.SetOut(streams.Out)
+	root.SetErr(streams.ErrOut)
+	config.AddFlags(root.PersistentFlags())
+	root.PersistentFlags().StringVarP(&o.output, "output", "o", "", "Output format: "+strings.Join(outputs, ", ")+" (default: a table)")
+	root.SetFlagErrorFunc(flagError)
+	// Every command's -o is checked before its RunE loads the kubeconfig.
+	root.PersistentPreRunE = func(*cobra.Command, []string) error { return o.checkOutput() }
+	nodes := nodesCommand(o)
+	root.AddCommand(nodes, pendingCommand(o), whyCommand(o), &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run:   func(cmd *cobra.Command, _ []string) { telemetry.PrintVersion(cmd.OutOrStdout(), "kubectl-tessera") },
+	})
+	// Without a command, nodes runs; anything else that is not a command is refused by name.
+	root.Args = func(cmd *cobra.Command, args []string) error {
+		if len(args) > 0 {
+			return unknownCommand(cmd, args[0])
+		}
+		return nil
+	}
+	root.RunE = nodes.RunE
+	return root
 }
 
-// writeNodes prints, per node with an inventory, each GPU's mode, holders and free capacity.
-func writeNodes(w io.Writer, nodes []corev1.Node, pods []corev1.Pod, only []string) error {
-	byGPU := map[string][]holder{}    // GPU UUID -> holders
-	hardware := map[string][]holder{} // node -> MIG/mdev holders (the kubelet picks the instance)
-	for i := range pods {
-		p := &pods[i]
-		if p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed {
-			continue
-		}
-		key := p.Namespace + "/" + p.Name
-		if raw := p.Annotations[api.AnnotationAssignment]; raw != "" {
-			if a, err := api.DecodeAssignment([]byte(raw)); err == nil {
-				for _, c := range a.Containers {
-					for _, d := range c.Devices {
-						h := holder{pod: key, container: c.Name, whole: d.Whole, memory: d.MemoryBytes, cores: d.CoresPercent, what: "whole"}
-						if !d.Whole {
-							h.what = "share " + gib(d.MemoryBytes)
-							if d.CoresPercent > 0 {
-								h.what += fmt.Sprintf(" %d%% cores", d.CoresPercent)
-							}
-						}
-						byGPU[d.UUID] = append(byGPU[d.UUID], h)
-					}
-				}
-			}
-		}
-		if p.Spec.NodeName == "" {
-			continue
-		}
-		for _, c := range p.Spec.Containers {
-			for name, q := range c.Resources.Limits {
-				n := string(name)
-				switch {
-				case strings.HasPrefix(n, api.MIGResourcePrefix):
-					hardware[p.Spec.NodeName] = append(hardware[p.Spec.NodeName], holder{pod: key, container: c.Name, what: fmt.Sprintf("%s x MIG %s", q.String(), strings.TrimPrefix(n, api.MIGResourcePrefix))})
-				case strings.HasPrefix(n, api.MdevResourcePrefix):
-					hardware[p.Spec.NodeName] = append(hardware[p.Spec.NodeName], holder{pod: key, container: c.Name, what: fmt.Sprintf("%s x mdev %s", q.String(), strings.TrimPrefix(n, api.MdevResourcePrefix))})
-				}
-			}
+// unknownCommand names the word that is not a command and lists the commands.
+func unknownCommand(root *cobra.Command, word string) error {
+	var names []string
+	for _, c := range root.Commands() {
+		if c.IsAvailableCommand() {
+			names = append(names, c.Name())
 		}
 	}
-	sort.Slice(nodes, func(i, j int) bool { return nodes[i].Name < nodes[j].Name })
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	shown := 0
-	for _, n := range nodes {
-		if len(only) > 0 && !slices.Contains(only, n.Name) {
-			continue
-		}
-		raw := n.Annotations[api.AnnotationInventory]
-		if raw == "" {
-			continue
-		}
-		inv, err := api.DecodeInventory([]byte(raw))
-		if err != nil {
-			fmt.Fprintf(tw, "NODE %s\tinventory unreadable: %v\n", n.Name, err)
-			continue
-		}
-		shown++
-		fmt.Fprintf(tw, "NODE %s\t%d GPUs, %d shares per GPU\n", n.Name, len(inv.GPUs), inv.SharesPerGPU)
-		fmt.Fprintln(tw, "  GPU\tUUID\tMODEL\tMEMORY\tMODE\tFREE\tHELD BY")
-		for _, g := range inv.GPUs {
-			hs := byGPU[g.UUID]
-			mode, free := gpuState(&g, hs, inv.SharesPerGPU)
-			if !g.Healthy {
-				mode += " (unhealthy)"
-			}
-			held := "-"
-			if len(hs) > 0 {
-				var parts []string
-				for _, h := range hs {
-					parts = append(parts, h.pod+"/"+h.container+" "+h.what)
-				}
-				held = strings.Join(parts, "; ")
-			}
-			fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s\t%s\t%s\n", g.Index, g.UUID, g.Model, gib(g.MemoryBytes), mode, free, held)
-		}
-		for _, h := range hardware[n.Name] {
-			fmt.Fprintf(tw, "  -\t\t\t\thardware\t\t%s/%s %s\n", h.pod, h.container, h.what)
-		}
-	}
-	if err := tw.Flush(); err != nil {
-		return err
-	}
-	if shown == 0 {
-		return errors.New("no node carries a Tessera inventory (annotation " + api.AnnotationInventory + "): is the node agent running?")
-	}
-	return nil
+	return fmt.Errorf("unknown command %q for %q; commands: %s (see %s --help)", word, root.CommandPath(), strings.Join(names, ", "), root.CommandPath())
 }
 
-// gpuState is a GPU's mode and what is free on it.
-func gpuState(g *api.GPU, hs []holder, sharesPerGPU int) (mode, free string) {
-	switch {
-	case g.MIG != nil:
-		return "mig", fmt.Sprintf("%d instances", len(g.MIG.Instances))
-	case len(g.Mdev) > 0:
-		avail := 0
-		for _, t := range g.Mdev {
-			avail += t.Available
+// singleDash matches pflag's error for a Go-style flag ("-context"): it reads it as shorthands.
+var singleDash = regexp.MustCompile(`unknown shorthand flag: '.' in -([a-z][a-z-]+)`)
+
+// flagError points at --help, and at two dashes when a long flag was given one.
+func flagError(cmd *cobra.Command, err error) error {
+	if m := singleDash.FindStringSubmatch(err.Error()); m != nil {
+		name, _, _ := strings.Cut(m[1], "=")
+		if cmd.Flags().Lookup(name) != nil {
+			return fmt.Errorf("%w (long flags take two dashes: --%s)", err, name)
 		}
-		return "mdev", fmt.Sprintf("%d mdev", avail)
-	case len(hs) == 0:
-		return "free", "whole or shares"
-	case hs[0].whole:
-		return "whole", "-"
 	}
-	var mem int64
-	cores := 0
-	for _, h := range hs {
-		mem, cores = mem+h.memory, cores+h.cores
-	}
-	return "shared", fmt.Sprintf("%s, %d%% cores, %d shares", gib(g.MemoryBytes-mem), 100-cores, sharesPerGPU-len(hs))
+	return fmt.Errorf("%w (see %s --help)", err, cmd.CommandPath())
 }
 
-// writePending prints the pods asking for GPUs that are not running, with the scheduler's message
-// and the latest Warning Events (the extender's per-node reasons, refusals by the node agent).
-func writePending(w io.Writer, pods []corev1.Pod, events []corev1.Event) error {
-	reasons := map[string][]corev1.Event{}
-	for _, e := range events {
-		if e.Type == corev1.EventTypeWarning {
-			k := e.InvolvedObject.Namespace + "/" + e.InvolvedObject.Name
-			reasons[k] = append(reasons[k], e)
-		}
-	}
-	n := 0
-	for _, p := range pods {
-		if !asksForGPU(&p) {
-			continue
-		}
-		n++
-		key := p.Namespace + "/" + p.Name
-		node := p.Spec.NodeName
-		if node == "" {
-			node = "(not scheduled)"
-		}
-		fmt.Fprintf(w, "%s\t%s\t%s\n", key, p.Status.Phase, node)
-		for _, c := range p.Status.Conditions {
-			if c.Type == corev1.PodScheduled && c.Status != corev1.ConditionTrue && c.Message != "" {
-				fmt.Fprintf(w, "  scheduler: %s\n", c.Message)
-			}
-		}
-		evs := reasons[key]
-		sort.Slice(evs, func(i, j int) bool { return evs[i].LastTimestamp.Before(&evs[j].LastTimestamp) })
-		if len(evs) > 3 {
-			evs = evs[len(evs)-3:]
-		}
-		for _, e := range evs {
-			fmt.Fprintf(w, "  %s (%s): %s\n", e.Reason, e.Source.Component, e.Message)
-		}
-		for _, cs := range p.Status.ContainerStatuses {
-			if cs.State.Waiting != nil && cs.State.Waiting.Message != "" {
-				fmt.Fprintf(w, "  container %s: %s: %s\n", cs.Name, cs.State.Waiting.Reason, cs.State.Waiting.Message)
-			}
-		}
-	}
-	if n == 0 {
-		fmt.Fprintln(w, "no GPU pod is waiting")
-	}
-	return nil
+// versionText is what --version prints, as every Tessera binary prints it.
+func versionText() string {
+	var b strings.Builder
+	telemetry.PrintVersion(&b, "kubectl-tessera")
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
-func asksForGPU(p *corev1.Pod) bool {
-	for _, c := range append(append([]corev1.Container{}, p.Spec.InitContainers...), p.Spec.Containers...) {
-		for name := range c.Resources.Limits {
-			if api.IsTesseraResource(string(name)) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
-func gib(b int64) string { return resource.NewQuantity(b, resource.BinarySI).String() }
+// output is where a command prints.
+func (o *options) out() io.Writer { return o.streams.Out }

@@ -2,97 +2,163 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"fmt"
-	"regexp"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
-	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-
-	api "github.com/tessera-gpu/tessera/api/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/cli-runtime/pkg/genericclioptions"
+	"k8s.io/cli-runtime/pkg/genericiooptions"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/rest"
+	k8stesting "k8s.io/client-go/testing"
 )
 
-func uuid(i int) string { return fmt.Sprintf("GPU-00000001-0000-4000-8000-%012x", i) }
-
-func node(t *testing.T) corev1.Node {
-	inv := &api.NodeInventory{APIVersion: api.Version, Node: "n1", SharesPerGPU: 10}
-	for i := 0; i < 3; i++ {
-		inv.GPUs = append(inv.GPUs, api.GPU{UUID: uuid(i), Index: i, Model: "A100", MemoryBytes: 40 << 30, SMCount: 108,
-			NUMANode: 0, PCIBusID: fmt.Sprintf("0000:%02x:00.0", i+1), Minor: i, Healthy: i != 2})
-	}
-	raw, err := api.EncodeInventory(inv)
-	if err != nil {
+// kubeconfig writes a kubeconfig with two contexts: "main" (namespace ctx-ns, the current one) and
+// "other" (namespace other-ns). Its server is never dialled: tests get a fake clientset.
+func kubeconfig(t *testing.T) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "config")
+	cfg := `apiVersion: v1
+kind: Config
+clusters:
+- name: c
+  cluster: {server: "https://127.0.0.1:1"}
+users:
+- name: u
+  user: {token: t}
+contexts:
+- name: main
+  context: {cluster: c, user: u, namespace: ctx-ns}
+- name: other
+  context: {cluster: c, user: u, namespace: other-ns}
+current-context: main
+`
+	if err := os.WriteFile(p, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	return corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1", Annotations: map[string]string{api.AnnotationInventory: string(raw)}}}
+	return p
 }
 
-func pod(t *testing.T, name string, devs ...api.DeviceAssignment) corev1.Pod {
-	a := &api.PodAssignment{APIVersion: api.Version, Node: "n1", Containers: []api.ContainerAssignment{{Name: "main", Devices: devs}}}
-	raw, err := api.EncodeAssignment(a)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ns", Annotations: map[string]string{api.AnnotationAssignment: string(raw)}},
-		Spec: corev1.PodSpec{NodeName: "n1"}, Status: corev1.PodStatus{Phase: corev1.PodRunning}}
+// result is one run of the command line against a fake API.
+type result struct {
+	out, errOut string
+	err         error
+	loaded      *rest.Config // the config the client was made from; nil when none was loaded
+	api         *fake.Clientset
 }
 
-// TestNodes: each GPU's mode, holders and free capacity, as the assignments say.
-func TestNodes(t *testing.T) {
-	pods := []corev1.Pod{
-		pod(t, "a", api.DeviceAssignment{UUID: uuid(0), MemoryBytes: 10 << 30, CoresPercent: 30}),
-		pod(t, "b", api.DeviceAssignment{UUID: uuid(0), MemoryBytes: 4 << 30, CoresPercent: 20}),
-		pod(t, "w", api.DeviceAssignment{UUID: uuid(1), Whole: true}),
+// execute runs kubectl-tessera's command line as kubectl would, against a fake API holding objs.
+func execute(t *testing.T, args []string, objs ...runtime.Object) result {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	r := result{api: fakeAPI(objs...)}
+	cmd := newCommand(genericiooptions.IOStreams{In: strings.NewReader(""), Out: &out, ErrOut: &errOut}, genericclioptions.NewConfigFlags(true),
+		func(c *rest.Config) (kubernetes.Interface, error) { r.loaded = c; return r.api, nil })
+	cmd.SetArgs(args)
+	r.err = cmd.ExecuteContext(context.Background())
+	r.out, r.errOut = out.String(), errOut.String()
+	return r
+}
+
+// lists returns the namespace and field selector of each list of resource the command made.
+func (r result) lists(resource string) []string {
+	var got []string
+	for _, a := range r.api.Actions() {
+		if la, ok := a.(k8stesting.ListAction); ok && a.GetVerb() == "list" && a.GetResource().Resource == resource {
+			got = append(got, fmt.Sprintf("ns=%q fields=%q", la.GetNamespace(), la.GetListRestrictions().Fields.String()))
+		}
 	}
-	done := pod(t, "done", api.DeviceAssignment{UUID: uuid(2), Whole: true})
-	done.Status.Phase = corev1.PodSucceeded
-	pods = append(pods, done)
-	var out bytes.Buffer
-	if err := writeNodes(&out, []corev1.Node{node(t), {ObjectMeta: metav1.ObjectMeta{Name: "cpu-only"}}}, pods, nil); err != nil {
+	return got
+}
+
+// TestCommandLine: flags are kubectl's (cli-runtime's ConfigFlags, two dashes, -n/--namespace, -A,
+// --context, --as, -o), and a bad command, flag, argument count or output format is refused by
+// name before the kubeconfig is loaded (here, one that does not parse: loading it would fail).
+func TestCommandLine(t *testing.T) {
+	good := kubeconfig(t)
+	bad := filepath.Join(t.TempDir(), "garbage")
+	if err := os.WriteFile(bad, []byte("{not a kubeconfig"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{
-		`(?m)^NODE n1\s+3 GPUs, 10 shares per GPU$`,
-		`(?m)^\s+0\s+` + uuid(0) + `\s+A100\s+40Gi\s+shared\s+26Gi, 50% cores, 8 shares\s+ns/a/main share 10Gi 30% cores; ns/b/main share 4Gi 20% cores$`,
-		`(?m)^\s+1\s+` + uuid(1) + `\s+A100\s+40Gi\s+whole\s+-\s+ns/w/main whole$`,
-		`(?m)^\s+2\s+` + uuid(2) + `\s+A100\s+40Gi\s+free \(unhealthy\)\s+whole or shares\s+-$`,
+	for _, c := range []struct {
+		name string
+		args []string
+		// wantErr is a part of the error; "" for success.
+		wantErr string
+		// wantPodList is the pods list pending makes (namespace and selector), when it runs.
+		wantPodList string
+		wantUser    string
+	}{
+		{name: "unknown command", args: []string{"frobnicate", "--kubeconfig", bad},
+			wantErr: `unknown command "frobnicate" for "kubectl tessera"; commands: nodes, pending, version, why`},
+		{name: "unknown command after flags", args: []string{"--kubeconfig", bad, "-n", "x", "podz"}, wantErr: `unknown command "podz"`},
+		{name: "go-style flag", args: []string{"-context", "prod", "--kubeconfig", bad}, wantErr: "long flags take two dashes: --context"},
+		{name: "go-style flag on a command", args: []string{"pending", "-kubeconfig=" + bad}, wantErr: "long flags take two dashes: --kubeconfig"},
+		{name: "unknown flag", args: []string{"pending", "--kubeconfig", bad, "--bogus"}, wantErr: "unknown flag: --bogus (see kubectl tessera pending --help)"},
+		{name: "-A belongs to pending", args: []string{"nodes", "-A", "--kubeconfig", bad}, wantErr: "unknown shorthand flag: 'A' in -A"},
+		{name: "bad output", args: []string{"pending", "-o", "xml", "--kubeconfig", bad}, wantErr: `unknown output format "xml" for -o; use one of: wide, json, yaml`},
+		{name: "bad output for nodes", args: []string{"nodes", "--kubeconfig", bad, "-o=jsonpath={.items}"}, wantErr: `unknown output format "jsonpath={.items}"`},
+		{name: "bad output for why", args: []string{"why", "p", "--kubeconfig", bad, "--output", "name"}, wantErr: `unknown output format "name"`},
+		{name: "pending takes no pod", args: []string{"pending", "p", "--kubeconfig", bad}, wantErr: `unknown command "p" for "kubectl tessera pending"`},
+		{name: "why needs a pod", args: []string{"why", "--kubeconfig", bad}, wantErr: "accepts 1 arg(s), received 0"},
+		{name: "garbage kubeconfig is reported when loaded", args: []string{"pending", "--kubeconfig", bad}, wantErr: "kubeconfig:"},
+		{name: "context namespace", args: []string{"pending", "--kubeconfig", good}, wantPodList: `ns="ctx-ns"`},
+		{name: "-n", args: []string{"pending", "--kubeconfig", good, "-n", "team-a"}, wantPodList: `ns="team-a"`},
+		{name: "--namespace before the command", args: []string{"--namespace=team-b", "--kubeconfig", good, "pending"}, wantPodList: `ns="team-b"`},
+		{name: "--context", args: []string{"pending", "--kubeconfig", good, "--context", "other"}, wantPodList: `ns="other-ns"`},
+		{name: "-A", args: []string{"pending", "--kubeconfig", good, "-n", "team-a", "-A"}, wantPodList: `ns=""`},
+		{name: "--all-namespaces", args: []string{"pending", "--kubeconfig", good, "--all-namespaces"}, wantPodList: `ns=""`},
+		{name: "--as", args: []string{"pending", "--kubeconfig", good, "--as", "alice", "-o", "json"}, wantPodList: `ns="ctx-ns"`, wantUser: "alice"},
 	} {
-		if !regexp.MustCompile(want).MatchString(out.String()) {
-			t.Errorf("output lacks %s:\n%s", want, out.String())
-		}
-	}
-	if strings.Contains(out.String(), "cpu-only") {
-		t.Errorf("a node without inventory is listed:\n%s", out.String())
-	}
-	if err := writeNodes(&bytes.Buffer{}, []corev1.Node{{ObjectMeta: metav1.ObjectMeta{Name: "cpu-only"}}}, nil, nil); err == nil || !strings.Contains(err.Error(), "node agent") {
-		t.Errorf("no inventory anywhere: %v, want an error pointing at the node agent", err)
+		t.Run(c.name, func(t *testing.T) {
+			t.Setenv("KUBECONFIG", bad)
+			r := execute(t, c.args)
+			if c.wantErr != "" {
+				if r.err == nil || !strings.Contains(r.err.Error(), c.wantErr) {
+					t.Fatalf("error %v, want one with %q", r.err, c.wantErr)
+				}
+				if r.loaded != nil && !strings.Contains(c.wantErr, "kubeconfig") {
+					t.Errorf("the kubeconfig was loaded and a client made before the error")
+				}
+				if len(r.api.Actions()) > 0 {
+					t.Errorf("the API was called: %v", r.api.Actions())
+				}
+				return
+			}
+			if r.err != nil {
+				t.Fatalf("%v\n%s", r.err, r.errOut)
+			}
+			if got := r.lists("pods"); len(got) != 1 || !strings.HasPrefix(got[0], c.wantPodList+" ") {
+				t.Errorf("pods lists %v, want one with %s", got, c.wantPodList)
+			}
+			if c.wantUser != "" && r.loaded.Impersonate.UserName != c.wantUser {
+				t.Errorf("impersonating %q, want %q", r.loaded.Impersonate.UserName, c.wantUser)
+			}
+		})
 	}
 }
 
-// TestPending: a GPU pod that waits shows the scheduler's message and Tessera's Warning Events; a
-// pod without GPUs is left out.
-func TestPending(t *testing.T) {
-	gpu := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "big", Namespace: "ns"},
-		Spec: corev1.PodSpec{Containers: []corev1.Container{{Name: "main", Resources: corev1.ResourceRequirements{
-			Limits: corev1.ResourceList{api.ResourceShare: resource.MustParse("1"), api.ResourceShareMemory: resource.MustParse("48Gi")}}}}},
-		Status: corev1.PodStatus{Phase: corev1.PodPending, Conditions: []corev1.PodCondition{{Type: corev1.PodScheduled, Status: corev1.ConditionFalse,
-			Message: "0/1 nodes are available: 1 container \"main\" asks for 49152 MiB per share"}}}}
-	cpu := corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "cpu", Namespace: "ns"}, Status: corev1.PodStatus{Phase: corev1.PodPending}}
-	ev := corev1.Event{InvolvedObject: corev1.ObjectReference{Kind: "Pod", Namespace: "ns", Name: "big"}, Type: corev1.EventTypeWarning,
-		Reason: "GPUPlacementRefused", Message: "no GPU has 48Gi", Source: corev1.EventSource{Component: "tessera-extender"}}
-	var out bytes.Buffer
-	if err := writePending(&out, []corev1.Pod{gpu, cpu}, []corev1.Event{ev}); err != nil {
-		t.Fatal(err)
-	}
-	for _, want := range []string{"ns/big\tPending\t(not scheduled)", "scheduler: 0/1 nodes are available: 1 container \"main\" asks for 49152 MiB per share",
-		"GPUPlacementRefused (tessera-extender): no GPU has 48Gi"} {
-		if !strings.Contains(out.String(), want) {
-			t.Errorf("output lacks %q:\n%s", want, out.String())
+// TestVersionAndHelp: --version and the version command print the version block, --help the
+// usage; neither loads a kubeconfig.
+func TestVersionAndHelp(t *testing.T) {
+	for _, args := range [][]string{{"--version"}, {"version"}} {
+		r := execute(t, args)
+		if r.err != nil || !strings.HasPrefix(r.out, "kubectl-tessera, version ") || r.loaded != nil {
+			t.Errorf("%v: %v, loaded %v\n%s", args, r.err, r.loaded != nil, r.out)
 		}
 	}
-	if strings.Contains(out.String(), "ns/cpu") {
-		t.Errorf("a pod without GPUs is listed:\n%s", out.String())
+	r := execute(t, []string{"--help"})
+	for _, want := range []string{"Usage:", "kubectl tessera [command]", "--context", "-n, --namespace", "--as ", "-o, --output", "nodes", "pending", "why"} {
+		if !strings.Contains(r.out, want) {
+			t.Errorf("--help lacks %q:\n%s", want, r.out)
+		}
+	}
+	if r.err != nil || r.loaded != nil {
+		t.Errorf("--help: %v, loaded %v", r.err, r.loaded != nil)
 	}
 }

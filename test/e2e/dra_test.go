@@ -124,6 +124,7 @@ func testDRAWhole(t *testing.T, c *Cluster) {
 		t.Errorf("whole claim: CUDA sees %d bytes, want the GPU's %d", info["total_mem"], c.GPU(entries[0].Devices[0].UUID).MemoryBytes)
 	}
 	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: SimWholeGPUs - 1, api.ResourceShare: SimShares - 10})
+	checkTesseraHolds(t, c, entries[0].Devices[0].UUID, "claim") // the claim shows in kubectl tessera, not as free
 }
 
 // testDRAMIG: a MIG claim gets one instance: its caps device nodes, recorded in the ledger.
@@ -152,6 +153,7 @@ func testDRAUnfit(t *testing.T, c *Cluster) {
 	c.CreatePod(t, ClaimPod("dra-big", "too-big"))
 	msg := c.WaitUnschedulable(t, "dra-big", "cannot allocate all claims")
 	t.Logf("dra-big: %s", msg)
+	checkTesseraWhy(t, c, "dra-big", "cannot allocate all claims")
 	if n := len(claimEntries(t, c)); n != 0 {
 		t.Errorf("%d claims prepared for an unschedulable pod", n)
 	}
