@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -209,13 +210,15 @@ func TestSimNVMLReportsContainerProcessesByHostPID(t *testing.T) {
 	}
 	holder, _ := strconv.Atoi(f[0])
 
-	// GPU 0 (minor 0, an A100: a context takes 384 MiB there) is the holder's device 0.
+	// GPU 0 (minor 0, an A100: compute capability 8.0) is the holder's device 0; what a context
+	// takes there is the fake driver's own figure, read from its header so the two cannot drift.
+	ctxBytes := fakeContextBytes(t, "FAKE_CTX_BYTES_SM80")
 	dev, ret := b.NVML().DeviceGetHandleByIndex(0)
 	if ret != nvml.SUCCESS {
 		t.Fatal(ret)
 	}
 	procs, ret := dev.GetComputeRunningProcesses()
-	want := []nvml.ProcessInfo{{Pid: uint32(holder), UsedGpuMemory: 384<<20 + held, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}}
+	want := []nvml.ProcessInfo{{Pid: uint32(holder), UsedGpuMemory: ctxBytes + held, GpuInstanceId: 0xFFFFFFFF, ComputeInstanceId: 0xFFFFFFFF}}
 	if ret != nvml.SUCCESS || fmt.Sprint(procs) != fmt.Sprint(want) {
 		t.Fatalf("GPU 0 processes: %+v (%v), want host pid %d: %+v", procs, ret, holder, want)
 	}
@@ -242,4 +245,23 @@ func TestSimNVMLReportsContainerProcessesByHostPID(t *testing.T) {
 	if left, _ := filepath.Glob(filepath.Join(n.SimDriverState, "*.proc")); len(left) != 0 {
 		t.Errorf("records of dead processes left: %v", left)
 	}
+}
+
+// fakeContextBytes reads one of the fake driver's context sizes (`#define NAME (<n>ull << 20)`)
+// from vcuda/test/fake.h.
+func fakeContextBytes(t *testing.T, name string) uint64 {
+	t.Helper()
+	src, err := os.ReadFile(filepath.Join("..", "..", "vcuda", "test", "fake.h"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`#define ` + name + ` \((\d+)ull << 20\)`).FindSubmatch(src)
+	if m == nil {
+		t.Fatalf("vcuda/test/fake.h defines no %s as (<n>ull << 20)", name)
+	}
+	n, err := strconv.ParseUint(string(m[1]), 10, 64)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n << 20
 }
