@@ -30,6 +30,7 @@ import (
 	"k8s.io/utils/clock"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/hostproc"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/vcuda"
 )
@@ -337,7 +338,7 @@ func (g *Guard) sampleGPU(uuid string, known map[string]*ledger.Entry) *gpuSampl
 	}
 	for pid, used := range procs {
 		id, err := processContainer(g.cfg.HostProc, pid)
-		start, serr := processStart(g.cfg.HostProc, pid)
+		start, serr := hostproc.Start(g.cfg.HostProc, pid)
 		if err != nil || serr != nil || known[id] == nil {
 			// Gone since NVML listed it, outside any container, or in one Tessera did not
 			// place (a whole-node admin pod, another device plugin): reported, never killed.
