@@ -24,7 +24,8 @@ import (
 // tenant's to write. vcuda charges the larger of its table and the published figure. So a tenant that
 // writes its slot can raise the figure (up to that bound: other containers of the model meet their
 // polite OOM earlier) but can never make a charge smaller than the table: a context is never
-// charged less than the scheduler's smallest share assumes.
+// charged less than the scheduler's smallest share assumes. (A tenant whose own process really is
+// small lowers the bound, and so can hold back a correction above the table, never below it.)
 const (
 	// overheadWindow is how long a sample counts.
 	overheadWindow = 10 * time.Minute
