@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -237,6 +238,57 @@ func regionImage() []byte {
 	return img
 }
 
+// regionWithContexts is regionImage with two GPU records and one live slot (pid 42) whose
+// context record holds: GPU 0, 2 contexts charged 1400 MiB (of 1464 MiB used); GPU 1 twice; a GPU
+// record not in use; a saturated count; a charge over what the slot holds on GPU 2... (see
+// TestRegionSlotContexts for what each must read as).
+func regionWithContexts() []byte {
+	img := regionImage()
+	le := binary.LittleEndian
+	le.PutUint32(img[24:], 3)
+	copy(img[4096+256:], "GPU-fa4e0000-0000-4000-8000-000000000001")
+	copy(img[4096+512:], "GPU-fa4e0000-0000-4000-8000-000000000002")
+	slot := img[4096+64*256:]
+	le.PutUint32(slot[0:], 42)
+	le.PutUint32(slot[4:], 2)
+	le.PutUint64(slot[8:], 777)
+	le.PutUint64(slot[24:], 4026531836)
+	le.PutUint64(slot[64:], 1464<<20)
+	le.PutUint64(slot[72:], 600<<20)
+	le.PutUint64(slot[80:], 10<<20)
+	word := func(g, n, pages uint32) uint32 { return (g + 1) | n<<7 | pages<<13 }
+	for i, w := range []uint32{
+		word(0, 2, 700),  // GPU 0: two contexts, 1400 MiB
+		word(1, 1, 256),  // GPU 1 named twice: neither entry counts
+		word(1, 1, 256),  //
+		word(9, 1, 256),  // GPU record 9 is not in use
+		word(2, 63, 1),   // too many contexts to count
+		word(2, 1, 2000), // 4000 MiB charged, 10 MiB held
+		0x7f,             // GPU record 126, no contexts
+	} {
+		le.PutUint32(slot[32+4*i:], w)
+	}
+	return img
+}
+
+// TestRegionSlotContexts: the context records of a slot are read as written, and every entry a
+// container could write to skew the agent's measurement (a GPU twice, a record not in use, a count
+// that was not counted, a charge over the slot's use) is no record.
+func TestRegionSlotContexts(t *testing.T) {
+	r, err := ParseRegion(regionWithContexts())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(r.Processes) != 1 {
+		t.Fatalf("processes %+v", r.Processes)
+	}
+	p := r.Processes[0]
+	want := []RegionContexts{{GPU: 0, Count: 2, Charged: 1400 << 20}}
+	if !slices.Equal(p.Contexts, want) || p.PID != 42 || !p.Live || p.StartTime != 777 || p.PIDNS != 4026531836 {
+		t.Fatalf("slot %+v, want contexts %+v", p, want)
+	}
+}
+
 type craftedRegion struct {
 	name string
 	img  []byte
@@ -304,10 +356,21 @@ func FuzzParseRegion(f *testing.F) {
 	for _, c := range craftedRegions() {
 		f.Add(c.img)
 	}
+	f.Add(regionWithContexts())
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := ParseRegion(b)
 		if err == nil && (len(r.GPUs) > 64 || r == nil) {
 			t.Fatalf("accepted %d gpus", len(r.GPUs))
+		}
+		if err != nil {
+			return
+		}
+		for _, p := range r.Processes {
+			for _, c := range p.Contexts {
+				if c.GPU < 0 || c.GPU >= len(r.GPUs) || c.Count == 0 || c.Count >= 63 || c.Charged > p.Used[c.GPU] {
+					t.Fatalf("context record %+v of a slot holding %v", c, p.Used)
+				}
+			}
 		}
 	})
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"slices"
 )
 
 // Layout of the shared accounting region (version 1), as written by
@@ -30,10 +31,24 @@ type RegionGPU struct {
 	BusyNs         uint64 // device time charged by the compute limiter
 }
 
-// RegionProcess is a process slot in use.
+// RegionProcess is a process slot in use. Every field is what the container wrote.
 type RegionProcess struct {
-	PID  uint32
-	Used []uint64 // bytes per GPU record
+	PID       uint32   // in the owner's PID namespace
+	Live      bool     // state is live (not being claimed)
+	Inflight  uint64   // the owner's threads inside an update of Used
+	StartTime uint64   // field 22 of the owner's /proc/<pid>/stat
+	PIDNS     uint64   // inode of the owner's PID namespace; 0 unknown
+	Used      []uint64 // bytes per GPU record, contexts included
+	// Contexts are the owner's contexts per GPU record and what vcuda charged them
+	// (slot.ctx[]): at most one per GPU record, each naming a record in use.
+	Contexts []RegionContexts
+}
+
+// RegionContexts is what a process's contexts on one GPU record were charged.
+type RegionContexts struct {
+	GPU     int    // GPU record index
+	Count   uint32 // live contexts
+	Charged uint64 // bytes vcuda charged them (a multiple of 2 MiB), part of Used[GPU]
 }
 
 // Region is a snapshot of a container's region, for the node agent's metrics.
@@ -61,6 +76,13 @@ const (
 	gpuRecordMin     = 224 + 8        // busy_ns at 224
 	slotRecordMin    = 64 + 8*maxGPUs // used[] at 64
 	regionHeaderMin  = 48 + 256       // container[256] at 48
+	slotLive         = 2              // VC_SLOT_LIVE
+	// slot.ctx[]: 8 words at 32 (VC_CTX_*): bits 0-6 GPU record + 1, 7-12 the count
+	// (63: too many to count), 13-31 the charge in 2 MiB pages.
+	slotCtxOffset  = 32
+	slotCtxRecords = 8
+	ctxSaturated   = 63
+	ctxPage        = 2 << 20
 )
 
 // ParseRegion decodes a region image. The image is written by processes of the
@@ -126,13 +148,39 @@ func ParseRegion(b []byte) (*Region, error) {
 		if pid == 0 {
 			continue
 		}
-		p := RegionProcess{PID: pid, Used: make([]uint64, ngpus)}
+		p := RegionProcess{PID: pid, Live: le.Uint32(s[4:]) == slotLive, StartTime: le.Uint64(s[8:]),
+			Inflight: le.Uint64(s[16:]), PIDNS: le.Uint64(s[24:]), Used: make([]uint64, ngpus)}
 		for g := range p.Used {
 			p.Used[g] = le.Uint64(s[64+8*g:])
 		}
+		p.Contexts = slotContexts(s[slotCtxOffset:slotCtxOffset+4*slotCtxRecords], p.Used)
 		r.Processes = append(r.Processes, p)
 	}
 	return r, nil
+}
+
+// slotContexts decodes a slot's ctx[] words. An entry naming no GPU record in use, a GPU named
+// twice (both dropped), a count too large to be counted, or a charge over what the slot holds on
+// the GPU is not a record: the process then gives no measurement on that GPU.
+func slotContexts(b []byte, used []uint64) []RegionContexts {
+	var out []RegionContexts
+	twice := map[int]bool{}
+	for i := 0; i < slotCtxRecords; i++ {
+		w := binary.LittleEndian.Uint32(b[4*i:])
+		if w == 0 {
+			continue
+		}
+		g, n := int(w&0x7f)-1, (w>>7)&0x3f
+		if g < 0 || g >= len(used) || n == 0 || n == ctxSaturated || uint64(w>>13)*ctxPage > used[g] {
+			continue
+		}
+		if slices.ContainsFunc(out, func(c RegionContexts) bool { return c.GPU == g }) {
+			twice[g] = true
+			continue
+		}
+		out = append(out, RegionContexts{GPU: g, Count: n, Charged: uint64(w>>13) * ctxPage})
+	}
+	return slices.DeleteFunc(out, func(c RegionContexts) bool { return twice[c.GPU] })
 }
 
 func cstring(b []byte) string {

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -233,7 +234,7 @@ func TestSecurityAllocationPaths(t *testing.T) { runGroup(t, "security_") }
 // groupPrefixes are the C case prefixes the tests above run; a case named
 // otherwise would never run.
 var groupPrefixes = []string{"mem_", "limits_", "info_", "procaddr_", "nodefile_", "fake_", "identity_",
-	"harness_", "crash_", "limiter_", "security_", "hooktable_"}
+	"harness_", "crash_", "limiter_", "security_", "hooktable_", "ctxoverhead_"}
 
 func TestEveryCaseRuns(t *testing.T) {
 	dir := build(t)
@@ -252,6 +253,31 @@ func TestEveryCaseRuns(t *testing.T) {
 // lock), allocations after the exit handler are refused, and a stopped
 // process holding the region lock cannot stall the container.
 func TestIdentity(t *testing.T) { runGroup(t, "identity_") }
+
+// The node agent's measured context overhead: charged where above the table, ignored when below
+// it, stale, from the future or malformed; and the slot's context record (slot.ctx[], written by
+// C) reads in Go as what was charged: two contexts of 700 MiB on GPU record 0, an allocation beside.
+func TestContextOverhead(t *testing.T) {
+	runGroup(t, "ctxoverhead_", func(t *testing.T, name, tmp string) {
+		if name != "ctxoverhead_file_charged" {
+			return
+		}
+		r, err := ReadRegion(filepath.Join(tmp, "region.contexts"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var live []RegionProcess
+		for _, p := range r.Processes {
+			if len(p.Contexts) > 0 {
+				live = append(live, p)
+			}
+		}
+		want := []RegionContexts{{GPU: 0, Count: 2, Charged: 1400 << 20}}
+		if len(live) != 1 || !slices.Equal(live[0].Contexts, want) || live[0].Used[0] != 1464<<20 || !live[0].Live || live[0].PIDNS == 0 || live[0].StartTime == 0 {
+			t.Fatalf("processes with contexts %+v, want one holding %+v and 1464 MiB", live, want)
+		}
+	})
+}
 
 // The harness fails fast: a forked child dies with its parent.
 func TestHarness(t *testing.T) { runGroup(t, "harness_") }

@@ -3,11 +3,13 @@ package main
 import (
 	"context"
 	"log/slog"
+	"path/filepath"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/client-go/tools/record"
 
 	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
+	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/agent"
 	"github.com/tessera-gpu/tessera/internal/gpu"
 	"github.com/tessera-gpu/tessera/internal/memguard"
@@ -17,7 +19,8 @@ import (
 
 // startMemoryGuard runs the memory guard (internal/memguard) on the backend's NVML until ctx ends:
 // the caps of the agent's ledger enforced on what the driver measures per process, compared with
-// the regions the metrics read (the same bounded read and vcuda.ParseRegion).
+// the regions the metrics read (the same bounded read and vcuda.ParseRegion); the per-context
+// overhead it measures is published in the run directory's node files for vcuda.
 func startMemoryGuard(ctx context.Context, cfg *configv1.NodeConfig, backend gpu.Backend, a *agent.Agent, plugin *nri.Plugin,
 	events record.EventRecorder, reg prometheus.Registerer, log *slog.Logger) error {
 	m := cfg.MemoryGuard
@@ -35,7 +38,8 @@ func startMemoryGuard(ctx context.Context, cfg *configv1.NodeConfig, backend gpu
 		},
 		HostProc: cfg.HostProc, Interval: m.Interval.Duration, Grace: m.Grace.Duration,
 		ToleranceBytes: m.ToleranceBytes, TolerancePercent: m.TolerancePercent,
-		NodeName: cfg.NodeName, Events: events, Log: log})
+		ContextOverheadFile: filepath.Join(nri.NodeFilesDir(cfg.RunDir), api.ContextOverheadFile),
+		NodeName:            cfg.NodeName, Events: events, Log: log})
 	if err := g.Register(reg); err != nil {
 		return err
 	}

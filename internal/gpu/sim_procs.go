@@ -1,7 +1,6 @@
 package gpu
 
 import (
-	"bytes"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -16,6 +15,8 @@ import (
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"github.com/tessera-gpu/tessera/internal/hostproc"
 )
 
 // This file is the simulated driver's per-process accounting, as NVML on the host reports it. A real
@@ -218,21 +219,25 @@ func (p *simProcs) hostPIDs(records []simProcRecord) map[int]uint32 {
 		if err != nil || pid == 0 {
 			continue
 		}
-		base := filepath.Join(p.procRoot, e.Name())
-		ns, ok := pidNamespace(filepath.Join(base, "ns/pid"))
-		if !ok || !namespaces[ns] {
+		host := uint32(pid)
+		ns, err := hostproc.PIDNamespace(p.procRoot, host)
+		if err != nil || !namespaces[ns] {
 			continue
 		}
-		nspid, ok := innermostNSpid(filepath.Join(base, "status"))
-		if !ok {
+		status, err := hostproc.ReadFile(p.procRoot, host, "status")
+		if err != nil {
+			continue
+		}
+		nspid, err := hostproc.NSpid(status)
+		if err != nil {
 			continue
 		}
 		idx := want[key{ns, nspid}]
 		if len(idx) == 0 {
 			continue
 		}
-		start, ok := procStartTime(filepath.Join(base, "stat"))
-		if !ok {
+		start, err := hostproc.Start(p.procRoot, host)
+		if err != nil {
 			continue
 		}
 		for _, i := range idx {
@@ -242,64 +247,6 @@ func (p *simProcs) hostPIDs(records []simProcRecord) map[int]uint32 {
 		}
 	}
 	return out
-}
-
-// pidNamespace reads the inode of a /proc/<pid>/ns/pid link ("pid:[4026531836]").
-func pidNamespace(path string) (uint64, bool) {
-	target, err := os.Readlink(path)
-	if err != nil || !strings.HasPrefix(target, "pid:[") || !strings.HasSuffix(target, "]") {
-		return 0, false
-	}
-	ino, err := strconv.ParseUint(target[5:len(target)-1], 10, 64)
-	return ino, err == nil
-}
-
-// innermostNSpid is the last pid of the NSpid line of /proc/<pid>/status: the pid in the process's
-// own PID namespace.
-func innermostNSpid(path string) (uint64, bool) {
-	b, err := readProcFile(path)
-	if err != nil {
-		return 0, false
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "NSpid:"); ok {
-			f := strings.Fields(rest)
-			if len(f) == 0 {
-				return 0, false
-			}
-			v, err := strconv.ParseUint(f[len(f)-1], 10, 64)
-			return v, err == nil
-		}
-	}
-	return 0, false
-}
-
-// procStartTime is field 22 of /proc/<pid>/stat, counted after the ')' that ends the command name.
-func procStartTime(path string) (uint64, bool) {
-	b, err := readProcFile(path)
-	if err != nil {
-		return 0, false
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, false
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 { // fields 3..22
-		return 0, false
-	}
-	v, err := strconv.ParseUint(f[19], 10, 64)
-	return v, err == nil
-}
-
-// readProcFile reads a small /proc file, bounded.
-func readProcFile(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	return io.ReadAll(io.LimitReader(f, 16<<10))
 }
 
 // strictProcesses makes a GPU's process lists the simulated driver's: compute processes from the

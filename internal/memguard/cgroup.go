@@ -3,18 +3,10 @@ package memguard
 import (
 	"bytes"
 	"errors"
-	"fmt"
-	"io"
-	"os"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
-)
 
-// procFileLimit bounds every read of a /proc file: a cgroup file holds one line per hierarchy
-// (about 14 on cgroup v1), each a path of at most PATH_MAX; a stat line is well under 1 KiB.
-const procFileLimit = 64 << 10
+	"github.com/tessera-gpu/tessera/internal/hostproc"
+)
 
 // containerIDLen is the length of a runtime container ID (containerd, CRI-O, Docker: 64 hex).
 const containerIDLen = 64
@@ -89,26 +81,9 @@ func isContainerID(s string) bool {
 	return true
 }
 
-// readProcFile reads <hostProc>/<pid>/<name>, at most procFileLimit bytes; a longer file is an error.
-func readProcFile(hostProc string, pid uint32, name string) ([]byte, error) {
-	f, err := os.OpenFile(filepath.Join(hostProc, strconv.FormatUint(uint64(pid), 10), name), os.O_RDONLY|syscall.O_NOFOLLOW, 0)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	data, err := io.ReadAll(io.LimitReader(f, procFileLimit+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(data) > procFileLimit {
-		return nil, fmt.Errorf("%s of pid %d is over %d bytes", name, pid, procFileLimit)
-	}
-	return data, nil
-}
-
 // processContainer is the container ID of a host pid, from <hostProc>/<pid>/cgroup.
 func processContainer(hostProc string, pid uint32) (string, error) {
-	data, err := readProcFile(hostProc, pid, "cgroup")
+	data, err := hostproc.ReadFile(hostProc, pid, "cgroup")
 	if err != nil {
 		return "", err
 	}
@@ -120,33 +95,3 @@ func processContainer(hostProc string, pid uint32) (string, error) {
 }
 
 var errNoContainer = errors.New("the cgroup names no single container")
-
-// StartTime is field 22 of a /proc/<pid>/stat line: when the process started, in clock ticks since
-// boot. A pid is reused only by a process that starts later, so pid and start time name one
-// process. The command name (field 2) is in parentheses and may hold spaces and ')': fields are
-// counted after the last ')'.
-func StartTime(stat []byte) (uint64, error) {
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 {
-		return 0, errors.New("stat: no command name")
-	}
-	fields := strings.Fields(string(stat[i+1:]))
-	const startField = 22 - 3 // fields after the name start at field 3 (state)
-	if len(fields) <= startField {
-		return 0, fmt.Errorf("stat: %d fields after the command name, want more than %d", len(fields), startField)
-	}
-	t, err := strconv.ParseUint(fields[startField], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("stat: start time: %w", err)
-	}
-	return t, nil
-}
-
-// processStart is the start time of a host pid, from <hostProc>/<pid>/stat.
-func processStart(hostProc string, pid uint32) (uint64, error) {
-	data, err := readProcFile(hostProc, pid, "stat")
-	if err != nil {
-		return 0, err
-	}
-	return StartTime(data)
-}

@@ -5,6 +5,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/tessera-gpu/tessera/internal/hostproc"
 )
 
 const (
@@ -61,58 +63,22 @@ func FuzzContainerFromCgroup(f *testing.F) {
 	})
 }
 
-// TestStartTime: field 22 of a stat line, counted after the last ')' of the command name, which a
-// process chooses (prctl PR_SET_NAME) and may fill with ") 1 2 3".
-func TestStartTime(t *testing.T) {
-	tail := "S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 987654 20 21\n"
-	for line, want := range map[string]uint64{
-		"42 (sleep) " + tail: 987654,
-		"42 (a) b) 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21) " + tail: 987654,
-		"42 (with space) " + tail: 987654,
-	} {
-		if got, err := StartTime([]byte(line)); err != nil || got != want {
-			t.Errorf("%q: %d %v, want %d", line, got, err, want)
-		}
-	}
-	for _, bad := range []string{"", "42 sleep S 1 2", "42 (x) S 1 2 3", "42 (x) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 -5 20", "42 (x) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 99999999999999999999999 20"} {
-		if _, err := StartTime([]byte(bad)); err == nil {
-			t.Errorf("%q: no error", bad)
-		}
-	}
-	// This process's own stat parses, and agrees with itself.
-	stat, err := os.ReadFile("/proc/self/stat")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if st, err := StartTime(stat); err != nil || st == 0 {
-		t.Fatalf("own stat: %d %v", st, err)
-	}
-}
-
 // TestSecurityProcFileBounded: a /proc file over the bound (or a symlink planted in a fake proc
 // tree) is an error, not read whole.
 func TestSecurityProcFileBounded(t *testing.T) {
 	proc := t.TempDir()
 	dir := filepath.Join(proc, "7")
 	os.MkdirAll(dir, 0o755)
-	big := "0::/kubepods/pod1/" + idA + "\n" + strings.Repeat("x", procFileLimit)
+	big := "0::/kubepods/pod1/" + idA + "\n" + strings.Repeat("x", hostproc.FileLimit)
 	os.WriteFile(filepath.Join(dir, "cgroup"), []byte(big), 0o644)
 	if _, err := processContainer(proc, 7); err == nil || !strings.Contains(err.Error(), "over") {
 		t.Errorf("oversized cgroup file: %v", err)
 	}
 	os.Symlink("/proc/self/stat", filepath.Join(dir, "stat"))
-	if _, err := processStart(proc, 7); err == nil {
+	if _, err := hostproc.Start(proc, 7); err == nil {
 		t.Error("a symlinked stat file was followed")
 	}
-	if _, err := processStart(proc, 8); err == nil {
+	if _, err := hostproc.Start(proc, 8); err == nil {
 		t.Error("a missing pid has a start time")
 	}
-}
-
-func FuzzStartTime(f *testing.F) {
-	f.Add([]byte("42 (sleep) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 987654 20 21\n"))
-	f.Add([]byte("42 (a) b) S 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21) 1\n"))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		_, _ = StartTime(data) // never a panic: the command name is the process's to choose
-	})
 }

@@ -30,6 +30,7 @@ import (
 	"k8s.io/utils/clock"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/hostproc"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/vcuda"
 )
@@ -61,6 +62,10 @@ type Config struct {
 	// TolerancePercent / 100) is not over the cap.
 	ToleranceBytes   int64
 	TolerancePercent int64
+	// ContextOverheadFile is where the measured per-context overhead is published for vcuda
+	// (<run dir>/node/context-overhead, mounted read-only into share containers; overhead.go).
+	// Empty: measured and exported, not published.
+	ContextOverheadFile string
 	// NodeName labels the metrics (Hostname).
 	NodeName string
 	// Events records Warning Events on pods (nil: none).
@@ -83,6 +88,8 @@ type Guard struct {
 	mismatchTold map[capKey]bool
 	// nvmlFailing are the GPUs whose last sample failed (logged once per run of failures).
 	nvmlFailing map[string]bool
+	// ctx is the per-context overhead measurement (overhead.go).
+	ctx *overheads
 
 	// beforeKill runs after a process was attributed and before it is re-checked for killing
 	// (tests: a pid reused in between).
@@ -100,7 +107,7 @@ func New(cfg Config) *Guard {
 	if cfg.HostProc == "" {
 		cfg.HostProc = "/proc"
 	}
-	g := &Guard{cfg: cfg, over: map[capKey]time.Time{}, mismatchTold: map[capKey]bool{}, nvmlFailing: map[string]bool{}}
+	g := &Guard{cfg: cfg, over: map[capKey]time.Time{}, mismatchTold: map[capKey]bool{}, nvmlFailing: map[string]bool{}, ctx: newOverheads()}
 	g.metrics = newMetrics(cfg.NodeName)
 	return g
 }
@@ -252,6 +259,20 @@ func (g *Guard) Sample() {
 	}
 
 	snap := snapshot{gpus: g.inventoryGPUs()}
+	// Each holder's region is read at most once per sample.
+	regions := map[string]*vcuda.Region{}
+	region := func(holder string) *vcuda.Region {
+		if g.cfg.Region == nil {
+			return nil
+		}
+		r, ok := regions[holder]
+		if !ok {
+			r, _ = g.cfg.Region(holder) // missing or unreadable: claims nothing
+			regions[holder] = r
+		}
+		return r
+	}
+	nextCtx := map[procKey]ctxObservation{}
 	for uuid, s := range samples {
 		if !s.ok {
 			continue
@@ -260,7 +281,13 @@ func (g *Guard) Sample() {
 		for id, procs := range s.byContainer {
 			snap.measured = append(snap.measured, containerValue{known[id], uuid, float64(sumUsed(procs))})
 		}
+		if gp := snap.gpus[uuid]; gp != nil {
+			holderOf := func(container string) string { return of[[2]string{container, uuid}].holder }
+			g.measureContexts(g.ctx, nextCtx, uuid, gp.Model, s, holderOf, region, now)
+		}
 	}
+	g.ctx.prev = nextCtx
+	g.publishOverheads(g.ctx, now, &snap)
 
 	keys := make([]capKey, 0, len(units))
 	for k := range units {
@@ -280,7 +307,7 @@ func (g *Guard) Sample() {
 				used += sumUsed(s.byContainer[m])
 			}
 		}
-		g.compareRegion(u, used, &snap)
+		g.compareRegion(u, used, region(u.holder.ContainerID), &snap)
 		limit := addSat(u.cap, g.tolerance(u.cap))
 		if used <= uint64(limit) {
 			delete(g.over, k)
@@ -337,7 +364,7 @@ func (g *Guard) sampleGPU(uuid string, known map[string]*ledger.Entry) *gpuSampl
 	}
 	for pid, used := range procs {
 		id, err := processContainer(g.cfg.HostProc, pid)
-		start, serr := processStart(g.cfg.HostProc, pid)
+		start, serr := hostproc.Start(g.cfg.HostProc, pid)
 		if err != nil || serr != nil || known[id] == nil {
 			// Gone since NVML listed it, outside any container, or in one Tessera did not
 			// place (a whole-node admin pod, another device plugin): reported, never killed.
@@ -456,12 +483,12 @@ func (g *Guard) entryOf(u *capUnit, containerID string) *ledger.Entry {
 // memory past the region's count by more than the tolerance is memory allocated past vcuda (a
 // static binary, RTLD_DEEPBIND, a raw ioctl) or a region the container lowered. A missing or
 // unreadable region claims nothing.
-func (g *Guard) compareRegion(u *capUnit, measured uint64, snap *snapshot) {
+func (g *Guard) compareRegion(u *capUnit, measured uint64, r *vcuda.Region, snap *snapshot) {
 	if g.cfg.Region == nil {
 		return
 	}
 	var claimed uint64
-	if r, err := g.cfg.Region(u.holder.ContainerID); err == nil {
+	if r != nil {
 		for _, rg := range r.GPUs {
 			if rg.UUID == u.uuid {
 				if rg.Reclaiming {

@@ -5,6 +5,8 @@ import (
 	"fmt"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/tessera-gpu/tessera/internal/hostproc"
 )
 
 // errReplaced: the pid no longer names the process that was measured (it exited, or its pid was
@@ -47,7 +49,7 @@ func killProcess(hostProc string, p attributed, containerID string) error {
 // sameProcess checks that pid still names the process measured: the start time it had then, in
 // the container it was in then.
 func sameProcess(hostProc string, p attributed, containerID string) error {
-	start, err := processStart(hostProc, p.pid)
+	start, err := hostproc.Start(hostProc, p.pid)
 	if err != nil {
 		return fmt.Errorf("%w: %v", errReplaced, err)
 	}

@@ -18,6 +18,9 @@ var (
 	underreportDesc = prometheus.NewDesc("tessera_container_region_underreport_bytes",
 		"Measured GPU memory of a share (a container's, or a shared claim's on its claim entry) past what its vcuda accounting region counts, when over the tolerance: memory allocated past vcuda or a region written by the container.",
 		telemetry.ContainerLabels, nil)
+	overheadDesc = prometheus.NewDesc("tessera_gpu_context_overhead_bytes",
+		"Device memory one CUDA context takes on the GPU's model as the agent measures it (NVML's per-process memory less the allocations vcuda counted, per context; the largest quiet sample of the last 10 minutes, bounded by the smallest process NVML lists on the model), published to vcuda, which charges the larger of it and its table. Absent until measured.",
+		telemetry.GPULabels, nil)
 	unattributedDesc = prometheus.NewDesc("tessera_gpu_memory_unattributed_bytes",
 		"GPU memory on a shared GPU held by processes in no container Tessera placed (never killed by the memory guard).",
 		telemetry.GPULabels, nil)
@@ -40,6 +43,7 @@ type snapshot struct {
 	measured     []containerValue
 	underreport  []containerValue
 	unattributed []gpuValue
+	overhead     []gpuValue
 }
 
 type containerValue struct {
@@ -84,6 +88,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- measuredDesc
 	ch <- underreportDesc
 	ch <- unattributedDesc
+	ch <- overheadDesc
 }
 
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
@@ -103,6 +108,11 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, v := range s.unattributed {
 		if g, ok := s.gpus[v.uuid]; ok {
 			ch <- prometheus.MustNewConstMetric(unattributedDesc, prometheus.GaugeValue, v.value, telemetry.GPULabelValues(g, m.node)...)
+		}
+	}
+	for _, v := range s.overhead {
+		if g, ok := s.gpus[v.uuid]; ok {
+			ch <- prometheus.MustNewConstMetric(overheadDesc, prometheus.GaugeValue, v.value, telemetry.GPULabelValues(g, m.node)...)
 		}
 	}
 }

@@ -472,10 +472,30 @@ func (p *Plugin) addVCUDA(c *nriapi.Container, owner string, shares []api.Device
 	if err != nil {
 		return err
 	}
-	for _, m := range mounts {
+	node, err := p.nodeFilesMount()
+	if err != nil {
+		return err
+	}
+	for _, m := range append(mounts, node) {
 		adj.AddMount(m)
 	}
 	return nil
+}
+
+// NodeFilesDir holds the agent's node-wide files for share containers under its state directory:
+// the memory guard's measured context overhead (api.ContextOverheadFile).
+func NodeFilesDir(stateDir string) string { return filepath.Join(stateDir, api.ContextOverheadDir) }
+
+// nodeFilesMount mounts NodeFilesDir read-only (the figures in it set what vcuda charges every
+// container of the node: no container may write them) at api.NodeFilesDirInContainer. The
+// directory, not the file: the guard replaces the file by rename, which a file mount would not see.
+func (p *Plugin) nodeFilesMount() (*nriapi.Mount, error) {
+	dir := NodeFilesDir(p.cfg.StateDir)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("create the agent's node files directory: %w", err)
+	}
+	return &nriapi.Mount{Source: dir, Destination: api.NodeFilesDirInContainer, Type: "bind",
+		Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}}, nil
 }
 
 // newVCUDAFiles creates owner's region and limits in dir and returns their mounts.

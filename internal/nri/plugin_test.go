@@ -312,8 +312,14 @@ func TestCreateContainer(t *testing.T) {
 	if got := cdiNames(adj); !slices.Equal(got, []string{"tessera.dev/gpu=" + g0}) {
 		t.Errorf("CDI devices %v", got)
 	}
-	if got, want := mountDests(adj), []string{"/etc/ld.so.preload", api.LimitsPathInContainer, api.RegionDirInContainer + "/region", api.VCUDALibraryInContainer}; !slices.Equal(got, want) {
+	if got, want := mountDests(adj), []string{"/etc/ld.so.preload", api.NodeFilesDirInContainer, api.LimitsPathInContainer, api.RegionDirInContainer + "/region", api.VCUDALibraryInContainer}; !slices.Equal(got, want) {
 		t.Errorf("mounts %v, want %v", got, want)
+	}
+	// The measured context overhead the guard publishes is the node's, read-only in every share.
+	for _, m := range adj.GetMounts() {
+		if m.Destination == api.NodeFilesDirInContainer && (m.Source != filepath.Join(e.dir, "state", "node") || !slices.Contains(m.Options, "ro")) {
+			t.Errorf("node files mount %+v, want %s/state/node read-only", m, e.dir)
+		}
 	}
 	limits, err := os.ReadFile(filepath.Join(e.dir, "state", "containers", "c-share", "limits"))
 	if err != nil || !strings.Contains(string(limits), "gpu "+g0+" 10737418240 30") {

@@ -167,7 +167,7 @@ int vc_untrack(int kind, uint64_t key, uint64_t *size, int *gpu, uint64_t *ctx) 
     }
 }
 
-void vc_untrack_ctx(uint64_t ctx, void (*fn)(uint64_t size, int gpu)) {
+void vc_untrack_ctx(uint64_t ctx, void (*fn)(int kind, uint64_t size, int gpu)) {
     if (!ctx)
         return;
     for (int k = 0; k < VC_K_COUNT; k++) {
@@ -186,7 +186,7 @@ void vc_untrack_ctx(uint64_t ctx, void (*fn)(uint64_t size, int gpu)) {
                     uint64_t size;
                     int gpu;
                     unpack(val, &size, &gpu);
-                    fn(size, gpu);
+                    fn(k, size, gpu);
                 }
             }
         }

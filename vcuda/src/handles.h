@@ -34,8 +34,8 @@ typedef struct vc_entry {
  * deleted. Returns 0, or -1 if the table is full. */
 int vc_track_ctx(int kind, uint64_t key, uint64_t size, int gpu, uint64_t ctx);
 #define vc_track(kind, key, size, gpu) vc_track_ctx(kind, key, size, gpu, 0)
-/* Removes every entry of context ctx, calling fn(size, gpu) for each. */
-void vc_untrack_ctx(uint64_t ctx, void (*fn)(uint64_t size, int gpu));
+/* Removes every entry of context ctx, calling fn(kind, size, gpu) for each. */
+void vc_untrack_ctx(uint64_t ctx, void (*fn)(int kind, uint64_t size, int gpu));
 /* Removes key and returns what it was charged (and its context, if ctx is
  * not NULL); -1 if unknown. */
 int vc_untrack(int kind, uint64_t key, uint64_t *size, int *gpu, uint64_t *ctx);

@@ -11,8 +11,10 @@
 #define _GNU_SOURCE
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "handles.h"
@@ -21,9 +23,12 @@
 #include "vcuda.h"
 
 
-static void credit(uint64_t size, int gpu) {
-    if (gpu >= 0)
-        vc_release(gpu, size);
+static void credit(int kind, uint64_t size, int gpu) {
+    if (gpu < 0)
+        return;
+    vc_release(gpu, size);
+    if (kind == VC_K_CTX)
+        vc_region_ctx_note(gpu, -1, size);
 }
 
 static void ctx_gone(CUcontext ctx) { vc_untrack_ctx((uint64_t)(uintptr_t)ctx, credit); }
@@ -114,7 +119,8 @@ VC_EXPORT CUresult cuDevicePrimaryCtxReset(CUdevice dev) {
  * context, so after the creation it must be listed; where it is not (its
  * pid is not NVML's: a container with its own PID namespace on a real
  * driver, which reports host pids) or NVML is unavailable, the
- * architecture's table value is charged instead. The measured creation is
+ * architecture's table value is charged instead, or the node agent's
+ * measurement for the GPU's model where that is larger (measured_cost). The measured creation is
  * charged after the fact (holding room for it in advance would starve the
  * container's other processes starting at the same time): if the cost does
  * not fit under the cap, the context is destroyed again and the call
@@ -150,6 +156,40 @@ static uint64_t table_cost(CUdevice dev) {
     return VC_CTX_MIB_OTHER * MiB_;
 }
 
+/* The node agent's measurement (limits.h, vc_overhead_parse): what a
+ * context takes on GPU record g as the driver reports it for processes of
+ * the node's containers, read at each creation whose cost this process does
+ * not know yet. vcuda charges the larger of it and the table: the agent
+ * derives it from slots the containers can write, so it may only ever raise
+ * a charge (README, "Measured context overhead"); a missing, malformed or
+ * stale file (written over VC_OVERHEAD_MAX_AGE s ago: the agent stopped)
+ * leaves the table. Test build: the file is VCUDA_TEST_CONTEXT_OVERHEAD. */
+static _Atomic int overhead_bad_told;
+static uint64_t measured_cost(int g) {
+    const char *path = VC_OVERHEAD_PATH;
+#ifdef VCUDA_TEST_HOOKS
+    path = getenv("VCUDA_TEST_CONTEXT_OVERHEAD");
+    if (!path)
+        return 0;
+#endif
+    if (g < 0 || g >= vc_g.limits.ngpus)
+        return 0;
+    char *text = NULL, err[160];
+    size_t len = 0;
+    uint64_t bytes = 0;
+    int r = vc_read_small(path, &text, &len);
+    if (r == 0)
+        return 0;
+    if (r < 0 || vc_overhead_parse(text, len, vc_g.limits.gpu[g].uuid, (uint64_t)time(NULL), &bytes, err,
+                                   sizeof(err)) != 0) {
+        if (!atomic_exchange(&overhead_bad_told, 1))
+            vc_log("%s: %s; charging contexts the table's overhead", path, r < 0 ? "unreadable" : err);
+        bytes = 0;
+    }
+    free(text);
+    return vc_round_up(bytes, VC_PAGE);
+}
+
 /* A cap that cannot hold one context: the creation fails with
  * CUDA_ERROR_OUT_OF_MEMORY whatever else the container does, so say why,
  * once per GPU and process. */
@@ -177,6 +217,14 @@ static void nvml_up(void) {
 /* This process's memory on device dev as NVML lists it: 1 listed, 0 not
  * listed, -1 NVML cannot say. */
 static int nvml_self(CUdevice dev, uint64_t *used) {
+#ifdef VCUDA_TEST_HOOKS
+    /* Test build: NVML lists host pids, as a real driver does for a process
+     * in a container's PID namespace: this process is never listed. */
+    if (getenv("VCUDA_TEST_NVML_HOST_PIDS")) {
+        *used = 0;
+        return 0;
+    }
+#endif
     pthread_once(&nvml_once, nvml_up);
     CUuuid u;
     nvmlDevice_t h;
@@ -228,7 +276,8 @@ static CUresult ctx_pre(CUdevice dev, ctx_charge *c) {
             return CUDA_ERROR_OUT_OF_MEMORY;
         return CUDA_SUCCESS;
     }
-    c->table = table_cost(dev);
+    uint64_t t = table_cost(dev), m = measured_cost(c->g);
+    c->table = m > t ? m : t;
     /* Before its first context on the device the process cannot be
      * listed: an entry with its pid is another process's (a pid of
      * another namespace), so only the table can be trusted. */
@@ -275,6 +324,8 @@ static CUresult ctx_post(CUresult r, ctx_charge *c, uint64_t key, void (*destroy
     if (cost && vc_track_ctx(VC_K_CTX, key, cost, c->g, key) != 0) {
         vc_log("handle table full: a context's memory is not counted");
         vc_release(c->g, cost);
+    } else if (cost) {
+        vc_region_ctx_note(c->g, 1, cost);
     }
     return r;
 }

@@ -60,6 +60,27 @@ int vc_limits_find(const vc_limits *l, const char *uuid) {
     return -1;
 }
 
+/* Copies the line of text starting at *pos (up to '\n') into line as a C
+ * string and moves *pos past it. Returns NULL, or what is wrong with it: too
+ * long for cap, or a NUL, non-ASCII or control character (tab allowed where
+ * tab_ok). */
+static const char *next_line(const char *text, size_t len, size_t *pos, char *line, size_t cap, int tab_ok) {
+    size_t end = *pos;
+    while (end < len && text[end] != '\n')
+        end++;
+    size_t n = end - *pos;
+    const char *src = text + *pos;
+    *pos = end + 1;
+    if (n >= cap)
+        return "line too long";
+    for (size_t i = 0; i < n; i++)
+        if (src[i] == '\0' || (unsigned char)src[i] > 0x7e || ((unsigned char)src[i] < 0x20 && !(tab_ok && src[i] == '\t')))
+            return "non-ASCII or control character";
+    memcpy(line, src, n);
+    line[n] = '\0';
+    return NULL;
+}
+
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
         *errline = lineno;                                                                         \
@@ -75,21 +96,10 @@ int vc_limits_parse(const char *text, size_t len, vc_limits *out, int *errline, 
 
     memset(out, 0, sizeof(*out));
     while (pos < len) {
-        size_t end = pos;
-        while (end < len && text[end] != '\n')
-            end++;
         lineno++;
-        size_t n = end - pos;
-        const char *src = text + pos;
-        pos = end + 1;
-        if (n >= sizeof(line))
-            FAIL("line too long");
-        for (size_t i = 0; i < n; i++)
-            if (src[i] == '\0' || (unsigned char)src[i] > 0x7e ||
-                ((unsigned char)src[i] < 0x20 && src[i] != '\t'))
-                FAIL("non-ASCII or control character");
-        memcpy(line, src, n);
-        line[n] = '\0';
+        const char *bad = next_line(text, len, &pos, line, sizeof(line), 1);
+        if (bad)
+            FAIL("%s", bad);
 
         /* Blank (only separators) and comment lines are ignored. */
         size_t k = 0;
@@ -185,4 +195,75 @@ int vc_limits_parse(const char *text, size_t len, vc_limits *out, int *errline, 
     if (out->ngpus == 0)
         FAIL("no gpu line");
     return 0;
+}
+
+/* The node agent's context overhead file. Strict like the limits file: any
+ * line not exactly to spec makes the whole file unusable. */
+int vc_overhead_parse(const char *text, size_t len, const char *uuid, uint64_t now, uint64_t *bytes,
+                      char *err, size_t errlen) {
+    char line[256];
+    int lineno = 0, seen_written = 0;
+    uint64_t found = 0;
+    size_t pos = 0;
+#undef FAIL
+#define FAIL(...)                                                                                  \
+    do {                                                                                           \
+        int n_ = snprintf(err, errlen, "line %d: ", lineno);                                      \
+        if (n_ > 0 && (size_t)n_ < errlen)                                                         \
+            snprintf(err + n_, errlen - (size_t)n_, __VA_ARGS__);                                  \
+        return -1;                                                                                 \
+    } while (0)
+    *bytes = 0;
+    while (pos < len) {
+        lineno++;
+        const char *bad = next_line(text, len, &pos, line, sizeof(line), 0);
+        if (bad)
+            FAIL("%s", bad);
+        char *f[4];
+        int nf = 0;
+        char *p = line;
+        for (;;) {
+            if (nf == 4)
+                FAIL("extra field");
+            f[nf++] = p;
+            while (*p && *p != ' ')
+                p++;
+            if (*p == '\0')
+                break;
+            *p++ = '\0';
+        }
+        for (int i = 0; i < nf; i++)
+            if (f[i][0] == '\0')
+                FAIL("empty field");
+        if (lineno == 1) {
+            if (nf != 2 || strcmp(f[0], "tessera-context-overhead") != 0 || strcmp(f[1], "1") != 0)
+                FAIL("expected header \"tessera-context-overhead 1\"");
+            continue;
+        }
+        uint64_t v;
+        if (strcmp(f[0], "written") == 0) {
+            if (nf != 2 || seen_written || parse_u64(f[1], UINT64_MAX, &v) != 0)
+                FAIL("written: one time in seconds");
+            /* Too old: the agent stopped measuring; from the future: not a
+             * time this agent wrote (a minute of slack for clock steps). */
+            if (v + VC_OVERHEAD_MAX_AGE < now || v > now + 60)
+                FAIL("written %llu is not within %d s before now (%llu)", (unsigned long long)v,
+                     VC_OVERHEAD_MAX_AGE, (unsigned long long)now);
+            seen_written = 1;
+        } else if (strcmp(f[0], "gpu") == 0) {
+            if (nf != 3 || !is_uuid(f[1]) || parse_u64(f[2], VC_OVERHEAD_MAX_BYTES, &v) != 0)
+                FAIL("gpu: a UUID and a byte count up to %llu", (unsigned long long)VC_OVERHEAD_MAX_BYTES);
+            if (strcasecmp(f[1], uuid) == 0)
+                found = v;
+        } else {
+            FAIL("unknown keyword %s", f[0]);
+        }
+    }
+    if (lineno == 0)
+        FAIL("empty");
+    if (!seen_written)
+        FAIL("no written line");
+    *bytes = found;
+    return 0;
+#undef FAIL
 }

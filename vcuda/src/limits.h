@@ -35,4 +35,18 @@ void vc_uuid_format(const unsigned char raw[16], char out[VC_UUID_LEN + 1]);
 /* Returns the index of uuid (case-insensitive) in l, or -1. */
 int vc_limits_find(const vc_limits *l, const char *uuid);
 
+/* The node agent's measured per-context overhead (api/v1's
+ * ContextOverheadPathInContainer, mounted read-only):
+ *   tessera-context-overhead 1
+ *   written <unix seconds>
+ *   gpu <uuid> <bytes per context>
+ * Sets *bytes to uuid's overhead, 0 when the file does not name the GPU.
+ * Returns 0, or -1 with a message in err when the file is malformed or its
+ * written time is older than VC_OVERHEAD_MAX_AGE (or in the future). */
+#define VC_OVERHEAD_PATH "/etc/tessera/node/context-overhead"
+#define VC_OVERHEAD_MAX_AGE 600
+#define VC_OVERHEAD_MAX_BYTES (64ull << 30)
+int vc_overhead_parse(const char *text, size_t len, const char *uuid, uint64_t now, uint64_t *bytes,
+                      char *err, size_t errlen);
+
 #endif

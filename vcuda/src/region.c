@@ -57,6 +57,14 @@ static struct {
 } R = {.fd = -1, .my_index = -1};
 
 static pthread_mutex_t R_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Serialises this process's updates of its slot's ctx[] (contexts are slow path). */
+static pthread_mutex_t ctx_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void clear_ctx(vc_region_slot *sl) {
+    for (int i = 0; i < VC_CTX_RECS; i++)
+        atomic_store(&sl->ctx[i], 0);
+}
+
 #define VC_LOCK_WAIT_NS 2000000000ull
 
 /* /proc/<pid>/stat: state (field 3) and starttime (field 22). */
@@ -282,6 +290,47 @@ out:
 
 vc_region_gpu *vc_region_gpu_rec(int g) { return &R.gpu[g]; }
 
+/* ---- contexts per slot (slot.ctx[], for the node agent) ---- */
+
+void vc_region_ctx_note(int g, int delta, uint64_t bytes) {
+    vc_region_slot *me = atomic_load(&R.me);
+    if (!me || g < 0 || g >= VC_MAX_GPUS || (delta != 1 && delta != -1))
+        return;
+    uint64_t pages = (bytes + VC_PAGE - 1) / VC_PAGE;
+    pthread_mutex_lock(&ctx_mu);
+    int at = -1, free_at = -1;
+    for (int i = 0; i < VC_CTX_RECS; i++) {
+        uint32_t w = atomic_load(&me->ctx[i]);
+        if (w != 0 && VC_CTX_GPU(w) == g)
+            at = i;
+        else if (w == 0 && free_at < 0)
+            free_at = i;
+    }
+    if (at < 0 && delta > 0)
+        at = free_at; /* none free: this GPU goes unrecorded (the agent takes no sample) */
+    if (at >= 0) {
+        uint32_t w = atomic_load(&me->ctx[at]);
+        uint64_t n = w ? VC_CTX_COUNT(w) : 0, p = w ? VC_CTX_PAGES(w) : 0;
+        if (n != VC_CTX_SATURATED) {
+            if (delta > 0) {
+                n++;
+                p += pages;
+            } else {
+                n = n ? n - 1 : 0;
+                p = p > pages ? p - pages : 0;
+            }
+            if (n == 0)
+                w = 0;
+            else if (n >= VC_CTX_SATURATED || p > VC_CTX_MAX_PAGES)
+                w = VC_CTX_WORD(g, VC_CTX_SATURATED, VC_CTX_MAX_PAGES);
+            else
+                w = VC_CTX_WORD(g, n, p);
+            atomic_store(&me->ctx[at], w);
+        }
+    }
+    pthread_mutex_unlock(&ctx_mu);
+}
+
 uint64_t vc_region_self_used(int g) {
     vc_region_slot *me = atomic_load(&R.me);
     return me ? atomic_load_explicit(&me->used[g], memory_order_relaxed) : 0;
@@ -328,6 +377,7 @@ static int recompute_locked(unsigned char *dead) {
         for (int g = 0; g < VC_MAX_GPUS; g++)
             atomic_store(&sl->used[g], 0);
         atomic_store(&sl->inflight, 0);
+        clear_ctx(sl);
         sl->starttime = 0;
         sl->pidns = 0;
         atomic_store(&sl->state, VC_SLOT_FREE);
@@ -413,6 +463,7 @@ static vc_region_slot *claim_slot(void) {
             if (live_lock(R.fd, s, F_WRLCK, F_OFD_SETLK) != 0 && errno != EINVAL)
                 continue;
             atomic_store(&sl->state, VC_SLOT_CLAIMING);
+            clear_ctx(sl); /* an older vcuda's, or a crafted leftover */
             sl->pidns = R.pidns; /* before the pid: a pid is never read without its namespace */
             atomic_store(&sl->pid, (uint32_t)R.pid);
             sl->starttime = R.starttime;
@@ -549,6 +600,7 @@ void vc_region_detach(void) {
     if (lock_region() != 0)
         return;
     if (atomic_load(&me->pid) == (uint32_t)R.pid) {
+        clear_ctx(me);
         me->starttime = 0;
         me->pidns = 0;
         atomic_store(&me->state, VC_SLOT_FREE);
@@ -583,4 +635,5 @@ void vc_region_atfork_child(void) {
         }
     }
     pthread_mutex_init(&R_mu, NULL);
+    pthread_mutex_init(&ctx_mu, NULL);
 }

@@ -21,6 +21,18 @@
 
 enum { VC_SLOT_FREE = 0, VC_SLOT_CLAIMING = 1, VC_SLOT_LIVE = 2 };
 
+/* A slot's ctx[] entry: bits 0-6 the GPU record index + 1, bits 7-12 the
+ * live contexts (VC_CTX_SATURATED: too many to count, sticky), bits 13-31
+ * the bytes charged for them in 2 MiB pages. A process with contexts on more
+ * than VC_CTX_RECS GPUs records the first VC_CTX_RECS. */
+#define VC_CTX_RECS 8
+#define VC_CTX_SATURATED 63u
+#define VC_CTX_MAX_PAGES ((1u << 19) - 1)
+#define VC_CTX_GPU(w) ((int)((w) & 0x7fu) - 1)
+#define VC_CTX_COUNT(w) (((w) >> 7) & 0x3fu)
+#define VC_CTX_PAGES(w) ((w) >> 13)
+#define VC_CTX_WORD(g, n, pages) ((uint32_t)((g) + 1) | ((uint32_t)(n) << 7) | ((uint32_t)(pages) << 13))
+
 typedef struct vc_region_hdr {
     uint64_t magic;
     uint32_t version;
@@ -68,7 +80,12 @@ typedef struct vc_region_slot {
      * pid alone (every container has a pid 1) names the owner only to a
      * process of the same namespace. */
     uint64_t pidns;
-    uint64_t pad[4];
+    /* Contexts the owner holds, per GPU record, and what vcuda charged them
+     * (VC_CTX_*; 0 = unused entry): the rest of used[] is allocations. The
+     * node agent derives the driver's per-context overhead from these and
+     * NVML's measurement of the process. Written only by the owner. (Was
+     * padding, always zero: a slot of an older vcuda reads as no record.) */
+    _Atomic uint32_t ctx[8];
     _Atomic uint64_t used[VC_MAX_GPUS]; /* bytes this process holds, per gpu record */
 } vc_region_slot;
 
@@ -110,5 +127,8 @@ int vc_region_procs(int g, uint32_t *pids, uint64_t *used, int max);
 vc_region_gpu *vc_region_gpu_rec(int g);
 /* What this process holds on gpu record g. */
 uint64_t vc_region_self_used(int g);
+/* Records in this process's slot that a context charged bytes on gpu record
+ * g was created (delta 1) or went (delta -1). */
+void vc_region_ctx_note(int g, int delta, uint64_t bytes);
 
 #endif

@@ -137,6 +137,8 @@ static int read_file(const char *path, char **text, size_t *len) {
     return 1;
 }
 
+int vc_read_small(const char *path, char **text, size_t *len) { return read_file(path, text, len); }
+
 static void on_exit_handler(void) {
     if (vc_g.mode == VC_MODE_ENFORCE)
         vc_region_detach();

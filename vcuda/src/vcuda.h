@@ -57,6 +57,9 @@ extern volatile int vc_exiting;
 void vc_init(void);
 
 void vc_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Reads a file of at most 64 KiB (*text malloc'ed): 1 read, 0 absent, -1
+ * unreadable or larger. */
+int vc_read_small(const char *path, char **text, size_t *len);
 
 static inline uint64_t vc_now_ns(void) {
     struct timespec ts;
