@@ -2,7 +2,9 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"maps"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +13,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	sigyaml "sigs.k8s.io/yaml"
 )
 
@@ -63,27 +66,7 @@ func TestMigrationAdmission(t *testing.T) {
 		return pods.Create(ctx, p, opts)
 	}
 
-	// The policies load asynchronously: wait until a HAMi pod comes back translated (a dry run).
-	probe := migrationPod(t, "probe", limitsOnly("        nvidia.com/gpumem: 1024\n"))
-	var last *corev1.Pod
-	if err := waitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
-		var err error
-		last, err = create(probe, true)
-		if err != nil {
-			return false, err
-		}
-		_, ok := last.Spec.Containers[0].Resources.Limits["tessera.dev/vgpu"]
-		return ok, nil
-	}); err != nil {
-		t.Fatalf("the migration policy never translated a HAMi pod: %v (last: %+v)", err, last)
-	}
-	refusal := migrationPod(t, "probe", limitsOnly("        tencent.com/vcuda-memory: 4\n"))
-	if err := waitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
-		_, err := create(refusal, true)
-		return apierrors.IsInvalid(err), err
-	}); err != nil {
-		t.Fatalf("the migration policy never refused an untranslatable pod: %v", err)
-	}
+	waitMigrationPolicies(t, ctx, pods)
 
 	const scheduler = "tessera-scheduler"
 	translated := []struct {
@@ -130,14 +113,14 @@ func TestMigrationAdmission(t *testing.T) {
 		}
 		c := p.Spec.Containers[0].Resources
 		if !sameQuantities(c.Limits, tc.want) {
-			t.Errorf("%s: stored limits %v, want %v", tc.name, c.Limits, tc.want)
+			t.Errorf("%s: stored limits %v, want %v", tc.name, showQuantities(c.Limits), tc.want)
 		}
 		wantReq := maps.Clone(tc.want)
 		if tc.name == "hami-with-cpu" {
 			wantReq["cpu"] = "100m"
 		}
 		if !sameQuantities(c.Requests, wantReq) {
-			t.Errorf("%s: stored requests %v, want %v", tc.name, c.Requests, wantReq)
+			t.Errorf("%s: stored requests %v, want %v", tc.name, showQuantities(c.Requests), wantReq)
 		}
 		if p.Spec.SchedulerName != tc.scheduler {
 			t.Errorf("%s: schedulerName %q, want %q", tc.name, p.Spec.SchedulerName, tc.scheduler)
@@ -155,7 +138,7 @@ func TestMigrationAdmission(t *testing.T) {
 			{"tessera.dev/vgpu": "1", "tessera.dev/vgpu-memory": "1073741824"}}
 		for i, c := range p.Spec.Containers {
 			if !sameQuantities(c.Resources.Limits, want[i]) {
-				t.Errorf("two-containers: container %s limits %v, want %v", c.Name, c.Resources.Limits, want[i])
+				t.Errorf("two-containers: container %s limits %v, want %v", c.Name, showQuantities(c.Resources.Limits), want[i])
 			}
 		}
 	}
@@ -236,4 +219,86 @@ func sameQuantities(l corev1.ResourceList, want map[string]string) bool {
 		}
 	}
 	return true
+}
+
+// showQuantities renders a ResourceList for a message.
+func showQuantities(l corev1.ResourceList) map[string]string {
+	out := map[string]string{}
+	for k, v := range l {
+		out[string(k)] = v.String()
+	}
+	return out
+}
+
+// waitMigrationPolicies waits until both migration policies are loaded (they load asynchronously):
+// a HAMi pod comes back translated from a dry run, and an untranslatable one is refused.
+func waitMigrationPolicies(t *testing.T, ctx context.Context, pods typedcorev1.PodInterface) {
+	t.Helper()
+	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
+	probe := migrationPod(t, "probe", limitsOnly("        nvidia.com/gpumem: 1024\n"))
+	var last *corev1.Pod
+	if err := waitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
+		var err error
+		last, err = pods.Create(ctx, probe, dry)
+		if err != nil {
+			return false, err
+		}
+		_, ok := last.Spec.Containers[0].Resources.Limits["tessera.dev/vgpu"]
+		return ok, nil
+	}); err != nil {
+		t.Fatalf("the migration policy never translated a HAMi pod: %v (last: %+v)", err, last)
+	}
+	refusal := migrationPod(t, "probe", limitsOnly("        tencent.com/vcuda-memory: 4\n"))
+	if err := waitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
+		_, err := pods.Create(ctx, refusal, dry)
+		return apierrors.IsInvalid(err), err
+	}); err != nil {
+		t.Fatalf("the migration policy never refused an untranslatable pod: %v", err)
+	}
+}
+
+// testClusterMigration (a TestCluster step) runs pods written for HAMi, GPUManager and Alibaba
+// gpushare, unchanged, on the real node: the chart's migration policies (applied on their own; the
+// cluster's scheduler is the default one, so setScheduler is off) translate them, and CUDA in each
+// container reports the cap the peer's request means, which vcuda enforces (checkShareCUDA); the
+// compute cap reaches the limits file.
+func testClusterMigration(t *testing.T, c *Cluster) {
+	manifest, err := helm(t, "template", "tessera", helmChart(), "--show-only", "templates/admission-migration.yaml",
+		"--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy", "--set", "admission.migration.setScheduler=false")
+	if err != nil {
+		t.Fatalf("helm template: %v\n%s", err, manifest)
+	}
+	if out, err := c.KubectlStdin(t, manifest, "apply", "-f", "-"); err != nil {
+		t.Fatalf("kubectl apply the migration policies: %v\n%s", err, out)
+	}
+	t.Cleanup(func() {
+		if out, err := c.KubectlStdin(t, manifest, "delete", "-f", "-"); err != nil {
+			t.Errorf("kubectl delete the migration policies: %v\n%s", err, out)
+		}
+	})
+	ctx := context.Background()
+	waitMigrationPolicies(t, ctx, c.CP.Client.CoreV1().Pods(metav1.NamespaceDefault))
+	peers := []struct {
+		name   string
+		limits map[string]string
+		mem    int64
+		cores  int
+	}{
+		{"hami", map[string]string{"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"}, 3000 << 20, 30},
+		{"gpumanager", map[string]string{"tencent.com/vcuda-core": "20", "tencent.com/vcuda-memory": "8"}, 8 * 256 << 20, 20},
+		{"alibaba", map[string]string{"aliyun.com/gpu-mem": "1"}, 1 << 30, 100}, // no compute cap: 100 in the limits file
+	}
+	var names []string
+	for _, p := range peers {
+		c.CreatePod(t, TestPod(p.name, p.limits, nil))
+		names = append(names, p.name)
+	}
+	c.WaitRunning(t, 3*time.Minute, names...)
+	for _, p := range peers {
+		out := c.MustExec(t, p.name, "cat /etc/tessera/vcuda/limits")
+		if !regexp.MustCompile(fmt.Sprintf(`(?m)^gpu \S+ %d %d$`, p.mem, p.cores)).MatchString(out) {
+			t.Errorf("%s: the limits file is not one GPU at %d bytes, %d%% compute:\n%s", p.name, p.mem, p.cores, out)
+		}
+		checkShareCUDA(t, c, p.name, p.mem)
+	}
 }
