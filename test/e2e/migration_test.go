@@ -97,6 +97,9 @@ func TestMigrationAdmission(t *testing.T) {
 		// A pod naming another scheduler keeps it; its resources are still translated.
 		{"hami-own-scheduler", "  schedulerName: volcano\n" + limitsOnly("        nvidia.com/gpumem: 1024\n"),
 			map[string]string{"tessera.dev/vgpu": "1", "tessera.dev/vgpu-memory": "1073741824"}, "volcano"},
+		// Exported from a HAMi cluster, where HAMi's webhook wrote its scheduler's name.
+		{"hami-exported", "  schedulerName: hami-scheduler\n" + limitsOnly("        nvidia.com/gpumem: 1024\n"),
+			map[string]string{"tessera.dev/vgpu": "1", "tessera.dev/vgpu-memory": "1073741824"}, scheduler},
 		// Already Tessera's: resources untouched, Tessera's scheduler.
 		{"tessera-share", limitsOnly("        tessera.dev/vgpu: 1\n        tessera.dev/vgpu-memory: 10Gi\n        tessera.dev/vgpu-cores: 30\n"),
 			map[string]string{"tessera.dev/vgpu": "1", "tessera.dev/vgpu-memory": "10Gi", "tessera.dev/vgpu-cores": "30"}, scheduler},
