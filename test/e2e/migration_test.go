@@ -239,17 +239,17 @@ func waitMigrationPolicies(t *testing.T, ctx context.Context, pods typedcorev1.P
 	t.Helper()
 	dry := metav1.CreateOptions{DryRun: []string{metav1.DryRunAll}}
 	probe := migrationPod(t, "probe", limitsOnly("        nvidia.com/gpumem: 1024\n"))
-	var last *corev1.Pod
+	var last corev1.ResourceList
 	if err := waitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
-		var err error
-		last, err = pods.Create(ctx, probe, dry)
+		p, err := pods.Create(ctx, probe, dry)
 		if err != nil {
 			return false, err
 		}
-		_, ok := last.Spec.Containers[0].Resources.Limits["tessera.dev/vgpu"]
+		last = p.Spec.Containers[0].Resources.Limits
+		_, ok := last["tessera.dev/vgpu"]
 		return ok, nil
 	}); err != nil {
-		t.Fatalf("the migration policy never translated a HAMi pod: %v (last: %+v)", err, last)
+		t.Fatalf("the migration policy never translated a HAMi pod: %v (last limits: %v)", err, showQuantities(last))
 	}
 	refusal := migrationPod(t, "probe", limitsOnly("        tencent.com/vcuda-memory: 4\n"))
 	if err := waitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
