@@ -55,6 +55,9 @@ func TestClusterHelmTemplate(t *testing.T) {
 			"--set", "metrics.grafanaDashboard.enabled=true", "--set", "image.node.digest=sha256:" + strings.Repeat("0", 64), "--set", "extender.warmMemo=false",
 			"--set", "imagePullSecrets[0].name=regcred"},
 		{"--namespace", "tessera-system", "-f", filepath.Join(helmChart(), "values-gpu-operator.yaml")},
+		// The migration policies, which render only where the API server serves them (as this one does).
+		{"--namespace", "tessera-system", "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",
+			"--set", "admission.migration.alibabaMemoryUnit=MiB"},
 	} {
 		out, n := HelmDryRun(t, cp.Kubeconfig, args...)
 		accepted := strings.Count(out, "(server dry run)")

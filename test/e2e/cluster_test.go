@@ -40,6 +40,7 @@ func TestCluster(t *testing.T) {
 		{"ContainerdRestart", testClusterContainerdRestart},
 		{"AgentKill", testClusterAgentKill},
 		{"ExtenderRestart", testClusterExtenderRestart},
+		{"Migration", testClusterMigration},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {
