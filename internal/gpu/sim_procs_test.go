@@ -7,13 +7,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+
+	"github.com/tessera-gpu/tessera/internal/testing/fakedriver"
 )
 
 // simRecord encodes a record as vcuda/test/fake.h lays it out (written out here byte by byte, not
@@ -212,7 +213,10 @@ func TestSimNVMLReportsContainerProcessesByHostPID(t *testing.T) {
 
 	// GPU 0 (minor 0, an A100: compute capability 8.0) is the holder's device 0; what a context
 	// takes there is the fake driver's own figure, read from its header so the two cannot drift.
-	ctxBytes := fakeContextBytes(t, "FAKE_CTX_BYTES_SM80")
+	ctxBytes, err := fakedriver.ContextBytes(8)
+	if err != nil {
+		t.Fatal(err)
+	}
 	dev, ret := b.NVML().DeviceGetHandleByIndex(0)
 	if ret != nvml.SUCCESS {
 		t.Fatal(ret)
@@ -245,23 +249,4 @@ func TestSimNVMLReportsContainerProcessesByHostPID(t *testing.T) {
 	if left, _ := filepath.Glob(filepath.Join(n.SimDriverState, "*.proc")); len(left) != 0 {
 		t.Errorf("records of dead processes left: %v", left)
 	}
-}
-
-// fakeContextBytes reads one of the fake driver's context sizes (`#define NAME (<n>ull << 20)`)
-// from vcuda/test/fake.h.
-func fakeContextBytes(t *testing.T, name string) uint64 {
-	t.Helper()
-	src, err := os.ReadFile(filepath.Join("..", "..", "vcuda", "test", "fake.h"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := regexp.MustCompile(`#define ` + name + ` \((\d+)ull << 20\)`).FindSubmatch(src)
-	if m == nil {
-		t.Fatalf("vcuda/test/fake.h defines no %s as (<n>ull << 20)", name)
-	}
-	n, err := strconv.ParseUint(string(m[1]), 10, 64)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n << 20
 }

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/testing/fakedriver"
 )
 
 // TestSecurityMemoryGuard: a share container that allocates past vcuda (cudaprobe-static carries
@@ -23,7 +24,7 @@ func TestSecurityMemoryGuard(t *testing.T) {
 		p.Spec.Containers[0].Command = []string{"sh", "-c", fmt.Sprintf("exec %s hold %d 3600", probe, bytes)}
 		return p
 	}
-	// Through vcuda: 256 MiB and the A100's 384 MiB context, under the 1 GiB cap.
+	// Through vcuda: 256 MiB and the A100's context (vcuda charges its table's 384 MiB), under the 1 GiB cap.
 	c.CreatePod(t, hold("polite", "cudaprobe", 256<<20))
 	// Past vcuda: 2 GiB and the context, more than twice the cap.
 	c.CreatePod(t, hold("bypass", "cudaprobe-static", 2<<30))
@@ -36,8 +37,13 @@ func TestSecurityMemoryGuard(t *testing.T) {
 	}); err != nil {
 		t.Fatalf("%v\n%s", err, c.Describe(t, "bypass"))
 	}
-	if e := events[0]; !strings.Contains(e, `container "main" used 2432 MiB`) || !strings.Contains(e, "cap of 1024 MiB") {
-		t.Errorf("event does not name the container, its measured 2432 MiB (2 GiB and a 384 MiB context) and its 1024 MiB cap: %s", e)
+	ctx, err := fakedriver.ContextBytes(8) // the node's A100s: compute capability 8.0
+	if err != nil {
+		t.Fatal(err)
+	}
+	used := fmt.Sprintf(`container "main" used %d MiB`, (2<<30+ctx)>>20)
+	if e := events[0]; !strings.Contains(e, used) || !strings.Contains(e, "cap of 1024 MiB") {
+		t.Errorf("event does not say %s (2 GiB and the fake driver's %d MiB context) and its 1024 MiB cap: %s", used, ctx>>20, e)
 	}
 	// Killed, as the kernel's OOM killer kills: SIGKILL, so the container ends with 137.
 	if err := waitFor(time.Minute, 200*time.Millisecond, func() (bool, error) {
