@@ -7,6 +7,10 @@
 //	gpuproof memory    per-context overhead in a container's PID namespace; VMM create/map/release under a cap
 //	gpuproof guard     the node agent's memory guard kills a share container that allocates past vcuda
 //	gpuproof overhead  cost per intercepted call, real driver and fake driver, with and without vcuda
+//	gpuproof preflight the sandbox, cgroup2, whether runc (or the namespace fallback) starts a container
+//	gpuproof nsrunc    runc's verbs done with unshare, bind mounts and chroot: the fallback where runc cannot run
+//	gpuproof refusals  internal/gpu's realnvml test (the strict sim's refusal table) on this machine's NVML
+//	gpuproof procaddr  cuGetProcAddress vs dlsym for every hooked symbol, with and without vcuda
 //	gpuproof merge     the phases' partial results -> results/<date>-<gpu model>.json
 //	gpuproof tables    the markdown tables for vcuda/README.md and docs/install.md
 //	gpuproof limits    write a vcuda limits file (for torch_checks.py)
@@ -126,7 +130,7 @@ func orDash(s string) string {
 	return s
 }
 
-const usage = `usage: gpuproof <node|container|memory|guard|overhead|merge|tables|limits|notrun> [flags]   (see test/gpu/README.md)`
+const usage = `usage: gpuproof <preflight|node|refusals|container|memory|procaddr|guard|overhead|merge|tables|limits|notrun|nsrunc> [flags]   (see test/gpu/README.md)`
 
 func main() {
 	if len(os.Args) < 2 {
@@ -135,7 +139,7 @@ func main() {
 	}
 	cmds := map[string]func([]string) error{
 		"node": runNode, "container": runContainer, "memory": runMemory, "guard": runGuard, "overhead": runOverhead, "merge": runMerge, "tables": runTables,
-		"limits": runLimits, "notrun": runNotRun,
+		"limits": runLimits, "notrun": runNotRun, "preflight": runPreflight, "nsrunc": runNSRunc, "refusals": runRefusals, "procaddr": runProcAddr,
 	}
 	cmd, ok := cmds[os.Args[1]]
 	if !ok {
