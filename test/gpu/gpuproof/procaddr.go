@@ -36,7 +36,7 @@ func runProcAddr(args []string) error {
 	const by = "procprobe: dlopen libcuda.so.1, cuGetProcAddress_v2, dladdr and dlsym"
 	bare, err := output(2*time.Minute, driverEnv(), *probe, *table)
 	if err != nil {
-		p.check("procaddr: probe runs on the bare driver", false, by, "%v", err)
+		p.check("probe runs on the bare driver", false, by, "%v", err)
 		return finish(p, *out, start)
 	}
 	// vcuda needs a limits file naming the GPU it runs on: the one CUDA calls device 0
@@ -50,7 +50,7 @@ func runProcAddr(args []string) error {
 	}
 	hooked, err := output(2*time.Minute, driverEnv("LD_PRELOAD="+*lib, api.LimitsEnv+"="+limits), *probe, *table)
 	if err != nil {
-		p.check("procaddr: probe runs with vcuda", false, by, "%v", err)
+		p.check("probe runs with vcuda", false, by, "%v", err)
 		return finish(p, *out, start)
 	}
 	compareProcAddr(p, bare, hooked, by)
@@ -107,8 +107,8 @@ func compareProcAddr(p *Phase, bare, hooked, by string) {
 			found++
 		}
 	}
-	p.check("procaddr: queries asked", len(order) > 0, by, "%d queries (hooked bases x 12000/12080/13000 x default/per-thread)", len(order))
-	p.check("procaddr: every driver answer is vcuda's hook of the same variant, as dlsym names it", len(order) > 0 && len(wrong) == 0, by,
+	p.check("queries asked", len(order) > 0, by, "%d queries (hooked bases x 12000/12080/13000 x default/per-thread)", len(order))
+	p.check("every driver answer is vcuda's hook of the same variant, as dlsym names it", len(order) > 0 && len(wrong) == 0, by,
 		"%d of %d answered by vcuda's hook; wrong: %s", found, len(order), firstN(wrong, 12))
 }
 

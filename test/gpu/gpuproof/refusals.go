@@ -30,8 +30,8 @@ func runRefusals(args []string) error {
 	const by = "go test -tags realnvml ./internal/gpu -run RealNVML (TestRealNVMLRefusals), on this machine's libnvidia-ml"
 	if *dry {
 		got, err := output(time.Minute, nil, *bin, "-test.list", "RealNVML")
-		p.check("refusals: the realnvml test is built", err == nil && regexp.MustCompile(`(?m)^TestRealNVMLRefusals$`).MatchString(got), by, "%s %v", oneLine(got), err)
-		p.skip("refusals: the strict NVML's refusal table matches the real driver", by, "a dry run has no real driver: needs a GPU")
+		p.check("the realnvml test is built", err == nil && regexp.MustCompile(`(?m)^TestRealNVMLRefusals$`).MatchString(got), by, "%s %v", oneLine(got), err)
+		p.skip("the strict NVML's refusal table matches the real driver", by, "a dry run has no real driver: needs a GPU")
 		return finish(p, *out, start)
 	}
 	got, err := output(2*time.Minute, nil, *bin, "-test.run", "RealNVML", "-test.v", "-test.count=1")
@@ -41,7 +41,7 @@ func runRefusals(args []string) error {
 		}
 	}
 	passed := regexp.MustCompile(`(?m)^--- PASS: TestRealNVMLRefusals`).MatchString(got)
-	p.check("refusals: the strict NVML's refusal table matches the real driver", err == nil && passed, by, "%s", lastLines(got+errText(err), 12))
+	p.check("the strict NVML's refusal table matches the real driver", err == nil && passed, by, "%s", lastLines(got+errText(err), 12))
 	return finish(p, *out, start)
 }
 
