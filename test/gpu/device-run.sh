@@ -8,7 +8,7 @@
 # finished phases wrote. Arguments, if any, name the phases to run instead of all of them.
 #
 # Settings: GPU_BUNDLE (bin/tessera-gpu-bundle.tar.gz), GPU_RUN_DIR (.cache/gpu-run: unpacked once,
-# kept while the machine stays warm), BUDGET_S (480), OUT (the device tool's; else $GPU_RUN_DIR/returned),
+# kept while the machine stays warm), BUDGET_S (480), LIMIT_S_<phase> (that phase's limit), OUT (the device tool's; else $GPU_RUN_DIR/returned),
 # and run.sh's own (DRY_RUN=1: the simulated node and the fake driver, what `make test` runs).
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
@@ -56,7 +56,12 @@ reap() {
   for id in $(ls /run/gpuproof-nsrunc 2>/dev/null); do "$B/bin/nsrunc" delete --force "$id" >/dev/null 2>&1; done
 }
 
-notrun() { "$B/bin/gpuproof" notrun -phase "$1" -reason "$2" -out "$RUN/out/partial/$1.json" $([[ ${DRY_RUN:-0} == 1 ]] && echo -dry-run) >/dev/null; }
+# a phase's result saying why it did not (all) run; -keep adds it to what the phase wrote so far
+notrun() {
+  local dry=()
+  [[ ${DRY_RUN:-0} == 1 ]] && dry=(-dry-run)
+  "$B/bin/gpuproof" notrun -phase "$1" -reason "$2" -out "$RUN/out/partial/$1.json" "${@:3}" "${dry[@]}" >/dev/null
+}
 
 wanted=("$@")
 if [[ ${#wanted[@]} -eq 0 ]]; then
@@ -70,21 +75,25 @@ mkdir -p "$RUN/out/partial" "$OUT_DIR"
 status=0
 for p in "${wanted[@]}"; do
   left=$((BUDGET_S - ($(date +%s) - T0)))
-  limit=${LIMIT[$p]}
+  ov=LIMIT_S_$p # LIMIT_S_<phase>: another limit for one phase (the dry run cuts one short)
+  own=${!ov:-${LIMIT[$p]}}
+  limit=$own min=$MIN_S
   ((limit > left)) && limit=$left
-  if ((limit < MIN_S)); then
+  ((own < min)) && min=$own
+  if ((limit < min)); then
     echo "[device-run] $p: not started, ${left}s of the ${BUDGET_S}s budget left" | tee -a "$LOG"
-    notrun "$p" "not started: ${left} s of device-run.sh's ${BUDGET_S} s budget left (needs ${LIMIT[$p]} s)"
+    notrun "$p" "not started: ${left} s of device-run.sh's ${BUDGET_S} s budget left (needs ${own} s)"
     status=$((status > 1 ? status : 1))
   else
     echo "[device-run] $p: up to ${limit}s (${left}s of the budget left)" | tee -a "$LOG"
     s0=$(date +%s)
+    rm -f "$RUN/out/partial/$p.json" # what this run measures, nothing older
     OUT=$RUN/out timeout -k 5 "$limit" "$B/run.sh" "$p" 2>&1 | tee -a "$LOG"
     rc=${PIPESTATUS[0]}
     echo "[device-run] $p: exit $rc after $(($(date +%s) - s0))s" | tee -a "$LOG"
     if ((rc == 124 || rc == 137)); then
       reap
-      notrun "$p" "timed out after its ${limit} s limit (device-run.sh): what it measured is in logs.tar.gz"
+      notrun "$p" "timed out after its ${limit} s limit (device-run.sh): the checks above are what it finished; its logs are in logs.tar.gz" -keep
       rc=1
     fi
     ((rc > status)) && status=$rc

@@ -251,6 +251,18 @@ func TestGPUBundleDryRun(t *testing.T) {
 	if data, err := os.ReadFile(filepath.Join(ret, names[0])); err != nil || !regexp.MustCompile(`"name": "procaddr: not run",\s*"status": "not_checked",\s*"detail": "not started: \d+ s of device-run.sh's 1 s budget left`).Match(data) {
 		t.Errorf("the results must say procaddr was not started for want of time (%v)", err)
 	}
+	// A phase past its own limit is killed, its containers removed, and its result says so.
+	tenv := append(env, "LIMIT_S_guard=3") //nolint:gocritic // env is not used after this
+	out, rc = run(t, 2*time.Minute, tenv, root, "bash", "test/gpu/device-run.sh", "guard")
+	if rc != 1 || !strings.Contains(out, "[device-run] guard: exit 124 after") {
+		t.Errorf("device-run.sh guard with LIMIT_S_guard=3: exit %d, want 1 after the guard phase timed out (124)\n%s", rc, out)
+	}
+	if data, err := os.ReadFile(filepath.Join(ret, names[0])); err != nil || !regexp.MustCompile(`"name": "guard: not run",\s*"status": "not_checked",\s*"detail": "timed out after its 3 s limit`).Match(data) {
+		t.Errorf("the results must say the guard phase timed out (%v)", err)
+	}
+	if left, _ := run(t, time.Minute, nil, b, "bin/runc", "list", "-q"); strings.Contains(left, "gpuproof-") {
+		t.Errorf("containers left running after the guard phase timed out: %s", left)
+	}
 	if out, rc := run(t, time.Minute, nil, b, "python3", "-m", "py_compile", "torch_checks.py"); rc != 0 {
 		t.Errorf("torch_checks.py does not compile:\n%s", out)
 	}

@@ -50,12 +50,14 @@ class Phase:
     def failed(self):
         return sum(c["status"] == "fail" for c in self.d["checks"]) + sum(f.get("status") == "fail" for f in self.d["figures"])
 
-    def write(self, path):
+    def write(self, path, quiet=False):
         self.d["seconds"] = time.time() - self.t0
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path + ".tmp", "w") as f:
             json.dump(self.d, f, indent=2)
         os.replace(path + ".tmp", path)
+        if quiet:
+            return
         for c in self.d["checks"]:
             print("%-11s %s: %s" % (c["status"], c["name"], c["detail"]), flush=True)
         for f in self.d["figures"]:
@@ -303,6 +305,8 @@ def phase_torch(a):
         ph.check("baseline process", False, HOST_NVML, "no baseline: %s" % base.get("log", base)[:300])
     for conf in parse_confs(a.confs):
         for graphs in (False, True):
+            # what is measured so far is on disk: a phase cut off by device-run.sh's limit keeps it
+            ph.write(a.out, quiet=True)
             name = (conf.replace(":", "-") or "default") + ("+graphs" if graphs else "")
             limits = write_limits(os.path.join(a.work, name), a.uuid, cap, 100)
             r = run_case(a, name, conf, graphs, a.lib, limits)

@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
@@ -156,5 +158,43 @@ func TestCompareProcAddr(t *testing.T) {
 		if got := statuses(p)[verdict]; got != tc.want {
 			t.Errorf("%s: %s, want %s (%v)", name, got, tc.want, p.Checks)
 		}
+	}
+}
+
+// TestNotRunKeeps: a phase cut off by its limit keeps the checks it wrote before, and gains the
+// reason; without -keep (or with nothing written) the reason stands alone. Never a pass.
+func TestNotRunKeeps(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "torch.json")
+	p := newPhase("torch", false)
+	p.check("default: OOM at the cap", true, "test", "done before the cut")
+	if err := p.write(out, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	read := func() *Phase {
+		data, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := &Phase{}
+		if err := json.Unmarshal(data, got); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if err := runNotRun([]string{"-phase", "torch", "-reason", "timed out", "-out", out, "-keep"}); err != nil {
+		t.Fatal(err)
+	}
+	if st := statuses(read()); len(st) != 2 || st["default: OOM at the cap"] != Pass || st["torch: not run"] != NotChecked {
+		t.Errorf("-keep: %v, want the earlier check and the reason", st)
+	}
+	if err := runNotRun([]string{"-phase", "memory", "-reason", "timed out", "-out", out, "-keep"}); err == nil {
+		t.Error("-keep onto another phase's result must be refused")
+	}
+	if err := runNotRun([]string{"-phase", "torch", "-reason", "not started", "-out", out}); err != nil {
+		t.Fatal(err)
+	}
+	if st := statuses(read()); len(st) != 1 || st["torch: not run"] != NotChecked {
+		t.Errorf("without -keep: %v, want the reason alone", st)
 	}
 }

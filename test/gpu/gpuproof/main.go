@@ -179,6 +179,7 @@ func runNotRun(args []string) error {
 	reason := fs.String("reason", "", "why it did not run (required)")
 	out := fs.String("out", "", "phase result file (required)")
 	dry := fs.Bool("dry-run", false, "the simulated node and the fake driver")
+	keep := fs.Bool("keep", false, "if -out holds what the phase wrote before it was cut off, add the reason to it")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -186,6 +187,13 @@ func runNotRun(args []string) error {
 		return fmt.Errorf("-phase, -reason and -out are required")
 	}
 	p := newPhase(*phase, *dry)
+	start := time.Now()
+	if data, err := os.ReadFile(*out); *keep && err == nil {
+		if err := json.Unmarshal(data, p); err != nil || p.Phase != *phase {
+			return fmt.Errorf("%s: not phase %s's result (%v)", *out, *phase, err)
+		}
+		start = start.Add(-time.Duration(p.Seconds * float64(time.Second)))
+	}
 	p.skip(*phase+": not run", "run.sh", "%s", *reason)
-	return p.write(*out, time.Now())
+	return p.write(*out, start)
 }
