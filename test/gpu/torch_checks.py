@@ -136,7 +136,16 @@ def host_pid(proc, pidns):
             kids = f.read().split()
         return int(kids[0]) if kids else None
     except (OSError, ValueError):
-        return None
+        pass
+    # a kernel without /proc/<pid>/task/<tid>/children (gVisor, say): the process whose parent it is
+    for d in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == proc.pid:
+                    return int(d)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
 
 
 def device_used():
