@@ -20,8 +20,8 @@ import (
 
 // nsrunc is the fallback where runc cannot start a container (no cgroup2 delegation, a sandbox
 // like gVisor refusing what runc needs): the same OCI bundle, the CDI edits and vcuda's mounts
-// included, applied in a new mount and PID namespace with util-linux unshare, bind mounts,
-// mknod and chroot. It answers the runc verbs the runner uses (spec, run, state, kill, delete), so
+// included, applied in a new mount and PID namespace (clone flags, as `unshare --mount --pid
+// --fork` makes them), bind mounts, mknod and chroot. It answers the runc verbs the runner uses (spec, run, state, kill, delete), so
 // the phases run unchanged; the preflight says which of the two ran. It does less than runc (no
 // user, network or IPC namespace, no seccomp, no capabilities dropped): enough to prove what
 // the CDI edits give a container, not an isolation boundary.
@@ -89,7 +89,9 @@ func runNSRunc(args []string) error {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 		if cg, err := os.ReadFile(filepath.Join(nsruncState, id, "cgroup")); err == nil {
-			_ = os.Remove(string(cg)) // empty once the container ended
+			for _, d := range strings.Fields(string(cg)) {
+				_ = os.Remove(d) // empty once the container ended
+			}
 		}
 		return os.RemoveAll(filepath.Join(nsruncState, id))
 	case "init":
@@ -147,8 +149,10 @@ func nsRun(bundle, id string) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command("unshare", "--mount", "--pid", "--fork", "--propagation", "private", "--", self, "nsrunc", "init", abs, id)
+	// what `unshare --mount --pid --fork` does, with the container's own exit status to wait for
+	cmd := exec.Command(self, "nsrunc", "init", abs, id)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWNS | syscall.CLONE_NEWPID, Pdeathsig: syscall.SIGKILL}
 	err = cmd.Run()
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
@@ -164,6 +168,10 @@ func nsRun(bundle, id string) error {
 // runc would from the spec, runs the spec's hooks, moves into the cgroup, chroots and execs.
 func nsInit(bundle, id string) error {
 	dir := filepath.Join(nsruncState, id)
+	// nothing mounted here reaches the host (unshare --propagation private)
+	if err := unix.Mount("", "/", "", unix.MS_REC|unix.MS_PRIVATE, ""); err != nil {
+		return fmt.Errorf("make the mounts private: %w", err)
+	}
 	// /proc here is still the host's mount, so it names this process by its host pid: what
 	// `state` reports and the hooks get, as runc gives them.
 	self, err := os.Readlink("/proc/self")
@@ -202,14 +210,11 @@ func nsInit(bundle, id string) error {
 		return err
 	}
 	if spec.Linux != nil && spec.Linux.CgroupsPath != "" {
-		cg := filepath.Join("/sys/fs/cgroup", spec.Linux.CgroupsPath)
-		if err := os.MkdirAll(cg, 0o755); err != nil {
-			return fmt.Errorf("cgroup %s: %w", cg, err)
+		joined, err := joinCgroups(spec.Linux.CgroupsPath)
+		if err != nil {
+			return err
 		}
-		if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), []byte(self), 0o644); err != nil {
-			return fmt.Errorf("join cgroup %s: %w", cg, err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(cg), 0o644); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, "cgroup"), []byte(strings.Join(joined, "\n")), 0o644); err != nil {
 			return err
 		}
 	}
@@ -254,6 +259,60 @@ func nsInit(bundle, id string) error {
 		}
 	}
 	return unix.Exec(spec.Process.Args[0], spec.Process.Args, spec.Process.Env)
+}
+
+// joinCgroups moves pid into cgroupsPath as runc's cgroupfs driver would: the one hierarchy on
+// cgroup2, every controller's on cgroup v1 (where the memory guard reads the container ID from
+// /proc/<pid>/cgroup). It returns the folders it joined. "0" names the writer: its host pid means
+// nothing inside its own PID namespace.
+func joinCgroups(path string) ([]string, error) {
+	const root = "/sys/fs/cgroup"
+	var st unix.Statfs_t
+	var hierarchies []string
+	if unix.Statfs(root, &st) == nil && st.Type == unix.CGROUP2_SUPER_MAGIC {
+		hierarchies = []string{root}
+	} else {
+		entries, err := os.ReadDir(root)
+		if err != nil {
+			return nil, fmt.Errorf("cgroups: %w", err)
+		}
+		for _, e := range entries {
+			h := filepath.Join(root, e.Name())
+			if e.IsDir() && unix.Statfs(h, &st) == nil && (st.Type == unix.CGROUP_SUPER_MAGIC || st.Type == unix.CGROUP2_SUPER_MAGIC) {
+				hierarchies = append(hierarchies, h)
+			}
+		}
+	}
+	var joined, refused []string
+	for _, h := range hierarchies {
+		cg := filepath.Join(h, path)
+		if err := os.MkdirAll(cg, 0o755); err != nil {
+			return joined, fmt.Errorf("cgroup %s: %w", cg, err)
+		}
+		joined = append(joined, cg)
+		// a new v1 cpuset has no CPUs or memory nodes: give each level its parent's, as runc does
+		for dir := filepath.Join(h, strings.Split(strings.Trim(path, "/"), "/")[0]); ; {
+			for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+				if cur, err := os.ReadFile(filepath.Join(dir, f)); err == nil && strings.TrimSpace(string(cur)) == "" {
+					if parent, err := os.ReadFile(filepath.Join(filepath.Dir(dir), f)); err == nil {
+						_ = os.WriteFile(filepath.Join(dir, f), parent, 0o644)
+					}
+				}
+			}
+			if dir == cg {
+				break
+			}
+			dir = filepath.Join(dir, strings.Split(strings.TrimPrefix(cg, dir+"/"), "/")[0])
+		}
+		if err := os.WriteFile(filepath.Join(cg, "cgroup.procs"), []byte("0"), 0o644); err != nil {
+			refused = append(refused, fmt.Sprintf("%s: %v", cg, err))
+		}
+	}
+	if len(refused) == len(hierarchies) {
+		return joined, fmt.Errorf("no cgroup hierarchy under %s took the container (cgroupsPath %s): %s", root, path, strings.Join(refused, "; "))
+	}
+	// on v1 one hierarchy is enough for /proc/<pid>/cgroup to name the container
+	return joined, nil
 }
 
 func orDefault(s, d string) string {
