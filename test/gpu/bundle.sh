@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the bundle carried to a GPU machine for the real-GPU proof (test/gpu/README.md):
-#   bin/   tessera-node, gpuproof, runc (static), cudaprobe, callbench, memprobe
-#   lib/   libvcuda.so
+#   bin/   tessera-node, gpuproof, runc (static), nsrunc (the namespace fallback: gpuproof nsrunc),
+#          cudaprobe, callbench, memprobe, procprobe, nvml-refusals.test (internal/gpu's realnvml test)
+#   lib/   libvcuda.so, hooktable.txt (vcuda's hooked symbols, from src/procaddr.c, for procprobe)
 #   fake/  vcuda/test's fake driver (libcuda.so.1, libnvidia-ml.so.1, nvidia-smi): the dry run, and
 #          the overhead phase's fake-driver figure taken on the GPU machine's own CPU
 #   rootfs/  busybox + Debian's libc6 + cudaprobe + memprobe: the runc containers' root
@@ -22,8 +23,15 @@ W=$(mktemp -d); trap 'rm -rf "$W"' EXIT
 B=$W/tessera-gpu-bundle
 mkdir -p "$B/bin" "$B/lib" "$B/fake"
 
-log "tessera-node, gpuproof"
+log "tessera-node, gpuproof, the realnvml test"
 (cd "$ROOT" && CGO_CFLAGS="-O2 -Wno-deprecated-declarations" go build -trimpath -ldflags "-s -w" -o "$B/bin/" ./cmd/tessera-node ./test/gpu/gpuproof)
+(cd "$ROOT" && CGO_CFLAGS="-O2 -Wno-deprecated-declarations" go test -c -tags realnvml -trimpath -ldflags "-s -w" -o "$B/bin/nvml-refusals.test" ./internal/gpu)
+cat >"$B/bin/nsrunc" <<'EOF'
+#!/bin/sh
+# runc's verbs without runc: the preflight's fallback where runc cannot start a container (gpuproof/nsrunc.go)
+exec "$(dirname "$0")/gpuproof" nsrunc "$@"
+EOF
+chmod 755 "$B/bin/nsrunc"
 
 # runc as test/tools/install.sh pins it, linked statically: the GPU machine may lack libseccomp.
 RUNC_V=$(sed -n 's/.*RUNC_V=\(v[0-9.]*\).*/\1/p' "$ROOT/test/tools/install.sh" | head -1)
@@ -48,6 +56,11 @@ cp "$V/fake/libcuda.so.1" "$V/fake/libnvidia-ml.so.1" "$V/fake/nvidia-smi" "$B/f
 gcc -O2 -Wall -Werror -o "$B/bin/cudaprobe" "$ROOT/test/image/cudaprobe.c" -L"$V/fake" -l:libcuda.so.1
 gcc -O2 -Wall -Wextra -Werror -o "$B/bin/callbench" "$ROOT/test/gpu/csrc/callbench.c" -L"$V/fake" -l:libcuda.so.1 -ldl
 gcc -O2 -Wall -Wextra -Werror -o "$B/bin/memprobe" "$ROOT/test/gpu/csrc/memprobe.c" -L"$V/fake" -l:libcuda.so.1 -ldl
+gcc -O2 -Wall -Wextra -Werror -o "$B/bin/procprobe" "$ROOT/test/gpu/csrc/procprobe.c" -ldl
+# vcuda's hook table as "<symbol> <base>" lines: the one list (src/procaddr.c), read, not copied
+sed -n 's/^[[:space:]]*E(\([A-Za-z0-9_]*\), "\([A-Za-z0-9_]*\)", [0-9]*, [01]),.*/\1 \2/p' "$ROOT/vcuda/src/procaddr.c" >"$B/lib/hooktable.txt"
+[ "$(wc -l <"$B/lib/hooktable.txt")" -eq "$(grep -c '^[[:space:]]*E(' "$ROOT/vcuda/src/procaddr.c")" ] ||
+  { echo "bundle.sh: could not read every E(...) row of vcuda/src/procaddr.c: has its format changed?" >&2; exit 1; }
 
 log "rootfs"
 mkdir -p "$W/probe/usr/local/bin" && cp "$B/bin/cudaprobe" "$B/bin/memprobe" "$W/probe/usr/local/bin/"
@@ -60,7 +73,7 @@ cp "$ROOT/test/gpu/run.sh" "$ROOT/test/gpu/torch_checks.py" "$ROOT/test/gpu/READ
   echo "built: $(date -u +%FT%TZ) with $(go version | cut -d' ' -f3), gcc $(gcc -dumpversion), glibc $(ldd --version | head -1 | awk '{print $NF}')"
   echo "rootfs glibc: $(cd "$TOOLS" && ls debs-libc/*.deb 2>/dev/null || echo "$GLIBC")"
   echo "host glibc needed (newest symbol version each binary uses):"
-  for f in bin/tessera-node bin/gpuproof bin/cudaprobe bin/callbench bin/memprobe lib/libvcuda.so; do
+  for f in bin/tessera-node bin/gpuproof bin/nvml-refusals.test bin/cudaprobe bin/callbench bin/memprobe bin/procprobe lib/libvcuda.so; do
     echo "  $f: $(objdump -T "$B/$f" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)"
   done
   echo "  bin/runc: static"

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -46,20 +47,23 @@ func run(t *testing.T, timeout time.Duration, env []string, dir, name string, ar
 // driver keep VMM memory charged while mapped, so every VMM check must pass.
 var vmmNotYet = map[string]string{}
 
-// TestGPUBundleDryRun builds the GPU bundle as `make gpu-bundle` does, unpacks it, and runs every
-// phase that needs no GPU on the simulated node with vcuda's fake driver: discovery and CDI specs,
-// CUDA in runc containers made only from the CDI edits (whole GPU and a vcuda share), the memory
-// phase (per-context overhead read from the host's NVML by host pid, the VMM patterns under a cap),
-// the guard phase (tessera-node's memory guard kills a share allocating past vcuda, leaves one under
-// its cap), the call overhead on the fake driver; then the results file and both markdown tables.
-// The PyTorch phases cannot run here and must say so in the results; torch_checks.py is compiled
-// and its helpers self-tested. Needs root (runc, device nodes), go, gcc, make, python3 and `make
-// tools`' busybox and glibc: a missing one fails the test.
+// TestGPUBundleDryRun builds the GPU bundle as `make gpu-bundle` does and runs the one command the
+// device tool runs on a GPU machine, test/gpu/device-run.sh, on the simulated node with vcuda's
+// fake driver: the preflight (which container runtime works), discovery and CDI specs, the realnvml
+// test built, CUDA in containers made only from the CDI edits (whole GPU and a vcuda share), the
+// memory phase (per-context overhead read from the host's NVML by host pid, the VMM patterns under
+// a cap), cuGetProcAddress against dlsym for every hooked symbol, the guard phase (tessera-node's
+// memory guard kills a share allocating past vcuda, leaves one under its cap), the call overhead on
+// the fake driver; then the one results file, the one log tarball and both markdown tables; then
+// the container phase again on the namespace fallback (what runs where runc cannot). The PyTorch
+// phases cannot run here and must say so in the results; torch_checks.py is compiled and its
+// helpers self-tested. Needs root (runc, device nodes, namespaces), go, gcc, make, python3, unshare
+// and `make tools`' busybox and glibc: a missing one fails the test.
 func TestGPUBundleDryRun(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Fatal("the dry run needs root: runc and the simulated node's device nodes")
 	}
-	for _, tool := range []string{"go", "gcc", "make", "python3", "tar", "objdump"} {
+	for _, tool := range []string{"go", "gcc", "make", "python3", "tar", "objdump", "unshare", "nsenter", "timeout"} {
 		if _, err := exec.LookPath(tool); err != nil {
 			t.Fatalf("%s is required: %v", tool, err)
 		}
@@ -77,33 +81,46 @@ func TestGPUBundleDryRun(t *testing.T) {
 	if st.Size() > 56<<20 {
 		t.Errorf("the bundle is %d MiB; it must stay well under the device tool's 64 MiB", st.Size()>>20)
 	}
-	if out, rc := run(t, time.Minute, nil, dir, "tar", "xzf", tarball); rc != 0 {
-		t.Fatalf("unpack: %s", out)
+	// The one command, as the device tool runs it: $OUT is what comes back.
+	runDir, ret := filepath.Join(dir, "run"), filepath.Join(dir, "returned")
+	env := []string{"DRY_RUN=1", "GPU_BUNDLE=" + tarball, "GPU_RUN_DIR=" + runDir, "OUT=" + ret}
+	out, rc := run(t, 9*time.Minute, env, root, "bash", "test/gpu/device-run.sh")
+	t.Logf("device-run.sh:\n%s", out)
+	// exit 2: torch and compute could not run (no GPU); every other phase must have passed
+	if rc != 2 {
+		t.Errorf("device-run.sh: exit %d, want 2 (torch and compute cannot run in a dry run)", rc)
 	}
-	b := filepath.Join(dir, "tessera-gpu-bundle")
-	env := []string{"DRY_RUN=1", "OUT=" + filepath.Join(dir, "out")}
-	for _, phase := range []string{"node", "container", "memory", "guard", "overhead"} {
-		out, rc := run(t, 5*time.Minute, env, b, "./run.sh", phase)
-		want := 0
-		if phase == "memory" && len(vmmNotYet) > 0 {
-			want = 1 // some check failed, its results written all the same
+	order := regexp.MustCompile(`(?m)^\[device-run\] (\w+): exit (\d+) after`).FindAllStringSubmatch(out, -1)
+	var ran []string
+	for _, m := range order {
+		ran = append(ran, m[1])
+		want := "0"
+		if m[1] == "torch" || m[1] == "compute" {
+			want = "2"
 		}
-		if rc != want {
-			t.Fatalf("run.sh %s: exit %d, want %d\n%s", phase, rc, want, out)
-		}
-		t.Logf("run.sh %s:\n%s", phase, out)
-	}
-	// The GPU-only phases refuse a dry run instead of pretending, and say so in the results.
-	for _, phase := range []string{"torch", "compute"} {
-		if out, rc := run(t, time.Minute, env, b, "./run.sh", phase); rc != 2 || !strings.Contains(out, "needs a GPU") {
-			t.Errorf("run.sh %s in a dry run: exit %d, want 2 with a reason\n%s", phase, rc, out)
+		if m[2] != want {
+			t.Errorf("phase %s: exit %s, want %s", m[1], m[2], want)
 		}
 	}
-
-	files, _ := filepath.Glob(filepath.Join(dir, "out", "results", "*.json"))
-	if len(files) != 1 || !strings.HasSuffix(files[0], "-NVIDIA-A100-SXM4-40GB.json") {
-		t.Fatalf("want one results file named <date>-<gpu model>.json, got %v", files)
+	if got := strings.Join(ran, " "); got != "preflight node refusals container torch memory procaddr guard overhead compute" {
+		t.Errorf("phases ran in the order %q: want the issue's order, most important first", got)
 	}
+	returned, _ := os.ReadDir(ret)
+	var names []string
+	for _, e := range returned {
+		names = append(names, e.Name())
+	}
+	if len(names) != 2 || !strings.HasSuffix(names[0], "-NVIDIA-A100-SXM4-40GB.json") || names[1] != "logs.tar.gz" {
+		t.Fatalf("$OUT holds %v: want one results JSON and logs.tar.gz", names)
+	}
+	logs, _ := run(t, time.Minute, nil, ret, "tar", "tzf", "logs.tar.gz")
+	for _, want := range []string{"device-run.log", "nvidia-smi.txt", "partial/procaddr.json", "work/guard/tessera-node.log", "work/containers/share/output.txt"} {
+		if !strings.Contains(logs, want+"\n") {
+			t.Errorf("logs.tar.gz lacks %s:\n%s", want, logs)
+		}
+	}
+	b := filepath.Join(runDir, "tessera-gpu-bundle")
+	files := []string{filepath.Join(ret, names[0])}
 	var res struct {
 		DryRun  bool     `json:"dry_run"`
 		Driver  string   `json:"driver_version"`
@@ -143,6 +160,9 @@ func TestGPUBundleDryRun(t *testing.T) {
 		}
 	}
 	want := []string{
+		"preflight: runc starts a container", "preflight: fallback starts a container", "preflight: a container runtime works",
+		"refusals: the realnvml test is built",
+		"procaddr: queries asked", "procaddr: every driver answer is vcuda's hook of the same variant, as dlsym names it",
 		"node: specs load", "node: specs mount libcuda.so", "node: specs mount nvidia-smi", "node: GPU count",
 		"container: whole: nvidia-smi -L lists exactly that GPU", "container: whole: CUDA sees all its memory",
 		"container: share: ld.so.preload names vcuda", "container: share: CUDA reports the cap",
@@ -176,6 +196,9 @@ func TestGPUBundleDryRun(t *testing.T) {
 			t.Errorf("the results must say the %s phase did not run, and why: %q", phase, c)
 		}
 	}
+	if c := checks["refusals: the strict NVML's refusal table matches the real driver"]; !strings.HasPrefix(c, "not_checked: ") {
+		t.Errorf("a dry run must not claim the refusal table was held to a real driver: %q", c)
+	}
 	for _, want := range []string{"overhead: fake driver: alloc, added by vcuda at 100% compute", "overhead: fake driver: launch, added by vcuda at 100% compute"} {
 		if !strings.Contains(figures[want], "fake driver") {
 			t.Errorf("figure %q missing or not labelled with the fake driver: %q", want, figures[want])
@@ -192,6 +215,52 @@ func TestGPUBundleDryRun(t *testing.T) {
 				t.Errorf("tables -section %s: exit %d, want the dry-run banner and %q:\n%s", section, rc, want, out)
 			}
 		}
+	}
+	// The namespace fallback (where runc cannot run): the same container phase, the same specs.
+	fenv := []string{"DRY_RUN=1", "OUT=" + filepath.Join(runDir, "out"), "CONTAINER_RUNTIME=fallback"}
+	if out, rc := run(t, 2*time.Minute, fenv, b, "./run.sh", "preflight"); rc != 0 || !strings.Contains(out, "using fallback") {
+		t.Errorf("run.sh preflight with CONTAINER_RUNTIME=fallback: exit %d\n%s", rc, out)
+	}
+	for _, phase := range []string{"container", "guard"} { // the guard: cgroups, kills, exit 137 through the fallback
+		if out, rc := run(t, 2*time.Minute, fenv, b, "./run.sh", phase); rc != 0 {
+			t.Errorf("run.sh %s on the namespace fallback: exit %d\n%s", phase, rc, out)
+		}
+	}
+	var fb struct {
+		Env    map[string]string
+		Checks []struct{ Name, Status, Detail string }
+	}
+	if data, err := os.ReadFile(filepath.Join(runDir, "out", "partial", "container.json")); err != nil || json.Unmarshal(data, &fb) != nil {
+		t.Fatalf("the fallback's container phase wrote no result: %v", err)
+	}
+	if fb.Env["container_runtime"] != "nsrunc" {
+		t.Errorf("the container phase ran on %q, want nsrunc", fb.Env["container_runtime"])
+	}
+	if len(fb.Checks) < 8 {
+		t.Errorf("the fallback's container phase made only %d checks", len(fb.Checks))
+	}
+
+	// A phase the time budget no longer fits is not started and says so; it never passes.
+	benv := append(env, "BUDGET_S=1") //nolint:gocritic // env is not used after this
+	out, rc = run(t, time.Minute, benv, root, "bash", "test/gpu/device-run.sh", "procaddr")
+	if rc != 1 || !strings.Contains(out, "[device-run] procaddr: not started") {
+		t.Errorf("device-run.sh procaddr with BUDGET_S=1: exit %d, want 1 and the phase not started\n%s", rc, out)
+	}
+	if data, err := os.ReadFile(filepath.Join(ret, names[0])); err != nil || !regexp.MustCompile(`"name": "procaddr: not run",\s*"status": "not_checked",\s*"detail": "not started: \d+ s of device-run.sh's 1 s budget left`).Match(data) {
+		t.Errorf("the results must say procaddr was not started for want of time (%v)", err)
+	}
+	// A phase past its own limit is killed, its containers removed, and its result says so.
+	tenv := append(env, "LIMIT_S_guard=3") //nolint:gocritic // env is not used after this
+	out, rc = run(t, 2*time.Minute, tenv, root, "bash", "test/gpu/device-run.sh", "guard")
+	if rc != 1 || !strings.Contains(out, "[device-run] guard: exit 124 after") {
+		t.Errorf("device-run.sh guard with LIMIT_S_guard=3: exit %d, want 1 after the guard phase timed out (124)\n%s", rc, out)
+	}
+	if data, err := os.ReadFile(filepath.Join(ret, names[0])); err != nil || !regexp.MustCompile(`"name": "guard: not run",\s*"status": "not_checked",\s*"detail": "timed out after its 3 s limit`).Match(data) {
+		t.Errorf("the results must say the guard phase timed out (%v)", err)
+	}
+	// (on the fallback: the preflight above chose it)
+	if left, _ := os.ReadDir("/run/gpuproof-nsrunc"); len(left) > 0 {
+		t.Errorf("containers left after the guard phase timed out: %v", left)
 	}
 	if out, rc := run(t, time.Minute, nil, b, "python3", "-m", "py_compile", "torch_checks.py"); rc != 0 {
 		t.Errorf("torch_checks.py does not compile:\n%s", out)

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # The real-GPU proof of Tessera (issue 13), run from the unpacked bundle (`make gpu-bundle`):
 #
+#   ./run.sh preflight   the sandbox (gVisor/Firecracker), cgroup2, whether runc starts a container,
+#                        else the namespace fallback (gpuproof nsrunc); the other phases use what works
 #   ./run.sh node        discovery + CDI specs on this machine vs nvidia-smi, CUDA, sysfs   (~1 min)
+#   ./run.sh refusals    the strict simulated NVML's refusal table (realnvml test) on this NVML
 #   ./run.sh container   CUDA in runc containers made only from the CDI specs (+ vcuda)       (~1 min)
 #   ./run.sh memory      per-context overhead in a container's PID namespace; VMM create/map/
 #                        release under a cap, NVML on the host never above it                 (~1 min)
 #   ./run.sh guard       the node agent's memory guard kills a share allocating past vcuda     (~1 min)
 #   ./run.sh torch       vcuda memory caps with PyTorch: 3 allocators x CUDA graphs on/off    (~2-3 min)
 #   ./run.sh compute     vcuda compute shares 10/30/50/70%, two containers 30+70, 100% cost   (~4 min)
+#   ./run.sh procaddr    cuGetProcAddress vs dlsym, every hooked symbol, 12000/12080/13000 x ptsz
 #   ./run.sh overhead    ns added per intercepted call, real driver next to the fake driver   (~1 min)
-#   ./run.sh all         all of the above in that order (~12 min: split it over device-tool calls)
+#   ./run.sh all         all of the above (device-run.sh runs them under one time budget)
 #
 # Each phase writes $OUT/partial/<phase>.json as it ends, then merges every phase so far into
 # $OUT/results/<date>-<gpu model>.json; render it with `gpuproof tables` (test/gpu/README.md).
@@ -38,9 +42,11 @@ LIB=$B/lib/libvcuda.so
 die() { echo "run.sh: $*" >&2; exit 2; }
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 
-[[ $# -eq 1 ]] || die "usage: run.sh node|container|memory|guard|torch|compute|overhead|all"
+PHASES="preflight node refusals container torch memory procaddr guard overhead compute"
+[[ $# -eq 1 ]] || die "usage: run.sh ${PHASES// /|}|all"
 [[ $(id -u) -eq 0 ]] || die "run as root: runc and the device nodes need it"
-for f in bin/tessera-node bin/gpuproof bin/runc bin/cudaprobe bin/callbench bin/memprobe lib/libvcuda.so fake/libcuda.so.1 rootfs/lib64/ld-linux-x86-64.so.2; do
+for f in bin/tessera-node bin/gpuproof bin/runc bin/nsrunc bin/cudaprobe bin/callbench bin/memprobe bin/procprobe bin/nvml-refusals.test \
+  lib/libvcuda.so lib/hooktable.txt fake/libcuda.so.1 rootfs/lib64/ld-linux-x86-64.so.2; do
   [[ -e $B/$f ]] || die "$B/$f is missing: this is not a complete bundle (make gpu-bundle)"
 done
 # Everything here was built against glibc 2.34+ (see MANIFEST); say so plainly instead of failing oddly.
@@ -61,7 +67,32 @@ if [[ $DRY_RUN == 1 ]]; then
 fi
 sim_flags=("--state-dir=$WORK/sim" "--sim-driver-dir=$B/fake")
 
-merge() { "$PROOF" merge -dir "$PARTIAL" -out-dir "$RESULTS" || true; }
+# The container runtime the preflight found working (runc, or the namespace fallback); runc until
+# a preflight ran. CONTAINER_RUNTIME=runc|fallback|auto (auto) is what the preflight may choose.
+CONTAINER_RUNTIME=${CONTAINER_RUNTIME:-auto}
+RUNC=$B/bin/runc
+[[ -s $WORK/runtime ]] && RUNC=$(cat "$WORK/runtime")
+
+# one results file: a merge before the node phase named the GPU "unknown-gpu"
+merge() { rm -f "$RESULTS"/*.json && "$PROOF" merge -dir "$PARTIAL" -out-dir "$RESULTS" || true; }
+
+phase_preflight() {
+  rm -f "$WORK/runtime"
+  local rc=0
+  "$PROOF" preflight -runc "$B/bin/runc" -fallback "$B/bin/nsrunc" -rootfs "$B/rootfs" -work "$WORK" \
+    -out "$PARTIAL/preflight.json" -runtime-file "$WORK/runtime" -runtime "$CONTAINER_RUNTIME" "${dry[@]}" || rc=$?
+  [[ -s $WORK/runtime ]] && RUNC=$(cat "$WORK/runtime")
+  return $rc
+}
+
+phase_refusals() {
+  "$PROOF" refusals -test-binary "$B/bin/nvml-refusals.test" -out "$PARTIAL/refusals.json" -log "$WORK/refusals.log" "${dry[@]}"
+}
+
+phase_procaddr() {
+  "$PROOF" procaddr -procprobe "$B/bin/procprobe" -cudaprobe "$B/bin/cudaprobe" -hook-table "$B/lib/hooktable.txt" -vcuda-library "$LIB" \
+    -work "$WORK/procaddr" -out "$PARTIAL/procaddr.json" "${dry[@]}"
+}
 
 phase_node() {
   local backend=(-backend nvml -driver-root "$DRIVER_ROOT") extra=()
@@ -75,7 +106,7 @@ phase_node() {
 
 phase_container() {
   need_specs || return 2
-  "$PROOF" container -work "$WORK" -out "$PARTIAL/container.json" -rootfs "$B/rootfs" -runc "$B/bin/runc" \
+  "$PROOF" container -work "$WORK" -out "$PARTIAL/container.json" -rootfs "$B/rootfs" -runc "$RUNC" \
     -gpu-index "$GPU_INDEX" -share-mib 4096 "${dry[@]}"
 }
 
@@ -87,7 +118,7 @@ phase_memory() {
   need_specs || return 2
   local nvml=auto
   [[ $DRY_RUN == 1 ]] && nvml=$B/fake/libnvidia-ml.so.1
-  "$PROOF" memory -work "$WORK" -out "$PARTIAL/memory.json" -rootfs "$B/rootfs" -runc "$B/bin/runc" \
+  "$PROOF" memory -work "$WORK" -out "$PARTIAL/memory.json" -rootfs "$B/rootfs" -runc "$RUNC" \
     -gpu-index "$GPU_INDEX" -share-mib 4096 -nvml-library "$nvml" "${dry[@]}"
 }
 
@@ -98,7 +129,7 @@ phase_guard() {
     backend=(-backend sim)
     extra=(-- "${sim_flags[@]}")
   fi
-  "$PROOF" guard -work "$WORK" -out "$PARTIAL/guard.json" -rootfs "$B/rootfs" -runc "$B/bin/runc" \
+  "$PROOF" guard -work "$WORK" -out "$PARTIAL/guard.json" -rootfs "$B/rootfs" -runc "$RUNC" \
     -tessera-node "$B/bin/tessera-node" -vcuda-library "$LIB" -gpu-index "$GPU_INDEX" -cap-mib 1024 \
     "${backend[@]}" "${dry[@]}" "${extra[@]}"
 }
@@ -110,8 +141,10 @@ phase_overhead() {
     -work "$WORK/overhead" -out "$PARTIAL/overhead.json" "${dry[@]}"
 }
 
-# torch and compute run PyTorch on the host, with vcuda preloaded as in a share container and its
-# limits given by TESSERA_VCUDA_LIMITS (honoured only where /etc/tessera/vcuda/limits is absent).
+# torch and compute run the host's PyTorch with vcuda preloaded as in a share container and its
+# limits given by TESSERA_VCUDA_LIMITS (honoured only where /etc/tessera/vcuda/limits is absent);
+# torch's children each run in their own PID namespace (unshare --pid --fork --mount-proc), as a
+# pod's process does, so NVML reports them by a pid they do not know themselves by.
 torch_preflight() {
   local why=""
   if [[ $DRY_RUN == 1 ]]; then why="the $1 phase needs a GPU and PyTorch: it has no dry run (torch_checks.py is only compiled)"
@@ -134,7 +167,7 @@ torch_preflight() {
 phase_torch() {
   torch_preflight torch || return 2
   "$PYTHON" "$B/torch_checks.py" torch --lib "$LIB" --uuid "$UUID" --cap-gib "$CAP_GIB" --work "$WORK/torch" \
-    --confs "$TORCH_CONFS" --out "$PARTIAL/torch.json"
+    --confs "$TORCH_CONFS" --pidns --out "$PARTIAL/torch.json"
 }
 
 phase_compute() {
@@ -154,8 +187,10 @@ run_phase() {
 }
 
 case $1 in
-  node | container | memory | guard | torch | compute | overhead) run_phase "$1" ;;
-  all) for p in node container memory guard torch compute overhead; do run_phase "$p"; done ;;
-  *) die "unknown phase $1 (node|container|memory|guard|torch|compute|overhead|all)" ;;
+  all) for p in $PHASES; do run_phase "$p"; done ;;
+  *)
+    [[ " $PHASES " == *" $1 "* ]] || die "unknown phase $1 (${PHASES// /|}|all)"
+    run_phase "$1"
+    ;;
 esac
 exit $status

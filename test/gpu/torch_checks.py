@@ -50,12 +50,14 @@ class Phase:
     def failed(self):
         return sum(c["status"] == "fail" for c in self.d["checks"]) + sum(f.get("status") == "fail" for f in self.d["figures"])
 
-    def write(self, path):
+    def write(self, path, quiet=False):
         self.d["seconds"] = time.time() - self.t0
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
         with open(path + ".tmp", "w") as f:
             json.dump(self.d, f, indent=2)
         os.replace(path + ".tmp", path)
+        if quiet:
+            return
         for c in self.d["checks"]:
             print("%-11s %s: %s" % (c["status"], c["name"], c["detail"]), flush=True)
         for f in self.d["figures"]:
@@ -115,8 +117,35 @@ def host_env():
     return {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "TESSERA_VCUDA_LIMITS")}
 
 
-def smi(args, env):
-    return subprocess.run(["nvidia-smi"] + args, env=env, capture_output=True, text=True, timeout=60).stdout
+def smi(args, env, prefix=()):
+    return subprocess.run(list(prefix) + ["nvidia-smi"] + args, env=env, capture_output=True, text=True, timeout=60).stdout
+
+
+def in_pidns(cmd, pidns):
+    """The child in its own PID namespace, as a pod's process is (NVML then reports its host pid,
+    not the one it knows itself by: the pod path vcuda must get right)."""
+    return (["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "--"] + cmd) if pidns else cmd
+
+
+def host_pid(proc, pidns):
+    """The host pid of the child: unshare's only child when it runs in its own PID namespace."""
+    if not pidns:
+        return proc.pid
+    try:
+        with open("/proc/%d/task/%d/children" % (proc.pid, proc.pid)) as f:
+            kids = f.read().split()
+        return int(kids[0]) if kids else None
+    except (OSError, ValueError):
+        pass
+    # a kernel without /proc/<pid>/task/<tid>/children (gVisor, say): the process whose parent it is
+    for d in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == proc.pid:
+                    return int(d)
+        except (OSError, ValueError, IndexError):
+            continue
+    return None
 
 
 def device_used():
@@ -237,16 +266,21 @@ def run_case(a, name, conf, graphs, lib, limits, fill=True):
             os.remove(p)
     cmd = [sys.executable, os.path.abspath(__file__), "child-oom", "--ready", ready, "--release", release] + (["--graphs"] if graphs else []) + ([] if fill else ["--no-fill"])
     log = open(os.path.join(d, "child.log"), "w")
-    proc = subprocess.Popen(cmd, env=child_env(lib, limits, conf), stdout=log, stderr=subprocess.STDOUT)
-    out = dict(ok=wait_for(ready, proc, 240))
+    pidns = getattr(a, "pidns", False)
+    proc = subprocess.Popen(in_pidns(cmd, pidns), env=child_env(lib, limits, conf), stdout=log, stderr=subprocess.STDOUT)
+    out = dict(ok=wait_for(ready, proc, 110))
     if out["ok"]:
         out.update(read_json(ready))
+        out["ns_pid"], out["pid"] = out["pid"], host_pid(proc, pidns)
+        out["pidns"] = pidns
         out["host_apps"] = parse_apps(smi(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], host_env()))
         out["device_used"] = device_used()
         if lib:
             env = child_env(lib, limits)
-            out["smi_gpu"] = smi(["--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"], env).strip()
-            out["smi_apps"] = parse_apps(smi(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], env))
+            # nvidia-smi inside the share: the child's PID and mount namespaces, vcuda preloaded
+            inside = ["nsenter", "-t", str(out["pid"]), "-p", "-m", "--"] if pidns and out["pid"] else []
+            out["smi_gpu"] = smi(["--query-gpu=memory.total,memory.used", "--format=csv,noheader,nounits"], env, inside).strip()
+            out["smi_apps"] = parse_apps(smi(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], env, inside))
     open(release, "w").close()
     try:
         proc.wait(timeout=60)
@@ -264,6 +298,7 @@ def phase_torch(a):
     versions(ph)
     cap = int(a.cap_gib * GiB)
     ph.d["env"]["cap_bytes"] = str(cap)
+    ph.d["env"]["children"] = "own PID namespace (unshare --pid --fork --mount-proc)" if a.pidns else "host processes"
     # The memory a PyTorch process uses beyond what its allocator reserved (context, modules,
     # cuBLAS), without vcuda: what vcuda must now count inside the cap.
     idle = device_used()
@@ -279,6 +314,8 @@ def phase_torch(a):
         ph.check("baseline process", False, HOST_NVML, "no baseline: %s" % base.get("log", base)[:300])
     for conf in parse_confs(a.confs):
         for graphs in (False, True):
+            # what is measured so far is on disk: a phase cut off by device-run.sh's limit keeps it
+            ph.write(a.out, quiet=True)
             name = (conf.replace(":", "-") or "default") + ("+graphs" if graphs else "")
             limits = write_limits(os.path.join(a.work, name), a.uuid, cap, 100)
             r = run_case(a, name, conf, graphs, a.lib, limits)
@@ -309,8 +346,10 @@ def phase_torch(a):
             ph.check(name + ": nvidia-smi under vcuda shows the cap", len(gpu) == 2 and gpu[0] == str(cap // MiB),
                      "nvidia-smi --query-gpu=memory.total,memory.used with vcuda preloaded", "total,used = %s MiB; cap %d MiB" % (r.get("smi_gpu"), cap // MiB))
             apps = r.get("smi_apps", {})
-            ph.check(name + ": nvidia-smi under vcuda lists the process", r["pid"] in apps,
-                     "nvidia-smi --query-compute-apps with vcuda preloaded", "pid %d; listed %s" % (r["pid"], apps))
+            # inside its PID namespace the share may see itself by either number: say which
+            ph.check(name + ": nvidia-smi under vcuda lists the process", r["pid"] in apps or r["ns_pid"] in apps,
+                     "nvidia-smi --query-compute-apps with vcuda preloaded" + (", in the child's PID namespace" if r["pidns"] else ""),
+                     "host pid %s, own pid %s; listed %s" % (r["pid"], r["ns_pid"], apps))
     ph.write(a.out)
     return 1 if ph.failed() else 0
 
@@ -406,7 +445,7 @@ def run_compute(a, name, lib, cores, gate=False, only="", start=""):
 def finish_compute(proc_result):
     proc, result = proc_result
     try:
-        proc.wait(timeout=540)
+        proc.wait(timeout=120)
     except subprocess.TimeoutExpired:
         proc.kill()
     return read_json(result)
@@ -490,6 +529,16 @@ def selftest(_):
     assert physical({"pid": 5, "host_apps": {5: 100}}, 3) == (100, HOST_NVML)
     assert physical({"pid": 5, "host_apps": {9: 100}, "device_used": 700}, 200)[0] == 500
     assert physical({"pid": 5, "host_apps": {}}, None)[0] is None
+    # the pod path: the child knows itself as pid 1, the host (and NVML) by another pid
+    assert in_pidns(["x"], False) == ["x"]
+    proc = subprocess.Popen(in_pidns(["sh", "-c", "echo $$; sleep 3"], True), stdout=subprocess.PIPE, text=True)
+    own = proc.stdout.readline().strip()
+    hp = host_pid(proc, True)
+    with open("/proc/%d/status" % hp) as f:
+        nspid = [ln.split()[1:] for ln in f if ln.startswith("NSpid:")][0]
+    proc.kill()
+    proc.wait()
+    assert own == "1" and nspid == [str(hp), "1"], (own, hp, nspid)
     ph = Phase("torch")
     ph.check("a", True, "m", "d")
     ph.figure("f", 1, "MiB", "m", "<= 2", False)
@@ -508,6 +557,7 @@ def main():
         s.add_argument("--work", required=True)
         s.add_argument("--out", required=True)
         s.add_argument("--seconds", type=float, default=4)
+        s.add_argument("--pidns", action="store_true", help="run each child in its own PID namespace, as a pod's process")
         s.add_argument("--confs", default="", help="torch: allocator settings, comma-separated (default, expandable_segments:True, backend:cudaMallocAsync); all if empty")
     s = sub.add_parser("child-oom")
     s.add_argument("--ready", required=True)

@@ -50,6 +50,7 @@ func runContainer(args []string) error {
 	}
 	gen := &cdi.Generator{Vendor: configv1.DefaultCDIVendor}
 	p.Env["gpu_uuid"], p.Env["gpu_model"] = g.UUID, g.Model
+	p.Env["container_runtime"] = filepath.Base(*runc) // runc, or nsrunc: the preflight's fallback
 
 	// A whole GPU: exactly that GPU, the whole of its memory.
 	const probeWhole = "echo ==list; nvidia-smi -L; echo ==info; cudaprobe info"
@@ -195,7 +196,7 @@ func (r *runner) run(name string, devices []string, mounts []rspec.Mount, comman
 	}
 	id := fmt.Sprintf("gpuproof-%s-%d", name, os.Getpid())
 	defer output(30*time.Second, nil, r.runc, "delete", "--force", id) //nolint:errcheck // best effort: the container may be gone
-	got, err := output(3*time.Minute, nil, r.runc, "run", "--bundle", bundle, id)
+	got, err := output(2*time.Minute, nil, r.runc, "run", "--bundle", bundle, id)
 	if err := os.WriteFile(filepath.Join(bundle, "output.txt"), []byte(got), 0o644); err != nil {
 		return "", err
 	}
@@ -229,8 +230,10 @@ func (r *runner) prepare(name string, devices []string, mounts []rspec.Mount, co
 	if cgroupsPath != "" && spec.Linux != nil {
 		spec.Linux.CgroupsPath = cgroupsPath
 	}
-	if _, err := r.cache.InjectDevices(spec, devices...); err != nil {
-		return "", fmt.Errorf("inject CDI devices %v: %w", devices, err)
+	if len(devices) > 0 {
+		if _, err := r.cache.InjectDevices(spec, devices...); err != nil {
+			return "", fmt.Errorf("inject CDI devices %v: %w", devices, err)
+		}
 	}
 	spec.Mounts = append(spec.Mounts, mounts...)
 	if data, err = json.MarshalIndent(spec, "", "  "); err != nil {

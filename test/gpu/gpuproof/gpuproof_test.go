@@ -2,10 +2,12 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
@@ -127,5 +129,72 @@ func TestTableRight(t *testing.T) {
 		if got := tableRight(c.measured, c.table); got != c.want {
 			t.Errorf("tableRight(%d MiB, %d MiB) = %v, want %v", c.measured>>20, c.table>>20, got, c.want)
 		}
+	}
+}
+
+// TestCompareProcAddr: with vcuda, every answer the bare driver gives must come back as vcuda's
+// hook of the variant the driver chose, as dlsym names it; what the driver refuses stays refused.
+func TestCompareProcAddr(t *testing.T) {
+	const bare = "q base=cuMemAlloc version=12000 flags=0 rc=0 status=0 lib=/usr/lib/libcuda.so.1 sym=cuMemAlloc_v2 variant=cuMemAlloc_v2 dlsym_same=1\n" +
+		"q base=cuGreenCtxCreate version=12000 flags=0 rc=500 status=1 lib=- sym=- variant=- dlsym_same=0\n" +
+		"q base=cuLaunchKernel version=13000 flags=2 rc=0 status=0 lib=/usr/lib/libcuda.so.1 sym=- variant=- dlsym_same=0\n"
+	good := "q base=cuMemAlloc version=12000 flags=0 rc=0 status=0 lib=/lib/libvcuda.so sym=cuMemAlloc_v2 variant=cuMemAlloc_v2 dlsym_same=1\n" +
+		"q base=cuGreenCtxCreate version=12000 flags=0 rc=500 status=1 lib=- sym=- variant=- dlsym_same=0\n" +
+		"q base=cuLaunchKernel version=13000 flags=2 rc=0 status=0 lib=/lib/libvcuda.so sym=cuLaunchKernel_ptsz variant=cuLaunchKernel_ptsz dlsym_same=1\n"
+	const verdict = "every driver answer is vcuda's hook of the same variant, as dlsym names it"
+	for name, tc := range map[string]struct {
+		hooked string
+		want   string
+	}{
+		"all vcuda's, same variants":   {good, Pass},
+		"an older variant than driver": {strings.Replace(good, "sym=cuMemAlloc_v2 variant=cuMemAlloc_v2", "sym=cuMemAlloc variant=cuMemAlloc", 1), Fail},
+		"the driver's own, unhooked":   {strings.Replace(good, "lib=/lib/libvcuda.so sym=cuLaunchKernel_ptsz", "lib=/usr/lib/libcuda.so.1 sym=cuLaunchKernel_ptsz", 1), Fail},
+		"dlsym names another":          {strings.Replace(good, "variant=cuLaunchKernel_ptsz dlsym_same=1", "variant=cuLaunchKernel_ptsz dlsym_same=0", 1), Fail},
+		"a refused name made up":       {strings.Replace(good, "rc=500 status=1", "rc=0 status=0", 1), Fail},
+		"a query left unanswered":      {strings.SplitAfterN(good, "\n", 2)[1], Fail},
+	} {
+		p := newPhase("procaddr", false)
+		compareProcAddr(p, bare, tc.hooked, "test")
+		if got := statuses(p)[verdict]; got != tc.want {
+			t.Errorf("%s: %s, want %s (%v)", name, got, tc.want, p.Checks)
+		}
+	}
+}
+
+// TestNotRunKeeps: a phase cut off by its limit keeps the checks it wrote before, and gains the
+// reason; without -keep (or with nothing written) the reason stands alone. Never a pass.
+func TestNotRunKeeps(t *testing.T) {
+	dir := t.TempDir()
+	out := filepath.Join(dir, "torch.json")
+	p := newPhase("torch", false)
+	p.check("default: OOM at the cap", true, "test", "done before the cut")
+	if err := p.write(out, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	read := func() *Phase {
+		data, err := os.ReadFile(out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := &Phase{}
+		if err := json.Unmarshal(data, got); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if err := runNotRun([]string{"-phase", "torch", "-reason", "timed out", "-out", out, "-keep"}); err != nil {
+		t.Fatal(err)
+	}
+	if st := statuses(read()); len(st) != 2 || st["default: OOM at the cap"] != Pass || st["torch: not run"] != NotChecked {
+		t.Errorf("-keep: %v, want the earlier check and the reason", st)
+	}
+	if err := runNotRun([]string{"-phase", "memory", "-reason", "timed out", "-out", out, "-keep"}); err == nil {
+		t.Error("-keep onto another phase's result must be refused")
+	}
+	if err := runNotRun([]string{"-phase", "torch", "-reason", "not started", "-out", out}); err != nil {
+		t.Fatal(err)
+	}
+	if st := statuses(read()); len(st) != 1 || st["torch: not run"] != NotChecked {
+		t.Errorf("without -keep: %v, want the reason alone", st)
 	}
 }

@@ -7,6 +7,10 @@
 //	gpuproof memory    per-context overhead in a container's PID namespace; VMM create/map/release under a cap
 //	gpuproof guard     the node agent's memory guard kills a share container that allocates past vcuda
 //	gpuproof overhead  cost per intercepted call, real driver and fake driver, with and without vcuda
+//	gpuproof preflight the sandbox, cgroup2, whether runc (or the namespace fallback) starts a container
+//	gpuproof nsrunc    runc's verbs done with unshare, bind mounts and chroot: the fallback where runc cannot run
+//	gpuproof refusals  internal/gpu's realnvml test (the strict sim's refusal table) on this machine's NVML
+//	gpuproof procaddr  cuGetProcAddress vs dlsym for every hooked symbol, with and without vcuda
 //	gpuproof merge     the phases' partial results -> results/<date>-<gpu model>.json
 //	gpuproof tables    the markdown tables for vcuda/README.md and docs/install.md
 //	gpuproof limits    write a vcuda limits file (for torch_checks.py)
@@ -126,7 +130,7 @@ func orDash(s string) string {
 	return s
 }
 
-const usage = `usage: gpuproof <node|container|memory|guard|overhead|merge|tables|limits|notrun> [flags]   (see test/gpu/README.md)`
+const usage = `usage: gpuproof <preflight|node|refusals|container|memory|procaddr|guard|overhead|merge|tables|limits|notrun|nsrunc> [flags]   (see test/gpu/README.md)`
 
 func main() {
 	if len(os.Args) < 2 {
@@ -135,7 +139,7 @@ func main() {
 	}
 	cmds := map[string]func([]string) error{
 		"node": runNode, "container": runContainer, "memory": runMemory, "guard": runGuard, "overhead": runOverhead, "merge": runMerge, "tables": runTables,
-		"limits": runLimits, "notrun": runNotRun,
+		"limits": runLimits, "notrun": runNotRun, "preflight": runPreflight, "nsrunc": runNSRunc, "refusals": runRefusals, "procaddr": runProcAddr,
 	}
 	cmd, ok := cmds[os.Args[1]]
 	if !ok {
@@ -175,6 +179,7 @@ func runNotRun(args []string) error {
 	reason := fs.String("reason", "", "why it did not run (required)")
 	out := fs.String("out", "", "phase result file (required)")
 	dry := fs.Bool("dry-run", false, "the simulated node and the fake driver")
+	keep := fs.Bool("keep", false, "if -out holds what the phase wrote before it was cut off, add the reason to it")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -182,6 +187,13 @@ func runNotRun(args []string) error {
 		return fmt.Errorf("-phase, -reason and -out are required")
 	}
 	p := newPhase(*phase, *dry)
+	start := time.Now()
+	if data, err := os.ReadFile(*out); *keep && err == nil {
+		if err := json.Unmarshal(data, p); err != nil || p.Phase != *phase {
+			return fmt.Errorf("%s: not phase %s's result (%v)", *out, *phase, err)
+		}
+		start = start.Add(-time.Duration(p.Seconds * float64(time.Second)))
+	}
 	p.skip(*phase+": not run", "run.sh", "%s", *reason)
-	return p.write(*out, time.Now())
+	return p.write(*out, start)
 }

@@ -92,7 +92,7 @@ func runOverhead(args []string) error {
 }
 
 func benchOnce(bench, mode, iters string, env []string) (float64, string, error) {
-	got, err := output(3*time.Minute, env, bench, mode, iters)
+	got, err := output(2*time.Minute, env, bench, mode, iters)
 	if err != nil {
 		return 0, "", err
 	}
