@@ -380,14 +380,16 @@ TEST(limiter_grid_mix_50pct) { grid_mix(50, 1); }
 TEST(limiter_grid_mix_70pct) { grid_mix(70, 1); }
 /* Several streams in fork-join rounds: kernels smaller than a wave overlap
  * on the device, so busy time is less than the sum of their durations. The
- * whole mix on three streams at 30%; at 60%, only grids {1, S/4} on four
- * streams, long enough (200 us a wave) that a round's kernels run side by
+ * whole mix on three streams at 30%; at 30%, only grids {1, S/4} on four
+ * streams, long enough (50 and 200 us) that a round's kernels run side by
  * side: a limiter that charges the sum paces them one by one, and the
  * application loses its concurrency. */
 TEST(limiter_multi_stream_30pct) { grid_mix(30, 3); }
 TEST(limiter_multi_stream_small_grids_30pct) {
     mix_kinds = 2;
-    mix_func.wave_ns = 200000;
+    /* the fake times a partial grid by its blocks (at least 1/64 wave):
+     * 3.2 ms a wave makes these 50 and 200 us */
+    mix_func.wave_ns = 3200000;
     mix_min_overlap = 2; /* four streams: the limiter must not serialise them */
     grid_mix(30, 4);
 }
