@@ -367,8 +367,8 @@ func TestLimiterMutation(t *testing.T) {
 		{"rate", "limiter_prices_partial_waves", "pricing"},
 		{"nosm", "limiter_prices_partial_waves", "pricing"},
 		{"nobuckets", "limiter_prices_each_wave_bucket", "pricing"},
-		{"asymmetric", "limiter_prices_varying_beside_steady", "estimator"},
-		{"nofeedback", "limiter_unbiased_bimodal", "biased"},
+		{"asymmetric", "limiter_prices_steady_beside_varying", "estimator"},
+		{"nofeedback", "limiter_unbiased_jitter", "biased"},
 		{"nooverlap", "limiter_multi_stream_small_grids_30pct", "serialised"},
 		{"norelax", "limiter_never_invalidates_a_capture", "invalidated"},
 	} {

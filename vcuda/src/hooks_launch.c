@@ -69,7 +69,7 @@ typedef struct {
     _Atomic uint64_t key;
     _Atomic uint64_t est_ns;
     _Atomic uint32_t occ;        /* resident blocks per SM; 0 = not asked yet */
-    uint32_t pad;
+    _Atomic uint32_t samples;    /* how many samples the estimate has seen (up to EST_GAIN) */
 } est_entry;
 static est_entry est_table[1u << EST_BITS];
 /* Fallback for keys not measured yet, per GPU: [0] kernels (ns per wave),
@@ -129,6 +129,11 @@ static void update_est(est_entry *e, int g, uint64_t v) {
         if (!slots[i])
             continue;
         uint64_t old = atomic_load_explicit(slots[i], memory_order_relaxed), nv;
+        /* the first EST_GAIN samples of a key: their plain mean (one short
+         * first sample must not price the key for the next hundred) */
+        uint32_t n = i == 0 ? atomic_load_explicit(&e->samples, memory_order_relaxed) : EST_GAIN;
+        if (i == 0 && n < EST_GAIN)
+            atomic_store_explicit(&e->samples, n + 1, memory_order_relaxed);
         if (old == 0)
             nv = v;
 #ifdef VC_MUTATE_ASYMMETRIC
@@ -138,7 +143,7 @@ static void update_est(est_entry *e, int g, uint64_t v) {
             nv = old + (v - old) / 8;
 #else
         else
-            nv = (uint64_t)((int64_t)old + ((int64_t)v - (int64_t)old) / EST_GAIN);
+            nv = (uint64_t)((int64_t)old + ((int64_t)v - (int64_t)old) / (int64_t)(n < EST_GAIN ? n + 1 : EST_GAIN));
 #endif
         atomic_store_explicit(slots[i], nv ? nv : 1, memory_order_relaxed);
     }
@@ -574,6 +579,7 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
     if (!own && e != e0 && e0) /* a new bucket: the 1-wave figure (per wave: an upper bound) */
         own = atomic_load_explicit(&e0->est_ns, memory_order_relaxed);
     uint64_t est = own ? own : atomic_load_explicit(&est_global[g][graph], memory_order_relaxed);
+    int own_est = e && atomic_load_explicit(&e->est_ns, memory_order_relaxed) != 0;
 #ifdef VC_MUTATE_NO_NORMALISE
     uint64_t cost = graph || !blocks ? est : est * blocks / (uint64_t)vc_dev_sms(dev);
     (void)waves;
@@ -638,6 +644,9 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
             continue;
         }
         uint64_t wait = t - now - SLACK_NS;
+        /* about to sleep anyway: export what this thread was charged, so a
+         * loop of long kernels (few launches) is not seen idle for long */
+        flush_busy();
         struct timespec ts = {(time_t)(wait / 1000000000ull), (long)(wait % 1000000000ull)};
         nanosleep(&ts, NULL);
         uint64_t after = vc_now_ns();
@@ -704,7 +713,11 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
 #endif
             tls.graph = graph;
             tls.charged_ns = cost;
-            tls.model_ns = model;
+            /* the loop measures the model's error where the model has
+             * a figure of the key's own; a first guess borrowed from
+             * another bucket would drag it (a 16-wave grid priced at 16
+             * times a whole wave of a small grid) */
+            tls.model_ns = own_est ? model : 0;
             tls.pred_wait = tls_pred_wait;
             tls.charged_frac = cost ? (double)charge / (double)cost : 1;
         }

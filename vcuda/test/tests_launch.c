@@ -530,12 +530,13 @@ TEST_LIB(limiter_gate_outlives_a_slow_launcher, "testhooks") {
     setenv("VCUDA_TEST_DELAY", "gate", 1);
     setenv("VCUDA_TEST_DELAY_MS", "20", 1);
     setenv("FAKE_CUDA_SMS", "16", 1);
-    char buf[32];
-    snprintf(buf, sizeof(buf), "%llu", WAVE_NS);
-    setenv("FAKE_CUDA_WAVE_NS", buf, 1);
+    /* kernels of 10-40 ms: a launcher held 20 ms at most of its launches
+     * (one in 8 is sampled, and every one after a 1 ms gap) still runs over
+     * its share, and is throttled as the suite expects of a limited loop */
+    setenv("FAKE_CUDA_WAVE_NS", "40000000", 1);
     gpu_line g[1] = {{0, 1ull << 30, 50}};
     setup_limits(g, 1);
     ctx_on(0);
-    launch_loop(16, MIX_KERNEL, now_ns() + 300000000ull);
+    launch_loop(16, MIX_KERNEL, now_ns() + 1500000000ull);
     CHECK_CU(cuCtxSynchronize());
 }
