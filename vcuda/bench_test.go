@@ -3,6 +3,7 @@ package vcuda
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -65,3 +66,87 @@ func BenchmarkLaunchKernel(b *testing.B) { benchPair(b, "launch", "100", 1) }
 // cuLaunchKernel with the limiter on (50%) but under its budget: clock read,
 // estimate lookup, virtual-time update, one sampled launch in 64.
 func BenchmarkLaunchKernelLimited(b *testing.B) { benchPair(b, "launch", "50", 1) }
+
+// BenchmarkVcudaGrid runs the compute limiter's grid on the fake device
+// (vcuda_grid: workloads x caps {10..90} x mixes {alone, 30+70, 10+30+60},
+// 1.5 s a cell) and prints one "vcuda-grid ..." line a cell. Reported, never
+// asserted: the accuracy cases (tests_limiter_device.c, tests_launch.c) are
+// the assertions. VCUDA_GRID_MS shortens or lengthens a cell.
+func BenchmarkVcudaGrid(b *testing.B) {
+	dir := build(b)
+	ms := os.Getenv("VCUDA_GRID_MS")
+	if ms == "" {
+		ms = "1500"
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(dir, "vcuda_grid"), "grid", ms)
+	cmd.WaitDelay = 5 * time.Second
+	cmd.Env = caseEnv(dir, "vcuda", b.TempDir())
+	out, err := cmd.Output()
+	if err != nil {
+		b.Fatalf("vcuda_grid: %v\n%s", err, out)
+	}
+	cells, within, worst := 0, 0, 0.0
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fmt.Println(line)
+		var e float64
+		for _, f := range strings.Fields(line) {
+			if v, ok := strings.CutPrefix(f, "error_pct="); ok {
+				if e, err = strconv.ParseFloat(v, 64); err != nil {
+					b.Fatalf("vcuda_grid line %q: %v", line, err)
+				}
+				cells++
+				if e >= -10 && e <= 10 {
+					within++
+				}
+				if e < 0 {
+					e = -e
+				}
+				if e > worst {
+					worst = e
+				}
+			}
+		}
+	}
+	if cells != 8*5*3 {
+		b.Fatalf("vcuda_grid printed %d cells, want 120", cells)
+	}
+	b.ReportMetric(float64(within), "cells-within-10pct")
+	b.ReportMetric(worst, "worst-abs-error-pct")
+}
+
+// BenchmarkVcudaLaunchOverhead: the launch path at 100% (the limiter off),
+// the fake driver alone and under vcuda: the median ns a launch (31 rounds)
+// and a launch-heavy loop's launches a second.
+func BenchmarkVcudaLaunchOverhead(b *testing.B) {
+	dir := build(b)
+	run := func(lib string) (ns, rate float64) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		cmd := exec.CommandContext(ctx, filepath.Join(dir, "vcuda_grid"), "overhead", "20000")
+		cmd.WaitDelay = 5 * time.Second
+		cmd.Env = append(caseEnv(dir, lib, b.TempDir()), "FAKE_CUDA_WAVE_NS=1")
+		out, err := cmd.Output()
+		if err != nil {
+			b.Fatalf("vcuda_grid overhead: %v\n%s", err, out)
+		}
+		for _, f := range strings.Fields(string(out)) {
+			if v, ok := strings.CutPrefix(f, "median_ns_per_launch="); ok {
+				ns, _ = strconv.ParseFloat(v, 64)
+			}
+			if v, ok := strings.CutPrefix(f, "tiny_launches_per_s="); ok {
+				rate, _ = strconv.ParseFloat(v, 64)
+			}
+		}
+		if ns == 0 || rate == 0 {
+			b.Fatalf("vcuda_grid overhead printed %q", out)
+		}
+		return ns, rate
+	}
+	dNs, dRate := run("")
+	vNs, vRate := run("vcuda")
+	fmt.Printf("vcuda-overhead added_median_ns_per_launch=%.1f tiny_throughput_loss_pct=%.1f\n", vNs-dNs, (dRate-vRate)/dRate*100)
+	b.ReportMetric(vNs-dNs, "added-median-ns/launch")
+	b.ReportMetric((dRate-vRate)/dRate*100, "tiny-loop-loss-pct")
+}

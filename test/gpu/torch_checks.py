@@ -14,6 +14,7 @@ it. Nothing is retried or smoothed: a number is what the run measured.
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import time
@@ -382,7 +383,18 @@ def workloads(torch):
                 x = ln(torch.nn.functional.gelu(x @ ws[i % 4]))
             return x
         return step
-    return dict(matmul=(matmul, 20), elementwise=(elementwise, 20), decode=(decode, 10))
+    def varying():
+        # one kernel, one grid, its time varying per launch x0.2 or x1.8 (mean x1) in a fixed
+        # random order: what attention over varying context lengths or MoE layers do to a
+        # limiter that learns kernel times from samples (torch.cuda._sleep: one block, spinning
+        # the given number of cycles)
+        rng = random.Random(7)
+        cycles = [int(1_000_000 * (0.2 if rng.random() < 0.5 else 1.8)) for _ in range(32)]
+        def step():
+            for c in cycles:
+                torch.cuda._sleep(c)
+        return step
+    return dict(matmul=(matmul, 20), elementwise=(elementwise, 20), decode=(decode, 10), varying=(varying, 5))
 
 
 def child_compute(a):
@@ -481,27 +493,30 @@ def phase_compute(a):
             ph.figure("%s at %d%%: busy share" % w, 100 * b, "%", ev,
                       "%.1f%% +-10%% (the target%s)" % (100 * target, ", capped by the unlimited run's busy share" if target < p / 100 else ""),
                       within(b, target, 0.10))
-    # two containers on one GPU, 30% and 70%, started together on the matmul loop
-    start = os.path.join(a.work, "pair-start")
-    for f in os.listdir(a.work):
-        if f.startswith("pair-start"):
-            os.remove(os.path.join(a.work, f))
-    procs = [run_compute(a, "pair-%d" % p, a.lib, p, only="matmul", start=start) for p in (30, 70)]
-    end = time.time() + 120
-    while time.time() < end and len([f for f in os.listdir(a.work) if f.startswith("pair-start.ready-")]) < 2:
-        time.sleep(0.05)
-    open(start, "w").close()
-    shares = []
-    for p, pr in zip((30, 70), procs):
-        r = finish_compute(pr).get("matmul")
-        if not r:
-            ph.check("pair %d%%: ran" % p, False, "torch_checks child-compute", "no result")
-            continue
-        b = busy_share(r["steps"], gpu_s["matmul"], r["wall_s"])
-        shares.append(b)
-        ph.figure("matmul, two containers: the %d%% one's busy share" % p, 100 * b, "%", ev, "%d%% +-10%%" % p, within(b, p / 100, 0.10))
-    if len(shares) == 2:
-        ph.figure("matmul, two containers: total busy share", 100 * sum(shares), "%", ev, "<= 100%", sum(shares) <= 1.0)
+    # two containers on one GPU, 30% and 70%, started together: on the matmul loop, then on the
+    # varying-duration one (two processes time-slice the GPU: no MPS)
+    for wl in ("matmul", "varying"):
+        start = os.path.join(a.work, "pair-%s-start" % wl)
+        for f in os.listdir(a.work):
+            if f.startswith("pair-%s-start" % wl):
+                os.remove(os.path.join(a.work, f))
+        procs = [run_compute(a, "pair-%s-%d" % (wl, p), a.lib, p, only=wl, start=start) for p in (30, 70)]
+        end = time.time() + 120
+        while time.time() < end and len([f for f in os.listdir(a.work) if f.startswith("pair-%s-start.ready-" % wl)]) < 2:
+            time.sleep(0.05)
+        open(start, "w").close()
+        shares = []
+        for p, pr in zip((30, 70), procs):
+            r = finish_compute(pr).get(wl)
+            if not r:
+                ph.check("%s pair %d%%: ran" % (wl, p), False, "torch_checks child-compute", "no result")
+                continue
+            b = busy_share(r["steps"], gpu_s[wl], r["wall_s"])
+            shares.append(b)
+            ph.figure("%s, two containers: the %d%% one's busy share" % (wl, p), 100 * b, "%", ev, "%d%% +-10%%" % p,
+                      within(b, p / 100, 0.10))
+        if len(shares) == 2:
+            ph.figure("%s, two containers: total busy share" % wl, 100 * sum(shares), "%", ev, "<= 100%", sum(shares) <= 1.0)
     ph.write(a.out)
     return 1 if ph.failed() else 0
 

@@ -17,12 +17,14 @@
  * function and shape whose wave count falls in the same power-of-two
  * bucket (a 1-block grid costs a whole wave; per-launch overheads stay
  * within their bucket). est is measured, not guessed: the first launches of
- * each bucket, then one about every SAMPLE_AGE, are bracketed with two
- * events (behind a gate, see below) and the elapsed device time updates the
- * estimate when the end event has completed (polled, never waited for,
- * except once per process to calibrate); a sampled launch is then settled
- * at its measured cost. Graph launches are measured per graph exec the same
- * way (cost = est(exec)).
+ * each bucket, then launches drawn at random (and one every SAMPLE_GAP),
+ * are bracketed with two events (behind a gate, see below) and the elapsed
+ * device time updates the estimate, an unbiased running mean, when the end
+ * event has completed (polled, never waited for, except once per process
+ * to calibrate); a sampled launch is then settled at its measured cost.
+ * Graph launches are measured per graph exec the same way (cost =
+ * est(exec)). A closed loop (loop_update) scales every cost by what the
+ * samples measured over what the model predicted for them.
  *
  * Overlap: kernels on different streams of a process run concurrently
  * unless one fills the device, and the GPU is busy for the union of their
@@ -55,9 +57,10 @@
 #define SLACK_NS 2000000ull    /* work admitted ahead of the clock */
 #define BURST_NS 20000000ull   /* credit earned by idling, at most */
 #define SAMPLE_EVERY 64
-#define SAMPLE_MAX 4096
-#define SAMPLE_AGE_NS 10000000ull
+#define SAMPLE_ODDS 8 /* a launch is sampled with odds 1 in SAMPLE_ODDS */
+#define SAMPLE_GAP_NS 1000000ull
 #define EST_BITS 12
+#define EST_GAIN 16 /* a sample moves the estimate 1/EST_GAIN of the way */
 
 
 /* Per-process estimates: key (function and shape, or graph exec; plus the
@@ -65,9 +68,8 @@
 typedef struct {
     _Atomic uint64_t key;
     _Atomic uint64_t est_ns;
-    _Atomic uint64_t sampled_at; /* last_now when last measured */
     _Atomic uint32_t occ;        /* resident blocks per SM; 0 = not asked yet */
-    uint32_t pad;
+    _Atomic uint32_t samples;    /* how many samples the estimate has seen (up to EST_GAIN) */
 } est_entry;
 static est_entry est_table[1u << EST_BITS];
 /* Fallback for keys not measured yet, per GPU: [0] kernels (ns per wave),
@@ -97,13 +99,15 @@ typedef struct {
     int pending;
     int g;
     int graph;
-    uint64_t key, waves, charged_ns, pred_wait;
+    uint64_t key, waves, charged_ns, pred_wait, model_ns;
     double charged_frac; /* share of the sampled launch's cost that was charged (overlap) */
     uint32_t launches;
+    uint64_t sampled_at; /* last_now at this thread's last sample */
+    uint64_t rng;        /* xorshift state: which launches are sampled */
     /* Device time charged but not yet added to the region's busy_ns
      * (batched: one shared write per SAMPLE_EVERY launches). */
     int busy_g;
-    uint64_t busy_acc;
+    uint64_t busy_acc, busy_debt;
     /* A failed measurement backs sampling off for SAMPLE_EVERY launches, so
      * a driver that refuses event calls never gates every launch. */
     uint32_t no_sample_until;
@@ -112,22 +116,76 @@ typedef struct {
  * static block: no __tls_get_addr call on the hot path. */
 static _Thread_local sampler tls __attribute__((tls_model("initial-exec")));
 
+/* The estimate is the mean of the samples (an exponentially weighted one,
+ * so it follows a workload that changes). It must move up and down at the
+ * same rate: believing short samples faster than long ones (as this once
+ * did, to discount interference) makes the estimate the low tail of the
+ * distribution, and a kernel whose time varies x0.2..x1.8 was granted 1.9x
+ * its share. Interference that lengthens a sample is corrected, on average,
+ * by the closed loop (loop_update) rather than by a biased estimate. */
 static void update_est(est_entry *e, int g, uint64_t v) {
-    /* Interference (other contexts sharing the GPU) only makes a sample
-     * longer, so believe a shorter sample fast and a longer one slowly. */
     _Atomic uint64_t *slots[2] = {e ? &e->est_ns : NULL, &est_global[g][tls.graph]};
     for (int i = 0; i < 2; i++) {
         if (!slots[i])
             continue;
         uint64_t old = atomic_load_explicit(slots[i], memory_order_relaxed), nv;
+        /* the first EST_GAIN samples of a key: their plain mean (one short
+         * first sample must not price the key for the next hundred) */
+        uint32_t n = i == 0 ? atomic_load_explicit(&e->samples, memory_order_relaxed) : EST_GAIN;
+        if (i == 0 && n < EST_GAIN)
+            atomic_store_explicit(&e->samples, n + 1, memory_order_relaxed);
         if (old == 0)
             nv = v;
+#ifdef VC_MUTATE_ASYMMETRIC
         else if (v < old)
-            nv = (old + v) / 2;
+            nv = (old + v) / 2; /* the old estimator: a shorter sample believed 4x faster */
         else
             nv = old + (v - old) / 8;
+#else
+        else
+            nv = (uint64_t)((int64_t)old + ((int64_t)v - (int64_t)old) / (int64_t)(n < EST_GAIN ? n + 1 : EST_GAIN));
+#endif
         atomic_store_explicit(slots[i], nv ? nv : 1, memory_order_relaxed);
     }
+}
+
+/*
+ * The closed loop: per GPU, the device time the sampled launches really took
+ * over what the model predicted for them (both decayed sums, a ratio of sums
+ * so a workload's mix of long and short kernels weighs as device time does).
+ * Every launch's predicted cost is multiplied by it. The model (per key and
+ * wave bucket) prices launches relative to each other at once; the loop
+ * removes what the model gets wrong overall (a key whose estimate lags a
+ * growing kernel, a shape whose waves it cannot see, interference) within
+ * about LOOP_DECAY samples, whatever the cause. Samples are the only device
+ * time the process can measure without a privileged counter (NVML's
+ * per-process utilisation is coarse, 1/6 s at best, and not readable in the
+ * container); the region's busy time is the limiter's own charge, not a
+ * measurement.
+ */
+#define LOOP_DECAY 128
+#define LOOP_MIN 0.25
+#define LOOP_MAX 4.0
+static struct {
+    _Atomic int lock;
+    double meas, pred;
+    _Atomic double corr; /* 0 = 1 (no samples yet) */
+} loop[VC_MAX_GPUS];
+static void loop_update(int g, uint64_t meas, uint64_t pred) {
+    if (!pred)
+        return;
+    int z = 0;
+    if (!atomic_compare_exchange_strong(&loop[g].lock, &z, 1))
+        return; /* another thread is updating: one sample less */
+    loop[g].meas = loop[g].meas * (1 - 1.0 / LOOP_DECAY) + (double)meas;
+    loop[g].pred = loop[g].pred * (1 - 1.0 / LOOP_DECAY) + (double)pred;
+    double c = loop[g].meas / loop[g].pred;
+    c = c < LOOP_MIN ? LOOP_MIN : c > LOOP_MAX ? LOOP_MAX : c;
+#ifdef VC_MUTATE_NO_LOOP
+    c = 1;
+#endif
+    atomic_store_explicit(&loop[g].corr, c, memory_order_relaxed);
+    atomic_store_explicit(&loop[g].lock, 0, memory_order_release);
 }
 
 #define FACTOR_DEVS 256
@@ -152,6 +210,12 @@ static inline void add_busy(int g, uint64_t ns) {
     if (VC_UNLIKELY(tls.busy_g != g)) {
         flush_busy();
         tls.busy_g = g;
+        tls.busy_debt = 0;
+    }
+    if (VC_UNLIKELY(tls.busy_debt)) { /* refunds not yet taken off (busy_ns only grows) */
+        uint64_t d = tls.busy_debt < ns ? tls.busy_debt : ns;
+        tls.busy_debt -= d;
+        ns -= d;
     }
     tls.busy_acc += ns;
 }
@@ -162,6 +226,20 @@ static void charge_tat(int g, uint64_t cost_ns) {
         atomic_fetch_add_explicit(&vc_region_gpu_rec(g)->tat, cost_ns * 100 / p,
                                   memory_order_relaxed);
         add_busy(g, cost_ns);
+    }
+}
+
+static void refund_tat(int g, uint64_t cost_ns) {
+    uint64_t back = (uint64_t)((double)cost_ns * 100 / vc_g.limits.gpu[g].cores);
+    _Atomic uint64_t *tat = &vc_region_gpu_rec(g)->tat;
+    uint64_t t = atomic_load_explicit(tat, memory_order_relaxed);
+    while (!atomic_compare_exchange_weak_explicit(tat, &t, t > back ? t - back : 0, memory_order_relaxed,
+                                                  memory_order_relaxed))
+        ;
+    if (tls.busy_g == g) {
+        uint64_t d = cost_ns < tls.busy_acc ? cost_ns : tls.busy_acc;
+        tls.busy_acc -= d;
+        tls.busy_debt += cost_ns - d;
     }
 }
 
@@ -197,7 +275,7 @@ static void harvest(int wait) {
     if (r != CUDA_SUCCESS || vc_real.cuEventElapsedTime(&ms, tls.ev[0], tls.ev[1]) != CUDA_SUCCESS ||
         ms < 0) {
         tls.no_sample_until = tls.launches + SAMPLE_EVERY;
-        return;
+            return;
     }
     uint64_t t = (uint64_t)((double)ms * 1e6);
     /* A kernel that fills the device first waits for other streams' work;
@@ -206,10 +284,15 @@ static void harvest(int wait) {
         t -= tls.pred_wait;
     uint64_t v = tls.waves ? t / tls.waves : t;
     update_est(est_get(tls.key), tls.g, v);
+    loop_update(tls.g, t, tls.model_ns);
     /* Settle the sampled launch itself at its measured cost (the part of
-     * it that was not predicted to overlap other streams' work). */
+     * it that was not predicted to overlap other streams' work), up or
+     * down: settling only launches that ran long would overcharge a
+     * workload whose times vary. */
     if (t > tls.charged_ns)
         charge_tat(tls.g, (uint64_t)((double)(t - tls.charged_ns) * tls.charged_frac));
+    else
+        refund_tat(tls.g, (uint64_t)((double)(tls.charged_ns - t) * tls.charged_frac));
 }
 
 typedef struct {
@@ -435,6 +518,9 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
     double kf = dev >= 0 && dev < FACTOR_DEVS ? atomic_load_explicit(&kfactor[dev], memory_order_relaxed) : 0;
     if (VC_UNLIKELY(kf == 0)) {
         kf = 100.0 / p;
+#ifdef VC_MUTATE_RATE
+        kf /= 1.099; /* 33.0% granted at a 30% cap */
+#endif
         if (dev >= 0 && dev < FACTOR_DEVS)
             atomic_store_explicit(&kfactor[dev], kf, memory_order_relaxed);
     }
@@ -465,11 +551,25 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
             if (e0)
                 atomic_store_explicit(&e0->occ, occ, memory_order_relaxed);
         }
+#ifdef VC_MUTATE_NO_SM
+        uint64_t per_wave = occ; /* the SM count forgotten */
+#else
         uint64_t per_wave = (uint64_t)vc_dev_sms(dev) * occ;
+#endif
         if (blocks > per_wave) {
             waves = (blocks + per_wave - 1) / per_wave;
             /* per-wave time is kept per power-of-two bucket of waves */
+#ifndef VC_MUTATE_NO_BUCKETS
             e = est_get(skey ^ ((uint64_t)(63 - __builtin_clzll(waves)) << 58) ^ 0x5bd1e995ULL);
+#endif
+        } else if (blocks < per_wave) {
+            /* Below one wave, per power-of-two bucket of blocks: a partial
+             * grid takes anywhere from a block's time to a whole wave's, and
+             * grids of different sizes on different streams overlap for as
+             * long as the longest, so each size needs its own figure */
+#ifndef VC_MUTATE_NO_BUCKETS
+            e = est_get(skey ^ ((uint64_t)(64 - __builtin_clzll(blocks)) << 52) ^ 0x27d4eb2dULL);
+#endif
         }
         full = blocks >= per_wave;
 #endif
@@ -479,12 +579,17 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
     if (!own && e != e0 && e0) /* a new bucket: the 1-wave figure (per wave: an upper bound) */
         own = atomic_load_explicit(&e0->est_ns, memory_order_relaxed);
     uint64_t est = own ? own : atomic_load_explicit(&est_global[g][graph], memory_order_relaxed);
+    int own_est = e && atomic_load_explicit(&e->est_ns, memory_order_relaxed) != 0;
 #ifdef VC_MUTATE_NO_NORMALISE
     uint64_t cost = graph || !blocks ? est : est * blocks / (uint64_t)vc_dev_sms(dev);
     (void)waves;
 #else
     uint64_t cost = est * waves;
 #endif
+    uint64_t model = cost;
+    double corr = atomic_load_explicit(&loop[g].corr, memory_order_relaxed);
+    if (corr != 0)
+        cost = (uint64_t)((double)cost * corr);
 
     /* What the launch adds to the predicted busy union. The prediction needs
      * the real time when streams interleave (a stale "now" could predict
@@ -539,6 +644,9 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
             continue;
         }
         uint64_t wait = t - now - SLACK_NS;
+        /* about to sleep anyway: export what this thread was charged, so a
+         * loop of long kernels (few launches) is not seen idle for long */
+        flush_busy();
         struct timespec ts = {(time_t)(wait / 1000000000ull), (long)(wait % 1000000000ull)};
         nanosleep(&ts, NULL);
         uint64_t after = vc_now_ns();
@@ -557,25 +665,33 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
         add_busy(g, charge);
     }
 
-    /* Measure a key until it has its own estimate; then, to follow changes,
-     * again when it was last measured SAMPLE_AGE ago (checked every
-     * SAMPLE_EVERY launches of the thread, on the remembered time), and in
-     * any case every SAMPLE_MAX launches. */
+    /* Measure a key until it has its own estimate; then a launch drawn at
+     * random (odds 1 in SAMPLE_ODDS), and at least one every SAMPLE_GAP (on
+     * the remembered time) when launches are few (long kernels): the
+     * estimate and the loop are means, their noise falls with the number of
+     * samples. Whether a launch is sampled never depends on its own
+     * duration nor on its key's estimate (a rule that sampled launches
+     * predicted long sampled a varying kernel more when its estimate was
+     * high, and held the estimate low), so the samples are an unbiased draw
+     * of the workload. */
     uint32_t n = ++tls.launches;
     if (n % SAMPLE_EVERY == 0)
         flush_busy();
     uint64_t mine = e ? atomic_load_explicit(&e->est_ns, memory_order_relaxed) : 0;
-    int due = !mine || n % SAMPLE_MAX == 0 ||
-              (n % SAMPLE_EVERY == 0 &&
-               (!e || now - atomic_load_explicit(&e->sampled_at, memory_order_relaxed) >= SAMPLE_AGE_NS));
+    /* a random draw, not every n-th launch: a workload repeats itself (a
+     * model's layers), and every n-th launch would measure the same few
+     * kernels of it for ever */
+    uint64_t x = tls.rng ? tls.rng : (uint64_t)(uintptr_t)&tls ^ now;
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    tls.rng = x;
+    int due = !mine || x % SAMPLE_ODDS == 0 || now - tls.sampled_at >= SAMPLE_GAP_NS;
     if (VC_UNLIKELY((int32_t)(n - tls.no_sample_until) < 0))
         due = 0;
 #ifdef VC_MUTATE_NO_FEEDBACK
     due = 0; /* nothing measured: nothing learned, nothing settled */
 #endif
     if (!tls.pending && due && ensure_events() == 0) {
-        if (e)
-            atomic_store_explicit(&e->sampled_at, now, memory_order_relaxed);
+        tls.sampled_at = now;
         lc->gate = gate_close(lc);
         if (record(lc, tls.ev[0]) != CUDA_SUCCESS) {
             gate_open(lc);
@@ -597,6 +713,11 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
 #endif
             tls.graph = graph;
             tls.charged_ns = cost;
+            /* the loop measures the model's error where the model has
+             * a figure of the key's own; a first guess borrowed from
+             * another bucket would drag it (a 16-wave grid priced at 16
+             * times a whole wave of a small grid) */
+            tls.model_ns = own_est ? model : 0;
             tls.pred_wait = tls_pred_wait;
             tls.charged_frac = cost ? (double)charge / (double)cost : 1;
         }

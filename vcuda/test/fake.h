@@ -165,5 +165,14 @@ int fakeDriverLoaded(void);
 int fakeDeviceInfo(int dev, char uuid[64], uint64_t *mem, int *sms);
 int fakeDeviceCount(void);
 CUresult fakeGraphExecCreate(CUgraphExec *exec, unsigned long long blocks);
+/* One launch of exec runs n kernels back to back, each varying on its own
+ * (fake_device_model.c). */
+int fakeGraphSetKernels(CUgraphExec exec, unsigned n);
+/* How f's launches vary ("none", "jitter", "bimodal", "lognormal"), over
+ * FAKE_CUDA_VARY (fake_device_model.c). */
+int fakeFunctionVary(CUfunction f, const char *how);
+/* Device time of process pid on dev (the union of its kernels), exact up
+ * to *at: the last time the process queued work (fake_device_model.c). */
+int fakeModelBusy(int dev, int pid, uint64_t *busy, uint64_t *at);
 
 #endif

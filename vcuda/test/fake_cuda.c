@@ -20,13 +20,14 @@
 #include <unistd.h>
 
 #include "fake.h"
+#include "fake_device_model.h"
 
 #define EXPORT __attribute__((visibility("default")))
 
 /* Busy time as the union of kernel intervals (what "utilisation" means: the
  * share of time at least one kernel ran). Intervals that ended before the
  * latest insert are folded into `done`; the rest are kept sorted. */
-#define NIV 64
+#define NIV 1024 /* a process can have this many kernels queued ahead between other processes' */
 typedef struct {
     uint64_t done;
     int n;
@@ -2043,6 +2044,8 @@ static uint64_t schedule_at(int d, _Atomic uint64_t *su, uint64_t dur, int full,
     if (full || other) {
         if (start < all)
             start = all;
+        if (other && start < all + fdm_switch_ns())
+            start = all + fdm_switch_ns(); /* the device switches contexts */
     } else if (start < s->excl_until) {
         start = s->excl_until;
     }
@@ -2057,6 +2060,7 @@ static uint64_t schedule_at(int d, _Atomic uint64_t *su, uint64_t dur, int full,
         iv_add(&s->busy, start, end, now);
         if (me)
             iv_add(&me->busy[d], start, end, now);
+        fdm_busy(d, start, end, now);
     }
     if (dur) {
         atomic_fetch_add(&s->busy_total, dur);
@@ -2067,10 +2071,12 @@ static uint64_t schedule_at(int d, _Atomic uint64_t *su, uint64_t dur, int full,
 }
 
 /* ---- host functions ----
- * cuLaunchHostFunc holds the device's queue (for this process) until the
- * function returns: work and events enqueued meanwhile are scheduled when
- * it does, back to back, as on a real stream. A worker thread runs the
- * functions in order. */
+ * cuLaunchHostFunc holds its stream until the function returns: work and
+ * events enqueued on that stream meanwhile are scheduled when it does, back
+ * to back, as on a real stream; other streams run on. (It used to hold every
+ * stream of the process: a sampled launch on one stream then held kernels of
+ * the others back, and they overlapped less than on a GPU.) A worker thread
+ * runs the functions in order. */
 
 typedef struct {
     _Atomic uint64_t ts; /* UINT64_MAX while held behind a host function */
@@ -2085,13 +2091,38 @@ typedef struct held_item {
 } held_item;
 static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
-static int held[FAKE_MAX_DEVS];
+static int held[FAKE_MAX_DEVS]; /* host functions pending, all streams */
+#define HELD_STREAMS 32
+static struct {
+    _Atomic uint64_t *su; /* the held stream's timeline */
+    int n;                /* host functions pending on it */
+} held_su[FAKE_MAX_DEVS][HELD_STREAMS];
+/* Host functions pending on stream su (under hold_mu); add: +1/-1. Returns
+ * the count after; a table full of held streams holds nothing more. */
+static int held_on(int d, _Atomic uint64_t *su, int add) {
+    int free_slot = -1;
+    for (int i = 0; i < HELD_STREAMS; i++) {
+        if (held_su[d][i].n && held_su[d][i].su == su) {
+            held_su[d][i].n += add;
+            return held_su[d][i].n;
+        }
+        if (!held_su[d][i].n && free_slot < 0)
+            free_slot = i;
+    }
+    if (add > 0 && free_slot >= 0) {
+        held_su[d][free_slot].su = su;
+        held_su[d][free_slot].n = add;
+        return add;
+    }
+    return 0;
+}
 static held_item *items[FAKE_MAX_DEVS];
 static int nitems[FAKE_MAX_DEVS], capitems[FAKE_MAX_DEVS];
 typedef struct hostjob {
     void (*fn)(void *);
     void *data;
     int dev;
+    _Atomic uint64_t *su; /* the stream it holds */
     struct hostjob *next;
 } hostjob;
 static hostjob *jobs_head, *jobs_tail;
@@ -2108,7 +2139,7 @@ static int hold_launch(int d, _Atomic uint64_t *su, uint64_t dur, int full) {
     if (!__atomic_load_n(&held[d], __ATOMIC_ACQUIRE))
         return 0;
     pthread_mutex_lock(&hold_mu);
-    int h = held[d];
+    int h = held_on(d, su, 0);
     if (h)
         push_item(d, (held_item){dur, full, su, NULL});
     pthread_mutex_unlock(&hold_mu);
@@ -2118,7 +2149,7 @@ static int hold_event(int d, _Atomic uint64_t *su, fake_event *ev) {
     if (!__atomic_load_n(&held[d], __ATOMIC_ACQUIRE))
         return 0;
     pthread_mutex_lock(&hold_mu);
-    int h = held[d];
+    int h = held_on(d, su, 0);
     if (h) {
         atomic_store(&ev->ts, UINT64_MAX);
         push_item(d, (held_item){0, 0, su, ev});
@@ -2140,20 +2171,24 @@ static void *worker(void *arg) {
         j->fn(j->data);
         pthread_mutex_lock(&hold_mu);
         int d = j->dev;
-        if (--held[d] == 0) {
-            /* The device runs the held work back to back from now: one clock
-             * reading for all of it, so events bracket exactly the work
-             * between them. */
+        held[d]--;
+        if (held_on(d, j->su, -1) == 0) {
+            /* The device runs the stream's held work back to back from now:
+             * one clock reading for all of it, so events bracket exactly the
+             * work between them. */
             uint64_t now = now_ns();
+            int w = 0;
             for (int i = 0; i < nitems[d]; i++) {
                 held_item *it = &items[d][i];
-                if (it->ev) {
+                if (it->su != j->su) {
+                    items[d][w++] = *it;
+                } else if (it->ev) {
                     atomic_store(&it->ev->ts, schedule_at(d, it->su, 0, 0, now));
                 } else {
                     schedule_at(d, it->su, it->dur, it->full, now);
                 }
             }
-            nitems[d] = 0;
+            nitems[d] = w;
         }
         pthread_mutex_unlock(&hold_mu);
         free(j);
@@ -2176,6 +2211,8 @@ EXPORT CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *data) {
         pthread_detach(t);
     }
     held[d]++;
+    j->su = stream_until(s, d);
+    held_on(d, j->su, 1);
     if (jobs_tail)
         jobs_tail->next = j;
     else
@@ -2213,8 +2250,10 @@ static CUresult launch(CUfunction f, uint64_t grid, uint64_t threads, unsigned s
     uint64_t per_wave = (uint64_t)F.sms[d] * (uint64_t)occ;
     if (coop && grid > per_wave)
         return 720; /* CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE */
-    if (!capturing(s))
-        run(d, s, c.overhead_ns + (grid + per_wave - 1) / per_wave * c.wave_ns, grid >= per_wave);
+    if (!capturing(s)) {
+        uint64_t at = atomic_load(stream_until(s, d)), now = now_ns();
+        run(d, s, fdm_kernel_ns(d, (uint64_t)(uintptr_t)f, (uint64_t)(uintptr_t)stream_until(s, d), at > now ? at : now, grid, per_wave, c.wave_ns, c.overhead_ns), grid >= per_wave);
+    }
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
@@ -2437,7 +2476,8 @@ EXPORT CUresult cuGraphLaunch(CUgraphExec e, CUstream s) {
     if (r != CUDA_SUCCESS)
         return r;
     uint64_t b = ((fake_graph *)e)->blocks, per_wave = (uint64_t)F.sms[d] * 4;
-    run(d, s, F.overhead_ns + (b + per_wave - 1) / per_wave * F.wave_ns, 1);
+    uint64_t at = atomic_load(stream_until(s, d)), now = now_ns();
+    run(d, s, fdm_graph_ns(e, at > now ? at : now, b, per_wave, F.wave_ns, F.overhead_ns), 1);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec e, CUstream s) { return cuGraphLaunch(e, s); }

@@ -380,14 +380,16 @@ TEST(limiter_grid_mix_50pct) { grid_mix(50, 1); }
 TEST(limiter_grid_mix_70pct) { grid_mix(70, 1); }
 /* Several streams in fork-join rounds: kernels smaller than a wave overlap
  * on the device, so busy time is less than the sum of their durations. The
- * whole mix on three streams at 30%; at 60%, only grids {1, S/4} on four
- * streams, long enough (200 us a wave) that a round's kernels run side by
+ * whole mix on three streams at 30%; at 30%, only grids {1, S/4} on four
+ * streams, long enough (50 and 200 us) that a round's kernels run side by
  * side: a limiter that charges the sum paces them one by one, and the
  * application loses its concurrency. */
 TEST(limiter_multi_stream_30pct) { grid_mix(30, 3); }
 TEST(limiter_multi_stream_small_grids_30pct) {
     mix_kinds = 2;
-    mix_func.wave_ns = 200000;
+    /* the fake times a partial grid by its blocks (at least 1/64 wave):
+     * 3.2 ms a wave makes these 50 and 200 us */
+    mix_func.wave_ns = 3200000;
     mix_min_overlap = 2; /* four streams: the limiter must not serialise them */
     grid_mix(30, 4);
 }
@@ -528,12 +530,13 @@ TEST_LIB(limiter_gate_outlives_a_slow_launcher, "testhooks") {
     setenv("VCUDA_TEST_DELAY", "gate", 1);
     setenv("VCUDA_TEST_DELAY_MS", "20", 1);
     setenv("FAKE_CUDA_SMS", "16", 1);
-    char buf[32];
-    snprintf(buf, sizeof(buf), "%llu", WAVE_NS);
-    setenv("FAKE_CUDA_WAVE_NS", buf, 1);
+    /* kernels of 10-40 ms: a launcher held 20 ms at most of its launches
+     * (one in 8 is sampled, and every one after a 1 ms gap) still runs over
+     * its share, and is throttled as the suite expects of a limited loop */
+    setenv("FAKE_CUDA_WAVE_NS", "40000000", 1);
     gpu_line g[1] = {{0, 1ull << 30, 50}};
     setup_limits(g, 1);
     ctx_on(0);
-    launch_loop(16, MIX_KERNEL, now_ns() + 300000000ull);
+    launch_loop(16, MIX_KERNEL, now_ns() + 1500000000ull);
     CHECK_CU(cuCtxSynchronize());
 }

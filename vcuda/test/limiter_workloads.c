@@ -1,0 +1,97 @@
+/*
+ * limiter_workloads.c - the launch loops of limiter_workloads.h.
+ * Kernels: one function of 256 threads and 64 registers a thread (4 resident
+ * blocks an SM: a wave is 4 x 132 blocks), 20 us a wave and 3 us a launch,
+ * unless a workload says otherwise.
+ */
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cuda_api.h"
+#include "limiter_workloads.h"
+#include "util.h"
+
+CUresult cuStreamSynchronize(CUstream);
+
+static const char *names[WL_COUNT] = {"uniform", "gridmix", "bimodal", "jitter",
+                                      "multistream", "graphs", "decode", "tiny"};
+
+const char *workload_name(workload w) { return w < WL_COUNT ? names[w] : "?"; }
+
+int workload_parse(const char *name) {
+    for (int i = 0; i < WL_COUNT; i++)
+        if (strcmp(name, names[i]) == 0)
+            return i;
+    return -1;
+}
+
+void workload_env(workload w) {
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%d", WL_SMS);
+    setenv("FAKE_CUDA_SMS", buf, 1);
+    unsetenv("FAKE_CUDA_VARY");
+    unsetenv("FAKE_CUDA_DECODE");
+    switch (w) {
+    case WL_BIMODAL: setenv("FAKE_CUDA_VARY", "bimodal", 1); break;
+    case WL_JITTER: setenv("FAKE_CUDA_VARY", "jitter", 1); break;
+    case WL_GRAPHS: setenv("FAKE_CUDA_VARY", "lognormal", 1); break;
+    case WL_DECODE: setenv("FAKE_CUDA_DECODE", "3000,4", 1); break;
+    default: break;
+    }
+}
+
+#define F_MAIN ((CUfunction)(uintptr_t)0xa000)
+#define F_TINY ((CUfunction)(uintptr_t)0xa100)
+static uint64_t next(uint64_t *rng) {
+    *rng = *rng * 6364136223846793005ULL + 1442695040888963407ULL;
+    return *rng >> 33;
+}
+static unsigned mix_grid(uint64_t *rng) {
+    static const unsigned quarters[5] = {0, 1, 4, 16, 256}; /* of S */
+    unsigned k = quarters[next(rng) % 5];
+    return k ? k * WL_SMS / 4 : 1;
+}
+static void launch(CUfunction f, unsigned grid, CUstream s) {
+    CHECK_CU(cuLaunchKernel(f, grid, 1, 1, 256, 1, 1, 0, s, NULL, NULL));
+}
+
+void workload_run(workload w, uint64_t deadline, unsigned long launches, uint64_t *rng) {
+    static fake_func main_f = {64, 0, 20000, 3000}, tiny_f = {64, 0, 4000, 0};
+    CHECK(fakeFunctionSet(F_MAIN, &main_f) == 0 && fakeFunctionSet(F_TINY, &tiny_f) == 0, "fakeFunctionSet");
+    CUstream s[3];
+    int ns = w == WL_MULTISTREAM ? 3 : 1;
+    for (int i = 0; i < ns; i++)
+        CHECK_CU(cuStreamCreate(&s[i], 0));
+    CUgraphExec g = NULL;
+    if (w == WL_GRAPHS) {
+        CHECK_CU(fakeGraphExecCreate(&g, 8ull * WL_SMS)); /* 2 waves a kernel (graphs: 4 blocks an SM) */
+        CHECK(fakeGraphSetKernels(g, 16) == 0, "fakeGraphSetKernels");
+    }
+    for (unsigned long i = 0; now_ns() < deadline && (!launches || i < launches); i++) {
+        switch (w) {
+        case WL_UNIFORM: launch(F_MAIN, 16 * WL_SMS, s[0]); break;
+        case WL_GRIDMIX:
+        case WL_BIMODAL:
+        case WL_JITTER: launch(F_MAIN, mix_grid(rng), s[0]); break;
+        case WL_MULTISTREAM:
+            for (int k = 0; k < ns; k++)
+                launch(F_MAIN, mix_grid(rng), s[k]);
+            for (int k = 0; k < ns; k++)
+                CHECK_CU(cuStreamSynchronize(s[k]));
+            break;
+        case WL_GRAPHS: CHECK_CU(cuGraphLaunch(g, s[0])); break;
+        case WL_DECODE:
+            launch(F_MAIN, 4 * WL_SMS, s[0]);
+            if (i % 32 == 31) { /* the host picks the next token */
+                struct timespec ts = {0, 100000};
+                nanosleep(&ts, NULL);
+            }
+            break;
+        case WL_TINY: launch(F_TINY, 4 * WL_SMS, s[0]); break;
+        default: CHECK(0, "workload %d", (int)w);
+        }
+    }
+}

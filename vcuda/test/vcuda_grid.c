@@ -1,0 +1,232 @@
+/*
+ * vcuda_grid - the compute limiter's benchmark grid on the fake device
+ * (make bench-vcuda; BenchmarkVcudaGrid runs it under vcuda).
+ *
+ *   vcuda_grid grid <ms> [workload|all] [cap|all] [mix|all]
+ *     every workload x cap {10,30,50,70,90} x mix {alone, 30+70, 10+30+60}:
+ *     the measured container at <cap> runs the workload for <ms>, its
+ *     co-tenants (own containers, own limits) fill the rest of the GPU
+ *     (100 - cap, split as the mix's other shares); one line a cell:
+ *       vcuda-grid workload=W cap=C mix=M achieved=A error_pct=E converge_ms=T
+ *     achieved: the container's busy device time (the fake's timeline, the
+ *     union of its kernels) over the last 70% of the run, in percent;
+ *     error_pct: (achieved - cap) / cap; converge_ms: from the first launch
+ *     until every later 200 ms window is within 10% of the cap (-1: never).
+ *   vcuda_grid overhead <launches>
+ *     the launch path at 100% (the limiter off; run with FAKE_CUDA_WAVE_NS=1
+ *     so the device never holds the host back): median ns a launch over 31
+ *     rounds of <launches>, and the launches a second of a launch-heavy loop.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <signal.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda_api.h"
+#include "limiter_workloads.h"
+#include "util.h"
+
+#define WARM_FRAC 0.3
+#define WIN_NS 200000000ull
+#define POLL_NS 10000000ull
+#define MAXC 3
+#define MAXPOLL 4096
+
+static const int caps_all[] = {10, 30, 50, 70, 90};
+static const char *mixes[] = {"alone", "30+70", "10+30+60"};
+
+/* The co-tenants of a container at cap in mix: the mix's shares without the
+ * one closest to cap, scaled to fill 100 - cap. Returns the container count
+ * (the measured one first). */
+static int mix_caps(const char *mix, int cap, int caps[MAXC]) {
+    caps[0] = cap;
+    int shares[3], n = 0;
+    if (strcmp(mix, "30+70") == 0) {
+        shares[0] = 30, shares[1] = 70, n = 2;
+    } else if (strcmp(mix, "10+30+60") == 0) {
+        shares[0] = 10, shares[1] = 30, shares[2] = 60, n = 3;
+    } else {
+        return 1;
+    }
+    int drop = 0;
+    for (int i = 1; i < n; i++)
+        if (abs(shares[i] - cap) < abs(shares[drop] - cap))
+            drop = i;
+    int rest = 0, m = 1;
+    for (int i = 0; i < n; i++)
+        if (i != drop)
+            rest += shares[i];
+    int left = 100 - cap;
+    for (int i = 0; i < n; i++) {
+        if (i == drop)
+            continue;
+        caps[m] = m == n - 1 ? left : shares[i] * (100 - cap) / rest;
+        if (caps[m] < 1)
+            caps[m] = 1;
+        left -= caps[m];
+        m++;
+    }
+    return n;
+}
+
+typedef struct {
+    workload w;
+    int caps[MAXC];
+    uint64_t deadline;
+} cell_arg;
+
+static int container(int i, void *p) {
+    cell_arg *a = p;
+    char text[1024], name[32];
+    snprintf(name, sizeof(name), "c%d-limits", i);
+    snprintf(text, sizeof(text), "tessera-vcuda-limits 1\ncontainer c%d\nregion %s/c%d-region\ngpu %s %llu %d\n", i,
+             tmpdir(), i, fake_uuid(0), 1ull << 30, a->caps[i]);
+    write_file(tpath(name), text);
+    setenv("TESSERA_VCUDA_LIMITS", tpath(name), 1);
+    ctx_on(0);
+    uint64_t rng = 1234567 + 7919 * (uint64_t)i;
+    workload_run(a->w, a->deadline, 0, &rng);
+    return 0;
+}
+
+static int cell(workload w, int cap, const char *mix, uint64_t dur_ns) {
+    cell_arg a = {.w = w};
+    int n = mix_caps(mix, cap, a.caps);
+    workload_env(w);
+    setenv("FAKE_CUDA_SHM", tpath("fake-shm"), 1);
+    uint64_t start = now_ns();
+    a.deadline = start + dur_ns;
+    pid_t pid[MAXC];
+    for (int i = 0; i < n; i++)
+        pid[i] = spawn(container, i, &a);
+    static uint64_t ts[MAXPOLL], busy[MAXPOLL];
+    int np = 0;
+    uint64_t first = 0; /* the first reading with device time */
+    while (now_ns() < a.deadline && np < MAXPOLL) {
+        uint64_t b = 0, at = now_ns();
+        if (fakeModelBusy(0, pid[0], &b, &at) != 0)
+            b = 0, at = now_ns();
+        if (np && at <= ts[np - 1]) { /* nothing queued since the last reading */
+            struct timespec sl = {0, (long)POLL_NS};
+            nanosleep(&sl, NULL);
+            continue;
+        }
+        if (b && !first)
+            first = at;
+        ts[np] = at, busy[np] = b, np++;
+        struct timespec sl = {0, (long)POLL_NS};
+        nanosleep(&sl, NULL);
+    }
+    for (int i = 0; i < n; i++)
+        CHECK(wait_child(pid[i]) == 0, "container %d failed", i);
+    /* achieved over the last 70% of the run */
+    int w0 = 0;
+    while (w0 < np - 1 && ts[w0] < start + (uint64_t)(WARM_FRAC * (double)dur_ns))
+        w0++;
+    double achieved = np > 1 && ts[np - 1] > ts[w0] ? (double)(busy[np - 1] - busy[w0]) / (double)(ts[np - 1] - ts[w0]) * 100 : 0;
+    /* convergence: the earliest window start after which every 100 ms
+     * window is within 10% of the cap */
+    long converge = -1;
+    for (int i = np - 1, j = np - 1; i >= 0; i--) {
+        while (j > i && ts[j - 1] >= ts[i] + WIN_NS)
+            j--;
+        if (ts[j] < ts[i] + WIN_NS)
+            continue; /* no full window from here */
+        double u = (double)(busy[j] - busy[i]) / (double)(ts[j] - ts[i]) * 100;
+        if (u < cap * 0.9 || u > cap * 1.1)
+            break;
+        if (ts[i] >= first && first)
+            converge = (long)((ts[i] - first) / 1000000);
+        else
+            converge = 0;
+    }
+    printf("vcuda-grid workload=%s cap=%d mix=%s achieved=%.1f error_pct=%+.1f converge_ms=%ld\n", workload_name(w),
+           cap, mix, achieved, (achieved - cap) / cap * 100, converge);
+    fflush(stdout);
+    return 0;
+}
+
+static int run_cell(workload w, int cap, const char *mix, uint64_t dur_ns, int seq) {
+    char dir[512];
+    const char *base = getenv("VCUDA_TEST_TMP");
+    snprintf(dir, sizeof(dir), "%s/cell-%d", base ? base : "/tmp", seq);
+    if (mkdir(dir, 0700) != 0 && errno != EEXIST) {
+        fprintf(stderr, "mkdir %s: %s\n", dir, strerror(errno));
+        return 1;
+    }
+    fflush(stdout);
+    pid_t p = fork();
+    if (p == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);
+        setenv("VCUDA_TEST_TMP", dir, 1); /* before tmpdir() is first asked */
+        _exit(cell(w, cap, mix, dur_ns));
+    }
+    int st;
+    waitpid(p, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static int overhead(long iters) {
+    gpu_line g[1] = {{0, 8ull << 30, 100}};
+    setup_limits(g, 1);
+    workload_env(WL_TINY);
+    ctx_on(0);
+    CUstream s;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    CUfunction f = (CUfunction)(uintptr_t)0xa200;
+    double r[31];
+    for (int round = 0; round < 32; round++) {
+        uint64_t t0 = now_ns();
+        for (long i = 0; i < iters; i++)
+            CHECK_CU(cuLaunchKernel(f, 16, 1, 1, 128, 1, 1, 0, s, NULL, NULL));
+        if (round > 0) /* round 0 warms up */
+            r[round - 1] = (double)(now_ns() - t0) / (double)iters;
+    }
+    qsort(r, 31, sizeof(r[0]), cmp_double);
+    printf("vcuda-overhead median_ns_per_launch=%.1f\n", r[15]);
+    /* launch-heavy: kernels of (next to) no device time back to back for
+     * 300 ms, until the device has run them: the host's launch rate */
+    uint64_t t0 = now_ns(), n = 0;
+    while (now_ns() < t0 + 300000000ull)
+        for (int i = 0; i < 256; i++, n++)
+            CHECK_CU(cuLaunchKernel(f, 16, 1, 1, 128, 1, 1, 0, s, NULL, NULL));
+    CHECK_CU(cuStreamSynchronize(s));
+    printf("vcuda-overhead tiny_launches_per_s=%.0f\n", (double)n / ((double)(now_ns() - t0) / 1e9));
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 3 && strcmp(argv[1], "overhead") == 0)
+        return overhead(atol(argv[2]));
+    if (argc < 3 || strcmp(argv[1], "grid") != 0) {
+        fprintf(stderr, "usage: vcuda_grid grid <ms> [workload|all] [cap|all] [mix|all] | overhead <launches>\n");
+        return 2;
+    }
+    uint64_t dur = (uint64_t)atol(argv[2]) * 1000000ull;
+    const char *wsel = argc > 3 ? argv[3] : "all", *csel = argc > 4 ? argv[4] : "all", *msel = argc > 5 ? argv[5] : "all";
+    int seq = 0, rc = 0;
+    for (int w = 0; w < WL_COUNT; w++) {
+        if (strcmp(wsel, "all") != 0 && workload_parse(wsel) != w)
+            continue;
+        for (unsigned c = 0; c < sizeof(caps_all) / sizeof(caps_all[0]); c++) {
+            if (strcmp(csel, "all") != 0 && atoi(csel) != caps_all[c])
+                continue;
+            for (int m = 0; m < 3; m++) {
+                if (strcmp(msel, "all") != 0 && strcmp(msel, mixes[m]) != 0)
+                    continue;
+                rc |= run_cell((workload)w, caps_all[c], mixes[m], dur, seq++);
+            }
+        }
+    }
+    return rc;
+}
