@@ -68,6 +68,7 @@ static struct {
     uint64_t wave_ns, overhead_ns;
     int ctx_bytes_set;  /* FAKE_CUDA_CTX_BYTES given: every context takes ctx_bytes */
     uint64_t ctx_bytes;
+    int eager_modules;  /* CUDA_MODULE_LOADING=EAGER (default LAZY, as CUDA 12.2+) */
     shared_state *sh;
     _Atomic int inited; /* cuInit succeeded */
     const char *block_path;
@@ -250,6 +251,8 @@ static void init(void) {
     e = getenv("FAKE_CUDA_CTX_BYTES");
     F.ctx_bytes_set = e && *e;
     F.ctx_bytes = F.ctx_bytes_set ? strtoull(e, NULL, 10) : 0;
+    e = getenv("CUDA_MODULE_LOADING");
+    F.eager_modules = e && strcmp(e, "EAGER") == 0;
     e = getenv("FAKE_CUDA_LAUNCH_NS");
     F.overhead_ns = e ? strtoull(e, NULL, 10) : 0;
     F.block_path = getenv("FAKE_CUDA_BLOCK_ALLOC");
@@ -287,6 +290,7 @@ typedef struct fake_ctx {
 static _Atomic int global_captures;
 static _Atomic int capture_poisoned; /* bumped when an unsafe call invalidates them */
 static void ctx_free_all(fake_ctx *c);
+static void mods_forget_ctx(fake_ctx *c);
 static fake_ctx primary[FAKE_MAX_DEVS];
 #define TLS __thread __attribute__((tls_model("initial-exec")))
 static TLS fake_ctx *cur;
@@ -1090,6 +1094,7 @@ static void ctx_free_all(fake_ctx *c) {
             atomic_fetch_sub(&F.sh->dev[r->dev].mapped, r->size);
         free(r);
     }
+    mods_forget_ctx(c);
 }
 
 EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size) {
@@ -1732,28 +1737,144 @@ EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr p, CUstream s) { return cuMemFre
 /* ---- modules and libraries ----
  * Loading code takes device memory of the current context: its code, its
  * constant banks and its __device__ globals (zero-initialised ones are not
- * in the image at all). The fake's image format says how much: "FAKEMOD"
- * then two u64, code bytes and global bytes; the load takes their sum in
- * 2 MiB pages. Anything else is taken as code of its own size (a file: its
- * length). A module dies with its context; a library (cuLibraryLoad*) is
- * loaded into the current context's device and lives until unloaded. */
-static uint64_t image_bytes(const void *image, size_t len) {
-    const unsigned char *b = image;
-    if (len >= 24 && memcmp(b, "FAKEMOD", 8) == 0) {
-        uint64_t code, glob;
-        memcpy(&code, b + 8, 8);
-        memcpy(&glob, b + 16, 8);
-        return round_up(code + glob, PAGE2M);
+ * in the image at all). A module dies with its context; a library
+ * (cuLibraryLoad*) is loaded into the current context's device and lives
+ * until unloaded.
+ *
+ * Lazy loading (CUDA 12.2+ default; CUDA_MODULE_LOADING=EAGER turns it
+ * off): the load takes the module's globals and its bookkeeping, at least
+ * one 2 MiB page; each function's code is loaded, and its memory taken, at
+ * its first cuModuleGetFunction or cuKernelGetFunction, or at the first
+ * launch of a CUkernel (cuLibraryGetKernel only looks the kernel up). A
+ * module's footprint is its globals plus the code loaded so far, in 2 MiB
+ * pages, one at least; loading code that does not fit is
+ * CUDA_ERROR_OUT_OF_MEMORY from the call that triggered it.
+ *
+ * Images the fake reads:
+ * - a fatbin (what the runtime registers and what vcuda can measure): u32
+ *   magic 0xba55ed50, u16 version, u16 header size, u64 payload bytes, then
+ *   the payload; the fake's payload starts with its function table,
+ *   "FAKEFNS\0", u64 global bytes, u64 function count (at most FN_MAX), then
+ *   per function char name[24] and u64 code bytes. The code lies inside the
+ *   payload, so a table claiming more code than the payload holds is
+ *   refused (CUDA_ERROR_INVALID_IMAGE), as a real driver refuses a corrupt
+ *   image;
+ * - "FAKEMOD" then two u64, code bytes and global bytes (a short image
+ *   that only announces its sizes): one function of that much code, found
+ *   under any name;
+ * - anything else (a file: its length): that much code, one function, any
+ *   name. */
+#define FN_MAX 16
+#define FATBIN_MAGIC 0xba55ed50u
+typedef struct fmod {
+    uint64_t key; /* the module's or library's handle */
+    fake_ctx *ctx; /* NULL: a library */
+    int dev;
+    uint64_t globals, loaded; /* bytes: globals, code loaded so far */
+    int nfn, anyname;         /* anyname: the image names no functions */
+    struct fn {
+        char name[24];
+        uint64_t code;
+        int loaded;
+    } fn[FN_MAX];
+    struct fmod *next;
+} fmod;
+static fmod *mods;
+static pthread_mutex_t mod_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static uint64_t mod_footprint(uint64_t bytes) { return bytes ? round_up(bytes, PAGE2M) : PAGE2M; }
+
+/* Reads an image into m (functions, globals). Returns CUDA_SUCCESS or
+ * CUDA_ERROR_INVALID_IMAGE. len: the image's bytes (0: a fatbin in memory,
+ * as long as its header says). */
+static CUresult parse_image(const unsigned char *b, size_t len, fmod *m) {
+    uint32_t magic;
+    memcpy(&magic, b, 4);
+    m->nfn = 1;
+    m->anyname = 1;
+    if (magic == FATBIN_MAGIC) {
+        uint16_t hs;
+        uint64_t payload, glob, n;
+        memcpy(&hs, b + 6, 2);
+        memcpy(&payload, b + 8, 8);
+        const unsigned char *p = b + hs;
+        if (hs < 16 || payload < 32 || (len && (hs > len || payload > len - hs)) || memcmp(p, "FAKEFNS", 8) != 0)
+            return 218; /* CUDA_ERROR_INVALID_IMAGE: not an image for this device */
+        memcpy(&glob, p + 8, 8);
+        memcpy(&n, p + 16, 8);
+        if (n == 0 || n > FN_MAX || 24 + n * 32 > payload)
+            return 218;
+        uint64_t code = 0;
+        for (uint64_t i = 0; i < n; i++) {
+            memcpy(m->fn[i].name, p + 24 + i * 32, 24);
+            m->fn[i].name[23] = '\0';
+            memcpy(&m->fn[i].code, p + 24 + i * 32 + 24, 8);
+            if (m->fn[i].code > payload)
+                return 218;
+            code += m->fn[i].code;
+        }
+        if (code > payload - (24 + n * 32))
+            return 218; /* more code than the image holds */
+        m->nfn = (int)n;
+        m->anyname = 0;
+        m->globals = glob;
+        return CUDA_SUCCESS;
     }
-    return round_up(len ? len : 1, PAGE2M);
+    if (len >= 24 && memcmp(b, "FAKEMOD", 8) == 0) {
+        memcpy(&m->fn[0].code, b + 8, 8);
+        memcpy(&m->globals, b + 16, 8);
+        return CUDA_SUCCESS;
+    }
+    m->fn[0].code = len ? len : 1;
+    return CUDA_SUCCESS;
 }
+
+/* Grows the module record key's footprint by delta (under mod_mu). */
+static CUresult mod_take(fmod *m, uint64_t code) {
+    uint64_t before = mod_footprint(m->globals + m->loaded), after = mod_footprint(m->globals + m->loaded + code);
+    if (after > before) {
+        CUresult r = take(m->dev, after - before);
+        if (r != CUDA_SUCCESS)
+            return r;
+        pthread_mutex_lock(&reg_mu);
+        for (rec *r2 = buckets[(m->key >> 4) % NBUCKET]; r2; r2 = r2->next)
+            if (r2->key == m->key && r2->kind == K_MOD)
+                r2->phys += after - before;
+        pthread_mutex_unlock(&reg_mu);
+    }
+    m->loaded += code;
+    return CUDA_SUCCESS;
+}
+
 static CUresult load_image(uint64_t *h, const void *image, size_t len, fake_ctx *ctx) {
     INIT();
     if (!h || !image)
         return CUDA_ERROR_INVALID_VALUE;
     if (!cur)
         return CUDA_ERROR_INVALID_CONTEXT;
-    return dev_alloc_phys(h, 1, image_bytes(image, len), cur->dev, K_MOD, ctx);
+    fmod *m = calloc(1, sizeof(*m));
+    CUresult r = parse_image(image, len, m);
+    if (r != CUDA_SUCCESS) {
+        free(m);
+        return r;
+    }
+    m->ctx = ctx;
+    m->dev = cur->dev;
+    for (int i = 0; F.eager_modules && i < m->nfn; i++) {
+        m->fn[i].loaded = 1;
+        m->loaded += m->fn[i].code;
+    }
+    r = dev_alloc_phys(h, 1, mod_footprint(m->globals + m->loaded), cur->dev, K_MOD, ctx);
+    if (r != CUDA_SUCCESS) {
+        free(m);
+        return r;
+    }
+    m->key = *h;
+    pthread_mutex_lock(&mod_mu);
+    m->next = mods;
+    mods = m;
+    pthread_mutex_unlock(&mod_mu);
+    return CUDA_SUCCESS;
 }
 static CUresult load_file(uint64_t *h, const char *path, fake_ctx *ctx) {
     if (!path)
@@ -1761,25 +1882,107 @@ static CUresult load_file(uint64_t *h, const char *path, fake_ctx *ctx) {
     FILE *f = fopen(path, "rb");
     if (!f)
         return CUDA_ERROR_NOT_FOUND;
-    unsigned char buf[24] = {0};
-    size_t n = fread(buf, 1, sizeof(buf), f);
     fseek(f, 0, SEEK_END);
     long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = calloc(1, len > 24 ? (size_t)len : 24);
+    size_t n = buf ? fread(buf, 1, (size_t)(len > 0 ? len : 0), f) : 0;
     fclose(f);
-    if (n == 24 && memcmp(buf, "FAKEMOD", 8) == 0)
-        return load_image(h, buf, 24, ctx);
-    INIT();
-    if (!cur)
-        return CUDA_ERROR_INVALID_CONTEXT;
-    return dev_alloc_phys(h, 1, round_up(len > 0 ? (uint64_t)len : 1, PAGE2M), cur->dev, K_MOD, ctx);
+    if (!buf)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult r = load_image(h, buf, n, ctx);
+    free(buf);
+    return r;
 }
+static CUresult unload(uint64_t key) {
+    CUresult r = dev_free(key, K_MOD);
+    if (r != CUDA_SUCCESS)
+        return r;
+    pthread_mutex_lock(&mod_mu);
+    for (fmod **pp = &mods; *pp; pp = &(*pp)->next)
+        if ((*pp)->key == key) {
+            fmod *m = *pp;
+            *pp = m->next;
+            free(m);
+            break;
+        }
+    pthread_mutex_unlock(&mod_mu);
+    return CUDA_SUCCESS;
+}
+static void mods_forget_ctx(fake_ctx *c) {
+    pthread_mutex_lock(&mod_mu);
+    for (fmod **pp = &mods; *pp;) {
+        fmod *m = *pp;
+        if (m->ctx == c) {
+            *pp = m->next;
+            free(m);
+        } else {
+            pp = &m->next;
+        }
+    }
+    pthread_mutex_unlock(&mod_mu);
+}
+/* Loads function i of m if it is not yet (under mod_mu). */
+static CUresult fn_load(fmod *m, struct fn *f) {
+    if (f->loaded)
+        return CUDA_SUCCESS;
+    CUresult r = mod_take(m, f->code);
+    if (r == CUDA_SUCCESS)
+        f->loaded = 1;
+    return r;
+}
+/* Looks name up in module/library key, loading its code if load. The
+ * handle is the function's entry (a CUfunction and a CUkernel alike). */
+static CUresult fn_get(void **out, uint64_t key, const char *name, int load) {
+    INIT();
+    if (!out || !name)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = CUDA_ERROR_INVALID_HANDLE;
+    pthread_mutex_lock(&mod_mu);
+    for (fmod *m = mods; m; m = m->next) {
+        if (m->key != key)
+            continue;
+        r = CUDA_ERROR_NOT_FOUND;
+        for (int i = 0; i < m->nfn; i++)
+            if (m->anyname || strcmp(m->fn[i].name, name) == 0) {
+                r = load ? fn_load(m, &m->fn[i]) : CUDA_SUCCESS;
+                if (r == CUDA_SUCCESS)
+                    *out = &m->fn[i];
+                break;
+            }
+        break;
+    }
+    pthread_mutex_unlock(&mod_mu);
+    return r;
+}
+/* A CUkernel launched (or turned into a function) for the first time is
+ * loaded then. Anything that is not a live library's kernel (a module's
+ * CUfunction, already loaded) is left alone. */
+static CUresult kernel_load(const void *k) {
+    CUresult r = CUDA_SUCCESS;
+    pthread_mutex_lock(&mod_mu);
+    for (fmod *m = mods; m; m = m->next)
+        if (!m->ctx && (const char *)k >= (const char *)m->fn && (const char *)k < (const char *)(m->fn + m->nfn)) {
+            r = fn_load(m, (struct fn *)k);
+            break;
+        }
+    pthread_mutex_unlock(&mod_mu);
+    return r;
+}
+
 /* The fake's images announce their size; real ones are parsed by the
- * driver. An image of unknown length is read up to its "FAKEMOD" header. */
-#define IMG_LEN(image) (memcmp((image), "FAKEMOD", 8) == 0 ? 24 : strlen((const char *)(image)) + 1)
+ * driver. An image of unknown length is read up to its header. */
+static size_t img_len(const void *image) {
+    uint32_t magic;
+    memcpy(&magic, image, 4);
+    if (magic == FATBIN_MAGIC)
+        return 0;
+    return memcmp(image, "FAKEMOD", 8) == 0 ? 24 : strlen((const char *)image) + 1;
+}
 EXPORT CUresult cuModuleLoadData(CUmodule *m, const void *image) {
     if (!image)
         return CUDA_ERROR_INVALID_VALUE;
-    return load_image((uint64_t *)m, image, IMG_LEN(image), cur);
+    return load_image((uint64_t *)m, image, img_len(image), cur);
 }
 EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, void *opts, void **vals) {
     (void)n, (void)opts, (void)vals;
@@ -1787,20 +1990,34 @@ EXPORT CUresult cuModuleLoadDataEx(CUmodule *m, const void *image, unsigned n, v
 }
 EXPORT CUresult cuModuleLoadFatBinary(CUmodule *m, const void *image) { return cuModuleLoadData(m, image); }
 EXPORT CUresult cuModuleLoad(CUmodule *m, const char *path) { return load_file((uint64_t *)m, path, cur); }
-EXPORT CUresult cuModuleUnload(CUmodule m) { return dev_free((uint64_t)(uintptr_t)m, K_MOD); }
+EXPORT CUresult cuModuleUnload(CUmodule m) { return unload((uint64_t)(uintptr_t)m); }
+EXPORT CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name) {
+    return fn_get((void **)f, (uint64_t)(uintptr_t)m, name, 1);
+}
 EXPORT CUresult cuLibraryLoadData(CUlibrary *l, const void *code, void *jo, void **jv, unsigned nj, void *lo,
                                   void **lv, unsigned nl) {
     (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
     if (!code)
         return CUDA_ERROR_INVALID_VALUE;
-    return load_image((uint64_t *)l, code, IMG_LEN(code), NULL);
+    return load_image((uint64_t *)l, code, img_len(code), NULL);
 }
 EXPORT CUresult cuLibraryLoadFromFile(CUlibrary *l, const char *path, void *jo, void **jv, unsigned nj, void *lo,
                                       void **lv, unsigned nl) {
     (void)jo, (void)jv, (void)nj, (void)lo, (void)lv, (void)nl;
     return load_file((uint64_t *)l, path, NULL);
 }
-EXPORT CUresult cuLibraryUnload(CUlibrary l) { return dev_free((uint64_t)(uintptr_t)l, K_MOD); }
+EXPORT CUresult cuLibraryUnload(CUlibrary l) { return unload((uint64_t)(uintptr_t)l); }
+EXPORT CUresult cuLibraryGetKernel(CUkernel *k, CUlibrary l, const char *name) {
+    return fn_get((void **)k, (uint64_t)(uintptr_t)l, name, F.eager_modules);
+}
+EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k) {
+    if (!f || !k)
+        return CUDA_ERROR_INVALID_VALUE;
+    CUresult r = kernel_load(k);
+    if (r == CUDA_SUCCESS)
+        *f = (CUfunction)k;
+    return r;
+}
 
 /* IPC: the handle carries the exported size. */
 typedef struct {
@@ -2243,6 +2460,9 @@ static CUresult launch(CUfunction f, uint64_t grid, uint64_t threads, unsigned s
         return CUDA_ERROR_INVALID_CONTEXT;
     if (grid == 0 || threads == 0)
         return CUDA_ERROR_INVALID_VALUE;
+    CUresult lr = kernel_load(f);
+    if (lr != CUDA_SUCCESS)
+        return lr;
     fake_func c = func_cfg(f);
     int occ = occupancy(&c, threads, shm);
     if (occ == 0)
@@ -2793,7 +3013,7 @@ static const proc procs[] = {
     PV("cuIpcOpenMemHandle", cuIpcOpenMemHandle_v2), P(cuIpcCloseMemHandle),
     P(cuImportExternalMemory), P(cuDestroyExternalMemory), P(cuExternalMemoryGetMappedBuffer),
     P(cuCtxSetLimit), P(cuCtxGetLimit), P(cuModuleLoad), P(cuModuleLoadData), P(cuModuleLoadDataEx),
-    P(cuModuleLoadFatBinary), P(cuModuleUnload), P(cuLibraryLoadData), P(cuLibraryLoadFromFile), P(cuLibraryUnload), P(cuLaunch), P(cuLaunchGrid), P(cuLaunchGridAsync), P(cuLaunchCooperativeKernelMultiDevice),
+    P(cuModuleLoadFatBinary), P(cuModuleUnload), P(cuLibraryLoadData), P(cuLibraryLoadFromFile), P(cuLibraryUnload), P(cuModuleGetFunction), P(cuLibraryGetKernel), P(cuKernelGetFunction), P(cuLaunch), P(cuLaunchGrid), P(cuLaunchGridAsync), P(cuLaunchCooperativeKernelMultiDevice),
     PT(cuLaunchHostFunc), PT(cuLaunchKernel), PT(cuLaunchKernelEx), PT(cuLaunchCooperativeKernel), PT(cuGraphLaunch),
     P(cuGraphExecDestroy), P(cuGraphCreate), P(cuGraphDestroy), P(cuGraphAddMemAllocNode),
     P(cuGraphInstantiateWithFlags), PT(cuGraphInstantiateWithParams), PV("cuGraphInstantiate", cuGraphInstantiate_v2),

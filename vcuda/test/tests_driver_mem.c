@@ -450,12 +450,9 @@ TEST(mem_graph_memory_nodes) {
 }
 
 /* Modules and libraries take device memory for code and __device__
- * globals (the fake's images say how much; vcuda measures it). */
-CUresult cuModuleLoadData(CUmodule *, const void *);
-CUresult cuModuleLoad(CUmodule *, const char *);
-CUresult cuModuleUnload(CUmodule);
-CUresult cuLibraryLoadData(CUlibrary *, const void *, void *, void **, unsigned, void *, void **, unsigned);
-CUresult cuLibraryUnload(CUlibrary);
+ * globals (the fake's images say how much; vcuda measures it). This case
+ * loads eagerly, so everything is taken at the load; lazy loading is
+ * mem_modules_lazy. */
 
 static void fake_image(unsigned char img[24], uint64_t code, uint64_t globals) {
     memcpy(img, "FAKEMOD", 8);
@@ -465,6 +462,7 @@ static void fake_image(unsigned char img[24], uint64_t code, uint64_t globals) {
 
 TEST(mem_modules_counted) {
     one_gpu();
+    setenv("CUDA_MODULE_LOADING", "EAGER", 1);
     CUcontext c = ctx_on(0);
     unsigned char img[24];
     fake_image(img, 10 * MiB, 20 * MiB); /* 10 MiB of code, 20 MiB of zeroed globals */

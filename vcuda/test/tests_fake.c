@@ -165,3 +165,57 @@ TEST_LIB(fake_nvml_process_list_sizing, "none") {
               list_name[ver]);
     }
 }
+
+/* Module loading, on the fake alone: lazy by default as CUDA 12.2+ (the load
+ * takes one 2 MiB page for a module without globals; a function's code is
+ * taken at its first cuModuleGetFunction, cuKernelGetFunction or CUkernel
+ * launch, never at cuLibraryGetKernel), eager with CUDA_MODULE_LOADING=EAGER;
+ * a table claiming more code than the image holds is refused. */
+static uint64_t dev_used(void) {
+    fake_stats st;
+    fakeDeviceStats(0, &st);
+    return st.used;
+}
+static void modules_on_fake(int eager) {
+    CHECK(getenv("LD_PRELOAD") == NULL, "the case checks the fake itself: no vcuda");
+    setenv("FAKE_CUDA_CTX_BYTES", "0", 1);
+    if (eager)
+        setenv("CUDA_MODULE_LOADING", "EAGER", 1);
+    CUcontext c = ctx_on(0);
+    unsigned char *img = fake_fatbin(8 * MiB, 1 * MiB, 2, 3 * MiB); /* 1 MiB globals, 2 x 3 MiB code */
+    CUmodule m;
+    CUfunction f;
+    CHECK_CU(cuModuleLoadData(&m, img));
+    CHECK(dev_used() == (eager ? 8 : 2) * MiB, "after the load: %llu", (unsigned long long)dev_used());
+    CHECK(cuModuleGetFunction(&f, m, "nope") == CUDA_ERROR_NOT_FOUND, "an unknown function");
+    CHECK_CU(cuModuleGetFunction(&f, m, "k1"));
+    CHECK(dev_used() == (eager ? 8 : 4) * MiB, "after k1: %llu", (unsigned long long)dev_used());
+    CHECK_CU(cuModuleGetFunction(&f, m, "k1"));
+    CHECK(dev_used() == (eager ? 8 : 4) * MiB, "k1 again: %llu", (unsigned long long)dev_used());
+    CUlibrary lib;
+    CUkernel k1, k2;
+    CHECK_CU(cuLibraryLoadData(&lib, img, NULL, NULL, 0, NULL, NULL, 0));
+    CHECK_CU(cuLibraryGetKernel(&k1, lib, "k1"));
+    CHECK_CU(cuLibraryGetKernel(&k2, lib, "k2"));
+    CHECK(dev_used() == (eager ? 16 : 6) * MiB, "library, kernels looked up: %llu", (unsigned long long)dev_used());
+    CHECK_CU(cuLaunchKernel((CUfunction)k1, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    CHECK(dev_used() == (eager ? 16 : 8) * MiB, "k1 launched: %llu", (unsigned long long)dev_used());
+    CHECK_CU(cuKernelGetFunction(&f, k2));
+    CHECK(dev_used() == (eager ? 16 : 12) * MiB, "k2 as a function: %llu", (unsigned long long)dev_used());
+    CHECK_CU(cuLibraryUnload(lib));
+    CHECK_CU(cuModuleUnload(m));
+    CHECK(dev_used() == 0, "left: %llu", (unsigned long long)dev_used());
+    /* more code than the image holds */
+    unsigned char *bad = fake_fatbin(5 * MiB, 0, 2, 3 * MiB);
+    CHECK(cuModuleLoadData(&m, bad) == 218, "a table claiming 6 MiB of code in a 5 MiB image");
+    CHECK(dev_used() == 0, "a refused image took %llu", (unsigned long long)dev_used());
+    /* a module's code goes with its context */
+    CHECK_CU(cuModuleLoadData(&m, img));
+    CHECK_CU(cuModuleGetFunction(&f, m, "k2"));
+    CHECK_CU(cuCtxDestroy_v2(c));
+    CHECK(dev_used() == 0, "after the context: %llu", (unsigned long long)dev_used());
+    free(bad);
+    free(img);
+}
+TEST_LIB(fake_modules_lazy, "none") { modules_on_fake(0); }
+TEST_LIB(fake_modules_eager, "none") { modules_on_fake(1); }

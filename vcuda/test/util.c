@@ -118,6 +118,27 @@ int region_live_slots(void) {
 
 void ctx_costs_nothing(void) { setenv("FAKE_CUDA_CTX_BYTES", "0", 1); }
 
+unsigned char *fake_fatbin(uint64_t payload, uint64_t globals, int n, uint64_t code) {
+    unsigned char *b = calloc(1, 16 + payload);
+    CHECK(b != NULL, "no memory for a %llu-byte image", (unsigned long long)payload);
+    uint32_t magic = 0xba55ed50u; /* fatbin: u32 magic, u16 version, u16 header size, u64 payload */
+    uint16_t version = 1, hs = 16;
+    uint64_t nfn = (uint64_t)n;
+    memcpy(b, &magic, 4);
+    memcpy(b + 4, &version, 2);
+    memcpy(b + 6, &hs, 2);
+    memcpy(b + 8, &payload, 8);
+    unsigned char *p = b + 16;
+    memcpy(p, "FAKEFNS", 8);
+    memcpy(p + 8, &globals, 8);
+    memcpy(p + 16, &nfn, 8);
+    for (int i = 0; i < n; i++) {
+        snprintf((char *)p + 24 + i * 32, 24, "k%d", i + 1);
+        memcpy(p + 24 + i * 32 + 24, &code, 8);
+    }
+    return b;
+}
+
 CUresult cuInit(unsigned);
 CUresult cuCtxCreate_v2(CUcontext *, unsigned, CUdevice);
 CUcontext ctx_on(int d) {

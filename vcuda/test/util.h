@@ -69,6 +69,11 @@ int region_live_slots(void);
  * only for cases whose byte arithmetic is about something else, with a
  * comment saying why. */
 void ctx_costs_nothing(void);
+/* A fatbin the fake driver reads (fake_cuda.c, "modules and libraries"):
+ * payload bytes after the 16-byte header, globals bytes of __device__
+ * globals, n functions named k1, k2, ... of code bytes each. The caller
+ * frees it. */
+unsigned char *fake_fatbin(uint64_t payload, uint64_t globals, int n, uint64_t code);
 
 /* Creates a context on device d and makes it current. */
 CUcontext ctx_on(int d);
