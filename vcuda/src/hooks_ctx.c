@@ -519,11 +519,15 @@ VC_EXPORT CUresult cuCtxSetLimit(int limit, size_t value) {
  * headers, a fatbin its header's size, a file its length, PTX its text) in
  * 2 MiB pages, at least one. After the load it measures, as for contexts,
  * NVML's entry of the process before and after (less what this process was
- * charged meanwhile) and settles to that; if it does not fit, the module is
- * unloaded again and the call returns CUDA_ERROR_OUT_OF_MEMORY. Where NVML
- * does not list the process, the estimate stands (it misses zero-initialised
- * globals). A module's charge is credited when it is unloaded or its context
- * goes, a library's when it is unloaded. */
+ * charged meanwhile) and settles up to that, never below the estimate: with
+ * lazy loading (CUDA 12.2+'s default) the load takes little and each
+ * function's code comes at its first lookup or launch, unseen, and the image
+ * bounds what that code can take (the cost: a module whose functions are
+ * never used stays charged its image). If the measurement does not fit, the
+ * module is unloaded again and the call returns CUDA_ERROR_OUT_OF_MEMORY.
+ * Where NVML does not list the process, the estimate stands (it misses
+ * zero-initialised globals). A module's charge is credited when it is
+ * unloaded or its context goes, a library's when it is unloaded. */
 static uint64_t image_estimate(const void *image) {
     const unsigned char *b = image;
     uint32_t magic;
@@ -589,15 +593,14 @@ static CUresult load_post(CUresult r, load_charge *c, uint64_t key, uint64_t ctx
         uint64_t slot1 = vc_region_self_used(c->g), mine = slot1 > c->slot0 ? slot1 - c->slot0 : 0;
         uint64_t d = self1 > c->self0 ? self1 - c->self0 : 0;
         d = d > mine ? d - mine : 0;
-        cost = vc_round_up(d, VC_PAGE);
+        if (vc_round_up(d, VC_PAGE) > cost) /* up only: lazily loaded code comes later (above) */
+            cost = vc_round_up(d, VC_PAGE);
     }
     if (cost > c->charged && vc_reserve(c->g, cost - c->charged) != 0) {
         unload(key);
         vc_release(c->g, c->charged);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    if (cost < c->charged)
-        vc_release(c->g, c->charged - cost);
     if (cost && vc_track_ctx(VC_K_MODULE, key, cost, c->g, ctx) != 0) {
         vc_log("handle table full: a module's memory is not counted");
         vc_release(c->g, cost);

@@ -494,3 +494,52 @@ TEST(mem_modules_counted) {
     CHECK(region_used(0) == 0 && phys_used() == 0, "left: region %llu fake %llu", (unsigned long long)region_used(0),
           (unsigned long long)phys_used());
 }
+
+/* Lazy loading (CUDA 12.2+'s default): the load takes a page, each
+ * function's code is taken at its first cuModuleGetFunction /
+ * cuKernelGetFunction / first launch of a CUkernel, long after vcuda
+ * measured the load through NVML. A tenant that fills its cap right after
+ * the load and then looks its functions up must still stay under the cap:
+ * the code lies in the image, whose size vcuda can read. */
+TEST(mem_modules_lazy) {
+    one_gpu();
+    ctx_on(0);
+    unsigned char *img = fake_fatbin(8 * MiB, 0, 2, 3 * MiB); /* two functions of 3 MiB code */
+    CUdeviceptr h[64];
+    /* a module: code at cuModuleGetFunction */
+    CUmodule m;
+    CHECK_CU(cuModuleLoadData(&m, img));
+    CHECK(phys_used() < 3 * MiB, "the fake loaded the module eagerly: %llu", (unsigned long long)phys_used());
+    int n = fill_mib(linear_mib, h, 64);
+    CUfunction f1, f2;
+    CHECK_CU(cuModuleGetFunction(&f1, m, "k1"));
+    CHECK_CU(cuModuleGetFunction(&f2, m, "k2"));
+    CHECK(phys_used() >= n * MiB + 6 * MiB, "the code was not loaded: %llu", (unsigned long long)phys_used());
+    CHECK(phys_peak() <= CAP && region_used(0) >= phys_used(),
+          "module code loaded past the cap: region %llu, fake %llu, physical peak %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used(), (unsigned long long)phys_peak());
+    for (int i = 0; i < n; i++)
+        CHECK_CU(cuMemFree_v2(h[i]));
+    CHECK_CU(cuModuleUnload(m));
+    CHECK(region_used(0) == 0 && phys_used() == 0, "after the module: region %llu fake %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used());
+    /* a library: code at the first launch of a CUkernel and at cuKernelGetFunction */
+    CUlibrary lib;
+    CHECK_CU(cuLibraryLoadData(&lib, img, NULL, NULL, 0, NULL, NULL, 0));
+    n = fill_mib(linear_mib, h, 64);
+    CUkernel k1, k2;
+    CHECK_CU(cuLibraryGetKernel(&k1, lib, "k1"));
+    CHECK_CU(cuLibraryGetKernel(&k2, lib, "k2"));
+    CHECK_CU(cuLaunchKernel((CUfunction)k1, 1, 1, 1, 32, 1, 1, 0, NULL, NULL, NULL));
+    CHECK_CU(cuKernelGetFunction(&f2, k2));
+    CHECK(phys_used() >= n * MiB + 6 * MiB, "the kernels were not loaded: %llu", (unsigned long long)phys_used());
+    CHECK(phys_peak() <= CAP && region_used(0) >= phys_used(),
+          "library code loaded past the cap: region %llu, fake %llu, physical peak %llu",
+          (unsigned long long)region_used(0), (unsigned long long)phys_used(), (unsigned long long)phys_peak());
+    for (int i = 0; i < n; i++)
+        CHECK_CU(cuMemFree_v2(h[i]));
+    CHECK_CU(cuLibraryUnload(lib));
+    CHECK(region_used(0) == 0 && phys_used() == 0, "left: region %llu fake %llu", (unsigned long long)region_used(0),
+          (unsigned long long)phys_used());
+    free(img);
+}
