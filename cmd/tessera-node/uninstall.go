@@ -24,6 +24,7 @@ import (
 
 	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
+	"github.com/tessera-gpu/tessera/internal/nri"
 )
 
 // An agent in a DaemonSet pod gets SIGTERM both when the chart is upgraded (the pod is replaced;
@@ -241,6 +242,9 @@ func cleanupNode(cfg *configv1.NodeConfig) []error {
 		}
 		keep(os.RemoveAll(owners))
 	}
+	// The node-wide files share containers read (the measured context overhead): running
+	// containers keep their bind mount of the folder.
+	keep(os.RemoveAll(nri.NodeFilesDir(cfg.RunDir)))
 	if cfg.Backend == "sim" {
 		keep(os.RemoveAll(cfg.StateDir))
 	}

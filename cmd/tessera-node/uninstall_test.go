@@ -24,6 +24,8 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 
 	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
+	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/nri"
 )
 
 // TestUninstallDecision: only a DaemonSet that is gone, being deleted or replaced makes the stopping
@@ -94,6 +96,7 @@ func TestCleanupNode(t *testing.T) {
 		filepath.Join(cfg.RunDir, "containers", "c1", "vcuda", "region"):             false,
 		filepath.Join(cfg.RunDir, "claims", "cu", "limits"):                          false,
 		filepath.Join(cfg.RunDir, "claims", "cu", "vcuda", "region"):                 false,
+		filepath.Join(nri.NodeFilesDir(cfg.RunDir), api.ContextOverheadFile):         false,
 		filepath.Join(cfg.StateDir, "root", "dev", "nvidia0"):                        false,
 		filepath.Join(root, "lib", "libvcuda.so"):                                    false,
 		filepath.Join(root, "lib", "tessera-node"):                                   false,
