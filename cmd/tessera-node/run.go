@@ -105,7 +105,8 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 	if client != nil {
 		apiPods := nri.NewAPIPods(ctx, client, cfg.NodeName)
 		pods = apiPods
-		a.WithPublisher(publisher(ctx, client, cfg.NodeName, log))
+		migCapable := func(uuid string) bool { n := a.Node(); return n != nil && n.MIGCapable[uuid] }
+		a.WithPublisher(publisher(ctx, client, cfg.NodeName, migCapable, log))
 		publishHoldings(ctx, client, cfg.NodeName, l, &holdingsLeftOut, log)
 	}
 	reg := telemetry.NewRegistry("tessera-node")
