@@ -249,3 +249,63 @@ func TestChartOperatorValues(t *testing.T) {
 		}
 	}
 }
+
+// TestDashboard: the Grafana dashboard has one source, the chart's dashboards/tessera.json
+// (deploy/grafana/tessera.json links to it and the chart's ConfigMap carries it as is); it joins
+// dcgm-exporter's series on UUID alone (dcgm-exporter spells its node label Hostname or hostname
+// by version), filters Tessera's by hostname, and offers namespace and pod variables that every
+// per-container panel applies.
+func TestDashboard(t *testing.T) {
+	src := filepath.Join(helmChart(), "dashboards", "tessera.json")
+	raw, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(repoRoot(), "deploy", "grafana", "tessera.json")
+	if target, err := os.Readlink(link); err != nil || filepath.Join(filepath.Dir(link), target) != src {
+		t.Errorf("%s: want a link to %s (one dashboard source), got %q, %v", link, src, target, err)
+	}
+	var d struct {
+		Templating struct{ List []struct{ Name string } }
+		Panels     []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatalf("dashboard: %v", err)
+	}
+	vars := map[string]bool{}
+	for _, v := range d.Templating.List {
+		vars[v.Name] = true
+	}
+	for _, want := range []string{"datasource", "node", "namespace", "pod"} {
+		if !vars[want] {
+			t.Errorf("dashboard lacks the variable %s", want)
+		}
+	}
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			e := tg.Expr
+			if strings.Contains(e, "Hostname") {
+				t.Errorf("panel %q: %s names Hostname (dcgm-exporter's old label; Tessera's is hostname)", p.Title, e)
+			}
+			if strings.Contains(e, "DCGM_") && (!strings.Contains(e, "on (UUID)") || strings.Contains(e, "DCGM_FI_DEV_GPU_UTIL{")) {
+				t.Errorf("panel %q: %s must select dcgm-exporter's series by joining on (UUID) only", p.Title, e)
+			}
+			if strings.Contains(e, "tessera_container_") && (!strings.Contains(e, `namespace=~"$namespace"`) || !strings.Contains(e, `pod=~"$pod"`)) {
+				t.Errorf("panel %q: %s ignores the namespace and pod variables", p.Title, e)
+			}
+		}
+	}
+	for _, o := range renderedObjects(t, "--set", "metrics.grafanaDashboard.enabled=true") {
+		if o["kind"] == "ConfigMap" {
+			if got, ok := valueAt(o, "data", "tessera.json").(string); ok && got != strings.TrimSuffix(string(raw), "\n") {
+				t.Error("the chart's dashboard ConfigMap differs from dashboards/tessera.json")
+			} else if ok {
+				return
+			}
+		}
+	}
+	t.Error("metrics.grafanaDashboard.enabled=true rendered no ConfigMap with tessera.json")
+}
