@@ -10,12 +10,24 @@ func GPUModelLabelValue(model string) string {
 
 // GPUModelMatches reports whether want, a model a pod names (tessera.dev/gpu-model), is model: as
 // NVML names it or as the node label spells it. It allocates nothing: placement asks it per GPU.
-func GPUModelMatches(want, model string) bool {
-	if want == model {
-		return true
+func GPUModelMatches(want, model string) bool { return GPUModelMatchesAny([]string{want}, model) }
+
+// GPUModelMatchesAny reports whether any of wants matches model (GPUModelMatches), spelling the
+// model as a label once.
+func GPUModelMatchesAny(wants []string, model string) bool {
+	for _, w := range wants {
+		if w == model {
+			return true
+		}
 	}
 	var buf [63]byte
-	return string(modelLabelBytes(model, &buf)) == want
+	label := modelLabelBytes(model, &buf)
+	for _, w := range wants {
+		if string(label) == w {
+			return true
+		}
+	}
+	return false
 }
 
 func modelLabelBytes(model string, buf *[63]byte) []byte {

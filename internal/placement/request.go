@@ -81,15 +81,7 @@ func (r *Request) sharesOnly() bool {
 // modelAllowed reports whether a GPU model satisfies the request's model constraint.
 // A pod names models as NVML does or as the node label spells them (api.GPUModelMatches).
 func (r *Request) modelAllowed(model string) bool {
-	if len(r.Models) == 0 {
-		return true
-	}
-	for _, m := range r.Models {
-		if api.GPUModelMatches(m, model) {
-			return true
-		}
-	}
-	return false
+	return len(r.Models) == 0 || api.GPUModelMatchesAny(r.Models, model)
 }
 
 // Digest is an exact encoding of everything placement reads of the request (not its Key): two
