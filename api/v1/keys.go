@@ -17,8 +17,9 @@ const (
 const (
 	// AnnotationPolicy (pod) overrides the extender's placement policy for this pod (a Policy* name).
 	AnnotationPolicy = "tessera.dev/policy"
-	// AnnotationGPUModel (pod) restricts a pod to GPUs of the listed models, separated by "|"
-	// (e.g. "V100M16|V100M32"); it mirrors the gpu_spec column of the openb trace.
+	// AnnotationGPUModel (pod) restricts a pod to GPUs of the listed models, separated by "|", each
+	// as NVML names it or as the node label spells it (GPUModelMatches), e.g.
+	// "NVIDIA-A100-SXM4-40GB|NVIDIA-A100-SXM4-80GB"; it mirrors the gpu_spec column of the openb trace.
 	AnnotationGPUModel = "tessera.dev/gpu-model"
 	// LabelWorkload (pod) marks the workload class: experiment, training or inference (Workload*).
 	LabelWorkload = "tessera.dev/workload"
@@ -35,8 +36,20 @@ const (
 	// local placements and stopped containers' holds included. The extender counts every holding of a
 	// pod it does not track itself as occupied, so no bind collides with a local placement.
 	AnnotationHoldings = "tessera.dev/holdings"
-	// LabelGPUModel (node) is the GPU model of the node's GPUs, set by the node agent.
+	// LabelGPUModel (node) is the model of the node's GPUs as a label value (GPUModelLabelValue), or
+	// "mixed" on a node with several; set by the node agent.
 	LabelGPUModel = "tessera.dev/gpu-model"
+	// The node agent's other GPU labels: GPU Feature Discovery's nvidia.com/gpu.* set under Tessera's
+	// keys (never GFD's own). Memory is the smallest GPU's in MiB, compute capability the lowest.
+	LabelGPUCount        = "tessera.dev/gpu.count"
+	LabelGPUMemory       = "tessera.dev/gpu.memory"
+	LabelGPUComputeMajor = "tessera.dev/gpu.compute.major"
+	LabelGPUComputeMinor = "tessera.dev/gpu.compute.minor"
+	LabelMIGCapable      = "tessera.dev/mig.capable"
+	LabelDriverVersion   = "tessera.dev/driver-version"
+	// LabelPrefixModelCount + a model's label value (node): how many GPUs of that model the node has,
+	// one label per model present.
+	LabelPrefixModelCount = "gpu-model.tessera.dev/"
 	// LabelPool (node) puts a node into a named GPU pool (set by administrators); pods select pools
 	// with a node selector on it.
 	LabelPool = "tessera.dev/pool"

@@ -269,6 +269,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	reg := telemetry.NewRegistry("tessera-extender")
 	metrics := newExtenderMetrics(reg, leader, o.leaderElect, x.Evaluations, x.Bounded, x.Warmed)
 	reg.MustRegister(newPressureCollector(x.State.Shapes()))
+	registerStateMetrics(reg, x.State.Conflicts, x.State.ExpiredReservations)
 	verbsHandler := x.Handler(synced.Load)
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", telemetry.MetricsHandler(reg))

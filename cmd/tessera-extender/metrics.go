@@ -52,6 +52,18 @@ func newExtenderMetrics(reg prometheus.Registerer, leader *atomic.Bool, leaderEl
 	return m
 }
 
+// registerStateMetrics exports the extender state's anomalies: conflicts (a GPU counted with two
+// holders, which should stay 0) and reservations that expired without a bind outcome.
+func registerStateMetrics(reg prometheus.Registerer, conflicts, expired func() int64) {
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tessera_extender_state_conflicts_total",
+			Help: "Pods the extender's state applied on a GPU another pod already held (two holders of one GPU; should stay 0, each is logged)."},
+			func() float64 { return float64(conflicts()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tessera_extender_reservations_expired_total",
+			Help: "Pods whose in-flight reservation (a filter's or bind's decision) expired before the extender saw the bind land or fail."},
+			func() float64 { return float64(expired()) }))
+}
+
 // pressureCollector reports, per GPU model, the free GPU compute the extender's state counts and
 // the model pressure placement adds for compute taken there (placement/pressure.go): why
 // unrestricted pods keep off a model that pods restricted to it crowd; and whether tessera counts

@@ -133,3 +133,15 @@ func TestPressureMetrics(t *testing.T) {
 		t.Errorf("a cluster with less CPU per GPU than its pods ask should be host-bound:\n%s", out)
 	}
 }
+
+// The state's anomalies are exported as counters: GPU conflicts and expired reservations.
+func TestStateMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	registerStateMetrics(reg, func() int64 { return 3 }, func() int64 { return 5 })
+	out := scrape(t, reg)
+	for _, want := range []string{"tessera_extender_state_conflicts_total 3", "tessera_extender_reservations_expired_total 5"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("metrics lack %q:\n%s", want, out)
+		}
+	}
+}

@@ -63,7 +63,7 @@ func TestDRASharedClaimUsageOnce(t *testing.T) {
 	state := &nodeState{node: "n", agent: a, regions: func() []containerUsage { return readContainerRegions(a, plugin.ReadRegion, bad) }}
 	reg.MustRegister(&stateCollector{state})
 	out := scrape(t, reg)
-	labels := `{Hostname="n",UUID="` + g0.UUID + `",container="resourceclaim/shared",gpu="0",namespace="ns",pod="a"}`
+	labels := `{UUID="` + g0.UUID + `",container="resourceclaim/shared",gpu="0",hostname="n",namespace="ns",pod="a"}`
 	for _, want := range []string{"tessera_container_gpu_memory_used_bytes" + labels + " 7.516192768e+09",
 		"tessera_container_gpu_memory_limit_bytes" + labels + " 1.073741824e+10"} {
 		if !strings.Contains(out, want) {

@@ -105,6 +105,15 @@ func (m *nodeMetrics) observeAllocate(resource string, took time.Duration, err e
 	m.allocate.WithLabelValues(resource, telemetry.Result(err)).Observe(took.Seconds())
 }
 
+// registerStateCollectors registers the collectors that present the node's state: Tessera's own
+// metrics, and HAMi's legacy names only when hami is set (--hami-metrics), as they double the series.
+func registerStateCollectors(reg prometheus.Registerer, state *nodeState, hami bool) {
+	reg.MustRegister(&stateCollector{state})
+	if hami {
+		reg.MustRegister(&hamiCollector{state})
+	}
+}
+
 // nodeState reads the inventory, the ledger and vcuda's accounting regions at every scrape, so a
 // scrape always shows the state as it is. Two collectors present it: Tessera's own metrics and the
 // HAMi-compatible ones.

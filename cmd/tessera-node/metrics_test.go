@@ -64,7 +64,7 @@ func TestMetrics(t *testing.T) {
 	}}
 	reg := telemetry.NewRegistry("tessera-node")
 	m := newNodeMetrics(reg)
-	reg.MustRegister(&stateCollector{state}, &hamiCollector{state})
+	registerStateCollectors(reg, state, true)
 	m.observeCreate(nil, nil, 2*time.Millisecond, nil)
 	m.observeCreate(nil, nil, 3*time.Millisecond, errors.New("over-commit"))
 	m.observeAllocate(api.ResourceShare, time.Millisecond, nil)
@@ -82,7 +82,7 @@ func TestMetrics(t *testing.T) {
 	}
 	out := scrape(t, reg)
 	dcgm := func(g api.GPU) string {
-		return `Hostname="n",UUID="` + g.UUID + `",device="nvidia` + strconv.Itoa(g.Minor) + `",gpu="` + strconv.Itoa(g.Index) + `",modelName="NVIDIA A100-SXM4-40GB"`
+		return `UUID="` + g.UUID + `",device="nvidia` + strconv.Itoa(g.Minor) + `",gpu="` + strconv.Itoa(g.Index) + `",hostname="n",modelName="NVIDIA A100-SXM4-40GB"`
 	}
 	for _, want := range []string{
 		`tessera_gpu_memory_bytes{` + dcgm(g1) + `} 4.294967296e+10`,
@@ -93,10 +93,10 @@ func TestMetrics(t *testing.T) {
 		`tessera_gpu_mode{` + strings.Replace(dcgm(g2), "modelName", `mode="whole",modelName`, 1) + `} 1`,
 		`tessera_gpu_mode{` + strings.Replace(dcgm(g1), "modelName", `mode="shared",modelName`, 1) + `} 1`,
 		`tessera_gpu_healthy{` + dcgm(g1) + `} 1`,
-		`tessera_container_gpu_allocated_memory_bytes{Hostname="n",UUID="` + g2.UUID + `",container="main",device_uuid="` + g2.UUID + `",gpu="2",mode="whole",namespace="ns",pod="w"} 4.294967296e+10`,
-		`tessera_container_gpu_memory_used_bytes{Hostname="n",UUID="` + g1.UUID + `",container="main",gpu="1",namespace="ns",pod="p"} 1.073741824e+09`,
-		`tessera_container_gpu_throttled_seconds_total{Hostname="n",UUID="` + g1.UUID + `",container="main",gpu="1",namespace="ns",pod="p"} 1.5`,
-		`tessera_container_gpu_oom_events_total{Hostname="n",UUID="` + g1.UUID + `",container="main",gpu="1",namespace="ns",pod="p"} 2`,
+		`tessera_container_gpu_allocated_memory_bytes{UUID="` + g2.UUID + `",container="main",device_uuid="` + g2.UUID + `",gpu="2",hostname="n",mode="whole",namespace="ns",pod="w"} 4.294967296e+10`,
+		`tessera_container_gpu_memory_used_bytes{UUID="` + g1.UUID + `",container="main",gpu="1",hostname="n",namespace="ns",pod="p"} 1.073741824e+09`,
+		`tessera_container_gpu_throttled_seconds_total{UUID="` + g1.UUID + `",container="main",gpu="1",hostname="n",namespace="ns",pod="p"} 1.5`,
+		`tessera_container_gpu_oom_events_total{UUID="` + g1.UUID + `",container="main",gpu="1",hostname="n",namespace="ns",pod="p"} 2`,
 		"\ntessera_ledger_entries 2\n",
 		`tessera_nri_create_container_duration_seconds_count{result="ok"} 1`,
 		`tessera_nri_create_container_duration_seconds_count{result="refused"} 1`,
@@ -116,6 +116,39 @@ func TestMetrics(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Log(out)
+	}
+}
+
+// HAMi's legacy names double the node's series: the agent serves them only with --hami-metrics
+// (registerStateCollectors' hami), never by default.
+func TestHAMiMetricsOnlyOnRequest(t *testing.T) {
+	a, share := metricsAgent(t)
+	g1 := a.Inventory().GPUs[1]
+	state := &nodeState{node: "n", agent: a, regions: func() []containerUsage {
+		return []containerUsage{{entry: share, gpus: []vcuda.RegionGPU{{UUID: g1.UUID, MemCap: 3 << 30, Cores: 25, Used: 1 << 30}}}}
+	}}
+	for _, hami := range []bool{false, true} {
+		reg := prometheus.NewRegistry()
+		registerStateCollectors(reg, state, hami)
+		out := scrape(t, reg)
+		if !strings.Contains(out, "tessera_gpu_memory_bytes{") {
+			t.Fatalf("hami=%v: Tessera's own series missing:\n%s", hami, out)
+		}
+		for _, name := range []string{"GPUDeviceMemoryLimit{", "GPUDeviceMemoryAllocated{", "vGPU_device_memory_usage_in_bytes{", "vGPU_device_memory_limit_in_bytes{"} {
+			if got := strings.Contains(out, name); got != hami {
+				t.Errorf("hami=%v: %s served: %v", hami, strings.TrimSuffix(name, "{"), got)
+			}
+		}
+	}
+	// The flag reaches the config: off unless set.
+	for _, args := range [][]string{nil, {"--hami-metrics"}} {
+		cfg, err := loadRunFlags(t, args...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := len(args) > 0; cfg.HAMiMetrics != want {
+			t.Errorf("flags %q: HAMiMetrics = %v, want %v", args, cfg.HAMiMetrics, want)
+		}
 	}
 }
 
@@ -204,21 +237,21 @@ func TestSecurityCraftedRegionMetrics(t *testing.T) {
 	m := newNodeMetrics(reg)
 	bad := &badRegions{total: m.badRegions, log: slog.New(slog.NewTextHandler(&logged, nil))}
 	state := &nodeState{node: "n", agent: a, regions: func() []containerUsage { return readContainerRegions(a, read, bad) }}
-	reg.MustRegister(&stateCollector{state}, &hamiCollector{state})
+	registerStateCollectors(reg, state, true)
 	var out string
 	for range 2 {
 		out = scrape(t, reg)
 	}
 	for _, want := range []string{
-		`tessera_container_gpu_memory_used_bytes{Hostname="n",UUID="` + g1.UUID + `",container="main",gpu="1",namespace="ns",pod="p"} 1.073741824e+09`,
+		`tessera_container_gpu_memory_used_bytes{UUID="` + g1.UUID + `",container="main",gpu="1",hostname="n",namespace="ns",pod="p"} 1.073741824e+09`,
 		`vGPU_device_memory_limit_in_bytes{ctrname="main",deviceuuid="` + g1.UUID + `",podname="p",podnamespace="ns",vdeviceid="0"} 3.221225472e+09`,
-		`tessera_container_gpu_allocated_memory_bytes{Hostname="n",UUID="` + g1.UUID + `",container="main",device_uuid="` + g1.UUID + `",gpu="1",mode="share",namespace="ns",pod="evil"} 1.073741824e+09`,
+		`tessera_container_gpu_allocated_memory_bytes{UUID="` + g1.UUID + `",container="main",device_uuid="` + g1.UUID + `",gpu="1",hostname="n",mode="share",namespace="ns",pod="evil"} 1.073741824e+09`,
 	} {
 		if !strings.Contains(out, want) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
-	if strings.Contains(out, `tessera_container_gpu_memory_used_bytes{Hostname="n",UUID="`+g1.UUID+`",container="main",gpu="1",namespace="ns",pod="evil"}`) {
+	if strings.Contains(out, `tessera_container_gpu_memory_used_bytes{UUID="`+g1.UUID+`",container="main",gpu="1",hostname="n",namespace="ns",pod="evil"}`) {
 		t.Error("the crafted region's usage was exported")
 	}
 	if n := testutil.ToFloat64(m.badRegions); n != 4 { // two collectors read the regions at each of two scrapes

@@ -22,7 +22,10 @@ import (
 // extender refuses nodes whose heartbeat it has not seen change for longer than its inventoryMaxAge
 // (agent gone, GPUs unknown; timed on the extender's clock, not this one). The inventory itself is patched only when it changed, so a heartbeat does not make the
 // extender rebuild the node.
-func publisher(ctx context.Context, client kubernetes.Interface, nodeName string, log *slog.Logger) func(*api.NodeInventory) {
+//
+// With a changed inventory it also sets the GPU labels (gpuNodeLabels), removing those of GPUs and
+// models no longer present; migCapable says which GPUs support MIG.
+func publisher(ctx context.Context, client kubernetes.Interface, nodeName string, migCapable func(uuid string) bool, log *slog.Logger) func(*api.NodeInventory) {
 	last := ""
 	return func(inv *api.NodeInventory) {
 		data, err := api.EncodeInventory(inv)
@@ -34,9 +37,14 @@ func publisher(ctx context.Context, client kubernetes.Interface, nodeName string
 		meta := map[string]any{"annotations": annotations}
 		if string(data) != last {
 			annotations[api.AnnotationInventory] = string(data)
-			if len(inv.GPUs) > 0 {
-				meta["labels"] = map[string]string{api.LabelGPUModel: labelValue(inv.GPUs[0].Model)}
+			var current map[string]string
+			if node, err := client.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{}); err == nil {
+				current = node.Labels
+			} else {
+				// Labels of models gone since the last start may stay until the next change.
+				log.Error("read the Node's labels; stale per-model labels are kept", "node", nodeName, "err", err)
 			}
+			meta["labels"] = labelsPatch(gpuNodeLabels(inv, migCapable), current)
 		}
 		if err := patchNodeMeta(ctx, client, nodeName, meta); err != nil {
 			log.Error("publish inventory on the Node", "node", nodeName, "err", err)
@@ -60,17 +68,6 @@ func patchNodeMeta(ctx context.Context, client kubernetes.Interface, nodeName st
 	defer cancel()
 	_, err = client.CoreV1().Nodes().Patch(ctx, nodeName, types.MergePatchType, patch, metav1.PatchOptions{})
 	return err
-}
-
-// labelValue turns "NVIDIA A100-SXM4-40GB" into a label value "NVIDIA-A100-SXM4-40GB".
-func labelValue(s string) string {
-	s = strings.Map(func(r rune) rune {
-		if r == '-' || r == '_' || r == '.' || (r >= 'a' && r <= 'z') || (r >= 'A' && r <= 'Z') || (r >= '0' && r <= '9') {
-			return r
-		}
-		return '-'
-	}, s)
-	return strings.Trim(s[:min(len(s), 63)], "-_.")
 }
 
 // holdingsOf is what the ledger holds, per pod, as the extender counts it: whole GPUs and shares of

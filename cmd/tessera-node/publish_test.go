@@ -52,7 +52,7 @@ func TestPublisherHeartbeat(t *testing.T) {
 		return false, nil, nil
 	})
 	inv := &api.NodeInventory{APIVersion: api.Version, Node: "n", SharesPerGPU: 4, GPUs: []api.GPU{}}
-	publish := publisher(context.Background(), client, "n", testLog(t))
+	publish := publisher(context.Background(), client, "n", func(string) bool { return false }, testLog(t))
 	for range 3 {
 		publish(inv)
 	}

@@ -105,7 +105,8 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 	if client != nil {
 		apiPods := nri.NewAPIPods(ctx, client, cfg.NodeName)
 		pods = apiPods
-		a.WithPublisher(publisher(ctx, client, cfg.NodeName, log))
+		migCapable := func(uuid string) bool { n := a.Node(); return n != nil && n.MIGCapable[uuid] }
+		a.WithPublisher(publisher(ctx, client, cfg.NodeName, migCapable, log))
 		publishHoldings(ctx, client, cfg.NodeName, l, &holdingsLeftOut, log)
 	}
 	reg := telemetry.NewRegistry("tessera-node")
@@ -127,7 +128,7 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 	mgr := deviceplugin.NewManager(a, deviceplugin.Options{PluginDir: cfg.DevicePluginDir, Logger: log, ObserveAllocate: metrics.observeAllocate})
 	badRegions := &badRegions{total: metrics.badRegions, log: log}
 	state := &nodeState{node: cfg.NodeName, agent: a, regions: func() []containerUsage { return readContainerRegions(a, plugin.ReadRegion, badRegions) }}
-	reg.MustRegister(&stateCollector{state}, &hamiCollector{state})
+	registerStateCollectors(reg, state, cfg.HAMiMetrics)
 	registerSecurityMetrics(reg, plugin, &holdingsLeftOut)
 
 	errc := make(chan error, 5)

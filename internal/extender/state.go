@@ -72,7 +72,9 @@ type State struct {
 	InventoryMaxAge time.Duration
 	// conflicts counts pod entries applied on a GPU another entry already holds (should stay 0).
 	conflicts atomic.Int64
-	log       *slog.Logger
+	// expired counts pods whose in-flight reservation expired (no bind outcome seen within the TTL).
+	expired atomic.Int64
+	log     *slog.Logger
 	// changes lists the nodes whose placement state changed, for the change subscription
 	// (state_changes.go: the evaluation warmer).
 	changes changeLog
@@ -381,6 +383,10 @@ func (s *State) namespaceUsage(ns string) map[string]int64 {
 
 // Conflicts is how many times the state applied a pod on a GPU that another entry held.
 func (s *State) Conflicts() int64 { return s.conflicts.Load() }
+
+// ExpiredReservations is how many pods' in-flight reservations ExpireReservations dropped: binds
+// whose outcome the extender never saw within the reservation TTL.
+func (s *State) ExpiredReservations() int64 { return s.expired.Load() }
 
 // Holds reports whether the state has an entry (committed or reserved) for the pod.
 func (s *State) Holds(uid types.UID) bool {

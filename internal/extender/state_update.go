@@ -405,18 +405,22 @@ func (s *State) ExpireReservations() int {
 	defer s.mu.Unlock()
 	n := 0
 	now := s.now()
+	pods := map[types.UID]bool{} // a pod's GPU entry and its CPU/memory use expire together
 	for _, p := range s.pods {
 		if p.reserved && now.After(p.expires) {
 			s.removeLocked(p)
+			pods[p.uid] = true
 			n++
 		}
 	}
 	for uid, u := range s.uses {
 		if u.reserved && now.After(u.expires) {
 			s.clearUseLocked(uid, true)
+			pods[uid] = true
 			n++
 		}
 	}
+	s.expired.Add(int64(len(pods)))
 	return n
 }
 

@@ -30,6 +30,12 @@ func discover(lib nvml.Interface, opts discoverOptions) (*Node, error) {
 		if err != nil {
 			return fmt.Errorf("GPU %d: %w", i, err)
 		}
+		if _, _, ret := d.GetMigMode(); ret == nvml.SUCCESS {
+			if n.MIGCapable == nil {
+				n.MIGCapable = map[string]bool{}
+			}
+			n.MIGCapable[g.UUID] = true
+		}
 		migEnabled, err := d.IsMigEnabled()
 		if err != nil {
 			return fmt.Errorf("GPU %d (%s): %w", i, g.UUID, err)

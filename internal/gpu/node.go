@@ -11,7 +11,11 @@ import (
 type Node struct {
 	DriverVersion string
 	GPUs          []api.GPU
-	Links         []api.Link
+	// MIGCapable holds the UUIDs of the GPUs that support MIG (NVML answers their MIG mode), enabled
+	// or not; the agent labels the Node with it. Not in the inventory: the extender needs only MIG
+	// instances that exist.
+	MIGCapable map[string]bool
+	Links      []api.Link
 	// Mdevs are the live mdev devices (vGPUs), whichever parent they are on.
 	Mdevs []MdevDevice
 	// DevRoot is the host root whose dev/ holds the device nodes ("/", or the simulated node's root).

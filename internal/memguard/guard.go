@@ -66,7 +66,7 @@ type Config struct {
 	// (<run dir>/node/context-overhead, mounted read-only into share containers; overhead.go).
 	// Empty: measured and exported, not published.
 	ContextOverheadFile string
-	// NodeName labels the metrics (Hostname).
+	// NodeName labels the metrics (hostname).
 	NodeName string
 	// Events records Warning Events on pods (nil: none).
 	Events record.EventRecorder

@@ -333,7 +333,7 @@ func TestSecurityUnknownProcessNeverKilled(t *testing.T) {
 	if e.kills() != 0 {
 		t.Errorf("kills %v", e.kills())
 	}
-	want := fmt.Sprintf(`tessera_gpu_memory_unattributed_bytes{Hostname="node-a",UUID="%s",device="nvidia0",gpu="0",modelName="A100"} %d`, gpu0, 3*8192*mib)
+	want := fmt.Sprintf(`tessera_gpu_memory_unattributed_bytes{UUID="%s",device="nvidia0",gpu="0",hostname="node-a",modelName="A100"} %d`, gpu0, 3*8192*mib)
 	if got := scrape(t, e.guard.metrics); !strings.Contains(got, want) {
 		t.Errorf("metrics\n%s\nlack %s", got, want)
 	}
@@ -431,8 +431,8 @@ func TestSecurityRegionUnderreport(t *testing.T) {
 	if len(ev) != 1 || !strings.Contains(ev[0], "900 MiB") || !strings.Contains(ev[0], "counts 0 MiB") {
 		t.Fatalf("events %v, want one %s", ev, ReasonAccountingMismatch)
 	}
-	want := fmt.Sprintf(`tessera_container_region_underreport_bytes{Hostname="node-a",UUID="%s",container="main",gpu="0",namespace="team",pod="pod-a"} %d
-tessera_container_gpu_memory_measured_bytes{Hostname="node-a",UUID="%s",container="main",gpu="0",namespace="team",pod="pod-a"} %d`, gpu0, 900*mib, gpu0, 900*mib)
+	want := fmt.Sprintf(`tessera_container_region_underreport_bytes{UUID="%s",container="main",gpu="0",hostname="node-a",namespace="team",pod="pod-a"} %d
+tessera_container_gpu_memory_measured_bytes{UUID="%s",container="main",gpu="0",hostname="node-a",namespace="team",pod="pod-a"} %d`, gpu0, 900*mib, gpu0, 900*mib)
 	for _, line := range strings.Split(want, "\n") {
 		if !strings.Contains(scrape(t, e.guard.metrics), line) {
 			t.Errorf("metrics lack %s", line)

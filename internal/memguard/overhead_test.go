@@ -86,7 +86,7 @@ func overheadEnv(t *testing.T) *env {
 }
 
 func (e *env) overheadMetric(uuid, gpu string) string {
-	return fmt.Sprintf(`tessera_gpu_context_overhead_bytes{Hostname="node-a",UUID="%s",device="nvidia%s",gpu="%s",modelName="A100"}`, uuid, gpu, gpu)
+	return fmt.Sprintf(`tessera_gpu_context_overhead_bytes{UUID="%s",device="nvidia%s",gpu="%s",hostname="node-a",modelName="A100"}`, uuid, gpu, gpu)
 }
 
 // TestContextOverheadMeasured: a process in a container's PID namespace whose slot says it holds one

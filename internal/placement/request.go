@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"maps"
 	"slices"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
 // ContainerShape is the GPU need of one container in placement units.
@@ -77,8 +79,9 @@ func (r *Request) sharesOnly() bool {
 }
 
 // modelAllowed reports whether a GPU model satisfies the request's model constraint.
+// A pod names models as NVML does or as the node label spells them (api.GPUModelMatches).
 func (r *Request) modelAllowed(model string) bool {
-	return len(r.Models) == 0 || slices.Contains(r.Models, model)
+	return len(r.Models) == 0 || api.GPUModelMatchesAny(r.Models, model)
 }
 
 // Digest is an exact encoding of everything placement reads of the request (not its Key): two

@@ -7,11 +7,13 @@ import (
 )
 
 // Label names of the node agent's series. Per-GPU series carry dcgm-exporter's labels (gpu, UUID,
-// device, modelName, Hostname) so they join with its DCGM_FI_* series; per-container series add
-// namespace, pod and container as dcgm-exporter's Kubernetes mapping does.
+// device, modelName, hostname) so they join with its DCGM_FI_* series; per-container series add
+// namespace, pod and container as dcgm-exporter's Kubernetes mapping does. hostname is
+// dcgm-exporter's current spelling (Hostname before NVIDIA/dcgm-exporter#655); joins should use
+// UUID, the one label every dcgm-exporter version spells the same and fills the same.
 var (
-	GPULabels       = []string{"gpu", "UUID", "device", "modelName", "Hostname"}
-	ContainerLabels = []string{"namespace", "pod", "container", "gpu", "UUID", "Hostname"}
+	GPULabels       = []string{"gpu", "UUID", "device", "modelName", "hostname"}
+	ContainerLabels = []string{"namespace", "pod", "container", "gpu", "UUID", "hostname"}
 )
 
 // GPULabelValues are GPULabels' values for g on node.

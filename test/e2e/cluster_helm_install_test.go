@@ -91,6 +91,7 @@ func TestHelmInstall(t *testing.T) {
 	}
 	h.waitAgent(t, c)
 	c.Inventory = h.inventory(t, c)
+	checkGPULabels(t, c)
 	step("agent serving")
 	// Pods go in once the kubelet offers the plugins' devices, as an operator would wait for the
 	// node to advertise them: a pod the scheduler met before that waits for its requeue (seen once
@@ -332,6 +333,32 @@ func (h *helmHost) waitAllocatable(t *testing.T, c *Cluster, want map[string]int
 	})
 	if err != nil {
 		t.Fatalf("node %s after the upgrade: %v\n%s", c.Node, err, h.diagnose(t, "tessera-system"))
+	}
+}
+
+// checkGPULabels: the agent's GPU labels, published with its inventory, passed the chart's
+// -node-restriction policy on a real API server: one per model present, GFD's set under tessera.dev/.
+func checkGPULabels(t *testing.T, c *Cluster) {
+	t.Helper()
+	n, err := c.CP.Client.CoreV1().Nodes().Get(context.Background(), c.Node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	models := map[string]int{}
+	for _, g := range c.Inventory.GPUs {
+		models[api.GPUModelLabelValue(g.Model)]++
+	}
+	want := map[string]string{api.LabelGPUCount: fmt.Sprint(len(c.Inventory.GPUs)), api.LabelMIGCapable: "true"}
+	for m, k := range models {
+		want[api.LabelPrefixModelCount+m] = fmt.Sprint(k)
+		if len(models) == 1 {
+			want[api.LabelGPUModel] = m
+		}
+	}
+	for k, v := range want {
+		if n.Labels[k] != v {
+			t.Errorf("node label %s = %q, want %q (labels %v)", k, n.Labels[k], v, n.Labels)
+		}
 	}
 }
 

@@ -55,6 +55,10 @@ func TestClusterHelmTemplate(t *testing.T) {
 			"--set", "metrics.grafanaDashboard.enabled=true", "--set", "image.node.digest=sha256:" + strings.Repeat("0", 64), "--set", "extender.warmMemo=false",
 			"--set", "imagePullSecrets[0].name=regcred"},
 		{"--namespace", "tessera-system", "-f", filepath.Join(helmChart(), "values-gpu-operator.yaml")},
+		// The operator's values (a mirror, logs, extra env, annotations, HAMi's names, the update strategy).
+		{"--namespace", "tessera-system", "--set", "global.imageRegistry=mirror.example.com", "--set", "node.log.format=json",
+			"--set", "node.extraEnv[0].name=A", "--set", "node.extraEnv[0].value=b", "--set", "extender.podAnnotations.a=b",
+			"--set", "metrics.hamiMetrics=true", "--set", "node.updateStrategy.maxUnavailable=10%", "--set", "scheduler.extraArgs[0]=--v=2"},
 		// The migration policies, which render only where the API server serves them (as this one does).
 		{"--namespace", "tessera-system", "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",
 			"--set", "admission.migration.alibabaMemoryUnit=MiB"},

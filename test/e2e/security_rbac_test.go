@@ -124,7 +124,18 @@ func TestSecurityLeastPrivilege(t *testing.T) {
 		{"patch its own Node's Tessera keys", "", func() error {
 			_, err := nodeAgent.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+
 				api.AnnotationInventory+`":"{}","`+api.AnnotationInventoryHeartbeat+`":"now","`+api.AnnotationHoldings+`":"{}"},"labels":{"`+
-				api.LabelGPUModel+`":"A100"}}}`), metav1.PatchOptions{})
+				api.LabelGPUModel+`":"A100","`+api.LabelGPUCount+`":"8","`+api.LabelGPUMemory+`":"40960","`+api.LabelGPUComputeMajor+`":"8","`+
+				api.LabelGPUComputeMinor+`":"0","`+api.LabelMIGCapable+`":"true","`+api.LabelDriverVersion+`":"550.54.15","`+
+				api.LabelPrefixModelCount+`NVIDIA-A100-SXM4-40GB":"8"}}}`), metav1.PatchOptions{})
+			return err
+		}},
+		{"remove its Node's per-model GPU label", "", func() error {
+			_, err := nodeAgent.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, []byte(`{"metadata":{"labels":{"`+
+				api.LabelPrefixModelCount+`NVIDIA-A100-SXM4-40GB":null}}}`), metav1.PatchOptions{})
+			return err
+		}},
+		{"overwrite GPU Feature Discovery's label", "policy", func() error {
+			_, err := nodeAgent.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, metaPatch("labels", "nvidia.com/gpu.product", "A100"), metav1.PatchOptions{})
 			return err
 		}},
 		{"patch another Node's Tessera keys", "policy", func() error {

@@ -2,22 +2,46 @@
 app.kubernetes.io/part-of: tessera
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* tessera.repository: an image repository with global.imageRegistry, when set, in place of its registry (the first path element when it names a host: has a dot or a port, or is localhost), else before it. Call with (list "ghcr.io/x/y" $). */}}
+{{- define "tessera.repository" -}}
+{{- $repo := index . 0 -}}
+{{- $registry := (index . 1).Values.global.imageRegistry | trimSuffix "/" -}}
+{{- if $registry -}}
+{{- $parts := splitn "/" 2 $repo -}}
+{{- if and $parts._1 (or (contains "." $parts._0) (contains ":" $parts._0) (eq $parts._0 "localhost")) -}}
+{{ $registry }}/{{ $parts._1 }}
+{{- else -}}
+{{ $registry }}/{{ $repo }}
+{{- end -}}
+{{- else -}}
+{{ $repo }}
+{{- end -}}
+{{- end }}
+
+{{/* tessera.pullPolicy: a component's image pullPolicy, else image.pullPolicy. Call with (list .Values.image.node $). */}}
+{{- define "tessera.pullPolicy" -}}
+{{ (index . 0).pullPolicy | default (index . 1).Values.image.pullPolicy }}
 {{- end }}
 
 {{/* tessera.image: repository@digest, or repository:tag with the chart's appVersion as the default tag. Call with (list .Values.image.node $). */}}
 {{- define "tessera.image" -}}
 {{- $img := index . 0 -}}
 {{- $root := index . 1 -}}
+{{- $repo := include "tessera.repository" (list $img.repository $root) -}}
 {{- if $img.digest -}}
-{{ $img.repository }}@{{ $img.digest }}
+{{ $repo }}@{{ $img.digest }}
 {{- else -}}
-{{ $img.repository }}:{{ $img.tag | default $root.Chart.AppVersion }}
+{{ $repo }}:{{ $img.tag | default $root.Chart.AppVersion }}
 {{- end -}}
 {{- end }}
 
 {{/* tessera.schedulerImage: kube-scheduler of the cluster's own version unless a tag is set (a kube-scheduler must not be newer than its API server). */}}
 {{- define "tessera.schedulerImage" -}}
-{{ .Values.image.scheduler.repository }}:{{ .Values.image.scheduler.tag | default (regexReplaceAll "[-+].*$" .Capabilities.KubeVersion.Version "") }}
+{{ include "tessera.repository" (list .Values.image.scheduler.repository $) }}:{{ .Values.image.scheduler.tag | default (regexReplaceAll "[-+].*$" .Capabilities.KubeVersion.Version "") }}
 {{- end }}
 
 
@@ -57,4 +81,13 @@ host: {{ . }}
 {{/* tessera.schedulerName: the scheduler profile the chart configures with the extender (scheduler.name in mode second, the default scheduler's otherwise); the extender binds only its pods. */}}
 {{- define "tessera.schedulerName" -}}
 {{ if eq .Values.scheduler.mode "second" }}{{ .Values.scheduler.name }}{{ else }}default-scheduler{{ end }}
+{{- end }}
+
+{{/* tessera.extraArgs: a component's log flags (tessera-node and tessera-extender read -v and --log-format) and its extraArgs, as container args; call with the component's values. */}}
+{{- define "tessera.logAndExtraArgs" -}}
+- --v={{ .log.level }}
+- --log-format={{ .log.format }}
+{{- range .extraArgs }}
+- {{ . | quote }}
+{{- end }}
 {{- end }}

@@ -1,0 +1,311 @@
+package e2e
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/yaml"
+)
+
+// TestChartSchemaStrict: values.schema.json declares every value values.yaml has, and every object
+// it describes with properties refuses keys it does not list, so a misspelled key fails the install
+// instead of being ignored (install.md promises that). helm refuses misspellings in each block.
+func TestChartSchemaStrict(t *testing.T) {
+	var schema map[string]any
+	raw, err := os.ReadFile(filepath.Join(helmChart(), "values.schema.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatalf("values.schema.json: %v", err)
+	}
+	var values map[string]any
+	raw, err = os.ReadFile(filepath.Join(helmChart(), "values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(raw, &values); err != nil {
+		t.Fatalf("values.yaml: %v", err)
+	}
+	var undeclared []string
+	var walkValues func(v any, s map[string]any, path string)
+	walkValues = func(v any, s map[string]any, path string) {
+		m, ok := v.(map[string]any)
+		props, _ := s["properties"].(map[string]any)
+		if !ok || props == nil {
+			return // a leaf, or a free-form map (labels, nodeSelector, a Kubernetes type)
+		}
+		for k, x := range m {
+			sub, ok := props[k].(map[string]any)
+			if !ok {
+				undeclared = append(undeclared, path+k)
+				continue
+			}
+			walkValues(x, sub, path+k+".")
+		}
+	}
+	walkValues(values, schema, "")
+	sort.Strings(undeclared)
+	if len(undeclared) > 0 {
+		t.Errorf("values.yaml has values values.schema.json does not declare: %v", undeclared)
+	}
+	var loose []string
+	var walkSchema func(n any, path string)
+	walkSchema = func(n any, path string) {
+		switch n := n.(type) {
+		case map[string]any:
+			if _, ok := n["properties"]; ok && n["additionalProperties"] != false {
+				loose = append(loose, path)
+			}
+			for k, v := range n {
+				walkSchema(v, path+"/"+k)
+			}
+		case []any:
+			for i, v := range n {
+				walkSchema(v, path+"/"+string(rune('0'+i)))
+			}
+		}
+	}
+	walkSchema(schema, "")
+	sort.Strings(loose)
+	if len(loose) > 0 {
+		t.Errorf("schema objects that accept unknown keys (want additionalProperties: false): %v", loose)
+	}
+
+	for _, key := range []string{"imageRegistry", "global.imageRegistri", "image.node.pullpolicy", "node.driveRoot",
+		"node.updateStrategy.maxSurg", "node.log.formt", "extender.tls.enable", "scheduler.mod", "dra.enable",
+		"admission.migration.setSchedular", "metrics.serviceMonitor.enable", "metrics.hamiMetric", "runtimeClass.creat"} {
+		out, err := helm(t, "template", "tessera", helmChart(), "--set", key+"=x")
+		last := key[strings.LastIndex(key, ".")+1:]
+		if err == nil || !strings.Contains(out, "'"+last+"' not allowed") {
+			t.Errorf("helm template --set %s=x: %v, want the schema to refuse %q\n%s", key, err, last, out)
+		}
+	}
+	for _, bad := range [][]string{
+		{"admission.migration.alibabaMemoryUnit=KiB", "alibabaMemoryUnit"},
+		{"node.log.format=xml", "format"},
+		{"image.extender.pullPolicy=Sometimes", "pullPolicy"},
+		{"node.extraArgs[0]=v=4", "extraArgs"},
+	} {
+		if out, err := helm(t, "template", "tessera", helmChart(), "--set", bad[0]); err == nil || !strings.Contains(out, bad[1]) {
+			t.Errorf("helm template --set %s: %v, want a schema error naming %s\n%s", bad[0], err, bad[1], out)
+		}
+	}
+}
+
+// renderedObjects renders the chart with args and decodes every object.
+func renderedObjects(t *testing.T, args ...string) []map[string]any {
+	t.Helper()
+	out, err := helm(t, append([]string{"template", "tessera", helmChart()}, args...)...)
+	if err != nil {
+		t.Fatalf("helm template %v: %v\n%s", args, err, out)
+	}
+	var objs []map[string]any
+	dec := utilyaml.NewYAMLOrJSONDecoder(strings.NewReader(out), 4096)
+	for {
+		var o map[string]any
+		if err := dec.Decode(&o); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			t.Fatalf("decode helm template %v: %v", args, err)
+		}
+		if o != nil {
+			objs = append(objs, o)
+		}
+	}
+	return objs
+}
+
+// podTemplate returns a workload's pod template (nil for other kinds).
+func podTemplate(o map[string]any) map[string]any {
+	if k := o["kind"]; k != "DaemonSet" && k != "Deployment" {
+		return nil
+	}
+	spec, _ := o["spec"].(map[string]any)
+	tpl, _ := spec["template"].(map[string]any)
+	return tpl
+}
+
+func valueAt(m any, path ...string) any {
+	for _, p := range path {
+		mm, ok := m.(map[string]any)
+		if !ok {
+			return nil
+		}
+		m = mm[p]
+	}
+	return m
+}
+
+// TestChartOperatorValues: the values an operator sets for a mirror, logs, extra flags and
+// annotations reach every component, and every object carries the chart's version labels.
+func TestChartOperatorValues(t *testing.T) {
+	chart, err := os.ReadFile(filepath.Join(helmChart(), "Chart.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var meta struct{ Name, Version, AppVersion string }
+	if err := yaml.Unmarshal(chart, &meta); err != nil {
+		t.Fatal(err)
+	}
+	// Every chart version has its section in docs/upgrade.md saying what changed.
+	upgrade, err := os.ReadFile(filepath.Join(repoRoot(), "docs", "upgrade.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(upgrade), " to "+meta.Version+"\n") {
+		t.Errorf("docs/upgrade.md has no section ending \"to %s\" for the chart's version", meta.Version)
+	}
+	objs := renderedObjects(t, "--set", "global.imageRegistry=mirror.example.com:5000/",
+		"--set", "image.extender.pullPolicy=Always",
+		"--set", "node.log.level=4", "--set", "node.log.format=json", "--set", "extender.log.format=json", "--set", "scheduler.log.level=3",
+		"--set", "node.extraArgs[0]=--rediscover-interval=30s", "--set", "extender.extraArgs[0]=--warm-memo=false",
+		"--set", "node.extraEnv[0].name=GODEBUG", "--set", "node.extraEnv[0].value=x=1",
+		"--set", "node.podAnnotations.team=gpu", "--set", "extender.podAnnotations.team=gpu", "--set", "scheduler.podAnnotations.team=gpu",
+		"--set", "metrics.hamiMetrics=true")
+	seen := map[string]bool{}
+	for _, o := range objs {
+		name := valueAt(o, "metadata", "name")
+		labels, _ := valueAt(o, "metadata", "labels").(map[string]any)
+		if labels["helm.sh/chart"] != meta.Name+"-"+meta.Version || labels["app.kubernetes.io/version"] != meta.AppVersion {
+			t.Errorf("%s %s: labels %v lack helm.sh/chart=%s-%s and app.kubernetes.io/version=%s", o["kind"], name, labels, meta.Name, meta.Version, meta.AppVersion)
+		}
+		tpl := podTemplate(o)
+		if tpl == nil {
+			continue
+		}
+		if valueAt(tpl, "metadata", "annotations", "team") != "gpu" {
+			t.Errorf("%s %s: pod annotations %v, want team=gpu", o["kind"], name, valueAt(tpl, "metadata", "annotations"))
+		}
+		containers, _ := valueAt(tpl, "spec", "containers").([]any)
+		inits, _ := valueAt(tpl, "spec", "initContainers").([]any)
+		for _, c := range append(containers, inits...) {
+			c := c.(map[string]any)
+			img, _ := c["image"].(string)
+			if !strings.HasPrefix(img, "mirror.example.com:5000/") || strings.Contains(img, "ghcr.io") || strings.Contains(img, "registry.k8s.io") {
+				t.Errorf("container %s: image %q, want it from mirror.example.com:5000/ in place of its registry", c["name"], img)
+			}
+			var args []string
+			argv, _ := c["args"].([]any)
+			for _, a := range argv {
+				args = append(args, a.(string))
+			}
+			joined := strings.Join(args, " ")
+			switch c["name"] {
+			case "tessera-node":
+				seen["node"] = true
+				if args[len(args)-1] != "--rediscover-interval=30s" || !strings.Contains(joined, "--v=4 --log-format=json") || !strings.Contains(joined, "--hami-metrics") {
+					t.Errorf("tessera-node args %q: want --v=4 --log-format=json, --hami-metrics, and extraArgs last", args)
+				}
+				if env, _ := json.Marshal(c["env"]); !strings.Contains(string(env), `{"name":"GODEBUG","value":"x=1"}`) {
+					t.Errorf("tessera-node env %s lacks node.extraEnv", env)
+				}
+				if c["imagePullPolicy"] != "IfNotPresent" {
+					t.Errorf("tessera-node pullPolicy %v, want image.pullPolicy's IfNotPresent", c["imagePullPolicy"])
+				}
+			case "tessera-extender":
+				seen["extender"] = true
+				if args[len(args)-1] != "--warm-memo=false" || !strings.Contains(joined, "--v=0 --log-format=json") {
+					t.Errorf("tessera-extender args %q: want --v=0 --log-format=json and extraArgs last", args)
+				}
+				if c["imagePullPolicy"] != "Always" {
+					t.Errorf("tessera-extender pullPolicy %v, want image.extender.pullPolicy's Always", c["imagePullPolicy"])
+				}
+			case "kube-scheduler":
+				seen["scheduler"] = true
+				if !strings.Contains(joined, "--v=3 --logging-format=text") {
+					t.Errorf("kube-scheduler args %q: want --v=3 --logging-format=text", args)
+				}
+			}
+		}
+		if o["kind"] == "DaemonSet" {
+			if s := valueAt(o, "spec", "updateStrategy", "rollingUpdate", "maxSurge"); s != float64(0) && s != int64(0) {
+				t.Errorf("DaemonSet maxSurge %v (%T), want 0", s, s)
+			}
+		}
+	}
+	for _, c := range []string{"node", "extender", "scheduler"} {
+		if !seen[c] {
+			t.Errorf("no %s container rendered", c)
+		}
+	}
+	// Two agents on a node at once would collide (sockets, NRI plugin, metrics port): refused.
+	if out, err := helm(t, "template", "tessera", helmChart(), "--set", "node.updateStrategy.maxSurge=1"); err == nil || !strings.Contains(out, "node.updateStrategy.maxSurge") {
+		t.Errorf("maxSurge=1 rendered (want an error naming node.updateStrategy.maxSurge): %v\n%s", err, out)
+	}
+	// Without hamiMetrics the agent serves Tessera's names only.
+	for _, o := range renderedObjects(t) {
+		if o["kind"] == "DaemonSet" {
+			if b, _ := json.Marshal(o); strings.Contains(string(b), "--hami-metrics") {
+				t.Error("the agent gets --hami-metrics by default")
+			}
+		}
+	}
+}
+
+// TestDashboard: the Grafana dashboard has one source, the chart's dashboards/tessera.json
+// (deploy/grafana/tessera.json links to it and the chart's ConfigMap carries it as is); it joins
+// dcgm-exporter's series on UUID alone (dcgm-exporter spells its node label Hostname or hostname
+// by version), filters Tessera's by hostname, and offers namespace and pod variables that every
+// per-container panel applies.
+func TestDashboard(t *testing.T) {
+	src := filepath.Join(helmChart(), "dashboards", "tessera.json")
+	raw, err := os.ReadFile(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	link := filepath.Join(repoRoot(), "deploy", "grafana", "tessera.json")
+	if target, err := os.Readlink(link); err != nil || filepath.Join(filepath.Dir(link), target) != src {
+		t.Errorf("%s: want a link to %s (one dashboard source), got %q, %v", link, src, target, err)
+	}
+	var d struct {
+		Templating struct{ List []struct{ Name string } }
+		Panels     []struct {
+			Title   string
+			Targets []struct{ Expr string }
+		}
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		t.Fatalf("dashboard: %v", err)
+	}
+	vars := map[string]bool{}
+	for _, v := range d.Templating.List {
+		vars[v.Name] = true
+	}
+	for _, want := range []string{"datasource", "node", "namespace", "pod"} {
+		if !vars[want] {
+			t.Errorf("dashboard lacks the variable %s", want)
+		}
+	}
+	for _, p := range d.Panels {
+		for _, tg := range p.Targets {
+			e := tg.Expr
+			if strings.Contains(e, "Hostname") {
+				t.Errorf("panel %q: %s names Hostname (dcgm-exporter's old label; Tessera's is hostname)", p.Title, e)
+			}
+			if strings.Contains(e, "DCGM_") && (!strings.Contains(e, "on (UUID)") || strings.Contains(e, "DCGM_FI_DEV_GPU_UTIL{")) {
+				t.Errorf("panel %q: %s must select dcgm-exporter's series by joining on (UUID) only", p.Title, e)
+			}
+			if strings.Contains(e, "tessera_container_") && (!strings.Contains(e, `namespace=~"$namespace"`) || !strings.Contains(e, `pod=~"$pod"`)) {
+				t.Errorf("panel %q: %s ignores the namespace and pod variables", p.Title, e)
+			}
+		}
+	}
+	for _, o := range renderedObjects(t, "--set", "metrics.grafanaDashboard.enabled=true") {
+		if o["kind"] == "ConfigMap" {
+			if got, ok := valueAt(o, "data", "tessera.json").(string); ok && got != strings.TrimSuffix(string(raw), "\n") {
+				t.Error("the chart's dashboard ConfigMap differs from dashboards/tessera.json")
+			} else if ok {
+				return
+			}
+		}
+	}
+	t.Error("metrics.grafanaDashboard.enabled=true rendered no ConfigMap with tessera.json")
+}
