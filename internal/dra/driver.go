@@ -338,6 +338,9 @@ func (d *Driver) result(c *resourceapi.ResourceClaim, r *resourceapi.DeviceReque
 				if !g.Healthy {
 					return nil, fmt.Errorf("MIG instance %s: its GPU %s is unhealthy", m.UUID, g.UUID)
 				}
+				if why, bad := d.agent.Unhealthy()[m.UUID]; bad {
+					return nil, fmt.Errorf("MIG instance %s is unhealthy (%s)", m.UUID, why)
+				}
 				e.MIG = append(e.MIG, m.UUID)
 				return []string{gen.Name(cdi.ClassMIG, m.UUID)}, nil
 			}

@@ -291,7 +291,8 @@ func TestPrepareWholeMIGAndRelease(t *testing.T) {
 }
 
 func TestPrepareRefusals(t *testing.T) {
-	d, _, _ := newDriver(t)
+	d, a, _ := newDriver(t)
+	a.unhealthy["MIG-x"] = "XID 94"
 	unreserved := claim("u", nil, "gpu-0")
 	unreserved.Status.ReservedFor = nil
 	otherPool := claim("o", nil, "gpu-0")
@@ -307,6 +308,7 @@ func TestPrepareRefusals(t *testing.T) {
 		{unallocated, "not allocated"},
 		{claim("x", nil, "gpu-9"), "not a device of this node"},
 		{claim("sick", nil, "gpu-3"), "unhealthy"},
+		{claim("sick-mig", nil, "gpu-2-mig-1-0"), "MIG instance MIG-x is unhealthy (XID 94)"},
 		{claim("big", map[resourceapi.QualifiedName]string{CapacityMemory: "41Gi"}, "gpu-0"), "outside the GPU"},
 	} {
 		r := prepare(t, d, tc.c)
