@@ -47,6 +47,8 @@ type Driver struct {
 	now func() time.Time
 
 	mu sync.Mutex
+	// client writes the claims' status.devices (set by Run).
+	client kubernetes.Interface
 	// sockets are the registration and DRA sockets once the helper serves them (Ready).
 	sockets []string
 	// changed is closed and replaced at every inventory change: the health streams wait on it.
@@ -133,6 +135,7 @@ func (d *Driver) Run(ctx context.Context, o Options) error {
 	}
 	defer helper.Stop()
 	d.mu.Lock()
+	d.client = o.Client
 	// The helper's default socket names (kubeletplugin.Start): <driver>-reg.sock and dra.sock.
 	d.sockets = []string{filepath.Join(o.RegistrarDir, DriverName+"-reg.sock"), filepath.Join(o.PluginDir, "dra.sock")}
 	d.mu.Unlock()
@@ -220,6 +223,10 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 			err = fmt.Errorf("tessera: ResourceClaim %s/%s: %w", c.Namespace, c.Name, err)
 		} else {
 			d.log.Info("ResourceClaim prepared", "claim", c.Namespace+"/"+c.Name, "uid", c.UID, "devices", len(devs))
+			d.mu.Lock()
+			client := d.client
+			d.mu.Unlock()
+			d.writeStatus(ctx, client, c)
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Devices: devs, Err: err}
 	}

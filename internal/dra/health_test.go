@@ -1,6 +1,7 @@
 package dra
 
 import (
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -123,5 +124,29 @@ func TestPrepareAdminAccess(t *testing.T) {
 	// Without admin access the same claim is refused (the GPU is held whole).
 	if r := prepare(t, d, claim("plain", nil, "gpu-0")); r.Err == nil || !strings.Contains(r.Err.Error(), "GPU-a") {
 		t.Errorf("a plain claim on a GPU held whole: %v, want a refusal", r.Err)
+	}
+}
+
+// TestDeviceStatusData: status.devices data per kind of device: a whole GPU, a MIG instance (with
+// its parent), and admin access (nothing held, whatever else the entry lists).
+func TestDeviceStatusData(t *testing.T) {
+	d, a, _ := newDriver(t)
+	for _, c := range []*resourceapi.ResourceClaim{claim("w", nil, "gpu-1"), claim("m", nil, "gpu-2-mig-7-0"), adminClaim("mon", "gpu-1")} {
+		if r := prepare(t, d, c); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+		e, _ := a.l.Get(ledger.ClaimID(string(c.UID)))
+		devs, err := deviceStatus(c, e, a.Inventory())
+		if err != nil || len(devs) != 1 || devs[0].Data == nil {
+			t.Fatalf("%s: %v %v", c.Name, devs, err)
+		}
+		var got DeviceData
+		if err := json.Unmarshal(devs[0].Data.Raw, &got); err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]DeviceData{"w": {UUID: "GPU-b", Whole: true}, "m": {UUID: "MIG-y", ParentUUID: "GPU-c"}, "mon": {UUID: "GPU-b", AdminAccess: true}}[c.Name]
+		if got != want {
+			t.Errorf("%s: data %+v, want %+v", c.Name, got, want)
+		}
 	}
 }

@@ -2,6 +2,7 @@ package dra
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"maps"
 	"os"
@@ -105,6 +106,16 @@ func TestPluginOverGRPC(t *testing.T) {
 	if r == nil || r.Error != "" || len(r.Devices) != 1 ||
 		!slices.Equal(r.Devices[0].CdiDeviceIds, []string{"tessera.dev/vgpu=share", "tessera.dev/gpu=GPU-a"}) || r.Devices[0].DeviceName != "gpu-0" {
 		t.Fatalf("NodePrepareResources answered %v", resp)
+	}
+	// The claim's status.devices names the GPU and the share's caps.
+	got, err := client.ResourceV1().ResourceClaims("ns").Get(ctx, "s1", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var data DeviceData
+	if sd := got.Status.Devices; len(sd) != 1 || sd[0].Driver != DriverName || sd[0].Pool != "node-a" || sd[0].Device != "gpu-0" || sd[0].Data == nil ||
+		json.Unmarshal(sd[0].Data.Raw, &data) != nil || data != (DeviceData{UUID: "GPU-a", MemoryBytes: 10 << 30, ComputePercent: 30}) {
+		t.Errorf("claim status.devices %+v (data %+v), want gpu-0 with the GPU's UUID and the 10 GiB / 30%% caps", sd, data)
 	}
 	if _, err := drapb.NewDRAPluginClient(conn).NodeUnprepareResources(ctx, &drapb.NodeUnprepareResourcesRequest{
 		Claims: []*drapb.Claim{{Namespace: "ns", Name: "s1", Uid: string(c.UID)}}}); err != nil {
