@@ -92,6 +92,7 @@ func (f *nodeFlags) runFlags(host string) []cli.Flag {
 		field(f, "dra", &cli.BoolFlag{Name: "dra", Usage: "also serve the GPUs through Dynamic Resource Allocation (driver " + api.DRADriverName + ": ResourceSlices, claims prepared into the same ledger)"}),
 		str("dra-registrar-dir", "draRegistrarDir", configv1.DefaultDRARegistrar, "the kubelet's plugin registry directory (<kubelet root-dir>/plugins_registry), where the DRA plugin registers"),
 		str("dra-plugin-dir", "draPluginDir", configv1.DefaultDRAPluginDir, "directory of the DRA plugin's socket (<kubelet root-dir>/plugins/"+api.DRADriverName+")"),
+		str("dra-unhealthy-effect", "draUnhealthyEffect", configv1.DefaultDRAUnhealthyEffect, "effect of the taint on an unhealthy GPU's DRA devices: NoSchedule (new claims avoid it) or NoExecute (pods using it are also evicted)"),
 		field(f, "healthCheckInterval", &cli.DurationFlag{Name: "health-check-interval", Value: configv1.DefaultHealthCheckInterval, Usage: "how often GPUs are probed; an unhealthy GPU recovers when a probe passes after a whole interval without errors"}),
 		str("host-proc", "hostProc", configv1.DefaultHostProc, "the host's /proc, where the memory guard maps GPU processes (NVML's host pids) to containers; the agent needs the host's PID namespace"),
 		field(f, "memoryGuard.enabled", &cli.BoolFlag{Name: "memory-guard", Value: true, Usage: "kill the GPU processes of a share whose memory, as the driver measures it, stays over its cap (--memory-guard=false: vcuda alone enforces caps, which a container can walk past)"}),

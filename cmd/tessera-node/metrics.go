@@ -12,6 +12,7 @@ import (
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/agent"
+	"github.com/tessera-gpu/tessera/internal/dra"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/nri"
 	"github.com/tessera-gpu/tessera/internal/telemetry"
@@ -59,6 +60,8 @@ var (
 type nodeMetrics struct {
 	create     *prometheus.HistogramVec
 	allocate   *prometheus.HistogramVec
+	prepare    *prometheus.HistogramVec
+	unprepare  *prometheus.HistogramVec
 	badRegions prometheus.Counter
 	// ledgerRefused counts the ledger entries Verify left out against the first inventory.
 	ledgerRefused prometheus.Counter
@@ -74,12 +77,20 @@ func newNodeMetrics(reg prometheus.Registerer) *nodeMetrics {
 			Name: "tessera_deviceplugin_allocate_duration_seconds", Buckets: telemetry.LatencyBuckets,
 			Help: "Time a kubelet Allocate call took, per resource; result is ok or error.",
 		}, []string{"resource", "result"}),
+		prepare: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tessera_dra_prepare_duration_seconds", Buckets: telemetry.LatencyBuckets,
+			Help: "Time the DRA plugin took to prepare one ResourceClaim (NodePrepareResources); result is ok or error.",
+		}, []string{"result"}),
+		unprepare: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tessera_dra_unprepare_duration_seconds", Buckets: telemetry.LatencyBuckets,
+			Help: "Time the DRA plugin took to unprepare one ResourceClaim (NodeUnprepareResources); result is ok or error.",
+		}, []string{"result"}),
 		badRegions: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_container_region_errors_total",
 			Help: "Reads of a share container's accounting region that failed its checks (damaged or crafted); that container's usage series are left out."}),
 		ledgerRefused: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_ledger_entries_refused_total",
 			Help: "Ledger entries left out at start because they are impossible on this node's GPUs (a GPU not here, memory or shares over-committed); each is logged and the ledger copied aside."}),
 	}
-	reg.MustRegister(m.create, m.allocate, m.badRegions, m.ledgerRefused)
+	reg.MustRegister(m.create, m.allocate, m.prepare, m.unprepare, m.badRegions, m.ledgerRefused)
 	return m
 }
 
@@ -112,6 +123,15 @@ func registerStateCollectors(reg prometheus.Registerer, state *nodeState, hami b
 	if hami {
 		reg.MustRegister(&hamiCollector{state})
 	}
+}
+
+// observeDRA is the DRA plugin's Observe hook: one observation per claim prepared or unprepared.
+func (m *nodeMetrics) observeDRA(call string, took time.Duration, err error) {
+	h := m.prepare
+	if call == dra.CallUnprepare {
+		h = m.unprepare
+	}
+	h.WithLabelValues(telemetry.Result(err)).Observe(took.Seconds())
 }
 
 // nodeState reads the inventory, the ledger and vcuda's accounting regions at every scrape, so a

@@ -20,6 +20,7 @@ import (
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/agent"
+	"github.com/tessera-gpu/tessera/internal/dra"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/telemetry"
 	"github.com/tessera-gpu/tessera/internal/testing/simagent"
@@ -68,6 +69,9 @@ func TestMetrics(t *testing.T) {
 	m.observeCreate(nil, nil, 2*time.Millisecond, nil)
 	m.observeCreate(nil, nil, 3*time.Millisecond, errors.New("over-commit"))
 	m.observeAllocate(api.ResourceShare, time.Millisecond, nil)
+	m.observeDRA(dra.CallPrepare, time.Millisecond, nil)
+	m.observeDRA(dra.CallPrepare, time.Millisecond, errors.New("over-commit"))
+	m.observeDRA(dra.CallUnprepare, time.Millisecond, nil)
 
 	// Tessera's own names follow the Prometheus conventions (HAMi's are HAMi's); the camelCase label
 	// names are dcgm-exporter's, kept so the series join.
@@ -102,6 +106,9 @@ func TestMetrics(t *testing.T) {
 		`tessera_nri_create_container_duration_seconds_count{result="refused"} 1`,
 		`tessera_nri_create_container_duration_seconds_bucket{result="refused",le="0.005"} 1`,
 		`tessera_deviceplugin_allocate_duration_seconds_count{resource="tessera.dev/vgpu",result="ok"} 1`,
+		`tessera_dra_prepare_duration_seconds_count{result="ok"} 1`,
+		`tessera_dra_prepare_duration_seconds_count{result="error"} 1`,
+		`tessera_dra_unprepare_duration_seconds_count{result="ok"} 1`,
 		`tessera_node_build_info{`,
 		`go_goroutines `,
 		// HAMi's names and labels.

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	cli "github.com/urfave/cli/v3"
 	corev1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
@@ -136,20 +137,22 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 	go func() { errc <- named("NRI plugin", plugin.Run(ctx, cfg.NRISocket)) }()
 	go func() { errc <- named("health watch", a.WatchHealth(ctx)) }()
 	go rediscover(ctx, a, cfg.RediscoverInterval.Duration, log)
+	var draPlugin *dra.Driver
 	if cfg.DRA {
 		if client == nil {
 			return fmt.Errorf("--dra needs the API server (ResourceSlices, ResourceClaims): %w", err)
 		}
+		draPlugin = dra.New(a, log).OnUnprepared(plugin.ReleaseClaim).Observe(metrics.observeDRA)
 		go func() {
-			errc <- named("DRA plugin", dra.New(a, log).OnUnprepared(plugin.ReleaseClaim).Run(ctx, dra.Options{NodeName: cfg.NodeName, Client: client,
-				RegistrarDir: cfg.DRARegistrarDir, PluginDir: cfg.DRAPluginDir}))
+			errc <- named("DRA plugin", draPlugin.Run(ctx, dra.Options{NodeName: cfg.NodeName, Client: client,
+				RegistrarDir: cfg.DRARegistrarDir, PluginDir: cfg.DRAPluginDir, UnhealthyEffect: resourceapi.DeviceTaintEffect(cfg.DRAUnhealthyEffect)}))
 		}()
 	}
 	go releaseUnlisted(ctx, plugin, grants, unlistedInterval, log)
 	if err := startMemoryGuard(ctx, cfg, backend, a, plugin, events, reg, log); err != nil {
 		return err
 	}
-	srv, err := serveHTTP(cfg.Listen, a, mgr, plugin, reg)
+	srv, err := serveHTTP(cfg.Listen, a, mgr, plugin, draPlugin, reg)
 	if err != nil {
 		return err
 	}
@@ -256,8 +259,8 @@ func (n noPods) Pod(context.Context, string, string, string) (*corev1.Pod, error
 	return nil, fmt.Errorf("%w (%v); start tessera-node with --kubeconfig or in-cluster credentials", nri.ErrNoAPIServer, n.err)
 }
 
-// serveHTTP serves /healthz and the registry's /metrics.
-func serveHTTP(addr string, a *agent.Agent, mgr *deviceplugin.Manager, plugin *nri.Plugin, reg *prometheus.Registry) (*http.Server, error) {
+// serveHTTP serves /healthz and the registry's /metrics. draPlugin is nil without --dra.
+func serveHTTP(addr string, a *agent.Agent, mgr *deviceplugin.Manager, plugin *nri.Plugin, draPlugin *dra.Driver, reg *prometheus.Registry) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen for /metrics on %s: %w", addr, err)
@@ -277,6 +280,12 @@ func serveHTTP(addr string, a *agent.Agent, mgr *deviceplugin.Manager, plugin *n
 		if !plugin.Synced() {
 			http.Error(w, "NRI plugin not connected to the runtime", http.StatusServiceUnavailable)
 			return
+		}
+		if draPlugin != nil {
+			if err := draPlugin.Ready(); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
 		}
 		fmt.Fprintln(w, "ok")
 	})

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"sort"
 	"sync"
 
@@ -55,6 +56,8 @@ type Agent struct {
 	suspectAll string
 	mdevSlots  map[string]mdevSlot
 	changed    chan struct{}
+	// inventoryWatchers are told of every rediscovery and health change (WatchInventory).
+	inventoryWatchers []chan struct{}
 }
 
 // New builds the agent; call Refresh before serving.
@@ -105,6 +108,7 @@ func (a *Agent) Refresh(ctx context.Context) error {
 	a.mu.Unlock()
 	a.log.Info("inventory refreshed", "backend", a.backend.Name(), "gpus", len(n.GPUs), "mdevs", len(n.Mdevs), "cdiDir", a.cfg.CDIDir)
 	a.notify()
+	a.notifyInventory()
 	if a.publish != nil {
 		a.publish(a.Inventory())
 	}
@@ -116,6 +120,28 @@ func (a *Agent) notify() {
 	select {
 	case a.changed <- struct{}{}:
 	default:
+	}
+}
+
+// WatchInventory returns a channel that receives (coalesced) after every rediscovery and every
+// health change, so that the DRA driver republishes its slices when they may differ rather than
+// polling. Ledger changes do not fire it: they change no slice.
+func (a *Agent) WatchInventory() <-chan struct{} {
+	ch := make(chan struct{}, 1)
+	a.mu.Lock()
+	a.inventoryWatchers = append(a.inventoryWatchers, ch)
+	a.mu.Unlock()
+	return ch
+}
+
+func (a *Agent) notifyInventory() {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	for _, ch := range a.inventoryWatchers {
+		select {
+		case ch <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -141,6 +167,13 @@ func (a *Agent) Inventory() *api.NodeInventory {
 		}
 	}
 	return inv
+}
+
+// Unhealthy is why each unhealthy GPU or MIG instance (by UUID) is unhealthy: a copy.
+func (a *Agent) Unhealthy() map[string]string {
+	a.mu.RLock()
+	defer a.mu.RUnlock()
+	return maps.Clone(a.unhealthy)
 }
 
 // Ledger is the agent's ledger.

@@ -125,6 +125,7 @@ func (a *Agent) healthChanged(e gpu.HealthEvent) {
 		}
 	}
 	a.notify()
+	a.notifyInventory()
 	if a.publish != nil {
 		a.publish(a.Inventory())
 	}

@@ -145,3 +145,43 @@ func TestHealthPersistsAcrossRestart(t *testing.T) {
 		}
 	}
 }
+
+// TestWatchInventoryFiresOnHealthAndRefresh: the DRA driver republishes its slices when told, so
+// every health change and every rediscovery must tell it (coalesced), and a repeated report of an
+// unchanged health must not; Unhealthy carries the reason for the slices' taints.
+func TestWatchInventoryFiresOnHealthAndRefresh(t *testing.T) {
+	dir := t.TempDir()
+	a := healthAgent(t, dir, simagent.Backend(t, dir), agent.Config{})
+	ch := a.WatchInventory()
+	fired := func() bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	fired() // the first Refresh, if it came after the watch
+	bad := a.Inventory().GPUs[1].UUID
+	a.HealthChanged(gpu.HealthEvent{UUID: bad, Reason: "XID 79", XID: 79})
+	if !fired() {
+		t.Error("a GPU turning unhealthy did not fire WatchInventory")
+	}
+	if why := a.Unhealthy()[bad]; why != "XID 79" {
+		t.Errorf("Unhealthy()[%s] = %q, want the reason", bad, why)
+	}
+	a.HealthChanged(gpu.HealthEvent{UUID: bad, Reason: "XID 79 again", XID: 79})
+	if fired() {
+		t.Error("an unchanged health fired WatchInventory")
+	}
+	a.HealthChanged(gpu.HealthEvent{UUID: bad, Healthy: true, Reason: "periodic check passed"})
+	if !fired() {
+		t.Error("a recovery did not fire WatchInventory")
+	}
+	if err := a.Refresh(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if !fired() {
+		t.Error("a rediscovery did not fire WatchInventory")
+	}
+}

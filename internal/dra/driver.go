@@ -5,17 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
-	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
-	"k8s.io/dynamic-resource-allocation/resourceslice"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
@@ -26,6 +27,10 @@ import (
 // front doors reserve in, and the CDI names of its specs.
 type Agent interface {
 	Inventory() *api.NodeInventory
+	// Unhealthy is why each unhealthy GPU or MIG instance (by UUID) is unhealthy.
+	Unhealthy() map[string]string
+	// WatchInventory fires after every rediscovery and health change.
+	WatchInventory() <-chan struct{}
 	Ledger() *ledger.Ledger
 	Generator() *cdi.Generator
 }
@@ -36,6 +41,18 @@ type Driver struct {
 	log   *slog.Logger
 	// unprepared is told each claim the kubelet unprepared (OnUnprepared).
 	unprepared func(uid string)
+	// observe is told how long each claim's prepare or unprepare took (Observe).
+	observe func(call string, took time.Duration, err error)
+	// now stamps health reports (tests set it).
+	now func() time.Time
+
+	mu sync.Mutex
+	// client writes the claims' status.devices (set by Run).
+	client kubernetes.Interface
+	// sockets are the registration and DRA sockets once the helper serves them (Ready).
+	sockets []string
+	// changed is closed and replaced at every inventory change: the health streams wait on it.
+	changed chan struct{}
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -46,7 +63,7 @@ func New(a Agent, log *slog.Logger) *Driver {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Driver{agent: a, log: log}
+	return &Driver{agent: a, log: log, now: time.Now, changed: make(chan struct{})}
 }
 
 // OnUnprepared sets what is told, by UID, of every claim the kubelet unprepares once the ledger has
@@ -54,6 +71,19 @@ func New(a Agent, log *slog.Logger) *Driver {
 // the claim is gone by then). It returns d.
 func (d *Driver) OnUnprepared(f func(uid string)) *Driver {
 	d.unprepared = f
+	return d
+}
+
+// Calls Observe reports.
+const (
+	CallPrepare   = "prepare"
+	CallUnprepare = "unprepare"
+)
+
+// Observe sets what is told how long each claim's prepare or unprepare took (call is CallPrepare or
+// CallUnprepare) and its error: the agent's latency histograms. It returns d.
+func (d *Driver) Observe(f func(call string, took time.Duration, err error)) *Driver {
+	d.observe = f
 	return d
 }
 
@@ -65,52 +95,85 @@ type Options struct {
 	RegistrarDir string
 	// PluginDir holds the driver's DRA socket (<kubelet root>/plugins/gpu.tessera.dev).
 	PluginDir string
-	// RepublishInterval is how often the slices are compared with the inventory and republished
-	// when they differ (health changes, rediscovery).
-	RepublishInterval time.Duration
+	// UnhealthyEffect is the taint effect on unhealthy devices: NoSchedule (the default: new
+	// claims avoid them, running pods stay and learn of it through the health API) or NoExecute
+	// (the kubelet's eviction controller also evicts pods that use them and do not tolerate it).
+	UnhealthyEffect resourceapi.DeviceTaintEffect
 }
 
-// Run registers with the kubelet, publishes the node's ResourceSlices and keeps them current
-// until ctx ends.
+// healthResend is how often the health stream repeats itself when nothing changed: the kubelet
+// reports a device's health as unknown once healthTimeout passes without a report.
+const (
+	healthResend  = 10 * time.Second
+	healthTimeout = 30 * time.Second
+)
+
+// Run registers with the kubelet, publishes the node's ResourceSlices and republishes them at
+// every inventory change (rediscovery, health) until ctx ends; the helper's ResourceSlice
+// controller writes only what differs from the API server's copy.
 func (d *Driver) Run(ctx context.Context, o Options) error {
-	if o.RepublishInterval == 0 {
-		o.RepublishInterval = 5 * time.Second
+	switch o.UnhealthyEffect {
+	case "":
+		o.UnhealthyEffect = resourceapi.DeviceTaintEffectNoSchedule
+	case resourceapi.DeviceTaintEffectNoSchedule, resourceapi.DeviceTaintEffectNoExecute:
+	default:
+		return fmt.Errorf("DRA unhealthy device taint effect %q: want %s or %s", o.UnhealthyEffect, resourceapi.DeviceTaintEffectNoSchedule, resourceapi.DeviceTaintEffectNoExecute)
 	}
 	// The kubelet creates its registry; the plugin's own socket directory is ours to make.
 	if err := os.MkdirAll(o.PluginDir, 0o750); err != nil {
 		return fmt.Errorf("create the DRA plugin's socket directory: %w", err)
 	}
+	changes := d.agent.WatchInventory()
 	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.DriverName(DriverName),
 		kubeletplugin.NodeName(o.NodeName),
 		kubeletplugin.KubeClient(o.Client),
 		kubeletplugin.RegistrarDirectoryPath(o.RegistrarDir),
-		kubeletplugin.PluginDataDirectoryPath(o.PluginDir),
-		// Device health goes into the slices (unhealthy devices are left out), not the health API.
-		kubeletplugin.HealthService(false))
+		kubeletplugin.PluginDataDirectoryPath(o.PluginDir))
 	if err != nil {
 		return fmt.Errorf("start the DRA kubelet plugin %s (registry %s, socket dir %s): %w", DriverName, o.RegistrarDir, o.PluginDir, err)
 	}
 	defer helper.Stop()
-	d.log.Info("DRA kubelet plugin started", "driver", DriverName, "registry", o.RegistrarDir, "pluginDir", o.PluginDir)
-	var last *resourceslice.DriverResources
-	t := time.NewTicker(o.RepublishInterval)
-	defer t.Stop()
+	d.mu.Lock()
+	d.client = o.Client
+	// The helper's default socket names (kubeletplugin.Start): <driver>-reg.sock and dra.sock.
+	d.sockets = []string{filepath.Join(o.RegistrarDir, DriverName+"-reg.sock"), filepath.Join(o.PluginDir, "dra.sock")}
+	d.mu.Unlock()
+	d.log.Info("DRA kubelet plugin started", "driver", DriverName, "registry", o.RegistrarDir, "pluginDir", o.PluginDir, "unhealthyEffect", o.UnhealthyEffect)
 	for {
-		res := Resources(d.agent.Inventory())
-		if last == nil || !equality.Semantic.DeepEqual(*last, res) {
-			if err := helper.PublishResources(ctx, res); err != nil {
-				d.log.Error("publish ResourceSlices", "driver", DriverName, "err", err)
-			} else {
-				last = &res
-			}
+		res := Resources(d.agent.Inventory(), d.agent.Unhealthy(), o.UnhealthyEffect)
+		if err := helper.PublishResources(ctx, res); err != nil {
+			d.log.Error("publish ResourceSlices", "driver", DriverName, "err", err)
 		}
 		select {
 		case <-ctx.Done():
 			return nil
-		case <-t.C:
+		case <-changes:
+			d.mu.Lock()
+			close(d.changed)
+			d.changed = make(chan struct{})
+			d.mu.Unlock()
 		}
 	}
+}
+
+// Ready says whether the kubelet can reach the plugin: both its sockets (registration and DRA)
+// accept connections. The agent's /healthz includes it.
+func (d *Driver) Ready() error {
+	d.mu.Lock()
+	sockets := d.sockets
+	d.mu.Unlock()
+	if len(sockets) == 0 {
+		return errors.New("DRA plugin not started")
+	}
+	for _, s := range sockets {
+		c, err := net.DialTimeout("unix", s, time.Second)
+		if err != nil {
+			return fmt.Errorf("DRA plugin socket %s: %w", s, err)
+		}
+		c.Close()
+	}
+	return nil
 }
 
 // HandleError logs background errors (slice publishing); they are retried by the helper.
@@ -118,9 +181,29 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 	d.log.Error("DRA plugin: "+msg, "driver", DriverName, "err", err, "recoverable", errors.Is(err, kubeletplugin.ErrRecoverable))
 }
 
-// WatchHealthStatus is off (HealthService(false)); health shows in the slices.
+// WatchHealthStatus streams the health of every published device to the kubelet (KEP-4680), which
+// shows it in the status of the pods using it (allocatedResourcesStatus): a report at once, at
+// every inventory change, and every healthResend in between so the kubelet does not decay it to
+// unknown.
 func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
-	return kubeletplugin.ErrHealthNotSupported
+	t := time.NewTicker(healthResend)
+	defer t.Stop()
+	for {
+		d.mu.Lock()
+		changed := d.changed
+		d.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return nil
+		case reports <- HealthReport(d.agent.Inventory(), d.agent.Unhealthy(), d.now()):
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-changed:
+		case <-t.C:
+		}
+	}
 }
 
 // PrepareResourceClaims records each claim's devices in the ledger, which refuses what would
@@ -130,12 +213,20 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceapi.ResourceClaim) (map[types.UID]kubeletplugin.PrepareResult, error) {
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, c := range claims {
+		start := time.Now()
 		devs, err := d.prepare(c)
+		if d.observe != nil {
+			d.observe(CallPrepare, time.Since(start), err)
+		}
 		if err != nil {
 			d.log.Error("cannot prepare ResourceClaim", "claim", c.Namespace+"/"+c.Name, "uid", c.UID, "err", err)
 			err = fmt.Errorf("tessera: ResourceClaim %s/%s: %w", c.Namespace, c.Name, err)
 		} else {
 			d.log.Info("ResourceClaim prepared", "claim", c.Namespace+"/"+c.Name, "uid", c.UID, "devices", len(devs))
+			d.mu.Lock()
+			client := d.client
+			d.mu.Unlock()
+			d.writeStatus(ctx, client, c)
 		}
 		out[c.UID] = kubeletplugin.PrepareResult{Devices: devs, Err: err}
 	}
@@ -174,10 +265,13 @@ func (d *Driver) prepare(c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, 
 		if r.Pool != inv.Node {
 			return nil, fmt.Errorf("device %s is in pool %q, this node's pool is %q", r.Device, r.Pool, inv.Node)
 		}
+		var names []string
+		var err error
 		if r.AdminAccess != nil && *r.AdminAccess {
-			return nil, fmt.Errorf("device %s: admin access is not supported by %s; list the namespace in the agent's adminNamespaces instead", r.Device, DriverName)
+			names, err = adminAccess(&r, inv, gen, e.Claim)
+		} else {
+			names, err = d.result(c, &r, inv, gen, &e)
 		}
-		names, err := d.result(c, &r, inv, gen, &e)
 		if err != nil {
 			return nil, err
 		}
@@ -187,6 +281,31 @@ func (d *Driver) prepare(c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, 
 		return nil, err
 	}
 	return out, nil
+}
+
+// adminAccess grants a device allocated with admin access (a monitoring pod; the API server admits
+// such claims only in namespaces labelled resource.kubernetes.io/admin-access=true): the device
+// nodes of the GPU or MIG instance, recorded in the claim's AdminAccess so the NRI plugin lets them
+// in, but no share, no cap and no charge in the ledger, as the allocator too ignores other
+// allocations for it. An unhealthy device is granted: looking at it is what monitoring is for.
+func adminAccess(r *resourceapi.DeviceRequestAllocationResult, inv *api.NodeInventory, gen *cdi.Generator, claim *ledger.Claim) ([]string, error) {
+	for i := range inv.GPUs {
+		g := &inv.GPUs[i]
+		if g.Shareable() && r.Device == GPUDeviceName(g.Index) {
+			claim.AdminAccess = append(claim.AdminAccess, g.UUID)
+			return []string{gen.Name(cdi.ClassGPU, cdi.CommonName), gen.Name(cdi.ClassGPU, g.UUID)}, nil
+		}
+		if g.MIG == nil {
+			continue
+		}
+		for j := range g.MIG.Instances {
+			if m := &g.MIG.Instances[j]; r.Device == MIGDeviceName(g.Index, m) {
+				claim.AdminAccess = append(claim.AdminAccess, m.UUID)
+				return []string{gen.Name(cdi.ClassMIG, m.UUID)}, nil
+			}
+		}
+	}
+	return nil, fmt.Errorf("device %s (admin access) is not a device of this node (its slices may be out of date)", r.Device)
 }
 
 // sameDeviceTwice is the refusal of a claim allocated one device for two of its requests (a GPU
@@ -225,6 +344,9 @@ func (d *Driver) result(c *resourceapi.ResourceClaim, r *resourceapi.DeviceReque
 			if r.Device == MIGDeviceName(g.Index, m) {
 				if !g.Healthy {
 					return nil, fmt.Errorf("MIG instance %s: its GPU %s is unhealthy", m.UUID, g.UUID)
+				}
+				if why, bad := d.agent.Unhealthy()[m.UUID]; bad {
+					return nil, fmt.Errorf("MIG instance %s is unhealthy (%s)", m.UUID, why)
 				}
 				e.MIG = append(e.MIG, m.UUID)
 				return []string{gen.Name(cdi.ClassMIG, m.UUID)}, nil
@@ -283,6 +405,7 @@ func asksCapacity(c *resourceapi.ResourceClaim, request string) bool {
 func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
+		start := time.Now()
 		e, ok, err := d.agent.Ledger().Release(ledger.ClaimID(string(c.UID)))
 		if err != nil {
 			err = fmt.Errorf("tessera: release ResourceClaim %s: %w", c.String(), err)
@@ -291,6 +414,9 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		}
 		if err == nil && d.unprepared != nil {
 			d.unprepared(string(c.UID))
+		}
+		if d.observe != nil {
+			d.observe(CallUnprepare, time.Since(start), err)
 		}
 		out[c.UID] = err
 	}

@@ -2,9 +2,11 @@ package dra
 
 import (
 	"context"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	resourceapi "k8s.io/api/resource/v1"
@@ -25,11 +27,44 @@ type fakeAgent struct {
 	inv *api.NodeInventory
 	l   *ledger.Ledger
 	gen *cdi.Generator
+
+	mu        sync.Mutex
+	unhealthy map[string]string
+	changes   chan struct{}
 }
 
-func (f *fakeAgent) Inventory() *api.NodeInventory { return f.inv }
-func (f *fakeAgent) Ledger() *ledger.Ledger        { return f.l }
-func (f *fakeAgent) Generator() *cdi.Generator     { return f.gen }
+func (f *fakeAgent) Inventory() *api.NodeInventory {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	inv := *f.inv
+	inv.GPUs = slices.Clone(inv.GPUs)
+	for i := range inv.GPUs {
+		_, bad := f.unhealthy[inv.GPUs[i].UUID]
+		inv.GPUs[i].Healthy = !bad
+	}
+	return &inv
+}
+func (f *fakeAgent) Unhealthy() map[string]string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return maps.Clone(f.unhealthy)
+}
+func (f *fakeAgent) WatchInventory() <-chan struct{} { return f.changes }
+func (f *fakeAgent) Ledger() *ledger.Ledger          { return f.l }
+func (f *fakeAgent) Generator() *cdi.Generator       { return f.gen }
+
+// setHealth marks a GPU or MIG instance unhealthy (why != "") or healthy, as the agent's health
+// watch does, and tells the driver.
+func (f *fakeAgent) setHealth(uuid, why string) {
+	f.mu.Lock()
+	if why == "" {
+		delete(f.unhealthy, uuid)
+	} else {
+		f.unhealthy[uuid] = why
+	}
+	f.mu.Unlock()
+	f.changes <- struct{}{}
+}
 
 // testInventory: GPUs 0 and 1 (40 GiB, NVLinked), GPU 2 in MIG mode with two instances, GPU 3
 // unhealthy.
@@ -56,7 +91,8 @@ func newDriver(t *testing.T) (*Driver, *fakeAgent, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &fakeAgent{inv: testInventory(), l: l, gen: &cdi.Generator{Vendor: "tessera.dev"}}
+	a := &fakeAgent{inv: testInventory(), l: l, gen: &cdi.Generator{Vendor: "tessera.dev"},
+		unhealthy: map[string]string{"GPU-d": "XID 79"}, changes: make(chan struct{}, 1)}
 	return New(a, nil), a, path
 }
 
@@ -105,7 +141,7 @@ func cdiNames(r kubeletplugin.PrepareResult) []string {
 }
 
 func TestResourcesModel(t *testing.T) {
-	res := Resources(testInventory())
+	res := Resources(testInventory(), map[string]string{"GPU-d": "XID 79"}, resourceapi.DeviceTaintEffectNoSchedule)
 	pool, ok := res.Pools["node-a"]
 	if !ok || len(res.Pools) != 1 {
 		t.Fatalf("pools %v, want one named after the node", res.Pools)
@@ -119,8 +155,8 @@ func TestResourcesModel(t *testing.T) {
 		names = append(names, d.Name)
 		byName[d.Name] = d
 	}
-	if want := []string{"gpu-0", "gpu-1", "gpu-2-mig-1-0", "gpu-2-mig-7-0"}; !slices.Equal(names, want) {
-		t.Fatalf("devices %v, want %v (unhealthy GPU 3 left out, MIG GPU 2 only as instances)", names, want)
+	if want := []string{"gpu-0", "gpu-1", "gpu-2-mig-1-0", "gpu-2-mig-7-0", "gpu-3"}; !slices.Equal(names, want) {
+		t.Fatalf("devices %v, want %v (unhealthy GPU 3 tainted, MIG GPU 2 only as instances)", names, want)
 	}
 	g := byName["gpu-0"]
 	if g.AllowMultipleAllocations == nil || !*g.AllowMultipleAllocations {
@@ -255,7 +291,8 @@ func TestPrepareWholeMIGAndRelease(t *testing.T) {
 }
 
 func TestPrepareRefusals(t *testing.T) {
-	d, _, _ := newDriver(t)
+	d, a, _ := newDriver(t)
+	a.unhealthy["MIG-x"] = "XID 94"
 	unreserved := claim("u", nil, "gpu-0")
 	unreserved.Status.ReservedFor = nil
 	otherPool := claim("o", nil, "gpu-0")
@@ -271,6 +308,7 @@ func TestPrepareRefusals(t *testing.T) {
 		{unallocated, "not allocated"},
 		{claim("x", nil, "gpu-9"), "not a device of this node"},
 		{claim("sick", nil, "gpu-3"), "unhealthy"},
+		{claim("sick-mig", nil, "gpu-2-mig-1-0"), "MIG instance MIG-x is unhealthy (XID 94)"},
 		{claim("big", map[resourceapi.QualifiedName]string{CapacityMemory: "41Gi"}, "gpu-0"), "outside the GPU"},
 	} {
 		r := prepare(t, d, tc.c)
@@ -338,7 +376,7 @@ func TestSecurityDRAClaimSameGPUTwice(t *testing.T) {
 // up to it), and prepare refuses an allocation below it (slices of an older agent, a hand-made
 // allocation), naming the overhead, and records nothing.
 func TestSecurityDRASmallCapRefused(t *testing.T) {
-	for _, dev := range Resources(testInventory()).Pools["node-a"].Slices[0].Devices {
+	for _, dev := range Resources(testInventory(), nil, resourceapi.DeviceTaintEffectNoSchedule).Pools["node-a"].Slices[0].Devices {
 		if !strings.HasPrefix(dev.Name, "gpu-") || strings.Contains(dev.Name, "mig") {
 			continue
 		}

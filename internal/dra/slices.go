@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"time"
 
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
+	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/utils/ptr"
 
@@ -68,25 +70,32 @@ func MIGDeviceName(parent int, m *api.MIGInstance) string {
 // counterSetName is the counter set of a MIG-mode GPU, which its instances consume.
 func counterSetName(index int) string { return "gpu-" + strconv.Itoa(index) + "-counters" }
 
-// Resources is the node's pool (named after the node): every healthy GPU usable whole or shared
-// as one device that allows multiple allocations with consumable memory, compute and share count;
-// every healthy MIG instance as a device consuming its parent's counters (memory and SMs), in a
-// separate slice of counter sets as the API requires. A GPU is whole, shared or MIG at one time as
-// in the device-plugin path: a whole claim takes all its memory (the request policy's default), a
-// share takes part; MIG-mode GPUs offer only their instances. mdev parents are not offered (VM
-// runtimes use the device plugins).
-func Resources(inv *api.NodeInventory) resourceslice.DriverResources {
+// TaintUnhealthy is the key of the taint an unhealthy device carries in the slices: claims that do
+// not tolerate it are not allocated the device (NoSchedule), or with NoExecute also lose it.
+const TaintUnhealthy = DriverName + "/unhealthy"
+
+// Resources is the node's pool (named after the node): every GPU usable whole or shared as one
+// device that allows multiple allocations with consumable memory, compute and share count; every
+// MIG instance as a device consuming its parent's counters (memory and SMs), in a separate slice of
+// counter sets as the API requires. A GPU is whole, shared or MIG at one time as in the
+// device-plugin path: a whole claim takes all its memory (the request policy's default), a share
+// takes part; MIG-mode GPUs offer only their instances. mdev parents are not offered (VM runtimes
+// use the device plugins). An unhealthy device (its GPU or, for a MIG instance, itself in
+// unhealthy) stays in the slice with the TaintUnhealthy taint of effect, so the scheduler sees one
+// device turn bad instead of devices that appear and vanish.
+func Resources(inv *api.NodeInventory, unhealthy map[string]string, effect resourceapi.DeviceTaintEffect) resourceslice.DriverResources {
 	domains := nvlinkDomains(inv)
 	var devices []resourceapi.Device
 	var counters []resourceapi.CounterSet
 	for i := range inv.GPUs {
 		g := &inv.GPUs[i]
-		if !g.Healthy {
-			continue
-		}
 		switch {
 		case g.Shareable():
-			devices = append(devices, gpuDevice(g, inv.SharesPerGPU, domains[g.Index]))
+			dev := gpuDevice(g, inv.SharesPerGPU, domains[g.Index])
+			if !g.Healthy {
+				dev.Taints = []resourceapi.DeviceTaint{{Key: TaintUnhealthy, Effect: effect}}
+			}
+			devices = append(devices, dev)
 		case g.MIG != nil:
 			set := counterSetName(g.Index)
 			counters = append(counters, resourceapi.CounterSet{Name: set, Counters: map[string]resourceapi.Counter{
@@ -94,7 +103,12 @@ func Resources(inv *api.NodeInventory) resourceslice.DriverResources {
 				"multiprocessors": {Value: *resource.NewQuantity(int64(g.SMCount), resource.DecimalSI)},
 			}})
 			for j := range g.MIG.Instances {
-				devices = append(devices, migDevice(g, &g.MIG.Instances[j], set, domains[g.Index]))
+				m := &g.MIG.Instances[j]
+				dev := migDevice(g, m, set, domains[g.Index])
+				if _, bad := unhealthy[m.UUID]; bad || !g.Healthy {
+					dev.Taints = []resourceapi.DeviceTaint{{Key: TaintUnhealthy, Effect: effect}}
+				}
+				devices = append(devices, dev)
 			}
 		}
 	}
@@ -104,6 +118,40 @@ func Resources(inv *api.NodeInventory) resourceslice.DriverResources {
 		pool.Slices = append(pool.Slices, resourceslice.Slice{SharedCounters: counters})
 	}
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{inv.Node: pool}}
+}
+
+// HealthReport is the health of every device Resources publishes, for the kubelet's health stream:
+// Unhealthy with the reason (the GPU's, or the MIG instance's own) or Healthy, stamped now.
+func HealthReport(inv *api.NodeInventory, unhealthy map[string]string, now time.Time) kubeletplugin.DeviceHealthReport {
+	var out kubeletplugin.DeviceHealthReport
+	add := func(name string, healthy bool, why string) {
+		h := kubeletplugin.DeviceHealth{PoolName: inv.Node, DeviceName: name, Health: kubeletplugin.HealthStatusHealthy,
+			LastUpdated: now, HealthCheckTimeout: healthTimeout}
+		if !healthy {
+			h.Health, h.Message = kubeletplugin.HealthStatusUnhealthy, why
+			if h.Message == "" {
+				h.Message = "unhealthy"
+			}
+		}
+		out.Devices = append(out.Devices, h)
+	}
+	for i := range inv.GPUs {
+		g := &inv.GPUs[i]
+		switch {
+		case g.Shareable():
+			add(GPUDeviceName(g.Index), g.Healthy, unhealthy[g.UUID])
+		case g.MIG != nil:
+			for j := range g.MIG.Instances {
+				m := &g.MIG.Instances[j]
+				why, bad := unhealthy[m.UUID]
+				if !g.Healthy {
+					why, bad = unhealthy[g.UUID], true
+				}
+				add(MIGDeviceName(g.Index, m), !bad, why)
+			}
+		}
+	}
+	return out
 }
 
 func commonAttributes(g *api.GPU, typ string, domain int) map[resourceapi.QualifiedName]resourceapi.DeviceAttribute {

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"sort"
@@ -557,6 +558,11 @@ func setAvailable(parentDir, typeID string, n int) error {
 }
 
 func (b *simBackend) WatchHealth(ctx context.Context, opts HealthOptions, report func(HealthEvent)) error {
+	log := opts.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	go b.watchFaultFiles(ctx, log)
 	return watchHealth(ctx, b.srv, opts, report)
 }
 

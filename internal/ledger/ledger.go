@@ -54,6 +54,10 @@ type Claim struct {
 	Namespace string   `json:"namespace"`
 	Name      string   `json:"name"`
 	PodUIDs   []string `json:"podUIDs"`
+	// AdminAccess lists the GPUs and MIG instances (UUIDs) the claim reaches with admin access
+	// (monitoring): the container gets their device nodes, but nothing is charged or capped, so
+	// they are not in the entry's Devices or MIG.
+	AdminAccess []string `json:"adminAccess,omitempty"`
 }
 
 // ClaimPrefix marks the entries of prepared DRA claims.

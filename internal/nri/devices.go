@@ -7,8 +7,10 @@ import (
 	"sync"
 
 	nriapi "github.com/containerd/nri/pkg/api"
+
 	"golang.org/x/sys/unix"
 
+	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/gpu"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 )
@@ -113,6 +115,14 @@ func (p *Plugin) grantedNumbers(e *ledger.Entry, x *deviceIndex) map[devNum]bool
 	devs, migs := slices.Clone(e.Devices), slices.Clone(e.MIG)
 	for _, cl := range p.claimEntries(e) {
 		devs, migs = append(devs, cl.Devices...), append(migs, cl.MIG...)
+		// Admin access (monitoring) grants the device node without a charge: GPU or MIG UUID.
+		for _, id := range cl.Claim.AdminAccess {
+			if n.GPUByUUID(id) != nil {
+				devs = append(devs, api.DeviceAssignment{UUID: id, Whole: true})
+			} else {
+				migs = append(migs, id)
+			}
+		}
 	}
 	for _, d := range devs {
 		if g := n.GPUByUUID(d.UUID); g != nil {

@@ -240,3 +240,40 @@ func TestSecurityDRASharedClaimOneCap(t *testing.T) {
 		t.Errorf("a container taking shares from two claims: %v", err)
 	}
 }
+
+// TestSecurityDRAAdminAccessClaim: a monitoring pod's admin-access claim (recorded with its GPUs
+// in Claim.AdminAccess, holding nothing) lets in exactly those GPUs' device nodes, with no vcuda
+// (nothing to cap) and no charge on a GPU another claim holds whole; any other GPU node is refused.
+func TestSecurityDRAAdminAccessClaim(t *testing.T) {
+	e := newEnv(t)
+	inv := e.agent.Inventory()
+	g2 := inv.GPUs[2].UUID
+	prepareClaim(t, e, "w", []string{"uid-whole"}, api.DeviceAssignment{UUID: g2, Whole: true})
+	err := e.agent.Ledger().Reserve(ledger.Entry{ContainerID: ledger.ClaimID("cuid-mon"), PodUID: "uid-mon", Namespace: "ns", Container: "resourceclaim/mon",
+		Claim: &ledger.Claim{UID: "cuid-mon", Namespace: "ns", Name: "mon", PodUIDs: []string{"uid-mon"}, AdminAccess: []string{g2}}}, e.agent.Inventory())
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := e.agent.Ledger().Usage()[g2]
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "mon", Container: "main"}, podresources.ClaimKey("ns", "mon"), api.DRADriverName+"/node-a/gpu-2")
+	adj, err := e.create(e.pod("mon", nil, nil), e.draCtr("c-mon", 2, false))
+	if err != nil {
+		t.Fatalf("admin-access claim container: %v", err)
+	}
+	if len(adj.GetMounts()) != 0 {
+		t.Errorf("admin-access container got mounts %v; nothing is capped", mountDests(adj))
+	}
+	if u := e.agent.Ledger().Usage()[g2]; u != before {
+		t.Errorf("GPU usage %+v after the monitoring container, was %+v: admin access charges nothing", u, before)
+	}
+	// The claim reaches GPU 2 only: GPU 1's node is ungranted.
+	e.grants.Add(podresources.Key{Namespace: "ns", Pod: "mon2", Container: "main"}, podresources.ClaimKey("ns", "mon"), api.DRADriverName+"/node-a/gpu-2")
+	name := "mon"
+	pod := e.pod("mon2", nil, nil)
+	e.pods.mu.Lock()
+	e.pods.pods["ns/mon2"].Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimName: &name}}
+	e.pods.mu.Unlock()
+	if _, err := e.create(pod, e.draCtr("c-mon2", 1, false)); err == nil || !strings.Contains(err.Error(), "did not grant") {
+		t.Errorf("a GPU outside the admin-access claim: %v", err)
+	}
+}

@@ -47,6 +47,8 @@ func TestDRA(t *testing.T) {
 		{"BothFrontDoors", testDRABothFrontDoors},
 		{"AgentRestart", testDRAAgentRestart},
 		{"KubeletRestart", testDRAKubeletRestart},
+		{"Health", testDRAHealth},
+		{"AdminAccess", testDRAAdminAccess},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {

@@ -116,6 +116,10 @@ type NodeConfig struct {
 	DRARegistrarDir string `json:"draRegistrarDir,omitempty"`
 	// DRAPluginDir holds the DRA plugin's socket (the kubelet must reach it at the same path).
 	DRAPluginDir string `json:"draPluginDir,omitempty"`
+	// DRAUnhealthyEffect is the effect of the taint an unhealthy GPU carries in the DRA slices:
+	// NoSchedule (default: new claims avoid it; running pods keep it and see its health in their
+	// status) or NoExecute (the API server's eviction controller also evicts the pods using it).
+	DRAUnhealthyEffect string `json:"draUnhealthyEffect,omitempty"`
 	// HostProc is the host's /proc, where the memory guard maps GPU processes (host pids, as NVML
 	// reports them) to containers; the agent runs with the host's PID namespace.
 	HostProc string `json:"hostProc,omitempty"`
@@ -152,23 +156,24 @@ var DefaultIgnoredXIDs = []uint64{13, 31, 43, 45, 68, 109}
 
 // Node agent defaults.
 const (
-	DefaultBackend      = "nvml"
-	DefaultCDIDir       = "/etc/cdi"
-	DefaultCDIVendor    = "tessera.dev"
-	DefaultSharesPerGPU = 10
-	DefaultVCUDALibrary = "/usr/local/lib/tessera/libvcuda.so"
-	DefaultSimStateDir  = "/var/run/tessera/sim"
-	DefaultDataDir      = "/var/lib/tessera"
-	DefaultRunDir       = "/run/tessera"
-	DefaultPluginDir    = "/var/lib/kubelet/device-plugins"
-	DefaultPodResources = "/var/lib/kubelet/pod-resources/kubelet.sock"
-	DefaultNRISocket    = "/var/run/nri/nri.sock"
-	DefaultNRIIndex     = "50"
-	DefaultKataHandler  = "kata"
-	DefaultNodeListen   = "127.0.0.1:9445" // not 9400: dcgm-exporter's port, often on the same node
-	DefaultDRARegistrar = "/var/lib/kubelet/plugins_registry"
-	DefaultDRAPluginDir = "/var/lib/kubelet/plugins/" + api.DRADriverName
-	DefaultRediscover   = time.Minute
+	DefaultBackend            = "nvml"
+	DefaultCDIDir             = "/etc/cdi"
+	DefaultCDIVendor          = "tessera.dev"
+	DefaultSharesPerGPU       = 10
+	DefaultVCUDALibrary       = "/usr/local/lib/tessera/libvcuda.so"
+	DefaultSimStateDir        = "/var/run/tessera/sim"
+	DefaultDataDir            = "/var/lib/tessera"
+	DefaultRunDir             = "/run/tessera"
+	DefaultPluginDir          = "/var/lib/kubelet/device-plugins"
+	DefaultPodResources       = "/var/lib/kubelet/pod-resources/kubelet.sock"
+	DefaultNRISocket          = "/var/run/nri/nri.sock"
+	DefaultNRIIndex           = "50"
+	DefaultKataHandler        = "kata"
+	DefaultNodeListen         = "127.0.0.1:9445" // not 9400: dcgm-exporter's port, often on the same node
+	DefaultDRARegistrar       = "/var/lib/kubelet/plugins_registry"
+	DefaultDRAPluginDir       = "/var/lib/kubelet/plugins/" + api.DRADriverName
+	DefaultDRAUnhealthyEffect = "NoSchedule"
+	DefaultRediscover         = time.Minute
 	// DefaultHealthCheckInterval is how often GPUs are probed for health.
 	DefaultHealthCheckInterval = 30 * time.Second
 	DefaultHostProc            = "/proc"
@@ -216,6 +221,7 @@ func (c *NodeConfig) Defaults() {
 		{&c.RunDir, DefaultRunDir}, {&c.DevicePluginDir, DefaultPluginDir}, {&c.PodResourcesSocket, DefaultPodResources},
 		{&c.NRISocket, DefaultNRISocket}, {&c.NRIPluginIndex, DefaultNRIIndex}, {&c.KataRuntimeHandler, DefaultKataHandler},
 		{&c.Listen, DefaultNodeListen}, {&c.DRARegistrarDir, DefaultDRARegistrar}, {&c.DRAPluginDir, DefaultDRAPluginDir},
+		{&c.DRAUnhealthyEffect, DefaultDRAUnhealthyEffect},
 	} {
 		if *d.field == "" {
 			*d.field = d.value
@@ -299,6 +305,9 @@ func (c *NodeConfig) Validate() error {
 	}
 	if c.HealthCheckInterval.Duration < time.Second {
 		fe.Add("healthCheckInterval", "must be at least 1s, got %s", c.HealthCheckInterval.Duration)
+	}
+	if c.DRAUnhealthyEffect != "NoSchedule" && c.DRAUnhealthyEffect != "NoExecute" {
+		fe.Add("draUnhealthyEffect", "must be NoSchedule or NoExecute (evict the pods using an unhealthy GPU), got %q", c.DRAUnhealthyEffect)
 	}
 	if !filepath.IsAbs(c.HostProc) {
 		fe.Add("hostProc", "must be an absolute path, got %q", c.HostProc)

@@ -131,6 +131,7 @@ func TestNodeConfigMemoryGuard(t *testing.T) {
 		"memoryGuard:\n  tolerancePercent: 90\n": "memoryGuard.tolerancePercent: Invalid value: must be between 0 and 50",
 		"memoryGuard:\n  toleranceBytes: -5\n":   "memoryGuard.toleranceBytes: Invalid value",
 		"memoryGuard:\n  killAfter: 3\n":         "memoryGuard.killAfter: Forbidden: unknown field",
+		"draUnhealthyEffect: PreferNoSchedule\n": "draUnhealthyEffect: Invalid value: must be NoSchedule or NoExecute",
 		"hostProc: proc\n":                       "hostProc: Invalid value: must be an absolute path",
 	} {
 		if _, err := load(body); err == nil || !strings.Contains(err.Error(), want) {
