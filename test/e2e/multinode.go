@@ -61,14 +61,8 @@ func StartMultiNode(t *testing.T) *MultiNode {
 	t.Helper()
 	t0 := time.Now()
 	step := func(what string) { t.Logf("multinode: %s (%.1fs)", what, time.Since(t0).Seconds()) }
-	// The nodes bind-mount over the host's KubeletDevicePluginDir, which must exist and which no
-	// other test's kubelet may use meanwhile: take the host paths as a one-node cluster does.
-	host := lockKubeletHost(t, 15*time.Minute)
-	t.Cleanup(func() {
-		for _, err := range host.release() {
-			t.Errorf("release kubelet host paths: %v", err)
-		}
-	})
+	// No host path is shared (startMountNS), so unlike a one-node Cluster this one does not take
+	// the host's kubelet paths (lockKubeletHost): it runs beside other clusters.
 	built := make(chan struct{})
 	go func() {
 		defer close(built)
@@ -128,8 +122,10 @@ func (m *MultiNode) joinNode(t *testing.T, name, description string) *Cluster {
 }
 
 // startMountNS starts a process holding a private mount namespace in which dpDir is mounted on
-// KubeletDevicePluginDir, and returns the namespace's path for nsenter. The test's cleanup ends
-// the holder; the namespace goes when the last process in it has exited.
+// KubeletDevicePluginDir, and returns the namespace's path for nsenter. /var/lib and /var/log are
+// empty tmpfs there (the kubelet's hard-coded paths below them are then the node's own, and the
+// host's need not exist: nothing else there is used, every other directory being given by flag).
+// The test's cleanup ends the holder; the namespace goes when the last process in it has exited.
 func startMountNS(t *testing.T, dpDir string) string {
 	t.Helper()
 	unshare, err := exec.LookPath("unshare")
@@ -137,7 +133,8 @@ func startMountNS(t *testing.T, dpDir string) string {
 		t.Fatalf("a multi-node cluster needs unshare (util-linux): %v", err)
 	}
 	cmd := exec.Command(unshare, "--mount", "--propagation", "private", "--", "sh", "-c",
-		`mount --bind "$0" "$1" && exec sleep 2147483647`, dpDir, KubeletDevicePluginDir)
+		`mount -t tmpfs -o size=16m,mode=0755 tsr-node /var/lib && mount -t tmpfs -o size=64m,mode=0755 tsr-node /var/log &&
+		mkdir -p "$1" && mount --bind "$0" "$1" && exec sleep 2147483647`, dpDir, KubeletDevicePluginDir)
 	var out strings.Builder
 	cmd.Stdout, cmd.Stderr = &out, &out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
