@@ -60,6 +60,10 @@ type Cluster struct {
 
 	host *kubeletHost
 	dra  bool
+	// description is the simulated node tessera-node runs (--node-description; "" the default).
+	description string
+	// agentArgs are more tessera-node flags (a multi-node cluster's faster heartbeat).
+	agentArgs []string
 }
 
 // ClusterOptions tunes StartCluster; the zero value is the standard cluster.
@@ -149,19 +153,25 @@ func StartCluster(t *testing.T, opts ClusterOptions) *Cluster {
 
 func (c *Cluster) startExtender(t *testing.T, policy string) {
 	t.Helper()
-	kc := c.CP.MintKubeconfig(t, "tessera-extender", CertSpec{CommonName: "tessera-extender", Organizations: []string{"system:masters"}})
-	cfg := filepath.Join(c.CP.Dir, "extender-config.yaml")
-	// inventoryMaxAge as the chart sets it: pods place only while the agent's heartbeat is fresh;
-	// the pods here are the default scheduler's, which calls the extender.
-	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("apiVersion: %s\nkind: %s\npolicy: %s\nreservationTTL: 30s\ninventoryMaxAge: 5m\nschedulerNames: [default-scheduler]\n",
-		api.Version, configv1.KindExtenderConfig, policy)), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	// A fixed identity lets a restarted extender take its leader Lease back at once instead of
 	// waiting for it to expire (a Deployment's new pod would wait).
-	c.Extender = c.CP.StartProcess(t, "tessera-extender", tesseraBinary(t, "tessera-extender"),
-		"--kubeconfig", kc, "--listen", c.ExtenderAddr, "--config", cfg, "--identity", "tessera-extender-e2e")
+	c.Extender = startExtenderReplica(t, c.CP, policy, 5*time.Minute, "tessera-extender", "--listen", c.ExtenderAddr, "--identity", "tessera-extender-e2e")
 	c.WaitExtender(t)
+}
+
+// startExtenderReplica starts tessera-extender as process name with the e2e extender
+// configuration for policy and inventoryMaxAge maxAge, plus args (--listen, --identity, replica flags).
+func startExtenderReplica(t testing.TB, cp *ControlPlane, policy string, maxAge time.Duration, name string, args ...string) *Process {
+	t.Helper()
+	kc := cp.MintKubeconfig(t, "tessera-extender", CertSpec{CommonName: "tessera-extender", Organizations: []string{"system:masters"}})
+	cfg := filepath.Join(cp.Dir, "extender-config.yaml")
+	// inventoryMaxAge (the chart's is 5m): pods place only while the agent's heartbeat is fresh;
+	// the pods here are the default scheduler's, which calls the extender.
+	if err := os.WriteFile(cfg, []byte(fmt.Sprintf("apiVersion: %s\nkind: %s\npolicy: %s\nreservationTTL: 30s\ninventoryMaxAge: %s\nschedulerNames: [default-scheduler]\n",
+		api.Version, configv1.KindExtenderConfig, policy, maxAge)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return cp.StartProcess(t, name, tesseraBinary(t, "tessera-extender"), append([]string{"--kubeconfig", kc, "--config", cfg}, args...)...)
 }
 
 // WaitExtender waits until tessera-extender answers /healthz.
@@ -203,13 +213,21 @@ func (c *Cluster) startAgent(t *testing.T, driver SimDriver) {
 	c.applyDRAChart(t)
 	c.AgentAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	c.AgentDataDir = filepath.Join(c.Dir, "agent-data")
-	c.Agent = c.CP.StartProcess(t, "tessera-node", tesseraBinary(t, "tessera-node"), "run",
-		"--backend=sim", "--state-dir="+filepath.Join(c.Dir, "sim"),
+	name := "tessera-node"
+	if c.Ctr.MountNS != "" {
+		name += "-" + c.Node // one per node of a multi-node cluster
+	}
+	// In a node's mount namespace, as the DaemonSet's pod shares the host's mounts: the per-container
+	// files it mounts must be seen by that node's runc.
+	argv := inMountNS(t, c.Ctr.MountNS, tesseraBinary(t, "tessera-node"), "run",
+		"--backend=sim", "--state-dir="+filepath.Join(c.Dir, "sim"), "--node-description="+c.description,
 		"--node-name="+c.Node, "--data-dir="+c.AgentDataDir, "--run-dir="+filepath.Join(c.Dir, "agent-run"),
 		"--cdi-dir="+c.Ctr.CDIDir, "--nri-socket="+c.Ctr.NRISocket,
 		"--device-plugin-dir="+KubeletDevicePluginDir, "--pod-resources-socket="+c.Kubelet.PodResourcesSocket,
 		"--kubeconfig="+kc, "--listen="+c.AgentAddr, "--vcuda-library="+driver.VCUDALibrary, "--sim-driver-dir="+driver.FakeDir,
 		"--config="+c.draAgentConfig(t)) // "": none
+	argv = append(argv, c.agentArgs...)
+	c.Agent = c.CP.StartProcess(t, name, argv[0], argv[1:]...)
 }
 
 // AgentHealthy reports whether tessera-node's /healthz is ok: inventory discovered, every device
@@ -338,9 +356,18 @@ func (c *Cluster) KubectlStdin(t testing.TB, stdin string, args ...string) (stri
 }
 
 // Exec runs a shell script in a pod's container through the API server and the kubelet
-// (kubectl exec); it returns the combined output and the command's error.
+// (kubectl exec); it returns the combined output and the command's error. On a node of a
+// multi-node cluster it goes through the node's CRI (crictl exec): the API server reaches kubelets
+// by the node's address, and these kubelets all listen on loopback.
 func (c *Cluster) Exec(t testing.TB, pod, container, script string) (string, error) {
 	t.Helper()
+	if c.Ctr.MountNS != "" {
+		id := c.ContainerID(t, pod, container)
+		if id == "" {
+			return "", fmt.Errorf("pod %s has no running container %s on node %s", pod, container, c.Node)
+		}
+		return c.Ctr.Crictl(t, "exec", id, "sh", "-c", script)
+	}
 	return c.Kubectl(t, "exec", pod, "-c", container, "--", "sh", "-c", script)
 }
 
@@ -480,7 +507,11 @@ func (c *Cluster) WaitUnschedulable(t testing.TB, name string, want ...string) s
 		return false, fmt.Errorf("pod %s is not marked unschedulable: %+v", name, p.Status.Conditions)
 	})
 	if err != nil {
-		t.Fatalf("%v\nextender:\n%s", err, c.Extender.LogTail(20))
+		ext := "(the multi-node cluster's replicas: see the control plane's logs)"
+		if c.Extender != nil {
+			ext = c.Extender.LogTail(20)
+		}
+		t.Fatalf("%v\n%s\nextender:\n%s", err, c.Describe(t, name), ext)
 	}
 	return msg
 }

@@ -20,25 +20,36 @@ type Containerd struct {
 	Socket    string
 	NRISocket string
 	CDIDir    string
-	cmd       *exec.Cmd
-	log       *os.File
+	// MountNS, when set, is the mount namespace (/proc/PID/ns/mnt) containerd runs in: one node of
+	// a multi-node cluster (multinode.go); its shims and containers inherit it.
+	MountNS string
+	cmd     *exec.Cmd
+	log     *os.File
 }
 
 // StartContainerd starts containerd and imports the busybox test images (bbox, bbox-pause) into the
 // default and k8s.io namespaces. The test's cleanup stops it and removes every trace.
-func StartContainerd(t testing.TB) *Containerd {
+func StartContainerd(t testing.TB) *Containerd { return startContainerd(t, "") }
+
+// startContainerd is StartContainerd with containerd in mountNS ("" for the test's own).
+func startContainerd(t testing.TB, mountNS string) *Containerd {
 	t.Helper()
 	base, err := os.MkdirTemp("/tmp", "tsr-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Containerd{Base: base, Socket: filepath.Join(base, "run", "containerd.sock"), NRISocket: filepath.Join(base, "run", "nri.sock"), CDIDir: filepath.Join(base, "cdi")}
+	c := &Containerd{Base: base, Socket: filepath.Join(base, "run", "containerd.sock"), NRISocket: filepath.Join(base, "run", "nri.sock"), CDIDir: filepath.Join(base, "cdi"), MountNS: mountNS}
 	for _, d := range []string{"run", "cdi", "nri/plugins", "nri/conf.d", "cni/bin", "cni/net.d", "runc-root"} {
 		if err := os.MkdirAll(filepath.Join(base, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if err := os.WriteFile(filepath.Join(base, "config.toml"), []byte(c.config()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	// crictl's own configuration, empty: without one it warns on stderr, which Crictl's output
+	// (ids, inspect templates) would carry.
+	if err := os.WriteFile(filepath.Join(base, "crictl.yaml"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.teardown(t) })
@@ -97,7 +108,8 @@ func (c *Containerd) Start(t testing.TB) {
 		t.Fatal(err)
 	}
 	c.log = log
-	c.cmd = exec.Command(tool(t, "containerd"), "--config", filepath.Join(c.Base, "config.toml"))
+	argv := inMountNS(t, c.MountNS, tool(t, "containerd"), "--config", filepath.Join(c.Base, "config.toml"))
+	c.cmd = exec.Command(argv[0], argv[1:]...)
 	c.cmd.Stdout, c.cmd.Stderr = log, log
 	// The shim and runc come from the tools dir too.
 	c.cmd.Env = append(os.Environ(), "PATH="+filepath.Join(toolsDir(), "bin")+":"+os.Getenv("PATH"))
@@ -176,7 +188,7 @@ func (c *Containerd) Nerdctl(t testing.TB, args ...string) (string, error) {
 // Crictl runs crictl against this containerd's CRI.
 func (c *Containerd) Crictl(t testing.TB, args ...string) (string, error) {
 	t.Helper()
-	base := []string{"--runtime-endpoint", "unix://" + c.Socket, "--image-endpoint", "unix://" + c.Socket, "--timeout", "30s"}
+	base := []string{"--config", filepath.Join(c.Base, "crictl.yaml"), "--runtime-endpoint", "unix://" + c.Socket, "--image-endpoint", "unix://" + c.Socket, "--timeout", "30s"}
 	return runCmd(t, 2*time.Minute, tool(t, "crictl"), append(base, args...)...)
 }
 

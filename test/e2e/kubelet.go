@@ -47,6 +47,13 @@ type Kubelet struct {
 // The caller must hold the host's kubelet paths (lockKubeletHost) for as long as it runs.
 func StartKubelet(t *testing.T, cp *ControlPlane, ctr *Containerd, node string) *Kubelet {
 	t.Helper()
+	return startKubelet(t, cp, ctr, node, "kubelet")
+}
+
+// startKubelet is StartKubelet with the kubelet's process (and log) named name; it runs in ctr's
+// mount namespace, where a multi-node cluster gives each node its own device-plugin directory.
+func startKubelet(t *testing.T, cp *ControlPlane, ctr *Containerd, node, name string) *Kubelet {
+	t.Helper()
 	k := &Kubelet{Node: node, RootDir: filepath.Join(ctr.Base, "kubelet"), cp: cp,
 		Port: freePort(t), HealthzPort: freePort(t)}
 	k.PodResourcesSocket = filepath.Join(k.RootDir, "pod-resources", "kubelet.sock")
@@ -74,9 +81,9 @@ func StartKubelet(t *testing.T, cp *ControlPlane, ctr *Containerd, node string) 
 	// kubectl logs/exec: the kubelet authorizes the API server's client certificate (CN
 	// kube-apiserver-kubelet-client) with a SubjectAccessReview on nodes/proxy.
 	k.bindAPIServerKubeletClient(t)
-	k.Process = cp.StartProcess(t, "kubelet", tool(t, "kubelet"),
-		"--config="+k.Config, "--kubeconfig="+kc, "--root-dir="+k.RootDir,
-		"--hostname-override="+node, "-v=2")
+	argv := inMountNS(t, ctr.MountNS, tool(t, "kubelet"),
+		"--config="+k.Config, "--kubeconfig="+kc, "--root-dir="+k.RootDir, "--hostname-override="+node, "-v=2")
+	k.Process = cp.StartProcess(t, name, argv[0], argv[1:]...)
 	k.WaitReady(t)
 	return k
 }
