@@ -10,8 +10,8 @@
 #                        release under a cap, NVML on the host never above it                 (~1 min)
 #   ./run.sh guard       the node agent's memory guard kills a share allocating past vcuda     (~1 min)
 #   ./run.sh torch       vcuda memory caps with PyTorch: 3 allocators x CUDA graphs on/off    (~2-3 min)
-#   ./run.sh compute     vcuda compute shares 10/30/50/70%, two containers 30+70, 100% cost,
-#                        GPT-2 small in two shares (40%/30% + 40%/70%) beside it alone       (~5 min)
+#   ./run.sh compute     vcuda compute shares 10/30/70%, two containers 30+70, 100% cost,
+#                        GPT-2 small in two shares (40%/30% + 40%/70%) beside it alone       (~4 min)
 #   ./run.sh procaddr    cuGetProcAddress vs dlsym, every hooked symbol, 12000/12080/13000 x ptsz
 #   ./run.sh overhead    ns added per intercepted call, real driver next to the fake driver   (~1 min)
 #   ./run.sh all         all of the above (device-run.sh runs them under one time budget)
