@@ -737,6 +737,7 @@ def selftest(_):
     proc.kill()
     proc.wait()
     assert own == "1" and nspid == [str(hp), "1"], (own, hp, nspid)
+    assert tuple(workloads(None)) == WORKLOAD_NAMES, list(workloads(None))  # the case list names every workload
     cases = compute_cases()
     assert len(cases) == len(set(cases)) and not any("\n" in c for c in cases), cases  # run.sh passes them one per line
     for w in ("elementwise", "decode-graph"):
