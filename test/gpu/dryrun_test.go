@@ -196,6 +196,17 @@ func TestGPUBundleDryRun(t *testing.T) {
 			t.Errorf("the results must say the %s phase did not run, and why: %q", phase, c)
 		}
 	}
+	// the compute phase's cases are each listed as not run (issue 32): the elementwise mix and the
+	// CUDA-graph decode loop at each share, and the model in two shares, never missing
+	for _, name := range []string{"elementwise at 10%: busy share", "elementwise at 70%: busy share", "decode-graph at 10%: busy share",
+		"decode-graph at 30%: busy share", "decode-graph at 70%: busy share", "model: alone, no vcuda: tokens_per_s",
+		"model: 40% memory / 30% compute: tokens_per_s", "model: 40% memory / 70% compute: tokens_per_s",
+		"model: 40% memory / 30% compute: host NVML peak within the memory cap", "model: 40% memory / 70% compute: host NVML peak within the memory cap",
+		"model: tokens_per_s ratio, 70% / 30% compute"} {
+		if c := checks["compute: "+name]; !strings.HasPrefix(c, "not_checked: ") || !strings.Contains(c, "needs a GPU") {
+			t.Errorf("compute case %q: %q, want not_checked with the reason (a dry run lists every case it could not run)", name, c)
+		}
+	}
 	if c := checks["refusals: the strict NVML's refusal table matches the real driver"]; !strings.HasPrefix(c, "not_checked: ") {
 		t.Errorf("a dry run must not claim the refusal table was held to a real driver: %q", c)
 	}

@@ -10,7 +10,8 @@
 #                        release under a cap, NVML on the host never above it                 (~1 min)
 #   ./run.sh guard       the node agent's memory guard kills a share allocating past vcuda     (~1 min)
 #   ./run.sh torch       vcuda memory caps with PyTorch: 3 allocators x CUDA graphs on/off    (~2-3 min)
-#   ./run.sh compute     vcuda compute shares 10/30/50/70%, two containers 30+70, 100% cost   (~4 min)
+#   ./run.sh compute     vcuda compute shares 10/30/70%, two containers 30+70, 100% cost,
+#                        GPT-2 small in two shares (40%/30% + 40%/70%) beside it alone       (~4 min)
 #   ./run.sh procaddr    cuGetProcAddress vs dlsym, every hooked symbol, 12000/12080/13000 x ptsz
 #   ./run.sh overhead    ns added per intercepted call, real driver next to the fake driver   (~1 min)
 #   ./run.sh all         all of the above (device-run.sh runs them under one time budget)
@@ -157,8 +158,11 @@ torch_preflight() {
   fi
   if [[ -n $why ]]; then
     echo "run.sh: $why" >&2
-    # said in the results too: a phase that did not run is not a pass
-    "$PROOF" notrun -phase "$1" -reason "$why" -out "$PARTIAL/$1.json" "${dry[@]}" >/dev/null || true
+    # said in the results too, with each case the phase would have measured: a phase that did
+    # not run is not a pass, and no case goes missing from the results
+    local cases
+    cases=$("$PYTHON" "$B/torch_checks.py" cases "$1") || cases=""
+    "$PROOF" notrun -phase "$1" -reason "$why" -cases "$cases" -out "$PARTIAL/$1.json" "${dry[@]}" >/dev/null || true
     return 2
   fi
   export CUDA_VISIBLE_DEVICES=$UUID GPUPROOF=$PROOF

@@ -3,6 +3,7 @@
 
   torch_checks.py torch   --lib L --uuid U --cap-gib N --work DIR --out F [--confs C,...]
   torch_checks.py compute --lib L --uuid U --cap-gib N --work DIR --seconds S --out F
+  torch_checks.py cases compute     (the phase's case names: what run.sh lists as not run without a GPU)
   torch_checks.py selftest          (no GPU, no torch: the helpers; run by the dry-run test)
 
 The orchestrators run without vcuda and start one child process per case ("child-oom",
@@ -394,7 +395,48 @@ def workloads(torch):
             for c in cycles:
                 torch.cuda._sleep(c)
         return step
-    return dict(matmul=(matmul, 20), elementwise=(elementwise, 20), decode=(decode, 10), varying=(varying, 5))
+    def decode_graph():
+        # a decode step as serving stacks run it: one CUDA graph of a few small matmuls and
+        # elementwise ops (batch 4, hidden 2048), captured once and replayed per token
+        ws = [torch.randn(2048, 2048, device="cuda", dtype=torch.bfloat16) / 45 for _ in range(4)]
+        h = torch.randn(4, 2048, device="cuda", dtype=torch.bfloat16)
+        def body():
+            x = h
+            for w in ws:
+                x = torch.nn.functional.silu(x @ w) * 0.5 + x
+            return x
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                body()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = body()
+        def step():
+            g.replay()
+            return out
+        return step
+    return {"matmul": (matmul, 20), "elementwise": (elementwise, 20), "decode": (decode, 10),
+            "decode-graph": (decode_graph, 50), "varying": (varying, 5)}
+
+
+# the shares each workload is measured at, and the model's two shares (memory % of the GPU, compute %)
+SHARES = (10, 30, 70)  # the issue's shares; each is a child running every workload (~35 s)
+MODEL_PAIR = ((40, 30), (40, 70))
+WORKLOAD_NAMES = ("matmul", "elementwise", "decode", "decode-graph", "varying")
+
+
+def compute_cases():
+    """The compute phase's cases by name: what a run that could not happen lists as not run."""
+    cases = ["%s at %d%%: busy share" % (w, p) for w in WORKLOAD_NAMES for p in SHARES]
+    cases += ["%s, two containers: the %d%% one's busy share" % (w, p) for w in ("matmul", "varying") for p in (30, 70)]
+    cases += ["model: alone, no vcuda: tokens_per_s"]
+    cases += ["model: %d%% memory / %d%% compute: tokens_per_s" % mc for mc in MODEL_PAIR]
+    cases += ["model: %d%% memory / %d%% compute: host NVML peak within the memory cap" % mc for mc in MODEL_PAIR]
+    cases += ["model: tokens_per_s ratio, %d%% / %d%% compute" % (MODEL_PAIR[1][1], MODEL_PAIR[0][1])]
+    return cases
 
 
 def child_compute(a):
@@ -441,6 +483,138 @@ def child_compute(a):
     os.replace(a.result + ".tmp", a.result)
 
 
+def child_model(a):
+    """GPT-2 small from a config, random weights (no download), generating greedy tokens for
+    --seconds: tokens per second as a serving process sees them."""
+    res = dict(pid=os.getpid())
+    try:
+        import torch
+        import transformers
+    except ImportError as e:
+        res["error"] = "not_checked: cannot import transformers (%s)" % e
+    else:
+        res["transformers_version"] = transformers.__version__
+        cfg = transformers.GPT2Config(n_layer=12, n_embd=768, n_head=12)
+        torch.manual_seed(0)
+        model = transformers.GPT2LMHeadModel(cfg).to("cuda", dtype=torch.bfloat16).eval()
+        ids = torch.randint(0, cfg.vocab_size, (MODEL_BATCH, 32), device="cuda")
+        mask = torch.ones_like(ids)
+
+        def gen(n):
+            with torch.no_grad():
+                out = model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False,
+                                     pad_token_id=0)
+            return (out.shape[1] - ids.shape[1]) * out.shape[0]
+        gen(8)  # warm-up: kernels loaded, vcuda's first samples
+        torch.cuda.synchronize()
+        if a.start:
+            open(a.start + ".ready-%d" % os.getpid(), "w").close()
+            end = time.time() + 120
+            while not os.path.exists(a.start) and time.time() < end:
+                time.sleep(0.005)
+        tokens, t0 = 0, time.time()
+        while time.time() - t0 < a.seconds:
+            tokens += gen(MODEL_TOKENS)
+        torch.cuda.synchronize()
+        wall = time.time() - t0
+        res.update(tokens=tokens, wall_s=wall, tokens_per_s=tokens / wall, batch=MODEL_BATCH)
+    with open(a.result + ".tmp", "w") as f:
+        json.dump(res, f)
+    os.replace(a.result + ".tmp", a.result)
+
+
+MODEL_BATCH, MODEL_TOKENS = 8, 32
+
+
+def run_model(a, name, lib, cap, cores, start=""):
+    d = os.path.join(a.work, name)
+    os.makedirs(d, exist_ok=True)
+    limits = write_limits(d, a.uuid, cap, cores) if lib else ""
+    result = os.path.join(d, "result.json")
+    if os.path.exists(result):
+        os.remove(result)
+    cmd = [sys.executable, os.path.abspath(__file__), "child-model", "--seconds", str(a.seconds), "--result", result]
+    cmd += ["--start", start] if start else []
+    log = open(os.path.join(d, "child.log"), "w")
+    return subprocess.Popen(cmd, env=child_env(lib, limits), stdout=log, stderr=subprocess.STDOUT), result
+
+
+def model_failed(r):
+    """Why a model child gave no tokens_per_s ("" if it did), and whether that is a not_checked."""
+    if "tokens_per_s" in r:
+        return "", False
+    why = r.get("error", "no result")
+    return why, why.startswith("not_checked:")
+
+
+def phase_model(a, ph):
+    """The real model in two shares: alone without vcuda, then two processes side by side at
+    40% memory / 30% compute and 40% / 70%; tokens_per_s of each, their ratio, and each one's
+    host NVML peak against its memory cap."""
+    import importlib.util
+    by = "torch_checks child-model: GPT2LMHeadModel(GPT2Config(n_layer=12, n_embd=768, n_head=12)), random weights, bf16, " \
+         "batch %d, greedy generate of %d tokens repeated for %g s" % (MODEL_BATCH, MODEL_TOKENS, a.seconds)
+    cases = [c for c in compute_cases() if c.startswith("model: ")]
+    if importlib.util.find_spec("transformers") is None:
+        for c in cases:
+            ph.skip(c, by, "%s has no transformers module: the model cannot be built" % sys.executable)
+        return
+    total = smi(["--query-gpu=memory.total", "--format=csv,noheader,nounits", "-i", os.environ.get("CUDA_VISIBLE_DEVICES", "0")], host_env()).strip()
+    if not total.isdigit():
+        for c in cases:
+            ph.skip(c, by, "cannot read the GPU's memory.total from nvidia-smi: %r" % total)
+        return
+    pr = run_model(a, "model-alone", "", 0, 100)
+    alone = finish_compute(pr, a.seconds + 120)
+    why, skipped = model_failed(alone)
+    if why:
+        (ph.skip if skipped else (lambda n, m, d: ph.check(n, False, m, d)))(cases[0], by, why)
+    else:
+        ph.figure(cases[0], alone["tokens_per_s"], "tokens/s", by + ", no vcuda")
+    ph.write(a.out, quiet=True)
+    start = os.path.join(a.work, "model-pair-start")
+    for f in os.listdir(a.work):
+        if f.startswith("model-pair-start"):
+            os.remove(os.path.join(a.work, f))
+    caps = [int(total) * MiB * m // 100 for m, _ in MODEL_PAIR]
+    procs = [run_model(a, "model-%d-%d" % mc, a.lib, cap, mc[1], start=start) for mc, cap in zip(MODEL_PAIR, caps)]
+    # the host's NVML per process while both run: each one's peak against its own cap
+    peak, end = {}, time.time() + a.seconds + 240
+    started = False
+    while time.time() < end and any(p.poll() is None for p, _ in procs):
+        if not started and len([f for f in os.listdir(a.work) if f.startswith("model-pair-start.ready-")]) >= 2:
+            open(start, "w").close()
+            started = True
+        for pid, mib in parse_apps(smi(["--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"], host_env())).items():
+            peak[pid] = max(peak.get(pid, 0), mib)
+        time.sleep(0.2 if started else 0.05)
+    if not started:
+        open(start, "w").close()
+    got = [finish_compute(p, 10) for p in procs]
+    tps = []
+    for (mem, comp), cap, (proc, _), r in zip(MODEL_PAIR, caps, procs, got):
+        name = "model: %d%% memory / %d%% compute" % (mem, comp)
+        why, skipped = model_failed(r)
+        if why:
+            for c in (name + ": tokens_per_s", name + ": host NVML peak within the memory cap"):
+                (ph.skip if skipped else (lambda n, m, d: ph.check(n, False, m, d)))(c, by, why)
+            continue
+        tps.append(r["tokens_per_s"])
+        ph.figure(name + ": tokens_per_s", r["tokens_per_s"], "tokens/s", by + ", vcuda, side by side with the other share")
+        if proc.pid in peak:
+            ph.figure(name + ": host NVML peak within the memory cap", peak[proc.pid], "MiB", HOST_NVML + ", sampled every 200 ms",
+                      "<= cap %d MiB + 32 MiB rounding" % (cap // MiB), peak[proc.pid] <= cap / MiB + 32)
+        else:
+            ph.skip(name + ": host NVML peak within the memory cap", HOST_NVML,
+                    "pid %d not in NVML's list (NVML reports another PID namespace's pids): peaks seen %s" % (proc.pid, peak))
+    ratio = cases[-1]
+    if len(tps) == 2 and tps[0] > 0:
+        ph.figure(ratio, tps[1] / tps[0], "x", "tokens_per_s of the %d%% share / the %d%% one's, side by side" % (MODEL_PAIR[1][1], MODEL_PAIR[0][1]))
+    else:
+        ph.skip(ratio, by, "needs both shares' tokens_per_s")
+    ph.write(a.out, quiet=True)
+
+
 def run_compute(a, name, lib, cores, gate=False, only="", start=""):
     d = os.path.join(a.work, name)
     limits = write_limits(d, a.uuid, int(a.cap_gib * GiB), cores) if lib else ""
@@ -454,10 +628,10 @@ def run_compute(a, name, lib, cores, gate=False, only="", start=""):
     return subprocess.Popen(cmd, env=child_env(lib, limits), stdout=log, stderr=subprocess.STDOUT), result
 
 
-def finish_compute(proc_result):
+def finish_compute(proc_result, timeout=120):
     proc, result = proc_result
     try:
-        proc.wait(timeout=120)
+        proc.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
     return read_json(result)
@@ -481,7 +655,8 @@ def phase_compute(a):
         ratio = (r["steps"] / r["wall_s"]) / (base[w]["steps"] / base[w]["wall_s"])
         ph.figure("%s: throughput at 100%% vs no vcuda" % w, 100 * ratio, "%", "steps per second under vcuda at 100% / without vcuda",
                   ">= 98%", ratio >= 0.98)
-    for p in (10, 30, 50, 70):
+    ph.write(a.out, quiet=True)
+    for p in SHARES:
         got = finish_compute(run_compute(a, "vcuda-%d" % p, a.lib, p))
         if "error" in got:
             ph.check("%d%%: ran" % p, False, "torch_checks child-compute", got["error"])
@@ -493,6 +668,7 @@ def phase_compute(a):
             ph.figure("%s at %d%%: busy share" % w, 100 * b, "%", ev,
                       "%.1f%% +-10%% (the target%s)" % (100 * target, ", capped by the unlimited run's busy share" if target < p / 100 else ""),
                       within(b, target, 0.10))
+        ph.write(a.out, quiet=True)  # a phase cut off by its limit keeps what finished
     # two containers on one GPU, 30% and 70%, started together: on the matmul loop, then on the
     # varying-duration one (two processes time-slice the GPU: no MPS)
     for wl in ("matmul", "varying"):
@@ -517,8 +693,15 @@ def phase_compute(a):
                       within(b, p / 100, 0.10))
         if len(shares) == 2:
             ph.figure("%s, two containers: total busy share" % wl, 100 * sum(shares), "%", ev, "<= 100%", sum(shares) <= 1.0)
+        ph.write(a.out, quiet=True)
+    phase_model(a, ph)
     ph.write(a.out)
     return 1 if ph.failed() else 0
+
+
+def print_cases(a):
+    # the torch phase's cases depend on --confs: its "not run" line alone stands for them
+    print("\n".join(compute_cases() if a.phase == "compute" else []))
 
 
 # ---------------------------------------------------------------- selftest (no GPU, no torch)
@@ -554,6 +737,14 @@ def selftest(_):
     proc.kill()
     proc.wait()
     assert own == "1" and nspid == [str(hp), "1"], (own, hp, nspid)
+    assert tuple(workloads(None)) == WORKLOAD_NAMES, list(workloads(None))  # the case list names every workload
+    cases = compute_cases()
+    assert len(cases) == len(set(cases)) and not any("\n" in c for c in cases), cases  # run.sh passes them one per line
+    for w in ("elementwise", "decode-graph"):
+        assert all("%s at %d%%: busy share" % (w, p) in cases for p in (10, 30, 70)), cases
+    assert "model: 40% memory / 30% compute: tokens_per_s" in cases and "model: alone, no vcuda: tokens_per_s" in cases
+    assert model_failed({"tokens_per_s": 1.0}) == ("", False)
+    assert model_failed({"error": "not_checked: cannot import transformers (x)"})[1] and not model_failed({})[1]
     ph = Phase("torch")
     ph.check("a", True, "m", "d")
     ph.figure("f", 1, "MiB", "m", "<= 2", False)
@@ -579,6 +770,12 @@ def main():
     s.add_argument("--release", required=True)
     s.add_argument("--graphs", action="store_true")
     s.add_argument("--no-fill", action="store_true")
+    s = sub.add_parser("child-model")
+    s.add_argument("--seconds", type=float, required=True)
+    s.add_argument("--result", required=True)
+    s.add_argument("--start", default="")
+    s = sub.add_parser("cases", help="the phase's case names, one per line (run.sh lists them as not run where the phase cannot run)")
+    s.add_argument("phase", choices=("torch", "compute"))
     s = sub.add_parser("child-compute")
     s.add_argument("--seconds", type=float, required=True)
     s.add_argument("--result", required=True)
@@ -589,8 +786,8 @@ def main():
     a = ap.parse_args()
     if a.cmd in ("torch", "compute"):
         os.makedirs(a.work, exist_ok=True)
-    fn = dict(torch=phase_torch, compute=phase_compute, selftest=selftest)
-    fn = fn.get(a.cmd) or dict(**{"child-oom": child_oom, "child-compute": child_compute})[a.cmd]
+    fn = dict(torch=phase_torch, compute=phase_compute, selftest=selftest, cases=print_cases)
+    fn = fn.get(a.cmd) or {"child-oom": child_oom, "child-compute": child_compute, "child-model": child_model}[a.cmd]
     sys.exit(fn(a) or 0)
 
 

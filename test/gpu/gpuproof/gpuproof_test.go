@@ -198,3 +198,24 @@ func TestNotRunKeeps(t *testing.T) {
 		t.Errorf("without -keep: %v, want the reason alone", st)
 	}
 }
+
+// TestNotRunCases: a phase that could not run lists each of its cases as not run, so the results
+// name every case the run would have measured (none missing, none a pass).
+func TestNotRunCases(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "compute.json")
+	if err := runNotRun([]string{"-phase", "compute", "-reason", "needs a GPU", "-out", out, "-cases", "decode-graph at 10%: busy share\nmodel: alone, no vcuda: tokens_per_s\n"}); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := &Phase{}
+	if err := json.Unmarshal(data, got); err != nil {
+		t.Fatal(err)
+	}
+	st := statuses(got)
+	if len(st) != 3 || st["compute: not run"] != NotChecked || st["decode-graph at 10%: busy share"] != NotChecked || st["model: alone, no vcuda: tokens_per_s"] != NotChecked {
+		t.Errorf("-cases: %v, want the reason and each case not_checked", st)
+	}
+}
