@@ -134,7 +134,7 @@ func BuildSimDriver(t testing.TB) SimDriver {
 			// ioctls would: vcuda never sees its calls, while the simulated driver still charges its
 			// memory to it (the node agent's NVML reports it).
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(probe, "cudaprobe-static"), filepath.Join(repoRoot(), "test", "image", "cudaprobe.c"),
-				filepath.Join(repoRoot(), "vcuda", "test", "fake_cuda.c"), "-lpthread"},
+				filepath.Join(repoRoot(), "vcuda", "test", "fake_cuda.c"), filepath.Join(repoRoot(), "vcuda", "test", "fake_device_model.c"), "-lpthread", "-lm"},
 			// cudabypass and libcudabypass.so walk past vcuda the ways a dynamically linked program can:
 			// a region written over, a library opened with RTLD_DEEPBIND, dlsym(RTLD_NEXT, ...).
 			{"mkdir", "-p", filepath.Join(probe, "..", "lib")},
