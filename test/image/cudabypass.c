@@ -54,7 +54,8 @@ static int region_path(char *out, size_t n) {
     return found;
 }
 
-/* What the region counts on GPU record 0 (-1: unreadable). */
+/* What the region counts on GPU record 0 (-1: unreadable). A region still empty counts 0: vcuda
+ * fills it in when a process of the container first goes through it. */
 static long long region_used(void) {
     char path[4096 + 8];
     uint64_t v;
@@ -63,6 +64,7 @@ static long long region_used(void) {
     if (fd < 0) return -1;
     ssize_t got = pread(fd, &v, sizeof v, REGION_USED_OFFSET);
     close(fd);
+    if (got == 0) return 0;
     return got == sizeof v ? (long long)(v & ~(1ULL << 63)) : -1;
 }
 
