@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -9,62 +10,138 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/memguard"
 	"github.com/tessera-gpu/tessera/internal/testing/fakedriver"
 )
 
-// TestSecurityMemoryGuard: a share container that allocates past vcuda (cudaprobe-static carries
-// its own copy of the driver, as a static binary would) and goes over its cap is killed by the node
-// agent from what the driver reports on the host (the simulated NVML's per-process memory, by host
-// pid), with a Warning Event GPUMemoryCapExceeded naming the container, what it used and its cap;
-// a share container under its cap, on the same path through vcuda, is left alone.
+// TestSecurityMemoryGuard: a share container that goes past vcuda and over its cap is killed by
+// the node agent from what the driver reports on the host (the simulated NVML's per-process
+// memory, by host pid), with a Warning Event GPUMemoryCapExceeded naming the container, what it
+// used and its cap; a share container under its cap, on the same path through vcuda, is left
+// alone. One subtest per way past vcuda (issue 28), all in one cluster:
+//   - static: cudaprobe-static carries its own copy of the driver, as a static binary would;
+//   - region-write: cudabypass writes 0 over its accounting region's used word before each of
+//     four allocations through vcuda, which then sees a share under its cap every time;
+//   - deepbind: a library linked against libcuda.so.1, opened with RTLD_DEEPBIND, allocates
+//     through its linked cuMemAlloc_v2, which binds to the driver;
+//   - rtld-next: a library (opened without RTLD_DEEPBIND, its context made through vcuda) looks
+//     cuMemAlloc_v2 up with dlsym(RTLD_NEXT, ...), which finds its own dependency, the driver.
+//
+// Each bypass holds 2 GiB and its context, more than twice the 1 GiB cap. The guard alone stops
+// them: with --memory-guard=false every subtest but "polite" fails.
 func TestSecurityMemoryGuard(t *testing.T) {
 	c := StartCluster(t, ClusterOptions{})
-	hold := func(name, probe string, bytes int64) *corev1.Pod {
+	const held = 2 << 30
+	share := func(name, script string) *corev1.Pod {
 		p := TestPod(name, map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "1Gi"}, nil)
-		p.Spec.Containers[0].Command = []string{"sh", "-c", fmt.Sprintf("exec %s hold %d 3600", probe, bytes)}
+		p.Spec.Containers[0].Command = []string{"sh", "-c", "exec " + script}
 		return p
 	}
 	// Through vcuda: 256 MiB and the A100's context (vcuda charges its table's 384 MiB), under the 1 GiB cap.
-	c.CreatePod(t, hold("polite", "cudaprobe", 256<<20))
-	// Past vcuda: 2 GiB and the context, more than twice the cap.
-	c.CreatePod(t, hold("bypass", "cudaprobe-static", 2<<30))
+	c.CreatePod(t, share("polite", fmt.Sprintf("cudaprobe hold %d 3600", 256<<20)))
+	c.CreatePod(t, share("bypass", fmt.Sprintf("cudaprobe-static hold %d 3600", held)))
+	c.CreatePod(t, share("region-write", fmt.Sprintf("cudabypass region %d 4 3600", held)))
+	c.CreatePod(t, share("deepbind", fmt.Sprintf("cudabypass deepbind %d 3600", held)))
+	c.CreatePod(t, share("rtld-next", fmt.Sprintf("cudabypass next %d 3600", held)))
 	c.WaitRunning(t, 2*time.Minute, "polite")
 
-	var events []string
-	if err := waitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
-		events = c.Events(t, "bypass", "GPUMemoryCapExceeded")
-		return len(events) > 0, fmt.Errorf("no GPUMemoryCapExceeded event for bypass")
-	}); err != nil {
-		t.Fatalf("%v\n%s", err, c.Describe(t, "bypass"))
-	}
 	ctx, err := fakedriver.ContextBytes(8) // the node's A100s: compute capability 8.0
 	if err != nil {
 		t.Fatal(err)
 	}
-	used := fmt.Sprintf(`container "main" used %d MiB`, (2<<30+ctx)>>20)
-	if e := events[0]; !strings.Contains(e, used) || !strings.Contains(e, "cap of 1024 MiB") {
-		t.Errorf("event does not say %s (2 GiB and the fake driver's %d MiB context) and its 1024 MiB cap: %s", used, ctx>>20, e)
-	}
-	// Killed, as the kernel's OOM killer kills: SIGKILL, so the container ends with 137.
-	if err := waitFor(time.Minute, 200*time.Millisecond, func() (bool, error) {
-		for _, cs := range c.Pod(t, "bypass").Status.ContainerStatuses {
-			if term := cs.State.Terminated; term != nil {
-				if term.ExitCode != 137 {
-					return false, fmt.Errorf("bypass ended with %d, want 137 (SIGKILL)", term.ExitCode)
+	used := fmt.Sprintf(`container "main" used %d MiB`, (held+ctx)>>20)
+	// killed waits for pod's GPUMemoryCapExceeded event, checks it names what the container used
+	// and its cap, and that the container ended as the kernel's OOM killer ends one: SIGKILL, 137.
+	killed := func(t *testing.T, pod string) {
+		var events []string
+		if err := waitFor(2*time.Minute, 500*time.Millisecond, func() (bool, error) {
+			events = c.Events(t, pod, memguard.ReasonCapExceeded)
+			return len(events) > 0, fmt.Errorf("no %s event for %s", memguard.ReasonCapExceeded, pod)
+		}); err != nil {
+			t.Fatalf("%v\n%s", err, c.Describe(t, pod))
+		}
+		if e := events[0]; !strings.Contains(e, used) || !strings.Contains(e, "cap of 1024 MiB") {
+			t.Errorf("event does not say %s (2 GiB and the fake driver's %d MiB context) and its 1024 MiB cap: %s", used, ctx>>20, e)
+		}
+		if err := waitFor(time.Minute, 200*time.Millisecond, func() (bool, error) {
+			for _, cs := range c.Pod(t, pod).Status.ContainerStatuses {
+				if term := cs.State.Terminated; term != nil {
+					if term.ExitCode != 137 {
+						return false, fmt.Errorf("%s ended with %d, want 137 (SIGKILL)", pod, term.ExitCode)
+					}
+					return true, nil
 				}
-				return true, nil
+			}
+			return false, fmt.Errorf("%s's container still runs", pod)
+		}); err != nil {
+			t.Errorf("%v\n%s", err, c.Describe(t, pod))
+		}
+	}
+	// pastVCUDA checks, from the probe's own line in the container's log, that it holds all it
+	// asked for while its region counts less than the cap (vcuda let it, or never saw it), and
+	// that the cuMemAlloc_v2 it called lives in wantFrom.
+	pastVCUDA := func(t *testing.T, pod, wantFrom string) {
+		out, err := c.Kubectl(t, "logs", pod)
+		if err != nil {
+			t.Fatalf("logs of %s: %v\n%s", pod, err, out)
+		}
+		t.Logf("%s: %s", pod, strings.TrimSpace(out))
+		v := map[string]string{}
+		for _, line := range strings.Split(out, "\n") {
+			if strings.HasPrefix(line, "held=") {
+				for _, f := range strings.Fields(line) {
+					if k, val, ok := strings.Cut(f, "="); ok {
+						v[k] = val
+					}
+				}
 			}
 		}
-		return false, fmt.Errorf("bypass's container still runs")
-	}); err != nil {
-		t.Errorf("%v\n%s", err, c.Describe(t, "bypass"))
+		region, err := strconv.ParseInt(v["region_used"], 10, 64)
+		if v["held"] != strconv.Itoa(held) || v["error"] != "0" || err != nil || region < 0 || region >= 1<<30 {
+			t.Errorf("%s did not hold %d bytes (error=0) while its region counts under the 1 GiB cap: %s", pod, held, out)
+		}
+		if !strings.HasSuffix(v["alloc_from"], wantFrom) {
+			t.Errorf("%s's cuMemAlloc_v2 is in %s, want %s", pod, v["alloc_from"], wantFrom)
+		}
 	}
+	// mismatch: the guard also says the container holds more than its region counts. It compares
+	// on every sample before it counts the grace, so the event comes with any kill of a share
+	// whose region counts low.
+	mismatch := func(t *testing.T, pod string) {
+		if err := waitFor(30*time.Second, 500*time.Millisecond, func() (bool, error) {
+			return len(c.Events(t, pod, memguard.ReasonAccountingMismatch)) > 0, fmt.Errorf("no %s event for %s", memguard.ReasonAccountingMismatch, pod)
+		}); err != nil {
+			t.Errorf("%v\n%s", err, c.Describe(t, pod))
+		}
+	}
+
+	t.Run("static", func(t *testing.T) { killed(t, "bypass") })
+	t.Run("region-write", func(t *testing.T) {
+		killed(t, "region-write")
+		pastVCUDA(t, "region-write", "libvcuda.so") // through vcuda, which the written region fooled
+		if out, _ := c.Kubectl(t, "logs", "region-write"); !strings.Contains(out, "zeroed=4") {
+			t.Errorf("region-write did not write its region before each allocation: %s", out)
+		}
+		mismatch(t, "region-write")
+	})
+	t.Run("deepbind", func(t *testing.T) {
+		killed(t, "deepbind")
+		pastVCUDA(t, "deepbind", "libcuda.so.1")
+		mismatch(t, "deepbind")
+	})
+	t.Run("rtld-next", func(t *testing.T) {
+		killed(t, "rtld-next")
+		pastVCUDA(t, "rtld-next", "libcuda.so.1")
+		mismatch(t, "rtld-next")
+	})
 	// The guard sampled polite in the same passes: under its cap, it runs on, with no event.
-	c.WaitRunning(t, 5*time.Second, "polite")
-	if ev := c.Events(t, "polite", "GPUMemoryCapExceeded"); len(ev) > 0 {
-		t.Errorf("polite (under its cap) got %v", ev)
-	}
-	if out := c.MustExec(t, "polite", "cat /proc/1/cmdline | tr '\\0' ' '"); !strings.Contains(out, "cudaprobe hold") {
-		t.Errorf("polite's holder is gone: %q\n%s", out, c.Describe(t, "polite"))
-	}
+	t.Run("polite", func(t *testing.T) {
+		c.WaitRunning(t, 5*time.Second, "polite")
+		if ev := c.Events(t, "polite", memguard.ReasonCapExceeded); len(ev) > 0 {
+			t.Errorf("polite (under its cap) got %v", ev)
+		}
+		if out := c.MustExec(t, "polite", "cat /proc/1/cmdline | tr '\\0' ' '"); !strings.Contains(out, "cudaprobe hold") {
+			t.Errorf("polite's holder is gone: %q\n%s", out, c.Describe(t, "polite"))
+		}
+	})
 }

@@ -97,7 +97,9 @@ func mustRun(t testing.TB, timeout time.Duration, name string, args ...string) s
 // driver (libcuda.so.1, libnvidia-ml.so.1, nvidia-smi) that the agent's --sim-driver-dir installs
 // as the simulated driver root, the real libvcuda.so, and an image overlay holding
 // /usr/local/bin/cudaprobe (test/image/cudaprobe.c, linked against libcuda.so.1) and
-// /usr/local/bin/cudaprobe-static (the same with the fake driver linked in, past vcuda).
+// /usr/local/bin/cudaprobe-static (the same with the fake driver linked in, past vcuda), and
+// /usr/local/bin/cudabypass with /usr/local/lib/libcudabypass.so (test/image: past vcuda while
+// dynamically linked).
 type SimDriver struct {
 	FakeDir      string // --sim-driver-dir
 	VCUDALibrary string // --vcuda-library
@@ -132,7 +134,14 @@ func BuildSimDriver(t testing.TB) SimDriver {
 			// ioctls would: vcuda never sees its calls, while the simulated driver still charges its
 			// memory to it (the node agent's NVML reports it).
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(probe, "cudaprobe-static"), filepath.Join(repoRoot(), "test", "image", "cudaprobe.c"),
-				filepath.Join(repoRoot(), "vcuda", "test", "fake_cuda.c"), "-lpthread"},
+				filepath.Join(repoRoot(), "vcuda", "test", "fake_cuda.c"), filepath.Join(repoRoot(), "vcuda", "test", "fake_device_model.c"), "-lpthread", "-lm"},
+			// cudabypass and libcudabypass.so walk past vcuda the ways a dynamically linked program can:
+			// a region written over, a library opened with RTLD_DEEPBIND, dlsym(RTLD_NEXT, ...).
+			{"mkdir", "-p", filepath.Join(probe, "..", "lib")},
+			{"gcc", "-O2", "-Wall", "-Werror", "-shared", "-fPIC", "-o", filepath.Join(probe, "..", "lib", "libcudabypass.so"),
+				filepath.Join(repoRoot(), "test", "image", "libcudabypass.c"), "-L" + fake, "-l:libcuda.so.1", "-ldl"},
+			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(probe, "cudabypass"), filepath.Join(repoRoot(), "test", "image", "cudabypass.c"),
+				"-L" + fake, "-l:libcuda.so.1", "-ldl", "-Wl,-rpath,/usr/local/lib"},
 		}
 		for _, s := range steps {
 			if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
