@@ -1403,10 +1403,14 @@ EXPORT CUresult cuMemRetainAllocationHandle(CUmemGenericAllocationHandle *h, voi
  * holds it.) */
 #define CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR 1
 #define CU_MEM_HANDLE_TYPE_FABRIC 8
+/* A fabric handle is unique to one allocation of one process, as the driver's
+ * is: two allocations never share its bytes. */
 typedef struct {
     char magic[8];
     uint64_t size;
     int dev;
+    int32_t pid;
+    uint64_t handle;
 } vmm_payload;
 EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHandle h, int type,
                                              unsigned long long flags) {
@@ -1414,7 +1418,7 @@ EXPORT CUresult cuMemExportToShareableHandle(void *out, CUmemGenericAllocationHa
         return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&vmm_mu);
     vmm_alloc *a = vmm_find(h);
-    vmm_payload pl = {"FAKEVMM", a ? a->size : 0, a ? a->dev : 0};
+    vmm_payload pl = {"FAKEVMM", a ? a->size : 0, a ? a->dev : 0, (int32_t)getpid(), (uint64_t)h};
     pthread_mutex_unlock(&vmm_mu);
     if (!a || a->host)
         return CUDA_ERROR_INVALID_VALUE;
@@ -2019,18 +2023,23 @@ EXPORT CUresult cuKernelGetFunction(CUfunction *f, CUkernel k) {
     return r;
 }
 
-/* IPC: the handle carries the exported size. */
+/* IPC: the handle carries the exported size, and, as a real driver's handle
+ * does, what makes it unique to one allocation of one process (the address
+ * and the exporter's pid): two allocations never share a handle's bytes. */
 typedef struct {
     char magic[8];
     uint64_t size;
     int dev;
+    int32_t pid;
+    uint64_t addr;
 } ipc_payload;
+_Static_assert(sizeof(ipc_payload) <= sizeof(((CUipcMemHandle *)0)->reserved), "ipc payload size");
 EXPORT CUresult cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr p) {
     rec r;
     if (!h || reg_take(p, 0, &r, 0) != 0 || (r.kind != K_DEV && r.kind != K_POOL))
         return CUDA_ERROR_INVALID_VALUE;
     memset(h, 0, sizeof(*h));
-    ipc_payload pl = {"FAKEIPC", r.size, r.dev};
+    ipc_payload pl = {"FAKEIPC", r.size, r.dev, (int32_t)getpid(), (uint64_t)p};
     memcpy(h->reserved, &pl, sizeof(pl));
     return CUDA_SUCCESS;
 }
@@ -2055,7 +2064,7 @@ EXPORT CUresult cuMemPoolExportPointer(CUmemPoolPtrExportData *data, CUdeviceptr
     if (!data || reg_take(p, K_POOL, &r, 0) != 0)
         return CUDA_ERROR_INVALID_VALUE;
     memset(data, 0, sizeof(*data));
-    ipc_payload pl = {"FAKEPPX", r.size, r.dev};
+    ipc_payload pl = {"FAKEPPX", r.size, r.dev, (int32_t)getpid(), (uint64_t)p};
     memcpy(data->reserved, &pl, sizeof(pl));
     return CUDA_SUCCESS;
 }
