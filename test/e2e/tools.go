@@ -132,7 +132,7 @@ func BuildSimDriver(t testing.TB) SimDriver {
 			// ioctls would: vcuda never sees its calls, while the simulated driver still charges its
 			// memory to it (the node agent's NVML reports it).
 			{"gcc", "-O2", "-Wall", "-Werror", "-o", filepath.Join(probe, "cudaprobe-static"), filepath.Join(repoRoot(), "test", "image", "cudaprobe.c"),
-				filepath.Join(repoRoot(), "vcuda", "test", "fake_cuda.c"), "-lpthread"},
+				filepath.Join(repoRoot(), "vcuda", "test", "fake_cuda.c"), filepath.Join(repoRoot(), "vcuda", "test", "fake_device_model.c"), "-lpthread", "-lm"},
 		}
 		for _, s := range steps {
 			if out, err := exec.Command(s[0], s[1:]...).CombinedOutput(); err != nil {
