@@ -239,7 +239,7 @@ func (p *fragPart) fits(g *GPUState) bool {
 	if p.c.Whole > 0 {
 		return g.FreeWhole() && p.r.modelAllowed(g.Model)
 	}
-	return shareFits(g, p.r, p.c)
+	return shareRoomOn(g, p.r, p.c)
 }
 
 // addMask adds (sign -1: removes) cnt GPUs of free compute free and fit mask m to st.

@@ -27,6 +27,9 @@ type GPUState struct {
 	UsedMilli int
 	// Shares is how many shares sit on the GPU; a GPU with shares is in shared mode and not offered whole.
 	Shares int
+	// MaxShares is how many shares the GPU takes at most (the node agent offers SharesPerGPU share
+	// tokens per GPU and refuses one more); 0 is no limit (the simulator's trace has none).
+	MaxShares int
 	// Whole is set when one owner holds the GPU exclusively; it then takes no share.
 	Whole bool
 	// wholeApplied counts the whole-GPU applies not released yet, so that Apply and Release stay
@@ -62,6 +65,9 @@ func (g *GPUState) FreeMilli() int {
 	}
 	return MilliPerGPU - g.UsedMilli
 }
+
+// shareSlotFree reports whether the GPU can take one more share by count (MaxShares).
+func (g *GPUState) shareSlotFree() bool { return g.MaxShares == 0 || g.Shares < g.MaxShares }
 
 // FreeWhole reports whether the GPU can be given whole: usable and in neither mode yet.
 func (g *GPUState) FreeWhole() bool { return g.Usable && !g.Whole && g.Shares == 0 }
@@ -115,7 +121,7 @@ func (n *NodeState) TypeKey() string {
 	fmt.Fprintf(&b, "%d/%d", n.CPUMilli, n.MemMiB)
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
-		fmt.Fprintf(&b, "|%q/%d/%t/%d", g.Model, g.Memory, g.Usable, g.Gen)
+		fmt.Fprintf(&b, "|%q/%d/%t/%d/%d", g.Model, g.Memory, g.Usable, g.Gen, g.MaxShares)
 	}
 	fmt.Fprintf(&b, "|dist=%v|mig=%v|mdev=%v", n.Dist, n.MIG, n.Mdev) // %v prints maps sorted
 	return b.String()
@@ -128,7 +134,7 @@ func NewNodeState(inv *api.NodeInventory, labels map[string]string) *NodeState {
 	for _, g := range inv.GPUs {
 		pos[g.Index] = len(n.GPUs)
 		n.GPUs = append(n.GPUs, GPUState{
-			UUID: g.UUID, Index: g.Index, Model: g.Model, Memory: g.MemoryBytes,
+			UUID: g.UUID, Index: g.Index, Model: g.Model, Memory: g.MemoryBytes, MaxShares: inv.SharesPerGPU,
 			Usable: g.Healthy && g.Shareable(), Gen: parseGen(g.ComputeCapability),
 		})
 		if g.MIG != nil {

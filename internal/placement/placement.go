@@ -224,10 +224,25 @@ func sortedKeys(m map[string]bool) []string {
 	return out
 }
 
-// shareFits reports whether one share of c fits on g.
+// shareFits reports whether one share of c fits on g: room for it and a share slot left.
 func shareFits(g *GPUState, r *Request, c *ContainerShape) bool {
+	return shareRoomOn(g, r, c) && g.shareSlotFree()
+}
+
+// shareRoomOn is shareFits without the share-slot limit: fragmentation's per-GPU test, whose masks
+// are memoised by a GPU state that does not hold the share count (a measure, not a fit: placement
+// itself always asks shareFits).
+func shareRoomOn(g *GPUState, r *Request, c *ContainerShape) bool {
 	return g.Usable && !g.Whole && r.modelAllowed(g.Model) && shareRoom(g.FreeMilli(), g.Memory, g.UsedMemory, c) &&
 		holdsContext(g, c.shareMemoryOn(g.Memory))
+}
+
+// slotsLeft is how many more shares g takes by count; -1 without a limit.
+func slotsLeft(g *GPUState) int {
+	if g.MaxShares == 0 {
+		return -1
+	}
+	return max(g.MaxShares-g.Shares, 0)
 }
 
 // holdsContext reports whether a share of memory bytes on g can hold one CUDA context: vcuda fails
@@ -279,7 +294,7 @@ func shareRoom(free int, memory, used int64, c *ContainerShape) bool {
 // usage, same mode (the integer fields first: they usually differ, the model string rarely does).
 func interchangeable(a, b *GPUState) bool {
 	return a.UsedMilli == b.UsedMilli && a.UsedMemory == b.UsedMemory && (a.Shares > 0) == (b.Shares > 0) &&
-		a.Memory == b.Memory && a.Gen == b.Gen && sameModel(a, b)
+		slotsLeft(a) == slotsLeft(b) && a.Memory == b.Memory && a.Gen == b.Gen && sameModel(a, b)
 }
 
 // sameModel compares the models by number where both GPUs have one (NodeState.Prepare), else by name.
@@ -362,7 +377,7 @@ func shareUnfit(n *NodeState, r *Request, c *ContainerShape, got int, explain bo
 		return unfitQuiet
 	}
 	var freeMem int64
-	freeMilli, locked := 0, 0
+	freeMilli, locked, full, limit := 0, 0, 0, 0
 	for i := range n.GPUs {
 		g := &n.GPUs[i]
 		if !g.Usable || !r.modelAllowed(g.Model) {
@@ -371,6 +386,9 @@ func shareUnfit(n *NodeState, r *Request, c *ContainerShape, got int, explain bo
 		if g.Whole {
 			locked++
 			continue
+		}
+		if !g.shareSlotFree() {
+			full, limit = full+1, g.MaxShares
 		}
 		freeMem += g.Memory - g.UsedMemory
 		freeMilli += g.FreeMilli()
@@ -381,8 +399,12 @@ func shareUnfit(n *NodeState, r *Request, c *ContainerShape, got int, explain bo
 	} else if c.MemoryPercent > 0 {
 		what = fmt.Sprintf("%d%% memory and %s", c.MemoryPercent, what)
 	}
-	return unfit(false, "container %q needs %d shares of %s on different GPUs; only %d GPUs can take one (free in total: %d MiB, %d%% compute; %d GPUs held whole)",
-		c.Name, c.Shares, what, got, freeMem>>20, freeMilli/10, locked)
+	slots := ""
+	if full > 0 {
+		slots = fmt.Sprintf("; %d GPUs hold the most shares the node offers per GPU (%d)", full, limit)
+	}
+	return unfit(false, "container %q needs %d shares of %s on different GPUs; only %d GPUs can take one (free in total: %d MiB, %d%% compute; %d GPUs held whole%s)",
+		c.Name, c.Shares, what, got, freeMem>>20, freeMilli/10, locked, slots)
 }
 
 func freeWhole(n *NodeState, r *Request) []int { return freeWholeInto(nil, n, r) }
@@ -617,11 +639,14 @@ func Fits(n *NodeState, r *Request, p *Placement) bool {
 			continue
 		}
 		// Shares of several containers on one GPU add up.
-		milli, mem := d.Milli, d.Memory
+		milli, mem, count := d.Milli, d.Memory, 1
 		for _, o := range p.Devices[:i] {
 			if o.GPU == d.GPU {
-				milli, mem = milli+o.Milli, mem+o.Memory
+				milli, mem, count = milli+o.Milli, mem+o.Memory, count+1
 			}
+		}
+		if g.MaxShares > 0 && g.Shares+count > g.MaxShares {
+			return false
 		}
 		if !g.Usable || g.Whole || !r.modelAllowed(g.Model) || g.FreeMilli() < milli || g.Memory > 0 && !api.FitsWithin(g.UsedMemory, mem, g.Memory) ||
 			!holdsContext(g, d.Memory) {
