@@ -44,7 +44,7 @@ func limitsOnly(limits string) string {
 func TestMigrationAdmission(t *testing.T) {
 	// Fail closed at render: gpushare's memory unit is GiB or MiB, nothing else is guessed.
 	if out, err := helm(t, "template", "tessera", helmChart(), "--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy",
-		"--set", "admission.migration.alibabaMemoryUnit=GB"); err == nil || !strings.Contains(out, "admission.migration.alibabaMemoryUnit") {
+		"--set", "admission.migration.alibabaMemoryUnit=GB"); err == nil || !strings.Contains(out, "alibabaMemoryUnit") {
 		t.Errorf("admission.migration.alibabaMemoryUnit=GB rendered (want an error naming the value): %v\n%s", err, out)
 	}
 	cp := StartControlPlane(t, ControlPlaneOptions{NoScheduler: true})

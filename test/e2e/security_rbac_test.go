@@ -366,7 +366,19 @@ func checkQuota(t *testing.T, ctx context.Context, admin kubernetes.Interface, n
 	if _, err := admin.CoreV1().ResourceQuotas(ns).UpdateStatus(ctx, q, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("initialise the quota's status: %v", err)
 	}
-	if _, err := admin.ResourceV1().ResourceClaims(ns).Create(ctx, claim(classWhole), metav1.CreateOptions{}); err != nil {
+	// Quota admission reads quotas from its informer: until it has seen the status just written it
+	// answers "insufficient quota to consume" (no status yet), so only that answer is retried.
+	var created error
+	if err := waitFor(30*time.Second, 200*time.Millisecond, func() (bool, error) {
+		_, created = admin.ResourceV1().ResourceClaims(ns).Create(ctx, claim(classWhole), metav1.CreateOptions{})
+		if created != nil && strings.Contains(created.Error(), "insufficient quota to consume") {
+			return false, created
+		}
+		return true, nil
+	}); err != nil || created != nil {
+		if err == nil {
+			err = created
+		}
 		t.Errorf("the first whole-GPU claim, within the quota, was refused: %v", err)
 	}
 	for _, class := range []string{classWhole, classShare} {
