@@ -14,7 +14,7 @@ import (
 // starves the pods that can only run there, which is why tessera's measure leaves it out
 // (policy_tessera.go). Without it, though, nothing keeps unrestricted pods off a small model that
 // restricted pods crowd: on the FGD paper's gpuspec20 trace (T4-only pods 9% of the pods, T4 14% of
-// the GPUs) tessera left 10.8% of the GPUs unallocated against FGD's 5.6 (extender/README.md).
+// the GPUs) tessera left 10.8% of the GPUs unallocated against FGD's 5.6 (docs/placement.md).
 //
 // The pressure of a model M is the share of the GPU request that only M (with the other models of
 // its allowed set) can serve, against M's share of the free GPU compute, summed over the allowed
