@@ -100,6 +100,11 @@ func (f *nodeFlags) runFlags(host string) []cli.Flag {
 		field(f, "memoryGuard.grace", &cli.DurationFlag{Name: "memory-guard-grace", Value: configv1.DefaultMemoryGuardGrace, Usage: "how long a share must stay over its cap plus tolerance, in consecutive samples, before its GPU processes are killed"}),
 		field(f, "memoryGuard.toleranceBytes", &cli.Int64Flag{Name: "memory-guard-tolerance-bytes", Value: configv1.DefaultMemoryGuardTolerance, Usage: "usage up to cap + max(this, cap x --memory-guard-tolerance-percent / 100) is within the cap"}),
 		field(f, "memoryGuard.tolerancePercent", &cli.Int64Flag{Name: "memory-guard-tolerance-percent", Value: configv1.DefaultMemoryGuardPercent, Usage: "the tolerance's share of the cap, in percent"}),
+		field(f, "computeGuard.enabled", &cli.BoolFlag{Name: "compute-guard", Value: true, Usage: "act on a share whose SM utilisation, as the driver measures it per process, stays over its compute cap (--compute-guard=false: vcuda alone holds compute caps, which a container can lift); runs only with the memory guard"}),
+		field(f, "computeGuard.window", &cli.DurationFlag{Name: "compute-guard-window", Value: configv1.DefaultComputeGuardWindow, Usage: "the span a share's measured SM utilisation is averaged over"}),
+		field(f, "computeGuard.grace", &cli.DurationFlag{Name: "compute-guard-grace", Value: configv1.DefaultComputeGuardGrace, Usage: "how long the average must stay over the cap plus tolerance before the action"}),
+		field(f, "computeGuard.tolerancePercent", &cli.Int64Flag{Name: "compute-guard-tolerance-percent", Value: configv1.DefaultComputeGuardTolerance, Usage: "points of the GPU above the compute cap that are still within it"}),
+		str("compute-guard-action", "computeGuard.action", configv1.DefaultComputeGuardAction, "what the compute guard does to a share over its cap: Kill (its GPU processes) or Event (a Warning Event and the metric only)"),
 	}
 }
 

@@ -10,11 +10,15 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/tessera-gpu/tessera/internal/hostproc"
 )
@@ -33,13 +37,14 @@ import (
 const SimDriverStateInContainer = "/run/tessera-sim/driver"
 
 // The record layout (vcuda/test/fake.h, fake_proc_record), native byte order: magic, seq, PID
-// namespace inode, pid in that namespace, start time (field 22 of /proc/<pid>/stat), 16 device
-// entries of (minor u32, live contexts u32, bytes u64), seq again.
+// namespace inode, pid in that namespace, start time (field 22 of /proc/<pid>/stat), the
+// CLOCK_MONOTONIC ns of the write, 16 device entries of (minor u32, live contexts u32, bytes u64,
+// busy ns u64), seq again.
 const (
-	simProcMagic      = "TSDRVPR1"
+	simProcMagic      = "TSDRVPR2"
 	simProcDevs       = 16
-	simProcDevSize    = 16
-	simProcHeaderSize = 40
+	simProcDevSize    = 24
+	simProcHeaderSize = 48
 	simProcRecordSize = simProcHeaderSize + simProcDevs*simProcDevSize + 8
 	// simProcNoDevice marks an unused device entry.
 	simProcNoDevice = ^uint32(0)
@@ -53,7 +58,9 @@ const (
 // simProcRecord is one process's record, parsed.
 type simProcRecord struct {
 	PIDNS, NSPID, Start uint64
-	Devs                []simProcDev
+	// At is when the process wrote the record (CLOCK_MONOTONIC ns).
+	At   uint64
+	Devs []simProcDev
 }
 
 // simProcDev is what the driver charges a process on one GPU.
@@ -61,6 +68,8 @@ type simProcDev struct {
 	Minor uint32
 	Ctxs  uint32
 	Used  uint64
+	// Busy is the ns during which at least one of the process's kernels ran on the GPU, by At.
+	Busy uint64
 }
 
 var (
@@ -81,13 +90,13 @@ func parseSimProcRecord(b []byte) (simProcRecord, error) {
 	if simProcOrder.Uint64(b[8:]) != simProcOrder.Uint64(b[simProcRecordSize-8:]) {
 		return r, errSimProcTorn
 	}
-	r.PIDNS, r.NSPID, r.Start = simProcOrder.Uint64(b[16:]), simProcOrder.Uint64(b[24:]), simProcOrder.Uint64(b[32:])
+	r.PIDNS, r.NSPID, r.Start, r.At = simProcOrder.Uint64(b[16:]), simProcOrder.Uint64(b[24:]), simProcOrder.Uint64(b[32:]), simProcOrder.Uint64(b[40:])
 	if r.PIDNS == 0 || r.NSPID == 0 || r.NSPID > 1<<22 || r.Start == 0 {
 		return r, fmt.Errorf("record key (pid namespace %d, pid %d, start %d) names no process", r.PIDNS, r.NSPID, r.Start)
 	}
 	for i := 0; i < simProcDevs; i++ {
 		e := b[simProcHeaderSize+i*simProcDevSize:]
-		d := simProcDev{Minor: simProcOrder.Uint32(e), Ctxs: simProcOrder.Uint32(e[4:]), Used: simProcOrder.Uint64(e[8:])}
+		d := simProcDev{Minor: simProcOrder.Uint32(e), Ctxs: simProcOrder.Uint32(e[4:]), Used: simProcOrder.Uint64(e[8:]), Busy: simProcOrder.Uint64(e[16:])}
 		if d.Minor != simProcNoDevice {
 			r.Devs = append(r.Devs, d)
 		}
@@ -104,11 +113,34 @@ func (r simProcRecord) fileName() string {
 type simProcs struct {
 	dir      string
 	procRoot string
+
+	// busyMu guards busySeen: per process and GPU, the last two distinct busy readings its
+	// records gave, from which utilisation samples are made (processUtilization).
+	busyMu   sync.Mutex
+	busySeen map[simBusyKey]*simBusySeen
+	// wallOffsetUS turns a record's CLOCK_MONOTONIC ns into the wall-clock microseconds NVML's
+	// samples carry; fixed once, so a sample keeps its timestamp from one call to the next.
+	wallOffsetUS int64
+}
+
+// simBusyKey is one process (host pid and start time) on one GPU minor.
+type simBusyKey struct {
+	minor   uint32
+	hostPID uint32
+	start   uint64
+}
+
+// simBusySeen are a process's two latest busy readings on a GPU (at: CLOCK_MONOTONIC ns).
+type simBusySeen struct {
+	prevAt, prevBusy, at, busy uint64
+	live                       bool // seen in the current listing
 }
 
 // simProcess is a live process holding memory on a GPU, by host pid.
 type simProcess struct {
 	hostPID uint32
+	start   uint64 // its start time: with hostPID, the process (a pid may be reused)
+	at      uint64 // when its record was written (CLOCK_MONOTONIC ns)
 	dev     simProcDev
 }
 
@@ -130,7 +162,7 @@ func (p *simProcs) byMinor() (map[uint32][]simProcess, error) {
 		}
 		for _, d := range r.Devs {
 			if d.Used > 0 || d.Ctxs > 0 { // NVML lists a process with a context even if it holds nothing else
-				out[d.Minor] = append(out[d.Minor], simProcess{hostPID: host, dev: d})
+				out[d.Minor] = append(out[d.Minor], simProcess{hostPID: host, start: r.Start, at: r.At, dev: d})
 			}
 		}
 	}
@@ -277,6 +309,70 @@ func (b *simBackend) strictProcesses(d *server.Device) {
 	d.GetComputeRunningProcessesFunc = compute
 	d.GetGraphicsRunningProcessesFunc = none
 	d.GetMPSComputeRunningProcessesFunc = none
+	d.GetProcessUtilizationFunc = func(lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+		if b.lost(d) {
+			return nil, nvml.ERROR_GPU_IS_LOST
+		}
+		return b.procs.processUtilization(uint32(d.Minor), lastSeen)
+	}
+}
+
+// processUtilization is NVML's per-process utilisation of a GPU as the real driver samples it: for
+// each process that ran kernels there, one sample of the share of time (SmUtil, percent) during which
+// at least one of its kernels ran, over the period between its two latest records, stamped (wall-clock
+// microseconds) with the later one; only samples newer than lastSeen, ERROR_NOT_FOUND when there are
+// none. A process whose record did not change since the last call has no new sample (an idle process
+// writes no record, as a driver samples only processes that ran). Busy time comes from the containers'
+// own records, so a hostile container can under-report it here; the simulation cannot do better, a
+// real driver counts it itself (internal/testing/README.md, the sim's row).
+func (p *simProcs) processUtilization(minor uint32, lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+	all, err := p.byMinor()
+	if err != nil {
+		return nil, nvml.ERROR_UNKNOWN
+	}
+	p.busyMu.Lock()
+	defer p.busyMu.Unlock()
+	if p.busySeen == nil {
+		p.busySeen = map[simBusyKey]*simBusySeen{}
+		var ts unix.Timespec
+		_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+		p.wallOffsetUS = time.Now().UnixMicro() - ts.Nano()/1000
+	}
+	for k, s := range p.busySeen {
+		if k.minor == minor {
+			s.live = false
+		}
+	}
+	var out []nvml.ProcessUtilizationSample
+	for _, proc := range all[minor] {
+		k := simBusyKey{minor, proc.hostPID, proc.start}
+		s := p.busySeen[k]
+		if s == nil {
+			s = &simBusySeen{at: proc.at, busy: proc.dev.Busy}
+			p.busySeen[k] = s
+		} else if proc.at > s.at && proc.dev.Busy >= s.busy {
+			s.prevAt, s.prevBusy, s.at, s.busy = s.at, s.busy, proc.at, proc.dev.Busy
+		}
+		s.live = true
+		if s.prevAt == 0 || s.at <= s.prevAt {
+			continue
+		}
+		stamp := uint64(max(0, p.wallOffsetUS+int64(s.at/1000)))
+		if stamp <= lastSeen {
+			continue
+		}
+		util := min(100, (s.busy-s.prevBusy)*100/(s.at-s.prevAt))
+		out = append(out, nvml.ProcessUtilizationSample{Pid: proc.hostPID, TimeStamp: stamp, SmUtil: uint32(util)})
+	}
+	for k, s := range p.busySeen {
+		if k.minor == minor && !s.live {
+			delete(p.busySeen, k) // gone: its memory of busy time goes with it
+		}
+	}
+	if len(out) == 0 {
+		return nil, nvml.ERROR_NOT_FOUND
+	}
+	return out, nvml.SUCCESS
 }
 
 // strictMIGProcesses: the records name GPUs by minor, not GPU instances, so a MIG device lists no
@@ -291,6 +387,14 @@ func strictMIGProcesses(m *mock.Device, parentLost func() bool) {
 	m.GetComputeRunningProcessesFunc = none
 	m.GetGraphicsRunningProcessesFunc = none
 	m.GetMPSComputeRunningProcessesFunc = none
+	// Utilisation is sampled per GPU, not per GPU instance: a MIG device has none (NOT_SUPPORTED,
+	// as real NVML answers on a MIG device handle).
+	m.GetProcessUtilizationFunc = func(uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+		if parentLost() {
+			return nil, nvml.ERROR_GPU_IS_LOST
+		}
+		return nil, nvml.ERROR_NOT_SUPPORTED
+	}
 }
 
 // serveProcesses answers the library-level process calls through the device's own.
@@ -303,6 +407,9 @@ func (b *simBackend) serveProcesses() {
 	}
 	b.srv.DeviceGetMPSComputeRunningProcessesFunc = func(d nvml.Device) ([]nvml.ProcessInfo, nvml.Return) {
 		return d.GetMPSComputeRunningProcesses()
+	}
+	b.srv.DeviceGetProcessUtilizationFunc = func(d nvml.Device, lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+		return d.GetProcessUtilization(lastSeen)
 	}
 }
 

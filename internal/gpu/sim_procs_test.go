@@ -20,47 +20,54 @@ import (
 // simRecord encodes a record as vcuda/test/fake.h lays it out (written out here byte by byte, not
 // through the parser's constants).
 func simRecord(pidns, nspid, start uint64, devs ...simProcDev) []byte {
-	b := make([]byte, 304)
-	copy(b, "TSDRVPR1")
+	return simRecordAt(pidns, nspid, start, 0, devs...)
+}
+
+// simRecordAt is simRecord written at `at` (CLOCK_MONOTONIC ns).
+func simRecordAt(pidns, nspid, start, at uint64, devs ...simProcDev) []byte {
+	b := make([]byte, 440)
+	copy(b, "TSDRVPR2")
 	binary.NativeEndian.PutUint64(b[8:], 7)
 	binary.NativeEndian.PutUint64(b[16:], pidns)
 	binary.NativeEndian.PutUint64(b[24:], nspid)
 	binary.NativeEndian.PutUint64(b[32:], start)
+	binary.NativeEndian.PutUint64(b[40:], at)
 	for i := 0; i < 16; i++ {
-		e := b[40+16*i:]
+		e := b[48+24*i:]
 		binary.NativeEndian.PutUint32(e, ^uint32(0))
 		if i < len(devs) {
 			binary.NativeEndian.PutUint32(e, devs[i].Minor)
 			binary.NativeEndian.PutUint32(e[4:], devs[i].Ctxs)
 			binary.NativeEndian.PutUint64(e[8:], devs[i].Used)
+			binary.NativeEndian.PutUint64(e[16:], devs[i].Busy)
 		}
 	}
-	binary.NativeEndian.PutUint64(b[296:], 7)
+	binary.NativeEndian.PutUint64(b[432:], 7)
 	return b
 }
 
 // Records come from containers: whatever their bytes, parsing refuses what is not a whole record and
 // never panics.
 func TestSimProcRecordRefusesGarbage(t *testing.T) {
-	good := simRecord(4026532000, 7, 12345, simProcDev{Minor: 3, Ctxs: 1, Used: 1 << 30})
+	good := simRecordAt(4026532000, 7, 12345, 99, simProcDev{Minor: 3, Ctxs: 1, Used: 1 << 30, Busy: 5e8})
 	r, err := parseSimProcRecord(good)
-	if err != nil || r.PIDNS != 4026532000 || r.NSPID != 7 || r.Start != 12345 || len(r.Devs) != 1 ||
-		r.Devs[0] != (simProcDev{Minor: 3, Ctxs: 1, Used: 1 << 30}) {
+	if err != nil || r.PIDNS != 4026532000 || r.NSPID != 7 || r.Start != 12345 || r.At != 99 || len(r.Devs) != 1 ||
+		r.Devs[0] != (simProcDev{Minor: 3, Ctxs: 1, Used: 1 << 30, Busy: 5e8}) {
 		t.Fatalf("good record: %+v, %v", r, err)
 	}
 	mutate := func(f func(b []byte) []byte) []byte { return f(append([]byte(nil), good...)) }
 	for name, b := range map[string][]byte{
 		"empty":      nil,
-		"short":      good[:303],
+		"short":      good[:439],
 		"long":       append(append([]byte(nil), good...), 0),
 		"magic":      mutate(func(b []byte) []byte { b[0] = 'X'; return b }),
-		"torn":       mutate(func(b []byte) []byte { b[296]++; return b }),
+		"torn":       mutate(func(b []byte) []byte { b[432]++; return b }),
 		"no pid":     simRecord(4026532000, 0, 12345),
 		"no ns":      simRecord(0, 7, 12345),
 		"no start":   simRecord(4026532000, 7, 0),
 		"pid > max":  simRecord(4026532000, 1<<23, 12345),
-		"all ones":   mutate(func(b []byte) []byte { copy(b[8:], strings.Repeat("\xff", 296)); return b }),
-		"text":       []byte(strings.Repeat("TSDRVPR1", 38)),
+		"all ones":   mutate(func(b []byte) []byte { copy(b[8:], strings.Repeat("\xff", 432)); return b }),
+		"text":       []byte(strings.Repeat("TSDRVPR2", 55)),
 		"twice size": append(append([]byte(nil), good...), good...),
 	} {
 		if _, err := parseSimProcRecord(b); err == nil {
@@ -71,11 +78,11 @@ func TestSimProcRecordRefusesGarbage(t *testing.T) {
 
 func FuzzSimProcRecord(f *testing.F) {
 	f.Add(simRecord(4026532000, 7, 12345, simProcDev{Minor: 3, Ctxs: 1, Used: 1 << 30}))
-	f.Add([]byte("TSDRVPR1"))
-	f.Add(make([]byte, 304))
+	f.Add([]byte("TSDRVPR2"))
+	f.Add(make([]byte, 440))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := parseSimProcRecord(b)
-		if err == nil && (len(b) != 304 || len(r.Devs) > 16) {
+		if err == nil && (len(b) != 440 || len(r.Devs) > 16) {
 			t.Fatalf("accepted %d bytes with %d devices", len(b), len(r.Devs))
 		}
 	})
@@ -144,8 +151,9 @@ func TestSimProcsMapRecordsToHostPIDs(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := map[uint32][]simProcess{
-		0: {{5001, simProcDev{0, 1, 100}}, {5002, simProcDev{0, 1, 0}}, {7001, simProcDev{0, 0, 50}}},
-		2: {{5001, simProcDev{2, 0, 5}}},
+		0: {{hostPID: 5001, start: 111, dev: simProcDev{Minor: 0, Ctxs: 1, Used: 100}}, {hostPID: 5002, start: 222, dev: simProcDev{Minor: 0, Ctxs: 1}},
+			{hostPID: 7001, start: 444, dev: simProcDev{Minor: 0, Used: 50}}},
+		2: {{hostPID: 5001, start: 111, dev: simProcDev{Minor: 2, Used: 5}}},
 	}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("processes by minor:\n got %v\nwant %v", got, want)
@@ -248,5 +256,61 @@ func TestSimNVMLReportsContainerProcessesByHostPID(t *testing.T) {
 	}
 	if left, _ := filepath.Glob(filepath.Join(n.SimDriverState, "*.proc")); len(left) != 0 {
 		t.Errorf("records of dead processes left: %v", left)
+	}
+}
+
+// NVML's per-process utilisation on the simulated node: one sample per process that ran kernels,
+// its busy share between its two latest records, only samples newer than the caller's last seen
+// timestamp, NOT_FOUND when none, nothing for an idle process, and a process that is gone forgotten.
+func TestSimProcessUtilization(t *testing.T) {
+	proc, dir := t.TempDir(), t.TempDir()
+	fakeProc(t, proc, 5001, 900, "5001\t1", 111)
+	fakeProc(t, proc, 5002, 900, "5002\t2", 222)
+	write := func(name string, b []byte) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const s = uint64(1e9)
+	p := &simProcs{dir: dir, procRoot: proc}
+	write("900-1-111.proc", simRecordAt(900, 1, 111, 10*s, simProcDev{Minor: 0, Ctxs: 1, Busy: 2 * s}))
+	write("900-2-222.proc", simRecordAt(900, 2, 222, 10*s, simProcDev{Minor: 0, Ctxs: 1, Busy: 1 * s}))
+	if got, ret := p.processUtilization(0, 0); ret != nvml.ERROR_NOT_FOUND {
+		t.Fatalf("one reading each: %+v (%v), want NOT_FOUND (no period to sample yet)", got, ret)
+	}
+	// 1: 2 s -> 3.5 s busy over 2 s: 75%; 2: did not write again (idle): no sample.
+	write("900-1-111.proc", simRecordAt(900, 1, 111, 12*s, simProcDev{Minor: 0, Ctxs: 1, Busy: 3500 * 1e6}))
+	got, ret := p.processUtilization(0, 0)
+	if ret != nvml.SUCCESS || len(got) != 1 || got[0].Pid != 5001 || got[0].SmUtil != 75 {
+		t.Fatalf("after a second record: %+v (%v), want pid 5001 at 75%%", got, ret)
+	}
+	stamp := got[0].TimeStamp
+	if again, ret := p.processUtilization(0, stamp); ret != nvml.ERROR_NOT_FOUND {
+		t.Fatalf("asked past the last sample: %+v (%v), want NOT_FOUND", again, ret)
+	}
+	if again, ret := p.processUtilization(0, stamp-1); ret != nvml.SUCCESS || len(again) != 1 || again[0].TimeStamp != stamp {
+		t.Fatalf("the same sample asked again: %+v (%v), want it with the same timestamp", again, ret)
+	}
+	// A busy count that went backwards (a container rewriting its record) is not a reading; more
+	// busy than time is at most 100%.
+	write("900-1-111.proc", simRecordAt(900, 1, 111, 13*s, simProcDev{Minor: 0, Ctxs: 1, Busy: 1 * s}))
+	if got, _ := p.processUtilization(0, stamp); len(got) != 0 {
+		t.Fatalf("busy went backwards: %+v, want no new sample", got)
+	}
+	write("900-1-111.proc", simRecordAt(900, 1, 111, 14*s, simProcDev{Minor: 0, Ctxs: 1, Busy: 9 * s}))
+	if got, _ := p.processUtilization(0, stamp); len(got) != 1 || got[0].SmUtil != 100 {
+		t.Fatalf("more busy than time: %+v, want 100%%", got)
+	}
+	if got, ret := p.processUtilization(1, 0); ret != nvml.ERROR_NOT_FOUND {
+		t.Fatalf("another GPU: %+v (%v)", got, ret)
+	}
+	// The process exits: its record goes and so does what was remembered of it.
+	if err := os.RemoveAll(filepath.Join(proc, "5001")); err != nil {
+		t.Fatal(err)
+	}
+	p.processUtilization(0, 0)
+	if _, ok := p.busySeen[simBusyKey{0, 5001, 111}]; ok {
+		t.Error("a process that is gone is still remembered")
 	}
 }

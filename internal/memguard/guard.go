@@ -66,6 +66,8 @@ type Config struct {
 	// (<run dir>/node/context-overhead, mounted read-only into share containers; overhead.go).
 	// Empty: measured and exported, not published.
 	ContextOverheadFile string
+	// Compute configures the compute guard (compute.go); nil: off.
+	Compute *ComputeConfig
 	// NodeName labels the metrics (hostname).
 	NodeName string
 	// Events records Warning Events on pods (nil: none).
@@ -90,6 +92,8 @@ type Guard struct {
 	nvmlFailing map[string]bool
 	// ctx is the per-context overhead measurement (overhead.go).
 	ctx *overheads
+	// compute is the compute guard's state (compute.go).
+	compute *computeState
 
 	// beforeKill runs after a process was attributed and before it is re-checked for killing
 	// (tests: a pid reused in between).
@@ -107,7 +111,7 @@ func New(cfg Config) *Guard {
 	if cfg.HostProc == "" {
 		cfg.HostProc = "/proc"
 	}
-	g := &Guard{cfg: cfg, over: map[capKey]time.Time{}, mismatchTold: map[capKey]bool{}, nvmlFailing: map[string]bool{}, ctx: newOverheads()}
+	g := &Guard{cfg: cfg, over: map[capKey]time.Time{}, mismatchTold: map[capKey]bool{}, nvmlFailing: map[string]bool{}, ctx: newOverheads(), compute: newComputeState()}
 	g.metrics = newMetrics(cfg.NodeName)
 	return g
 }
@@ -136,10 +140,11 @@ type capKey struct {
 	uuid   string
 }
 
-// capUnit is a cap and the containers its usage is summed over.
+// capUnit is a share's caps on a GPU and the containers its usage is summed over.
 type capUnit struct {
 	capKey
-	cap     int64
+	cap     int64 // memory, bytes (0: no memory cap)
+	cores   int64 // compute, percent of the GPU (0 or 100 and more: no compute cap)
 	holder  ledger.Entry
 	members []string // container IDs
 }
@@ -153,7 +158,7 @@ type attributed struct {
 
 // caps builds every enforceable cap from the ledger: a container's share on a GPU, or a shared
 // claim's share (one cap, summed over every container using the claim). Whole GPUs, MIG instances
-// and mdev devices have no memory cap to enforce here. A container that reaches one GPU through
+// and mdev devices have no cap to enforce here. A container that reaches one GPU through
 // two caps is ambiguous (its processes cannot be split between them) and enforced on neither.
 func caps(entries []ledger.Entry) (map[capKey]*capUnit, map[[2]string]capKey) {
 	byID := make(map[string]*ledger.Entry, len(entries))
@@ -166,7 +171,7 @@ func caps(entries []ledger.Entry) (map[capKey]*capUnit, map[[2]string]capKey) {
 	join := func(holder *ledger.Entry, container string) {
 		seen := map[string]bool{}
 		for _, d := range holder.Devices {
-			if d.Whole || d.MemoryBytes <= 0 {
+			if !isShare(d) {
 				continue
 			}
 			k := capKey{holder.ContainerID, d.UUID}
@@ -204,8 +209,9 @@ func caps(entries []ledger.Entry) (map[capKey]*capUnit, map[[2]string]capKey) {
 	// without overflow.
 	for k, u := range units {
 		for _, d := range byID[k.holder].Devices {
-			if d.UUID == k.uuid && !d.Whole && d.MemoryBytes > 0 {
-				u.cap = addSat(u.cap, d.MemoryBytes)
+			if d.UUID == k.uuid && isShare(d) {
+				u.cap = addSat(u.cap, max(0, d.MemoryBytes))
+				u.cores = addSat(u.cores, int64(max(0, d.CoresPercent)))
 			}
 		}
 	}
@@ -213,6 +219,11 @@ func caps(entries []ledger.Entry) (map[capKey]*capUnit, map[[2]string]capKey) {
 		delete(of, cc)
 	}
 	return units, of
+}
+
+// isShare is a device entry with a memory or a compute cap.
+func isShare(d api.DeviceAssignment) bool {
+	return !d.Whole && (d.MemoryBytes > 0 || d.CoresPercent > 0)
 }
 
 func addSat(a, b int64) int64 {
@@ -297,7 +308,7 @@ func (g *Guard) Sample() {
 	for _, k := range keys {
 		u := units[k]
 		s := samples[k.uuid]
-		if !s.ok {
+		if !s.ok || u.cap == 0 {
 			delete(g.over, k) // missing data never counts towards the grace
 			continue
 		}
@@ -321,7 +332,10 @@ func (g *Guard) Sample() {
 			continue
 		}
 		delete(g.over, k)
-		g.enforce(u, used, s, of, now.Sub(since))
+		g.enforceMemory(u, used, s, of, now.Sub(since))
+	}
+	if g.cfg.Compute != nil {
+		g.checkCompute(now, units, of, samples, &snap)
 	}
 	for k := range g.over {
 		if units[k] == nil {
@@ -423,48 +437,64 @@ func listProcesses(list func() ([]nvml.ProcessInfo, nvml.Return)) (infos []nvml.
 	return list()
 }
 
-// enforce kills the GPU processes of a cap's containers on its GPU, each re-checked first.
-func (g *Guard) enforce(u *capUnit, used uint64, s *gpuSample, of map[[2]string]capKey, over time.Duration) {
+// killedMember is a cap's container and the pids of it that were killed.
+type killedMember struct {
+	id   string
+	pids []uint32
+}
+
+// killMembers kills the GPU processes of a cap's containers on its GPU, each re-checked first, and
+// returns, in the cap's member order, the containers that lost processes.
+func (g *Guard) killMembers(u *capUnit, s *gpuSample, of map[[2]string]capKey, why string) []killedMember {
+	var out []killedMember
 	for _, m := range u.members {
 		if of[[2]string{m, u.uuid}] != u.capKey {
 			continue
 		}
-		procs := s.byContainer[m]
-		if len(procs) == 0 {
-			continue
-		}
 		var killed []uint32
-		for _, p := range procs {
+		for _, p := range s.byContainer[m] {
 			if g.beforeKill != nil {
 				g.beforeKill(p.pid)
 			}
 			err := killProcess(g.cfg.HostProc, p, m)
 			switch {
 			case errors.Is(err, errReplaced):
-				g.cfg.Log.Info("memory guard: process gone or pid reused before the kill; left alone", "pid", p.pid, "containerID", m, "err", err)
+				g.cfg.Log.Info("guard: process gone or pid reused before the kill; left alone", "pid", p.pid, "containerID", m, "err", err)
 			case err != nil:
 				g.metrics.killErrors.Inc()
-				g.cfg.Log.Error("memory guard: kill a process over its container's GPU memory cap", "pid", p.pid, "containerID", m, "uuid", u.uuid, "err", err)
+				g.cfg.Log.Error("guard: kill a process over its container's "+why, "pid", p.pid, "containerID", m, "uuid", u.uuid, "err", err)
 			default:
 				killed = append(killed, p.pid)
 			}
 		}
-		if len(killed) == 0 {
-			continue
+		if len(killed) > 0 {
+			out = append(out, killedMember{m, killed})
 		}
+	}
+	return out
+}
+
+// sharedBy says, for an Event, that a cap is a shared claim's.
+func sharedBy(u *capUnit) string {
+	if u.holder.Claim == nil {
+		return ""
+	}
+	return fmt.Sprintf(" (the cap of claim %s/%s, shared by %d containers)", u.holder.Claim.Namespace, u.holder.Claim.Name, len(u.members))
+}
+
+// enforceMemory kills the GPU processes of a memory cap's containers and reports it.
+func (g *Guard) enforceMemory(u *capUnit, used uint64, s *gpuSample, of map[[2]string]capKey, over time.Duration) {
+	for _, k := range g.killMembers(u, s, of, "GPU memory cap") {
+		m, killed := k.id, k.pids
 		g.metrics.kills.Inc()
 		e := g.entryOf(u, m)
 		tol := g.tolerance(u.cap)
-		shared := ""
-		if u.holder.Claim != nil {
-			shared = fmt.Sprintf(" (the cap of claim %s/%s, shared by %d containers)", u.holder.Claim.Namespace, u.holder.Claim.Name, len(u.members))
-		}
 		g.cfg.Log.Warn("memory guard: GPU memory over the cap; the container's GPU processes were killed", "namespace", e.Namespace, "pod", e.Pod,
 			"container", e.Container, "containerID", m, "uuid", u.uuid, "usedBytes", used, "capBytes", u.cap, "toleranceBytes", tol, "over", over, "pids", killed)
 		if g.cfg.Events != nil {
 			g.cfg.Events.Eventf(podRef(e), corev1.EventTypeWarning, ReasonCapExceeded,
 				"container %q used %s of GPU memory on GPU %s, over its cap of %s%s (tolerance %s) for %s as NVML measures it; the Tessera node agent killed its GPU processes %v",
-				e.Container, mibString(int64(min(used, math.MaxInt64))), g.gpuName(u.uuid), mibString(u.cap), shared, mibString(tol), over, killed)
+				e.Container, mibString(int64(min(used, math.MaxInt64))), g.gpuName(u.uuid), mibString(u.cap), sharedBy(u), mibString(tol), over, killed)
 		}
 	}
 }

@@ -49,11 +49,17 @@ type env struct {
 	procs   map[string][]nvml.ProcessInfo // by GPU
 	fail    map[string]nvml.Return        // by GPU: the compute list's answer
 	regions map[string]*vcuda.Region
+	// util is, by GPU, each process's SM utilisation (percent) the driver samples; utilRet, when
+	// set, is what the utilisation call answers instead.
+	util    map[string]map[uint32]uint32
+	utilRet map[string]nvml.Return
+	stamp   uint64 // the driver's sample clock, microseconds
 }
 
 func newEnv(t *testing.T, entries ...ledger.Entry) *env {
 	e := &env{t: t, proc: t.TempDir(), clock: clocktesting.NewFakeClock(time.Unix(1_800_000_000, 0)), events: record.NewFakeRecorder(100),
-		entries: entries, procs: map[string][]nvml.ProcessInfo{}, fail: map[string]nvml.Return{}, regions: map[string]*vcuda.Region{}}
+		entries: entries, procs: map[string][]nvml.ProcessInfo{}, fail: map[string]nvml.Return{}, regions: map[string]*vcuda.Region{},
+		util: map[string]map[uint32]uint32{}, utilRet: map[string]nvml.Return{}}
 	devices := map[string]*mock.Device{}
 	for _, uuid := range []string{gpu0, gpu1} {
 		devices[uuid] = &mock.Device{
@@ -68,6 +74,28 @@ func newEnv(t *testing.T, entries ...ledger.Entry) *env {
 			// A driver without graphics accounting answers NOT_SUPPORTED; MPS is left out of the
 			// mock, which then panics as the sim backend's would.
 			GetGraphicsRunningProcessesFunc: func() ([]nvml.ProcessInfo, nvml.Return) { return nil, nvml.ERROR_NOT_SUPPORTED },
+			// As the driver samples: a few samples per process since the caller's last seen
+			// timestamp (each call is a new period), NOT_FOUND when no process ran kernels.
+			GetProcessUtilizationFunc: func(lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
+				e.mu.Lock()
+				defer e.mu.Unlock()
+				if r, ok := e.utilRet[uuid]; ok {
+					return nil, r
+				}
+				var out []nvml.ProcessUtilizationSample
+				for pid, u := range e.util[uuid] {
+					for range 3 {
+						e.stamp += 1000
+						out = append(out, nvml.ProcessUtilizationSample{Pid: pid, TimeStamp: e.stamp, SmUtil: u})
+					}
+					// A sample the caller has already seen is repeated: it must not count again.
+					out = append(out, nvml.ProcessUtilizationSample{Pid: pid, TimeStamp: lastSeen, SmUtil: 100})
+				}
+				if len(out) == 0 {
+					return nil, nvml.ERROR_NOT_FOUND
+				}
+				return out, nvml.SUCCESS
+			},
 		}
 	}
 	lib := &mock.Interface{DeviceGetHandleByUUIDFunc: func(uuid string) (nvml.Device, nvml.Return) {

@@ -21,6 +21,9 @@ var (
 	overheadDesc = prometheus.NewDesc("tessera_gpu_context_overhead_bytes",
 		"Device memory one CUDA context takes on the GPU's model as the agent measures it (NVML's per-process memory less the allocations vcuda counted, per context; the largest quiet sample of the last 10 minutes, bounded by the smallest process NVML lists on the model), published to vcuda, which charges the larger of it and its table. Absent until measured.",
 		telemetry.GPULabels, nil)
+	smUtilDesc = prometheus.NewDesc("tessera_container_gpu_sm_utilization_percent",
+		"Share of time at least one kernel of the share's processes ran on the GPU, as NVML samples it per process on the host, averaged over the compute guard's window; the compute guard compares it with the share's compute cap (a shared claim's on its claim entry).",
+		telemetry.ContainerLabels, nil)
 	unattributedDesc = prometheus.NewDesc("tessera_gpu_memory_unattributed_bytes",
 		"GPU memory on a shared GPU held by processes in no container Tessera placed (never killed by the memory guard).",
 		telemetry.GPULabels, nil)
@@ -32,6 +35,9 @@ type metrics struct {
 	kills      prometheus.Counter
 	killErrors prometheus.Counter
 	nvmlErrors *prometheus.CounterVec
+	// utilErrors and computeViolations are the compute guard's.
+	utilErrors        *prometheus.CounterVec
+	computeViolations *prometheus.CounterVec
 
 	mu   sync.Mutex
 	last snapshot
@@ -42,6 +48,7 @@ type snapshot struct {
 	gpus         map[string]*api.GPU // the inventory's GPUs by UUID
 	measured     []containerValue
 	underreport  []containerValue
+	smUtil       []containerValue
 	unattributed []gpuValue
 	overhead     []gpuValue
 }
@@ -63,14 +70,18 @@ func newMetrics(node string) *metrics {
 		kills: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_memory_cap_kills_total",
 			Help: "Containers whose GPU processes the memory guard killed because their measured GPU memory stayed over the share's cap plus tolerance for the grace period."}),
 		killErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_memory_guard_kill_errors_total",
-			Help: "Processes over a cap the memory guard failed to kill (the agent's log says why)."}),
+			Help: "Processes over a cap (memory, or compute by the compute guard) the guard failed to kill (the agent's log says why)."}),
 		nvmlErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_memory_guard_nvml_errors_total",
 			Help: "Samples in which NVML could not list a shared GPU's processes and their memory; caps on that GPU are not enforced on such a sample."}, []string{"UUID"}),
+		utilErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_compute_guard_nvml_errors_total",
+			Help: "Samples in which NVML could not give a shared GPU's per-process utilisation (ERROR_NOT_SUPPORTED included); compute caps on that GPU are not checked on such a sample."}, []string{"UUID"}),
+		computeViolations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_compute_cap_violations_total",
+			Help: "Shares whose measured SM utilisation stayed over their compute cap plus tolerance for the grace, by the action taken: Kill (per container whose GPU processes were killed) or Event."}, []string{"action"}),
 	}
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.kills, m.killErrors, m.nvmlErrors, m} {
+	for _, c := range []prometheus.Collector{m.kills, m.killErrors, m.nvmlErrors, m.utilErrors, m.computeViolations, m} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}
@@ -87,6 +98,7 @@ func (m *metrics) set(s snapshot) {
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	ch <- measuredDesc
 	ch <- underreportDesc
+	ch <- smUtilDesc
 	ch <- unattributedDesc
 	ch <- overheadDesc
 }
@@ -103,6 +115,11 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	for _, v := range s.underreport {
 		if g, ok := s.gpus[v.uuid]; ok {
 			ch <- prometheus.MustNewConstMetric(underreportDesc, prometheus.GaugeValue, v.value, telemetry.ContainerLabelValues(v.entry.Namespace, v.entry.Pod, v.entry.Container, g, m.node)...)
+		}
+	}
+	for _, v := range s.smUtil {
+		if g, ok := s.gpus[v.uuid]; ok {
+			ch <- prometheus.MustNewConstMetric(smUtilDesc, prometheus.GaugeValue, v.value, telemetry.ContainerLabelValues(v.entry.Namespace, v.entry.Pod, v.entry.Container, g, m.node)...)
 		}
 	}
 	for _, v := range s.unattributed {

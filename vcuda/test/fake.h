@@ -83,27 +83,33 @@
 
 /* One process's record in the simulated driver's state directory, in the
  * file <pidns inode>-<ns pid>-<start time>.proc, native byte order, written
- * whole (pwrite) at every change of what the process holds: the key the
- * host maps to a host pid (its PID namespace's inode, /proc/self/ns/pid;
- * its pid there; field 22 of /proc/self/stat, so a reused pid is not taken
- * for it) and, per device of the process, the device's minor, the
- * process's live contexts there and the bytes the driver charges it
- * (contexts, allocations, modules, pools' reserved pages). seq is bumped
- * by each write and stored at both ends: a reader that sees them differ
- * read a write half done. */
-#define FAKE_PROC_MAGIC "TSDRVPR1"
+ * whole (pwrite) at every change of what the process holds and, while it
+ * launches work, at most every FAKE_PROC_BUSY_WRITE_NS: the key the host
+ * maps to a host pid (its PID namespace's inode, /proc/self/ns/pid; its pid
+ * there; field 22 of /proc/self/stat, so a reused pid is not taken for it),
+ * the CLOCK_MONOTONIC time of the write and, per device of the process, the
+ * device's minor, the process's live contexts there, the bytes the driver
+ * charges it (contexts, allocations, modules, pools' reserved pages) and the
+ * ns during which at least one of its kernels ran there by that time (the
+ * union of its kernels' intervals: what NVML's per-process SM utilisation
+ * samples). seq is bumped by each write and stored at both ends: a reader
+ * that sees them differ read a write half done. */
+#define FAKE_PROC_MAGIC "TSDRVPR2"
+#define FAKE_PROC_BUSY_WRITE_NS 50000000ull
 typedef struct fake_proc_dev {
     uint32_t minor; /* UINT32_MAX: no device */
     uint32_t ctxs;
     uint64_t used;
+    uint64_t busy;
 } fake_proc_dev;
 typedef struct fake_proc_record {
     char magic[8];
     uint64_t seq;
     uint64_t pidns, nspid, start;
+    uint64_t at;
     fake_proc_dev dev[FAKE_MAX_DEVS];
     uint64_t seq_end;
-} fake_proc_record; /* 304 bytes */
+} fake_proc_record; /* 440 bytes */
 /* What a context takes by default, per compute capability major (9.x and
  * later, and unknown: SM90; 8.x; 7.x): the fake's own figures, in whole 2 MiB
  * pages as a driver maps them, deliberately not vcuda's table (hooks_ctx.c's

@@ -974,6 +974,31 @@ static int rec_open(pid_t me) {
     rec_pid = me;
     return rec_fd;
 }
+static void spin_lock(_Atomic int *l);
+static void spin_unlock(_Atomic int *l);
+static uint64_t iv_busy(const ivset *v, uint64_t now);
+static uint64_t rec_written; /* when this process's record was last written (under rec_mu) */
+/* Rewrites this process's record (under rec_mu): what the device charges it
+ * and its busy time by now on every device. */
+static void rec_write(shared_proc *me, uint64_t now) {
+    if (rec_open(fake_pid()) < 0)
+        return;
+    for (int i = 0; i < F.ndev; i++) {
+        int c = atomic_load(&me->ctxs[i]);
+        my_rec.dev[i].ctxs = c > 0 ? (uint32_t)c : 0;
+        my_rec.dev[i].used = atomic_load(&me->used[i]);
+        spin_lock(&F.sh->dev[i].lock); /* the process's intervals change under the device lock */
+        my_rec.dev[i].busy = iv_busy(&me->busy[i], now);
+        spin_unlock(&F.sh->dev[i].lock);
+    }
+    my_rec.at = now;
+    my_rec.seq++;
+    my_rec.seq_end = my_rec.seq;
+    if (pwrite(rec_fd, &my_rec, sizeof(my_rec), 0) != (ssize_t)sizeof(my_rec)) {
+        /* a full disk: the host sees a short record and ignores it */
+    }
+    rec_written = now;
+}
 /* What the device charges this process on d changes by bytes and ctxs. */
 static void proc_charge(int d, int64_t bytes, int ctxs) {
     shared_proc *me = self_proc();
@@ -986,18 +1011,21 @@ static void proc_charge(int d, int64_t bytes, int ctxs) {
     if (!F.node_mode)
         return;
     pthread_mutex_lock(&rec_mu);
-    if (rec_open(fake_pid()) >= 0) {
-        for (int i = 0; i < F.ndev; i++) {
-            int c = atomic_load(&me->ctxs[i]);
-            my_rec.dev[i].ctxs = c > 0 ? (uint32_t)c : 0;
-            my_rec.dev[i].used = atomic_load(&me->used[i]);
-        }
-        my_rec.seq++;
-        my_rec.seq_end = my_rec.seq;
-        if (pwrite(rec_fd, &my_rec, sizeof(my_rec), 0) != (ssize_t)sizeof(my_rec)) {
-            /* a full disk: the host sees a short record and ignores it */
-        }
-    }
+    rec_write(me, now_ns());
+    pthread_mutex_unlock(&rec_mu);
+}
+/* The process launched work: its busy time is published at most every
+ * FAKE_PROC_BUSY_WRITE_NS (a driver samples utilisation; a write per launch
+ * would cost a launch-heavy loop a system call each). */
+static void proc_busy_tick(void) {
+    if (!F.node_mode)
+        return;
+    shared_proc *me = self_proc();
+    uint64_t now = now_ns();
+    if (!me || pthread_mutex_trylock(&rec_mu) != 0)
+        return;
+    if (now - rec_written >= FAKE_PROC_BUSY_WRITE_NS || rec_pid != fake_pid())
+        rec_write(me, now);
     pthread_mutex_unlock(&rec_mu);
 }
 
@@ -2458,6 +2486,7 @@ static void run(int d, CUstream s, uint64_t dur, int full) {
     _Atomic uint64_t *su = stream_until(s, d);
     if (!hold_launch(d, su, dur, full))
         schedule_at(d, su, dur, full, now_ns());
+    proc_busy_tick();
 }
 
 #define GRID(x, y, z) ((uint64_t)(x) * (y) * (z))

@@ -125,7 +125,40 @@ type NodeConfig struct {
 	HostProc string `json:"hostProc,omitempty"`
 	// MemoryGuard enforces share memory caps on what the driver measures (internal/memguard).
 	MemoryGuard MemoryGuard `json:"memoryGuard"`
+	// ComputeGuard checks share compute caps against what the driver measures (internal/memguard,
+	// compute.go); it runs in the memory guard's samples.
+	ComputeGuard ComputeGuard `json:"computeGuard"`
 }
+
+// ComputeGuard configures the agent's compute guard: in each of the memory guard's samples it reads
+// NVML's per-process SM utilisation on the host, sums it per share and, where a share's average
+// over Window stays above its compute cap plus TolerancePercent points for Grace, acts: Kill (the
+// share's GPU processes, as for memory) or Event (a Warning Event and the metric only).
+type ComputeGuard struct {
+	// Enabled turns the check on (default true). It runs in the memory guard's samples: with the
+	// memory guard off it is off too.
+	Enabled *bool `json:"enabled,omitempty"`
+	// Window is the span the utilisation is averaged over (default 10s): vcuda holds a share to its
+	// cap on average, not in every instant, and NVML samples in periods of its own.
+	Window Duration `json:"window,omitempty"`
+	// Grace is how long the windowed average must stay over the cap plus tolerance before the
+	// action (default 20s).
+	Grace Duration `json:"grace,omitempty"`
+	// TolerancePercent is in points of the GPU: a share capped at 30% is over at 30 + this
+	// (default 15, above vcuda's own error on varied kernels; vcuda/README.md).
+	TolerancePercent int64 `json:"tolerancePercent,omitempty"`
+	// Action is Kill (default) or Event.
+	Action string `json:"action,omitempty"`
+}
+
+// On reports whether the compute guard is asked for (it runs only where the memory guard does).
+func (c ComputeGuard) On() bool { return c.Enabled == nil || *c.Enabled }
+
+// Compute guard actions.
+const (
+	ComputeGuardKill  = "Kill"
+	ComputeGuardEvent = "Event"
+)
 
 // MemoryGuard configures the agent's memory guard: every Interval it reads each shared GPU's
 // per-process memory from NVML on the host and kills the GPU processes of a share that stays over
@@ -185,6 +218,14 @@ const (
 	DefaultMemoryGuardGrace     = 3 * time.Second
 	DefaultMemoryGuardTolerance = 64 << 20
 	DefaultMemoryGuardPercent   = 2
+	// Compute guard defaults: averaged over 10 s, 20 s over the cap plus 15 points before the
+	// share's processes are killed: a tenant that lifts its own cap is stopped within half a
+	// minute, an honest share held to its cap by vcuda (within +-10% of the cap on varied
+	// kernels, short bursts above while the limiter's credit drains) is never near it.
+	DefaultComputeGuardWindow    = 10 * time.Second
+	DefaultComputeGuardGrace     = 20 * time.Second
+	DefaultComputeGuardTolerance = 15
+	DefaultComputeGuardAction    = ComputeGuardKill
 )
 
 // maxXID bounds XIDs; NVML reports 999 for an unknown one.
@@ -256,6 +297,23 @@ func (c *NodeConfig) Defaults() {
 	if m.TolerancePercent == 0 {
 		m.TolerancePercent = DefaultMemoryGuardPercent
 	}
+	cg := &c.ComputeGuard
+	if cg.Enabled == nil {
+		on := true
+		cg.Enabled = &on
+	}
+	if cg.Window.Duration == 0 {
+		cg.Window.Duration = DefaultComputeGuardWindow
+	}
+	if cg.Grace.Duration == 0 {
+		cg.Grace.Duration = DefaultComputeGuardGrace
+	}
+	if cg.TolerancePercent == 0 {
+		cg.TolerancePercent = DefaultComputeGuardTolerance
+	}
+	if cg.Action == "" {
+		cg.Action = DefaultComputeGuardAction
+	}
 }
 
 // Validate checks a defaulted NodeConfig.
@@ -324,6 +382,19 @@ func (c *NodeConfig) Validate() error {
 	}
 	if m.TolerancePercent < 0 || m.TolerancePercent > 50 {
 		fe.Add("memoryGuard.tolerancePercent", "must be between 0 and 50, got %d", m.TolerancePercent)
+	}
+	cg := c.ComputeGuard
+	if cg.Window.Duration < 2*m.Interval.Duration || cg.Window.Duration > 10*time.Minute {
+		fe.Add("computeGuard.window", "must be at least twice memoryGuard.interval (%s) and at most 10m, got %s", m.Interval.Duration, cg.Window.Duration)
+	}
+	if cg.Grace.Duration < m.Interval.Duration || cg.Grace.Duration > 10*time.Minute {
+		fe.Add("computeGuard.grace", "must be at least memoryGuard.interval (%s: one sample is not evidence) and at most 10m, got %s", m.Interval.Duration, cg.Grace.Duration)
+	}
+	if cg.TolerancePercent < 1 || cg.TolerancePercent > 100 {
+		fe.Add("computeGuard.tolerancePercent", "must be between 1 and 100 (points of the GPU), got %d", cg.TolerancePercent)
+	}
+	if cg.Action != ComputeGuardKill && cg.Action != ComputeGuardEvent {
+		fe.Add("computeGuard.action", "must be Kill (the share's GPU processes) or Event (a Warning Event and the metric only), got %q", cg.Action)
 	}
 	return fe.Err()
 }
