@@ -10,7 +10,9 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 
@@ -312,5 +314,71 @@ func TestSimProcessUtilization(t *testing.T) {
 	p.processUtilization(0, 0)
 	if _, ok := p.busySeen[simBusyKey{0, 5001, 111}]; ok {
 		t.Error("a process that is gone is still remembered")
+	}
+}
+
+// The simulated node's NVML samples a container process's SM utilisation by host pid, from the
+// busy time the fake driver's device model gives its kernels: a compute-bound loop reads near 100%,
+// and a process that only holds memory has no sample.
+func TestSimNVMLSamplesContainerUtilization(t *testing.T) {
+	b, n := openTestSim(t, "")
+	libDir, probe := buildFakeDriver(t)
+	start := func(args ...string) int {
+		t.Helper()
+		cmd := exec.Command("unshare", append([]string{"--pid", "--fork", "--kill-child", "--mount-proc", probe}, args...)...)
+		cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+libDir, "FAKE_GPU_NODE_FILE="+n.SimGPUFile,
+			"FAKE_DEV_ROOT="+filepath.Join(n.DevRoot, "dev"), "FAKE_SIM_DRIVER_DIR="+n.SimDriverState)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+		out, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd.Stderr = os.Stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatalf("unshare (util-linux) is required: %v", err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || !strings.Contains(line, "error=0") {
+			t.Fatalf("cudaprobe %v: %q, %v", args, line, err)
+		}
+		kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))
+		f := strings.Fields(string(kids))
+		if err != nil || len(f) != 1 {
+			t.Fatalf("children of unshare: %q, %v", kids, err)
+		}
+		pid, _ := strconv.Atoi(f[0])
+		return pid
+	}
+	spinner := start("spin", "600")
+	holder := start("hold", strconv.Itoa(64<<20), "600")
+	dev, ret := b.NVML().DeviceGetHandleByIndex(0)
+	if ret != nvml.SUCCESS {
+		t.Fatal(ret)
+	}
+	// Sampled as the agent does: a call per period, each asking for samples newer than the last.
+	var last uint64
+	var utils []uint32
+	for range 5 {
+		time.Sleep(300 * time.Millisecond)
+		samples, ret := dev.GetProcessUtilization(last)
+		if ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_FOUND {
+			t.Fatalf("GetProcessUtilization: %v", ret)
+		}
+		for _, s := range samples {
+			last = max(last, s.TimeStamp)
+			switch int(s.Pid) {
+			case spinner:
+				utils = append(utils, s.SmUtil)
+			case holder:
+				t.Errorf("the process that only holds memory was sampled: %+v", s)
+			default:
+				t.Errorf("a sample for pid %d, neither the spinner (%d) nor the holder (%d)", s.Pid, spinner, holder)
+			}
+		}
+	}
+	// Kernels back to back with a synchronise between: busy all but the launch gaps, once past
+	// the first period (which holds the start: context, module load).
+	if len(utils) < 3 || slices.Min(utils[1:]) < 80 {
+		t.Errorf("spinner's samples %v, want at least 3, each after the first >= 80%%", utils)
 	}
 }

@@ -29,6 +29,14 @@ import (
 //
 // Each bypass holds 2 GiB and its context, more than twice the 1 GiB cap. The guard alone stops
 // them: with --memory-guard=false every subtest but "polite" fails.
+//
+// The compute guard in the same cluster (its defaults: a 10 s window, 20 s of grace, 15 points):
+//   - compute-static: cudaprobe-static runs kernels back to back past vcuda on a share capped at
+//     20% of the GPU; the simulated NVML samples it near 100% per process and the agent kills it
+//     (GPUComputeCapExceeded, 137);
+//   - compute-polite: the same loop through vcuda, whose limiter holds it near 20%, runs on.
+//
+// With --compute-guard=false (or the compute guard's kill removed) compute-static fails.
 func TestSecurityMemoryGuard(t *testing.T) {
 	c := StartCluster(t, ClusterOptions{})
 	const held = 2 << 30
@@ -43,6 +51,13 @@ func TestSecurityMemoryGuard(t *testing.T) {
 	c.CreatePod(t, share("region-write", fmt.Sprintf("cudabypass region %d 4 3600", held)))
 	c.CreatePod(t, share("deepbind", fmt.Sprintf("cudabypass deepbind %d 3600", held)))
 	c.CreatePod(t, share("rtld-next", fmt.Sprintf("cudabypass next %d 3600", held)))
+	spin := func(name, probe string) *corev1.Pod {
+		p := TestPod(name, map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "1Gi", api.ResourceShareCores: "20"}, nil)
+		p.Spec.Containers[0].Command = []string{"sh", "-c", "exec " + probe + " spin 3600"}
+		return p
+	}
+	c.CreatePod(t, spin("compute-static", "cudaprobe-static"))
+	c.CreatePod(t, spin("compute-polite", "cudaprobe"))
 	c.WaitRunning(t, 2*time.Minute, "polite")
 
 	ctx, err := fakedriver.ContextBytes(8) // the node's A100s: compute capability 8.0
@@ -133,6 +148,52 @@ func TestSecurityMemoryGuard(t *testing.T) {
 		killed(t, "rtld-next")
 		pastVCUDA(t, "rtld-next", "libcuda.so.1")
 		mismatch(t, "rtld-next")
+	})
+	t.Run("compute-static", func(t *testing.T) {
+		var events []string
+		if err := waitFor(3*time.Minute, time.Second, func() (bool, error) {
+			events = c.Events(t, "compute-static", memguard.ReasonComputeCapExceeded)
+			return len(events) > 0, fmt.Errorf("no %s event for compute-static", memguard.ReasonComputeCapExceeded)
+		}); err != nil {
+			t.Fatalf("%v\n%s", err, c.Describe(t, "compute-static"))
+		}
+		if e := events[0]; !strings.Contains(e, "compute cap of 20%") || !strings.Contains(e, "killed its GPU processes") {
+			t.Errorf("event does not name the 20%% cap and the kill: %s", e)
+		}
+		if err := waitFor(time.Minute, 200*time.Millisecond, func() (bool, error) {
+			for _, cs := range c.Pod(t, "compute-static").Status.ContainerStatuses {
+				if term := cs.State.Terminated; term != nil {
+					if term.ExitCode != 137 {
+						return false, fmt.Errorf("compute-static ended with %d, want 137 (SIGKILL)", term.ExitCode)
+					}
+					return true, nil
+				}
+			}
+			return false, fmt.Errorf("compute-static's container still runs")
+		}); err != nil {
+			t.Errorf("%v\n%s", err, c.Describe(t, "compute-static"))
+		}
+	})
+	// compute-polite ran the same loop over the same period, held to its cap by vcuda.
+	t.Run("compute-polite", func(t *testing.T) {
+		c.WaitRunning(t, 5*time.Second, "compute-polite")
+		if ev := c.Events(t, "compute-polite", memguard.ReasonComputeCapExceeded); len(ev) > 0 {
+			t.Errorf("compute-polite (held to its cap by vcuda) got %v", ev)
+		}
+		if out, _ := c.Kubectl(t, "logs", "compute-polite"); !strings.Contains(out, "spinning=1 error=0") {
+			t.Errorf("compute-polite is not running kernels: %q", out)
+		}
+		// The guard measured it (not merely missed it): its windowed utilisation is near its cap.
+		var util float64 = -1
+		for _, line := range strings.Split(c.Metrics(t), "\n") {
+			if strings.HasPrefix(line, "tessera_container_gpu_sm_utilization_percent{") && strings.Contains(line, `pod="compute-polite"`) {
+				f := strings.Fields(line)
+				util, _ = strconv.ParseFloat(f[len(f)-1], 64)
+			}
+		}
+		if util < 5 || util > 35 {
+			t.Errorf("compute-polite's measured SM utilisation is %v, want 5..35 (capped at 20%%, tolerance 15 points; -1: not measured)", util)
+		}
 	})
 	// The guard sampled polite in the same passes: under its cap, it runs on, with no event.
 	t.Run("polite", func(t *testing.T) {

@@ -9,6 +9,8 @@
  *   cudaprobe fill [granule]    allocate granule-sized blocks (default 64 MiB) on GPU 0 until an
  *                               error; print how much was allocated and the error code
  *   cudaprobe hold <bytes> <s>  allocate <bytes> on GPU 0, print "held", sleep <s> seconds, exit
+ *   cudaprobe spin <s>          launch a kernel that fills GPU 0 and wait for it, back to back, for <s>
+ *                               seconds (a compute-bound job); print "spinning", then the launches
  *
  * Output is "key=value" words so tests can parse it; the exit code is 0 unless CUDA itself failed
  * before the probe could say anything.
@@ -16,12 +18,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef int CUresult;
 typedef int CUdevice;
 typedef void *CUcontext;
 typedef unsigned long long CUdeviceptr;
+typedef void *CUmodule;
+typedef void *CUfunction;
+typedef void *CUstream;
 
 CUresult cuInit(unsigned flags);
 CUresult cuDeviceGetCount(int *n);
@@ -35,6 +41,11 @@ CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d);
 CUresult cuCtxSetCurrent(CUcontext c);
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
 CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size);
+CUresult cuModuleLoadData(CUmodule *m, const void *image);
+CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name);
+CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
+                        unsigned shm, CUstream s, void **params, void **extra);
+CUresult cuCtxSynchronize(void);
 
 static int use_device(int ordinal, CUdevice *d) {
     CUcontext ctx;
@@ -112,6 +123,33 @@ static int hold(size_t bytes, unsigned seconds) {
     return 0;
 }
 
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static int spin(unsigned seconds) {
+    CUdevice d;
+    if (use_device(0, &d) != 0) return 1;
+    /* A PTX text image; any real driver would JIT it, the simulated one takes its entry as is. */
+    static const char ptx[] = ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry spin()\n{\n ret;\n}\n";
+    CUmodule m;
+    CUfunction f;
+    CUresult r = cuModuleLoadData(&m, ptx);
+    if (r == 0) r = cuModuleGetFunction(&f, m, "spin");
+    printf("spinning=%d error=%d\n", r == 0, r);
+    fflush(stdout);
+    if (r != 0) return 0;
+    unsigned long long launches = 0;
+    for (double end = now_s() + seconds; now_s() < end; launches++) {
+        /* 2^20 blocks of 256 threads: a thousand waves and more on any GPU, milliseconds a kernel */
+        if ((r = cuLaunchKernel(f, 1u << 20, 1, 1, 256, 1, 1, 0, NULL, NULL, NULL)) != 0 || (r = cuCtxSynchronize()) != 0) break;
+    }
+    printf("launches=%llu error=%d\n", launches, r);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     CUresult r = cuInit(0);
@@ -124,6 +162,7 @@ int main(int argc, char **argv) {
         return fill(argc >= 3 ? strtoull(argv[2], NULL, 0) : 64ull << 20);
     if (argc >= 4 && strcmp(argv[1], "hold") == 0)
         return hold(strtoull(argv[2], NULL, 0), (unsigned)atoi(argv[3]));
-    fprintf(stderr, "usage: cudaprobe info | fill [granule] | hold <bytes> <seconds>\n");
+    if (argc >= 3 && strcmp(argv[1], "spin") == 0) return spin((unsigned)atoi(argv[2]));
+    fprintf(stderr, "usage: cudaprobe info | fill [granule] | hold <bytes> <seconds> | spin <seconds>\n");
     return 2;
 }
