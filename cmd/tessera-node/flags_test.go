@@ -130,6 +130,30 @@ func TestChartFlags(t *testing.T) {
 	}
 }
 
+// TestComputeGuardFlags: the computeGuard section's defaults, and the file and flags merge.
+func TestComputeGuardFlags(t *testing.T) {
+	cfg, err := loadRunFlags(t)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := cfg.ComputeGuard
+	if !c.On() || c.Window.Duration != 10*time.Second || c.Grace.Duration != 20*time.Second || c.TolerancePercent != 15 || c.Action != "Kill" {
+		t.Errorf("defaults: %+v", c)
+	}
+	cfgFile := filepath.Join(t.TempDir(), "node.yaml")
+	os.WriteFile(cfgFile, []byte("apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\ncomputeGuard:\n  window: 30s\n  action: Event\n"), 0o644)
+	cfg, err = loadRunFlags(t, "--config", cfgFile, "--compute-guard-grace=1m")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := cfg.ComputeGuard; !c.On() || c.Window.Duration != 30*time.Second || c.Grace.Duration != time.Minute || c.Action != "Event" {
+		t.Errorf("merged: %+v", c)
+	}
+	if cfg, err := loadRunFlags(t, "--compute-guard=false"); err != nil || cfg.ComputeGuard.On() {
+		t.Errorf("--compute-guard=false: %+v %v", cfg.ComputeGuard, err)
+	}
+}
+
 // TestMemoryGuardFlags: the memoryGuard section and --host-proc merge like every other field:
 // flag > TESSERA_NODE_* > config file > default, field by field inside the section.
 func TestMemoryGuardFlags(t *testing.T) {
@@ -162,10 +186,14 @@ func TestMemoryGuardFlags(t *testing.T) {
 		t.Errorf("enabled: false in the file: %+v %v", cfg.MemoryGuard, err)
 	}
 	for args, want := range map[string]string{
-		"--memory-guard-interval=10ms":      "memoryGuard.interval: Invalid value: must be between 100ms and 1m",
-		"--memory-guard-grace=500ms":        "memoryGuard.grace: Invalid value: must be at least memoryGuard.interval",
-		"--memory-guard-tolerance-bytes=-1": "memoryGuard.toleranceBytes: Invalid value",
-		"--host-proc=proc":                  `hostProc: Invalid value: must be an absolute path, got "proc"`,
+		"--memory-guard-interval=10ms":          "memoryGuard.interval: Invalid value: must be between 100ms and 1m",
+		"--memory-guard-grace=500ms":            "memoryGuard.grace: Invalid value: must be at least memoryGuard.interval",
+		"--memory-guard-tolerance-bytes=-1":     "memoryGuard.toleranceBytes: Invalid value",
+		"--host-proc=proc":                      `hostProc: Invalid value: must be an absolute path, got "proc"`,
+		"--compute-guard-window=1s":             "computeGuard.window: Invalid value: must be at least twice memoryGuard.interval",
+		"--compute-guard-grace=10ms":            "computeGuard.grace: Invalid value: must be at least memoryGuard.interval",
+		"--compute-guard-tolerance-percent=101": "computeGuard.tolerancePercent: Invalid value: must be between 1 and 100",
+		"--compute-guard-action=kill":           `computeGuard.action: Invalid value: must be Kill (the share's GPU processes) or Event`,
 	} {
 		if _, err := loadRunFlags(t, args); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%s: error %v, want %q", args, err, want)
