@@ -236,5 +236,12 @@ func report(w io.Writer, policies []string, results map[string][]simulate.Result
 		}
 		fmt.Fprintf(w, "policy=%s unallocated_gpu_pct_at_100=%.2f\n", p, median(at100))
 	}
+	for _, p := range policies { // per seed, so that medians over other seed sets can be taken
+		rs := slices.Clone(results[p])
+		slices.SortFunc(rs, func(a, b simulate.Result) int { return int(a.Seed) - int(b.Seed) })
+		for _, r := range rs {
+			fmt.Fprintf(w, "seed=%d policy=%s unallocated_gpu_pct_at_100=%.2f\n", r.Seed, p, r.Unallocated[len(simulate.Checkpoints)-1])
+		}
+	}
 	return nil
 }
