@@ -73,9 +73,10 @@ func TestReachKeepsScarceNodesWhole(t *testing.T) {
 	}
 }
 
-// TestShapeReachFromCapacity: the snapshot's Reach is the share of the GPU capacity on nodes that
-// could host the shape when empty (GPUs of an allowed model, CPU, memory), from the nodes reported
-// (AddNodeFree); a node taken away leaves it.
+// TestShapeReachFromCapacity: the snapshot's Reach is the share of the GPU capacity of the shape's
+// models on nodes that could host it when empty (enough GPUs, CPU, memory), from the nodes reported
+// (AddNodeFree); a node taken away leaves it. A model-restricted shape's reach is within its models
+// (the model pressure weighs the models' scarcity).
 func TestShapeReachFromCapacity(t *testing.T) {
 	st := NewShapeStats()
 	eight := katNode{96000, 0, "G2", []int{0, 0, 0, 0, 0, 0, 0, 0}}.state()
@@ -105,7 +106,7 @@ func TestShapeReachFromCapacity(t *testing.T) {
 	}
 	// 18 GPUs: 8 on the 8-GPU node (96 CPUs), 2 on the T4 (104), 8 on four 2-GPU nodes (24 each);
 	// katNode gives every node 1 TiB of memory, so 2 TiB fits none.
-	want := map[string]float64{"whole1": 1, "whole8": 8.0 / 18, "cpu30": 10.0 / 18, "t4only": 2.0 / 18, "share": 1, "bigmem": 0, "cpuOnly": 0}
+	want := map[string]float64{"whole1": 1, "whole8": 8.0 / 18, "cpu30": 10.0 / 18, "t4only": 1, "share": 1, "bigmem": 0, "cpuOnly": 0}
 	check := func(want map[string]float64) {
 		t.Helper()
 		for _, sh := range st.Typical() {
@@ -124,5 +125,5 @@ func TestShapeReachFromCapacity(t *testing.T) {
 	for _, r := range shapes {
 		st.Observe(r, 1)
 	}
-	check(map[string]float64{"whole1": 1, "whole8": 0, "cpu30": 0.2, "t4only": 0.2, "share": 1, "bigmem": 0, "cpuOnly": 0})
+	check(map[string]float64{"whole1": 1, "whole8": 0, "cpu30": 0.2, "t4only": 1, "share": 1, "bigmem": 0, "cpuOnly": 0})
 }

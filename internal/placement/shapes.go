@@ -417,8 +417,10 @@ func (h *hostCapacity) add(n *NodeState, sign int64) {
 	}
 }
 
-// reach is the share of the GPU capacity on nodes that could host r when empty (0: no GPU capacity
-// known, or r asks for no GPU).
+// reach is the share of the GPU capacity of r's GPU models on nodes that could host r when empty (0:
+// no such capacity known, or r asks for no GPU). Only nodes with a model r may use count: how scarce
+// a model is to the pods restricted to it is the model pressure's to weigh (pressure.go), and
+// tessera's measure leaves r out of other models' nodes.
 func (h *hostCapacity) reach(r *Request) float64 {
 	if !r.WantsGPU() {
 		return 0
@@ -429,17 +431,17 @@ func (h *hostCapacity) reach(r *Request) float64 {
 	}
 	var fit, all int64
 	for k, g := range h.types {
-		all += g
-		if (k.cpu > 0 && r.CPUMilli > k.cpu) || (k.mem > 0 && r.MemMiB > k.mem) {
-			continue
-		}
 		allowed := 0
 		for m := range strings.SplitSeq(k.models, "\x00") {
 			if r.modelAllowed(m) {
 				allowed++
 			}
 		}
-		if allowed >= need {
+		if allowed == 0 {
+			continue
+		}
+		all += g
+		if allowed >= need && (k.cpu == 0 || r.CPUMilli <= k.cpu) && (k.mem == 0 || r.MemMiB <= k.mem) {
 			fit += g
 		}
 	}
