@@ -127,3 +127,23 @@ func TestShapeReachFromCapacity(t *testing.T) {
 	}
 	check(map[string]float64{"whole1": 1, "whole8": 0, "cpu30": 0.2, "t4only": 1, "share": 1, "bigmem": 0, "cpuOnly": 0})
 }
+
+// TestHardwareCountsAllowedGPUs: a node of several GPU models (and an unusable GPU) is one hardware
+// key whose GPUs count per model for a restricted shape.
+func TestHardwareCountsAllowedGPUs(t *testing.T) {
+	n := &NodeState{CPUMilli: 8000, GPUs: []GPUState{{Model: "A", Usable: true}, {Model: "A", Usable: true}, {Model: "C"}, {Model: "B", Usable: true}}}
+	k := hardwareOf(n)
+	for models, want := range map[string]int{"": 3, "A": 2, "B": 1, "C": 0} {
+		r := &Request{Containers: []ContainerShape{{Whole: 1}}}
+		if models != "" {
+			r.Models = []string{models}
+		}
+		if got := k.allowedGPUs(r); got != want {
+			t.Errorf("models %q: %d GPUs allowed, want %d", models, got, want)
+		}
+	}
+	u := hardwareOf(&NodeState{GPUs: []GPUState{{Model: "A", Usable: true}, {Model: "A", Usable: true}}})
+	if u.gpus != 2 || u.model != "A" || u.mixed != "" || u.allowedGPUs(&Request{Models: []string{"B"}}) != 0 {
+		t.Errorf("uniform node: %+v", u)
+	}
+}

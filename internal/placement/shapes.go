@@ -383,26 +383,58 @@ type hostCapacity struct {
 	types                    map[hardware]int64
 }
 
-// hardware is what decides whether an empty node could host a shape.
+// hardware is what decides whether an empty node could host a shape: its CPU and memory, and its
+// usable GPUs: gpus of model, or (a node of several models, rare) each GPU's model in mixed.
 type hardware struct {
-	cpu, mem int64
-	// models is the model of each of the node's usable GPUs, "\x00"-joined.
-	models string
+	cpu, mem     int64
+	gpus         int
+	model, mixed string
+}
+
+func hardwareOf(n *NodeState) hardware {
+	k := hardware{cpu: n.CPUMilli, mem: n.MemMiB}
+	for i := range n.GPUs {
+		g := &n.GPUs[i]
+		if !g.Usable {
+			continue
+		}
+		switch {
+		case k.gpus == 0:
+			k.model = g.Model
+		case k.mixed == "" && g.Model != k.model:
+			k.mixed = strings.Repeat(k.model+"\x00", k.gpus) + g.Model
+		case k.mixed != "":
+			k.mixed += "\x00" + g.Model
+		}
+		k.gpus++
+	}
+	return k
+}
+
+// allowedGPUs is how many of the hardware's GPUs r may use.
+func (k *hardware) allowedGPUs(r *Request) int {
+	if k.mixed == "" {
+		if r.modelAllowed(k.model) {
+			return k.gpus
+		}
+		return 0
+	}
+	allowed := 0
+	for m := range strings.SplitSeq(k.mixed, "\x00") {
+		if r.modelAllowed(m) {
+			allowed++
+		}
+	}
+	return allowed
 }
 
 func (h *hostCapacity) add(n *NodeState, sign int64) {
 	g := int64(n.CapacityMilli())
 	if g > 0 {
-		var models []string
-		for i := range n.GPUs {
-			if n.GPUs[i].Usable {
-				models = append(models, n.GPUs[i].Model)
-			}
-		}
 		if h.types == nil {
 			h.types = map[hardware]int64{}
 		}
-		k := hardware{cpu: n.CPUMilli, mem: n.MemMiB, models: strings.Join(models, "\x00")}
+		k := hardwareOf(n)
 		if h.types[k] += sign * g; h.types[k] == 0 {
 			delete(h.types, k)
 		}
@@ -431,12 +463,7 @@ func (h *hostCapacity) reach(r *Request) float64 {
 	}
 	var fit, all int64
 	for k, g := range h.types {
-		allowed := 0
-		for m := range strings.SplitSeq(k.models, "\x00") {
-			if r.modelAllowed(m) {
-				allowed++
-			}
-		}
+		allowed := k.allowedGPUs(r)
 		if allowed == 0 {
 			continue
 		}
