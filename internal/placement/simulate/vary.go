@@ -178,9 +178,14 @@ func VaryCluster(nodes []Node, v Variant, seed uint64) ([]Node, error) {
 	return out, nil
 }
 
-// pick returns share of the indexes idx (rounded), drawn by rng, as a set.
-func pick(idx []int, share float64, rng *rand.Rand) map[int]bool {
-	idx = slices.Clone(idx)
+// pick returns share (rounded) of the nodes that are eligible, drawn by rng, as a set of indexes.
+func pick(nodes []Node, share float64, rng *rand.Rand, eligible func(Node) bool) map[int]bool {
+	var idx []int
+	for i, n := range nodes {
+		if eligible(n) {
+			idx = append(idx, i)
+		}
+	}
 	rng.Shuffle(len(idx), func(i, j int) { idx[i], idx[j] = idx[j], idx[i] })
 	out := map[int]bool{}
 	for _, i := range idx[:int(math.Round(share*float64(len(idx))))] {
@@ -195,13 +200,7 @@ func splitNodes(nodes []Node, share float64, rng *rand.Rand) []Node {
 	if share == 0 {
 		return nodes
 	}
-	var eight []int
-	for i, n := range nodes {
-		if n.GPUs == 8 {
-			eight = append(eight, i)
-		}
-	}
-	chosen := pick(eight, share, rng)
+	chosen := pick(nodes, share, rng, func(n Node) bool { return n.GPUs == 8 })
 	out := make([]Node, 0, len(nodes)+3*len(chosen))
 	for i, n := range nodes {
 		if !chosen[i] {
@@ -221,20 +220,13 @@ func mergeNodes(nodes []Node, share float64, rng *rand.Rand) []Node {
 	if share == 0 {
 		return nodes
 	}
-	var small []int
-	for i, n := range nodes {
-		if n.GPUs > 0 && n.GPUs <= 4 {
-			small = append(small, i)
-		}
-	}
-	chosen := pick(small, share, rng)
+	chosen := pick(nodes, share, rng, func(n Node) bool { return n.GPUs > 0 && n.GPUs <= 4 })
 	byType := map[string][]int{}
 	var types []string
-	for _, i := range small { // in list order, so pairs are deterministic for a seed
+	for i, n := range nodes { // in list order, so pairs are deterministic for a seed
 		if !chosen[i] {
 			continue
 		}
-		n := nodes[i]
 		k := fmt.Sprintf("%d/%s/%d/%d", n.GPUs, n.Model, n.CPUMilli, n.MemMiB)
 		if byType[k] == nil {
 			types = append(types, k)
