@@ -215,7 +215,8 @@ func splitNodes(nodes []Node, share float64, rng *rand.Rand) []Node {
 }
 
 // mergeNodes joins share of the nodes with at most 4 GPUs, in pairs of the same hardware (drawn by
-// rng within each hardware type; an odd one out stays), into one node "<a>+<b>" with the sum of both.
+// rng within each hardware type; an odd one out stays), into one node "<a>-m-<b>" with the sum of
+// both (a valid Kubernetes node name where a and b are: the placement benchmark creates them).
 func mergeNodes(nodes []Node, share float64, rng *rand.Rand) []Node {
 	if share == 0 {
 		return nodes
@@ -248,7 +249,7 @@ func mergeNodes(nodes []Node, share float64, rng *rand.Rand) []Node {
 			out = append(out, n)
 		case p >= 0:
 			m := nodes[p]
-			out = append(out, Node{Name: n.Name + "+" + m.Name, CPUMilli: n.CPUMilli + m.CPUMilli, MemMiB: n.MemMiB + m.MemMiB, GPUs: n.GPUs + m.GPUs, Model: n.Model})
+			out = append(out, Node{Name: n.Name + "-m-" + m.Name, CPUMilli: n.CPUMilli + m.CPUMilli, MemMiB: n.MemMiB + m.MemMiB, GPUs: n.GPUs + m.GPUs, Model: n.Model})
 		}
 	}
 	return out

@@ -3,6 +3,7 @@ package simulate
 import (
 	"fmt"
 	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -158,6 +159,9 @@ func TestParseClusterVariant(t *testing.T) {
 	}
 }
 
+// nodeName is a DNS-1123 subdomain (a Kubernetes node name), short of the length limit.
+var nodeName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`)
+
 // TestVaryCluster: each cluster variant derives the nodes it names (known answers on a small list),
 // keeps the GPU capacity where it only reshapes (split, merge, host), is deterministic, and refuses a
 // model the list lacks; pod variants then draw models from the varied cluster.
@@ -208,8 +212,8 @@ func TestVaryCluster(t *testing.T) {
 				t.Fatalf("merge=1: want the 6 T4 nodes as 3 4-GPU nodes and the lone V100 kept, got %v", out)
 			}
 			for _, n := range out {
-				if n.Model == "T4" && (n.CPUMilli != 208000 || n.MemMiB != 1048576 || !strings.Contains(n.Name, "+")) {
-					t.Fatalf("merged node %+v: want twice a T4 node's CPU and memory, named <a>+<b>", n)
+				if n.Model == "T4" && (n.CPUMilli != 208000 || n.MemMiB != 1048576 || !strings.Contains(n.Name, "-m-")) {
+					t.Fatalf("merged node %+v: want twice a T4 node's CPU and memory, named <a>-m-<b>", n)
 				}
 			}
 			if g, cpu := gpus(out); g != g0 || cpu != cpu0 {
@@ -252,6 +256,11 @@ func TestVaryCluster(t *testing.T) {
 				t.Fatal(err)
 			}
 			tc.check(t, out)
+			for _, n := range out { // the placement benchmark creates them as Kubernetes nodes
+				if !nodeName.MatchString(n.Name) {
+					t.Fatalf("node name %q is not a valid Kubernetes node name", n.Name)
+				}
+			}
 			again, _ := VaryCluster(nodes, v, 1)
 			if !reflect.DeepEqual(out, again) {
 				t.Fatal("one seed gave two clusters")
