@@ -112,7 +112,7 @@ POLICIES ?= tessera,fgd,kube-scheduler
 # after the first N arrivals (pods/s at scale; the line then says the 100% point was not reached).
 NODE_COPIES ?= 1
 ARRIVALS ?= 0
-# VARY=...: a variant of the pod list as tessera-sim --vary derives it (e.g. multigpu-request=0.5).
+# VARY=...: a variant of the pod list and/or the cluster as tessera-sim --vary derives it (e.g. split=0.7,multigpu-request=0.3).
 VARY ?=
 bench-placement: tools
 	TESSERA_BENCH_NODES=$(abspath $(NODES)) TESSERA_BENCH_PODS=$(abspath $(PODS)) TESSERA_BENCH_SEED=$(SEED) \

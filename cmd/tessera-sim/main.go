@@ -59,7 +59,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 	fs.IntVar(&o.limit, "limit", 0, "use only the first N pods of the pod list (0: all; for quick runs and tests)")
 	fs.IntVar(&o.workers, "workers", runtime.GOMAXPROCS(0), "runs simulated in parallel")
 	fs.StringVar(&o.shapes, "shapes", "paper", "typical task shapes: paper (from the whole pod list, the FGD paper's published protocol) or online (learned from the pods arrived so far, what the live extender can know)")
-	fs.StringVar(&o.variant, "vary", "", "derive a variant of the pod list: spec=F,multigpu=F,share=F,cpu=F (shares of GPU pods restricted to models, made 2/4/8-GPU, made shares, CPU x(1+F)), multigpu-request=F (copies of the list's multi-GPU pods added until they ask for F of the GPU request, as the paper's multigpuX traces), spec-request=F (GPU pods restricted to the models of the list's own restricted pods until F of the GPU pods are, as the paper's gpuspecX traces); deterministic")
+	fs.StringVar(&o.variant, "vary", "", "derive a variant of the pod list: spec=F,multigpu=F,share=F,cpu=F (shares of GPU pods restricted to models, made 2/4/8-GPU, made shares, CPU x(1+F)), multigpu-request=F (copies of the list's multi-GPU pods added until they ask for F of the GPU request, as the paper's multigpuX traces), spec-request=F (GPU pods restricted to the models of the list's own restricted pods until F of the GPU pods are, as the paper's gpuspecX traces); and of the cluster, composable with those: split=F (F of the 8-GPU nodes made four 2-GPU nodes with a quarter of the CPU and memory each), merge=F (F of the nodes with at most 4 GPUs joined in pairs of the same hardware), host=F (every node's CPU and memory x F), nodes=F (F of the nodes kept, drawn at random), model=M (only the nodes of GPU model M); deterministic")
 	fs.BoolVar(&o.version, "version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
@@ -110,7 +110,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		pods = pods[:o.limit]
 	}
 	if o.variant != "" {
-		if pods, err = simulate.VaryBy(pods, nodes, o.variant); err != nil {
+		if nodes, pods, err = simulate.VaryClusterBy(nodes, pods, o.variant); err != nil {
 			return fmt.Errorf("--vary: %w", err)
 		}
 	}
@@ -235,6 +235,13 @@ func report(w io.Writer, policies []string, results map[string][]simulate.Result
 			at100 = append(at100, r.Unallocated[len(simulate.Checkpoints)-1])
 		}
 		fmt.Fprintf(w, "policy=%s unallocated_gpu_pct_at_100=%.2f\n", p, median(at100))
+	}
+	for _, p := range policies { // per seed, so that medians over other seed sets can be taken
+		rs := slices.Clone(results[p])
+		slices.SortFunc(rs, func(a, b simulate.Result) int { return int(a.Seed) - int(b.Seed) })
+		for _, r := range rs {
+			fmt.Fprintf(w, "seed=%d policy=%s unallocated_gpu_pct_at_100=%.2f\n", r.Seed, p, r.Unallocated[len(simulate.Checkpoints)-1])
+		}
 	}
 	return nil
 }

@@ -25,7 +25,8 @@ type fragPlan struct {
 	shapes []Shape
 	parts  []fragPart
 	// items are the shapes as the sums read them, in shape order (flat, for the hot loop); fedItems
-	// are those that ask for a GPU, in the same order (the score bound's passes read only those).
+	// are those that ask for a GPU, in the same order, weighted by reach (weighByReach): what
+	// tessera's measure and the score bound read.
 	items, fedItems []shapeItem
 	// unrestricted is the weight of the GPU shapes that may use any model (failWeight of a GPU that
 	// serves none).
@@ -206,12 +207,15 @@ func compileFragPlan(shapes []Shape) *fragPlan {
 	for _, it := range pl.items {
 		if it.part >= 0 {
 			pl.fedItems = append(pl.fedItems, it)
-			if !it.restricted {
-				pl.unrestricted += it.weight
-			}
-			if c := pl.parts[it.part].c; c.Whole == 0 && c.Milli <= MilliPerGPU {
-				pl.servable[max(0, c.Milli)] += it.weight
-			}
+		}
+	}
+	pl.weighByReach()
+	for _, it := range pl.fedItems {
+		if !it.restricted {
+			pl.unrestricted += it.weight
+		}
+		if c := pl.parts[it.part].c; c.Whole == 0 && c.Milli <= MilliPerGPU {
+			pl.servable[max(0, c.Milli)] += it.weight
 		}
 	}
 	for x := 1; x <= MilliPerGPU; x++ {
@@ -227,6 +231,32 @@ func compileFragPlan(shapes []Shape) *fragPlan {
 		pl.mix = mixOf(nil, shapes)
 	}
 	return pl
+}
+
+// weighByReach scales the GPU shapes' weights in tessera's measure by 1/Reach (Shape.Reach: the
+// share of the GPU capacity on nodes that could host the shape when empty), their total kept. A
+// fragment of a shape is the compute it cannot use on a node; what it costs the shape is that
+// compute's share of all the capacity that could ever serve it. FGD weighs by popularity alone, so
+// where few nodes can host a shape (8-GPU pods on a cluster of mostly 2-GPU nodes, CPU-heavy pods
+// on a CPU-starved one) its few homes are given away to pods that fit anywhere. Shapes that fit
+// every node (reach 1, most of the openb traces' weight) keep their relative weights; a reach not
+// known (0: no capacity reported, or no node fits) counts as 1.
+func (pl *fragPlan) weighByReach() {
+	var raw, scaled float64
+	for i := range pl.fedItems {
+		it := &pl.fedItems[i]
+		raw += it.weight
+		if r := pl.shapes[it.shape].Reach; r > 0 {
+			it.weight /= r
+		}
+		scaled += it.weight
+	}
+	if scaled == 0 {
+		return
+	}
+	for i := range pl.fedItems {
+		pl.fedItems[i].weight *= raw / scaled
+	}
 }
 
 // compiledFor reports whether pl was compiled from exactly this shape slice.
@@ -389,11 +419,9 @@ func (pl *fragPlan) frag(n *NodeState, st []partStats, m measure) float64 {
 	if m == measureFed {
 		floor = pl.mixAt(n).stranded(n, total)
 	}
-	for i := range pl.items {
-		it := &pl.items[i]
-		if it.part < 0 {
-			continue // CPU-only shapes: every free GPU is a fragment to them wherever a pod goes
-		}
+	// CPU-only shapes are left out: every free GPU is a fragment to them wherever a pod goes.
+	for i := range pl.fedItems {
+		it := &pl.fedItems[i]
 		if !pl.countsAt(it, n) {
 			continue
 		}

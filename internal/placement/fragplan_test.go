@@ -48,6 +48,18 @@ func naiveFragmentation(n *NodeState, shapes []Shape, m measure) float64 {
 	f := 0.0
 	floor := 0.0
 	fed := m == measureFed || m == measureFedNoFloor
+	// tessera's measures weigh each GPU shape by 1/Reach, the GPU shapes' total weight kept.
+	var raw, scaled float64
+	for i := range shapes {
+		if shapes[i].Req.WantsGPU() {
+			w := shapes[i].Weight
+			raw += w
+			if shapes[i].Reach > 0 {
+				w /= shapes[i].Reach
+			}
+			scaled += w
+		}
+	}
 	if m == measureFed {
 		floor = stranded(n, shapes, total)
 	}
@@ -60,7 +72,14 @@ func naiveFragmentation(n *NodeState, shapes []Shape, m measure) float64 {
 		if fed {
 			v = max(floor, v)
 		}
-		f += shapes[i].Weight * v
+		w := shapes[i].Weight
+		if fed {
+			if shapes[i].Reach > 0 {
+				w /= shapes[i].Reach
+			}
+			w *= raw / scaled
+		}
+		f += w * v
 	}
 	return f
 }
@@ -96,7 +115,11 @@ func randomPlanShapes(rng *rand.Rand) []Shape {
 		if len(r.Containers) == 0 {
 			r.Containers = []ContainerShape{{}}
 		}
-		shapes = append(shapes, Shape{Req: r, Weight: rng.Float64()})
+		sh := Shape{Req: r, Weight: rng.Float64()}
+		if rng.IntN(2) == 0 { // a shape only some nodes could host (tessera weighs it by 1/Reach)
+			sh.Reach = 0.05 + 0.95*rng.Float64()
+		}
+		shapes = append(shapes, sh)
 	}
 	return shapes
 }

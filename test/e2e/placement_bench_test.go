@@ -75,7 +75,7 @@ func BenchmarkPlacement(b *testing.B) {
 		pods = pods[:limit]
 	}
 	if vary := os.Getenv("TESSERA_BENCH_VARY"); vary != "" {
-		if pods, err = simulate.VaryBy(pods, nodes, vary); err != nil { // as tessera-sim --vary
+		if nodes, pods, err = simulate.VaryClusterBy(nodes, pods, vary); err != nil { // as tessera-sim --vary
 			b.Fatalf("TESSERA_BENCH_VARY: %v", err)
 		}
 	}

@@ -2,6 +2,7 @@ package simulate
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"slices"
 	"strconv"
@@ -31,9 +32,23 @@ type Variant struct {
 	// 10.2% of its GPU pods restricted, mostly to T4). The list must have restricted pods (Vary
 	// returns it unchanged otherwise; tessera-sim refuses).
 	SpecRequest float64
+
+	// The cluster's shape (VaryCluster), applied before the pods' so that spec draws from the
+	// varied cluster's models. Model keeps only the nodes of one GPU model; Nodes keeps that share of
+	// the nodes, drawn at random; Split turns that share of the 8-GPU nodes into four 2-GPU nodes
+	// each, with a quarter of the CPU and memory; Merge joins that share of the nodes with at most 4
+	// GPUs, in pairs of the same hardware, into nodes of twice the GPUs, CPU and memory; Host scales
+	// every node's CPU and memory (0: unchanged; 0.5 halves them, a CPU-starved cluster).
+	Model               string
+	Nodes, Split, Merge float64
+	Host                float64
 }
 
-// ParseVariant reads "spec=0.5,multigpu=0.3,share=0.4,cpu=1,multigpu-request=0.4,spec-request=0.2".
+// variantNames lists what ParseVariant reads, for its refusals.
+const variantNames = "pods: spec, multigpu, share, cpu, multigpu-request, spec-request; cluster: split, merge, host, nodes, model"
+
+// ParseVariant reads "spec=0.5,multigpu=0.3,share=0.4,cpu=1,multigpu-request=0.4,spec-request=0.2"
+// and the cluster's "split=0.7,merge=0.5,host=0.5,nodes=0.5,model=G2".
 func ParseVariant(s string) (Variant, error) {
 	var v Variant
 	for kv := range strings.SplitSeq(s, ",") {
@@ -41,6 +56,13 @@ func ParseVariant(s string) (Variant, error) {
 			continue
 		}
 		k, val, _ := strings.Cut(kv, "=")
+		if k == "model" {
+			if val = strings.TrimSpace(val); val == "" {
+				return v, fmt.Errorf("variant %q: name a GPU model of the node list (model=G2)", kv)
+			}
+			v.Model = val
+			continue
+		}
 		f, err := strconv.ParseFloat(val, 64)
 		if err != nil || f < 0 {
 			return v, fmt.Errorf("variant %q: want name=non-negative number", kv)
@@ -64,24 +86,173 @@ func ParseVariant(s string) (Variant, error) {
 				return v, fmt.Errorf("variant %q: a share of the GPU pods, at most 1", kv)
 			}
 			v.SpecRequest = f
+		case "split", "merge":
+			if f > 1 {
+				return v, fmt.Errorf("variant %q: a share of the nodes, at most 1", kv)
+			}
+			if k == "split" {
+				v.Split = f
+			} else {
+				v.Merge = f
+			}
+		case "nodes":
+			if f == 0 || f > 1 {
+				return v, fmt.Errorf("variant %q: the share of the nodes kept, above 0 and at most 1", kv)
+			}
+			v.Nodes = f
+		case "host":
+			if f == 0 {
+				return v, fmt.Errorf("variant %q: a factor on every node's CPU and memory, above 0", kv)
+			}
+			v.Host = f
 		default:
-			return v, fmt.Errorf("variant %q: unknown name (spec, multigpu, share, cpu, multigpu-request, spec-request)", kv)
+			return v, fmt.Errorf("variant %q: unknown name (%s)", kv, variantNames)
 		}
 	}
 	return v, nil
 }
 
-// VaryBy derives the variant spec names (ParseVariant) from pods, as tessera-sim --vary and the
-// placement benchmark do (seed 1), or says why it cannot.
-func VaryBy(pods []Pod, nodes []Node, spec string) ([]Pod, error) {
+// VaryClusterBy derives the variant spec names (ParseVariant) from the cluster and then from the
+// pods on the varied cluster, as tessera-sim --vary and the placement benchmark do (seed 1), or says why it
+// cannot.
+func VaryClusterBy(nodes []Node, pods []Pod, spec string) ([]Node, []Pod, error) {
 	v, err := ParseVariant(spec)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
+	}
+	if nodes, err = VaryCluster(nodes, v, 1); err != nil {
+		return nil, nil, err
 	}
 	if err := v.applies(pods); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return Vary(pods, nodes, v, 1), nil
+	return nodes, Vary(pods, nodes, v, 1), nil
+}
+
+func (v Variant) changesCluster() bool {
+	return v.Model != "" || v.Nodes > 0 || v.Split > 0 || v.Merge > 0 || v.Host > 0
+}
+
+// VaryCluster returns a changed copy of nodes (deterministic for a seed): Model, then Nodes, Split,
+// Merge and Host, or says why v cannot be made of them (a model the list lacks, a cluster left
+// without nodes or GPUs).
+func VaryCluster(nodes []Node, v Variant, seed uint64) ([]Node, error) {
+	if !v.changesCluster() {
+		return nodes, nil
+	}
+	rng := rand.New(rand.NewPCG(seed, 0xc1a55))
+	out := slices.Clone(nodes)
+	if v.Model != "" {
+		var models []string
+		out = slices.DeleteFunc(out, func(n Node) bool {
+			if !slices.Contains(models, n.Model) {
+				models = append(models, n.Model)
+			}
+			return n.Model != v.Model
+		})
+		if len(out) == 0 {
+			slices.Sort(models)
+			return nil, fmt.Errorf("model=%s: no node of that model (the list has %s)", v.Model, strings.Join(models, ", "))
+		}
+	}
+	if v.Nodes > 0 {
+		rng.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+		out = out[:int(math.Round(v.Nodes*float64(len(out))))]
+		slices.SortFunc(out, func(a, b Node) int { return strings.Compare(a.Name, b.Name) })
+	}
+	out = splitNodes(out, v.Split, rng)
+	out = mergeNodes(out, v.Merge, rng)
+	if v.Host > 0 {
+		for i := range out {
+			out[i].CPUMilli = int64(math.Round(v.Host * float64(out[i].CPUMilli)))
+			out[i].MemMiB = int64(math.Round(v.Host * float64(out[i].MemMiB)))
+		}
+	}
+	gpus := 0
+	for _, n := range out {
+		gpus += n.GPUs
+	}
+	if gpus == 0 {
+		return nil, fmt.Errorf("variant leaves %d nodes and no GPU: keep more nodes (nodes=F) or another model", len(out))
+	}
+	return out, nil
+}
+
+// pick returns share (rounded) of the nodes that are eligible, drawn by rng, as a set of indexes.
+func pick(nodes []Node, share float64, rng *rand.Rand, eligible func(Node) bool) map[int]bool {
+	var idx []int
+	for i, n := range nodes {
+		if eligible(n) {
+			idx = append(idx, i)
+		}
+	}
+	rng.Shuffle(len(idx), func(i, j int) { idx[i], idx[j] = idx[j], idx[i] })
+	out := map[int]bool{}
+	for _, i := range idx[:int(math.Round(share*float64(len(idx))))] {
+		out[i] = true
+	}
+	return out
+}
+
+// splitNodes turns share of the 8-GPU nodes into four 2-GPU nodes each ("<name>-s0".."-s3"), each
+// with a quarter of the CPU and memory.
+func splitNodes(nodes []Node, share float64, rng *rand.Rand) []Node {
+	if share == 0 {
+		return nodes
+	}
+	chosen := pick(nodes, share, rng, func(n Node) bool { return n.GPUs == 8 })
+	out := make([]Node, 0, len(nodes)+3*len(chosen))
+	for i, n := range nodes {
+		if !chosen[i] {
+			out = append(out, n)
+			continue
+		}
+		for k := range 4 {
+			out = append(out, Node{Name: fmt.Sprintf("%s-s%d", n.Name, k), CPUMilli: n.CPUMilli / 4, MemMiB: n.MemMiB / 4, GPUs: 2, Model: n.Model})
+		}
+	}
+	return out
+}
+
+// mergeNodes joins share of the nodes with at most 4 GPUs, in pairs of the same hardware (drawn by
+// rng within each hardware type; an odd one out stays), into one node "<a>-m-<b>" with the sum of
+// both (a valid Kubernetes node name where a and b are: the placement benchmark creates them).
+func mergeNodes(nodes []Node, share float64, rng *rand.Rand) []Node {
+	if share == 0 {
+		return nodes
+	}
+	chosen := pick(nodes, share, rng, func(n Node) bool { return n.GPUs > 0 && n.GPUs <= 4 })
+	byType := map[string][]int{}
+	var types []string
+	for i, n := range nodes { // in list order, so pairs are deterministic for a seed
+		if !chosen[i] {
+			continue
+		}
+		k := fmt.Sprintf("%d/%s/%d/%d", n.GPUs, n.Model, n.CPUMilli, n.MemMiB)
+		if byType[k] == nil {
+			types = append(types, k)
+		}
+		byType[k] = append(byType[k], i)
+	}
+	partner := map[int]int{} // first of a pair -> second; second -> -1
+	for _, k := range types {
+		ids := byType[k]
+		for j := 0; j+1 < len(ids); j += 2 {
+			partner[ids[j]], partner[ids[j+1]] = ids[j+1], -1
+		}
+	}
+	out := make([]Node, 0, len(nodes))
+	for i, n := range nodes {
+		p, ok := partner[i]
+		switch {
+		case !ok:
+			out = append(out, n)
+		case p >= 0:
+			m := nodes[p]
+			out = append(out, Node{Name: n.Name + "-m-" + m.Name, CPUMilli: n.CPUMilli + m.CPUMilli, MemMiB: n.MemMiB + m.MemMiB, GPUs: n.GPUs + m.GPUs, Model: n.Model})
+		}
+	}
+	return out
 }
 
 // applies reports why v cannot be made of pods (nil: it can): spec-request draws the allowed models

@@ -1,0 +1,149 @@
+package placement
+
+import (
+	"math"
+	"testing"
+)
+
+// reachMix: 1-GPU pods most of all, 2-GPU pods, and a few 8-GPU pods that only a fifth of the
+// capacity could host (Reach 0.2: most 8-GPU nodes split into 2-GPU ones). CPU in proportion to
+// the GPUs (4 CPUs each), so nothing is stranded on the test's nodes.
+func reachMix(reach8 float64) []Shape {
+	return []Shape{
+		{Req: Request{CPUMilli: 4000, Containers: []ContainerShape{{Whole: 1}}}, Weight: 0.67, Reach: 1},
+		{Req: Request{CPUMilli: 8000, Containers: []ContainerShape{{Whole: 2}}}, Weight: 0.3, Reach: 1},
+		{Req: Request{CPUMilli: 32000, Containers: []ContainerShape{{Whole: 8}}}, Weight: 0.03, Reach: reach8},
+	}
+}
+
+// TestReachWeighsFragments pins tessera's measure with Shape.Reach: an 8-GPU node with one GPU used
+// leaves 7,000 the 8-GPU shape cannot use. Weighed by 1/Reach, total kept (0.67 + 0.3 + 0.03/0.2 =
+// 1.12 scaled back to 1): 7,000 x 0.15/1.12 = 937.5; with reach 1 (or not known, 0) 7,000 x 0.03 =
+// 210; FGD ignores reach: 210.
+func TestReachWeighsFragments(t *testing.T) {
+	n := katNode{96000, 4000, "G2", []int{-1, 0, 0, 0, 0, 0, 0, 0}}.state()
+	for _, c := range []struct {
+		reach8 float64
+		m      measure
+		want   float64
+	}{
+		{0.2, measureFed, 7000 * 0.15 / 1.12},
+		{0.2, measureFedNoFloor, 7000 * 0.15 / 1.12},
+		{1, measureFed, 210},
+		{0, measureFed, 210},
+		{0.2, measureFGD, 210},
+	} {
+		if got := fragmentation(n, reachMix(c.reach8), c.m); math.Abs(got-c.want) > 1e-9 {
+			t.Errorf("reach %g measure %d: %g, want %g", c.reach8, c.m, got, c.want)
+		}
+	}
+}
+
+// TestReachKeepsScarceNodesWhole: a 1-GPU pod, an empty 8-GPU node and an empty 2-GPU node. On the
+// 8-GPU node the pod leaves 7 GPUs the 8-GPU shape cannot use (7,000 x its weight); on the 2-GPU node
+// it leaves one GPU the 2-GPU shape cannot use (1,000 x 0.3) and takes one of the two the 8-GPU
+// shape could never use. By popularity (FGD, and tessera were every node able to host the 8-GPU
+// pods) the 8-GPU node costs less (210 against 270); weighed by reach (the 8-GPU pods' only homes
+// are a fifth of the capacity) it costs 937.5 against 134, and tessera keeps it whole for them,
+// whichever node comes first.
+func TestReachKeepsScarceNodesWhole(t *testing.T) {
+	r := Request{CPUMilli: 4000, Containers: []ContainerShape{{Whole: 1}}}
+	for _, c := range []struct {
+		policy string
+		reach8 float64
+		want   string
+	}{{"tessera", 0.2, "two"}, {"tessera", 1, "eight"}, {"fgd", 0.2, "eight"}} {
+		eng, err := NewEngine(c.policy)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, eightFirst := range []bool{true, false} {
+			eight := katNode{32000, 0, "G2", []int{0, 0, 0, 0, 0, 0, 0, 0}}.state()
+			two := katNode{8000, 0, "G2", []int{0, 0}}.state()
+			eight.Name, two.Name = "eight", "two"
+			nodes := []*NodeState{two, eight}
+			if eightFirst {
+				nodes = []*NodeState{eight, two}
+			}
+			i, _ := eng.Pick(&ScoreContext{Shapes: reachMix(c.reach8)}, nodes, &r, nil)
+			if i < 0 || nodes[i].Name != c.want {
+				t.Errorf("%s, 8-GPU reach %g (8-GPU node first: %t): picked %v, want %s", c.policy, c.reach8, eightFirst, i, c.want)
+			}
+		}
+	}
+}
+
+// TestShapeReachFromCapacity: the snapshot's Reach is the share of the GPU capacity of the shape's
+// models on nodes that could host it when empty (enough GPUs, CPU, memory), from the nodes reported
+// (AddNodeFree); a node taken away leaves it. A model-restricted shape's reach is within its models
+// (the model pressure weighs the models' scarcity).
+func TestShapeReachFromCapacity(t *testing.T) {
+	st := NewShapeStats()
+	eight := katNode{96000, 0, "G2", []int{0, 0, 0, 0, 0, 0, 0, 0}}.state()
+	eight.TypeID = 1
+	var twos []*NodeState
+	for range 4 {
+		n := katNode{24000, 0, "G2", []int{0, 0}}.state()
+		n.TypeID = 2
+		twos = append(twos, n)
+	}
+	t4 := katNode{104000, 0, "T4", []int{0, 0}}.state()
+	t4.TypeID = 3
+	for _, n := range append([]*NodeState{eight, t4}, twos...) {
+		st.AddNodeFree(n, 1)
+	}
+	shapes := map[string]*Request{
+		"whole1":  {CPUMilli: 4000, Containers: []ContainerShape{{Whole: 1}}},
+		"whole8":  {CPUMilli: 64000, Containers: []ContainerShape{{Whole: 8}}},
+		"cpu30":   {CPUMilli: 30000, Containers: []ContainerShape{{Whole: 1}}},
+		"t4only":  {CPUMilli: 4000, Containers: []ContainerShape{{Whole: 2}}, Models: []string{"T4"}},
+		"share":   {CPUMilli: 2000, Containers: []ContainerShape{{Shares: 1, Milli: 300}}},
+		"bigmem":  {CPUMilli: 1000, MemMiB: 2 << 20, Containers: []ContainerShape{{Whole: 1}}},
+		"cpuOnly": {CPUMilli: 4000},
+	}
+	for _, r := range shapes {
+		st.Observe(r, 1)
+	}
+	// 18 GPUs: 8 on the 8-GPU node (96 CPUs), 2 on the T4 (104), 8 on four 2-GPU nodes (24 each);
+	// katNode gives every node 1 TiB of memory, so 2 TiB fits none.
+	want := map[string]float64{"whole1": 1, "whole8": 8.0 / 18, "cpu30": 10.0 / 18, "t4only": 1, "share": 1, "bigmem": 0, "cpuOnly": 0}
+	check := func(want map[string]float64) {
+		t.Helper()
+		for _, sh := range st.Typical() {
+			ks, _ := keyOf(&sh.Req)
+			for name, r := range shapes {
+				if kr, _ := keyOf(r); kr == ks {
+					if math.Abs(sh.Reach-want[name]) > 1e-12 {
+						t.Errorf("%s: reach %g, want %g", name, sh.Reach, want[name])
+					}
+				}
+			}
+		}
+	}
+	check(want)
+	st.AddNodeFree(eight, -1) // gone: the 8-GPU shape has no home; the next snapshot says so
+	for _, r := range shapes {
+		st.Observe(r, 1)
+	}
+	check(map[string]float64{"whole1": 1, "whole8": 0, "cpu30": 0.2, "t4only": 1, "share": 1, "bigmem": 0, "cpuOnly": 0})
+}
+
+// TestHardwareCountsAllowedGPUs: a node of several GPU models (and an unusable GPU) is one hardware
+// key whose GPUs count per model for a restricted shape.
+func TestHardwareCountsAllowedGPUs(t *testing.T) {
+	n := &NodeState{CPUMilli: 8000, GPUs: []GPUState{{Model: "A", Usable: true}, {Model: "A", Usable: true}, {Model: "C"}, {Model: "B", Usable: true}}}
+	k := hardwareOf(n)
+	for models, want := range map[string]int{"": 3, "A": 2, "B": 1, "C": 0} {
+		r := &Request{Containers: []ContainerShape{{Whole: 1}}}
+		if models != "" {
+			r.Models = []string{models}
+		}
+		if got := k.allowedGPUs(r); got != want {
+			t.Errorf("models %q: %d GPUs allowed, want %d", models, got, want)
+		}
+	}
+	u := hardwareOf(&NodeState{GPUs: []GPUState{{Model: "A", Usable: true}, {Model: "A", Usable: true}}})
+	if u.gpus != 2 || u.model != "A" || u.mixed != "" || u.allowedGPUs(&Request{Models: []string{"B"}}) != 0 {
+		t.Errorf("uniform node: %+v", u)
+	}
+}
