@@ -160,7 +160,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client config: %w", err)
 	}
-	// A bind costs about seven API calls; client-go's default 5 QPS would starve binds and the
+	// A bind costs four to eight API calls; client-go's default 5 QPS would starve binds and the
 	// leader Lease renewals under a burst of pods.
 	rc.QPS, rc.Burst = float32(o.qps), o.qps*2
 	client, err := kubernetes.NewForConfig(rc)
@@ -191,7 +191,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	x := &extender.Extender{
 		Engine: eng, State: state, Client: client, Quotas: quotas, PDBs: pdbs, PodByUID: podByUID, Class: class, Log: log,
 		Events:         broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "tessera-extender"}),
-		Locker:         &extender.NodeLocker{Client: client, Namespace: cfg.LeaseNamespace, Identity: o.identity, Duration: 15 * time.Second},
+		Locker:         &extender.NodeLocker{Client: client, Namespace: cfg.LeaseNamespace, Identity: o.identity, Duration: 15 * time.Second, Keep: true},
 		BindTimeout:    30 * time.Second,
 		PickOne:        o.pickOne,
 		SchedulerNames: cfg.SchedulerNames,
@@ -260,6 +260,10 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 							if leader.Swap(false) {
 								log.Warn("stopped leading; standing for election again")
 							}
+							// The next leader binds at once on the nodes this replica bound last.
+							rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+							defer cancel()
+							x.Locker.ReleaseKept(rctx)
 						},
 					},
 				})
@@ -307,6 +311,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		for _, srv := range servers {
 			_ = srv.Shutdown(sctx)
 		}
+		x.Locker.ReleaseKept(sctx) // binds are over: free the node Leases kept between them
 	}()
 	log.Info("serving", "version", telemetry.Version(), "listen", lns.api.Addr().String(), "metricsListen", o.metricsListen, "advertise", advertise, "policy", cfg.Policy, "identity", o.identity, "leaderElect", o.leaderElect, "tls", secure != nil)
 	errc := make(chan error, len(servers))

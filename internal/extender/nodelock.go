@@ -32,14 +32,29 @@ type NodeLocker struct {
 	Identity string
 	// Duration is how long a Lease stays valid without release (a crashed holder blocks this long).
 	Duration time.Duration
+	// Keep leaves a node's Lease held after a bind instead of freeing it: the next bind on the node
+	// takes it back without an API call while it is young (see reuseFor), or renews it with one
+	// compare-and-swap, instead of a read, a write and a release (three of a bind's round trips).
+	// Only the leader binds, so holding costs others nothing until it loses leadership; then
+	// ReleaseKept frees what it holds (a crash leaves them to expire, as a crash mid-bind does).
+	Keep bool
 
 	mu    sync.Mutex
 	local map[string]*sync.Mutex
 	// observed is, per node, the held Lease record this process last saw and since when (guarded
 	// by mu).
 	observed map[string]leaseObservation
+	// kept is, per node, the Lease this process holds between binds (Keep) as it last wrote it and
+	// when it started that write on its own clock (guarded by mu).
+	kept map[string]keptLease
 	// now is the local clock (time.Now when nil; tests set it).
 	now func() time.Time
+}
+
+// keptLease is a Lease this process wrote and keeps between binds.
+type keptLease struct {
+	lease    *coordinationv1.Lease
+	acquired time.Time
 }
 
 // leaseObservation is a held Lease's record as this process saw it, and when it first saw it on
@@ -84,11 +99,25 @@ func (l *NodeLocker) localMutex(node string) *sync.Mutex {
 	return m
 }
 
-// Lock acquires the node's Lease, retrying with jittered backoff until ctx ends.
+// Lock acquires the node's Lease, retrying with jittered backoff until ctx ends. A Lease kept from
+// an earlier bind (Keep) is taken back without an API call while young, else renewed by a
+// compare-and-swap on the version this process wrote; a failed swap (another process took the
+// expired Lease, or the record changed) drops it and acquires afresh.
 func (l *NodeLocker) Lock(ctx context.Context, node string) (*NodeLock, error) {
 	local := l.localMutex(node)
 	local.Lock()
 	leases := l.Client.CoordinationV1().Leases(l.Namespace)
+	if k, ok := l.takeKept(node); ok {
+		if l.clock().Before(k.acquired.Add(l.Duration / 4)) {
+			return &NodeLock{l: l, node: node, lease: k.lease, acquired: k.acquired, local: local}, nil
+		}
+		now := metav1.NewMicroTime(l.clock())
+		next := k.lease.DeepCopy() // the version this process wrote: the update is a compare-and-swap
+		next.Spec.RenewTime = &now
+		if got, err := leases.Update(ctx, next, metav1.UpdateOptions{}); err == nil {
+			return &NodeLock{l: l, node: node, lease: got, acquired: now.Time, local: local}, nil
+		}
+	}
 	name := LeaseName(node)
 	secs := int32(max(1, l.Duration/time.Second))
 	backoff := lockBackoff
@@ -158,6 +187,30 @@ func (l *NodeLocker) expired(node string, lease *coordinationv1.Lease, now time.
 	return now.Sub(o.since) > time.Duration(*s.LeaseDurationSeconds)*time.Second
 }
 
+// takeKept removes and returns the node's kept Lease, if any.
+func (l *NodeLocker) takeKept(node string) (keptLease, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k, ok := l.kept[node]
+	delete(l.kept, node)
+	return k, ok
+}
+
+// ReleaseKept frees every Lease kept between binds (on losing leadership, at shutdown), each by a
+// compare-and-swap on the version this process wrote; one that fails simply expires.
+func (l *NodeLocker) ReleaseKept(ctx context.Context) {
+	l.mu.Lock()
+	kept := l.kept
+	l.kept = nil
+	l.mu.Unlock()
+	for node, k := range kept {
+		local := l.localMutex(node)
+		local.Lock()
+		releaseLease(ctx, l, k.lease)
+		local.Unlock()
+	}
+}
+
 // forget drops the node's observation (this process holds the Lease now).
 func (l *NodeLocker) forget(node string) {
 	l.mu.Lock()
@@ -174,12 +227,27 @@ func (nl *NodeLock) Valid() bool { return nl.l.clock().Before(nl.SafeUntil()) }
 // after this process wrote it).
 func (nl *NodeLock) SafeUntil() time.Time { return nl.acquired.Add(nl.l.Duration / 2) }
 
-// Unlock frees the Lease (a compare-and-swap on the version we wrote; if it fails the Lease
-// simply expires) and the process-local mutex.
+// Unlock frees the process-local mutex, and the Lease unless the locker keeps it for the next bind
+// (Keep).
 func (nl *NodeLock) Unlock(ctx context.Context) {
 	defer nl.local.Unlock()
-	next := nl.lease.DeepCopy()
+	if nl.l.Keep {
+		nl.l.mu.Lock()
+		defer nl.l.mu.Unlock()
+		if nl.l.kept == nil {
+			nl.l.kept = map[string]keptLease{}
+		}
+		nl.l.kept[nl.node] = keptLease{lease: nl.lease, acquired: nl.acquired}
+		return
+	}
+	releaseLease(ctx, nl.l, nl.lease)
+}
+
+// releaseLease frees a Lease this process wrote (a compare-and-swap on that version; if it fails the
+// Lease simply expires).
+func releaseLease(ctx context.Context, l *NodeLocker, lease *coordinationv1.Lease) {
+	next := lease.DeepCopy()
 	empty := ""
 	next.Spec.HolderIdentity = &empty
-	_, _ = nl.l.Client.CoordinationV1().Leases(nl.l.Namespace).Update(ctx, next, metav1.UpdateOptions{})
+	_, _ = l.Client.CoordinationV1().Leases(l.Namespace).Update(ctx, next, metav1.UpdateOptions{})
 }
