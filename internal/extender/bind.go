@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -186,7 +187,7 @@ func (x *Extender) bind(ctx context.Context, pod *corev1.Pod, req *placement.Req
 
 // assign picks and writes the assignment under the node lock and returns the pod as written.
 func (x *Extender) assign(ctx context.Context, lock *NodeLock, pod *corev1.Pod, req *placement.Request, node string) (*corev1.Pod, error) {
-	a, err := x.decide(ctx, pod, req, node)
+	a, err := x.decide(ctx, lock, pod, req, node)
 	if err != nil {
 		return nil, err
 	}
@@ -218,7 +219,13 @@ func (x *Extender) assign(ctx context.Context, lock *NodeLock, pod *corev1.Pod, 
 }
 
 // decide builds the node's state from the API server's view of its assignments and places req.
-func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.Request, node string) (*api.PodAssignment, error) {
+//
+// The API server's view is a list of the node's assignments, unless the lock proves the informers'
+// view is as good (lock.CaughtUp): this process has held the node's Lease without a break since a
+// list that showed nothing the informers did not count. Every writer of assignments holds the
+// Lease, so nothing was written on the node since but by this process, which counts its own writes
+// as reservations until the informers see them.
+func (x *Extender) decide(ctx context.Context, lock *NodeLock, pod *corev1.Pod, req *placement.Request, node string) (*api.PodAssignment, error) {
 	// This process's in-flight decisions on the node (Filter's holds, other binds' reservations):
 	// the API server's list does not show a hold whose pod has no annotation yet, and a bind that
 	// chose past it would give one GPU to two pods in the state (the live divergence of issue 14).
@@ -227,29 +234,45 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 		return nil, errors.New(missing)
 	}
 	holds := base.holds
-	request := func(p *corev1.Pod) (*placement.Request, error) { return x.State.request(p, x.Class) }
-	list, err := x.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{
-		LabelSelector: labels.SelectorFromSet(labels.Set{api.LabelAssignedNode: node}).String(),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list assignments on node %s: %w", node, err)
-	}
 	n := placement.NewNodeState(base.inv, base.labels)
 	n.CPUMilli, n.MemMiB, n.UsedCPU, n.UsedMem = base.cpu, base.mem, base.usedCPU, base.usedMem
-	for i := range list.Items {
-		other := &list.Items[i]
-		if other.UID == pod.UID {
-			continue
+	if lock.CaughtUp() {
+		for _, a := range base.counted {
+			p := placementOf(n, a)
+			n.Apply(&placement.Request{}, &p)
 		}
-		// The same rule as the informer state (trust.go): the label only narrows the list.
-		a, _ := counted(other, request, x.State.reserved)
-		if a == nil || a.Node != node {
-			continue
+	} else {
+		request := func(p *corev1.Pod) (*placement.Request, error) { return x.State.request(p, x.Class) }
+		list, err := x.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{
+			LabelSelector: labels.SelectorFromSet(labels.Set{api.LabelAssignedNode: node}).String(),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list assignments on node %s: %w", node, err)
 		}
-		delete(holds, other.UID) // counted from the API server's copy
-		delete(base.held, other.UID)
-		p := placementOf(n, a)
-		n.Apply(&placement.Request{}, &p)
+		caughtUp := true
+		for i := range list.Items {
+			other := &list.Items[i]
+			if other.UID == pod.UID {
+				continue
+			}
+			// The same rule as the informer state (trust.go): the label only narrows the list.
+			a, _ := counted(other, request, x.State.reserved)
+			if a == nil || a.Node != node {
+				continue
+			}
+			if known, ok := base.counted[other.UID]; !ok || !reflect.DeepEqual(known, a) {
+				if known, ok = holds[other.UID]; !ok || !reflect.DeepEqual(known, a) {
+					caughtUp = false // the informers have not seen this assignment yet
+				}
+			}
+			delete(holds, other.UID) // counted from the API server's copy
+			delete(base.held, other.UID)
+			p := placementOf(n, a)
+			n.Apply(&placement.Request{}, &p)
+		}
+		if caughtUp {
+			lock.MarkCaughtUp()
+		}
 	}
 	for _, a := range holds {
 		p := placementOf(n, a)

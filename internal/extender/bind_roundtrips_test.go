@@ -3,6 +3,7 @@ package extender
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -41,8 +42,9 @@ func apiCalls(cs *fake.Clientset, from int) []string {
 }
 
 // TestBindRoundTrips: with the pod in the informer's cache and the node's Lease kept from the last
-// bind, a bind makes four API calls (the node, the node's assignments, the assignment PATCH, the
-// Binding); the first bind on a node also reads and creates its Lease, and none frees it.
+// bind, whose list of the node's assignments showed nothing the informers did not count, a bind
+// makes three API calls (the node, the assignment PATCH, the Binding); the first bind on a node
+// also reads and creates its Lease and lists the node's assignments, and none frees the Lease.
 func TestBindRoundTrips(t *testing.T) {
 	node := testNode(testInventory("n1", 1, 4, "A100"), nil)
 	a, b := wholePod("a", 1), wholePod("b", 1)
@@ -63,7 +65,7 @@ func TestBindRoundTrips(t *testing.T) {
 	if err := x.Bind(ctx, &extenderv1.ExtenderBindingArgs{PodName: "b", PodNamespace: "default", PodUID: b.UID, Node: "n1"}); err != nil {
 		t.Fatal(err)
 	}
-	want = "[get nodes list pods patch pods create pods/binding]"
+	want = "[get nodes patch pods create pods/binding]"
 	if got := fmt.Sprint(apiCalls(cs, from)); got != want {
 		t.Errorf("second bind on the node: %s, want %s", got, want)
 	}
@@ -231,5 +233,71 @@ func TestSecurityNodeLockKeptNotRetaken(t *testing.T) {
 	}
 	if nl := try(a); nl != nil {
 		t.Fatal("a locked the node b holds: its kept Lease was reused or renewed over b's")
+	}
+}
+
+// TestSecurityBindListSkipFenced: bind skips the list of the node's assignments only under a Lease
+// held without a break since a list that the informers' view matched. Replica a binds two pods
+// (the second without a list); a's Lease then expires unrenewed and replica b, whose writes a's
+// informers have not seen, takes it and binds a pod. a's next bind must acquire the
+// Lease afresh and list again, so it sees b's GPU and never gives it twice; a list that shows an
+// assignment the informers have not counted keeps the next bind listing too.
+func TestSecurityBindListSkipFenced(t *testing.T) {
+	node := testNode(testInventory("n1", 1, 6, "A100"), nil)
+	p1, p2, p3, p4, q := wholePod("p1", 1), wholePod("p2", 1), wholePod("p3", 1), wholePod("p4", 1), wholePod("q", 1)
+	cs, _ := fakeAPI(t, node, p1, p2, p3, p4, q)
+	base := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	ca, cb := &skewedClock{t: base}, &skewedClock{t: base}
+	a := newBinder(t, cs, "replica-a", node)
+	a.Locker.Keep, a.Locker.now = true, ca.now
+	cacheFrom(a, p1, p2, p3, p4)
+	b := newBinder(t, cs, "replica-b", node)
+	b.Locker.now = cb.now
+	cacheFrom(b, q)
+	ctx := context.Background()
+	bind := func(x *Extender, p *corev1.Pod) []string {
+		t.Helper()
+		from := len(cs.Actions())
+		if err := x.Bind(ctx, &extenderv1.ExtenderBindingArgs{PodName: p.Name, PodNamespace: "default", PodUID: p.UID, Node: "n1"}); err != nil {
+			t.Fatalf("bind %s: %v", p.Name, err)
+		}
+		return apiCalls(cs, from)
+	}
+	listed := func(calls []string) bool { return slices.Contains(calls, "list pods") }
+	if !listed(bind(a, p1)) {
+		t.Fatal("the first bind under a new Lease did not list the node's assignments")
+	}
+	if listed(bind(a, p2)) {
+		t.Fatal("a bind under the kept Lease, after a list the informers matched, listed again")
+	}
+	// b starts observing a's Lease, which a leaves unrenewed past its duration; b takes it.
+	tctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	if _, err := b.Locker.Lock(tctx, "n1"); err == nil {
+		t.Fatal("b took a's kept Lease at once")
+	}
+	cancel()
+	ca.advance(16 * time.Second)
+	cb.advance(16 * time.Second)
+	bind(b, q)
+	if !listed(bind(a, p3)) {
+		t.Fatal("a's bind after b held the node's Lease did not list the node's assignments")
+	}
+	// b's pod is still unknown to a's informers: the list did not match, so the next bind lists.
+	if !listed(bind(a, p4)) {
+		t.Fatal("a bind after a list that showed an assignment the informers had not counted skipped the list")
+	}
+	owner := map[string]string{}
+	list, _ := cs.CoreV1().Pods("default").List(ctx, metav1.ListOptions{})
+	for _, p := range list.Items {
+		asg, err := api.DecodeAssignment([]byte(p.Annotations[api.AnnotationAssignment]))
+		if err != nil {
+			t.Fatalf("pod %s: %v", p.Name, err)
+		}
+		for _, d := range asg.Containers[0].Devices {
+			if prev, dup := owner[d.UUID]; dup {
+				t.Fatalf("GPU %s given to %s and %s", d.UUID, prev, p.Name)
+			}
+			owner[d.UUID] = p.Name
+		}
 	}
 }

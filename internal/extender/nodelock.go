@@ -55,6 +55,7 @@ type NodeLocker struct {
 type keptLease struct {
 	lease    *coordinationv1.Lease
 	acquired time.Time
+	caughtUp bool
 }
 
 // leaseObservation is a held Lease's record as this process saw it, and when it first saw it on
@@ -83,7 +84,18 @@ type NodeLock struct {
 	lease    *coordinationv1.Lease
 	acquired time.Time
 	local    *sync.Mutex
+	// caughtUp: a bind under this Lease, held without a break since, found the informers' view of
+	// the node's assignments complete (MarkCaughtUp). A Lease acquired afresh starts without it.
+	caughtUp bool
 }
+
+// CaughtUp reports whether a bind under this Lease, held without a break since, marked the
+// informers' view of the node's assignments complete.
+func (nl *NodeLock) CaughtUp() bool { return nl.caughtUp }
+
+// MarkCaughtUp records that the informers' view of the node's assignments is complete (a list
+// under this lock showed nothing they did not count); it lasts while the Lease is kept and renewed.
+func (nl *NodeLock) MarkCaughtUp() { nl.caughtUp = true }
 
 func (l *NodeLocker) localMutex(node string) *sync.Mutex {
 	l.mu.Lock()
@@ -109,13 +121,13 @@ func (l *NodeLocker) Lock(ctx context.Context, node string) (*NodeLock, error) {
 	leases := l.Client.CoordinationV1().Leases(l.Namespace)
 	if k, ok := l.takeKept(node); ok {
 		if l.clock().Before(k.acquired.Add(l.Duration / 4)) {
-			return &NodeLock{l: l, node: node, lease: k.lease, acquired: k.acquired, local: local}, nil
+			return &NodeLock{l: l, node: node, lease: k.lease, acquired: k.acquired, local: local, caughtUp: k.caughtUp}, nil
 		}
 		now := metav1.NewMicroTime(l.clock())
 		next := k.lease.DeepCopy() // the version this process wrote: the update is a compare-and-swap
 		next.Spec.RenewTime = &now
 		if got, err := leases.Update(ctx, next, metav1.UpdateOptions{}); err == nil {
-			return &NodeLock{l: l, node: node, lease: got, acquired: now.Time, local: local}, nil
+			return &NodeLock{l: l, node: node, lease: got, acquired: now.Time, local: local, caughtUp: k.caughtUp}, nil
 		}
 	}
 	name := LeaseName(node)
@@ -237,7 +249,7 @@ func (nl *NodeLock) Unlock(ctx context.Context) {
 		if nl.l.kept == nil {
 			nl.l.kept = map[string]keptLease{}
 		}
-		nl.l.kept[nl.node] = keptLease{lease: nl.lease, acquired: nl.acquired}
+		nl.l.kept[nl.node] = keptLease{lease: nl.lease, acquired: nl.acquired, caughtUp: nl.caughtUp}
 		return
 	}
 	releaseLease(ctx, nl.l, nl.lease)
