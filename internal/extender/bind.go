@@ -112,7 +112,8 @@ func (x *Extender) bindPod(ctx context.Context, args *extenderv1.ExtenderBinding
 		x.event(pod, corev1.EventTypeWarning, "GPUBindFailed", "node %s: %v", args.Node, err)
 		return err
 	}
-	defer lock.Unlock(context.WithoutCancel(ctx))
+	unlock := func() { lock.Unlock(context.WithoutCancel(ctx)) }
+	defer func() { unlock() }()
 	// Every API call from here must end while the lock is safely held.
 	lctx, cancel := context.WithDeadline(ctx, lock.SafeUntil())
 	defer cancel()
@@ -123,6 +124,13 @@ func (x *Extender) bindPod(ctx context.Context, args *extenderv1.ExtenderBinding
 	if err != nil {
 		x.event(pod, corev1.EventTypeWarning, "GPUBindFailed", "node %s: %v", args.Node, err)
 		return err
+	}
+	// With the Lease kept, the next bind on the node in this process need not wait for this
+	// Binding: it counts this pod by its reservation (the state, or its list through counted's
+	// rule for this process's own reservations), and the Lease stays held until the Binding ends,
+	// so no other process lists the node meanwhile.
+	if done := lock.Handoff(context.WithoutCancel(ctx)); done != nil {
+		unlock = done
 	}
 	if err := x.bind(lctx, written, req, args.Node); err != nil {
 		x.release(written)

@@ -9,8 +9,10 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -300,4 +302,85 @@ func TestSecurityBindListSkipFenced(t *testing.T) {
 			owner[d.UUID] = p.Name
 		}
 	}
+}
+
+// TestBindHandoff: with the Lease kept, a bind's Binding is made with the node's process-local
+// mutex already free (the next bind on the node in this process need not wait for it) and the
+// node's use still held (ReleaseKept cannot free the Lease under it). The fake clientset runs one
+// call at a time, so the test looks at the two locks from inside the Binding.
+func TestBindHandoff(t *testing.T) {
+	node := testNode(testInventory("n1", 1, 2, "A100"), nil)
+	a := wholePod("a", 1)
+	cs, _ := fakeAPI(t, node, a)
+	x := newBinder(t, cs, "replica-a", node)
+	x.Locker.Keep = true
+	cacheFrom(x, a)
+	var localFree, useFree, seen bool
+	cs.PrependReactor("create", "pods", func(act k8stesting.Action) (bool, runtime.Object, error) {
+		if act.GetSubresource() != "binding" {
+			return false, nil, nil
+		}
+		seen = true
+		if localFree = x.Locker.localMutex("n1").TryLock(); localFree {
+			x.Locker.localMutex("n1").Unlock()
+		}
+		if useFree = x.Locker.useMutex("n1").TryLock(); useFree {
+			x.Locker.useMutex("n1").Unlock()
+		}
+		return false, nil, nil
+	})
+	if err := x.Bind(context.Background(), &extenderv1.ExtenderBindingArgs{PodName: "a", PodNamespace: "default", PodUID: a.UID, Node: "n1"}); err != nil {
+		t.Fatal(err)
+	}
+	if !seen || !localFree || useFree {
+		t.Fatalf("during the Binding: node's local mutex free %v (want true), its use free %v (want false)", localFree, useFree)
+	}
+	if !x.Locker.useMutex("n1").TryLock() || !x.Locker.localMutex("n1").TryLock() {
+		t.Fatal("the node's locks are still held after the bind")
+	}
+}
+
+// TestSecurityReleaseKeptWaitsForHandoff: ReleaseKept (the replica stops leading) does not free a
+// kept Lease while a write made under it is in flight (a lock handed off, not done): another
+// replica could otherwise take the Lease and list the node while this pod's assignment is written
+// but the pod not bound (another process's list does not count it) and give its GPU again.
+func TestSecurityReleaseKeptWaitsForHandoff(t *testing.T) {
+	cs, _ := fakeAPI(t)
+	a := &NodeLocker{Client: cs, Namespace: "kube-system", Identity: "a", Duration: 15 * time.Second, Keep: true}
+	ctx := context.Background()
+	nl, err := a.Lock(ctx, "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := nl.Handoff(ctx)
+	released := make(chan struct{})
+	go func() {
+		a.ReleaseKept(ctx)
+		close(released)
+	}()
+	select {
+	case <-released:
+		t.Fatal("ReleaseKept freed the node's Lease while a write under it was in flight")
+	case <-time.After(time.Second): // bounded wait for a return that must not happen
+	}
+	done()
+	<-released
+	l, err := cs.CoordinationV1().Leases("kube-system").Get(ctx, LeaseName("n1"), metav1.GetOptions{})
+	if err != nil || *l.Spec.HolderIdentity != "" {
+		t.Fatalf("after ReleaseKept the Lease is %v (%v), want free", l.Spec.HolderIdentity, err)
+	}
+}
+
+// assignedGPU is the one GPU the pod's assignment names.
+func assignedGPU(t *testing.T, cs *fake.Clientset, pod string) string {
+	t.Helper()
+	p, err := cs.CoreV1().Pods("default").Get(context.Background(), pod, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := api.DecodeAssignment([]byte(p.Annotations[api.AnnotationAssignment]))
+	if err != nil || len(a.Containers) != 1 || len(a.Containers[0].Devices) != 1 {
+		t.Fatalf("pod %s: assignment %+v (%v)", pod, a, err)
+	}
+	return a.Containers[0].Devices[0].UUID
 }

@@ -41,6 +41,10 @@ type NodeLocker struct {
 
 	mu    sync.Mutex
 	local map[string]*sync.Mutex
+	// use is, per node, held for reading from Lock until the bind's last write under the Lease
+	// has ended (past Handoff), and for writing by ReleaseKept: a kept Lease is never freed while
+	// a write made under it is in flight (guarded by mu; taken before local).
+	use map[string]*sync.RWMutex
 	// observed is, per node, the held Lease record this process last saw and since when (guarded
 	// by mu).
 	observed map[string]leaseObservation
@@ -84,6 +88,7 @@ type NodeLock struct {
 	lease    *coordinationv1.Lease
 	acquired time.Time
 	local    *sync.Mutex
+	use      *sync.RWMutex
 	// caughtUp: a bind under this Lease, held without a break since, found the informers' view of
 	// the node's assignments complete (MarkCaughtUp). A Lease acquired afresh starts without it.
 	caughtUp bool
@@ -111,23 +116,38 @@ func (l *NodeLocker) localMutex(node string) *sync.Mutex {
 	return m
 }
 
+func (l *NodeLocker) useMutex(node string) *sync.RWMutex {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.use == nil {
+		l.use = map[string]*sync.RWMutex{}
+	}
+	m := l.use[node]
+	if m == nil {
+		m = &sync.RWMutex{}
+		l.use[node] = m
+	}
+	return m
+}
+
 // Lock acquires the node's Lease, retrying with jittered backoff until ctx ends. A Lease kept from
 // an earlier bind (Keep) is taken back without an API call while young, else renewed by a
 // compare-and-swap on the version this process wrote; a failed swap (another process took the
 // expired Lease, or the record changed) drops it and acquires afresh.
 func (l *NodeLocker) Lock(ctx context.Context, node string) (*NodeLock, error) {
-	local := l.localMutex(node)
+	use, local := l.useMutex(node), l.localMutex(node)
+	use.RLock()
 	local.Lock()
 	leases := l.Client.CoordinationV1().Leases(l.Namespace)
 	if k, ok := l.takeKept(node); ok {
 		if l.clock().Before(k.acquired.Add(l.Duration / 4)) {
-			return &NodeLock{l: l, node: node, lease: k.lease, acquired: k.acquired, local: local, caughtUp: k.caughtUp}, nil
+			return &NodeLock{l: l, node: node, lease: k.lease, acquired: k.acquired, local: local, use: use, caughtUp: k.caughtUp}, nil
 		}
 		now := metav1.NewMicroTime(l.clock())
 		next := k.lease.DeepCopy() // the version this process wrote: the update is a compare-and-swap
 		next.Spec.RenewTime = &now
 		if got, err := leases.Update(ctx, next, metav1.UpdateOptions{}); err == nil {
-			return &NodeLock{l: l, node: node, lease: got, acquired: now.Time, local: local, caughtUp: k.caughtUp}, nil
+			return &NodeLock{l: l, node: node, lease: got, acquired: now.Time, local: local, use: use, caughtUp: k.caughtUp}, nil
 		}
 	}
 	name := LeaseName(node)
@@ -154,15 +174,17 @@ func (l *NodeLocker) Lock(ctx context.Context, node string) (*NodeLock, error) {
 		}
 		if err == nil {
 			l.forget(node)
-			return &NodeLock{l: l, node: node, lease: got, acquired: now.Time, local: local}, nil
+			return &NodeLock{l: l, node: node, lease: got, acquired: now.Time, local: local, use: use}, nil
 		}
 		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) && err != errHeld {
 			local.Unlock()
+			use.RUnlock()
 			return nil, fmt.Errorf("lock node %s (lease %s/%s): %w", node, l.Namespace, name, err)
 		}
 		select {
 		case <-ctx.Done():
 			local.Unlock()
+			use.RUnlock()
 			return nil, fmt.Errorf("lock node %s (lease %s/%s): %w", node, l.Namespace, name, ctx.Err())
 		case <-time.After(backoff.Step()):
 		}
@@ -209,17 +231,24 @@ func (l *NodeLocker) takeKept(node string) (keptLease, bool) {
 }
 
 // ReleaseKept frees every Lease kept between binds (on losing leadership, at shutdown), each by a
-// compare-and-swap on the version this process wrote; one that fails simply expires.
+// compare-and-swap on the version this process wrote (one that fails simply expires), once the
+// writes made under it have ended.
 func (l *NodeLocker) ReleaseKept(ctx context.Context) {
 	l.mu.Lock()
-	kept := l.kept
-	l.kept = nil
+	nodes := make([]string, 0, len(l.kept))
+	for node := range l.kept {
+		nodes = append(nodes, node)
+	}
 	l.mu.Unlock()
-	for node, k := range kept {
-		local := l.localMutex(node)
+	for _, node := range nodes {
+		use, local := l.useMutex(node), l.localMutex(node)
+		use.Lock()
 		local.Lock()
-		releaseLease(ctx, l, k.lease)
+		if k, ok := l.takeKept(node); ok {
+			releaseLease(ctx, l, k.lease)
+		}
 		local.Unlock()
+		use.Unlock()
 	}
 }
 
@@ -242,6 +271,23 @@ func (nl *NodeLock) SafeUntil() time.Time { return nl.acquired.Add(nl.l.Duration
 // Unlock frees the process-local mutex, and the Lease unless the locker keeps it for the next bind
 // (Keep).
 func (nl *NodeLock) Unlock(ctx context.Context) {
+	defer nl.use.RUnlock()
+	nl.unlockLocal(ctx)
+}
+
+// Handoff lets this process's next bind on the node in (it frees the process-local mutex and, Keep,
+// keeps the Lease) while this bind's last write is still in flight: done ends the hold, and
+// ReleaseKept waits for it, so the Lease is never freed for another process under that write.
+// Without Keep it returns nil and the caller keeps the lock until Unlock (the Lease would be freed).
+func (nl *NodeLock) Handoff(ctx context.Context) (done func()) {
+	if !nl.l.Keep {
+		return nil
+	}
+	nl.unlockLocal(ctx)
+	return nl.use.RUnlock
+}
+
+func (nl *NodeLock) unlockLocal(ctx context.Context) {
 	defer nl.local.Unlock()
 	if nl.l.Keep {
 		nl.l.mu.Lock()
