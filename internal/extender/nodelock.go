@@ -40,11 +40,7 @@ type NodeLocker struct {
 	Keep bool
 
 	mu    sync.Mutex
-	local map[string]*sync.Mutex
-	// use is, per node, held for reading from Lock until the bind's last write under the Lease
-	// has ended (past Handoff), and for writing by ReleaseKept: a kept Lease is never freed while
-	// a write made under it is in flight (guarded by mu; taken before local).
-	use map[string]*sync.RWMutex
+	locks map[string]*nodeMutexes
 	// observed is, per node, the held Lease record this process last saw and since when (guarded
 	// by mu).
 	observed map[string]leaseObservation
@@ -102,33 +98,33 @@ func (nl *NodeLock) CaughtUp() bool { return nl.caughtUp }
 // under this lock showed nothing they did not count); it lasts while the Lease is kept and renewed.
 func (nl *NodeLock) MarkCaughtUp() { nl.caughtUp = true }
 
-func (l *NodeLocker) localMutex(node string) *sync.Mutex {
+// nodeMutexes are one node's process-local locks (use is taken before local).
+type nodeMutexes struct {
+	// local orders this process's binds on the node.
+	local sync.Mutex
+	// use is held for reading from Lock until the bind's last write under the Lease has ended
+	// (past Handoff), and for writing by ReleaseKept: a kept Lease is never freed while a write
+	// made under it is in flight.
+	use sync.RWMutex
+}
+
+func (l *NodeLocker) mutexes(node string) *nodeMutexes {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.local == nil {
-		l.local = map[string]*sync.Mutex{}
+	if l.locks == nil {
+		l.locks = map[string]*nodeMutexes{}
 	}
-	m := l.local[node]
+	m := l.locks[node]
 	if m == nil {
-		m = &sync.Mutex{}
-		l.local[node] = m
+		m = &nodeMutexes{}
+		l.locks[node] = m
 	}
 	return m
 }
 
-func (l *NodeLocker) useMutex(node string) *sync.RWMutex {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.use == nil {
-		l.use = map[string]*sync.RWMutex{}
-	}
-	m := l.use[node]
-	if m == nil {
-		m = &sync.RWMutex{}
-		l.use[node] = m
-	}
-	return m
-}
+func (l *NodeLocker) localMutex(node string) *sync.Mutex { return &l.mutexes(node).local }
+
+func (l *NodeLocker) useMutex(node string) *sync.RWMutex { return &l.mutexes(node).use }
 
 // Lock acquires the node's Lease, retrying with jittered backoff until ctx ends. A Lease kept from
 // an earlier bind (Keep) is taken back without an API call while young, else renewed by a
