@@ -184,12 +184,17 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("informers: %w", err)
 	}
+	nodes := factory.Core().V1().Nodes().Lister()
 	broadcaster := record.NewBroadcaster()
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
 	leader := &atomic.Bool{}
 	x := &extender.Extender{
 		Engine: eng, State: state, Client: client, Quotas: quotas, PDBs: pdbs, PodByUID: podByUID, Class: class, Log: log,
+		NodeByName: func(name string) *corev1.Node {
+			n, _ := nodes.Get(name) // not found: nil, and bind reads the API server
+			return n
+		},
 		Events:         broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "tessera-extender"}),
 		Locker:         &extender.NodeLocker{Client: client, Namespace: cfg.LeaseNamespace, Identity: o.identity, Duration: 15 * time.Second, Keep: true},
 		BindTimeout:    30 * time.Second,

@@ -89,10 +89,17 @@ func (x *Extender) bindPod(ctx context.Context, args *extenderv1.ExtenderBinding
 		}
 		return fmt.Errorf("bind %s/%s: already bound to %s", args.PodNamespace, args.PodName, pod.Spec.NodeName)
 	}
-	// The node as the API server has it now (a taint or cordon added since the scheduler's filter counts).
-	node, err := x.Client.CoreV1().Nodes().Get(ctx, args.Node, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("bind %s/%s: get node %s: %w", args.PodNamespace, args.PodName, args.Node, err)
+	// The node as the informer has it (a taint or cordon added since the scheduler's filter counts;
+	// the scheduler's own view is an informer's too), read from the API server when not cached.
+	var node *corev1.Node
+	if x.NodeByName != nil {
+		node = x.NodeByName(args.Node)
+	}
+	if node == nil {
+		var err error
+		if node, err = x.Client.CoreV1().Nodes().Get(ctx, args.Node, metav1.GetOptions{}); err != nil {
+			return fmt.Errorf("bind %s/%s: get node %s: %w", args.PodNamespace, args.PodName, args.Node, err)
+		}
 	}
 	if why := infeasible(pod, node, x.log()); why != "" {
 		x.log().Warn("bind refused: the node is not feasible for the pod", "pod", args.PodNamespace+"/"+args.PodName, "node", args.Node, "why", why)

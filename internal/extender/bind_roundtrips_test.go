@@ -384,3 +384,45 @@ func assignedGPU(t *testing.T, cs *fake.Clientset, pod string) string {
 	}
 	return a.Containers[0].Devices[0].UUID
 }
+
+// TestBindNodeFromCache: with the node in the informer's cache the bind reads no node from the API
+// server (two calls on a node bound last: the PATCH and the Binding), and the cached copy is the
+// one checked: a taint the pod does not tolerate there refuses the bind. A node not in the cache
+// is read from the API server.
+func TestBindNodeFromCache(t *testing.T) {
+	node := testNode(testInventory("n1", 1, 4, "A100"), nil)
+	a, b, c := wholePod("a", 1), wholePod("b", 1), wholePod("c", 1)
+	cs, _ := fakeAPI(t, node, a, b, c)
+	x := newBinder(t, cs, "replica-a", node)
+	x.Locker.Keep = true
+	cacheFrom(x, a, b, c)
+	cached := node.DeepCopy()
+	x.NodeByName = func(name string) *corev1.Node {
+		if name == cached.Name {
+			return cached
+		}
+		return nil
+	}
+	ctx := context.Background()
+	bind := func(p *corev1.Pod) ([]string, error) {
+		from := len(cs.Actions())
+		err := x.Bind(ctx, &extenderv1.ExtenderBindingArgs{PodName: p.Name, PodNamespace: "default", PodUID: p.UID, Node: "n1"})
+		return apiCalls(cs, from), err
+	}
+	if _, err := bind(a); err != nil {
+		t.Fatal(err)
+	}
+	calls, err := bind(b)
+	if err != nil || fmt.Sprint(calls) != "[patch pods create pods/binding]" {
+		t.Fatalf("second bind: %v (%v), want [patch pods create pods/binding]", calls, err)
+	}
+	cached.Spec.Taints = []corev1.Taint{{Key: "gpu", Value: "broken", Effect: corev1.TaintEffectNoSchedule}}
+	if calls, err := bind(c); err == nil || len(calls) != 0 {
+		t.Fatalf("bind onto a node whose cached copy has a taint the pod does not tolerate: %v, calls %v; want refused before any call", err, calls)
+	}
+	cached.Name = "elsewhere" // n1 no longer in the cache
+	cached.Spec.Taints = nil
+	if calls, err := bind(c); err != nil || calls[0] != "get nodes" {
+		t.Fatalf("a node not in the cache: %v (%v), want it read from the API server first", calls, err)
+	}
+}
