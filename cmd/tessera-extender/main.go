@@ -76,7 +76,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			Usage: "schedulers (a pod's spec.schedulerName) whose pods bind binds, any other pod refused; overriding the config file's schedulerNames (default " + configv1.DefaultSchedulerName + "); comma-separated or repeated"},
 		str("identity", &o.identity, fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's identity in leader election and node bind Leases"),
 		&cli.IntFlag{Name: "kube-api-qps", Destination: &o.qps, Value: 100, Sources: telemetry.EnvSources(envPrefix, "kube-api-qps"),
-			Usage: "requests per second to the API server (burst twice that); a bind costs three to eight (three on a node this replica bound last)"},
+			Usage: "requests per second to the API server (burst twice that); a bind costs two to eight (two on a node this replica bound last)"},
 		str("advertise-url", &o.advertiseURL, "", "URL other replicas reach this one at (http://POD_IP:PORT); non-leaders pass binds on to the leader's. With --peer-listen, port 0 stands for that listener's port"),
 		str("peer-listen", &o.peerListen, "", "an extra address of the extender API, for binds other replicas pass on to this one; port 0 picks a free port (for replicas sharing a host network, where --listen is shared with --reuse-port)"),
 		boolean("reuse-port", &o.reusePort, false, "open --listen and --metrics-listen with SO_REUSEPORT, so replicas on one host network share the ports (the kernel spreads connections over them)"),
@@ -160,7 +160,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client config: %w", err)
 	}
-	// A bind costs four to eight API calls; client-go's default 5 QPS would starve binds and the
+	// A bind costs two to eight API calls; client-go's default 5 QPS would starve binds and the
 	// leader Lease renewals under a burst of pods.
 	rc.QPS, rc.Burst = float32(o.qps), o.qps*2
 	client, err := kubernetes.NewForConfig(rc)
