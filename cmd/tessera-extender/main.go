@@ -76,7 +76,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 			Usage: "schedulers (a pod's spec.schedulerName) whose pods bind binds, any other pod refused; overriding the config file's schedulerNames (default " + configv1.DefaultSchedulerName + "); comma-separated or repeated"},
 		str("identity", &o.identity, fmt.Sprintf("%s-%d", host, os.Getpid()), "this replica's identity in leader election and node bind Leases"),
 		&cli.IntFlag{Name: "kube-api-qps", Destination: &o.qps, Value: 100, Sources: telemetry.EnvSources(envPrefix, "kube-api-qps"),
-			Usage: "requests per second to the API server (burst twice that); a bind costs about seven"},
+			Usage: "requests per second to the API server (burst twice that); a bind costs two to eight (two on a node this replica bound last)"},
 		str("advertise-url", &o.advertiseURL, "", "URL other replicas reach this one at (http://POD_IP:PORT); non-leaders pass binds on to the leader's. With --peer-listen, port 0 stands for that listener's port"),
 		str("peer-listen", &o.peerListen, "", "an extra address of the extender API, for binds other replicas pass on to this one; port 0 picks a free port (for replicas sharing a host network, where --listen is shared with --reuse-port)"),
 		boolean("reuse-port", &o.reusePort, false, "open --listen and --metrics-listen with SO_REUSEPORT, so replicas on one host network share the ports (the kernel spreads connections over them)"),
@@ -160,7 +160,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("kubernetes client config: %w", err)
 	}
-	// A bind costs about seven API calls; client-go's default 5 QPS would starve binds and the
+	// A bind costs two to eight API calls; client-go's default 5 QPS would starve binds and the
 	// leader Lease renewals under a burst of pods.
 	rc.QPS, rc.Burst = float32(o.qps), o.qps*2
 	client, err := kubernetes.NewForConfig(rc)
@@ -184,14 +184,19 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("informers: %w", err)
 	}
+	nodes := factory.Core().V1().Nodes().Lister()
 	broadcaster := record.NewBroadcaster()
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	defer broadcaster.Shutdown()
 	leader := &atomic.Bool{}
 	x := &extender.Extender{
 		Engine: eng, State: state, Client: client, Quotas: quotas, PDBs: pdbs, PodByUID: podByUID, Class: class, Log: log,
+		NodeByName: func(name string) *corev1.Node {
+			n, _ := nodes.Get(name) // not found: nil, and bind reads the API server
+			return n
+		},
 		Events:         broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "tessera-extender"}),
-		Locker:         &extender.NodeLocker{Client: client, Namespace: cfg.LeaseNamespace, Identity: o.identity, Duration: 15 * time.Second},
+		Locker:         &extender.NodeLocker{Client: client, Namespace: cfg.LeaseNamespace, Identity: o.identity, Duration: 15 * time.Second, Keep: true},
 		BindTimeout:    30 * time.Second,
 		PickOne:        o.pickOne,
 		SchedulerNames: cfg.SchedulerNames,
@@ -260,6 +265,10 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 							if leader.Swap(false) {
 								log.Warn("stopped leading; standing for election again")
 							}
+							// The next leader binds at once on the nodes this replica bound last.
+							rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+							defer cancel()
+							x.Locker.ReleaseKept(rctx)
 						},
 					},
 				})
@@ -307,6 +316,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		for _, srv := range servers {
 			_ = srv.Shutdown(sctx)
 		}
+		x.Locker.ReleaseKept(sctx) // binds are over: free the node Leases kept between them
 	}()
 	log.Info("serving", "version", telemetry.Version(), "listen", lns.api.Addr().String(), "metricsListen", o.metricsListen, "advertise", advertise, "policy", cfg.Policy, "identity", o.identity, "leaderElect", o.leaderElect, "tls", secure != nil)
 	errc := make(chan error, len(servers))

@@ -71,8 +71,9 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		if p = strings.TrimSpace(p); p == "" {
 			continue
 		}
-		if !api.IsKnownPolicy(p) {
-			return nil, fmt.Errorf("--policy: unknown policy %q (known: %s)", p, strings.Join(api.KnownPolicies, ", "))
+		if !api.IsKnownPolicy(p) && !simulate.IsDRAPolicy(p) {
+			return nil, fmt.Errorf("--policy: unknown policy %q (known: %s; DRA's allocator as the scheduler places claims: %s)", p,
+				strings.Join(api.KnownPolicies, ", "), strings.Join(simulate.DRAPolicies, ", "))
 		}
 		o.policies = append(o.policies, p)
 	}

@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
@@ -30,6 +32,10 @@ var ErrNotLeader = errors.New("this tessera-extender replica is not the leader; 
 // so the next holder's list never meets an assignment still in flight from another process. The write
 // is fenced: the annotation PATCH carries the pod's resourceVersion, the Binding must finish while the
 // lock is still well inside its duration, and a write that landed too late is rolled back.
+//
+// The pod is read from the informer's cache when it has it (one round trip fewer): every write
+// made from that copy is fenced on its resourceVersion (the assignment PATCH) or its UID (the
+// Binding), so a stale copy costs a conflict and one retry from a fresh read, never a wrong write.
 func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArgs) error {
 	if x.Leader != nil && !x.Leader.Load() {
 		return ErrNotLeader
@@ -39,11 +45,37 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 		ctx, cancel = context.WithTimeout(ctx, x.BindTimeout)
 		defer cancel()
 	}
-	pods := x.Client.CoreV1().Pods(args.PodNamespace)
-	pod, err := pods.Get(ctx, args.PodName, metav1.GetOptions{})
+	if pod := x.cachedPod(args); pod != nil {
+		if err := x.bindPod(ctx, args, pod, true); !errors.Is(err, errStaleCopy) {
+			return err
+		}
+	}
+	pod, err := x.Client.CoreV1().Pods(args.PodNamespace).Get(ctx, args.PodName, metav1.GetOptions{})
 	if err != nil {
 		return fmt.Errorf("bind %s/%s: get pod: %w", args.PodNamespace, args.PodName, err)
 	}
+	return x.bindPod(ctx, args, pod, false)
+}
+
+// errStaleCopy says the informer's copy of the pod was behind the API server's (the fenced
+// assignment write conflicted): Bind reads the pod afresh and binds again.
+var errStaleCopy = errors.New("the informer's copy of the pod is stale")
+
+// cachedPod is the informer's copy of the pod the scheduler names (by UID, then namespace and
+// name), or nil when there is none.
+func (x *Extender) cachedPod(args *extenderv1.ExtenderBindingArgs) *corev1.Pod {
+	if x.PodByUID == nil || args.PodUID == "" {
+		return nil
+	}
+	if p := x.PodByUID(args.PodUID); p != nil && p.Namespace == args.PodNamespace && p.Name == args.PodName {
+		return p
+	}
+	return nil
+}
+
+// bindPod is Bind for a pod read from the cache (cached) or from the API server. The copy is not
+// modified (the cache's is shared).
+func (x *Extender) bindPod(ctx context.Context, args *extenderv1.ExtenderBindingArgs, pod *corev1.Pod, cached bool) error {
 	if args.PodUID != "" && pod.UID != args.PodUID {
 		return fmt.Errorf("bind %s/%s: pod UID is %s, the scheduler asked for %s (pod was recreated)", args.PodNamespace, args.PodName, pod.UID, args.PodUID)
 	}
@@ -57,10 +89,17 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 		}
 		return fmt.Errorf("bind %s/%s: already bound to %s", args.PodNamespace, args.PodName, pod.Spec.NodeName)
 	}
-	// The node as the API server has it now (a taint or cordon added since the scheduler's filter counts).
-	node, err := x.Client.CoreV1().Nodes().Get(ctx, args.Node, metav1.GetOptions{})
-	if err != nil {
-		return fmt.Errorf("bind %s/%s: get node %s: %w", args.PodNamespace, args.PodName, args.Node, err)
+	// The node as the informer has it (a taint or cordon added since the scheduler's filter counts;
+	// the scheduler's own view is an informer's too), read from the API server when not cached.
+	var node *corev1.Node
+	if x.NodeByName != nil {
+		node = x.NodeByName(args.Node)
+	}
+	if node == nil {
+		var err error
+		if node, err = x.Client.CoreV1().Nodes().Get(ctx, args.Node, metav1.GetOptions{}); err != nil {
+			return fmt.Errorf("bind %s/%s: get node %s: %w", args.PodNamespace, args.PodName, args.Node, err)
+		}
 	}
 	if why := infeasible(pod, node, x.log()); why != "" {
 		x.log().Warn("bind refused: the node is not feasible for the pod", "pod", args.PodNamespace+"/"+args.PodName, "node", args.Node, "why", why)
@@ -80,14 +119,25 @@ func (x *Extender) Bind(ctx context.Context, args *extenderv1.ExtenderBindingArg
 		x.event(pod, corev1.EventTypeWarning, "GPUBindFailed", "node %s: %v", args.Node, err)
 		return err
 	}
-	defer lock.Unlock(context.WithoutCancel(ctx))
+	unlock := func() { lock.Unlock(context.WithoutCancel(ctx)) }
+	defer func() { unlock() }()
 	// Every API call from here must end while the lock is safely held.
 	lctx, cancel := context.WithDeadline(ctx, lock.SafeUntil())
 	defer cancel()
 	written, err := x.assign(lctx, lock, pod, req, args.Node)
+	if cached && apierrors.IsConflict(err) {
+		return errStaleCopy
+	}
 	if err != nil {
 		x.event(pod, corev1.EventTypeWarning, "GPUBindFailed", "node %s: %v", args.Node, err)
 		return err
+	}
+	// With the Lease kept, the next bind on the node in this process need not wait for this
+	// Binding: it counts this pod by its reservation (the state, or its list through counted's
+	// rule for this process's own reservations), and the Lease stays held until the Binding ends,
+	// so no other process lists the node meanwhile.
+	if done := lock.Handoff(context.WithoutCancel(ctx)); done != nil {
+		unlock = done
 	}
 	if err := x.bind(lctx, written, req, args.Node); err != nil {
 		x.release(written)
@@ -152,7 +202,7 @@ func (x *Extender) bind(ctx context.Context, pod *corev1.Pod, req *placement.Req
 
 // assign picks and writes the assignment under the node lock and returns the pod as written.
 func (x *Extender) assign(ctx context.Context, lock *NodeLock, pod *corev1.Pod, req *placement.Request, node string) (*corev1.Pod, error) {
-	a, err := x.decide(ctx, pod, req, node)
+	a, err := x.decide(ctx, lock, pod, req, node)
 	if err != nil {
 		return nil, err
 	}
@@ -184,7 +234,13 @@ func (x *Extender) assign(ctx context.Context, lock *NodeLock, pod *corev1.Pod, 
 }
 
 // decide builds the node's state from the API server's view of its assignments and places req.
-func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.Request, node string) (*api.PodAssignment, error) {
+//
+// The API server's view is a list of the node's assignments, unless the lock proves the informers'
+// view is as good (lock.CaughtUp): this process has held the node's Lease without a break since a
+// list that showed nothing the informers did not count. Every writer of assignments holds the
+// Lease, so nothing was written on the node since but by this process, which counts its own writes
+// as reservations until the informers see them.
+func (x *Extender) decide(ctx context.Context, lock *NodeLock, pod *corev1.Pod, req *placement.Request, node string) (*api.PodAssignment, error) {
 	// This process's in-flight decisions on the node (Filter's holds, other binds' reservations):
 	// the API server's list does not show a hold whose pod has no annotation yet, and a bind that
 	// chose past it would give one GPU to two pods in the state (the live divergence of issue 14).
@@ -193,29 +249,45 @@ func (x *Extender) decide(ctx context.Context, pod *corev1.Pod, req *placement.R
 		return nil, errors.New(missing)
 	}
 	holds := base.holds
-	request := func(p *corev1.Pod) (*placement.Request, error) { return x.State.request(p, x.Class) }
-	list, err := x.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{
-		LabelSelector: labels.SelectorFromSet(labels.Set{api.LabelAssignedNode: node}).String(),
-	})
-	if err != nil {
-		return nil, fmt.Errorf("list assignments on node %s: %w", node, err)
-	}
 	n := placement.NewNodeState(base.inv, base.labels)
 	n.CPUMilli, n.MemMiB, n.UsedCPU, n.UsedMem = base.cpu, base.mem, base.usedCPU, base.usedMem
-	for i := range list.Items {
-		other := &list.Items[i]
-		if other.UID == pod.UID {
-			continue
+	if lock.CaughtUp() {
+		for _, a := range base.counted {
+			p := placementOf(n, a)
+			n.Apply(&placement.Request{}, &p)
 		}
-		// The same rule as the informer state (trust.go): the label only narrows the list.
-		a, _ := counted(other, request, x.State.reserved)
-		if a == nil || a.Node != node {
-			continue
+	} else {
+		request := func(p *corev1.Pod) (*placement.Request, error) { return x.State.request(p, x.Class) }
+		list, err := x.Client.CoreV1().Pods("").List(ctx, metav1.ListOptions{
+			LabelSelector: labels.SelectorFromSet(labels.Set{api.LabelAssignedNode: node}).String(),
+		})
+		if err != nil {
+			return nil, fmt.Errorf("list assignments on node %s: %w", node, err)
 		}
-		delete(holds, other.UID) // counted from the API server's copy
-		delete(base.held, other.UID)
-		p := placementOf(n, a)
-		n.Apply(&placement.Request{}, &p)
+		caughtUp := true
+		for i := range list.Items {
+			other := &list.Items[i]
+			if other.UID == pod.UID {
+				continue
+			}
+			// The same rule as the informer state (trust.go): the label only narrows the list.
+			a, _ := counted(other, request, x.State.reserved)
+			if a == nil || a.Node != node {
+				continue
+			}
+			if known, ok := base.counted[other.UID]; !ok || !reflect.DeepEqual(known, a) {
+				if known, ok = holds[other.UID]; !ok || !reflect.DeepEqual(known, a) {
+					caughtUp = false // the informers have not seen this assignment yet
+				}
+			}
+			delete(holds, other.UID) // counted from the API server's copy
+			delete(base.held, other.UID)
+			p := placementOf(n, a)
+			n.Apply(&placement.Request{}, &p)
+		}
+		if caughtUp {
+			lock.MarkCaughtUp()
+		}
 	}
 	for _, a := range holds {
 		p := placementOf(n, a)

@@ -2,6 +2,7 @@ package extender
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
@@ -15,6 +16,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/strategicpatch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/record"
@@ -58,6 +61,49 @@ func fakeAPI(t *testing.T, objs ...runtime.Object) (*fake.Clientset, *bool) {
 		l.ResourceVersion = strconv.Itoa(rv)
 		return true, l, cs.Tracker().Update(leases, l, l.Namespace)
 	})
+	// Pods: every write gives the pod a new resourceVersion; a merge patch that carries one is a
+	// compare-and-swap on it, and a Binding is refused for a bound pod or another UID, as the API
+	// server refuses them (Conflict).
+	podsGVR := corev1.SchemeGroupVersion.WithResource("pods")
+	cs.PrependReactor("patch", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+		pa := a.(k8stesting.PatchAction)
+		if a.GetSubresource() != "" || pa.GetPatchType() != types.MergePatchType {
+			return false, nil, nil
+		}
+		var pre struct {
+			Metadata struct {
+				ResourceVersion *string `json:"resourceVersion"`
+			} `json:"metadata"`
+		}
+		if err := json.Unmarshal(pa.GetPatch(), &pre); err != nil {
+			return true, nil, apierrors.NewBadRequest(err.Error())
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		obj, err := cs.Tracker().Get(podsGVR, pa.GetNamespace(), pa.GetName())
+		if err != nil {
+			return true, nil, err
+		}
+		cur := obj.(*corev1.Pod)
+		if v := pre.Metadata.ResourceVersion; v != nil && *v != "" && *v != cur.ResourceVersion {
+			return true, nil, apierrors.NewConflict(podsGVR.GroupResource(), cur.Name, fmt.Errorf("resourceVersion %s is stale (now %s)", *v, cur.ResourceVersion))
+		}
+		orig, err := json.Marshal(cur)
+		if err != nil {
+			return true, nil, err
+		}
+		merged, err := strategicpatch.StrategicMergePatch(orig, pa.GetPatch(), corev1.Pod{})
+		if err != nil {
+			return true, nil, apierrors.NewBadRequest(err.Error())
+		}
+		next := &corev1.Pod{}
+		if err := json.Unmarshal(merged, next); err != nil {
+			return true, nil, err
+		}
+		rv++
+		next.ResourceVersion = strconv.Itoa(rv)
+		return true, next, cs.Tracker().Update(podsGVR, next, next.Namespace)
+	})
 	cs.PrependReactor("create", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
 		if a.GetSubresource() != "binding" {
 			return false, nil, nil
@@ -66,13 +112,23 @@ func fakeAPI(t *testing.T, objs ...runtime.Object) (*fake.Clientset, *bool) {
 			return true, nil, fmt.Errorf("injected binding failure")
 		}
 		b := a.(k8stesting.CreateAction).GetObject().(*corev1.Binding)
-		obj, err := cs.Tracker().Get(corev1.SchemeGroupVersion.WithResource("pods"), b.Namespace, b.Name)
+		mu.Lock()
+		defer mu.Unlock()
+		obj, err := cs.Tracker().Get(podsGVR, b.Namespace, b.Name)
 		if err != nil {
 			return true, nil, err
 		}
 		p := obj.(*corev1.Pod).DeepCopy()
+		if b.UID != "" && b.UID != p.UID {
+			return true, nil, apierrors.NewConflict(podsGVR.GroupResource(), p.Name, fmt.Errorf("precondition failed: UID %s, the pod's is %s", b.UID, p.UID))
+		}
+		if p.Spec.NodeName != "" {
+			return true, nil, apierrors.NewConflict(podsGVR.GroupResource(), p.Name, fmt.Errorf("pod %s is already assigned to node %q", p.Name, p.Spec.NodeName))
+		}
 		p.Spec.NodeName = b.Target.Name
-		return true, b, cs.Tracker().Update(corev1.SchemeGroupVersion.WithResource("pods"), p, p.Namespace)
+		rv++
+		p.ResourceVersion = strconv.Itoa(rv)
+		return true, b, cs.Tracker().Update(podsGVR, p, p.Namespace)
 	})
 	return cs, failBind
 }

@@ -28,9 +28,12 @@ type Extender struct {
 	// violate, as the scheduler does for its own.
 	PDBs     func() []*policyv1.PodDisruptionBudget
 	PodByUID func(types.UID) *corev1.Pod
-	Events   record.EventRecorder
-	Class    ClassOptions
-	Locker   *NodeLocker
+	// NodeByName finds a node in the informer's cache (nil, or a nil answer: Bind reads the node
+	// from the API server).
+	NodeByName func(string) *corev1.Node
+	Events     record.EventRecorder
+	Class      ClassOptions
+	Locker     *NodeLocker
 	// Leader reports whether this replica may bind; nil means always (no leader election).
 	Leader *atomic.Bool
 	// LeaderURL returns the leader's base URL; a non-leader passes binds there (nil: it refuses them).

@@ -32,14 +32,30 @@ type NodeLocker struct {
 	Identity string
 	// Duration is how long a Lease stays valid without release (a crashed holder blocks this long).
 	Duration time.Duration
+	// Keep leaves a node's Lease held after a bind instead of freeing it: the next bind on the node
+	// takes it back without an API call while it is young (see reuseFor), or renews it with one
+	// compare-and-swap, instead of a read, a write and a release (three of a bind's round trips).
+	// Only the leader binds, so holding costs others nothing until it loses leadership; then
+	// ReleaseKept frees what it holds (a crash leaves them to expire, as a crash mid-bind does).
+	Keep bool
 
 	mu    sync.Mutex
-	local map[string]*sync.Mutex
+	locks map[string]*nodeMutexes
 	// observed is, per node, the held Lease record this process last saw and since when (guarded
 	// by mu).
 	observed map[string]leaseObservation
+	// kept is, per node, the Lease this process holds between binds (Keep) as it last wrote it and
+	// when it started that write on its own clock (guarded by mu).
+	kept map[string]keptLease
 	// now is the local clock (time.Now when nil; tests set it).
 	now func() time.Time
+}
+
+// keptLease is a Lease this process wrote and keeps between binds.
+type keptLease struct {
+	lease    *coordinationv1.Lease
+	acquired time.Time
+	caughtUp bool
 }
 
 // leaseObservation is a held Lease's record as this process saw it, and when it first saw it on
@@ -68,27 +84,68 @@ type NodeLock struct {
 	lease    *coordinationv1.Lease
 	acquired time.Time
 	local    *sync.Mutex
+	use      *sync.RWMutex
+	// caughtUp: a bind under this Lease, held without a break since, found the informers' view of
+	// the node's assignments complete (MarkCaughtUp). A Lease acquired afresh starts without it.
+	caughtUp bool
 }
 
-func (l *NodeLocker) localMutex(node string) *sync.Mutex {
+// CaughtUp reports whether a bind under this Lease, held without a break since, marked the
+// informers' view of the node's assignments complete.
+func (nl *NodeLock) CaughtUp() bool { return nl.caughtUp }
+
+// MarkCaughtUp records that the informers' view of the node's assignments is complete (a list
+// under this lock showed nothing they did not count); it lasts while the Lease is kept and renewed.
+func (nl *NodeLock) MarkCaughtUp() { nl.caughtUp = true }
+
+// nodeMutexes are one node's process-local locks (use is taken before local).
+type nodeMutexes struct {
+	// local orders this process's binds on the node.
+	local sync.Mutex
+	// use is held for reading from Lock until the bind's last write under the Lease has ended
+	// (past Handoff), and for writing by ReleaseKept: a kept Lease is never freed while a write
+	// made under it is in flight.
+	use sync.RWMutex
+}
+
+func (l *NodeLocker) mutexes(node string) *nodeMutexes {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.local == nil {
-		l.local = map[string]*sync.Mutex{}
+	if l.locks == nil {
+		l.locks = map[string]*nodeMutexes{}
 	}
-	m := l.local[node]
+	m := l.locks[node]
 	if m == nil {
-		m = &sync.Mutex{}
-		l.local[node] = m
+		m = &nodeMutexes{}
+		l.locks[node] = m
 	}
 	return m
 }
 
-// Lock acquires the node's Lease, retrying with jittered backoff until ctx ends.
+func (l *NodeLocker) localMutex(node string) *sync.Mutex { return &l.mutexes(node).local }
+
+func (l *NodeLocker) useMutex(node string) *sync.RWMutex { return &l.mutexes(node).use }
+
+// Lock acquires the node's Lease, retrying with jittered backoff until ctx ends. A Lease kept from
+// an earlier bind (Keep) is taken back without an API call while young, else renewed by a
+// compare-and-swap on the version this process wrote; a failed swap (another process took the
+// expired Lease, or the record changed) drops it and acquires afresh.
 func (l *NodeLocker) Lock(ctx context.Context, node string) (*NodeLock, error) {
-	local := l.localMutex(node)
+	use, local := l.useMutex(node), l.localMutex(node)
+	use.RLock()
 	local.Lock()
 	leases := l.Client.CoordinationV1().Leases(l.Namespace)
+	if k, ok := l.takeKept(node); ok {
+		if l.clock().Before(k.acquired.Add(l.Duration / 4)) {
+			return &NodeLock{l: l, node: node, lease: k.lease, acquired: k.acquired, local: local, use: use, caughtUp: k.caughtUp}, nil
+		}
+		now := metav1.NewMicroTime(l.clock())
+		next := k.lease.DeepCopy() // the version this process wrote: the update is a compare-and-swap
+		next.Spec.RenewTime = &now
+		if got, err := leases.Update(ctx, next, metav1.UpdateOptions{}); err == nil {
+			return &NodeLock{l: l, node: node, lease: got, acquired: now.Time, local: local, use: use, caughtUp: k.caughtUp}, nil
+		}
+	}
 	name := LeaseName(node)
 	secs := int32(max(1, l.Duration/time.Second))
 	backoff := lockBackoff
@@ -113,15 +170,17 @@ func (l *NodeLocker) Lock(ctx context.Context, node string) (*NodeLock, error) {
 		}
 		if err == nil {
 			l.forget(node)
-			return &NodeLock{l: l, node: node, lease: got, acquired: now.Time, local: local}, nil
+			return &NodeLock{l: l, node: node, lease: got, acquired: now.Time, local: local, use: use}, nil
 		}
 		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) && err != errHeld {
 			local.Unlock()
+			use.RUnlock()
 			return nil, fmt.Errorf("lock node %s (lease %s/%s): %w", node, l.Namespace, name, err)
 		}
 		select {
 		case <-ctx.Done():
 			local.Unlock()
+			use.RUnlock()
 			return nil, fmt.Errorf("lock node %s (lease %s/%s): %w", node, l.Namespace, name, ctx.Err())
 		case <-time.After(backoff.Step()):
 		}
@@ -158,6 +217,37 @@ func (l *NodeLocker) expired(node string, lease *coordinationv1.Lease, now time.
 	return now.Sub(o.since) > time.Duration(*s.LeaseDurationSeconds)*time.Second
 }
 
+// takeKept removes and returns the node's kept Lease, if any.
+func (l *NodeLocker) takeKept(node string) (keptLease, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	k, ok := l.kept[node]
+	delete(l.kept, node)
+	return k, ok
+}
+
+// ReleaseKept frees every Lease kept between binds (on losing leadership, at shutdown), each by a
+// compare-and-swap on the version this process wrote (one that fails simply expires), once the
+// writes made under it have ended.
+func (l *NodeLocker) ReleaseKept(ctx context.Context) {
+	l.mu.Lock()
+	nodes := make([]string, 0, len(l.kept))
+	for node := range l.kept {
+		nodes = append(nodes, node)
+	}
+	l.mu.Unlock()
+	for _, node := range nodes {
+		use, local := l.useMutex(node), l.localMutex(node)
+		use.Lock()
+		local.Lock()
+		if k, ok := l.takeKept(node); ok {
+			releaseLease(ctx, l, k.lease)
+		}
+		local.Unlock()
+		use.Unlock()
+	}
+}
+
 // forget drops the node's observation (this process holds the Lease now).
 func (l *NodeLocker) forget(node string) {
 	l.mu.Lock()
@@ -174,12 +264,44 @@ func (nl *NodeLock) Valid() bool { return nl.l.clock().Before(nl.SafeUntil()) }
 // after this process wrote it).
 func (nl *NodeLock) SafeUntil() time.Time { return nl.acquired.Add(nl.l.Duration / 2) }
 
-// Unlock frees the Lease (a compare-and-swap on the version we wrote; if it fails the Lease
-// simply expires) and the process-local mutex.
+// Unlock frees the process-local mutex, and the Lease unless the locker keeps it for the next bind
+// (Keep).
 func (nl *NodeLock) Unlock(ctx context.Context) {
+	defer nl.use.RUnlock()
+	nl.unlockLocal(ctx)
+}
+
+// Handoff lets this process's next bind on the node in (it frees the process-local mutex and, Keep,
+// keeps the Lease) while this bind's last write is still in flight: done ends the hold, and
+// ReleaseKept waits for it, so the Lease is never freed for another process under that write.
+// Without Keep it returns nil and the caller keeps the lock until Unlock (the Lease would be freed).
+func (nl *NodeLock) Handoff(ctx context.Context) (done func()) {
+	if !nl.l.Keep {
+		return nil
+	}
+	nl.unlockLocal(ctx)
+	return nl.use.RUnlock
+}
+
+func (nl *NodeLock) unlockLocal(ctx context.Context) {
 	defer nl.local.Unlock()
-	next := nl.lease.DeepCopy()
+	if nl.l.Keep {
+		nl.l.mu.Lock()
+		defer nl.l.mu.Unlock()
+		if nl.l.kept == nil {
+			nl.l.kept = map[string]keptLease{}
+		}
+		nl.l.kept[nl.node] = keptLease{lease: nl.lease, acquired: nl.acquired, caughtUp: nl.caughtUp}
+		return
+	}
+	releaseLease(ctx, nl.l, nl.lease)
+}
+
+// releaseLease frees a Lease this process wrote (a compare-and-swap on that version; if it fails the
+// Lease simply expires).
+func releaseLease(ctx context.Context, l *NodeLocker, lease *coordinationv1.Lease) {
+	next := lease.DeepCopy()
 	empty := ""
 	next.Spec.HolderIdentity = &empty
-	_, _ = nl.l.Client.CoordinationV1().Leases(nl.l.Namespace).Update(ctx, next, metav1.UpdateOptions{})
+	_, _ = l.Client.CoordinationV1().Leases(l.Namespace).Update(ctx, next, metav1.UpdateOptions{})
 }

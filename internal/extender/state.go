@@ -203,6 +203,10 @@ type bindBase struct {
 	own                        *api.PodAssignment
 	holds                      map[types.UID]*api.PodAssignment
 	held                       map[types.UID]placement.Placement
+	// counted is the other pods' assignments the informers count on the node (bound pods, not
+	// this process's in-flight decisions): what bind's list of the node's assignments would show
+	// once the informers have caught up with the API server.
+	counted map[types.UID]*api.PodAssignment
 }
 
 // bindBase returns node's base for binding pod uid, or nil and why placement must not use the node.
@@ -216,13 +220,15 @@ func (s *State) bindBase(node string, uid types.UID) (*bindBase, string) {
 	// CPU and memory come from the informers (every pod's requests), less this pod's own hold:
 	// the GPU choice inside the node then weighs them as Filter and the simulator do.
 	b := &bindBase{inv: e.inv, labels: e.labels, holds: map[types.UID]*api.PodAssignment{}, held: map[types.UID]placement.Placement{},
-		cpu: e.state.CPUMilli, mem: e.state.MemMiB, usedCPU: e.state.UsedCPU, usedMem: e.state.UsedMem}
+		counted: map[types.UID]*api.PodAssignment{}, cpu: e.state.CPUMilli, mem: e.state.MemMiB, usedCPU: e.state.UsedCPU, usedMem: e.state.UsedMem}
 	if u := s.uses[uid]; u != nil && u.node == node && u.applied {
 		b.usedCPU, b.usedMem = b.usedCPU-u.cpu, b.usedMem-u.mem
 	}
 	for other, p := range s.podsOn[node] {
 		switch {
+		case other == uid && !p.reserved:
 		case !p.reserved:
+			b.counted[other] = p.assignment
 		case other == uid:
 			b.own = p.assignment
 		default:

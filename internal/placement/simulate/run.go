@@ -183,7 +183,7 @@ func (k *checkpoint) unallocated() (float64, bool) {
 
 // Run replays one arrival order under one policy through the engine.
 func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, error) {
-	eng, err := placement.NewEngine(policy)
+	pick, err := pickerFor(policy)
 	if err != nil {
 		return Result{}, err
 	}
@@ -220,7 +220,7 @@ func (c *Cluster) Run(policy string, seed uint64, inflate float64) (Result, erro
 			sc.Reuse(fresh)
 			sc.Rand = rng
 		}
-		i, p := eng.Pick(sc, nodes, r, nil)
+		i, p := pick(sc, nodes, r)
 		if i >= 0 {
 			st.AddNodeFree(nodes[i], -1)
 			nodes[i].Apply(r, &p)
