@@ -27,6 +27,10 @@ func TestMultiNode(t *testing.T) {
 		{"AgentDown", testMultiNodeAgentDown},
 		{"NodeLoss", testMultiNodeNodeLoss},
 		{"LeaderKill", testMultiNodeLeaderKill},
+		{"XID", testMultiNodeXID},
+		{"Drain", testMultiNodeDrain},
+		// Last: by now every agent has been running past NRIGrace, so nothing is waited for.
+		{"RuntimeCheck", testMultiNodeRuntimeCheck},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {
@@ -90,7 +94,10 @@ func (m *MultiNode) placedOn(t *testing.T, want map[string]string) {
 
 // waitHolds waits until the node's published holdings, which the extenders count as occupied,
 // list the pod.
-func (m *MultiNode) waitHolds(t testing.TB, node, pod string) {
+func (m *MultiNode) waitHolds(t testing.TB, node, pod string) { m.waitHeld(t, node, pod, true) }
+
+// waitHeld waits until the node's published holdings list the pod (held) or do not (!held).
+func (m *MultiNode) waitHeld(t testing.TB, node, pod string, held bool) {
 	t.Helper()
 	err := waitFor(time.Minute, 200*time.Millisecond, func() (bool, error) {
 		n, err := m.CP.Client.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
@@ -101,12 +108,8 @@ func (m *MultiNode) waitHolds(t testing.TB, node, pod string) {
 		if err != nil {
 			return false, err
 		}
-		for _, p := range h.Pods {
-			if p.Pod == pod {
-				return true, nil
-			}
-		}
-		return false, fmt.Errorf("node %s's holdings do not list %s", node, pod)
+		listed := slices.ContainsFunc(h.Pods, func(p api.PodHolding) bool { return p.Pod == pod })
+		return listed == held, fmt.Errorf("node %s's holdings list %s: %v, want %v", node, pod, listed, held)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -324,12 +327,16 @@ func testMultiNodeNodeLoss(t *testing.T, m *MultiNode) {
 	}
 }
 
-// webPods waits until the ReplicaSet "web" has n pods not being deleted, and returns them.
-func (m *MultiNode) webPods(t testing.TB, n int) []*corev1.Pod {
+// webPods waits until the ReplicaSet "web" has n bound pods not being deleted, and returns them.
+func (m *MultiNode) webPods(t testing.TB, n int) []*corev1.Pod { return m.boundPods(t, "app=web", n) }
+
+// boundPods waits until exactly n pods matching the label selector are bound and not being
+// deleted, and returns them.
+func (m *MultiNode) boundPods(t testing.TB, selector string, n int) []*corev1.Pod {
 	t.Helper()
 	var out []*corev1.Pod
 	err := waitFor(2*time.Minute, 300*time.Millisecond, func() (bool, error) {
-		l, err := m.CP.Client.CoreV1().Pods(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{LabelSelector: "app=web"})
+		l, err := m.CP.Client.CoreV1().Pods(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
 			return false, err
 		}
@@ -339,7 +346,7 @@ func (m *MultiNode) webPods(t testing.TB, n int) []*corev1.Pod {
 				out = append(out, &l.Items[i])
 			}
 		}
-		return len(out) == n, fmt.Errorf("%d bound web pods, want %d", len(out), n)
+		return len(out) == n, fmt.Errorf("%d bound pods %s, want %d", len(out), selector, n)
 	})
 	if err != nil {
 		t.Fatal(err)
