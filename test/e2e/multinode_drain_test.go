@@ -8,7 +8,6 @@ import (
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
-	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -42,12 +41,9 @@ func testMultiNodeDrain(t *testing.T, m *MultiNode) {
 	c := m.Node(t, NodeCPU)
 	ctx := context.Background()
 	two := int32(2)
-	tmpl := TestPod("", map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "8Gi"}, nil)
-	tmpl.Labels = map[string]string{"app": "train"}
-	tmpl.Spec.RestartPolicy = corev1.RestartPolicyAlways
+	tmpl := shareTemplate("train", "8Gi")
 	dep := &appsv1.Deployment{ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: metav1.NamespaceDefault},
-		Spec: appsv1.DeploymentSpec{Replicas: &two, Selector: &metav1.LabelSelector{MatchLabels: tmpl.Labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: tmpl.ObjectMeta, Spec: tmpl.Spec}}}
+		Spec: appsv1.DeploymentSpec{Replicas: &two, Selector: &metav1.LabelSelector{MatchLabels: tmpl.Labels}, Template: tmpl}}
 	minAvailable := intstr.FromInt32(1)
 	pdb := &policyv1.PodDisruptionBudget{ObjectMeta: metav1.ObjectMeta{Name: "train", Namespace: metav1.NamespaceDefault},
 		Spec: policyv1.PodDisruptionBudgetSpec{MinAvailable: &minAvailable, Selector: dep.Spec.Selector}}

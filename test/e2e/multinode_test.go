@@ -262,12 +262,9 @@ func testMultiNodeNodeLoss(t *testing.T, m *MultiNode) {
 	c := m.Node(t, NodeCPU)
 	ctx := context.Background()
 	one := int32(1)
-	tmpl := TestPod("", map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "4Gi"}, nil)
-	tmpl.Labels = map[string]string{"app": "web"}
-	tmpl.Spec.RestartPolicy = corev1.RestartPolicyAlways
+	tmpl := shareTemplate("web", "4Gi")
 	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: metav1.NamespaceDefault},
-		Spec: appsv1.ReplicaSetSpec{Replicas: &one, Selector: &metav1.LabelSelector{MatchLabels: tmpl.Labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: tmpl.ObjectMeta, Spec: tmpl.Spec}}}
+		Spec: appsv1.ReplicaSetSpec{Replicas: &one, Selector: &metav1.LabelSelector{MatchLabels: tmpl.Labels}, Template: tmpl}}
 	if _, err := m.CP.Client.AppsV1().ReplicaSets(metav1.NamespaceDefault).Create(ctx, rs, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -325,6 +322,15 @@ func testMultiNodeNodeLoss(t *testing.T, m *MultiNode) {
 	if err != nil {
 		t.Errorf("%v\n%s", err, d.Ledger(t))
 	}
+}
+
+// shareTemplate is the pod template of a controller's share pods labelled app=<app>, each one
+// share of memory.
+func shareTemplate(app, memory string) corev1.PodTemplateSpec {
+	p := TestPod("", map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: memory}, nil)
+	p.Labels = map[string]string{"app": app}
+	p.Spec.RestartPolicy = corev1.RestartPolicyAlways
+	return corev1.PodTemplateSpec{ObjectMeta: p.ObjectMeta, Spec: p.Spec}
 }
 
 // webPods waits until the ReplicaSet "web" has n bound pods not being deleted, and returns them.
