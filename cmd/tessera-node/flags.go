@@ -78,6 +78,7 @@ func (f *nodeFlags) runFlags(host string) []cli.Flag {
 		str("device-plugin-dir", "devicePluginDir", configv1.DefaultPluginDir, "the kubelet's device plugin directory (kubelet.sock lives here)"),
 		str("pod-resources-socket", "podResourcesSocket", configv1.DefaultPodResources, "the kubelet's PodResources API socket"),
 		str("nri-socket", "nriSocket", configv1.DefaultNRISocket, "containerd's NRI socket"),
+		str("cri-socket", "criSocket", configv1.DefaultCRISocket, "the container runtime's CRI socket, asked once at start whether CDI is on (skipped when it does not exist)"),
 		str("nri-plugin-index", "nriPluginIndex", configv1.DefaultNRIIndex, "NRI plugin index (order among NRI plugins)"),
 		str("kata-runtime-handler", "kataRuntimeHandler", configv1.DefaultKataHandler, "runtime handlers starting with this run pods in VMs (VFIO devices, no /dev/nvidia*)"),
 		str("kubeconfig", "kubeconfig", "", "kubeconfig for the API server (empty: in-cluster config); pods are read from it and the inventory is published to the Node"),

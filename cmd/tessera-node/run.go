@@ -30,6 +30,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/nri"
 	"github.com/tessera-gpu/tessera/internal/podresources"
+	"github.com/tessera-gpu/tessera/internal/runtimecheck"
 	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
@@ -149,6 +150,9 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 		}()
 	}
 	go releaseUnlisted(ctx, plugin, grants, unlistedInterval, log)
+	check := &runtimecheck.Check{Node: cfg.NodeName, NRISocket: cfg.NRISocket, CRISocket: cfg.CRISocket, CDIDir: cfg.CDIDir,
+		Synced: plugin.Synced, Events: events, Log: log, After: time.After}
+	go check.Run(ctx)
 	if err := startMemoryGuard(ctx, cfg, backend, a, plugin, events, reg, log); err != nil {
 		return err
 	}

@@ -117,7 +117,7 @@ func (a *Agent) healthChanged(e gpu.HealthEvent) {
 		a.log.Warn("GPU unhealthy", "uuid", e.UUID, "reason", e.Reason)
 	}
 	if a.cfg.Recorder != nil {
-		ref := &corev1.ObjectReference{Kind: "Node", Name: a.cfg.NodeName, UID: types.UID(a.cfg.NodeName)}
+		ref := NodeRef(a.cfg.NodeName)
 		if e.Healthy {
 			a.cfg.Recorder.Eventf(ref, corev1.EventTypeNormal, EventGPURecovered, "%s is healthy again: %s", what, e.Reason)
 		} else {
@@ -129,6 +129,12 @@ func (a *Agent) healthChanged(e gpu.HealthEvent) {
 	if a.publish != nil {
 		a.publish(a.Inventory())
 	}
+}
+
+// NodeRef is the node as an Event's involved object (a Node's UID is its name as the kubelet
+// records its own events, so kubectl describe node finds them).
+func NodeRef(node string) *corev1.ObjectReference {
+	return &corev1.ObjectReference{Kind: "Node", Name: node, UID: types.UID(node)}
 }
 
 // describeLocked names a GPU or MIG instance for people: "GPU 2 (GPU-...)"; a.mu is held.

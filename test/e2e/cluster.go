@@ -222,7 +222,7 @@ func (c *Cluster) startAgent(t *testing.T, driver SimDriver) {
 	argv := inMountNS(t, c.Ctr.MountNS, tesseraBinary(t, "tessera-node"), "run",
 		"--backend=sim", "--state-dir="+filepath.Join(c.Dir, "sim"), "--node-description="+c.description,
 		"--node-name="+c.Node, "--data-dir="+c.AgentDataDir, "--run-dir="+filepath.Join(c.Dir, "agent-run"),
-		"--cdi-dir="+c.Ctr.CDIDir, "--nri-socket="+c.Ctr.NRISocket,
+		"--cdi-dir="+c.Ctr.CDIDir, "--nri-socket="+c.Ctr.NRISocket, "--cri-socket="+c.Ctr.Socket,
 		"--device-plugin-dir="+KubeletDevicePluginDir, "--pod-resources-socket="+c.Kubelet.PodResourcesSocket,
 		"--kubeconfig="+kc, "--listen="+c.AgentAddr, "--vcuda-library="+driver.VCUDALibrary, "--sim-driver-dir="+driver.FakeDir,
 		"--config="+c.draAgentConfig(t)) // "": none

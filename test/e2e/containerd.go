@@ -144,6 +144,21 @@ func (c *Containerd) Stop(t testing.TB) {
 	c.log.Close()
 }
 
+// Reconfigure restarts containerd with its configuration passed through edit (containers keep
+// running in their shims, as across Stop and Start).
+func (c *Containerd) Reconfigure(t testing.TB, edit func(string) string) {
+	t.Helper()
+	cfg := edit(c.config())
+	if cfg == c.config() {
+		t.Fatal("Reconfigure: the edit changed nothing in containerd's config")
+	}
+	c.Stop(t)
+	if err := os.WriteFile(filepath.Join(c.Base, "config.toml"), []byte(cfg), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c.Start(t)
+}
+
 // LogTail is the end of containerd's log, for failure messages.
 func (c *Containerd) LogTail() string {
 	data, _ := os.ReadFile(filepath.Join(c.Base, "containerd.log"))

@@ -60,7 +60,7 @@ type ControlPlaneOptions struct {
 	NoScheduler bool
 	// ControllerManager adds kube-controller-manager with the controllers a node-less test cluster
 	// wants (service accounts and their tokens, kube-root-ca.crt, namespaces, garbage collection,
-	// workloads); never the node-lifecycle controller, which would taint API-made nodes unreachable.
+	// workloads, disruption budgets); never the node-lifecycle controller, which would taint API-made nodes unreachable.
 	ControllerManager bool
 	// SchedulerVerbosity is kube-scheduler's -v (default 2).
 	SchedulerVerbosity int
@@ -377,6 +377,7 @@ func (cp *ControlPlane) startControllerManager(t testing.TB) {
 		"--controllers=serviceaccount-controller,serviceaccount-token-controller,root-ca-certificate-publisher-controller,"+
 			"namespace-controller,garbage-collector-controller,replicaset-controller,deployment-controller,"+
 			"daemonset-controller,job-controller,pod-garbage-collector-controller,"+
+			"disruption-controller,"+ // PodDisruptionBudgets' status, which evictions check (TestMultiNode/Drain)
 			"resourceclaim-controller") // claims from ResourceClaimTemplates (TestDRA)
 }
 

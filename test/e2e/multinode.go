@@ -26,6 +26,10 @@ const (
 const (
 	multiNodeHeartbeat = 5 * time.Second
 	multiNodeMaxAge    = 20 * time.Second
+	// multiNodeHealthCheck is the agents' health-check interval (the chart's default is 30 s): a GPU
+	// that stops raising XIDs is healthy again one quiet interval later, so the XID drill's recovery
+	// takes seconds.
+	multiNodeHealthCheck = 5 * time.Second
 )
 
 // MultiNode is a three-node Kubernetes cluster on this machine: one control plane (etcd,
@@ -92,7 +96,7 @@ func StartMultiNode(t *testing.T) *MultiNode {
 		c := m.joinNode(t, n.name, n.description)
 		if n.gpu {
 			c.dra = true
-			c.agentArgs = []string{"--rediscover-interval=" + multiNodeHeartbeat.String()}
+			c.agentArgs = []string{"--rediscover-interval=" + multiNodeHeartbeat.String(), "--health-check-interval=" + multiNodeHealthCheck.String()}
 			c.startAgent(t, driver)
 			c.WaitAgentReady(t)
 		}

@@ -27,6 +27,10 @@ func TestMultiNode(t *testing.T) {
 		{"AgentDown", testMultiNodeAgentDown},
 		{"NodeLoss", testMultiNodeNodeLoss},
 		{"LeaderKill", testMultiNodeLeaderKill},
+		{"XID", testMultiNodeXID},
+		{"Drain", testMultiNodeDrain},
+		// Last: by now every agent has been running past NRIGrace, so nothing is waited for.
+		{"RuntimeCheck", testMultiNodeRuntimeCheck},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {
@@ -90,7 +94,10 @@ func (m *MultiNode) placedOn(t *testing.T, want map[string]string) {
 
 // waitHolds waits until the node's published holdings, which the extenders count as occupied,
 // list the pod.
-func (m *MultiNode) waitHolds(t testing.TB, node, pod string) {
+func (m *MultiNode) waitHolds(t testing.TB, node, pod string) { m.waitHeld(t, node, pod, true) }
+
+// waitHeld waits until the node's published holdings list the pod (held) or do not (!held).
+func (m *MultiNode) waitHeld(t testing.TB, node, pod string, held bool) {
 	t.Helper()
 	err := waitFor(time.Minute, 200*time.Millisecond, func() (bool, error) {
 		n, err := m.CP.Client.CoreV1().Nodes().Get(context.Background(), node, metav1.GetOptions{})
@@ -101,12 +108,8 @@ func (m *MultiNode) waitHolds(t testing.TB, node, pod string) {
 		if err != nil {
 			return false, err
 		}
-		for _, p := range h.Pods {
-			if p.Pod == pod {
-				return true, nil
-			}
-		}
-		return false, fmt.Errorf("node %s's holdings do not list %s", node, pod)
+		listed := slices.ContainsFunc(h.Pods, func(p api.PodHolding) bool { return p.Pod == pod })
+		return listed == held, fmt.Errorf("node %s's holdings list %s: %v, want %v", node, pod, listed, held)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -259,12 +262,9 @@ func testMultiNodeNodeLoss(t *testing.T, m *MultiNode) {
 	c := m.Node(t, NodeCPU)
 	ctx := context.Background()
 	one := int32(1)
-	tmpl := TestPod("", map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: "4Gi"}, nil)
-	tmpl.Labels = map[string]string{"app": "web"}
-	tmpl.Spec.RestartPolicy = corev1.RestartPolicyAlways
+	tmpl := shareTemplate("web", "4Gi")
 	rs := &appsv1.ReplicaSet{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: metav1.NamespaceDefault},
-		Spec: appsv1.ReplicaSetSpec{Replicas: &one, Selector: &metav1.LabelSelector{MatchLabels: tmpl.Labels},
-			Template: corev1.PodTemplateSpec{ObjectMeta: tmpl.ObjectMeta, Spec: tmpl.Spec}}}
+		Spec: appsv1.ReplicaSetSpec{Replicas: &one, Selector: &metav1.LabelSelector{MatchLabels: tmpl.Labels}, Template: tmpl}}
 	if _, err := m.CP.Client.AppsV1().ReplicaSets(metav1.NamespaceDefault).Create(ctx, rs, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -324,12 +324,25 @@ func testMultiNodeNodeLoss(t *testing.T, m *MultiNode) {
 	}
 }
 
-// webPods waits until the ReplicaSet "web" has n pods not being deleted, and returns them.
-func (m *MultiNode) webPods(t testing.TB, n int) []*corev1.Pod {
+// shareTemplate is the pod template of a controller's share pods labelled app=<app>, each one
+// share of memory.
+func shareTemplate(app, memory string) corev1.PodTemplateSpec {
+	p := TestPod("", map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: memory}, nil)
+	p.Labels = map[string]string{"app": app}
+	p.Spec.RestartPolicy = corev1.RestartPolicyAlways
+	return corev1.PodTemplateSpec{ObjectMeta: p.ObjectMeta, Spec: p.Spec}
+}
+
+// webPods waits until the ReplicaSet "web" has n bound pods not being deleted, and returns them.
+func (m *MultiNode) webPods(t testing.TB, n int) []*corev1.Pod { return m.boundPods(t, "app=web", n) }
+
+// boundPods waits until exactly n pods matching the label selector are bound and not being
+// deleted, and returns them.
+func (m *MultiNode) boundPods(t testing.TB, selector string, n int) []*corev1.Pod {
 	t.Helper()
 	var out []*corev1.Pod
 	err := waitFor(2*time.Minute, 300*time.Millisecond, func() (bool, error) {
-		l, err := m.CP.Client.CoreV1().Pods(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{LabelSelector: "app=web"})
+		l, err := m.CP.Client.CoreV1().Pods(metav1.NamespaceDefault).List(context.Background(), metav1.ListOptions{LabelSelector: selector})
 		if err != nil {
 			return false, err
 		}
@@ -339,7 +352,7 @@ func (m *MultiNode) webPods(t testing.TB, n int) []*corev1.Pod {
 				out = append(out, &l.Items[i])
 			}
 		}
-		return len(out) == n, fmt.Errorf("%d bound web pods, want %d", len(out), n)
+		return len(out) == n, fmt.Errorf("%d bound pods %s, want %d", len(out), selector, n)
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -81,6 +81,9 @@ type NodeConfig struct {
 	PodResourcesSocket string `json:"podResourcesSocket,omitempty"`
 	// NRISocket is containerd's NRI socket.
 	NRISocket string `json:"nriSocket,omitempty"`
+	// CRISocket is the container runtime's CRI socket, asked once at start whether CDI is on and
+	// reads the CDI directory; when it does not exist the check is skipped.
+	CRISocket string `json:"criSocket,omitempty"`
 	// NRIPluginIndex orders Tessera among NRI plugins.
 	NRIPluginIndex string `json:"nriPluginIndex,omitempty"`
 	// KataRuntimeHandler: runtime handlers starting with it run pods in VMs.
@@ -200,6 +203,7 @@ const (
 	DefaultPluginDir          = "/var/lib/kubelet/device-plugins"
 	DefaultPodResources       = "/var/lib/kubelet/pod-resources/kubelet.sock"
 	DefaultNRISocket          = "/var/run/nri/nri.sock"
+	DefaultCRISocket          = "/run/containerd/containerd.sock"
 	DefaultNRIIndex           = "50"
 	DefaultKataHandler        = "kata"
 	DefaultNodeListen         = "127.0.0.1:9445" // not 9400: dcgm-exporter's port, often on the same node
@@ -260,7 +264,7 @@ func (c *NodeConfig) Defaults() {
 	}{
 		{&c.VCUDALibrary, DefaultVCUDALibrary}, {&c.StateDir, DefaultSimStateDir}, {&c.DataDir, DefaultDataDir},
 		{&c.RunDir, DefaultRunDir}, {&c.DevicePluginDir, DefaultPluginDir}, {&c.PodResourcesSocket, DefaultPodResources},
-		{&c.NRISocket, DefaultNRISocket}, {&c.NRIPluginIndex, DefaultNRIIndex}, {&c.KataRuntimeHandler, DefaultKataHandler},
+		{&c.NRISocket, DefaultNRISocket}, {&c.CRISocket, DefaultCRISocket}, {&c.NRIPluginIndex, DefaultNRIIndex}, {&c.KataRuntimeHandler, DefaultKataHandler},
 		{&c.Listen, DefaultNodeListen}, {&c.DRARegistrarDir, DefaultDRARegistrar}, {&c.DRAPluginDir, DefaultDRAPluginDir},
 		{&c.DRAUnhealthyEffect, DefaultDRAUnhealthyEffect},
 	} {
@@ -337,7 +341,7 @@ func (c *NodeConfig) Validate() error {
 		fe.Add("sharesPerGPU", "must be between 1 and 1024, got %d", c.SharesPerGPU)
 	}
 	for name, path := range map[string]string{"vcudaLibrary": c.VCUDALibrary, "stateDir": c.StateDir, "dataDir": c.DataDir, "runDir": c.RunDir,
-		"devicePluginDir": c.DevicePluginDir, "podResourcesSocket": c.PodResourcesSocket, "nriSocket": c.NRISocket, "cdiDir": c.CDIDir} {
+		"devicePluginDir": c.DevicePluginDir, "podResourcesSocket": c.PodResourcesSocket, "nriSocket": c.NRISocket, "criSocket": c.CRISocket, "cdiDir": c.CDIDir} {
 		if !filepath.IsAbs(path) {
 			fe.Add(name, "must be an absolute path, got %q", path)
 		}
