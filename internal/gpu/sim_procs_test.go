@@ -190,13 +190,11 @@ func buildFakeDriver(t *testing.T) (libDir, probe string) {
 	return libDir, probe
 }
 
-// The simulated node's NVML reports a process in a container's PID namespace the way the real driver
-// does: by host pid, with what the driver charges it (its context included), until it is killed.
-func TestSimNVMLReportsContainerProcessesByHostPID(t *testing.T) {
-	b, n := openTestSim(t, "")
-	libDir, probe := buildFakeDriver(t)
-	const held = 100 << 20
-	cmd := exec.Command("unshare", "--pid", "--fork", "--mount-proc", probe, "hold", strconv.Itoa(held), "600")
+// probeInPIDNamespace runs cudaprobe with args on the simulated node's fake driver in a PID
+// namespace of its own, as a container's process, and returns its host pid and its first line.
+func probeInPIDNamespace(t *testing.T, n *Node, libDir, probe string, args ...string) (int, string) {
+	t.Helper()
+	cmd := exec.Command("unshare", append([]string{"--pid", "--fork", "--kill-child", "--mount-proc", probe}, args...)...)
 	cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+libDir, "FAKE_GPU_NODE_FILE="+n.SimGPUFile,
 		"FAKE_DEV_ROOT="+filepath.Join(n.DevRoot, "dev"), "FAKE_SIM_DRIVER_DIR="+n.SimDriverState)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -210,16 +208,29 @@ func TestSimNVMLReportsContainerProcessesByHostPID(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, fmt.Sprintf("held=%d error=0", held)) {
-		t.Fatalf("cudaprobe hold: %q, %v", line, err)
+	if err != nil {
+		t.Fatalf("cudaprobe %v: %q, %v", args, line, err)
 	}
-	// unshare forks the namespace's init, which execs cudaprobe: that is the holder.
+	// unshare forks the namespace's init, which execs cudaprobe: that is the process.
 	kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))
 	f := strings.Fields(string(kids))
 	if err != nil || len(f) != 1 {
 		t.Fatalf("children of unshare: %q, %v", kids, err)
 	}
-	holder, _ := strconv.Atoi(f[0])
+	pid, _ := strconv.Atoi(f[0])
+	return pid, line
+}
+
+// The simulated node's NVML reports a process in a container's PID namespace the way the real driver
+// does: by host pid, with what the driver charges it (its context included), until it is killed.
+func TestSimNVMLReportsContainerProcessesByHostPID(t *testing.T) {
+	b, n := openTestSim(t, "")
+	libDir, probe := buildFakeDriver(t)
+	const held = 100 << 20
+	holder, line := probeInPIDNamespace(t, n, libDir, probe, "hold", strconv.Itoa(held), "600")
+	if !strings.HasPrefix(line, fmt.Sprintf("held=%d error=0", held)) {
+		t.Fatalf("cudaprobe hold: %q", line)
+	}
 
 	// GPU 0 (minor 0, an A100: compute capability 8.0) is the holder's device 0; what a context
 	// takes there is the fake driver's own figure, read from its header so the two cannot drift.
@@ -252,7 +263,10 @@ func TestSimNVMLReportsContainerProcessesByHostPID(t *testing.T) {
 	if err := syscall.Kill(holder, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	_ = cmd.Wait() // unshare has reaped the holder
+	// unshare reaps the holder; wait until it is gone (the deadline only bounds a hang).
+	for deadline := time.Now().Add(time.Minute); syscall.Kill(holder, 0) == nil && time.Now().Before(deadline); {
+		time.Sleep(10 * time.Millisecond)
+	}
 	if procs, ret := dev.GetComputeRunningProcesses(); ret != nvml.SUCCESS || len(procs) != 0 {
 		t.Errorf("after SIGKILL: %+v (%v), want none", procs, ret)
 	}
@@ -325,28 +339,10 @@ func TestSimNVMLSamplesContainerUtilization(t *testing.T) {
 	libDir, probe := buildFakeDriver(t)
 	start := func(args ...string) int {
 		t.Helper()
-		cmd := exec.Command("unshare", append([]string{"--pid", "--fork", "--kill-child", "--mount-proc", probe}, args...)...)
-		cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+libDir, "FAKE_GPU_NODE_FILE="+n.SimGPUFile,
-			"FAKE_DEV_ROOT="+filepath.Join(n.DevRoot, "dev"), "FAKE_SIM_DRIVER_DIR="+n.SimDriverState)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
+		pid, line := probeInPIDNamespace(t, n, libDir, probe, args...)
+		if !strings.Contains(line, "error=0") {
+			t.Fatalf("cudaprobe %v: %q", args, line)
 		}
-		cmd.Stderr = os.Stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatalf("unshare (util-linux) is required: %v", err)
-		}
-		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-		if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || !strings.Contains(line, "error=0") {
-			t.Fatalf("cudaprobe %v: %q, %v", args, line, err)
-		}
-		kids, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/children", cmd.Process.Pid, cmd.Process.Pid))
-		f := strings.Fields(string(kids))
-		if err != nil || len(f) != 1 {
-			t.Fatalf("children of unshare: %q, %v", kids, err)
-		}
-		pid, _ := strconv.Atoi(f[0])
 		return pid
 	}
 	spinner := start("spin", "600")
