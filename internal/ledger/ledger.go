@@ -13,6 +13,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -37,6 +38,10 @@ type Entry struct {
 	// MIG and Mdev are the hardware-bound devices by UUID.
 	MIG  []string `json:"mig,omitempty"`
 	Mdev []string `json:"mdev,omitempty"`
+	// Partitions are the GPUs (UUIDs) the entry holds MIG instances on that the DRA driver creates
+	// for it (dynamic MIG), from before the instances exist until after they are destroyed: while
+	// any entry partitions a GPU, no entry gets it whole or shared, and the other way round.
+	Partitions []string `json:"partitions,omitempty"`
 	// Local is set when the agent placed the container itself (no assignment from the extender).
 	Local bool `json:"local,omitempty"`
 	// Claim is set on the entry of a prepared DRA ResourceClaim (ID ClaimID(uid)): its devices are
@@ -425,10 +430,41 @@ func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory, held bool) error 
 		}
 		usage[d.UUID] = Usage{Shares: u.Shares + 1, MemoryBytes: addCapped(u.MemoryBytes, d.MemoryBytes), Cores: u.Cores + d.CoresPercent}
 	}
+	if err := l.checkPartitionsLocked(e, usage); err != nil {
+		return err
+	}
 	holders := l.holders(e.ContainerID)
 	for _, m := range append(append([]string{}, e.MIG...), e.Mdev...) {
 		if other, ok := holders[m]; ok {
 			return fmt.Errorf("device %s is already held by container %s", m, other)
+		}
+	}
+	return nil
+}
+
+// checkPartitionsLocked keeps a GPU in one mode: MIG instances (Partitions) or whole/shared
+// (Devices), never both, whoever holds them; usage is every other entry's, with e's own shares added.
+func (l *Ledger) checkPartitionsLocked(e *Entry, usage map[string]Usage) error {
+	partitioned := map[string]string{}
+	for id, o := range l.entries {
+		if id == e.ContainerID {
+			continue
+		}
+		for _, g := range o.Partitions {
+			partitioned[g] = id
+		}
+	}
+	for _, d := range e.Devices {
+		if other, ok := partitioned[d.UUID]; ok {
+			return fmt.Errorf("GPU %s holds MIG instances Tessera created for %s; it can be given whole or shared only once they are released", d.UUID, other)
+		}
+		if slices.Contains(e.Partitions, d.UUID) {
+			return fmt.Errorf("GPU %s cannot be both partitioned into MIG instances and given whole or shared to %s", d.UUID, e.ContainerID)
+		}
+	}
+	for _, g := range e.Partitions {
+		if u := usage[g]; u.Whole || u.Shares > 0 {
+			return fmt.Errorf("GPU %s is held whole or in shares; MIG instances can be created on it only when nothing holds it", g)
 		}
 	}
 	return nil

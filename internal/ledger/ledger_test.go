@@ -469,3 +469,43 @@ func TestSecurityLedgerVerifiedAgainstInventory(t *testing.T) {
 		t.Errorf("verified again: %v, %v, %d copies", refused, err, len(corruptCopies(t, path)))
 	}
 }
+
+// A GPU is partitioned into MIG instances (dynamic MIG) or held whole or shared, never both: each
+// refuses the other until it is released, and a claim cannot ask for both on one GPU.
+func TestPartitionsExcludeWholeAndShares(t *testing.T) {
+	inv := testInventory()
+	l, err := Open(filepath.Join(t.TempDir(), "ledger.json"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	part := Entry{ContainerID: ClaimID("mig"), Partitions: []string{uuid(0)}, MIG: []string{"MIG-1"}}
+	if err := l.Reserve(part, inv); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []api.DeviceAssignment{{UUID: uuid(0), Whole: true}, share(0, 4, 10)} {
+		if err := l.Reserve(Entry{ContainerID: "c", Devices: []api.DeviceAssignment{d}}, inv); err == nil || !strings.Contains(err.Error(), "MIG instances") {
+			t.Errorf("%+v on a partitioned GPU: %v, want refused", d, err)
+		}
+	}
+	// A second instance on the same GPU is another partition, not a conflict.
+	if err := l.Reserve(Entry{ContainerID: ClaimID("mig2"), Partitions: []string{uuid(0)}, MIG: []string{"MIG-2"}}, inv); err != nil {
+		t.Errorf("a second MIG instance on a partitioned GPU: %v", err)
+	}
+	if err := l.Reserve(Entry{ContainerID: "s", Devices: []api.DeviceAssignment{share(1, 4, 10)}}, inv); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Reserve(Entry{ContainerID: ClaimID("mig3"), Partitions: []string{uuid(1)}}, inv); err == nil || !strings.Contains(err.Error(), "nothing holds it") {
+		t.Errorf("partitioning a shared GPU: %v, want refused", err)
+	}
+	if err := l.Reserve(Entry{ContainerID: ClaimID("both"), Partitions: []string{uuid(3)}, Devices: []api.DeviceAssignment{{UUID: uuid(3), Whole: true}}}, inv); err == nil {
+		t.Error("one claim both partitioned and held GPU 3 whole")
+	}
+	for _, id := range []string{ClaimID("mig"), ClaimID("mig2")} {
+		if _, _, err := l.Release(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Reserve(Entry{ContainerID: "c", Devices: []api.DeviceAssignment{{UUID: uuid(0), Whole: true}}}, inv); err != nil {
+		t.Errorf("GPU 0 whole once its MIG instances are released: %v", err)
+	}
+}
