@@ -281,12 +281,12 @@ func (d *Driver) destroyPartitions(ctx context.Context, claim string) error {
 // destroy removes a recorded instance; one recorded before its create finished (no GPU instance
 // ID) is found by its profile and placement.
 func (m *dynamicMIG) destroy(r migRecord) error {
+	ins, err := m.Partitioner.Instances(r.Parent)
+	if err != nil {
+		return err
+	}
 	gi, ci := r.GPUInstance, r.ComputeInstance
 	if gi < 0 {
-		ins, err := m.Partitioner.Instances(r.Parent)
-		if err != nil {
-			return err
-		}
 		i := slices.IndexFunc(ins, func(in gpu.Instance) bool { return in.ProfileID == r.ProfileID && in.Start == r.Start })
 		if i < 0 {
 			return nil // the create never happened
@@ -294,6 +294,12 @@ func (m *dynamicMIG) destroy(r migRecord) error {
 		gi, ci = ins[i].GPUInstance, 0
 		if len(ins[i].ComputeInstances) > 0 {
 			ci = ins[i].ComputeInstances[0]
+		}
+	} else {
+		// GPU instance IDs are reused: after a reboot the ID may be someone else's instance.
+		i := slices.IndexFunc(ins, func(in gpu.Instance) bool { return in.GPUInstance == gi })
+		if i < 0 || ins[i].UUIDs[ci] != r.UUID {
+			return nil // ours is gone
 		}
 	}
 	if err := m.Partitioner.Destroy(r.Parent, gi, ci); err != nil {

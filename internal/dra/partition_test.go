@@ -298,7 +298,10 @@ func TestDynamicMIGStartupCleanupOnlyOwn(t *testing.T) {
 			ProfileID: at("1g.10gb", 0).ProfileID, Start: start, GPUInstance: c.GPUInstance, ComputeInstance: c.ComputeInstance, UUID: c.UUID}
 	}
 	intent := rec("uid-crashed", 5, gpu.MIGCreated{GPUInstance: -1})
-	records := []migRecord{rec("uid-gone", 0, gone), rec("uid-kept", 1, kept), intent}
+	// Before a reboot Tessera had an instance with the GPU instance ID the foreign one has now.
+	reused := migRecord{Claim: "uid-before-reboot", Device: "gpu-0-mig-2g-20gb-2", Parent: seed.gpu0, Profile: "2g.20gb", ProfileID: at("2g.20gb", 2).ProfileID,
+		Start: 2, GPUInstance: foreign.GPUInstance, ComputeInstance: foreign.ComputeInstance, UUID: "MIG-00000000-0000-4000-8000-000000000000"}
+	records := []migRecord{rec("uid-gone", 0, gone), rec("uid-kept", 1, kept), intent, reused}
 	raw, _ := json.Marshal(journalFile{APIVersion: journalVersion, Records: records})
 	if err := os.WriteFile(seed.journal, raw, 0o600); err != nil {
 		t.Fatal(err)

@@ -202,6 +202,8 @@ type Instance struct {
 	ProfileID        uint32
 	Start, Size      uint32
 	ComputeInstances []int
+	// UUIDs are the MIG devices' UUIDs by compute instance ID.
+	UUIDs map[int]string
 }
 
 // Instances lists the GPU's GPU instances (none while MIG mode is off).
@@ -228,7 +230,7 @@ func (p *Partitioner) Instances(uuid string) ([]Instance, error) {
 			if ret != nvml.SUCCESS {
 				return nil, nvmlErr("get GPU instance of "+uuid, ret)
 			}
-			in := Instance{GPUInstance: int(gInfo.Id), ProfileID: gInfo.ProfileId, Start: gInfo.Placement.Start, Size: gInfo.Placement.Size}
+			in := Instance{GPUInstance: int(gInfo.Id), ProfileID: gInfo.ProfileId, Start: gInfo.Placement.Start, Size: gInfo.Placement.Size, UUIDs: map[int]string{}}
 			for c := 0; c < nvml.COMPUTE_INSTANCE_PROFILE_COUNT; c++ {
 				cInfo, ret := g.GetComputeInstanceProfileInfo(c, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
 				if ret != nvml.SUCCESS {
@@ -238,6 +240,9 @@ func (p *Partitioner) Instances(uuid string) ([]Instance, error) {
 				for _, ci := range cis {
 					if ciInfo, ret := ci.GetInfo(); ret == nvml.SUCCESS {
 						in.ComputeInstances = append(in.ComputeInstances, int(ciInfo.Id))
+						if u, err := p.migUUID(d, in.GPUInstance, int(ciInfo.Id)); err == nil {
+							in.UUIDs[int(ciInfo.Id)] = u
+						}
 					}
 				}
 			}
