@@ -509,3 +509,47 @@ func TestPartitionsExcludeWholeAndShares(t *testing.T) {
 		t.Errorf("GPU 0 whole once its MIG instances are released: %v", err)
 	}
 }
+
+// Two agents of one node (a DaemonSet rolling update with maxSurge) share the ledger file: each
+// sees the other's entries, is refused what the other holds, and neither's save drops the other's.
+func TestTwoProcessesShareTheLedger(t *testing.T) {
+	inv := testInventory()
+	path := filepath.Join(t.TempDir(), "ledger.json")
+	old, err := Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Reserve(Entry{ContainerID: ClaimID("a"), Claim: &Claim{UID: "a"}, Devices: []api.DeviceAssignment{{UUID: uuid(0), Whole: true}}}, inv); err != nil {
+		t.Fatal(err)
+	}
+	surge, err := Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Reserve(Entry{ContainerID: ClaimID("b"), Claim: &Claim{UID: "b"}, Devices: []api.DeviceAssignment{share(1, 4, 10)}}, inv); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := surge.Get(ClaimID("b")); !ok {
+		t.Error("the new agent does not see a claim the old one prepared after it started")
+	}
+	if err := surge.Reserve(Entry{ContainerID: "c", Devices: []api.DeviceAssignment{{UUID: uuid(0), Whole: true}}}, inv); err == nil {
+		t.Error("the new agent gave away GPU 0, which the old one holds whole")
+	}
+	if err := surge.Reserve(Entry{ContainerID: ClaimID("d"), Claim: &Claim{UID: "d"}, Devices: []api.DeviceAssignment{share(1, 4, 10)}}, inv); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := old.Release(ClaimID("a")); err != nil {
+		t.Fatal(err)
+	}
+	final, err := Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, e := range final.Entries() {
+		ids = append(ids, e.ContainerID)
+	}
+	if want := []string{ClaimID("b"), ClaimID("d")}; strings.Join(ids, ",") != strings.Join(want, ",") {
+		t.Errorf("the file holds %v, want %v (each agent's changes kept)", ids, want)
+	}
+}
