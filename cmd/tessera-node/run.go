@@ -19,6 +19,7 @@ import (
 	cli "github.com/urfave/cli/v3"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
@@ -152,7 +153,8 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 		}
 		go func() {
 			errc <- named("DRA plugin", draPlugin.Run(ctx, dra.Options{NodeName: cfg.NodeName, Client: client,
-				RegistrarDir: cfg.DRARegistrarDir, PluginDir: cfg.DRAPluginDir, UnhealthyEffect: resourceapi.DeviceTaintEffect(cfg.DRAUnhealthyEffect)}))
+				RegistrarDir: cfg.DRARegistrarDir, PluginDir: cfg.DRAPluginDir, UnhealthyEffect: resourceapi.DeviceTaintEffect(cfg.DRAUnhealthyEffect),
+				RollingUpdateUID: types.UID(cfg.DRARollingUpdateUID)}))
 		}()
 	}
 	go releaseUnlisted(ctx, plugin, grants, unlistedInterval, log)

@@ -101,6 +101,11 @@ type Options struct {
 	// claims avoid them, running pods stay and learn of it through the health API) or NoExecute
 	// (the kubelet's eviction controller also evicts pods that use them and do not tolerate it).
 	UnhealthyEffect resourceapi.DeviceTaintEffect
+	// RollingUpdateUID is the agent pod's UID (downward API). Set, the plugin registers under
+	// sockets named for it, so the kubelet keeps the old and the new agent of a DaemonSet rolling
+	// update with maxSurge registered side by side and prepared claims stay prepared throughout;
+	// the helper serialises both agents' calls through a file lock in PluginDir. Needs kubelet 1.33+.
+	RollingUpdateUID types.UID
 }
 
 // healthResend is how often the health stream repeats itself when nothing changed: the kubelet
@@ -129,22 +134,30 @@ func (d *Driver) Run(ctx context.Context, o Options) error {
 		d.cleanupMIG(ctx, d.agent.Ledger())
 	}
 	changes := d.agent.WatchInventory()
-	helper, err := kubeletplugin.Start(ctx, d,
-		kubeletplugin.DriverName(DriverName),
+	opts := []kubeletplugin.Option{kubeletplugin.DriverName(DriverName),
 		kubeletplugin.NodeName(o.NodeName),
 		kubeletplugin.KubeClient(o.Client),
 		kubeletplugin.RegistrarDirectoryPath(o.RegistrarDir),
-		kubeletplugin.PluginDataDirectoryPath(o.PluginDir))
+		kubeletplugin.PluginDataDirectoryPath(o.PluginDir)}
+	// The helper's socket names (kubeletplugin.Start): <driver>-reg.sock and dra.sock, or named
+	// for the pod during rolling updates.
+	sockets := []string{filepath.Join(o.RegistrarDir, DriverName+"-reg.sock"), filepath.Join(o.PluginDir, "dra.sock")}
+	if o.RollingUpdateUID != "" {
+		opts = append(opts, kubeletplugin.RollingUpdate(o.RollingUpdateUID))
+		sockets = []string{filepath.Join(o.RegistrarDir, kubeletplugin.RollingUpdateRegistrarSocketFile(o.RegistrarDir, DriverName, o.RollingUpdateUID)),
+			filepath.Join(o.PluginDir, "dra-"+string(o.RollingUpdateUID)+".sock")}
+	}
+	helper, err := kubeletplugin.Start(ctx, d, opts...)
 	if err != nil {
 		return fmt.Errorf("start the DRA kubelet plugin %s (registry %s, socket dir %s): %w", DriverName, o.RegistrarDir, o.PluginDir, err)
 	}
 	defer helper.Stop()
 	d.mu.Lock()
 	d.client = o.Client
-	// The helper's default socket names (kubeletplugin.Start): <driver>-reg.sock and dra.sock.
-	d.sockets = []string{filepath.Join(o.RegistrarDir, DriverName+"-reg.sock"), filepath.Join(o.PluginDir, "dra.sock")}
+	d.sockets = sockets
 	d.mu.Unlock()
-	d.log.Info("DRA kubelet plugin started", "driver", DriverName, "registry", o.RegistrarDir, "pluginDir", o.PluginDir, "unhealthyEffect", o.UnhealthyEffect)
+	d.log.Info("DRA kubelet plugin started", "driver", DriverName, "registry", o.RegistrarDir, "pluginDir", o.PluginDir, "unhealthyEffect", o.UnhealthyEffect,
+		"rollingUpdate", o.RollingUpdateUID != "", "dynamicMIG", d.mig != nil)
 	for {
 		res := Resources(d.agent.Inventory(), d.agent.Unhealthy(), o.UnhealthyEffect, d.partitionable())
 		if err := helper.PublishResources(ctx, res); err != nil {
@@ -268,6 +281,9 @@ func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]k
 		// the GPU, the journal and NVML's placements stay in step.
 		d.mig.mu.Lock()
 		defer d.mig.mu.Unlock()
+		if err := d.mig.loadLocked(); err != nil {
+			return nil, err
+		}
 	}
 	var pending []pendingMIG
 	var out []kubeletplugin.Device
@@ -519,5 +535,8 @@ func (d *Driver) unpreparePartitions(ctx context.Context, uid string) error {
 	}
 	d.mig.mu.Lock()
 	defer d.mig.mu.Unlock()
+	if err := d.mig.loadLocked(); err != nil {
+		return err
+	}
 	return d.destroyPartitions(ctx, uid)
 }

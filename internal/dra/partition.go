@@ -85,20 +85,31 @@ type journalFile struct {
 // would not know which instances are its own.
 func (d *Driver) WithDynamicMIG(m DynamicMIG) (*Driver, error) {
 	dm := &dynamicMIG{DynamicMIG: m, placements: map[string]Partitionable{}}
-	raw, err := os.ReadFile(m.JournalPath)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-	case err != nil:
-		return nil, fmt.Errorf("read the dynamic MIG journal: %w", err)
-	default:
-		var f journalFile
-		if err := json.Unmarshal(raw, &f); err != nil || f.APIVersion != journalVersion {
-			return nil, fmt.Errorf("the dynamic MIG journal %s is damaged (%v): it lists the MIG instances Tessera created; compare it with `nvidia-smi mig -lgi`, destroy what Tessera left, and remove the file", m.JournalPath, err)
-		}
-		dm.records = f.Records
+	if err := dm.loadLocked(); err != nil {
+		return nil, err
 	}
 	d.mig = dm
 	return d, nil
+}
+
+// loadLocked reads the journal: at start-up, and at every prepare and unprepare, since during a
+// rolling update the other agent of the node may have changed it (the kubeletplugin helper
+// serialises the calls of both through a file lock).
+func (m *dynamicMIG) loadLocked() error {
+	raw, err := os.ReadFile(m.JournalPath)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		m.records = nil
+		return nil
+	case err != nil:
+		return fmt.Errorf("read the dynamic MIG journal: %w", err)
+	}
+	var f journalFile
+	if err := json.Unmarshal(raw, &f); err != nil || f.APIVersion != journalVersion {
+		return fmt.Errorf("the dynamic MIG journal %s is damaged (%v): it lists the MIG instances Tessera created; compare it with `nvidia-smi mig -lgi`, destroy what Tessera left, and remove the file", m.JournalPath, err)
+	}
+	m.records = f.Records
+	return nil
 }
 
 func (m *dynamicMIG) saveLocked() error {
@@ -128,6 +139,9 @@ func (d *Driver) partitionable() map[string]Partitionable {
 	inv := d.agent.Inventory()
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if err := m.loadLocked(); err != nil {
+		d.log.Error("dynamic MIG journal", "err", err)
+	}
 	out := map[string]Partitionable{}
 	for i := range inv.GPUs {
 		g := &inv.GPUs[i]
@@ -316,6 +330,10 @@ func (d *Driver) cleanupMIG(ctx context.Context, l *ledger.Ledger) {
 	m := d.mig
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if err := m.loadLocked(); err != nil {
+		d.log.Error("dynamic MIG start-up cleanup skipped", "err", err)
+		return
+	}
 	gone := 0
 	for _, r := range slices.Clone(m.records) {
 		if _, held := l.Get(ledger.ClaimID(r.Claim)); held && r.UUID != "" {

@@ -49,6 +49,7 @@ func TestDRA(t *testing.T) {
 		{"KubeletRestart", testDRAKubeletRestart},
 		{"Health", testDRAHealth},
 		{"AdminAccess", testDRAAdminAccess},
+		{"DynamicMIG", testDRADynamicMIG},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {

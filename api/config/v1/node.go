@@ -125,6 +125,10 @@ type NodeConfig struct {
 	// instance a claim is allocated at prepare, destroying it at unprepare; it switches MIG mode on
 	// and off, which NVML refuses while a process runs on the GPU (docs/dra.md, "Dynamic MIG").
 	DRADynamicMIG bool `json:"draDynamicMIG,omitempty"`
+	// DRARollingUpdateUID is the agent pod's UID (the chart passes $(POD_UID)): the DRA plugin then
+	// registers under sockets named for its pod (kubeletplugin.RollingUpdate), so an old and a new
+	// agent can both be registered with the kubelet during an update; empty: the fixed socket names.
+	DRARollingUpdateUID string `json:"draRollingUpdateUID,omitempty"`
 	// HostProc is the host's /proc, where the memory guard maps GPU processes (host pids, as NVML
 	// reports them) to containers; the agent runs with the host's PID namespace.
 	HostProc string `json:"hostProc,omitempty"`
