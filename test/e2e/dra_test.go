@@ -49,6 +49,7 @@ func TestDRA(t *testing.T) {
 		{"KubeletRestart", testDRAKubeletRestart},
 		{"Health", testDRAHealth},
 		{"AdminAccess", testDRAAdminAccess},
+		{"RollingUpdate", testDRARollingUpdate},
 		{"DynamicMIG", testDRADynamicMIG},
 	}
 	for _, s := range steps {
