@@ -19,6 +19,7 @@ import (
 	cli "github.com/urfave/cli/v3"
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
@@ -144,9 +145,17 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 			return fmt.Errorf("--dra needs the API server (ResourceSlices, ResourceClaims): %w", err)
 		}
 		draPlugin = dra.New(a, log).OnUnprepared(plugin.ReleaseClaim).Observe(metrics.observeDRA)
+		if cfg.DRADynamicMIG {
+			migCapable := func(uuid string) bool { n := a.Node(); return n != nil && n.MIGCapable[uuid] }
+			if draPlugin, err = draPlugin.WithDynamicMIG(dra.DynamicMIG{Partitioner: gpu.NewPartitioner(backend.NVML()), MIGCapable: migCapable,
+				Refresh: a.Refresh, JournalPath: filepath.Join(cfg.DataDir, "dra-mig.json")}); err != nil {
+				return err
+			}
+		}
 		go func() {
 			errc <- named("DRA plugin", draPlugin.Run(ctx, dra.Options{NodeName: cfg.NodeName, Client: client,
-				RegistrarDir: cfg.DRARegistrarDir, PluginDir: cfg.DRAPluginDir, UnhealthyEffect: resourceapi.DeviceTaintEffect(cfg.DRAUnhealthyEffect)}))
+				RegistrarDir: cfg.DRARegistrarDir, PluginDir: cfg.DRAPluginDir, UnhealthyEffect: resourceapi.DeviceTaintEffect(cfg.DRAUnhealthyEffect),
+				RollingUpdateUID: types.UID(cfg.DRARollingUpdateUID)}))
 		}()
 	}
 	go releaseUnlisted(ctx, plugin, grants, unlistedInterval, log)

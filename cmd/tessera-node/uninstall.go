@@ -248,7 +248,7 @@ func cleanupNode(cfg *configv1.NodeConfig) []error {
 	if cfg.Backend == "sim" {
 		keep(os.RemoveAll(cfg.StateDir))
 	}
-	for _, f := range []string{"ledger.json", "health.json", "bin"} {
+	for _, f := range []string{"ledger.json", "ledger.json.lock", "dra-mig.json", "health.json", "bin"} {
 		keep(os.RemoveAll(filepath.Join(cfg.DataDir, f)))
 	}
 	// The copies of corrupt ledgers the ledger kept aside (ledger.json.corrupt-<time>).

@@ -89,6 +89,8 @@ func TestCleanupNode(t *testing.T) {
 		filepath.Join(cfg.CDIDir, "tessera-tessera.dev-gpu.json"):                    false,
 		filepath.Join(cfg.CDIDir, "nvidia.yaml"):                                     true,
 		filepath.Join(cfg.DataDir, "ledger.json"):                                    false,
+		filepath.Join(cfg.DataDir, "ledger.json.lock"):                               false,
+		filepath.Join(cfg.DataDir, "dra-mig.json"):                                   false,
 		filepath.Join(cfg.DataDir, "ledger.json.corrupt-20261127T014400.000000001Z"): false,
 		filepath.Join(cfg.DataDir, "health.json"):                                    false,
 		filepath.Join(cfg.DataDir, "bin", "tessera-node"):                            false,

@@ -155,3 +155,54 @@ func TestPreferredKeepsMIGOnOneParent(t *testing.T) {
 		t.Errorf("preferred %v, want the same parent's instance first", got)
 	}
 }
+
+// The device plugins see what dynamic MIG does to a GPU: while a DRA claim holds a MIG instance
+// the DRA driver created on it, the GPU is offered neither whole nor in shares and the instance is
+// listed but not allocatable; once it is destroyed the GPU is offered whole again.
+func TestDevicePluginsFollowDynamicMIG(t *testing.T) {
+	a, b := newAgent(t)
+	ctx := context.Background()
+	wholeBefore := len(a.Devices(api.ResourceGPU))
+	inv := a.Inventory()
+	g := inv.GPUs[0]
+	p := gpu.NewPartitioner(b.NVML())
+	places, _, err := p.Placements(g.UUID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(places, func(pl gpu.MIGPlacement) bool { return pl.Profile == "1g.5gb" })
+	made, err := p.Create(g.UUID, places[i])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Ledger().Reserve(ledger.Entry{ContainerID: ledger.ClaimID("c"), Claim: &ledger.Claim{UID: "c"}, MIG: []string{made.UUID}, Partitions: []string{g.UUID}}, inv); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(a.Devices(api.ResourceGPU)); n != wholeBefore-1 {
+		t.Errorf("whole GPUs offered while GPU 0 holds a dynamic MIG instance: %d, want %d", n, wholeBefore-1)
+	}
+	var listed *pluginapi.Device
+	for _, d := range a.Devices(api.MIGResource("1g.5gb")) {
+		if d.ID == made.UUID {
+			listed = d
+		}
+	}
+	if listed == nil || listed.Health != pluginapi.Unhealthy {
+		t.Errorf("the claim's new MIG instance in the device plugin: %+v, want listed and not allocatable", listed)
+	}
+	if err := p.Destroy(g.UUID, made.GPUInstance, made.ComputeInstance); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := a.Ledger().Release(ledger.ClaimID("c")); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(a.Devices(api.ResourceGPU)); n != wholeBefore {
+		t.Errorf("whole GPUs once the instance is gone: %d, want %d", n, wholeBefore)
+	}
+}

@@ -53,6 +53,8 @@ type Driver struct {
 	sockets []string
 	// changed is closed and replaced at every inventory change: the health streams wait on it.
 	changed chan struct{}
+	// mig is dynamic MIG (WithDynamicMIG; nil: off).
+	mig *dynamicMIG
 }
 
 var _ kubeletplugin.DRAPlugin = (*Driver)(nil)
@@ -99,6 +101,11 @@ type Options struct {
 	// claims avoid them, running pods stay and learn of it through the health API) or NoExecute
 	// (the kubelet's eviction controller also evicts pods that use them and do not tolerate it).
 	UnhealthyEffect resourceapi.DeviceTaintEffect
+	// RollingUpdateUID is the agent pod's UID (downward API). Set, the plugin registers under
+	// sockets named for it, so the kubelet keeps the old and the new agent of a DaemonSet rolling
+	// update with maxSurge registered side by side and prepared claims stay prepared throughout;
+	// the helper serialises both agents' calls through a file lock in PluginDir. Needs kubelet 1.33+.
+	RollingUpdateUID types.UID
 }
 
 // healthResend is how often the health stream repeats itself when nothing changed: the kubelet
@@ -123,25 +130,36 @@ func (d *Driver) Run(ctx context.Context, o Options) error {
 	if err := os.MkdirAll(o.PluginDir, 0o750); err != nil {
 		return fmt.Errorf("create the DRA plugin's socket directory: %w", err)
 	}
+	if d.mig != nil {
+		d.cleanupMIG(ctx, d.agent.Ledger())
+	}
 	changes := d.agent.WatchInventory()
-	helper, err := kubeletplugin.Start(ctx, d,
-		kubeletplugin.DriverName(DriverName),
+	opts := []kubeletplugin.Option{kubeletplugin.DriverName(DriverName),
 		kubeletplugin.NodeName(o.NodeName),
 		kubeletplugin.KubeClient(o.Client),
 		kubeletplugin.RegistrarDirectoryPath(o.RegistrarDir),
-		kubeletplugin.PluginDataDirectoryPath(o.PluginDir))
+		kubeletplugin.PluginDataDirectoryPath(o.PluginDir)}
+	// The helper's socket names (kubeletplugin.Start): <driver>-reg.sock and dra.sock, or named
+	// for the pod during rolling updates.
+	sockets := []string{filepath.Join(o.RegistrarDir, DriverName+"-reg.sock"), filepath.Join(o.PluginDir, "dra.sock")}
+	if o.RollingUpdateUID != "" {
+		opts = append(opts, kubeletplugin.RollingUpdate(o.RollingUpdateUID))
+		sockets = []string{filepath.Join(o.RegistrarDir, kubeletplugin.RollingUpdateRegistrarSocketFile(o.RegistrarDir, DriverName, o.RollingUpdateUID)),
+			filepath.Join(o.PluginDir, "dra-"+string(o.RollingUpdateUID)+".sock")}
+	}
+	helper, err := kubeletplugin.Start(ctx, d, opts...)
 	if err != nil {
 		return fmt.Errorf("start the DRA kubelet plugin %s (registry %s, socket dir %s): %w", DriverName, o.RegistrarDir, o.PluginDir, err)
 	}
 	defer helper.Stop()
 	d.mu.Lock()
 	d.client = o.Client
-	// The helper's default socket names (kubeletplugin.Start): <driver>-reg.sock and dra.sock.
-	d.sockets = []string{filepath.Join(o.RegistrarDir, DriverName+"-reg.sock"), filepath.Join(o.PluginDir, "dra.sock")}
+	d.sockets = sockets
 	d.mu.Unlock()
-	d.log.Info("DRA kubelet plugin started", "driver", DriverName, "registry", o.RegistrarDir, "pluginDir", o.PluginDir, "unhealthyEffect", o.UnhealthyEffect)
+	d.log.Info("DRA kubelet plugin started", "driver", DriverName, "registry", o.RegistrarDir, "pluginDir", o.PluginDir, "unhealthyEffect", o.UnhealthyEffect,
+		"rollingUpdate", o.RollingUpdateUID != "", "dynamicMIG", d.mig != nil)
 	for {
-		res := Resources(d.agent.Inventory(), d.agent.Unhealthy(), o.UnhealthyEffect)
+		res := Resources(d.agent.Inventory(), d.agent.Unhealthy(), o.UnhealthyEffect, d.partitionable())
 		if err := helper.PublishResources(ctx, res); err != nil {
 			d.log.Error("publish ResourceSlices", "driver", DriverName, "err", err)
 		}
@@ -195,7 +213,7 @@ func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletpl
 		select {
 		case <-ctx.Done():
 			return nil
-		case reports <- HealthReport(d.agent.Inventory(), d.agent.Unhealthy(), d.now()):
+		case reports <- HealthReport(d.agent.Inventory(), d.agent.Unhealthy(), d.now(), d.partitionable()):
 		}
 		select {
 		case <-ctx.Done():
@@ -214,7 +232,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	out := make(map[types.UID]kubeletplugin.PrepareResult, len(claims))
 	for _, c := range claims {
 		start := time.Now()
-		devs, err := d.prepare(c)
+		devs, err := d.prepare(ctx, c)
 		if d.observe != nil {
 			d.observe(CallPrepare, time.Since(start), err)
 		}
@@ -233,7 +251,7 @@ func (d *Driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 	return out, nil
 }
 
-func (d *Driver) prepare(c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
+func (d *Driver) prepare(ctx context.Context, c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, error) {
 	if c.Status.Allocation == nil {
 		return nil, errors.New("it is not allocated")
 	}
@@ -252,6 +270,22 @@ func (d *Driver) prepare(c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, 
 	if len(e.Claim.PodUIDs) == 0 {
 		return nil, errors.New("it is reserved for no pod (status.reservedFor); the kubelet prepares claims of pods only")
 	}
+	var dyn map[string]Partitionable
+	indexOf := map[string]int{}
+	if d.mig != nil {
+		dyn = d.partitionable()
+		for _, g := range inv.GPUs {
+			indexOf[g.UUID] = g.Index
+		}
+		// One prepare or unprepare at a time creates or destroys instances: the ledger's hold on
+		// the GPU, the journal and NVML's placements stay in step.
+		d.mig.mu.Lock()
+		defer d.mig.mu.Unlock()
+		if err := d.mig.loadLocked(); err != nil {
+			return nil, err
+		}
+	}
+	var pending []pendingMIG
 	var out []kubeletplugin.Device
 	requestOf := map[string]string{} // device -> the request it was first allocated to
 	for _, r := range c.Status.Allocation.Devices.Results {
@@ -265,6 +299,20 @@ func (d *Driver) prepare(c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, 
 		if r.Pool != inv.Node {
 			return nil, fmt.Errorf("device %s is in pool %q, this node's pool is %q", r.Device, r.Pool, inv.Node)
 		}
+		if parent, pl, ok := placementOf(dyn, indexOf, r.Device); ok {
+			if r.AdminAccess != nil && *r.AdminAccess {
+				return nil, fmt.Errorf("device %s is a dynamic MIG placement: its instance exists only for the claim that creates it, so admin access cannot reach it; select the GPU device %s instead", r.Device, GPUDeviceName(indexOf[parent]))
+			}
+			pending = append(pending, pendingMIG{result: len(out), parent: parent, placement: pl, device: r.Device})
+			if !slices.Contains(e.Partitions, parent) {
+				e.Partitions = append(e.Partitions, parent)
+			}
+			out = append(out, kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, ShareID: r.ShareID})
+			continue
+		}
+		if g := inv.GPUByUUID(gpuOfDevice(inv, r.Device)); g != nil && g.MIG != nil && dyn[g.UUID].Placements != nil {
+			return nil, fmt.Errorf("device %s: GPU %s is partitioned into MIG instances that claims hold; it can be given whole or shared only once they are released", r.Device, g.UUID)
+		}
 		var names []string
 		var err error
 		if r.AdminAccess != nil && *r.AdminAccess {
@@ -277,10 +325,61 @@ func (d *Driver) prepare(c *resourceapi.ResourceClaim) ([]kubeletplugin.Device, 
 		}
 		out = append(out, kubeletplugin.Device{Requests: []string{r.Request}, PoolName: r.Pool, DeviceName: r.Device, CDIDeviceIDs: names, ShareID: r.ShareID})
 	}
-	if err := d.agent.Ledger().Reserve(e, inv); err != nil {
+	if len(pending) == 0 {
+		if err := d.agent.Ledger().Reserve(e, inv); err != nil {
+			return nil, err
+		}
+		return out, nil
+	}
+	return d.preparePartitions(ctx, c, e, inv, pending, out)
+}
+
+// preparePartitions holds the GPUs of the claim's dynamic MIG devices in the ledger (refused while
+// anything holds them whole or shared), creates the instances, and records them in the claim's
+// entry; a failure at any step leaves neither instances nor a hold behind.
+func (d *Driver) preparePartitions(ctx context.Context, c *resourceapi.ResourceClaim, e ledger.Entry, inv *api.NodeInventory, pending []pendingMIG, out []kubeletplugin.Device) ([]kubeletplugin.Device, error) {
+	l := d.agent.Ledger()
+	prev, had := l.Get(e.ContainerID)
+	undo := func() {
+		if had {
+			if err := l.Reserve(prev, d.agent.Inventory()); err != nil {
+				d.log.Error("restore the ledger entry of a claim whose retried prepare failed", "claim", c.Namespace+"/"+c.Name, "err", err)
+			}
+		} else if _, _, err := l.Release(e.ContainerID); err != nil {
+			d.log.Error("release the hold of a claim whose prepare failed", "claim", c.Namespace+"/"+c.Name, "err", err)
+		}
+	}
+	if err := l.Reserve(e, inv); err != nil {
+		return nil, err
+	}
+	uuids, err := d.createPartitions(ctx, string(c.UID), pending)
+	if err != nil {
+		undo()
+		return nil, err
+	}
+	gen := d.agent.Generator()
+	for i, p := range pending {
+		e.MIG = append(e.MIG, uuids[i])
+		out[p.result].CDIDeviceIDs = []string{gen.Name(cdi.ClassMIG, uuids[i])}
+	}
+	if err := l.Reserve(e, d.agent.Inventory()); err != nil {
+		if derr := d.destroyPartitions(ctx, string(c.UID)); derr != nil {
+			err = fmt.Errorf("%w (and destroying its new MIG instances failed: %v)", err, derr)
+		}
+		undo()
 		return nil, err
 	}
 	return out, nil
+}
+
+// gpuOfDevice is the UUID of the GPU a GPU device name (gpu-N) names ("" for any other device).
+func gpuOfDevice(inv *api.NodeInventory, device string) string {
+	for _, g := range inv.GPUs {
+		if GPUDeviceName(g.Index) == device {
+			return g.UUID
+		}
+	}
+	return ""
 }
 
 // adminAccess grants a device allocated with admin access (a monitoring pod; the API server admits
@@ -406,7 +505,12 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 	out := make(map[types.UID]error, len(claims))
 	for _, c := range claims {
 		start := time.Now()
-		e, ok, err := d.agent.Ledger().Release(ledger.ClaimID(string(c.UID)))
+		var e ledger.Entry
+		var ok bool
+		err := d.unpreparePartitions(ctx, string(c.UID))
+		if err == nil {
+			e, ok, err = d.agent.Ledger().Release(ledger.ClaimID(string(c.UID)))
+		}
 		if err != nil {
 			err = fmt.Errorf("tessera: release ResourceClaim %s: %w", c.String(), err)
 		} else if ok {
@@ -421,4 +525,18 @@ func (d *Driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletpl
 		out[c.UID] = err
 	}
 	return out, nil
+}
+
+// unpreparePartitions destroys the dynamic MIG instances of a claim before its ledger entry goes,
+// so the GPU is held until they are gone.
+func (d *Driver) unpreparePartitions(ctx context.Context, uid string) error {
+	if d.mig == nil {
+		return nil
+	}
+	d.mig.mu.Lock()
+	defer d.mig.mu.Unlock()
+	if err := d.mig.loadLocked(); err != nil {
+		return err
+	}
+	return d.destroyPartitions(ctx, uid)
 }

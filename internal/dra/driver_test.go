@@ -141,7 +141,7 @@ func cdiNames(r kubeletplugin.PrepareResult) []string {
 }
 
 func TestResourcesModel(t *testing.T) {
-	res := Resources(testInventory(), map[string]string{"GPU-d": "XID 79"}, resourceapi.DeviceTaintEffectNoSchedule)
+	res := Resources(testInventory(), map[string]string{"GPU-d": "XID 79"}, resourceapi.DeviceTaintEffectNoSchedule, nil)
 	pool, ok := res.Pools["node-a"]
 	if !ok || len(res.Pools) != 1 {
 		t.Fatalf("pools %v, want one named after the node", res.Pools)
@@ -376,7 +376,7 @@ func TestSecurityDRAClaimSameGPUTwice(t *testing.T) {
 // up to it), and prepare refuses an allocation below it (slices of an older agent, a hand-made
 // allocation), naming the overhead, and records nothing.
 func TestSecurityDRASmallCapRefused(t *testing.T) {
-	for _, dev := range Resources(testInventory(), nil, resourceapi.DeviceTaintEffectNoSchedule).Pools["node-a"].Slices[0].Devices {
+	for _, dev := range Resources(testInventory(), nil, resourceapi.DeviceTaintEffectNoSchedule, nil).Pools["node-a"].Slices[0].Devices {
 		if !strings.HasPrefix(dev.Name, "gpu-") || strings.Contains(dev.Name, "mig") {
 			continue
 		}

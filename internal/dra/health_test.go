@@ -46,12 +46,12 @@ func TestResourcesTaintUnhealthy(t *testing.T) {
 			a := &fakeAgent{inv: testInventory(), unhealthy: tc.unhealthy}
 			inv := a.Inventory()
 			got := taints(func() []resourceapi.Device {
-				return Resources(inv, tc.unhealthy, tc.effect).Pools["node-a"].Slices[0].Devices
+				return Resources(inv, tc.unhealthy, tc.effect, nil).Pools["node-a"].Slices[0].Devices
 			})
 			if !slices.Equal(got, tc.want) {
 				t.Errorf("taints %v, want %v", got, tc.want)
 			}
-			if n := len(Resources(inv, tc.unhealthy, tc.effect).Pools["node-a"].Slices[0].Devices); n != 5 {
+			if n := len(Resources(inv, tc.unhealthy, tc.effect, nil).Pools["node-a"].Slices[0].Devices); n != 5 {
 				t.Errorf("%d devices, want all 5 whatever their health", n)
 			}
 		})
@@ -64,7 +64,7 @@ func TestHealthReport(t *testing.T) {
 	a := &fakeAgent{inv: testInventory(), unhealthy: unhealthy}
 	now := time.Unix(1700000000, 0)
 	got := map[string]kubeletplugin.DeviceHealth{}
-	for _, d := range HealthReport(a.Inventory(), unhealthy, now).Devices {
+	for _, d := range HealthReport(a.Inventory(), unhealthy, now, nil).Devices {
 		got[d.DeviceName] = d
 		if d.PoolName != "node-a" || !d.LastUpdated.Equal(now) || d.HealthCheckTimeout != healthTimeout {
 			t.Errorf("%+v: want pool node-a, stamped now, the 30 s timeout", d)
@@ -136,7 +136,7 @@ func TestDeviceStatusData(t *testing.T) {
 			t.Fatal(r.Err)
 		}
 		e, _ := a.l.Get(ledger.ClaimID(string(c.UID)))
-		devs, err := deviceStatus(c, e, a.Inventory())
+		devs, err := deviceStatus(c, e, a.Inventory(), nil)
 		if err != nil || len(devs) != 1 || devs[0].Data == nil {
 			t.Fatalf("%s: %v %v", c.Name, devs, err)
 		}

@@ -6,6 +6,7 @@ package dra
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"time"
@@ -44,6 +45,8 @@ const (
 	AttrNVLinkDomain      resourceapi.QualifiedName = "nvlinkDomain"
 	AttrProfile           resourceapi.QualifiedName = "profile"
 	AttrParentUUID        resourceapi.QualifiedName = "parentUUID"
+	// AttrPlacement is a dynamic MIG device's first memory slice.
+	AttrPlacement resourceapi.QualifiedName = "placement"
 )
 
 // Device types (AttrType).
@@ -83,12 +86,27 @@ const TaintUnhealthy = DriverName + "/unhealthy"
 // use the device plugins). An unhealthy device (its GPU or, for a MIG instance, itself in
 // unhealthy) stays in the slice with the TaintUnhealthy taint of effect, so the scheduler sees one
 // device turn bad instead of devices that appear and vanish.
-func Resources(inv *api.NodeInventory, unhealthy map[string]string, effect resourceapi.DeviceTaintEffect) resourceslice.DriverResources {
+//
+// GPUs in dynamic (dynamic MIG, partition.go) are partitionable: the GPU device and a device per
+// MIG profile placement, all consuming the GPU's counter set (partitionDevices).
+func Resources(inv *api.NodeInventory, unhealthy map[string]string, effect resourceapi.DeviceTaintEffect, dynamic map[string]Partitionable) resourceslice.DriverResources {
 	domains := nvlinkDomains(inv)
 	var devices []resourceapi.Device
 	var counters []resourceapi.CounterSet
 	for i := range inv.GPUs {
 		g := &inv.GPUs[i]
+		if p, ok := dynamic[g.UUID]; ok {
+			devs, set := partitionDevices(g, p, inv.SharesPerGPU, domains[g.Index])
+			for j := range devs {
+				inst, exists := p.Instances[devs[j].Name]
+				if _, bad := unhealthy[inst]; !g.Healthy || (exists && bad) {
+					devs[j].Taints = []resourceapi.DeviceTaint{{Key: TaintUnhealthy, Effect: effect}}
+				}
+			}
+			devices = append(devices, devs...)
+			counters = append(counters, set)
+			continue
+		}
 		switch {
 		case g.Shareable():
 			dev := gpuDevice(g, inv.SharesPerGPU, domains[g.Index])
@@ -112,17 +130,24 @@ func Resources(inv *api.NodeInventory, unhealthy map[string]string, effect resou
 			}
 		}
 	}
+	// "Only one of Devices and SharedCounters can be set in a ResourceSlice", and a slice holds at
+	// most 64 devices once any consumes counters or is tainted, and 8 counter sets.
 	pool := resourceslice.Pool{Slices: []resourceslice.Slice{{Devices: devices}}}
-	if len(counters) > 0 {
-		// "Only one of Devices and SharedCounters can be set in a ResourceSlice."
-		pool.Slices = append(pool.Slices, resourceslice.Slice{SharedCounters: counters})
+	if len(devices) > resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures {
+		pool.Slices = nil
+		for part := range slices.Chunk(devices, resourceapi.ResourceSliceMaxDevicesWithAdvancedFeatures) {
+			pool.Slices = append(pool.Slices, resourceslice.Slice{Devices: part})
+		}
+	}
+	for part := range slices.Chunk(counters, resourceapi.ResourceSliceMaxCounterSets) {
+		pool.Slices = append(pool.Slices, resourceslice.Slice{SharedCounters: part})
 	}
 	return resourceslice.DriverResources{Pools: map[string]resourceslice.Pool{inv.Node: pool}}
 }
 
 // HealthReport is the health of every device Resources publishes, for the kubelet's health stream:
 // Unhealthy with the reason (the GPU's, or the MIG instance's own) or Healthy, stamped now.
-func HealthReport(inv *api.NodeInventory, unhealthy map[string]string, now time.Time) kubeletplugin.DeviceHealthReport {
+func HealthReport(inv *api.NodeInventory, unhealthy map[string]string, now time.Time, dynamic map[string]Partitionable) kubeletplugin.DeviceHealthReport {
 	var out kubeletplugin.DeviceHealthReport
 	add := func(name string, healthy bool, why string) {
 		h := kubeletplugin.DeviceHealth{PoolName: inv.Node, DeviceName: name, Health: kubeletplugin.HealthStatusHealthy,
@@ -137,6 +162,18 @@ func HealthReport(inv *api.NodeInventory, unhealthy map[string]string, now time.
 	}
 	for i := range inv.GPUs {
 		g := &inv.GPUs[i]
+		if p, ok := dynamic[g.UUID]; ok {
+			add(GPUDeviceName(g.Index), g.Healthy, unhealthy[g.UUID])
+			for _, pl := range p.Placements {
+				name := PartitionDeviceName(g.Index, pl)
+				why, bad := unhealthy[p.Instances[name]]
+				if !g.Healthy {
+					why, bad = unhealthy[g.UUID], true
+				}
+				add(name, !bad, why)
+			}
+			continue
+		}
 		switch {
 		case g.Shareable():
 			add(GPUDeviceName(g.Index), g.Healthy, unhealthy[g.UUID])
@@ -251,4 +288,46 @@ func nvlinkDomains(inv *api.NodeInventory) map[int]int {
 		out[i] = find(i)
 	}
 	return out
+}
+
+// Counter names of a partitionable GPU's counter set: one per memory slice (a MIG placement takes
+// the slices it spans, so overlapping placements cannot both be allocated) and its compute slices.
+const counterComputeSlices = "compute-slices"
+
+func memorySliceCounter(i uint32) string { return "memory-slice-" + strconv.Itoa(int(i)) }
+
+// partitionDevices is a dynamic MIG GPU as a partitionable device: the GPU device (whole or shares,
+// consuming every counter, so it is allocatable only while no MIG instance is) and one device per
+// MIG profile placement consuming the memory slices it spans and its compute slices. A MIG device
+// has no UUID attribute: its instance, and so its UUID, exists only once a claim is prepared.
+func partitionDevices(g *api.GPU, p Partitionable, sharesPerGPU int, domain int) ([]resourceapi.Device, resourceapi.CounterSet) {
+	set := resourceapi.CounterSet{Name: counterSetName(g.Index), Counters: map[string]resourceapi.Counter{
+		counterComputeSlices: {Value: *resource.NewQuantity(int64(p.ComputeSlices), resource.DecimalSI)}}}
+	for i := uint32(0); i < p.MemorySlices; i++ {
+		set.Counters[memorySliceCounter(i)] = resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
+	}
+	whole := gpuDevice(g, sharesPerGPU, domain)
+	whole.ConsumesCounters = []resourceapi.DeviceCounterConsumption{{CounterSet: set.Name, Counters: maps.Clone(set.Counters)}}
+	out := []resourceapi.Device{whole}
+	for _, pl := range p.Placements {
+		attrs := commonAttributes(g, TypeMIG, domain)
+		attrs[AttrParentUUID] = resourceapi.DeviceAttribute{StringValue: ptr.To(g.UUID)}
+		attrs[AttrProfile] = resourceapi.DeviceAttribute{StringValue: ptr.To(pl.Profile)}
+		attrs[AttrPlacement] = resourceapi.DeviceAttribute{IntValue: ptr.To(int64(pl.Start))}
+		mem := resource.NewQuantity(pl.MemoryBytes, resource.BinarySI)
+		used := map[string]resourceapi.Counter{counterComputeSlices: {Value: *resource.NewQuantity(int64(pl.ComputeSlices), resource.DecimalSI)}}
+		for i := pl.Start; i < pl.Start+pl.Size; i++ {
+			used[memorySliceCounter(i)] = resourceapi.Counter{Value: *resource.NewQuantity(1, resource.DecimalSI)}
+		}
+		out = append(out, resourceapi.Device{
+			Name:       PartitionDeviceName(g.Index, pl),
+			Attributes: attrs,
+			Capacity: map[resourceapi.QualifiedName]resourceapi.DeviceCapacity{
+				CapacityMemory:    {Value: *mem},
+				"multiprocessors": {Value: *resource.NewQuantity(int64(pl.SMs), resource.DecimalSI)},
+			},
+			ConsumesCounters: []resourceapi.DeviceCounterConsumption{{CounterSet: set.Name, Counters: used}},
+		})
+	}
+	return out, set
 }

@@ -30,7 +30,7 @@ type DeviceData struct {
 }
 
 // deviceStatus is the claim's status.devices for this driver, from its prepared ledger entry.
-func deviceStatus(c *resourceapi.ResourceClaim, e ledger.Entry, inv *api.NodeInventory) ([]*resourceapply.AllocatedDeviceStatusApplyConfiguration, error) {
+func deviceStatus(c *resourceapi.ResourceClaim, e ledger.Entry, inv *api.NodeInventory, dyn map[string]Partitionable) ([]*resourceapply.AllocatedDeviceStatusApplyConfiguration, error) {
 	type ids struct{ uuid, parent string }
 	byName := map[string]ids{}
 	for i := range inv.GPUs {
@@ -42,6 +42,11 @@ func deviceStatus(c *resourceapi.ResourceClaim, e ledger.Entry, inv *api.NodeInv
 			for j := range g.MIG.Instances {
 				byName[MIGDeviceName(g.Index, &g.MIG.Instances[j])] = ids{uuid: g.MIG.Instances[j].UUID, parent: g.UUID}
 			}
+		}
+	}
+	for parent, p := range dyn {
+		for name, uuid := range p.Instances {
+			byName[name] = ids{uuid: uuid, parent: parent}
 		}
 	}
 	var out []*resourceapply.AllocatedDeviceStatusApplyConfiguration
@@ -81,7 +86,7 @@ func (d *Driver) writeStatus(ctx context.Context, client kubernetes.Interface, c
 	if !ok || client == nil {
 		return
 	}
-	devs, err := deviceStatus(c, e, d.agent.Inventory())
+	devs, err := deviceStatus(c, e, d.agent.Inventory(), d.partitionable())
 	if err == nil {
 		cfg := resourceapply.ResourceClaim(c.Name, c.Namespace).WithStatus(resourceapply.ResourceClaimStatus().WithDevices(devs...))
 		_, err = client.ResourceV1().ResourceClaims(c.Namespace).ApplyStatus(ctx, cfg, metav1.ApplyOptions{FieldManager: DriverName, Force: true})

@@ -15,7 +15,6 @@ import (
 	"github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
 	"github.com/NVIDIA/go-nvlib/pkg/nvmdev"
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
-	"github.com/NVIDIA/go-nvml/pkg/nvml/mock"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/gpus"
 	"github.com/NVIDIA/go-nvml/pkg/nvml/mock/server"
 	"k8s.io/apimachinery/pkg/util/validation/field"
@@ -175,8 +174,11 @@ type simBackend struct {
 	stateDir   string
 	mdev       *nvmdev.MockNvmdev
 	events     simEvents
-	// migs are the MIG device handles per parent GPU index.
-	migs map[int][]nvml.Device
+	// migs are the MIG device handles per parent GPU index; migSerial counts the instances each
+	// GPU has had (their UUIDs).
+	migMu     sync.Mutex
+	migs      map[int][]nvml.Device
+	migSerial map[int]int
 
 	faultMu sync.Mutex
 	faults  map[int]*simGPUState
@@ -217,7 +219,7 @@ func OpenSim(opts Options) (Backend, error) {
 	if filepath.Clean(devRoot) == "/" {
 		return nil, fmt.Errorf("the simulated node must not create device nodes in the real /dev: leave --dev-root empty or pick another root")
 	}
-	b := &simBackend{desc: desc, devRoot: devRoot, driverRoot: driverRoot, simRoot: root, stateDir: stateDir, migs: map[int][]nvml.Device{},
+	b := &simBackend{desc: desc, devRoot: devRoot, driverRoot: driverRoot, simRoot: root, stateDir: stateDir, migs: map[int][]nvml.Device{}, migSerial: map[int]int{},
 		faults: map[int]*simGPUState{}, events: simEvents{sets: map[*simEventSet]bool{}, waitErrs: make(chan nvml.Return, 16)},
 		procs: simProcs{dir: filepath.Join(root, SimDriverStateInContainer), procRoot: "/proc"}}
 	if driverRoot == root {
@@ -316,50 +318,33 @@ func (b *simBackend) shapeDevice(d *server.Device, migCapable bool) {
 }
 
 // createMIG enables MIG mode and creates one GPU instance with a full compute instance per profile,
-// the way mig-parted would.
+// the way mig-parted would: placements that fit together, created through the strict calls.
 func (b *simBackend) createMIG(devlib device.Interface, d *server.Device, profiles []string) error {
 	d.SetMigMode(nvml.DEVICE_MIG_ENABLE)
+	infos := make([]nvml.GpuInstanceProfileInfo, len(profiles))
+	cis := make([]int, len(profiles))
 	for j, want := range profiles {
-		giInfo, ciProfile, err := findGIProfile(devlib, d, want)
-		if err != nil {
+		var err error
+		if infos[j], cis[j], err = findGIProfile(devlib, d, want); err != nil {
 			return err
 		}
-		gih, ret := d.CreateGpuInstance(&giInfo)
+	}
+	placed, ok := fitPlacements(d, infos)
+	if !ok {
+		return fmt.Errorf("MIG profiles %s do not fit together on %s", strings.Join(profiles, ", "), d.Config.Name)
+	}
+	for j, want := range profiles {
+		gih, ret := d.CreateGpuInstanceWithPlacement(&infos[j], &placed[j])
 		if ret != nvml.SUCCESS {
 			return nvmlErr("create GPU instance "+want, ret)
 		}
-		gi := gih.(*server.GpuInstance)
-		ciInfo, ret := gi.GetComputeInstanceProfileInfo(ciProfile, nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
+		ciInfo, ret := gih.GetComputeInstanceProfileInfo(cis[j], nvml.COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED)
 		if ret != nvml.SUCCESS {
 			return nvmlErr("get compute instance profile of "+want, ret)
 		}
-		cih, ret := gi.CreateComputeInstance(&ciInfo)
-		if ret != nvml.SUCCESS {
+		if _, ret := gih.CreateComputeInstance(&ciInfo); ret != nvml.SUCCESS {
 			return nvmlErr("create compute instance "+want, ret)
 		}
-		ci := cih.(*server.ComputeInstance)
-		gi.GetComputeInstanceByIdFunc = func(id int) (nvml.ComputeInstance, nvml.Return) {
-			for c := range gi.ComputeInstances {
-				if int(c.Info.Id) == id {
-					return c, nvml.SUCCESS
-				}
-			}
-			return nil, nvml.ERROR_NOT_FOUND
-		}
-		uuid := "MIG-" + b.uuid("mig", d.Index, j)
-		m := &mock.Device{
-			IsMigDeviceHandleFunc: func() (bool, nvml.Return) { return true, nvml.SUCCESS },
-			GetUUIDFunc:           func() (string, nvml.Return) { return uuid, nvml.SUCCESS },
-			GetAttributesFunc: func() (nvml.DeviceAttributes, nvml.Return) {
-				return nvml.DeviceAttributes{MultiprocessorCount: ciInfo.MultiprocessorCount, MemorySizeMB: giInfo.MemorySizeMB,
-					GpuInstanceSliceCount: giInfo.SliceCount, ComputeInstanceSliceCount: ciInfo.SliceCount}, nvml.SUCCESS
-			},
-			GetGpuInstanceIdFunc:                   func() (int, nvml.Return) { return int(gi.Info.Id), nvml.SUCCESS },
-			GetComputeInstanceIdFunc:               func() (int, nvml.Return) { return int(ci.Info.Id), nvml.SUCCESS },
-			GetDeviceHandleFromMigDeviceHandleFunc: func() (nvml.Device, nvml.Return) { return d, nvml.SUCCESS },
-		}
-		b.strictMIGDevice(m, d, fmt.Sprintf("%s MIG %s", strings.TrimPrefix(d.Config.Name, "Mock "), want), giInfo.MemorySizeMB)
-		b.migs[d.Index] = append(b.migs[d.Index], m)
 	}
 	return nil
 }
@@ -448,8 +433,8 @@ func (b *simBackend) shapeServer() {
 				return d, nvml.SUCCESS
 			}
 		}
-		for _, migs := range b.migs {
-			for _, m := range migs {
+		for i := range b.srv.Devices {
+			for _, m := range b.migHandles(i) {
 				if u, _ := m.GetUUID(); u == uuid {
 					return m, nvml.SUCCESS
 				}

@@ -118,7 +118,7 @@ func (b *simBackend) strictDevice(d *server.Device, capable bool) {
 		case !migEnabled() || i < 0 || i >= 7: // the index is out of the (zero) max MIG device count
 			return nil, nvml.ERROR_INVALID_ARGUMENT
 		}
-		migs := b.migs[d.Index]
+		migs := b.migHandles(d.Index)
 		if i >= len(migs) {
 			return nil, nvml.ERROR_NOT_FOUND // "if no valid MIG device was found at index"
 		}
@@ -146,13 +146,7 @@ func (b *simBackend) strictDevice(d *server.Device, capable bool) {
 		}
 		return nil, nvml.ERROR_NOT_FOUND
 	}
-	mockCreateGI := d.CreateGpuInstanceFunc
-	d.CreateGpuInstanceFunc = func(info *nvml.GpuInstanceProfileInfo) (nvml.GpuInstance, nvml.Return) {
-		if !migEnabled() {
-			return nil, nvml.ERROR_NOT_SUPPORTED
-		}
-		return mockCreateGI(info)
-	}
+	b.strictMIG(d, migEnabled)
 	// MIG-handle-only queries on a full GPU handle.
 	d.IsMigDeviceHandleFunc = func() (bool, nvml.Return) { return false, nvml.SUCCESS }
 	d.GetGpuInstanceIdFunc = func() (int, nvml.Return) { return 0, nvml.ERROR_NOT_SUPPORTED }

@@ -105,6 +105,51 @@ func refusalTable(lib nvml.Interface, h refusalHandles) []refusal {
 			func() nvml.Return { return h.mig.RegisterEvents(nvml.EventTypeXidCriticalError, h.set) }},
 		{"migOn", "nvmlDeviceGetRemappedRows", "full GPU, MIG on", "9086: NOT_SUPPORTED If MIG is enabled", nvml.ERROR_NOT_SUPPORTED,
 			func() nvml.Return { _, _, _, _, r := h.migOn.GetRemappedRows(); return r }},
+		{"migOff", "nvmlDeviceGetGpuInstancePossiblePlacements_v2", "full GPU, MIG off", "13896: placements ... regardless of whether MIG is enabled or not", nvml.SUCCESS,
+			func() nvml.Return {
+				info, _ := h.migOff.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_1_SLICE)
+				places, r := h.migOff.GetGpuInstancePossiblePlacements(&info)
+				if r == nvml.SUCCESS && len(places) == 0 {
+					return nvml.ERROR_UNKNOWN
+				}
+				return r
+			}},
+		{"migOff", "nvmlDeviceCreateGpuInstanceWithPlacement", "full GPU, MIG off", "13988: NOT_SUPPORTED If device doesn't have MIG mode enabled", nvml.ERROR_NOT_SUPPORTED,
+			func() nvml.Return {
+				info, _ := h.migOff.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_1_SLICE)
+				return ret(h.migOff.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 0, Size: 1}))
+			}},
+		{"migOn", "nvmlDeviceCreateGpuInstanceWithPlacement", "full GPU, placement over an existing instance", "13897/13990: creation will fail if there is overlap; INSUFFICIENT_RESOURCES", nvml.ERROR_INSUFFICIENT_RESOURCES,
+			func() nvml.Return {
+				gi := firstGPUInstance(h.migOn)
+				if gi == nil {
+					return nvml.ERROR_UNKNOWN
+				}
+				info, _ := gi.GetInfo()
+				prof, r := profileByID(h.migOn, info.ProfileId)
+				if r != nvml.SUCCESS {
+					return r
+				}
+				return ret(h.migOn.CreateGpuInstanceWithPlacement(&prof, &info.Placement))
+			}},
+		{"migOn", "nvmlDeviceCreateGpuInstanceWithPlacement", "full GPU, placement the profile does not have", "13986: INVALID_ARGUMENT If ... placement ... are invalid", nvml.ERROR_INVALID_ARGUMENT,
+			func() nvml.Return {
+				info, _ := h.migOn.GetGpuInstanceProfileInfo(nvml.GPU_INSTANCE_PROFILE_1_SLICE)
+				return ret(h.migOn.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 99, Size: 1}))
+			}},
+		{"migOn", "nvmlDeviceCreateGpuInstanceWithPlacement", "full GPU, profile ID the GPU lacks", "13986: INVALID_ARGUMENT If ... profileId ... are invalid", nvml.ERROR_INVALID_ARGUMENT,
+			func() nvml.Return {
+				info := nvml.GpuInstanceProfileInfo{Id: 99, SliceCount: 1}
+				return ret(h.migOn.CreateGpuInstanceWithPlacement(&info, &nvml.GpuInstancePlacement{Start: 0, Size: 1}))
+			}},
+		{"migOn", "nvmlGpuInstanceDestroy", "GPU instance with a compute instance", "14010: IN_USE if ... compute instances are active on the GPU instance", nvml.ERROR_IN_USE,
+			func() nvml.Return {
+				gi := firstGPUInstance(h.migOn)
+				if gi == nil {
+					return nvml.ERROR_UNKNOWN
+				}
+				return gi.Destroy()
+			}},
 		{"lost", "nvmlDeviceGetMemoryInfo", "GPU fallen off the bus", "7314: GPU_IS_LOST if the target GPU has fallen off the bus", nvml.ERROR_GPU_IS_LOST,
 			func() nvml.Return { return ret(h.lost.GetMemoryInfo()) }},
 		{"lost", "nvmlDeviceRegisterEvents", "GPU fallen off the bus", "10678: GPU_IS_LOST if the target GPU has fallen off the bus", nvml.ERROR_GPU_IS_LOST,
@@ -138,4 +183,27 @@ func zeroCount(n int, r nvml.Return) nvml.Return {
 		return nvml.ERROR_UNKNOWN
 	}
 	return r
+}
+
+// firstGPUInstance is a GPU instance that exists on d (nil: none).
+func firstGPUInstance(d nvml.Device) nvml.GpuInstance {
+	for i := 0; i < nvml.GPU_INSTANCE_PROFILE_COUNT; i++ {
+		info, r := d.GetGpuInstanceProfileInfo(i)
+		if r != nvml.SUCCESS {
+			continue
+		}
+		if gis, r := d.GetGpuInstances(&info); r == nvml.SUCCESS && len(gis) > 0 {
+			return gis[0]
+		}
+	}
+	return nil
+}
+
+func profileByID(d nvml.Device, id uint32) (nvml.GpuInstanceProfileInfo, nvml.Return) {
+	for i := 0; i < nvml.GPU_INSTANCE_PROFILE_COUNT; i++ {
+		if info, r := d.GetGpuInstanceProfileInfo(i); r == nvml.SUCCESS && info.Id == id {
+			return info, r
+		}
+	}
+	return nvml.GpuInstanceProfileInfo{}, nvml.ERROR_NOT_FOUND
 }

@@ -13,9 +13,11 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -37,6 +39,10 @@ type Entry struct {
 	// MIG and Mdev are the hardware-bound devices by UUID.
 	MIG  []string `json:"mig,omitempty"`
 	Mdev []string `json:"mdev,omitempty"`
+	// Partitions are the GPUs (UUIDs) the entry holds MIG instances on that the DRA driver creates
+	// for it (dynamic MIG), from before the instances exist until after they are destroyed: while
+	// any entry partitions a GPU, no entry gets it whole or shared, and the other way round.
+	Partitions []string `json:"partitions,omitempty"`
 	// Local is set when the agent placed the container itself (no assignment from the extender).
 	Local bool `json:"local,omitempty"`
 	// Claim is set on the entry of a prepared DRA ResourceClaim (ID ClaimID(uid)): its devices are
@@ -73,6 +79,7 @@ func IsClaim(id string) bool { return strings.HasPrefix(id, ClaimPrefix) }
 func (l *Ledger) ClaimByName(namespace, name string) (Entry, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.syncLocked()
 	for _, e := range l.entries {
 		if e.Claim != nil && e.Claim.Namespace == namespace && e.Claim.Name == name {
 			return *e, true
@@ -101,6 +108,10 @@ type Ledger struct {
 	mu       sync.Mutex
 	entries  map[string]*Entry
 	onChange func()
+	// seen is the file as this process last read or wrote it. During a DaemonSet rolling update
+	// with maxSurge two agents of one node share the file: each change is made under an flock of
+	// path.lock on the file as it is on disk (syncLocked), so neither loses the other's.
+	seen os.FileInfo
 }
 
 // maxCorruptCopies is how many copies of ledger files found corrupt or hostile are kept beside the
@@ -118,6 +129,7 @@ func Open(path string, log *slog.Logger) (*Ledger, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	l := &Ledger{path: path, entries: map[string]*Entry{}}
+	l.seen, _ = os.Stat(path)
 	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
 		return l, nil
@@ -224,6 +236,7 @@ func (l *Ledger) OnChange(fn func()) {
 func (l *Ledger) Get(containerID string) (Entry, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.syncLocked()
 	e, ok := l.entries[containerID]
 	if !ok {
 		return Entry{}, false
@@ -235,6 +248,7 @@ func (l *Ledger) Get(containerID string) (Entry, bool) {
 func (l *Ledger) Entries() []Entry {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.syncLocked()
 	out := make([]Entry, 0, len(l.entries))
 	for _, e := range l.entries {
 		out = append(out, *e)
@@ -247,6 +261,7 @@ func (l *Ledger) Entries() []Entry {
 func (l *Ledger) Usage() map[string]Usage {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.syncLocked()
 	return l.usageLocked("")
 }
 
@@ -255,6 +270,7 @@ func (l *Ledger) Usage() map[string]Usage {
 func (l *Ledger) ClaimUsage() map[string]Usage {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.syncLocked()
 	return l.usageOf(func(id string) bool { return IsClaim(id) })
 }
 
@@ -263,6 +279,7 @@ func (l *Ledger) ClaimUsage() map[string]Usage {
 func (l *Ledger) ClaimHeld() map[string]bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	l.syncLocked()
 	held := map[string]bool{}
 	for uuid, id := range l.holders("") {
 		if IsClaim(id) {
@@ -345,6 +362,9 @@ func (l *Ledger) put(fromID string, e Entry, inv *api.NodeInventory) error {
 		return errors.New("ledger: an entry needs a container ID")
 	}
 	l.mu.Lock()
+	unlockFile := l.flock()
+	defer unlockFile()
+	l.syncLocked()
 	prevFrom, hadFrom := l.entries[fromID]
 	delete(l.entries, fromID)
 	restore := func() {
@@ -425,10 +445,41 @@ func (l *Ledger) checkLocked(e *Entry, inv *api.NodeInventory, held bool) error 
 		}
 		usage[d.UUID] = Usage{Shares: u.Shares + 1, MemoryBytes: addCapped(u.MemoryBytes, d.MemoryBytes), Cores: u.Cores + d.CoresPercent}
 	}
+	if err := l.checkPartitionsLocked(e, usage); err != nil {
+		return err
+	}
 	holders := l.holders(e.ContainerID)
 	for _, m := range append(append([]string{}, e.MIG...), e.Mdev...) {
 		if other, ok := holders[m]; ok {
 			return fmt.Errorf("device %s is already held by container %s", m, other)
+		}
+	}
+	return nil
+}
+
+// checkPartitionsLocked keeps a GPU in one mode: MIG instances (Partitions) or whole/shared
+// (Devices), never both, whoever holds them; usage is every other entry's, with e's own shares added.
+func (l *Ledger) checkPartitionsLocked(e *Entry, usage map[string]Usage) error {
+	partitioned := map[string]string{}
+	for id, o := range l.entries {
+		if id == e.ContainerID {
+			continue
+		}
+		for _, g := range o.Partitions {
+			partitioned[g] = id
+		}
+	}
+	for _, d := range e.Devices {
+		if other, ok := partitioned[d.UUID]; ok {
+			return fmt.Errorf("GPU %s holds MIG instances Tessera created for %s; it can be given whole or shared only once they are released", d.UUID, other)
+		}
+		if slices.Contains(e.Partitions, d.UUID) {
+			return fmt.Errorf("GPU %s cannot be both partitioned into MIG instances and given whole or shared to %s", d.UUID, e.ContainerID)
+		}
+	}
+	for _, g := range e.Partitions {
+		if u := usage[g]; u.Whole || u.Shares > 0 {
+			return fmt.Errorf("GPU %s is held whole or in shares; MIG instances can be created on it only when nothing holds it", g)
 		}
 	}
 	return nil
@@ -547,6 +598,9 @@ func (e *Entry) deviceIDs() []string {
 // Release forgets a container and returns what it held.
 func (l *Ledger) Release(containerID string) (Entry, bool, error) {
 	l.mu.Lock()
+	unlockFile := l.flock()
+	defer unlockFile()
+	l.syncLocked()
 	e, ok := l.entries[containerID]
 	if !ok {
 		l.mu.Unlock()
@@ -599,7 +653,46 @@ func (l *Ledger) saveLocked() error {
 	if err := fsatomic.WriteFile(l.path, data, 0o600); err != nil {
 		return fmt.Errorf("save ledger: %w", err)
 	}
+	l.seen, _ = os.Stat(l.path)
 	return nil
+}
+
+// syncLocked reloads the entries when another process (the other agent of a rolling update)
+// replaced the file since this one last read or wrote it; a file that cannot be read or parsed
+// leaves the entries as they are (Open has admitted this ledger's content before).
+func (l *Ledger) syncLocked() {
+	st, err := os.Stat(l.path)
+	if err != nil || (l.seen != nil && os.SameFile(st, l.seen) && st.ModTime().Equal(l.seen.ModTime()) && st.Size() == l.seen.Size()) {
+		return
+	}
+	data, err := os.ReadFile(l.path)
+	if err != nil {
+		return
+	}
+	var f struct {
+		APIVersion string            `json:"apiVersion"`
+		Entries    []json.RawMessage `json:"entries"`
+	}
+	if err := json.Unmarshal(data, &f); err != nil || f.APIVersion != api.Version {
+		return
+	}
+	fresh := &Ledger{entries: map[string]*Entry{}}
+	fresh.load(f.Entries)
+	l.entries, l.seen = fresh.entries, st
+}
+
+// flock takes the cross-process lock of changes (path.lock) and returns its release; a lock that
+// cannot be taken (no such directory yet) leaves the change to the in-process mutex alone.
+func (l *Ledger) flock() func() {
+	f, err := os.OpenFile(l.path+".lock", os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return func() {}
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return func() {}
+	}
+	return func() { f.Close() } // closing releases the lock
 }
 
 // marshalFile is the file holding entries, in the order given.

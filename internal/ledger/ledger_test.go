@@ -469,3 +469,87 @@ func TestSecurityLedgerVerifiedAgainstInventory(t *testing.T) {
 		t.Errorf("verified again: %v, %v, %d copies", refused, err, len(corruptCopies(t, path)))
 	}
 }
+
+// A GPU is partitioned into MIG instances (dynamic MIG) or held whole or shared, never both: each
+// refuses the other until it is released, and a claim cannot ask for both on one GPU.
+func TestPartitionsExcludeWholeAndShares(t *testing.T) {
+	inv := testInventory()
+	l, err := Open(filepath.Join(t.TempDir(), "ledger.json"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	part := Entry{ContainerID: ClaimID("mig"), Partitions: []string{uuid(0)}, MIG: []string{"MIG-1"}}
+	if err := l.Reserve(part, inv); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []api.DeviceAssignment{{UUID: uuid(0), Whole: true}, share(0, 4, 10)} {
+		if err := l.Reserve(Entry{ContainerID: "c", Devices: []api.DeviceAssignment{d}}, inv); err == nil || !strings.Contains(err.Error(), "MIG instances") {
+			t.Errorf("%+v on a partitioned GPU: %v, want refused", d, err)
+		}
+	}
+	// A second instance on the same GPU is another partition, not a conflict.
+	if err := l.Reserve(Entry{ContainerID: ClaimID("mig2"), Partitions: []string{uuid(0)}, MIG: []string{"MIG-2"}}, inv); err != nil {
+		t.Errorf("a second MIG instance on a partitioned GPU: %v", err)
+	}
+	if err := l.Reserve(Entry{ContainerID: "s", Devices: []api.DeviceAssignment{share(1, 4, 10)}}, inv); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Reserve(Entry{ContainerID: ClaimID("mig3"), Partitions: []string{uuid(1)}}, inv); err == nil || !strings.Contains(err.Error(), "nothing holds it") {
+		t.Errorf("partitioning a shared GPU: %v, want refused", err)
+	}
+	if err := l.Reserve(Entry{ContainerID: ClaimID("both"), Partitions: []string{uuid(3)}, Devices: []api.DeviceAssignment{{UUID: uuid(3), Whole: true}}}, inv); err == nil {
+		t.Error("one claim both partitioned and held GPU 3 whole")
+	}
+	for _, id := range []string{ClaimID("mig"), ClaimID("mig2")} {
+		if _, _, err := l.Release(id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := l.Reserve(Entry{ContainerID: "c", Devices: []api.DeviceAssignment{{UUID: uuid(0), Whole: true}}}, inv); err != nil {
+		t.Errorf("GPU 0 whole once its MIG instances are released: %v", err)
+	}
+}
+
+// Two agents of one node (a DaemonSet rolling update with maxSurge) share the ledger file: each
+// sees the other's entries, is refused what the other holds, and neither's save drops the other's.
+func TestTwoProcessesShareTheLedger(t *testing.T) {
+	inv := testInventory()
+	path := filepath.Join(t.TempDir(), "ledger.json")
+	old, err := Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Reserve(Entry{ContainerID: ClaimID("a"), Claim: &Claim{UID: "a"}, Devices: []api.DeviceAssignment{{UUID: uuid(0), Whole: true}}}, inv); err != nil {
+		t.Fatal(err)
+	}
+	surge, err := Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := old.Reserve(Entry{ContainerID: ClaimID("b"), Claim: &Claim{UID: "b"}, Devices: []api.DeviceAssignment{share(1, 4, 10)}}, inv); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := surge.Get(ClaimID("b")); !ok {
+		t.Error("the new agent does not see a claim the old one prepared after it started")
+	}
+	if err := surge.Reserve(Entry{ContainerID: "c", Devices: []api.DeviceAssignment{{UUID: uuid(0), Whole: true}}}, inv); err == nil {
+		t.Error("the new agent gave away GPU 0, which the old one holds whole")
+	}
+	if err := surge.Reserve(Entry{ContainerID: ClaimID("d"), Claim: &Claim{UID: "d"}, Devices: []api.DeviceAssignment{share(1, 4, 10)}}, inv); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := old.Release(ClaimID("a")); err != nil {
+		t.Fatal(err)
+	}
+	final, err := Open(path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, e := range final.Entries() {
+		ids = append(ids, e.ContainerID)
+	}
+	if want := []string{ClaimID("b"), ClaimID("d")}; strings.Join(ids, ",") != strings.Join(want, ",") {
+		t.Errorf("the file holds %v, want %v (each agent's changes kept)", ids, want)
+	}
+}

@@ -540,12 +540,13 @@ func testClusterAgentKill(t *testing.T, c *Cluster) {
 	c.DeletePods(t, "ak-share", "ak-whole")
 	c.WaitLedgerEmpty(t)
 	c.WaitAllocatable(t, map[string]int64{api.ResourceGPU: SimWholeGPUs, api.ResourceShare: SimShares})
-	// Nothing leaked: no per-container files are left in the agent's data directory (the ledger,
-	// the GPU health record and the hook binaries the agent installed for the specs are its own).
+	// Nothing leaked: no per-container files are left in the agent's data directory (the ledger and
+	// its lock file, the GPU health record and the hook binaries the agent installed for the specs
+	// are its own).
 	var left []string
 	bin := filepath.Join(c.AgentDataDir, "bin")
 	filepath.Walk(c.AgentDataDir, func(p string, fi os.FileInfo, err error) error {
-		own := filepath.Base(p) == "ledger.json" || filepath.Base(p) == "health.json" || filepath.Dir(p) == bin
+		own := filepath.Base(p) == "ledger.json" || filepath.Base(p) == "ledger.json.lock" || filepath.Base(p) == "health.json" || filepath.Dir(p) == bin
 		if err == nil && !fi.IsDir() && !own {
 			left = append(left, p)
 		}

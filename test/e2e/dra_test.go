@@ -49,6 +49,8 @@ func TestDRA(t *testing.T) {
 		{"KubeletRestart", testDRAKubeletRestart},
 		{"Health", testDRAHealth},
 		{"AdminAccess", testDRAAdminAccess},
+		{"RollingUpdate", testDRARollingUpdate},
+		{"DynamicMIG", testDRADynamicMIG},
 	}
 	for _, s := range steps {
 		t.Run(s.name, func(t *testing.T) {

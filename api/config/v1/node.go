@@ -123,6 +123,15 @@ type NodeConfig struct {
 	// NoSchedule (default: new claims avoid it; running pods keep it and see its health in their
 	// status) or NoExecute (the API server's eviction controller also evicts the pods using it).
 	DRAUnhealthyEffect string `json:"draUnhealthyEffect,omitempty"`
+	// DRADynamicMIG publishes each MIG-capable GPU that holds no MIG instance Tessera did not create
+	// as a partitionable device (whole, shares, or any MIG profile placement) and creates the MIG
+	// instance a claim is allocated at prepare, destroying it at unprepare; it switches MIG mode on
+	// and off, which NVML refuses while a process runs on the GPU (docs/dra.md, "Dynamic MIG").
+	DRADynamicMIG bool `json:"draDynamicMIG,omitempty"`
+	// DRARollingUpdateUID is the agent pod's UID (the chart passes $(POD_UID)): the DRA plugin then
+	// registers under sockets named for its pod (kubeletplugin.RollingUpdate), so an old and a new
+	// agent can both be registered with the kubelet during an update; empty: the fixed socket names.
+	DRARollingUpdateUID string `json:"draRollingUpdateUID,omitempty"`
 	// HostProc is the host's /proc, where the memory guard maps GPU processes (host pids, as NVML
 	// reports them) to containers; the agent runs with the host's PID namespace.
 	HostProc string `json:"hostProc,omitempty"`
@@ -370,6 +379,9 @@ func (c *NodeConfig) Validate() error {
 	}
 	if c.DRAUnhealthyEffect != "NoSchedule" && c.DRAUnhealthyEffect != "NoExecute" {
 		fe.Add("draUnhealthyEffect", "must be NoSchedule or NoExecute (evict the pods using an unhealthy GPU), got %q", c.DRAUnhealthyEffect)
+	}
+	if c.DRADynamicMIG && !c.DRA {
+		fe.Add("draDynamicMIG", "needs dra: true (dynamic MIG instances are created for DRA claims only)")
 	}
 	if !filepath.IsAbs(c.HostProc) {
 		fe.Add("hostProc", "must be an absolute path, got %q", c.HostProc)

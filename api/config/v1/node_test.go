@@ -132,6 +132,7 @@ func TestNodeConfigMemoryGuard(t *testing.T) {
 		"memoryGuard:\n  toleranceBytes: -5\n":   "memoryGuard.toleranceBytes: Invalid value",
 		"memoryGuard:\n  killAfter: 3\n":         "memoryGuard.killAfter: Forbidden: unknown field",
 		"draUnhealthyEffect: PreferNoSchedule\n": "draUnhealthyEffect: Invalid value: must be NoSchedule or NoExecute",
+		"draDynamicMIG: true\n":                  "draDynamicMIG: Invalid value: needs dra: true",
 		"hostProc: proc\n":                       "hostProc: Invalid value: must be an absolute path",
 	} {
 		if _, err := load(body); err == nil || !strings.Contains(err.Error(), want) {
