@@ -33,19 +33,24 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 }
 
 var (
-	gpuMemory         = desc("tessera_gpu_memory_bytes", "Memory of the GPU.", gpuLabels...)
-	gpuHealthy        = desc("tessera_gpu_healthy", "1 if the GPU is healthy (no fatal XID).", gpuLabels...)
-	gpuMode           = desc("tessera_gpu_mode", "1 for the GPU's current mode: free, whole, shared, mig or mdev.", append(gpuLabels, "mode")...)
-	gpuShares         = desc("tessera_gpu_allocated_shares", "tessera.dev/vgpu shares held on the GPU.", gpuLabels...)
-	gpuAllocMemory    = desc("tessera_gpu_allocated_memory_bytes", "GPU memory promised to containers: share caps, or all of it when held whole.", gpuLabels...)
-	gpuAllocCompute   = desc("tessera_gpu_allocated_compute_ratio", "Compute promised to containers, 0 to 1: share caps, or 1 when held whole.", gpuLabels...)
-	ctrAllocMemory    = desc("tessera_container_gpu_allocated_memory_bytes", "GPU memory a container holds: its share's cap, or the GPU's memory when whole (MIG: the instance's).", append(containerLabels, "mode", "device_uuid")...)
-	ctrAllocCompute   = desc("tessera_container_gpu_allocated_compute_ratio", "Compute a container holds, 0 to 1 (0: a share without a compute cap).", append(containerLabels, "mode", "device_uuid")...)
-	ctrMemoryUsed     = desc("tessera_container_gpu_memory_used_bytes", "GPU memory the container's processes hold, as vcuda counts it.", containerLabels...)
-	ctrMemoryLimit    = desc("tessera_container_gpu_memory_limit_bytes", "The container's GPU memory cap, as vcuda enforces it.", containerLabels...)
-	ctrThrottled      = desc("tessera_container_gpu_throttled_seconds_total", "Time the container's kernel launches waited for vcuda's compute limiter.", containerLabels...)
-	ctrOOM            = desc("tessera_container_gpu_oom_events_total", "Allocations vcuda refused at the container's memory cap.", containerLabels...)
-	ledgerEntries     = desc("tessera_ledger_entries", "Containers holding GPU devices on this node.")
+	gpuMemory       = desc("tessera_gpu_memory_bytes", "Memory of the GPU.", gpuLabels...)
+	gpuHealthy      = desc("tessera_gpu_healthy", "1 if the GPU is healthy (no fatal XID).", gpuLabels...)
+	gpuMode         = desc("tessera_gpu_mode", "1 for the GPU's current mode: free, whole, shared, mig or mdev.", append(gpuLabels, "mode")...)
+	gpuShares       = desc("tessera_gpu_allocated_shares", "tessera.dev/vgpu shares held on the GPU.", gpuLabels...)
+	gpuAllocMemory  = desc("tessera_gpu_allocated_memory_bytes", "GPU memory promised to containers: share caps, or all of it when held whole.", gpuLabels...)
+	gpuAllocCompute = desc("tessera_gpu_allocated_compute_ratio", "Compute promised to containers, 0 to 1: share caps, or 1 when held whole.", gpuLabels...)
+	ctrAllocMemory  = desc("tessera_container_gpu_allocated_memory_bytes", "GPU memory a container holds: its share's cap, or the GPU's memory when whole (MIG: the instance's).", append(containerLabels, "mode", "device_uuid")...)
+	ctrAllocCompute = desc("tessera_container_gpu_allocated_compute_ratio", "Compute a container holds, 0 to 1 (0: a share without a compute cap).", append(containerLabels, "mode", "device_uuid")...)
+	ctrMemoryUsed   = desc("tessera_container_gpu_memory_used_bytes", "GPU memory the container's processes hold, as vcuda counts it.", containerLabels...)
+	ctrMemoryLimit  = desc("tessera_container_gpu_memory_limit_bytes", "The container's GPU memory cap, as vcuda enforces it.", containerLabels...)
+	ctrThrottled    = desc("tessera_container_gpu_throttled_seconds_total", "Time the container's kernel launches waited for vcuda's compute limiter.", containerLabels...)
+	ctrOOM          = desc("tessera_container_gpu_oom_events_total", "Allocations vcuda refused at the container's memory cap.", containerLabels...)
+	ledgerEntries   = desc("tessera_ledger_entries", "Containers holding GPU devices on this node.")
+	// ctrInfo names each container's GPUs with dcgm-exporter's own labels (UUID of the physical GPU,
+	// GPU_I_ID and GPU_I_PROFILE of a MIG instance), so dcgm-exporter's series join to pods on
+	// UUID: its own pod labels come from the kubelet's device IDs, which are Tessera's tokens.
+	ctrInfo = desc("tessera_container_gpu_info", "1 for each GPU (or MIG instance) a container holds; joins dcgm-exporter's series to pods on UUID (and GPU_I_ID for MIG).",
+		append(containerLabels, "mode", "device_uuid", "GPU_I_ID", "GPU_I_PROFILE")...)
 	hamiMemLimit      = desc("GPUDeviceMemoryLimit", "HAMi-compatible: memory of the GPU, in bytes.", hamiGPULabels...)
 	hamiCoreLimit     = desc("GPUDeviceCoreLimit", "HAMi-compatible: compute of the GPU, in percent (100).", hamiGPULabels...)
 	hamiMemAllocated  = desc("GPUDeviceMemoryAllocated", "HAMi-compatible: GPU memory allocated to containers, in bytes.", "nodeid", "deviceuuid", "deviceidx", "devicecores", "devicetype")
@@ -174,7 +179,7 @@ type stateCollector struct{ *nodeState }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{gpuMemory, gpuHealthy, gpuMode, gpuShares, gpuAllocMemory, gpuAllocCompute, ctrAllocMemory,
-		ctrAllocCompute, ctrMemoryUsed, ctrMemoryLimit, ctrThrottled, ctrOOM, ledgerEntries} {
+		ctrAllocCompute, ctrMemoryUsed, ctrMemoryLimit, ctrThrottled, ctrOOM, ledgerEntries, ctrInfo} {
 		ch <- d
 	}
 }
@@ -189,13 +194,13 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	entries := c.agent.Ledger().Entries()
 	byUUID := map[string]*api.GPU{}
 	migParent := map[string]*api.GPU{}
-	migMemory := map[string]int64{}
+	migInstance := map[string]api.MIGInstance{}
 	for _, r := range c.gpus(entries) {
 		g := r.gpu
 		byUUID[g.UUID] = g
 		if g.MIG != nil {
 			for _, in := range g.MIG.Instances {
-				migParent[in.UUID], migMemory[in.UUID] = g, in.MemoryBytes
+				migParent[in.UUID], migInstance[in.UUID] = g, in
 			}
 		}
 		l := c.gpuLabelValues(g)
@@ -220,12 +225,15 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			l := append(c.containerLabelValues(e, g), mode, d.UUID)
 			gauge(ctrAllocMemory, mem, l...)
 			gauge(ctrAllocCompute, cores/100, l...)
+			gauge(ctrInfo, 1, append(l, "", "")...)
 		}
 		for _, id := range e.MIG {
 			if g := migParent[id]; g != nil {
+				in := migInstance[id]
 				l := append(c.containerLabelValues(e, g), "mig", id)
-				gauge(ctrAllocMemory, float64(migMemory[id]), l...)
+				gauge(ctrAllocMemory, float64(in.MemoryBytes), l...)
 				gauge(ctrAllocCompute, 0, l...)
+				gauge(ctrInfo, 1, append(l, strconv.Itoa(in.GPUInstanceID), in.Profile)...)
 			}
 		}
 	}

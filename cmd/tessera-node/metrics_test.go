@@ -101,6 +101,9 @@ func TestMetrics(t *testing.T) {
 		`tessera_container_gpu_memory_used_bytes{UUID="` + g1.UUID + `",container="main",gpu="1",hostname="n",namespace="ns",pod="p"} 1.073741824e+09`,
 		`tessera_container_gpu_throttled_seconds_total{UUID="` + g1.UUID + `",container="main",gpu="1",hostname="n",namespace="ns",pod="p"} 1.5`,
 		`tessera_container_gpu_oom_events_total{UUID="` + g1.UUID + `",container="main",gpu="1",hostname="n",namespace="ns",pod="p"} 2`,
+		// The info series that joins dcgm-exporter's on UUID: one per container and GPU, whole or share.
+		`tessera_container_gpu_info{GPU_I_ID="",GPU_I_PROFILE="",UUID="` + g2.UUID + `",container="main",device_uuid="` + g2.UUID + `",gpu="2",hostname="n",mode="whole",namespace="ns",pod="w"} 1`,
+		`tessera_container_gpu_info{GPU_I_ID="",GPU_I_PROFILE="",UUID="` + g1.UUID + `",container="main",device_uuid="` + g1.UUID + `",gpu="1",hostname="n",mode="share",namespace="ns",pod="p"} 1`,
 		"\ntessera_ledger_entries 2\n",
 		`tessera_nri_create_container_duration_seconds_count{result="ok"} 1`,
 		`tessera_nri_create_container_duration_seconds_count{result="refused"} 1`,
@@ -120,6 +123,9 @@ func TestMetrics(t *testing.T) {
 		if !strings.Contains(out, want) {
 			t.Errorf("metrics lack %q", want)
 		}
+	}
+	if n := strings.Count(out, "\ntessera_container_gpu_info{"); n != 2 {
+		t.Errorf("%d tessera_container_gpu_info series, want one per container and GPU (2)", n)
 	}
 	if t.Failed() {
 		t.Log(out)
