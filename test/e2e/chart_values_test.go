@@ -81,7 +81,7 @@ func TestChartSchemaStrict(t *testing.T) {
 
 	for _, key := range []string{"imageRegistry", "global.imageRegistri", "image.node.pullpolicy", "node.driveRoot",
 		"node.updateStrategy.maxSurg", "node.log.formt", "extender.tls.enable", "scheduler.mod", "dra.enable",
-		"admission.migration.setSchedular", "metrics.serviceMonitor.enable", "metrics.hamiMetric", "runtimeClass.creat"} {
+		"admission.migration.setSchedular", "metrics.serviceMonitor.enable", "metrics.hamiMetric", "metrics.hamiLegacyMetric", "runtimeClass.creat"} {
 		out, err := helm(t, "template", "tessera", helmChart(), "--set", key+"=x")
 		last := key[strings.LastIndex(key, ".")+1:]
 		if err == nil || !strings.Contains(out, "'"+last+"' not allowed") {
@@ -169,7 +169,7 @@ func TestChartOperatorValues(t *testing.T) {
 		"--set", "node.extraArgs[0]=--rediscover-interval=30s", "--set", "extender.extraArgs[0]=--warm-memo=false",
 		"--set", "node.extraEnv[0].name=GODEBUG", "--set", "node.extraEnv[0].value=x=1",
 		"--set", "node.podAnnotations.team=gpu", "--set", "extender.podAnnotations.team=gpu", "--set", "scheduler.podAnnotations.team=gpu",
-		"--set", "metrics.hamiMetrics=true")
+		"--set", "metrics.hamiMetrics=true", "--set", "metrics.hamiLegacyMetrics=true")
 	seen := map[string]bool{}
 	for _, o := range objs {
 		name := valueAt(o, "metadata", "name")
@@ -201,8 +201,8 @@ func TestChartOperatorValues(t *testing.T) {
 			switch c["name"] {
 			case "tessera-node":
 				seen["node"] = true
-				if args[len(args)-1] != "--rediscover-interval=30s" || !strings.Contains(joined, "--v=4 --log-format=json") || !strings.Contains(joined, "--hami-metrics") {
-					t.Errorf("tessera-node args %q: want --v=4 --log-format=json, --hami-metrics, and extraArgs last", args)
+				if args[len(args)-1] != "--rediscover-interval=30s" || !strings.Contains(joined, "--v=4 --log-format=json") || !strings.Contains(joined, "--hami-metrics --hami-legacy-metrics") {
+					t.Errorf("tessera-node args %q: want --v=4 --log-format=json, --hami-metrics --hami-legacy-metrics, and extraArgs last", args)
 				}
 				if env, _ := json.Marshal(c["env"]); !strings.Contains(string(env), `{"name":"GODEBUG","value":"x=1"}`) {
 					t.Errorf("tessera-node env %s lacks node.extraEnv", env)
@@ -240,11 +240,11 @@ func TestChartOperatorValues(t *testing.T) {
 	if out, err := helm(t, "template", "tessera", helmChart(), "--set", "node.updateStrategy.maxSurge=1"); err == nil || !strings.Contains(out, "node.updateStrategy.maxSurge") {
 		t.Errorf("maxSurge=1 rendered (want an error naming node.updateStrategy.maxSurge): %v\n%s", err, out)
 	}
-	// Without hamiMetrics the agent serves Tessera's names only.
+	// Without hamiMetrics and hamiLegacyMetrics the agent serves Tessera's names only.
 	for _, o := range renderedObjects(t) {
 		if o["kind"] == "DaemonSet" {
-			if b, _ := json.Marshal(o); strings.Contains(string(b), "--hami-metrics") {
-				t.Error("the agent gets --hami-metrics by default")
+			if b, _ := json.Marshal(o); strings.Contains(string(b), "--hami-") {
+				t.Error("the agent gets a --hami-* flag by default")
 			}
 		}
 	}
