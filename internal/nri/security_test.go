@@ -842,6 +842,21 @@ func TestSecurityValidatorForeignCDIDevices(t *testing.T) {
 	if err := e.plugin.ValidateContainerAdjustment(context.Background(), unnamed); err == nil {
 		t.Error("a GPU CDI device with no owner recorded was admitted")
 	}
+	// A privileged container (as the API server's spec says) holds every GPU anyway: the operator's
+	// own pods, which its toolkit's plugin gives the management devices.
+	priv := e.pod("operand", nil, nil)
+	yes := true
+	e.pods.pods["ns/operand"].Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &yes}
+	r := request("c-priv", "management.nvidia.com/gpu=all", toolkit)
+	r.Pod, r.Container = priv, e.ctr("c-priv", "/dev/nvidia0", "/dev/nvidiactl")
+	if err := e.plugin.ValidateContainerAdjustment(context.Background(), r); err != nil {
+		t.Errorf("privileged operator container refused: %v", err)
+	}
+	r = request("c-unpriv", "management.nvidia.com/gpu=all", toolkit)
+	r.Container = e.ctr("c-unpriv", "/dev/nvidia0")
+	if err := e.plugin.ValidateContainerAdjustment(context.Background(), r); err == nil {
+		t.Error("an unprivileged container with a GPU device and the toolkit's CDI devices was admitted")
+	}
 	// The operator's own pods (its namespace listed as an admin namespace) get management devices.
 	e.plugin.cfg.AdminNamespaces = []string{pod.GetNamespace()}
 	if err := e.plugin.ValidateContainerAdjustment(context.Background(), request("c-op", "management.nvidia.com/gpu=all", toolkit)); err != nil {

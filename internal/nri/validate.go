@@ -53,7 +53,9 @@ func (p *Plugin) validate(ctx context.Context, req *nriapi.ValidateContainerAdju
 	if err := p.checkCDIAnnotations(c.GetAnnotations(), adj.GetAnnotations(), req.GetOwners(), c.GetId()); err != nil {
 		return err
 	}
-	if err := p.checkCDIDevices(adj, req.GetOwners(), c.GetId()); err != nil {
+	// A privileged container holds every GPU already (the GPU Operator's own pods, to which its
+	// toolkit's NRI plugin adds management.nvidia.com/gpu=all).
+	if err := p.checkCDIDevices(adj, req.GetOwners(), c.GetId()); err != nil && !privileged {
 		return err
 	}
 	// Privileged containers keep their NVIDIA_VISIBLE_DEVICES (driver and operator pods rely on it):
