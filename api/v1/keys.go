@@ -21,6 +21,10 @@ const (
 	// as NVML names it or as the node label spells it (GPUModelMatches), e.g.
 	// "NVIDIA-A100-SXM4-40GB|NVIDIA-A100-SXM4-80GB"; it mirrors the gpu_spec column of the openb trace.
 	AnnotationGPUModel = "tessera.dev/gpu-model"
+	// AnnotationGPUModelExclude (pod) keeps a pod off GPUs of the listed models, in the same form,
+	// e.g. "Tesla-T4|NVIDIA-A100-SXM4-40GB"; with AnnotationGPUModel both hold (one of those, none of
+	// these).
+	AnnotationGPUModelExclude = "tessera.dev/gpu-model-exclude"
 	// LabelWorkload (pod) marks the workload class: experiment, training or inference (Workload*).
 	LabelWorkload = "tessera.dev/workload"
 )
