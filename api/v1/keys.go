@@ -51,6 +51,8 @@ const (
 	LabelGPUComputeMinor = "tessera.dev/gpu.compute.minor"
 	LabelMIGCapable      = "tessera.dev/mig.capable"
 	LabelDriverVersion   = "tessera.dev/driver-version"
+	// LabelCUDAVersion (node) is the newest CUDA version the driver supports ("13.0").
+	LabelCUDAVersion = "tessera.dev/cuda-version"
 	// LabelPrefixModelCount + a model's label value (node): how many GPUs of that model the node has,
 	// one label per model present.
 	LabelPrefixModelCount = "gpu-model.tessera.dev/"
