@@ -12,7 +12,7 @@ type Node struct {
 	DriverVersion string
 	// CUDAVersion is api.NodeInventory.CUDAVersion.
 	CUDAVersion string
-	GPUs          []api.GPU
+	GPUs        []api.GPU
 	// MIGCapable holds the UUIDs of the GPUs that support MIG (NVML answers their MIG mode), enabled
 	// or not; the agent labels the Node with it. Not in the inventory: the extender needs only MIG
 	// instances that exist.
