@@ -33,8 +33,7 @@ func RequestFromPod(pod *corev1.Pod, opts ClassOptions) (*placement.Request, err
 	r.Models = modelList(pod.Annotations[api.AnnotationGPUModel])
 	r.ExcludeModels = modelList(pod.Annotations[api.AnnotationGPUModelExclude])
 	for _, m := range r.Models {
-		l := api.GPUModelLabelValue(m)
-		if slices.ContainsFunc(r.ExcludeModels, func(x string) bool { return api.GPUModelLabelValue(x) == l }) {
+		if slices.ContainsFunc(r.ExcludeModels, func(x string) bool { return api.SameGPUModel(x, m) }) {
 			return nil, fmt.Errorf("pod %s: GPU model %q is in both %s and %s; name it in one", r.Key, m, api.AnnotationGPUModel, api.AnnotationGPUModelExclude)
 		}
 	}

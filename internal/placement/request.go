@@ -97,8 +97,7 @@ func (r *Request) includedModels() []string {
 	}
 	var in []string
 	for _, m := range r.Models {
-		l := api.GPUModelLabelValue(m)
-		if !slices.ContainsFunc(r.ExcludeModels, func(x string) bool { return api.GPUModelLabelValue(x) == l }) {
+		if !slices.ContainsFunc(r.ExcludeModels, func(x string) bool { return api.SameGPUModel(x, m) }) {
 			in = append(in, m)
 		}
 	}
