@@ -321,3 +321,31 @@ func TestRefusalEvents(t *testing.T) {
 	}
 	refusalEvents(nil)(pod, &nriapi.Container{Name: "main"}, 0, errors.New("x")) // no API server: no Events, no panic
 }
+
+// A container's MIG instance is named as dcgm-exporter names its series: the parent GPU's UUID and
+// the instance's GPU instance id and profile (GPU_I_ID, GPU_I_PROFILE), so the two join on them.
+func TestContainerGPUInfoMIG(t *testing.T) {
+	a, _ := metricsAgent(t)
+	inv := a.Inventory()
+	var parent *api.GPU
+	for i := range inv.GPUs {
+		if inv.GPUs[i].MIG != nil && len(inv.GPUs[i].MIG.Instances) > 0 {
+			parent = &inv.GPUs[i]
+		}
+	}
+	if parent == nil {
+		t.Fatal("the simulated node has no MIG instance")
+	}
+	in := parent.MIG.Instances[0]
+	if err := a.Ledger().Reserve(ledger.Entry{ContainerID: "c-mig", Namespace: "ns", Pod: "m", Container: "main", MIG: []string{in.UUID}}, inv); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	registerStateCollectors(reg, &nodeState{node: "n", agent: a, regions: func() []containerUsage { return nil }}, hamiNames{})
+	out := scrape(t, reg)
+	want := `tessera_container_gpu_info{GPU_I_ID="` + strconv.Itoa(in.GPUInstanceID) + `",GPU_I_PROFILE="` + in.Profile + `",UUID="` + parent.UUID +
+		`",container="main",device_uuid="` + in.UUID + `",gpu="` + strconv.Itoa(parent.Index) + `",hostname="n",mode="mig",namespace="ns",pod="m"} 1`
+	if !strings.Contains(out, want) {
+		t.Errorf("metrics lack %s\n%s", want, out)
+	}
+}
