@@ -297,6 +297,19 @@ func (c *hamiCollector) Describe(ch chan<- *prometheus.Desc) {
 	}
 }
 
+// gpuSets are the per-GPU descriptors of the name sets asked for, each in one order: memory limit,
+// core limit, memory allocated, cores allocated, containers sharing.
+func (c *hamiCollector) gpuSets() [][5]*prometheus.Desc {
+	var sets [][5]*prometheus.Desc
+	if c.names.current {
+		sets = append(sets, [5]*prometheus.Desc{hamiGPUMemLimit, hamiGPUCoreLimit, hamiGPUMemAllocated, hamiGPUCoreAllocated, hamiGPUSharedCount})
+	}
+	if c.names.legacy {
+		sets = append(sets, [5]*prometheus.Desc{hamiMemLimit, hamiCoreLimit, hamiMemAllocated, hamiCoreAllocated, hamiSharedNum})
+	}
+	return sets
+}
+
 func (c *hamiCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge := func(d *prometheus.Desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, labels...)
@@ -305,23 +318,19 @@ func (c *hamiCollector) Collect(ch chan<- prometheus.Metric) {
 		g := r.gpu
 		// device_cores/devicecores is the GPU's compute (100), as HAMi fills it, not what is allocated.
 		idx, typ, total := strconv.Itoa(g.Index), hamiDeviceType(g), "100"
+		// The series both name sets have, under each set's names.
+		for _, set := range c.gpuSets() {
+			gauge(set[0], float64(g.MemoryBytes), c.node, g.UUID, idx, typ)
+			gauge(set[1], 100, c.node, g.UUID, idx, typ)
+			gauge(set[2], r.memory, c.node, g.UUID, idx, total, typ)
+			gauge(set[3], r.cores, c.node, g.UUID, idx, typ)
+			gauge(set[4], float64(r.holders), c.node, g.UUID, idx, typ)
+		}
 		if c.names.current {
-			gauge(hamiGPUMemLimit, float64(g.MemoryBytes), c.node, g.UUID, idx, typ)
-			gauge(hamiGPUCoreLimit, 100, c.node, g.UUID, idx, typ)
-			gauge(hamiGPUMemAllocated, r.memory, c.node, g.UUID, idx, total, typ)
-			gauge(hamiGPUCoreAllocated, r.cores, c.node, g.UUID, idx, typ)
-			gauge(hamiGPUSharedCount, float64(r.holders), c.node, g.UUID, idx, typ)
 			gauge(hamiNodeGPUOverview, r.memory, c.node, g.UUID, idx, total, strconv.FormatInt(g.MemoryBytes>>20, 10), typ)
 			if g.MemoryBytes > 0 {
 				gauge(hamiNodeGPUMemRatio, r.memory/float64(g.MemoryBytes), c.node, g.UUID, idx, typ)
 			}
-		}
-		if c.names.legacy {
-			gauge(hamiMemLimit, float64(g.MemoryBytes), c.node, g.UUID, idx, typ)
-			gauge(hamiCoreLimit, 100, c.node, g.UUID, idx, typ)
-			gauge(hamiMemAllocated, r.memory, c.node, g.UUID, idx, total, typ)
-			gauge(hamiCoreAllocated, r.cores, c.node, g.UUID, idx, typ)
-			gauge(hamiSharedNum, float64(r.holders), c.node, g.UUID, idx, typ)
 		}
 	}
 	for _, u := range c.regions() {
