@@ -30,6 +30,10 @@ func GPUModelMatchesAny(wants []string, model string) bool {
 	return false
 }
 
+// SameGPUModel reports whether two names a pod may give (a label value or NVML's name) name the
+// same model.
+func SameGPUModel(a, b string) bool { return GPUModelLabelValue(a) == GPUModelLabelValue(b) }
+
 func modelLabelBytes(model string, buf *[63]byte) []byte {
 	n := 0
 	for _, r := range model {

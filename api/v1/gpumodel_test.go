@@ -40,3 +40,19 @@ func TestGPUModelMatches(t *testing.T) {
 		t.Errorf("GPUModelMatches allocates %v times per call, want 0 (placement calls it per GPU)", n)
 	}
 }
+
+func TestSameGPUModel(t *testing.T) {
+	for _, c := range []struct {
+		a, b string
+		want bool
+	}{
+		{"NVIDIA H100 80GB HBM3", "NVIDIA-H100-80GB-HBM3", true},
+		{"Tesla-T4", "Tesla T4", true},
+		{"NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-SXM4-80GB", false},
+		{"tesla-t4", "Tesla-T4", false}, // case matters, as in the label
+	} {
+		if got := SameGPUModel(c.a, c.b); got != c.want {
+			t.Errorf("SameGPUModel(%q, %q) = %v, want %v", c.a, c.b, got, c.want)
+		}
+	}
+}

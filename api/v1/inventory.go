@@ -17,6 +17,9 @@ type NodeInventory struct {
 	Node string `json:"node"`
 	// DriverVersion is the NVIDIA driver version ("sim" on the simulated backend).
 	DriverVersion string `json:"driverVersion,omitempty"`
+	// CUDAVersion is the newest CUDA version the driver supports, "major.minor" as NVML's
+	// nvmlSystemGetCudaDriverVersion reports it (13000 is "13.0"); empty when NVML does not say.
+	CUDAVersion string `json:"cudaVersion,omitempty"`
 	// SharesPerGPU is how many tessera.dev/vgpu tokens the agent advertises per GPU.
 	SharesPerGPU int   `json:"sharesPerGPU"`
 	GPUs         []GPU `json:"gpus"`

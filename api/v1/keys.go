@@ -21,6 +21,10 @@ const (
 	// as NVML names it or as the node label spells it (GPUModelMatches), e.g.
 	// "NVIDIA-A100-SXM4-40GB|NVIDIA-A100-SXM4-80GB"; it mirrors the gpu_spec column of the openb trace.
 	AnnotationGPUModel = "tessera.dev/gpu-model"
+	// AnnotationGPUModelExclude (pod) keeps a pod off GPUs of the listed models, in the same form,
+	// e.g. "Tesla-T4|NVIDIA-A100-SXM4-40GB"; with AnnotationGPUModel both hold (one of those, none of
+	// these).
+	AnnotationGPUModelExclude = "tessera.dev/gpu-model-exclude"
 	// LabelWorkload (pod) marks the workload class: experiment, training or inference (Workload*).
 	LabelWorkload = "tessera.dev/workload"
 )
@@ -47,6 +51,8 @@ const (
 	LabelGPUComputeMinor = "tessera.dev/gpu.compute.minor"
 	LabelMIGCapable      = "tessera.dev/mig.capable"
 	LabelDriverVersion   = "tessera.dev/driver-version"
+	// LabelCUDAVersion (node) is the newest CUDA version the driver supports ("13.0").
+	LabelCUDAVersion = "tessera.dev/cuda-version"
 	// LabelPrefixModelCount + a model's label value (node): how many GPUs of that model the node has,
 	// one label per model present.
 	LabelPrefixModelCount = "gpu-model.tessera.dev/"

@@ -89,7 +89,8 @@ func (f *nodeFlags) runFlags(host string) []cli.Flag {
 		field(f, "rediscoverInterval", &cli.DurationFlag{Name: "rediscover-interval", Value: configv1.DefaultRediscover, Usage: "how often the GPUs are rediscovered (MIG or mdev changes made outside Tessera)"}),
 		// Replaces the file's list only when set: an empty list in the file means none.
 		field(f, "", &cli.StringFlag{Name: "ignored-xids", Value: formatXIDs(configv1.DefaultIgnoredXIDs), Usage: "comma-separated XIDs that do not make a GPU unhealthy (application errors); \"none\" ignores none"}),
-		field(f, "hamiMetrics", &cli.BoolFlag{Name: "hami-metrics", Usage: "also serve the node's state under HAMi's legacy metric names and labels (GPUDevice*, vGPU_device_memory_*) for dashboards written for HAMi; they double the agent's series"}),
+		field(f, "hamiMetrics", &cli.BoolFlag{Name: "hami-metrics", Usage: "also serve the node's state under HAMi's current metric names and labels (hami_gpu_*, hami_vgpu_memory_*) for dashboards written for HAMi; they double the agent's series"}),
+		field(f, "hamiLegacyMetrics", &cli.BoolFlag{Name: "hami-legacy-metrics", Usage: "also serve HAMi's legacy metric names and labels (GPUDevice*, vGPU_device_memory_*), as HAMi does with --legacy-metrics"}),
 		field(f, "dra", &cli.BoolFlag{Name: "dra", Usage: "also serve the GPUs through Dynamic Resource Allocation (driver " + api.DRADriverName + ": ResourceSlices, claims prepared into the same ledger)"}),
 		str("dra-registrar-dir", "draRegistrarDir", configv1.DefaultDRARegistrar, "the kubelet's plugin registry directory (<kubelet root-dir>/plugins_registry), where the DRA plugin registers"),
 		str("dra-plugin-dir", "draPluginDir", configv1.DefaultDRAPluginDir, "directory of the DRA plugin's socket (<kubelet root-dir>/plugins/"+api.DRADriverName+")"),

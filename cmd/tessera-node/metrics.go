@@ -26,6 +26,9 @@ var (
 	// HAMi's label sets, for the dashboards written for HAMi's vGPU metrics.
 	hamiGPULabels       = []string{"nodeid", "deviceuuid", "deviceidx", "devicetype"}
 	hamiContainerLabels = []string{"podnamespace", "podname", "ctrname", "vdeviceid", "deviceuuid"}
+	// HAMi's current label sets (since its hami_* names).
+	hamiCurrentGPULabels       = []string{"node", "device_uuid", "device_index", "device_type"}
+	hamiCurrentContainerLabels = []string{"namespace", "pod", "container", "vdevice_index", "device_uuid"}
 )
 
 func desc(name, help string, labels ...string) *prometheus.Desc {
@@ -33,26 +36,43 @@ func desc(name, help string, labels ...string) *prometheus.Desc {
 }
 
 var (
-	gpuMemory         = desc("tessera_gpu_memory_bytes", "Memory of the GPU.", gpuLabels...)
-	gpuHealthy        = desc("tessera_gpu_healthy", "1 if the GPU is healthy (no fatal XID).", gpuLabels...)
-	gpuMode           = desc("tessera_gpu_mode", "1 for the GPU's current mode: free, whole, shared, mig or mdev.", append(gpuLabels, "mode")...)
-	gpuShares         = desc("tessera_gpu_allocated_shares", "tessera.dev/vgpu shares held on the GPU.", gpuLabels...)
-	gpuAllocMemory    = desc("tessera_gpu_allocated_memory_bytes", "GPU memory promised to containers: share caps, or all of it when held whole.", gpuLabels...)
-	gpuAllocCompute   = desc("tessera_gpu_allocated_compute_ratio", "Compute promised to containers, 0 to 1: share caps, or 1 when held whole.", gpuLabels...)
-	ctrAllocMemory    = desc("tessera_container_gpu_allocated_memory_bytes", "GPU memory a container holds: its share's cap, or the GPU's memory when whole (MIG: the instance's).", append(containerLabels, "mode", "device_uuid")...)
-	ctrAllocCompute   = desc("tessera_container_gpu_allocated_compute_ratio", "Compute a container holds, 0 to 1 (0: a share without a compute cap).", append(containerLabels, "mode", "device_uuid")...)
-	ctrMemoryUsed     = desc("tessera_container_gpu_memory_used_bytes", "GPU memory the container's processes hold, as vcuda counts it.", containerLabels...)
-	ctrMemoryLimit    = desc("tessera_container_gpu_memory_limit_bytes", "The container's GPU memory cap, as vcuda enforces it.", containerLabels...)
-	ctrThrottled      = desc("tessera_container_gpu_throttled_seconds_total", "Time the container's kernel launches waited for vcuda's compute limiter.", containerLabels...)
-	ctrOOM            = desc("tessera_container_gpu_oom_events_total", "Allocations vcuda refused at the container's memory cap.", containerLabels...)
-	ledgerEntries     = desc("tessera_ledger_entries", "Containers holding GPU devices on this node.")
-	hamiMemLimit      = desc("GPUDeviceMemoryLimit", "HAMi-compatible: memory of the GPU, in bytes.", hamiGPULabels...)
-	hamiCoreLimit     = desc("GPUDeviceCoreLimit", "HAMi-compatible: compute of the GPU, in percent (100).", hamiGPULabels...)
-	hamiMemAllocated  = desc("GPUDeviceMemoryAllocated", "HAMi-compatible: GPU memory allocated to containers, in bytes.", "nodeid", "deviceuuid", "deviceidx", "devicecores", "devicetype")
-	hamiCoreAllocated = desc("GPUDeviceCoreAllocated", "HAMi-compatible: compute allocated to containers, in percent.", hamiGPULabels...)
-	hamiSharedNum     = desc("GPUDeviceSharedNum", "HAMi-compatible: containers sharing the GPU.", hamiGPULabels...)
-	hamiVGPUMemUsage  = desc("vGPU_device_memory_usage_in_bytes", "HAMi-compatible: GPU memory a container's processes hold.", hamiContainerLabels...)
-	hamiVGPUMemLimit  = desc("vGPU_device_memory_limit_in_bytes", "HAMi-compatible: a container's GPU memory cap.", hamiContainerLabels...)
+	gpuMemory       = desc("tessera_gpu_memory_bytes", "Memory of the GPU.", gpuLabels...)
+	gpuHealthy      = desc("tessera_gpu_healthy", "1 if the GPU is healthy (no fatal XID).", gpuLabels...)
+	gpuMode         = desc("tessera_gpu_mode", "1 for the GPU's current mode: free, whole, shared, mig or mdev.", append(gpuLabels, "mode")...)
+	gpuShares       = desc("tessera_gpu_allocated_shares", "tessera.dev/vgpu shares held on the GPU.", gpuLabels...)
+	gpuAllocMemory  = desc("tessera_gpu_allocated_memory_bytes", "GPU memory promised to containers: share caps, or all of it when held whole.", gpuLabels...)
+	gpuAllocCompute = desc("tessera_gpu_allocated_compute_ratio", "Compute promised to containers, 0 to 1: share caps, or 1 when held whole.", gpuLabels...)
+	ctrAllocMemory  = desc("tessera_container_gpu_allocated_memory_bytes", "GPU memory a container holds: its share's cap, or the GPU's memory when whole (MIG: the instance's).", append(containerLabels, "mode", "device_uuid")...)
+	ctrAllocCompute = desc("tessera_container_gpu_allocated_compute_ratio", "Compute a container holds, 0 to 1 (0: a share without a compute cap).", append(containerLabels, "mode", "device_uuid")...)
+	ctrMemoryUsed   = desc("tessera_container_gpu_memory_used_bytes", "GPU memory the container's processes hold, as vcuda counts it.", containerLabels...)
+	ctrMemoryLimit  = desc("tessera_container_gpu_memory_limit_bytes", "The container's GPU memory cap, as vcuda enforces it.", containerLabels...)
+	ctrThrottled    = desc("tessera_container_gpu_throttled_seconds_total", "Time the container's kernel launches waited for vcuda's compute limiter.", containerLabels...)
+	ctrOOM          = desc("tessera_container_gpu_oom_events_total", "Allocations vcuda refused at the container's memory cap.", containerLabels...)
+	ledgerEntries   = desc("tessera_ledger_entries", "Containers holding GPU devices on this node.")
+	// ctrInfo names each container's GPUs with dcgm-exporter's own labels (UUID of the physical GPU,
+	// GPU_I_ID and GPU_I_PROFILE of a MIG instance), so dcgm-exporter's series join to pods on
+	// UUID: its own pod labels come from the kubelet's device IDs, which are Tessera's tokens.
+	ctrInfo = desc("tessera_container_gpu_info", "1 for each GPU (or MIG instance) a container holds; joins dcgm-exporter's series to pods on UUID (and GPU_I_ID for MIG).",
+		append(containerLabels, "mode", "device_uuid", "GPU_I_ID", "GPU_I_PROFILE")...)
+	// HAMi's legacy names (HAMi's --legacy-metrics; Tessera's --hami-legacy-metrics).
+	hamiMemLimit      = desc("GPUDeviceMemoryLimit", "HAMi-compatible (legacy): memory of the GPU, in bytes.", hamiGPULabels...)
+	hamiCoreLimit     = desc("GPUDeviceCoreLimit", "HAMi-compatible (legacy): compute of the GPU, in percent (100).", hamiGPULabels...)
+	hamiMemAllocated  = desc("GPUDeviceMemoryAllocated", "HAMi-compatible (legacy): GPU memory allocated to containers, in bytes.", "nodeid", "deviceuuid", "deviceidx", "devicecores", "devicetype")
+	hamiCoreAllocated = desc("GPUDeviceCoreAllocated", "HAMi-compatible (legacy): compute allocated to containers, in percent.", hamiGPULabels...)
+	hamiSharedNum     = desc("GPUDeviceSharedNum", "HAMi-compatible (legacy): containers sharing the GPU.", hamiGPULabels...)
+	hamiVGPUMemUsage  = desc("vGPU_device_memory_usage_in_bytes", "HAMi-compatible (legacy): GPU memory a container's processes hold.", hamiContainerLabels...)
+	hamiVGPUMemLimit  = desc("vGPU_device_memory_limit_in_bytes", "HAMi-compatible (legacy): a container's GPU memory cap.", hamiContainerLabels...)
+	// HAMi's current names and labels (HAMi v2.10.0: cmd/scheduler/metrics.go, cmd/vGPUmonitor/metrics.go).
+	hamiGPUMemLimit      = desc("hami_gpu_memory_limit_bytes", "HAMi-compatible: memory of the GPU, in bytes.", hamiCurrentGPULabels...)
+	hamiGPUCoreLimit     = desc("hami_gpu_core_limit_ratio", "HAMi-compatible: compute of the GPU, in percent (100).", hamiCurrentGPULabels...)
+	hamiGPUMemAllocated  = desc("hami_gpu_memory_allocated_bytes", "HAMi-compatible: GPU memory allocated to containers, in bytes.", "node", "device_uuid", "device_index", "device_cores", "device_type")
+	hamiGPUCoreAllocated = desc("hami_gpu_core_allocated_ratio", "HAMi-compatible: compute allocated to containers, in percent (0-100).", hamiCurrentGPULabels...)
+	hamiGPUSharedCount   = desc("hami_gpu_shared_count", "HAMi-compatible: containers sharing the GPU.", hamiCurrentGPULabels...)
+	hamiNodeGPUOverview  = desc("hami_node_gpu_overview", "HAMi-compatible: GPU memory allocated, in bytes, with the GPU's compute (percent) and memory (MiB) as labels.", "node", "device_uuid", "device_index", "device_cores", "device_memory_limit", "device_type")
+	hamiNodeGPUMemRatio  = desc("hami_node_gpu_memory_allocated_ratio", "HAMi-compatible: share of the GPU's memory allocated, 0 to 1.", hamiCurrentGPULabels...)
+	hamiVGPUMemUsed      = desc("hami_vgpu_memory_used_bytes", "HAMi-compatible: GPU memory a container's processes hold, in bytes.", hamiCurrentContainerLabels...)
+	hamiVGPUMemLimitB    = desc("hami_vgpu_memory_limit_bytes", "HAMi-compatible: a container's GPU memory cap, in bytes.", hamiCurrentContainerLabels...)
+	hamiCtrDeviceMemory  = desc("hami_container_device_memory_bytes", "HAMi-compatible: GPU memory a container's processes hold, in bytes.", hamiCurrentContainerLabels...)
 )
 
 // nodeMetrics are the agent's metrics: its state, read at every scrape, and the latency histograms
@@ -116,12 +136,17 @@ func (m *nodeMetrics) observeAllocate(resource string, took time.Duration, err e
 	m.allocate.WithLabelValues(resource, telemetry.Result(err)).Observe(took.Seconds())
 }
 
+// hamiNames says which of HAMi's metric names the agent also serves: its current hami_* names
+// (--hami-metrics) and its legacy ones (--hami-legacy-metrics). Each set doubles the node's series,
+// so neither is served by default.
+type hamiNames struct{ current, legacy bool }
+
 // registerStateCollectors registers the collectors that present the node's state: Tessera's own
-// metrics, and HAMi's legacy names only when hami is set (--hami-metrics), as they double the series.
-func registerStateCollectors(reg prometheus.Registerer, state *nodeState, hami bool) {
+// metrics, and HAMi's names only as hami asks.
+func registerStateCollectors(reg prometheus.Registerer, state *nodeState, hami hamiNames) {
 	reg.MustRegister(&stateCollector{state})
-	if hami {
-		reg.MustRegister(&hamiCollector{state})
+	if hami.current || hami.legacy {
+		reg.MustRegister(&hamiCollector{state, hami})
 	}
 }
 
@@ -174,7 +199,7 @@ type stateCollector struct{ *nodeState }
 
 func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{gpuMemory, gpuHealthy, gpuMode, gpuShares, gpuAllocMemory, gpuAllocCompute, ctrAllocMemory,
-		ctrAllocCompute, ctrMemoryUsed, ctrMemoryLimit, ctrThrottled, ctrOOM, ledgerEntries} {
+		ctrAllocCompute, ctrMemoryUsed, ctrMemoryLimit, ctrThrottled, ctrOOM, ledgerEntries, ctrInfo} {
 		ch <- d
 	}
 }
@@ -189,13 +214,13 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	entries := c.agent.Ledger().Entries()
 	byUUID := map[string]*api.GPU{}
 	migParent := map[string]*api.GPU{}
-	migMemory := map[string]int64{}
+	migInstance := map[string]api.MIGInstance{}
 	for _, r := range c.gpus(entries) {
 		g := r.gpu
 		byUUID[g.UUID] = g
 		if g.MIG != nil {
 			for _, in := range g.MIG.Instances {
-				migParent[in.UUID], migMemory[in.UUID] = g, in.MemoryBytes
+				migParent[in.UUID], migInstance[in.UUID] = g, in
 			}
 		}
 		l := c.gpuLabelValues(g)
@@ -220,12 +245,15 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 			l := append(c.containerLabelValues(e, g), mode, d.UUID)
 			gauge(ctrAllocMemory, mem, l...)
 			gauge(ctrAllocCompute, cores/100, l...)
+			gauge(ctrInfo, 1, append(l, "", "")...)
 		}
 		for _, id := range e.MIG {
 			if g := migParent[id]; g != nil {
+				in := migInstance[id]
 				l := append(c.containerLabelValues(e, g), "mig", id)
-				gauge(ctrAllocMemory, float64(migMemory[id]), l...)
+				gauge(ctrAllocMemory, float64(in.MemoryBytes), l...)
 				gauge(ctrAllocCompute, 0, l...)
+				gauge(ctrInfo, 1, append(l, strconv.Itoa(in.GPUInstanceID), in.Profile)...)
 			}
 		}
 	}
@@ -245,14 +273,41 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	gauge(ledgerEntries, float64(len(entries)))
 }
 
-// hamiCollector offers the node's state under the metric names and labels of HAMi's scheduler
-// (GPUDevice*) and vGPU monitor (vGPU_device_memory_*), so dashboards written for HAMi keep working.
-type hamiCollector struct{ *nodeState }
+// hamiCollector offers the node's state under the metric names and labels of HAMi's scheduler and
+// vGPU monitor, so dashboards written for HAMi keep working: its current hami_* names, its legacy
+// ones (GPUDevice*, vGPU_device_memory_*), or both. HAMi's per-container allocation series
+// (hami_vgpu_*_allocated_*) are left out: they name the container by its index in the pod, which
+// the agent's ledger does not keep.
+type hamiCollector struct {
+	*nodeState
+	names hamiNames
+}
 
 func (c *hamiCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{hamiMemLimit, hamiCoreLimit, hamiMemAllocated, hamiCoreAllocated, hamiSharedNum, hamiVGPUMemUsage, hamiVGPUMemLimit} {
-		ch <- d
+	if c.names.current {
+		for _, d := range []*prometheus.Desc{hamiGPUMemLimit, hamiGPUCoreLimit, hamiGPUMemAllocated, hamiGPUCoreAllocated, hamiGPUSharedCount,
+			hamiNodeGPUOverview, hamiNodeGPUMemRatio, hamiVGPUMemUsed, hamiVGPUMemLimitB, hamiCtrDeviceMemory} {
+			ch <- d
+		}
 	}
+	if c.names.legacy {
+		for _, d := range []*prometheus.Desc{hamiMemLimit, hamiCoreLimit, hamiMemAllocated, hamiCoreAllocated, hamiSharedNum, hamiVGPUMemUsage, hamiVGPUMemLimit} {
+			ch <- d
+		}
+	}
+}
+
+// gpuSets are the per-GPU descriptors of the name sets asked for, each in one order: memory limit,
+// core limit, memory allocated, cores allocated, containers sharing.
+func (c *hamiCollector) gpuSets() [][5]*prometheus.Desc {
+	var sets [][5]*prometheus.Desc
+	if c.names.current {
+		sets = append(sets, [5]*prometheus.Desc{hamiGPUMemLimit, hamiGPUCoreLimit, hamiGPUMemAllocated, hamiGPUCoreAllocated, hamiGPUSharedCount})
+	}
+	if c.names.legacy {
+		sets = append(sets, [5]*prometheus.Desc{hamiMemLimit, hamiCoreLimit, hamiMemAllocated, hamiCoreAllocated, hamiSharedNum})
+	}
+	return sets
 }
 
 func (c *hamiCollector) Collect(ch chan<- prometheus.Metric) {
@@ -261,18 +316,35 @@ func (c *hamiCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for _, r := range c.gpus(c.agent.Ledger().Entries()) {
 		g := r.gpu
-		idx, typ := strconv.Itoa(g.Index), hamiDeviceType(g)
-		gauge(hamiMemLimit, float64(g.MemoryBytes), c.node, g.UUID, idx, typ)
-		gauge(hamiCoreLimit, 100, c.node, g.UUID, idx, typ)
-		gauge(hamiMemAllocated, r.memory, c.node, g.UUID, idx, strconv.Itoa(int(r.cores)), typ)
-		gauge(hamiCoreAllocated, r.cores, c.node, g.UUID, idx, typ)
-		gauge(hamiSharedNum, float64(r.holders), c.node, g.UUID, idx, typ)
+		// device_cores/devicecores is the GPU's compute (100), as HAMi fills it, not what is allocated.
+		idx, typ, total := strconv.Itoa(g.Index), hamiDeviceType(g), "100"
+		// The series both name sets have, under each set's names.
+		for _, set := range c.gpuSets() {
+			gauge(set[0], float64(g.MemoryBytes), c.node, g.UUID, idx, typ)
+			gauge(set[1], 100, c.node, g.UUID, idx, typ)
+			gauge(set[2], r.memory, c.node, g.UUID, idx, total, typ)
+			gauge(set[3], r.cores, c.node, g.UUID, idx, typ)
+			gauge(set[4], float64(r.holders), c.node, g.UUID, idx, typ)
+		}
+		if c.names.current {
+			gauge(hamiNodeGPUOverview, r.memory, c.node, g.UUID, idx, total, strconv.FormatInt(g.MemoryBytes>>20, 10), typ)
+			if g.MemoryBytes > 0 {
+				gauge(hamiNodeGPUMemRatio, r.memory/float64(g.MemoryBytes), c.node, g.UUID, idx, typ)
+			}
+		}
 	}
 	for _, u := range c.regions() {
 		for i, rg := range u.gpus {
 			l := []string{u.entry.Namespace, u.entry.Pod, u.entry.Container, strconv.Itoa(i), rg.UUID}
-			gauge(hamiVGPUMemUsage, float64(rg.Used), l...)
-			gauge(hamiVGPUMemLimit, float64(rg.MemCap), l...)
+			if c.names.current {
+				gauge(hamiVGPUMemUsed, float64(rg.Used), l...)
+				gauge(hamiVGPUMemLimitB, float64(rg.MemCap), l...)
+				gauge(hamiCtrDeviceMemory, float64(rg.Used), l...)
+			}
+			if c.names.legacy {
+				gauge(hamiVGPUMemUsage, float64(rg.Used), l...)
+				gauge(hamiVGPUMemLimit, float64(rg.MemCap), l...)
+			}
 		}
 	}
 }

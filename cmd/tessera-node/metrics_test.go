@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -65,7 +66,7 @@ func TestMetrics(t *testing.T) {
 	}}
 	reg := telemetry.NewRegistry("tessera-node")
 	m := newNodeMetrics(reg)
-	registerStateCollectors(reg, state, true)
+	registerStateCollectors(reg, state, hamiNames{current: true, legacy: true})
 	m.observeCreate(nil, nil, 2*time.Millisecond, nil)
 	m.observeCreate(nil, nil, 3*time.Millisecond, errors.New("over-commit"))
 	m.observeAllocate(api.ResourceShare, time.Millisecond, nil)
@@ -101,6 +102,9 @@ func TestMetrics(t *testing.T) {
 		`tessera_container_gpu_memory_used_bytes{UUID="` + g1.UUID + `",container="main",gpu="1",hostname="n",namespace="ns",pod="p"} 1.073741824e+09`,
 		`tessera_container_gpu_throttled_seconds_total{UUID="` + g1.UUID + `",container="main",gpu="1",hostname="n",namespace="ns",pod="p"} 1.5`,
 		`tessera_container_gpu_oom_events_total{UUID="` + g1.UUID + `",container="main",gpu="1",hostname="n",namespace="ns",pod="p"} 2`,
+		// The info series that joins dcgm-exporter's on UUID: one per container and GPU, whole or share.
+		`tessera_container_gpu_info{GPU_I_ID="",GPU_I_PROFILE="",UUID="` + g2.UUID + `",container="main",device_uuid="` + g2.UUID + `",gpu="2",hostname="n",mode="whole",namespace="ns",pod="w"} 1`,
+		`tessera_container_gpu_info{GPU_I_ID="",GPU_I_PROFILE="",UUID="` + g1.UUID + `",container="main",device_uuid="` + g1.UUID + `",gpu="1",hostname="n",mode="share",namespace="ns",pod="p"} 1`,
 		"\ntessera_ledger_entries 2\n",
 		`tessera_nri_create_container_duration_seconds_count{result="ok"} 1`,
 		`tessera_nri_create_container_duration_seconds_count{result="refused"} 1`,
@@ -111,8 +115,20 @@ func TestMetrics(t *testing.T) {
 		`tessera_dra_unprepare_duration_seconds_count{result="ok"} 1`,
 		`tessera_node_build_info{`,
 		`go_goroutines `,
-		// HAMi's names and labels.
-		`GPUDeviceMemoryAllocated{devicecores="25",deviceidx="1",devicetype="NVIDIA-NVIDIA A100-SXM4-40GB",deviceuuid="` + g1.UUID + `",nodeid="n"} 3.221225472e+09`,
+		// HAMi's current names and labels (v2.10).
+		`hami_gpu_memory_limit_bytes{device_index="1",device_type="NVIDIA-NVIDIA A100-SXM4-40GB",device_uuid="` + g1.UUID + `",node="n"} 4.294967296e+10`,
+		`hami_gpu_core_limit_ratio{device_index="1",device_type="NVIDIA-NVIDIA A100-SXM4-40GB",device_uuid="` + g1.UUID + `",node="n"} 100`,
+		`hami_gpu_memory_allocated_bytes{device_cores="100",device_index="1",device_type="NVIDIA-NVIDIA A100-SXM4-40GB",device_uuid="` + g1.UUID + `",node="n"} 3.221225472e+09`,
+		`hami_gpu_core_allocated_ratio{device_index="1",device_type="NVIDIA-NVIDIA A100-SXM4-40GB",device_uuid="` + g1.UUID + `",node="n"} 25`,
+		`hami_gpu_core_allocated_ratio{device_index="2",device_type="NVIDIA-NVIDIA A100-SXM4-40GB",device_uuid="` + g2.UUID + `",node="n"} 100`,
+		`hami_gpu_shared_count{device_index="1",device_type="NVIDIA-NVIDIA A100-SXM4-40GB",device_uuid="` + g1.UUID + `",node="n"} 1`,
+		`hami_node_gpu_overview{device_cores="100",device_index="1",device_memory_limit="40960",device_type="NVIDIA-NVIDIA A100-SXM4-40GB",device_uuid="` + g1.UUID + `",node="n"} 3.221225472e+09`,
+		`hami_node_gpu_memory_allocated_ratio{device_index="1",device_type="NVIDIA-NVIDIA A100-SXM4-40GB",device_uuid="` + g1.UUID + `",node="n"} 0.075`,
+		`hami_vgpu_memory_used_bytes{container="main",device_uuid="` + g1.UUID + `",namespace="ns",pod="p",vdevice_index="0"} 1.073741824e+09`,
+		`hami_vgpu_memory_limit_bytes{container="main",device_uuid="` + g1.UUID + `",namespace="ns",pod="p",vdevice_index="0"} 3.221225472e+09`,
+		`hami_container_device_memory_bytes{container="main",device_uuid="` + g1.UUID + `",namespace="ns",pod="p",vdevice_index="0"} 1.073741824e+09`,
+		// HAMi's legacy names and labels.
+		`GPUDeviceMemoryAllocated{devicecores="100",deviceidx="1",devicetype="NVIDIA-NVIDIA A100-SXM4-40GB",deviceuuid="` + g1.UUID + `",nodeid="n"} 3.221225472e+09`,
 		`GPUDeviceSharedNum{deviceidx="1",devicetype="NVIDIA-NVIDIA A100-SXM4-40GB",deviceuuid="` + g1.UUID + `",nodeid="n"} 1`,
 		`vGPU_device_memory_usage_in_bytes{ctrname="main",deviceuuid="` + g1.UUID + `",podname="p",podnamespace="ns",vdeviceid="0"} 1.073741824e+09`,
 		`vGPU_device_memory_limit_in_bytes{ctrname="main",deviceuuid="` + g1.UUID + `",podname="p",podnamespace="ns",vdeviceid="0"} 3.221225472e+09`,
@@ -121,40 +137,51 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("metrics lack %q", want)
 		}
 	}
+	if n := strings.Count(out, "\ntessera_container_gpu_info{"); n != 2 {
+		t.Errorf("%d tessera_container_gpu_info series, want one per container and GPU (2)", n)
+	}
 	if t.Failed() {
 		t.Log(out)
 	}
 }
 
-// HAMi's legacy names double the node's series: the agent serves them only with --hami-metrics
-// (registerStateCollectors' hami), never by default.
+// HAMi's names double the node's series: the agent serves its current hami_* names only with
+// --hami-metrics and its legacy ones only with --hami-legacy-metrics, never by default, and each
+// flag brings its own set alone.
 func TestHAMiMetricsOnlyOnRequest(t *testing.T) {
 	a, share := metricsAgent(t)
 	g1 := a.Inventory().GPUs[1]
 	state := &nodeState{node: "n", agent: a, regions: func() []containerUsage {
 		return []containerUsage{{entry: share, gpus: []vcuda.RegionGPU{{UUID: g1.UUID, MemCap: 3 << 30, Cores: 25, Used: 1 << 30}}}}
 	}}
-	for _, hami := range []bool{false, true} {
+	current := []string{"hami_gpu_memory_limit_bytes{", "hami_gpu_memory_allocated_bytes{", "hami_vgpu_memory_used_bytes{", "hami_vgpu_memory_limit_bytes{"}
+	legacy := []string{"GPUDeviceMemoryLimit{", "GPUDeviceMemoryAllocated{", "vGPU_device_memory_usage_in_bytes{", "vGPU_device_memory_limit_in_bytes{"}
+	for _, hami := range []hamiNames{{}, {current: true}, {legacy: true}, {current: true, legacy: true}} {
 		reg := prometheus.NewRegistry()
 		registerStateCollectors(reg, state, hami)
 		out := scrape(t, reg)
 		if !strings.Contains(out, "tessera_gpu_memory_bytes{") {
-			t.Fatalf("hami=%v: Tessera's own series missing:\n%s", hami, out)
+			t.Fatalf("%+v: Tessera's own series missing:\n%s", hami, out)
 		}
-		for _, name := range []string{"GPUDeviceMemoryLimit{", "GPUDeviceMemoryAllocated{", "vGPU_device_memory_usage_in_bytes{", "vGPU_device_memory_limit_in_bytes{"} {
-			if got := strings.Contains(out, name); got != hami {
-				t.Errorf("hami=%v: %s served: %v", hami, strings.TrimSuffix(name, "{"), got)
+		for _, name := range append(slices.Clone(current), legacy...) {
+			want := hami.legacy
+			if slices.Contains(current, name) {
+				want = hami.current
+			}
+			if got := strings.Contains(out, "\n"+name); got != want {
+				t.Errorf("%+v: %s served: %v", hami, strings.TrimSuffix(name, "{"), got)
 			}
 		}
 	}
-	// The flag reaches the config: off unless set.
-	for _, args := range [][]string{nil, {"--hami-metrics"}} {
+	// The flags reach the config: off unless set.
+	for _, args := range [][]string{nil, {"--hami-metrics"}, {"--hami-legacy-metrics"}} {
 		cfg, err := loadRunFlags(t, args...)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if want := len(args) > 0; cfg.HAMiMetrics != want {
-			t.Errorf("flags %q: HAMiMetrics = %v, want %v", args, cfg.HAMiMetrics, want)
+		want := hamiNames{current: slices.Contains(args, "--hami-metrics"), legacy: slices.Contains(args, "--hami-legacy-metrics")}
+		if got := (hamiNames{current: cfg.HAMiMetrics, legacy: cfg.HAMiLegacyMetrics}); got != want {
+			t.Errorf("flags %q: %+v, want %+v", args, got, want)
 		}
 	}
 }
@@ -244,7 +271,7 @@ func TestSecurityCraftedRegionMetrics(t *testing.T) {
 	m := newNodeMetrics(reg)
 	bad := &badRegions{total: m.badRegions, log: slog.New(slog.NewTextHandler(&logged, nil))}
 	state := &nodeState{node: "n", agent: a, regions: func() []containerUsage { return readContainerRegions(a, read, bad) }}
-	registerStateCollectors(reg, state, true)
+	registerStateCollectors(reg, state, hamiNames{legacy: true})
 	var out string
 	for range 2 {
 		out = scrape(t, reg)
@@ -293,4 +320,32 @@ func TestRefusalEvents(t *testing.T) {
 		t.Errorf("an admitted container got an Event: %q", <-rec.Events)
 	}
 	refusalEvents(nil)(pod, &nriapi.Container{Name: "main"}, 0, errors.New("x")) // no API server: no Events, no panic
+}
+
+// A container's MIG instance is named as dcgm-exporter names its series: the parent GPU's UUID and
+// the instance's GPU instance id and profile (GPU_I_ID, GPU_I_PROFILE), so the two join on them.
+func TestContainerGPUInfoMIG(t *testing.T) {
+	a, _ := metricsAgent(t)
+	inv := a.Inventory()
+	var parent *api.GPU
+	for i := range inv.GPUs {
+		if inv.GPUs[i].MIG != nil && len(inv.GPUs[i].MIG.Instances) > 0 {
+			parent = &inv.GPUs[i]
+		}
+	}
+	if parent == nil {
+		t.Fatal("the simulated node has no MIG instance")
+	}
+	in := parent.MIG.Instances[0]
+	if err := a.Ledger().Reserve(ledger.Entry{ContainerID: "c-mig", Namespace: "ns", Pod: "m", Container: "main", MIG: []string{in.UUID}}, inv); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	registerStateCollectors(reg, &nodeState{node: "n", agent: a, regions: func() []containerUsage { return nil }}, hamiNames{})
+	out := scrape(t, reg)
+	want := `tessera_container_gpu_info{GPU_I_ID="` + strconv.Itoa(in.GPUInstanceID) + `",GPU_I_PROFILE="` + in.Profile + `",UUID="` + parent.UUID +
+		`",container="main",device_uuid="` + in.UUID + `",gpu="` + strconv.Itoa(parent.Index) + `",hostname="n",mode="mig",namespace="ns",pod="m"} 1`
+	if !strings.Contains(out, want) {
+		t.Errorf("metrics lack %s\n%s", want, out)
+	}
 }

@@ -13,7 +13,7 @@ const mixedModels = "mixed"
 // fixedGPULabels are the GPU label keys every published set has a say on (absent ones are
 // removed), besides api.LabelPrefixModelCount's; the -node-restriction admission policy lets the
 // agent write these and no other label.
-var fixedGPULabels = []string{api.LabelGPUModel, api.LabelGPUCount, api.LabelGPUMemory, api.LabelGPUComputeMajor, api.LabelGPUComputeMinor, api.LabelMIGCapable, api.LabelDriverVersion}
+var fixedGPULabels = []string{api.LabelGPUModel, api.LabelGPUCount, api.LabelGPUMemory, api.LabelGPUComputeMajor, api.LabelGPUComputeMinor, api.LabelMIGCapable, api.LabelDriverVersion, api.LabelCUDAVersion}
 
 // gpuNodeLabels are the labels describing the node's GPUs: every model present (not GPU 0's
 // alone), the smallest memory and lowest compute capability, whether any GPU supports MIG.
@@ -24,6 +24,9 @@ func gpuNodeLabels(inv *api.NodeInventory, migCapable func(uuid string) bool) ma
 	l := map[string]string{api.LabelGPUCount: strconv.Itoa(len(inv.GPUs)), api.LabelMIGCapable: "false"}
 	if v := api.GPUModelLabelValue(inv.DriverVersion); v != "" {
 		l[api.LabelDriverVersion] = v
+	}
+	if v := api.GPUModelLabelValue(inv.CUDAVersion); v != "" {
+		l[api.LabelCUDAVersion] = v
 	}
 	models := map[string]int{}
 	minMem := int64(-1)

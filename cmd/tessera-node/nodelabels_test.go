@@ -21,7 +21,7 @@ func TestPublisherGPULabels(t *testing.T) {
 			SMCount: 108, ComputeCapability: cc, NUMANode: -1, PCIBusID: "0000:0" + string(rune('0'+i)) + ":00.0", Minor: i, Healthy: true}
 	}
 	a100, h100 := "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"
-	inv := &api.NodeInventory{APIVersion: api.Version, Node: "n", DriverVersion: "550.54.15", SharesPerGPU: 4,
+	inv := &api.NodeInventory{APIVersion: api.Version, Node: "n", DriverVersion: "550.54.15", CUDAVersion: "12.4", SharesPerGPU: 4,
 		GPUs: []api.GPU{gpu(0, h100, 80, "9.0"), gpu(1, a100, 80, "8.0"), gpu(2, a100, 40, "8.0")}}
 	others := map[string]string{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3", "kubernetes.io/hostname": "n", api.LabelPool: "p"}
 	old := maps.Clone(others)
@@ -53,6 +53,7 @@ func TestPublisherGPULabels(t *testing.T) {
 		api.LabelGPUComputeMajor: "8", api.LabelGPUComputeMinor: "0",
 		api.LabelMIGCapable:    "true",
 		api.LabelDriverVersion: "550.54.15",
+		api.LabelCUDAVersion:   "12.4",
 	})
 	inv.GPUs = inv.GPUs[1:2]
 	publish(inv)
@@ -64,6 +65,7 @@ func TestPublisherGPULabels(t *testing.T) {
 		api.LabelGPUComputeMajor: "8", api.LabelGPUComputeMinor: "0",
 		api.LabelMIGCapable:    "false",
 		api.LabelDriverVersion: "550.54.15",
+		api.LabelCUDAVersion:   "12.4",
 	})
 	inv.GPUs = []api.GPU{}
 	publish(inv)

@@ -131,7 +131,7 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 	mgr := deviceplugin.NewManager(a, deviceplugin.Options{PluginDir: cfg.DevicePluginDir, Logger: log, ObserveAllocate: metrics.observeAllocate})
 	badRegions := &badRegions{total: metrics.badRegions, log: log}
 	state := &nodeState{node: cfg.NodeName, agent: a, regions: func() []containerUsage { return readContainerRegions(a, plugin.ReadRegion, badRegions) }}
-	registerStateCollectors(reg, state, cfg.HAMiMetrics)
+	registerStateCollectors(reg, state, hamiNames{current: cfg.HAMiMetrics, legacy: cfg.HAMiLegacyMetrics})
 	registerSecurityMetrics(reg, plugin, &holdingsLeftOut)
 
 	errc := make(chan error, 5)

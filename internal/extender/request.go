@@ -30,11 +30,11 @@ func RequestFromPod(pod *corev1.Pod, opts ClassOptions) (*placement.Request, err
 			MemoryPercent: c.ShareMemoryPercent, Milli: c.ShareCores * 10, MIG: c.MIG, Mdev: c.Mdev}
 		r.Containers = append(r.Containers, cs)
 	}
-	if v := strings.TrimSpace(pod.Annotations[api.AnnotationGPUModel]); v != "" {
-		for m := range strings.SplitSeq(v, "|") {
-			if m = strings.TrimSpace(m); m != "" {
-				r.Models = append(r.Models, m)
-			}
+	r.Models = modelList(pod.Annotations[api.AnnotationGPUModel])
+	r.ExcludeModels = modelList(pod.Annotations[api.AnnotationGPUModelExclude])
+	for _, m := range r.Models {
+		if slices.ContainsFunc(r.ExcludeModels, func(x string) bool { return api.SameGPUModel(x, m) }) {
+			return nil, fmt.Errorf("pod %s: GPU model %q is in both %s and %s; name it in one", r.Key, m, api.AnnotationGPUModel, api.AnnotationGPUModelExclude)
 		}
 	}
 	if p := pod.Annotations[api.AnnotationPolicy]; p != "" && opts.AllowPolicyOverride {
@@ -46,6 +46,17 @@ func RequestFromPod(pod *corev1.Pod, opts ClassOptions) (*placement.Request, err
 	r.Class = workloadClass(pod, opts)
 	r.CPUMilli, r.MemMiB = podCPUMem(pod)
 	return r, nil
+}
+
+// modelList splits a model annotation's value: models separated by "|", blanks dropped.
+func modelList(v string) []string {
+	var models []string
+	for m := range strings.SplitSeq(v, "|") {
+		if m = strings.TrimSpace(m); m != "" {
+			models = append(models, m)
+		}
+	}
+	return models
 }
 
 // podCPUMem is the pod's effective CPU (milli) and memory (MiB) request as the kube-scheduler counts

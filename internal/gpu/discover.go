@@ -2,6 +2,7 @@ package gpu
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/NVIDIA/go-nvlib/pkg/nvlib/device"
@@ -15,6 +16,9 @@ type discoverOptions struct {
 	migMinorsPath string
 }
 
+// cudaVersion spells NVML's CUDA driver version (1000 x major + 10 x minor) as "major.minor".
+func cudaVersion(v int) string { return strconv.Itoa(v/1000) + "." + strconv.Itoa(v%1000/10) }
+
 // discover reads every GPU through NVML. It is the one discovery path: the real driver and the
 // simulated node (go-nvml's mock server) both go through it.
 func discover(lib nvml.Interface, opts discoverOptions) (*Node, error) {
@@ -22,6 +26,9 @@ func discover(lib nvml.Interface, opts discoverOptions) (*Node, error) {
 	n := &Node{}
 	if v, ret := lib.SystemGetDriverVersion(); ret == nvml.SUCCESS {
 		n.DriverVersion = v
+	}
+	if v, ret := lib.SystemGetCudaDriverVersion(); ret == nvml.SUCCESS && v > 0 {
+		n.CUDAVersion = cudaVersion(v)
 	}
 	var handles []nvml.Device
 	var minors migMinors

@@ -10,7 +10,9 @@ import (
 // Node is what a backend discovered: the GPUs in the api's terms plus where their device nodes are.
 type Node struct {
 	DriverVersion string
-	GPUs          []api.GPU
+	// CUDAVersion is api.NodeInventory.CUDAVersion.
+	CUDAVersion string
+	GPUs        []api.GPU
 	// MIGCapable holds the UUIDs of the GPUs that support MIG (NVML answers their MIG mode), enabled
 	// or not; the agent labels the Node with it. Not in the inventory: the extender needs only MIG
 	// instances that exist.
@@ -84,6 +86,7 @@ func (n *Node) Inventory(nodeName string, sharesPerGPU int) *api.NodeInventory {
 		APIVersion:    api.Version,
 		Node:          nodeName,
 		DriverVersion: n.DriverVersion,
+		CUDAVersion:   n.CUDAVersion,
 		SharesPerGPU:  sharesPerGPU,
 		GPUs:          n.GPUs,
 		Links:         n.Links,

@@ -31,6 +31,9 @@ type Description struct {
 	APIVersion    string `json:"apiVersion"`
 	Kind          string `json:"kind"`
 	DriverVersion string `json:"driverVersion,omitempty"`
+	// CUDADriverVersion is what NVML reports as the driver's CUDA version (13000: CUDA 13.0, the
+	// default with driver 580).
+	CUDADriverVersion int `json:"cudaDriverVersion,omitempty"`
 	// Seed makes UUIDs deterministic; two nodes of one simulated cluster need different seeds.
 	Seed string `json:"seed,omitempty"`
 	// Topology is "nvswitch" (every pair on NVLink, like a DGX) or "pcie" (pairs on a PCIe switch).
@@ -112,6 +115,9 @@ func ParseDescription(data []byte) (*Description, error) {
 	}
 	if d.DriverVersion == "" {
 		d.DriverVersion = "580.95.05"
+	}
+	if d.CUDADriverVersion == 0 {
+		d.CUDADriverVersion = 13000
 	}
 	switch d.Topology {
 	case "":
@@ -248,7 +254,7 @@ func (b *simBackend) build() error {
 			groups = append(groups, g)
 		}
 	}
-	srv, err := server.New(server.WithGPUs(configs...), server.WithDriverVersion(b.desc.DriverVersion))
+	srv, err := server.New(server.WithGPUs(configs...), server.WithDriverVersion(b.desc.DriverVersion), server.WithCUDADriverVersion(b.desc.CUDADriverVersion))
 	if err != nil {
 		return fmt.Errorf("build simulated NVML server: %w", err)
 	}

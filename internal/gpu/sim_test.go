@@ -38,6 +38,15 @@ func TestSimDefaultNode(t *testing.T) {
 	if len(n.GPUs) != 8 {
 		t.Fatalf("want 8 GPUs, got %d", len(n.GPUs))
 	}
+	// The driver's versions as NVML reports them: 580.95.05 supports CUDA 13.0 (NVML's 13000).
+	if inv := n.Inventory("n", 4); inv.DriverVersion != "580.95.05" || inv.CUDAVersion != "13.0" {
+		t.Errorf("driver %q, CUDA %q; want 580.95.05 and 13.0", inv.DriverVersion, inv.CUDAVersion)
+	}
+	for v, want := range map[int]string{13000: "13.0", 12040: "12.4", 11080: "11.8"} {
+		if got := cudaVersion(v); got != want {
+			t.Errorf("cudaVersion(%d) = %q, want %q", v, got, want)
+		}
+	}
 	g0 := n.GPUs[0]
 	if g0.Model != "NVIDIA A100-SXM4-40GB" || g0.MemoryBytes != 40960<<20 || g0.SMCount != 108 || g0.ComputeCapability != "8.0" ||
 		g0.PCIBusID != "0000:07:00.0" || g0.NUMANode != 0 || n.GPUs[5].NUMANode != 1 || !api.IsGPUUUID(g0.UUID) {

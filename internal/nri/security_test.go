@@ -790,3 +790,76 @@ func TestSecurityNoAPIServerHoldsGoBySandbox(t *testing.T) {
 		t.Errorf("without an API server the stopped sandbox's holds stay: %+v", e.agent.Ledger().Entries())
 	}
 }
+
+// TestSecurityValidatorForeignCDIDevices: NRI hands the CDI devices plugins add to the runtime
+// unresolved and shows them to no later plugin's CreateContainer, so the NVIDIA Container Toolkit's
+// NRI plugin (index 10 by default, ahead of Tessera's 50; the GPU Operator's cdi.nriPluginEnabled)
+// could give any pod annotated nvidia.cdi.k8s.io/container.<name> every GPU. The validator, which
+// sees every plugin's adjustment, refuses GPU CDI devices another plugin added; Tessera's own (its
+// name and the host's nonce), other vendors' devices and admin namespaces pass.
+func TestSecurityValidatorForeignCDIDevices(t *testing.T) {
+	e := newEnv(t)
+	pod := e.pod("toolkit", nil, nil)
+	self := e.plugin.cfg.PluginIndex + "-" + pluginName
+	const toolkit = "10-nvidia-ctk-installer"
+	request := func(id, device, owner string) *nriapi.ValidateContainerAdjustmentRequest {
+		adj := &nriapi.ContainerAdjustment{}
+		adj.AddEnv(VisibleDevicesEnv, "void")
+		if err := e.plugin.markRealised(id, adj); err != nil {
+			t.Fatal(err)
+		}
+		adj.AddCDIDevice(&nriapi.CDIDevice{Name: device})
+		owners := nriapi.NewOwningPlugins()
+		if err := owners.ClaimCdiDevice(id, device, owner); err != nil {
+			t.Fatal(err)
+		}
+		if err := owners.ClaimAnnotation(id, api.AnnotationRealised, self); err != nil {
+			t.Fatal(err)
+		}
+		return &nriapi.ValidateContainerAdjustmentRequest{Pod: pod, Container: ctr(id), Adjust: adj, Owners: owners}
+	}
+	for name, r := range map[string]*nriapi.ValidateContainerAdjustmentRequest{
+		"Tessera's own device":   request("c-own", "tessera.dev/gpu="+e.agent.Inventory().GPUs[0].UUID, self),
+		"another vendor's (NIC)": request("c-nic", "example.com/nic=eth1", toolkit),
+	} {
+		if err := e.plugin.ValidateContainerAdjustment(context.Background(), r); err != nil {
+			t.Errorf("%s refused: %v", name, err)
+		}
+	}
+	for name, r := range map[string]*nriapi.ValidateContainerAdjustmentRequest{
+		"all GPUs from the toolkit's plugin":       request("c-all", "nvidia.com/gpu=all", toolkit),
+		"management devices from the toolkit":      request("c-mgmt", "management.nvidia.com/gpu=all", toolkit),
+		"Tessera's device added by another plugin": request("c-copy", "tessera.dev/gpu=all", toolkit),
+		"Tessera's name under another index":       request("c-idx", "nvidia.com/gpu=0", "10-"+pluginName),
+	} {
+		err := e.plugin.ValidateContainerAdjustment(context.Background(), r)
+		if err == nil || !strings.Contains(err.Error(), "GPU CDI devices") || !strings.Contains(err.Error(), "cdi.nriPluginEnabled") {
+			t.Errorf("%s: %v, want the foreign GPU CDI device refused", name, err)
+		}
+	}
+	unnamed := request("c-unnamed", "nvidia.com/gpu=all", toolkit)
+	unnamed.Owners = nil
+	if err := e.plugin.ValidateContainerAdjustment(context.Background(), unnamed); err == nil {
+		t.Error("a GPU CDI device with no owner recorded was admitted")
+	}
+	// A privileged container (as the API server's spec says) holds every GPU anyway: the operator's
+	// own pods, which its toolkit's plugin gives the management devices.
+	priv := e.pod("operand", nil, nil)
+	yes := true
+	e.pods.pods["ns/operand"].Spec.Containers[0].SecurityContext = &corev1.SecurityContext{Privileged: &yes}
+	r := request("c-priv", "management.nvidia.com/gpu=all", toolkit)
+	r.Pod, r.Container = priv, e.ctr("c-priv", "/dev/nvidia0", "/dev/nvidiactl")
+	if err := e.plugin.ValidateContainerAdjustment(context.Background(), r); err != nil {
+		t.Errorf("privileged operator container refused: %v", err)
+	}
+	r = request("c-unpriv", "management.nvidia.com/gpu=all", toolkit)
+	r.Container = e.ctr("c-unpriv", "/dev/nvidia0")
+	if err := e.plugin.ValidateContainerAdjustment(context.Background(), r); err == nil {
+		t.Error("an unprivileged container with a GPU device and the toolkit's CDI devices was admitted")
+	}
+	// The operator's own pods (its namespace listed as an admin namespace) get management devices.
+	e.plugin.cfg.AdminNamespaces = []string{pod.GetNamespace()}
+	if err := e.plugin.ValidateContainerAdjustment(context.Background(), request("c-op", "management.nvidia.com/gpu=all", toolkit)); err != nil {
+		t.Errorf("admin namespace refused: %v", err)
+	}
+}

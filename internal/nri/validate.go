@@ -53,6 +53,11 @@ func (p *Plugin) validate(ctx context.Context, req *nriapi.ValidateContainerAdju
 	if err := p.checkCDIAnnotations(c.GetAnnotations(), adj.GetAnnotations(), req.GetOwners(), c.GetId()); err != nil {
 		return err
 	}
+	// A privileged container holds every GPU already (the GPU Operator's own pods, to which its
+	// toolkit's NRI plugin adds management.nvidia.com/gpu=all).
+	if err := p.checkCDIDevices(adj, req.GetOwners(), c.GetId()); err != nil && !privileged {
+		return err
+	}
 	// Privileged containers keep their NVIDIA_VISIBLE_DEVICES (driver and operator pods rely on it):
 	// they hold every device anyway.
 	if v := finalEnv(c.GetEnv(), adj.GetEnv(), VisibleDevicesEnv); v != "void" && !privileged {
@@ -61,15 +66,48 @@ func (p *Plugin) validate(ctx context.Context, req *nriapi.ValidateContainerAdju
 	return nil
 }
 
+// checkCDIDevices refuses GPU CDI devices (Tessera's vendor or NVIDIA's) that another NRI plugin
+// added: NRI passes plugins' CDI devices to the runtime unresolved and shows them to no later
+// plugin's CreateContainer, so only here are they seen before the runtime injects them. The NVIDIA
+// Container Toolkit's NRI plugin (the GPU Operator's cdi.nriPluginEnabled) adds whatever a pod's
+// nvidia.cdi.k8s.io/container.<name> annotation names, from any namespace unless it names
+// management.nvidia.com devices.
+func (p *Plugin) checkCDIDevices(adj *nriapi.ContainerAdjustment, owners *nriapi.OwningPlugins, id string) error {
+	var bad []string
+	for _, d := range adj.GetCDIDevices() {
+		name := d.GetName()
+		if !p.gpuCDIName(name) {
+			continue
+		}
+		owner, ok := "", false
+		if owners != nil {
+			owner, ok = owners.CdiDeviceOwner(id, name)
+		}
+		if !ok {
+			bad = append(bad, name+" (added by a plugin NRI does not name)")
+		} else if !p.isSelf(owner, adj.GetAnnotations(), owners, id) {
+			bad = append(bad, name+" (added by plugin "+owner+")")
+		}
+	}
+	if len(bad) > 0 {
+		return fmt.Errorf("another NRI plugin added GPU CDI devices %v that the kubelet did not grant (the NVIDIA Container Toolkit's NRI plugin? keep the GPU Operator's cdi.nriPluginEnabled false, or list the namespace in the agent's admin namespaces); request GPUs through resources instead", bad)
+	}
+	return nil
+}
+
+// gpuCDIName reports whether a CDI device name or list names GPU devices: Tessera's vendor or
+// NVIDIA's (nvidia.com/gpu, management.nvidia.com/gpu, k8s.device-plugin.nvidia.com/gpu).
+func (p *Plugin) gpuCDIName(v string) bool {
+	l := strings.ToLower(v)
+	return strings.Contains(l, strings.ToLower(p.agent.Generator().Vendor)+"/") || strings.Contains(l, "nvidia")
+}
+
 // checkCDIAnnotations refuses cdi.k8s.io annotations that would reach the OCI spec (a runtime's
 // pod-annotation passthrough) naming GPU devices (Tessera's vendor or NVIDIA's), unless Tessera added
 // them (the Kata mdev annotation; isSelf says what proves that). Other vendors' devices (a NIC's
 // device plugin) pass.
 func (p *Plugin) checkCDIAnnotations(orig, adjusted map[string]string, owners *nriapi.OwningPlugins, id string) error {
-	gpuNames := func(v string) bool {
-		l := strings.ToLower(v)
-		return strings.Contains(l, strings.ToLower(p.agent.Generator().Vendor)+"/") || strings.Contains(l, "nvidia")
-	}
+	gpuNames := p.gpuCDIName
 	var bad []string
 	for k, v := range orig {
 		if strings.HasPrefix(k, cdiAnnotationPrefix) && gpuNames(v) {

@@ -293,7 +293,7 @@ func (e *Engine) CoarseBound(sc *ScoreContext, n *NodeState, r *Request, nb *Nod
 		if c.Shares > 0 {
 			ok = g.shareable && shareRoom(free[i], g.memory, g.usedMemory, c)
 		}
-		if ok && (len(r.Models) == 0 || r.modelAllowed(n.GPUs[i].Model)) {
+		if ok && (!r.modelRestricted() || r.modelAllowed(n.GPUs[i].Model)) {
 			fits |= 1 << i
 		}
 	}

@@ -182,12 +182,12 @@ func compileFragPlan(shapes []Shape) *fragPlan {
 	index := map[testKey]int{}
 	for i := range shapes {
 		r := &shapes[i].Req
-		pl.items[i] = shapeItem{weight: shapes[i].Weight, cpu: r.CPUMilli, mem: r.MemMiB, part: -1, shape: int32(i), restricted: len(r.Models) > 0}
+		pl.items[i] = shapeItem{weight: shapes[i].Weight, cpu: r.CPUMilli, mem: r.MemMiB, part: -1, shape: int32(i), restricted: r.modelRestricted()}
 		if !r.WantsGPU() {
 			continue
 		}
 		c := &r.Containers[0]
-		k := testKey{whole: c.Whole > 0, models: strings.Join(r.Models, "\x00")}
+		k := testKey{whole: c.Whole > 0, models: strings.Join(r.Models, "\x00") + "\x01" + strings.Join(r.ExcludeModels, "\x00")}
 		if !k.whole {
 			k.milli, k.memory, k.memoryPercent = c.Milli, c.Memory, c.MemoryPercent
 		}
@@ -223,7 +223,7 @@ func compileFragPlan(shapes []Shape) *fragPlan {
 	}
 	pl.mixFixed = true
 	for i := range shapes {
-		if shapes[i].Req.WantsGPU() && len(shapes[i].Req.Models) > 0 {
+		if shapes[i].Req.WantsGPU() && shapes[i].Req.modelRestricted() {
 			pl.mixFixed = false
 		}
 	}

@@ -248,6 +248,7 @@ func TestRequestDigestCoversEveryField(t *testing.T) {
 		"CPUMilli":                 func(r *Request) { r.CPUMilli++ },
 		"MemMiB":                   func(r *Request) { r.MemMiB++ },
 		"Models":                   func(r *Request) { r.Models = []string{"A100", "H100"} },
+		"ExcludeModels":            func(r *Request) { r.ExcludeModels = []string{"T4"} },
 		"Class":                    func(r *Request) { r.Class = "inference" },
 		"Policy":                   func(r *Request) { r.Policy = "fgd" },
 		"Containers":               func(r *Request) { r.Containers = append(r.Containers, ContainerShape{Name: "side"}) },

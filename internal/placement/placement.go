@@ -142,7 +142,7 @@ func candidates(a *arena, n *NodeState, r *Request, explain bool) ([]Placement, 
 func checkStatic(n *NodeState, r *Request, explain bool) *Unfit {
 	var usable int
 	var maxMem int64
-	if n.prepared && len(r.Models) == 0 {
+	if n.prepared && !r.modelRestricted() {
 		usable, maxMem = n.static.usable, n.static.maxMem
 	} else {
 		usable, maxMem = usableGPUs(n, r)
@@ -181,17 +181,17 @@ func checkStatic(n *NodeState, r *Request, explain bool) *Unfit {
 	if need == 0 {
 		return nil
 	}
-	if !explain && (len(r.Models) > 0 && usable == 0 || need > usable) {
+	if !explain && (r.modelRestricted() && usable == 0 || need > usable) {
 		return unfitQuietUnresolvable
 	}
-	if len(r.Models) > 0 && usable == 0 {
+	if r.modelRestricted() && usable == 0 {
 		models := map[string]bool{}
 		for i := range n.GPUs {
 			if n.GPUs[i].Usable {
 				models[n.GPUs[i].Model] = true
 			}
 		}
-		return unfit(true, "pod is restricted to GPU models %s, node has %s", strings.Join(r.Models, "|"), strings.Join(sortedKeys(models), ","))
+		return unfit(true, "pod is restricted to GPU models %s, node has %s", r.modelConstraint(), strings.Join(sortedKeys(models), ","))
 	}
 	if need > usable {
 		return unfit(true, "a container needs %d distinct GPUs, node has %d usable (healthy, without MIG, allowed model)", need, usable)

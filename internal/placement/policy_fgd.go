@@ -84,7 +84,7 @@ func (m strandedMix) stranded(n *NodeState, total int) float64 {
 
 // canUseModel reports whether r may use some GPU model of n.
 func canUseModel(n *NodeState, r *Request) bool {
-	if len(r.Models) == 0 {
+	if !r.modelRestricted() {
 		return true
 	}
 	for i := range n.GPUs {

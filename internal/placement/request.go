@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"maps"
 	"slices"
+	"strings"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
@@ -41,6 +42,8 @@ type Request struct {
 	CPUMilli, MemMiB int64
 	// Models restricts the pod to GPUs of these models (nil: any).
 	Models []string
+	// ExcludeModels keeps the pod off GPUs of these models (nil: none), whatever Models says.
+	ExcludeModels []string
 	// Class is the workload class (api.WorkloadExperiment/Training/Inference or "").
 	Class string
 	// Policy overrides the engine's default policy ("" = default).
@@ -78,10 +81,42 @@ func (r *Request) sharesOnly() bool {
 	return shares
 }
 
-// modelAllowed reports whether a GPU model satisfies the request's model constraint.
-// A pod names models as NVML does or as the node label spells them (api.GPUModelMatches).
+// modelAllowed reports whether a GPU model satisfies the request's model constraint: one of
+// Models (when any is named) and none of ExcludeModels. A pod names models as the node label spells
+// them or as NVML does (api.GPUModelMatches).
 func (r *Request) modelAllowed(model string) bool {
-	return len(r.Models) == 0 || api.GPUModelMatchesAny(r.Models, model)
+	return (len(r.Models) == 0 || api.GPUModelMatchesAny(r.Models, model)) &&
+		(len(r.ExcludeModels) == 0 || !api.GPUModelMatchesAny(r.ExcludeModels, model))
+}
+
+// includedModels are the models the request names to include less those it excludes: the model
+// pressure's demand (a pod that only excludes models asks for no model's room in particular).
+func (r *Request) includedModels() []string {
+	if len(r.ExcludeModels) == 0 {
+		return r.Models
+	}
+	var in []string
+	for _, m := range r.Models {
+		if !slices.ContainsFunc(r.ExcludeModels, func(x string) bool { return api.SameGPUModel(x, m) }) {
+			in = append(in, m)
+		}
+	}
+	return in
+}
+
+// modelRestricted reports whether the request names models to include or exclude.
+func (r *Request) modelRestricted() bool { return len(r.Models) > 0 || len(r.ExcludeModels) > 0 }
+
+// modelConstraint spells the request's model constraint for messages and keys.
+func (r *Request) modelConstraint() string {
+	s := strings.Join(r.Models, "|")
+	if len(r.ExcludeModels) > 0 {
+		if s != "" {
+			s += " "
+		}
+		s += "not " + strings.Join(r.ExcludeModels, "|")
+	}
+	return s
 }
 
 // Digest is an exact encoding of everything placement reads of the request (not its Key): two
@@ -104,6 +139,10 @@ func (r *Request) Digest() string {
 	str(r.Policy)
 	num(int64(len(r.Models)))
 	for _, m := range r.Models {
+		str(m)
+	}
+	num(int64(len(r.ExcludeModels)))
+	for _, m := range r.ExcludeModels {
 		str(m)
 	}
 	num(int64(len(r.Containers)))

@@ -4,7 +4,6 @@ import (
 	"maps"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 )
@@ -33,7 +32,7 @@ type shapeKey struct {
 }
 
 func keyOf(r *Request) (shapeKey, bool) {
-	k := shapeKey{cpu: r.CPUMilli, models: strings.Join(r.Models, "|")}
+	k := shapeKey{cpu: r.CPUMilli, models: r.modelConstraint()}
 	if len(r.Containers) > 1 {
 		return k, false // multi-container pods are rare; their containers are not one shape
 	}
@@ -142,6 +141,7 @@ func (s *ShapeStats) Observe(r *Request, delta int) {
 		c.Key, c.Policy, c.Class = "", "", ""
 		c.Containers = slices.Clone(r.Containers)
 		c.Models = slices.Clone(r.Models)
+		c.ExcludeModels = slices.Clone(r.ExcludeModels)
 		sh = &Shape{Req: c}
 		s.counts[k] = sh
 	}
@@ -166,7 +166,7 @@ func (s *ShapeStats) observeDemandLocked(r *Request, delta int) {
 	s.pressureStale = true
 	s.gpuPods += delta
 	s.gpuMilli += milli
-	k, models := modelSetKey(r.Models)
+	k, models := modelSetKey(r.includedModels())
 	if k == "" {
 		return
 	}

@@ -81,7 +81,7 @@ func TestChartSchemaStrict(t *testing.T) {
 
 	for _, key := range []string{"imageRegistry", "global.imageRegistri", "image.node.pullpolicy", "node.driveRoot",
 		"node.updateStrategy.maxSurg", "node.log.formt", "extender.tls.enable", "scheduler.mod", "dra.enable",
-		"admission.migration.setSchedular", "metrics.serviceMonitor.enable", "metrics.hamiMetric", "runtimeClass.creat"} {
+		"admission.migration.setSchedular", "metrics.serviceMonitor.enable", "metrics.hamiMetric", "metrics.hamiLegacyMetric", "runtimeClass.creat"} {
 		out, err := helm(t, "template", "tessera", helmChart(), "--set", key+"=x")
 		last := key[strings.LastIndex(key, ".")+1:]
 		if err == nil || !strings.Contains(out, "'"+last+"' not allowed") {
@@ -169,7 +169,7 @@ func TestChartOperatorValues(t *testing.T) {
 		"--set", "node.extraArgs[0]=--rediscover-interval=30s", "--set", "extender.extraArgs[0]=--warm-memo=false",
 		"--set", "node.extraEnv[0].name=GODEBUG", "--set", "node.extraEnv[0].value=x=1",
 		"--set", "node.podAnnotations.team=gpu", "--set", "extender.podAnnotations.team=gpu", "--set", "scheduler.podAnnotations.team=gpu",
-		"--set", "metrics.hamiMetrics=true")
+		"--set", "metrics.hamiMetrics=true", "--set", "metrics.hamiLegacyMetrics=true")
 	seen := map[string]bool{}
 	for _, o := range objs {
 		name := valueAt(o, "metadata", "name")
@@ -201,8 +201,8 @@ func TestChartOperatorValues(t *testing.T) {
 			switch c["name"] {
 			case "tessera-node":
 				seen["node"] = true
-				if args[len(args)-1] != "--rediscover-interval=30s" || !strings.Contains(joined, "--v=4 --log-format=json") || !strings.Contains(joined, "--hami-metrics") {
-					t.Errorf("tessera-node args %q: want --v=4 --log-format=json, --hami-metrics, and extraArgs last", args)
+				if args[len(args)-1] != "--rediscover-interval=30s" || !strings.Contains(joined, "--v=4 --log-format=json") || !strings.Contains(joined, "--hami-metrics --hami-legacy-metrics") {
+					t.Errorf("tessera-node args %q: want --v=4 --log-format=json, --hami-metrics --hami-legacy-metrics, and extraArgs last", args)
 				}
 				if env, _ := json.Marshal(c["env"]); !strings.Contains(string(env), `{"name":"GODEBUG","value":"x=1"}`) {
 					t.Errorf("tessera-node env %s lacks node.extraEnv", env)
@@ -240,11 +240,11 @@ func TestChartOperatorValues(t *testing.T) {
 	if out, err := helm(t, "template", "tessera", helmChart(), "--set", "node.updateStrategy.maxSurge=1"); err == nil || !strings.Contains(out, "node.updateStrategy.maxSurge") {
 		t.Errorf("maxSurge=1 rendered (want an error naming node.updateStrategy.maxSurge): %v\n%s", err, out)
 	}
-	// Without hamiMetrics the agent serves Tessera's names only.
+	// Without hamiMetrics and hamiLegacyMetrics the agent serves Tessera's names only.
 	for _, o := range renderedObjects(t) {
 		if o["kind"] == "DaemonSet" {
-			if b, _ := json.Marshal(o); strings.Contains(string(b), "--hami-metrics") {
-				t.Error("the agent gets --hami-metrics by default")
+			if b, _ := json.Marshal(o); strings.Contains(string(b), "--hami-") {
+				t.Error("the agent gets a --hami-* flag by default")
 			}
 		}
 	}
@@ -284,19 +284,30 @@ func TestDashboard(t *testing.T) {
 			t.Errorf("dashboard lacks the variable %s", want)
 		}
 	}
+	perPod := false
 	for _, p := range d.Panels {
 		for _, tg := range p.Targets {
 			e := tg.Expr
 			if strings.Contains(e, "Hostname") {
 				t.Errorf("panel %q: %s names Hostname (dcgm-exporter's old label; Tessera's is hostname)", p.Title, e)
 			}
-			if strings.Contains(e, "DCGM_") && (!strings.Contains(e, "on (UUID)") || strings.Contains(e, "DCGM_FI_DEV_GPU_UTIL{")) {
+			// UUID, and GPU_I_ID for MIG instances: the labels every dcgm-exporter version fills the same.
+			onUUID := strings.Contains(e, "on (UUID)") || strings.Contains(e, "on (UUID, GPU_I_ID)")
+			if strings.Contains(e, "DCGM_") && (!onUUID || strings.Contains(e, "DCGM_FI_DEV_GPU_UTIL{") || strings.Contains(e, "DCGM_FI_PROF_GR_ENGINE_ACTIVE{")) {
 				t.Errorf("panel %q: %s must select dcgm-exporter's series by joining on (UUID) only", p.Title, e)
+			}
+			// dcgm-exporter's own pod labels come from the kubelet's device IDs (Tessera's tokens):
+			// its series reach pods through tessera_container_gpu_info.
+			if strings.Contains(e, "DCGM_") && strings.Contains(e, "group_right tessera_container_gpu_info{") {
+				perPod = true
 			}
 			if strings.Contains(e, "tessera_container_") && (!strings.Contains(e, `namespace=~"$namespace"`) || !strings.Contains(e, `pod=~"$pod"`)) {
 				t.Errorf("panel %q: %s ignores the namespace and pod variables", p.Title, e)
 			}
 		}
+	}
+	if !perPod {
+		t.Error("no panel puts dcgm-exporter's series on pods through tessera_container_gpu_info")
 	}
 	for _, o := range renderedObjects(t, "--set", "metrics.grafanaDashboard.enabled=true") {
 		if o["kind"] == "ConfigMap" {
@@ -308,4 +319,77 @@ func TestDashboard(t *testing.T) {
 		}
 	}
 	t.Error("metrics.grafanaDashboard.enabled=true rendered no ConfigMap with tessera.json")
+}
+
+// TestChartGPUOperatorValues renders the chart with each values file docs/gpu-operator.md gives for
+// the GPU Operator (the operator's driver container, a driver installed on the host) and checks the
+// objects: the agent reads the driver where that setup puts it and runs the operator's
+// nvidia-cdi-hook, runs only on GPU nodes while the operator lets a device plugin run there (its MIG
+// manager and driver manager pause that label), and the chart leaves the nvidia-cdi RuntimeClass to
+// the operator. The operator-side values the doc lists are its v26.7.0 names.
+func TestChartGPUOperatorValues(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join(repoRoot(), "docs", "gpu-operator.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	operator, err := os.ReadFile(filepath.Join(repoRoot(), "docs", "examples", "gpu-operator-values.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ov map[string]any
+	if err := yaml.Unmarshal(operator, &ov); err != nil {
+		t.Fatalf("docs/examples/gpu-operator-values.yaml: %v", err)
+	}
+	// The operator's device plugin would advertise nvidia.com/gpu beside the agent; its toolkit's
+	// NRI plugin is left off (the agent's validator refuses GPU CDI devices it adds to unprivileged
+	// containers); its runtime refuses NVIDIA_VISIBLE_DEVICES from unprivileged containers.
+	for path, want := range map[string]any{"devicePlugin.enabled": false, "cdi.enabled": true, "cdi.nriPluginEnabled": false,
+		"toolkit.enabled": true, "migManager.enabled": true, "dcgmExporter.enabled": true, "mig.strategy": "mixed"} {
+		if got := valueAt(ov, strings.Split(path, ".")...); got != want {
+			t.Errorf("gpu-operator-values.yaml %s = %v, want %v", path, got, want)
+		}
+	}
+	if env, _ := json.Marshal(valueAt(ov, "toolkit", "env")); !strings.Contains(string(env), `{"name":"ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED","value":"false"}`) {
+		t.Errorf("gpu-operator-values.yaml toolkit.env %s lacks ACCEPT_NVIDIA_VISIBLE_DEVICES_ENVVAR_WHEN_UNPRIVILEGED=false", env)
+	}
+	for file, driverRoot := range map[string]string{"values-gpu-operator.yaml": "/run/nvidia/driver", "values-gpu-operator-host-driver.yaml": "/"} {
+		if !strings.Contains(string(doc), "deploy/helm/tessera/"+file) {
+			t.Errorf("docs/gpu-operator.md does not name %s", file)
+		}
+		agent := false
+		for _, o := range renderedObjects(t, "-f", filepath.Join(helmChart(), file)) {
+			if o["kind"] == "RuntimeClass" {
+				t.Errorf("%s: the chart renders RuntimeClass %v, which the operator creates", file, valueAt(o, "metadata", "name"))
+			}
+			if o["kind"] != "DaemonSet" || valueAt(o, "metadata", "name") != "tessera-node" {
+				continue
+			}
+			agent = true
+			tpl := podTemplate(o)
+			sel, _ := valueAt(tpl, "spec", "nodeSelector").(map[string]any)
+			if sel["nvidia.com/gpu.present"] != "true" || sel["nvidia.com/gpu.deploy.device-plugin"] != "true" {
+				t.Errorf("%s: agent nodeSelector %v, want nvidia.com/gpu.present and nvidia.com/gpu.deploy.device-plugin true", file, sel)
+			}
+			containers, _ := valueAt(tpl, "spec", "containers").([]any)
+			for _, c := range containers {
+				if c := c.(map[string]any); c["name"] == "tessera-node" {
+					args, _ := json.Marshal(c["args"])
+					for _, want := range []string{`"--driver-root=` + driverRoot + `"`, `"--cdi-hook-path=/usr/local/nvidia/toolkit/nvidia-cdi-hook"`} {
+						if !strings.Contains(string(args), want) {
+							t.Errorf("%s: agent args %s lack %s", file, args, want)
+						}
+					}
+				}
+			}
+			volumes, _ := valueAt(tpl, "spec", "volumes").([]any)
+			for _, v := range volumes {
+				if v := v.(map[string]any); v["name"] == "driver-root" && valueAt(v, "hostPath", "path") != driverRoot {
+					t.Errorf("%s: driver-root volume %v, want host path %s", file, v, driverRoot)
+				}
+			}
+		}
+		if !agent {
+			t.Errorf("%s: no tessera-node DaemonSet rendered", file)
+		}
+	}
 }

@@ -348,7 +348,10 @@ func checkGPULabels(t *testing.T, c *Cluster) {
 	for _, g := range c.Inventory.GPUs {
 		models[api.GPUModelLabelValue(g.Model)]++
 	}
-	want := map[string]string{api.LabelGPUCount: fmt.Sprint(len(c.Inventory.GPUs)), api.LabelMIGCapable: "true"}
+	want := map[string]string{api.LabelGPUCount: fmt.Sprint(len(c.Inventory.GPUs)), api.LabelMIGCapable: "true", api.LabelCUDAVersion: c.Inventory.CUDAVersion}
+	if c.Inventory.CUDAVersion == "" {
+		t.Error("the agent's inventory has no CUDA version (the simulated driver reports 13.0)")
+	}
 	for m, k := range models {
 		want[api.LabelPrefixModelCount+m] = fmt.Sprint(k)
 		if len(models) == 1 {

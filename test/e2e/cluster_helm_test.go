@@ -55,6 +55,7 @@ func TestClusterHelmTemplate(t *testing.T) {
 			"--set", "metrics.grafanaDashboard.enabled=true", "--set", "image.node.digest=sha256:" + strings.Repeat("0", 64), "--set", "extender.warmMemo=false",
 			"--set", "imagePullSecrets[0].name=regcred"},
 		{"--namespace", "tessera-system", "-f", filepath.Join(helmChart(), "values-gpu-operator.yaml")},
+		{"--namespace", "tessera-system", "-f", filepath.Join(helmChart(), "values-gpu-operator-host-driver.yaml")},
 		// The operator's values (a mirror, logs, extra env, annotations, HAMi's names, the update strategy).
 		{"--namespace", "tessera-system", "--set", "global.imageRegistry=mirror.example.com", "--set", "node.log.format=json",
 			"--set", "node.extraEnv[0].name=A", "--set", "node.extraEnv[0].value=b", "--set", "extender.podAnnotations.a=b",

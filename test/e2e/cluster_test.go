@@ -277,15 +277,18 @@ func checkClusterMetrics(t *testing.T, c *Cluster, shared, whole *api.GPU) {
 		return fmt.Sprintf(`UUID="%s",device="nvidia%d",gpu="%d",hostname="%s"`, g.UUID, g.Minor, g.Index, c.Node)
 	}
 	node := c.Metrics(t)
-	// HAMi's legacy names double the series: only with --hami-metrics (TestHAMiMetricsOnlyOnRequest).
-	if strings.Contains(node, "vGPU_device_memory_limit_in_bytes") {
-		t.Errorf("tessera-node /metrics serves HAMi's legacy names without --hami-metrics")
+	// HAMi's names double the series: only with --hami-metrics or --hami-legacy-metrics
+	// (TestHAMiMetricsOnlyOnRequest).
+	if strings.Contains(node, "vGPU_device_memory_limit_in_bytes") || strings.Contains(node, "hami_vgpu_memory_limit_bytes") {
+		t.Errorf("tessera-node /metrics serves HAMi's names without --hami-metrics or --hami-legacy-metrics")
 	}
 	for _, want := range []string{
 		`tessera_gpu_allocated_shares{` + gpu(shared) + `,modelName=`,
 		`tessera_gpu_mode{` + gpu(whole) + `,mode="whole",modelName=`,
 		`tessera_container_gpu_allocated_memory_bytes{UUID="` + shared.UUID + `",container="main",device_uuid="` + shared.UUID + `",gpu="` + fmt.Sprint(shared.Index) + `",hostname="` + c.Node + `",mode="share",namespace="default",pod="share-a"} 1.073741824e+10`,
 		`tessera_container_gpu_memory_limit_bytes{UUID="` + shared.UUID + `",container="main",gpu="` + fmt.Sprint(shared.Index) + `",hostname="` + c.Node + `",namespace="default",pod="share-a"} 1.073741824e+10`,
+		// The info series that joins dcgm-exporter's to pods on UUID.
+		`tessera_container_gpu_info{GPU_I_ID="",GPU_I_PROFILE="",UUID="` + shared.UUID + `",container="main",device_uuid="` + shared.UUID + `",gpu="` + fmt.Sprint(shared.Index) + `",hostname="` + c.Node + `",mode="share",namespace="default",pod="share-a"} 1`,
 		`tessera_nri_create_container_duration_seconds_bucket{result="ok",le="+Inf"}`,
 		`tessera_deviceplugin_allocate_duration_seconds_bucket{resource="` + api.ResourceShare + `",result="ok",le="+Inf"}`,
 		"tessera_node_build_info{",

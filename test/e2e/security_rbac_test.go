@@ -125,7 +125,7 @@ func TestSecurityLeastPrivilege(t *testing.T) {
 			_, err := nodeAgent.CoreV1().Nodes().Patch(ctx, "gpu-a", types.MergePatchType, []byte(`{"metadata":{"annotations":{"`+
 				api.AnnotationInventory+`":"{}","`+api.AnnotationInventoryHeartbeat+`":"now","`+api.AnnotationHoldings+`":"{}"},"labels":{"`+
 				api.LabelGPUModel+`":"A100","`+api.LabelGPUCount+`":"8","`+api.LabelGPUMemory+`":"40960","`+api.LabelGPUComputeMajor+`":"8","`+
-				api.LabelGPUComputeMinor+`":"0","`+api.LabelMIGCapable+`":"true","`+api.LabelDriverVersion+`":"550.54.15","`+
+				api.LabelGPUComputeMinor+`":"0","`+api.LabelMIGCapable+`":"true","`+api.LabelDriverVersion+`":"550.54.15","`+api.LabelCUDAVersion+`":"12.4","`+
 				api.LabelPrefixModelCount+`NVIDIA-A100-SXM4-40GB":"8"}}}`), metav1.PatchOptions{})
 			return err
 		}},

@@ -111,10 +111,13 @@ type NodeConfig struct {
 	// 1.34+; consumable capacity 1.36+): ResourceSlices and NodePrepareResources beside the device
 	// plugins, into the same ledger (docs/dra.md).
 	DRA bool `json:"dra,omitempty"`
-	// HAMiMetrics also serves the node's state under HAMi's legacy metric names and labels
-	// (GPUDevice*, vGPU_device_memory_*), for dashboards written for HAMi. Off by default: the
-	// series double the agent's, which only operators moving from HAMi want.
+	// HAMiMetrics also serves the node's state under HAMi's current metric names and labels
+	// (hami_gpu_*, hami_vgpu_memory_*, as of HAMi v2.10), for dashboards written for HAMi. Off by
+	// default: the series double the agent's, which only operators moving from HAMi want.
 	HAMiMetrics bool `json:"hamiMetrics,omitempty"`
+	// HAMiLegacyMetrics also serves HAMi's legacy names (GPUDevice*, vGPU_device_memory_*: what
+	// HAMi serves only with its --legacy-metrics), for dashboards older than HAMi's hami_* names.
+	HAMiLegacyMetrics bool `json:"hamiLegacyMetrics,omitempty"`
 	// DRARegistrarDir is the kubelet's plugin registry, where the DRA plugin registers.
 	DRARegistrarDir string `json:"draRegistrarDir,omitempty"`
 	// DRAPluginDir holds the DRA plugin's socket (the kubelet must reach it at the same path).
