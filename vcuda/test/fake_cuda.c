@@ -617,11 +617,13 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *c) {
 }
 static int unsafe_call(void);
 static void sync_trim(int d);
+static void wait_held(int d, _Atomic uint64_t *su);
 EXPORT CUresult cuCtxSynchronize(void) {
     if (!cur)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (unsafe_call())
         return 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED */
+    wait_held(cur->dev, NULL);
     sleep_until(atomic_load(&F.sh->dev[cur->dev].busy_until));
     sync_trim(cur->dev);
     return CUDA_SUCCESS;
@@ -729,6 +731,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream s) {
         return CUDA_ERROR_INVALID_CONTEXT;
     if (unsafe_call())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    wait_held(d, stream_until(s, d));
     sleep_until(atomic_load(stream_until(s, d)));
     sync_trim(d);
     return CUDA_SUCCESS;
@@ -2257,11 +2260,19 @@ EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f
 static shared_proc *self_proc(void);
 /* Queues dur ns of work on stream timeline `su` of device d; full: the
  * kernel fills the device. Returns its end. */
+static uint64_t schedule_locked(int d, _Atomic uint64_t *su, uint64_t dur, int full, uint64_t now);
 static uint64_t schedule_at(int d, _Atomic uint64_t *su, uint64_t dur, int full, uint64_t now) {
+    shared_dev *s = &F.sh->dev[d];
+    spin_lock(&s->lock);
+    uint64_t end = schedule_locked(d, su, dur, full, now);
+    spin_unlock(&s->lock);
+    return end;
+}
+/* schedule_at with the device's lock held. */
+static uint64_t schedule_locked(int d, _Atomic uint64_t *su, uint64_t dur, int full, uint64_t now) {
     shared_dev *s = &F.sh->dev[d];
     shared_proc *me = self_proc();
     int pid = fake_pid();
-    spin_lock(&s->lock);
     uint64_t all = atomic_load(&s->busy_until);
     uint64_t start = atomic_load(su);
     if (start < now)
@@ -2292,7 +2303,6 @@ static uint64_t schedule_at(int d, _Atomic uint64_t *su, uint64_t dur, int full,
         atomic_fetch_add(&s->busy_total, dur);
         atomic_fetch_add(&s->launches, 1);
     }
-    spin_unlock(&s->lock);
     return end;
 }
 
@@ -2341,6 +2351,21 @@ static int held_on(int d, _Atomic uint64_t *su, int add) {
         return add;
     }
     return 0;
+}
+/* A synchronize waits for the host functions ahead of it (of stream su, or
+ * of every stream: NULL) and the work they hold, as a real one does; it
+ * returned while a sampled launch was still held, and a case read the
+ * device's counters before that launch had run. */
+static void wait_held(int d, _Atomic uint64_t *su) {
+    for (;;) {
+        pthread_mutex_lock(&hold_mu);
+        int h = su ? held_on(d, su, 0) : held[d];
+        pthread_mutex_unlock(&hold_mu);
+        if (!h)
+            return;
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
 }
 static held_item *items[FAKE_MAX_DEVS];
 static int nitems[FAKE_MAX_DEVS], capitems[FAKE_MAX_DEVS];
@@ -2401,19 +2426,26 @@ static void *worker(void *arg) {
         if (held_on(d, j->su, -1) == 0) {
             /* The device runs the stream's held work back to back from now:
              * one clock reading for all of it, so events bracket exactly the
-             * work between them. */
+             * work between them, and one hold of the device's queue: the
+             * work is in the device's queue once released, and another
+             * process's launch cannot get between its items because this
+             * worker thread was descheduled half way (it did on a loaded
+             * machine: a sampled 7 us kernel measured 5 ms of a co-tenant's
+             * work). */
             uint64_t now = now_ns();
             int w = 0;
+            spin_lock(&F.sh->dev[d].lock);
             for (int i = 0; i < nitems[d]; i++) {
                 held_item *it = &items[d][i];
                 if (it->su != j->su) {
                     items[d][w++] = *it;
                 } else if (it->ev) {
-                    atomic_store(&it->ev->ts, schedule_at(d, it->su, 0, 0, now));
+                    atomic_store(&it->ev->ts, schedule_locked(d, it->su, 0, 0, now));
                 } else {
-                    schedule_at(d, it->su, it->dur, it->full, now);
+                    schedule_locked(d, it->su, it->dur, it->full, now);
                 }
             }
+            spin_unlock(&F.sh->dev[d].lock);
             nitems[d] = w;
         }
         pthread_mutex_unlock(&hold_mu);
