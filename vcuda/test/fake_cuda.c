@@ -2374,6 +2374,7 @@ typedef struct hostjob {
     void *data;
     int dev;
     _Atomic uint64_t *su; /* the stream it holds */
+    uint64_t ready;       /* when the device reaches it: its stream's work queued before it ends */
     struct hostjob *next;
 } hostjob;
 static hostjob *jobs_head, *jobs_tail;
@@ -2419,6 +2420,15 @@ static void *worker(void *arg) {
         if (!jobs_head)
             jobs_tail = NULL;
         pthread_mutex_unlock(&hold_mu);
+        /* A host function runs when its stream reaches it, not when it is
+         * queued (it ran at once, so a function that waits with a deadline,
+         * as vcuda's sampling gate does, gave up while the work ahead of it
+         * was still running, behind a co-tenant's queue). */
+        uint64_t t = now_ns();
+        if (j->ready > t) {
+            struct timespec ts = {(time_t)((j->ready - t) / 1000000000ull), (long)((j->ready - t) % 1000000000ull)};
+            nanosleep(&ts, NULL);
+        }
         j->fn(j->data);
         pthread_mutex_lock(&hold_mu);
         int d = j->dev;
@@ -2470,6 +2480,7 @@ EXPORT CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *data) {
     }
     held[d]++;
     j->su = stream_until(s, d);
+    j->ready = atomic_load(j->su);
     held_on(d, j->su, 1);
     if (jobs_tail)
         jobs_tail->next = j;
