@@ -203,8 +203,9 @@ TEST(limiter_unbiased_decode) { unbiased(WL_DECODE, 3000, 9000); }
  * device time over 700 launches of the ramp (after 300 to learn), summed
  * over six processes one after another (each learns from nothing: one
  * ramp's error varies by several percent with which launches are sampled
- * and how fast the launcher runs). Measured on the 2-core VM: +0.4..+2.5%
- * with the loop, -10.8..-12.9% with it held at 1 (the noloop mutant). */
+ * and how fast the launcher runs). Within 10%, as the other unbiased
+ * cases. Measured on the loaded 2-core VM: -7.1..+5.2% with the loop (eight
+ * runs), -20.5..-24.1% with it held at 1 (the noloop mutant, three runs). */
 #define GROW_F ((CUfunction)(uintptr_t)0xd400)
 #define GROW_PROCS 6
 static int grow_child(int i, void *arg) {
@@ -249,7 +250,7 @@ TEST(limiter_loop_follows_growing_kernel) {
     }
     fprintf(stderr, "growing kernel: charged %.1f ms for %.1f ms of device time (%+.1f%%)\n", charged / 1e6, ran / 1e6,
             (charged / ran - 1) * 100);
-    CHECK(charged >= ran * 0.95 && charged <= ran * 1.05,
+    CHECK(charged >= ran * 0.9 && charged <= ran * 1.1,
           "charged %.1f ms for %.1f ms the device ran (%+.1f%%): the loop does not follow", charged / 1e6, ran / 1e6,
           (charged / ran - 1) * 100);
 }
