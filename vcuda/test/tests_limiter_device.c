@@ -200,14 +200,14 @@ TEST(limiter_unbiased_decode) { unbiased(WL_DECODE, 3000, 9000); }
  * the charge runs ~10% low for as long as the growth lasts. Only the closed
  * loop, which compares what samples measured with what the model predicted
  * for them, sees that lag and corrects every launch for it. Charged against
- * device time over 700 launches of the ramp (after 300 to learn), summed
- * over six processes one after another (each learns from nothing: one
- * ramp's error varies by several percent with which launches are sampled
- * and how fast the launcher runs). Within 10%, as the other unbiased
- * cases. Measured on the loaded 2-core VM: -7.1..+5.2% with the loop (eight
- * runs), -20.5..-24.1% with it held at 1 (the noloop mutant, three runs). */
+ * device time over 700 launches of the ramp (after 300 to learn), the
+ * median of seven processes one after another (each learns from nothing:
+ * one ramp's error varies by several percent with which launches are
+ * sampled, and a process whose launcher lacked CPU strays by 10-25%).
+ * Measured on the 2-core VM (load 4): medians +2.7..+3.1% with the loop
+ * (four runs), -10.2..-10.3% with it held at 1 (the noloop mutant, three). */
 #define GROW_F ((CUfunction)(uintptr_t)0xd400)
-#define GROW_PROCS 6
+#define GROW_PROCS 7
 static int grow_child(int i, void *arg) {
     (void)i;
     chan *c = arg;
@@ -239,20 +239,24 @@ TEST(limiter_loop_follows_growing_kernel) {
     setenv("FAKE_CUDA_DECODE", "1300,8", 1);
     gpu_line g[1] = {{0, 1ull << 30, 30}};
     setup_limits(g, 1);
-    double charged = 0, ran = 0;
+    double err[GROW_PROCS];
     for (int i = 0; i < GROW_PROCS; i++) {
         chan c;
         chan_init(&c);
         pid_t p = spawn(grow_child, i, &c);
-        charged += (double)chan_recv_up(&c);
-        ran += (double)chan_recv_up(&c);
+        double charged = (double)chan_recv_up(&c), ran = (double)chan_recv_up(&c);
         CHECK(wait_child(p) == 0, "child %d failed", i);
+        err[i] = charged / ran - 1;
     }
-    fprintf(stderr, "growing kernel: charged %.1f ms for %.1f ms of device time (%+.1f%%)\n", charged / 1e6, ran / 1e6,
-            (charged / ran - 1) * 100);
-    CHECK(charged >= ran * 0.9 && charged <= ran * 1.1,
-          "charged %.1f ms for %.1f ms the device ran (%+.1f%%): the loop does not follow", charged / 1e6, ran / 1e6,
-          (charged / ran - 1) * 100);
+    qsort(err, GROW_PROCS, sizeof(err[0]), cmp_double);
+    double median = err[GROW_PROCS / 2];
+    fprintf(stderr, "growing kernel: charged %+.1f%% of its device time (median of %d processes)\n", median * 100,
+            GROW_PROCS);
+    /* under is the regression (a growing kernel gets more than its share);
+     * the loop may overshoot a ramp a little, its window remembering the
+     * ramp's start, where the lag was larger for the kernel's size */
+    CHECK(median > -0.05 && median < 0.1, "charged %+.1f%% of its device time (median): the loop does not follow",
+          median * 100);
 }
 /* The grid mix, each launch x0.2 or x1.8: 90% of its device time is in
  * 16-wave grids whose samples differ 9x. Not only the total but every block
