@@ -2123,9 +2123,24 @@ EXPORT CUresult cuExternalMemoryGetMappedBuffer(CUdeviceptr *p, CUexternalMemory
  * it by another. Busy time is the union of kernel intervals, per device and
  * per process. */
 
+/* The lock word holds its holder's pid: a process that exits while one of
+ * its threads holds it (the host-function worker queues a released stream's
+ * work under it) would otherwise leave every other process spinning for
+ * ever (a grid cell hung so). A hold lasts microseconds, so a waiter that
+ * has seen the same holder for a second takes the lock over (by time, not
+ * by asking whether the pid lives: processes sharing the device may be in
+ * other PID namespaces). */
 static void spin_lock(_Atomic int *l) {
-    int z = 0;
-    while (!atomic_compare_exchange_weak(l, &z, 1)) {
+    int me = getpid(), z = 0, seen = 0;
+    uint64_t since = 0;
+    for (unsigned n = 1; !atomic_compare_exchange_weak(l, &z, me); n++) {
+        if (z != 0 && n % 64 == 0) {
+            uint64_t t = now_ns();
+            if (z != seen)
+                seen = z, since = t;
+            else if (t - since > 1000000000ull)
+                atomic_compare_exchange_strong(l, &z, 0);
+        }
         z = 0;
         sched_yield();
     }
