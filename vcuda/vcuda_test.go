@@ -403,6 +403,7 @@ func TestLimiterMutation(t *testing.T) {
 		{"nobuckets", "limiter_prices_each_wave_bucket", "pricing"},
 		{"asymmetric", "limiter_prices_steady_beside_varying", "estimator"},
 		{"nofeedback", "limiter_unbiased_jitter", "biased"},
+		{"noloop", "limiter_loop_follows_growing_kernel", "the loop does not follow"},
 		{"nooverlap", "limiter_multi_stream_small_grids_30pct", "serialised"},
 		{"norelax", "limiter_never_invalidates_a_capture", "invalidated"},
 	} {

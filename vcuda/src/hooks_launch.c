@@ -17,11 +17,12 @@
  * function and shape whose wave count falls in the same power-of-two
  * bucket (a 1-block grid costs a whole wave; per-launch overheads stay
  * within their bucket). est is measured, not guessed: the first launches of
- * each bucket, then launches drawn at random (and one every SAMPLE_GAP),
- * are bracketed with two events (behind a gate, see below) and the elapsed
- * device time updates the estimate, an unbiased running mean, when the end
- * event has completed (polled, never waited for, except once per process
- * to calibrate); a sampled launch is then settled at its measured cost.
+ * each bucket, then launches drawn at random (odds by the grid's waves, and
+ * one every SAMPLE_GAP), are bracketed with two events (behind a gate, see
+ * below; up to SAMPLE_RING in flight per thread) and the elapsed device
+ * time updates the estimate, an unbiased running mean, when the end event
+ * has completed (polled, never waited for, except once per process to
+ * calibrate); a sampled launch is then settled at its measured cost.
  * Graph launches are measured per graph exec the same way (cost =
  * est(exec)). A closed loop (loop_update) scales every cost by what the
  * samples measured over what the model predicted for them.
@@ -46,6 +47,7 @@
  * only forward.
  */
 #define _GNU_SOURCE
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,9 +60,13 @@
 #define BURST_NS 20000000ull   /* credit earned by idling, at most */
 #define SAMPLE_EVERY 64
 #define SAMPLE_ODDS 8 /* a launch is sampled with odds 1 in SAMPLE_ODDS */
+#define SAMPLE_WAVES 32 /* ... or waves in SAMPLE_WAVES, if more */
 #define SAMPLE_GAP_NS 1000000ull
 #define EST_BITS 12
-#define EST_GAIN 16 /* a sample moves the estimate 1/EST_GAIN of the way */
+/* A sample moves the estimate 1/EST_GAIN of the way: 32, not 16, since a
+ * kernel whose time varies x0.2/x1.8 left a 16-sample mean 14% off (one
+ * standard deviation); a step change takes ~32 samples of its bucket. */
+#define EST_GAIN 32
 
 
 /* Per-process estimates: key (function and shape, or graph exec; plus the
@@ -92,15 +98,28 @@ static est_entry *est_get(uint64_t key) {
     return NULL; /* table crowded: use the per-GPU estimate */
 }
 
-/* One outstanding measurement per thread. */
+/* One measurement: a launch bracketed by two events. */
 typedef struct {
-    CUcontext ctx;
+    CUcontext ctx; /* the events' */
     CUevent ev[2];
-    int pending;
     int g;
     int graph;
     uint64_t key, waves, charged_ns, pred_wait, model_ns;
     double charged_frac; /* share of the sampled launch's cost that was charged (overlap) */
+} sample_slot;
+/* Measurements in flight per thread. One was too few: a sample completes
+ * only when the device reaches it, behind the queue (tens of ms when
+ * co-tenants' work is queued too), so a process took a few dozen samples a
+ * second, and the estimate of a kernel whose time varies x0.2/x1.8 was off
+ * by tens of percent for a whole second (a 50% container got 90%). */
+#ifndef VC_MUTATE_ONE_SAMPLE
+#define SAMPLE_RING 16
+#else
+#define SAMPLE_RING 1 /* the old limiter: one sample in flight, odds 1 in 8 whatever the grid */
+#endif
+typedef struct {
+    sample_slot *ring; /* SAMPLE_RING slots, allocated at the thread's first sample */
+    uint32_t head, tail; /* in flight: ring[head..tail) (mod SAMPLE_RING) */
     uint32_t launches;
     uint64_t sampled_at; /* last_now at this thread's last sample */
     uint64_t rng;        /* xorshift state: which launches are sampled */
@@ -123,8 +142,8 @@ static _Thread_local sampler tls __attribute__((tls_model("initial-exec")));
  * distribution, and a kernel whose time varies x0.2..x1.8 was granted 1.9x
  * its share. Interference that lengthens a sample is corrected, on average,
  * by the closed loop (loop_update) rather than by a biased estimate. */
-static void update_est(est_entry *e, int g, uint64_t v) {
-    _Atomic uint64_t *slots[2] = {e ? &e->est_ns : NULL, &est_global[g][tls.graph]};
+static void update_est(est_entry *e, int g, int graph, uint64_t v) {
+    _Atomic uint64_t *slots[2] = {e ? &e->est_ns : NULL, &est_global[g][graph]};
     for (int i = 0; i < 2; i++) {
         if (!slots[i])
             continue;
@@ -166,8 +185,13 @@ static void update_est(est_entry *e, int g, uint64_t v) {
 #define LOOP_DECAY 128
 #define LOOP_MIN 0.25
 #define LOOP_MAX 4.0
+/* The loop corrects nothing until it has this many samples: its first
+ * ratios are single samples (x0.1 or x9 for a kernel that varies x0.2/x1.8),
+ * and one of them held every cost at the clamp for a second. */
+#define LOOP_WARM 32
 static struct {
     _Atomic int lock;
+    uint32_t n;
     double meas, pred;
     _Atomic double corr; /* 0 = 1 (no samples yet) */
 } loop[VC_MAX_GPUS];
@@ -179,6 +203,11 @@ static void loop_update(int g, uint64_t meas, uint64_t pred) {
         return; /* another thread is updating: one sample less */
     loop[g].meas = loop[g].meas * (1 - 1.0 / LOOP_DECAY) + (double)meas;
     loop[g].pred = loop[g].pred * (1 - 1.0 / LOOP_DECAY) + (double)pred;
+    if (++loop[g].n < LOOP_WARM) {
+        atomic_store_explicit(&loop[g].lock, 0, memory_order_release);
+        return;
+    }
+    loop[g].n = LOOP_WARM;
     double c = loop[g].meas / loop[g].pred;
     c = c < LOOP_MIN ? LOOP_MIN : c > LOOP_MAX ? LOOP_MAX : c;
 #ifdef VC_MUTATE_NO_LOOP
@@ -257,42 +286,45 @@ static void unrelax(int mode) {
         vc_real.cuThreadExchangeStreamCaptureMode(&mode);
 }
 
-/* Harvest this thread's finished measurement, if any. wait: block for it. */
+/* Harvest this thread's finished measurements, oldest first, up to the
+ * first still running. wait: block for the oldest. */
 static void harvest(int wait) {
-    if (!tls.pending)
+    if (tls.head == tls.tail)
         return;
 #ifndef VC_MUTATE_NO_RELAX
     int mode = relax();
 #else
     int mode = -1;
 #endif
-    CUresult r = wait ? vc_real.cuEventSynchronize(tls.ev[1]) : vc_real.cuEventQuery(tls.ev[1]);
-    unrelax(mode);
-    if (r == CUDA_ERROR_NOT_READY)
-        return;
-    tls.pending = 0;
-    float ms = 0;
-    if (r != CUDA_SUCCESS || vc_real.cuEventElapsedTime(&ms, tls.ev[0], tls.ev[1]) != CUDA_SUCCESS ||
-        ms < 0) {
-        tls.no_sample_until = tls.launches + SAMPLE_EVERY;
-            return;
+    for (; tls.head != tls.tail; tls.head++, wait = 0) {
+        sample_slot *sl = &tls.ring[tls.head % SAMPLE_RING];
+        CUresult r = wait ? vc_real.cuEventSynchronize(sl->ev[1]) : vc_real.cuEventQuery(sl->ev[1]);
+        if (r == CUDA_ERROR_NOT_READY)
+            break;
+        float ms = 0;
+        if (r != CUDA_SUCCESS || vc_real.cuEventElapsedTime(&ms, sl->ev[0], sl->ev[1]) != CUDA_SUCCESS ||
+            ms < 0) {
+            tls.no_sample_until = tls.launches + SAMPLE_EVERY;
+            continue;
+        }
+        uint64_t t = (uint64_t)((double)ms * 1e6);
+        /* A kernel that fills the device first waits for other streams' work;
+         * the predicted wait is not its own time. */
+        if (t > 2 * sl->pred_wait)
+            t -= sl->pred_wait;
+        uint64_t v = sl->waves ? t / sl->waves : t;
+        update_est(est_get(sl->key), sl->g, sl->graph, v);
+        loop_update(sl->g, t, sl->model_ns);
+        /* Settle the sampled launch itself at its measured cost (the part of
+         * it that was not predicted to overlap other streams' work), up or
+         * down: settling only launches that ran long would overcharge a
+         * workload whose times vary. */
+        if (t > sl->charged_ns)
+            charge_tat(sl->g, (uint64_t)((double)(t - sl->charged_ns) * sl->charged_frac));
+        else
+            refund_tat(sl->g, (uint64_t)((double)(sl->charged_ns - t) * sl->charged_frac));
     }
-    uint64_t t = (uint64_t)((double)ms * 1e6);
-    /* A kernel that fills the device first waits for other streams' work;
-     * the predicted wait is not its own time. */
-    if (t > 2 * tls.pred_wait)
-        t -= tls.pred_wait;
-    uint64_t v = tls.waves ? t / tls.waves : t;
-    update_est(est_get(tls.key), tls.g, v);
-    loop_update(tls.g, t, tls.model_ns);
-    /* Settle the sampled launch itself at its measured cost (the part of
-     * it that was not predicted to overlap other streams' work), up or
-     * down: settling only launches that ran long would overcharge a
-     * workload whose times vary. */
-    if (t > tls.charged_ns)
-        charge_tat(tls.g, (uint64_t)((double)(t - tls.charged_ns) * tls.charged_frac));
-    else
-        refund_tat(tls.g, (uint64_t)((double)(tls.charged_ns - t) * tls.charged_frac));
+    unrelax(mode);
 }
 
 typedef struct {
@@ -385,22 +417,56 @@ static void gate_open(launch_ctx *lc) {
     lc->gate = NULL;
 }
 
-static int ensure_events(void) {
+/* A thread that ends gives its ring's events back (a pool that starts
+ * launcher threads again and again would otherwise leak up to 2 x
+ * SAMPLE_RING events each; the driver frees an event still pending when it
+ * completes). */
+static pthread_key_t ring_key;
+static pthread_once_t ring_once = PTHREAD_ONCE_INIT;
+static void ring_free(void *p) {
+    sample_slot *ring = p;
+    for (int i = 0; i < SAMPLE_RING; i++)
+        for (int k = 0; k < 2; k++)
+            if (ring[i].ev[k])
+                vc_real.cuEventDestroy_v2(ring[i].ev[k]);
+    free(ring);
+}
+static void ring_key_init(void) {
+    if (pthread_key_create(&ring_key, ring_free) != 0)
+        ring_key = (pthread_key_t)-1;
+}
+
+/* The slot the next sample goes in, its events made in the current context;
+ * NULL if every slot is in flight or events cannot be made. */
+static sample_slot *free_slot(void) {
+    if (tls.tail - tls.head >= SAMPLE_RING)
+        return NULL;
+    if (!tls.ring) {
+        pthread_once(&ring_once, ring_key_init);
+        if (ring_key == (pthread_key_t)-1 || !(tls.ring = calloc(SAMPLE_RING, sizeof(sample_slot))))
+            return NULL;
+        if (pthread_setspecific(ring_key, tls.ring) != 0) {
+            free(tls.ring);
+            tls.ring = NULL;
+            return NULL;
+        }
+    }
+    sample_slot *sl = &tls.ring[tls.tail % SAMPLE_RING];
     CUcontext cur = NULL;
     if (!vc_real.cuCtxGetCurrent || vc_real.cuCtxGetCurrent(&cur) != CUDA_SUCCESS || !cur)
-        return -1;
-    if (tls.ctx == cur && tls.ev[0])
-        return 0;
-    tls.ctx = NULL;
-    if (vc_real.cuEventCreate(&tls.ev[0], 0) != CUDA_SUCCESS)
-        return -1;
-    if (vc_real.cuEventCreate(&tls.ev[1], 0) != CUDA_SUCCESS) {
-        vc_real.cuEventDestroy_v2(tls.ev[0]);
-        tls.ev[0] = NULL;
-        return -1;
+        return NULL;
+    if (sl->ctx == cur && sl->ev[0])
+        return sl;
+    sl->ctx = NULL;
+    if (vc_real.cuEventCreate(&sl->ev[0], 0) != CUDA_SUCCESS)
+        return NULL;
+    if (vc_real.cuEventCreate(&sl->ev[1], 0) != CUDA_SUCCESS) {
+        vc_real.cuEventDestroy_v2(sl->ev[0]);
+        sl->ev[0] = NULL;
+        return NULL;
     }
-    tls.ctx = cur;
-    return 0;
+    sl->ctx = cur;
+    return sl;
 }
 
 static CUresult record(launch_ctx *lc, CUevent ev) {
@@ -666,7 +732,10 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
     }
 
     /* Measure a key until it has its own estimate; then a launch drawn at
-     * random (odds 1 in SAMPLE_ODDS), and at least one every SAMPLE_GAP (on
+     * random (odds 1 in SAMPLE_ODDS, up to every launch for grids of many
+     * waves: the more device time a launch holds, the more a wrong price
+     * for it costs, and a sampled launch is settled at what it measured),
+     * and at least one every SAMPLE_GAP (on
      * the remembered time) when launches are few (long kernels): the
      * estimate and the loop are means, their noise falls with the number of
      * samples. Whether a launch is sampled never depends on its own
@@ -684,42 +753,47 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
     uint64_t x = tls.rng ? tls.rng : (uint64_t)(uintptr_t)&tls ^ now;
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     tls.rng = x;
-    int due = !mine || x % SAMPLE_ODDS == 0 || now - tls.sampled_at >= SAMPLE_GAP_NS;
+    /* odds by the grid's shape (its waves), never by its estimate */
+    uint64_t odds = waves < SAMPLE_WAVES / SAMPLE_ODDS ? SAMPLE_WAVES / SAMPLE_ODDS : waves;
+#ifdef VC_MUTATE_ONE_SAMPLE
+    odds = SAMPLE_WAVES / SAMPLE_ODDS;
+#endif
+    int due = !mine || x % SAMPLE_WAVES < odds || now - tls.sampled_at >= SAMPLE_GAP_NS;
     if (VC_UNLIKELY((int32_t)(n - tls.no_sample_until) < 0))
         due = 0;
 #ifdef VC_MUTATE_NO_FEEDBACK
     due = 0; /* nothing measured: nothing learned, nothing settled */
 #endif
-    if (!tls.pending && due && ensure_events() == 0) {
+    sample_slot *sl;
+    if (due && (sl = free_slot())) {
         tls.sampled_at = now;
         lc->gate = gate_close(lc);
-        if (record(lc, tls.ev[0]) != CUDA_SUCCESS) {
+        if (record(lc, sl->ev[0]) != CUDA_SUCCESS) {
             gate_open(lc);
         } else {
             lc->sample = 1;
-            tls.g = g;
-            tls.key = e == e0 ? skey : e ? atomic_load_explicit(&e->key, memory_order_relaxed) : skey;
+            sl->g = g;
+            sl->key = e == e0 ? skey : e ? atomic_load_explicit(&e->key, memory_order_relaxed) : skey;
 #ifdef VC_MUTATE_NO_NORMALISE
-            tls.waves = graph || !blocks ? 1 : 0;
+            sl->waves = graph || !blocks ? 1 : 0;
             if (!graph && blocks) {
                 uint64_t sms = (uint64_t)vc_dev_sms(dev);
-                tls.waves = 1;
-                tls.key = skey;
+                sl->key = skey;
                 /* per-SM normalisation of the old model: t * sms / blocks */
-                tls.waves = blocks >= sms ? blocks / sms : 1;
+                sl->waves = blocks >= sms ? blocks / sms : 1;
             }
 #else
-            tls.waves = waves;
+            sl->waves = waves;
 #endif
-            tls.graph = graph;
-            tls.charged_ns = cost;
+            sl->graph = graph;
+            sl->charged_ns = cost;
             /* the loop measures the model's error where the model has
              * a figure of the key's own; a first guess borrowed from
              * another bucket would drag it (a 16-wave grid priced at 16
              * times a whole wave of a small grid) */
-            tls.model_ns = own_est ? model : 0;
-            tls.pred_wait = tls_pred_wait;
-            tls.charged_frac = cost ? (double)charge / (double)cost : 1;
+            sl->model_ns = own_est ? model : 0;
+            sl->pred_wait = tls_pred_wait;
+            sl->charged_frac = cost ? (double)charge / (double)cost : 1;
         }
     }
 }
@@ -727,14 +801,20 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
 static void after_launch(launch_ctx *lc, CUresult r) {
     if (!lc->sample)
         return;
-    int ok = r == CUDA_SUCCESS && record(lc, tls.ev[1]) == CUDA_SUCCESS;
+    sample_slot *sl = &tls.ring[tls.tail % SAMPLE_RING];
+    int ok = r == CUDA_SUCCESS && record(lc, sl->ev[1]) == CUDA_SUCCESS;
     gate_open(lc);
+    /* A sample whose gate gave up (the launcher was descheduled past
+     * GATE_MAX_NS) timed the host too and runs long; it is kept: dropping
+     * it would let a process that stalls its own launcher just before its
+     * long kernels keep them out of the estimate (fail open), where keeping
+     * it only overcharges (fail closed). */
     if (!ok)
-        return;
-    tls.pending = 1;
+        return; /* the slot is reused by the next sample */
+    tls.tail++;
     /* Nothing known yet for this GPU: calibrate once, synchronously, rather
      * than let a whole queue of unpriced work through. */
-    if (atomic_load_explicit(&est_global[tls.g][tls.graph], memory_order_relaxed) == 0)
+    if (atomic_load_explicit(&est_global[sl->g][sl->graph], memory_order_relaxed) == 0)
         harvest(1);
 }
 

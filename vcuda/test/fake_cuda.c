@@ -617,11 +617,13 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *c) {
 }
 static int unsafe_call(void);
 static void sync_trim(int d);
+static void wait_held(int d, _Atomic uint64_t *su);
 EXPORT CUresult cuCtxSynchronize(void) {
     if (!cur)
         return CUDA_ERROR_INVALID_CONTEXT;
     if (unsafe_call())
         return 900; /* CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED */
+    wait_held(cur->dev, NULL);
     sleep_until(atomic_load(&F.sh->dev[cur->dev].busy_until));
     sync_trim(cur->dev);
     return CUDA_SUCCESS;
@@ -729,6 +731,7 @@ EXPORT CUresult cuStreamSynchronize(CUstream s) {
         return CUDA_ERROR_INVALID_CONTEXT;
     if (unsafe_call())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    wait_held(d, stream_until(s, d));
     sleep_until(atomic_load(stream_until(s, d)));
     sync_trim(d);
     return CUDA_SUCCESS;
@@ -2148,9 +2151,24 @@ EXPORT CUresult cuExternalMemoryGetMappedBuffer(CUdeviceptr *p, CUexternalMemory
  * it by another. Busy time is the union of kernel intervals, per device and
  * per process. */
 
+/* The lock word holds its holder's pid: a process that exits while one of
+ * its threads holds it (the host-function worker queues a released stream's
+ * work under it) would otherwise leave every other process spinning for
+ * ever (a grid cell hung so). A hold lasts microseconds, so a waiter that
+ * has seen the same holder for a second takes the lock over (by time, not
+ * by asking whether the pid lives: processes sharing the device may be in
+ * other PID namespaces). */
 static void spin_lock(_Atomic int *l) {
-    int z = 0;
-    while (!atomic_compare_exchange_weak(l, &z, 1)) {
+    int me = getpid(), z = 0, seen = 0;
+    uint64_t since = 0;
+    for (unsigned n = 1; !atomic_compare_exchange_weak(l, &z, me); n++) {
+        if (z != 0 && n % 64 == 0) {
+            uint64_t t = now_ns();
+            if (z != seen)
+                seen = z, since = t;
+            else if (t - since > 1000000000ull)
+                atomic_compare_exchange_strong(l, &z, 0);
+        }
         z = 0;
         sched_yield();
     }
@@ -2285,11 +2303,19 @@ EXPORT CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f
 static shared_proc *self_proc(void);
 /* Queues dur ns of work on stream timeline `su` of device d; full: the
  * kernel fills the device. Returns its end. */
+static uint64_t schedule_locked(int d, _Atomic uint64_t *su, uint64_t dur, int full, uint64_t now);
 static uint64_t schedule_at(int d, _Atomic uint64_t *su, uint64_t dur, int full, uint64_t now) {
+    shared_dev *s = &F.sh->dev[d];
+    spin_lock(&s->lock);
+    uint64_t end = schedule_locked(d, su, dur, full, now);
+    spin_unlock(&s->lock);
+    return end;
+}
+/* schedule_at with the device's lock held. */
+static uint64_t schedule_locked(int d, _Atomic uint64_t *su, uint64_t dur, int full, uint64_t now) {
     shared_dev *s = &F.sh->dev[d];
     shared_proc *me = self_proc();
     int pid = fake_pid();
-    spin_lock(&s->lock);
     uint64_t all = atomic_load(&s->busy_until);
     uint64_t start = atomic_load(su);
     if (start < now)
@@ -2320,7 +2346,6 @@ static uint64_t schedule_at(int d, _Atomic uint64_t *su, uint64_t dur, int full,
         atomic_fetch_add(&s->busy_total, dur);
         atomic_fetch_add(&s->launches, 1);
     }
-    spin_unlock(&s->lock);
     return end;
 }
 
@@ -2370,6 +2395,21 @@ static int held_on(int d, _Atomic uint64_t *su, int add) {
     }
     return 0;
 }
+/* A synchronize waits for the host functions ahead of it (of stream su, or
+ * of every stream: NULL) and the work they hold, as a real one does; it
+ * returned while a sampled launch was still held, and a case read the
+ * device's counters before that launch had run. */
+static void wait_held(int d, _Atomic uint64_t *su) {
+    for (;;) {
+        pthread_mutex_lock(&hold_mu);
+        int h = su ? held_on(d, su, 0) : held[d];
+        pthread_mutex_unlock(&hold_mu);
+        if (!h)
+            return;
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+}
 static held_item *items[FAKE_MAX_DEVS];
 static int nitems[FAKE_MAX_DEVS], capitems[FAKE_MAX_DEVS];
 typedef struct hostjob {
@@ -2377,6 +2417,7 @@ typedef struct hostjob {
     void *data;
     int dev;
     _Atomic uint64_t *su; /* the stream it holds */
+    uint64_t ready;       /* when the device reaches it: its stream's work queued before it ends */
     struct hostjob *next;
 } hostjob;
 static hostjob *jobs_head, *jobs_tail;
@@ -2422,6 +2463,15 @@ static void *worker(void *arg) {
         if (!jobs_head)
             jobs_tail = NULL;
         pthread_mutex_unlock(&hold_mu);
+        /* A host function runs when its stream reaches it, not when it is
+         * queued (it ran at once, so a function that waits with a deadline,
+         * as vcuda's sampling gate does, gave up while the work ahead of it
+         * was still running, behind a co-tenant's queue). */
+        uint64_t t = now_ns();
+        if (j->ready > t) {
+            struct timespec ts = {(time_t)((j->ready - t) / 1000000000ull), (long)((j->ready - t) % 1000000000ull)};
+            nanosleep(&ts, NULL);
+        }
         j->fn(j->data);
         pthread_mutex_lock(&hold_mu);
         int d = j->dev;
@@ -2429,19 +2479,26 @@ static void *worker(void *arg) {
         if (held_on(d, j->su, -1) == 0) {
             /* The device runs the stream's held work back to back from now:
              * one clock reading for all of it, so events bracket exactly the
-             * work between them. */
+             * work between them, and one hold of the device's queue: the
+             * work is in the device's queue once released, and another
+             * process's launch cannot get between its items because this
+             * worker thread was descheduled half way (it did on a loaded
+             * machine: a sampled 7 us kernel measured 5 ms of a co-tenant's
+             * work). */
             uint64_t now = now_ns();
             int w = 0;
+            spin_lock(&F.sh->dev[d].lock);
             for (int i = 0; i < nitems[d]; i++) {
                 held_item *it = &items[d][i];
                 if (it->su != j->su) {
                     items[d][w++] = *it;
                 } else if (it->ev) {
-                    atomic_store(&it->ev->ts, schedule_at(d, it->su, 0, 0, now));
+                    atomic_store(&it->ev->ts, schedule_locked(d, it->su, 0, 0, now));
                 } else {
-                    schedule_at(d, it->su, it->dur, it->full, now);
+                    schedule_locked(d, it->su, it->dur, it->full, now);
                 }
             }
+            spin_unlock(&F.sh->dev[d].lock);
             nitems[d] = w;
         }
         pthread_mutex_unlock(&hold_mu);
@@ -2466,6 +2523,7 @@ EXPORT CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *data) {
     }
     held[d]++;
     j->su = stream_until(s, d);
+    j->ready = atomic_load(j->su);
     held_on(d, j->su, 1);
     if (jobs_tail)
         jobs_tail->next = j;
