@@ -183,3 +183,59 @@ func TestReachFollowsFreeCapacity(t *testing.T) {
 		}
 	}
 }
+
+// TestReachSeesBigNodesFill: the same 1-GPU pod and the same two candidates, an empty 8-GPU node and
+// an empty 2-GPU node, with reachMix's 1-GPU, 2-GPU and 8-GPU pods observed 62 : 30 : 3. While the
+// cluster's four 8-GPU nodes are empty the 8-GPU shape's reach is 32/34 and breaking the 8-GPU node
+// costs less (the flip is at reach 0.8: 30 > 8 x 3 / reach); once the other three have one GPU
+// taken each, only the candidate could host an 8-GPU pod (reach 8/31) and tessera keeps it whole.
+// A reach fixed at the empty cluster picks the 8-GPU node both times.
+func TestReachSeesBigNodesFill(t *testing.T) {
+	eng, err := NewEngine("tessera")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, eightFirst := range []bool{true, false} {
+		st := NewShapeStats()
+		for i, n := range []int{62, 30, 3} {
+			r := reachMix(0)[i].Req
+			st.Observe(&r, n)
+		}
+		for i := range 5 { // a tail beyond the typical shapes' 95%, so that the 8-GPU shape is typical
+			st.Observe(&Request{CPUMilli: int64(1000 + i), Containers: []ContainerShape{{Whole: 1}}}, 1)
+		}
+		eight := katNode{32000, 0, "G2", []int{0, 0, 0, 0, 0, 0, 0, 0}}.state()
+		two := katNode{8000, 0, "G2", []int{0, 0}}.state()
+		eight.Name, two.Name = "eight", "two"
+		others := []*NodeState{}
+		for range 3 {
+			others = append(others, katNode{32000, 0, "G2", []int{0, 0, 0, 0, 0, 0, 0, 0}}.state())
+		}
+		for _, n := range append([]*NodeState{eight, two}, others...) {
+			st.AddNodeFree(n, 1)
+		}
+		cands := []*NodeState{two, eight}
+		if eightFirst {
+			cands = []*NodeState{eight, two}
+		}
+		r := reachMix(0)[0].Req
+		pick := func() string {
+			i, _ := eng.Pick(st.ScoreContext(), cands, &r, nil)
+			if i < 0 {
+				t.Fatal("no node picked")
+			}
+			return cands[i].Name
+		}
+		if got := pick(); got != "eight" {
+			t.Errorf("every 8-GPU node empty (8-GPU node first: %t): picked %s, want eight", eightFirst, got)
+		}
+		for _, n := range others {
+			st.AddNodeFree(n, -1)
+			n.Apply(&r, &Placement{Devices: []Device{{GPU: 0, Whole: true}}})
+			st.AddNodeFree(n, 1)
+		}
+		if got := pick(); got != "two" {
+			t.Errorf("the candidate is the last whole 8-GPU node (8-GPU node first: %t): picked %s, want two", eightFirst, got)
+		}
+	}
+}
