@@ -234,9 +234,9 @@ func compileFragPlan(shapes []Shape) *fragPlan {
 }
 
 // weighByReach scales the GPU shapes' weights in tessera's measure by 1/Reach (Shape.Reach: the
-// share of the GPU capacity on nodes that could host the shape when empty), their total kept. A
+// share of the free GPU compute on nodes that could host the shape now), their total kept. A
 // fragment of a shape is the compute it cannot use on a node; what it costs the shape is that
-// compute's share of all the capacity that could ever serve it. FGD weighs by popularity alone, so
+// compute's share of all the free compute that could still serve it. FGD weighs by popularity alone, so
 // where few nodes can host a shape (8-GPU pods on a cluster of mostly 2-GPU nodes, CPU-heavy pods
 // on a CPU-starved one) its few homes are given away to pods that fit anywhere. Shapes that fit
 // every node (reach 1, most of the openb traces' weight) keep their relative weights; a reach not

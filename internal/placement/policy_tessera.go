@@ -37,11 +37,12 @@ import (
 // gain of compute taken on a GPU model grows with the room that model has beyond the demand only it
 // can serve, weighed against its capacity, which FGD's term is not.
 //
-// Each GPU shape's fragments are weighed by 1/Reach (the share of the capacity of its models that
-// could ever host it; fragPlan.weighByReach), not by popularity alone: where most 8-GPU nodes are
-// split into 2-GPU ones, the 4- and 8-GPU pods are 3% of the pods but only a quarter of the
-// capacity can host them, and FGD's weights gave their few homes to pods that fit anywhere (docs/
-// placement.md "Cluster-shape variants": 10.48 -> 6.14, fgd 9.71).
+// Each GPU shape's fragments are weighed by 1/Reach (the share of the free compute of its models
+// on nodes that could host it now; fragPlan.weighByReach, freereach.go), not by popularity alone:
+// where most 8-GPU nodes are split into 2-GPU ones, the 4- and 8-GPU pods are 3% of the pods but
+// only a quarter of the capacity can host them, and FGD's weights gave their few homes to pods that
+// fit anywhere; as those homes fill, the reach falls and what is left of them weighs more (docs/
+// placement.md "Cluster-shape variants").
 //
 // Alternatives measured on all four openb traces (exploration seeds 42-43, held-out seeds 46-49):
 // capping each whole-GPU shape by the CPU its own tasks need scored about the same on two traces

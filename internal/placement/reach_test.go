@@ -73,8 +73,8 @@ func TestReachKeepsScarceNodesWhole(t *testing.T) {
 	}
 }
 
-// TestShapeReachFromCapacity: the snapshot's Reach is the share of the GPU capacity of the shape's
-// models on nodes that could host it when empty (enough GPUs, CPU, memory), from the nodes reported
+// TestShapeReachFromCapacity: on an empty cluster the snapshot's Reach is the share of the GPU
+// capacity of the shape's models on nodes that could host it (enough GPUs, CPU, memory), from the nodes reported
 // (AddNodeFree); a node taken away leaves it. A model-restricted shape's reach is within its models
 // (the model pressure weighs the models' scarcity).
 func TestShapeReachFromCapacity(t *testing.T) {
@@ -128,22 +128,114 @@ func TestShapeReachFromCapacity(t *testing.T) {
 	check(map[string]float64{"whole1": 1, "whole8": 0, "cpu30": 0.2, "t4only": 1, "share": 1, "bigmem": 0, "cpuOnly": 0})
 }
 
-// TestHardwareCountsAllowedGPUs: a node of several GPU models (and an unusable GPU) is one hardware
-// key whose GPUs count per model for a restricted shape.
-func TestHardwareCountsAllowedGPUs(t *testing.T) {
-	n := &NodeState{CPUMilli: 8000, GPUs: []GPUState{{Model: "A", Usable: true}, {Model: "A", Usable: true}, {Model: "C"}, {Model: "B", Usable: true}}}
-	k := hardwareOf(n)
-	for models, want := range map[string]int{"": 3, "A": 2, "B": 1, "C": 0} {
-		r := &Request{Containers: []ContainerShape{{Whole: 1}}}
-		if models != "" {
-			r.Models = []string{models}
+// TestReachFollowsFreeCapacity: Reach is the share of the free compute on nodes that could host the
+// shape now, and a snapshot takes the new reach (with a version, plan and fragmentation cache of its
+// own) once it moved by more than reachMove, not before: one GPU taken on the only 8-GPU node leaves
+// the 8-GPU shape no home; a 10-per-mille share on a 2-GPU node moves nothing past the threshold.
+func TestReachFollowsFreeCapacity(t *testing.T) {
+	st := NewShapeStats()
+	eight := katNode{96000, 0, "G2", []int{0, 0, 0, 0, 0, 0, 0, 0}}.state()
+	var twos []*NodeState
+	for range 4 {
+		twos = append(twos, katNode{24000, 0, "G2", []int{0, 0}}.state())
+	}
+	for _, n := range append([]*NodeState{eight}, twos...) {
+		st.AddNodeFree(n, 1)
+	}
+	whole1 := &Request{CPUMilli: 4000, Containers: []ContainerShape{{Whole: 1}}}
+	whole8 := &Request{CPUMilli: 64000, Containers: []ContainerShape{{Whole: 8}}}
+	share := &Request{CPUMilli: 2000, Containers: []ContainerShape{{Shares: 1, Milli: 300}}}
+	for _, r := range []*Request{whole1, whole8, share} {
+		st.Observe(r, 1)
+	}
+	reach := func() (map[int]float64, *ScoreContext) {
+		sc := st.ScoreContext()
+		out := map[int]float64{}
+		for _, sh := range sc.Shapes {
+			out[sh.Req.Containers[0].Whole] = sh.Reach
 		}
-		if got := k.allowedGPUs(r); got != want {
-			t.Errorf("models %q: %d GPUs allowed, want %d", models, got, want)
+		return out, sc
+	}
+	apply := func(n *NodeState, r *Request, p Placement) {
+		st.AddNodeFree(n, -1)
+		n.Apply(r, &p)
+		st.AddNodeFree(n, 1)
+	}
+	got, sc0 := reach()
+	if got[8] != 0.5 || got[1] != 1 || got[0] != 1 {
+		t.Fatalf("empty cluster: reach %v, want 8-GPU 0.5, others 1", got)
+	}
+	apply(twos[0], share, Placement{Devices: []Device{{GPU: 0, Milli: 10}}})
+	if _, sc := reach(); sc.Snapshot != sc0.Snapshot {
+		t.Fatalf("reach moved by %g, below reachMove: snapshot %d -> %d", 1-16000/15990.0, sc0.Snapshot, sc.Snapshot)
+	}
+	apply(eight, whole1, Placement{Devices: []Device{{GPU: 0, Whole: true}}})
+	got, sc := reach()
+	if got[8] != 0 || got[1] != 1 {
+		t.Fatalf("8-GPU node no longer whole: reach %v, want 8-GPU 0, 1-GPU 1", got)
+	}
+	if sc.Snapshot == sc0.Snapshot || sc.Cache == sc0.Cache || sc.plan == sc0.plan {
+		t.Fatal("reach moved but the snapshot kept its version, cache or plan")
+	}
+	for _, sh := range sc0.Shapes {
+		if sh.Req.Containers[0].Whole == 8 && sh.Reach != 0.5 {
+			t.Fatalf("the old snapshot's table was changed in place: 8-GPU reach %g", sh.Reach)
 		}
 	}
-	u := hardwareOf(&NodeState{GPUs: []GPUState{{Model: "A", Usable: true}, {Model: "A", Usable: true}}})
-	if u.gpus != 2 || u.model != "A" || u.mixed != "" || u.allowedGPUs(&Request{Models: []string{"B"}}) != 0 {
-		t.Errorf("uniform node: %+v", u)
+}
+
+// TestReachSeesBigNodesFill: the same 1-GPU pod and the same two candidates, an empty 8-GPU node and
+// an empty 2-GPU node, with reachMix's 1-GPU, 2-GPU and 8-GPU pods observed 62 : 30 : 3. While the
+// cluster's four 8-GPU nodes are empty the 8-GPU shape's reach is 32/34 and breaking the 8-GPU node
+// costs less (the flip is at reach 0.8: 30 > 8 x 3 / reach); once the other three have one GPU
+// taken each, only the candidate could host an 8-GPU pod (reach 8/31) and tessera keeps it whole.
+// A reach fixed at the empty cluster picks the 8-GPU node both times.
+func TestReachSeesBigNodesFill(t *testing.T) {
+	eng, err := NewEngine("tessera")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, eightFirst := range []bool{true, false} {
+		st := NewShapeStats()
+		for i, n := range []int{62, 30, 3} {
+			r := reachMix(0)[i].Req
+			st.Observe(&r, n)
+		}
+		for i := range 5 { // a tail beyond the typical shapes' 95%, so that the 8-GPU shape is typical
+			st.Observe(&Request{CPUMilli: int64(1000 + i), Containers: []ContainerShape{{Whole: 1}}}, 1)
+		}
+		eight := katNode{32000, 0, "G2", []int{0, 0, 0, 0, 0, 0, 0, 0}}.state()
+		two := katNode{8000, 0, "G2", []int{0, 0}}.state()
+		eight.Name, two.Name = "eight", "two"
+		others := []*NodeState{}
+		for range 3 {
+			others = append(others, katNode{32000, 0, "G2", []int{0, 0, 0, 0, 0, 0, 0, 0}}.state())
+		}
+		for _, n := range append([]*NodeState{eight, two}, others...) {
+			st.AddNodeFree(n, 1)
+		}
+		cands := []*NodeState{two, eight}
+		if eightFirst {
+			cands = []*NodeState{eight, two}
+		}
+		r := reachMix(0)[0].Req
+		pick := func() string {
+			i, _ := eng.Pick(st.ScoreContext(), cands, &r, nil)
+			if i < 0 {
+				t.Fatal("no node picked")
+			}
+			return cands[i].Name
+		}
+		if got := pick(); got != "eight" {
+			t.Errorf("every 8-GPU node empty (8-GPU node first: %t): picked %s, want eight", eightFirst, got)
+		}
+		for _, n := range others {
+			st.AddNodeFree(n, -1)
+			n.Apply(&r, &Placement{Devices: []Device{{GPU: 0, Whole: true}}})
+			st.AddNodeFree(n, 1)
+		}
+		if got := pick(); got != "two" {
+			t.Errorf("the candidate is the last whole 8-GPU node (8-GPU node first: %t): picked %s, want two", eightFirst, got)
+		}
 	}
 }

@@ -17,8 +17,9 @@ type Shape struct {
 	Req    Request
 	Count  int
 	Weight float64
-	// Reach is the share of the cluster's GPU capacity on nodes that could host the shape when empty
-	// (enough GPUs of an allowed model, CPU and memory), taken at the snapshot; 0: not known.
+	// Reach is the share of the free GPU compute of the shape's models on nodes that could host the
+	// shape now (enough free GPUs of an allowed model; CPU and memory enough when empty), as of the
+	// snapshot, which takes a new one once it moved by reachMove (freereach.go); 0: not known.
 	// tessera's measure weighs the shape's fragments by it (fragPlan.weighByReach).
 	Reach float64
 }
@@ -83,6 +84,8 @@ type ShapeStats struct {
 	// pressure is pressureOf those, recomputed only after one of them changed (pressureStale).
 	pressure      *modelPressure
 	pressureStale bool
+	// reach is the free compute that could host each typical GPU shape now (Shape.Reach).
+	reach freeReach
 }
 
 // snapshot is one typical-shape table with its fragmentation cache and compiled plan (shared
@@ -220,6 +223,7 @@ func (s *ShapeStats) AddNodeFree(n *NodeState, sign int64) {
 	}
 	s.pressureStale = true
 	s.hostCap.add(n, sign)
+	s.reach.add(n, int(sign))
 }
 
 // Total is the number of pods counted.
@@ -302,13 +306,24 @@ func (s *ShapeStats) refreshLocked() {
 			return
 		}
 		hostBound := s.hostCap.bound(base.typical)
-		if !base.pressure.moved(pressure) && hostBound == base.hostBound {
+		reachMoved := s.reach.moved(base.typical)
+		if !base.pressure.moved(pressure) && hostBound == base.hostBound && !reachMoved {
 			return
 		}
 		sn := *base
+		if reachMoved {
+			// New weights: a table, plan and fragmentation cache of their own.
+			sn.typical = slices.Clone(base.typical)
+			for i := range sn.typical {
+				sn.typical[i].Reach = s.reach.reach(i)
+			}
+			sn.cache, sn.plan = NewSharedFragCache(), nil
+		}
 		if !sn.plan.compiledFor(sn.typical) {
 			sn.plan = compileFragPlan(sn.typical) // compiled once for both snapshots
-			base.plan = sn.plan
+			if !reachMoved {
+				base.plan = sn.plan
+			}
 		}
 		s.version++
 		sn.version, sn.pressure, sn.hostBound = s.version, pressure, hostBound
@@ -336,7 +351,10 @@ func (s *ShapeStats) refreshLocked() {
 	}
 	for i := range out {
 		out[i].Weight = float64(out[i].Count) / float64(covered)
-		out[i].Reach = s.hostCap.reach(&out[i].Req)
+	}
+	s.reach.track(out)
+	for i := range out {
+		out[i].Reach = s.reach.reach(i)
 	}
 	s.drift = 0
 	s.snap = make(map[shapeKey]int, len(s.counts))
@@ -377,69 +395,13 @@ func lessShape(a, b *Request) bool {
 	return ka.models < kb.models
 }
 
-// hostCapacity is the cluster's CPU and memory against the GPU compute of the nodes that track each,
-// and its GPU compute by hardware (for Shape.Reach).
+// hostCapacity is the cluster's CPU and memory against the GPU compute of the nodes that track each.
 type hostCapacity struct {
 	cpu, gpuCPU, mem, gpuMem int64
-	types                    map[hardware]int64
-}
-
-// hardware is what decides whether an empty node could host a shape: its CPU and memory, and its
-// usable GPUs: gpus of model, or (a node of several models, rare) each GPU's model in mixed.
-type hardware struct {
-	cpu, mem     int64
-	gpus         int
-	model, mixed string
-}
-
-func hardwareOf(n *NodeState) hardware {
-	k := hardware{cpu: n.CPUMilli, mem: n.MemMiB}
-	for i := range n.GPUs {
-		g := &n.GPUs[i]
-		if !g.Usable {
-			continue
-		}
-		switch {
-		case k.gpus == 0:
-			k.model = g.Model
-		case k.mixed == "" && g.Model != k.model:
-			k.mixed = strings.Repeat(k.model+"\x00", k.gpus) + g.Model
-		case k.mixed != "":
-			k.mixed += "\x00" + g.Model
-		}
-		k.gpus++
-	}
-	return k
-}
-
-// allowedGPUs is how many of the hardware's GPUs r may use.
-func (k *hardware) allowedGPUs(r *Request) int {
-	if k.mixed == "" {
-		if r.modelAllowed(k.model) {
-			return k.gpus
-		}
-		return 0
-	}
-	allowed := 0
-	for m := range strings.SplitSeq(k.mixed, "\x00") {
-		if r.modelAllowed(m) {
-			allowed++
-		}
-	}
-	return allowed
 }
 
 func (h *hostCapacity) add(n *NodeState, sign int64) {
 	g := int64(n.CapacityMilli())
-	if g > 0 {
-		if h.types == nil {
-			h.types = map[hardware]int64{}
-		}
-		k := hardwareOf(n)
-		if h.types[k] += sign * g; h.types[k] == 0 {
-			delete(h.types, k)
-		}
-	}
 	if n.CPUMilli > 0 {
 		h.cpu += sign * n.CPUMilli
 		h.gpuCPU += sign * g
@@ -448,35 +410,6 @@ func (h *hostCapacity) add(n *NodeState, sign int64) {
 		h.mem += sign * n.MemMiB
 		h.gpuMem += sign * g
 	}
-}
-
-// reach is the share of the GPU capacity of r's GPU models on nodes that could host r when empty (0:
-// no such capacity known, or r asks for no GPU). Only nodes with a model r may use count: how scarce
-// a model is to the pods restricted to it is the model pressure's to weigh (pressure.go), and
-// tessera's measure leaves r out of other models' nodes.
-func (h *hostCapacity) reach(r *Request) float64 {
-	if !r.WantsGPU() {
-		return 0
-	}
-	need := 0
-	for _, c := range r.Containers {
-		need += c.Whole + c.Shares
-	}
-	var fit, all int64
-	for k, g := range h.types {
-		allowed := k.allowedGPUs(r)
-		if allowed == 0 {
-			continue
-		}
-		all += g
-		if allowed >= need && (k.cpu == 0 || r.CPUMilli <= k.cpu) && (k.mem == 0 || r.MemMiB <= k.mem) {
-			fit += g
-		}
-	}
-	if all == 0 {
-		return 0
-	}
-	return float64(fit) / float64(all)
 }
 
 // bound reports whether the cluster has less CPU or memory per GPU per-mille than the GPU shapes'
