@@ -158,21 +158,27 @@ func podStates(t *testing.T, c *Cluster, names []string) map[string]upgradePodSt
 
 // ledgerAllocatable is ExpectedAllocatable counting the DRA claims too (the pods' assignments do
 // not show them): from the ledger's devices, a GPU holding shares is not offered whole, a GPU held
-// whole offers no shares.
+// whole offers no shares, and a claim's share takes one share token (the kubelet does not count
+// claims against the device plugin's tokens, so the agent withdraws one).
 func ledgerAllocatable(t *testing.T, c *Cluster) map[string]int64 {
 	t.Helper()
 	shared, whole := map[string]bool{}, map[string]bool{}
+	claimShares := 0
 	for _, e := range c.LedgerEntries(t) {
 		for _, d := range e.Devices {
-			if d.Whole {
+			switch {
+			case d.Whole:
 				whole[d.UUID] = true
-			} else {
+			case e.Claim != nil:
+				shared[d.UUID] = true
+				claimShares++
+			default:
 				shared[d.UUID] = true
 			}
 		}
 	}
 	return map[string]int64{api.ResourceGPU: int64(SimWholeGPUs - len(shared)),
-		api.ResourceShare: int64(SimShares - len(whole)*c.Inventory.SharesPerGPU)}
+		api.ResourceShare: int64(SimShares - len(whole)*c.Inventory.SharesPerGPU - claimShares)}
 }
 
 // ledgerLines are the agent's ledger entries, each as JSON, sorted.
