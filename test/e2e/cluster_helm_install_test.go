@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -64,18 +65,7 @@ func TestHelmInstall(t *testing.T) {
 	step("images imported")
 
 	h := newHelmHost(t, c)
-	helmCmd := func(args ...string) string {
-		t.Helper()
-		args = append(args, "--kubeconfig", c.Kubeconfig, "--namespace", ns)
-		if args[0] != "uninstall" {
-			args = append(args, h.values...)
-		}
-		out, err := helm(t, args...)
-		if err != nil {
-			t.Fatalf("helm %s: %v\n%s\n%s", args[0], err, out, h.diagnose(t, ns))
-		}
-		return out
-	}
+	helmCmd := func(args ...string) string { t.Helper(); return h.run(t, ns, args...) }
 	// The scheduler comes first: it places the chart's own pods too (they ask for no GPU, so the
 	// extender is not called for them). It needs its client certificate for the extender before
 	// the install: the chart's generated Secrets, rendered and created ahead, which the install
@@ -83,7 +73,7 @@ func TestHelmInstall(t *testing.T) {
 	h.preloadTLS(t, c, ns, release)
 	schedCfg := h.startScheduler(t, c, ns, release)
 	step("kube-scheduler running the chart's configuration")
-	helmCmd("install", release, helmChart(), "--wait", "--timeout", "100s")
+	helmCmd("install", release, h.chart, "--wait", "--timeout", "100s")
 	step("helm install --wait done")
 	cm, err := c.CP.Client.CoreV1().ConfigMaps(ns).Get(context.Background(), release+"-scheduler-config", metav1.GetOptions{})
 	if err != nil || strings.TrimSpace(cm.Data["config.yaml"]) != strings.TrimSpace(schedCfg) {
@@ -162,7 +152,7 @@ func TestHelmInstall(t *testing.T) {
 	}
 	ledgerBefore := c.LedgerEntries(t)
 	oldAgent := h.agentPod(t, c, ns)
-	helmCmd("upgrade", release, helmChart(), "--wait", "--timeout", "100s", "--set", "node.sharesPerGPU=10", "--set", "node.resources.requests.cpu=60m")
+	helmCmd("upgrade", release, h.chart, "--wait", "--timeout", "100s", "--set", "node.sharesPerGPU=10", "--set", "node.resources.requests.cpu=60m")
 	h.waitNewAgent(t, c, ns, oldAgent)
 	h.waitAgent(t, c)
 	// The kubelet marks a plugin's devices unhealthy when it goes, until the new agent's plugin
@@ -205,8 +195,9 @@ type helmHost struct {
 	agentAddr, extenderAddr    string
 	agentMetrics, extenderPort int
 	extenderMetrics            int
-	values                     []string
-	tlsDir                     string // the scheduler's client certificate, CA and key (scheduler.tls.dir)
+	set                        map[string]string // the chart values (--set), by key
+	chart                      string            // the chart directory installed (helmChart() unless a test names another)
+	tlsDir                     string            // the scheduler's client certificate, CA and key (scheduler.tls.dir)
 	cdiDir                     string
 }
 
@@ -243,10 +234,32 @@ func newHelmHost(t *testing.T, c *Cluster) *helmHost {
 		"scheduler.mode": "default", "scheduler.extenderURL": "https://" + h.extenderAddr, "scheduler.tls.dir": h.tlsDir,
 		"extender.networkPolicy.extraFrom[0].ipBlock.cidr": "127.0.0.1/32",
 	}
-	for k, v := range set {
-		h.values = append(h.values, "--set", k+"="+v)
-	}
+	h.set, h.chart = set, helmChart()
 	return h
+}
+
+// values are the --set flags of h.set, in key order.
+func (h *helmHost) values() []string {
+	var out []string
+	for _, k := range slices.Sorted(maps.Keys(h.set)) {
+		out = append(out, "--set", k+"="+h.set[k])
+	}
+	return out
+}
+
+// run runs helm against the cluster in namespace ns, with the values unless it uninstalls;
+// flags in args come before the values, so h.set wins over them.
+func (h *helmHost) run(t *testing.T, ns string, args ...string) string {
+	t.Helper()
+	args = append(args, "--kubeconfig", h.c.Kubeconfig, "--namespace", ns)
+	if args[0] != "uninstall" {
+		args = append(args, h.values()...)
+	}
+	out, err := helm(t, args...)
+	if err != nil {
+		t.Fatalf("helm %s: %v\n%s\n%s", args[0], err, out, h.diagnose(t, ns))
+	}
+	return out
 }
 
 // checkAgentWrites: the agent's writes pass the chart's policies with the token the kubelet projects
@@ -384,7 +397,7 @@ func (h *helmHost) inventory(t *testing.T, c *Cluster) *api.NodeInventory {
 // needs: the kubeconfig and no leader election (one scheduler). It returns the chart's config.
 func (h *helmHost) startScheduler(t *testing.T, c *Cluster, ns, release string) string {
 	t.Helper()
-	out, err := helm(t, append([]string{"template", release, helmChart(), "--namespace", ns, "--show-only", "templates/scheduler.yaml"}, h.values...)...)
+	out, err := helm(t, append([]string{"template", release, h.chart, "--namespace", ns, "--show-only", "templates/scheduler.yaml"}, h.values()...)...)
 	if err != nil {
 		t.Fatalf("helm template the scheduler configuration: %v\n%s", err, out)
 	}
@@ -579,7 +592,7 @@ func tail(s string, n int) string {
 // key and CA into scheduler.tls.dir for the host kube-scheduler.
 func (h *helmHost) preloadTLS(t *testing.T, c *Cluster, ns, release string) {
 	t.Helper()
-	out, err := helm(t, append([]string{"template", release, helmChart(), "--namespace", ns, "--show-only", "templates/extender-tls.yaml"}, h.values...)...)
+	out, err := helm(t, append([]string{"template", release, h.chart, "--namespace", ns, "--show-only", "templates/extender-tls.yaml"}, h.values()...)...)
 	if err != nil {
 		t.Fatalf("helm template the TLS Secrets: %v\n%s", err, out)
 	}
