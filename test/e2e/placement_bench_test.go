@@ -39,8 +39,9 @@ const policyKubeScheduler = "kube-scheduler"
 //
 // Environment: TESSERA_BENCH_NODES, TESSERA_BENCH_PODS (CSV; default the openb default trace),
 // TESSERA_BENCH_SEED (42), TESSERA_BENCH_LIMIT (first N pods of the list, 0 = all),
-// TESSERA_BENCH_POLICIES (tessera,fgd,kube-scheduler), TESSERA_BENCH_VARY (a variant of the pod list
-// as tessera-sim's --vary derives it, e.g. multigpu-request=0.5; empty: the list as it is),
+// TESSERA_BENCH_POLICIES (tessera,fgd,kube-scheduler), TESSERA_BENCH_VARY (a variant of the cluster and
+// the pod list as tessera-sim's --vary derives it, e.g. split=0.7,multigpu-request=0.5; empty: both as
+// they are),
 // TESSERA_BENCH_NODE_COPIES (each node of the
 // list k times, 1 = as listed; the arrivals follow the capacity, since the protocol resamples pods
 // up to 130% of it) and TESSERA_BENCH_ARRIVALS (stop after the first N arrivals, 0 = all; a run
