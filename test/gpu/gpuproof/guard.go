@@ -189,6 +189,12 @@ func runGuard(args []string) error {
 		"%s", first(logged, "no kill line naming "+ids["bypass"]))
 	kills := metricValue(scrape(listen), `tessera_memory_cap_kills_total`)
 	p.check("the agent counts one kill", kills == "1", "tessera-node /metrics tessera_memory_cap_kills_total", "%q", kills)
+	// Both shares are capped at 50% compute, so the compute guard asked this driver for per-process
+	// utilisation in every sample: an error (NOT_SUPPORTED included) is counted per GPU, and where there
+	// is one, compute caps on this GPU rest on vcuda alone.
+	utilErrs := metricValue(scrape(listen), `tessera_compute_guard_nvml_errors_total\{UUID="`+regexp.QuoteMeta(g.UUID)+`"\}`)
+	p.check("the driver samples per-process utilisation (the compute guard's input)", utilErrs == "" || utilErrs == "0",
+		"tessera-node /metrics tessera_compute_guard_nvml_errors_total", "errors %q (absent: none); on error the agent's log says which NVML answer", first(utilErrs, "0"))
 	// polite was sampled in the same passes: measured (so seen, not missed), still running, never
 	// named in a kill.
 	time.Sleep(*grace + 2*interval)
