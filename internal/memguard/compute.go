@@ -2,7 +2,6 @@ package memguard
 
 import (
 	"fmt"
-	"sort"
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
@@ -65,30 +64,30 @@ func (c *computeState) forget(k capKey) {
 }
 
 // processUtilization is each process's SM utilisation on a GPU (percent, the mean of the samples
-// NVML has taken since the last call), by host pid. ok is false when the driver cannot say: nothing
-// is judged on such a sample. A GPU without new samples had no process running kernels.
-func (g *Guard) processUtilization(uuid string) (map[uint32]float64, bool) {
+// NVML has taken since the last call), by host pid; nil when the driver cannot say: nothing is judged
+// on such a sample. A GPU without new samples had no process running kernels (an empty map).
+func (g *Guard) processUtilization(uuid string) map[uint32]float64 {
 	cs := g.compute
 	dev, ret := g.cfg.NVML.DeviceGetHandleByUUID(uuid)
 	if ret != nvml.SUCCESS {
-		return nil, false
+		return nil
 	}
 	samples, ret := getProcessUtilization(dev, cs.lastSeen[uuid])
 	switch ret {
 	case nvml.SUCCESS:
 	case nvml.ERROR_NOT_FOUND:
-		return map[uint32]float64{}, true
+		return map[uint32]float64{}
 	case nvml.ERROR_NOT_SUPPORTED, nvml.ERROR_FUNCTION_NOT_FOUND:
 		if !cs.unsupported[uuid] {
 			g.cfg.Log.Error("compute guard: the driver cannot sample per-process utilisation on this GPU; its shares' compute caps rest on vcuda alone", "uuid", uuid, "err", nvml.ErrorString(ret))
 		}
 		cs.unsupported[uuid] = true
 		g.metrics.utilErrors.WithLabelValues(uuid).Inc()
-		return nil, false
+		return nil
 	default:
 		g.metrics.utilErrors.WithLabelValues(uuid).Inc()
 		g.cfg.Log.Warn("compute guard: cannot read per-process utilisation", "uuid", uuid, "err", nvml.ErrorString(ret))
-		return nil, false
+		return nil
 	}
 	delete(cs.unsupported, uuid)
 	sum, n := map[uint32]float64{}, map[uint32]float64{}
@@ -106,7 +105,7 @@ func (g *Guard) processUtilization(uuid string) (map[uint32]float64, bool) {
 	for pid, v := range sum {
 		out[pid] = v / n[pid]
 	}
-	return out, true
+	return out
 }
 
 // getProcessUtilization calls NVML, reading a mock's panic on a method it lacks as the real
@@ -124,23 +123,13 @@ func getProcessUtilization(dev nvml.Device, lastSeen uint64) (samples []nvml.Pro
 func (g *Guard) checkCompute(now time.Time, units map[capKey]*capUnit, of map[[2]string]capKey, samples map[string]*gpuSample, snap *snapshot) {
 	cfg, cs := g.cfg.Compute, g.compute
 	utils := map[string]map[uint32]float64{}
-	keys := make([]capKey, 0, len(units))
-	for k, u := range units {
-		if u.cores > 0 && u.cores < 100 {
-			keys = append(keys, k)
-		}
-	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].holder+keys[i].uuid < keys[j].holder+keys[j].uuid })
 	measuredNow := map[capKey]bool{}
-	for _, k := range keys {
+	for _, k := range sortedCaps(units, func(u *capUnit) bool { return u.cores > 0 && u.cores < 100 }) {
 		u, s := units[k], samples[k.uuid]
 		per, seen := utils[k.uuid]
-		if !seen {
-			per = nil
+		if !seen { // one NVML call per GPU and sample, however many caps share it
 			if s.ok {
-				if p, ok := g.processUtilization(k.uuid); ok {
-					per = p
-				}
+				per = g.processUtilization(k.uuid)
 			}
 			utils[k.uuid] = per
 		}

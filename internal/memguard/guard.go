@@ -300,12 +300,7 @@ func (g *Guard) Sample() {
 	g.ctx.prev = nextCtx
 	g.publishOverheads(g.ctx, now, &snap)
 
-	keys := make([]capKey, 0, len(units))
-	for k := range units {
-		keys = append(keys, k)
-	}
-	sort.Slice(keys, func(i, j int) bool { return keys[i].holder+keys[i].uuid < keys[j].holder+keys[j].uuid })
-	for _, k := range keys {
+	for _, k := range sortedCaps(units, func(*capUnit) bool { return true }) {
 		u := units[k]
 		s := samples[k.uuid]
 		if !s.ok || u.cap == 0 {
@@ -348,6 +343,19 @@ func (g *Guard) Sample() {
 		}
 	}
 	g.metrics.set(snap)
+}
+
+// sortedCaps are the keys of the units keep accepts, in a fixed order (holder, then GPU), so a
+// sample acts on caps, and logs and reports them, in the same order every time.
+func sortedCaps(units map[capKey]*capUnit, keep func(*capUnit) bool) []capKey {
+	keys := make([]capKey, 0, len(units))
+	for k, u := range units {
+		if keep(u) {
+			keys = append(keys, k)
+		}
+	}
+	sort.Slice(keys, func(i, j int) bool { return keys[i].holder+keys[i].uuid < keys[j].holder+keys[j].uuid })
+	return keys
 }
 
 func sumUsed(procs []attributed) uint64 {
