@@ -23,16 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
-
-CUresult cuInit(unsigned flags);
-CUresult cuDeviceGet(CUdevice *d, int ordinal);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d);
-CUresult cuCtxSetCurrent(CUcontext c);
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size);
+#include "cuda_driver.h"
 
 /* vcuda/src/region.h: the GPU records start at 4096, 256 bytes each; `used` is at 64 in a record. */
 #define REGION_USED_OFFSET (4096 + 64)

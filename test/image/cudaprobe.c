@@ -21,26 +21,19 @@
 #include <time.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
+#include "cuda_driver.h"
+
 typedef void *CUmodule;
 typedef void *CUfunction;
 typedef void *CUstream;
 
-CUresult cuInit(unsigned flags);
 CUresult cuDeviceGetCount(int *n);
-CUresult cuDeviceGet(CUdevice *d, int ordinal);
 CUresult cuDeviceGetName(char *name, int len, CUdevice d);
 CUresult cuDriverGetVersion(int *version);
 CUresult cuDeviceGetUuid_v2(unsigned char uuid[16], CUdevice d);
 CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice d);
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice d);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d);
-CUresult cuCtxSetCurrent(CUcontext c);
 CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size);
 CUresult cuModuleLoadData(CUmodule *m, const void *image);
 CUresult cuModuleGetFunction(CUfunction *f, CUmodule m, const char *name);
 CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,

@@ -16,16 +16,7 @@
 #include <dlfcn.h>
 #include <stddef.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
-
-CUresult cuInit(unsigned flags);
-CUresult cuDeviceGet(CUdevice *d, int ordinal);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d);
-CUresult cuCtxSetCurrent(CUcontext c);
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size);
+#include "cuda_driver.h"
 
 static CUresult context(void) {
     CUdevice d;
