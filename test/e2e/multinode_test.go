@@ -370,7 +370,9 @@ const (
 )
 
 // testMultiNodeLeaderKill: a burst of 50 share pods, and the extender replica holding the leader
-// Lease is killed (SIGKILL) once 10 are bound. Expectation: the other replica takes the Lease and
+// Lease is killed (SIGKILL) once 10 are bound. The second half of the burst is created only after
+// the kill: on a fast machine the first half can all be bound before the kill lands, and then
+// nothing would be left for the survivor to bind. Expectation: the other replica takes the Lease and
 // the burst completes: every pod bound once and running (none Failed, no bind refused because the
 // pod was bound already), each held once by the agent of the node it is bound to. The time from the
 // kill to the next bind is logged as the recovery time.
@@ -378,10 +380,13 @@ func testMultiNodeLeaderKill(t *testing.T, m *MultiNode) {
 	c := m.Node(t, NodeCPU)
 	ctx := context.Background()
 	var names []string
-	for i := range burstPods {
-		names = append(names, fmt.Sprintf("burst-%02d", i))
-		c.CreatePod(t, TestPod(names[i], map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: burstShareMemory}, nil))
+	create := func(from, to int) {
+		for i := from; i < to; i++ {
+			names = append(names, fmt.Sprintf("burst-%02d", i))
+			c.CreatePod(t, TestPod(names[i], map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: burstShareMemory}, nil))
+		}
 	}
+	create(0, burstPods/2)
 	bound := func() int {
 		l, err := m.CP.Client.CoreV1().Pods(metav1.NamespaceDefault).List(ctx, metav1.ListOptions{})
 		if err != nil {
@@ -419,6 +424,7 @@ func testMultiNodeLeaderKill(t *testing.T, m *MultiNode) {
 		leader.Start(t)
 		leader.WaitHealthy(t, "http://"+m.ExtenderAddr+"/healthz", time.Minute)
 	})
+	create(burstPods/2, burstPods)
 	if err := waitFor(2*time.Minute, 100*time.Millisecond, func() (bool, error) { return bound() > atKill, nil }); err != nil {
 		t.Fatalf("no bind after the leader %s was killed (%d bound): %v", leader.Name, atKill, err)
 	}
