@@ -108,6 +108,11 @@ func StartCluster(t *testing.T, opts ClusterOptions) *Cluster {
 	t0 := time.Now()
 	step := func(what string) { t.Logf("cluster: %s (%.1fs)", what, time.Since(t0).Seconds()) }
 	c := &Cluster{Node: opts.Node, dra: opts.DRA}
+	if opts.DRA {
+		// TestDRA/Health waits one quiet health-check interval for a GPU to recover (the chart's
+		// default is 30 s).
+		c.agentArgs = []string{"--health-check-interval=5s"}
+	}
 	// Cleanups run last-registered first: the cluster's own teardown, then the control plane's
 	// (it stops every process it started), then containerd's, then the host paths are released.
 	c.host = lockKubeletHost(t, opts.LockTimeout)
