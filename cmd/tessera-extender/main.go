@@ -214,6 +214,13 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		}
 	}
 	factory.Start(ctx.Done())
+	// Every replica watches the bind Leases (one namespace) so that a replica taking over from a
+	// dead one has already seen its kept Leases age (NodeLocker.Observe).
+	leaseInformers := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(cfg.LeaseNamespace))
+	if err := extender.WireLeaseObserver(leaseInformers, x.Locker); err != nil {
+		return err
+	}
+	leaseInformers.Start(ctx.Done())
 	var synced atomic.Bool
 	go func() {
 		for informer, ok := range factory.WaitForCacheSync(ctx.Done()) {

@@ -3,6 +3,7 @@ package extender
 import (
 	"fmt"
 
+	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -86,4 +87,24 @@ func WirePreemptionListers(f informers.SharedInformerFactory) (func() []*policyv
 			p, _ := objs[0].(*corev1.Pod)
 			return p
 		}, nil
+}
+
+// WireLeaseObserver feeds the node locker every bind Lease an informer of the Lease namespace sees
+// (NodeLocker.Observe); f must be limited to that namespace (informers.WithNamespace), or it would
+// watch every node's heartbeat Lease. The caller starts the factory; no sync is needed, as an
+// unobserved Lease is only observed later.
+func WireLeaseObserver(f informers.SharedInformerFactory, l *NodeLocker) error {
+	observe := func(obj any) {
+		if lease, ok := obj.(*coordinationv1.Lease); ok {
+			l.Observe(lease)
+		}
+	}
+	_, err := f.Coordination().V1().Leases().Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    observe,
+		UpdateFunc: func(_, obj any) { observe(obj) },
+	})
+	if err != nil {
+		return fmt.Errorf("watch bind leases: %w", err)
+	}
+	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"strings"
 	"sync"
 	"time"
 
@@ -75,7 +76,9 @@ func (l *NodeLocker) clock() time.Time {
 }
 
 // LeaseName is the per-node bind Lease's name.
-func LeaseName(node string) string { return "tessera-bind-" + node }
+func LeaseName(node string) string { return leasePrefix + node }
+
+const leasePrefix = "tessera-bind-"
 
 // NodeLock is a held node lock.
 type NodeLock struct {
@@ -203,18 +206,43 @@ func (l *NodeLocker) expired(node string, lease *coordinationv1.Lease, now time.
 	if s.HolderIdentity == nil || *s.HolderIdentity == "" || s.RenewTime == nil || s.LeaseDurationSeconds == nil {
 		return true
 	}
+	o, fresh := l.observe(node, lease, now)
+	return !fresh && now.Sub(o.since) > time.Duration(*s.LeaseDurationSeconds)*time.Second
+}
+
+// observe records a held Lease's record as seen now, unless the same record (holder, renewTime,
+// resourceVersion) was seen before; it returns the observation in force and whether it starts now.
+func (l *NodeLocker) observe(node string, lease *coordinationv1.Lease, now time.Time) (leaseObservation, bool) {
+	s := lease.Spec
 	seen := leaseObservation{holder: *s.HolderIdentity, renew: s.RenewTime.Time, version: lease.ResourceVersion, since: now}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	o, ok := l.observed[node]
-	if !ok || o.holder != seen.holder || !o.renew.Equal(seen.renew) || o.version != seen.version {
-		if l.observed == nil {
-			l.observed = map[string]leaseObservation{}
-		}
-		l.observed[node] = seen
-		return false
+	if ok && o.holder == seen.holder && o.renew.Equal(seen.renew) && o.version == seen.version {
+		return o, false
 	}
-	return now.Sub(o.since) > time.Duration(*s.LeaseDurationSeconds)*time.Second
+	if l.observed == nil {
+		l.observed = map[string]leaseObservation{}
+	}
+	l.observed[node] = seen
+	return seen, true
+}
+
+// Observe records a bind Lease as a watch delivers it, so that the time a Lease has gone unchanged
+// counts from when this process first saw it, not from its first Lock of that node: with Keep, a
+// leader that dies holds the Lease of every node it bound lately, and a replica that took over would
+// otherwise wait a Lease duration on each node after winning the election (TestMultiNode/LeaderKill:
+// 35 s from the kill to the next bind with 15 s Leases). Leases of other names, free ones and this
+// process's own are ignored. It is safe for the same reason as Lock's own observations: an
+// observation starts no earlier than the record it saw was written.
+func (l *NodeLocker) Observe(lease *coordinationv1.Lease) {
+	node, ok := strings.CutPrefix(lease.Name, leasePrefix)
+	s := lease.Spec
+	if !ok || lease.Namespace != l.Namespace || s.HolderIdentity == nil || *s.HolderIdentity == "" || *s.HolderIdentity == l.Identity ||
+		s.RenewTime == nil || s.LeaseDurationSeconds == nil {
+		return
+	}
+	l.observe(node, lease, l.clock())
 }
 
 // takeKept removes and returns the node's kept Lease, if any.

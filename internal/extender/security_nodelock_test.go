@@ -5,6 +5,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/informers"
 )
 
 // skewedClock is a process's clock in a test: base plus what the test advanced it by.
@@ -98,4 +101,82 @@ func TestSecurityNodeLockClockSkew(t *testing.T) {
 	} else {
 		nl.Unlock(ctx)
 	}
+}
+
+// TestNodeLockObservedBeforeLeading: replica a binds on n1 and keeps the node's Lease (Keep), then
+// dies holding it. Replica b watched the bind Leases all along (WireLeaseObserver), so the time the
+// Lease went unchanged counts from when b's watch saw it, not from b's first Lock of n1: once b's
+// clock has passed the Lease's duration since that sighting, b's first Lock takes it at once (before
+// the watch, b waited a whole duration more from its first Lock: 35 s from a leader's kill to the
+// next bind with 15 s Leases). It never takes it earlier, and a record that changes (a renewed it)
+// starts the observation over. Mutations: Observe doing nothing fails it (the watch's sighting
+// never arrives); an observation counted from the record's renewTime instead of this process's
+// sighting fails the 14 s step.
+func TestNodeLockObservedBeforeLeading(t *testing.T) {
+	cs, _ := fakeAPI(t)
+	base := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
+	ca, cb := &skewedClock{t: base}, &skewedClock{t: base}
+	a := &NodeLocker{Client: cs, Namespace: "kube-system", Identity: "a", Duration: 15 * time.Second, Keep: true, now: ca.now}
+	b := &NodeLocker{Client: cs, Namespace: "kube-system", Identity: "b", Duration: 15 * time.Second, now: cb.now}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	f := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace("kube-system"))
+	if err := WireLeaseObserver(f, b); err != nil {
+		t.Fatal(err)
+	}
+	f.Start(ctx.Done())
+	sighted := func() (leaseObservation, bool) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		o, ok := b.observed["n1"]
+		return o, ok
+	}
+	waitSighting := func(version string) {
+		t.Helper()
+		if err := wait.PollUntilContextTimeout(ctx, 5*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
+			o, ok := sighted()
+			return ok && o.version == version, nil
+		}); err != nil {
+			o, _ := sighted()
+			t.Fatalf("b's watch never saw version %s of a's Lease (last sighting %+v)", version, o)
+		}
+	}
+	held, err := a.Lock(ctx, "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	held.Unlock(ctx) // kept: a still holds the Lease
+	waitSighting(held.lease.ResourceVersion)
+	try := func(when string) *NodeLock {
+		t.Helper()
+		tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		defer cancel()
+		nl, err := b.Lock(tctx, "n1")
+		if err == nil {
+			return nl
+		}
+		if tctx.Err() == nil {
+			t.Fatalf("%s: %v", when, err)
+		}
+		return nil
+	}
+	// a renews its kept Lease once (a bind a quarter of the duration later): a new record.
+	ca.advance(4 * time.Second)
+	cb.advance(4 * time.Second)
+	if held, err = a.Lock(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	held.Unlock(ctx)
+	waitSighting(held.lease.ResourceVersion)
+	// a dies. 14 s of b's clock after the renewal was seen: still a's.
+	cb.advance(14 * time.Second)
+	if nl := try("14 s after the sighting"); nl != nil {
+		t.Fatal("b took a's kept Lease 14 s after seeing its last renewal (less than its 15 s): the watch made the Lease expire early")
+	}
+	cb.advance(2 * time.Second)
+	nl := try("16 s after the sighting")
+	if nl == nil {
+		t.Fatal("b did not take a's Lease at its first Lock 16 s after its watch saw the last renewal: the observation did not count from the watch's sighting")
+	}
+	nl.Unlock(ctx)
 }
