@@ -73,9 +73,10 @@ func BenchmarkLaunchKernelLimited(b *testing.B) { benchPair(b, "launch", "50", 1
 // prints one "vcuda-grid ..." line a cell. Reported, never asserted: the
 // accuracy cases (tests_limiter_device.c, tests_launch.c) are the
 // assertions. VCUDA_GRID_MS shortens or lengthens a cell. Two counts: cells
-// within 10% of the cap (error_pct), and within 10% of min(cap, the
-// workload's ceiling measured beside it) (expected_err_pct): a cap is a
-// ceiling, not a guarantee.
+// within 10% of the cap (error_pct), and within 10% of what the cell is
+// expected to reach (expected_err_pct: alone, min(cap, the workload's
+// ceiling measured beside it), since a cap is a ceiling, not a guarantee;
+// in a mix, the cap).
 func BenchmarkVcudaGrid(b *testing.B) {
 	dir := build(b)
 	ms := os.Getenv("VCUDA_GRID_MS")

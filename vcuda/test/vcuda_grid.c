@@ -16,9 +16,14 @@
  *     container uncapped (its limits at 100%: vcuda only forwards) beside
  *     the same co-tenants at the same caps, then at <cap>. The first gives
  *     ceiling=, what the workload's launchers reach on this machine at this
- *     moment with nothing holding them back; a cap is a ceiling, not a
- *     guarantee, so the cell is expected to reach min(cap, ceiling)
- *     (expected=, expected_err_pct=).
+ *     moment with nothing holding them back. A cap is a ceiling, not a
+ *     guarantee, so a container alone is expected to reach min(cap,
+ *     ceiling) (expected=, expected_err_pct=). In a mix expected= is the
+ *     cap: an uncapped container there changes what its capped co-tenants
+ *     get (its queue, 20 ms deep, holds their launches back on the fake's
+ *     time-sliced device), so its figure bounds nothing (uniform at 50% in
+ *     30+70 reached 49.4% capped and 42.6% uncapped); it is printed all the
+ *     same, as the workload's reach beside those co-tenants.
  *   vcuda_grid overhead <launches>
  *     the launch path at 100% (the limiter off; run with FAKE_CUDA_WAVE_NS=1
  *     so the device never holds the host back): median ns a launch over 31
@@ -240,7 +245,7 @@ static int run_cell(workload w, int cap, const char *mix, uint64_t dur_ns, int s
     rc |= run_phase(w, cap, cap, mix, dur_ns, dir, &r[1]);
     if (rc == 0) {
         double ceiling = r[0].achieved, achieved = r[1].achieved;
-        double expected = ceiling < cap ? ceiling : cap;
+        double expected = ceiling < cap && strcmp(mix, "alone") == 0 ? ceiling : cap;
         printf("vcuda-grid workload=%s cap=%d mix=%s achieved=%.1f error_pct=%+.1f converge_ms=%ld charge_err_pct=%+.1f "
                "throttled_pct=%.0f ceiling=%.1f expected=%.1f expected_err_pct=%+.1f\n",
                workload_name(w), cap, mix, achieved, (achieved - cap) / cap * 100, r[1].converge, r[1].charge_err,
