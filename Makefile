@@ -98,10 +98,11 @@ bench: tools
 	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./...
 
 # The compute limiter's grid on the fake device: 8 workloads x caps {10..90} x {alone, 30+70, 10+30+60},
-# one "vcuda-grid ..." line a cell, then the added launch cost at 100% (about 3-4 minutes on 2 cores;
-# VCUDA_GRID_MS=<ms> sets a cell's length, default 1500). make bench runs the same benchmarks.
+# one "vcuda-grid ..." line a cell (each cell run twice: uncapped for its ceiling, then capped), then the
+# added launch cost at 100% (about 7 minutes on 2 cores; VCUDA_GRID_MS=<ms> sets a cell's length,
+# default 1500). make bench runs the same benchmarks.
 bench-vcuda:
-	$(GO) test -run '^$$' -bench '^BenchmarkVcuda' -benchtime 1x -timeout 20m ./vcuda/
+	$(GO) test -run '^$$' -bench '^BenchmarkVcuda' -benchtime 1x -timeout 30m ./vcuda/
 
 # Placement measured live: the real kube-scheduler (with tessera-extender for tessera and fgd, alone
 # with MostAllocated for kube-scheduler) against API-only nodes made from the trace, replaying it with
