@@ -81,7 +81,8 @@ func newPressureCollector(shapes *placement.ShapeStats) *pressureCollector {
 			"typical-shape snapshot: tessera's gain per per-mille of compute taken there (0 where pods restricted to the model need "+
 			"all its free compute; none while no pod is restricted to models).", []string{"model"}, nil),
 		hostBound: prometheus.NewDesc("tessera_extender_host_bound", "1 when the cluster has less CPU or memory per GPU than "+
-			"the GPU pods' mix asks (it runs out of them before its GPUs): tessera then scores shares with the stranded-GPU floor too.", nil, nil)}
+			"its typical pods ask, CPU-only pods included (it runs out of them before its GPUs): tessera then scores every placement "+
+			"with the two-sided floor (free GPU compute against what the free CPU and memory feed, apart either way).", nil, nil)}
 }
 
 func (c *pressureCollector) Describe(ch chan<- *prometheus.Desc) {

@@ -61,8 +61,12 @@ type NodeBound struct {
 	// (what a share's placement is scored by).
 	frag, fragNoFloor float64
 	mix               strandedMix
-	// stranded is the node's stranded compute (the floor): what a placement can lower it by at most.
+	// stranded is the node's floor (the stranded compute; the two-sided floor where balanced):
+	// what a placement can lower it by at most.
 	stranded float64
+	// balanced: the floor is the two-sided one (ScoreContext.HostBound). A placement can then lower
+	// it by more than the compute it takes (a CPU-hungry task on a node with CPU to spare).
+	balanced bool
 	// pressure is the largest model-pressure coefficient of the node's GPUs (pressure.go).
 	pressure float64
 	// w is the weight of the GPU shapes that count at the node, wl of those that lack CPU, memory or
@@ -130,10 +134,10 @@ func (sc *ScoreContext) nodeBound(n *NodeState) *NodeBound {
 	if len(n.GPUs) > len(NodeBound{}.u) {
 		return nil
 	}
-	pl := sc.loadBefore(measureFed, n, false)
+	pl := sc.loadBefore(sc.floorMeasure(), n, false)
 	st := sc.beforeStats(n)
-	nb := &NodeBound{frag: sc.lastFrag, mix: pl.mixAt(n), cpuFree: math.MaxInt64, memFree: math.MaxInt64, total: n.FreeMilli(), ngpus: len(n.GPUs)}
-	nb.stranded = max(0, nb.mix.stranded(n, nb.total))
+	nb := &NodeBound{frag: sc.lastFrag, mix: pl.mixAt(n), cpuFree: math.MaxInt64, memFree: math.MaxInt64, total: n.FreeMilli(), ngpus: len(n.GPUs), balanced: sc.HostBound}
+	nb.stranded = max(0, sc.floorOf(nb.mix, n, nb.total))
 	nb.fragNoFloor = nb.frag // the same where nothing is stranded (max(0, v) = v): no second pass
 	if nb.stranded > 0 {
 		nb.fragNoFloor = pl.frag(n, st, measureFedNoFloor)
@@ -215,7 +219,7 @@ func (sc *ScoreContext) scoreBound(nb *NodeBound, n *NodeState, r *Request, p *P
 			}
 			gain = min(gain, g)
 		} else {
-			D := nb.stranded - nb.mix.stranded(after, total2) // how far the floor falls
+			D := nb.stranded - sc.floorOf(nb.mix, after, total2) // how far the floor falls
 			if bits.OnesCount64(touched) == 1 {
 				i := bits.TrailingZeros64(touched)
 				u := nb.u[i]
@@ -260,7 +264,8 @@ func (sc *ScoreContext) stopsServing(nb *NodeBound, g, a *GPUState, u float64) (
 // negative, and the placement takes d of the free compute and CPU and memory, never gives any. So
 // with one GPU i touched, max(D, d)·U + max(D, -fa)·B + max(D, 0)·(W - U - B) <= d·U(i) + min(d,
 // stranded)·(W - U(i)); with more, max(D, 0)·W + Σ_k d_k·U(k) <= min(d, stranded)·W + d·max U.
-// A share (scored without the floor: the linear sum) on GPU k leaves fa_k = free_k - d_k, and
+// With the two-sided floor (host-bound) D is at most the floor before, which may exceed d: max(D, d)
+// replaces d. A share (scored without the floor: the linear sum) on GPU k leaves fa_k = free_k - d_k, and
 // every shape it served (W - U(k)) that asks more compute than fa_k it serves no more: B(k) >= W -
 // U(k) - servable(fa_k); the sum over the touched GPUs is at most that of the k largest terms. The
 // tie-break (how full the placement leaves its GPUs) is at least the least a fitting GPU leaves.
@@ -326,7 +331,8 @@ func (e *Engine) CoarseBound(sc *ScoreContext, n *NodeState, r *Request, nb *Nod
 			fa := min(max(free[i]-d, 0), MilliPerGPU)
 			term[i] = df*nb.u[i] - float64(fa)*max(0, nb.w-nb.u[i]-pl.servable[fa])
 		} else {
-			term[i] = df*nb.u[i] + min(df, nb.stranded)*max(0, nb.w-nb.u[i])
+			fall := nb.floorFall(df)
+			term[i] = max(df, fall)*nb.u[i] + fall*max(0, nb.w-nb.u[i])
 		}
 		gain[i] = frag
 		if d < total {
@@ -341,7 +347,7 @@ func (e *Engine) CoarseBound(sc *ScoreContext, n *NodeState, r *Request, nb *Nod
 			g = min(frag, largest(term, fits, k))
 		} else if d < total {
 			df := float64(d)
-			g = min(frag, df*umax+min(df, nb.stranded)*nb.w)
+			g = min(frag, df*umax+nb.floorFall(df)*nb.w)
 		}
 		g += float64(k*dmax) * nb.pressure
 		return squash(g+boundSlack) - 1e-3*leftMin, nb, true
@@ -357,6 +363,15 @@ func (e *Engine) CoarseBound(sc *ScoreContext, n *NodeState, r *Request, nb *Nod
 		}
 	}
 	return q - 1e-3*tie, nb, true
+}
+
+// floorFall is how far a placement that takes d of the free compute can lower the node's floor at
+// most: the stranded compute by d at most, the two-sided floor by all of it (it is not negative).
+func (nb *NodeBound) floorFall(d float64) float64 {
+	if nb.balanced {
+		return nb.stranded
+	}
+	return min(d, nb.stranded)
 }
 
 // largest is the sum of the k largest of t's entries in set.

@@ -416,8 +416,11 @@ func (pl *fragPlan) frag(n *NodeState, st []partStats, m measure) float64 {
 		return f
 	}
 	floor := 0.0
-	if m == measureFed {
+	switch m {
+	case measureFed:
 		floor = pl.mixAt(n).stranded(n, total)
+	case measureFedBalanced:
+		floor = pl.mixAt(n).balanced(n, total)
 	}
 	// CPU-only shapes are left out: every free GPU is a fragment to them wherever a pod goes.
 	for i := range pl.fedItems {

@@ -1,6 +1,7 @@
 package placement
 
 import (
+	"math"
 	"math/bits"
 	"slices"
 	"sync"
@@ -47,6 +48,9 @@ const (
 	// measureFedNoFloor is tessera's without the stranded floor: what a share's placement is scored
 	// by (policy_tessera.go).
 	measureFedNoFloor
+	// measureFedBalanced is tessera's with the two-sided floor (strandedMix.balanced): what every
+	// placement is scored by where the cluster is host-bound (policy_tessera.go).
+	measureFedBalanced
 )
 
 // strandedMix is the weighted CPU, memory and GPU need of the mix that can run on a node.
@@ -72,14 +76,39 @@ func stranded(n *NodeState, shapes []Shape, total int) float64 {
 }
 
 func (m strandedMix) stranded(n *NodeState, total int) float64 {
-	feed := float64(total)
+	return float64(total) - min(float64(total), m.feed(n))
+}
+
+// feed is the GPU compute (per-mille) n's free CPU and memory can feed at the mix's ratio (+Inf: n
+// tracks neither, or the mix asks for neither).
+func (m strandedMix) feed(n *NodeState) float64 {
+	feed := math.Inf(1)
 	if n.CPUMilli > 0 && m.cpu > 0 {
 		feed = min(feed, float64(n.CPUMilli-n.UsedCPU)*m.gpu/m.cpu)
 	}
 	if n.MemMiB > 0 && m.mem > 0 {
 		feed = min(feed, float64(n.MemMiB-n.UsedMem)*m.gpu/m.mem)
 	}
-	return float64(total) - feed
+	return feed
+}
+
+// balanced is the two-sided floor of a host-bound cluster: how far apart n's free GPU compute and
+// the compute its free CPU and memory can feed at the mix's ratio are, either way (the stranded
+// compute where CPU or memory is short; where they are to spare, the compute they could feed beyond
+// the free GPUs). Where the cluster has less CPU or memory per GPU than the mix asks, GPU compute is
+// left over whatever the placement, and the one-sided floor is the same linear term on every short
+// node (W·(g - c·k) for a task of g compute and c CPU at the mix's k compute per CPU), so it tells no
+// short node from another, and none of the nodes with CPU to spare. The two-sided floor also counts
+// a node's spare CPU and memory while it has free GPUs: CPU-hungry tasks go where CPU is to spare,
+// GPU-hungry ones where it is short, and a node with CPU to spare is finished by a task that takes
+// its last GPUs rather than an empty node being broken up (a node without free compute counts
+// nothing, as in every measure; counting its spare CPU too was worse, docs/placement.md).
+func (m strandedMix) balanced(n *NodeState, total int) float64 {
+	feed := m.feed(n)
+	if math.IsInf(feed, 1) {
+		return 0
+	}
+	return math.Abs(float64(total) - feed)
 }
 
 // canUseModel reports whether r may use some GPU model of n.

@@ -26,7 +26,12 @@ import (
 // of CPU or memory before its GPUs (ScoreContext.HostBound: less of them per GPU than the GPU pods'
 // mix asks; the openb traces have 1.6x the CPU their mix needs), the floor's steering of shares is
 // what keeps whole GPUs fed, and shares keep the floor (README "Generalisation": with CPU requests
-// doubled, scoring them without it gave back 1.65 of tessera's 2 points over fgd).
+// doubled, scoring them without it gave back 1.65 of tessera's 2 points over fgd). There every
+// placement is scored with the two-sided floor (strandedMix.balanced): the one-sided floor is the
+// same linear term on every CPU-short node, so it told none from another, and with multi-GPU pods
+// asking 30% of the GPUs on a cluster of halved CPU and memory tessera lost to fgd (38.29 against
+// 38.05; with the two-sided floor 37.91, docs/placement.md "Cluster-shape variants"). The verdict
+// counts the CPU-only pods' CPU and memory too (hostCapacity.bound).
 //
 // Shapes restricted to GPU models a node does not have are no part of its measure (FGD counts all of
 // the node's free compute as their fragment). That term only depends on the node's model and rewards
@@ -65,8 +70,28 @@ func (tesseraPolicy) Score(sc *ScoreContext, n *NodeState, r *Request, p *Placem
 // tesseraMeasure is the measure tessera scores r's placements by: without the stranded floor for a
 // share, unless the cluster runs out of CPU or memory before its GPUs (see tesseraPolicy).
 func (sc *ScoreContext) tesseraMeasure(r *Request) measure {
-	if r.sharesOnly() && !sc.HostBound {
+	if sc.HostBound {
+		return measureFedBalanced
+	}
+	if r.sharesOnly() {
 		return measureFedNoFloor
 	}
 	return measureFed
+}
+
+// floorMeasure is the measure tessera scores whole-GPU placements by (the one the score bounds'
+// node data is for): the two-sided floor where the cluster is host-bound, else the stranded one.
+func (sc *ScoreContext) floorMeasure() measure {
+	if sc.HostBound {
+		return measureFedBalanced
+	}
+	return measureFed
+}
+
+// floorOf is n's floor under floorMeasure (mix: the ratio of the GPU shapes that may run on n).
+func (sc *ScoreContext) floorOf(mix strandedMix, n *NodeState, total int) float64 {
+	if sc.HostBound {
+		return mix.balanced(n, total)
+	}
+	return mix.stranded(n, total)
 }
