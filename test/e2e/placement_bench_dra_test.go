@@ -129,8 +129,11 @@ func createDRATemplates(b *testing.B, client kubernetes.Interface, arrivals []si
 }
 
 // createDRASlices publishes the node's GPUs as tessera-node's DRA driver does (one pool named after
-// the node).
+// the node; none for a node without GPUs).
 func createDRASlices(client kubernetes.Interface, inv *api.NodeInventory) error {
+	if len(inv.GPUs) == 0 {
+		return nil
+	}
 	pool := dra.Resources(inv, nil, resourceapi.DeviceTaintEffectNoSchedule, nil).Pools[inv.Node]
 	node := inv.Node
 	for i, s := range pool.Slices {
