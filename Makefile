@@ -107,6 +107,9 @@ bench-vcuda:
 # Placement measured live: the real kube-scheduler (with tessera-extender for tessera and fgd, alone
 # with MostAllocated for kube-scheduler) against API-only nodes made from the trace, replaying it with
 # the paper's protocol for SEED; prints tessera-sim's lines plus pods/s and the simulator's number.
+# POLICIES=dra-least,dra-most,dra-tessera replays the GPUs as ResourceClaimTemplates instead, the
+# nodes publishing ResourceSlices and the scheduler's DRA allocator picking the devices (dra-tessera:
+# tessera-extender --dra-claims chooses the node; docs/dra.md, "Placement of claims").
 NODES ?= $(CURDIR)/../shared/data/openb/openb_node_list_gpu_node.csv
 PODS ?= $(CURDIR)/../shared/data/openb/openb_pod_list_default.csv
 SEED ?= 42

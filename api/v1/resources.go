@@ -23,6 +23,11 @@ const (
 	// DRADriverName is the DRA driver tessera-node serves (ResourceSlices, DeviceClasses, claims):
 	// the second front door to the same GPUs (docs/dra.md).
 	DRADriverName = "gpu.tessera.dev"
+	// DRAClassWholeGPU and DRAClassShareGPU are the chart's DeviceClasses of that driver for a GPU
+	// whole and for a share (deploy/helm/tessera/templates/deviceclasses.yaml); the extender places
+	// pods whose claims request them (docs/placement.md, "Placement under DRA").
+	DRAClassWholeGPU = "whole.gpu.tessera.dev"
+	DRAClassShareGPU = "share.gpu.tessera.dev"
 )
 
 // MaxCoresPercent is the compute of a whole GPU.

@@ -40,9 +40,9 @@ import (
 )
 
 type options struct {
-	kubeconfig, listen, metricsListen, config, policy, identity string
-	advertiseURL, peerListen                                    string
-	leaderElect, pickOne, version, reusePort, warmMemo          bool
+	kubeconfig, listen, metricsListen, config, policy, identity   string
+	advertiseURL, peerListen                                      string
+	leaderElect, pickOne, version, reusePort, warmMemo, draClaims bool
 	// policySet: --policy (or its variable) was given, and overrides the config file's policy.
 	policySet bool
 	// schedulerNames, when given, replace the config file's schedulerNames.
@@ -81,6 +81,7 @@ func parseFlags(args []string, stderr io.Writer) (*options, error) {
 		str("peer-listen", &o.peerListen, "", "an extra address of the extender API, for binds other replicas pass on to this one; port 0 picks a free port (for replicas sharing a host network, where --listen is shared with --reuse-port)"),
 		boolean("reuse-port", &o.reusePort, false, "open --listen and --metrics-listen with SO_REUSEPORT, so replicas on one host network share the ports (the kernel spreads connections over them)"),
 		boolean("filter-pick-one", &o.pickOne, false, "filter keeps only the placement policy's chosen node (ties to the smallest name) and holds it until the bind, so the kube-scheduler binds where the policy prefers"),
+		boolean("dra-claims", &o.draClaims, false, "place pods whose DRA claims request Tessera's DeviceClasses ("+api.DRAClassWholeGPU+", "+api.DRAClassShareGPU+") as device-plugin pods are placed (the scheduler's allocator still picks the devices inside the chosen node): reads ResourceClaims and ResourceClaimTemplates (resource.k8s.io/v1, Kubernetes 1.34+; needs list and watch on both) and counts allocated claims on each node"),
 		boolean("warm-memo", &o.warmMemo, true, "re-evaluate, on one background goroutine, the nodes that changed for the request shapes the evaluation memo holds (and every node for the 32 most recently used shapes after a new typical-shape snapshot), so that the next pod of a shape finds its outcomes remembered; costs a few ms of CPU per pod"),
 		boolean("leader-elect", &o.leaderElect, true, "bind only while holding the leader Lease (the other replicas answer filter/prioritize)"),
 		str("tls-cert-file", &o.tls.CertFile, "", "serving certificate (PEM) of the extender API and the peer port; also the client certificate a replica presents when passing a verb on to the leader (overrides the config's tls.certFile). Re-read when it changes"),
@@ -184,6 +185,12 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("informers: %w", err)
 	}
+	var claims *extender.ClaimSource
+	if o.draClaims {
+		if claims, err = extender.WireClaimInformers(factory, state); err != nil {
+			return fmt.Errorf("informers: %w", err)
+		}
+	}
 	nodes := factory.Core().V1().Nodes().Lister()
 	broadcaster := record.NewBroadcaster()
 	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
@@ -199,6 +206,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		Locker:         &extender.NodeLocker{Client: client, Namespace: cfg.LeaseNamespace, Identity: o.identity, Duration: 15 * time.Second, Keep: true},
 		BindTimeout:    30 * time.Second,
 		PickOne:        o.pickOne,
+		Claims:         claims,
 		SchedulerNames: cfg.SchedulerNames,
 	}
 	secure, err := serveTLS(o, cfg.TLS)

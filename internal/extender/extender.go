@@ -32,8 +32,12 @@ type Extender struct {
 	// from the API server).
 	NodeByName func(string) *corev1.Node
 	Events     record.EventRecorder
-	Class      ClassOptions
-	Locker     *NodeLocker
+	// Claims reads pods' DRA claims (nil: pods' claims are not placed, the scheduler's allocator
+	// alone chooses their node): filter and prioritize place a pod's claims of Tessera's whole and
+	// share classes with its device-plugin GPUs (claims.go).
+	Claims *ClaimSource
+	Class  ClassOptions
+	Locker *NodeLocker
 	// Leader reports whether this replica may bind; nil means always (no leader election).
 	Leader *atomic.Bool
 	// LeaderURL returns the leader's base URL; a non-leader passes binds there (nil: it refuses them).

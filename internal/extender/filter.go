@@ -119,7 +119,11 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 		x.event(pod, corev1.EventTypeWarning, "GPUPlacementRefused", "%s", why)
 		return fr
 	}
-	req, err := x.State.request(pod, x.Class)
+	base, err := x.State.request(pod, x.Class)
+	if err != nil {
+		return failAll(err.Error(), true)
+	}
+	req, err := x.withClaims(pod, base)
 	if err != nil {
 		return failAll(err.Error(), true)
 	}
@@ -127,7 +131,8 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 		x.State.unreserve(pod.UID) // an earlier cycle's hold of this pod is not capacity taken from it
 	}
 	if x.Quotas != nil {
-		if why := CheckQuota(x.Quotas(pod.Namespace), x.State.namespaceUsage(pod.Namespace), req); why != "" {
+		// Quotas on the device-plugin resources charge those alone (claims have their own quota).
+		if why := CheckQuota(x.Quotas(pod.Namespace), x.State.namespaceUsage(pod.Namespace), base); why != "" {
 			return failAll(why, false)
 		}
 	}
@@ -184,7 +189,7 @@ func (x *Extender) filter(args *extenderv1.ExtenderArgs) *filterReply {
 		}
 	}
 	if x.PickOne && len(ok) == 1 && pod.UID != "" {
-		x.holdChoice(pod, req, ok[0])
+		x.holdChoice(pod, base, req, ok[0])
 	}
 	x.finishFilter(args, &fr.res, ok)
 	if len(ok) == 0 && len(names) > 0 {
@@ -435,8 +440,12 @@ type leader struct {
 // The chosen node is evaluated once more, for its GPUs: the evaluation memo keeps each node's score,
 // not its placement (keeping one would cost an allocation per fitting node evaluated and more memo
 // memory per table), for one node evaluation per Filter call that already reads thousands of nodes.
-func (x *Extender) holdChoice(pod *corev1.Pod, req *placement.Request, node string) {
-	why := x.State.holdable(pod, req)
+//
+// base is the pod's request as the informer parsed it, req with its claims' shapes (withClaims): a
+// pod whose only GPUs are claims is held as a claim hold (holdClaimChoice), its GPUs until the
+// claim is seen allocated, never written as an assignment.
+func (x *Extender) holdChoice(pod *corev1.Pod, base, req *placement.Request, node string) {
+	why := x.State.holdable(pod, base)
 	var a *api.PodAssignment
 	if why == "" && req.WantsGPU() {
 		x.State.View([]string{node}, func(_ string, n *placement.NodeState, _ string) {
@@ -451,7 +460,11 @@ func (x *Extender) holdChoice(pod *corev1.Pod, req *placement.Request, node stri
 			return
 		}
 	}
-	if why == "" {
+	switch {
+	case why != "":
+	case a != nil && !base.WantsGPU():
+		why = x.State.holdClaimChoice(pod, base, req, a, choiceTTL)
+	default:
 		why = x.State.holdChoice(pod, req, node, a, choiceTTL)
 	}
 	if why != "" {

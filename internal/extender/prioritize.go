@@ -25,6 +25,9 @@ func (x *Extender) Prioritize(args *extenderv1.ExtenderArgs) (*extenderv1.HostPr
 		return &out, nil
 	}
 	req, err := x.State.request(args.Pod, x.Class)
+	if err == nil {
+		req, err = x.withClaims(args.Pod, req)
+	}
 	if err != nil {
 		for _, n := range names {
 			out = append(out, extenderv1.HostPriority{Host: n, Score: 0})

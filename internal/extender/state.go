@@ -78,6 +78,12 @@ type State struct {
 	// changes lists the nodes whose placement state changed, for the change subscription
 	// (state_changes.go: the evaluation warmer).
 	changes changeLog
+	// claims are the allocated DRA claims of Tessera's driver, by claim UID, and claimsOn by node
+	// (state_claims.go); claimSrc, when set, reads claim pods' claims (nil: claims are not read,
+	// and the node agent's holdings count prepared ones).
+	claims   map[types.UID]*claimEntry
+	claimsOn map[string]map[types.UID]*claimEntry
+	claimSrc *ClaimSource
 }
 
 type nodeEntry struct {
@@ -146,6 +152,9 @@ type podEntry struct {
 	// reserved marks an in-flight decision (bind not landed yet); expires bounds it.
 	reserved bool
 	expires  time.Time
+	// claimHold marks Filter's hold for a pod whose GPUs are DRA claims: dropped once its claim is
+	// seen allocated (state_claims.go).
+	claimHold bool
 }
 
 // podUse is one pod's CPU and memory on a node; reserved ones are ours, in flight, until expires.
@@ -166,7 +175,8 @@ func NewState(ttl time.Duration, log *slog.Logger) *State {
 	return &State{nodes: map[string]*nodeEntry{}, pods: map[types.UID]*podEntry{}, shapes: placement.NewShapeStats(),
 		typeIDs: map[string]int{}, podsOn: map[string]map[types.UID]*podEntry{}, observed: map[types.UID]*placement.Request{},
 		uses: map[types.UID]*podUse{}, usesOn: map[string]map[types.UID]*podUse{},
-		requests: map[types.UID]parsedRequest{}, pending: map[types.UID]pendingPod{}, parse: RequestFromPod, ttl: ttl, now: time.Now, log: log}
+		requests: map[types.UID]parsedRequest{}, pending: map[types.UID]pendingPod{}, parse: RequestFromPod, ttl: ttl, now: time.Now, log: log,
+		claims: map[types.UID]*claimEntry{}, claimsOn: map[string]map[types.UID]*claimEntry{}}
 }
 
 // Shapes returns the task-shape statistics of the pods seen so far (FGD's typical shapes).
@@ -240,6 +250,12 @@ func (s *State) bindBase(node string, uid types.UID) (*bindBase, string) {
 	for other, pl := range e.held {
 		if other != uid {
 			b.held[other] = pl
+		}
+	}
+	// Allocated claims (keyed by claim UID, which no pod of the fresh list has).
+	for cu, ce := range s.claimsOn[node] {
+		if ce.applied {
+			b.held[cu] = ce.placement
 		}
 	}
 	return b, ""

@@ -3,6 +3,8 @@ package extender
 import (
 	"fmt"
 	"maps"
+	"slices"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -87,6 +89,10 @@ func (s *State) UpsertNode(node *corev1.Node) {
 		u.applied = false
 		s.applyUseLocked(u)
 	}
+	for _, ce := range s.claimsOn[node.Name] {
+		ce.applied = false
+		s.applyClaimLocked(ce)
+	}
 	e.held, e.heldRaw = nil, ""
 	s.applyHoldingsLocked(e, node.Annotations[api.AnnotationHoldings])
 	s.changes.touch(e)
@@ -107,6 +113,9 @@ func (s *State) DeleteNode(name string) {
 		}
 		for _, u := range s.usesOn[name] {
 			u.applied = false
+		}
+		for _, ce := range s.claimsOn[name] {
+			ce.applied = false
 		}
 		if e.state != nil {
 			s.shapes.AddNodeFree(e.state, -1)
@@ -137,7 +146,11 @@ func (s *State) UpsertPod(pod *corev1.Pod, opts ClassOptions) {
 	} else {
 		req, reqErr = s.requestLocked(pod, opts)
 	}
-	s.observeLocked(pod, req, reqErr)
+	obs := req
+	if reqErr == nil && req != nil {
+		obs = withShapes(req, s.claimShapesLocked(pod)) // a claim pod's GPUs are part of its shape
+	}
+	s.observeLocked(pod, obs, reqErr)
 	s.trackPendingLocked(pod, req, reqErr)
 	switch {
 	case podTerminated(pod):
@@ -291,7 +304,14 @@ func (s *State) applyHoldingsLocked(e *nodeEntry, raw string) {
 		if e.holders[uid] {
 			continue // the extender's own pod: already counted
 		}
-		pl := placementOf(e.state, &api.PodAssignment{APIVersion: api.Version, Node: h.Node, Containers: ph.Containers})
+		containers := ph.Containers
+		if s.claimSrc != nil {
+			// Prepared claims ("resourceclaim/<name>") are counted from their allocation instead.
+			containers = slices.DeleteFunc(slices.Clone(containers), func(c api.ContainerAssignment) bool {
+				return strings.HasPrefix(c.Name, claimContainerPrefix)
+			})
+		}
+		pl := placementOf(e.state, &api.PodAssignment{APIVersion: api.Version, Node: h.Node, Containers: containers})
 		s.applyOn(e, &pl)
 		e.held[uid] = pl
 	}

@@ -39,7 +39,8 @@ const policyKubeScheduler = "kube-scheduler"
 //
 // Environment: TESSERA_BENCH_NODES, TESSERA_BENCH_PODS (CSV; default the openb default trace),
 // TESSERA_BENCH_SEED (42), TESSERA_BENCH_LIMIT (first N pods of the list, 0 = all),
-// TESSERA_BENCH_POLICIES (tessera,fgd,kube-scheduler), TESSERA_BENCH_VARY (a variant of the cluster and
+// TESSERA_BENCH_POLICIES (tessera,fgd,kube-scheduler; DRA claims instead of device-plugin
+// resources: dra-least, dra-most, dra-tessera, placement_bench_dra_test.go), TESSERA_BENCH_VARY (a variant of the cluster and
 // the pod list as tessera-sim's --vary derives it, e.g. split=0.7,multigpu-request=0.5; empty: both as
 // they are),
 // TESSERA_BENCH_NODE_COPIES (each node of the
@@ -130,8 +131,27 @@ type liveResult struct {
 // pod's time to bound).
 func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64, stopAfter int) liveResult {
 	opts := ControlPlaneOptions{SchedulerMaxBackoff: time.Second}
+	mode, isDRA, err := draBenchPolicy(policy)
+	if err != nil {
+		b.Fatal(err)
+	}
+	extenderPolicy := policy
 	var addr string
-	if policy == policyKubeScheduler {
+	if isDRA {
+		opts.ControllerManager = true // claims from the pods' ResourceClaimTemplates
+		extenderPolicy = mode.extenderPolicy
+	}
+	switch {
+	case isDRA && extenderPolicy == "" && mode.scoring != "":
+		opts.SchedulerExtraConfig = benchSchedulerConfig(`
+      scoringStrategy:
+        type: ` + mode.scoring + `
+        resources:
+        - {name: cpu, weight: 1}
+        - {name: memory, weight: 1}`)
+	case isDRA && extenderPolicy == "":
+		opts.SchedulerExtraConfig = benchSchedulerConfig("") // the default scoring: LeastAllocated over CPU and memory
+	case policy == policyKubeScheduler:
 		opts.SchedulerExtraConfig = benchSchedulerConfig(`
       scoringStrategy:
         type: MostAllocated
@@ -140,7 +160,7 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64, s
         - {name: memory, weight: 1}
         - {name: nvidia.com/gpu, weight: 1}
         - {name: tessera.dev/vgpu, weight: 1}`)
-	} else {
+	default:
 		addr = fmt.Sprintf("127.0.0.1:%d", freePort(b))
 		opts.Extender = chartExtender(b, "http://"+addr)
 		// Every pod goes to the extender (no managedResources): CPU-only pods shape the GPU nodes too.
@@ -152,12 +172,19 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64, s
 	rc.QPS, rc.Burst = 2000, 4000
 	client := kubernetes.NewForConfigOrDie(&rc)
 	var x *Process
-	if policy != policyKubeScheduler {
-		x = cp.StartProcess(b, "tessera-extender", tesseraBinary(b, "tessera-extender"), "--kubeconfig", cp.Kubeconfig,
-			"--listen", addr, "--policy", policy, "--leader-elect=false", "--filter-pick-one=true", "--kube-api-qps=1000", "--scheduler-names=default-scheduler")
+	if addr != "" {
+		args := []string{"--kubeconfig", cp.Kubeconfig, "--listen", addr, "--policy", extenderPolicy, "--leader-elect=false", "--filter-pick-one=true",
+			"--kube-api-qps=1000", "--scheduler-names=default-scheduler"}
+		if isDRA {
+			args = append(args, "--dra-claims")
+		}
+		x = cp.StartProcess(b, "tessera-extender", tesseraBinary(b, "tessera-extender"), args...)
 		x.WaitHealthy(b, "http://"+addr+"/healthz", time.Minute)
 	}
-	states := createBenchNodes(b, client, c, seed)
+	if isDRA {
+		applyBenchDeviceClasses(b, cp)
+	}
+	states := createBenchNodes(b, client, c, seed, isDRA)
 
 	// Pod outcomes come from a watch: bound (spec.nodeName) or found unschedulable.
 	type outcome struct {
@@ -201,6 +228,9 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64, s
 	arrivals := c.Arrivals(seed, 1.3)
 	if stopAfter > 0 && stopAfter < len(arrivals) {
 		arrivals = arrivals[:stopAfter]
+	}
+	if isDRA {
+		createDRATemplates(b, client, arrivals)
 	}
 	request := make([]int, len(arrivals))
 	placed := make([]bool, len(arrivals))
@@ -266,7 +296,11 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64, s
 			resolve(i - window)
 		}
 		created[i] = time.Now()
-		if _, err := client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, benchPod(i, &arrivals[i]), metav1.CreateOptions{}); err != nil {
+		pod := benchPod(i, &arrivals[i])
+		if isDRA {
+			pod = draBenchPod(i, &arrivals[i])
+		}
+		if _, err := client.CoreV1().Pods(metav1.NamespaceDefault).Create(ctx, pod, metav1.CreateOptions{}); err != nil {
 			b.Fatalf("create pod %d: %v", i, err)
 		}
 	}
@@ -398,7 +432,8 @@ func benchPod(i int, p *simulate.Pod) *corev1.Pod {
 // createBenchNodes makes the trace's nodes through the API (Ready, untainted, allocatable from the
 // trace, the inventory annotation) and returns an empty placement state per node name (for the
 // kube-scheduler-alone run's local placement).
-func createBenchNodes(b *testing.B, client kubernetes.Interface, c *simulate.Cluster, seed uint64) map[string]*placement.NodeState {
+// With withDRA the nodes publish ResourceSlices too (createDRASlices).
+func createBenchNodes(b *testing.B, client kubernetes.Interface, c *simulate.Cluster, seed uint64, withDRA bool) map[string]*placement.NodeState {
 	order := c.NodeOrder(seed)
 	states := map[string]*placement.NodeState{}
 	var mu sync.Mutex
@@ -412,7 +447,7 @@ func createBenchNodes(b *testing.B, client kubernetes.Interface, c *simulate.Clu
 			for pos := range work {
 				n := c.Nodes[order[pos]]
 				name := benchNodeName(pos, len(order), n.Name)
-				ns, err := createBenchNode(client, name, pos, n)
+				ns, err := createBenchNode(client, name, pos, n, withDRA)
 				if err != nil {
 					errs <- err
 					continue
@@ -445,10 +480,14 @@ func createBenchNodes(b *testing.B, client kubernetes.Interface, c *simulate.Clu
 	return states
 }
 
-func createBenchNode(client kubernetes.Interface, name string, pos int, n simulate.Node) (*placement.NodeState, error) {
+func createBenchNode(client kubernetes.Interface, name string, pos int, n simulate.Node, withDRA bool) (*placement.NodeState, error) {
 	inv := &api.NodeInventory{APIVersion: api.Version, Node: name, DriverVersion: "sim", SharesPerGPU: 100}
+	memory := int64(benchGPUMemory)
+	if withDRA {
+		memory = draBenchGPUMemory
+	}
 	for i := 0; i < n.GPUs; i++ {
-		inv.GPUs = append(inv.GPUs, api.GPU{UUID: fmt.Sprintf("GPU-%08x-0000-4000-8000-%012x", pos, i), Index: i, Model: n.Model, MemoryBytes: benchGPUMemory,
+		inv.GPUs = append(inv.GPUs, api.GPU{UUID: fmt.Sprintf("GPU-%08x-0000-4000-8000-%012x", pos, i), Index: i, Model: n.Model, MemoryBytes: memory,
 			SMCount: 80, NUMANode: 0, PCIBusID: fmt.Sprintf("0000:%02x:00.0", i+1), Minor: i, Healthy: true})
 	}
 	data, err := api.EncodeInventory(inv)
@@ -489,6 +528,11 @@ func createBenchNode(client kubernetes.Interface, name string, pos int, n simula
 	})
 	if err != nil {
 		return nil, fmt.Errorf("node %s status: %w", name, err)
+	}
+	if withDRA {
+		if err := createDRASlices(client, inv); err != nil {
+			return nil, err
+		}
 	}
 	ns := placement.NewNodeState(inv, nil)
 	ns.CPUMilli, ns.MemMiB = n.CPUMilli, n.MemMiB
