@@ -39,6 +39,8 @@ type evalMemo struct {
 	// boundData counts the node bound data computed (NodeBound: once per node state and
 	// snapshot, whoever asks first: a call or the warmer).
 	boundData atomic.Int64
+	// twinned counts what was taken from a twin (twinKey) instead of computed.
+	twinned atomic.Int64
 }
 
 // nextTables are the tables of a staged snapshot (by digest) and its node bounds.
@@ -75,6 +77,88 @@ type evalTable struct {
 	// made garbage collection the tail of a never-seen shape's call.
 	bounds     atomic.Pointer[nodeBounds] // set under the memo's lock, read by calls in flight
 	boundWords []atomic.Uint64
+	twins      twins[twin]
+}
+
+// twinKey names a node state by what placement reads of it: its hardware class (TypeID: the
+// TypeKey, everything static that placement and scoring read) and its usage digest (everything in
+// use). Two nodes with equal keys evaluate alike for every request under one snapshot, whatever
+// their names, so the first one's outcome, bound and bound data serve the others (a cluster's empty
+// nodes of one hardware class, or its full ones, are one evaluation, not thousands); the usage
+// digest's collision odds (about 2^-64, keyed per process) are the memo's own.
+type twinKey struct {
+	typeID int
+	usage  uint64
+}
+
+// twinKeyOf is n's twinKey at usage; false where n has no hardware class or untracked usage.
+func twinKeyOf(n *NodeState, usage uint64) (twinKey, bool) {
+	return twinKey{n.TypeID, usage}, n.TypeID != 0 && n.tracked
+}
+
+// twins maps node states by content (twinKey) to what was computed for the first of them: a
+// table's outcomes and bounds (twin), or a snapshot's node bound data (*NodeBound). At most one
+// entry per distinct node state, dropped with the table or bounds that hold it.
+type twins[V any] struct {
+	mu sync.Mutex
+	m  map[twinKey]V
+}
+
+func (t *twins[V]) get(k twinKey) (v V, ok bool) {
+	t.mu.Lock()
+	v, ok = t.m[k]
+	t.mu.Unlock()
+	return v, ok
+}
+
+// put keeps v for k where better (nil: keep any) says it improves on what is kept.
+func (t *twins[V]) put(k twinKey, v V, better func(old V) bool) {
+	t.mu.Lock()
+	if t.m == nil {
+		t.m = map[twinKey]V{}
+	}
+	if old, ok := t.m[k]; !ok || better != nil && better(old) {
+		t.m[k] = v
+	}
+	t.mu.Unlock()
+}
+
+// twin is what a table knows of one node state: its outcome (exact, or why the request does not
+// fit), else an upper bound of its score (b, of kind ScoreBound or ScoreCoarse; kind 0: none).
+type twin struct {
+	o    *evalOutcome
+	b    float64
+	kind ScoreKind
+}
+
+// rank orders what a twin knows: an outcome, then a bound, then a coarse bound.
+func (tw twin) rank() int {
+	switch {
+	case tw.o != nil:
+		return 3
+	case tw.kind == ScoreBound:
+		return 2
+	case tw.kind == ScoreCoarse:
+		return 1
+	}
+	return 0
+}
+
+// twin returns what t knows of the node state k (the zero twin: nothing).
+func (t *evalTable) twin(k twinKey, ok bool) twin {
+	if t == nil || !ok {
+		return twin{}
+	}
+	tw, _ := t.twins.get(k)
+	return tw
+}
+
+// putTwin keeps tw for the node state k where it knows more than what is kept.
+func (t *evalTable) putTwin(k twinKey, ok bool, tw twin) {
+	if t == nil || !ok {
+		return
+	}
+	t.twins.put(k, tw, func(old twin) bool { return tw.rank() > old.rank() })
 }
 
 // nodeBounds keep each node state's NodeBound under one snapshot, by node slot: what a
@@ -84,6 +168,24 @@ type evalTable struct {
 type nodeBounds struct {
 	slots []atomic.Pointer[nodeBoundSlot]
 	gens  atomic.Uint32
+	twins twins[*NodeBound]
+}
+
+// twin returns the bound data kept for the node state k (nil: none; b may be nil).
+func (b *nodeBounds) twin(k twinKey, ok bool) *NodeBound {
+	if b == nil || !ok {
+		return nil
+	}
+	nb, _ := b.twins.get(k)
+	return nb
+}
+
+// putTwin keeps nb for the node state k (the first kept stays: all are alike).
+func (b *nodeBounds) putTwin(k twinKey, ok bool, nb *NodeBound) {
+	if b == nil || !ok || nb == nil {
+		return
+	}
+	b.twins.put(k, nb, nil)
 }
 
 type nodeBoundSlot struct {

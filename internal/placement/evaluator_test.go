@@ -167,3 +167,100 @@ func TestScoreBuckets(t *testing.T) {
 		}
 	}
 }
+
+// TestEvaluatorTwinsAgree: nodes in the same state (equal TypeID and usage digest) share outcomes,
+// bounds and bound data (twinKey), and every node's outcome - exact, or bounded then made exact - is
+// still a fresh evaluation of that node: on copies of 4 random hardware classes (TypeIDs numbered by
+// TypeKey, as the extender's State numbers them) with random placements applied to one copy or the
+// same one to two, so that twins with usage, nodes of one class with other usage, and empty nodes of
+// other classes (usage digest 0 alike) all meet.
+func TestEvaluatorTwinsAgree(t *testing.T) {
+	e, err := NewEngine(api.PolicyTessera)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(37, 3))
+	palette := randomPlanShapes(rng)
+	for len(palette) < 6 {
+		palette = append(palette, randomPlanShapes(rng)...)
+	}
+	st := NewShapeStats()
+	for i := range 300 {
+		st.Observe(&palette[i%len(palette)].Req, 1)
+	}
+	ids := map[string]int{}
+	var nodes []*NodeState
+	for range 4 {
+		proto := randomPlanNode(rng)
+		proto.UsedCPU, proto.UsedMem = 0, 0 // empty: every class starts at usage digest 0
+		for i := range proto.GPUs {
+			g := &proto.GPUs[i]
+			g.Shares, g.UsedMilli, g.UsedMemory, g.Whole, g.wholeApplied = 0, 0, 0, false, 0
+		}
+		for range 6 {
+			n := &NodeState{CPUMilli: proto.CPUMilli, MemMiB: proto.MemMiB, GPUs: append([]GPUState(nil), proto.GPUs...), Dist: proto.Dist}
+			n.Prepare()
+			n.TrackUsage()
+			k := n.TypeKey()
+			if ids[k] == 0 {
+				ids[k] = len(ids) + 1
+			}
+			n.TypeID = ids[k]
+			nodes = append(nodes, n)
+		}
+	}
+	if len(ids) < 2 {
+		t.Fatalf("%d hardware classes: the test needs several", len(ids))
+	}
+	type applied struct {
+		node int
+		r    *Request
+		p    Placement
+	}
+	var placed []applied
+	var ev Evaluator
+	for step := range 200 {
+		r := &palette[rng.IntN(len(palette))].Req
+		sc := st.ScoreContext()
+		fresh := new(ScoreContext)
+		fresh.Reuse(sc)
+		c := ev.Begin(e, sc, r, len(nodes), 1)
+		for i, n := range nodes {
+			var o Outcome
+			if step%2 == 1 {
+				o = c.Refine(0, i, n, c.Bound(0, i, n), math.Inf(-1))
+			} else {
+				o = c.Exact(0, i, n, true)
+			}
+			_, s, u := e.Evaluate(fresh, n, r)
+			if (u == nil) != (o.Unfit == nil) || u != nil && u.Msg != o.Unfit.Msg || u == nil && (o.Kind != ScoreExact || o.Score != s) {
+				t.Fatalf("step %d node %d (class %d): evaluator %+v, fresh score %v unfit %v", step, i, n.TypeID, o, s, u)
+			}
+		}
+		c.Release()
+		// A placement on one node, and now and then the same on a twin of it (twins with usage).
+		k := rng.IntN(len(nodes))
+		q := &palette[rng.IntN(len(palette))].Req
+		if p, _, u := e.Evaluate(st.ScoreContext(), nodes[k], q); u == nil {
+			before := nodes[k].UsageDigest()
+			nodes[k].Apply(q, &p)
+			placed = append(placed, applied{k, q, p})
+			for j, n := range nodes {
+				if j != k && rng.IntN(2) == 0 && n.TypeID == nodes[k].TypeID && n.UsageDigest() == before {
+					n.Apply(q, &p)
+					placed = append(placed, applied{j, q, p})
+					break
+				}
+			}
+		}
+		if step%40 == 39 { // all released: every class's copies are twins at usage 0 again
+			for _, a := range placed {
+				nodes[a.node].Release(a.r, &a.p)
+			}
+			placed = placed[:0]
+		}
+	}
+	if ev.Counts().Twinned == 0 {
+		t.Fatalf("counts %+v: no outcome taken from a twin, the comparison proved little", ev.Counts())
+	}
+}
