@@ -98,27 +98,40 @@ func twinKeyOf(n *NodeState, usage uint64) (twinKey, bool) {
 
 // twins maps node states by content (twinKey) to what was computed for the first of them: a
 // table's outcomes and bounds (twin), or a snapshot's node bound data (*NodeBound). At most one
-// entry per distinct node state, dropped with the table or bounds that hold it.
+// entry per distinct node state, dropped with the table or bounds that hold it. The map is keyed by
+// a word mixed from the key (a uint64 key is the map's fast path: a filter call asks once per node)
+// and each entry keeps its whole key, so two keys that mix alike never share an entry.
 type twins[V any] struct {
 	mu sync.Mutex
-	m  map[twinKey]V
+	m  map[uint64]twinEntry[V]
 }
+
+type twinEntry[V any] struct {
+	k twinKey
+	v V
+}
+
+func (k twinKey) word() uint64 { return k.usage ^ mix64(uint64(k.typeID)) }
 
 func (t *twins[V]) get(k twinKey) (v V, ok bool) {
 	t.mu.Lock()
-	v, ok = t.m[k]
+	e, ok := t.m[k.word()]
 	t.mu.Unlock()
-	return v, ok
+	if !ok || e.k != k {
+		return v, false
+	}
+	return e.v, true
 }
 
-// put keeps v for k where better (nil: keep any) says it improves on what is kept.
+// put keeps v for k where better (nil: keep any) says it improves on what is kept; an entry of
+// another key on the same word stays.
 func (t *twins[V]) put(k twinKey, v V, better func(old V) bool) {
 	t.mu.Lock()
 	if t.m == nil {
-		t.m = map[twinKey]V{}
+		t.m = map[uint64]twinEntry[V]{}
 	}
-	if old, ok := t.m[k]; !ok || better != nil && better(old) {
-		t.m[k] = v
+	if old, ok := t.m[k.word()]; !ok || old.k == k && better != nil && better(old.v) {
+		t.m[k.word()] = twinEntry[V]{k, v}
 	}
 	t.mu.Unlock()
 }
