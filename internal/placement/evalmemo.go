@@ -137,21 +137,19 @@ func (t *twins[V]) put(k twinKey, v V, better func(old V) bool) {
 }
 
 // twin is what a table knows of one node state: its outcome (exact, or why the request does not
-// fit), else an upper bound of its score (b, of kind ScoreBound or ScoreCoarse; kind 0: none).
+// fit), else an upper bound of its score (b, of kind ScoreBound; kind ScoreExact: none).
 type twin struct {
 	o    *evalOutcome
 	b    float64
 	kind ScoreKind
 }
 
-// rank orders what a twin knows: an outcome, then a bound, then a coarse bound.
+// rank orders what a twin knows: an outcome, then a bound.
 func (tw twin) rank() int {
 	switch {
 	case tw.o != nil:
-		return 3
-	case tw.kind == ScoreBound:
 		return 2
-	case tw.kind == ScoreCoarse:
+	case tw.kind == ScoreBound:
 		return 1
 	}
 	return 0

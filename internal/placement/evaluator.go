@@ -219,11 +219,6 @@ func (m *evalMemo) boundOutcome(e *Engine, t *evalTable, sc *ScoreContext, slot 
 		return r.outcome(), true
 	}
 	usage := n.UsageDigest()
-	k, twinable := twinKeyOf(n, usage)
-	tw := t.twin(k, twinable)
-	if tw.o != nil && (tw.o.u == nil || tw.o.explained) {
-		return m.adoptTwin(t, slot, n, usage, tw.o).outcome(), true
-	}
 	var bounds *nodeBounds
 	if t != nil {
 		bounds = t.bounds.Load()
@@ -232,32 +227,39 @@ func (m *evalMemo) boundOutcome(e *Engine, t *evalTable, sc *ScoreContext, slot 
 	if b, kind, ok := t.bound(slot, kept); ok && (coarse || kind == ScoreBound) {
 		return Outcome{Score: b, Kind: kind}, true
 	}
+	// Twins (twinKey) are asked only for what costs more than asking: the node bound data, and
+	// bounds and outcomes that read the node's GPUs; a coarse bound from kept data costs less.
+	k, twinable := twinKeyOf(n, usage)
 	var nb *NodeBound
 	if kept != nil {
 		nb = kept.nb
 	} else if nb = bounds.twin(k, twinable); nb != nil {
 		kept = bounds.put(slot, n, usage, nb) // a twin's data, not computed: not counted
 	}
-	if tw.kind == ScoreBound || coarse && tw.kind == ScoreCoarse {
-		if kept != nil {
-			m.twinned.Add(1)
-			t.storeBound(slot, kept, tw.b, tw.kind)
-			return Outcome{Score: tw.b, Kind: tw.kind}, true
-		}
-	}
 	if coarse {
 		b, got, ok := e.CoarseBound(sc, n, req, nb)
+		if got != nb {
+			bounds.putTwin(k, twinable, got)
+		}
 		kept, nb = m.keepNodeBound(bounds, kept, slot, n, usage, got), got
-		bounds.putTwin(k, twinable, got)
 		if ok {
 			t.storeBound(slot, kept, b, ScoreCoarse)
-			t.putTwin(k, twinable, twin{b: b, kind: ScoreCoarse})
 			return Outcome{Score: b, Kind: ScoreCoarse}, false
 		}
 	}
+	switch tw := t.twin(k, twinable); {
+	case tw.o != nil && (tw.o.u == nil || tw.o.explained):
+		return m.adoptTwin(t, slot, n, usage, tw.o).outcome(), true
+	case tw.kind == ScoreBound && kept != nil:
+		m.twinned.Add(1)
+		t.storeBound(slot, kept, tw.b, ScoreBound)
+		return Outcome{Score: tw.b, Kind: ScoreBound}, true
+	}
 	b, got, u := e.Bound(sc, n, req, nb, true)
+	if got != nb {
+		bounds.putTwin(k, twinable, got)
+	}
 	kept = m.keepNodeBound(bounds, kept, slot, n, usage, got)
-	bounds.putTwin(k, twinable, got)
 	if u != nil {
 		r := &evalOutcome{state: n, usage: usage, u: u, explained: true}
 		t.store(slot, r)
