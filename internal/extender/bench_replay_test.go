@@ -31,20 +31,7 @@ import (
 // Every cost of the live filter's handler is in the numbers except the machine's other load: new
 // request shapes, shape snapshots rebuilt while few pods are known, the warmer's refills.
 func BenchmarkFilterReplay(b *testing.B) {
-	nodes, err := simulate.LoadNodes(streamTrace + "openb_node_list_gpu_node.csv")
-	if err != nil {
-		b.Fatal(err)
-	}
-	pods, err := simulate.LoadPods(streamTrace + "openb_pod_list_default.csv")
-	if err != nil {
-		b.Fatal(err)
-	}
-	var stream []*corev1.Pod
-	for i, p := range simulate.NewCluster(nodes, pods).Arrivals(42, 1.3) {
-		if p.NumGPU > 0 {
-			stream = append(stream, streamPod(fmt.Sprintf("replay-%05d", i), &p))
-		}
-	}
+	nodes, stream := traceStream(b, "replay")
 	for _, c := range []struct {
 		name   string
 		period time.Duration

@@ -51,20 +51,7 @@ const streamTrace = "../../../shared/data/openb/"
 // evaluated cold (the warmer, which refills the tables of the shapes used most after a new snapshot,
 // would be kept busy by a snapshot per pod, so it does not run there).
 func BenchmarkSchedulingStream(b *testing.B) {
-	nodes, err := simulate.LoadNodes(streamTrace + "openb_node_list_gpu_node.csv")
-	if err != nil {
-		b.Fatal(err)
-	}
-	pods, err := simulate.LoadPods(streamTrace + "openb_pod_list_default.csv")
-	if err != nil {
-		b.Fatal(err)
-	}
-	var stream []*corev1.Pod
-	for i, p := range simulate.NewCluster(nodes, pods).Arrivals(42, 1.3) {
-		if p.NumGPU > 0 {
-			stream = append(stream, streamPod(fmt.Sprintf("stream-%05d", i), &p))
-		}
-	}
+	_, stream := traceStream(b, "stream")
 	x := newTestExtender(b, api.PolicyTessera)
 	names := make([]string, 5000)
 	for i := range names {
@@ -237,6 +224,26 @@ func streamBind(x *Extender, pod *corev1.Pod, node string) error {
 	pod.Spec.NodeName = node
 	x.State.UpsertPod(pod, x.Class)
 	return nil
+}
+
+// traceStream loads the openb default trace: its nodes, and its GPU pods in the seed-42 arrival
+// order as pods named <prefix>-<arrival>.
+func traceStream(b *testing.B, prefix string) ([]simulate.Node, []*corev1.Pod) {
+	nodes, err := simulate.LoadNodes(streamTrace + "openb_node_list_gpu_node.csv")
+	if err != nil {
+		b.Fatal(err)
+	}
+	pods, err := simulate.LoadPods(streamTrace + "openb_pod_list_default.csv")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var stream []*corev1.Pod
+	for i, p := range simulate.NewCluster(nodes, pods).Arrivals(42, 1.3) {
+		if p.NumGPU > 0 {
+			stream = append(stream, streamPod(fmt.Sprintf("%s-%05d", prefix, i), &p))
+		}
+	}
+	return nodes, stream
 }
 
 // streamPod is a trace pod as a Kubernetes pod: whole GPUs, or one share with the trace's compute

@@ -35,28 +35,11 @@ func TestBoundWordsRoundUp(t *testing.T) {
 // not change since a request's last call is not evaluated again, one that changed is (or is warmed:
 // Warm), and a new snapshot evaluates every node again.
 func TestEvaluatorRemembersAndAgrees(t *testing.T) {
-	e, err := NewEngine(api.PolicyTessera)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rng := rand.New(rand.NewPCG(35, 1))
-	palette := randomPlanShapes(rng)
-	for len(palette) < 6 {
-		palette = append(palette, randomPlanShapes(rng)...)
-	}
-	st := NewShapeStats()
-	for i := range 300 {
-		st.Observe(&palette[i%len(palette)].Req, 1)
-	}
+	e, rng, palette, st := evaluatorFixture(t, 35, 1)
 	nodes := make([]*NodeState, 24)
 	for i := range nodes {
 		nodes[i] = randomPlanNode(rng)
 		nodes[i].TrackUsage()
-	}
-	type applied struct {
-		node int
-		r    *Request
-		p    Placement
 	}
 	var placed []applied
 	var ev Evaluator
@@ -76,10 +59,7 @@ func TestEvaluatorRemembersAndAgrees(t *testing.T) {
 			} else {
 				o = c.Exact(0, i, n, true)
 			}
-			_, s, u := e.Evaluate(fresh, n, r)
-			if (u == nil) != (o.Unfit == nil) || u != nil && u.Msg != o.Unfit.Msg || u == nil && (o.Kind != ScoreExact || o.Score != s) {
-				t.Fatalf("step %d node %d (bound %v): evaluator %+v, fresh score %v unfit %v", step, i, bound, o, s, u)
-			}
+			agreeFresh(t, e, fresh, n, r, o, "step %d node %d (bound %v)", step, i, bound)
 		}
 		return ev.Counts().Evaluated - before.Evaluated
 	}
@@ -175,19 +155,7 @@ func TestScoreBuckets(t *testing.T) {
 // same one to two, so that twins with usage, nodes of one class with other usage, and empty nodes of
 // other classes (usage digest 0 alike) all meet.
 func TestEvaluatorTwinsAgree(t *testing.T) {
-	e, err := NewEngine(api.PolicyTessera)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rng := rand.New(rand.NewPCG(37, 3))
-	palette := randomPlanShapes(rng)
-	for len(palette) < 6 {
-		palette = append(palette, randomPlanShapes(rng)...)
-	}
-	st := NewShapeStats()
-	for i := range 300 {
-		st.Observe(&palette[i%len(palette)].Req, 1)
-	}
+	e, rng, palette, st := evaluatorFixture(t, 37, 3)
 	ids := map[string]int{}
 	var nodes []*NodeState
 	for range 4 {
@@ -212,11 +180,6 @@ func TestEvaluatorTwinsAgree(t *testing.T) {
 	if len(ids) < 2 {
 		t.Fatalf("%d hardware classes: the test needs several", len(ids))
 	}
-	type applied struct {
-		node int
-		r    *Request
-		p    Placement
-	}
 	var placed []applied
 	var ev Evaluator
 	for step := range 200 {
@@ -232,10 +195,7 @@ func TestEvaluatorTwinsAgree(t *testing.T) {
 			} else {
 				o = c.Exact(0, i, n, true)
 			}
-			_, s, u := e.Evaluate(fresh, n, r)
-			if (u == nil) != (o.Unfit == nil) || u != nil && u.Msg != o.Unfit.Msg || u == nil && (o.Kind != ScoreExact || o.Score != s) {
-				t.Fatalf("step %d node %d (class %d): evaluator %+v, fresh score %v unfit %v", step, i, n.TypeID, o, s, u)
-			}
+			agreeFresh(t, e, fresh, n, r, o, "step %d node %d (class %d)", step, i, n.TypeID)
 		}
 		c.Release()
 		// A placement on one node, and now and then the same on a twin of it (twins with usage).
@@ -263,4 +223,41 @@ func TestEvaluatorTwinsAgree(t *testing.T) {
 	if ev.Counts().Twinned == 0 {
 		t.Fatalf("counts %+v: no outcome taken from a twin, the comparison proved little", ev.Counts())
 	}
+}
+
+// evaluatorFixture is the evaluator tests' engine (tessera), random generator (seeded a, b), a
+// palette of at least 6 request shapes, and shape statistics that have seen 300 pods of them.
+func evaluatorFixture(t *testing.T, a, b uint64) (*Engine, *rand.Rand, []Shape, *ShapeStats) {
+	t.Helper()
+	e, err := NewEngine(api.PolicyTessera)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(a, b))
+	palette := randomPlanShapes(rng)
+	for len(palette) < 6 {
+		palette = append(palette, randomPlanShapes(rng)...)
+	}
+	st := NewShapeStats()
+	for i := range 300 {
+		st.Observe(&palette[i%len(palette)].Req, 1)
+	}
+	return e, rng, palette, st
+}
+
+// agreeFresh fails the test unless o is r's fresh evaluation on n (with fresh): the same Unfit
+// message, or the same exact score; where (a format and its arguments) names the case.
+func agreeFresh(t *testing.T, e *Engine, fresh *ScoreContext, n *NodeState, r *Request, o Outcome, where string, args ...any) {
+	t.Helper()
+	_, s, u := e.Evaluate(fresh, n, r)
+	if (u == nil) != (o.Unfit == nil) || u != nil && u.Msg != o.Unfit.Msg || u == nil && (o.Kind != ScoreExact || o.Score != s) {
+		t.Fatalf(where+": evaluator %+v, fresh score %v unfit %v", append(args, o, s, u)...)
+	}
+}
+
+// applied is a placement a test applied: on which node, of which request.
+type applied struct {
+	node int
+	r    *Request
+	p    Placement
 }
