@@ -61,8 +61,14 @@ type pendingRequest struct {
 const evalMemoBudget = 64 << 20
 
 // evalSlotBytes is what one node slot of a table costs: the pointer plus the outcome it points to,
-// and the bound word.
-const evalSlotBytes = 8 + 8 + 48
+// the bound word, and its part of the table's twins (at most one entry of about 96 bytes, map
+// overhead included, per twinShare slots).
+const evalSlotBytes = 8 + 8 + 48 + 96/twinShare
+
+// twinShare bounds a table's twins to one entry per twinShare node slots: on a cluster whose nodes
+// are all in states of their own, twins only cost (an entry per node and table), and where states
+// repeat, the repeated ones (empty nodes of a class) are met early and kept.
+const twinShare = 8
 
 type evalTable struct {
 	used  atomic.Uint64
@@ -102,8 +108,9 @@ func twinKeyOf(n *NodeState, usage uint64) (twinKey, bool) {
 // a word mixed from the key (a uint64 key is the map's fast path: a filter call asks once per node)
 // and each entry keeps its whole key, so two keys that mix alike never share an entry.
 type twins[V any] struct {
-	mu sync.Mutex
-	m  map[uint64]twinEntry[V]
+	mu    sync.Mutex
+	m     map[uint64]twinEntry[V]
+	limit int // the most entries kept (0: no limit)
 }
 
 type twinEntry[V any] struct {
@@ -130,7 +137,8 @@ func (t *twins[V]) put(k twinKey, v V, better func(old V) bool) {
 	if t.m == nil {
 		t.m = map[uint64]twinEntry[V]{}
 	}
-	if old, ok := t.m[k.word()]; !ok || old.k == k && better != nil && better(old.v) {
+	old, ok := t.m[k.word()]
+	if !ok && (t.limit == 0 || len(t.m) < t.limit) || ok && old.k == k && better != nil && better(old.v) {
 		t.m[k.word()] = twinEntry[V]{k, v}
 	}
 	t.mu.Unlock()
@@ -391,7 +399,9 @@ func (m *evalMemo) newTableLocked(digest string, req *Request, slots int) *evalT
 // (nodes added later).
 func newEvalTable(req *Request, slots int) *evalTable {
 	n := slots + slots/8 + 8
-	return &evalTable{slots: make([]atomic.Pointer[evalOutcome], n), boundWords: make([]atomic.Uint64, n), req: req}
+	t := &evalTable{slots: make([]atomic.Pointer[evalOutcome], n), boundWords: make([]atomic.Uint64, n), req: req}
+	t.twins.limit = n/twinShare + 1
+	return t
 }
 
 // warmTables returns the tables under snapshot for the warmer, most recently used first: every

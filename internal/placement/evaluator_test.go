@@ -261,3 +261,34 @@ type applied struct {
 	r    *Request
 	p    Placement
 }
+
+// TestTableTwinsBounded: a table keeps twins for at most one node state in twinShare of its slots
+// (a cluster of distinct nodes would otherwise grow an entry per node and table beside the memo's
+// budget); what it keeps can still be improved (a bound replaced by an outcome), and two keys that
+// share a map word do not share an entry.
+func TestTableTwinsBounded(t *testing.T) {
+	tab := newEvalTable(nil, 200)
+	limit := len(tab.slots)/twinShare + 1
+	for i := range 3 * limit {
+		tab.putTwin(twinKey{1, uint64(i + 1)}, true, twin{b: 1, kind: ScoreBound})
+	}
+	if n := len(tab.twins.m); n != limit {
+		t.Fatalf("%d twins kept for %d slots, want %d", n, len(tab.slots), limit)
+	}
+	o := &evalOutcome{score: 3}
+	tab.putTwin(twinKey{1, 1}, true, twin{o: o})
+	if got := tab.twin(twinKey{1, 1}, true); got.o != o {
+		t.Fatalf("kept twin not improved by an outcome: %+v", got)
+	}
+	a := twinKey{2, 5}
+	b := twinKey{3, a.word() ^ mix64(3)} // the same word as a
+	if a.word() != b.word() {
+		t.Fatal("test keys do not share a word")
+	}
+	var m twins[int]
+	m.put(a, 1, nil)
+	m.put(b, 2, nil)
+	if v, ok := m.get(b); ok {
+		t.Fatalf("key %v read key %v's entry %d", b, a, v)
+	}
+}
