@@ -56,8 +56,8 @@ type pendingRequest struct {
 	used uint64
 }
 
-// evalMemoBudget bounds the memo: one table of a 5,000-node cluster is about 5000 x (8 + 8 + 48)
-// bytes, so 64 MiB keep about 210 request shapes (the openb default trace has 126).
+// evalMemoBudget bounds the memo: one table of a 5,000-node cluster is about 5000 x evalSlotBytes
+// (76) bytes, so 64 MiB keep about 176 request shapes (the openb default trace has 126).
 const evalMemoBudget = 64 << 20
 
 // evalSlotBytes is what one node slot of a table costs: the pointer plus the outcome it points to,
