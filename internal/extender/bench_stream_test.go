@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -50,20 +51,7 @@ const streamTrace = "../../../shared/data/openb/"
 // evaluated cold (the warmer, which refills the tables of the shapes used most after a new snapshot,
 // would be kept busy by a snapshot per pod, so it does not run there).
 func BenchmarkSchedulingStream(b *testing.B) {
-	nodes, err := simulate.LoadNodes(streamTrace + "openb_node_list_gpu_node.csv")
-	if err != nil {
-		b.Fatal(err)
-	}
-	pods, err := simulate.LoadPods(streamTrace + "openb_pod_list_default.csv")
-	if err != nil {
-		b.Fatal(err)
-	}
-	var stream []*corev1.Pod
-	for i, p := range simulate.NewCluster(nodes, pods).Arrivals(42, 1.3) {
-		if p.NumGPU > 0 {
-			stream = append(stream, streamPod(fmt.Sprintf("stream-%05d", i), &p))
-		}
-	}
+	_, stream := traceStream(b, "stream")
 	x := newTestExtender(b, api.PolicyTessera)
 	names := make([]string, 5000)
 	for i := range names {
@@ -91,36 +79,41 @@ func BenchmarkSchedulingStream(b *testing.B) {
 	h := x.Handler(nil)
 	// steady: after 2,000 pods untimed (the memo has met the trace's shapes, as in an extender that
 	// has been running).
-	b.Run("steady-unwarmed", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 2000, 0, 0) })
+	b.Run("steady-unwarmed", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 2000, 0, 0, true) })
 	b.Run("paced-40hz-unwarmed", func(b *testing.B) {
-		streamOps(b, x, h, names, stream, &next, &placed, 200, 0, 25*time.Millisecond)
+		streamOps(b, x, h, names, stream, &next, &placed, 200, 0, 25*time.Millisecond, true)
 	})
-	b.Run("new-snapshot-unwarmed", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 0, 1, 0) })
+	b.Run("new-snapshot-unwarmed", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 0, 1, 0, true) })
 	x.State.changes.start()
 	ctx, cancel := context.WithCancel(context.Background())
 	warmer := make(chan struct{})
 	go func() { defer close(warmer); x.RunWarmer(ctx) }()
 	defer func() { cancel(); <-warmer }()
-	b.Run("steady", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 2000, 0, 0) })
+	b.Run("steady", func(b *testing.B) { streamOps(b, x, h, names, stream, &next, &placed, 2000, 0, 0, true) })
 	b.Run("paced-40hz", func(b *testing.B) {
-		streamOps(b, x, h, names, stream, &next, &placed, 200, 0, 25*time.Millisecond)
+		streamOps(b, x, h, names, stream, &next, &placed, 200, 0, 25*time.Millisecond, true)
 	})
 	// A mix that drifts: a new shape snapshot every 40 pods (once a second at 40 Hz), staged while
 	// the warmer fills it (the default), or serving at once (StageSnapshots off).
 	b.Run("paced-40hz-drifting", func(b *testing.B) {
-		streamOps(b, x, h, names, stream, &next, &placed, 200, 40, 25*time.Millisecond)
+		streamOps(b, x, h, names, stream, &next, &placed, 200, 40, 25*time.Millisecond, true)
 	})
 	b.Run("paced-40hz-drifting-unstaged", func(b *testing.B) {
 		x.State.Shapes().StageSnapshots(false)
 		defer x.State.Shapes().StageSnapshots(true)
-		streamOps(b, x, h, names, stream, &next, &placed, 200, 40, 25*time.Millisecond)
+		streamOps(b, x, h, names, stream, &next, &placed, 200, 40, 25*time.Millisecond, true)
 	})
 }
 
+// streamChoices, when set, gets each op's choice ("op pod node" lines): two builds' choices compared
+// show whether a change moved a placement decision (BenchmarkFilterReplay/unwarmed is deterministic:
+// no warmer, so no timing decides which snapshot serves a call).
+var streamChoices io.Writer
+
 // streamOps times b.N pods of the stream from *next on, after warmup pods untimed; resnapEvery > 0
 // rebuilds the typical-shape snapshot before every resnapEvery-th pod (newSnapshot); a period paces
-// the pods (one per period, warm-up included).
-func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream []*corev1.Pod, next *int, placed *[]types.UID, warmup, resnapEvery int, period time.Duration) {
+// the pods (one per period, warm-up included); churn deletes the oldest pod after each bind.
+func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream []*corev1.Pod, next *int, placed *[]types.UID, warmup, resnapEvery int, period time.Duration, churn bool) {
 	var due time.Time
 	pace := func() {
 		if period <= 0 {
@@ -163,12 +156,17 @@ func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream
 		if fr.NodeNames == nil || len(*fr.NodeNames) == 0 {
 			unschedulable++
 		} else {
+			if streamChoices != nil {
+				fmt.Fprintf(streamChoices, "%d %s %s\n", i, pod.Name, (*fr.NodeNames)[0])
+			}
 			if err := streamBind(x, pod, (*fr.NodeNames)[0]); err != nil {
 				b.Fatal(err)
 			}
 			*placed = append(*placed, pod.UID)
-			x.State.DeletePod((*placed)[0])
-			*placed = (*placed)[1:]
+			if churn {
+				x.State.DeletePod((*placed)[0])
+				*placed = (*placed)[1:]
+			}
 		}
 		b.StartTimer()
 		return took
@@ -178,6 +176,7 @@ func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream
 		one()
 	}
 	r0, e0 := x.Evaluations()
+	t0 := x.eval.Counts().Twinned
 	unschedulable = 0
 	d := make([]time.Duration, 0, b.N)
 	runtime.GC()
@@ -195,6 +194,7 @@ func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream
 	b.ReportMetric(float64(unschedulable)/float64(b.N), "unschedulable/op")
 	r1, e1 := x.Evaluations()
 	b.ReportMetric(float64(r1-r0)/float64(max(1, r1-r0+e1-e0)), "remembered-frac")
+	b.ReportMetric(float64(x.eval.Counts().Twinned-t0)/float64(b.N), "twinned/op")
 }
 
 // streamBind binds pod to node as the extender's bind would decide it (the policy's placement on
@@ -224,6 +224,26 @@ func streamBind(x *Extender, pod *corev1.Pod, node string) error {
 	pod.Spec.NodeName = node
 	x.State.UpsertPod(pod, x.Class)
 	return nil
+}
+
+// traceStream loads the openb default trace: its nodes, and its GPU pods in the seed-42 arrival
+// order as pods named <prefix>-<arrival>.
+func traceStream(b *testing.B, prefix string) ([]simulate.Node, []*corev1.Pod) {
+	nodes, err := simulate.LoadNodes(streamTrace + "openb_node_list_gpu_node.csv")
+	if err != nil {
+		b.Fatal(err)
+	}
+	pods, err := simulate.LoadPods(streamTrace + "openb_pod_list_default.csv")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var stream []*corev1.Pod
+	for i, p := range simulate.NewCluster(nodes, pods).Arrivals(42, 1.3) {
+		if p.NumGPU > 0 {
+			stream = append(stream, streamPod(fmt.Sprintf("%s-%05d", prefix, i), &p))
+		}
+	}
+	return nodes, stream
 }
 
 // streamPod is a trace pod as a Kubernetes pod: whole GPUs, or one share with the trace's compute

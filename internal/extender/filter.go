@@ -408,11 +408,15 @@ func (x *Extender) refineBounds(again revisit, ev *placement.Evaluation, req *pl
 			break // this bucket and every lower one
 		}
 		seg := order[count[b+1]:count[b]]
-		slices.SortFunc(seg, func(a, b int) int { // ties by name: the first of them found leads
+		// Ties in index order, not by name: which tied node is refined first changes only how many
+		// are (offer keeps the smallest name among equal exact scores, least skips the rest), and
+		// nodes in one state (placement's twins) share their bound, so a bucket can hold thousands
+		// of ties whose names cost more to sort than the few extra refinements.
+		slices.SortFunc(seg, func(a, b int) int {
 			if c := cmp.Compare(scores[b], scores[a]); c != 0 {
 				return c
 			}
-			return strings.Compare(names[a], names[b])
+			return cmp.Compare(a, b)
 		})
 		again(seg, refine)
 	}

@@ -24,6 +24,7 @@ func (x *Extender) Handler(ready func() bool) http.Handler {
 	// and a replica passes filter, prioritize and preempt on to it. Only the leader binds, always.
 	mux.HandleFunc("POST /filter", handle(x, synced, verb[extenderv1.ExtenderArgs, extenderv1.ExtenderFilterResult]{
 		path: "/filter",
+		busy: true,
 		serve: func(_ context.Context, args *extenderv1.ExtenderArgs) (any, func(), error) {
 			fr := x.filter(args)
 			return fr, fr.release, nil
@@ -34,6 +35,7 @@ func (x *Extender) Handler(ready func() bool) http.Handler {
 	}))
 	mux.HandleFunc("POST /prioritize", handle(x, synced, verb[extenderv1.ExtenderArgs, extenderv1.HostPriorityList]{
 		path: "/prioritize",
+		busy: true,
 		serve: func(_ context.Context, args *extenderv1.ExtenderArgs) (any, func(), error) {
 			list, err := x.Prioritize(args)
 			return list, nil, err
@@ -75,6 +77,11 @@ type verb[A, R any] struct {
 	path string
 	// always: a non-leader passes the verb on whether or not the extender is pick-one.
 	always bool
+	// busy: the warmer waits while the request is in flight, from its first byte read to its
+	// reply written (filter, prioritize), not only while Filter or Prioritize runs: decoding and
+	// encoding allocate, and a call held up there (the garbage collector's assist) while the
+	// warmer ran on was part of the replay's tail.
+	busy bool
 	// serve answers on this replica: the reply, what to do once it is written (or nil), and an
 	// error answered as HTTP 500.
 	serve func(ctx context.Context, args *A) (reply any, done func(), err error)
@@ -88,6 +95,10 @@ func handle[A, R any](x *Extender, synced func(http.ResponseWriter) bool, v verb
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !synced(w) {
 			return
+		}
+		if v.busy {
+			x.calls.Add(1)
+			defer x.calls.Add(-1)
 		}
 		var args A
 		release, ok := x.decodeVerb(w, r, &args)

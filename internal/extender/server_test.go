@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -132,5 +133,36 @@ func TestPickOneReplicaPassesVerbsOn(t *testing.T) {
 	fr = extenderv1.ExtenderFilterResult{}
 	if code := post(fs.URL, "/filter", args, &fr); code != http.StatusOK || fr.Error != "" || len(fr.FailedNodes) != 1 {
 		t.Fatalf("filter without pick-one: %d %+v, want the follower's own answer (n1 unknown to it)", code, fr)
+	}
+}
+
+// TestWarmerWaitsWhileRequestIsRead: a filter or prioritize request counts as in flight (the
+// warmer waits, warm.go) from the handler's first read of its body, not only once it is decoded,
+// and stops counting once answered.
+func TestWarmerWaitsWhileRequestIsRead(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	x.State.UpsertNode(testNode(testInventory("n1", 1, 2, "T4"), nil))
+	h := x.Handler(nil)
+	for _, path := range []string{"/filter", "/prioritize"} {
+		body, wr := io.Pipe()
+		done := make(chan int)
+		go func() {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, body))
+			done <- rec.Code
+		}()
+		// The write returns once the handler has read it: the handler is reading the body.
+		if _, err := wr.Write([]byte(`{"pod": `)); err != nil {
+			t.Fatal(err)
+		}
+		if x.calls.Load() == 0 {
+			t.Errorf("%s: not in flight while its body is read: the warmer would run on", path)
+		}
+		_, _ = wr.Write([]byte(`null}`))
+		_ = wr.Close()
+		<-done
+		if n := x.calls.Load(); n != 0 {
+			t.Fatalf("%s: %d calls in flight after the reply", path, n)
+		}
 	}
 }

@@ -111,6 +111,9 @@ type nodeEntry struct {
 	heartbeatErr  string
 	// slot is the entry's index in per-node tables (the evaluation memo); freed slots are reused.
 	slot int
+	// deleted: the entry left the State's nodes (guarded by the State's lock); an entry never
+	// comes back, a node seen again gets a new one.
+	deleted bool
 	// changed: the entry is in the change log (guarded by changeLog.mu).
 	changed bool
 }

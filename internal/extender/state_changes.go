@@ -73,7 +73,7 @@ func (s *State) viewEntries(entries []*nodeEntry, f func(slot int, n *placement.
 	defer s.mu.RUnlock()
 	now := s.now()
 	for _, e := range entries {
-		if s.nodes[e.name] != e || s.unusable(e, now) != "" {
+		if e.deleted || s.unusable(e, now) != "" { // not s.nodes[e.name] != e: a name lookup per node and table
 			continue
 		}
 		f(e.slot, e.state)

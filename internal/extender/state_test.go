@@ -142,3 +142,23 @@ func TestStateReportsFreeComputeByModel(t *testing.T) {
 	s.DeleteNode("n1")
 	want("node gone", 0, 2000)
 }
+
+// TestViewEntriesSkipsDeletedNodes: entries listed before their node was deleted (the warmer's
+// list of changed or usable nodes) are not viewed afterwards, also once a new node took the
+// deleted one's slot and a node of the same name came back (a new entry).
+func TestViewEntriesSkipsDeletedNodes(t *testing.T) {
+	s := NewState(DefaultTTL, nil)
+	for i, name := range []string{"n1", "n2", "n3"} {
+		s.UpsertNode(testNode(testInventory(name, i, 2, "A100"), nil))
+	}
+	listed := s.usableEntries()
+	s.DeleteNode("n2")
+	s.UpsertNode(testNode(testInventory("n4", 4, 2, "A100"), nil)) // takes n2's slot
+	s.UpsertNode(testNode(testInventory("n2", 2, 2, "A100"), nil)) // n2 again: a new entry
+	var seen []string
+	s.viewEntries(listed, func(_ int, n *placement.NodeState) { seen = append(seen, n.Name) })
+	slices.Sort(seen)
+	if !slices.Equal(seen, []string{"n1", "n3"}) {
+		t.Fatalf("viewed %v of the entries listed before n2 was deleted, want [n1 n3]", seen)
+	}
+}

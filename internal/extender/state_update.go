@@ -121,6 +121,7 @@ func (s *State) DeleteNode(name string) {
 			s.shapes.AddNodeFree(e.state, -1)
 		}
 		delete(s.nodes, name)
+		e.deleted = true
 		s.freeSlots = append(s.freeSlots, e.slot)
 		s.nodeGen++
 	}

@@ -39,6 +39,8 @@ type evalMemo struct {
 	// boundData counts the node bound data computed (NodeBound: once per node state and
 	// snapshot, whoever asks first: a call or the warmer).
 	boundData atomic.Int64
+	// twinned counts what was taken from a twin (twinKey) instead of computed.
+	twinned atomic.Int64
 }
 
 // nextTables are the tables of a staged snapshot (by digest) and its node bounds.
@@ -54,13 +56,19 @@ type pendingRequest struct {
 	used uint64
 }
 
-// evalMemoBudget bounds the memo: one table of a 5,000-node cluster is about 5000 x (8 + 8 + 48)
-// bytes, so 64 MiB keep about 210 request shapes (the openb default trace has 126).
+// evalMemoBudget bounds the memo: one table of a 5,000-node cluster is about 5000 x evalSlotBytes
+// (76) bytes, so 64 MiB keep about 176 request shapes (the openb default trace has 126).
 const evalMemoBudget = 64 << 20
 
 // evalSlotBytes is what one node slot of a table costs: the pointer plus the outcome it points to,
-// and the bound word.
-const evalSlotBytes = 8 + 8 + 48
+// the bound word, and its part of the table's twins (at most one entry of about 96 bytes, map
+// overhead included, per twinShare slots).
+const evalSlotBytes = 8 + 8 + 48 + 96/twinShare
+
+// twinShare bounds a table's twins to one entry per twinShare node slots: on a cluster whose nodes
+// are all in states of their own, twins only cost (an entry per node and table), and where states
+// repeat, the repeated ones (empty nodes of a class) are met early and kept.
+const twinShare = 8
 
 type evalTable struct {
 	used  atomic.Uint64
@@ -75,6 +83,101 @@ type evalTable struct {
 	// made garbage collection the tail of a never-seen shape's call.
 	bounds     atomic.Pointer[nodeBounds] // set under the memo's lock, read by calls in flight
 	boundWords []atomic.Uint64
+	twins      twins[twin]
+}
+
+// twinKey names a node state by what placement reads of it: its hardware class (TypeID: the
+// TypeKey, everything static that placement and scoring read) and its usage digest (everything in
+// use). Two nodes with equal keys evaluate alike for every request under one snapshot, whatever
+// their names, so the first one's outcome, bound and bound data serve the others (a cluster's empty
+// nodes of one hardware class, or its full ones, are one evaluation, not thousands); the usage
+// digest's collision odds (about 2^-64, keyed per process) are the memo's own.
+type twinKey struct {
+	typeID int
+	usage  uint64
+}
+
+// twinKeyOf is n's twinKey at usage; false where n has no hardware class or untracked usage.
+func twinKeyOf(n *NodeState, usage uint64) (twinKey, bool) {
+	return twinKey{n.TypeID, usage}, n.TypeID != 0 && n.tracked
+}
+
+// twins maps node states by content (twinKey) to what was computed for the first of them: a
+// table's outcomes and bounds (twin), or a snapshot's node bound data (*NodeBound). At most one
+// entry per distinct node state, dropped with the table or bounds that hold it. The map is keyed by
+// a word mixed from the key (a uint64 key is the map's fast path: a filter call asks once per node)
+// and each entry keeps its whole key, so two keys that mix alike never share an entry.
+type twins[V any] struct {
+	mu    sync.Mutex
+	m     map[uint64]twinEntry[V]
+	limit int // the most entries kept (0: no limit)
+}
+
+type twinEntry[V any] struct {
+	k twinKey
+	v V
+}
+
+func (k twinKey) word() uint64 { return k.usage ^ mix64(uint64(k.typeID)) }
+
+func (t *twins[V]) get(k twinKey) (v V, ok bool) {
+	t.mu.Lock()
+	e, ok := t.m[k.word()]
+	t.mu.Unlock()
+	if !ok || e.k != k {
+		return v, false
+	}
+	return e.v, true
+}
+
+// put keeps v for k where better (nil: keep any) says it improves on what is kept; an entry of
+// another key on the same word stays.
+func (t *twins[V]) put(k twinKey, v V, better func(old V) bool) {
+	t.mu.Lock()
+	if t.m == nil {
+		t.m = map[uint64]twinEntry[V]{}
+	}
+	old, ok := t.m[k.word()]
+	if !ok && (t.limit == 0 || len(t.m) < t.limit) || ok && old.k == k && better != nil && better(old.v) {
+		t.m[k.word()] = twinEntry[V]{k, v}
+	}
+	t.mu.Unlock()
+}
+
+// twin is what a table knows of one node state: its outcome (exact, or why the request does not
+// fit), else an upper bound of its score (b, of kind ScoreBound; kind ScoreExact: none).
+type twin struct {
+	o    *evalOutcome
+	b    float64
+	kind ScoreKind
+}
+
+// rank orders what a twin knows: an outcome, then a bound.
+func (tw twin) rank() int {
+	switch {
+	case tw.o != nil:
+		return 2
+	case tw.kind == ScoreBound:
+		return 1
+	}
+	return 0
+}
+
+// twin returns what t knows of the node state k (the zero twin: nothing).
+func (t *evalTable) twin(k twinKey, ok bool) twin {
+	if t == nil || !ok {
+		return twin{}
+	}
+	tw, _ := t.twins.get(k)
+	return tw
+}
+
+// putTwin keeps tw for the node state k where it knows more than what is kept.
+func (t *evalTable) putTwin(k twinKey, ok bool, tw twin) {
+	if t == nil || !ok {
+		return
+	}
+	t.twins.put(k, tw, func(old twin) bool { return tw.rank() > old.rank() })
 }
 
 // nodeBounds keep each node state's NodeBound under one snapshot, by node slot: what a
@@ -84,6 +187,24 @@ type evalTable struct {
 type nodeBounds struct {
 	slots []atomic.Pointer[nodeBoundSlot]
 	gens  atomic.Uint32
+	twins twins[*NodeBound]
+}
+
+// twin returns the bound data kept for the node state k (nil: none; b may be nil).
+func (b *nodeBounds) twin(k twinKey, ok bool) *NodeBound {
+	if b == nil || !ok {
+		return nil
+	}
+	nb, _ := b.twins.get(k)
+	return nb
+}
+
+// putTwin keeps nb for the node state k (the first kept stays: all are alike).
+func (b *nodeBounds) putTwin(k twinKey, ok bool, nb *NodeBound) {
+	if b == nil || !ok || nb == nil {
+		return
+	}
+	b.twins.put(k, nb, nil)
 }
 
 type nodeBoundSlot struct {
@@ -278,7 +399,9 @@ func (m *evalMemo) newTableLocked(digest string, req *Request, slots int) *evalT
 // (nodes added later).
 func newEvalTable(req *Request, slots int) *evalTable {
 	n := slots + slots/8 + 8
-	return &evalTable{slots: make([]atomic.Pointer[evalOutcome], n), boundWords: make([]atomic.Uint64, n), req: req}
+	t := &evalTable{slots: make([]atomic.Pointer[evalOutcome], n), boundWords: make([]atomic.Uint64, n), req: req}
+	t.twins.limit = n/twinShare + 1
+	return t
 }
 
 // warmTables returns the tables under snapshot for the warmer, most recently used first: every

@@ -66,12 +66,15 @@ type Outcome struct {
 // node state and snapshot, whoever asks first, a call or the warmer).
 type EvalCounts struct {
 	Remembered, Evaluated, Bounded, Warmed, BoundData int64
+	// Twinned counts the outcomes and bounds taken from another node in the same state (twinKey)
+	// instead of computed, within the other counts.
+	Twinned int64
 }
 
 // Counts returns the evaluator's counters (for metrics and tests).
 func (ev *Evaluator) Counts() EvalCounts {
 	m := &ev.memo
-	return EvalCounts{m.remembered.Load(), m.evaluated.Load(), m.bounded.Load(), m.warmed.Load(), m.boundData.Load()}
+	return EvalCounts{m.remembered.Load(), m.evaluated.Load(), m.bounded.Load(), m.warmed.Load(), m.boundData.Load(), m.twinned.Load()}
 }
 
 // Reset forgets every remembered outcome and kept bound data (benchmarks of the evaluation itself,
@@ -224,27 +227,57 @@ func (m *evalMemo) boundOutcome(e *Engine, t *evalTable, sc *ScoreContext, slot 
 	if b, kind, ok := t.bound(slot, kept); ok && (coarse || kind == ScoreBound) {
 		return Outcome{Score: b, Kind: kind}, true
 	}
+	// Twins (twinKey) are asked only for what costs more than asking: the node bound data, and
+	// bounds and outcomes that read the node's GPUs; a coarse bound from kept data costs less.
+	k, twinable := twinKeyOf(n, usage)
 	var nb *NodeBound
 	if kept != nil {
 		nb = kept.nb
+	} else if nb = bounds.twin(k, twinable); nb != nil {
+		kept = bounds.put(slot, n, usage, nb) // a twin's data, not computed: not counted
 	}
 	if coarse {
 		b, got, ok := e.CoarseBound(sc, n, req, nb)
+		if got != nb {
+			bounds.putTwin(k, twinable, got)
+		}
 		kept, nb = m.keepNodeBound(bounds, kept, slot, n, usage, got), got
 		if ok {
 			t.storeBound(slot, kept, b, ScoreCoarse)
 			return Outcome{Score: b, Kind: ScoreCoarse}, false
 		}
 	}
+	switch tw := t.twin(k, twinable); {
+	case tw.o != nil && (tw.o.u == nil || tw.o.explained):
+		return m.adoptTwin(t, slot, n, usage, tw.o).outcome(), true
+	case tw.kind == ScoreBound && kept != nil:
+		m.twinned.Add(1)
+		t.storeBound(slot, kept, tw.b, ScoreBound)
+		return Outcome{Score: tw.b, Kind: ScoreBound}, true
+	}
 	b, got, u := e.Bound(sc, n, req, nb, true)
+	if got != nb {
+		bounds.putTwin(k, twinable, got)
+	}
 	kept = m.keepNodeBound(bounds, kept, slot, n, usage, got)
 	if u != nil {
 		r := &evalOutcome{state: n, usage: usage, u: u, explained: true}
 		t.store(slot, r)
+		t.putTwin(k, twinable, twin{o: r})
 		return r.outcome(), false
 	}
 	t.storeBound(slot, kept, b, ScoreBound)
+	t.putTwin(k, twinable, twin{b: b, kind: ScoreBound})
 	return Outcome{Score: b, Kind: ScoreBound}, false
+}
+
+// adoptTwin remembers twin's outcome (another node state's with n's content) as n's (in slot).
+func (m *evalMemo) adoptTwin(t *evalTable, slot int, n *NodeState, usage uint64, twin *evalOutcome) *evalOutcome {
+	m.twinned.Add(1)
+	o := *twin
+	o.state, o.usage = n, usage
+	t.store(slot, &o)
+	return &o
 }
 
 // keepNodeBound keeps nb for node slot where it is new (not kept's) and returns what is kept.
@@ -258,7 +291,12 @@ func (m *evalMemo) keepNodeBound(bounds *nodeBounds, kept *nodeBoundSlot, slot i
 
 // store evaluates req on node n (in slot) with e and sc and remembers the outcome in t.
 func (m *evalMemo) store(e *Engine, t *evalTable, sc *ScoreContext, slot int, n *NodeState, req *Request, explain bool) *evalOutcome {
-	o := &evalOutcome{state: n, usage: n.UsageDigest(), explained: explain}
+	usage := n.UsageDigest()
+	k, twinable := twinKeyOf(n, usage)
+	if tw := t.twin(k, twinable); tw.o != nil && (!explain || tw.o.u == nil || tw.o.explained) {
+		return m.adoptTwin(t, slot, n, usage, tw.o)
+	}
+	o := &evalOutcome{state: n, usage: usage, explained: explain}
 	p, s, u := e.EvaluateScratch(sc, n, req, explain)
 	if u != nil {
 		o.u = u
@@ -266,6 +304,7 @@ func (m *evalMemo) store(e *Engine, t *evalTable, sc *ScoreContext, slot int, n 
 		o.score, o.gen = s, placementGeneration(n, &p)
 	}
 	t.store(slot, o)
+	t.putTwin(k, twinable, twin{o: o})
 	return o
 }
 

@@ -35,28 +35,11 @@ func TestBoundWordsRoundUp(t *testing.T) {
 // not change since a request's last call is not evaluated again, one that changed is (or is warmed:
 // Warm), and a new snapshot evaluates every node again.
 func TestEvaluatorRemembersAndAgrees(t *testing.T) {
-	e, err := NewEngine(api.PolicyTessera)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rng := rand.New(rand.NewPCG(35, 1))
-	palette := randomPlanShapes(rng)
-	for len(palette) < 6 {
-		palette = append(palette, randomPlanShapes(rng)...)
-	}
-	st := NewShapeStats()
-	for i := range 300 {
-		st.Observe(&palette[i%len(palette)].Req, 1)
-	}
+	e, rng, palette, st := evaluatorFixture(t, 35, 1)
 	nodes := make([]*NodeState, 24)
 	for i := range nodes {
 		nodes[i] = randomPlanNode(rng)
 		nodes[i].TrackUsage()
-	}
-	type applied struct {
-		node int
-		r    *Request
-		p    Placement
 	}
 	var placed []applied
 	var ev Evaluator
@@ -76,10 +59,7 @@ func TestEvaluatorRemembersAndAgrees(t *testing.T) {
 			} else {
 				o = c.Exact(0, i, n, true)
 			}
-			_, s, u := e.Evaluate(fresh, n, r)
-			if (u == nil) != (o.Unfit == nil) || u != nil && u.Msg != o.Unfit.Msg || u == nil && (o.Kind != ScoreExact || o.Score != s) {
-				t.Fatalf("step %d node %d (bound %v): evaluator %+v, fresh score %v unfit %v", step, i, bound, o, s, u)
-			}
+			agreeFresh(t, e, fresh, n, r, o, "step %d node %d (bound %v)", step, i, bound)
 		}
 		return ev.Counts().Evaluated - before.Evaluated
 	}
@@ -165,5 +145,150 @@ func TestScoreBuckets(t *testing.T) {
 		if b > 0 && s <= BucketTop(b-1) {
 			t.Fatalf("score %v in bucket %d although bucket %d's top %v holds it", s, b, b-1, BucketTop(b-1))
 		}
+	}
+}
+
+// TestEvaluatorTwinsAgree: nodes in the same state (equal TypeID and usage digest) share outcomes,
+// bounds and bound data (twinKey), and every node's outcome - exact, or bounded then made exact - is
+// still a fresh evaluation of that node: on copies of 4 random hardware classes (TypeIDs numbered by
+// TypeKey, as the extender's State numbers them) with random placements applied to one copy or the
+// same one to two, so that twins with usage, nodes of one class with other usage, and empty nodes of
+// other classes (usage digest 0 alike) all meet.
+func TestEvaluatorTwinsAgree(t *testing.T) {
+	e, rng, palette, st := evaluatorFixture(t, 37, 3)
+	ids := map[string]int{}
+	var nodes []*NodeState
+	for range 4 {
+		proto := randomPlanNode(rng)
+		proto.UsedCPU, proto.UsedMem = 0, 0 // empty: every class starts at usage digest 0
+		for i := range proto.GPUs {
+			g := &proto.GPUs[i]
+			g.Shares, g.UsedMilli, g.UsedMemory, g.Whole, g.wholeApplied = 0, 0, 0, false, 0
+		}
+		for range 6 {
+			n := &NodeState{CPUMilli: proto.CPUMilli, MemMiB: proto.MemMiB, GPUs: append([]GPUState(nil), proto.GPUs...), Dist: proto.Dist}
+			n.Prepare()
+			n.TrackUsage()
+			k := n.TypeKey()
+			if ids[k] == 0 {
+				ids[k] = len(ids) + 1
+			}
+			n.TypeID = ids[k]
+			nodes = append(nodes, n)
+		}
+	}
+	if len(ids) < 2 {
+		t.Fatalf("%d hardware classes: the test needs several", len(ids))
+	}
+	var placed []applied
+	var ev Evaluator
+	for step := range 200 {
+		r := &palette[rng.IntN(len(palette))].Req
+		sc := st.ScoreContext()
+		fresh := new(ScoreContext)
+		fresh.Reuse(sc)
+		c := ev.Begin(e, sc, r, len(nodes), 1)
+		for i, n := range nodes {
+			var o Outcome
+			if step%2 == 1 {
+				o = c.Refine(0, i, n, c.Bound(0, i, n), math.Inf(-1))
+			} else {
+				o = c.Exact(0, i, n, true)
+			}
+			agreeFresh(t, e, fresh, n, r, o, "step %d node %d (class %d)", step, i, n.TypeID)
+		}
+		c.Release()
+		// A placement on one node, and now and then the same on a twin of it (twins with usage).
+		k := rng.IntN(len(nodes))
+		q := &palette[rng.IntN(len(palette))].Req
+		if p, _, u := e.Evaluate(st.ScoreContext(), nodes[k], q); u == nil {
+			before := nodes[k].UsageDigest()
+			nodes[k].Apply(q, &p)
+			placed = append(placed, applied{k, q, p})
+			for j, n := range nodes {
+				if j != k && rng.IntN(2) == 0 && n.TypeID == nodes[k].TypeID && n.UsageDigest() == before {
+					n.Apply(q, &p)
+					placed = append(placed, applied{j, q, p})
+					break
+				}
+			}
+		}
+		if step%40 == 39 { // all released: every class's copies are twins at usage 0 again
+			for _, a := range placed {
+				nodes[a.node].Release(a.r, &a.p)
+			}
+			placed = placed[:0]
+		}
+	}
+	if ev.Counts().Twinned == 0 {
+		t.Fatalf("counts %+v: no outcome taken from a twin, the comparison proved little", ev.Counts())
+	}
+}
+
+// evaluatorFixture is the evaluator tests' engine (tessera), random generator (seeded a, b), a
+// palette of at least 6 request shapes, and shape statistics that have seen 300 pods of them.
+func evaluatorFixture(t *testing.T, a, b uint64) (*Engine, *rand.Rand, []Shape, *ShapeStats) {
+	t.Helper()
+	e, err := NewEngine(api.PolicyTessera)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(a, b))
+	palette := randomPlanShapes(rng)
+	for len(palette) < 6 {
+		palette = append(palette, randomPlanShapes(rng)...)
+	}
+	st := NewShapeStats()
+	for i := range 300 {
+		st.Observe(&palette[i%len(palette)].Req, 1)
+	}
+	return e, rng, palette, st
+}
+
+// agreeFresh fails the test unless o is r's fresh evaluation on n (with fresh): the same Unfit
+// message, or the same exact score; where (a format and its arguments) names the case.
+func agreeFresh(t *testing.T, e *Engine, fresh *ScoreContext, n *NodeState, r *Request, o Outcome, where string, args ...any) {
+	t.Helper()
+	_, s, u := e.Evaluate(fresh, n, r)
+	if (u == nil) != (o.Unfit == nil) || u != nil && u.Msg != o.Unfit.Msg || u == nil && (o.Kind != ScoreExact || o.Score != s) {
+		t.Fatalf(where+": evaluator %+v, fresh score %v unfit %v", append(args, o, s, u)...)
+	}
+}
+
+// applied is a placement a test applied: on which node, of which request.
+type applied struct {
+	node int
+	r    *Request
+	p    Placement
+}
+
+// TestTableTwinsBounded: a table keeps twins for at most one node state in twinShare of its slots
+// (a cluster of distinct nodes would otherwise grow an entry per node and table beside the memo's
+// budget); what it keeps can still be improved (a bound replaced by an outcome), and two keys that
+// share a map word do not share an entry.
+func TestTableTwinsBounded(t *testing.T) {
+	tab := newEvalTable(nil, 200)
+	limit := len(tab.slots)/twinShare + 1
+	for i := range 3 * limit {
+		tab.putTwin(twinKey{1, uint64(i + 1)}, true, twin{b: 1, kind: ScoreBound})
+	}
+	if n := len(tab.twins.m); n != limit {
+		t.Fatalf("%d twins kept for %d slots, want %d", n, len(tab.slots), limit)
+	}
+	o := &evalOutcome{score: 3}
+	tab.putTwin(twinKey{1, 1}, true, twin{o: o})
+	if got := tab.twin(twinKey{1, 1}, true); got.o != o {
+		t.Fatalf("kept twin not improved by an outcome: %+v", got)
+	}
+	a := twinKey{2, 5}
+	b := twinKey{3, a.word() ^ mix64(3)} // the same word as a
+	if a.word() != b.word() {
+		t.Fatal("test keys do not share a word")
+	}
+	var m twins[int]
+	m.put(a, 1, nil)
+	m.put(b, 2, nil)
+	if v, ok := m.get(b); ok {
+		t.Fatalf("key %v read key %v's entry %d", b, a, v)
 	}
 }
