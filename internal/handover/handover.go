@@ -72,10 +72,14 @@ type Seat struct {
 	release   sync.Once
 }
 
+// The seat's files in Options.Dir (an uninstall removes them).
 const (
 	lockName  = "agent.seat.lock"
 	claimName = "agent.seat"
 )
+
+// Files are the names of the seat's files in Options.Dir.
+func Files() []string { return []string{claimName, lockName} }
 
 // Take claims the seat for this agent and waits until it holds it (the previous holder has seen
 // the claim and let go, or died). It returns ctx's error if ctx ends first.
