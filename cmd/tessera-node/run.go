@@ -136,10 +136,12 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 	registerSecurityMetrics(reg, plugin, &holdingsLeftOut)
 
 	errc := make(chan error, 5)
-	devicePlugins, stopDevicePlugins := context.WithCancel(ctx)
-	defer stopDevicePlugins()
+	// What the agent stops when a newer agent of the node takes over (nodeDuties): its device
+	// plugins, and the memory guard and hold release, which act on this agent's copy of the ledger.
+	untilHandover, handOver := context.WithCancel(ctx)
+	defer handOver()
 	go func() {
-		err := mgr.Run(devicePlugins)
+		err := mgr.Run(untilHandover)
 		if err == nil {
 			<-ctx.Done() // stopped at a handover to a newer agent: this one runs on until stopped
 		}
@@ -166,18 +168,18 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 				RollingUpdateUID: types.UID(cfg.DRARollingUpdateUID)}))
 		}()
 	}
-	go releaseUnlisted(ctx, plugin, grants, unlistedInterval, log)
+	go releaseUnlisted(untilHandover, plugin, grants, unlistedInterval, log)
 	check := &runtimecheck.Check{Node: cfg.NodeName, NRISocket: cfg.NRISocket, CRISocket: cfg.CRISocket, CDIDir: cfg.CDIDir,
 		Synced: plugin.Synced, Events: events, Log: log, After: time.After}
 	go check.Run(ctx)
-	if err := startMemoryGuard(ctx, cfg, backend, a, plugin, events, reg, log); err != nil {
+	if err := startMemoryGuard(untilHandover, cfg, backend, a, plugin, events, reg, log); err != nil {
 		return err
 	}
 	duties := &nodeDuties{seat: handover.Options{Dir: cfg.RunDir, Name: un.podName, Log: log}, listen: cfg.Listen,
 		serve:        func(ln net.Listener) *http.Server { return serveHTTP(ln, a, mgr, plugin, draPlugin, reg) },
 		nri:          func(ctx context.Context) error { return plugin.Run(ctx, cfg.NRISocket) },
 		registered:   func() bool { return allRegistered(mgr) },
-		registerWait: 10 * time.Second, handedOver: stopDevicePlugins, log: log}
+		registerWait: 10 * time.Second, handedOver: handOver, log: log}
 	go func() { errc <- named("NRI plugin", duties.run(ctx)) }()
 	log.Info("tessera-node running", "version", telemetry.Version(), "node", cfg.NodeName, "backend", backend.Name(), "cdiDir", cfg.CDIDir, "nri", cfg.NRISocket, "listen", cfg.Listen)
 	select {

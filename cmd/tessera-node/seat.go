@@ -16,8 +16,8 @@ import (
 // and, when both agents share the node's network, the /metrics and /healthz listener. During a
 // DaemonSet rolling update with maxSurge the new agent claims them as soon as its device plugins
 // are registered; the old one then disconnects its NRI plugin, stops its device plugins (the
-// kubelet keeps the new agent's endpoints) and closes its listener, and serves on only its DRA
-// plugin until its pod is deleted.
+// kubelet keeps the new agent's endpoints), its memory guard and hold release, and closes its
+// listener, and serves on only its DRA plugin until its pod is deleted.
 type nodeDuties struct {
 	seat   handover.Options
 	listen string
@@ -29,8 +29,8 @@ type nodeDuties struct {
 	// claimed once it is, or after registerWait.
 	registered   func() bool
 	registerWait time.Duration
-	// handedOver stops what the agent serves beside the seat's duties once a newer agent has them
-	// (the device plugins).
+	// handedOver stops what the agent runs beside the seat's duties once a newer agent has them
+	// (the device plugins, the memory guard, the hold release).
 	handedOver func()
 	log        *slog.Logger
 }
