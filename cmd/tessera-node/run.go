@@ -137,7 +137,8 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 
 	errc := make(chan error, 5)
 	// What the agent stops when a newer agent of the node takes over (nodeDuties): its device
-	// plugins, and the memory guard and hold release, which act on this agent's copy of the ledger.
+	// plugins, and the memory guard and hold release, which two agents would run twice over the
+	// node's containers (two kills, two Events, two releases of one hold).
 	untilHandover, handOver := context.WithCancel(ctx)
 	defer handOver()
 	go func() {
