@@ -54,7 +54,16 @@ func testDRARollingUpdate(t *testing.T, c *Cluster) {
 	updated := &Process{Name: old.Name + "-new", Bin: old.Bin, Args: withUID("pod-new")(slices.Clone(old.Args)), Env: old.Env,
 		Log: old.Log + ".new"}
 	updated.Start(t)
-	t.Cleanup(func() { updated.Stop(t) })
+	t.Cleanup(func() {
+		if c.Agent == updated {
+			return // the update went through: withAgent's cleanup restarts it with the original flags
+		}
+		// Failed midway: the old agent may have handed over; make it whole again for the cleanup.
+		updated.Stop(t)
+		old.Stop(t)
+		old.Start(t)
+		c.WaitAgentReady(t)
+	})
 	handedOver := func() bool {
 		data, _ := os.ReadFile(old.Log)
 		return strings.Contains(string(data), "handed the NRI plugin and the metrics port over to a newer agent")
