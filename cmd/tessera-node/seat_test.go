@@ -262,3 +262,26 @@ func TestRollingUpdateHandsOverTheNodeDuties(t *testing.T) {
 		t.Fatalf("container %s after the old pod went: %v, answered by %v, /healthz %q", id, err, n.answeredBy(id), n.healthz())
 	}
 }
+
+// TestHandoverToPodNetworkKeepsTheListener: a successor in its own network namespace (the chart's
+// node.hostNetwork=false) gets the NRI plugin, but not this agent's metrics port, which it does not
+// need: the old agent keeps answering its own pod's probes until it is stopped.
+func TestHandoverToPodNetworkKeepsTheListener(t *testing.T) {
+	n := newSeatNode(t)
+	old := n.start("old")
+	waitUntil(t, "the old agent connecting to NRI and serving /healthz", func() bool { return old.plugin.Synced() && n.healthz() == "old" })
+	// The claim a successor in another network namespace writes (internal/handover's claim file:
+	// its ID, then its namespace).
+	if err := os.WriteFile(filepath.Join(n.dir, "run", "agent.seat"), []byte("successor/1/x\nnet:[1]\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-old.handedOver:
+	case <-time.After(waitTimeout):
+		t.Fatal("the old agent did not hand over")
+	}
+	waitUntil(t, "the old agent's NRI plugin disconnecting", func() bool { return !old.plugin.Synced() })
+	if who := n.healthz(); who != "old" {
+		t.Errorf("after a handover to an agent in another network, /healthz answered by %q, want the old agent still", who)
+	}
+}
