@@ -28,6 +28,7 @@ import (
 	"github.com/tessera-gpu/tessera/internal/deviceplugin"
 	"github.com/tessera-gpu/tessera/internal/dra"
 	"github.com/tessera-gpu/tessera/internal/gpu"
+	"github.com/tessera-gpu/tessera/internal/handover"
 	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/nri"
 	"github.com/tessera-gpu/tessera/internal/podresources"
@@ -135,8 +136,18 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 	registerSecurityMetrics(reg, plugin, &holdingsLeftOut)
 
 	errc := make(chan error, 5)
-	go func() { errc <- named("device plugins", mgr.Run(ctx)) }()
-	go func() { errc <- named("NRI plugin", plugin.Run(ctx, cfg.NRISocket)) }()
+	// What the agent stops when a newer agent of the node takes over (nodeDuties): its device
+	// plugins, and the memory guard and hold release, which two agents would run twice over the
+	// node's containers (two kills, two Events, two releases of one hold).
+	untilHandover, handOver := context.WithCancel(ctx)
+	defer handOver()
+	go func() {
+		err := mgr.Run(untilHandover)
+		if err == nil {
+			<-ctx.Done() // stopped at a handover to a newer agent: this one runs on until stopped
+		}
+		errc <- named("device plugins", err)
+	}()
 	go func() { errc <- named("health watch", a.WatchHealth(ctx)) }()
 	go rediscover(ctx, a, cfg.RediscoverInterval.Duration, log)
 	var draPlugin *dra.Driver
@@ -158,18 +169,19 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 				RollingUpdateUID: types.UID(cfg.DRARollingUpdateUID)}))
 		}()
 	}
-	go releaseUnlisted(ctx, plugin, grants, unlistedInterval, log)
+	go releaseUnlisted(untilHandover, plugin, grants, unlistedInterval, log)
 	check := &runtimecheck.Check{Node: cfg.NodeName, NRISocket: cfg.NRISocket, CRISocket: cfg.CRISocket, CDIDir: cfg.CDIDir,
 		Synced: plugin.Synced, Events: events, Log: log, After: time.After}
 	go check.Run(ctx)
-	if err := startMemoryGuard(ctx, cfg, backend, a, plugin, events, reg, log); err != nil {
+	if err := startMemoryGuard(untilHandover, cfg, backend, a, plugin, events, reg, log); err != nil {
 		return err
 	}
-	srv, err := serveHTTP(cfg.Listen, a, mgr, plugin, draPlugin, reg)
-	if err != nil {
-		return err
-	}
-	defer srv.Close()
+	duties := &nodeDuties{seat: handover.Options{Dir: cfg.RunDir, Name: un.podName, Log: log}, listen: cfg.Listen,
+		serve:        func(ln net.Listener) *http.Server { return serveHTTP(ln, a, mgr, plugin, draPlugin, reg) },
+		nri:          func(ctx context.Context) error { return plugin.Run(ctx, cfg.NRISocket) },
+		registered:   func() bool { return allRegistered(mgr) },
+		registerWait: 10 * time.Second, handedOver: handOver, log: log}
+	go func() { errc <- named("NRI plugin", duties.run(ctx)) }()
 	log.Info("tessera-node running", "version", telemetry.Version(), "node", cfg.NodeName, "backend", backend.Name(), "cdiDir", cfg.CDIDir, "nri", cfg.NRISocket, "listen", cfg.Listen)
 	select {
 	case <-ctx.Done():
@@ -195,7 +207,6 @@ wait:
 			break wait
 		}
 	}
-	srv.Close()
 	log.Info("uninstall: removing what the agent put on the node", "why", why)
 	if errs := cleanupNode(cfg); len(errs) > 0 {
 		return fmt.Errorf("uninstall cleanup: %w", errors.Join(errs...))
@@ -272,12 +283,18 @@ func (n noPods) Pod(context.Context, string, string, string) (*corev1.Pod, error
 	return nil, fmt.Errorf("%w (%v); start tessera-node with --kubeconfig or in-cluster credentials", nri.ErrNoAPIServer, n.err)
 }
 
-// serveHTTP serves /healthz and the registry's /metrics. draPlugin is nil without --dra.
-func serveHTTP(addr string, a *agent.Agent, mgr *deviceplugin.Manager, plugin *nri.Plugin, draPlugin *dra.Driver, reg *prometheus.Registry) (*http.Server, error) {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("listen for /metrics on %s: %w", addr, err)
+// allRegistered reports whether every device plugin is registered with the kubelet.
+func allRegistered(mgr *deviceplugin.Manager) bool {
+	for _, ok := range mgr.Registered() {
+		if !ok {
+			return false
+		}
 	}
+	return true
+}
+
+// serveHTTP serves /healthz and the registry's /metrics on ln. draPlugin is nil without --dra.
+func serveHTTP(ln net.Listener, a *agent.Agent, mgr *deviceplugin.Manager, plugin *nri.Plugin, draPlugin *dra.Driver, reg *prometheus.Registry) *http.Server {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		if a.Node() == nil {
@@ -305,7 +322,7 @@ func serveHTTP(addr string, a *agent.Agent, mgr *deviceplugin.Manager, plugin *n
 	mux.Handle("/metrics", telemetry.MetricsHandler(reg))
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go srv.Serve(ln)
-	return srv, nil
+	return srv
 }
 
 // refusalEvents records a Warning Event on the pod of every container the NRI plugin refuses, so

@@ -24,6 +24,7 @@ import (
 
 	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
+	"github.com/tessera-gpu/tessera/internal/handover"
 	"github.com/tessera-gpu/tessera/internal/nri"
 )
 
@@ -247,6 +248,9 @@ func cleanupNode(cfg *configv1.NodeConfig) []error {
 	keep(os.RemoveAll(nri.NodeFilesDir(cfg.RunDir)))
 	if cfg.Backend == "sim" {
 		keep(os.RemoveAll(cfg.StateDir))
+	}
+	for _, f := range handover.Files() {
+		keep(os.RemoveAll(filepath.Join(cfg.RunDir, f)))
 	}
 	for _, f := range []string{"ledger.json", "ledger.json.lock", "dra-mig.json", "health.json", "bin"} {
 		keep(os.RemoveAll(filepath.Join(cfg.DataDir, f)))

@@ -99,6 +99,8 @@ func TestCleanupNode(t *testing.T) {
 		filepath.Join(cfg.RunDir, "claims", "cu", "limits"):                          false,
 		filepath.Join(cfg.RunDir, "claims", "cu", "vcuda", "region"):                 false,
 		filepath.Join(nri.NodeFilesDir(cfg.RunDir), api.ContextOverheadFile):         false,
+		filepath.Join(cfg.RunDir, "agent.seat"):                                      false,
+		filepath.Join(cfg.RunDir, "agent.seat.lock"):                                 false,
 		filepath.Join(cfg.StateDir, "root", "dev", "nvidia0"):                        false,
 		filepath.Join(root, "lib", "libvcuda.so"):                                    false,
 		filepath.Join(root, "lib", "tessera-node"):                                   false,

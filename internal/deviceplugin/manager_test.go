@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -592,5 +593,67 @@ func TestFakeKubeletRefusesConnectedPath(t *testing.T) {
 	err := register(context.Background(), filepath.Join(dir, "kubelet.sock"), socketName(gpuRes, testTag), gpuRes, &pluginapi.DevicePluginOptions{})
 	if err == nil || !strings.Contains(err.Error(), "device plugin already connected") {
 		t.Fatalf("registration on a connected path: %v, want kubelet 1.37's refusal", err)
+	}
+}
+
+// TestTwoAgentsServeSideBySide: during a DaemonSet rolling update with maxSurge the new agent's
+// device plugins start while the old agent's still serve. Each serves on a socket of its own tag
+// and leaves the other's live socket alone; the kubelet (1.37: every endpoint of a resource kept,
+// the newest the one Allocate goes to) sends Allocate to the new one; when the old agent stops,
+// the new one is still registered and served, and its devices stay healthy.
+func TestTwoAgentsServeSideBySide(t *testing.T) {
+	dir := shortTempDir(t)
+	k := fakekubelet.Start(t, dir)
+	src := newFakeSource()
+	src.setResource(gpuRes, healthyDevices("gpu-0", "gpu-1"))
+	var oldAllocs, newAllocs atomic.Int64
+	count := func(n *atomic.Int64) func(*Manager) {
+		return func(m *Manager) {
+			m.opts.ObserveAllocate = func(string, time.Duration, error) { n.Add(1) }
+		}
+	}
+	oldM, stopOld := runManager(t, src, dir, func(m *Manager) { m.opts.SocketTag = "old" }, count(&oldAllocs))
+	k.WaitServed(t, gpuRes)
+	waitRegistered(t, oldM, gpuRes)
+	oldSocket := filepath.Join(dir, socketName(gpuRes, "old"))
+	oldID := statID(oldSocket)
+
+	newM, _ := runManager(t, src, dir, func(m *Manager) { m.opts.SocketTag = "new" }, count(&newAllocs))
+	waitRegistered(t, newM, gpuRes)
+	waitFor(t, "the kubelet to send Allocate to the new agent", func() bool {
+		e := k.Endpoint(gpuRes)
+		return e != nil && e.Request().GetEndpoint() == socketName(gpuRes, "new")
+	})
+	if id := statID(oldSocket); id != oldID {
+		t.Fatalf("the old agent's socket was removed or replaced when the new one started (%+v -> %+v)", oldID, id)
+	}
+	if !oldM.Registered()[gpuRes] {
+		t.Error("the old agent lost its registration when the new one started")
+	}
+	if got := k.Registrations(gpuRes); got != 2 {
+		t.Errorf("%d registrations of %s, want 2 (one per agent, none refused or repeated)", got, gpuRes)
+	}
+	k.Allocate(t, "ns", "p1", "main", gpuRes, 1)
+	if oldAllocs.Load() != 0 || newAllocs.Load() != 1 {
+		t.Errorf("Allocate answered by old %d, new %d times; want the new agent's endpoint", oldAllocs.Load(), newAllocs.Load())
+	}
+
+	// The old pod is deleted.
+	if err := stopOld(); err != nil {
+		t.Fatalf("old agent: %v", err)
+	}
+	if _, err := os.Stat(oldSocket); err == nil {
+		t.Error("the old agent's socket stayed after it stopped")
+	}
+	waitFor(t, "the kubelet to drop the old agent's endpoint", func() bool { return k.Registrations(gpuRes) == 2 && len(k.Healthy(gpuRes)) == 2 })
+	if e := k.Endpoint(gpuRes); e == nil || e.Closed() || e.Request().GetEndpoint() != socketName(gpuRes, "new") {
+		t.Fatalf("after the old agent stopped the kubelet's endpoint is %v, want the new agent's, connected", e)
+	}
+	if _, err := os.Stat(filepath.Join(dir, socketName(gpuRes, "new"))); err != nil {
+		t.Errorf("the new agent's socket: %v", err)
+	}
+	k.Allocate(t, "ns", "p2", "main", gpuRes, 1)
+	if newAllocs.Load() != 2 || !newM.Registered()[gpuRes] {
+		t.Errorf("after the old agent stopped: new agent answered %d Allocates, registered %v", newAllocs.Load(), newM.Registered())
 	}
 }

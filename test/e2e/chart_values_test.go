@@ -3,6 +3,7 @@ package e2e
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -236,9 +237,33 @@ func TestChartOperatorValues(t *testing.T) {
 			t.Errorf("no %s container rendered", c)
 		}
 	}
-	// Two agents on a node at once would collide (sockets, NRI plugin, metrics port): refused.
-	if out, err := helm(t, "template", "tessera", helmChart(), "--set", "node.updateStrategy.maxSurge=1"); err == nil || !strings.Contains(out, "node.updateStrategy.maxSurge") {
-		t.Errorf("maxSurge=1 rendered (want an error naming node.updateStrategy.maxSurge): %v\n%s", err, out)
+	// maxSurge: the new agent starts beside the old one (internal/handover). Under hostNetwork the
+	// agent declares no container port (the API server would make it a hostPort, and the scheduler
+	// would keep the surge pod off the node) and the probes name the port by number.
+	for _, hostNetwork := range []bool{true, false} {
+		for _, o := range renderedObjects(t, "--set", "node.updateStrategy.maxSurge=1", "--set", "node.updateStrategy.maxUnavailable=0",
+			"--set", fmt.Sprintf("node.hostNetwork=%t", hostNetwork)) {
+			if o["kind"] != "DaemonSet" {
+				continue
+			}
+			if s := valueAt(o, "spec", "updateStrategy", "rollingUpdate", "maxSurge"); s != float64(1) && s != int64(1) {
+				t.Errorf("hostNetwork %t: DaemonSet maxSurge %v (%T), want 1", hostNetwork, s, s)
+			}
+			containers, _ := valueAt(o, "spec", "template", "spec", "containers").([]any)
+			for _, c := range containers {
+				if valueAt(c, "name") != "tessera-node" {
+					continue
+				}
+				if ports := valueAt(c, "ports"); (ports != nil) == hostNetwork {
+					t.Errorf("hostNetwork %t with maxSurge: container ports %v", hostNetwork, ports)
+				}
+				for _, probe := range [][]string{{"readinessProbe", "httpGet", "port"}, {"livenessProbe", "tcpSocket", "port"}} {
+					if p := valueAt(c, probe...); p != float64(9445) && p != int64(9445) {
+						t.Errorf("hostNetwork %t: %v = %v, want the metrics port 9445 by number", hostNetwork, probe, p)
+					}
+				}
+			}
+		}
 	}
 	// Without hamiMetrics and hamiLegacyMetrics the agent serves Tessera's names only.
 	for _, o := range renderedObjects(t) {

@@ -37,8 +37,14 @@ type Kubelet struct {
 	grants *podresourcestest.Server // what Allocate granted
 	podres string                   // the PodResources socket, once served
 
-	mu        sync.Mutex
-	endpoints map[string]*Endpoint // by resource: the latest registration wins, as in the kubelet
+	mu sync.Mutex
+	// As kubelet 1.37's device manager: every connected endpoint of a resource by its socket
+	// (endpointStore), the newest one the one Allocate goes to (endpoints; another connected one
+	// is promoted when it disconnects), and one device list per resource, the last any endpoint
+	// sent (genericDeviceUpdateCallback).
+	endpoints map[string]*Endpoint
+	store     map[string]map[string]*Endpoint
+	devices   map[string][]*pluginapi.Device
 	requests  []*pluginapi.RegisterRequest
 	reject    int // refuse this many more Register calls
 	refused   int
@@ -46,6 +52,7 @@ type Kubelet struct {
 
 // Endpoint is the kubelet's connection to one registered plugin.
 type Endpoint struct {
+	k       *Kubelet
 	req     *pluginapi.RegisterRequest
 	options *pluginapi.DevicePluginOptions
 	client  pluginapi.DevicePluginClient
@@ -81,7 +88,8 @@ func Start(t testing.TB, dir string) *Kubelet {
 	if err != nil {
 		t.Fatalf("kubelet listen: %v", err)
 	}
-	k := &Kubelet{dir: dir, reg: grpc.NewServer(), grants: podresourcestest.NewServer(), endpoints: make(map[string]*Endpoint)}
+	k := &Kubelet{dir: dir, reg: grpc.NewServer(), grants: podresourcestest.NewServer(), endpoints: make(map[string]*Endpoint),
+		store: make(map[string]map[string]*Endpoint), devices: make(map[string][]*pluginapi.Device)}
 	pluginapi.RegisterRegistrationServer(k.reg, &registrationService{k: k})
 	go func() { _ = k.reg.Serve(lis) }()
 	t.Cleanup(k.Stop)
@@ -112,11 +120,14 @@ func (k *Kubelet) Stop() {
 	k.reg.Stop()
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	for _, e := range k.endpoints {
-		e.cancel()
-		e.conn.Close()
+	for _, byPath := range k.store {
+		for _, e := range byPath {
+			e.cancel()
+			e.conn.Close()
+		}
 	}
 	clear(k.endpoints)
+	clear(k.store)
 }
 
 type registrationService struct {
@@ -135,7 +146,7 @@ func (r *registrationService) Register(ctx context.Context, req *pluginapi.Regis
 	}
 	// kubelet 1.37 (devicemanager PluginConnected) refuses a registration on a socket path whose
 	// earlier endpoint is still connected.
-	if old := k.endpoints[req.GetResourceName()]; old != nil && old.req.GetEndpoint() == req.GetEndpoint() && !old.Closed() {
+	if k.store[req.GetResourceName()][req.GetEndpoint()] != nil {
 		k.refused++
 		k.mu.Unlock()
 		return nil, fmt.Errorf("device plugin already connected: %s", filepath.Join(k.dir, req.GetEndpoint()))
@@ -164,18 +175,44 @@ func (r *registrationService) Register(ctx context.Context, req *pluginapi.Regis
 		conn.Close()
 		return nil, fmt.Errorf("ListAndWatch: %w", err)
 	}
-	e := &Endpoint{req: req, options: opts, client: client, conn: conn, cancel: cancel}
+	e := &Endpoint{k: k, req: req, options: opts, client: client, conn: conn, cancel: cancel}
 	go e.watch(stream)
 
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if old := k.endpoints[req.GetResourceName()]; old != nil {
-		old.cancel()
-		old.conn.Close()
+	// Endpoints connected before stay connected (their streams go on): the newest is the primary.
+	res := req.GetResourceName()
+	if k.store[res] == nil {
+		k.store[res] = make(map[string]*Endpoint)
 	}
-	k.endpoints[req.GetResourceName()] = e
+	k.store[res][req.GetEndpoint()] = e
+	k.endpoints[res] = e
 	k.requests = append(k.requests, req)
 	return &pluginapi.Empty{}, nil
+}
+
+// disconnected is PluginDisconnected: the endpoint leaves the store and, if others of its resource
+// are connected, one of them becomes the primary; the last one stays the primary, stopped, and
+// the resource's devices turn unhealthy.
+func (k *Kubelet) disconnected(e *Endpoint) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	res := e.req.GetResourceName()
+	byPath := k.store[res]
+	if byPath[e.req.GetEndpoint()] != e {
+		return
+	}
+	delete(byPath, e.req.GetEndpoint())
+	for _, other := range byPath {
+		k.endpoints[res] = other
+		return
+	}
+	// The last one (markResourceUnhealthy): its devices stay listed, unhealthy.
+	var devs []*pluginapi.Device
+	for _, d := range k.devices[res] {
+		devs = append(devs, &pluginapi.Device{ID: d.GetID(), Health: pluginapi.Unhealthy, Topology: d.GetTopology()})
+	}
+	k.devices[res] = devs
 }
 
 func (e *Endpoint) watch(stream grpc.ServerStreamingClient[pluginapi.ListAndWatchResponse]) {
@@ -185,11 +222,15 @@ func (e *Endpoint) watch(stream grpc.ServerStreamingClient[pluginapi.ListAndWatc
 			e.mu.Lock()
 			e.closed = true
 			e.mu.Unlock()
+			e.k.disconnected(e)
 			return
 		}
 		e.mu.Lock()
 		e.lists = append(e.lists, resp.GetDevices())
 		e.mu.Unlock()
+		e.k.mu.Lock()
+		e.k.devices[e.req.GetResourceName()] = resp.GetDevices()
+		e.k.mu.Unlock()
 	}
 }
 
@@ -241,7 +282,8 @@ func (k *Kubelet) Rejected() int {
 	return k.refused
 }
 
-// Endpoint is the latest registration of resource (nil if none).
+// Endpoint is the primary endpoint of resource, the one Allocate goes to (nil if none): the newest
+// registration, or after it disconnected another one still connected.
 func (k *Kubelet) Endpoint(resource string) *Endpoint {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -266,8 +308,8 @@ func (k *Kubelet) Resources() []string {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	var out []string
-	for r, e := range k.endpoints {
-		if len(e.Latest()) > 0 {
+	for r, devs := range k.devices {
+		if len(devs) > 0 && k.endpoints[r] != nil {
 			out = append(out, r)
 		}
 	}
@@ -277,12 +319,11 @@ func (k *Kubelet) Resources() []string {
 
 // Healthy returns the healthy device IDs of a resource (nil if the resource is not registered).
 func (k *Kubelet) Healthy(resource string) []string {
-	e := k.Endpoint(resource)
-	if e == nil {
-		return nil
-	}
+	k.mu.Lock()
+	devs := k.devices[resource]
+	k.mu.Unlock()
 	var ids []string
-	for _, d := range e.Latest() {
+	for _, d := range devs {
 		if d.Health == pluginapi.Healthy {
 			ids = append(ids, d.ID)
 		}
@@ -326,9 +367,12 @@ func (k *Kubelet) Allocate(t testing.TB, ns, pod, container, resource string, n 
 	t.Helper()
 	inUse := k.grants.InUse(resource)
 	e := k.Endpoint(resource)
+	k.mu.Lock()
+	devs := k.devices[resource]
+	k.mu.Unlock()
 	var ids []string
 	if e != nil {
-		for _, d := range e.Latest() {
+		for _, d := range devs {
 			if d.Health == pluginapi.Healthy && !inUse[d.ID] && len(ids) < n {
 				ids = append(ids, d.ID)
 			}
