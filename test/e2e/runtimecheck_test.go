@@ -74,8 +74,8 @@ func TestRuntimeCheckContainerd(t *testing.T) {
 // CDIUnavailable Event. The H100 node's containerd runs its stock configuration, and the agent
 // there found NRI and the CRI socket at their default paths (checkStockContainerd). Then the A100
 // agent restarts writing its CDI specs where containerd does not read them: its Node gets a
-// CDIUnavailable Warning Event naming the directory and the setting (the Event passes the
-// tessera-node-events admission policy), and it restarts as before.
+// CDIUnavailable Warning Event naming the directory and the setting (recorded with the chart's
+// RBAC for the agent), and it restarts as before.
 func testMultiNodeRuntimeCheck(t *testing.T, m *MultiNode) {
 	checkStockContainerd(t, m.Node(t, NodeH100))
 	for _, node := range []string{NodeA100, NodeH100} {
