@@ -29,8 +29,8 @@ import (
 	"github.com/tessera-gpu/tessera/internal/testing/simagent"
 )
 
-// fakePods is the API server's pod store for the plugin: a pod of another UID is not found, as
-// with APIPods (which the static-pod test uses for the mirror rule); down makes every read fail as
+// fakePods is the API server's pod store for the plugin: a missing pod is ErrPodGone, a pod of
+// another UID ErrPodReplaced, as with APIPods (which the static-pod test uses for the mirror rule); down makes every read fail as
 // an unreachable API server does (no answer, so not ErrPodGone).
 type fakePods struct {
 	mu   sync.Mutex
@@ -53,8 +53,11 @@ func (f *fakePods) Pod(_ context.Context, ns, name, uid string) (*corev1.Pod, er
 		return nil, fmt.Errorf("get pod %s/%s: %w", ns, name, f.down)
 	}
 	p, ok := f.pods[ns+"/"+name]
-	if !ok || string(p.UID) != uid {
-		return nil, fmt.Errorf("pods %q with UID %s not found: %w", name, uid, ErrPodGone)
+	if !ok {
+		return nil, fmt.Errorf("pods %q not found: %w", name, ErrPodGone)
+	}
+	if string(p.UID) != uid {
+		return nil, fmt.Errorf("pods %q has UID %s, not %s: %w", name, p.UID, uid, ErrPodReplaced)
 	}
 	return p, nil
 }

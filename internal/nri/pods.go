@@ -41,6 +41,11 @@ func NewAPIPods(ctx context.Context, client kubernetes.Interface, nodeName strin
 // spec could not be read (API server unreachable, cold cache) and says nothing about the pod.
 var ErrPodGone = errors.New("the pod is no longer in the API server")
 
+// ErrPodReplaced is ErrPodGone for a name the API server now gives another pod (a StatefulSet's or
+// a user's pod recreated under the same name): the sandbox's pod runs no container again, and the
+// kubelet's listing of that name (PodResources lists names, not UIDs) is the other pod's.
+var ErrPodReplaced = fmt.Errorf("%w: another pod of that name has replaced it", ErrPodGone)
+
 // ErrNoAPIServer is wrapped by a Pods source that has no API server at all (tessera-node started
 // without credentials): no pod can be verified, and the kubelet's word alone decides when a pod is
 // gone (podFate counts it as gone; ReleaseUnlisted still waits for two kubelet lists without it).
@@ -62,7 +67,13 @@ func (a *APIPods) Pod(ctx context.Context, namespace, name, uid string) (*corev1
 		return nil, fmt.Errorf("get pod %s/%s: %w", namespace, name, err)
 	}
 	if !sandboxOf(p, uid, a.node) {
-		return nil, fmt.Errorf("pod %s/%s in the API server has UID %s, the sandbox %s: %w", namespace, name, p.UID, uid, ErrPodGone)
+		// A mirror pod names a static pod the kubelet may be moving to another version of; the kubelet's
+		// list decides then (ErrPodGone), as when no pod of the name is left.
+		gone := ErrPodReplaced
+		if _, mirror := p.Annotations[corev1.MirrorPodAnnotationKey]; mirror {
+			gone = ErrPodGone
+		}
+		return nil, fmt.Errorf("pod %s/%s in the API server has UID %s, the sandbox %s: %w", namespace, name, p.UID, uid, gone)
 	}
 	return p, nil
 }

@@ -94,6 +94,9 @@ const (
 	podMayRun podFate = iota
 	// podGone: the API server has no pod of that name and UID.
 	podGone
+	// podReplaced: podGone, and the API server has another pod of that name, so the kubelet's list
+	// naming it says nothing about this one.
+	podReplaced
 	// podFinished: terminal (Succeeded, Failed) or being deleted; no container of it starts again.
 	podFinished
 )
@@ -102,6 +105,8 @@ const (
 func (p *Plugin) podFate(ctx context.Context, namespace, name, uid string) (podFate, string) {
 	spec, err := p.pods.Pod(ctx, namespace, name, uid)
 	switch {
+	case errors.Is(err, ErrPodReplaced):
+		return podReplaced, err.Error()
 	case errors.Is(err, ErrPodGone), errors.Is(err, ErrNoAPIServer):
 		return podGone, err.Error()
 	case err != nil:
@@ -323,8 +328,10 @@ func (p *Plugin) reportUnrealised(ctx context.Context, pod *nriapi.PodSandbox, c
 // sandbox events were missed or came before the API server knew (a finished pod's phase is written
 // after its sandbox stops): a pod the API server shows finished (terminal, being deleted) at once;
 // a pod the API server no longer has once two consecutive kubelet lists (PodResources) lack it too,
-// so a kubelet that has just restarted and lists nothing yet frees nothing. A pod that may still run,
-// or one the API server cannot answer for, keeps its holds.
+// so a kubelet that has just restarted and lists nothing yet frees nothing; a pod whose name the API
+// server now gives another pod at once (the kubelet lists names, and lists that name for the other
+// pod as long as it runs here: waiting for the name to go would keep the hold as long). A pod that
+// may still run, or one the API server cannot answer for, keeps its holds.
 func (p *Plugin) ReleaseUnlisted(ctx context.Context, listed map[podresources.Key]podresources.Grant) {
 	pods := map[string]bool{}
 	for k := range listed {
@@ -344,7 +351,7 @@ func (p *Plugin) ReleaseUnlisted(ctx context.Context, listed map[podresources.Ke
 			missing[e.PodUID] = true
 		}
 		fate, why := p.podFate(ctx, e.Namespace, e.Pod, e.PodUID)
-		if fate == podFinished || fate == podGone && unlisted && p.unlisted[e.PodUID] {
+		if fate == podFinished || fate == podReplaced || fate == podGone && unlisted && p.unlisted[e.PodUID] {
 			p.log.Info("the pod will run no container again; releasing its holds", "pod", e.Namespace+"/"+e.Pod, "why", why)
 			p.releasePod(ctx, e.PodUID)
 		}

@@ -78,6 +78,44 @@ func TestSecurityHoldReleasedWhenUnlisted(t *testing.T) {
 	e.victimUntouched(t, g)
 }
 
+// A pod deleted and recreated under the same name on the node (a StatefulSet's pod): the kubelet
+// lists that name for the new pod as long as it runs here, so the old pod's hold goes by the API
+// server's word that the name is another pod's, at the next list, not when the name goes. The new
+// pod's container is untouched and gets the released share.
+func TestSecurityHoldOfReplacedPodReleased(t *testing.T) {
+	e := newEnv(t)
+	g := e.victim(t)
+	old := e.pod("web-0", shareReq, nil)
+	key := podresources.Key{Namespace: "ns", Pod: "web-0", Container: "main"}
+	e.grants.Add(key, api.ResourceShare, "vgpu-1")
+	if _, err := e.create(old, ctr("c-web-a")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.rt.StopContainer(context.Background(), &nriadapt.StopContainerRequest{Pod: old, Container: ctr("c-web-a")}); err != nil {
+		t.Fatal(err)
+	}
+	listed := map[podresources.Key]podresources.Grant{{Namespace: "ns", Pod: "victim", Container: "main"}: nil, key: nil}
+	e.plugin.ReleaseUnlisted(context.Background(), listed)
+	if _, ok := e.agent.Ledger().Get(holdID("uid-web-0", "main")); !ok {
+		t.Fatal("hold released while the API server still has the pod")
+	}
+	e.pods.set("ns", "web-0", func(p *corev1.Pod) *corev1.Pod { p.UID = "uid-web-0-b"; return p })
+	e.plugin.ReleaseUnlisted(context.Background(), listed)
+	if h, ok := e.agent.Ledger().Get(holdID("uid-web-0", "main")); ok {
+		t.Fatalf("the replaced pod's hold outlives it while the kubelet lists its name for the new pod: %+v", h)
+	}
+	recreated := &nriapi.PodSandbox{Id: "sb-web-0-b", Name: "web-0", Namespace: "ns", Uid: "uid-web-0-b"}
+	if _, err := e.create(recreated, ctr("c-web-b")); err != nil {
+		t.Fatalf("the new pod's container: %v", err)
+	}
+	e.plugin.ReleaseUnlisted(context.Background(), listed)
+	e.plugin.ReleaseUnlisted(context.Background(), listed)
+	if _, ok := e.agent.Ledger().Get("c-web-b"); !ok {
+		t.Error("the new pod's running container lost its entry")
+	}
+	e.victimUntouched(t, g)
+}
+
 // victimUntouched checks the victim still holds its GPU.
 func (e *env) victimUntouched(t *testing.T, gpu string) {
 	t.Helper()

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"syscall"
@@ -23,26 +24,43 @@ type Containerd struct {
 	// MountNS, when set, is the mount namespace (/proc/PID/ns/mnt) containerd runs in: one node of
 	// a multi-node cluster (multinode.go); its shims and containers inherit it.
 	MountNS string
-	cmd     *exec.Cmd
-	log     *os.File
+	// Stock: containerd runs as operators run containerd 2.x, with its default configuration and
+	// paths (stockConfig, stockMounts; needs MountNS). Socket, NRISocket and CDIDir are then where
+	// this host sees the node's /run/containerd/containerd.sock, /var/run/nri/nri.sock and
+	// /var/run/cdi.
+	Stock bool
+	cmd   *exec.Cmd
+	log   *os.File
 }
+
+// StockCDIDir is the CDI directory tessera-node writes to on a Stock containerd's node: one of
+// containerd 2.x's default cdi_spec_dirs (/etc/cdi, /var/run/cdi). Not the agent's default /etc/cdi
+// only because /etc is this host's own in every node's mount namespace.
+const StockCDIDir = "/var/run/cdi"
 
 // StartContainerd starts containerd and imports the busybox test images (bbox, bbox-pause) into the
 // default and k8s.io namespaces. The test's cleanup stops it and removes every trace.
-func StartContainerd(t testing.TB) *Containerd { return startContainerd(t, "") }
+func StartContainerd(t testing.TB) *Containerd { return startContainerd(t, "", false) }
 
-// startContainerd is StartContainerd with containerd in mountNS ("" for the test's own).
-func startContainerd(t testing.TB, mountNS string) *Containerd {
+// startContainerd is StartContainerd with containerd in mountNS ("" for the test's own), with
+// containerd's stock configuration when stock (Containerd.Stock).
+func startContainerd(t testing.TB, mountNS string, stock bool) *Containerd {
 	t.Helper()
 	base, err := os.MkdirTemp("/tmp", "tsr-")
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := &Containerd{Base: base, Socket: filepath.Join(base, "run", "containerd.sock"), NRISocket: filepath.Join(base, "run", "nri.sock"), CDIDir: filepath.Join(base, "cdi"), MountNS: mountNS}
-	for _, d := range []string{"run", "cdi", "nri/plugins", "nri/conf.d", "cni/bin", "cni/net.d", "runc-root"} {
+	c := &Containerd{Base: base, Socket: filepath.Join(base, "run", "containerd.sock"), NRISocket: filepath.Join(base, "run", "nri.sock"), CDIDir: filepath.Join(base, "cdi"), MountNS: mountNS, Stock: stock}
+	if stock {
+		c.NRISocket = filepath.Join(base, "nri-run", "nri.sock")
+	}
+	for _, d := range []string{"run", "cdi", "nri/plugins", "nri/conf.d", "nri-run", "root", "cni/bin", "cni/net.d", "runc-root"} {
 		if err := os.MkdirAll(filepath.Join(base, d), 0o755); err != nil {
 			t.Fatal(err)
 		}
+	}
+	if stock {
+		c.stockMounts(t)
 	}
 	if err := os.WriteFile(filepath.Join(base, "config.toml"), []byte(c.config()), 0o644); err != nil {
 		t.Fatal(err)
@@ -58,7 +76,49 @@ func startContainerd(t testing.TB, mountNS string) *Containerd {
 	return c
 }
 
+// stockMounts makes containerd 2.x's default paths the node's own in its mount namespace, so a
+// stock containerd runs beside the host's and other nodes' without a path in its configuration: a
+// tmpfs on /run (so /run/containerd, /var/run/nri and /var/run/cdi are private to the node), with
+// /run/containerd (state dir, socket), /var/run/nri (NRI's socket) and /var/run/cdi bound to Base's
+// run, nri-run and cdi, where this host's harness reaches them, and /var/lib/containerd (root; /var/lib
+// is the node's tmpfs, startMountNS) to Base's root.
+func (c *Containerd) stockMounts(t testing.TB) {
+	t.Helper()
+	if c.MountNS == "" {
+		t.Fatal("a stock containerd needs a node's mount namespace: its default paths are the host's")
+	}
+	script := `set -e
+mount -t tmpfs -o size=16m,mode=0755 tsr-run /run
+mkdir -p /run/containerd /run/nri /run/cdi /var/lib/containerd
+mount --bind "$0/run" /run/containerd
+mount --bind "$0/nri-run" /run/nri
+mount --bind "$0/cdi" /run/cdi
+mount --bind "$0/root" /var/lib/containerd`
+	argv := inMountNS(t, c.MountNS, "/bin/sh", "-c", script, c.Base)
+	mustRun(t, time.Minute, argv[0], argv[1:]...)
+}
+
+// stockConfig is containerd 2.x's default configuration but for what this host forces, none of it
+// about NRI or CDI: restrict_oom_score_adj (root here lacks CAP_SYS_RESOURCE, and runc would fail to
+// start the pause container with oom_score_adj=-998) and the CNI configuration directory (the host
+// has no /etc/cni/net.d, and no test writes to the host's /etc; the kubelet's placeholder network is
+// in Base). Paths are containerd's defaults, the node's own through stockMounts; the sandbox image is
+// containerd's default name (importImages tags the test's pause image so).
+func (c *Containerd) stockConfig() string {
+	return fmt.Sprintf(`version = 3
+
+[plugins]
+  [plugins.'io.containerd.cri.v1.runtime']
+    restrict_oom_score_adj = true
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      conf_dir = '%s/cni/net.d'
+`, c.Base)
+}
+
 func (c *Containerd) config() string {
+	if c.Stock {
+		return c.stockConfig()
+	}
 	// restrict_oom_score_adj: root here lacks CAP_SYS_RESOURCE and runc would fail to start the pause
 	// container with oom_score_adj=-998 (../shared/recipes/containerd-nri-cdi).
 	return fmt.Sprintf(`version = 3
@@ -190,6 +250,20 @@ func (c *Containerd) importImages(t testing.TB) {
 			mustRun(t, time.Minute, tool(t, "ctr"), "-a", c.Socket, "-n", ns, "images", "import", tar)
 		}
 	}
+	if c.Stock {
+		mustRun(t, time.Minute, tool(t, "ctr"), "-a", c.Socket, "-n", "k8s.io", "images", "tag", "docker.io/library/bbox-pause:latest", defaultSandboxImage(t))
+	}
+}
+
+// defaultSandboxImage is the sandbox (pause) image containerd pins by default, as its default
+// configuration names it.
+func defaultSandboxImage(t testing.TB) string {
+	t.Helper()
+	m := regexp.MustCompile(`(?m)^\s*sandbox = '([^']+)'`).FindStringSubmatch(mustRun(t, time.Minute, tool(t, "containerd"), "config", "default"))
+	if m == nil {
+		t.Fatal("containerd config default names no sandbox image")
+	}
+	return m[1]
 }
 
 // Nerdctl runs nerdctl against this containerd with the given CDI spec dirs.
@@ -218,8 +292,15 @@ func (c *Containerd) teardown(t testing.TB) {
 	}
 	c.Stop(t)
 	// Shims of containers that were still running exit when their runc state goes away; kill any
-	// process still holding our base dir.
+	// process still holding our base dir, and on a node of a multi-node cluster any left in its
+	// mount namespace (a stock containerd's shims name only its default paths).
 	killUnder(c.Base)
+	if c.MountNS != "" {
+		left, _ := pidsInMountNS(c.MountNS) // an error: the namespace is gone, and so is all in it
+		for _, pid := range left {
+			syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
 	for _, m := range mountsUnder(c.Base) {
 		syscall.Unmount(m, syscall.MNT_DETACH)
 	}

@@ -16,7 +16,7 @@ import (
 // Nodes of the multi-node cluster: two simulated GPU nodes of different models and a CPU-only one.
 const (
 	NodeA100 = "gpu-a100" // tessera-node --node-description=dgx-a100
-	NodeH100 = "gpu-h100" // tessera-node --node-description=dgx-h100
+	NodeH100 = "gpu-h100" // tessera-node --node-description=dgx-h100; containerd as operators run it (Containerd.Stock)
 	NodeCPU  = "cpu-only" // kubelet and containerd, no tessera-node
 )
 
@@ -91,9 +91,9 @@ func StartMultiNode(t *testing.T) *MultiNode {
 	driver := BuildSimDriver(t)
 	for _, n := range []struct {
 		name, description string
-		gpu               bool
-	}{{NodeA100, "dgx-a100", true}, {NodeH100, "dgx-h100", true}, {NodeCPU, "", false}} {
-		c := m.joinNode(t, n.name, n.description)
+		gpu, stock        bool
+	}{{NodeA100, "dgx-a100", true, false}, {NodeH100, "dgx-h100", true, true}, {NodeCPU, "", false, false}} {
+		c := m.joinNode(t, n.name, n.description, n.stock)
 		if n.gpu {
 			c.dra = true
 			c.agentArgs = []string{"--rediscover-interval=" + multiNodeHeartbeat.String(), "--health-check-interval=" + multiNodeHealthCheck.String()}
@@ -106,9 +106,9 @@ func StartMultiNode(t *testing.T) *MultiNode {
 	return m
 }
 
-// joinNode starts one node in its own mount namespace: containerd, then the kubelet, registered as
-// name with the control plane.
-func (m *MultiNode) joinNode(t *testing.T, name, description string) *Cluster {
+// joinNode starts one node in its own mount namespace: containerd (with its stock configuration
+// when stock), then the kubelet, registered as name with the control plane.
+func (m *MultiNode) joinNode(t *testing.T, name, description string, stock bool) *Cluster {
 	t.Helper()
 	dpDir, err := os.MkdirTemp("/tmp", "tsr-dp-")
 	if err != nil {
@@ -117,7 +117,7 @@ func (m *MultiNode) joinNode(t *testing.T, name, description string) *Cluster {
 	t.Cleanup(func() { os.RemoveAll(dpDir) })
 	ns := startMountNS(t, dpDir)
 	c := &Cluster{Node: name, CP: m.CP, Kubeconfig: m.CP.Kubeconfig, ExtenderAddr: m.ExtenderAddr, description: description}
-	c.Ctr = startContainerd(t, ns)
+	c.Ctr = startContainerd(t, ns, stock)
 	c.Dir = c.Ctr.Base
 	// Registered after containerd's cleanup, so it runs first: kubelet, pods, agent, then containerd.
 	t.Cleanup(func() { c.teardown(t) })
@@ -214,20 +214,11 @@ func (m *MultiNode) KillNode(t testing.TB, name string) {
 			pids = append(pids, pid)
 		}
 	}
-	ns, err := os.Readlink(c.Ctr.MountNS)
+	inNS, err := pidsInMountNS(c.Ctr.MountNS)
 	if err != nil {
 		t.Fatal(err)
 	}
-	holder := filepath.Base(filepath.Dir(filepath.Dir(c.Ctr.MountNS)))
-	links, _ := filepath.Glob("/proc/[0-9]*/ns/mnt")
-	for _, l := range links {
-		pid := filepath.Base(filepath.Dir(filepath.Dir(l)))
-		if target, err := os.Readlink(l); err == nil && target == ns && pid != holder {
-			var n int
-			fmt.Sscanf(pid, "%d", &n)
-			pids = append(pids, n)
-		}
-	}
+	pids = append(pids, inNS...)
 	for _, pid := range pids {
 		syscall.Kill(pid, syscall.SIGKILL)
 	}
@@ -236,6 +227,27 @@ func (m *MultiNode) KillNode(t testing.TB, name string) {
 	c.Agent.Kill(t)
 	c.Ctr.Stop(t)
 	t.Logf("node %s killed: %d processes", name, len(pids))
+}
+
+// pidsInMountNS lists the processes in the node's mount namespace ns (inMountNS's path) but its
+// holder (startMountNS): the node's kubelet, containerd, shims and tessera-node.
+func pidsInMountNS(ns string) ([]int, error) {
+	target, err := os.Readlink(ns)
+	if err != nil {
+		return nil, fmt.Errorf("the node's mount namespace: %w", err)
+	}
+	holder := filepath.Base(filepath.Dir(filepath.Dir(ns)))
+	var pids []int
+	links, _ := filepath.Glob("/proc/[0-9]*/ns/mnt")
+	for _, l := range links {
+		pid := filepath.Base(filepath.Dir(filepath.Dir(l)))
+		if got, err := os.Readlink(l); err == nil && got == target && pid != holder {
+			var n int
+			fmt.Sscanf(pid, "%d", &n)
+			pids = append(pids, n)
+		}
+	}
+	return pids, nil
 }
 
 // RestartNode boots a killed node again: containerd, the kubelet (until Ready), tessera-node

@@ -2,9 +2,12 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -68,8 +71,13 @@ func TestRuntimeCheckContainerd(t *testing.T) {
 
 // testMultiNodeRuntimeCheck: each GPU node's agent, on a containerd with NRI and CDI on, checked
 // both at start and found nothing to report: its log says so and its Node has no NRIUnavailable or
-// CDIUnavailable Event.
+// CDIUnavailable Event. The H100 node's containerd runs its stock configuration, and the agent
+// there found NRI and the CRI socket at their default paths (checkStockContainerd). Then the A100
+// agent restarts writing its CDI specs where containerd does not read them: its Node gets a
+// CDIUnavailable Warning Event naming the directory and the setting (recorded with the chart's
+// RBAC for the agent), and it restarts as before.
 func testMultiNodeRuntimeCheck(t *testing.T, m *MultiNode) {
+	checkStockContainerd(t, m.Node(t, NodeH100))
 	for _, node := range []string{NodeA100, NodeH100} {
 		c := m.Node(t, node)
 		// The NRI verdict comes NRIGrace after the agent's start.
@@ -89,4 +97,75 @@ func testMultiNodeRuntimeCheck(t *testing.T, m *MultiNode) {
 			}
 		}
 	}
+	misconfigureCDI(t, m.Node(t, NodeA100))
+}
+
+// checkStockContainerd checks that the node's containerd runs containerd 2.x's defaults for NRI and
+// CDI: its configuration file says nothing of either, its CRI status reports CDI on with the default
+// spec directories, its NRI socket is at the default path, and tessera-node was given neither
+// socket (its defaults are containerd's) and only a CDI directory among those defaults.
+func checkStockContainerd(t *testing.T, c *Cluster) {
+	t.Helper()
+	if !c.Ctr.Stock {
+		t.Fatalf("node %s's containerd is not the stock one", c.Node)
+	}
+	cfg, err := os.ReadFile(filepath.Join(c.Ctr.Base, "config.toml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l := strings.ToLower(string(cfg)); strings.Contains(l, "nri") || strings.Contains(l, "cdi") {
+		t.Errorf("node %s's containerd configuration sets NRI or CDI:\n%s", c.Node, cfg)
+	}
+	info, err := runtimecheck.CRIStatusInfo(context.Background(), c.Ctr.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var crCfg struct {
+		EnableCDI   bool     `json:"enableCDI"`
+		CDISpecDirs []string `json:"cdiSpecDirs"`
+	}
+	if err := json.Unmarshal([]byte(info["config"]), &crCfg); err != nil {
+		t.Fatalf("node %s's CRI status config: %v", c.Node, err)
+	}
+	if !crCfg.EnableCDI || !slices.Equal(crCfg.CDISpecDirs, []string{"/etc/cdi", StockCDIDir}) {
+		t.Errorf("node %s's containerd: enableCDI %v, cdiSpecDirs %v; want containerd 2.x's defaults, true and [/etc/cdi %s]", c.Node, crCfg.EnableCDI, crCfg.CDISpecDirs, StockCDIDir)
+	}
+	if _, err := os.Stat(c.Ctr.NRISocket); err != nil {
+		t.Errorf("node %s: no NRI socket at the default /var/run/nri/nri.sock: %v", c.Node, err)
+	}
+	for _, a := range c.Agent.Args {
+		if strings.HasPrefix(a, "--nri-socket") || strings.HasPrefix(a, "--cri-socket") || strings.HasPrefix(a, "--cdi-dir") && a != "--cdi-dir="+StockCDIDir {
+			t.Errorf("node %s's tessera-node was given %s; want the defaults", c.Node, a)
+		}
+	}
+}
+
+// misconfigureCDI restarts the node's agent with its CDI specs in a directory containerd does not
+// read, waits for the CDIUnavailable Event on the Node, then restarts it as it was.
+func misconfigureCDI(t *testing.T, c *Cluster) {
+	t.Helper()
+	args := slices.Clone(c.Agent.Args)
+	elsewhere := filepath.Join(c.Dir, "cdi-unread")
+	i := slices.IndexFunc(c.Agent.Args, func(a string) bool { return strings.HasPrefix(a, "--cdi-dir=") })
+	if i < 0 {
+		t.Fatalf("node %s's tessera-node has no --cdi-dir", c.Node)
+	}
+	c.Agent.Stop(t)
+	c.Agent.Args[i] = "--cdi-dir=" + elsewhere
+	c.Agent.Start(t)
+	err := waitFor(time.Minute, 200*time.Millisecond, func() (bool, error) {
+		for _, ev := range c.Events(t, c.Node, runtimecheck.EventCDIUnavailable) {
+			if strings.Contains(ev, "add '"+elsewhere+"' to cdi_spec_dirs") {
+				return true, nil
+			}
+		}
+		return false, fmt.Errorf("no %s Event on node %s naming %s", runtimecheck.EventCDIUnavailable, c.Node, elsewhere)
+	})
+	c.Agent.Stop(t)
+	c.Agent.Args = args
+	c.Agent.Start(t)
+	if err != nil {
+		t.Errorf("%v\n%s", err, c.Agent.LogTail(20))
+	}
+	c.WaitAgentReady(t)
 }
