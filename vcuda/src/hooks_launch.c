@@ -105,6 +105,7 @@ typedef struct {
     int g;
     int graph;
     uint64_t key, waves, charged_ns, pred_wait, model_ns;
+    uint64_t host_ns; /* host time the events bracket, not the kernel's (a gate that gave up) */
     double charged_frac; /* share of the sampled launch's cost that was charged (overlap) */
 } sample_slot;
 /* Measurements in flight per thread. One was too few: a sample completes
@@ -308,6 +309,25 @@ static void harvest(int wait) {
             continue;
         }
         uint64_t t = (uint64_t)((double)ms * 1e6);
+#ifndef VC_MUTATE_EXPIRED_IN_FULL
+        /* A gate that gave up let the start event complete before the
+         * kernel was submitted: the host time from the give-up to the
+         * launch call is not the kernel's (one sample of a launcher kept
+         * off the CPU for 0.4 s, settled in full, took a 30% container to
+         * 3.7% for seconds). What is left may run short by however late
+         * the driver's callback thread let the stream go on (ms on a loaded
+         * host, and a process can starve its own callback thread), so such
+         * a sample is never taken below the launch's admission price: it
+         * can raise the price, never lower it (fail closed), and never by
+         * more than it measured. */
+        if (sl->host_ns) {
+            uint64_t k = t > sl->host_ns ? t - sl->host_ns : 0;
+            if (k < sl->charged_ns)
+                k = sl->charged_ns;
+            if (k < t)
+                t = k;
+        }
+#endif
         /* A kernel that fills the device first waits for other streams' work;
          * the predicted wait is not its own time. */
         if (t > 2 * sl->pred_wait)
@@ -332,6 +352,8 @@ typedef struct {
     int ptsz;
     CUstream stream;
     struct gate *gate;
+    uint64_t rec0_ns;   /* a sampled launch: the clock after its start event was recorded */
+    uint64_t submit_ns; /* ... and just before the launch call */
 } launch_ctx;
 
 /*
@@ -355,6 +377,7 @@ typedef struct {
 struct gate {
     _Atomic int open;
     _Atomic int refs;
+    _Atomic uint64_t gave_up; /* when the host function stopped waiting, unopened; 0: it did not */
 };
 #ifdef VCUDA_TEST_HOOKS
 /* Test build: a gate is never freed but marked released, so a write after
@@ -379,8 +402,12 @@ static void gate_wait(void *p) {
         uint64_t now = vc_now_ns();
         if (!start)
             start = now;
-        else if (now - start > GATE_MAX_NS)
+        else if (now - start > GATE_MAX_NS) {
+            /* read last, just before the stream goes on: the start event
+             * completes no earlier */
+            atomic_store_explicit(&gt->gave_up, vc_now_ns(), memory_order_release);
             break;
+        }
         struct timespec ts = {0, 20000};
         nanosleep(&ts, NULL);
     }
@@ -395,6 +422,7 @@ static struct gate *gate_close(launch_ctx *lc) {
         return NULL;
     atomic_store(&gt->open, 0);
     atomic_store(&gt->refs, 2);
+    atomic_store(&gt->gave_up, 0);
     if (fn(lc->stream, gate_wait, gt) != CUDA_SUCCESS) {
         free(gt); /* the host function will never run */
         return NULL; /* sample ungated */
@@ -794,6 +822,9 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
             sl->model_ns = own_est ? model : 0;
             sl->pred_wait = tls_pred_wait;
             sl->charged_frac = cost ? (double)charge / (double)cost : 1;
+            lc->rec0_ns = vc_now_ns();
+            VC_TEST_DELAY("sampled"); /* a launcher descheduled before its sampled launch call */
+            lc->submit_ns = vc_now_ns(); /* the kernel is submitted no earlier */
         }
     }
 }
@@ -803,12 +834,20 @@ static void after_launch(launch_ctx *lc, CUresult r) {
         return;
     sample_slot *sl = &tls.ring[tls.tail % SAMPLE_RING];
     int ok = r == CUDA_SUCCESS && record(lc, sl->ev[1]) == CUDA_SUCCESS;
+    /* The start event completed when the stream reached it: at the gate's
+     * give-up or at its recording, whichever came later (or later still:
+     * see harvest); the kernel started no earlier than the launch call.
+     * Read while this launcher still holds the gate; a give-up whose store
+     * is not seen yet is missed, and the sample settled in full. */
+    uint64_t gave_up = lc->gate ? atomic_load_explicit(&lc->gate->gave_up, memory_order_acquire) : 0;
+    uint64_t ev0_by = gave_up > lc->rec0_ns ? gave_up : lc->rec0_ns;
+    sl->host_ns = gave_up && lc->submit_ns > ev0_by ? lc->submit_ns - ev0_by : 0;
     gate_open(lc);
     /* A sample whose gate gave up (the launcher was descheduled past
-     * GATE_MAX_NS) timed the host too and runs long; it is kept: dropping
-     * it would let a process that stalls its own launcher just before its
-     * long kernels keep them out of the estimate (fail open), where keeping
-     * it only overcharges (fail closed). */
+     * GATE_MAX_NS) timed the host too; it is kept, less the host time from
+     * the give-up to the launch call (harvest): dropping it would let a
+     * process that stalls its own launcher just before its long kernels
+     * keep them out of the estimate (fail open). */
     if (!ok)
         return; /* the slot is reused by the next sample */
     tls.tail++;
