@@ -337,7 +337,8 @@ TEST_LIB(limiter_settles_an_expired_gate_at_its_kernel, "testhooks") {
  * long, and whatever the limiter admits meanwhile waits unscheduled, already
  * charged, then runs back to back. At 50% the launcher admitted 108 ms of it
  * (the nobacklogcap mutant); waiting while the oldest sample not yet started
- * is overdue (20 ms past its predicted start) kept it at 25 ms (load 20-46).
+ * is overdue (50 ms past its predicted start) kept it at 29 ms (three runs,
+ * load 5-13).
  * The backlog is counted on the device: the device time launched (each
  * launch one 1 ms wave, a figure the test sets) less what the device has
  * run by then. */
