@@ -722,7 +722,13 @@ func (c *Cluster) teardown(t *testing.T) {
 		}
 	}
 	// Sockets the kubelet and the agent made in the hard-coded directory (the directory itself
-	// goes with the host release when this run created it).
+	// goes with the host release when this run created it). Only a cluster holding the host's
+	// kubelet paths owns them: a multi-node cluster's nodes have that path in their own mount
+	// namespaces (their directories go with their own cleanup), and removing the host's files from
+	// here deleted the kubelet.sock of a single-node cluster running beside them.
+	if c.host == nil {
+		return
+	}
 	for _, pat := range []string{"kubelet.sock", "kubelet_internal_checkpoint", "tessera*.sock"} {
 		m, _ := filepath.Glob(filepath.Join(KubeletDevicePluginDir, pat))
 		for _, f := range m {
