@@ -47,19 +47,7 @@ func TestSecurityNodeLockClockSkew(t *testing.T) {
 	if want := base.Add(-16 * time.Second).Add(7500 * time.Millisecond); !held.SafeUntil().Equal(want) {
 		t.Fatalf("a's SafeUntil %v, want %v (half the duration after acquiring, on a's clock)", held.SafeUntil(), want)
 	}
-	try := func(when string) *NodeLock {
-		t.Helper()
-		tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		defer cancel()
-		nl, err := b.Lock(tctx, "n1")
-		if err == nil {
-			return nl
-		}
-		if tctx.Err() == nil {
-			t.Fatalf("%s: %v", when, err)
-		}
-		return nil
-	}
+	try := func(when string) *NodeLock { t.Helper(); return tryLock(t, ctx, b, "n1", when) }
 	if nl := try("at once"); nl != nil {
 		t.Fatal("b took the Lease a holds at once: a renewTime 16 s behind b's clock was taken as expired")
 	}
@@ -147,19 +135,7 @@ func TestNodeLockObservedBeforeLeading(t *testing.T) {
 	}
 	held.Unlock(ctx) // kept: a still holds the Lease
 	waitSighting(held.lease.ResourceVersion)
-	try := func(when string) *NodeLock {
-		t.Helper()
-		tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		defer cancel()
-		nl, err := b.Lock(tctx, "n1")
-		if err == nil {
-			return nl
-		}
-		if tctx.Err() == nil {
-			t.Fatalf("%s: %v", when, err)
-		}
-		return nil
-	}
+	try := func(when string) *NodeLock { t.Helper(); return tryLock(t, ctx, b, "n1", when) }
 	// a renews its kept Lease once (a bind a quarter of the duration later): a new record.
 	ca.advance(4 * time.Second)
 	cb.advance(4 * time.Second)
@@ -179,4 +155,20 @@ func TestNodeLockObservedBeforeLeading(t *testing.T) {
 		t.Fatal("b did not take a's Lease at its first Lock 16 s after its watch saw the last renewal: the observation did not count from the watch's sighting")
 	}
 	nl.Unlock(ctx)
+}
+
+// tryLock tries l.Lock(node) for 100 ms: the lock if taken, nil if the Lease stayed held; any other
+// error fails the test, naming when.
+func tryLock(t *testing.T, ctx context.Context, l *NodeLocker, node, when string) *NodeLock {
+	t.Helper()
+	tctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	nl, err := l.Lock(tctx, node)
+	if err == nil {
+		return nl
+	}
+	if tctx.Err() == nil {
+		t.Fatalf("%s: %v", when, err)
+	}
+	return nil
 }
