@@ -38,7 +38,12 @@ type nodeDuties struct {
 // run holds the seat and its duties until ctx ends, or until a newer agent claims them, after
 // which it waits for ctx. It returns the NRI plugin's error, or nil.
 func (d *nodeDuties) run(ctx context.Context) error {
-	d.waitRegistered(ctx)
+	// Only a handover needs the wait: with nobody holding the seat (a node's first agent, one
+	// restarted after a crash, a node without a kubelet yet) there is nothing to take over from,
+	// and waiting would leave /metrics and NRI down for registerWait.
+	if handover.Held(d.seat.Dir) {
+		d.waitRegistered(ctx)
+	}
 	seat, err := handover.Take(ctx, d.seat)
 	if err != nil {
 		return ignoreCanceled(err)

@@ -34,6 +34,10 @@ type seatNode struct {
 	rt     *nriadapt.Adaptation
 	agent  *agent.Agent
 	listen string
+	// registered and registerWait are the agents' device-plugin registration check and its wait
+	// (default: registered at once).
+	registered   func() bool
+	registerWait time.Duration
 
 	mu      sync.Mutex
 	created map[string][]string // agent name -> container IDs its NRI plugin answered
@@ -81,6 +85,9 @@ type seatAgent struct {
 
 func (n *seatNode) start(name string) *seatAgent {
 	t := n.t
+	if n.registered == nil {
+		n.registered = func() bool { return true }
+	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	plugin := nri.New(nri.Config{StateDir: filepath.Join(n.dir, "run"), Log: log,
 		OnCreate: func(_ *nriapi.PodSandbox, c *nriapi.Container, _ time.Duration, refusal error) {
@@ -101,7 +108,7 @@ func (n *seatNode) start(name string) *seatAgent {
 			return srv
 		},
 		nri:        func(ctx context.Context) error { return plugin.Run(ctx, n.sock) },
-		registered: func() bool { return true },
+		registered: n.registered, registerWait: n.registerWait,
 		handedOver: func() { close(a.handedOver) },
 		log:        log}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -284,4 +291,19 @@ func TestHandoverToPodNetworkKeepsTheListener(t *testing.T) {
 	if who := n.healthz(); who != "old" {
 		t.Errorf("after a handover to an agent in another network, /healthz answered by %q, want the old agent still", who)
 	}
+}
+
+// TestFirstAgentServesAtOnce: with no agent holding the seat (a node's first agent, one restarted
+// after a crash) the duties start without waiting for the device plugins to register: the wait is
+// only for a handover, and on a node without a kubelet yet (the GPU bundle's guard phase) /metrics
+// and NRI would otherwise stay down for the whole wait. Mutation: waiting whether or not the seat is
+// held fails it.
+func TestFirstAgentServesAtOnce(t *testing.T) {
+	n := newSeatNode(t)
+	n.registered = func() bool { return false }
+	n.registerWait = time.Hour
+	a := n.start("first")
+	waitUntil(t, "the first agent serving /healthz and NRI while its device plugins are not registered", func() bool {
+		return a.plugin.Synced() && n.healthz() == "first"
+	})
 }

@@ -81,6 +81,21 @@ const (
 // Files are the names of the seat's files in Options.Dir.
 func Files() []string { return []string{claimName, lockName} }
 
+// Held reports whether another process holds the seat in dir now (a probe of its lock that lets go
+// at once); a missing lock file is a free seat.
+func Held(dir string) bool {
+	lock, err := os.Open(filepath.Join(dir, lockName))
+	if err != nil {
+		return false
+	}
+	defer lock.Close()
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		return errors.Is(err, syscall.EWOULDBLOCK)
+	}
+	syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
+	return false
+}
+
 // Take claims the seat for this agent and waits until it holds it (the previous holder has seen
 // the claim and let go, or died). It returns ctx's error if ctx ends first.
 func Take(ctx context.Context, opts Options) (*Seat, error) {
