@@ -157,14 +157,7 @@ func WireClaimInformers(f informers.SharedInformerFactory, s *State) (*ClaimSour
 	if _, err := claims.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { s.UpsertClaim(o.(*resourceapi.ResourceClaim)) },
 		UpdateFunc: func(_, o any) { s.UpsertClaim(o.(*resourceapi.ResourceClaim)) },
-		DeleteFunc: func(o any) {
-			if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
-				o = t.Obj
-			}
-			if c, ok := o.(*resourceapi.ResourceClaim); ok {
-				s.DeleteClaim(c.UID)
-			}
-		},
+		DeleteFunc: onDelete(func(c *resourceapi.ResourceClaim) { s.DeleteClaim(c.UID) }),
 	}); err != nil {
 		return nil, fmt.Errorf("resourceclaim informer: %w", err)
 	}

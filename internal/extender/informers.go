@@ -18,14 +18,7 @@ func WireInformers(f informers.SharedInformerFactory, s *State, opts ClassOption
 	if _, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { s.UpsertNode(o.(*corev1.Node)) },
 		UpdateFunc: func(_, o any) { s.UpsertNode(o.(*corev1.Node)) },
-		DeleteFunc: func(o any) {
-			if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
-				o = t.Obj
-			}
-			if n, ok := o.(*corev1.Node); ok {
-				s.DeleteNode(n.Name)
-			}
-		},
+		DeleteFunc: onDelete(func(n *corev1.Node) { s.DeleteNode(n.Name) }),
 	}); err != nil {
 		return nil, err
 	}
@@ -33,14 +26,7 @@ func WireInformers(f informers.SharedInformerFactory, s *State, opts ClassOption
 	if _, err := pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { s.UpsertPod(o.(*corev1.Pod), opts) },
 		UpdateFunc: func(_, o any) { s.UpsertPod(o.(*corev1.Pod), opts) },
-		DeleteFunc: func(o any) {
-			if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
-				o = t.Obj
-			}
-			if p, ok := o.(*corev1.Pod); ok {
-				s.DeletePod(p.UID)
-			}
-		},
+		DeleteFunc: onDelete(func(p *corev1.Pod) { s.DeletePod(p.UID) }),
 	}); err != nil {
 		return nil, err
 	}
@@ -107,4 +93,17 @@ func WireLeaseObserver(f informers.SharedInformerFactory, l *NodeLocker) error {
 		return fmt.Errorf("watch bind leases: %w", err)
 	}
 	return nil
+}
+
+// onDelete is an informer's DeleteFunc calling f with the deleted object, unwrapped from the
+// tombstone a relist leaves (DeletedFinalStateUnknown); objects of another type are ignored.
+func onDelete[T any](f func(T)) func(any) {
+	return func(o any) {
+		if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
+			o = t.Obj
+		}
+		if v, ok := o.(T); ok {
+			f(v)
+		}
+	}
 }
