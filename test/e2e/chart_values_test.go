@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -416,5 +417,41 @@ func TestChartGPUOperatorValues(t *testing.T) {
 		if !agent {
 			t.Errorf("%s: no tessera-node DaemonSet rendered", file)
 		}
+	}
+}
+
+// TestChartSimDescription: node.simDescription hands the simulated agent a host file describing its
+// node (one DaemonSet, a different file on each node: TestMultiNode's A100 and H100 nodes), mounted
+// read-only at the path the flag names; on the nvml backend the value is refused, naming the fix.
+func TestChartSimDescription(t *testing.T) {
+	const path = "/var/lib/tessera-sim/node.yaml"
+	var agent map[string]any
+	for _, o := range renderedObjects(t, "--set", "node.backend=sim", "--set", "node.simDescription="+path) {
+		if o["kind"] == "DaemonSet" {
+			agent = podTemplate(o)
+		}
+	}
+	c := valueAt(agent, "spec", "containers").([]any)[0].(map[string]any)
+	var args []string
+	for _, a := range c["args"].([]any) {
+		args = append(args, a.(string))
+	}
+	if !slices.Contains(args, "--node-description="+path) {
+		t.Errorf("the agent's args %v lack --node-description=%s", args, path)
+	}
+	var mounted, volume bool
+	for _, m := range c["volumeMounts"].([]any) {
+		m := m.(map[string]any)
+		mounted = mounted || m["mountPath"] == path && m["readOnly"] == true
+	}
+	for _, v := range valueAt(agent, "spec", "volumes").([]any) {
+		volume = volume || valueAt(v, "hostPath", "path") == path && valueAt(v, "hostPath", "type") == "File"
+	}
+	if !mounted || !volume {
+		t.Errorf("%s: read-only mount %v, hostPath File volume %v; want both", path, mounted, volume)
+	}
+	out, err := helm(t, "template", "tessera", helmChart(), "--set", "node.simDescription="+path)
+	if err == nil || !strings.Contains(out, "set node.backend=sim") {
+		t.Errorf("node.simDescription on the nvml backend: %v, want it refused naming node.backend=sim:\n%s", err, out)
 	}
 }
