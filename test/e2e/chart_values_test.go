@@ -423,6 +423,8 @@ func TestChartGPUOperatorValues(t *testing.T) {
 // TestChartSimDescription: node.simDescription hands the simulated agent a host file describing its
 // node (one DaemonSet, a different file on each node: TestMultiNode's A100 and H100 nodes), mounted
 // read-only at the path the flag names; on the nvml backend the value is refused, naming the fix.
+// The simulated agent has a /tmp (an emptyDir; the image has none): its mdev parents' sysfs tree is
+// made there, and without it the agent of an A100 description exits at start.
 func TestChartSimDescription(t *testing.T) {
 	const path = "/var/lib/tessera-sim/node.yaml"
 	var agent map[string]any
@@ -439,10 +441,14 @@ func TestChartSimDescription(t *testing.T) {
 	if !slices.Contains(args, "--node-description="+path) {
 		t.Errorf("the agent's args %v lack --node-description=%s", args, path)
 	}
-	var mounted, volume bool
+	var mounted, volume, tmp bool
 	for _, m := range c["volumeMounts"].([]any) {
 		m := m.(map[string]any)
 		mounted = mounted || m["mountPath"] == path && m["readOnly"] == true
+		tmp = tmp || m["mountPath"] == "/tmp"
+	}
+	if !tmp {
+		t.Errorf("the simulated agent has no /tmp mounted: %v", c["volumeMounts"])
 	}
 	for _, v := range valueAt(agent, "spec", "volumes").([]any) {
 		volume = volume || valueAt(v, "hostPath", "path") == path && valueAt(v, "hostPath", "type") == "File"
