@@ -47,22 +47,37 @@ const (
 // addresses and routing for the API server and kubelets on 2 cores. The mounts a node's kubelet and
 // containerd make stay in its namespace and go with it.
 //
-// Tessera runs as host processes, as in the one-node Cluster, not from the chart's DaemonSet and
-// Deployment: those need the images `make images` builds, which `make test` does not.
+// Tessera is installed by the chart (MultiNodeOptions.Chart, multinode_chart.go: the agent's
+// DaemonSet on the GPU nodes, the extender's Deployment), or runs as host processes, as in the
+// one-node Cluster.
 type MultiNode struct {
 	CP *ControlPlane
 	// ExtenderAddr is the port both replicas serve the scheduler on.
 	ExtenderAddr string
-	Extenders    []*Process
-	// Nodes by name; each is a Cluster sharing CP (its Extender is nil: see Extenders).
+	// Extenders are the host-process replicas (none with the chart: its Deployment's pods).
+	Extenders []*Process
+	// Nodes by name; each is a Cluster sharing CP (its Extender is nil: see Extenders; with the
+	// chart its Agent is nil too, the agent being the DaemonSet's pod on it).
 	Nodes map[string]*Cluster
+
+	chart bool
+	helm  *helmHost // the chart's install (values, the scheduler's TLS), nil without the chart
+}
+
+// MultiNodeOptions tunes StartMultiNode.
+type MultiNodeOptions struct {
+	// Chart installs Tessera with deploy/helm/tessera from the images `make images` builds.
+	Chart bool
 }
 
 // StartMultiNode brings the cluster up: the control plane, both extender replicas, then each node
-// until it is Ready and, on the GPU nodes, tessera-node has registered its device plugins, published
-// its inventory and its DRA ResourceSlices.
-func StartMultiNode(t *testing.T) *MultiNode {
+// until it is Ready and, on the GPU nodes, tessera-node has registered its device plugins and
+// published its inventory.
+func StartMultiNode(t *testing.T, opts MultiNodeOptions) *MultiNode {
 	t.Helper()
+	if opts.Chart {
+		return startMultiNodeChart(t)
+	}
 	t0 := time.Now()
 	step := func(what string) { t.Logf("multinode: %s (%.1fs)", what, time.Since(t0).Seconds()) }
 	// No host path is shared (startMountNS), so unlike a one-node Cluster this one does not take
@@ -107,8 +122,8 @@ func StartMultiNode(t *testing.T) *MultiNode {
 }
 
 // joinNode starts one node in its own mount namespace: containerd (with its stock configuration
-// when stock), then the kubelet, registered as name with the control plane.
-func (m *MultiNode) joinNode(t *testing.T, name, description string, stock bool) *Cluster {
+// when stock), then the kubelet (with kubeletArgs), registered as name with the control plane.
+func (m *MultiNode) joinNode(t *testing.T, name, description string, stock bool, kubeletArgs ...string) *Cluster {
 	t.Helper()
 	dpDir, err := os.MkdirTemp("/tmp", "tsr-dp-")
 	if err != nil {
@@ -121,7 +136,7 @@ func (m *MultiNode) joinNode(t *testing.T, name, description string, stock bool)
 	c.Dir = c.Ctr.Base
 	// Registered after containerd's cleanup, so it runs first: kubelet, pods, agent, then containerd.
 	t.Cleanup(func() { c.teardown(t) })
-	c.Kubelet = startKubelet(t, m.CP, c.Ctr, name, "kubelet-"+name)
+	c.Kubelet = startKubelet(t, m.CP, c.Ctr, name, "kubelet-"+name, kubeletArgs...)
 	return c
 }
 
@@ -193,8 +208,8 @@ func (m *MultiNode) Node(t testing.TB, name string) *Cluster {
 
 // KillNode ends the node at once, as a power loss would: SIGKILL to every process of its mount
 // namespace (kubelet, containerd, the shims, tessera-node) and to every container's processes
-// (they run in mount namespaces of their own). What is on its disk stays, as does the namespace's
-// holder (the machine), so RestartNode can boot it again.
+// (they run in mount namespaces of their own; the chart's agent is one). What is on its disk stays,
+// as does the namespace's holder (the machine, with its mounts), so RestartNode can boot it again.
 func (m *MultiNode) KillNode(t testing.TB, name string) {
 	t.Helper()
 	c := m.Node(t, name)
@@ -224,7 +239,9 @@ func (m *MultiNode) KillNode(t testing.TB, name string) {
 	}
 	// Reap what the test started; the signals above already ended them.
 	c.Kubelet.Kill(t)
-	c.Agent.Kill(t)
+	if c.Agent != nil {
+		c.Agent.Kill(t)
+	}
 	c.Ctr.Stop(t)
 	t.Logf("node %s killed: %d processes", name, len(pids))
 }
@@ -251,13 +268,16 @@ func pidsInMountNS(ns string) ([]int, error) {
 }
 
 // RestartNode boots a killed node again: containerd, the kubelet (until Ready), tessera-node
-// (until it has published its inventory).
+// (until it has published its inventory): the host process, or the agent pod, which the kubelet
+// starts again as it finds it bound to its node.
 func (m *MultiNode) RestartNode(t testing.TB, name string) {
 	t.Helper()
 	c := m.Node(t, name)
 	c.Ctr.Start(t)
 	c.Kubelet.Start(t)
 	c.Kubelet.WaitReady(t)
-	c.Agent.Start(t)
+	if c.Agent != nil {
+		c.Agent.Start(t)
+	}
 	c.WaitAgentReady(t)
 }
