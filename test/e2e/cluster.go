@@ -226,22 +226,13 @@ func (c *Cluster) startAgent(t *testing.T, driver SimDriver) {
 	c.AgentAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	c.AgentDataDir = filepath.Join(c.Dir, "agent-data")
 	name := "tessera-node"
-	if c.Ctr.MountNS != "" {
-		name += "-" + c.Node // one per node of a multi-node cluster
-	}
-	// In a node's mount namespace, as the DaemonSet's pod shares the host's mounts: the per-container
-	// files it mounts must be seen by that node's runc.
-	runtime := []string{"--cdi-dir=" + c.Ctr.SpecDir(), "--nri-socket=" + c.Ctr.NRISocket, "--cri-socket=" + c.Ctr.Socket}
-	if c.Ctr.Stock {
-		// containerd's default NRI and CRI sockets are the agent's defaults too.
-		runtime = []string{"--cdi-dir=" + StockCDIDir}
-	}
-	argv := inMountNS(t, c.Ctr.MountNS, tesseraBinary(t, "tessera-node"), "run",
-		"--backend=sim", "--state-dir="+filepath.Join(c.Dir, "sim"), "--node-description="+c.description,
-		"--node-name="+c.Node, "--data-dir="+c.AgentDataDir, "--run-dir="+filepath.Join(c.Dir, "agent-run"),
-		"--device-plugin-dir="+KubeletDevicePluginDir, "--pod-resources-socket="+c.Kubelet.PodResourcesSocket,
-		"--kubeconfig="+kc, "--listen="+c.AgentAddr, "--vcuda-library="+driver.VCUDALibrary, "--sim-driver-dir="+driver.FakeDir,
-		"--config="+c.draAgentConfig(t)) // "": none
+	runtime := []string{"--cdi-dir=" + c.Ctr.CDIDir, "--nri-socket=" + c.Ctr.NRISocket, "--cri-socket=" + c.Ctr.Socket}
+	argv := []string{tesseraBinary(t, "tessera-node"), "run",
+		"--backend=sim", "--state-dir=" + filepath.Join(c.Dir, "sim"), "--node-description=" + c.description,
+		"--node-name=" + c.Node, "--data-dir=" + c.AgentDataDir, "--run-dir=" + filepath.Join(c.Dir, "agent-run"),
+		"--device-plugin-dir=" + KubeletDevicePluginDir, "--pod-resources-socket=" + c.Kubelet.PodResourcesSocket,
+		"--kubeconfig=" + kc, "--listen=" + c.AgentAddr, "--vcuda-library=" + driver.VCUDALibrary, "--sim-driver-dir=" + driver.FakeDir,
+		"--config=" + c.draAgentConfig(t)} // "": none
 	argv = append(append(argv, runtime...), c.agentArgs...)
 	c.Agent = c.CP.StartProcess(t, name, argv[0], argv[1:]...)
 	c.simStateDir = filepath.Join(c.Dir, "sim")

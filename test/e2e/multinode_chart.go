@@ -61,94 +61,6 @@ func addNodeAddress(t *testing.T, ip string) {
 	t.Cleanup(func() { runCmd(t, time.Minute, ipTool, "addr", "del", ip+"/32", "dev", "lo") })
 }
 
-// startMultiNodeChart is StartMultiNode with Tessera installed by deploy/helm/tessera from the
-// images `make images` builds: the agent's DaemonSet on the two GPU nodes (labelled as the GPU
-// Operator labels them; the CPU node is not), the extender's Deployment of 2 replicas on the CPU
-// node, both on the host network, kube-scheduler a host process running the chart's configuration
-// (TestHelmInstall explains each of these for a machine without CNI, registry or DNS).
-func startMultiNodeChart(t *testing.T) *MultiNode {
-	t.Helper()
-	t0 := time.Now()
-	step := func(what string) { t.Logf("multinode: %s (%.1fs)", what, time.Since(t0).Seconds()) }
-	var images []string
-	q := &quietTB{TB: t}
-	built := make(chan struct{})
-	go func() { defer close(built); images = buildImages(q) }()
-	m := &MultiNode{Nodes: map[string]*Cluster{}, chart: true}
-	m.CP = StartControlPlane(t, ControlPlaneOptions{NoScheduler: true, ControllerManager: true})
-	m.CP.CreateNamespace(t, chartNamespace)
-	step("control plane up")
-	BuildSimDriver(t) // the test image's cudaprobe
-	for _, n := range []struct {
-		name, description string
-		gpu, stock        bool
-	}{{NodeA100, "dgx-a100", true, false}, {NodeH100, "dgx-h100", true, true}, {NodeCPU, "", false, false}} {
-		addNodeAddress(t, nodeAddresses[n.name])
-		c := m.joinNode(t, n.name, n.description, n.stock, "--node-ip="+nodeAddresses[n.name])
-		if n.gpu {
-			m.chartNodeMounts(t, c)
-		}
-		m.Nodes[n.name] = c
-		step("node " + n.name + " up")
-	}
-	<-built
-	if q.failed != "" {
-		t.Fatal(q.failed)
-	}
-	for name, c := range m.Nodes {
-		img := images[1] // tessera-extender: the CPU node runs the replicas
-		if name != NodeCPU {
-			img = images[0]
-		}
-		mustRun(t, 2*time.Minute, tool(t, "ctr"), "-a", c.Ctr.Socket, "-n", "k8s.io", "images", "import", img)
-	}
-	for _, n := range []string{NodeA100, NodeH100} {
-		m.labelGPU(t, n, true)
-	}
-	step("images imported, GPU nodes labelled")
-
-	cpu := m.Nodes[NodeCPU]
-	h := &helmHost{c: cpu, chart: helmChart(), tlsDir: filepath.Join(m.CP.Dir, "scheduler-tls"),
-		extenderPort: freePort(t), extenderMetrics: freePort(t), agentMetrics: freePort(t)}
-	h.extenderAddr = fmt.Sprintf("127.0.0.1:%d", h.extenderPort)
-	m.ExtenderAddr = h.extenderAddr
-	apiPort, err := urlPort(m.CP.APIServerURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.set = map[string]string{
-		"image.node.tag": "e2e", "image.extender.tag": "e2e", "image.pullPolicy": "Never",
-		"apiServer.host": "127.0.0.1", "apiServer.port": apiPort,
-		// The agent: listenHost left empty, so each listens on its node's own address.
-		"node.backend": "sim", "node.metricsPort": strconv.Itoa(h.agentMetrics),
-		"node.cdiDir": chartCDIDir, "node.libDir": chartLibDir, "node.simDescription": chartSimDescription,
-		// The drills see an agent go stale, and a GPU heal, within seconds (multiNodeHeartbeat).
-		"node.extraArgs[0]":    "--rediscover-interval=" + multiNodeHeartbeat.String(),
-		"node.extraArgs[1]":    "--health-check-interval=" + multiNodeHealthCheck.String(),
-		"extender.hostNetwork": "true", "extender.listenHost": "127.0.0.1",
-		"extender.port": strconv.Itoa(h.extenderPort), "extender.metricsPort": strconv.Itoa(h.extenderMetrics),
-		"extender.inventoryMaxAge":                      multiNodeMaxAge.String(),
-		`extender.nodeSelector.kubernetes\.io/hostname`: NodeCPU,
-		"scheduler.mode":                                "default", "scheduler.extenderURL": "https://" + h.extenderAddr, "scheduler.tls.dir": h.tlsDir,
-		"extender.networkPolicy.extraFrom[0].ipBlock.cidr": "127.0.0.1/32",
-	}
-	m.helm = h
-	for _, n := range []string{NodeA100, NodeH100} {
-		m.Nodes[n].AgentAddr = fmt.Sprintf("%s:%d", nodeAddresses[n], h.agentMetrics)
-	}
-	h.preloadTLS(t, cpu, chartNamespace, chartRelease)
-	h.startScheduler(t, cpu, chartNamespace, chartRelease)
-	step("kube-scheduler running the chart's configuration")
-	h.run(t, chartNamespace, "install", chartRelease, h.chart, "--wait", "--timeout", "150s")
-	step("helm install --wait done")
-	for _, n := range []string{NodeA100, NodeH100} {
-		c := m.Nodes[n]
-		c.WaitAgentReady(t)
-		step("agent on " + n + " serving")
-	}
-	return m
-}
-
 // chartNodeMounts makes the chart's paths for the agent the GPU node's own in its mount
 // namespace, where its kubelet and containerd (and so the agent pod's hostPath volumes) resolve
 // them, and points the node's Cluster at where this host reads them:
@@ -245,15 +157,10 @@ func (m *MultiNode) labelGPU(t testing.TB, node string, on bool) {
 	}
 }
 
-// StopAgent stops the node's tessera-node: the host process, or with the chart the agent pod
-// (its node's label taken off, so the DaemonSet deletes it), waiting until it is gone.
+// StopAgent stops the node's tessera-node as an operator would: the node's label taken off, so
+// the DaemonSet deletes its pod; it waits until the pod is gone.
 func (m *MultiNode) StopAgent(t *testing.T, node string) {
 	t.Helper()
-	c := m.Node(t, node)
-	if !m.chart {
-		c.Agent.Stop(t)
-		return
-	}
 	m.labelGPU(t, node, false)
 	err := waitFor(2*time.Minute, 200*time.Millisecond, func() (bool, error) {
 		p := m.agentPodObject(t, node)
@@ -268,13 +175,8 @@ func (m *MultiNode) StopAgent(t *testing.T, node string) {
 // until it serves and has published its inventory.
 func (m *MultiNode) StartAgent(t testing.TB, node string) {
 	t.Helper()
-	c := m.Node(t, node)
-	if !m.chart {
-		c.Agent.Start(t)
-	} else {
-		m.labelGPU(t, node, true)
-	}
-	c.WaitAgentReady(t)
+	m.labelGPU(t, node, true)
+	m.Node(t, node).WaitAgentReady(t)
 }
 
 // RestartAgentPod deletes the node's agent pod; the DaemonSet starts a new one, which this waits
@@ -307,12 +209,9 @@ func (m *MultiNode) replaceAgentPod(t testing.TB, node string) {
 	}
 }
 
-// agentArgs are the node's tessera-node arguments: the host process's, or the agent pod's.
+// agentArgs are the arguments of the node's agent pod's tessera-node.
 func (m *MultiNode) agentArgs(t testing.TB, node string) []string {
 	t.Helper()
-	if !m.chart {
-		return m.Node(t, node).Agent.Args
-	}
 	p := m.agentPodObject(t, node)
 	if p == nil {
 		t.Fatalf("no agent pod on %s", node)
@@ -326,15 +225,11 @@ func (m *MultiNode) agentArgs(t testing.TB, node string) []string {
 	return nil
 }
 
-// leaseHolder is the extenders' leader Lease holder, "<identity>@<advertised URL>" ("" when none):
-// in kube-system for the host processes, in the release namespace with the chart.
+// leaseHolder is the extenders' leader Lease holder, "<identity>@<advertised URL>" ("" when none),
+// in the release namespace.
 func (m *MultiNode) leaseHolder(t testing.TB) string {
 	t.Helper()
-	ns := "kube-system"
-	if m.chart {
-		ns = chartNamespace
-	}
-	l, err := m.CP.Client.CoordinationV1().Leases(ns).Get(context.Background(), "tessera-extender", metav1.GetOptions{})
+	l, err := m.CP.Client.CoordinationV1().Leases(chartNamespace).Get(context.Background(), "tessera-extender", metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("the extenders' leader Lease: %v", err)
 	}
@@ -344,27 +239,13 @@ func (m *MultiNode) leaseHolder(t testing.TB) string {
 	return *l.Spec.HolderIdentity
 }
 
-// killLeader SIGKILLs the extender replica holding the leader Lease, as a crash would, and returns
-// the Lease's holder at the kill. A host process stays down until the test's cleanup starts it
-// again; with the chart the kubelet restarts the container in its pod, and the cleanup waits until
-// the Deployment has its 2 replicas ready again.
+// killLeader SIGKILLs the process of the extender replica holding the leader Lease, as a crash
+// would, and returns the Lease's holder at the kill. The kubelet restarts the container in its pod;
+// the test's cleanup waits until the Deployment has its 2 replicas ready again.
 func (m *MultiNode) killLeader(t *testing.T) string {
 	t.Helper()
 	holder := m.leaseHolder(t)
-	id, _, _ := strings.Cut(holder, "@")
-	if !m.chart {
-		for _, x := range m.Extenders {
-			if x.Name == id {
-				x.Kill(t)
-				t.Cleanup(func() {
-					x.Start(t)
-					x.WaitHealthy(t, "http://"+m.ExtenderAddr+"/healthz", time.Minute)
-				})
-				return holder
-			}
-		}
-		t.Fatalf("the Lease is held by %q, no replica of this cluster", holder)
-	}
+	id, _, _ := strings.Cut(holder, "@") // the identity is the pod's name
 	c := m.Node(t, NodeCPU)
 	ids, err := c.Ctr.Crictl(t, "ps", "-q", "--state", "running", "--name", "^tessera-extender$", "--label", "io.kubernetes.pod.name="+id)
 	if err != nil || len(strings.Fields(ids)) != 1 {

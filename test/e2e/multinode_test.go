@@ -18,7 +18,7 @@ import (
 // TestMultiNode runs the three-node cluster (multinode.go): placement across nodes, then the
 // day-2 drills, each leaving the cluster empty.
 func TestMultiNode(t *testing.T) {
-	m := StartMultiNode(t, MultiNodeOptions{Chart: true})
+	m := StartMultiNode(t)
 	steps := []struct {
 		name string
 		fn   func(*testing.T, *MultiNode)
@@ -187,9 +187,9 @@ func testMultiNodePlacement(t *testing.T, m *MultiNode) {
 	}
 }
 
-// testMultiNodeAgentDown: tessera-node on the H100 node stops while pods come and go (with the
-// chart: the operator takes the node's nvidia.com/gpu.present label off, and the DaemonSet deletes
-// the agent pod; putting it back starts a new one).
+// testMultiNodeAgentDown: tessera-node on the H100 node stops while pods come and go (the operator
+// takes the node's nvidia.com/gpu.present label off, and the DaemonSet deletes the agent pod;
+// putting it back starts a new one).
 // Expectation: the share running there keeps running with its cap (CUDA still reports and enforces
 // it); a pod that only fits an H100 is refused with a reason (the kubelet no longer offers the
 // stopped device plugin's shares; after inventoryMaxAge the extenders also find the heartbeat
@@ -377,9 +377,9 @@ const (
 // the burst completes: every pod bound once and running (none Failed, no bind refused because the
 // pod was bound already), each held once by the agent of the node it is bound to. The time from the
 // kill to the first bind of a pod created after it (only a live leader can make that one; a bind
-// the dead leader had in flight can land after the kill) is logged as the recovery time. With the
-// chart the killed replica's container is restarted by the kubelet at once, advertising a new peer
-// port, so it is a new holder as well: whichever replica the Lease goes to is logged.
+// the dead leader had in flight can land after the kill) is logged as the recovery time. The kubelet
+// restarts the killed replica's container at once, advertising a new peer port, so it is a new
+// holder as well: whichever replica the Lease goes to is logged.
 func testMultiNodeLeaderKill(t *testing.T, m *MultiNode) {
 	c := m.Node(t, NodeCPU)
 	ctx := context.Background()

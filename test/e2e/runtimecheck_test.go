@@ -73,12 +73,10 @@ func TestRuntimeCheckContainerd(t *testing.T) {
 // both at start and found nothing to report: its log says so and its Node has no NRIUnavailable or
 // CDIUnavailable Event. The H100 node's containerd runs its stock configuration, and the agent
 // there found NRI and the CRI socket at their default paths (checkStockContainerd). Then the A100
-// node is misconfigured: with host processes the agent restarts writing its CDI specs where
-// containerd does not read them (misconfigureCDI); with the chart its containerd restarts reading
-// another CDI directory and with NRI disabled, and the agent pod is replaced (misconfigureRuntime).
-// Its Node gets a CDIUnavailable Warning Event naming the directory and the setting (and, with the
-// chart, an NRIUnavailable one naming NRI's setting), recorded with the chart's RBAC for the agent,
-// and once the configuration is back the agent serves as before.
+// node's containerd restarts reading another CDI directory and with NRI disabled, and its agent
+// pod is replaced (misconfigureRuntime): its Node gets a CDIUnavailable Warning Event naming the
+// directory and the setting and an NRIUnavailable one naming NRI's setting, recorded with the
+// chart's RBAC for the agent, and once the configuration is back the agent serves as before.
 func testMultiNodeRuntimeCheck(t *testing.T, m *MultiNode) {
 	checkStockContainerd(t, m.Node(t, NodeH100), m.agentArgs(t, NodeH100))
 	for _, node := range []string{NodeA100, NodeH100} {
@@ -100,17 +98,13 @@ func testMultiNodeRuntimeCheck(t *testing.T, m *MultiNode) {
 			}
 		}
 	}
-	if m.chart {
-		m.misconfigureRuntime(t, NodeA100)
-		return
-	}
-	misconfigureCDI(t, m.Node(t, NodeA100))
+	m.misconfigureRuntime(t, NodeA100)
 }
 
 // checkStockContainerd checks that the node's containerd runs containerd 2.x's defaults for NRI and
 // CDI: its configuration file says nothing of either, its CRI status reports CDI on with the default
 // spec directories, its NRI socket is at the default path, and tessera-node (run with args) was
-// given no socket but at containerd's default path (its own defaults, and the chart's, are
+// given no socket but at containerd's default path (its own defaults and the chart's are
 // containerd's) and only a CDI directory among those defaults.
 func checkStockContainerd(t *testing.T, c *Cluster, args []string) {
 	t.Helper()
@@ -148,36 +142,6 @@ func checkStockContainerd(t *testing.T, c *Cluster, args []string) {
 			t.Errorf("node %s's tessera-node was given %s; want containerd's defaults", c.Node, a)
 		}
 	}
-}
-
-// misconfigureCDI restarts the node's agent with its CDI specs in a directory containerd does not
-// read, waits for the CDIUnavailable Event on the Node, then restarts it as it was.
-func misconfigureCDI(t *testing.T, c *Cluster) {
-	t.Helper()
-	args := slices.Clone(c.Agent.Args)
-	elsewhere := filepath.Join(c.Dir, "cdi-unread")
-	i := slices.IndexFunc(c.Agent.Args, func(a string) bool { return strings.HasPrefix(a, "--cdi-dir=") })
-	if i < 0 {
-		t.Fatalf("node %s's tessera-node has no --cdi-dir", c.Node)
-	}
-	c.Agent.Stop(t)
-	c.Agent.Args[i] = "--cdi-dir=" + elsewhere
-	c.Agent.Start(t)
-	err := waitFor(time.Minute, 200*time.Millisecond, func() (bool, error) {
-		for _, ev := range c.Events(t, c.Node, runtimecheck.EventCDIUnavailable) {
-			if strings.Contains(ev, "add '"+elsewhere+"' to cdi_spec_dirs") {
-				return true, nil
-			}
-		}
-		return false, fmt.Errorf("no %s Event on node %s naming %s", runtimecheck.EventCDIUnavailable, c.Node, elsewhere)
-	})
-	c.Agent.Stop(t)
-	c.Agent.Args = args
-	c.Agent.Start(t)
-	if err != nil {
-		t.Errorf("%v\n%s", err, c.AgentLogTail(t, 20))
-	}
-	c.WaitAgentReady(t)
 }
 
 // misconfigureRuntime restarts the node's containerd (the harness's configuration) reading its CDI
