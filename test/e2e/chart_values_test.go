@@ -461,3 +461,44 @@ func TestChartSimDescription(t *testing.T) {
 		t.Errorf("node.simDescription on the nvml backend: %v, want it refused naming node.backend=sim:\n%s", err, out)
 	}
 }
+
+// TestChartDRAClaims: with DRA on (the default) the extender places claim pods by the policy
+// (--dra-claims) and may read what that needs, the claims and their templates, and nothing more of
+// resource.k8s.io; with dra.enabled=false or dra.extenderClaims=false it gets neither the flag nor
+// the rights.
+func TestChartDRAClaims(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		on   bool
+	}{{nil, true}, {[]string{"--set", "dra.enabled=false"}, false}, {[]string{"--set", "dra.extenderClaims=false"}, false}} {
+		var args []string
+		var rules []any
+		for _, o := range renderedObjects(t, tc.args...) {
+			switch {
+			case o["kind"] == "Deployment" && valueAt(o, "metadata", "name") == "tessera-extender":
+				for _, a := range valueAt(podTemplate(o), "spec", "containers").([]any)[0].(map[string]any)["args"].([]any) {
+					args = append(args, a.(string))
+				}
+			case o["kind"] == "ClusterRole" && valueAt(o, "metadata", "name") == "tessera-extender":
+				for _, r := range o["rules"].([]any) {
+					if slices.Contains(valueAt(r, "apiGroups").([]any), any("resource.k8s.io")) {
+						rules = append(rules, r)
+					}
+				}
+			}
+		}
+		if args == nil {
+			t.Fatalf("%v: no tessera-extender Deployment rendered", tc.args)
+		}
+		if got := slices.Contains(args, "--dra-claims=true"); got != tc.on {
+			t.Errorf("%v: the extender's args %v: --dra-claims=true %v, want %v", tc.args, args, got, tc.on)
+		}
+		want := "[]"
+		if tc.on {
+			want = "[map[apiGroups:[resource.k8s.io] resources:[resourceclaims resourceclaimtemplates] verbs:[get list watch]]]"
+		}
+		if got := fmt.Sprint(rules); got != want {
+			t.Errorf("%v: the extender's resource.k8s.io rules %s, want %s", tc.args, got, want)
+		}
+	}
+}
