@@ -462,10 +462,10 @@ func TestChartSimDescription(t *testing.T) {
 	}
 }
 
-// TestChartDRAClaims: with DRA on (the default) the extender places claim pods by the policy
-// (--dra-claims) and may read what that needs, the claims and their templates, and nothing more of
-// resource.k8s.io; with dra.enabled=false or dra.extenderClaims=false it gets neither the flag nor
-// the rights.
+// TestChartDRAClaims: with DRA on (the default) the extender reads claims (--dra-claims: allocated
+// claims count on their node, the claims of pods sent to it are placed by the policy) and may read
+// what that needs, the claims and their templates, and nothing more of resource.k8s.io; with
+// dra.enabled=false or dra.extenderClaims=false it gets neither the flag nor the rights.
 func TestChartDRAClaims(t *testing.T) {
 	for _, tc := range []struct {
 		args []string
