@@ -24,6 +24,7 @@ func TestMultiNode(t *testing.T) {
 		fn   func(*testing.T, *MultiNode)
 	}{
 		{"Placement", testMultiNodePlacement},
+		{"Policy", testMultiNodePolicy},
 		{"AgentDown", testMultiNodeAgentDown},
 		{"NodeLoss", testMultiNodeNodeLoss},
 		{"LeaderKill", testMultiNodeLeaderKill},
