@@ -24,13 +24,6 @@ const multiNodePolicy = api.PolicyTessera
 type policyPod struct {
 	name, memory string
 	cores        int
-	// claim: the share is a DRA claim of the share class (a template without selectors) rather
-	// than device-plugin resources. The chart's scheduler configuration sends the extender only
-	// pods asking for its managedResources, so the kube-scheduler places a claim-only pod alone
-	// (its own scores, the allocator's first fit) and it is not compared; it is part of the state
-	// the pods after it meet, which the extender counts from the claim's allocation (--dra-claims)
-	// and the engine here from the agent's holdings, and part of the typical shapes of both.
-	claim bool
 }
 
 // testMultiNodePolicy: share pods that any GPU fits, created one at a time on both GPU nodes, land
@@ -38,7 +31,7 @@ type policyPod struct {
 // the chart's policy) chooses for the same state: the nodes' published inventories, their agents'
 // published holdings, every pod's CPU and memory on its node, and the typical shapes of the GPU
 // pods arrived so far (the current one included, as both count a pending pod). Each pod after the
-// first meets GPUs that differ in what they already hold, a DRA claim's share among them.
+// first meets GPUs that differ in what they already hold.
 // The check is not trivially met: at least one pod's node is a choice (both nodes fit, one scores
 // strictly higher), at least one pod's GPU is (distinct candidates on its node, one scoring
 // strictly higher), and another policy would have placed at least one pod elsewhere.
@@ -60,21 +53,15 @@ func testMultiNodePolicy(t *testing.T, m *MultiNode) {
 		}
 		others, otherNames = append(others, e), append(otherNames, p)
 	}
-	pods := []policyPod{{"policy-1", "10Gi", 30, false}, {"policy-2", "4Gi", 20, false}, {"policy-claim", "8Gi", 20, true},
-		{"policy-3", "30Gi", 60, false}, {"policy-4", "10Gi", 30, false}, {"policy-5", "6Gi", 10, false}}
+	pods := []policyPod{{"policy-1", "10Gi", 30}, {"policy-2", "4Gi", 20}, {"policy-3", "30Gi", 60},
+		{"policy-4", "10Gi", 30}, {"policy-5", "6Gi", 10}}
 	var arrived []*placement.Request
 	nodeChoices, gpuChoices := 0, 0
 	differs := map[string]string{} // policy -> the first pod it would place otherwise, and where
 	for _, p := range pods {
 		mem := resource.MustParse(p.memory)
-		share := placement.ContainerShape{Name: "main", Shares: 1, Memory: mem.Value(), Milli: p.cores * 10}
-		req := &placement.Request{Key: metav1.NamespaceDefault + "/" + p.name, Containers: []placement.ContainerShape{share}}
-		if p.claim {
-			// The pod's container asks for no GPU itself; its claim's request is its one shape
-			// (docs/placement.md, "Placement under DRA").
-			share.Name = "resourceclaim/gpu/gpu"
-			req.Containers = []placement.ContainerShape{share}
-		}
+		req := &placement.Request{Key: metav1.NamespaceDefault + "/" + p.name, Containers: []placement.ContainerShape{
+			{Name: "main", Shares: 1, Memory: mem.Value(), Milli: p.cores * 10}}}
 		arrived = append(arrived, req)
 		nodes := m.policyStates(t)
 		sc := policyContext(nodes, arrived)
@@ -84,28 +71,22 @@ func testMultiNodePolicy(t *testing.T, m *MultiNode) {
 		}
 		node := nodes[i]
 		wantUUID := node.GPUs[want.Devices[0].GPU].UUID
-		if !p.claim { // whether the choice was one, and whether other policies choose otherwise
-			if isNodeChoice(eng, sc, nodes, i, req) {
-				nodeChoices++
-			}
-			if isGPUChoice(eng, policyContext(nodes, arrived), node, req) {
-				gpuChoices++
-			}
-			for k, o := range others {
-				j, op := o.Pick(policyContext(nodes, arrived), nodes, req, nil)
-				if _, seen := differs[otherNames[k]]; !seen && j >= 0 && (j != i || node.GPUs[op.Devices[0].GPU].UUID != wantUUID) {
-					differs[otherNames[k]] = fmt.Sprintf("%s on %s GPU %s", p.name, nodes[j].Name, nodes[j].GPUs[op.Devices[0].GPU].UUID)
-				}
+		// Whether the choice was one, and whether other policies choose otherwise.
+		if isNodeChoice(eng, sc, nodes, i, req) {
+			nodeChoices++
+		}
+		if isGPUChoice(eng, policyContext(nodes, arrived), node, req) {
+			gpuChoices++
+		}
+		for k, o := range others {
+			j, op := o.Pick(policyContext(nodes, arrived), nodes, req, nil)
+			if _, seen := differs[otherNames[k]]; !seen && j >= 0 && (j != i || node.GPUs[op.Devices[0].GPU].UUID != wantUUID) {
+				differs[otherNames[k]] = fmt.Sprintf("%s on %s GPU %s", p.name, nodes[j].Name, nodes[j].GPUs[op.Devices[0].GPU].UUID)
 			}
 		}
 
-		if p.claim {
-			c.CreateClaimTemplate(t, p.name, classShare, map[string]string{"memory": p.memory, "compute": fmt.Sprint(p.cores)}, "")
-			c.CreatePod(t, ClaimPod(p.name, p.name))
-		} else {
-			c.CreatePod(t, TestPod(p.name, map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: p.memory,
-				api.ResourceShareCores: fmt.Sprint(p.cores)}, nil))
-		}
+		c.CreatePod(t, TestPod(p.name, map[string]string{api.ResourceShare: "1", api.ResourceShareMemory: p.memory,
+			api.ResourceShareCores: fmt.Sprint(p.cores)}, nil))
 		got := c.WaitRunning(t, 3*time.Minute, p.name)[0]
 		var gotUUIDs []string
 		if a := c.Assignment(t, got); a != nil {
@@ -114,16 +95,6 @@ func testMultiNodePolicy(t *testing.T, m *MultiNode) {
 					gotUUIDs = append(gotUUIDs, d.UUID)
 				}
 			}
-		}
-		if p.claim {
-			var on []string
-			for _, r := range c.PodClaim(t, p.name).Status.Allocation.Devices.Results {
-				on = append(on, r.Pool+"/"+r.Device)
-			}
-			t.Logf("%s (claim %s, %d%%): the scheduler alone placed it on %s, the allocator on %v (the %s policy would choose %s)",
-				p.name, p.memory, p.cores, got.Spec.NodeName, on, multiNodePolicy, node.Name)
-			m.waitHolds(t, got.Spec.NodeName, p.name)
-			continue
 		}
 		t.Logf("%s (%s, %d%%): extender %s %v; %s engine %s %s", p.name, p.memory, p.cores, got.Spec.NodeName, gotUUIDs, multiNodePolicy, node.Name, wantUUID)
 		if got.Spec.NodeName != node.Name || len(gotUUIDs) != 1 || gotUUIDs[0] != wantUUID {
