@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -415,6 +416,89 @@ func TestChartGPUOperatorValues(t *testing.T) {
 		}
 		if !agent {
 			t.Errorf("%s: no tessera-node DaemonSet rendered", file)
+		}
+	}
+}
+
+// TestChartSimDescription: node.simDescription hands the simulated agent a host file describing its
+// node (one DaemonSet, a different file on each node: TestMultiNode's A100 and H100 nodes), mounted
+// read-only at the path the flag names; on the nvml backend the value is refused, naming the fix.
+// The simulated agent has a /tmp (an emptyDir; the image has none): its mdev parents' sysfs tree is
+// made there, and without it the agent of an A100 description exits at start.
+func TestChartSimDescription(t *testing.T) {
+	const path = "/var/lib/tessera-sim/node.yaml"
+	var agent map[string]any
+	for _, o := range renderedObjects(t, "--set", "node.backend=sim", "--set", "node.simDescription="+path) {
+		if o["kind"] == "DaemonSet" {
+			agent = podTemplate(o)
+		}
+	}
+	c := valueAt(agent, "spec", "containers").([]any)[0].(map[string]any)
+	var args []string
+	for _, a := range c["args"].([]any) {
+		args = append(args, a.(string))
+	}
+	if !slices.Contains(args, "--node-description="+path) {
+		t.Errorf("the agent's args %v lack --node-description=%s", args, path)
+	}
+	var mounted, volume, tmp bool
+	for _, m := range c["volumeMounts"].([]any) {
+		m := m.(map[string]any)
+		mounted = mounted || m["mountPath"] == path && m["readOnly"] == true
+		tmp = tmp || m["mountPath"] == "/tmp"
+	}
+	if !tmp {
+		t.Errorf("the simulated agent has no /tmp mounted: %v", c["volumeMounts"])
+	}
+	for _, v := range valueAt(agent, "spec", "volumes").([]any) {
+		volume = volume || valueAt(v, "hostPath", "path") == path && valueAt(v, "hostPath", "type") == "File"
+	}
+	if !mounted || !volume {
+		t.Errorf("%s: read-only mount %v, hostPath File volume %v; want both", path, mounted, volume)
+	}
+	out, err := helm(t, "template", "tessera", helmChart(), "--set", "node.simDescription="+path)
+	if err == nil || !strings.Contains(out, "set node.backend=sim") {
+		t.Errorf("node.simDescription on the nvml backend: %v, want it refused naming node.backend=sim:\n%s", err, out)
+	}
+}
+
+// TestChartDRAClaims: with DRA on (the default) the extender reads claims (--dra-claims: allocated
+// claims count on their node, the claims of pods sent to it are placed by the policy) and may read
+// what that needs, the claims and their templates, and nothing more of resource.k8s.io; with
+// dra.enabled=false or dra.extenderClaims=false it gets neither the flag nor the rights.
+func TestChartDRAClaims(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		on   bool
+	}{{nil, true}, {[]string{"--set", "dra.enabled=false"}, false}, {[]string{"--set", "dra.extenderClaims=false"}, false}} {
+		var args []string
+		var rules []any
+		for _, o := range renderedObjects(t, tc.args...) {
+			switch {
+			case o["kind"] == "Deployment" && valueAt(o, "metadata", "name") == "tessera-extender":
+				for _, a := range valueAt(podTemplate(o), "spec", "containers").([]any)[0].(map[string]any)["args"].([]any) {
+					args = append(args, a.(string))
+				}
+			case o["kind"] == "ClusterRole" && valueAt(o, "metadata", "name") == "tessera-extender":
+				for _, r := range o["rules"].([]any) {
+					if slices.Contains(valueAt(r, "apiGroups").([]any), any("resource.k8s.io")) {
+						rules = append(rules, r)
+					}
+				}
+			}
+		}
+		if args == nil {
+			t.Fatalf("%v: no tessera-extender Deployment rendered", tc.args)
+		}
+		if got := slices.Contains(args, "--dra-claims=true"); got != tc.on {
+			t.Errorf("%v: the extender's args %v: --dra-claims=true %v, want %v", tc.args, args, got, tc.on)
+		}
+		want := "[]"
+		if tc.on {
+			want = "[map[apiGroups:[resource.k8s.io] resources:[resourceclaims resourceclaimtemplates] verbs:[get list watch]]]"
+		}
+		if got := fmt.Sprint(rules); got != want {
+			t.Errorf("%v: the extender's resource.k8s.io rules %s, want %s", tc.args, got, want)
 		}
 	}
 }

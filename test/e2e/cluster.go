@@ -64,6 +64,13 @@ type Cluster struct {
 	description string
 	// agentArgs are more tessera-node flags (a multi-node cluster's faster heartbeat).
 	agentArgs []string
+	// simStateDir is where this host reaches the simulated node's state (its faults directory):
+	// <Dir>/sim for a host-process agent; the chart's <runDir>/sim in the node's mount namespace
+	// for a multi-node cluster's agent pod.
+	simStateDir string
+	// agentPod, when set, finds the node's tessera-node pod (installed by the chart; Agent is nil
+	// then): its name and its container log files.
+	agentPod func(t testing.TB) (name string, logs []string)
 }
 
 // ClusterOptions tunes StartCluster; the zero value is the standard cluster.
@@ -219,24 +226,47 @@ func (c *Cluster) startAgent(t *testing.T, driver SimDriver) {
 	c.AgentAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 	c.AgentDataDir = filepath.Join(c.Dir, "agent-data")
 	name := "tessera-node"
-	if c.Ctr.MountNS != "" {
-		name += "-" + c.Node // one per node of a multi-node cluster
-	}
-	// In a node's mount namespace, as the DaemonSet's pod shares the host's mounts: the per-container
-	// files it mounts must be seen by that node's runc.
 	runtime := []string{"--cdi-dir=" + c.Ctr.CDIDir, "--nri-socket=" + c.Ctr.NRISocket, "--cri-socket=" + c.Ctr.Socket}
-	if c.Ctr.Stock {
-		// containerd's default NRI and CRI sockets are the agent's defaults too.
-		runtime = []string{"--cdi-dir=" + StockCDIDir}
-	}
-	argv := inMountNS(t, c.Ctr.MountNS, tesseraBinary(t, "tessera-node"), "run",
-		"--backend=sim", "--state-dir="+filepath.Join(c.Dir, "sim"), "--node-description="+c.description,
-		"--node-name="+c.Node, "--data-dir="+c.AgentDataDir, "--run-dir="+filepath.Join(c.Dir, "agent-run"),
-		"--device-plugin-dir="+KubeletDevicePluginDir, "--pod-resources-socket="+c.Kubelet.PodResourcesSocket,
-		"--kubeconfig="+kc, "--listen="+c.AgentAddr, "--vcuda-library="+driver.VCUDALibrary, "--sim-driver-dir="+driver.FakeDir,
-		"--config="+c.draAgentConfig(t)) // "": none
+	argv := []string{tesseraBinary(t, "tessera-node"), "run",
+		"--backend=sim", "--state-dir=" + filepath.Join(c.Dir, "sim"), "--node-description=" + c.description,
+		"--node-name=" + c.Node, "--data-dir=" + c.AgentDataDir, "--run-dir=" + filepath.Join(c.Dir, "agent-run"),
+		"--device-plugin-dir=" + KubeletDevicePluginDir, "--pod-resources-socket=" + c.Kubelet.PodResourcesSocket,
+		"--kubeconfig=" + kc, "--listen=" + c.AgentAddr, "--vcuda-library=" + driver.VCUDALibrary, "--sim-driver-dir=" + driver.FakeDir,
+		"--config=" + c.draAgentConfig(t)} // "": none
 	argv = append(append(argv, runtime...), c.agentArgs...)
 	c.Agent = c.CP.StartProcess(t, name, argv[0], argv[1:]...)
+	c.simStateDir = filepath.Join(c.Dir, "sim")
+}
+
+// AgentLog is tessera-node's log: the host process's, or the agent pod's container logs (every
+// restart of its container, oldest first).
+func (c *Cluster) AgentLog(t testing.TB) string {
+	t.Helper()
+	files := []string{}
+	if c.Agent != nil {
+		files = append(files, c.Agent.Log)
+	} else if c.agentPod != nil {
+		_, files = c.agentPod(t)
+	}
+	var b strings.Builder
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatalf("tessera-node's log: %v", err)
+		}
+		b.Write(data)
+	}
+	return b.String()
+}
+
+// AgentLogTail is the end of AgentLog, for failure messages.
+func (c *Cluster) AgentLogTail(t testing.TB, n int) string {
+	t.Helper()
+	if c.Agent != nil {
+		return c.Agent.LogTail(n)
+	}
+	lines := strings.Split(c.AgentLog(t), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // AgentHealthy reports whether tessera-node's /healthz is ok: inventory discovered, every device
@@ -256,7 +286,7 @@ func (c *Cluster) AgentHealthy() bool {
 func (c *Cluster) WaitAgentReady(t testing.TB) {
 	t.Helper()
 	err := waitFor(2*time.Minute, 100*time.Millisecond, func() (bool, error) {
-		if !c.Agent.Running() {
+		if c.Agent != nil && !c.Agent.Running() {
 			return false, fmt.Errorf("tessera-node exited")
 		}
 		if !c.AgentHealthy() {
@@ -278,7 +308,7 @@ func (c *Cluster) WaitAgentReady(t testing.TB) {
 		return true, nil
 	})
 	if err != nil {
-		t.Fatalf("tessera-node not ready: %v\n%s", err, c.Agent.LogTail(40))
+		t.Fatalf("tessera-node not ready: %v\n%s", err, c.AgentLogTail(t, 40))
 	}
 }
 
@@ -656,7 +686,7 @@ func (c *Cluster) WaitLedgerEmpty(t testing.TB) {
 		return strings.Contains(c.Metrics(t), "\ntessera_ledger_entries 0\n"), nil
 	})
 	if err != nil {
-		t.Fatalf("tessera-node's ledger is not empty: %v\n%s\n%s", err, c.Ledger(t), c.Agent.LogTail(20))
+		t.Fatalf("tessera-node's ledger is not empty: %v\n%s\n%s", err, c.Ledger(t), c.AgentLogTail(t, 20))
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -305,16 +306,39 @@ func urlPort(u string) (string, error) {
 }
 
 // buildImages runs `make images` (the same build operators run) with the tag the test installs,
-// into a build directory of its own; Go's build cache makes repeated runs quick.
-func buildImages(t *testing.T) []string {
+// into a build directory of its own; Go's build cache makes repeated runs quick. The directory is
+// shared by every test process on the machine, and `make test` runs two at once (test/tools/gotest.sh:
+// TestMultiNode beside TestHelmInstall), and make rewrites the tars on every run: an exclusive
+// flock on the directory serialises the builds, and each caller imports copies of the tars taken
+// under the lock, which the other's build cannot tear.
+func buildImages(t testing.TB) []string {
 	t.Helper()
 	bin := filepath.Join(os.TempDir(), "tessera-e2e-images")
+	if err := os.MkdirAll(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := os.Open(bin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Close() // closing the last descriptor releases the lock
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		t.Fatalf("lock %s: %v", bin, err)
+	}
 	cache := filepath.Dir(toolsDir())
 	out, err := runCmd(t, 8*time.Minute, "make", "-C", repoRoot(), "images", "BIN="+bin, "CACHE="+cache, "IMAGE_TAG=e2e")
 	if err != nil {
 		t.Fatalf("make images: %v\n%s", err, out)
 	}
-	return []string{filepath.Join(bin, "images", "tessera-node.tar"), filepath.Join(bin, "images", "tessera-extender.tar")}
+	var tars []string
+	for _, name := range []string{"tessera-node.tar", "tessera-extender.tar"} {
+		dst := filepath.Join(t.TempDir(), name)
+		if out, err := runCmd(t, time.Minute, "cp", filepath.Join(bin, "images", name), dst); err != nil {
+			t.Fatalf("copy %s: %v\n%s", name, err, out)
+		}
+		tars = append(tars, dst)
+	}
+	return tars
 }
 
 // waitAgent waits until the agent pod's /healthz is ok and the node offers every GPU and share.

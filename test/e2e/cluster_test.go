@@ -391,13 +391,9 @@ func testClusterForgedAssignment(t *testing.T, c *Cluster) {
 // AgentLogCount counts the lines of tessera-node's log (across restarts) containing every part.
 func (c *Cluster) AgentLogCount(t testing.TB, parts ...string) int {
 	t.Helper()
-	data, err := os.ReadFile(c.Agent.Log)
-	if err != nil {
-		t.Fatal(err)
-	}
 	n := 0
 lines:
-	for _, l := range strings.Split(string(data), "\n") {
+	for _, l := range strings.Split(c.AgentLog(t), "\n") {
 		for _, p := range parts {
 			if !strings.Contains(l, p) {
 				continue lines

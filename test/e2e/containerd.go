@@ -25,9 +25,9 @@ type Containerd struct {
 	// a multi-node cluster (multinode.go); its shims and containers inherit it.
 	MountNS string
 	// Stock: containerd runs as operators run containerd 2.x, with its default configuration and
-	// paths (stockConfig, stockMounts; needs MountNS). Socket, NRISocket and CDIDir are then where
-	// this host sees the node's /run/containerd/containerd.sock, /var/run/nri/nri.sock and
-	// /var/run/cdi.
+	// paths (stockConfig; needs MountNS). On every node of a multi-node cluster (nodeRunMounts)
+	// Socket, NRISocket and CDIDir are where this host sees the node's
+	// /run/containerd/containerd.sock, /var/run/nri/nri.sock and /var/run/cdi.
 	Stock bool
 	cmd   *exec.Cmd
 	log   *os.File
@@ -51,7 +51,7 @@ func startContainerd(t testing.TB, mountNS string, stock bool) *Containerd {
 		t.Fatal(err)
 	}
 	c := &Containerd{Base: base, Socket: filepath.Join(base, "run", "containerd.sock"), NRISocket: filepath.Join(base, "run", "nri.sock"), CDIDir: filepath.Join(base, "cdi"), MountNS: mountNS, Stock: stock}
-	if stock {
+	if mountNS != "" {
 		c.NRISocket = filepath.Join(base, "nri-run", "nri.sock")
 	}
 	for _, d := range []string{"run", "cdi", "nri/plugins", "nri/conf.d", "nri-run", "root", "cni/bin", "cni/net.d", "runc-root"} {
@@ -59,8 +59,10 @@ func startContainerd(t testing.TB, mountNS string, stock bool) *Containerd {
 			t.Fatal(err)
 		}
 	}
-	if stock {
-		c.stockMounts(t)
+	if mountNS != "" {
+		c.nodeRunMounts(t)
+	} else if stock {
+		t.Fatal("a stock containerd needs a node's mount namespace: its default paths are the host's")
 	}
 	if err := os.WriteFile(filepath.Join(base, "config.toml"), []byte(c.config()), 0o644); err != nil {
 		t.Fatal(err)
@@ -76,17 +78,16 @@ func startContainerd(t testing.TB, mountNS string, stock bool) *Containerd {
 	return c
 }
 
-// stockMounts makes containerd 2.x's default paths the node's own in its mount namespace, so a
-// stock containerd runs beside the host's and other nodes' without a path in its configuration: a
-// tmpfs on /run (so /run/containerd, /var/run/nri and /var/run/cdi are private to the node), with
+// nodeRunMounts makes containerd 2.x's default paths the node's own in its mount namespace, so a
+// stock containerd runs beside the host's and other nodes' without a path in its configuration,
+// and the chart's one DaemonSet finds every node's containerd at the same paths: a tmpfs on /run
+// (so /run/containerd, /var/run/nri and /var/run/cdi are private to the node), with
 // /run/containerd (state dir, socket), /var/run/nri (NRI's socket) and /var/run/cdi bound to Base's
 // run, nri-run and cdi, where this host's harness reaches them, and /var/lib/containerd (root; /var/lib
-// is the node's tmpfs, startMountNS) to Base's root.
-func (c *Containerd) stockMounts(t testing.TB) {
+// is the node's tmpfs, startMountNS) to Base's root. The harness's configuration (not Stock) names
+// Base's paths, the same directories.
+func (c *Containerd) nodeRunMounts(t testing.TB) {
 	t.Helper()
-	if c.MountNS == "" {
-		t.Fatal("a stock containerd needs a node's mount namespace: its default paths are the host's")
-	}
 	script := `set -e
 mount -t tmpfs -o size=16m,mode=0755 tsr-run /run
 mkdir -p /run/containerd /run/nri /run/cdi /var/lib/containerd
@@ -102,7 +103,7 @@ mount --bind "$0/root" /var/lib/containerd`
 // about NRI or CDI: restrict_oom_score_adj (root here lacks CAP_SYS_RESOURCE, and runc would fail to
 // start the pause container with oom_score_adj=-998) and the CNI configuration directory (the host
 // has no /etc/cni/net.d, and no test writes to the host's /etc; the kubelet's placeholder network is
-// in Base). Paths are containerd's defaults, the node's own through stockMounts; the sandbox image is
+// in Base). Paths are containerd's defaults, the node's own through nodeRunMounts; the sandbox image is
 // containerd's default name (importImages tags the test's pause image so).
 func (c *Containerd) stockConfig() string {
 	return fmt.Sprintf(`version = 3
@@ -157,7 +158,17 @@ state = '%[1]s/state'
     plugin_config_path = '%[1]s/nri/conf.d'
     plugin_registration_timeout = '5s'
     plugin_request_timeout = '2s'
-`, c.Base, c.Socket, c.CDIDir, filepath.Join(toolsDir(), "bin", "runc"), c.NRISocket)
+`, c.Base, c.Socket, c.SpecDir(), filepath.Join(toolsDir(), "bin", "runc"), c.NRISocket)
+}
+
+// SpecDir is the CDI directory as containerd and the node's processes name it: CDIDir, or on a
+// node of a multi-node cluster its /var/run/cdi (nodeRunMounts binds CDIDir there). The runtime
+// check compares tessera-node's --cdi-dir with containerd's cdi_spec_dirs by name.
+func (c *Containerd) SpecDir() string {
+	if c.MountNS != "" {
+		return StockCDIDir
+	}
+	return c.CDIDir
 }
 
 // Start launches containerd (again, after Stop) and waits for its socket to answer.
@@ -212,6 +223,17 @@ func (c *Containerd) Reconfigure(t testing.TB, edit func(string) string) {
 	if cfg == c.config() {
 		t.Fatal("Reconfigure: the edit changed nothing in containerd's config")
 	}
+	c.restartWith(t, cfg)
+}
+
+// RestoreConfig restarts containerd with its own configuration again, after Reconfigure.
+func (c *Containerd) RestoreConfig(t testing.TB) {
+	t.Helper()
+	c.restartWith(t, c.config())
+}
+
+func (c *Containerd) restartWith(t testing.TB, cfg string) {
+	t.Helper()
 	c.Stop(t)
 	if err := os.WriteFile(filepath.Join(c.Base, "config.toml"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)

@@ -25,7 +25,7 @@ import (
 // does (one XID would recover after a health-check interval), until the returned stop is called.
 func (c *Cluster) injectXIDs(t *testing.T, uuid string) (stop func()) {
 	t.Helper()
-	dir := gpu.FaultsDir(filepath.Join(c.Dir, "sim"))
+	dir := gpu.FaultsDir(c.simStateDir)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}

@@ -50,9 +50,10 @@ func StartKubelet(t *testing.T, cp *ControlPlane, ctr *Containerd, node string) 
 	return startKubelet(t, cp, ctr, node, "kubelet")
 }
 
-// startKubelet is StartKubelet with the kubelet's process (and log) named name; it runs in ctr's
-// mount namespace, where a multi-node cluster gives each node its own device-plugin directory.
-func startKubelet(t *testing.T, cp *ControlPlane, ctr *Containerd, node, name string) *Kubelet {
+// startKubelet is StartKubelet with the kubelet's process (and log) named name and more flags
+// (extra); it runs in ctr's mount namespace, where a multi-node cluster gives each node its own
+// device-plugin directory.
+func startKubelet(t *testing.T, cp *ControlPlane, ctr *Containerd, node, name string, extra ...string) *Kubelet {
 	t.Helper()
 	k := &Kubelet{Node: node, RootDir: filepath.Join(ctr.Base, "kubelet"), cp: cp,
 		Port: freePort(t), HealthzPort: freePort(t)}
@@ -82,7 +83,7 @@ func startKubelet(t *testing.T, cp *ControlPlane, ctr *Containerd, node, name st
 	// kube-apiserver-kubelet-client) with a SubjectAccessReview on nodes/proxy.
 	k.bindAPIServerKubeletClient(t)
 	argv := inMountNS(t, ctr.MountNS, tool(t, "kubelet"),
-		"--config="+k.Config, "--kubeconfig="+kc, "--root-dir="+k.RootDir, "--hostname-override="+node, "-v=2")
+		append([]string{"--config=" + k.Config, "--kubeconfig=" + kc, "--root-dir=" + k.RootDir, "--hostname-override=" + node, "-v=2"}, extra...)...)
 	k.Process = cp.StartProcess(t, name, argv[0], argv[1:]...)
 	k.WaitReady(t)
 	return k

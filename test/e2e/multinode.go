@@ -1,23 +1,25 @@
 package e2e
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	api "github.com/tessera-gpu/tessera/api/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
 // Nodes of the multi-node cluster: two simulated GPU nodes of different models and a CPU-only one.
 const (
-	NodeA100 = "gpu-a100" // tessera-node --node-description=dgx-a100
-	NodeH100 = "gpu-h100" // tessera-node --node-description=dgx-h100; containerd as operators run it (Containerd.Stock)
-	NodeCPU  = "cpu-only" // kubelet and containerd, no tessera-node
+	NodeA100 = "gpu-a100" // the agent simulates dgx-a100 (node.simDescription)
+	NodeH100 = "gpu-h100" // the agent simulates dgx-h100; containerd as operators run it (Containerd.Stock)
+	NodeCPU  = "cpu-only" // kubelet and containerd, no tessera-node; the extender replicas
 )
 
 // The drills see a node agent go stale within seconds rather than the chart's minutes: the agents
@@ -33,82 +35,153 @@ const (
 )
 
 // MultiNode is a three-node Kubernetes cluster on this machine: one control plane (etcd,
-// kube-apiserver, kube-scheduler wired to the extender as the chart configures it,
-// kube-controller-manager), two tessera-extender replicas sharing the extender port (SO_REUSEPORT,
-// leader election, non-leaders pass binds on to the leader, as the chart runs them), and three
+// kube-apiserver, kube-scheduler running the chart's configuration, kube-controller-manager), three
 // nodes, each a real kubelet with its own containerd, runc root, kubelet root and device-plugin
-// directory, and on the two GPU nodes tessera-node with its own simulated GPUs, data and run dirs.
+// directory, and Tessera installed by the chart (multinode_chart.go): tessera-node's DaemonSet on
+// the two GPU nodes, each agent with its own simulated GPUs, data and run dirs, and two
+// tessera-extender replicas sharing the extender port (SO_REUSEPORT, leader election, non-leaders
+// pass binds on to the leader).
 //
-// The nodes share the host's network (every port picked free) and differ by mount namespace: the
-// kubelet hard-codes /var/lib/kubelet/device-plugins, so each node's kubelet, containerd and
-// tessera-node run in a private mount namespace where the node's own directory is bind-mounted
-// there (and where the agent's per-container mounts are seen by that node's runc). That costs no
-// process per node beyond a sleeping holder, unlike network namespaces, which would need a bridge,
-// addresses and routing for the API server and kubelets on 2 cores. The mounts a node's kubelet and
-// containerd make stay in its namespace and go with it.
-//
-// Tessera runs as host processes, as in the one-node Cluster, not from the chart's DaemonSet and
-// Deployment: those need the images `make images` builds, which `make test` does not.
+// The nodes share the host's network (every port picked free; each node has an address of its own
+// on lo, nodeAddresses) and differ by mount namespace: the kubelet hard-codes
+// /var/lib/kubelet/device-plugins, and the chart's one DaemonSet names the same host paths on
+// every node, so each node's kubelet and containerd (and so its pods' hostPath volumes) run in a
+// private mount namespace where the node's own directories are bind-mounted there (and where the
+// agent's per-container mounts are seen by that node's runc). That costs no process per node
+// beyond a sleeping holder, unlike network namespaces, which would need a bridge, addresses and
+// routing for the API server and kubelets on 2 cores. The mounts a node's kubelet and containerd
+// make stay in its namespace and go with it.
 type MultiNode struct {
 	CP *ControlPlane
 	// ExtenderAddr is the port both replicas serve the scheduler on.
 	ExtenderAddr string
-	Extenders    []*Process
-	// Nodes by name; each is a Cluster sharing CP (its Extender is nil: see Extenders).
+	// Nodes by name; each is a Cluster sharing CP, its Agent and Extender nil (the agent is the
+	// DaemonSet's pod on it, the extenders the Deployment's pods on the CPU node).
 	Nodes map[string]*Cluster
+
+	helm *helmHost // the chart's install: its values, the scheduler's TLS
 }
 
-// StartMultiNode brings the cluster up: the control plane, both extender replicas, then each node
-// until it is Ready and, on the GPU nodes, tessera-node has registered its device plugins, published
-// its inventory and its DRA ResourceSlices.
+// StartMultiNode brings the cluster up: the control plane, the nodes until each is Ready, then
+// Tessera installed by deploy/helm/tessera from the images `make images` builds: the agent's
+// DaemonSet on the two GPU nodes (labelled as the GPU Operator labels them; the CPU node is not),
+// the extender's Deployment of 2 replicas on the CPU node, both on the host network, kube-scheduler
+// a host process running the chart's configuration (TestHelmInstall explains each of these for a
+// machine without CNI, registry or DNS), until each agent serves and has published its inventory.
 func StartMultiNode(t *testing.T) *MultiNode {
 	t.Helper()
 	t0 := time.Now()
 	step := func(what string) { t.Logf("multinode: %s (%.1fs)", what, time.Since(t0).Seconds()) }
-	// No host path is shared (startMountNS), so unlike a one-node Cluster this one does not take
-	// the host's kubelet paths (lockKubeletHost): it runs beside other clusters.
+	var images []string
+	q := &quietTB{TB: t}
 	built := make(chan struct{})
-	go func() {
-		defer close(built)
-		tesseraBinary(&quietTB{TB: t}, "tessera-node")
-		tesseraBinary(&quietTB{TB: t}, "tessera-extender")
-	}()
+	go func() { defer close(built); images = buildImages(q) }()
 	m := &MultiNode{Nodes: map[string]*Cluster{}}
-	m.ExtenderAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-	m.CP = StartControlPlane(t, ControlPlaneOptions{Extender: chartExtender(t, "http://"+m.ExtenderAddr), ControllerManager: true})
+	m.CP = StartControlPlane(t, ControlPlaneOptions{NoScheduler: true, ControllerManager: true})
+	m.CP.CreateNamespace(t, chartNamespace)
 	step("control plane up")
-	<-built
-	for i := range 2 {
-		id := fmt.Sprintf("tessera-extender-%d", i)
-		m.Extenders = append(m.Extenders, startExtenderReplica(t, m.CP, api.PolicyTessera, multiNodeMaxAge, id,
-			"--listen", m.ExtenderAddr, "--identity", id, "--leader-elect=true", "--reuse-port=true",
-			"--peer-listen=127.0.0.1:0", "--advertise-url=http://127.0.0.1:0"))
-	}
-	for _, x := range m.Extenders {
-		x.WaitHealthy(t, "http://"+m.ExtenderAddr+"/healthz", time.Minute)
-	}
-	step("two tessera-extender replicas up")
-	driver := BuildSimDriver(t)
+	BuildSimDriver(t) // the test image's cudaprobe
 	for _, n := range []struct {
 		name, description string
 		gpu, stock        bool
 	}{{NodeA100, "dgx-a100", true, false}, {NodeH100, "dgx-h100", true, true}, {NodeCPU, "", false, false}} {
-		c := m.joinNode(t, n.name, n.description, n.stock)
+		addNodeAddress(t, nodeAddresses[n.name])
+		c := m.joinNode(t, n.name, n.description, n.stock, "--node-ip="+nodeAddresses[n.name])
 		if n.gpu {
-			c.dra = true
-			c.agentArgs = []string{"--rediscover-interval=" + multiNodeHeartbeat.String(), "--health-check-interval=" + multiNodeHealthCheck.String()}
-			c.startAgent(t, driver)
-			c.WaitAgentReady(t)
+			m.chartNodeMounts(t, c)
 		}
 		m.Nodes[n.name] = c
 		step("node " + n.name + " up")
 	}
+	<-built
+	if q.failed != "" {
+		t.Fatal(q.failed)
+	}
+	for name, c := range m.Nodes {
+		img := images[1] // tessera-extender: the CPU node runs the replicas
+		if name != NodeCPU {
+			img = images[0]
+		}
+		mustRun(t, 2*time.Minute, tool(t, "ctr"), "-a", c.Ctr.Socket, "-n", "k8s.io", "images", "import", img)
+	}
+	for _, n := range []string{NodeA100, NodeH100} {
+		m.labelGPU(t, n, true)
+	}
+	step("images imported, GPU nodes labelled")
+
+	cpu := m.Nodes[NodeCPU]
+	h := &helmHost{c: cpu, chart: helmChart(), tlsDir: filepath.Join(m.CP.Dir, "scheduler-tls"),
+		extenderPort: freePort(t), extenderMetrics: freePort(t), agentMetrics: freePort(t)}
+	h.extenderAddr = fmt.Sprintf("127.0.0.1:%d", h.extenderPort)
+	m.ExtenderAddr = h.extenderAddr
+	apiPort, err := urlPort(m.CP.APIServerURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.set = map[string]string{
+		"image.node.tag": "e2e", "image.extender.tag": "e2e", "image.pullPolicy": "Never",
+		"apiServer.host": "127.0.0.1", "apiServer.port": apiPort,
+		// The agent: listenHost left empty, so each listens on its node's own address.
+		"node.backend": "sim", "node.metricsPort": strconv.Itoa(h.agentMetrics),
+		"node.cdiDir": chartCDIDir, "node.libDir": chartLibDir, "node.simDescription": chartSimDescription,
+		// The drills see an agent go stale, and a GPU heal, within seconds (multiNodeHeartbeat).
+		"node.extraArgs[0]":    "--rediscover-interval=" + multiNodeHeartbeat.String(),
+		"node.extraArgs[1]":    "--health-check-interval=" + multiNodeHealthCheck.String(),
+		"extender.hostNetwork": "true", "extender.listenHost": "127.0.0.1",
+		"extender.port": strconv.Itoa(h.extenderPort), "extender.metricsPort": strconv.Itoa(h.extenderMetrics),
+		"extender.inventoryMaxAge":                      multiNodeMaxAge.String(),
+		`extender.nodeSelector.kubernetes\.io/hostname`: NodeCPU,
+		"scheduler.mode":                                "default", "scheduler.extenderURL": "https://" + h.extenderAddr, "scheduler.tls.dir": h.tlsDir,
+		"extender.networkPolicy.extraFrom[0].ipBlock.cidr": "127.0.0.1/32",
+	}
+	m.helm = h
+	for _, n := range []string{NodeA100, NodeH100} {
+		m.Nodes[n].AgentAddr = fmt.Sprintf("%s:%d", nodeAddresses[n], h.agentMetrics)
+	}
+	h.preloadTLS(t, cpu, chartNamespace, chartRelease)
+	h.startScheduler(t, cpu, chartNamespace, chartRelease)
+	step("kube-scheduler running the chart's configuration")
+	h.run(t, chartNamespace, "install", chartRelease, h.chart, "--wait", "--timeout", "150s")
+	step("helm install --wait done")
+	for _, n := range []string{NodeA100, NodeH100} {
+		c := m.Nodes[n]
+		c.WaitAgentReady(t)
+		step("agent on " + n + " serving")
+	}
+	m.checkPlacement(t)
 	return m
 }
 
+// checkPlacement: the chart's workloads run where the install put them: one agent pod on each
+// labelled GPU node and none on the CPU node (the DaemonSet's nodeSelector), both extender
+// replicas on the CPU node (extender.nodeSelector).
+func (m *MultiNode) checkPlacement(t *testing.T) {
+	t.Helper()
+	ctx := context.Background()
+	ds, err := m.CP.Client.AppsV1().DaemonSets(chartNamespace).Get(ctx, chartRelease+"-node", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ds.Status.DesiredNumberScheduled != 2 || m.agentPodObject(t, NodeCPU) != nil {
+		t.Errorf("the agent's DaemonSet wants %d pods (an agent pod on %s: %v); want 2, on the GPU nodes only\n%s",
+			ds.Status.DesiredNumberScheduled, NodeCPU, m.agentPodObject(t, NodeCPU) != nil, m.helm.diagnose(t, chartNamespace))
+	}
+	l, err := m.CP.Client.CoreV1().Pods(chartNamespace).List(ctx, metav1.ListOptions{LabelSelector: chartExtenderSelector})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var on []string
+	for _, p := range l.Items {
+		on = append(on, p.Spec.NodeName)
+	}
+	if len(on) != 2 || on[0] != NodeCPU || on[1] != NodeCPU {
+		t.Errorf("extender replicas on %v, want 2 on %s", on, NodeCPU)
+	}
+}
+
 // joinNode starts one node in its own mount namespace: containerd (with its stock configuration
-// when stock), then the kubelet, registered as name with the control plane.
-func (m *MultiNode) joinNode(t *testing.T, name, description string, stock bool) *Cluster {
+// when stock), then the kubelet (with kubeletArgs), registered as name with the control plane.
+func (m *MultiNode) joinNode(t *testing.T, name, description string, stock bool, kubeletArgs ...string) *Cluster {
 	t.Helper()
 	dpDir, err := os.MkdirTemp("/tmp", "tsr-dp-")
 	if err != nil {
@@ -121,7 +194,7 @@ func (m *MultiNode) joinNode(t *testing.T, name, description string, stock bool)
 	c.Dir = c.Ctr.Base
 	// Registered after containerd's cleanup, so it runs first: kubelet, pods, agent, then containerd.
 	t.Cleanup(func() { c.teardown(t) })
-	c.Kubelet = startKubelet(t, m.CP, c.Ctr, name, "kubelet-"+name)
+	c.Kubelet = startKubelet(t, m.CP, c.Ctr, name, "kubelet-"+name, kubeletArgs...)
 	return c
 }
 
@@ -193,8 +266,8 @@ func (m *MultiNode) Node(t testing.TB, name string) *Cluster {
 
 // KillNode ends the node at once, as a power loss would: SIGKILL to every process of its mount
 // namespace (kubelet, containerd, the shims, tessera-node) and to every container's processes
-// (they run in mount namespaces of their own). What is on its disk stays, as does the namespace's
-// holder (the machine), so RestartNode can boot it again.
+// (they run in mount namespaces of their own; the chart's agent is one). What is on its disk stays,
+// as does the namespace's holder (the machine, with its mounts), so RestartNode can boot it again.
 func (m *MultiNode) KillNode(t testing.TB, name string) {
 	t.Helper()
 	c := m.Node(t, name)
@@ -224,7 +297,6 @@ func (m *MultiNode) KillNode(t testing.TB, name string) {
 	}
 	// Reap what the test started; the signals above already ended them.
 	c.Kubelet.Kill(t)
-	c.Agent.Kill(t)
 	c.Ctr.Stop(t)
 	t.Logf("node %s killed: %d processes", name, len(pids))
 }
@@ -250,14 +322,14 @@ func pidsInMountNS(ns string) ([]int, error) {
 	return pids, nil
 }
 
-// RestartNode boots a killed node again: containerd, the kubelet (until Ready), tessera-node
-// (until it has published its inventory).
+// RestartNode boots a killed node again: containerd, the kubelet (until Ready), which starts the
+// agent pod it finds bound to its node again, and waits until the agent has published its
+// inventory.
 func (m *MultiNode) RestartNode(t testing.TB, name string) {
 	t.Helper()
 	c := m.Node(t, name)
 	c.Ctr.Start(t)
 	c.Kubelet.Start(t)
 	c.Kubelet.WaitReady(t)
-	c.Agent.Start(t)
 	c.WaitAgentReady(t)
 }

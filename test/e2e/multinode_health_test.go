@@ -108,7 +108,7 @@ func testMultiNodeXID(t *testing.T, m *MultiNode) {
 	wait := func(what string, cond func() (bool, error)) {
 		t.Helper()
 		if err := waitFor(2*time.Minute, 500*time.Millisecond, cond); err != nil {
-			t.Fatalf("%s: %v\n%s", what, err, h.Agent.LogTail(30))
+			t.Fatalf("%s: %v\n%s", what, err, h.AgentLogTail(t, 30))
 		}
 	}
 	injected := time.Now()

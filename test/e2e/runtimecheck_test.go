@@ -73,11 +73,12 @@ func TestRuntimeCheckContainerd(t *testing.T) {
 // both at start and found nothing to report: its log says so and its Node has no NRIUnavailable or
 // CDIUnavailable Event. The H100 node's containerd runs its stock configuration, and the agent
 // there found NRI and the CRI socket at their default paths (checkStockContainerd). Then the A100
-// agent restarts writing its CDI specs where containerd does not read them: its Node gets a
-// CDIUnavailable Warning Event naming the directory and the setting (recorded with the chart's
-// RBAC for the agent), and it restarts as before.
+// node's containerd restarts reading another CDI directory and with NRI disabled, and its agent
+// pod is replaced (misconfigureRuntime): its Node gets a CDIUnavailable Warning Event naming the
+// directory and the setting and an NRIUnavailable one naming NRI's setting, recorded with the
+// chart's RBAC for the agent, and once the configuration is back the agent serves as before.
 func testMultiNodeRuntimeCheck(t *testing.T, m *MultiNode) {
-	checkStockContainerd(t, m.Node(t, NodeH100))
+	checkStockContainerd(t, m.Node(t, NodeH100), m.agentArgs(t, NodeH100))
 	for _, node := range []string{NodeA100, NodeH100} {
 		c := m.Node(t, node)
 		// The NRI verdict comes NRIGrace after the agent's start.
@@ -86,10 +87,10 @@ func testMultiNodeRuntimeCheck(t *testing.T, m *MultiNode) {
 			return n > 0, fmt.Errorf("no NRI verdict in %s's agent log", node)
 		})
 		if err != nil {
-			t.Errorf("%v\n%s", err, c.Agent.LogTail(20))
+			t.Errorf("%v\n%s", err, c.AgentLogTail(t, 20))
 		}
 		if c.AgentLogCount(t, "CDI check: containerd has CDI on") == 0 {
-			t.Errorf("%s's agent did not check CDI with containerd:\n%s", node, c.Agent.LogTail(20))
+			t.Errorf("%s's agent did not check CDI with containerd:\n%s", node, c.AgentLogTail(t, 20))
 		}
 		for _, reason := range []string{runtimecheck.EventNRIUnavailable, runtimecheck.EventCDIUnavailable} {
 			if ev := c.Events(t, node, reason); len(ev) > 0 {
@@ -97,14 +98,15 @@ func testMultiNodeRuntimeCheck(t *testing.T, m *MultiNode) {
 			}
 		}
 	}
-	misconfigureCDI(t, m.Node(t, NodeA100))
+	m.misconfigureRuntime(t, NodeA100)
 }
 
 // checkStockContainerd checks that the node's containerd runs containerd 2.x's defaults for NRI and
 // CDI: its configuration file says nothing of either, its CRI status reports CDI on with the default
-// spec directories, its NRI socket is at the default path, and tessera-node was given neither
-// socket (its defaults are containerd's) and only a CDI directory among those defaults.
-func checkStockContainerd(t *testing.T, c *Cluster) {
+// spec directories, its NRI socket is at the default path, and tessera-node (run with args) was
+// given no socket but at containerd's default path (its own defaults and the chart's are
+// containerd's) and only a CDI directory among those defaults.
+func checkStockContainerd(t *testing.T, c *Cluster, args []string) {
 	t.Helper()
 	if !c.Ctr.Stock {
 		t.Fatalf("node %s's containerd is not the stock one", c.Node)
@@ -133,39 +135,64 @@ func checkStockContainerd(t *testing.T, c *Cluster) {
 	if _, err := os.Stat(c.Ctr.NRISocket); err != nil {
 		t.Errorf("node %s: no NRI socket at the default /var/run/nri/nri.sock: %v", c.Node, err)
 	}
-	for _, a := range c.Agent.Args {
-		if strings.HasPrefix(a, "--nri-socket") || strings.HasPrefix(a, "--cri-socket") || strings.HasPrefix(a, "--cdi-dir") && a != "--cdi-dir="+StockCDIDir {
-			t.Errorf("node %s's tessera-node was given %s; want the defaults", c.Node, a)
+	for _, a := range args {
+		switch {
+		case a == "--nri-socket="+chartDefaultNRI, a == "--cri-socket="+chartDefaultCRI, a == "--cdi-dir="+StockCDIDir:
+		case strings.HasPrefix(a, "--nri-socket"), strings.HasPrefix(a, "--cri-socket"), strings.HasPrefix(a, "--cdi-dir"):
+			t.Errorf("node %s's tessera-node was given %s; want containerd's defaults", c.Node, a)
 		}
 	}
 }
 
-// misconfigureCDI restarts the node's agent with its CDI specs in a directory containerd does not
-// read, waits for the CDIUnavailable Event on the Node, then restarts it as it was.
-func misconfigureCDI(t *testing.T, c *Cluster) {
+// misconfigureRuntime restarts the node's containerd (the harness's configuration) reading its CDI
+// specs from another directory than the chart's node.cdiDir and with NRI disabled, as a node set up
+// without docs/install.md's containerd lines runs, and replaces the agent pod. Expectation: the
+// new agent reports both on the Node, each a Warning Event naming the setting to change:
+// CDIUnavailable at once (the directory to add to cdi_spec_dirs), NRIUnavailable after NRIGrace
+// (disable = false and the socket path); no GPU container could start there meanwhile, so none is
+// tried. With containerd's configuration back and the agent pod replaced again, the agent serves.
+func (m *MultiNode) misconfigureRuntime(t *testing.T, node string) {
 	t.Helper()
-	args := slices.Clone(c.Agent.Args)
-	elsewhere := filepath.Join(c.Dir, "cdi-unread")
-	i := slices.IndexFunc(c.Agent.Args, func(a string) bool { return strings.HasPrefix(a, "--cdi-dir=") })
-	if i < 0 {
-		t.Fatalf("node %s's tessera-node has no --cdi-dir", c.Node)
+	c := m.Node(t, node)
+	if c.Ctr.Stock {
+		t.Fatalf("node %s runs containerd's stock configuration, which names no CDI directory to change", node)
 	}
-	c.Agent.Stop(t)
-	c.Agent.Args[i] = "--cdi-dir=" + elsewhere
-	c.Agent.Start(t)
-	err := waitFor(time.Minute, 200*time.Millisecond, func() (bool, error) {
-		for _, ev := range c.Events(t, c.Node, runtimecheck.EventCDIUnavailable) {
-			if strings.Contains(ev, "add '"+elsewhere+"' to cdi_spec_dirs") {
-				return true, nil
-			}
-		}
-		return false, fmt.Errorf("no %s Event on node %s naming %s", runtimecheck.EventCDIUnavailable, c.Node, elsewhere)
+	unread := filepath.Join(c.Dir, "cdi-unread")
+	// What a containerd that ran with NRI leaves behind is no part of this.
+	os.Remove(c.Ctr.NRISocket)
+	c.Ctr.Reconfigure(t, func(s string) string {
+		s = strings.Replace(s, "cdi_spec_dirs = ['"+c.Ctr.SpecDir()+"']", "cdi_spec_dirs = ['"+unread+"']", 1)
+		return strings.Replace(s, "[plugins.'io.containerd.nri.v1.nri']\n    disable = false", "[plugins.'io.containerd.nri.v1.nri']\n    disable = true", 1)
 	})
-	c.Agent.Stop(t)
-	c.Agent.Args = args
-	c.Agent.Start(t)
-	if err != nil {
-		t.Errorf("%v\n%s", err, c.Agent.LogTail(20))
+	restored := false
+	restore := func() {
+		if restored {
+			return
+		}
+		restored = true
+		c.Ctr.RestoreConfig(t)
+		m.RestartAgentPod(t, node)
 	}
-	c.WaitAgentReady(t)
+	defer restore()
+	started := time.Now()
+	m.replaceAgentPod(t, node)
+	want := map[string]string{
+		runtimecheck.EventCDIUnavailable: "add '" + chartCDIDir + "' to cdi_spec_dirs",
+		runtimecheck.EventNRIUnavailable: "disable = false and socket_path = '" + chartDefaultNRI + "'",
+	}
+	for reason, text := range want {
+		err := waitFor(runtimecheck.NRIGrace+time.Minute, time.Second, func() (bool, error) {
+			for _, ev := range c.Events(t, node, reason) {
+				if strings.Contains(ev, text) {
+					t.Logf("%s %.0fs after the agent's replacement: %s", reason, time.Since(started).Seconds(), ev)
+					return true, nil
+				}
+			}
+			return false, fmt.Errorf("no %s Event on node %s naming %q", reason, node, text)
+		})
+		if err != nil {
+			t.Errorf("%v\n%s", err, c.AgentLogTail(t, 20))
+		}
+	}
+	restore()
 }

@@ -348,6 +348,23 @@ func TestSecurityLeastPrivilege(t *testing.T) {
 			t.Errorf("tessera-node cannot read a claim it would prepare: %v", err)
 		}
 	}
+	// The extender (--dra-claims, on with DRA) lists and watches claims and their templates in every
+	// namespace, and writes neither: only the scheduler's allocator writes an allocation.
+	if _, err := extender.ResourceV1().ResourceClaims("").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("tessera-extender cannot list the claims it places: %v", err)
+	}
+	if _, err := extender.ResourceV1().ResourceClaimTemplates("").List(ctx, metav1.ListOptions{}); err != nil {
+		t.Errorf("tessera-extender cannot list the claim templates it places: %v", err)
+	}
+	if len(claims.Items) > 0 {
+		c := claims.Items[0].DeepCopy()
+		c.Status.Allocation = &resourceapi.AllocationResult{}
+		if _, err := extender.ResourceV1().ResourceClaims(team).UpdateStatus(ctx, c, metav1.UpdateOptions{}); err == nil || !apierrors.IsForbidden(err) {
+			t.Errorf("tessera-extender writes a claim's allocation: %v, want refused by RBAC", err)
+		}
+	} else {
+		t.Errorf("no claim in %s to probe the extender's writes with", team)
+	}
 }
 
 // checkQuota: the chart's ResourceQuota (whole: 1 device, share: 0) refuses the claim past it. No
