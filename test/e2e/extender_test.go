@@ -41,9 +41,6 @@ type extenderStack struct {
 	nodes map[string]*api.NodeInventory
 }
 
-// chartNamespace is the release namespace the chart's extender objects are rendered for.
-const chartNamespace = "tessera-system"
-
 // startExtenderStack starts the control plane with the scheduler configured for the extender, then
 // the extender itself as the chart deploys it: the ServiceAccount, ClusterRole, ClusterRoleBinding
 // and ConfigMap come from `helm template` of deploy/helm/tessera, the extender reads that
