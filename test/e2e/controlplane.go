@@ -49,6 +49,7 @@ type ControlPlane struct {
 	saKey           string // service-account signing key (for kube-controller-manager)
 
 	procs []*Process // every process, in start order (teardown stops them in reverse)
+	cpus  []int      // ControlPlaneOptions.CPUs
 }
 
 // ControlPlaneOptions selects the components.
@@ -73,6 +74,9 @@ type ControlPlaneOptions struct {
 	// SchedulerMaxBackoff, when set (whole seconds), caps the retry backoff of pods whose
 	// scheduling failed; the scheduler's default is 1 s doubling up to 10 s.
 	SchedulerMaxBackoff time.Duration
+	// CPUs, when set, pins every process of the control plane (and those StartProcess adds) to
+	// these CPUs from its start; StartProcessOnCPUs starts one elsewhere.
+	CPUs []int
 }
 
 // ExtenderConfig is the scheduler's view of a scheduler extender (KubeSchedulerConfiguration
@@ -130,7 +134,7 @@ func StartControlPlane(t testing.TB, opts ControlPlaneOptions) *ControlPlane {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp := &ControlPlane{Dir: dir}
+	cp := &ControlPlane{Dir: dir, cpus: opts.CPUs}
 	t.Cleanup(func() { cp.teardown(t) })
 	for _, d := range []string{"logs", "etcd"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
@@ -161,10 +165,16 @@ func StartControlPlane(t testing.TB, opts ControlPlaneOptions) *ControlPlane {
 }
 
 // StartProcess starts a binary under the control plane's care: its log goes to Dir/logs/<name>.log
-// and the cleanup stops it before the control plane.
+// and the cleanup stops it before the control plane. It runs on the control plane's CPUs.
 func (cp *ControlPlane) StartProcess(t testing.TB, name, bin string, args ...string) *Process {
 	t.Helper()
-	p := &Process{Name: name, Bin: bin, Args: args, Log: filepath.Join(cp.Dir, "logs", name+".log")}
+	return cp.StartProcessOnCPUs(t, cp.cpus, name, bin, args...)
+}
+
+// StartProcessOnCPUs is StartProcess with the process pinned to cpus (nil: this process's CPUs).
+func (cp *ControlPlane) StartProcessOnCPUs(t testing.TB, cpus []int, name, bin string, args ...string) *Process {
+	t.Helper()
+	p := &Process{Name: name, Bin: bin, Args: args, CPUs: cpus, Log: filepath.Join(cp.Dir, "logs", name+".log")}
 	cp.procs = append(cp.procs, p)
 	p.Start(t)
 	return p

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -71,6 +72,35 @@ func (m *cpuMeter) report() string {
 		parts = append(parts, fmt.Sprintf("%s %.0fs (%.2f cores)", name, s, s/wall))
 	}
 	return fmt.Sprintf("CPU over %.0fs wall: %s; total %.2f cores", wall, strings.Join(parts, ", "), total/wall)
+}
+
+// affinity is each process's Cpus_allowed_list as it is now, over all its threads (a list per
+// distinct mask, so a thread that escaped the pinning shows).
+func (m *cpuMeter) affinity() string {
+	var parts []string
+	for _, name := range m.names {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", m.pids[name]))
+		seen := map[string]int{}
+		var lists []string
+		for _, task := range tasks {
+			l, err := statusCPUList(task)
+			if err != nil {
+				continue // the thread ended
+			}
+			if seen[l] == 0 {
+				lists = append(lists, l)
+			}
+			seen[l]++
+		}
+		if len(lists) == 0 {
+			lists = []string{"unknown"}
+		}
+		for i, l := range lists {
+			lists[i] = fmt.Sprintf("%s (%d threads)", l, seen[l])
+		}
+		parts = append(parts, name+" "+strings.Join(lists, " + "))
+	}
+	return strings.Join(parts, ", ")
 }
 
 // histStats summarises one histogram (series merged): count, mean, and quantiles interpolated
