@@ -145,6 +145,42 @@ func scrapeEvaluations(hc *http.Client, url string) (string, error) {
 		counts["remembered"], counts["evaluated"], 100*counts["evaluated"]/calls, counts["bounded"], counts["warmed"]), nil
 }
 
+// goRuntimeMetrics are the Go collector's series the profile prints for the extender: GOMAXPROCS
+// (sized by its CPU affinity), the garbage collector's target and stop-the-world pauses.
+var goRuntimeMetrics = []string{"go_sched_gomaxprocs_threads", "go_gc_gogc_percent", "go_gc_gomemlimit_bytes",
+	"go_gc_duration_seconds", "go_memstats_heap_inuse_bytes", "go_threads"}
+
+// scrapeGoRuntime reads goRuntimeMetrics' samples from a Prometheus text endpoint, as name=value
+// (with the quantile of a summary).
+func scrapeGoRuntime(hc *http.Client, url string) (string, error) {
+	resp, err := hc.Get(url)
+	if err != nil {
+		return "", fmt.Errorf("scrape %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return "", fmt.Errorf("scrape %s: %w", url, err)
+	}
+	var out []string
+	for _, line := range strings.Split(string(body), "\n") {
+		name, value, ok := strings.Cut(line, " ")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
+		}
+		base, _, _ := strings.Cut(name, "{")
+		for _, m := range goRuntimeMetrics {
+			if base == m || base == m+"_sum" || base == m+"_count" {
+				out = append(out, name+"="+value)
+			}
+		}
+	}
+	if len(out) == 0 {
+		return "", fmt.Errorf("scrape %s: none of %v", url, goRuntimeMetrics)
+	}
+	return strings.Join(out, " "), nil
+}
+
 // scrapeHistograms reads a Prometheus text endpoint and summarises the histogram name per value of
 // the label by (its other labels merged).
 func scrapeHistograms(hc *http.Client, url, name, by string) (map[string]histStats, error) {

@@ -398,6 +398,11 @@ func printSchedulingLatency(cp *ControlPlane, policy, addr string) {
 		} else {
 			fmt.Printf("policy=%s profile: extender (tessera_extender_request_duration_seconds, HTTP handler time): %s\n", policy, formatHists(h))
 		}
+		if rt, err := scrapeGoRuntime(&http.Client{Timeout: 10 * time.Second}, "http://"+addr+"/metrics"); err != nil {
+			fmt.Printf("policy=%s profile: extender Go runtime: %v\n", policy, err)
+		} else {
+			fmt.Printf("policy=%s profile: extender Go runtime (whole process life): %s\n", policy, rt)
+		}
 		if evals, err := scrapeEvaluations(&http.Client{Timeout: 10 * time.Second}, "http://"+addr+"/metrics"); err != nil {
 			fmt.Printf("policy=%s profile: extender evaluations: %v\n", policy, err)
 		} else {
