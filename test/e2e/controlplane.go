@@ -75,7 +75,7 @@ type ControlPlaneOptions struct {
 	// scheduling failed; the scheduler's default is 1 s doubling up to 10 s.
 	SchedulerMaxBackoff time.Duration
 	// CPUs, when set, pins every process of the control plane (and those StartProcess adds) to
-	// these CPUs from its start; StartProcessOnCPUs starts one elsewhere.
+	// these CPUs from its start; AddProcess starts one with CPUs of its own.
 	CPUs []int
 }
 
@@ -168,16 +168,17 @@ func StartControlPlane(t testing.TB, opts ControlPlaneOptions) *ControlPlane {
 // and the cleanup stops it before the control plane. It runs on the control plane's CPUs.
 func (cp *ControlPlane) StartProcess(t testing.TB, name, bin string, args ...string) *Process {
 	t.Helper()
-	return cp.StartProcessOnCPUs(t, cp.cpus, name, bin, args...)
+	p := &Process{Name: name, Bin: bin, Args: args, CPUs: cp.cpus, Log: filepath.Join(cp.Dir, "logs", name+".log")}
+	cp.AddProcess(t, p)
+	return p
 }
 
-// StartProcessOnCPUs is StartProcess with the process pinned to cpus (nil: this process's CPUs).
-func (cp *ControlPlane) StartProcessOnCPUs(t testing.TB, cpus []int, name, bin string, args ...string) *Process {
+// AddProcess starts p (made by the caller: its own environment, CPUs, log) under the control
+// plane's care, as StartProcess does.
+func (cp *ControlPlane) AddProcess(t testing.TB, p *Process) {
 	t.Helper()
-	p := &Process{Name: name, Bin: bin, Args: args, CPUs: cpus, Log: filepath.Join(cp.Dir, "logs", name+".log")}
 	cp.procs = append(cp.procs, p)
 	p.Start(t)
-	return p
 }
 
 func (cp *ControlPlane) startEtcd(t testing.TB) {

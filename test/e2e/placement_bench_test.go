@@ -49,7 +49,9 @@ const policyKubeScheduler = "kube-scheduler"
 // stopped before the 100% arrived point prints the load it reached, not a number at 100%).
 // TESSERA_BENCH_EXTENDER_CPUS (a CPU list, e.g. 1; empty: no pinning) runs tessera-extender on
 // those CPUs and everything else of the run (etcd, kube-apiserver, kube-scheduler, the
-// controller-manager, this process's client) on the CPUs left, in every policy's run alike.
+// controller-manager, this process's client) on the CPUs left, in every policy's run alike;
+// TESSERA_BENCH_EXTENDER_ENV (space-separated NAME=value, e.g. GOMAXPROCS=2 GODEBUG=gctrace=1) is
+// added to the extender's environment only.
 // `make bench-placement` sets them.
 func BenchmarkPlacement(b *testing.B) {
 	data := filepath.Join(repoRoot(), "..", "shared", "data", "openb")
@@ -232,7 +234,9 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64, s
 		if isDRA {
 			args = append(args, "--dra-claims")
 		}
-		x = cp.StartProcessOnCPUs(b, pin.extender, "tessera-extender", tesseraBinary(b, "tessera-extender"), args...)
+		x = &Process{Name: "tessera-extender", Bin: tesseraBinary(b, "tessera-extender"), Args: args, CPUs: pin.extender,
+			Env: strings.Fields(os.Getenv("TESSERA_BENCH_EXTENDER_ENV")), Log: filepath.Join(cp.Dir, "logs", "tessera-extender.log")}
+		cp.AddProcess(b, x)
 		x.WaitHealthy(b, "http://"+addr+"/healthz", time.Minute)
 	}
 	if isDRA {
@@ -397,6 +401,11 @@ func printSchedulingLatency(cp *ControlPlane, policy, addr string) {
 			fmt.Printf("policy=%s profile: extender latency: %v\n", policy, err)
 		} else {
 			fmt.Printf("policy=%s profile: extender (tessera_extender_request_duration_seconds, HTTP handler time): %s\n", policy, formatHists(h))
+		}
+		if h, err := scrapeHistograms(&http.Client{Timeout: 10 * time.Second}, "http://"+addr+"/metrics", "tessera_extender_request_read_seconds", "verb"); err != nil {
+			fmt.Printf("policy=%s profile: extender request read: %v\n", policy, err)
+		} else {
+			fmt.Printf("policy=%s profile: extender (tessera_extender_request_read_seconds, of the handler time the wait for the request's body): %s\n", policy, formatHists(h))
 		}
 		if rt, err := scrapeGoRuntime(&http.Client{Timeout: 10 * time.Second}, "http://"+addr+"/metrics"); err != nil {
 			fmt.Printf("policy=%s profile: extender Go runtime: %v\n", policy, err)
