@@ -116,18 +116,27 @@ func (h histStats) String() string {
 
 func ms(s float64) string { return fmt.Sprintf("%.1fms", s*1000) }
 
-// scrapeEvaluations reads the extender's node-outcome counters: remembered and evaluated in calls
-// (the evaluation memo's hit rate), bounded instead of evaluated (pick-one's score bounds), warmed
-// in the background.
-func scrapeEvaluations(hc *http.Client, url string) (string, error) {
+// fetchMetrics is a Prometheus text endpoint's body.
+func fetchMetrics(hc *http.Client, url string) ([]byte, error) {
 	resp, err := hc.Get(url)
 	if err != nil {
-		return "", fmt.Errorf("scrape %s: %w", url, err)
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return "", fmt.Errorf("scrape %s: %w", url, err)
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	return body, nil
+}
+
+// scrapeEvaluations reads the extender's node-outcome counters: remembered and evaluated in calls
+// (the evaluation memo's hit rate), bounded instead of evaluated (pick-one's score bounds), warmed
+// in the background.
+func scrapeEvaluations(hc *http.Client, url string) (string, error) {
+	body, err := fetchMetrics(hc, url)
+	if err != nil {
+		return "", err
 	}
 	counts := map[string]float64{}
 	for _, line := range strings.Split(string(body), "\n") {
@@ -153,14 +162,9 @@ var goRuntimeMetrics = []string{"go_sched_gomaxprocs_threads", "go_gc_gogc_perce
 // scrapeGoRuntime reads goRuntimeMetrics' samples from a Prometheus text endpoint, as name=value
 // (with the quantile of a summary).
 func scrapeGoRuntime(hc *http.Client, url string) (string, error) {
-	resp, err := hc.Get(url)
+	body, err := fetchMetrics(hc, url)
 	if err != nil {
-		return "", fmt.Errorf("scrape %s: %w", url, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return "", fmt.Errorf("scrape %s: %w", url, err)
+		return "", err
 	}
 	var out []string
 	for _, line := range strings.Split(string(body), "\n") {
