@@ -89,8 +89,12 @@ func (l *nameList) UnmarshalJSON(data []byte) error {
 	}
 	var names []string
 	var ok bool
-	l.state.internNames(func(intern func([]byte) string) {
+	l.state.internNames(func(intern func([]byte) string) []string {
 		names, ok = appendPlainStrings(l.names[:0], data, intern)
+		if !ok {
+			return nil
+		}
+		return names
 	})
 	if !ok { // escapes or anything unusual: the standard decoder, strictly
 		l.names = nil
