@@ -3,6 +3,7 @@ package extender
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -57,6 +58,10 @@ type State struct {
 	// simulator; usesOn indexes them by node.
 	uses   map[types.UID]*podUse
 	usesOn map[string]map[types.UID]*podUse
+	// nsUsage is each namespace's requestQuantities summed over its entries in pods, kept as
+	// entries come and go (addLocked, removeLocked): Filter's quota check asks every call, and
+	// summing every pod per call cost a scan linear in the cluster's pods.
+	nsUsage map[string]map[string]int64
 	// nodeGen counts node entries created or deleted; resolved caches name lists resolved to
 	// entries under a nodeGen (the scheduler sends the same lists again and again).
 	nodeGen  uint64
@@ -177,7 +182,7 @@ func NewState(ttl time.Duration, log *slog.Logger) *State {
 	}
 	return &State{nodes: map[string]*nodeEntry{}, pods: map[types.UID]*podEntry{}, shapes: placement.NewShapeStats(),
 		typeIDs: map[string]int{}, podsOn: map[string]map[types.UID]*podEntry{}, observed: map[types.UID]*placement.Request{},
-		uses: map[types.UID]*podUse{}, usesOn: map[string]map[types.UID]*podUse{},
+		uses: map[types.UID]*podUse{}, usesOn: map[string]map[types.UID]*podUse{}, nsUsage: map[string]map[string]int64{},
 		requests: map[types.UID]parsedRequest{}, pending: map[types.UID]pendingPod{}, parse: RequestFromPod, ttl: ttl, now: time.Now, log: log,
 		claims: map[types.UID]*claimEntry{}, claimsOn: map[string]map[types.UID]*claimEntry{}}
 }
@@ -422,16 +427,33 @@ func (s *State) internNames(f func(intern func(b []byte) string) []string) {
 func (s *State) namespaceUsage(ns string) map[string]int64 {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	out := map[string]int64{}
-	for _, p := range s.pods {
-		if p.namespace != ns || p.req == nil {
-			continue
-		}
-		for k, v := range requestQuantities(p.req) {
-			out[k] += v
-		}
+	out := maps.Clone(s.nsUsage[ns])
+	if out == nil {
+		out = map[string]int64{}
 	}
 	return out
+}
+
+// countUsageLocked adds p's requestQuantities to its namespace's usage (sign 1) or takes them off
+// (sign -1); resources and namespaces that come to zero are dropped, so the map holds only what
+// is held.
+func (s *State) countUsageLocked(p *podEntry, sign int64) {
+	if p.req == nil {
+		return
+	}
+	u := s.nsUsage[p.namespace]
+	if u == nil {
+		u = map[string]int64{}
+		s.nsUsage[p.namespace] = u
+	}
+	for k, v := range requestQuantities(p.req) {
+		if u[k] += sign * v; u[k] == 0 {
+			delete(u, k)
+		}
+	}
+	if len(u) == 0 {
+		delete(s.nsUsage, p.namespace)
+	}
 }
 
 // Conflicts is how many times the state applied a pod on a GPU that another entry held.
