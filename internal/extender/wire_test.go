@@ -34,6 +34,9 @@ func TestDecodeArgsMatchesStandardDecoding(t *testing.T) {
 		` { "NodeNames" : [ "n1" ,"n2" ] , "Pod" : { "metadata" : { "name" : "q" } } } `,
 		`{"NodeNames":["n1"],"nodeNames":["n2"]}`, `{"NodeNames":["é"]}`, `{"NodeNames":["\u00e9"]}`,
 		`{"Pod":{"spec":{"priority":7,"hostNetwork":true,"nodeName":null}},"NodeNames":["n1"]}`,
+		// Backslash runs before a quote: an even run ends the string, an odd one escapes the quote.
+		`{"Pod":{"metadata":{"name":"a\\","labels":{"k":"\\\"],\"NodeNames\":[\"x\"]","\\\\":"\\"}}},"NodeNames":["n1"]}`,
+		`{"Pod":{"metadata":{"name":"\"NodeNames\":[\"x\"],\\\\\\"}},"NodeNames":["n1","n2"]}`,
 	}
 	// Twice over: the second round decodes into name lists the first gave back to the pool (longer
 	// lists before shorter ones, released lists cleared).
@@ -176,5 +179,22 @@ func TestDecodedNamesAreResolvedOnce(t *testing.T) {
 	got := view(names)
 	if got["n2"] != -1 || got["nX"] < 0 || got["n0"] != slotOf["n0"] {
 		t.Fatalf("nodes changed after decoding: view resolved %v, want n2 gone, nX known, n0 at %d", got, slotOf["n0"])
+	}
+}
+
+// TestSplitNodeNamesSkipsEscapedQuotes: the fast path (not the standard decoder's fallback) splits
+// bodies whose other strings hold quotes after backslash runs, and finds the real array: a quote
+// after an even run of backslashes ends a string, after an odd run it is part of it.
+func TestSplitNodeNamesSkipsEscapedQuotes(t *testing.T) {
+	for _, c := range []struct{ body, names string }{
+		{`{"Pod":{"metadata":{"name":"a\\","labels":{"k":"\\\"],\"NodeNames\":[\"x\"]","\\\\":"\\"}}},"NodeNames":["n1"]}`, `["n1"]`},
+		{`{"Pod":{"metadata":{"name":"\"NodeNames\":[\"x\"],\\\\\\"}},"NodeNames":["n1","n2"]}`, `["n1","n2"]`},
+		{`{"NodeNames":["n\\\"1","n2\\\\"],"Pod":{"metadata":{"name":"\\\\\\\""}}}`, `["n\\\"1","n2\\\\"]`},
+		{`{"Pod":{"metadata":{"name":"\\"}},"NodeNames":["n1"]}`, `["n1"]`},
+	} {
+		_, names, ok := splitNodeNames([]byte(c.body), nil)
+		if !ok || string(names) != c.names {
+			t.Errorf("%s: split %v, array %s, want %s", c.body, ok, names, c.names)
+		}
 	}
 }
