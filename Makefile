@@ -121,10 +121,14 @@ NODE_COPIES ?= 1
 ARRIVALS ?= 0
 # VARY=...: a variant of the pod list and/or the cluster as tessera-sim --vary derives it (e.g. split=0.7,multigpu-request=0.3).
 VARY ?=
+# EXTENDER_CPUS=1: tessera-extender pinned to CPU 1, the control plane and the benchmark to the other
+# CPUs, in every policy's run (the extender's own CPU, as its pod has in a cluster); empty: no pinning.
+EXTENDER_CPUS ?=
 bench-placement: tools
 	TESSERA_BENCH_NODES=$(abspath $(NODES)) TESSERA_BENCH_PODS=$(abspath $(PODS)) TESSERA_BENCH_SEED=$(SEED) \
 	TESSERA_BENCH_LIMIT=$(LIMIT) TESSERA_BENCH_POLICIES=$(POLICIES) \
 	TESSERA_BENCH_NODE_COPIES=$(NODE_COPIES) TESSERA_BENCH_ARRIVALS=$(ARRIVALS) TESSERA_BENCH_VARY=$(VARY) \
+	TESSERA_BENCH_EXTENDER_CPUS=$(EXTENDER_CPUS) \
 	$(GO) test -run '^$$' -bench '^BenchmarkPlacement$$' -benchtime 1x -timeout 180m ./test/e2e/
 
 # The main job end to end: a one-node Kubernetes cluster with Tessera on the simulated 8-GPU node,

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -16,6 +17,7 @@ import (
 // extenderMetrics time the scheduler's calls by verb and result.
 type extenderMetrics struct {
 	requests *prometheus.HistogramVec
+	reads    *prometheus.HistogramVec
 }
 
 // evaluations reports the extender's node outcomes taken from its memo and evaluated afresh
@@ -26,7 +28,13 @@ func newExtenderMetrics(reg prometheus.Registerer, leader *atomic.Bool, leaderEl
 		Name: "tessera_extender_request_duration_seconds", Buckets: telemetry.LatencyBuckets,
 		Help: "Time the extender took to answer kube-scheduler, by verb (filter, prioritize, bind) and result: ok, " +
 			"unschedulable (filter: no node fits) or error.",
-	}, []string{"verb", "result"})}
+	}, []string{"verb", "result"}),
+		reads: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "tessera_extender_request_read_seconds", Buckets: telemetry.LatencyBuckets,
+			Help: "Time from the start of a verb's handling to its request body read in full, by verb: the part of " +
+				"tessera_extender_request_duration_seconds spent waiting for kube-scheduler to send the request " +
+				"(a filter call names every node), not computing.",
+		}, []string{"verb"})}
 	evalHelp := "Node evaluations of filter and prioritize, by outcome: remembered (the node and the pod's request " +
 		"shape unchanged since the last evaluation under the same typical-shape snapshot) or evaluated in the call; " +
 		"bounded counts the nodes --filter-pick-one bounded in the call instead (evaluated only where the bound reaches " +
@@ -40,7 +48,7 @@ func newExtenderMetrics(reg prometheus.Registerer, leader *atomic.Bool, leaderEl
 			ConstLabels: prometheus.Labels{"outcome": "bounded"}}, func() float64 { return float64(bounded()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "tessera_extender_node_evaluations_total", Help: evalHelp,
 			ConstLabels: prometheus.Labels{"outcome": "warmed"}}, func() float64 { return float64(warmed()) }))
-	reg.MustRegister(m.requests, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+	reg.MustRegister(m.requests, m.reads, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tessera_extender_leader",
 		Help: "1 while this replica holds the leader Lease and binds (always 1 without leader election).",
 	}, func() float64 {
@@ -118,10 +126,30 @@ func (m *extenderMetrics) instrument(next http.Handler) http.Handler {
 			return
 		}
 		start := time.Now()
+		body := &timedBody{ReadCloser: r.Body}
+		r.Body = body
 		rec := &recorder{ResponseWriter: w, status: http.StatusOK}
 		next.ServeHTTP(rec, r)
 		m.requests.WithLabelValues(verb, resultOf(rec.status, rec.body.Bytes())).Observe(time.Since(start).Seconds())
+		if !body.end.IsZero() {
+			m.reads.WithLabelValues(verb).Observe(body.end.Sub(start).Seconds())
+		}
 	})
+}
+
+// timedBody notes when a request body's end was read (io.EOF): the handlers read every verb's body
+// to its end before they decode it.
+type timedBody struct {
+	io.ReadCloser
+	end time.Time
+}
+
+func (b *timedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if err == io.EOF && b.end.IsZero() {
+		b.end = time.Now()
+	}
+	return n, err
 }
 
 // resultOf classifies a verb's response: an HTTP error or an Error in the result is an error; a

@@ -29,6 +29,9 @@ func TestRequestMetrics(t *testing.T) {
 			io.WriteString(w, "ok")
 			return
 		}
+		if _, err := io.ReadAll(r.Body); err != nil { // as the verbs do before decoding
+			t.Errorf("read body: %v", err)
+		}
 		if strings.Contains(r.URL.RawQuery, "none") {
 			io.WriteString(w, `{"NodeNames":[],"FailedNodes":{"n1":"no GPU fits"}}`)
 			return
@@ -58,6 +61,8 @@ func TestRequestMetrics(t *testing.T) {
 		`tessera_extender_request_duration_seconds_count{result="error",verb="filter"} 1`,
 		`tessera_extender_request_duration_seconds_count{result="ok",verb="prioritize"} 1`,
 		`tessera_extender_request_duration_seconds_count{result="error",verb="bind"} 2`,
+		`tessera_extender_request_read_seconds_count{verb="filter"} 4`,
+		`tessera_extender_request_read_seconds_count{verb="bind"} 2`,
 		"\ntessera_extender_leader 0\n",
 		`tessera_extender_node_evaluations_total{outcome="remembered"} 4990`,
 		`tessera_extender_node_evaluations_total{outcome="bounded"} 55`,

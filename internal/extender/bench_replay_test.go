@@ -3,6 +3,7 @@ package extender
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"os"
 	"testing"
@@ -36,8 +37,15 @@ func BenchmarkFilterReplay(b *testing.B) {
 		name   string
 		period time.Duration
 		warm   bool
-	}{{"paced-25hz", 40 * time.Millisecond, true}, {"back-to-back", 0, true}, {"unwarmed", 0, false}} {
+		// newOrder sends the names in a new order each call (streamNewOrder), as the live scheduler does.
+		newOrder bool
+	}{{"paced-25hz", 40 * time.Millisecond, true, false}, {"back-to-back", 0, true, false}, {"back-to-back-new-order", 0, true, true},
+		{"unwarmed", 0, false, false}} {
 		b.Run(c.name, func(b *testing.B) {
+			if c.newOrder {
+				streamNewOrder = rand.New(rand.NewPCG(42, 37))
+				defer func() { streamNewOrder = nil }()
+			}
 			x, names := replayCluster(b, nodes, 4)
 			x.PickOne = true
 			if c.warm {

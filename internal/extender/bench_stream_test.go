@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
+	"slices"
 	"sort"
 	"testing"
 	"time"
@@ -110,6 +111,10 @@ func BenchmarkSchedulingStream(b *testing.B) {
 // no warmer, so no timing decides which snapshot serves a call).
 var streamChoices io.Writer
 
+// streamNewOrder, when set, sends each op's node names in a new order (untimed shuffle), as
+// kube-scheduler's parallel Filter sends the nodes that passed it: no remembered list matches.
+var streamNewOrder *rand.Rand
+
 // streamOps times b.N pods of the stream from *next on, after warmup pods untimed; resnapEvery > 0
 // rebuilds the typical-shape snapshot before every resnapEvery-th pod (newSnapshot); a period paces
 // the pods (one per period, warm-up included); churn deletes the oldest pod after each bind.
@@ -140,6 +145,13 @@ func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream
 		pod := stream[i%len(stream)].DeepCopy()
 		pod.UID = types.UID(fmt.Sprintf("%s-%d", pod.Name, i))
 		x.State.markPending(pod, x.Class) // Filter holds its choice, as for the informer's pods
+		if streamNewOrder != nil {
+			order := slices.Clone(names)
+			streamNewOrder.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+			if namesJSON, err = json.Marshal(order); err != nil {
+				b.Fatal(err)
+			}
+		}
 		body = argsBody(b, body, pod, namesJSON)
 		if resnapEvery > 0 && i%resnapEvery == 0 {
 			newSnapshot(x, i/resnapEvery)

@@ -3,6 +3,7 @@ package extender
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -57,6 +58,10 @@ type State struct {
 	// simulator; usesOn indexes them by node.
 	uses   map[types.UID]*podUse
 	usesOn map[string]map[types.UID]*podUse
+	// nsUsage is each namespace's requestQuantities summed over its entries in pods, kept as
+	// entries come and go (addLocked, removeLocked): Filter's quota check asks every call, and
+	// summing every pod per call cost a scan linear in the cluster's pods.
+	nsUsage map[string]map[string]int64
 	// nodeGen counts node entries created or deleted; resolved caches name lists resolved to
 	// entries under a nodeGen (the scheduler sends the same lists again and again).
 	nodeGen  uint64
@@ -177,7 +182,7 @@ func NewState(ttl time.Duration, log *slog.Logger) *State {
 	}
 	return &State{nodes: map[string]*nodeEntry{}, pods: map[types.UID]*podEntry{}, shapes: placement.NewShapeStats(),
 		typeIDs: map[string]int{}, podsOn: map[string]map[types.UID]*podEntry{}, observed: map[types.UID]*placement.Request{},
-		uses: map[types.UID]*podUse{}, usesOn: map[string]map[types.UID]*podUse{},
+		uses: map[types.UID]*podUse{}, usesOn: map[string]map[types.UID]*podUse{}, nsUsage: map[string]map[string]int64{},
 		requests: map[types.UID]parsedRequest{}, pending: map[types.UID]pendingPod{}, parse: RequestFromPod, ttl: ttl, now: time.Now, log: log,
 		claims: map[types.UID]*claimEntry{}, claimsOn: map[string]map[types.UID]*claimEntry{}}
 }
@@ -341,11 +346,15 @@ func spread(count, workers, parallelFrom, chunk int, fn func(w, k int) bool) {
 
 // resolveCache remembers the last few name lists resolved to node entries (the least recently used
 // goes). Entries stay valid while no node is created or deleted (an entry's state may change; the
-// entry pointer does not).
+// entry pointer does not). The request decoder puts the lists it reads (internNames: it looks each
+// name up once, for its string and its entry), so a list in an order never seen before is not
+// looked up again here; kube-scheduler's parallel Filter sends its nodes in a new order each call.
 type resolveCache struct {
 	mu    sync.Mutex
 	slots [2]resolved
 	next  int
+	// misses counts lists resolve had to look up itself (a test reads it).
+	misses int
 }
 
 type resolved struct {
@@ -360,6 +369,8 @@ func (c *resolveCache) resolve(names []string, gen uint64, nodes map[string]*nod
 	defer c.mu.Unlock()
 	for i := range c.slots {
 		sl := &c.slots[i]
+		// The names are usually the decoder's, the cached list's own strings: comparing them
+		// compares pointers, not bytes.
 		if sl.gen == gen && sl.entries != nil && slices.Equal(sl.names, names) {
 			// The other slot goes next: pick-one's filter (every node) and prioritize (its one
 			// node, a new list each pod) alternate, and the long list must stay.
@@ -367,43 +378,82 @@ func (c *resolveCache) resolve(names []string, gen uint64, nodes map[string]*nod
 			return sl.entries
 		}
 	}
+	c.misses++
 	entries := make([]*nodeEntry, len(names))
 	for i, n := range names {
 		entries[i] = nodes[n]
 	}
-	c.slots[c.next] = resolved{gen: gen, names: slices.Clone(names), entries: entries}
-	c.next = (c.next + 1) % len(c.slots)
+	c.putLocked(resolved{gen: gen, names: slices.Clone(names), entries: entries})
 	return entries
+}
+
+// put remembers names resolved to entries under gen; r is kept (its slices must not change after:
+// resolve hands them to callers outside the cache's lock).
+func (c *resolveCache) put(r resolved) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.putLocked(r)
+}
+
+func (c *resolveCache) putLocked(r resolved) {
+	c.slots[c.next] = r
+	c.next = (c.next + 1) % len(c.slots)
 }
 
 // internNames runs f with intern, which returns the State's own string for a known node's name
 // (the map lookup takes the bytes without allocating) and a new string for any other; f runs under
-// one read lock (the request decoder reads thousands of names per call, wire.go).
-func (s *State) internNames(f func(intern func(b []byte) string)) {
+// one read lock (the request decoder reads thousands of names per call, wire.go) and returns the
+// list it made of intern's strings, in order (nil when it gave up on the list). That list is put in
+// the resolve cache with the entries the same lookups found, so the verb that reads it resolves no
+// name again (one map lookup per name per call, whatever the order).
+func (s *State) internNames(f func(intern func(b []byte) string) []string) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	f(func(b []byte) string {
-		if e := s.nodes[string(b)]; e != nil {
+	entries := make([]*nodeEntry, 0, len(s.nodes))
+	names := f(func(b []byte) string {
+		e := s.nodes[string(b)]
+		entries = append(entries, e)
+		if e != nil {
 			return e.name
 		}
 		return string(b)
 	})
+	if names != nil && len(names) == len(entries) {
+		s.resolved.put(resolved{gen: s.nodeGen, names: slices.Clone(names), entries: entries})
+	}
 }
 
 // namespaceUsage is the GPU resources held (committed or reserved) by pods of a namespace.
 func (s *State) namespaceUsage(ns string) map[string]int64 {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	out := map[string]int64{}
-	for _, p := range s.pods {
-		if p.namespace != ns || p.req == nil {
-			continue
-		}
-		for k, v := range requestQuantities(p.req) {
-			out[k] += v
-		}
+	out := maps.Clone(s.nsUsage[ns])
+	if out == nil {
+		out = map[string]int64{}
 	}
 	return out
+}
+
+// countUsageLocked adds p's requestQuantities to its namespace's usage (sign 1) or takes them off
+// (sign -1); resources and namespaces that come to zero are dropped, so the map holds only what
+// is held.
+func (s *State) countUsageLocked(p *podEntry, sign int64) {
+	if p.req == nil {
+		return
+	}
+	u := s.nsUsage[p.namespace]
+	if u == nil {
+		u = map[string]int64{}
+		s.nsUsage[p.namespace] = u
+	}
+	for k, v := range requestQuantities(p.req) {
+		if u[k] += sign * v; u[k] == 0 {
+			delete(u, k)
+		}
+	}
+	if len(u) == 0 {
+		delete(s.nsUsage, p.namespace)
+	}
 }
 
 // Conflicts is how many times the state applied a pod on a GPU that another entry held.

@@ -242,7 +242,8 @@ func (s *State) forgetLocked(uid types.UID) {
 }
 
 func (s *State) addLocked(p *podEntry) {
-	s.pods[p.uid] = p
+	s.pods[p.uid] = p // callers removed any entry of p.uid first (removeLocked)
+	s.countUsageLocked(p, 1)
 	on := s.podsOn[p.node]
 	if on == nil {
 		on = map[types.UID]*podEntry{}
@@ -479,6 +480,9 @@ func (s *State) removeLocked(p *podEntry) {
 		if len(on) == 0 {
 			delete(s.podsOn, p.node)
 		}
+	}
+	if cur := s.pods[p.uid]; cur != nil {
+		s.countUsageLocked(cur, -1) // what leaves pods leaves the usage (nsUsage sums pods)
 	}
 	delete(s.pods, p.uid)
 }

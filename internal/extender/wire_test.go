@@ -2,6 +2,7 @@ package extender
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -11,6 +12,7 @@ import (
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
 // TestDecodeArgsMatchesStandardDecoding: the name-list decoder (state's strings reused) reads what
@@ -32,6 +34,9 @@ func TestDecodeArgsMatchesStandardDecoding(t *testing.T) {
 		` { "NodeNames" : [ "n1" ,"n2" ] , "Pod" : { "metadata" : { "name" : "q" } } } `,
 		`{"NodeNames":["n1"],"nodeNames":["n2"]}`, `{"NodeNames":["é"]}`, `{"NodeNames":["\u00e9"]}`,
 		`{"Pod":{"spec":{"priority":7,"hostNetwork":true,"nodeName":null}},"NodeNames":["n1"]}`,
+		// Backslash runs before a quote: an even run ends the string, an odd one escapes the quote.
+		`{"Pod":{"metadata":{"name":"a\\","labels":{"k":"\\\"],\"NodeNames\":[\"x\"]","\\\\":"\\"}}},"NodeNames":["n1"]}`,
+		`{"Pod":{"metadata":{"name":"\"NodeNames\":[\"x\"],\\\\\\"}},"NodeNames":["n1","n2"]}`,
 	}
 	// Twice over: the second round decodes into name lists the first gave back to the pool (longer
 	// lists before shorter ones, released lists cleared).
@@ -112,6 +117,84 @@ func TestNameListsKeepTheListInUse(t *testing.T) {
 		}
 		if _, ok := c.get(all, nil); !ok {
 			t.Fatalf("after [%s] the list of every node was not remembered", one)
+		}
+	}
+}
+
+// TestDecodedNamesAreResolvedOnce: a filter request's node names, in an order never sent before (as
+// kube-scheduler's parallel Filter sends them), are looked up once, by the decoder: the verb's view
+// finds the list resolved (no second lookup per name) and resolves each name to its own node (an
+// unknown name to none). A node created or deleted between the decoding and the view makes the
+// decoder's lookups stale: the view resolves the list again and sees the change.
+func TestDecodedNamesAreResolvedOnce(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	slotOf := map[string]int{}
+	for i, name := range []string{"n0", "n1", "n2", "n3", "n4"} {
+		x.State.UpsertNode(testNode(testInventory(name, i, 1, "T4"), nil))
+	}
+	x.State.viewIndexed([]string{"n0", "n1", "n2", "n3", "n4"}, 1, func(_, i, slot int, _ *placement.NodeState, _ string) {
+		slotOf[fmt.Sprintf("n%d", i)] = slot
+	})
+	decode := func(names ...string) []string {
+		t.Helper()
+		body := `{"Pod":{"metadata":{"name":"p"}},"NodeNames":["` + strings.Join(names, `","`) + `"]}`
+		var args extenderv1.ExtenderArgs
+		rec := httptest.NewRecorder()
+		release, ok := x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(body)), &args)
+		if !ok {
+			t.Fatalf("decode: %s", rec.Body.String())
+		}
+		t.Cleanup(release)
+		return *args.NodeNames
+	}
+	view := func(names []string) map[string]int {
+		got := map[string]int{}
+		x.State.viewIndexed(names, 1, func(_, i, slot int, _ *placement.NodeState, _ string) { got[names[i]] = slot })
+		return got
+	}
+	misses := func() int {
+		x.State.resolved.mu.Lock()
+		defer x.State.resolved.mu.Unlock()
+		return x.State.resolved.misses
+	}
+	for _, order := range [][]string{{"n3", "n0", "nX", "n4", "n1", "n2"}, {"n1", "nX", "n2", "n0", "n4", "n3"}, {"n2", "n4", "n0", "nX", "n3", "n1"}} {
+		before := misses()
+		got := view(decode(order...))
+		if misses() != before {
+			t.Fatalf("%v: the view looked the decoded names up again", order)
+		}
+		for _, name := range order {
+			want, known := slotOf[name]
+			if !known {
+				want = -1
+			}
+			if got[name] != want {
+				t.Fatalf("%v: %s resolved to slot %d, want %d", order, name, got[name], want)
+			}
+		}
+	}
+	names := decode("n2", "nX", "n0")
+	x.State.DeleteNode("n2")
+	x.State.UpsertNode(testNode(testInventory("nX", 9, 1, "T4"), nil))
+	got := view(names)
+	if got["n2"] != -1 || got["nX"] < 0 || got["n0"] != slotOf["n0"] {
+		t.Fatalf("nodes changed after decoding: view resolved %v, want n2 gone, nX known, n0 at %d", got, slotOf["n0"])
+	}
+}
+
+// TestSplitNodeNamesSkipsEscapedQuotes: the fast path (not the standard decoder's fallback) splits
+// bodies whose other strings hold quotes after backslash runs, and finds the real array: a quote
+// after an even run of backslashes ends a string, after an odd run it is part of it.
+func TestSplitNodeNamesSkipsEscapedQuotes(t *testing.T) {
+	for _, c := range []struct{ body, names string }{
+		{`{"Pod":{"metadata":{"name":"a\\","labels":{"k":"\\\"],\"NodeNames\":[\"x\"]","\\\\":"\\"}}},"NodeNames":["n1"]}`, `["n1"]`},
+		{`{"Pod":{"metadata":{"name":"\"NodeNames\":[\"x\"],\\\\\\"}},"NodeNames":["n1","n2"]}`, `["n1","n2"]`},
+		{`{"NodeNames":["n\\\"1","n2\\\\"],"Pod":{"metadata":{"name":"\\\\\\\""}}}`, `["n\\\"1","n2\\\\"]`},
+		{`{"Pod":{"metadata":{"name":"\\"}},"NodeNames":["n1"]}`, `["n1"]`},
+	} {
+		_, names, ok := splitNodeNames([]byte(c.body), nil)
+		if !ok || string(names) != c.names {
+			t.Errorf("%s: split %v, array %s, want %s", c.body, ok, names, c.names)
 		}
 	}
 }

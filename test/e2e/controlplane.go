@@ -49,6 +49,7 @@ type ControlPlane struct {
 	saKey           string // service-account signing key (for kube-controller-manager)
 
 	procs []*Process // every process, in start order (teardown stops them in reverse)
+	cpus  []int      // ControlPlaneOptions.CPUs
 }
 
 // ControlPlaneOptions selects the components.
@@ -73,6 +74,9 @@ type ControlPlaneOptions struct {
 	// SchedulerMaxBackoff, when set (whole seconds), caps the retry backoff of pods whose
 	// scheduling failed; the scheduler's default is 1 s doubling up to 10 s.
 	SchedulerMaxBackoff time.Duration
+	// CPUs, when set, pins every process of the control plane (and those StartProcess adds) to
+	// these CPUs from its start; AddProcess starts one with CPUs of its own.
+	CPUs []int
 }
 
 // ExtenderConfig is the scheduler's view of a scheduler extender (KubeSchedulerConfiguration
@@ -130,7 +134,7 @@ func StartControlPlane(t testing.TB, opts ControlPlaneOptions) *ControlPlane {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cp := &ControlPlane{Dir: dir}
+	cp := &ControlPlane{Dir: dir, cpus: opts.CPUs}
 	t.Cleanup(func() { cp.teardown(t) })
 	for _, d := range []string{"logs", "etcd"} {
 		if err := os.MkdirAll(filepath.Join(dir, d), 0o700); err != nil {
@@ -161,13 +165,20 @@ func StartControlPlane(t testing.TB, opts ControlPlaneOptions) *ControlPlane {
 }
 
 // StartProcess starts a binary under the control plane's care: its log goes to Dir/logs/<name>.log
-// and the cleanup stops it before the control plane.
+// and the cleanup stops it before the control plane. It runs on the control plane's CPUs.
 func (cp *ControlPlane) StartProcess(t testing.TB, name, bin string, args ...string) *Process {
 	t.Helper()
-	p := &Process{Name: name, Bin: bin, Args: args, Log: filepath.Join(cp.Dir, "logs", name+".log")}
+	p := &Process{Name: name, Bin: bin, Args: args, CPUs: cp.cpus, Log: filepath.Join(cp.Dir, "logs", name+".log")}
+	cp.AddProcess(t, p)
+	return p
+}
+
+// AddProcess starts p (made by the caller: its own environment, CPUs, log) under the control
+// plane's care, as StartProcess does.
+func (cp *ControlPlane) AddProcess(t testing.TB, p *Process) {
+	t.Helper()
 	cp.procs = append(cp.procs, p)
 	p.Start(t)
-	return p
 }
 
 func (cp *ControlPlane) startEtcd(t testing.TB) {

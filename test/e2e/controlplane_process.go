@@ -29,6 +29,9 @@ type Process struct {
 	Args []string
 	Env  []string // added to the test's environment
 	Log  string   // path of the log file
+	// CPUs, when set, is the process's CPU affinity from its start (startOnCPUs); nil inherits this
+	// process's.
+	CPUs []int
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -52,7 +55,11 @@ func (p *Process) Start(t testing.TB) {
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.Env = append(os.Environ(), p.Env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	start := cmd.Start
+	if p.CPUs != nil {
+		start = func() error { return startOnCPUs(cmd, p.CPUs) }
+	}
+	if err := start(); err != nil {
 		log.Close()
 		t.Fatalf("start %s: %v", p.Name, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -73,6 +74,35 @@ func (m *cpuMeter) report() string {
 	return fmt.Sprintf("CPU over %.0fs wall: %s; total %.2f cores", wall, strings.Join(parts, ", "), total/wall)
 }
 
+// affinity is each process's Cpus_allowed_list as it is now, over all its threads (a list per
+// distinct mask, so a thread that escaped the pinning shows).
+func (m *cpuMeter) affinity() string {
+	var parts []string
+	for _, name := range m.names {
+		tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", m.pids[name]))
+		seen := map[string]int{}
+		var lists []string
+		for _, task := range tasks {
+			l, err := statusCPUList(task)
+			if err != nil {
+				continue // the thread ended
+			}
+			if seen[l] == 0 {
+				lists = append(lists, l)
+			}
+			seen[l]++
+		}
+		if len(lists) == 0 {
+			lists = []string{"unknown"}
+		}
+		for i, l := range lists {
+			lists[i] = fmt.Sprintf("%s (%d threads)", l, seen[l])
+		}
+		parts = append(parts, name+" "+strings.Join(lists, " + "))
+	}
+	return strings.Join(parts, ", ")
+}
+
 // histStats summarises one histogram (series merged): count, mean, and quantiles interpolated
 // within buckets as PromQL's histogram_quantile does (so no finer than the bucket bounds).
 type histStats struct {
@@ -86,18 +116,27 @@ func (h histStats) String() string {
 
 func ms(s float64) string { return fmt.Sprintf("%.1fms", s*1000) }
 
-// scrapeEvaluations reads the extender's node-outcome counters: remembered and evaluated in calls
-// (the evaluation memo's hit rate), bounded instead of evaluated (pick-one's score bounds), warmed
-// in the background.
-func scrapeEvaluations(hc *http.Client, url string) (string, error) {
+// fetchMetrics is a Prometheus text endpoint's body.
+func fetchMetrics(hc *http.Client, url string) ([]byte, error) {
 	resp, err := hc.Get(url)
 	if err != nil {
-		return "", fmt.Errorf("scrape %s: %w", url, err)
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return "", fmt.Errorf("scrape %s: %w", url, err)
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	return body, nil
+}
+
+// scrapeEvaluations reads the extender's node-outcome counters: remembered and evaluated in calls
+// (the evaluation memo's hit rate), bounded instead of evaluated (pick-one's score bounds), warmed
+// in the background.
+func scrapeEvaluations(hc *http.Client, url string) (string, error) {
+	body, err := fetchMetrics(hc, url)
+	if err != nil {
+		return "", err
 	}
 	counts := map[string]float64{}
 	for _, line := range strings.Split(string(body), "\n") {
@@ -113,6 +152,37 @@ func scrapeEvaluations(hc *http.Client, url string) (string, error) {
 	}
 	return fmt.Sprintf("in calls remembered=%.0f evaluated=%.0f (%.1f%% evaluated), bounded instead (pick-one's score bounds)=%.0f; warmed in the background=%.0f",
 		counts["remembered"], counts["evaluated"], 100*counts["evaluated"]/calls, counts["bounded"], counts["warmed"]), nil
+}
+
+// goRuntimeMetrics are the Go collector's series the profile prints for the extender: GOMAXPROCS
+// (sized by its CPU affinity), the garbage collector's target and stop-the-world pauses.
+var goRuntimeMetrics = []string{"go_sched_gomaxprocs_threads", "go_gc_gogc_percent", "go_gc_gomemlimit_bytes",
+	"go_gc_duration_seconds", "go_memstats_heap_inuse_bytes", "go_threads"}
+
+// scrapeGoRuntime reads goRuntimeMetrics' samples from a Prometheus text endpoint, as name=value
+// (with the quantile of a summary).
+func scrapeGoRuntime(hc *http.Client, url string) (string, error) {
+	body, err := fetchMetrics(hc, url)
+	if err != nil {
+		return "", err
+	}
+	var out []string
+	for _, line := range strings.Split(string(body), "\n") {
+		name, value, ok := strings.Cut(line, " ")
+		if !ok || strings.HasPrefix(line, "#") {
+			continue
+		}
+		base, _, _ := strings.Cut(name, "{")
+		for _, m := range goRuntimeMetrics {
+			if base == m || base == m+"_sum" || base == m+"_count" {
+				out = append(out, name+"="+value)
+			}
+		}
+	}
+	if len(out) == 0 {
+		return "", fmt.Errorf("scrape %s: none of %v", url, goRuntimeMetrics)
+	}
+	return strings.Join(out, " "), nil
 }
 
 // scrapeHistograms reads a Prometheus text endpoint and summarises the histogram name per value of

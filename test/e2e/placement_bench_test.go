@@ -47,6 +47,11 @@ const policyKubeScheduler = "kube-scheduler"
 // list k times, 1 = as listed; the arrivals follow the capacity, since the protocol resamples pods
 // up to 130% of it) and TESSERA_BENCH_ARRIVALS (stop after the first N arrivals, 0 = all; a run
 // stopped before the 100% arrived point prints the load it reached, not a number at 100%).
+// TESSERA_BENCH_EXTENDER_CPUS (a CPU list, e.g. 1; empty: no pinning) runs tessera-extender on
+// those CPUs and everything else of the run (etcd, kube-apiserver, kube-scheduler, the
+// controller-manager, this process's client) on the CPUs left, in every policy's run alike;
+// TESSERA_BENCH_EXTENDER_ENV (space-separated NAME=value, e.g. GOMAXPROCS=2 GODEBUG=gctrace=1) is
+// added to the extender's environment only.
 // `make bench-placement` sets them.
 func BenchmarkPlacement(b *testing.B) {
 	data := filepath.Join(repoRoot(), "..", "shared", "data", "openb")
@@ -81,12 +86,24 @@ func BenchmarkPlacement(b *testing.B) {
 			b.Fatalf("TESSERA_BENCH_VARY: %v", err)
 		}
 	}
+	pin, err := benchPinning(os.Getenv("TESSERA_BENCH_EXTENDER_CPUS"))
+	if err != nil {
+		b.Fatalf("TESSERA_BENCH_EXTENDER_CPUS: %v", err)
+	}
+	if pin.extender != nil {
+		tesseraBinary(b, "tessera-extender") // built on every CPU, before this process is pinned
+		if err := pinSelf(pin.rest); err != nil {
+			b.Fatal(err)
+		}
+		fmt.Printf("pinning: tessera-extender on CPUs %s; etcd, kube-apiserver, kube-scheduler, the controller-manager and the benchmark on CPUs %s\n",
+			formatCPUList(pin.extender), formatCPUList(pin.rest))
+	}
 	cluster := simulate.NewCluster(nodes, pods)
 	arrivals := len(cluster.Arrivals(seed, 1.3))
 	for _, policy := range strings.Split(envOr("TESSERA_BENCH_POLICIES", "tessera,fgd,kube-scheduler"), ",") {
 		b.Run(policy, func(b *testing.B) {
 			for range b.N {
-				r := replayLive(b, cluster, policy, seed, stopAfter)
+				r := replayLive(b, cluster, policy, seed, stopAfter, pin)
 				line := placementLine(policy, r.unallocated, r.arrivedPct, r.allocatedPct, r.podsPerSec, seed, len(nodes), r.replayed, arrivals)
 				full := reached100(r.arrivedPct, r.replayed >= arrivals)
 				if policy != policyKubeScheduler && full {
@@ -104,6 +121,44 @@ func BenchmarkPlacement(b *testing.B) {
 			}
 		})
 	}
+}
+
+// benchCPUs is the run's CPU pinning: the extender's CPUs and the rest's; both nil without pinning.
+type benchCPUs struct{ extender, rest []int }
+
+// benchPinning reads TESSERA_BENCH_EXTENDER_CPUS (empty: no pinning) against the CPUs this process
+// may use.
+func benchPinning(list string) (benchCPUs, error) {
+	if strings.TrimSpace(list) == "" {
+		return benchCPUs{}, nil
+	}
+	own, err := parseCPUList(list)
+	if err != nil {
+		return benchCPUs{}, err
+	}
+	allowed, err := allowedCPUs()
+	if err != nil {
+		return benchCPUs{}, err
+	}
+	rest, err := splitCPUs(allowed, own)
+	if err != nil {
+		return benchCPUs{}, err
+	}
+	return benchCPUs{extender: own, rest: rest}, nil
+}
+
+// loadAverage is the machine's 1, 5 and 15 minute load averages (/proc/loadavg), which count
+// every process, other sessions' too.
+func loadAverage() string {
+	data, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "unknown (" + err.Error() + ")"
+	}
+	f := strings.Fields(string(data))
+	if len(f) < 3 {
+		return "unknown (" + string(data) + ")"
+	}
+	return strings.Join(f[:3], " ")
 }
 
 func envOr(k, def string) string {
@@ -129,8 +184,9 @@ type liveResult struct {
 // replayLive runs one policy over the seed's arrivals (the first stopAfter of them when > 0) and
 // prints where the time went (CPU per process, the extender's and the scheduler's latencies, each
 // pod's time to bound).
-func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64, stopAfter int) liveResult {
-	opts := ControlPlaneOptions{SchedulerMaxBackoff: time.Second}
+func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64, stopAfter int, pin benchCPUs) liveResult {
+	fmt.Printf("policy=%s load average before: %s\n", policy, loadAverage())
+	opts := ControlPlaneOptions{SchedulerMaxBackoff: time.Second, CPUs: pin.rest}
 	mode, isDRA, err := draBenchPolicy(policy)
 	if err != nil {
 		b.Fatal(err)
@@ -178,7 +234,9 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64, s
 		if isDRA {
 			args = append(args, "--dra-claims")
 		}
-		x = cp.StartProcess(b, "tessera-extender", tesseraBinary(b, "tessera-extender"), args...)
+		x = &Process{Name: "tessera-extender", Bin: tesseraBinary(b, "tessera-extender"), Args: args, CPUs: pin.extender,
+			Env: strings.Fields(os.Getenv("TESSERA_BENCH_EXTENDER_ENV")), Log: filepath.Join(cp.Dir, "logs", "tessera-extender.log")}
+		cp.AddProcess(b, x)
 		x.WaitHealthy(b, "http://"+addr+"/healthz", time.Minute)
 	}
 	if isDRA {
@@ -309,6 +367,7 @@ func replayLive(b *testing.B, c *simulate.Cluster, policy string, seed uint64, s
 	}
 	elapsed := time.Since(start)
 	fmt.Printf("policy=%s profile: %s\n", policy, cpu.report())
+	fmt.Printf("policy=%s load average after: %s; CPUs allowed: %s\n", policy, loadAverage(), cpu.affinity())
 	fmt.Printf("policy=%s profile: pod create -> bound seen by the watch (%d in flight): %s\n", policy, window, durationStats(toBound))
 	printSchedulingLatency(cp, policy, addr)
 	if x != nil {
@@ -342,6 +401,16 @@ func printSchedulingLatency(cp *ControlPlane, policy, addr string) {
 			fmt.Printf("policy=%s profile: extender latency: %v\n", policy, err)
 		} else {
 			fmt.Printf("policy=%s profile: extender (tessera_extender_request_duration_seconds, HTTP handler time): %s\n", policy, formatHists(h))
+		}
+		if h, err := scrapeHistograms(&http.Client{Timeout: 10 * time.Second}, "http://"+addr+"/metrics", "tessera_extender_request_read_seconds", "verb"); err != nil {
+			fmt.Printf("policy=%s profile: extender request read: %v\n", policy, err)
+		} else {
+			fmt.Printf("policy=%s profile: extender (tessera_extender_request_read_seconds, of the handler time the wait for the request's body): %s\n", policy, formatHists(h))
+		}
+		if rt, err := scrapeGoRuntime(&http.Client{Timeout: 10 * time.Second}, "http://"+addr+"/metrics"); err != nil {
+			fmt.Printf("policy=%s profile: extender Go runtime: %v\n", policy, err)
+		} else {
+			fmt.Printf("policy=%s profile: extender Go runtime (whole process life): %s\n", policy, rt)
 		}
 		if evals, err := scrapeEvaluations(&http.Client{Timeout: 10 * time.Second}, "http://"+addr+"/metrics"); err != nil {
 			fmt.Printf("policy=%s profile: extender evaluations: %v\n", policy, err)
