@@ -406,6 +406,8 @@ func TestLimiterMutation(t *testing.T) {
 		{"noloop", "limiter_loop_follows_growing_kernel", "the loop does not follow"},
 		{"nooverlap", "limiter_multi_stream_small_grids_30pct", "serialised"},
 		{"norelax", "limiter_never_invalidates_a_capture", "invalidated"},
+		{"expiredfull", "limiter_settles_an_expired_gate_at_its_kernel", "settled in full"},
+		{"nobacklogcap", "limiter_caps_the_backlog_behind_a_held_gate", "behind a held stream"},
 	} {
 		t.Run(m.mutant+"/"+strings.TrimPrefix(m.kase, "limiter_"), func(t *testing.T) {
 			out, timedOut, err := execCase(dir, "vcuda_tests", cCase{m.kase, "mut-" + m.mutant}, t.TempDir(), 2*time.Minute)

@@ -105,6 +105,9 @@ typedef struct {
     int g;
     int graph;
     uint64_t key, waves, charged_ns, pred_wait, model_ns;
+    uint64_t host_ns; /* host time the events bracket, not the kernel's (a gate that gave up) */
+    uint64_t start_by; /* its start event is overdue after this (the predicted start + OVERDUE_NS) */
+    int started;       /* its start event has completed */
     double charged_frac; /* share of the sampled launch's cost that was charged (overlap) */
 } sample_slot;
 /* Measurements in flight per thread. One was too few: a sample completes
@@ -120,6 +123,7 @@ typedef struct {
 typedef struct {
     sample_slot *ring; /* SAMPLE_RING slots, allocated at the thread's first sample */
     uint32_t head, tail; /* in flight: ring[head..tail) (mod SAMPLE_RING) */
+    uint32_t chk;        /* ring[head..chk) are known to have started (backlog_wait) */
     uint32_t launches;
     uint64_t sampled_at; /* last_now at this thread's last sample */
     uint64_t rng;        /* xorshift state: which launches are sampled */
@@ -308,6 +312,25 @@ static void harvest(int wait) {
             continue;
         }
         uint64_t t = (uint64_t)((double)ms * 1e6);
+#ifndef VC_MUTATE_EXPIRED_IN_FULL
+        /* A gate that gave up let the start event complete before the
+         * kernel was submitted: the host time from the give-up to the
+         * launch call is not the kernel's (one sample of a launcher kept
+         * off the CPU for 0.4 s, settled in full, took a 30% container to
+         * 3.7% for seconds). What is left may run short by however late
+         * the driver's callback thread let the stream go on (ms on a loaded
+         * host, and a process can starve its own callback thread), so such
+         * a sample is never taken below the launch's admission price: it
+         * can raise the price, never lower it (fail closed), and never by
+         * more than it measured. */
+        if (sl->host_ns) {
+            uint64_t k = t > sl->host_ns ? t - sl->host_ns : 0;
+            if (k < sl->charged_ns)
+                k = sl->charged_ns;
+            if (k < t)
+                t = k;
+        }
+#endif
         /* A kernel that fills the device first waits for other streams' work;
          * the predicted wait is not its own time. */
         if (t > 2 * sl->pred_wait)
@@ -327,11 +350,69 @@ static void harvest(int wait) {
     unrelax(mode);
 }
 
+/*
+ * The limiter charges a launch when it admits it. While a sampling gate
+ * holds a stream (its host function waits for the driver's callback thread,
+ * which a loaded CPU runs late), work admitted behind it waits unscheduled,
+ * then runs back to back: on the fake, 147 ms of it at a 50% cap, against
+ * the 11 ms (SLACK + BURST) the limiter otherwise lets run ahead, so a
+ * second's charge was off by the backlog at its ends. So while the oldest
+ * of this thread's samples not yet seen started is OVERDUE_NS past its
+ * predicted start, the launcher waits (polling its start event, at most
+ * BACKLOG_WAIT_NS for a sample, so a stream held by the application's own
+ * host function cannot stop it for good): the backlog stays about
+ * OVERDUE_NS x the share. A co-tenant's queue (time slicing, ~20 ms on the
+ * fake) delays a start without any gate, and must not pace the container:
+ * at 20 ms a 10% container beside a 70% one got 8.3-9.8% (six runs, 9.7-10.2
+ * without the wait), at 50 ms 9.3-9.6%, its backlog still capped.
+ */
+#define OVERDUE_NS 50000000ull
+#define BACKLOG_WAIT_NS 250000000ull
+static uint64_t backlog_wait(void) {
+    if ((int32_t)(tls.chk - tls.head) < 0)
+        tls.chk = tls.head;
+    while (tls.chk != tls.tail && tls.ring[tls.chk % SAMPLE_RING].started)
+        tls.chk++;
+    if (tls.chk == tls.tail)
+        return 0;
+    sample_slot *sl = &tls.ring[tls.chk % SAMPLE_RING];
+    if (atomic_load_explicit(&last_now, memory_order_relaxed) < sl->start_by)
+        return 0;
+#ifndef VC_MUTATE_NO_RELAX
+    int mode = relax();
+#else
+    int mode = -1;
+#endif
+    uint64_t t0 = 0, now = 0;
+    for (;;) {
+        CUresult r = vc_real.cuEventQuery(sl->ev[0]);
+        if (r != CUDA_ERROR_NOT_READY) {
+            sl->started = 1; /* run, or failed: harvest deals with it */
+            break;
+        }
+        now = vc_now_ns();
+        remember_now(now);
+        if (!t0)
+            t0 = now;
+        if (now < sl->start_by || now - t0 >= BACKLOG_WAIT_NS) {
+            if (now - t0 >= BACKLOG_WAIT_NS)
+                sl->started = 1; /* held by something else: stop waiting on it */
+            break;
+        }
+        struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+    }
+    unrelax(mode);
+    return t0 ? now - t0 : 0;
+}
+
 typedef struct {
     int sample;
     int ptsz;
     CUstream stream;
     struct gate *gate;
+    uint64_t rec0_ns;   /* a sampled launch: the clock after its start event was recorded */
+    uint64_t submit_ns; /* ... and just before the launch call */
 } launch_ctx;
 
 /*
@@ -355,6 +436,10 @@ typedef struct {
 struct gate {
     _Atomic int open;
     _Atomic int refs;
+    _Atomic uint64_t gave_up; /* when the host function stopped waiting, unopened; 0: it did not */
+#ifdef VCUDA_TEST_HOOKS
+    unsigned stall_ms; /* VCUDA_TEST_DELAY=gatefn: the first gate's host function waits this long first */
+#endif
 };
 #ifdef VCUDA_TEST_HOOKS
 /* Test build: a gate is never freed but marked released, so a write after
@@ -370,6 +455,12 @@ static void gate_put(struct gate *gt) {
 }
 static void gate_wait(void *p) {
     struct gate *gt = p;
+#ifdef VCUDA_TEST_HOOKS
+    if (gt->stall_ms) { /* the driver's callback thread kept off the CPU */
+        struct timespec ts = {gt->stall_ms / 1000, (long)(gt->stall_ms % 1000) * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+#endif
     uint64_t start = 0;
     for (unsigned i = 0; !atomic_load_explicit(&gt->open, memory_order_acquire); i++) {
         if (i < 2000) {
@@ -379,8 +470,12 @@ static void gate_wait(void *p) {
         uint64_t now = vc_now_ns();
         if (!start)
             start = now;
-        else if (now - start > GATE_MAX_NS)
+        else if (now - start > GATE_MAX_NS) {
+            /* read last, just before the stream goes on: the start event
+             * completes no earlier */
+            atomic_store_explicit(&gt->gave_up, vc_now_ns(), memory_order_release);
             break;
+        }
         struct timespec ts = {0, 20000};
         nanosleep(&ts, NULL);
     }
@@ -395,6 +490,15 @@ static struct gate *gate_close(launch_ctx *lc) {
         return NULL;
     atomic_store(&gt->open, 0);
     atomic_store(&gt->refs, 2);
+    atomic_store(&gt->gave_up, 0);
+#ifdef VCUDA_TEST_HOOKS
+    /* read here, on the launcher: the host function's thread must not read
+     * the environment the test thread writes */
+    static int stalled;
+    const char *d = getenv("VCUDA_TEST_DELAY"), *ms = getenv("VCUDA_TEST_DELAY_MS");
+    gt->stall_ms = !stalled && d && ms && !strcmp(d, "gatefn") ? (unsigned)atoi(ms) : 0;
+    stalled |= gt->stall_ms != 0;
+#endif
     if (fn(lc->stream, gate_wait, gt) != CUDA_SUCCESS) {
         free(gt); /* the host function will never run */
         return NULL; /* sample ungated */
@@ -512,6 +616,7 @@ static inline void atomic_max64(_Atomic uint64_t *a, uint64_t v) {
 /* What a launch of `cost` ns starting no earlier than `now` adds to the
  * predicted busy union; commit: record it in the prediction. */
 static _Thread_local uint64_t tls_pred_wait __attribute__((tls_model("initial-exec")));
+static _Thread_local uint64_t tls_pred_start __attribute__((tls_model("initial-exec")));
 static uint64_t union_charge(CUdevice dev, CUstream stream, uint64_t cost, int full, uint64_t now, int commit) {
 #ifdef VC_MUTATE_NO_OVERLAP
     (void)dev, (void)stream, (void)full, (void)now, (void)commit, (void)pred_all, (void)pred_excl, (void)stream_slot;
@@ -537,6 +642,7 @@ static uint64_t union_charge(CUdevice dev, CUstream stream, uint64_t cost, int f
     }
     uint64_t end = start + cost;
     tls_pred_wait = start - own_start; /* waiting for other streams: not its own time */
+    tls_pred_start = start;
     if (commit) {
         atomic_store_explicit(su, end, memory_order_relaxed);
         atomic_max64(&pred_all[dev], end);
@@ -579,6 +685,11 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
         return;
 
     harvest(0);
+#ifndef VC_MUTATE_NO_BACKLOG_CAP
+    uint64_t held = tls.chk != tls.tail ? backlog_wait() : 0;
+#else
+    uint64_t held = 0;
+#endif
     /* tat advance per ns of device time: 100 / p (floating point: a 64-bit
      * division per launch costs more than the rest of the hot path). */
     double kf = dev >= 0 && dev < FACTOR_DEVS ? atomic_load_explicit(&kfactor[dev], memory_order_relaxed) : 0;
@@ -720,6 +831,7 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
         now = after;
         remember_now(now);
     }
+    slept += held;
     if (slept) {
         vc_region_add_throttle(g, slept);
         pnow = now;
@@ -794,6 +906,11 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
             sl->model_ns = own_est ? model : 0;
             sl->pred_wait = tls_pred_wait;
             sl->charged_frac = cost ? (double)charge / (double)cost : 1;
+            lc->rec0_ns = vc_now_ns();
+            sl->started = 0;
+            sl->start_by = (tls_pred_start > lc->rec0_ns ? tls_pred_start : lc->rec0_ns) + OVERDUE_NS;
+            VC_TEST_DELAY("sampled"); /* a launcher descheduled before its sampled launch call */
+            lc->submit_ns = vc_now_ns(); /* the kernel is submitted no earlier */
         }
     }
 }
@@ -803,12 +920,20 @@ static void after_launch(launch_ctx *lc, CUresult r) {
         return;
     sample_slot *sl = &tls.ring[tls.tail % SAMPLE_RING];
     int ok = r == CUDA_SUCCESS && record(lc, sl->ev[1]) == CUDA_SUCCESS;
+    /* The start event completed when the stream reached it: at the gate's
+     * give-up or at its recording, whichever came later (or later still:
+     * see harvest); the kernel started no earlier than the launch call.
+     * Read while this launcher still holds the gate; a give-up whose store
+     * is not seen yet is missed, and the sample settled in full. */
+    uint64_t gave_up = lc->gate ? atomic_load_explicit(&lc->gate->gave_up, memory_order_acquire) : 0;
+    uint64_t ev0_by = gave_up > lc->rec0_ns ? gave_up : lc->rec0_ns;
+    sl->host_ns = gave_up && lc->submit_ns > ev0_by ? lc->submit_ns - ev0_by : 0;
     gate_open(lc);
     /* A sample whose gate gave up (the launcher was descheduled past
-     * GATE_MAX_NS) timed the host too and runs long; it is kept: dropping
-     * it would let a process that stalls its own launcher just before its
-     * long kernels keep them out of the estimate (fail open), where keeping
-     * it only overcharges (fail closed). */
+     * GATE_MAX_NS) timed the host too; it is kept, less the host time from
+     * the give-up to the launch call (harvest): dropping it would let a
+     * process that stalls its own launcher just before its long kernels
+     * keep them out of the estimate (fail open). */
     if (!ok)
         return; /* the slot is reused by the next sample */
     tls.tail++;

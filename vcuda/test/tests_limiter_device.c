@@ -290,3 +290,89 @@ TEST(limiter_unbiased_bimodal) {
     CHECK(worst > -0.1 && worst < 0.1, "a block of launches charged %+.1f%% of its device time: the estimate is biased",
           worst * 100);
 }
+
+/* A sampling gate that gave up: the launcher is held 20 ms after it
+ * records a sampled launch's start event (VCUDA_TEST_DELAY "sampled", at
+ * every sampled launch), so the gate's host function stops waiting after
+ * its 5 ms, the start event completes then, and the kernel (one 2 ms wave)
+ * is submitted ~15 ms later: such a sample measures ~17 ms. Settled in full,
+ * that charged the container 5-8x what it ran (the expiredfull mutant; on
+ * the grid, one 390 ms sample took a 30% container to 3.7%); settled less
+ * the host time from the give-up to the launch call, and never below the
+ * admission price, it is charged what it ran (+3.5..+7.7% in three runs at
+ * load 15: a launcher also descheduled between its launch and the end
+ * event still times the host). Device time against charge: no wall-time
+ * bound. */
+TEST_LIB(limiter_settles_an_expired_gate_at_its_kernel, "testhooks") {
+    setenv("FAKE_CUDA_SMS", "16", 1);
+    gpu_line g[1] = {{0, 1ull << 30, 50}};
+    setup_limits(g, 1);
+    ctx_on(0);
+    fake_func f = {64, 0, 2000000, 0}; /* 4 blocks an SM: a wave is 64 blocks, 2 ms */
+    CHECK(fakeFunctionSet((CUfunction)(uintptr_t)0xd500, &f) == 0, "fakeFunctionSet");
+    CUstream s;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    fake_stats s0, s1;
+    CHECK(fakeDeviceStats(0, &s0) == 0, "fakeDeviceStats");
+    uint64_t c0 = atomic_load(&gpu0()->busy_ns);
+    setenv("VCUDA_TEST_DELAY", "sampled", 1);
+    setenv("VCUDA_TEST_DELAY_MS", "20", 1);
+    for (int i = 0; i < 200; i++)
+        CHECK_CU(cuLaunchKernel((CUfunction)(uintptr_t)0xd500, 64, 1, 1, 256, 1, 1, 0, s, NULL, NULL));
+    unsetenv("VCUDA_TEST_DELAY"); /* the flush's launches run undelayed */
+    flush_charges();
+    CHECK(fakeDeviceStats(0, &s1) == 0, "fakeDeviceStats");
+    double ran = (double)(s1.busy_total - s0.busy_total), charged = (double)(atomic_load(&gpu0()->busy_ns) - c0);
+    fprintf(stderr, "expired gates: charged %.1f ms for %.1f ms of device time (%+.1f%%)\n", charged / 1e6, ran / 1e6,
+            (charged / ran - 1) * 100);
+    CHECK(charged <= ran * 1.5, "charged %.1f ms for %.1f ms the device ran: an expired gate's sample settled in full",
+          charged / 1e6, ran / 1e6);
+    CHECK(charged >= ran * 0.8, "charged %.1f ms for %.1f ms the device ran: more than the host time taken off",
+          charged / 1e6, ran / 1e6);
+}
+
+/* Work admitted behind a held stream: the driver's callback thread is kept
+ * off the CPU 200 ms before it runs the first sampling gate's host function
+ * (VCUDA_TEST_DELAY "gatefn", once a process), so the stream waits that
+ * long, and whatever the limiter admits meanwhile waits unscheduled, already
+ * charged, then runs back to back. At 50% the launcher admitted 108 ms of it
+ * (the nobacklogcap mutant); waiting while the oldest sample not yet started
+ * is overdue (50 ms past its predicted start) kept it at 29 ms (three runs,
+ * load 5-13).
+ * The backlog is counted on the device: the device time launched (each
+ * launch one 1 ms wave, a figure the test sets) less what the device has
+ * run by then. */
+#define BL_F ((CUfunction)(uintptr_t)0xd600)
+TEST_LIB(limiter_caps_the_backlog_behind_a_held_gate, "testhooks") {
+    setenv("FAKE_CUDA_SMS", "16", 1);
+    gpu_line g[1] = {{0, 1ull << 30, 50}};
+    setup_limits(g, 1);
+    ctx_on(0);
+    fake_func f = {64, 0, 1000000, 0}; /* 4 blocks an SM: a wave is 64 blocks, 1 ms */
+    CHECK(fakeFunctionSet(BL_F, &f) == 0, "fakeFunctionSet");
+    CUstream s;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    for (int i = 0; i < 200; i++) /* learn the kernel undisturbed */
+        CHECK_CU(cuLaunchKernel(BL_F, 64, 1, 1, 256, 1, 1, 0, s, NULL, NULL));
+    CHECK_CU(cuCtxSynchronize());
+    fake_stats s0, s1;
+    CHECK(fakeDeviceStats(0, &s0) == 0, "fakeDeviceStats");
+    setenv("VCUDA_TEST_DELAY", "gatefn", 1);
+    setenv("VCUDA_TEST_DELAY_MS", "200", 1);
+    double worst = 0;
+    for (int i = 1; i <= 400; i++) {
+        CHECK_CU(cuLaunchKernel(BL_F, 64, 1, 1, 256, 1, 1, 0, s, NULL, NULL));
+        CHECK(fakeDeviceStats(0, &s1) == 0, "fakeDeviceStats");
+        double backlog = (double)i * 1e6 - (double)(s1.busy - s0.busy);
+        if (backlog > worst)
+            worst = backlog;
+    }
+    CHECK_CU(cuCtxSynchronize());
+    CHECK(fakeDeviceStats(0, &s1) == 0, "fakeDeviceStats");
+    fprintf(stderr, "held gates: %.0f ms launched, %.0f ms run; at most %.1f ms admitted and not run\n", 400.0,
+          (double)(s1.busy - s0.busy) / 1e6, worst / 1e6);
+    CHECK(s1.busy - s0.busy >= 395000000ull && s1.busy - s0.busy <= 405000000ull,
+          "the device ran %.1f ms of 400 ms launched: the test's count of device time is wrong",
+          (double)(s1.busy - s0.busy) / 1e6);
+    CHECK(worst <= 50e6, "%.1f ms admitted and not run: work admitted behind a held stream", worst / 1e6);
+}
