@@ -63,14 +63,7 @@ func TestClaimInformersCountTheLiveAllocation(t *testing.T) {
 	if _, err := WireClaimInformers(f, s); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	f.Start(ctx.Done())
-	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			t.Fatalf("%v not synced", typ)
-		}
-	}
+	ctx := startSynced(t, f)
 	// The handlers may still be delivering the initial lists: wait for the node and the claim.
 	want := "whole=false shares=1 milli=200; whole=false shares=0 milli=0"
 	got := ""

@@ -21,14 +21,7 @@ func TestPreemptionListers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	f.Start(ctx.Done())
-	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
-		if !ok {
-			t.Fatalf("%v not synced", typ)
-		}
-	}
+	startSynced(t, f)
 	if l := pdbs(); len(l) != 1 || l[0].Name != "b" {
 		t.Fatalf("budgets %v, want b", l)
 	}
@@ -38,4 +31,18 @@ func TestPreemptionListers(t *testing.T) {
 	if p := podByUID(types.UID("nobody")); p != nil {
 		t.Fatalf("pod for an unknown UID: %v", p)
 	}
+}
+
+// startSynced starts the factory's informers until the test ends and waits for their caches.
+func startSynced(t *testing.T, f informers.SharedInformerFactory) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	f.Start(ctx.Done())
+	for typ, ok := range f.WaitForCacheSync(ctx.Done()) {
+		if !ok {
+			t.Fatalf("%v not synced", typ)
+		}
+	}
+	return ctx
 }
