@@ -137,8 +137,23 @@ func (s *extenderStack) addNode(t *testing.T, n gpuNode) *api.NodeInventory {
 		Annotations: map[string]string{api.AnnotationInventory: string(data),
 			api.AnnotationInventoryHeartbeat: time.Now().UTC().Format(time.RFC3339)},
 	}}
-	if _, err := s.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{}); err != nil {
+	// The status goes in with the node as a kubelet registers it: a scheduler that saw the node
+	// before a later status update found no allocatable pods or shares ("Too many pods") and, in
+	// one CI run, did not retry the pod when the update came (a minute unbound).
+	res := corev1.ResourceList{
+		corev1.ResourceCPU:    resource.MustParse("64"),
+		corev1.ResourceMemory: resource.MustParse("512Gi"),
+		corev1.ResourcePods:   resource.MustParse("250"),
+		api.ResourceGPU:       *resource.NewQuantity(int64(n.gpus), resource.DecimalSI),
+		api.ResourceShare:     *resource.NewQuantity(int64(n.gpus*n.sharesPerGPU), resource.DecimalSI),
+	}
+	node.Status.Capacity, node.Status.Allocatable = res, res
+	created, err := s.Client.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+	if err != nil {
 		t.Fatalf("create node %s: %v", n.name, err)
+	}
+	if got, want := created.Status.Allocatable[api.ResourceShare], res[api.ResourceShare]; got.Cmp(want) != 0 {
+		t.Fatalf("node %s created with allocatable shares %s, want %s: the API server dropped the status", n.name, got.String(), want.String())
 	}
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur, err := s.Client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
@@ -151,13 +166,6 @@ func (s *extenderStack) addNode(t *testing.T, n gpuNode) *api.NodeInventory {
 	})
 	if err != nil {
 		t.Fatalf("untaint node %s: %v", n.name, err)
-	}
-	res := corev1.ResourceList{
-		corev1.ResourceCPU:    resource.MustParse("64"),
-		corev1.ResourceMemory: resource.MustParse("512Gi"),
-		corev1.ResourcePods:   resource.MustParse("250"),
-		api.ResourceGPU:       *resource.NewQuantity(int64(n.gpus), resource.DecimalSI),
-		api.ResourceShare:     *resource.NewQuantity(int64(n.gpus*n.sharesPerGPU), resource.DecimalSI),
 	}
 	err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
 		cur, err := s.Client.CoreV1().Nodes().Get(ctx, n.name, metav1.GetOptions{})
