@@ -32,6 +32,12 @@ import (
 // chartNamespace is the release namespace the chart's extender objects are rendered for.
 const chartNamespace = "tessera-system"
 
+// The chart's pods by component (its app.kubernetes.io/name label).
+const (
+	chartAgentSelector    = "app.kubernetes.io/name=tessera-node"
+	chartExtenderSelector = "app.kubernetes.io/name=tessera-extender"
+)
+
 // helmHost is the node's side of the install: the private host paths and ports the values name.
 type helmHost struct {
 	c                          *Cluster
@@ -301,7 +307,7 @@ func (h *helmHost) startScheduler(t *testing.T, c *Cluster, ns, release string) 
 // agentPod returns the name of the agent's pod (the DaemonSet's one pod on the node).
 func (h *helmHost) agentPod(t *testing.T, c *Cluster, ns string) string {
 	t.Helper()
-	l, err := c.CP.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=tessera-node"})
+	l, err := c.CP.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: chartAgentSelector})
 	if err != nil || len(l.Items) != 1 {
 		t.Fatalf("want one tessera-node pod: %v %d\n%s", err, len(l.Items), h.diagnose(t, ns))
 	}
@@ -312,7 +318,7 @@ func (h *helmHost) agentPod(t *testing.T, c *Cluster, ns string) string {
 func (h *helmHost) waitNewAgent(t *testing.T, c *Cluster, ns, old string) {
 	t.Helper()
 	err := waitFor(90*time.Second, 200*time.Millisecond, func() (bool, error) {
-		l, err := c.CP.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=tessera-node"})
+		l, err := c.CP.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: chartAgentSelector})
 		if err != nil {
 			return false, err
 		}
@@ -380,7 +386,7 @@ type extenderReplica struct {
 // extenderReplicas reads each extender pod's metrics through its peer port, found in its log.
 func (h *helmHost) extenderReplicas(t *testing.T, c *Cluster, ns string) []extenderReplica {
 	t.Helper()
-	l, err := c.CP.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: "app.kubernetes.io/name=tessera-extender"})
+	l, err := c.CP.Client.CoreV1().Pods(ns).List(context.Background(), metav1.ListOptions{LabelSelector: chartExtenderSelector})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -30,17 +30,15 @@ const (
 	// namespace (chartNodeMounts). CDI specs go to /var/run/cdi, one of containerd 2.x's default
 	// spec dirs (the harness's containerd reads the same directory there); libDir is below /var/lib,
 	// the node's own, since the host's /usr/local/lib is not; the simulated node is a file there.
-	chartCDIDir           = "/var/run/cdi"
-	chartLibDir           = "/var/lib/tessera-lib"
-	chartSimDescription   = "/var/lib/tessera-sim-node.yaml"
-	chartRunDir           = "/run/tessera" // the chart's default
-	chartDataDir          = "/var/lib/tessera"
-	chartKubeletDir       = "/var/lib/kubelet"
-	chartDefaultNRI       = "/var/run/nri/nri.sock"
-	chartDefaultCRI       = "/run/containerd/containerd.sock"
-	chartAgentContainer   = "tessera-node"
-	chartAgentSelector    = "app.kubernetes.io/name=tessera-node"
-	chartExtenderSelector = "app.kubernetes.io/name=tessera-extender"
+	chartCDIDir         = "/var/run/cdi"
+	chartLibDir         = "/var/lib/tessera-lib"
+	chartSimDescription = "/var/lib/tessera-sim-node.yaml"
+	chartRunDir         = "/run/tessera" // the chart's default
+	chartDataDir        = "/var/lib/tessera"
+	chartKubeletDir     = "/var/lib/kubelet"
+	chartDefaultNRI     = "/var/run/nri/nri.sock"
+	chartDefaultCRI     = "/run/containerd/containerd.sock"
+	chartAgentContainer = "tessera-node"
 )
 
 // nodeAddresses are the nodes' own IP addresses (kubelet --node-ip), added to lo for the cluster's
