@@ -405,11 +405,12 @@ func (c *resolveCache) putLocked(r resolved) {
 // one read lock (the request decoder reads thousands of names per call, wire.go) and returns the
 // list it made of intern's strings, in order (nil when it gave up on the list). That list is put in
 // the resolve cache with the entries the same lookups found, so the verb that reads it resolves no
-// name again (one map lookup per name per call, whatever the order).
-func (s *State) internNames(f func(intern func(b []byte) string) []string) {
+// name again (one map lookup per name per call, whatever the order). most bounds how many names
+// f reads: the entries are sized by it, not by the cluster (prioritize sends one name).
+func (s *State) internNames(most int, f func(intern func(b []byte) string) []string) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	entries := make([]*nodeEntry, 0, len(s.nodes))
+	entries := make([]*nodeEntry, 0, min(most, len(s.nodes)))
 	names := f(func(b []byte) string {
 		e := s.nodes[string(b)]
 		entries = append(entries, e)

@@ -89,7 +89,8 @@ func (l *nameList) UnmarshalJSON(data []byte) error {
 	}
 	var names []string
 	var ok bool
-	l.state.internNames(func(intern func([]byte) string) []string {
+	// Each name takes at least 3 of the array's bytes (its quotes and a comma or bracket).
+	l.state.internNames(len(data)/3, func(intern func([]byte) string) []string {
 		names, ok = appendPlainStrings(l.names[:0], data, intern)
 		if !ok {
 			return nil
