@@ -25,6 +25,7 @@ import (
 	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
 	"github.com/tessera-gpu/tessera/internal/handover"
+	"github.com/tessera-gpu/tessera/internal/informer"
 	"github.com/tessera-gpu/tessera/internal/nri"
 )
 
@@ -119,16 +120,7 @@ func (w *ownerWatch) run(ctx context.Context) {
 		},
 	}
 	_, ctrl := cache.NewInformerWithOptions(cache.InformerOptions{
-		ListerWatcher: lw, ObjectType: &appsv1.DaemonSet{},
-		Handler: cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { w.see(obj) },
-			UpdateFunc: func(_, obj any) { w.see(obj) },
-			DeleteFunc: func(obj any) {
-				if w.ours(obj) {
-					w.gone.Store(true)
-				}
-			},
-		},
+		ListerWatcher: lw, ObjectType: &appsv1.DaemonSet{}, Handler: w.handler(),
 	})
 	w.log.Info("watching this agent's DaemonSet: its deletion (helm uninstall) makes the agent clean the node up on exit", "daemonset", w.namespace+"/"+ref.Name)
 	ctrl.RunWithContext(ctx)
@@ -147,22 +139,29 @@ func (w *ownerWatch) resolve(ctx context.Context) (*metav1.OwnerReference, error
 	return ref, nil
 }
 
-// ours: the object is the DaemonSet the pod belongs to by name (a tombstone of it counts).
-func (w *ownerWatch) ours(obj any) bool {
+// ours: ds is the DaemonSet the pod belongs to by name.
+func (w *ownerWatch) ours(ds *appsv1.DaemonSet) bool {
 	ref := w.owner.Load()
-	if ref == nil {
-		return false
+	return ref != nil && ds.Namespace == w.namespace && ds.Name == ref.Name
+}
+
+// handler takes the DaemonSet watch's events: a deletion of ours, seen or learnt from a relist (a
+// tombstone), or ours being deleted or replaced, marks it gone.
+func (w *ownerWatch) handler() cache.ResourceEventHandlerFuncs {
+	return cache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { w.see(obj) },
+		UpdateFunc: func(_, obj any) { w.see(obj) },
+		DeleteFunc: informer.OnDelete(func(ds *appsv1.DaemonSet) {
+			if w.ours(ds) {
+				w.gone.Store(true)
+			}
+		}),
 	}
-	if t, ok := obj.(cache.DeletedFinalStateUnknown); ok {
-		obj = t.Obj
-	}
-	ds, ok := obj.(*appsv1.DaemonSet)
-	return ok && ds.Namespace == w.namespace && ds.Name == ref.Name
 }
 
 func (w *ownerWatch) see(obj any) {
 	ref := w.owner.Load()
-	if ds, ok := obj.(*appsv1.DaemonSet); ok && w.ours(obj) && (ds.DeletionTimestamp != nil || ds.UID != ref.UID) {
+	if ds, ok := obj.(*appsv1.DaemonSet); ok && w.ours(ds) && (ds.DeletionTimestamp != nil || ds.UID != ref.UID) {
 		w.gone.Store(true)
 	}
 }

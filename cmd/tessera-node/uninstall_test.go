@@ -22,6 +22,7 @@ import (
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
+	"k8s.io/client-go/tools/cache"
 
 	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -68,6 +69,31 @@ func TestUninstallDecision(t *testing.T) {
 	w.see(ds("u1", true))
 	if got, _ := w.uninstalling(); !got {
 		t.Error("a deletion the watch saw did not count")
+	}
+}
+
+// TestUninstallDeletionFromRelist: the DaemonSet's deletion counts when the watch learnt it only
+// from a relist (a tombstone), not only when it saw it; another DaemonSet's deletion does not.
+func TestUninstallDeletionFromRelist(t *testing.T) {
+	ds := func(name string) *appsv1.DaemonSet {
+		return &appsv1.DaemonSet{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "ts", UID: "u1"}}
+	}
+	for _, tc := range []struct {
+		name string
+		obj  any
+		want bool
+	}{
+		{"seen deleted", ds("tessera-node"), true},
+		{"tombstone", cache.DeletedFinalStateUnknown{Key: "ts/tessera-node", Obj: ds("tessera-node")}, true},
+		{"tombstone of another DaemonSet", cache.DeletedFinalStateUnknown{Key: "ts/other", Obj: ds("other")}, false},
+		{"tombstone of another type", cache.DeletedFinalStateUnknown{Key: "ts/tessera-node",
+			Obj: &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "tessera-node", Namespace: "ts"}}}, false},
+	} {
+		w := resolvedWatch(t, fake.NewClientset(ds("tessera-node"))) // still there when read
+		w.handler().OnDelete(tc.obj)
+		if got, why := w.uninstalling(); got != tc.want {
+			t.Errorf("%s: uninstalling = %t (%s), want %t", tc.name, got, why, tc.want)
+		}
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/informer"
 	"github.com/tessera-gpu/tessera/internal/placement"
 )
 
@@ -157,7 +158,7 @@ func WireClaimInformers(f informers.SharedInformerFactory, s *State) (*ClaimSour
 	if _, err := claims.Informer().AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { s.UpsertClaim(o.(*resourceapi.ResourceClaim)) },
 		UpdateFunc: func(_, o any) { s.UpsertClaim(o.(*resourceapi.ResourceClaim)) },
-		DeleteFunc: onDelete(func(c *resourceapi.ResourceClaim) { s.DeleteClaim(c.UID) }),
+		DeleteFunc: informer.OnDelete(func(c *resourceapi.ResourceClaim) { s.DeleteClaim(c.UID) }),
 	}); err != nil {
 		return nil, fmt.Errorf("resourceclaim informer: %w", err)
 	}

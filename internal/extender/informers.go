@@ -9,6 +9,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/tessera-gpu/tessera/internal/informer"
 )
 
 // WireInformers feeds a State from node and pod informers and returns a ResourceQuota lister
@@ -18,7 +20,7 @@ func WireInformers(f informers.SharedInformerFactory, s *State, opts ClassOption
 	if _, err := nodes.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { s.UpsertNode(o.(*corev1.Node)) },
 		UpdateFunc: func(_, o any) { s.UpsertNode(o.(*corev1.Node)) },
-		DeleteFunc: onDelete(func(n *corev1.Node) { s.DeleteNode(n.Name) }),
+		DeleteFunc: informer.OnDelete(func(n *corev1.Node) { s.DeleteNode(n.Name) }),
 	}); err != nil {
 		return nil, err
 	}
@@ -26,7 +28,7 @@ func WireInformers(f informers.SharedInformerFactory, s *State, opts ClassOption
 	if _, err := pods.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc:    func(o any) { s.UpsertPod(o.(*corev1.Pod), opts) },
 		UpdateFunc: func(_, o any) { s.UpsertPod(o.(*corev1.Pod), opts) },
-		DeleteFunc: onDelete(func(p *corev1.Pod) { s.DeletePod(p.UID) }),
+		DeleteFunc: informer.OnDelete(func(p *corev1.Pod) { s.DeletePod(p.UID) }),
 	}); err != nil {
 		return nil, err
 	}
@@ -93,17 +95,4 @@ func WireLeaseObserver(f informers.SharedInformerFactory, l *NodeLocker) error {
 		return fmt.Errorf("watch bind leases: %w", err)
 	}
 	return nil
-}
-
-// onDelete is an informer's DeleteFunc calling f with the deleted object, unwrapped from the
-// tombstone a relist leaves (DeletedFinalStateUnknown); objects of another type are ignored.
-func onDelete[T any](f func(T)) func(any) {
-	return func(o any) {
-		if t, ok := o.(cache.DeletedFinalStateUnknown); ok {
-			o = t.Obj
-		}
-		if v, ok := o.(T); ok {
-			f(v)
-		}
-	}
 }
