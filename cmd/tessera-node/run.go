@@ -20,6 +20,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
@@ -149,7 +150,7 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 		errc <- named("device plugins", err)
 	}()
 	go func() { errc <- named("health watch", a.WatchHealth(ctx)) }()
-	go rediscover(ctx, a, cfg.RediscoverInterval.Duration, log)
+	go rediscover(ctx, a.Refresh, cfg.RediscoverInterval.Duration, log)
 	var draPlugin *dra.Driver
 	if cfg.DRA {
 		if client == nil {
@@ -169,7 +170,7 @@ func agentMain(f *nodeFlags, un *uninstallFlags, cmd *cli.Command) error {
 				RollingUpdateUID: types.UID(cfg.DRARollingUpdateUID)}))
 		}()
 	}
-	go releaseUnlisted(untilHandover, plugin, grants, unlistedInterval, log)
+	go releaseUnlisted(untilHandover, grants.List, plugin.ReleaseUnlisted, unlistedInterval, log)
 	check := &runtimecheck.Check{Node: cfg.NodeName, NRISocket: cfg.NRISocket, CRISocket: cfg.CRISocket, CDIDir: cfg.CDIDir,
 		Synced: plugin.Synced, Events: events, Log: log, After: time.After}
 	go check.Run(ctx)
@@ -222,19 +223,15 @@ func named(what string, err error) error {
 	return fmt.Errorf("%s: %w", what, err)
 }
 
-func rediscover(ctx context.Context, a *agent.Agent, every time.Duration, log *slog.Logger) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			if err := a.Refresh(ctx); err != nil {
-				log.Error("rediscover GPUs", "err", err)
-			}
+// rediscover refreshes the agent's GPUs once an interval, the first an interval after start (run
+// refreshed just before); a failed refresh is logged and the next one tried.
+func rediscover(ctx context.Context, refresh func(context.Context) error, every time.Duration, log *slog.Logger) {
+	_ = wait.PollUntilContextCancel(ctx, every, false, func(ctx context.Context) (bool, error) {
+		if err := refresh(ctx); err != nil {
+			log.Error("rediscover GPUs", "err", err)
 		}
-	}
+		return false, nil // never done: it ends with ctx
+	})
 }
 
 // unlistedInterval is how often the kubelet's pods are listed to release holds of pods that will run
@@ -245,23 +242,19 @@ func rediscover(ctx context.Context, a *agent.Agent, every time.Duration, log *s
 // TestNodeAgent).
 const unlistedInterval = 10 * time.Second
 
-// releaseUnlisted frees the holds of finished or gone pods (nri.Plugin.ReleaseUnlisted).
-func releaseUnlisted(ctx context.Context, plugin *nri.Plugin, grants *podresources.Client, every time.Duration, log *slog.Logger) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			listed, err := grants.List(ctx)
-			if err != nil {
-				log.Warn("list the kubelet's pods to release stale holds", "err", err)
-				continue
-			}
-			plugin.ReleaseUnlisted(ctx, listed)
+// releaseUnlisted frees the holds of finished or gone pods (nri.Plugin.ReleaseUnlisted) once an
+// interval, the first an interval after start; a failed list is logged and the next one tried.
+func releaseUnlisted(ctx context.Context, list func(context.Context) (map[podresources.Key]podresources.Grant, error),
+	release func(context.Context, map[podresources.Key]podresources.Grant), every time.Duration, log *slog.Logger) {
+	_ = wait.PollUntilContextCancel(ctx, every, false, func(ctx context.Context) (bool, error) {
+		listed, err := list(ctx)
+		if err != nil {
+			log.Warn("list the kubelet's pods to release stale holds", "err", err)
+			return false, nil
 		}
-	}
+		release(ctx, listed)
+		return false, nil
+	})
 }
 
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
