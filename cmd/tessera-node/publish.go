@@ -11,6 +11,7 @@ import (
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -138,35 +139,27 @@ func publishableHoldings(node string, entries []ledger.Entry) ([]byte, []string)
 }
 
 // publishHoldings keeps the holdings annotation on the agent's Node equal to the ledger: it checks
-// every second and patches only when the content changed (or the last patch failed). Holders left
-// out (publishableHoldings) are logged when they change and counted in leftOut.
+// at once and then every second, and patches only when the content changed (or the last patch
+// failed). Holders left out (publishableHoldings) are logged when they change and counted in
+// leftOut.
 func publishHoldings(ctx context.Context, client kubernetes.Interface, nodeName string, l *ledger.Ledger, leftOut *atomic.Int64, log *slog.Logger) {
-	go func() {
-		last, lastLeft := "", ""
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			data, left := publishableHoldings(nodeName, l.Entries())
-			leftOut.Store(int64(len(left)))
-			if why := strings.Join(left, "; "); why != lastLeft {
-				if why != "" {
-					log.Error("ledger holdings left out of the Node's holdings annotation (the extender does not count them); the rest is published", "node", nodeName, "leftOut", len(left), "why", why)
-				}
-				lastLeft = why
+	last, lastLeft := "", ""
+	go wait.NonSlidingUntilWithContext(ctx, func(ctx context.Context) {
+		data, left := publishableHoldings(nodeName, l.Entries())
+		leftOut.Store(int64(len(left)))
+		if why := strings.Join(left, "; "); why != lastLeft {
+			if why != "" {
+				log.Error("ledger holdings left out of the Node's holdings annotation (the extender does not count them); the rest is published", "node", nodeName, "leftOut", len(left), "why", why)
 			}
-			if data != nil && string(data) != last {
-				meta := map[string]any{"annotations": map[string]string{api.AnnotationHoldings: string(data)}}
-				if err := patchNodeMeta(ctx, client, nodeName, meta); err != nil {
-					log.Error("publish ledger holdings on the Node", "node", nodeName, "err", err)
-				} else {
-					last = string(data)
-				}
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
+			lastLeft = why
+		}
+		if data != nil && string(data) != last {
+			meta := map[string]any{"annotations": map[string]string{api.AnnotationHoldings: string(data)}}
+			if err := patchNodeMeta(ctx, client, nodeName, meta); err != nil {
+				log.Error("publish ledger holdings on the Node", "node", nodeName, "err", err)
+			} else {
+				last = string(data)
 			}
 		}
-	}()
+	}, time.Second)
 }

@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -146,5 +148,63 @@ func TestSecurityHoldingsSurviveBadEntry(t *testing.T) {
 	}
 	if leftOut.Load() != 0 {
 		t.Errorf("left-out gauge %d for a valid ledger", leftOut.Load())
+	}
+}
+
+// TestHoldingsPublishSchedule pins the holdings loop on a synctest bubble's clock: the first patch
+// goes at once, a failed patch is tried again a second later, an unchanged ledger is not patched
+// again, a changed one is within a second, and the loop ends with its context.
+func TestHoldingsPublishSchedule(t *testing.T) { synctest.Test(t, holdingsPublishSchedule) }
+
+func holdingsPublishSchedule(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}})
+	patches := 0
+	client.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
+		if patches++; patches == 1 {
+			return true, nil, errors.New("API server unavailable")
+		}
+		return false, nil, nil
+	})
+	l, err := ledger.Open(filepath.Join(t.TempDir(), "ledger.json"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g0 := "GPU-00000000-0000-4000-8000-000000000000"
+	inv := &api.NodeInventory{APIVersion: api.Version, Node: "n", SharesPerGPU: 4,
+		GPUs: []api.GPU{{UUID: g0, Index: 0, MemoryBytes: 8 << 30, Healthy: true}}}
+	reserve := func(pod string) {
+		t.Helper()
+		e := ledger.Entry{ContainerID: "c-" + pod, PodUID: "u-" + pod, Namespace: "ns", Pod: pod, Container: "a",
+			Devices: []api.DeviceAssignment{{UUID: g0, MemoryBytes: 1 << 30}}}
+		if err := l.Reserve(e, inv); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reserve("p1")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // the bubble fails if the loop outlives it
+	var leftOut atomic.Int64
+	publishHoldings(ctx, client, "n", l, &leftOut, testLog(t))
+	check := func(when string, want int) {
+		t.Helper()
+		synctest.Wait()
+		if patches != want {
+			t.Fatalf("%s: %d patches, want %d", when, patches, want)
+		}
+	}
+	check("at start", 1)
+	time.Sleep(1500 * time.Millisecond)
+	check("a second after the failed patch", 2)
+	time.Sleep(time.Second)
+	check("a second later, the ledger unchanged", 2)
+	reserve("p2")
+	time.Sleep(time.Second)
+	check("a second after the ledger changed", 3)
+	node, err := client.CoreV1().Nodes().Get(ctx, "n", metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, err := api.DecodeHoldings([]byte(node.Annotations[api.AnnotationHoldings])); err != nil || len(h.Pods) != 2 {
+		t.Errorf("holdings annotation %q (%v), want pods p1 and p2", node.Annotations[api.AnnotationHoldings], err)
 	}
 }
