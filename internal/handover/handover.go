@@ -30,6 +30,8 @@ import (
 	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/tessera-gpu/tessera/internal/fsatomic"
 )
 
@@ -151,30 +153,25 @@ func Take(ctx context.Context, opts Options) (*Seat, error) {
 	return s, nil
 }
 
-// watch closes yielding once the claim file names another agent.
+// watch closes yielding once the claim file names another agent; it looks once an interval, the
+// first an interval after the seat was taken, until then or until Release.
 func (s *Seat) watch() {
 	defer s.watching.Done()
-	t := time.NewTicker(s.opts.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.stop:
-			return
-		case <-t.C:
-		}
+	_ = wait.PollUntilContextCancel(wait.ContextForChannel(s.stop), s.opts.Interval, false, func(context.Context) (bool, error) {
 		c, err := readClaim(filepath.Join(s.opts.Dir, claimName))
 		if err != nil {
 			// Unreadable or gone (a hand-cleaned run directory): keep the seat; only a claim by
 			// another agent moves it.
-			continue
+			return false, nil
 		}
-		if c.ID != s.self.ID {
-			s.successor = c
-			s.opts.Log.Info("a newer agent of this node claimed the NRI plugin and metrics port: handing them over", "successor", c.ID)
-			close(s.yielding)
-			return
+		if c.ID == s.self.ID {
+			return false, nil
 		}
-	}
+		s.successor = c
+		s.opts.Log.Info("a newer agent of this node claimed the NRI plugin and metrics port: handing them over", "successor", c.ID)
+		close(s.yielding)
+		return true, nil
+	})
 }
 
 // Yielding is closed once a newer agent has claimed the seat.

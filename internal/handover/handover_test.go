@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -262,5 +263,54 @@ func TestSuccessorInAnotherNetwork(t *testing.T) {
 	waitClosed(t, "yielding to the pod-network successor", s.Yielding())
 	if s.SuccessorSharesNetwork() {
 		t.Errorf("successor in net:[1], this agent in %q: reported sharing the network", netNS())
+	}
+}
+
+// TestSeatKeptWhileClaimUnreadable pins the holder's watch of the claim on a synctest bubble's
+// clock: a claim file gone (a hand-cleaned run directory) or without a claimant keeps the seat and
+// the watch goes on looking; the next claim by another agent makes the holder yield within one
+// interval; Release ends the watch (the bubble fails if it outlives it).
+func TestSeatKeptWhileClaimUnreadable(t *testing.T) { synctest.Test(t, seatKeptWhileClaimUnreadable) }
+
+func seatKeptWhileClaimUnreadable(t *testing.T) {
+	dir := t.TempDir()
+	o := options(dir, "holder", nil)
+	s, err := Take(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Release()
+	claim := filepath.Join(dir, claimName)
+	holding := func(when string) {
+		t.Helper()
+		time.Sleep(10 * o.Interval)
+		synctest.Wait()
+		select {
+		case <-s.Yielding():
+			t.Fatalf("%s: the holder yielded", when)
+		default:
+		}
+	}
+	holding("own claim")
+	if err := os.Remove(claim); err != nil {
+		t.Fatal(err)
+	}
+	holding("claim file gone")
+	if err := os.WriteFile(claim, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	holding("claim file empty")
+	if err := writeClaim(claim, Claim{ID: "successor/1/x"}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(o.Interval * 3 / 2) // past the next look, not at its instant
+	synctest.Wait()
+	select {
+	case <-s.Yielding():
+	default:
+		t.Fatal("an interval after another agent's claim the holder has not yielded")
+	}
+	if s.successor.ID != "successor/1/x" {
+		t.Errorf("successor %q, want the claimant successor/1/x", s.successor.ID)
 	}
 }
