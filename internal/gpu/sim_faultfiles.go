@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // FaultsDir is where a test outside the agent's process breaks the simulated GPUs: a file
@@ -19,20 +21,13 @@ func FaultsDir(stateDir string) string { return filepath.Join(stateDir, "faults"
 // faultFilesInterval is how often the simulated node looks for fault files.
 const faultFilesInterval = 200 * time.Millisecond
 
-// watchFaultFiles raises the XIDs of fault files until ctx ends.
+// watchFaultFiles raises the XIDs of fault files, looking once a faultFilesInterval, until ctx ends.
 func (b *simBackend) watchFaultFiles(ctx context.Context, log *slog.Logger) {
 	dir := FaultsDir(b.stateDir)
-	t := time.NewTicker(faultFilesInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	_ = wait.PollUntilContextCancel(ctx, faultFilesInterval, false, func(context.Context) (bool, error) {
 		names, err := os.ReadDir(dir)
 		if err != nil {
-			continue
+			return false, nil // no fault written yet
 		}
 		for _, n := range names {
 			uuid, ok := strings.CutPrefix(n.Name(), "xid-")
@@ -55,5 +50,6 @@ func (b *simBackend) watchFaultFiles(ctx context.Context, log *slog.Logger) {
 			}
 			log.Info("simulated node: XID injected from a fault file", "uuid", uuid, "xid", xid)
 		}
-	}
+		return false, nil
+	})
 }
