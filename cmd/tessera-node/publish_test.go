@@ -158,9 +158,9 @@ func TestHoldingsPublishSchedule(t *testing.T) { synctest.Test(t, holdingsPublis
 
 func holdingsPublishSchedule(t *testing.T) {
 	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}})
-	patches := 0
+	var patches atomic.Int64 // synctest.Wait orders nothing for the race detector
 	client.PrependReactor("patch", "nodes", func(k8stesting.Action) (bool, runtime.Object, error) {
-		if patches++; patches == 1 {
+		if patches.Add(1) == 1 {
 			return true, nil, errors.New("API server unavailable")
 		}
 		return false, nil, nil
@@ -188,8 +188,8 @@ func holdingsPublishSchedule(t *testing.T) {
 	check := func(when string, want int) {
 		t.Helper()
 		synctest.Wait()
-		if patches != want {
-			t.Fatalf("%s: %d patches, want %d", when, patches, want)
+		if n := patches.Load(); n != int64(want) {
+			t.Fatalf("%s: %d patches, want %d", when, n, want)
 		}
 	}
 	check("at start", 1)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -40,29 +41,28 @@ func periodic(t *testing.T, period time.Duration, start func(ctx context.Context
 // TestRediscoverSchedule: GPUs are rediscovered once a rediscover interval, the first an interval
 // after start, a failed refresh does not stop the loop, and the loop ends with its context.
 func TestRediscoverSchedule(t *testing.T) {
-	n := 0
+	var n atomic.Int64 // synctest.Wait orders nothing for the race detector
 	periodic(t, time.Minute, func(ctx context.Context, fail error) {
-		rediscover(ctx, func(context.Context) error { n++; return fail }, time.Minute, testLog(t))
-	}, func() int { return n })
+		rediscover(ctx, func(context.Context) error { n.Add(1); return fail }, time.Minute, testLog(t))
+	}, func() int { return int(n.Load()) })
 }
 
 // TestReleaseUnlistedSchedule: the kubelet's pods are listed once an unlistedInterval, the first an
 // interval after start; a failed list releases nothing and the next is tried; the loop ends with
 // its context.
 func TestReleaseUnlistedSchedule(t *testing.T) {
-	lists, releases := 0, 0
+	var lists, releases atomic.Int64
 	periodic(t, unlistedInterval, func(ctx context.Context, fail error) {
 		list := func(context.Context) (map[podresources.Key]podresources.Grant, error) {
-			lists++
-			if lists%2 == 1 {
+			if lists.Add(1)%2 == 1 {
 				return nil, fail
 			}
 			return map[podresources.Key]podresources.Grant{}, nil
 		}
-		release := func(context.Context, map[podresources.Key]podresources.Grant) { releases++ }
+		release := func(context.Context, map[podresources.Key]podresources.Grant) { releases.Add(1) }
 		releaseUnlisted(ctx, list, release, unlistedInterval, testLog(t))
-	}, func() int { return lists })
-	if releases != 1 {
-		t.Errorf("%d releases after 3 lists of which the first and third failed, want 1", releases)
+	}, func() int { return int(lists.Load()) })
+	if releases.Load() != 1 {
+		t.Errorf("%d releases after 3 lists of which the first and third failed, want 1", releases.Load())
 	}
 }
