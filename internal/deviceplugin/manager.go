@@ -132,6 +132,8 @@ func (m *Manager) Run(ctx context.Context) error {
 		// Polling alone still notices a kubelet restart, a little later.
 		m.log.Warn("cannot watch the device plugin directory; polling only", "err", err, "interval", m.opts.PollInterval)
 	}
+	// A ticker in the one select, not wait.Until: the poll, the Source's changes and the
+	// directory's events all run on this goroutine, which alone writes m.plugins.
 	poll := time.NewTicker(m.opts.PollInterval)
 	defer poll.Stop()
 

@@ -204,6 +204,8 @@ func (d *Driver) HandleError(ctx context.Context, err error, msg string) {
 // every inventory change, and every healthResend in between so the kubelet does not decay it to
 // unknown.
 func (d *Driver) WatchHealthStatus(ctx context.Context, reports chan<- kubeletplugin.DeviceHealthReport) error {
+	// A ticker in a select, not wait.Until: an inventory change must wake the loop before the
+	// period ends, and the wait package has no wake-up channel.
 	t := time.NewTicker(healthResend)
 	defer t.Stop()
 	for {
