@@ -24,13 +24,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/kubernetes/scheme"
-	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
-	"k8s.io/client-go/tools/record"
 
 	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -192,9 +189,8 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 		}
 	}
 	nodes := factory.Core().V1().Nodes().Lister()
-	broadcaster := record.NewBroadcaster()
-	broadcaster.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
-	defer broadcaster.Shutdown()
+	events, stopEvents := telemetry.NewEventRecorder(client, corev1.EventSource{Component: "tessera-extender"})
+	defer stopEvents()
 	leader := &atomic.Bool{}
 	x := &extender.Extender{
 		Engine: eng, State: state, Client: client, Quotas: quotas, PDBs: pdbs, PodByUID: podByUID, Class: class, Log: log,
@@ -202,7 +198,7 @@ func run(ctx context.Context, o *options, log *slog.Logger) error {
 			n, _ := nodes.Get(name) // not found: nil, and bind reads the API server
 			return n
 		},
-		Events:         broadcaster.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "tessera-extender"}),
+		Events:         events,
 		Locker:         &extender.NodeLocker{Client: client, Namespace: cfg.LeaseNamespace, Identity: o.identity, Duration: 15 * time.Second, Keep: true},
 		BindTimeout:    30 * time.Second,
 		PickOne:        o.pickOne,

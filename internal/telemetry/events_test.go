@@ -1,4 +1,4 @@
-package agent_test
+package telemetry_test
 
 import (
 	"context"
@@ -12,10 +12,11 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	k8stesting "k8s.io/client-go/testing"
 
-	"github.com/tessera-gpu/tessera/internal/agent"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 // TestEventRecorderStopDelivers: the events recorded before stop are in the API server when stop
@@ -31,11 +32,11 @@ func eventRecorderStopDelivers(t *testing.T) {
 		first.Do(func() { <-stopping }) // the API server answers the first write only once stop is called
 		return false, nil, nil
 	})
-	rec, stop := agent.NewEventRecorder(client, "node-a")
+	rec, stop := telemetry.NewEventRecorder(client, corev1.EventSource{Component: "tessera-test", Host: "node-a"})
 	const n = 10
 	for i := range n {
 		// One node each: an event's name is its object's and the time, which the bubble holds still.
-		rec.Eventf(agent.NodeRef(fmt.Sprintf("node-%d", i)), corev1.EventTypeWarning, "Recorded", "event %d", i)
+		rec.Eventf(nodeRef(fmt.Sprintf("node-%d", i)), corev1.EventTypeWarning, "Recorded", "event %d", i)
 	}
 	close(stopping)
 	stop()
@@ -67,11 +68,15 @@ func eventRecorderStopBounded(t *testing.T) {
 	client.PrependReactor("create", "events", func(k8stesting.Action) (bool, runtime.Object, error) {
 		return true, nil, errors.New("connection refused") // a transport error: the library retries it
 	})
-	rec, stop := agent.NewEventRecorder(client, "node-a")
-	rec.Event(agent.NodeRef("node-a"), corev1.EventTypeWarning, "Unwritable", "never written")
+	rec, stop := telemetry.NewEventRecorder(client, corev1.EventSource{Component: "tessera-test", Host: "node-a"})
+	rec.Event(nodeRef("node-a"), corev1.EventTypeWarning, "Unwritable", "never written")
 	start := time.Now()
 	stop() // one that waited for the write would wait out the library's retries, near two minutes
 	if took := time.Since(start); took > time.Minute {
 		t.Errorf("stop took %v on the bubble's clock, want it bounded by its flush timeout", took)
 	}
+}
+
+func nodeRef(name string) *corev1.ObjectReference {
+	return &corev1.ObjectReference{Kind: "Node", Name: name, UID: types.UID(name)}
 }
