@@ -2149,7 +2149,22 @@ EXPORT CUresult cuExternalMemoryGetMappedBuffer(CUdeviceptr *p, CUexternalMemory
  * which waits for everything queued before it and holds off later ones.
  * Processes time-slice: work of a process waits for all work queued before
  * it by another. Busy time is the union of kernel intervals, per device and
- * per process. */
+ * per process.
+ * That is FIFO between processes, stricter than a GPU without MPS, whose
+ * scheduler round-robins the contexts that have work by timeslice (of the
+ * order of 1-2 ms; compute preemption since Pascal), so a process's work
+ * waits at most about a timeslice per other context, not for another's
+ * whole queue. Where queues stay shorter than a timeslice the two agree
+ * (the grid's multi-stream mixes: a launch waited 0.04-0.28 ms on average
+ * for another process's work, under 2 ms but once). Where a co-tenant's
+ * queue is deep (a 70% or 90% container beside a 30% or 10% one, all
+ * single-stream: 17-50 ms on average, up to 190 ms) the small one's work
+ * waits behind all of it, and its launch queue (FAKE_CUDA_QUEUE_NS,
+ * measured to its stream's end) blocks on the other's work: 0.26-0.59 s of
+ * a 1.5 s run. Modelling timeslices needs
+ * kernel times settled lazily (a later arrival from another process moves
+ * work already queued), which this timeline, settled at submission, cannot
+ * do (vcuda/README.md, "Benchmark grid"). */
 
 /* The lock word holds its holder's pid: a process that exits while one of
  * its threads holds it (the host-function worker queues a released stream's
