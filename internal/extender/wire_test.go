@@ -137,18 +137,7 @@ func TestDecodedNamesAreResolvedOnce(t *testing.T) {
 	x.State.viewIndexed([]string{"n0", "n1", "n2", "n3", "n4"}, 1, func(_, i, slot int, _ *placement.NodeState, _ string) {
 		slotOf[fmt.Sprintf("n%d", i)] = slot
 	})
-	decode := func(names ...string) []string {
-		t.Helper()
-		body := `{"Pod":{"metadata":{"name":"p"}},"NodeNames":["` + strings.Join(names, `","`) + `"]}`
-		var args extenderv1.ExtenderArgs
-		rec := httptest.NewRecorder()
-		release, ok := x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(body)), &args)
-		if !ok {
-			t.Fatalf("decode: %s", rec.Body.String())
-		}
-		t.Cleanup(release)
-		return *args.NodeNames
-	}
+	decode := func(names ...string) []string { return decodeNames(t, x, names) }
 	view := func(names []string) map[string]int {
 		got := map[string]int{}
 		x.State.viewIndexed(names, 1, func(_, i, slot int, _ *placement.NodeState, _ string) { got[names[i]] = slot })
@@ -201,6 +190,21 @@ func TestSplitNodeNamesSkipsEscapedQuotes(t *testing.T) {
 	}
 }
 
+// decodeNames decodes a filter request naming names as the filter handler does; the decoder's
+// buffers go back when the test ends.
+func decodeNames(t *testing.T, x *Extender, names []string) []string {
+	t.Helper()
+	body := `{"Pod":{"metadata":{"name":"p"}},"NodeNames":["` + strings.Join(names, `","`) + `"]}`
+	var args extenderv1.ExtenderArgs
+	rec := httptest.NewRecorder()
+	release, ok := x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(body)), &args)
+	if !ok {
+		t.Fatalf("decode: %s", rec.Body.String())
+	}
+	t.Cleanup(release)
+	return *args.NodeNames
+}
+
 // TestDecodedNamesFollowTheLastList: a list in the last list's order from another start (a
 // rotation: kube-scheduler's Filter walks its nodes from a rotating start) is decoded with one map
 // lookup, and one in chunks of that order with one per chunk (its parallel Filter); every name
@@ -214,18 +218,7 @@ func TestDecodedNamesFollowTheLastList(t *testing.T) {
 		x.State.UpsertNode(testNode(testInventory(name, i, 1, "T4"), nil))
 		base = append(base, name)
 	}
-	decode := func(names []string) []string {
-		t.Helper()
-		body := `{"Pod":{"metadata":{"name":"p"}},"NodeNames":["` + strings.Join(names, `","`) + `"]}`
-		var args extenderv1.ExtenderArgs
-		rec := httptest.NewRecorder()
-		release, ok := x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(body)), &args)
-		if !ok {
-			t.Fatalf("decode: %s", rec.Body.String())
-		}
-		t.Cleanup(release)
-		return *args.NodeNames
-	}
+	decode := func(names []string) []string { return decodeNames(t, x, names) }
 	// check decodes names and compares each one's node with a lookup by name; it returns the
 	// decoder's map lookups.
 	check := func(what string, names []string) int64 {
