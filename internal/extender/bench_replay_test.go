@@ -37,7 +37,7 @@ func BenchmarkFilterReplay(b *testing.B) {
 		name   string
 		period time.Duration
 		warm   bool
-		// newOrder sends the names in a new order each call (streamNewOrder), as the live scheduler does.
+		// newOrder sends the names in a new order each call (streamNewOrder: rotated, in chunks), as the live scheduler does.
 		newOrder bool
 	}{{"paced-25hz", 40 * time.Millisecond, true, false}, {"back-to-back", 0, true, false}, {"back-to-back-new-order", 0, true, true},
 		{"unwarmed", 0, false, false}} {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -111,9 +112,25 @@ func BenchmarkSchedulingStream(b *testing.B) {
 // no warmer, so no timing decides which snapshot serves a call).
 var streamChoices io.Writer
 
-// streamNewOrder, when set, sends each op's node names in a new order (untimed shuffle), as
-// kube-scheduler's parallel Filter sends the nodes that passed it: no remembered list matches.
+// streamNewOrder, when set, sends each op's node names in a new order (untimed), as kube-scheduler's
+// Filter sends the nodes that passed it: its node list from a rotating start, in chunks of
+// sqrt(nodes) its parallel workers finish in no set order (schedulerOrder). No remembered list
+// matches.
 var streamNewOrder *rand.Rand
+
+// schedulerOrder is names as kube-scheduler's Filter may send them: from a random start, cut in
+// chunks of about sqrt(len) (its parallelizer's chunk size at 16 workers) put in a random order.
+func schedulerOrder(rng *rand.Rand, names []string) []string {
+	k := rng.IntN(len(names))
+	rotated := append(slices.Clone(names[k:]), names[:k]...)
+	size := max(1, int(math.Sqrt(float64(len(names)))))
+	var chunks [][]string
+	for i := 0; i < len(rotated); i += size {
+		chunks = append(chunks, rotated[i:min(i+size, len(rotated))])
+	}
+	rng.Shuffle(len(chunks), func(i, j int) { chunks[i], chunks[j] = chunks[j], chunks[i] })
+	return slices.Concat(chunks...)
+}
 
 // streamOps times b.N pods of the stream from *next on, after warmup pods untimed; resnapEvery > 0
 // rebuilds the typical-shape snapshot before every resnapEvery-th pod (newSnapshot); a period paces
@@ -146,9 +163,7 @@ func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream
 		pod.UID = types.UID(fmt.Sprintf("%s-%d", pod.Name, i))
 		x.State.markPending(pod, x.Class) // Filter holds its choice, as for the informer's pods
 		if streamNewOrder != nil {
-			order := slices.Clone(names)
-			streamNewOrder.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
-			if namesJSON, err = json.Marshal(order); err != nil {
+			if namesJSON, err = json.Marshal(schedulerOrder(streamNewOrder, names)); err != nil {
 				b.Fatal(err)
 			}
 		}

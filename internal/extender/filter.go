@@ -17,6 +17,7 @@ import (
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/placement"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 // nodeNames returns the candidate node names of an extender call (nodeCacheCapable or not).
@@ -74,6 +75,24 @@ func (fr *filterReply) result() *extenderv1.ExtenderFilterResult {
 		}
 	}
 	return &res
+}
+
+// outcome is the reply's result for CallObserver: an error, unschedulable (no node kept and some
+// refused: an empty node list alone is no refusal), or ok.
+func (fr *filterReply) outcome() string {
+	if fr.res.Error != "" {
+		return telemetry.ResultError
+	}
+	kept := fr.res.NodeNames != nil && len(*fr.res.NodeNames) > 0 || fr.res.Nodes != nil && len(fr.res.Nodes.Items) > 0
+	if kept {
+		return telemetry.ResultOK
+	}
+	for _, v := range fr.verdict {
+		if v != verdictFits {
+			return ResultUnschedulable
+		}
+	}
+	return telemetry.ResultOK
 }
 
 // replyOf turns a result (one the leader answered) into a reply.

@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"time"
 
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
+
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 // Handler serves the extender verbs (POST /filter, /prioritize, /bind, /preempt, JSON of
@@ -106,6 +109,8 @@ func handle[A, R any](x *Extender, synced func(http.ResponseWriter) bool, v verb
 			return
 		}
 		defer release()
+		obs, _ := w.(CallObserver)
+		decoded := time.Now()
 		if (v.always || x.PickOne) && x.passOn(r) {
 			res := new(R)
 			if err := x.forward(r.Context(), v.path, &args, res); err != nil {
@@ -114,6 +119,9 @@ func handle[A, R any](x *Extender, synced func(http.ResponseWriter) bool, v verb
 					return
 				}
 				res = v.inBand(err)
+			}
+			if obs != nil {
+				obs.ObserveCall(decoded, time.Now(), replyResult(res))
 			}
 			x.reply(w, r, res)
 			return
@@ -126,6 +134,46 @@ func handle[A, R any](x *Extender, synced func(http.ResponseWriter) bool, v verb
 		if done != nil {
 			defer done()
 		}
+		if obs != nil {
+			obs.ObserveCall(decoded, time.Now(), replyResult(reply))
+		}
 		x.reply(w, r, reply)
 	}
+}
+
+// CallObserver is implemented by a ResponseWriter that wants to know how a verb call went without
+// reading its reply back: a filter reply names every refused node (tens to hundreds of KB at
+// thousands of nodes), and decoding it again to classify it cost more than encoding it
+// (tessera-extender's metrics wrap the handler with one). The verbs call ObserveCall once per
+// decoded request, before the reply is written: decoded is when the request was read and decoded,
+// served when the reply was ready, result the reply's outcome (telemetry.ResultOK,
+// ResultUnschedulable or telemetry.ResultError). A request answered with an HTTP error (bad body, not synced) is not observed.
+type CallObserver interface {
+	ObserveCall(decoded, served time.Time, result string)
+}
+
+// ResultUnschedulable is the result of a filter call that kept no node and refused at least one;
+// the others are telemetry.ResultOK and telemetry.ResultError.
+const ResultUnschedulable = "unschedulable"
+
+// replyResult is a verb reply's result (CallObserver).
+func replyResult(reply any) string {
+	switch r := reply.(type) {
+	case *filterReply:
+		return r.outcome()
+	case *extenderv1.ExtenderFilterResult: // the leader's answer, passed back
+		switch {
+		case r.Error != "":
+			return telemetry.ResultError
+		case r.NodeNames != nil && len(*r.NodeNames) > 0 || r.Nodes != nil && len(r.Nodes.Items) > 0:
+		case len(r.FailedNodes)+len(r.FailedAndUnresolvableNodes) > 0:
+			return ResultUnschedulable
+		}
+	case *extenderv1.ExtenderBindingResult:
+		if r.Error != "" {
+			return telemetry.ResultError
+		}
+	case *extenderv1.ExtenderPreemptionResult, *extenderv1.HostPriorityList:
+	}
+	return telemetry.ResultOK
 }

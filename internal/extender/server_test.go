@@ -11,10 +11,13 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
+	"k8s.io/client-go/kubernetes/fake"
 	extenderv1 "k8s.io/kube-scheduler/extender/v1"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
+	"github.com/tessera-gpu/tessera/internal/telemetry"
 )
 
 func TestHTTPServer(t *testing.T) {
@@ -164,5 +167,63 @@ func TestWarmerWaitsWhileRequestIsRead(t *testing.T) {
 		if n := x.calls.Load(); n != 0 {
 			t.Fatalf("%s: %d calls in flight after the reply", path, n)
 		}
+	}
+}
+
+// observer is a ResponseWriter that records what the verbs report through CallObserver.
+type observer struct {
+	*httptest.ResponseRecorder
+	calls           int
+	decoded, served time.Time
+	result          string
+}
+
+func (o *observer) ObserveCall(decoded, served time.Time, result string) {
+	o.calls++
+	o.decoded, o.served, o.result = decoded, served, result
+}
+
+// TestVerbsReportTheirResult: each verb tells a CallObserver its result from the reply it wrote
+// (tessera-extender's metrics label calls by it, without reading the reply back): a filter that
+// keeps a node is ok, one that refuses every node unschedulable, one without a pod an error, as is
+// a bind that failed; the phases' times are in order. A body that does not decode is answered
+// with HTTP 400 and not observed.
+func TestVerbsReportTheirResult(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	x.State.UpsertNode(testNode(testInventory("n1", 1, 2, "T4"), nil))
+	x.Client = fake.NewClientset() // the bind below finds no pod
+	h := x.Handler(func() bool { return true })
+	call := func(path string, in any) *observer {
+		t.Helper()
+		body, _ := json.Marshal(in)
+		o := &observer{ResponseRecorder: httptest.NewRecorder()}
+		before := time.Now()
+		h.ServeHTTP(o, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(body)))
+		if o.calls == 1 && (o.decoded.Before(before) || o.served.Before(o.decoded) || time.Now().Before(o.served)) {
+			t.Errorf("%s: phases out of order: start %v decoded %v served %v", path, before, o.decoded, o.served)
+		}
+		return o
+	}
+	n1 := []string{"n1"}
+	for _, c := range []struct {
+		name, path string
+		in         any
+		want       string
+	}{
+		{"fits", "/filter", extenderv1.ExtenderArgs{Pod: wholePod("p", 1), NodeNames: &n1}, telemetry.ResultOK},
+		{"refused everywhere", "/filter", extenderv1.ExtenderArgs{Pod: wholePod("big", 4), NodeNames: &n1}, ResultUnschedulable},
+		{"no nodes to refuse", "/filter", extenderv1.ExtenderArgs{Pod: wholePod("p", 1), NodeNames: &[]string{}}, telemetry.ResultOK},
+		{"no pod", "/filter", extenderv1.ExtenderArgs{NodeNames: &n1}, telemetry.ResultError},
+		{"prioritize", "/prioritize", extenderv1.ExtenderArgs{Pod: wholePod("p", 1), NodeNames: &n1}, telemetry.ResultOK},
+		{"bind of an unknown pod", "/bind", extenderv1.ExtenderBindingArgs{PodName: "gone", PodNamespace: "default", PodUID: "uid-gone", Node: "n1"}, telemetry.ResultError},
+	} {
+		if o := call(c.path, c.in); o.calls != 1 || o.result != c.want {
+			t.Errorf("%s: observed %d calls, result %q; want one, %q (reply %s)", c.name, o.calls, o.result, c.want, o.Body)
+		}
+	}
+	o := &observer{ResponseRecorder: httptest.NewRecorder()}
+	h.ServeHTTP(o, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader("{")))
+	if o.Code != http.StatusBadRequest || o.calls != 0 {
+		t.Errorf("bad body: status %d, %d observed calls; want 400 and none", o.Code, o.calls)
 	}
 }

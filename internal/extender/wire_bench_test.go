@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 
@@ -16,38 +17,64 @@ import (
 
 // BenchmarkDecodeNames decodes a filter request naming 4,852 known nodes and resolves the names to
 // the State's nodes (what a filter call does before it evaluates any): the same list each call
-// (remembered) or a new order each call, as kube-scheduler sends the nodes its parallel Filter
-// passed (their order differs from call to call, so no remembered list matches). One worker, as on
-// one CPU.
+// (remembered), a shuffled order each call, or as kube-scheduler sends the nodes its Filter passed:
+// its node list from a rotating start (rotated), in chunks of 69 in the order its parallel workers
+// finish them (chunks). The -cold cases evict the CPU caches before each call (untimed), as the
+// warmer and the informers do between live calls. One worker, as on one CPU.
 func BenchmarkDecodeNames(b *testing.B) {
 	x := newTestExtender(b, api.PolicyTessera)
-	var names []string
+	var base []string
 	for i := range 4852 {
 		name := fmt.Sprintf("%04d-openb-node-%04d-c%d", i, i%1213, i/1213)
 		x.State.UpsertNode(testNode(testInventory(name, i, 1, "T4"), nil))
-		names = append(names, name)
+		base = append(base, name)
 	}
 	const orders = 8
-	var bodies []string
 	rng := rand.New(rand.NewPCG(1, 2))
-	for range orders {
-		rng.Shuffle(len(names), func(i, j int) { names[i], names[j] = names[j], names[i] })
-		bodies = append(bodies, `{"Pod":{"metadata":{"name":"p"}},"NodeNames":["`+strings.Join(names, `","`)+`"]}`)
+	bodies := func(order string) []string {
+		var out []string
+		for range orders {
+			k := rng.IntN(len(base))
+			names := append(slices.Clone(base[k:]), base[:k]...)
+			switch order {
+			case "shuffled":
+				rng.Shuffle(len(names), func(i, j int) { names[i], names[j] = names[j], names[i] })
+			case "chunks":
+				var chunks [][]string
+				for i := 0; i < len(names); i += 69 {
+					chunks = append(chunks, names[i:min(i+69, len(names))])
+				}
+				rng.Shuffle(len(chunks), func(i, j int) { chunks[i], chunks[j] = chunks[j], chunks[i] })
+				names = slices.Concat(chunks...)
+			}
+			out = append(out, `{"Pod":{"metadata":{"name":"p"}},"NodeNames":["`+strings.Join(names, `","`)+`"]}`)
+		}
+		return out
 	}
+	evict := make([]byte, 64<<20)
 	for _, c := range []struct {
-		name  string
-		every int
-	}{{"same-list", 0}, {"new-order", 1}} {
+		name, order string
+		same, cold  bool
+	}{{"same-list", "rotated", true, false}, {"new-order", "shuffled", false, false}, {"rotated", "rotated", false, false},
+		{"chunks", "chunks", false, false}, {"new-order-cold", "shuffled", false, true}, {"rotated-cold", "rotated", false, true}} {
+		list := bodies(c.order)
 		b.Run(c.name, func(b *testing.B) {
 			for i := range b.N {
-				body := bodies[0]
-				if c.every > 0 {
-					body = bodies[i%orders]
+				body := list[i%orders]
+				if c.same {
+					body = list[0]
+				}
+				if c.cold {
+					b.StopTimer()
+					for j := 0; j < len(evict); j += 64 {
+						evict[j]++
+					}
+					b.StartTimer()
 				}
 				var args extenderv1.ExtenderArgs
 				rec := httptest.NewRecorder()
 				release, ok := x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(body)), &args)
-				if !ok || len(*args.NodeNames) != len(names) {
+				if !ok || len(*args.NodeNames) != len(base) {
 					b.Fatalf("decode: %s", rec.Body.String())
 				}
 				seen := 0
@@ -56,8 +83,8 @@ func BenchmarkDecodeNames(b *testing.B) {
 						seen++
 					}
 				})
-				if seen != len(names) {
-					b.Fatalf("%d of %d names resolved", seen, len(names))
+				if seen != len(base) {
+					b.Fatalf("%d of %d names resolved", seen, len(base))
 				}
 				release()
 			}

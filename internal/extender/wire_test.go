@@ -3,9 +3,11 @@ package extender
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
@@ -135,18 +137,7 @@ func TestDecodedNamesAreResolvedOnce(t *testing.T) {
 	x.State.viewIndexed([]string{"n0", "n1", "n2", "n3", "n4"}, 1, func(_, i, slot int, _ *placement.NodeState, _ string) {
 		slotOf[fmt.Sprintf("n%d", i)] = slot
 	})
-	decode := func(names ...string) []string {
-		t.Helper()
-		body := `{"Pod":{"metadata":{"name":"p"}},"NodeNames":["` + strings.Join(names, `","`) + `"]}`
-		var args extenderv1.ExtenderArgs
-		rec := httptest.NewRecorder()
-		release, ok := x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(body)), &args)
-		if !ok {
-			t.Fatalf("decode: %s", rec.Body.String())
-		}
-		t.Cleanup(release)
-		return *args.NodeNames
-	}
+	decode := func(names ...string) []string { return decodeNames(t, x, names) }
 	view := func(names []string) map[string]int {
 		got := map[string]int{}
 		x.State.viewIndexed(names, 1, func(_, i, slot int, _ *placement.NodeState, _ string) { got[names[i]] = slot })
@@ -196,5 +187,88 @@ func TestSplitNodeNamesSkipsEscapedQuotes(t *testing.T) {
 		if !ok || string(names) != c.names {
 			t.Errorf("%s: split %v, array %s, want %s", c.body, ok, names, c.names)
 		}
+	}
+}
+
+// decodeNames decodes a filter request naming names as the filter handler does; the decoder's
+// buffers go back when the test ends.
+func decodeNames(t *testing.T, x *Extender, names []string) []string {
+	t.Helper()
+	body := `{"Pod":{"metadata":{"name":"p"}},"NodeNames":["` + strings.Join(names, `","`) + `"]}`
+	var args extenderv1.ExtenderArgs
+	rec := httptest.NewRecorder()
+	release, ok := x.decodeArgs(rec, httptest.NewRequest(http.MethodPost, "/filter", strings.NewReader(body)), &args)
+	if !ok {
+		t.Fatalf("decode: %s", rec.Body.String())
+	}
+	t.Cleanup(release)
+	return *args.NodeNames
+}
+
+// TestDecodedNamesFollowTheLastList: a list in the last list's order from another start (a
+// rotation: kube-scheduler's Filter walks its nodes from a rotating start) is decoded with one map
+// lookup, and one in chunks of that order with one per chunk (its parallel Filter); every name
+// resolves to its own node whatever the order, unknown names included; a list remembered before a
+// node was deleted and another created predicts nothing.
+func TestDecodedNamesFollowTheLastList(t *testing.T) {
+	x := newTestExtender(t, api.PolicyTessera)
+	var base []string
+	for i := range 200 {
+		name := fmt.Sprintf("n%03d", i)
+		x.State.UpsertNode(testNode(testInventory(name, i, 1, "T4"), nil))
+		base = append(base, name)
+	}
+	decode := func(names []string) []string { return decodeNames(t, x, names) }
+	// check decodes names and compares each one's node with a lookup by name; it returns the
+	// decoder's map lookups.
+	check := func(what string, names []string) int64 {
+		t.Helper()
+		before := x.State.nameLookups.Load()
+		got := decode(names)
+		lookups := x.State.nameLookups.Load() - before
+		if !slices.Equal(got, names) {
+			t.Fatalf("%s: decoded %v", what, got)
+		}
+		x.State.viewIndexed(got, 1, func(_, i, slot int, n *placement.NodeState, _ string) {
+			var want *placement.NodeState
+			x.State.View([]string{names[i]}, func(_ string, m *placement.NodeState, _ string) { want = m })
+			if n != want {
+				t.Fatalf("%s: %s resolved to another node's state (slot %d)", what, names[i], slot)
+			}
+		})
+		return lookups
+	}
+	rotate := func(names []string, k int) []string { return append(slices.Clone(names[k:]), names[:k]...) }
+	if n := check("first list", base); n != int64(len(base)) {
+		t.Fatalf("first list: %d lookups, want %d (nothing to predict from)", n, len(base))
+	}
+	if n := check("rotation", rotate(base, 77)); n != 1 {
+		t.Fatalf("rotation: %d lookups, want 1", n)
+	}
+	var chunked []string
+	for _, c := range []int{3, 0, 4, 1, 2} { // five chunks of 40 of another rotation, out of order
+		chunked = append(chunked, rotate(base, 13)[c*40:(c+1)*40]...)
+	}
+	if n := check("chunks", chunked); n > 5 {
+		t.Fatalf("chunks: %d lookups, want at most one per chunk (5)", n)
+	}
+	if n := check("rotation after chunks", rotate(base, 50)); n > 6 {
+		t.Fatalf("rotation after chunks: %d lookups, want at most one per chunk of the last list and one more", n)
+	}
+	withUnknown := slices.Insert(rotate(base, 150), 20, "unknown-1", "unknown-2")
+	if n := check("unknown names", withUnknown); n > 4 {
+		t.Fatalf("unknown names: %d lookups, want at most 4", n)
+	}
+	shuffled := slices.Clone(base)
+	rand.New(rand.NewPCG(3, 4)).Shuffle(len(shuffled), func(i, j int) { shuffled[i], shuffled[j] = shuffled[j], shuffled[i] })
+	check("shuffled", shuffled)
+	check("after the shuffle", rotate(base, 5))
+	// A node deleted and another created (its slot reused) after the last list: nothing is
+	// predicted from a list of the old generation.
+	x.State.DeleteNode("n010")
+	x.State.UpsertNode(testNode(testInventory("n200", 200, 1, "T4"), nil))
+	next := append(rotate(base, 9), "n200")
+	if n := check("new generation", next); n != int64(len(next)) {
+		t.Fatalf("new generation: %d lookups, want %d (the last list's entries may be gone)", n, len(next))
 	}
 }

@@ -43,35 +43,58 @@ func cpuSeconds(pid int) float64 {
 	return (utime + stime) / 100              // USER_HZ is 100 on Linux
 }
 
-// cpuMeter samples the CPU time of named processes.
+// runQueueSeconds is the time pid's threads (those alive now) spent runnable but waiting for a CPU
+// (schedstat's run delay): behind another process, or behind another thread of their own.
+func runQueueSeconds(pid int) float64 {
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	var ns int64
+	for _, task := range tasks {
+		data, err := os.ReadFile(task)
+		if err != nil {
+			continue // the thread ended
+		}
+		if f := strings.Fields(string(data)); len(f) >= 2 {
+			d, _ := strconv.ParseInt(f[1], 10, 64)
+			ns += d
+		}
+	}
+	return float64(ns) / 1e9
+}
+
+// cpuMeter samples the CPU time of named processes, and their threads' time waiting for a CPU.
 type cpuMeter struct {
 	names []string
 	pids  map[string]int
 	start map[string]float64
+	queue map[string]float64
 	at    time.Time
 }
 
 func newCPUMeter(pids map[string]int) *cpuMeter {
-	m := &cpuMeter{pids: pids, start: map[string]float64{}, at: time.Now()}
+	m := &cpuMeter{pids: pids, start: map[string]float64{}, queue: map[string]float64{}, at: time.Now()}
 	for name, pid := range pids {
 		m.names = append(m.names, name)
 		m.start[name] = cpuSeconds(pid)
+		m.queue[name] = runQueueSeconds(pid)
 	}
 	sort.Strings(m.names)
 	return m
 }
 
-// report is the CPU seconds each process used since the meter started, and in cores over the wall time.
+// report is the CPU seconds each process used since the meter started, and in cores over the wall
+// time, and how long its threads waited for a CPU meanwhile.
 func (m *cpuMeter) report() string {
 	wall := time.Since(m.at).Seconds()
-	var parts []string
+	var parts, queued []string
 	var total float64
 	for _, name := range m.names {
 		s := cpuSeconds(m.pids[name]) - m.start[name]
 		total += s
 		parts = append(parts, fmt.Sprintf("%s %.0fs (%.2f cores)", name, s, s/wall))
+		queued = append(queued, fmt.Sprintf("%s %.1fs", name, runQueueSeconds(m.pids[name])-m.queue[name]))
 	}
-	return fmt.Sprintf("CPU over %.0fs wall: %s; total %.2f cores", wall, strings.Join(parts, ", "), total/wall)
+	return fmt.Sprintf("CPU over %.0fs wall: %s; total %.2f cores; runnable threads waiting for a CPU (schedstat run delay, summed over threads): %s",
+		wall, strings.Join(parts, ", "), total/wall, strings.Join(queued, ", "))
 }
 
 // affinity is each process's Cpus_allowed_list as it is now, over all its threads (a list per
@@ -186,7 +209,8 @@ func scrapeGoRuntime(hc *http.Client, url string) (string, error) {
 }
 
 // scrapeHistograms reads a Prometheus text endpoint and summarises the histogram name per value of
-// the label by (its other labels merged).
+// the label by (its other labels merged; by may name several labels, comma-separated: the key is
+// their values joined by "/").
 func scrapeHistograms(hc *http.Client, url, name, by string) (map[string]histStats, error) {
 	resp, err := hc.Get(url)
 	if err != nil {
@@ -220,12 +244,15 @@ func summariseHistogram(fam *dto.MetricFamily, by string) map[string]histStats {
 		if h == nil {
 			continue
 		}
-		key := ""
-		for _, l := range m.GetLabel() {
-			if l.GetName() == by {
-				key = l.GetValue()
+		var vals []string
+		for _, name := range strings.Split(by, ",") {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == name {
+					vals = append(vals, l.GetValue())
+				}
 			}
 		}
+		key := strings.Join(vals, "/")
 		a := groups[key]
 		if a == nil {
 			a = &acc{buckets: map[float64]uint64{}}

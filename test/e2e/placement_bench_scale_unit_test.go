@@ -168,4 +168,8 @@ func TestBucketQuantile(t *testing.T) {
 	if s.p99 != 10 { // in the +Inf bucket: the last finite bound
 		t.Fatalf("p99 %v, want 10", s.p99)
 	}
+	// Keyed by two labels: one series each.
+	if by := summariseHistogram(fam, "verb,result"); len(by) != 2 || by["filter/ok"].count != 10 || by["filter/error"].count != 10 {
+		t.Fatalf("by verb and result: %+v", by)
+	}
 }

@@ -402,10 +402,10 @@ func printSchedulingLatency(cp *ControlPlane, policy, addr string) {
 		} else {
 			fmt.Printf("policy=%s profile: extender (tessera_extender_request_duration_seconds, HTTP handler time): %s\n", policy, formatHists(h))
 		}
-		if h, err := scrapeHistograms(&http.Client{Timeout: 10 * time.Second}, "http://"+addr+"/metrics", "tessera_extender_request_read_seconds", "verb"); err != nil {
-			fmt.Printf("policy=%s profile: extender request read: %v\n", policy, err)
+		if h, err := scrapeHistograms(&http.Client{Timeout: 10 * time.Second}, "http://"+addr+"/metrics", "tessera_extender_request_phase_seconds", "verb,phase"); err != nil {
+			fmt.Printf("policy=%s profile: extender request phases: %v\n", policy, err)
 		} else {
-			fmt.Printf("policy=%s profile: extender (tessera_extender_request_read_seconds, of the handler time the wait for the request's body): %s\n", policy, formatHists(h))
+			fmt.Printf("policy=%s profile: extender call phases by verb (tessera_extender_request_phase_seconds; read: waiting for kube-scheduler to send the body): %s\n", policy, formatHists(h))
 		}
 		if rt, err := scrapeGoRuntime(&http.Client{Timeout: 10 * time.Second}, "http://"+addr+"/metrics"); err != nil {
 			fmt.Printf("policy=%s profile: extender Go runtime: %v\n", policy, err)
