@@ -299,13 +299,7 @@ func TestBoundedWarmerAgreesWithExhaustive(t *testing.T) {
 func TestPickOneTiedBoundsNotEvaluated(t *testing.T) {
 	x := newTestExtender(t, api.PolicyTessera)
 	x.PickOne = true
-	names := make([]string, 64)
-	for i := range names {
-		names[i] = fmt.Sprintf("node-%03d", i)
-		node := testNode(testInventory(names[i], i, 4, "A100"), nil)
-		node.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("64"), corev1.ResourceMemory: resource.MustParse("512Gi")}
-		x.State.UpsertNode(node)
-	}
+	names := uniformNodes(x, "node-%03d", 64, 4, "64", "512Gi")
 	x.State.changes.start()
 	x.State.Shapes().StageSnapshots(true) // as RunWarmer does
 	filter := func(name string) (string, int64) {
