@@ -77,7 +77,7 @@ type evalTable struct {
 	req *Request
 	// bounds are the memo's node bounds under the table's snapshot (shared by every table);
 	// boundWords the request's score bound per node slot where it was bounded and not evaluated:
-	// the bound (wordOfBound: rounded up, within 6e-11) and the generation of the node's bound data it was computed
+	// the bound (wordOfBound: rounded up, within 1.3e-10) and the generation of the node's bound data it was computed
 	// from (nodeBoundSlot.gen; valid while that is the slot's current, valid data). A word, not an
 	// outcome: pick-one bounds nearly every node of every shape it meets, and an allocation per node
 	// made garbage collection the tail of a never-seen shape's call.
@@ -263,9 +263,9 @@ func (t *evalTable) bound(slot int, nb *nodeBoundSlot) (float64, ScoreKind, bool
 // A bound word's value half: the bound's ceiling I (the top byte: 0 is -Inf, 255 +Inf, c is
 // I = c-2 for -1..250) and how far below I the bound is, in units of 1/boundDenom (the low 24 bits,
 // at most boundFracMax). A score is an integer less a tie-break of at most 1e-3 (k·1e-6/(GPUs
-// placed)), so its bound reads back within 1/boundDenom (6e-11) above it, less than ScoreEpsilon: a
+// placed)), so its bound reads back within 2/boundDenom (1.3e-10) above it, below ScoreEpsilon: a
 // node whose bound equals the leader's score ties it, and refineBounds skips it where the tie goes
-// to the leader by name. A float32 rounded up read 44.99981 back as 44.9999831, which beat every
+// to the leader by name. A float32 rounded up read 44.99981 back as 44.9998131, which beat every
 // such tie: on the live benchmark's 4,852 nodes (mostly in a few states) a shape whose bounds were
 // remembered then evaluated every node (~3 ms of a call). A bound more than 1e-3 below its
 // ceiling (no score is) reads back as ceiling - 1e-3: still an upper bound.
