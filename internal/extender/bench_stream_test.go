@@ -55,13 +55,7 @@ const streamTrace = "../../../shared/data/openb/"
 func BenchmarkSchedulingStream(b *testing.B) {
 	_, stream := traceStream(b, "stream")
 	x := newTestExtender(b, api.PolicyTessera)
-	names := make([]string, 5000)
-	for i := range names {
-		names[i] = fmt.Sprintf("node-%05d", i)
-		node := testNode(testInventory(names[i], i, 8, "A100"), nil)
-		node.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("96"), corev1.ResourceMemory: resource.MustParse("768Gi")}
-		x.State.UpsertNode(node)
-	}
+	names := uniformNodes(x, "node-%05d", 5000, 8, "96", "768Gi")
 	var placed []types.UID
 	rng := rand.New(rand.NewPCG(42, 5000))
 	next := 0

@@ -70,3 +70,16 @@ func assigned(pod *corev1.Pod, node string, devs ...api.DeviceAssignment) *corev
 	pod.Spec.NodeName = node
 	return pod
 }
+
+// uniformNodes adds n empty nodes of gpus A100s each, with cpu and mem allocatable, named by
+// format from the node's index, and returns their names.
+func uniformNodes(x *Extender, format string, n, gpus int, cpu, mem string) []string {
+	names := make([]string, n)
+	for i := range names {
+		names[i] = fmt.Sprintf(format, i)
+		node := testNode(testInventory(names[i], i, gpus, "A100"), nil)
+		node.Status.Allocatable = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse(cpu), corev1.ResourceMemory: resource.MustParse(mem)}
+		x.State.UpsertNode(node)
+	}
+	return names
+}

@@ -77,7 +77,7 @@ type evalTable struct {
 	req *Request
 	// bounds are the memo's node bounds under the table's snapshot (shared by every table);
 	// boundWords the request's score bound per node slot where it was bounded and not evaluated:
-	// the bound (float32, rounded up) and the generation of the node's bound data it was computed
+	// the bound (wordOfBound: rounded up, within 1.3e-10) and the generation of the node's bound data it was computed
 	// from (nodeBoundSlot.gen; valid while that is the slot's current, valid data). A word, not an
 	// outcome: pick-one bounds nearly every node of every shape it meets, and an allocation per node
 	// made garbage collection the tail of a never-seen shape's call.
@@ -257,7 +257,51 @@ func (t *evalTable) bound(slot int, nb *nodeBoundSlot) (float64, ScoreKind, bool
 	if uint32(w>>32)&coarseWord != 0 {
 		kind = ScoreCoarse
 	}
-	return float64(math.Float32frombits(uint32(w))), kind, true
+	return boundOfWord(uint32(w)), kind, true
+}
+
+// A bound word's value half: the bound's ceiling I (the top byte: 0 is -Inf, 255 +Inf, c is
+// I = c-2 for -1..250) and how far below I the bound is, in units of 1/boundDenom (the low 24 bits,
+// at most boundFracMax). A score is an integer less a tie-break of at most 1e-3 (k·1e-6/(GPUs
+// placed)), so its bound reads back within 2/boundDenom (1.3e-10) above it, below ScoreEpsilon: a
+// node whose bound equals the leader's score ties it, and refineBounds skips it where the tie goes
+// to the leader by name. A float32 rounded up read 44.99981 back as 44.9998131, which beat every
+// such tie: on the live benchmark's 4,852 nodes (mostly in a few states) a shape whose bounds were
+// remembered then evaluated every node (~3 ms of a call). A bound more than 1e-3 below its
+// ceiling (no score is) reads back as ceiling - 1e-3: still an upper bound.
+const (
+	boundDenom   = 16e9
+	boundFracMax = 16_000_000 // 1e-3 * boundDenom, below 1<<24
+	boundInfCode = 255
+)
+
+// wordOfBound is b's value half, never read back below b (an upper bound stays one).
+func wordOfBound(b float64) uint32 {
+	switch {
+	case math.IsInf(b, -1):
+		return 0
+	case math.IsNaN(b) || b > boundInfCode-5:
+		return boundInfCode << 24
+	case b < -1:
+		return 1 << 24 // ceiling -1
+	}
+	c := math.Ceil(b)
+	// One unit more than the floor: what rounding in the product and the read's division can take
+	// is far below a unit (1/boundDenom), so the read stays above b.
+	num := uint32(max(math.Floor((c-b)*boundDenom)-1, 0))
+	return uint32(c+2)<<24 | min(num, boundFracMax)
+}
+
+// boundOfWord reads a value half back (wordOfBound).
+func boundOfWord(w uint32) float64 {
+	switch c := w >> 24; c {
+	case 0:
+		return math.Inf(-1)
+	case boundInfCode:
+		return math.Inf(1)
+	default:
+		return float64(int(c)-2) - float64(w&(1<<24-1))/boundDenom
+	}
 }
 
 // coarseWord marks a bound word's coarse bound (in its generation half: generations are unique in
@@ -270,15 +314,11 @@ func (t *evalTable) storeBound(slot int, nb *nodeBoundSlot, b float64, kind Scor
 	if t == nil || nb == nil || slot < 0 || slot >= len(t.boundWords) {
 		return
 	}
-	f := float32(b)
-	if float64(f) < b { // an upper bound stays one
-		f = math.Nextafter32(f, float32(math.Inf(1)))
-	}
 	gen := nb.gen &^ coarseWord
 	if kind == ScoreCoarse {
 		gen |= coarseWord
 	}
-	t.boundWords[slot].Store(uint64(gen)<<32 | uint64(math.Float32bits(f)))
+	t.boundWords[slot].Store(uint64(gen)<<32 | uint64(wordOfBound(b)))
 }
 
 // evalOutcome is one node's outcome for the table's request: the policy score and the newest GPU

@@ -8,9 +8,11 @@ import (
 	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
-// TestBoundWordsRoundUp: a bound kept in a table's word (float32) reads back no lower than it was
-// (else a node whose bound equals its score could be pruned although it is the best), and only
-// for the node bound data it was computed from.
+// TestBoundWordsRoundUp: a bound kept in a table's word reads back no lower than it was (else a
+// node whose bound equals its score could be pruned although it is the best), and only for the
+// node bound data it was computed from; one of a score's form (an integer less at most 1e-3) reads
+// back within ScoreEpsilon of it (else a node whose bound ties the best score is evaluated: a
+// float32 read 44.99981 back 3e-6 higher), and -Inf (does not fit) and +Inf (no bound) as they were.
 func TestBoundWordsRoundUp(t *testing.T) {
 	tab := newEvalTable(nil, 4)
 	rng := rand.New(rand.NewPCG(5, 6))
@@ -25,6 +27,20 @@ func TestBoundWordsRoundUp(t *testing.T) {
 		}
 		if _, _, ok := tab.bound(1, other); ok {
 			t.Fatal("a bound read back for other node bound data")
+		}
+	}
+	for range 10000 {
+		g := 1 + rng.IntN(8)
+		b := float64(rng.IntN(102)) - 1e-3*float64(rng.IntN(1000*g+1))/float64(1000*g)
+		tab.storeBound(1, nb, b, ScoreBound)
+		if got, _, _ := tab.bound(1, nb); got < b || got > b+ScoreEpsilon {
+			t.Fatalf("stored the score-form bound %.12f, read %.12f: not within [b, b+%g]", b, got, ScoreEpsilon)
+		}
+	}
+	for _, b := range []float64{math.Inf(-1), math.Inf(1)} {
+		tab.storeBound(1, nb, b, ScoreCoarse)
+		if got, _, _ := tab.bound(1, nb); got != b {
+			t.Fatalf("stored %v, read %v", b, got)
 		}
 	}
 }

@@ -131,10 +131,18 @@ func (m *cpuMeter) affinity() string {
 type histStats struct {
 	count          uint64
 	mean, p50, p99 float64
+	// over5ms counts the observations above 5 ms where the histogram has a 5 ms bound (the
+	// extender's filter p99 goal: a p99 above it means more than 1% of the calls took longer); -1
+	// where it has none.
+	over5ms int64
 }
 
 func (h histStats) String() string {
-	return fmt.Sprintf("n=%d mean=%s p50~%s p99~%s", h.count, ms(h.mean), ms(h.p50), ms(h.p99))
+	s := fmt.Sprintf("n=%d mean=%s p50~%s p99~%s", h.count, ms(h.mean), ms(h.p50), ms(h.p99))
+	if h.over5ms >= 0 {
+		s += fmt.Sprintf(" over5ms=%d", h.over5ms)
+	}
+	return s
 }
 
 func ms(s float64) string { return fmt.Sprintf("%.1fms", s*1000) }
@@ -278,8 +286,12 @@ func summariseHistogram(fam *dto.MetricFamily, by string) map[string]histStats {
 		for i, ub := range bounds {
 			cum[i] = a.buckets[ub]
 		}
+		over := int64(-1)
+		if at, ok := a.buckets[0.005]; ok {
+			over = int64(a.count - at)
+		}
 		out[key] = histStats{count: a.count, mean: a.sum / float64(a.count),
-			p50: bucketQuantile(0.5, bounds, cum, a.count), p99: bucketQuantile(0.99, bounds, cum, a.count)}
+			p50: bucketQuantile(0.5, bounds, cum, a.count), p99: bucketQuantile(0.99, bounds, cum, a.count), over5ms: over}
 	}
 	return out
 }
@@ -336,14 +348,18 @@ func schedulerMetricsClient(cp *ControlPlane) (*http.Client, error) {
 // durationStats summarises observed durations as histStats (exact quantiles).
 func durationStats(d []time.Duration) histStats {
 	if len(d) == 0 {
-		return histStats{}
+		return histStats{over5ms: -1}
 	}
 	s := append([]time.Duration(nil), d...)
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	var sum time.Duration
+	var over int64
 	for _, v := range s {
 		sum += v
+		if v > 5*time.Millisecond {
+			over++
+		}
 	}
 	at := func(q float64) float64 { return s[min(len(s)-1, int(q*float64(len(s))))].Seconds() }
-	return histStats{count: uint64(len(s)), mean: sum.Seconds() / float64(len(s)), p50: at(0.5), p99: at(0.99)}
+	return histStats{count: uint64(len(s)), mean: sum.Seconds() / float64(len(s)), p50: at(0.5), p99: at(0.99), over5ms: over}
 }
