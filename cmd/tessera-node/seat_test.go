@@ -255,6 +255,19 @@ func TestRollingUpdateHandsOverTheNodeDuties(t *testing.T) {
 	if old.plugin.Synced() {
 		t.Error("the old agent's NRI plugin is still connected after the handover")
 	}
+	// The plugin reports itself synced inside its Synchronize, a moment before the runtime puts it
+	// in its invocation order: a container created in that moment reaches no plugin (on a node, a
+	// GPU container then fails the realisation hook; CreateContainer here has none). The first
+	// container any agent answers must be the new one's, and so must the next.
+	var first string
+	waitUntil(t, "a container reaching an agent after the handover", func() bool {
+		id, err := n.create()
+		first = id
+		return err == nil && len(n.answeredBy(id)) > 0
+	})
+	if who := strings.Join(n.answeredBy(first), ","); who != "new" {
+		t.Fatalf("container %s after the handover answered by %v, want the new agent alone", first, who)
+	}
 	if id, err := n.create(); err != nil || strings.Join(n.answeredBy(id), ",") != "new" {
 		t.Fatalf("container %s after the handover: %v, answered by %v, want the new agent alone", id, err, n.answeredBy(id))
 	}
