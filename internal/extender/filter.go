@@ -83,8 +83,7 @@ func (fr *filterReply) outcome() string {
 	if fr.res.Error != "" {
 		return telemetry.ResultError
 	}
-	kept := fr.res.NodeNames != nil && len(*fr.res.NodeNames) > 0 || fr.res.Nodes != nil && len(fr.res.Nodes.Items) > 0
-	if kept {
+	if keptAny(&fr.res) {
 		return telemetry.ResultOK
 	}
 	for _, v := range fr.verdict {
@@ -93,6 +92,12 @@ func (fr *filterReply) outcome() string {
 		}
 	}
 	return telemetry.ResultOK
+}
+
+// keptAny: the result keeps at least one node (by name, or as a Node where the scheduler is not
+// nodeCacheCapable).
+func keptAny(res *extenderv1.ExtenderFilterResult) bool {
+	return res.NodeNames != nil && len(*res.NodeNames) > 0 || res.Nodes != nil && len(res.Nodes.Items) > 0
 }
 
 // replyOf turns a result (one the leader answered) into a reply.

@@ -165,7 +165,7 @@ func replyResult(reply any) string {
 		switch {
 		case r.Error != "":
 			return telemetry.ResultError
-		case r.NodeNames != nil && len(*r.NodeNames) > 0 || r.Nodes != nil && len(r.Nodes.Items) > 0:
+		case keptAny(r):
 		case len(r.FailedNodes)+len(r.FailedAndUnresolvableNodes) > 0:
 			return ResultUnschedulable
 		}
