@@ -122,15 +122,15 @@ func Take(ctx context.Context, opts Options) (*Seat, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open the seat's lock: %w", err)
 	}
+	// The lock is tried at once, then once an interval until it is free or ctx ends.
 	waiting := false
-	for {
+	err = wait.PollUntilContextCancel(ctx, opts.Interval, true, func(context.Context) (bool, error) {
 		err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX|syscall.LOCK_NB)
 		if err == nil {
-			break
+			return true, nil
 		}
 		if !errors.Is(err, syscall.EWOULDBLOCK) {
-			lock.Close()
-			return nil, fmt.Errorf("lock %s: %w", lock.Name(), err)
+			return false, fmt.Errorf("lock %s: %w", lock.Name(), err)
 		}
 		if opts.busy != nil {
 			opts.busy()
@@ -139,12 +139,11 @@ func Take(ctx context.Context, opts Options) (*Seat, error) {
 			waiting = true
 			opts.Log.Info("another agent of this node holds the NRI plugin and the metrics port; waiting for it to hand them over", "claim", self.ID)
 		}
-		select {
-		case <-ctx.Done():
-			lock.Close()
-			return nil, ctx.Err()
-		case <-time.After(opts.Interval):
-		}
+		return false, nil
+	})
+	if err != nil {
+		lock.Close()
+		return nil, err
 	}
 	s := &Seat{opts: opts, self: self, lock: lock, yielding: make(chan struct{}), stop: make(chan struct{})}
 	opts.Log.Info("holding the node's NRI plugin and metrics port", "claim", self.ID, "waited", waiting)
@@ -205,14 +204,20 @@ func (s *Seat) Release() {
 // agent is gone. It returns ctx's error if ctx ends first, and ErrYielded if the seat is claimed
 // meanwhile.
 func (s *Seat) Listen(ctx context.Context, addr string) (net.Listener, error) {
+	// A claim by a newer agent ends the wait as ctx does, at once rather than at the next try.
+	lctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(wait.ContextForChannel(s.yielding), cancel)()
+	var ln net.Listener
 	waiting := false
-	for {
-		ln, err := net.Listen("tcp", addr)
+	err := wait.PollUntilContextCancel(lctx, s.opts.Interval, true, func(context.Context) (bool, error) {
+		var err error
+		ln, err = net.Listen("tcp", addr)
 		if err == nil {
-			return ln, nil
+			return true, nil
 		}
 		if !errors.Is(err, syscall.EADDRINUSE) {
-			return nil, fmt.Errorf("listen for /metrics on %s: %w", addr, err)
+			return false, fmt.Errorf("listen for /metrics on %s: %w", addr, err)
 		}
 		if s.opts.busy != nil {
 			s.opts.busy()
@@ -222,14 +227,17 @@ func (s *Seat) Listen(ctx context.Context, addr string) (net.Listener, error) {
 			s.opts.Log.Warn("the metrics port is in use, by an agent of a release without the handover or another program; waiting for it before connecting the NRI plugin",
 				"listen", addr, "err", err)
 		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-s.yielding:
-			return nil, ErrYielded
-		case <-time.After(s.opts.Interval):
-		}
+		return false, nil
+	})
+	switch {
+	case err == nil:
+		return ln, nil
+	case lctx.Err() == nil || !errors.Is(err, lctx.Err()):
+		return nil, err // the listen's own error
+	case ctx.Err() != nil:
+		return nil, ctx.Err()
 	}
+	return nil, ErrYielded
 }
 
 // ErrYielded: the seat was claimed by a newer agent before its duties started.

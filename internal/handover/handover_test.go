@@ -314,3 +314,159 @@ func seatKeptWhileClaimUnreadable(t *testing.T) {
 		t.Errorf("successor %q, want the claimant successor/1/x", s.successor.ID)
 	}
 }
+
+// TestTakeSchedule pins Take's wait for a held seat on a synctest bubble's clock: the lock is
+// tried at once, then once an interval and no more often; a released seat is taken at the next
+// try; the context's end ends the wait at once with its error.
+func TestTakeSchedule(t *testing.T) { synctest.Test(t, takeSchedule) }
+
+func takeSchedule(t *testing.T) {
+	dir := t.TempDir()
+	o := options(dir, "holder", nil)
+	holder, err := Take(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Release()
+	var busy atomic.Int64 // synctest.Wait orders nothing for the race detector
+	tries := func(when string, want int64) {
+		t.Helper()
+		synctest.Wait()
+		if n := busy.Load(); n != want {
+			t.Fatalf("%s: %d tries of the held seat, want %d", when, n, want)
+		}
+	}
+	c := takeAsync(context.Background(), options(dir, "waiter", &busy))
+	tries("at once", 1)
+	time.Sleep(o.Interval / 2)
+	tries("half an interval later", 1)
+	time.Sleep(o.Interval)
+	tries("an interval and a half later", 2)
+	time.Sleep(3 * o.Interval)
+	tries("four and a half intervals later", 5)
+	holder.Release()
+	synctest.Wait()
+	select {
+	case r := <-c:
+		t.Fatalf("seat taken before the next try (err %v)", r.err)
+	default:
+	}
+	time.Sleep(o.Interval)
+	synctest.Wait()
+	select {
+	case r := <-c:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		defer r.seat.Release()
+	default:
+		t.Fatal("a released seat not taken at the next try")
+	}
+	tries("after taking the seat", 5)
+
+	busy.Store(0)
+	ctx, cancel := context.WithCancel(context.Background())
+	c = takeAsync(ctx, options(dir, "late", &busy))
+	time.Sleep(o.Interval * 3 / 2)
+	tries("the late agent waiting", 2)
+	cancel()
+	synctest.Wait()
+	select {
+	case r := <-c:
+		if !errors.Is(r.err, context.Canceled) {
+			t.Fatalf("Take after its context ended: %v, want context.Canceled", r.err)
+		}
+	default:
+		t.Fatal("Take still waiting after its context ended")
+	}
+	tries("after the context ended", 2)
+}
+
+// TestListenSchedule pins Listen's wait for a port in use on a synctest bubble's clock: it tries at
+// once, then once an interval; a newer agent's claim ends the wait with ErrYielded the moment the
+// holder sees it, not at Listen's next try; the context's end ends it with its error; an error other
+// than the port in use is returned at once, without retrying.
+func TestListenSchedule(t *testing.T) { synctest.Test(t, listenSchedule) }
+
+func listenSchedule(t *testing.T) {
+	dir := t.TempDir()
+	var busy atomic.Int64
+	o := options(dir, "holder", &busy)
+	s, err := Take(context.Background(), o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Release()
+	other, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	addr := other.Addr().String()
+	tries := func(when string, want int64) {
+		t.Helper()
+		synctest.Wait()
+		if n := busy.Load(); n != want {
+			t.Fatalf("%s: %d tries of the port in use, want %d", when, n, want)
+		}
+	}
+	listen := func(ctx context.Context, addr string) <-chan error {
+		got := make(chan error, 1)
+		go func() {
+			ln, err := s.Listen(ctx, addr)
+			if ln != nil {
+				ln.Close()
+			}
+			got <- err
+		}()
+		return got
+	}
+	returned := func(when string, got <-chan error) (error, bool) {
+		t.Helper()
+		synctest.Wait()
+		select {
+		case err := <-got:
+			return err, true
+		default:
+			return nil, false
+		}
+	}
+
+	// An error other than the port in use: returned from the first try.
+	if err, ok := returned("a bad address", listen(context.Background(), "127.0.0.1:bad")); !ok || err == nil || errors.Is(err, ErrYielded) {
+		t.Fatalf("Listen on a bad address: returned %v with %v, want its error at once", ok, err)
+	}
+	tries("a bad address", 0)
+
+	// The context's end.
+	ctx, cancel := context.WithCancel(context.Background())
+	got := listen(ctx, addr)
+	tries("at once", 1)
+	time.Sleep(o.Interval * 3 / 2)
+	tries("an interval and a half later", 2)
+	cancel()
+	if err, ok := returned("cancelled", got); !ok || !errors.Is(err, context.Canceled) {
+		t.Fatalf("Listen after its context ended: returned %v with %v, want context.Canceled", ok, err)
+	}
+
+	// A newer claim, seen by the holder's watch (it looks at whole intervals since Take: 2) before
+	// Listen's next try (Listen starts at 1¾ intervals, so it tries again at 2¾).
+	busy.Store(0)
+	time.Sleep(o.Interval / 4)
+	got = listen(context.Background(), addr)
+	tries("at once", 1)
+	if err := writeClaim(filepath.Join(dir, claimName), Claim{ID: "newer", NetNS: netNS()}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(o.Interval * 3 / 4) // to 2½ intervals: past the watch's look, before Listen's try
+	synctest.Wait()
+	select {
+	case <-s.Yielding():
+	default:
+		t.Fatal("the holder did not see the newer claim")
+	}
+	if err, ok := returned("claimed", got); !ok || !errors.Is(err, ErrYielded) {
+		t.Fatalf("Listen once the seat was claimed: returned %v with %v, want ErrYielded at once", ok, err)
+	}
+	tries("after the claim", 1)
+}
