@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
+
 	"github.com/tessera-gpu/tessera/internal/handover"
 )
 
@@ -90,17 +92,16 @@ func (d *nodeDuties) run(ctx context.Context) error {
 }
 
 // waitRegistered waits, up to registerWait, for the device plugins to be registered, so the kubelet
-// has this agent's endpoints before an older agent removes its own at the handover.
+// has this agent's endpoints before an older agent removes its own at the handover. It looks at
+// once, then every registerPoll; the seat is claimed all the same once registerWait has passed.
 func (d *nodeDuties) waitRegistered(ctx context.Context) {
-	deadline := time.Now().Add(d.registerWait)
-	for !d.registered() && time.Now().Before(deadline) {
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+	_ = wait.PollUntilContextTimeout(ctx, registerPoll, d.registerWait, true, func(context.Context) (bool, error) {
+		return d.registered(), nil
+	})
 }
+
+// registerPoll is how often waitRegistered looks at the device plugins' registration.
+const registerPoll = 100 * time.Millisecond
 
 func ignoreCanceled(err error) error {
 	if errors.Is(err, context.Canceled) {

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	nriadapt "github.com/containerd/nri/pkg/adaptation"
@@ -319,4 +320,54 @@ func TestFirstAgentServesAtOnce(t *testing.T) {
 	waitUntil(t, "the first agent serving /healthz and NRI while its device plugins are not registered", func() bool {
 		return a.plugin.Synced() && n.healthz() == "first"
 	})
+}
+
+// TestWaitRegisteredSchedule pins the wait for the device plugins' registration before a handover
+// on a synctest bubble's clock: registered plugins are seen at once, without waiting; later ones at
+// the next look (every registerPoll); plugins never registered hold the seat back registerWait and
+// no longer; the context's end ends the wait at once.
+func TestWaitRegisteredSchedule(t *testing.T) { synctest.Test(t, waitRegisteredSchedule) }
+
+func waitRegisteredSchedule(t *testing.T) {
+	var looks atomic.Int64 // synctest.Wait orders nothing for the race detector
+	var ready atomic.Bool
+	d := &nodeDuties{registered: func() bool { looks.Add(1); return ready.Load() }, registerWait: 10 * time.Second}
+	wait := func(ctx context.Context, when string, wantTook time.Duration, wantLooks ...int64) {
+		t.Helper()
+		looks.Store(0)
+		start := time.Now()
+		done := make(chan time.Duration, 1)
+		go func() {
+			d.waitRegistered(ctx)
+			done <- time.Since(start)
+		}()
+		select {
+		case took := <-done:
+			if took != wantTook {
+				t.Errorf("%s: the wait took %v, want %v", when, took, wantTook)
+			}
+		case <-time.After(2 * d.registerWait):
+			t.Fatalf("%s: still waiting after %v (registerWait %v)", when, 2*d.registerWait, d.registerWait)
+		}
+		if n := looks.Load(); n < wantLooks[0] || n > wantLooks[len(wantLooks)-1] {
+			t.Errorf("%s: %d looks at the registration, want %v", when, n, wantLooks)
+		}
+	}
+	ready.Store(true)
+	wait(context.Background(), "registered already", 0, 1)
+	ready.Store(false)
+	go func() {
+		time.Sleep(registerPoll*5/2 + registerPoll/10)
+		ready.Store(true)
+	}()
+	wait(context.Background(), "registered 2.6 polls in", 3*registerPoll, 4)
+	ready.Store(false)
+	// The last look falls at registerWait or is cut by it: both end there.
+	wait(context.Background(), "never registered", d.registerWait, int64(d.registerWait/registerPoll), int64(d.registerWait/registerPoll)+1)
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		time.Sleep(registerPoll * 5 / 2)
+		cancel()
+	}()
+	wait(ctx, "stopped 2.5 polls in", registerPoll*5/2, 3)
 }
