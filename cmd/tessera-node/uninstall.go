@@ -84,27 +84,34 @@ func watchOwner(ctx context.Context, client kubernetes.Interface, namespace, pod
 
 // run finds the DaemonSet, retrying for as long as the agent runs, then watches it.
 func (w *ownerWatch) run(ctx context.Context) {
-	backoff := ownerRetry
 	var ref *metav1.OwnerReference
-	for {
-		var err error
+	var lastErr error
+	// The first try is at once, each next one a step of ownerRetry after the last ended (sliding);
+	// the step, taken when a try has failed, is logged with that try's error. DelayFunc stays at
+	// the cap once reached (ExponentialBackoff would stop there).
+	next := ownerRetry.DelayFunc()
+	retryIn := wait.DelayFunc(func() time.Duration {
+		d := next()
+		w.log.Warn("cannot find this agent's DaemonSet yet; retrying (the node is served meanwhile; a stop before it is found keeps the node's files)", "err", lastErr, "retryIn", d)
+		return d
+	})
+	err := retryIn.Until(ctx, true, true, func(ctx context.Context) (bool, error) {
 		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		var err error
 		ref, err = w.resolve(cctx)
-		cancel()
-		if err == nil {
-			break
-		}
 		if errors.Is(err, errNotDaemonSet) {
-			w.log.Error("cannot watch this agent's DaemonSet; the node's files stay when the agent stops", "err", err)
-			return
+			return false, err
 		}
-		wait := backoff.Step()
-		w.log.Warn("cannot find this agent's DaemonSet yet; retrying (the node is served meanwhile; a stop before it is found keeps the node's files)", "err", err, "retryIn", wait)
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(wait):
-		}
+		lastErr = err
+		return err == nil, nil
+	})
+	if errors.Is(err, errNotDaemonSet) {
+		w.log.Error("cannot watch this agent's DaemonSet; the node's files stay when the agent stops", "err", err)
+		return
+	}
+	if err != nil {
+		return // ctx ended
 	}
 	w.owner.Store(ref)
 	selector := fields.OneTermEqualSelector("metadata.name", ref.Name).String()

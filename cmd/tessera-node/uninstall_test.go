@@ -3,12 +3,15 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	appsv1 "k8s.io/api/apps/v1"
@@ -285,4 +288,142 @@ func uninstallPod() *corev1.Pod {
 	yes := true
 	return &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Name: "tessera-node-x", Namespace: "ts",
 		OwnerReferences: []metav1.OwnerReference{{APIVersion: "apps/v1", Kind: "DaemonSet", Name: "tessera-node", UID: "u1", Controller: &yes}}}}
+}
+
+// TestOwnerRetrySchedule pins the background search for the agent's DaemonSet on a synctest
+// bubble's clock: the pod is read at once, then after each failed read a step of ownerRetry later
+// (doubling, then at its cap for as long as reads fail, not giving up there), each step logged as
+// retryIn; a pod read ends the search and starts the watch; a pod not run by a DaemonSet ends it at
+// once; the context's end ends it while it waits.
+func TestOwnerRetrySchedule(t *testing.T) { synctest.Test(t, ownerRetrySchedule) }
+
+func ownerRetrySchedule(t *testing.T) {
+	saved := ownerRetry
+	t.Cleanup(func() { ownerRetry = saved })
+	ownerRetry = wait.Backoff{Duration: time.Second, Factor: 2, Cap: 4 * time.Second, Steps: 1 << 30}
+	var gets atomic.Int64 // synctest.Wait orders nothing for the race detector
+	var failures atomic.Int64
+	client := func(pod *corev1.Pod) *fake.Clientset {
+		c := fake.NewClientset(pod, uninstallDS("u1"))
+		c.PrependReactor("get", "pods", func(k8stesting.Action) (bool, runtime.Object, error) {
+			gets.Add(1)
+			if failures.Add(-1) >= 0 {
+				return true, nil, errors.New("dial tcp 10.96.0.1:443: connect: connection refused")
+			}
+			return false, nil, nil
+		})
+		return c
+	}
+	var log lockedLog // written by the watch's goroutines while the test reads it
+	start := func(ctx context.Context, c *fake.Clientset) (*ownerWatch, <-chan struct{}) {
+		log.reset()
+		gets.Store(0)
+		w := &ownerWatch{client: c, namespace: "ts", pod: "tessera-node-x", log: slog.New(slog.NewTextHandler(&log, nil))}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			w.run(ctx)
+		}()
+		return w, done
+	}
+	reads := func(when string, want int64) {
+		t.Helper()
+		synctest.Wait()
+		if n := gets.Load(); n != want {
+			t.Fatalf("%s: the pod read %d times, want %d", when, n, want)
+		}
+	}
+
+	// Five failed reads, then one that answers: at 0, 1, 3, 7, 11 and 15 s.
+	failures.Store(5)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel() // a failed check leaves no watch behind in the bubble
+	w, done := start(ctx, client(uninstallPod()))
+	reads("at once", 1)
+	for _, at := range []struct {
+		sleep time.Duration
+		reads int64
+	}{{time.Second / 2, 1}, {time.Second, 2}, {2 * time.Second, 3}, {4 * time.Second, 4}, {4 * time.Second, 5}} {
+		time.Sleep(at.sleep)
+		reads(fmt.Sprintf("%v later", at.sleep), at.reads)
+	}
+	if w.owner.Load() != nil {
+		t.Fatal("the DaemonSet found while the pod's reads fail")
+	}
+	time.Sleep(3 * time.Second)
+	reads("14.5 s in, before the cap's next read", 5)
+	time.Sleep(time.Second)
+	reads("15.5 s in, past the cap's next read", 6)
+	if o := w.owner.Load(); o == nil || o.Name != "tessera-node" {
+		t.Fatalf("the pod read at last, but the DaemonSet is %v", o)
+	}
+	var retries []string
+	for _, line := range strings.Split(log.String(), "\n") {
+		if _, after, ok := strings.Cut(line, "retryIn="); ok {
+			retries = append(retries, strings.Fields(after)[0])
+		}
+	}
+	if got := strings.Join(retries, " "); got != "1s 2s 4s 4s 4s" {
+		t.Errorf("logged retries %q, want 1s 2s 4s 4s 4s:\n%s", got, log.String())
+	}
+	cancel()
+	<-done
+	time.Sleep(30 * time.Second)
+	reads("after the context ended", 6)
+
+	// A pod without a DaemonSet: one read, the search ends.
+	failures.Store(0)
+	bare := uninstallPod()
+	bare.OwnerReferences = nil
+	_, done = start(context.Background(), client(bare))
+	synctest.Wait()
+	select {
+	case <-done:
+	default:
+		t.Fatal("the search goes on for a pod no DaemonSet runs")
+	}
+	reads("a pod no DaemonSet runs", 1)
+	if !strings.Contains(log.String(), "not run by a DaemonSet") {
+		t.Errorf("the log does not say why:\n%s", log.String())
+	}
+
+	// The context's end while the search waits for its next read.
+	failures.Store(1 << 30)
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	_, done = start(ctx, client(uninstallPod()))
+	time.Sleep(2 * time.Second)
+	reads("2 s into a search", 2)
+	cancel()
+	synctest.Wait()
+	select {
+	case <-done:
+	default:
+		t.Fatal("the search goes on after its context ended")
+	}
+	reads("after the context ended", 2)
+}
+
+// lockedLog is a log destination the code under test writes while the test reads it.
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func (l *lockedLog) reset() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.b.Reset()
 }
