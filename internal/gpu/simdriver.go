@@ -86,12 +86,34 @@ func writeSimDriverRoot(root, version, driverDir string) error {
 }
 
 // writeSimGPUFile records which GPU each device minor is, in the format vcuda/test's fake driver
-// reads: "<minor> <uuid> <memory bytes> <SMs> <compute capability> <name>".
+// reads: "<minor> <uuid> <memory bytes> <SMs> <compute capability> <name>", and for a GPU in MIG
+// mode each instance, which CUDA in a container sees instead of the GPU (its memory and SMs), found
+// by the capability minors the container's nodes carry: "mig <parent minor> <uuid> <GI cap minor>
+// <CI cap minor> <memory bytes> <SMs> <profile>". An instance the fake could not honour (no memory
+// or SMs, more than its GPU has, a profile or UUID that would not parse) is refused rather than
+// written for the fake to skip.
 func writeSimGPUFile(n *Node) error {
 	var b bytes.Buffer
 	b.WriteString("# minor uuid memoryBytes smCount computeCapability name (written by tessera-node's simulated node)\n")
+	b.WriteString("# mig parentMinor uuid giCapMinor ciCapMinor memoryBytes smCount profile\n")
 	for _, g := range n.GPUs {
 		fmt.Fprintf(&b, "%d %s %d %d %s %s\n", g.Minor, g.UUID, g.MemoryBytes, g.SMCount, g.ComputeCapability, g.Model)
+		if g.MIG == nil {
+			continue
+		}
+		for _, m := range g.MIG.Instances {
+			switch {
+			case !strings.HasPrefix(m.UUID, "MIG-") || strings.ContainsAny(m.UUID, " \t\n#"):
+				return fmt.Errorf("GPU %s: MIG instance UUID %q is not a MIG-... UUID", g.UUID, m.UUID)
+			case m.Profile == "" || len(m.Profile) > 31 || strings.ContainsAny(m.Profile, " \t\n#"):
+				return fmt.Errorf("GPU %s: MIG instance %s: profile %q is not a profile name like 1g.5gb", g.UUID, m.UUID, m.Profile)
+			case m.MemoryBytes <= 0 || m.MemoryBytes > g.MemoryBytes:
+				return fmt.Errorf("GPU %s: MIG instance %s has %d bytes of memory, want 1 to the GPU's %d", g.UUID, m.UUID, m.MemoryBytes, g.MemoryBytes)
+			case m.SMCount <= 0 || m.SMCount > g.SMCount:
+				return fmt.Errorf("GPU %s: MIG instance %s has %d SMs, want 1 to the GPU's %d", g.UUID, m.UUID, m.SMCount, g.SMCount)
+			}
+			fmt.Fprintf(&b, "mig %d %s %d %d %d %d %s\n", g.Minor, m.UUID, m.GICapMinor, m.CICapMinor, m.MemoryBytes, m.SMCount, m.Profile)
+		}
 	}
 	return writeIfChanged(n.SimGPUFile, b.Bytes(), 0o644)
 }

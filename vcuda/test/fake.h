@@ -26,8 +26,15 @@
  * FAKE_CUDA_DEVICES is not set: the GPUs are read from a node file,
  *   FAKE_GPU_NODE_FILE  path (default /etc/tessera-sim/gpus), one GPU a line,
  *                       '#' comments: <minor> <uuid> <memoryBytes> <smCount>
- *                       <ccMajor>.<ccMinor> <name with spaces...>
+ *                       <ccMajor>.<ccMinor> <name with spaces...>, and per
+ *                       MIG instance of a GPU in MIG mode: mig <parentMinor>
+ *                       <MIG-uuid> <giCapMinor> <ciCapMinor> <memoryBytes>
+ *                       <smCount> <profile>
  *   FAKE_DEV_ROOT       where the device nodes are (default /dev)
+ * A GPU with mig lines is no CUDA device itself: an instance is, where its
+ * GPU's node and <root>/nvidia-caps/nvidia-cap<gi> and <ci> are character
+ * devices, with the instance's memory and SMs, under its MIG UUID; one MIG
+ * device a process at most (the first), as CUDA enumerates them.
  * As with the real driver, a GPU is visible only if <root>/nvidia<minor> is a
  * character device and <root>/nvidiactl exists; GPUs enumerate in minor
  * order. No node file or no visible GPU: cuInit returns

@@ -115,7 +115,7 @@ static void list_u64(const char *env, uint64_t def, uint64_t *out, int n) {
 }
 
 static int parse_uuid(const char *s, unsigned char raw[16]) {
-    if (strncmp(s, "GPU-", 4) != 0)
+    if (strncmp(s, "GPU-", 4) != 0 && strncmp(s, "MIG-", 4) != 0)
         return -1;
     s += 4;
     for (int i = 0; i < 16; i++) {
@@ -138,7 +138,43 @@ static int is_chr(const char *root, const char *name) {
 }
 
 /* Node-file mode: the GPUs of the simulated node, visible where their
- * device nodes are, as the real driver enumerates what /dev exposes. */
+ * device nodes are, as the real driver enumerates what /dev exposes.
+ *
+ * A GPU in MIG mode (one with "mig" lines) is no CUDA device itself: CUDA
+ * sees its MIG devices, each visible where the parent's node and both of
+ * its capability nodes (nvidia-caps/nvidia-cap<GI>, <CI>) are, as a device
+ * of the instance's memory and SMs under its MIG UUID. As the real driver
+ * (R450 to R580 at least) a process enumerates one MIG device at most: the
+ * first visible, in the parents' minor order, then the file's. */
+#define NODE_MAX_LINES 64
+typedef struct {
+    unsigned minor;
+    char uuid[64];
+    unsigned long long mem;
+    int sms, ccmaj, ccmin;
+    char name[96];
+} node_gpu;
+typedef struct {
+    unsigned parent, gi, ci;
+    char uuid[64];
+    unsigned long long mem;
+    int sms;
+    char profile[32];
+} node_mig;
+
+static void add_node_dev(unsigned minor, const char *uuid, uint64_t mem, int sms, int ccmaj, int ccmin,
+                         const char *name) {
+    int i = F.ndev++;
+    F.minor[i] = (int)minor;
+    F.mem[i] = mem;
+    F.sms[i] = sms;
+    F.cc[i][0] = ccmaj;
+    F.cc[i][1] = ccmin;
+    snprintf(F.uuid[i], 64, "%s", uuid);
+    snprintf(F.name[i], 96, "%s", name);
+    parse_uuid(F.uuid[i], F.raw[i]);
+}
+
 static void load_node_file(void) {
     const char *path = getenv("FAKE_GPU_NODE_FILE");
     const char *root = getenv("FAKE_DEV_ROOT");
@@ -152,48 +188,68 @@ static void load_node_file(void) {
     FILE *f = fopen(path, "re");
     if (!f)
         return;
+    static node_gpu gl[NODE_MAX_LINES];
+    static node_mig ml[NODE_MAX_LINES];
+    int ng = 0, nm = 0;
     char line[512];
-    while (fgets(line, sizeof(line), f) && F.ndev < FAKE_MAX_DEVS) {
+    while (fgets(line, sizeof(line), f)) {
         char *h = strchr(line, '#');
         if (h)
             *h = '\0';
-        unsigned minor;
-        char uuid[64];
-        unsigned long long mem;
-        int sms, ccmaj, ccmin, off = 0;
-        if (sscanf(line, " %u %63s %llu %d %d.%d %n", &minor, uuid, &mem, &sms, &ccmaj, &ccmin, &off) != 6 ||
-            sms <= 0 || mem == 0)
+        node_mig m;
+        if (sscanf(line, " mig %u %63s %u %u %llu %d %31s", &m.parent, m.uuid, &m.gi, &m.ci, &m.mem, &m.sms,
+                   m.profile) == 7) {
+            if (m.sms > 0 && m.mem > 0 && strncmp(m.uuid, "MIG-", 4) == 0 && nm < NODE_MAX_LINES)
+                ml[nm++] = m;
+            continue; /* malformed: the node has no such instance */
+        }
+        node_gpu g;
+        int off = 0;
+        if (sscanf(line, " %u %63s %llu %d %d.%d %n", &g.minor, g.uuid, &g.mem, &g.sms, &g.ccmaj, &g.ccmin, &off) !=
+                6 ||
+            g.sms <= 0 || g.mem == 0 || ng >= NODE_MAX_LINES)
             continue; /* blank, comment or malformed: the node has no such GPU */
-        char dn[32];
-        snprintf(dn, sizeof(dn), "nvidia%u", minor);
-        if (!F.ctl_ok || !is_chr(root, dn))
-            continue;
         char *name = line + off;
         size_t n = strlen(name);
         while (n && (name[n - 1] == '\n' || name[n - 1] == ' ' || name[n - 1] == '\t' || name[n - 1] == '\r'))
             name[--n] = '\0';
+        snprintf(g.name, sizeof(g.name), "%s", *name ? name : "NVIDIA GPU");
         /* insert in minor order */
-        int i = F.ndev++;
-        while (i > 0 && F.minor[i - 1] > (int)minor) {
-            F.minor[i] = F.minor[i - 1];
-            F.mem[i] = F.mem[i - 1];
-            F.sms[i] = F.sms[i - 1];
-            memcpy(F.cc[i], F.cc[i - 1], sizeof(F.cc[i]));
-            memcpy(F.uuid[i], F.uuid[i - 1], 64);
-            memcpy(F.name[i], F.name[i - 1], 96);
+        int i = ng++;
+        while (i > 0 && gl[i - 1].minor > g.minor) {
+            gl[i] = gl[i - 1];
             i--;
         }
-        F.minor[i] = (int)minor;
-        F.mem[i] = mem;
-        F.sms[i] = sms;
-        F.cc[i][0] = ccmaj;
-        F.cc[i][1] = ccmin;
-        snprintf(F.uuid[i], 64, "%s", uuid);
-        snprintf(F.name[i], 96, "%s", *name ? name : "NVIDIA GPU");
+        gl[i] = g;
     }
     fclose(f);
-    for (int i = 0; i < F.ndev; i++)
-        parse_uuid(F.uuid[i], F.raw[i]);
+    int mig_seen = 0;
+    for (int i = 0; i < ng && F.ndev < FAKE_MAX_DEVS; i++) {
+        node_gpu *g = &gl[i];
+        char dn[32];
+        snprintf(dn, sizeof(dn), "nvidia%u", g->minor);
+        if (!F.ctl_ok || !is_chr(root, dn))
+            continue;
+        int mig_mode = 0;
+        for (int j = 0; j < nm; j++) {
+            node_mig *m = &ml[j];
+            if (m->parent != g->minor)
+                continue;
+            mig_mode = 1;
+            char gi[48], ci[48];
+            snprintf(gi, sizeof(gi), "nvidia-caps/nvidia-cap%u", m->gi);
+            snprintf(ci, sizeof(ci), "nvidia-caps/nvidia-cap%u", m->ci);
+            /* an instance larger than its GPU is no instance of it */
+            if (mig_seen || m->mem > g->mem || m->sms > g->sms || !is_chr(root, gi) || !is_chr(root, ci))
+                continue;
+            char name[96];
+            snprintf(name, sizeof(name), "%s MIG %s", g->name, m->profile);
+            add_node_dev(g->minor, m->uuid, m->mem, m->sms, g->ccmaj, g->ccmin, name);
+            mig_seen = 1;
+        }
+        if (!mig_mode)
+            add_node_dev(g->minor, g->uuid, g->mem, g->sms, g->ccmaj, g->ccmin, g->name);
+    }
 }
 
 /* getpid() is a system call; the fake's hot paths use a cached copy,

@@ -234,3 +234,121 @@ TEST(nodefile_other_process_listed_until_killed) {
     node_env(node_file(), make_dev_root("dev-other", 1, all, 2));
     in_child(other_process);
 }
+
+/* ---- MIG: CUDA sees the instance, not its GPU ---- */
+
+#define MIG_A "MIG-4f1e0a2b-1111-4000-8000-0000000000aa"
+#define MIG_B "MIG-4f1e0a2b-1111-4000-8000-0000000000bb"
+#define MIG_BIG "MIG-4f1e0a2b-1111-4000-8000-0000000000cc"
+#define GiB (1024ull * MiB)
+
+/* GPU 0 whole; GPU 2 (an A100 40GB, 108 SMs) in MIG mode with a 1g.5gb
+ * (caps 21, 22), a 2g.10gb (caps 30, 31) and a line claiming more memory
+ * than its GPU has (caps 40, 41), which no real GPU can hold. */
+static const char *mig_node_file(void) {
+    const char *p = tpath("gpus-mig");
+    write_file(p, "0 " UUID0 " 85899345920 132 9.0 NVIDIA H100 80GB HBM3\n"
+                  "mig 2 " MIG_A " 21 22 5368709120 14 1g.5gb\n"
+                  "2 " UUID2 " 42949672960 108 8.0 NVIDIA A100-SXM4-40GB\n"
+                  "mig 2 " MIG_B " 30 31 10737418240 28 2g.10gb\n"
+                  "mig 2 " MIG_BIG " 40 41 85899345920 14 1g.80gb\n"
+                  "mig 2 MIG-too-few-fields 50 51 5368709120\n");
+    return strdup(p);
+}
+
+/* A device root as a container of the runtime gets it: nvidiactl, the
+ * given GPU minors and the given capability minors. */
+static const char *make_mig_root(const char *name, const int *minors, int n, const int *caps, int ncaps) {
+    const char *root = make_dev_root(name, 1, minors, n);
+    char p[4096];
+    snprintf(p, sizeof(p), "%s/nvidia-caps", root);
+    CHECK(mkdir(p, 0700) == 0, "mkdir %s: %s", p, strerror(errno));
+    for (int i = 0; i < ncaps; i++) {
+        snprintf(p, sizeof(p), "%s/nvidia-caps/nvidia-cap%d", root, caps[i]);
+        CHECK(symlink("/dev/null", p) == 0, "symlink: %s", strerror(errno));
+    }
+    return root;
+}
+
+/* The 1g.5gb instance's container: one device, the instance's memory and
+ * SMs under its MIG UUID; an allocation that fits the GPU but not the
+ * instance is refused as out of memory. */
+static int mig_instance(int i, void *arg) {
+    (void)i;
+    (void)arg;
+    int n = -1;
+    CHECK_CU(cuInit(0));
+    CHECK_CU(cuDeviceGetCount(&n));
+    CHECK(n == 1, "%d devices, want the instance alone", n);
+    char name[96];
+    CHECK_CU(cuDeviceGetName(name, sizeof(name), 0));
+    CHECK(strcmp(name, "NVIDIA A100-SXM4-40GB MIG 1g.5gb") == 0, "name %s", name);
+    size_t tot = 0, fr = 0;
+    CHECK_CU(cuDeviceTotalMem_v2(&tot, 0));
+    CHECK(tot == 5 * GiB, "cuDeviceTotalMem %zu, want the instance's 5 GiB (not the GPU's 40)", tot);
+    int sms = 0, maj = 0;
+    CHECK_CU(cuDeviceGetAttribute(&sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, 0));
+    CHECK_CU(cuDeviceGetAttribute(&maj, 75, 0));
+    CHECK(sms == 14 && maj == 8, "SMs %d cc %d, want the instance's 14 on the GPU's 8.x", sms, maj);
+    CUuuid u;
+    CHECK_CU(cuDeviceGetUuid(&u, 0));
+    CHECK((unsigned char)u.bytes[0] == 0x4f && (unsigned char)u.bytes[15] == 0xaa, "uuid bytes: not the instance's");
+    CUcontext c;
+    CHECK_CU(cuCtxCreate_v2(&c, 0, 0));
+    CHECK_CU(cuMemGetInfo_v2(&fr, &tot));
+    CHECK(tot == 5 * GiB && fr == 5 * GiB - FAKE_CTX_BYTES_SM80, "cuMemGetInfo free %zu total %zu, want the instance's",
+          fr, tot);
+    CUdeviceptr p;
+    CHECK(cuMemAlloc_v2(&p, 6 * GiB) == CUDA_ERROR_OUT_OF_MEMORY, "6 GiB on a 5 GiB instance");
+    CHECK_CU(cuMemAlloc_v2(&p, 4 * GiB));
+    CHECK_CU(cuMemFree_v2(p));
+    CHECK_CU(cuCtxDestroy_v2(c));
+    return 0;
+}
+
+/* The host (every node): the whole GPU 0 and one MIG device, the first,
+ * never GPU 2 whole and never a second instance. */
+static int mig_host(int i, void *arg) {
+    (void)i;
+    (void)arg;
+    int n = -1;
+    CHECK_CU(cuInit(0));
+    CHECK_CU(cuDeviceGetCount(&n));
+    CHECK(n == 2, "%d devices, want GPU 0 and one MIG device", n);
+    size_t tot = 0;
+    CHECK_CU(cuDeviceTotalMem_v2(&tot, 0));
+    CHECK(tot == 85899345920ull, "GPU 0 total %zu", tot);
+    CHECK_CU(cuDeviceTotalMem_v2(&tot, 1));
+    CHECK(tot == 5 * GiB, "device 1 total %zu, want the first instance's", tot);
+    return 0;
+}
+
+static int mig_no_device(int i, void *arg) {
+    (void)i;
+    const char *why = arg;
+    CHECK(cuInit(0) == CUDA_ERROR_NO_DEVICE, "cuInit: %s", why);
+    return 0;
+}
+
+static void in_child_arg(child_fn fn, void *arg) {
+    int rc = wait_child(spawn(fn, 0, arg));
+    CHECK(rc == 0, "scenario exited %d", rc);
+}
+
+TEST(nodefile_mig_device_is_the_instance) {
+    const char *file = mig_node_file();
+    const int gpu2[] = {2}, both[] = {0, 2};
+    const int capsA[] = {21, 22}, giA[] = {21}, capsBig[] = {40, 41}, all[] = {21, 22, 30, 31, 40, 41};
+    node_env(file, make_mig_root("dev-mig-a", gpu2, 1, capsA, 2));
+    in_child(mig_instance);
+    node_env(file, make_mig_root("dev-mig-host", both, 2, all, 6));
+    in_child(mig_host);
+    node_env(file, make_mig_root("dev-mig-nocaps", gpu2, 1, NULL, 0));
+    in_child_arg(mig_no_device, "a GPU in MIG mode without an instance's capabilities is no device");
+    node_env(file, make_mig_root("dev-mig-gi", gpu2, 1, giA, 1));
+    in_child_arg(mig_no_device, "the GI's capability without the CI's");
+    node_env(file, make_mig_root("dev-mig-capsonly", NULL, 0, capsA, 2));
+    in_child_arg(mig_no_device, "an instance's capabilities without its GPU's node");
+    node_env(file, make_mig_root("dev-mig-big", gpu2, 1, capsBig, 2));
+    in_child_arg(mig_no_device, "an instance larger than its GPU");
+}
