@@ -117,16 +117,15 @@ func watchHealth(ctx context.Context, lib nvml.Interface, opts HealthOptions, re
 			}
 		}
 	}()
+	// A failed event set or wait is retried after 100 ms, doubling up to the check interval and
+	// staying there (a DelayFunc does not stop at the cap as ExponentialBackoff does).
 	backoff := wait.Backoff{Duration: 100 * time.Millisecond, Factor: 2, Cap: m.interval, Steps: 1 << 30}
-	for ctx.Err() == nil {
+	_ = backoff.DelayFunc().Until(ctx, true, true, func(ctx context.Context) (bool, error) {
 		if err := m.watchEvents(ctx); err != nil {
 			m.markAll(err.Error())
-			select {
-			case <-ctx.Done():
-			case <-time.After(backoff.Step()):
-			}
 		}
-	}
+		return false, nil
+	})
 	return nil
 }
 

@@ -3,6 +3,7 @@ package gpu
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -328,4 +329,76 @@ func healthWatchWaitsAWholeIntervalBeforeRecovery(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// setCreates records when the health watch creates each NVML event set (on the bubble's clock).
+type setCreates struct {
+	nvml.Interface
+	start time.Time
+	mu    sync.Mutex
+	at    []time.Duration
+}
+
+func (c *setCreates) EventSetCreate() (nvml.EventSet, nvml.Return) {
+	c.mu.Lock()
+	c.at = append(c.at, time.Since(c.start))
+	c.mu.Unlock()
+	return c.Interface.EventSetCreate()
+}
+
+func (c *setCreates) times() []time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Duration(nil), c.at...)
+}
+
+// TestHealthWaitRetrySchedule pins the event watch's retries on a synctest bubble's clock: the first
+// event set at once; after each failed wait a new one 100 ms later, doubling, then at the check
+// interval for as long as waits fail (not giving up there); the context's end ends the watch
+// within the wait in progress.
+func TestHealthWaitRetrySchedule(t *testing.T) { synctest.Test(t, healthWaitRetrySchedule) }
+
+func healthWaitRetrySchedule(t *testing.T) {
+	b, _ := openTestSim(t, "")
+	lib := &setCreates{Interface: b.srv, start: time.Now()}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for range 5 {
+		b.FailNextWait(nvml.ERROR_UNKNOWN) // each event set's first wait fails
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- watchHealth(ctx, lib, HealthOptions{CheckInterval: 500 * time.Millisecond}, func(HealthEvent) {})
+	}()
+	ms := func(v ...int) []time.Duration {
+		var out []time.Duration
+		for _, x := range v {
+			out = append(out, time.Duration(x)*time.Millisecond)
+		}
+		return out
+	}
+	check := func(when string, want []time.Duration) {
+		t.Helper()
+		synctest.Wait()
+		if got := lib.times(); !slices.Equal(got, want) {
+			t.Fatalf("%s: event sets created at %v, want %v", when, got, want)
+		}
+	}
+	check("at once", ms(0))
+	time.Sleep(99 * time.Millisecond)
+	check("99 ms in", ms(0))
+	time.Sleep(3 * time.Second)
+	// 100, 200, 400, then the 500 ms interval (not 800): 0, 100, 300, 700, 1200, 1700; then waits
+	// succeed and the sixth set is kept.
+	check("3.1 s in", ms(0, 100, 300, 700, 1200, 1700))
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("the watch ended with %v", err)
+		}
+	case <-time.After(time.Second): // an event wait's timeout: NVML's wait does not see the context
+		t.Fatal("the watch goes on after its context ended")
+	}
+	check("after the end", ms(0, 100, 300, 700, 1200, 1700))
 }
