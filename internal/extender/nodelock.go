@@ -151,8 +151,11 @@ func (l *NodeLocker) Lock(ctx context.Context, node string) (*NodeLock, error) {
 	}
 	name := LeaseName(node)
 	secs := int32(max(1, l.Duration/time.Second))
-	backoff := lockBackoff
-	for {
+	var lock *NodeLock
+	// Tried at once, then a step of lockBackoff after each try that found the Lease held or lost a
+	// compare-and-swap, until ctx ends (its error returned) or the API server answers an error that
+	// retrying does not cure (returned).
+	err := lockBackoff.DelayFunc().Until(ctx, true, true, func(ctx context.Context) (bool, error) {
 		now := metav1.NewMicroTime(l.clock())
 		cur, err := leases.Get(ctx, name, metav1.GetOptions{})
 		var got *coordinationv1.Lease
@@ -173,21 +176,20 @@ func (l *NodeLocker) Lock(ctx context.Context, node string) (*NodeLock, error) {
 		}
 		if err == nil {
 			l.forget(node)
-			return &NodeLock{l: l, node: node, lease: got, acquired: now.Time, local: local, use: use}, nil
+			lock = &NodeLock{l: l, node: node, lease: got, acquired: now.Time, local: local, use: use}
+			return true, nil
 		}
 		if !apierrors.IsConflict(err) && !apierrors.IsAlreadyExists(err) && err != errHeld {
-			local.Unlock()
-			use.RUnlock()
-			return nil, fmt.Errorf("lock node %s (lease %s/%s): %w", node, l.Namespace, name, err)
+			return false, err
 		}
-		select {
-		case <-ctx.Done():
-			local.Unlock()
-			use.RUnlock()
-			return nil, fmt.Errorf("lock node %s (lease %s/%s): %w", node, l.Namespace, name, ctx.Err())
-		case <-time.After(backoff.Step()):
-		}
+		return false, nil
+	})
+	if err == nil {
+		return lock, nil
 	}
+	local.Unlock()
+	use.RUnlock()
+	return nil, fmt.Errorf("lock node %s (lease %s/%s): %w", node, l.Namespace, name, err)
 }
 
 // lockBackoff spaces out the tries of a held Lease: small waits (a bind holds the lock for
