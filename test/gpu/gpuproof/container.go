@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	rspec "github.com/opencontainers/runtime-spec/specs-go"
+	"k8s.io/apimachinery/pkg/util/wait"
 	cdiapi "tags.cncf.io/container-device-interface/pkg/cdi"
 
 	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
@@ -275,20 +277,15 @@ func (r *runner) start(name string, devices []string, mounts []rspec.Mount, comm
 	return s, nil
 }
 
-// waitLine waits until the container printed the line, or ended, or the timeout passed.
+// waitLine waits until the container printed the line, or ended, or the timeout passed; it looks
+// at once, then every 50 ms.
 func (s *started) waitLine(line string, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if strings.Contains("\n"+s.out.String(), "\n"+line+"\n") {
-			return true
-		}
-		select {
-		case <-s.done:
-			return strings.Contains("\n"+s.out.String(), "\n"+line+"\n")
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	return false
+	printed := func() bool { return strings.Contains("\n"+s.out.String(), "\n"+line+"\n") }
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	defer context.AfterFunc(wait.ContextForChannel(s.done), cancel)() // an ended container prints no more
+	_ = wait.PollUntilContextCancel(ctx, 50*time.Millisecond, true, func(context.Context) (bool, error) { return printed(), nil })
+	return printed()
 }
 
 // pid is the host pid of the container's first process, as runc knows it.

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
@@ -218,4 +219,43 @@ func TestNotRunCases(t *testing.T) {
 	if len(st) != 3 || st["compute: not run"] != NotChecked || st["decode-graph at 10%: busy share"] != NotChecked || st["model: alone, no vcuda: tokens_per_s"] != NotChecked {
 		t.Errorf("-cases: %v, want the reason and each case not_checked", st)
 	}
+}
+
+// TestWaitLineSchedule pins waitLine on a synctest bubble's clock: a line already printed is seen at
+// once; a later one at the next look (every 50 ms); a container that ends stops the wait at once
+// (what it printed last still counts); the timeout ends it with false.
+func TestWaitLineSchedule(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		waitLine := func(s *started, line string, timeout time.Duration) (bool, time.Duration) {
+			start := time.Now()
+			ok := s.waitLine(line, timeout)
+			return ok, time.Since(start)
+		}
+		s := &started{out: &syncBuffer{}, done: make(chan struct{})}
+		s.out.Write([]byte("ready\n"))
+		if ok, took := waitLine(s, "ready", time.Minute); !ok || took != 0 {
+			t.Errorf("a printed line: %v after %v, want true at once", ok, took)
+		}
+		go func() {
+			time.Sleep(120 * time.Millisecond)
+			s.out.Write([]byte("held=1 error=0\n"))
+		}()
+		if ok, took := waitLine(s, "held=1 error=0", time.Minute); !ok || took != 150*time.Millisecond {
+			t.Errorf("a line printed at 120 ms: %v after %v, want true at the look at 150 ms", ok, took)
+		}
+		if ok, took := waitLine(s, "never", time.Second); ok || took != time.Second {
+			t.Errorf("a line never printed: %v after %v, want false at the 1 s timeout", ok, took)
+		}
+		go func() {
+			time.Sleep(120 * time.Millisecond)
+			s.out.Write([]byte("last words\n"))
+			close(s.done)
+		}()
+		if ok, took := waitLine(s, "last words", time.Minute); !ok || took != 120*time.Millisecond {
+			t.Errorf("a container ending at 120 ms after its last line: %v after %v, want true at 120 ms", ok, took)
+		}
+		if ok, took := waitLine(s, "never", time.Minute); ok || took != 0 {
+			t.Errorf("an ended container: %v after %v, want false at once", ok, took)
+		}
+	})
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 // NVML on the host, as the node agent reads it: the driver's own count of each process's device
@@ -87,9 +88,11 @@ func startSampler(lib nvml.Interface, uuid string, pidns uint64, every time.Dura
 	s := &sampler{peak: map[uint32]uint64{}, stop: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(s.done)
-		for {
+		// A sample at once, then each interval after the last ended, until finish.
+		wait.Until(func() {
 			procs, err := computeProcesses(lib, uuid)
 			s.mu.Lock()
+			defer s.mu.Unlock()
 			s.samples++
 			if err != nil && s.err == nil {
 				s.err = err
@@ -99,13 +102,7 @@ func startSampler(lib nvml.Interface, uuid string, pidns uint64, every time.Dura
 					s.peak[pid] = max(s.peak[pid], used)
 				}
 			}
-			s.mu.Unlock()
-			select {
-			case <-s.stop:
-				return
-			case <-time.After(every):
-			}
-		}
+		}, every, s.stop)
 	}()
 	return s
 }
