@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -82,12 +83,26 @@ func TestCDIGenerateNerdctl(t *testing.T) {
 		}
 	}
 	got, err = ctr.Nerdctl(t, "--cdi-spec-dirs", ctr.CDIDir, "run", "--rm", "--net", "none", "--device", mig, "bbox",
-		"sh", "-c", "ls /dev/nvidia7 /dev/nvidia-caps/; env")
+		"sh", "-c", "ls /dev/nvidia7 /dev/nvidia-caps/; env; cudaprobe info")
 	if err != nil {
 		t.Fatalf("nerdctl run %s: %v\n%s", mig, err, got)
 	}
 	if n := len(regexp.MustCompile(`(?m)^nvidia-cap[0-9]+$`).FindAllString(got, -1)); n != 2 || !strings.Contains(got, "/dev/nvidia7") || !strings.Contains(got, "TESSERA_MIG_PROFILE=") {
 		t.Errorf("MIG container sees %d capability nodes, want 2:\n%s", n, got)
+	}
+	// CUDA there sees the instance alone, with its memory and SMs as the node file (the simulated
+	// node's record of its instances) gives them, not the GPU's.
+	gpus, err := os.ReadFile(filepath.Join(ctr.Base, "sim", "root", "etc", "tessera-sim", "gpus"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := regexp.MustCompile(`(?m)^mig 7 ` + regexp.QuoteMeta(strings.TrimPrefix(mig, "tessera.dev/mig=")) + ` \d+ \d+ (\d+) (\d+) `).FindStringSubmatch(string(gpus))
+	if inst == nil {
+		t.Fatalf("the node file has no mig line for %s:\n%s", mig, gpus)
+	}
+	if !regexp.MustCompile(`(?m)^devices=1$`).MatchString(got) ||
+		!regexp.MustCompile(`(?m)^device=0 name=\S+_MIG_\S+ total_mem=`+inst[1]+` .* sms=`+inst[2]+` `).MatchString(got) {
+		t.Errorf("CUDA in the MIG container does not see the instance alone (%s bytes, %s SMs):\n%s", inst[1], inst[2], got)
 	}
 	// An unknown device is refused with CDI's error, not silently ignored.
 	got, err = ctr.Nerdctl(t, "--cdi-spec-dirs", ctr.CDIDir, "run", "--rm", "--net", "none", "--device", "tessera.dev/gpu=99", "bbox", "true")
