@@ -180,5 +180,9 @@ int fakeFunctionVary(CUfunction f, const char *how);
 /* Device time of process pid on dev (the union of its kernels), exact up
  * to *at: the last time the process queued work (fake_device_model.c). */
 int fakeModelBusy(int dev, int pid, uint64_t *busy, uint64_t *at);
+/* cuStreamWaitValue32_v2 calls that queued a wait in this process, and
+ * cuMemHostAlloc allocations alive in it. */
+uint64_t fakeWaitValueCalls(void);
+int fakeHostAllocs(void);
 
 #endif

@@ -498,7 +498,6 @@ TEST(limiter_never_invalidates_a_capture) {
     CHECK_CU(cuStreamBeginCapture_v2(c, 0));
     CUevent ev;
     CUresult cuEventCreate(CUevent *, unsigned);
-    CUresult cuEventQuery(CUevent);
     CHECK_CU(cuEventCreate(&ev, 0));
     CHECK(cuEventQuery(ev) == 900, "the fake allows an event query during a global capture");
     void *graph;
