@@ -184,5 +184,9 @@ int fakeModelBusy(int dev, int pid, uint64_t *busy, uint64_t *at);
  * cuMemHostAlloc allocations alive in it. */
 uint64_t fakeWaitValueCalls(void);
 int fakeHostAllocs(void);
+/* Waits not yet released (their words re-read first); cuLaunchHostFunc
+ * calls accepted in this process. */
+int fakeWaitsPending(void);
+uint64_t fakeHostFuncCalls(void);
 
 #endif

@@ -2535,10 +2535,12 @@ static void *worker(void *arg) {
     }
     return NULL;
 }
+static _Atomic uint64_t hostfn_calls;
 EXPORT CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *data) {
     int d = stream_dev(s);
     if (d < 0 || !fn)
         return CUDA_ERROR_INVALID_VALUE;
+    atomic_fetch_add(&hostfn_calls, 1);
     hostjob *j = calloc(1, sizeof(*j));
     j->fn = fn;
     j->data = data;
@@ -2804,6 +2806,14 @@ EXPORT CUresult cuStreamWaitValue32_v2_ptsz(CUstream s, CUdeviceptr addr, uint32
 }
 /* cuStreamWaitValue32_v2 calls that queued a wait, this process. */
 EXPORT uint64_t fakeWaitValueCalls(void) { return atomic_load(&wait_calls); }
+/* Waits whose condition does not hold yet (the words re-read first). */
+EXPORT int fakeWaitsPending(void) {
+    waits_poll();
+    int n = atomic_load(&nwaits);
+    return n;
+}
+/* cuLaunchHostFunc calls accepted, this process. */
+EXPORT uint64_t fakeHostFuncCalls(void) { return atomic_load(&hostfn_calls); }
 
 /* ---- launches and events ---- */
 
