@@ -19,6 +19,9 @@
  *                       CUDA 12 context on the device's architecture,
  *                       FAKE_CTX_BYTES_*; 0 for cases that need exact byte
  *                       arithmetic about something else)
+ *   FAKE_CUDA_MAP_HOST=0       the device cannot map host memory
+ *   FAKE_CUDA_STREAM_MEMOPS=0  cuStreamWaitValue32_v2 is not supported
+ *   FAKE_CUDA_HOST_ALLOC_FAIL=1  cuMemHostAlloc fails (out of memory)
  *   FAKE_CUDA_PROC_INTERNAL=1  cuGetProcAddress (version >= 12050) hands out
  *                       internal entry points that are in no symbol table
  *
