@@ -399,6 +399,7 @@ EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice d) {
     snprintf(name, (size_t)len, "%s", F.name[d]);
     return CUDA_SUCCESS;
 }
+static int env_off(const char *name);
 EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
     CHECK_DEV(d);
     if (!v)
@@ -409,6 +410,11 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
     case 76 /* COMPUTE_CAPABILITY_MINOR */: *v = F.cc[d][1]; break;
     case 33 /* PCI_BUS_ID */: *v = F.minor[d] + 1; break;
     case 39 /* MAX_THREADS_PER_MULTIPROCESSOR */: *v = FAKE_THREADS_PER_SM; break;
+    /* mapped pinned memory (FAKE_CUDA_MAP_HOST=0: not), the NOR wait of the
+     * v2 stream memory operations; the v1 ones (module parameter
+     * NVreg_EnableStreamMemOPs) and 64-bit ones are not modelled: 0 */
+    case 19 /* CAN_MAP_HOST_MEMORY */: *v = !env_off("FAKE_CUDA_MAP_HOST"); break;
+    case 123 /* CAN_USE_STREAM_WAIT_VALUE_NOR(_V2) */: *v = !env_off("FAKE_CUDA_STREAM_MEMOPS"); break;
     default: *v = 0;
     }
     return CUDA_SUCCESS;
@@ -452,7 +458,9 @@ static CUresult ctx_born(fake_ctx *c, int d) {
     proc_charge(d, 0, 1);
     return CUDA_SUCCESS;
 }
+static void host_forget_ctx(fake_ctx *c);
 static void ctx_gone(fake_ctx *c) {
+    host_forget_ctx(c);
     if (cur == c)
         cur = NULL;
     ctx_free_all(c);
@@ -618,6 +626,7 @@ EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *c) {
 static int unsafe_call(void);
 static void sync_trim(int d);
 static void wait_held(int d, _Atomic uint64_t *su);
+static void waits_poll(void);
 EXPORT CUresult cuCtxSynchronize(void) {
     if (!cur)
         return CUDA_ERROR_INVALID_CONTEXT;
@@ -2416,6 +2425,7 @@ static int held_on(int d, _Atomic uint64_t *su, int add) {
  * device's counters before that launch had run. */
 static void wait_held(int d, _Atomic uint64_t *su) {
     for (;;) {
+        waits_poll();
         pthread_mutex_lock(&hold_mu);
         int h = su ? held_on(d, su, 0) : held[d];
         pthread_mutex_unlock(&hold_mu);
@@ -2467,6 +2477,36 @@ static int hold_event(int d, _Atomic uint64_t *su, fake_event *ev) {
     pthread_mutex_unlock(&hold_mu);
     return h;
 }
+/* One hold of stream su (a host function returned, or a wait's condition
+ * held) is gone; the last lets the stream's held work go (under hold_mu). */
+static void release_hold_locked(int d, _Atomic uint64_t *su) {
+    held[d]--;
+    if (held_on(d, su, -1) == 0) {
+        /* The device runs the stream's held work back to back from now:
+         * one clock reading for all of it, so events bracket exactly the
+         * work between them, and one hold of the device's queue: the
+         * work is in the device's queue once released, and another
+         * process's launch cannot get between its items because this
+         * worker thread was descheduled half way (it did on a loaded
+         * machine: a sampled 7 us kernel measured 5 ms of a co-tenant's
+         * work). */
+        uint64_t now = now_ns();
+        int w = 0;
+        spin_lock(&F.sh->dev[d].lock);
+        for (int i = 0; i < nitems[d]; i++) {
+            held_item *it = &items[d][i];
+            if (it->su != su) {
+                items[d][w++] = *it;
+            } else if (it->ev) {
+                atomic_store(&it->ev->ts, schedule_locked(d, it->su, 0, 0, now));
+            } else {
+                schedule_locked(d, it->su, it->dur, it->full, now);
+            }
+        }
+        spin_unlock(&F.sh->dev[d].lock);
+        nitems[d] = w;
+    }
+}
 static void *worker(void *arg) {
     (void)arg;
     for (;;) {
@@ -2489,42 +2529,18 @@ static void *worker(void *arg) {
         }
         j->fn(j->data);
         pthread_mutex_lock(&hold_mu);
-        int d = j->dev;
-        held[d]--;
-        if (held_on(d, j->su, -1) == 0) {
-            /* The device runs the stream's held work back to back from now:
-             * one clock reading for all of it, so events bracket exactly the
-             * work between them, and one hold of the device's queue: the
-             * work is in the device's queue once released, and another
-             * process's launch cannot get between its items because this
-             * worker thread was descheduled half way (it did on a loaded
-             * machine: a sampled 7 us kernel measured 5 ms of a co-tenant's
-             * work). */
-            uint64_t now = now_ns();
-            int w = 0;
-            spin_lock(&F.sh->dev[d].lock);
-            for (int i = 0; i < nitems[d]; i++) {
-                held_item *it = &items[d][i];
-                if (it->su != j->su) {
-                    items[d][w++] = *it;
-                } else if (it->ev) {
-                    atomic_store(&it->ev->ts, schedule_locked(d, it->su, 0, 0, now));
-                } else {
-                    schedule_locked(d, it->su, it->dur, it->full, now);
-                }
-            }
-            spin_unlock(&F.sh->dev[d].lock);
-            nitems[d] = w;
-        }
+        release_hold_locked(j->dev, j->su);
         pthread_mutex_unlock(&hold_mu);
         free(j);
     }
     return NULL;
 }
+static _Atomic uint64_t hostfn_calls;
 EXPORT CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *data) {
     int d = stream_dev(s);
     if (d < 0 || !fn)
         return CUDA_ERROR_INVALID_VALUE;
+    atomic_fetch_add(&hostfn_calls, 1);
     hostjob *j = calloc(1, sizeof(*j));
     j->fn = fn;
     j->data = data;
@@ -2553,9 +2569,256 @@ EXPORT CUresult cuLaunchHostFunc_ptsz(CUstream s, void (*fn)(void *), void *data
     return cuLaunchHostFunc(s, fn, data);
 }
 
+/* ---- mapped host memory and stream memory operations ----
+ * cuMemHostAlloc gives page-locked host memory; with DEVICEMAP the device
+ * can address it (cuMemHostGetDevicePointer; under unified addressing the
+ * device pointer equals the host one, as here). cuStreamWaitValue32_v2
+ * holds its stream's later work until a condition on a 32-bit word holds,
+ * as a host function does, but the device evaluates it: no thread of the
+ * process runs anything. The fake has no device, so the condition is
+ * re-read when any driver call of the process looks (launches, event
+ * record/query/synchronize, stream/context synchronize) and by a poller
+ * thread every ~20 us, and the held work is queued when the condition is
+ * first seen true. A condition never met holds the stream for ever: its
+ * synchronize waits, as a real one hangs.
+ * FAKE_CUDA_MAP_HOST=0: the device cannot map host memory
+ * (CAN_MAP_HOST_MEMORY 0, cuMemHostGetDevicePointer NOT_SUPPORTED);
+ * FAKE_CUDA_STREAM_MEMOPS=0: cuStreamWaitValue32_v2 is NOT_SUPPORTED;
+ * FAKE_CUDA_HOST_ALLOC_FAIL=1: cuMemHostAlloc fails (OUT_OF_MEMORY). */
+#define FAKE_HOSTALLOC_PORTABLE 0x1
+#define FAKE_HOSTALLOC_DEVICEMAP 0x2
+#define FAKE_HOSTALLOC_WRITECOMBINED 0x4
+#define FAKE_WAIT_GEQ 0x0
+#define FAKE_WAIT_EQ 0x1
+#define FAKE_WAIT_AND 0x2
+#define FAKE_WAIT_NOR 0x3
+#define FAKE_WAIT_FLUSH (1u << 30)
+static int env_off(const char *name) {
+    const char *e = getenv(name);
+    return e && strcmp(e, "0") == 0;
+}
+static int env_on(const char *name) {
+    const char *e = getenv(name);
+    return e && strcmp(e, "1") == 0;
+}
+typedef struct host_alloc {
+    void *p;
+    size_t size;
+    unsigned flags;
+    fake_ctx *ctx;
+    struct host_alloc *next;
+} host_alloc;
+static pthread_mutex_t host_mu = PTHREAD_MUTEX_INITIALIZER;
+static host_alloc *host_allocs;
+/* The allocation holding [p, p+len), or NULL (under host_mu). */
+static host_alloc *host_find(const void *p, size_t len) {
+    for (host_alloc *a = host_allocs; a; a = a->next)
+        if ((const char *)p >= (const char *)a->p && (const char *)p + len <= (const char *)a->p + a->size)
+            return a;
+    return NULL;
+}
+EXPORT CUresult cuMemHostAlloc(void **pp, size_t size, unsigned flags) {
+    INIT();
+    if (!pp || size == 0 ||
+        (flags & ~(unsigned)(FAKE_HOSTALLOC_PORTABLE | FAKE_HOSTALLOC_DEVICEMAP | FAKE_HOSTALLOC_WRITECOMBINED)))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (env_on("FAKE_CUDA_HOST_ALLOC_FAIL"))
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    host_alloc *a = calloc(1, sizeof(*a));
+    if (!a || posix_memalign(&a->p, 4096, round_up(size, 4096)) != 0) {
+        free(a);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    memset(a->p, 0, round_up(size, 4096));
+    a->size = size;
+    a->flags = flags;
+    a->ctx = cur;
+    pthread_mutex_lock(&host_mu);
+    a->next = host_allocs;
+    host_allocs = a;
+    pthread_mutex_unlock(&host_mu);
+    *pp = a->p;
+    return CUDA_SUCCESS;
+}
+static void host_free(host_alloc **pa) {
+    host_alloc *a = *pa;
+    *pa = a->next;
+    free(a->p);
+    free(a);
+}
+EXPORT CUresult cuMemFreeHost(void *p) {
+    pthread_mutex_lock(&host_mu);
+    for (host_alloc **pa = &host_allocs; *pa; pa = &(*pa)->next)
+        if ((*pa)->p == p) {
+            host_free(pa);
+            pthread_mutex_unlock(&host_mu);
+            return CUDA_SUCCESS;
+        }
+    pthread_mutex_unlock(&host_mu);
+    return CUDA_ERROR_INVALID_VALUE;
+}
+/* A context's host allocations go with it (without PORTABLE they are its). */
+static void host_forget_ctx(fake_ctx *c) {
+    pthread_mutex_lock(&host_mu);
+    for (host_alloc **pa = &host_allocs; *pa;)
+        if ((*pa)->ctx == c && !((*pa)->flags & FAKE_HOSTALLOC_PORTABLE))
+            host_free(pa);
+        else
+            pa = &(*pa)->next;
+    pthread_mutex_unlock(&host_mu);
+}
+EXPORT int fakeHostAllocs(void) {
+    int n = 0;
+    pthread_mutex_lock(&host_mu);
+    for (host_alloc *a = host_allocs; a; a = a->next)
+        n++;
+    pthread_mutex_unlock(&host_mu);
+    return n;
+}
+EXPORT CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *dp, void *p, unsigned flags) {
+    if (!dp || !p || flags != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (!cur)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (env_off("FAKE_CUDA_MAP_HOST"))
+        return CUDA_ERROR_NOT_SUPPORTED;
+    pthread_mutex_lock(&host_mu);
+    host_alloc *a = host_find(p, 1);
+    int ok = a && (a->flags & FAKE_HOSTALLOC_DEVICEMAP) &&
+             (a->ctx == cur || (a->flags & FAKE_HOSTALLOC_PORTABLE));
+    pthread_mutex_unlock(&host_mu);
+    if (!ok)
+        return CUDA_ERROR_INVALID_VALUE; /* not pinned, or not mapped for the device */
+    *dp = (CUdeviceptr)(uintptr_t)p;
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemHostGetDevicePointer(unsigned *dp, void *p, unsigned flags) {
+    (void)dp, (void)p, (void)flags;
+    return CUDA_ERROR_NOT_SUPPORTED; /* the 32-bit entry point: vcuda's kind of caller never uses it */
+}
+
+typedef struct wait_item {
+    int dev;
+    _Atomic uint64_t *su;
+    _Atomic uint32_t *word;
+    uint32_t value;
+    unsigned op;
+    struct wait_item *next;
+} wait_item;
+static wait_item *waits; /* pending, under hold_mu */
+static _Atomic int nwaits;
+static _Atomic uint64_t wait_calls;
+static pid_t poller_pid;
+static int wait_met(const wait_item *w) {
+    uint32_t v = atomic_load(w->word);
+    switch (w->op) {
+    case FAKE_WAIT_GEQ: return (int32_t)(v - w->value) >= 0;
+    case FAKE_WAIT_EQ: return v == w->value;
+    case FAKE_WAIT_AND: return (v & w->value) != 0;
+    default: return ~(v | w->value) != 0; /* NOR */
+    }
+}
+/* Re-read every pending wait's word; release the streams whose condition
+ * now holds. Cheap when nothing waits. */
+static void waits_poll(void) {
+    if (!atomic_load_explicit(&nwaits, memory_order_acquire))
+        return;
+    pthread_mutex_lock(&hold_mu);
+    for (wait_item **pw = &waits; *pw;) {
+        wait_item *w = *pw;
+        if (!wait_met(w)) {
+            pw = &w->next;
+            continue;
+        }
+        *pw = w->next;
+        atomic_fetch_sub(&nwaits, 1);
+        release_hold_locked(w->dev, w->su);
+        free(w);
+    }
+    pthread_mutex_unlock(&hold_mu);
+}
+static pthread_cond_t poll_cv = PTHREAD_COND_INITIALIZER;
+static void *poller(void *arg) {
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&hold_mu);
+        while (!waits)
+            pthread_cond_wait(&poll_cv, &hold_mu);
+        pthread_mutex_unlock(&hold_mu);
+        waits_poll();
+        struct timespec ts = {0, 20000};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+EXPORT CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr addr, uint32_t value, unsigned flags) {
+    INIT();
+    int d = stream_dev(s);
+    if (d < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    unsigned op = flags & ~FAKE_WAIT_FLUSH;
+    if (op > FAKE_WAIT_NOR)
+        return CUDA_ERROR_INVALID_VALUE;
+    if (env_off("FAKE_CUDA_STREAM_MEMOPS") || (flags & FAKE_WAIT_FLUSH))
+        return CUDA_ERROR_NOT_SUPPORTED; /* FLUSH: CAN_FLUSH_REMOTE_WRITES is 0 here */
+    if (!addr || (addr & 3))
+        return CUDA_ERROR_INVALID_VALUE;
+    if (capturing(s))
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* memop nodes are not modelled */
+    /* only memory the device can address: mapped host memory (device
+     * memory is not backed by anything the fake can read) */
+    pthread_mutex_lock(&host_mu);
+    host_alloc *a = host_find((void *)(uintptr_t)addr, 4);
+    int ok = a && (a->flags & FAKE_HOSTALLOC_DEVICEMAP) && !env_off("FAKE_CUDA_MAP_HOST");
+    pthread_mutex_unlock(&host_mu);
+    if (!ok)
+        return CUDA_ERROR_INVALID_VALUE;
+    wait_item *w = calloc(1, sizeof(*w));
+    if (!w)
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    w->dev = d;
+    w->su = stream_until(s, d);
+    w->word = (_Atomic uint32_t *)(uintptr_t)addr;
+    w->value = value;
+    w->op = op;
+    pthread_mutex_lock(&hold_mu);
+    if (poller_pid != getpid()) { /* first use, or a forked child */
+        pthread_t t;
+        poller_pid = getpid();
+        pthread_create(&t, NULL, poller, NULL);
+        pthread_detach(t);
+    }
+    held[d]++;
+    held_on(d, w->su, 1);
+    w->next = waits;
+    waits = w;
+    atomic_fetch_add_explicit(&nwaits, 1, memory_order_release);
+    pthread_cond_signal(&poll_cv);
+    pthread_mutex_unlock(&hold_mu);
+    atomic_fetch_add(&wait_calls, 1);
+    waits_poll(); /* a condition that already holds lets the stream go at once */
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamWaitValue32_v2_ptsz(CUstream s, CUdeviceptr addr, uint32_t value, unsigned flags) {
+    return cuStreamWaitValue32_v2(per_thread(s, 1), addr, value, flags);
+}
+/* cuStreamWaitValue32_v2 calls that queued a wait, this process. */
+EXPORT uint64_t fakeWaitValueCalls(void) { return atomic_load(&wait_calls); }
+/* Waits whose condition does not hold yet (the words re-read first). */
+EXPORT int fakeWaitsPending(void) {
+    waits_poll();
+    int n = atomic_load(&nwaits);
+    return n;
+}
+/* cuLaunchHostFunc calls accepted, this process. */
+EXPORT uint64_t fakeHostFuncCalls(void) { return atomic_load(&hostfn_calls); }
+
 /* ---- launches and events ---- */
 
 static void run(int d, CUstream s, uint64_t dur, int full) {
+    waits_poll();
     _Atomic uint64_t *su = stream_until(s, d);
     if (!hold_launch(d, su, dur, full))
         schedule_at(d, su, dur, full, now_ns());
@@ -2832,6 +3095,7 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
         return CUDA_ERROR_INVALID_CONTEXT;
     if (capturing(s))
         ((fake_stream *)s)->violations++;
+    waits_poll();
     fake_event *ev = (fake_event *)e;
     ev->recorded = 1;
     _Atomic uint64_t *su = stream_until(s, d);
@@ -2850,6 +3114,7 @@ EXPORT CUresult cuEventQuery(CUevent e) {
         return CUDA_ERROR_INVALID_HANDLE;
     if (unsafe_call())
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    waits_poll();
     return !ev->recorded || now_ns() >= atomic_load(&ev->ts) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 EXPORT CUresult cuEventSynchronize(CUevent e) {
@@ -2860,7 +3125,7 @@ EXPORT CUresult cuEventSynchronize(CUevent e) {
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     if (!ev->recorded)
         return CUDA_SUCCESS;
-    while (atomic_load(&ev->ts) == UINT64_MAX) {
+    while (waits_poll(), atomic_load(&ev->ts) == UINT64_MAX) {
         struct timespec ts = {0, 10000};
         nanosleep(&ts, NULL);
     }
@@ -3132,6 +3397,8 @@ static const proc procs[] = {
     PT(cuEventRecord), P(cuEventQuery), P(cuThreadExchangeStreamCaptureMode),
     P(cuOccupancyMaxActiveBlocksPerMultiprocessor), {"cuStreamBeginCapture", (void *)cuStreamBeginCapture_v2, (void *)cuStreamBeginCapture_v2_ptsz},
     PT(cuStreamEndCapture), PT(cuStreamIsCapturing), P(cuEventSynchronize), P(cuEventElapsedTime),
+    P(cuMemHostAlloc), P(cuMemFreeHost), PV("cuMemHostGetDevicePointer", cuMemHostGetDevicePointer_v2),
+    {"cuStreamWaitValue32", (void *)cuStreamWaitValue32_v2, (void *)cuStreamWaitValue32_v2_ptsz},
 };
 
 /* FAKE_CUDA_PROC_INTERNAL=1: like a real driver, cuGetProcAddress hands out

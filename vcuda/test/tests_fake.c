@@ -2,7 +2,10 @@
  * fake alone (no vcuda preloaded): a double is only as good as its
  * strictness, so each documented rule the fake claims is a row here. */
 #define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda_api.h"
@@ -219,3 +222,131 @@ static void modules_on_fake(int eager) {
 }
 TEST_LIB(fake_modules_lazy, "none") { modules_on_fake(0); }
 TEST_LIB(fake_modules_eager, "none") { modules_on_fake(1); }
+
+/* Mapped pinned memory and cuStreamWaitValue32_v2, as the CUDA driver API
+ * documents them ("Stream Memory Operations", "Memory Management"): the
+ * wait takes a device pointer (mapped host memory: DEVICEMAP, then
+ * cuMemHostGetDevicePointer, which refuses memory allocated without it);
+ * flags are GEQ (cyclic), EQ, AND, NOR, optionally FLUSH (platform
+ * hardware only); the stream's later work waits until the condition holds,
+ * and an event recorded behind it completes only then. Never-met waits
+ * are bounded here: the case writes the word itself. */
+static void *sync_thread(void *p) {
+    cuStreamSynchronize((CUstream)p);
+    return NULL;
+}
+TEST_LIB(fake_stream_wait_value, "none") {
+    ctx_on(0);
+    CUstream s;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    void *mapped = NULL, *plain = NULL;
+    CHECK(cuMemHostAlloc(&mapped, 4096, 0x80) == CUDA_ERROR_INVALID_VALUE, "unknown host-alloc flag accepted");
+    CHECK_CU(cuMemHostAlloc(&mapped, 4096, 0x2 /* DEVICEMAP */));
+    CHECK_CU(cuMemHostAlloc(&plain, 4096, 0));
+    CHECK(fakeHostAllocs() == 2, "%d host allocations alive, want 2", fakeHostAllocs());
+    CUdeviceptr dp = 0, dq = 0;
+    CHECK(cuMemHostGetDevicePointer_v2(&dq, plain, 0) == CUDA_ERROR_INVALID_VALUE,
+          "a device pointer for memory not mapped for the device");
+    CHECK(cuMemHostGetDevicePointer_v2(&dp, mapped, 1) == CUDA_ERROR_INVALID_VALUE, "flags must be 0");
+    int local = 0;
+    CHECK(cuMemHostGetDevicePointer_v2(&dq, &local, 0) == CUDA_ERROR_INVALID_VALUE, "pageable memory mapped");
+    CHECK_CU(cuMemHostGetDevicePointer_v2(&dp, mapped, 0));
+    _Atomic uint32_t *w = mapped;
+    CHECK(cuStreamWaitValue32_v2(s, (CUdeviceptr)(uintptr_t)plain, 1, 0) == CUDA_ERROR_INVALID_VALUE,
+          "a wait on memory the device cannot address");
+    CHECK(cuStreamWaitValue32_v2(s, dp + 2, 1, 0) == CUDA_ERROR_INVALID_VALUE, "a misaligned word");
+    CHECK(cuStreamWaitValue32_v2(s, dp, 1, 0x7) == CUDA_ERROR_INVALID_VALUE, "an unknown condition");
+    CHECK(cuStreamWaitValue32_v2(s, dp, 1, 1u << 30) == CUDA_ERROR_NOT_SUPPORTED,
+          "FLUSH without CAN_FLUSH_REMOTE_WRITES");
+    uint64_t calls0 = fakeWaitValueCalls();
+    /* GEQ on 5: the kernel behind it waits while the word is below */
+    fake_func f = {32, 0, 1000000, 0};
+    CHECK(fakeFunctionSet((CUfunction)(uintptr_t)0xe100, &f) == 0, "fakeFunctionSet");
+    CUevent e0, e1;
+    CHECK_CU(cuEventCreate(&e0, 0));
+    CHECK_CU(cuEventCreate(&e1, 0));
+    atomic_store(w, 4);
+    CHECK_CU(cuStreamWaitValue32_v2(s, dp, 5, 0 /* GEQ */));
+    CHECK_CU(cuEventRecord(e0, s));
+    CHECK_CU(cuLaunchKernel((CUfunction)(uintptr_t)0xe100, 16, 1, 1, 256, 1, 1, 0, s, NULL, NULL));
+    CHECK_CU(cuEventRecord(e1, s));
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, sync_thread, s) == 0, "pthread_create");
+    struct timespec ts = {0, 30000000};
+    nanosleep(&ts, NULL);
+    CHECK(cuEventQuery(e0) == CUDA_ERROR_NOT_READY, "an event behind an unmet wait completed");
+    CHECK(pthread_tryjoin_np(t, NULL) != 0, "a stream synchronize returned with a wait unmet");
+    atomic_store(w, 5);
+    CHECK(pthread_join(t, NULL) == 0, "join");
+    CHECK_CU(cuEventQuery(e1));
+    float ms = 0;
+    CHECK_CU(cuEventElapsedTime(&ms, e0, e1));
+    /* the held work runs back to back once released: the kernel's time
+     * (a partial wave: 16 of 128 blocks), not the wait */
+    CHECK(ms > 0.1f && ms < 1.1f, "the held kernel measured %.3f ms, want its device time", ms);
+    /* cyclic GEQ: 0x00000001 is "after" 0xffffffff */
+    atomic_store(w, 1);
+    CHECK_CU(cuStreamWaitValue32_v2(s, dp, 0xffffffffu, 0));
+    CHECK_CU(cuEventRecord(e0, s));
+    CHECK_CU(cuStreamSynchronize(s));
+    /* EQ, AND, NOR: each held until its condition holds */
+    struct { unsigned op; uint32_t value, unmet, met; } rows[] = {
+        {1, 7, 6, 7}, {2, 0x10, 0x0f, 0x30}, {3, 0xfffffff0u, 0xffffffffu, 0x0000000eu}};
+    for (unsigned i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+        atomic_store(w, rows[i].unmet);
+        CHECK_CU(cuStreamWaitValue32_v2(s, dp, rows[i].value, rows[i].op));
+        CHECK_CU(cuEventRecord(e0, s));
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+        CHECK(cuEventQuery(e0) == CUDA_ERROR_NOT_READY, "op %u: passed on %#x", rows[i].op, rows[i].unmet);
+        atomic_store(w, rows[i].met);
+        CHECK_CU(cuStreamSynchronize(s));
+        CHECK_CU(cuEventQuery(e0));
+    }
+    CHECK(fakeWaitValueCalls() - calls0 == 5, "%llu waits counted, want 5",
+          (unsigned long long)(fakeWaitValueCalls() - calls0));
+    /* the poller, not only a driver call, sees the word: no call is made
+     * between the store and the event's completion */
+    atomic_store(w, 0);
+    CHECK_CU(cuStreamWaitValue32_v2(s, dp, 1, 0));
+    CHECK_CU(cuEventRecord(e0, s));
+    atomic_store(w, 1);
+    nanosleep(&(struct timespec){0, 20000000}, NULL);
+    CHECK(cuEventElapsedTime(&ms, e0, e0) == CUDA_SUCCESS, "the wait was not released without a driver call");
+    CHECK_CU(cuMemFreeHost(plain));
+    CHECK(cuMemFreeHost(plain) == CUDA_ERROR_INVALID_VALUE, "a double free of host memory accepted");
+    CHECK_CU(cuMemFreeHost(mapped));
+    CHECK(fakeHostAllocs() == 0, "host allocations left");
+}
+
+/* The knobs that make the fake a driver without them: no mapped host
+ * memory (FAKE_CUDA_MAP_HOST=0), no stream memory operations
+ * (FAKE_CUDA_STREAM_MEMOPS=0); and host allocations go with their context. */
+TEST_LIB(fake_stream_wait_value_unsupported, "none") {
+    setenv("FAKE_CUDA_MAP_HOST", "0", 1);
+    CUcontext c = ctx_on(0);
+    int v = -1;
+    CHECK_CU(cuDeviceGetAttribute(&v, 19 /* CAN_MAP_HOST_MEMORY */, 0));
+    CHECK(v == 0, "CAN_MAP_HOST_MEMORY %d with FAKE_CUDA_MAP_HOST=0", v);
+    void *mapped = NULL;
+    CHECK_CU(cuMemHostAlloc(&mapped, 64, 0x2));
+    CUdeviceptr dp;
+    CHECK(cuMemHostGetDevicePointer_v2(&dp, mapped, 0) == CUDA_ERROR_NOT_SUPPORTED, "mapped without the device's support");
+    unsetenv("FAKE_CUDA_MAP_HOST");
+    CHECK_CU(cuDeviceGetAttribute(&v, 19, 0));
+    CHECK(v == 1, "CAN_MAP_HOST_MEMORY %d by default", v);
+    CHECK_CU(cuMemHostGetDevicePointer_v2(&dp, mapped, 0));
+    setenv("FAKE_CUDA_STREAM_MEMOPS", "0", 1);
+    CUstream s;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    CHECK(cuStreamWaitValue32_v2(s, dp, 0, 0) == CUDA_ERROR_NOT_SUPPORTED, "a wait without stream memory operations");
+    unsetenv("FAKE_CUDA_STREAM_MEMOPS");
+    CHECK_CU(cuStreamWaitValue32_v2(s, dp, 0, 0));
+    CHECK_CU(cuStreamSynchronize(s));
+    setenv("FAKE_CUDA_HOST_ALLOC_FAIL", "1", 1);
+    void *more = NULL;
+    CHECK(cuMemHostAlloc(&more, 64, 0x2) == CUDA_ERROR_OUT_OF_MEMORY, "FAKE_CUDA_HOST_ALLOC_FAIL ignored");
+    unsetenv("FAKE_CUDA_HOST_ALLOC_FAIL");
+    CHECK(fakeHostAllocs() == 1, "%d host allocations", fakeHostAllocs());
+    CHECK_CU(cuCtxDestroy_v2(c));
+    CHECK(fakeHostAllocs() == 0, "a destroyed context's host allocation kept");
+}
