@@ -132,7 +132,11 @@ typedef struct fake_stats {
     uint64_t launches;
     uint64_t busy;       /* ns at least one kernel ran (union), by `at` */
     uint64_t at;         /* CLOCK_MONOTONIC ns of this reading */
+    uint64_t switches;   /* times the device turned from one process's work to another's */
 } fake_stats;
+/* When a recorded event was reached on the device (CLOCK_MONOTONIC ns, the
+ * clock now_ns() reads): 0, else -1 while it has not been. */
+int fakeEventTime(CUevent e, uint64_t *ns);
 
 /* How a function behaves on the fake device: registers per thread and
  * static shared memory (occupancy), the device time of one wave of
