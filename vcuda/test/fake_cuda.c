@@ -2479,6 +2479,8 @@ static uint64_t ts_real(const ts_proc *P, uint64_t v, uint64_t sub) {
             best = r > sub ? r : sub;
         }
     }
+    if (!P->nseg && !P->want) /* never served, nothing waiting: time 0 of its clock is now */
+        return sub ? sub : now_ns();
     if (!best && k == P->nseg && P->nseg) { /* older than the ring: its oldest segment */
         const ts_seg *g = &P->seg[(P->head + TS_NSEG - P->nseg) % TS_NSEG];
         best = g->rs > sub ? g->rs : sub;
@@ -2495,6 +2497,8 @@ static uint64_t ts_when(int d, int slot, uint64_t v, uint64_t sub, int block) {
         spin_lock(&s->lock);
         ts_resolve(d, now);
         ts_proc *P = ts_of(slot, d);
+        if (v > P->backlog) /* a timeline inherited across fork, of the parent's clock */
+            v = P->backlog;
         uint64_t r = ts_real(P, v, sub);
         uint64_t left = v > P->served ? v - P->served : 0;
         spin_unlock(&s->lock);
@@ -2538,6 +2542,8 @@ static void ts_queue_wait(int d, _Atomic uint64_t *su, uint64_t *start, uint64_t
         ts_resolve(d, now_ns());
         ts_proc *P = ts_me(d, NULL);
         uint64_t served = P ? P->served : 0, v = atomic_load(su);
+        if (P && v > P->backlog) /* inherited across fork */
+            v = P->backlog;
         spin_unlock(&s->lock);
         uint64_t a = v > served ? v - served : 0;
         if (a <= q) {
@@ -2688,6 +2694,8 @@ static uint64_t ts_schedule_locked(int d, _Atomic uint64_t *su, uint64_t dur, in
     if (!P) /* the process table is full: the work runs nowhere */
         return atomic_load(su);
     uint64_t start = atomic_load(su);
+    if (start > P->backlog) /* a stream inherited across fork carries the parent's clock */
+        start = P->backlog;
     if (start < P->served)
         start = P->served; /* its clock stood still while it had no work */
     if (full) {
