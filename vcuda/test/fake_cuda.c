@@ -289,12 +289,14 @@ static void init(void) {
     F.block_after = e ? atol(e) : 0;
     atomic_store(&F.next_addr, 0x100000000000ull);
     /* How the device serves processes (the "device timeline" section):
-     * fifo, or timeslice (round-robin contexts with work, a slice each).
+     * timeslice (round-robin contexts with work, a slice each, as a GPU
+     * without MPS; the default: the whole suite passes on it), or fifo (a
+     * process's work behind all another queued before it; for comparison).
      * Anything else is a typo that would measure the wrong device: refused. */
     e = getenv("FAKE_CUDA_SCHED");
-    if (!e || !*e || strcmp(e, "fifo") == 0) {
+    if (e && strcmp(e, "fifo") == 0) {
         F.ts_on = 0;
-    } else if (strcmp(e, "timeslice") == 0) {
+    } else if (!e || !*e || strcmp(e, "timeslice") == 0) {
         F.ts_on = 1;
     } else {
         fprintf(stderr, "fake libcuda: FAKE_CUDA_SCHED=%s: want fifo or timeslice\n", e);

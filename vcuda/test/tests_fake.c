@@ -359,7 +359,8 @@ TEST_LIB(fake_stream_wait_value_unsupported, "none") {
  * so the rows below assert the replay, not how fast the host ran it (a host
  * bound appears only where the case submits, and is 5x what it allows).
  * Each row fails under FAKE_CUDA_SCHED=fifo (the environment's value wins
- * over the case's, so running the case by hand with it checks that), where
+ * over the case's, the default, so running the case by hand with it checks
+ * that), where
  * a process's work waits for all another queued before it, except where a
  * row says otherwise. */
 #define TS_BLOCKS 128 /* of 256 threads: one wave of the fake's 16 SMs */
