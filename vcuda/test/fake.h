@@ -185,7 +185,8 @@ int fakeGraphSetKernels(CUgraphExec exec, unsigned n);
  * FAKE_CUDA_VARY (fake_device_model.c). */
 int fakeFunctionVary(CUfunction f, const char *how);
 /* Device time of process pid on dev (the union of its kernels), exact up
- * to *at: the last time the process queued work (fake_device_model.c). */
+ * to *at: under fifo the last time the process queued work, under
+ * timeslice the last replay that served it (fake_device_model.c). */
 int fakeModelBusy(int dev, int pid, uint64_t *busy, uint64_t *at);
 /* cuStreamWaitValue32_v2 calls that queued a wait in this process, and
  * cuMemHostAlloc allocations alive in it. */
