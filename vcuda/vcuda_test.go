@@ -150,14 +150,15 @@ func caseEnv(dir, lib, tmp string) []string {
 
 // execCase runs one C case of bin in its own process, with scratch
 // directory tmp, for at most timeout (timedOut says it was killed for that).
-func execCase(dir, bin string, c cCase, tmp string, timeout time.Duration) (out []byte, timedOut bool, err error) {
+// extra is appended to the case's environment (a fake driver's knob).
+func execCase(dir, bin string, c cCase, tmp string, timeout time.Duration, extra ...string) (out []byte, timedOut bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(dir, bin), c.name)
 	// A grandchild holding the output pipe must not keep us waiting after
 	// the case has ended (children also die with their parent: PDEATHSIG).
 	cmd.WaitDelay = 5 * time.Second
-	cmd.Env = caseEnv(dir, c.lib, tmp)
+	cmd.Env = append(caseEnv(dir, c.lib, tmp), extra...)
 	out, err = cmd.CombinedOutput()
 	return out, ctx.Err() != nil, err
 }
@@ -408,6 +409,8 @@ func TestLimiterMutation(t *testing.T) {
 		{"norelax", "limiter_never_invalidates_a_capture", "invalidated"},
 		{"expiredfull", "limiter_settles_an_expired_gate_at_its_kernel", "settled in full"},
 		{"nobacklogcap", "limiter_caps_the_backlog_behind_a_held_gate", "behind a held stream"},
+		{"dgatestuck", "limiter_device_gate_opens_with_the_launch", "did not open it"},
+		{"nowatchdog", "limiter_device_gate_watchdog_opens_a_held_gate", "no watchdog gave up"},
 	} {
 		t.Run(m.mutant+"/"+strings.TrimPrefix(m.kase, "limiter_"), func(t *testing.T) {
 			out, timedOut, err := execCase(dir, "vcuda_tests", cCase{m.kase, "mut-" + m.mutant}, t.TempDir(), 2*time.Minute)
@@ -418,6 +421,26 @@ func TestLimiterMutation(t *testing.T) {
 				t.Errorf("the %s mutant passes %s (err %v): the case cannot catch that regression\n%s",
 					m.mutant, m.kase, err, out)
 			} else if testing.Verbose() {
+				t.Logf("%s", bytes.TrimSpace(out))
+			}
+		})
+	}
+}
+
+// The limiter's accuracy on the host-function gate, the fallback where the
+// driver has no stream memory operations (the fake's FAKE_CUDA_STREAM_MEMOPS=0):
+// the device gate is the default everywhere else in the suite.
+func TestLimiterHostGate(t *testing.T) {
+	dir := build(t)
+	for _, kase := range []string{"limiter_prices_partial_waves", "limiter_unbiased_jitter",
+		"limiter_multi_stream_small_grids_30pct", "limiter_grid_mix_30pct"} {
+		t.Run(strings.TrimPrefix(kase, "limiter_"), func(t *testing.T) {
+			out, timedOut, err := execCase(dir, "vcuda_tests", cCase{kase, "vcuda"}, t.TempDir(), 2*time.Minute,
+				"FAKE_CUDA_STREAM_MEMOPS=0")
+			if timedOut || err != nil {
+				t.Fatalf("%s with the host-function gate (timed out %v): %v\n%s", kase, timedOut, err, out)
+			}
+			if testing.Verbose() {
 				t.Logf("%s", bytes.TrimSpace(out))
 			}
 		})

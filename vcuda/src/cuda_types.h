@@ -58,6 +58,9 @@ typedef enum {
 } CUdriverProcAddressQueryResult;
 
 #define CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT 16
+#define CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY 19
+#define CU_MEMHOSTALLOC_DEVICEMAP 0x02
+#define CU_STREAM_WAIT_VALUE_GEQ 0x0
 
 typedef struct CUuuid_st {
     char bytes[16];

@@ -31,10 +31,15 @@ static void credit(int kind, uint64_t size, int gpu) {
         vc_region_ctx_note(gpu, -1, size);
 }
 
-static void ctx_gone(CUcontext ctx) { vc_untrack_ctx((uint64_t)(uintptr_t)ctx, credit); }
+static void ctx_gone(CUcontext ctx) {
+    vc_dgate_ctx_gone(ctx, 0);
+    vc_untrack_ctx((uint64_t)(uintptr_t)ctx, credit);
+}
 
 VC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     PROLOGUE(cuCtxDestroy_v2);
+    if (ACTIVE())
+        vc_dgate_ctx_gone(ctx, 1); /* while its words can still be freed */
     CUresult r = vc_real.cuCtxDestroy_v2(ctx);
     if (r == CUDA_SUCCESS && ACTIVE())
         ctx_gone(ctx);
@@ -43,6 +48,8 @@ VC_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
 
 VC_EXPORT CUresult cuCtxDestroy(CUcontext ctx) {
     PROLOGUE(cuCtxDestroy);
+    if (ACTIVE())
+        vc_dgate_ctx_gone(ctx, 1); /* while its words can still be freed */
     CUresult r = vc_real.cuCtxDestroy(ctx);
     if (r == CUDA_SUCCESS && ACTIVE())
         ctx_gone(ctx);
@@ -79,6 +86,8 @@ static CUresult primary_op(CUresult (*op)(CUdevice), CUresult (*release)(CUdevic
     if (!op)
         return CUDA_ERROR_NOT_INITIALIZED;
     CUcontext c = ACTIVE() ? primary_if_active(dev, release) : NULL;
+    if (c && reset)
+        vc_dgate_ctx_gone(c, 1);
     CUresult r = op(dev);
     if (r == CUDA_SUCCESS && c && (reset || !primary_active(dev)))
         ctx_gone(c);

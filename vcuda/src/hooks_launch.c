@@ -48,6 +48,7 @@
  */
 #define _GNU_SOURCE
 #include <pthread.h>
+#include <unistd.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -411,6 +412,8 @@ typedef struct {
     int ptsz;
     CUstream stream;
     struct gate *gate;
+    int dslot;     /* a device gate: its word index + 1 (0: none) */
+    uint32_t dseq; /* ... and the value that opens it */
     uint64_t rec0_ns;   /* a sampled launch: the clock after its start event was recorded */
     uint64_t submit_ns; /* ... and just before the launch call */
 } launch_ctx;
@@ -521,6 +524,292 @@ static void gate_open(launch_ctx *lc) {
     lc->gate = NULL;
 }
 
+/*
+ * The device gate. The host-function gate runs on the driver's callback
+ * thread, so a fork-join round with a sampled launch waits for that thread
+ * (multistream alone at 90% reached 66.4% of a 76.1% ceiling on the fake;
+ * with sampling compiled out, its ceiling). Where the driver can, the gate
+ * is a wait of the stream on a 32-bit word in pinned host memory mapped
+ * for the device (cuStreamWaitValue32_v2, GEQ): the launcher closes it by
+ * queueing the wait for the word's next value and opens it by storing that
+ * value after its end event is queued; the device lets the stream go, no
+ * host thread in between. The v2 stream memory operations need no module
+ * parameter (the v1 ones did); the word needs CAN_MAP_HOST_MEMORY. Any
+ * failure (attribute, allocation, mapping, the wait) leaves the
+ * host-function gate in place: for the context, or for that launch.
+ *
+ * Each launcher thread owns one word index (DGATE_WORDS per context's
+ * pool); a word only grows (cyclic GEQ), so a wait is released by its own
+ * store or any later one and the word is never reset under a pending wait.
+ * The words are in the container's own memory: a tenant that writes one
+ * only opens its own gate early, so its sample times host overhead too,
+ * which it could already fake in-process in many ways; its share is
+ * backed by the node agent's NVML guard, not by this.
+ *
+ * A gate never opened: the launcher opens it right after the launch call
+ * returns, failed or not; if the process dies the stream dies with its
+ * context. But the launch call can block (a stream's queue filled behind
+ * the wait by other threads would wait for the gate: a deadlock), and a
+ * thread can be cancelled inside it, so a watchdog thread opens any gate
+ * closed longer than GATE_MAX_NS, as the host function gives up, and notes
+ * when (the sample is then settled as an expired one). It wakes every
+ * DGATE_TICK_NS while gates are in use and sleeps otherwise.
+ */
+#define DGATE_WORDS 1024 /* one 4 KiB page of words per context */
+#define DGATE_POOLS 16
+#define DGATE_TICK_NS 1000000ull
+typedef struct {
+    _Atomic(CUcontext) ctx;
+    int state; /* 1: words usable; -1: the device gate is off for this context */
+    _Atomic uint32_t *words;
+    CUdeviceptr dwords;
+} dgate_pool;
+static dgate_pool dpools[DGATE_POOLS];
+static pthread_mutex_t dgate_mu = PTHREAD_MUTEX_INITIALIZER;
+/* Per word index: closed gate (closed-at clock in ~1 ms units << 33, a
+ * closed bit, the value that opens it), 0 when open; the word it waits on; when the
+ * watchdog gave up on it. */
+static _Atomic uint64_t dstate[DGATE_WORDS];
+static _Atomic(_Atomic uint32_t *) dword[DGATE_WORDS];
+static _Atomic uint64_t dgave_up[DGATE_WORDS];
+static _Atomic uint32_t dused[DGATE_WORDS / 32];
+static _Atomic uint32_t dslot_hw;
+static _Thread_local int tls_dslot __attribute__((tls_model("initial-exec"))); /* index + 1; -1: none free */
+static _Atomic int wd_sleeping;
+static pid_t wd_pid;
+static pthread_cond_t wd_cv = PTHREAD_COND_INITIALIZER;
+
+#define DGATE_UNITS(ns) (((ns) >> 20) & 0x7fffffffu) /* ~1 ms units, 31 bits */
+static uint64_t dgate_closed_state(uint64_t now, uint32_t seq) {
+    return (DGATE_UNITS(now) << 33) | (1ull << 32) | seq;
+}
+static int dgate_expired(uint64_t st, uint64_t now) {
+    return ((DGATE_UNITS(now) - (st >> 33)) & 0x7fffffffu) > (GATE_MAX_NS >> 20);
+}
+/* Open every gate closed too long (under dgate_mu). Returns whether any
+ * gate is closed. */
+static int dgate_sweep(void) {
+    int closed = 0;
+    uint32_t n = atomic_load(&dslot_hw);
+    uint64_t now = vc_now_ns();
+    for (uint32_t i = 0; i < n && i < DGATE_WORDS; i++) {
+        uint64_t st = atomic_load(&dstate[i]);
+        if (!st)
+            continue;
+        closed = 1;
+        if (dgate_expired(st, now) && atomic_compare_exchange_strong(&dstate[i], &st, 0)) {
+            atomic_store(&dgave_up[i], vc_now_ns());
+            _Atomic uint32_t *w = atomic_load(&dword[i]);
+            if (w)
+                atomic_store_explicit(w, (uint32_t)st, memory_order_release);
+        }
+    }
+    return closed;
+}
+static void *dgate_watchdog(void *arg) {
+    (void)arg;
+    for (unsigned idle = 0;;) {
+        pthread_mutex_lock(&dgate_mu);
+        idle = dgate_sweep() ? 0 : idle + 1;
+        if (idle > 200) { /* no gate for ~200 ms: sleep until one closes */
+            atomic_store(&wd_sleeping, 1);
+            while (!dgate_sweep() && atomic_load(&wd_sleeping))
+                pthread_cond_wait(&wd_cv, &dgate_mu);
+            atomic_store(&wd_sleeping, 0);
+            idle = 0;
+        }
+        pthread_mutex_unlock(&dgate_mu);
+        struct timespec ts = {0, (long)DGATE_TICK_NS};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+static void dgate_wake_watchdog(void) {
+    if (atomic_load(&wd_sleeping)) {
+        pthread_mutex_lock(&dgate_mu);
+        atomic_store(&wd_sleeping, 0);
+        pthread_cond_signal(&wd_cv);
+        pthread_mutex_unlock(&dgate_mu);
+    }
+}
+/* Under dgate_mu: a watchdog for this process (a forked child has none). */
+static int dgate_watchdog_running(void) {
+    if (wd_pid == getpid())
+        return 1;
+#ifdef VC_MUTATE_NO_WATCHDOG
+    (void)dgate_watchdog;
+    return 1; /* no give-up: a gate stays closed until its launcher opens it */
+#endif
+    pthread_t t;
+    pthread_attr_t a;
+    if (pthread_attr_init(&a) != 0)
+        return 0;
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    int ok = pthread_create(&t, &a, dgate_watchdog, NULL) == 0;
+    pthread_attr_destroy(&a);
+    if (ok)
+        wd_pid = getpid();
+    return ok;
+}
+
+/* This thread's word index, or -1. */
+static int dgate_slot(void) {
+    if (VC_LIKELY(tls_dslot > 0))
+        return tls_dslot - 1;
+    if (tls_dslot < 0)
+        return -1;
+    for (uint32_t i = 0; i < DGATE_WORDS / 32; i++) {
+        uint32_t m = atomic_load(&dused[i]);
+        while (~m) {
+            uint32_t b = (uint32_t)__builtin_ctz(~m);
+            if (atomic_compare_exchange_weak(&dused[i], &m, m | (1u << b))) {
+                uint32_t slot = i * 32 + b, hw = atomic_load(&dslot_hw);
+                while (hw <= slot && !atomic_compare_exchange_weak(&dslot_hw, &hw, slot + 1))
+                    ;
+                tls_dslot = (int)slot + 1;
+                return (int)slot;
+            }
+        }
+    }
+    tls_dslot = -1; /* every word taken: this thread keeps the host-function gate */
+    return -1;
+}
+/* A thread that ends gives its word index back (its gate is open). */
+static void dgate_slot_free(void) {
+    if (tls_dslot > 0) {
+        uint32_t s = (uint32_t)tls_dslot - 1;
+        atomic_fetch_and(&dused[s / 32], ~(1u << (s % 32)));
+    }
+    tls_dslot = 0;
+}
+
+/* The pool of ctx (dev its device), made at its first sampled launch and
+ * never again on the launch path; NULL: the device gate is off there. */
+static dgate_pool *dgate_pool_of(CUcontext ctx, CUdevice dev) {
+    for (int i = 0; i < DGATE_POOLS; i++)
+        if (atomic_load_explicit(&dpools[i].ctx, memory_order_acquire) == ctx)
+            return dpools[i].state > 0 ? &dpools[i] : NULL;
+    if (!vc_real.cuMemHostAlloc || !vc_real.cuMemHostGetDevicePointer_v2 || !vc_real.cuStreamWaitValue32_v2 ||
+        !vc_real.cuDeviceGetAttribute)
+        return NULL;
+    pthread_mutex_lock(&dgate_mu);
+    dgate_pool *p = NULL;
+    for (int i = 0; i < DGATE_POOLS && !p; i++)
+        if (atomic_load(&dpools[i].ctx) == ctx)
+            p = &dpools[i];
+    for (int i = 0; i < DGATE_POOLS && !p; i++)
+        if (!atomic_load(&dpools[i].ctx))
+            p = &dpools[i];
+    if (!p || atomic_load(&p->ctx) == ctx) { /* table full, or made meanwhile */
+        pthread_mutex_unlock(&dgate_mu);
+        return p && p->state > 0 ? p : NULL;
+    }
+    /* under a global-mode capture elsewhere an allocation would invalidate it */
+    int mode = relax(), can = 0;
+    void *h = NULL;
+    CUdeviceptr d = 0;
+    p->state = -1;
+    if (vc_real.cuDeviceGetAttribute(&can, CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY, dev) == CUDA_SUCCESS && can &&
+        dgate_watchdog_running() &&
+        vc_real.cuMemHostAlloc(&h, DGATE_WORDS * sizeof(uint32_t), CU_MEMHOSTALLOC_DEVICEMAP) == CUDA_SUCCESS) {
+        if (vc_real.cuMemHostGetDevicePointer_v2(&d, h, 0) == CUDA_SUCCESS) {
+            p->words = h;
+            p->dwords = d;
+            p->state = 1;
+        } else if (vc_real.cuMemFreeHost) {
+            vc_real.cuMemFreeHost(h);
+        }
+    }
+    unrelax(mode);
+    atomic_store_explicit(&p->ctx, ctx, memory_order_release);
+    pthread_mutex_unlock(&dgate_mu);
+    return p->state > 0 ? p : NULL;
+}
+/* Before ctx is destroyed (freeh: free the words; the driver has not yet)
+ * or after (it freed them with the context): forget its pool; a gate
+ * closed there is dropped, its stream going with the context. */
+void vc_dgate_ctx_gone(CUcontext ctx, int freeh) {
+    pthread_mutex_lock(&dgate_mu);
+    for (int i = 0; i < DGATE_POOLS; i++) {
+        dgate_pool *p = &dpools[i];
+        if (atomic_load(&p->ctx) != ctx)
+            continue;
+        for (uint32_t s = 0; s < DGATE_WORDS; s++) {
+            _Atomic uint32_t *w = atomic_load(&dword[s]);
+            if (p->words && w >= p->words && w < p->words + DGATE_WORDS) {
+                atomic_store(&dstate[s], 0);
+                atomic_store(&dword[s], NULL);
+            }
+        }
+        if (freeh && p->words && vc_real.cuMemFreeHost && vc_real.cuCtxPushCurrent_v2 &&
+            vc_real.cuCtxPushCurrent_v2(ctx) == CUDA_SUCCESS) {
+            CUcontext o;
+            vc_real.cuMemFreeHost((void *)p->words);
+            vc_real.cuCtxPopCurrent_v2(&o);
+        }
+        p->words = NULL;
+        p->dwords = 0;
+        p->state = 0;
+        atomic_store(&p->ctx, NULL);
+    }
+    pthread_mutex_unlock(&dgate_mu);
+}
+
+/* Close a device gate on the launch's stream; 0 if it cannot be (the
+ * host-function gate is used instead). */
+static int dgate_close(launch_ctx *lc, CUcontext ctx, CUdevice dev) {
+    int slot = dgate_slot();
+    dgate_pool *p = slot >= 0 ? dgate_pool_of(ctx, dev) : NULL;
+    if (!p)
+        return 0;
+    CUresult (*wait)(CUstream, CUdeviceptr, uint32_t, unsigned int) =
+        lc->ptsz && vc_real.cuStreamWaitValue32_v2_ptsz ? vc_real.cuStreamWaitValue32_v2_ptsz
+                                                         : vc_real.cuStreamWaitValue32_v2;
+    _Atomic uint32_t *w = &p->words[slot];
+    uint32_t seq = atomic_load_explicit(w, memory_order_relaxed) + 1;
+    atomic_store(&dword[slot], w);
+    atomic_store(&dgave_up[slot], 0);
+    atomic_store(&dstate[slot], dgate_closed_state(vc_now_ns(), seq));
+    dgate_wake_watchdog();
+    CUresult r = wait(lc->stream, p->dwords + (CUdeviceptr)slot * sizeof(uint32_t), seq, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS) {
+        atomic_store(&dstate[slot], 0);
+        if (r == CUDA_ERROR_NOT_SUPPORTED) { /* no stream memory operations here: stop trying */
+            pthread_mutex_lock(&dgate_mu);
+            if (atomic_load(&p->ctx) == ctx)
+                p->state = -1;
+            pthread_mutex_unlock(&dgate_mu);
+        }
+        return 0;
+    }
+    lc->dslot = slot + 1;
+    lc->dseq = seq;
+    VC_TEST_DELAY("gate"); /* a launcher descheduled past GATE_MAX_NS */
+    return 1;
+}
+/* Open it; returns when the watchdog gave up on it, 0 if it did not. */
+static uint64_t dgate_open(launch_ctx *lc) {
+    if (!lc->dslot)
+        return 0;
+    int slot = lc->dslot - 1;
+    lc->dslot = 0;
+#ifdef VC_MUTATE_DGATE_STUCK
+    (void)slot;
+    return 0; /* the launcher never opens its gate: the watchdog does, GATE_MAX_NS later */
+#endif
+    uint64_t gave_up = 0;
+    if (!atomic_exchange(&dstate[slot], 0)) {
+        /* the watchdog gave up (or the context went): let it finish */
+        pthread_mutex_lock(&dgate_mu);
+        pthread_mutex_unlock(&dgate_mu);
+        gave_up = atomic_load(&dgave_up[slot]);
+    }
+    _Atomic uint32_t *w = atomic_load(&dword[slot]);
+    if (w)
+        atomic_store_explicit(w, lc->dseq, memory_order_release);
+    return gave_up;
+}
+
 /* A thread that ends gives its ring's events back (a pool that starts
  * launcher threads again and again would otherwise leak up to 2 x
  * SAMPLE_RING events each; the driver frees an event still pending when it
@@ -529,6 +818,7 @@ static pthread_key_t ring_key;
 static pthread_once_t ring_once = PTHREAD_ONCE_INIT;
 static void ring_free(void *p) {
     sample_slot *ring = p;
+    dgate_slot_free();
     for (int i = 0; i < SAMPLE_RING; i++)
         for (int k = 0; k < 2; k++)
             if (ring[i].ev[k])
@@ -879,8 +1169,10 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
     sample_slot *sl;
     if (due && (sl = free_slot())) {
         tls.sampled_at = now;
-        lc->gate = gate_close(lc);
+        if (!dgate_close(lc, sl->ctx, dev))
+            lc->gate = gate_close(lc);
         if (record(lc, sl->ev[0]) != CUDA_SUCCESS) {
+            dgate_open(lc);
             gate_open(lc);
         } else {
             lc->sample = 1;
@@ -925,7 +1217,9 @@ static void after_launch(launch_ctx *lc, CUresult r) {
      * see harvest); the kernel started no earlier than the launch call.
      * Read while this launcher still holds the gate; a give-up whose store
      * is not seen yet is missed, and the sample settled in full. */
-    uint64_t gave_up = lc->gate ? atomic_load_explicit(&lc->gate->gave_up, memory_order_acquire) : 0;
+    uint64_t gave_up = lc->dslot ? dgate_open(lc)
+                       : lc->gate ? atomic_load_explicit(&lc->gate->gave_up, memory_order_acquire)
+                                  : 0;
     uint64_t ev0_by = gave_up > lc->rec0_ns ? gave_up : lc->rec0_ns;
     sl->host_ns = gave_up && lc->submit_ns > ev0_by ? lc->submit_ns - ev0_by : 0;
     gate_open(lc);

@@ -52,6 +52,11 @@
     X(cuEventQuery, (CUevent))                                                                     \
     X(cuLaunchHostFunc, (CUstream, void (*)(void *), void *))                                      \
     X(cuLaunchHostFunc_ptsz, (CUstream, void (*)(void *), void *))                                 \
+    X(cuMemHostAlloc, (void **, size_t, unsigned int))                                             \
+    X(cuMemFreeHost, (void *))                                                                     \
+    X(cuMemHostGetDevicePointer_v2, (CUdeviceptr *, void *, unsigned int))                         \
+    X(cuStreamWaitValue32_v2, (CUstream, CUdeviceptr, uint32_t, unsigned int))                     \
+    X(cuStreamWaitValue32_v2_ptsz, (CUstream, CUdeviceptr, uint32_t, unsigned int))                \
     X(cuEventSynchronize, (CUevent))                                                               \
     X(cuEventElapsedTime, (float *, CUevent, CUevent))                                             \
     X(cuEventDestroy_v2, (CUevent))                                                                \

@@ -98,6 +98,9 @@ void vc_test_delay(const char *point);
 
 /* Maps a CUDA device ordinal to its gpu record: >= 0, or -1 when the device's
  * UUID is not in the limits file (cap 0), or -2 when it cannot be told. */
+/* The limiter's device gates of ctx (hooks_launch.c): forget them when the
+ * context goes; freeh: before the driver destroys it (their words are freed). */
+void vc_dgate_ctx_gone(CUcontext ctx, int freeh);
 int vc_dev_gpu(CUdevice dev);
 /* The SM count of a device ordinal (cached; >= 1). */
 int vc_dev_sms(CUdevice dev);

@@ -80,6 +80,12 @@ CUresult cuLibraryLoadData(CUlibrary *, const void *, void *, void **, unsigned,
 CUresult cuLibraryUnload(CUlibrary);
 CUresult cuLibraryGetKernel(CUkernel *, CUlibrary, const char *);
 CUresult cuKernelGetFunction(CUfunction *, CUkernel);
+CUresult cuMemHostAlloc(void **, size_t, unsigned);
+CUresult cuMemFreeHost(void *);
+CUresult cuMemHostGetDevicePointer_v2(CUdeviceptr *, void *, unsigned);
+CUresult cuStreamWaitValue32_v2(CUstream, CUdeviceptr, uint32_t, unsigned);
+CUresult cuEventQuery(CUevent);
+CUresult cuEventElapsedTime(float *, CUevent, CUevent);
 CUresult cuGetProcAddress(const char *, void **, int, cuuint64_t);
 CUresult cuGetProcAddress_v2(const char *, void **, int, cuuint64_t,
                              CUdriverProcAddressQueryResult *);

@@ -19,6 +19,9 @@
  *                       CUDA 12 context on the device's architecture,
  *                       FAKE_CTX_BYTES_*; 0 for cases that need exact byte
  *                       arithmetic about something else)
+ *   FAKE_CUDA_MAP_HOST=0       the device cannot map host memory
+ *   FAKE_CUDA_STREAM_MEMOPS=0  cuStreamWaitValue32_v2 is not supported
+ *   FAKE_CUDA_HOST_ALLOC_FAIL=1  cuMemHostAlloc fails (out of memory)
  *   FAKE_CUDA_PROC_INTERNAL=1  cuGetProcAddress (version >= 12050) hands out
  *                       internal entry points that are in no symbol table
  *
@@ -136,7 +139,11 @@ typedef struct fake_stats {
     uint64_t launches;
     uint64_t busy;       /* ns at least one kernel ran (union), by `at` */
     uint64_t at;         /* CLOCK_MONOTONIC ns of this reading */
+    uint64_t switches;   /* times the device turned from one process's work to another's */
 } fake_stats;
+/* When a recorded event was reached on the device (CLOCK_MONOTONIC ns, the
+ * clock now_ns() reads): 0, else -1 while it has not been. */
+int fakeEventTime(CUevent e, uint64_t *ns);
 
 /* How a function behaves on the fake device: registers per thread and
  * static shared memory (occupancy), the device time of one wave of
@@ -185,7 +192,16 @@ int fakeGraphSetKernels(CUgraphExec exec, unsigned n);
  * FAKE_CUDA_VARY (fake_device_model.c). */
 int fakeFunctionVary(CUfunction f, const char *how);
 /* Device time of process pid on dev (the union of its kernels), exact up
- * to *at: the last time the process queued work (fake_device_model.c). */
+ * to *at: under fifo the last time the process queued work, under
+ * timeslice the last replay that served it (fake_device_model.c). */
 int fakeModelBusy(int dev, int pid, uint64_t *busy, uint64_t *at);
+/* cuStreamWaitValue32_v2 calls that queued a wait in this process, and
+ * cuMemHostAlloc allocations alive in it. */
+uint64_t fakeWaitValueCalls(void);
+int fakeHostAllocs(void);
+/* Waits not yet released (their words re-read first); cuLaunchHostFunc
+ * calls accepted in this process. */
+int fakeWaitsPending(void);
+uint64_t fakeHostFuncCalls(void);
 
 #endif

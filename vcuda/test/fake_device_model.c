@@ -198,22 +198,21 @@ static uint64_t share_sms(int d, uint64_t stream, uint64_t start, uint64_t dur, 
     return dur;
 }
 
-/* The launch queue is full: wait for the device to drain it. */
-static void queue_wait(uint64_t start) {
-    struct timespec now;
-    clock_gettime(CLOCK_MONOTONIC, &now);
-    uint64_t t = (uint64_t)now.tv_sec * 1000000000ull + (uint64_t)now.tv_nsec;
-    if (start > t + M.queue_ns) {
-        uint64_t w = start - t - M.queue_ns;
+/* The launch queue is full: wait for the device to drain it (ahead: ns of
+ * the stream's work queued, which the device drains at most as fast as the
+ * clock runs). */
+static void queue_wait(uint64_t ahead) {
+    if (ahead > M.queue_ns) {
+        uint64_t w = ahead - M.queue_ns;
         struct timespec ts = {(time_t)(w / 1000000000ull), (long)(w % 1000000000ull)};
         nanosleep(&ts, NULL);
     }
 }
 
-uint64_t fdm_kernel_ns(int d, uint64_t func, uint64_t stream, uint64_t start, uint64_t grid, uint64_t per_wave, uint64_t wave_ns,
-                       uint64_t overhead_ns) {
+uint64_t fdm_kernel_ns(int d, uint64_t func, uint64_t stream, uint64_t start, uint64_t ahead, uint64_t grid,
+                       uint64_t per_wave, uint64_t wave_ns, uint64_t overhead_ns) {
     init();
-    queue_wait(start);
+    queue_wait(ahead);
     double t = (double)shape_ns(grid, per_wave, wave_ns) * variation(func) * decode_growth();
     uint64_t dur = overhead_ns + (uint64_t)t;
     return share_sms(d, stream, start, dur, (double)grid / (double)per_wave);
@@ -237,10 +236,10 @@ int fakeGraphSetKernels(CUgraphExec e, unsigned n) {
     return -1;
 }
 
-uint64_t fdm_graph_ns(CUgraphExec e, uint64_t start, uint64_t blocks, uint64_t per_wave, uint64_t wave_ns,
+uint64_t fdm_graph_ns(CUgraphExec e, uint64_t ahead, uint64_t blocks, uint64_t per_wave, uint64_t wave_ns,
                       uint64_t overhead_ns) {
     init();
-    queue_wait(start);
+    queue_wait(ahead);
     unsigned n = 1;
     for (int i = 0; i < NGRAPH && graphs[i].exec; i++)
         if (graphs[i].exec == (uintptr_t)e)
@@ -255,6 +254,10 @@ uint64_t fdm_graph_ns(CUgraphExec e, uint64_t start, uint64_t blocks, uint64_t p
 uint64_t fdm_switch_ns(void) {
     init();
     return M.ctxsw_ns;
+}
+uint64_t fdm_queue_ns(void) {
+    init();
+    return M.queue_ns;
 }
 
 /* ---- device time by process ----
@@ -361,6 +364,17 @@ void fdm_busy(int d, uint64_t st, uint64_t en, uint64_t now) {
         sl->at[d] = now, sl->busy[d] = b;
         atomic_fetch_add(&sl->seq, 1);
     }
+}
+
+void fdm_publish_busy(int d, int pid, uint64_t busy, uint64_t at) {
+    if (d < 0 || d >= FDM_MAX_DEVS)
+        return;
+    busy_slot *sl = busy_of(pid, 1);
+    if (!sl)
+        return;
+    atomic_fetch_add(&sl->seq, 1);
+    sl->at[d] = at, sl->busy[d] = busy;
+    atomic_fetch_add(&sl->seq, 1);
 }
 
 int fakeModelBusy(int d, int pid, uint64_t *busy, uint64_t *at) {

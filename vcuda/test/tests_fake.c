@@ -2,7 +2,10 @@
  * fake alone (no vcuda preloaded): a double is only as good as its
  * strictness, so each documented rule the fake claims is a row here. */
 #define _GNU_SOURCE
+#include <pthread.h>
+#include <stdatomic.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cuda_api.h"
@@ -219,3 +222,418 @@ static void modules_on_fake(int eager) {
 }
 TEST_LIB(fake_modules_lazy, "none") { modules_on_fake(0); }
 TEST_LIB(fake_modules_eager, "none") { modules_on_fake(1); }
+
+/* Mapped pinned memory and cuStreamWaitValue32_v2, as the CUDA driver API
+ * documents them ("Stream Memory Operations", "Memory Management"): the
+ * wait takes a device pointer (mapped host memory: DEVICEMAP, then
+ * cuMemHostGetDevicePointer, which refuses memory allocated without it);
+ * flags are GEQ (cyclic), EQ, AND, NOR, optionally FLUSH (platform
+ * hardware only); the stream's later work waits until the condition holds,
+ * and an event recorded behind it completes only then. Never-met waits
+ * are bounded here: the case writes the word itself. */
+static void *sync_thread(void *p) {
+    cuStreamSynchronize((CUstream)p);
+    return NULL;
+}
+TEST_LIB(fake_stream_wait_value, "none") {
+    ctx_on(0);
+    CUstream s;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    void *mapped = NULL, *plain = NULL;
+    CHECK(cuMemHostAlloc(&mapped, 4096, 0x80) == CUDA_ERROR_INVALID_VALUE, "unknown host-alloc flag accepted");
+    CHECK_CU(cuMemHostAlloc(&mapped, 4096, 0x2 /* DEVICEMAP */));
+    CHECK_CU(cuMemHostAlloc(&plain, 4096, 0));
+    CHECK(fakeHostAllocs() == 2, "%d host allocations alive, want 2", fakeHostAllocs());
+    CUdeviceptr dp = 0, dq = 0;
+    CHECK(cuMemHostGetDevicePointer_v2(&dq, plain, 0) == CUDA_ERROR_INVALID_VALUE,
+          "a device pointer for memory not mapped for the device");
+    CHECK(cuMemHostGetDevicePointer_v2(&dp, mapped, 1) == CUDA_ERROR_INVALID_VALUE, "flags must be 0");
+    int local = 0;
+    CHECK(cuMemHostGetDevicePointer_v2(&dq, &local, 0) == CUDA_ERROR_INVALID_VALUE, "pageable memory mapped");
+    CHECK_CU(cuMemHostGetDevicePointer_v2(&dp, mapped, 0));
+    _Atomic uint32_t *w = mapped;
+    CHECK(cuStreamWaitValue32_v2(s, (CUdeviceptr)(uintptr_t)plain, 1, 0) == CUDA_ERROR_INVALID_VALUE,
+          "a wait on memory the device cannot address");
+    CHECK(cuStreamWaitValue32_v2(s, dp + 2, 1, 0) == CUDA_ERROR_INVALID_VALUE, "a misaligned word");
+    CHECK(cuStreamWaitValue32_v2(s, dp, 1, 0x7) == CUDA_ERROR_INVALID_VALUE, "an unknown condition");
+    CHECK(cuStreamWaitValue32_v2(s, dp, 1, 1u << 30) == CUDA_ERROR_NOT_SUPPORTED,
+          "FLUSH without CAN_FLUSH_REMOTE_WRITES");
+    uint64_t calls0 = fakeWaitValueCalls();
+    /* GEQ on 5: the kernel behind it waits while the word is below */
+    fake_func f = {32, 0, 1000000, 0};
+    CHECK(fakeFunctionSet((CUfunction)(uintptr_t)0xe100, &f) == 0, "fakeFunctionSet");
+    CUevent e0, e1;
+    CHECK_CU(cuEventCreate(&e0, 0));
+    CHECK_CU(cuEventCreate(&e1, 0));
+    atomic_store(w, 4);
+    CHECK_CU(cuStreamWaitValue32_v2(s, dp, 5, 0 /* GEQ */));
+    CHECK_CU(cuEventRecord(e0, s));
+    CHECK_CU(cuLaunchKernel((CUfunction)(uintptr_t)0xe100, 16, 1, 1, 256, 1, 1, 0, s, NULL, NULL));
+    CHECK_CU(cuEventRecord(e1, s));
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, sync_thread, s) == 0, "pthread_create");
+    struct timespec ts = {0, 30000000};
+    nanosleep(&ts, NULL);
+    CHECK(cuEventQuery(e0) == CUDA_ERROR_NOT_READY, "an event behind an unmet wait completed");
+    CHECK(pthread_tryjoin_np(t, NULL) != 0, "a stream synchronize returned with a wait unmet");
+    atomic_store(w, 5);
+    CHECK(pthread_join(t, NULL) == 0, "join");
+    CHECK_CU(cuEventQuery(e1));
+    float ms = 0;
+    CHECK_CU(cuEventElapsedTime(&ms, e0, e1));
+    /* the held work runs back to back once released: the kernel's time
+     * (a partial wave: 16 of 128 blocks), not the wait */
+    CHECK(ms > 0.1f && ms < 1.1f, "the held kernel measured %.3f ms, want its device time", ms);
+    /* cyclic GEQ: 0x00000001 is "after" 0xffffffff */
+    atomic_store(w, 1);
+    CHECK_CU(cuStreamWaitValue32_v2(s, dp, 0xffffffffu, 0));
+    CHECK_CU(cuEventRecord(e0, s));
+    CHECK_CU(cuStreamSynchronize(s));
+    /* EQ, AND, NOR: each held until its condition holds */
+    struct { unsigned op; uint32_t value, unmet, met; } rows[] = {
+        {1, 7, 6, 7}, {2, 0x10, 0x0f, 0x30}, {3, 0xfffffff0u, 0xffffffffu, 0x0000000eu}};
+    for (unsigned i = 0; i < sizeof(rows) / sizeof(rows[0]); i++) {
+        atomic_store(w, rows[i].unmet);
+        CHECK_CU(cuStreamWaitValue32_v2(s, dp, rows[i].value, rows[i].op));
+        CHECK_CU(cuEventRecord(e0, s));
+        nanosleep(&(struct timespec){0, 2000000}, NULL);
+        CHECK(cuEventQuery(e0) == CUDA_ERROR_NOT_READY, "op %u: passed on %#x", rows[i].op, rows[i].unmet);
+        atomic_store(w, rows[i].met);
+        CHECK_CU(cuStreamSynchronize(s));
+        CHECK_CU(cuEventQuery(e0));
+    }
+    CHECK(fakeWaitValueCalls() - calls0 == 5, "%llu waits counted, want 5",
+          (unsigned long long)(fakeWaitValueCalls() - calls0));
+    /* the poller, not only a driver call, sees the word: no call is made
+     * between the store and the event's completion */
+    atomic_store(w, 0);
+    CHECK_CU(cuStreamWaitValue32_v2(s, dp, 1, 0));
+    CHECK_CU(cuEventRecord(e0, s));
+    atomic_store(w, 1);
+    nanosleep(&(struct timespec){0, 20000000}, NULL);
+    CHECK(cuEventElapsedTime(&ms, e0, e0) == CUDA_SUCCESS, "the wait was not released without a driver call");
+    CHECK_CU(cuMemFreeHost(plain));
+    CHECK(cuMemFreeHost(plain) == CUDA_ERROR_INVALID_VALUE, "a double free of host memory accepted");
+    CHECK_CU(cuMemFreeHost(mapped));
+    CHECK(fakeHostAllocs() == 0, "host allocations left");
+}
+
+/* The knobs that make the fake a driver without them: no mapped host
+ * memory (FAKE_CUDA_MAP_HOST=0), no stream memory operations
+ * (FAKE_CUDA_STREAM_MEMOPS=0); and host allocations go with their context. */
+TEST_LIB(fake_stream_wait_value_unsupported, "none") {
+    setenv("FAKE_CUDA_MAP_HOST", "0", 1);
+    CUcontext c = ctx_on(0);
+    int v = -1;
+    CHECK_CU(cuDeviceGetAttribute(&v, 19 /* CAN_MAP_HOST_MEMORY */, 0));
+    CHECK(v == 0, "CAN_MAP_HOST_MEMORY %d with FAKE_CUDA_MAP_HOST=0", v);
+    void *mapped = NULL;
+    CHECK_CU(cuMemHostAlloc(&mapped, 64, 0x2));
+    CUdeviceptr dp;
+    CHECK(cuMemHostGetDevicePointer_v2(&dp, mapped, 0) == CUDA_ERROR_NOT_SUPPORTED, "mapped without the device's support");
+    unsetenv("FAKE_CUDA_MAP_HOST");
+    CHECK_CU(cuDeviceGetAttribute(&v, 19, 0));
+    CHECK(v == 1, "CAN_MAP_HOST_MEMORY %d by default", v);
+    CHECK_CU(cuMemHostGetDevicePointer_v2(&dp, mapped, 0));
+    setenv("FAKE_CUDA_STREAM_MEMOPS", "0", 1);
+    CUstream s;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    CHECK(cuStreamWaitValue32_v2(s, dp, 0, 0) == CUDA_ERROR_NOT_SUPPORTED, "a wait without stream memory operations");
+    unsetenv("FAKE_CUDA_STREAM_MEMOPS");
+    CHECK_CU(cuStreamWaitValue32_v2(s, dp, 0, 0));
+    CHECK_CU(cuStreamSynchronize(s));
+    setenv("FAKE_CUDA_HOST_ALLOC_FAIL", "1", 1);
+    void *more = NULL;
+    CHECK(cuMemHostAlloc(&more, 64, 0x2) == CUDA_ERROR_OUT_OF_MEMORY, "FAKE_CUDA_HOST_ALLOC_FAIL ignored");
+    unsetenv("FAKE_CUDA_HOST_ALLOC_FAIL");
+    CHECK(fakeHostAllocs() == 1, "%d host allocations", fakeHostAllocs());
+    CHECK_CU(cuCtxDestroy_v2(c));
+    CHECK(fakeHostAllocs() == 0, "a destroyed context's host allocation kept");
+}
+
+/* ---- the timeslice scheduler (FAKE_CUDA_SCHED=timeslice) ----
+ * A GPU without MPS round-robins the contexts that have work, a timeslice
+ * each (2 ms here), and switches early when the running one runs out of
+ * work; the switch costs FAKE_CUDA_CTXSW_NS (2 us) each time, not each
+ * kernel. Device times are read with fakeEventTime, the fake's own clock,
+ * so the rows below assert the replay, not how fast the host ran it (a host
+ * bound appears only where the case submits, and is 5x what it allows).
+ * Each row fails under FAKE_CUDA_SCHED=fifo (the environment's value wins
+ * over the case's, the default, so running the case by hand with it checks
+ * that), where
+ * a process's work waits for all another queued before it, except where a
+ * row says otherwise. */
+#define TS_BLOCKS 128 /* of 256 threads: one wave of the fake's 16 SMs */
+#define TS_MS 1000000ull
+static CUfunction ts_fn(uintptr_t h, uint64_t ns) {
+    fake_func f = {32, 0, ns, 0};
+    CHECK(fakeFunctionSet((CUfunction)h, &f) == 0, "fakeFunctionSet");
+    return (CUfunction)h;
+}
+static void ts_launch(CUfunction f, CUstream s) {
+    CHECK_CU(cuLaunchKernel(f, TS_BLOCKS, 1, 1, 256, 1, 1, 0, s, NULL, NULL));
+}
+static void ts_setup(void) {
+    CHECK(getenv("LD_PRELOAD") == NULL, "the case checks the fake itself: no vcuda");
+    setenv("FAKE_CUDA_SCHED", "timeslice", 0);
+    setenv("FAKE_CUDA_QUEUE_NS", "10000000000", 1); /* a deep queue at once */
+    setenv("FAKE_CUDA_SHM", tpath("fake-shm"), 1);  /* processes share the device */
+}
+static uint64_t ev_ns(CUevent e) {
+    uint64_t t = 0;
+    CHECK(fakeEventTime(e, &t) == 0, "an event not reached after its stream was synchronized");
+    return t;
+}
+static uint64_t busy_of_pid(int pid) {
+    uint64_t b = 0, at = 0;
+    CHECK(fakeProcessBusy(0, pid, &b, &at) == 0, "no busy time for pid %d", pid);
+    return b;
+}
+
+/* A process that keeps the device busy: n kernels of `wave` ns on one
+ * stream, an event after each. It says when they are queued, then takes a
+ * time T from the parent and answers when its first kernel after T ended
+ * (0: none did). */
+#define HOG_MAX 400
+typedef struct {
+    chan c;
+    int n;
+    uint64_t wave;
+} hog_arg;
+static int hog(int i, void *p) {
+    (void)i;
+    hog_arg *a = p;
+    ctx_on(0);
+    CUfunction f = ts_fn(0xe200, a->wave);
+    CUstream s;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    static CUevent ev[HOG_MAX];
+    for (int k = 0; k < a->n; k++) {
+        CHECK_CU(cuEventCreate(&ev[k], 0));
+        ts_launch(f, s);
+        CHECK_CU(cuEventRecord(ev[k], s));
+    }
+    chan_send_up(&a->c, now_ns());
+    uint64_t t = chan_recv_down(&a->c);
+    CHECK_CU(cuStreamSynchronize(s));
+    uint64_t first = 0;
+    for (int k = 0; k < a->n && !first; k++)
+        if (ev_ns(ev[k]) > t)
+            first = ev_ns(ev[k]);
+    chan_send_up(&a->c, first);
+    return 0;
+}
+static pid_t hog_start(hog_arg *a, int n, uint64_t wave) {
+    a->n = n, a->wave = wave;
+    chan_init(&a->c);
+    pid_t h = spawn(hog, 0, a);
+    chan_recv_up(&a->c);
+    return h;
+}
+static uint64_t hog_finish(hog_arg *a, pid_t h, uint64_t t) {
+    chan_send_down(&a->c, t);
+    uint64_t first = chan_recv_up(&a->c);
+    CHECK(wait_child(h) == 0, "the other process failed");
+    return first;
+}
+
+/* A process arriving beside one with 100 ms queued starts within about a
+ * timeslice, not behind the other's queue (FIFO: ~100 ms). */
+TEST_LIB(fake_timeslice_alternates, "none") {
+    ts_setup();
+    hog_arg a;
+    pid_t h = hog_start(&a, 200, TS_MS / 2);
+    ctx_on(0);
+    CUfunction f = ts_fn(0xe300, TS_MS / 2);
+    CUstream s;
+    CUevent e0, e1;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    CHECK_CU(cuEventCreate(&e0, 0));
+    CHECK_CU(cuEventCreate(&e1, 0));
+    uint64_t t0 = now_ns();
+    CHECK_CU(cuEventRecord(e0, s));
+    ts_launch(f, s);
+    CHECK_CU(cuEventRecord(e1, s));
+    CHECK_CU(cuStreamSynchronize(s));
+    uint64_t s0 = ev_ns(e0), s1 = ev_ns(e1);
+    uint64_t other = busy_of_pid(h);
+    hog_finish(&a, h, s1);
+    CHECK(s0 - t0 < 10 * TS_MS, "the arrival waited %.2f ms for the device, want about a timeslice (2 ms)",
+          (double)(s0 - t0) / 1e6);
+    /* its kernel ran whole in its slice: the other's time is not in it */
+    CHECK(s1 - s0 == TS_MS / 2, "its 0.5 ms kernel took %.3f ms of device time", (double)(s1 - s0) / 1e6);
+    CHECK(other < 50 * TS_MS, "the other process had %.1f ms of the device before it, want its slices only",
+          (double)other / 1e6);
+}
+
+/* The running context that runs out of work gives the device up at once:
+ * the other resumes a switch later, not at the end of the slice. (FIFO: the
+ * other's whole queue ran before, none of its kernels ends after.) */
+TEST_LIB(fake_timeslice_yields_early, "none") {
+    ts_setup();
+    hog_arg a;
+    pid_t h = hog_start(&a, 200, TS_MS / 2);
+    ctx_on(0);
+    CUfunction f = ts_fn(0xe300, TS_MS / 5);
+    CUstream s;
+    CUevent e1;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    CHECK_CU(cuEventCreate(&e1, 0));
+    ts_launch(f, s);
+    CHECK_CU(cuEventRecord(e1, s));
+    CHECK_CU(cuStreamSynchronize(s));
+    uint64_t s1 = ev_ns(e1);
+    uint64_t first = hog_finish(&a, h, s1);
+    CHECK(first, "none of the other process's kernels ended after this one's");
+    /* its kernel in flight (0.5 ms, partly run) ends at most 0.5 ms and a
+     * switch after; held to the slice's end it would be 1.8 ms later */
+    CHECK(first - s1 <= TS_MS / 2 + 10000, "the other process resumed %.3f ms after this one ran out of work",
+          (double)(first - s1) / 1e6);
+}
+
+/* Two processes with deep queues of short kernels (20 us, 100 a slice): the
+ * device switches at slice ends, about once per 2 ms of their work, each
+ * switch paid once, not at every kernel (FIFO: once, the second queue runs
+ * after the first). */
+static int short_queue(int i, void *p) {
+    (void)i;
+    chan *c = p;
+    ctx_on(0);
+    CUfunction f = ts_fn(0xe400, 20000);
+    CUstream s;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    chan_recv_down(c);
+    for (int k = 0; k < 5000; k++) /* 100 ms */
+        ts_launch(f, s);
+    chan_send_up(c, 1);
+    CHECK_CU(cuStreamSynchronize(s));
+    return 0;
+}
+TEST_LIB(fake_timeslice_switch_once, "none") {
+    ts_setup();
+    chan c;
+    chan_init(&c);
+    pid_t h = spawn(short_queue, 0, &c);
+    ctx_on(0);
+    CUfunction f = ts_fn(0xe400, 20000);
+    CUstream s;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    fake_stats st0, st1;
+    CHECK(fakeDeviceStats(0, &st0) == 0, "fakeDeviceStats");
+    chan_send_down(&c, 1);
+    chan_recv_up(&c);
+    for (int k = 0; k < 5000; k++)
+        ts_launch(f, s);
+    CHECK_CU(cuStreamSynchronize(s));
+    CHECK(wait_child(h) == 0, "the other process failed");
+    CHECK(fakeDeviceStats(0, &st1) == 0, "fakeDeviceStats");
+    uint64_t n = st1.switches - st0.switches;
+    /* at most 200 ms / 2 ms, less the time the first ran alone while the
+     * second was queueing */
+    CHECK(n >= 10 && n <= 110, "%llu context switches for two 100 ms queues of 20 us kernels, want one per 2 ms slice",
+          (unsigned long long)n);
+    CHECK(st1.busy - st0.busy == 200 * TS_MS, "device busy %.3f ms, want the 200 ms of work",
+          (double)(st1.busy - st0.busy) / 1e6);
+}
+
+/* An idle process's first kernel starts at once on an idle device; beside a
+ * busy one it gets its slices, no more for having been idle (its clock does
+ * not run while it has no work), and every switch costs FAKE_CUDA_CTXSW_NS
+ * (3 ms here, to see it): 10 ms of its work in 5 slices, the other's 4
+ * slices between, 8 switches: 42 ms (FIFO: 10 ms, the other's queue first;
+ * the first half passes under FIFO too). */
+TEST_LIB(fake_timeslice_idle_catch_up, "none") {
+    setenv("FAKE_CUDA_CTXSW_NS", "3000000", 1);
+    ts_setup();
+    ctx_on(0);
+    CUfunction f = ts_fn(0xe300, TS_MS);
+    CUstream s;
+    CUevent e0, e1;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    CHECK_CU(cuEventCreate(&e0, 0));
+    CHECK_CU(cuEventCreate(&e1, 0));
+    ts_launch(f, s);
+    CHECK_CU(cuStreamSynchronize(s));
+    nanosleep(&(struct timespec){0, 20000000}, NULL);
+    uint64_t t0 = now_ns();
+    CHECK_CU(cuEventRecord(e0, s));
+    ts_launch(f, s);
+    CHECK_CU(cuEventRecord(e1, s));
+    CHECK_CU(cuStreamSynchronize(s));
+    CHECK(ev_ns(e0) - t0 < 5 * TS_MS, "an idle process on an idle device waited %.2f ms",
+          (double)(ev_ns(e0) - t0) / 1e6);
+    /* the kernel was submitted a moment after the event was reached */
+    CHECK(ev_ns(e1) - ev_ns(e0) >= TS_MS && ev_ns(e1) - ev_ns(e0) < 5 * TS_MS, "its 1 ms kernel took %.3f ms",
+          (double)(ev_ns(e1) - ev_ns(e0)) / 1e6);
+    hog_arg a;
+    pid_t h = hog_start(&a, 200, TS_MS / 2);
+    nanosleep(&(struct timespec){0, 10000000}, NULL);
+    CHECK_CU(cuEventRecord(e0, s));
+    for (int k = 0; k < 10; k++)
+        ts_launch(f, s);
+    CHECK_CU(cuEventRecord(e1, s));
+    CHECK_CU(cuStreamSynchronize(s));
+    float ms = 0;
+    CHECK_CU(cuEventElapsedTime(&ms, e0, e1));
+    hog_finish(&a, h, 0);
+    CHECK(ms >= 41.9f, "10 ms of work beside a busy process took %.3f ms, want 10 + 4 of its 2 ms slices + 8 switches of 3 ms",
+          ms);
+}
+
+/* A synchronize returns when the replay has served the process's work, and
+ * not before (FIFO: after the other's 100 ms queue). */
+TEST_LIB(fake_timeslice_synchronize, "none") {
+    ts_setup();
+    hog_arg a;
+    pid_t h = hog_start(&a, 200, TS_MS / 2);
+    ctx_on(0);
+    CUfunction f = ts_fn(0xe300, TS_MS);
+    CUstream s;
+    CUevent e1;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    CHECK_CU(cuEventCreate(&e1, 0));
+    for (int round = 0; round < 2; round++) {
+        uint64_t t0 = now_ns(), b0 = busy_of_pid(getpid());
+        ts_launch(f, s);
+        ts_launch(f, s);
+        ts_launch(f, s);
+        CHECK_CU(cuEventRecord(e1, s));
+        if (round == 0)
+            CHECK_CU(cuStreamSynchronize(s));
+        else
+            CHECK_CU(cuCtxSynchronize());
+        uint64_t t1 = now_ns();
+        CHECK(cuEventQuery(e1) == CUDA_SUCCESS, "%s returned before its work ran",
+              round ? "cuCtxSynchronize" : "cuStreamSynchronize");
+        CHECK(busy_of_pid(getpid()) - b0 == 3 * TS_MS, "3 ms of work, %.3f ms served at the return",
+              (double)(busy_of_pid(getpid()) - b0) / 1e6);
+        CHECK(t1 >= ev_ns(e1), "returned %.3f ms before its work ended", (double)(ev_ns(e1) - t1) / 1e6);
+        CHECK(ev_ns(e1) - t0 < 25 * TS_MS, "3 ms of work beside another process's 100 ms queue ended after %.2f ms",
+              (double)(ev_ns(e1) - t0) / 1e6);
+    }
+    hog_finish(&a, h, 0);
+}
+
+/* Events bracket what the device did between them, other contexts' slices
+ * included, as on a GPU: a 6 ms kernel beside a busy process runs in three
+ * slices with two of the other's between (FIFO: 6.0 ms). */
+TEST_LIB(fake_timeslice_events_see_preemption, "none") {
+    ts_setup();
+    hog_arg a;
+    pid_t h = hog_start(&a, 200, TS_MS / 2);
+    ctx_on(0);
+    CUfunction f = ts_fn(0xe300, 6 * TS_MS);
+    CUstream s;
+    CUevent e0, e1;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    CHECK_CU(cuEventCreate(&e0, 0));
+    CHECK_CU(cuEventCreate(&e1, 0));
+    CHECK_CU(cuEventRecord(e0, s));
+    ts_launch(f, s);
+    CHECK_CU(cuEventRecord(e1, s));
+    CHECK_CU(cuEventSynchronize(e1));
+    float ms = 0;
+    CHECK_CU(cuEventElapsedTime(&ms, e0, e1));
+    hog_finish(&a, h, 0);
+    CHECK(ms >= 9.9f, "a 6 ms kernel preempted twice measured %.3f ms, want 6 + 2 slices of 2 ms + 4 switches", ms);
+}

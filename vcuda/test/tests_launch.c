@@ -498,7 +498,6 @@ TEST(limiter_never_invalidates_a_capture) {
     CHECK_CU(cuStreamBeginCapture_v2(c, 0));
     CUevent ev;
     CUresult cuEventCreate(CUevent *, unsigned);
-    CUresult cuEventQuery(CUevent);
     CHECK_CU(cuEventCreate(&ev, 0));
     CHECK(cuEventQuery(ev) == 900, "the fake allows an event query during a global capture");
     void *graph;
@@ -539,4 +538,124 @@ TEST_LIB(limiter_gate_outlives_a_slow_launcher, "testhooks") {
     ctx_on(0);
     launch_loop(16, MIX_KERNEL, now_ns() + 1500000000ull);
     CHECK_CU(cuCtxSynchronize());
+}
+
+/* ---- the device gate (cuStreamWaitValue32_v2 on a mapped word) ----
+ * Where the driver has mapped host memory and stream memory operations, a
+ * sampled launch's stream waits on a word the launcher writes when the
+ * launch is queued: the fake counts the waits and reports any not yet
+ * released. Each case runs a loop limited at 50%, over its share. */
+#define DG_F ((CUfunction)(uintptr_t)0xd700)
+static void dg_setup(void) {
+    setenv("FAKE_CUDA_SMS", "16", 1);
+    gpu_line g[1] = {{0, 1ull << 30, 50}};
+    setup_limits(g, 1);
+}
+static CUstream dg_stream(void) {
+    fake_func f = {64, 0, 200000, 0}; /* 4 blocks an SM: a wave is 64 blocks, 0.2 ms */
+    CHECK(fakeFunctionSet(DG_F, &f) == 0, "fakeFunctionSet");
+    CUstream s;
+    CHECK_CU(cuStreamCreate(&s, 0));
+    return s;
+}
+/* The launcher opens every gate before its launch call returns: a gate still
+ * closed then holds the stream until the watchdog gives up (5 ms a sample,
+ * the dgatestuck mutant). One pool of words for the context, made once. */
+TEST(limiter_device_gate_opens_with_the_launch) {
+    dg_setup();
+    ctx_on(0);
+    CUstream s = dg_stream();
+    for (int i = 0; i < 400; i++) {
+        CHECK_CU(cuLaunchKernel(DG_F, 64, 1, 1, 256, 1, 1, 0, s, NULL, NULL));
+        int n = fakeWaitsPending();
+        CHECK(n == 0, "launch %d: %d device gate(s) still closed after the launch returned: the launcher did not open it",
+              i, n);
+    }
+    CHECK_CU(cuCtxSynchronize());
+    fprintf(stderr, "%llu device gates, %llu host functions, %d host allocations\n",
+            (unsigned long long)fakeWaitValueCalls(), (unsigned long long)fakeHostFuncCalls(), fakeHostAllocs());
+    CHECK(fakeWaitValueCalls() >= 20, "only %llu device gates in 400 launches: sampling is not gated by the device",
+          (unsigned long long)fakeWaitValueCalls());
+    CHECK(fakeHostFuncCalls() == 0, "%llu host-function gates where the device gate works",
+          (unsigned long long)fakeHostFuncCalls());
+    CHECK(fakeHostAllocs() == 1, "%d pinned allocations: the gate's words are allocated once per context",
+          fakeHostAllocs());
+}
+
+/* Without mapped memory, with the allocation failing, or without stream
+ * memory operations, every sample keeps the host-function gate. */
+static void dg_fallback(const char *knob, const char *value, int allocs) {
+    setenv(knob, value, 1);
+    dg_setup();
+    ctx_on(0);
+    CUstream s = dg_stream();
+    for (int i = 0; i < 300; i++)
+        CHECK_CU(cuLaunchKernel(DG_F, 64, 1, 1, 256, 1, 1, 0, s, NULL, NULL));
+    CHECK_CU(cuCtxSynchronize());
+    fprintf(stderr, "%s=%s: %llu device gates, %llu host functions, %d host allocations\n", knob, value,
+            (unsigned long long)fakeWaitValueCalls(), (unsigned long long)fakeHostFuncCalls(), fakeHostAllocs());
+    CHECK(fakeWaitValueCalls() == 0, "a device gate where the driver cannot have one");
+    CHECK(fakeHostFuncCalls() >= 20, "only %llu host-function gates in 300 launches: the fallback is gone",
+          (unsigned long long)fakeHostFuncCalls());
+    CHECK(fakeHostAllocs() == allocs, "%d pinned allocations, want %d", fakeHostAllocs(), allocs);
+}
+TEST(limiter_device_gate_falls_back_without_mapped_memory) { dg_fallback("FAKE_CUDA_MAP_HOST", "0", 0); }
+TEST(limiter_device_gate_falls_back_when_pinning_fails) { dg_fallback("FAKE_CUDA_HOST_ALLOC_FAIL", "1", 0); }
+/* the words were allocated and mapped; the wait is refused: freed at once */
+TEST(limiter_device_gate_falls_back_without_stream_memops) { dg_fallback("FAKE_CUDA_STREAM_MEMOPS", "0", 1); }
+
+/* A gate whose launcher is held inside its launch (test hooks: 300 ms
+ * after the start event, at the first sampled launch) is opened by the
+ * watchdog after about 5 ms, as the host function gives up: a launch that
+ * blocks on a queue filled behind the gate would otherwise wait for ever. */
+static _Atomic int dg_seen_closed, dg_opened_while_held;
+static uint64_t dg_t0;
+static void *dg_observer(void *p) {
+    (void)p;
+    uint64_t stop = now_ns() + 3000000000ull, closed_at = 0;
+    while (now_ns() < stop) {
+        int n = fakeWaitsPending();
+        if (n > 0) {
+            if (!atomic_load(&dg_seen_closed))
+                closed_at = now_ns();
+            atomic_store(&dg_seen_closed, 1);
+        }
+        else if (atomic_load(&dg_seen_closed)) {
+            /* the launcher cannot open it before its 300 ms hold ends */
+            atomic_store(&dg_opened_while_held, now_ns() - dg_t0 < 250000000ull);
+            fprintf(stderr, "the gate seen closed %.1f ms into the launch, open %.1f ms after\n",
+                    (double)(closed_at - dg_t0) / 1e6, (double)(now_ns() - closed_at) / 1e6);
+            return NULL;
+        }
+        struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+TEST_LIB(limiter_device_gate_watchdog_opens_a_held_gate, "testhooks") {
+    dg_setup();
+    ctx_on(0);
+    CUstream s = dg_stream();
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, dg_observer, NULL) == 0, "pthread_create");
+    setenv("VCUDA_TEST_DELAY", "sampled", 1);
+    setenv("VCUDA_TEST_DELAY_MS", "300", 1);
+    dg_t0 = now_ns();
+    CHECK_CU(cuLaunchKernel(DG_F, 64, 1, 1, 256, 1, 1, 0, s, NULL, NULL)); /* the first is sampled */
+    fprintf(stderr, "the held launch took %.1f ms\n", (double)(now_ns() - dg_t0) / 1e6);
+    unsetenv("VCUDA_TEST_DELAY");
+    pthread_join(t, NULL);
+    CHECK(atomic_load(&dg_seen_closed), "no device gate seen closed");
+    CHECK(atomic_load(&dg_opened_while_held),
+          "the gate stayed closed while its launcher was held 300 ms: no watchdog gave up on it");
+    for (int i = 0; i < 300; i++) /* over its share, as the suite expects of a limited loop */
+        CHECK_CU(cuLaunchKernel(DG_F, 64, 1, 1, 256, 1, 1, 0, s, NULL, NULL));
+    CHECK_CU(cuCtxSynchronize());
+}
+
+/* The host-function gate's own lifetime case, with the device gate off. */
+TEST_LIB(limiter_gate_outlives_a_slow_launcher_hostfn, "testhooks") {
+    setenv("FAKE_CUDA_STREAM_MEMOPS", "0", 1);
+    limiter_gate_outlives_a_slow_launcher();
+    CHECK(fakeHostFuncCalls() > 0, "no host-function gate used");
 }

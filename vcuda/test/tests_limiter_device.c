@@ -329,11 +329,18 @@ TEST_LIB(limiter_settles_an_expired_gate_at_its_kernel, "testhooks") {
           charged / 1e6, ran / 1e6);
     CHECK(charged >= ran * 0.8, "charged %.1f ms for %.1f ms the device ran: more than the host time taken off",
           charged / 1e6, ran / 1e6);
+    /* The delayed launcher ran under its share (throttled once at most with
+     * the host-function gate, never with the device gate); the suite expects
+     * a limited loop to be throttled: 100 ms more, undelayed. */
+    for (int i = 0; i < 50; i++)
+        CHECK_CU(cuLaunchKernel((CUfunction)(uintptr_t)0xd500, 64, 1, 1, 256, 1, 1, 0, s, NULL, NULL));
+    CHECK_CU(cuCtxSynchronize());
 }
 
 /* Work admitted behind a held stream: the driver's callback thread is kept
  * off the CPU 200 ms before it runs the first sampling gate's host function
- * (VCUDA_TEST_DELAY "gatefn", once a process), so the stream waits that
+ * (VCUDA_TEST_DELAY "gatefn", once a process; the device gate is turned off
+ * with the fake's FAKE_CUDA_STREAM_MEMOPS=0), so the stream waits that
  * long, and whatever the limiter admits meanwhile waits unscheduled, already
  * charged, then runs back to back. At 50% the launcher admitted 108 ms of it
  * (the nobacklogcap mutant); waiting while the oldest sample not yet started
@@ -344,6 +351,9 @@ TEST_LIB(limiter_settles_an_expired_gate_at_its_kernel, "testhooks") {
  * run by then. */
 #define BL_F ((CUfunction)(uintptr_t)0xd600)
 TEST_LIB(limiter_caps_the_backlog_behind_a_held_gate, "testhooks") {
+    /* the hold is the driver's callback thread's: the host-function gate
+     * (the device gate has no thread to starve) */
+    setenv("FAKE_CUDA_STREAM_MEMOPS", "0", 1);
     setenv("FAKE_CUDA_SMS", "16", 1);
     gpu_line g[1] = {{0, 1ull << 30, 50}};
     setup_limits(g, 1);

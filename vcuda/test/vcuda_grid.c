@@ -297,6 +297,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: vcuda_grid grid <ms> [workload|all] [cap|all] [mix|all] | overhead <launches>\n");
         return 2;
     }
+    /* The fake device round-robins processes by timeslice, as a GPU without
+     * MPS does (its FIFO made a small container wait behind a co-tenant's
+     * whole queue); FAKE_CUDA_SCHED=fifo in the environment compares. */
+    setenv("FAKE_CUDA_SCHED", "timeslice", 0);
     uint64_t dur = (uint64_t)atol(argv[2]) * 1000000ull;
     const char *wsel = argc > 3 ? argv[3] : "all", *csel = argc > 4 ? argv[4] : "all", *msel = argc > 5 ? argv[5] : "all";
     int seq = 0, rc = 0;
