@@ -102,6 +102,18 @@ func (x *Extender) warmOnce(ctx context.Context) {
 		return
 	}
 	shapes := x.State.Shapes()
+	if arrived := x.State.changes.takeArrivals(); len(arrived) > 0 {
+		// First: a pod of a shape without a table waits for its Filter call.
+		sc := shapes.ScoreContext()
+		if fresh := x.eval.Expect(x.Engine, sc, x.State.nodeSlots(), arrived); len(fresh) > 0 {
+			all := x.State.usableEntries()
+			for _, wt := range fresh {
+				if !x.warmNodes(ctx, sc, wt, all) {
+					return
+				}
+			}
+		}
+	}
 	if next := shapes.StagedScoreContext(); next != nil {
 		if staged := x.eval.StagedTables(next, x.State.nodeSlots(), x.warmShapes()); len(staged) > 0 {
 			all := x.State.usableEntries()

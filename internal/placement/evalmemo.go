@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+
+	api "github.com/tessera-gpu/tessera/api/v1"
 )
 
 // evalMemo is an Evaluator's memory. It remembers, per request digest and node, the outcome of evaluating the request on the
@@ -496,6 +498,31 @@ func (m *evalMemo) warmTables(sc *ScoreContext, slots, freshLimit int) (tables, 
 	}
 	slices.SortFunc(tables, func(a, b WarmTable) int { return cmp.Compare(b.t.used.Load(), a.t.used.Load()) })
 	return tables, fresh
+}
+
+// expect is Evaluator.Expect.
+func (m *evalMemo) expect(e *Engine, sc *ScoreContext, slots int, reqs []*Request) []WarmTable {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !m.switchLocked(sc) {
+		return nil
+	}
+	var fresh []WarmTable
+	for _, r := range reqs {
+		d := r.Digest()
+		if t := m.tables[d]; t != nil && len(t.slots) >= slots || e.PolicyFor(r).Name() == api.PolicyRandom {
+			continue
+		}
+		m.tick++
+		t := m.newTableLocked(d, r, slots)
+		t.used.Store(m.tick)
+		fresh = append(fresh, WarmTable{t, r})
+	}
+	m.bounds = sized(m.bounds, slots)
+	for _, wt := range fresh {
+		wt.t.bounds.Store(m.bounds)
+	}
+	return fresh
 }
 
 func (m *evalMemo) evictOldest() {
