@@ -30,10 +30,7 @@ func (c *changeLog) arrive(r *placement.Request) {
 	c.mu.Lock()
 	c.arrivals = append(c.arrivals, r)
 	c.mu.Unlock()
-	select {
-	case c.signal <- struct{}{}:
-	default:
-	}
+	c.wake()
 }
 
 // takeArrivals returns the requests arrived since the last take and empties the list.
@@ -56,6 +53,11 @@ func (c *changeLog) touch(e *nodeEntry) {
 		c.entries = append(c.entries, e)
 	}
 	c.mu.Unlock()
+	c.wake()
+}
+
+// wake tells the subscriber that there is something to take (once, however many wakes it missed).
+func (c *changeLog) wake() {
 	select {
 	case c.signal <- struct{}{}:
 	default:
