@@ -197,7 +197,8 @@ func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream
 		one()
 	}
 	r0, e0 := x.Evaluations()
-	t0 := x.eval.Counts().Twinned
+	c0 := x.eval.Counts()
+	t0 := c0.Twinned
 	unschedulable = 0
 	d := make([]time.Duration, 0, b.N)
 	runtime.GC()
@@ -215,7 +216,13 @@ func streamOps(b *testing.B, x *Extender, h http.Handler, names []string, stream
 	b.ReportMetric(float64(unschedulable)/float64(b.N), "unschedulable/op")
 	r1, e1 := x.Evaluations()
 	b.ReportMetric(float64(r1-r0)/float64(max(1, r1-r0+e1-e0)), "remembered-frac")
-	b.ReportMetric(float64(x.eval.Counts().Twinned-t0)/float64(b.N), "twinned/op")
+	c1 := x.eval.Counts()
+	b.ReportMetric(float64(c1.Twinned-t0)/float64(b.N), "twinned/op")
+	// Nodes bounded inside calls (pick-one's first pass where the memo had nothing: a shape's table
+	// emptied by a new snapshot, or a shape never seen) and outcomes the warmer computed off the
+	// request path.
+	b.ReportMetric(float64(c1.Bounded-c0.Bounded)/float64(b.N), "bounded/op")
+	b.ReportMetric(float64(c1.Warmed-c0.Warmed)/float64(b.N), "warmed/op")
 }
 
 // streamBind binds pod to node as the extender's bind would decide it (the policy's placement on

@@ -60,9 +60,10 @@ type Extender struct {
 	SchedulerNames []string
 	// BindTimeout bounds one bind, lock wait included.
 	BindTimeout time.Duration
-	// WarmShapes is how many recently used request shapes the warmer fills afresh after a new shape
-	// snapshot (0: DefaultWarmShapes).
-	WarmShapes int
+	// WarmShapes is how many recently used request shapes the warmer fills afresh for a new shape
+	// snapshot before it serves (0: DefaultWarmShapes); KeptShapes how many it keeps tables for in
+	// all, the rest refilled right after the snapshot serves (0: DefaultKeptShapes).
+	WarmShapes, KeptShapes int
 	// calls counts filter and prioritize calls in flight (the warmer waits for them, warm.go).
 	calls atomic.Int64
 	// eval evaluates requests node by node and remembers the outcomes per request shape and node

@@ -16,6 +16,30 @@ type changeLog struct {
 	mu      sync.Mutex
 	entries []*nodeEntry
 	signal  chan struct{}
+	// arrivals are the requests of GPU pods first counted since the last take (pending pods: their
+	// Filter call is still to come).
+	arrivals []*placement.Request
+}
+
+// arrive records a pod's request when the pod is first counted, so that the warmer can give a
+// shape without a table one before the pod's Filter call (callers hold the State's write lock).
+func (c *changeLog) arrive(r *placement.Request) {
+	if !c.on.Load() {
+		return
+	}
+	c.mu.Lock()
+	c.arrivals = append(c.arrivals, r)
+	c.mu.Unlock()
+	c.wake()
+}
+
+// takeArrivals returns the requests arrived since the last take and empties the list.
+func (c *changeLog) takeArrivals() []*placement.Request {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := c.arrivals
+	c.arrivals = nil
+	return out
 }
 
 // touch records that e's placement state changed (callers hold the State's write lock).
@@ -29,6 +53,11 @@ func (c *changeLog) touch(e *nodeEntry) {
 		c.entries = append(c.entries, e)
 	}
 	c.mu.Unlock()
+	c.wake()
+}
+
+// wake tells the subscriber that there is something to take (once, however many wakes it missed).
+func (c *changeLog) wake() {
 	select {
 	case c.signal <- struct{}{}:
 	default:

@@ -219,6 +219,9 @@ func (s *State) observeLocked(pod *corev1.Pod, req *placement.Request, err error
 	}
 	s.observed[pod.UID] = req
 	s.shapes.Observe(req, 1)
+	if pod.Spec.NodeName == "" {
+		s.changes.arrive(req)
+	}
 }
 
 // unschedulable reports whether a pending pod was found to fit no node.

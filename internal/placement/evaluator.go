@@ -196,6 +196,14 @@ func (ev *Evaluator) WarmTables(sc *ScoreContext, slots, freshLimit int) (tables
 	return ev.memo.warmTables(sc, slots, freshLimit)
 }
 
+// Expect returns fresh tables under sc's snapshot for the warmer to fill, for each of reqs that
+// has none (a pod of a shape not met lately arrived: its Filter call comes after the scheduler's
+// own filters, which at thousands of nodes take longer than the fill), counted as used now. The
+// random policy's requests get none (their outcomes are not remembered).
+func (ev *Evaluator) Expect(e *Engine, sc *ScoreContext, slots int, reqs []*Request) []WarmTable {
+	return ev.memo.expect(e, sc, slots, reqs)
+}
+
 // Warm fills wt for node n (in slot) with e on sc where its outcome is not remembered: its bound
 // where bound (what a pick-one call reads first; the node bound data it computes serves every
 // shape), else its exact outcome.
