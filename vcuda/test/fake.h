@@ -37,7 +37,9 @@
  * A GPU with mig lines is no CUDA device itself: an instance is, where its
  * GPU's node and <root>/nvidia-caps/nvidia-cap<gi> and <ci> are character
  * devices, with the instance's memory and SMs, under its MIG UUID; one MIG
- * device a process at most (the first), as CUDA enumerates them.
+ * device a process at most (the first), as CUDA enumerates them. NVML (and
+ * nvidia-smi) lists the GPU itself, whole, wherever its node is, and the
+ * instance CUDA sees by its MIG UUID only (fakeNvml* below).
  * As with the real driver, a GPU is visible only if <root>/nvidia<minor> is a
  * character device and <root>/nvidiactl exists; GPUs enumerate in minor
  * order. No node file or no visible GPU: cuInit returns
@@ -184,6 +186,21 @@ const char *fakeDriverVersion(int *cuda);
 int fakeDriverLoaded(void);
 int fakeDeviceInfo(int dev, char uuid[64], uint64_t *mem, int *sms);
 int fakeDeviceCount(void);
+/* NVML's view, which fake_nvml.c (and so nvidia-smi) lists: the fake*Device*
+ * calls above take CUDA ordinals (a MIG instance, never its GPU); these take
+ * NVML indices: first the fakeNvmlDeviceCount() physical GPUs whose node is
+ * visible, a GPU in MIG mode (FAKE_NVML_MIG_PARENT) with its whole memory,
+ * then up to fakeNvmlHandleCount() the MIG devices CUDA sees
+ * (FAKE_NVML_MIG_DEVICE), found by UUID only. Stats and processes of a GPU
+ * include its instance's. */
+#define FAKE_NVML_GPU 0
+#define FAKE_NVML_MIG_PARENT 1
+#define FAKE_NVML_MIG_DEVICE 2
+int fakeNvmlDeviceCount(void);
+int fakeNvmlHandleCount(void);
+int fakeNvmlDeviceDesc(int i, fake_desc *out, int *mode);
+int fakeNvmlDeviceStats(int i, fake_stats *out);
+int fakeNvmlDeviceProcesses(int i, fake_proc *out, int max);
 CUresult fakeGraphExecCreate(CUgraphExec *exec, unsigned long long blocks);
 /* One launch of exec runs n kernels back to back, each varying on its own
  * (fake_device_model.c). */

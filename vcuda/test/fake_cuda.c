@@ -204,6 +204,37 @@ static void add_node_dev(unsigned minor, const char *uuid, uint64_t mem, int sms
     parse_uuid(F.uuid[i], F.raw[i]);
 }
 
+/* NVML's view of the node: the physical GPUs whose node is visible, a GPU in
+ * MIG mode included with its whole memory (nvmlDeviceGetCount counts it;
+ * CUDA does not), then the MIG devices CUDA sees, reachable by UUID alone
+ * (nvmlDeviceGetHandleByUUID), as a real driver hands out MIG device handles
+ * that no index enumerates. Each shares the state of the CUDA device on the
+ * same GPU (cuda): work on an instance is charged to its GPU, as the real
+ * driver's figures for the GPU cover all its instances. */
+#define NV_MAX (2 * FAKE_MAX_DEVS)
+static struct {
+    int n;    /* physical GPUs: what nvmlDeviceGetCount answers */
+    int nall; /* and MIG device handles after them */
+    fake_desc d[NV_MAX];
+    int cuda[NV_MAX]; /* the CUDA ordinal on the same GPU, -1 none */
+    int mode[NV_MAX]; /* FAKE_NVML_GPU, FAKE_NVML_MIG_PARENT, FAKE_NVML_MIG_DEVICE */
+} NV;
+
+static void nv_add(int at, unsigned minor, const char *uuid, uint64_t mem, int sms, int ccmaj, int ccmin,
+                   const char *name, int cuda, int mode) {
+    fake_desc *x = &NV.d[at];
+    memset(x, 0, sizeof(*x));
+    snprintf(x->uuid, sizeof(x->uuid), "%s", uuid);
+    snprintf(x->name, sizeof(x->name), "%s", name);
+    x->mem = mem;
+    x->sms = sms;
+    x->minor = (int)minor;
+    x->cc_major = ccmaj;
+    x->cc_minor = ccmin;
+    NV.cuda[at] = cuda;
+    NV.mode[at] = mode;
+}
+
 static void load_node_file(void) {
     const char *path = getenv("FAKE_GPU_NODE_FILE");
     const char *root = getenv("FAKE_DEV_ROOT");
@@ -252,13 +283,15 @@ static void load_node_file(void) {
         gl[i] = g;
     }
     fclose(f);
-    int mig_seen = 0;
+    int mig_seen = 0, mig_at = -1;
     for (int i = 0; i < ng && F.ndev < FAKE_MAX_DEVS; i++) {
         node_gpu *g = &gl[i];
         char dn[32];
         snprintf(dn, sizeof(dn), "nvidia%u", g->minor);
         if (!F.ctl_ok || !is_chr(root, dn))
             continue;
+        int phys = NV.n++, cuda_before = F.ndev;
+        nv_add(phys, g->minor, g->uuid, g->mem, g->sms, g->ccmaj, g->ccmin, g->name, -1, FAKE_NVML_GPU);
         int mig_mode = 0;
         for (int j = 0; j < nm; j++) {
             node_mig *m = &ml[j];
@@ -275,9 +308,23 @@ static void load_node_file(void) {
             snprintf(name, sizeof(name), "%s MIG %s", g->name, m->profile);
             add_node_dev(g->minor, m->uuid, m->mem, m->sms, g->ccmaj, g->ccmin, name);
             mig_seen = 1;
+            mig_at = j;
         }
         if (!mig_mode)
             add_node_dev(g->minor, g->uuid, g->mem, g->sms, g->ccmaj, g->ccmin, g->name);
+        if (mig_mode)
+            NV.mode[phys] = FAKE_NVML_MIG_PARENT;
+        if (F.ndev > cuda_before)
+            NV.cuda[phys] = cuda_before;
+    }
+    NV.nall = NV.n;
+    for (int i = 0; i < NV.n && mig_at >= 0; i++) {
+        node_mig *m = &ml[mig_at];
+        if (NV.mode[i] != FAKE_NVML_MIG_PARENT || (unsigned)NV.d[i].minor != m->parent || NV.cuda[i] < 0)
+            continue;
+        int c = NV.cuda[i];
+        nv_add(NV.nall++, m->parent, m->uuid, m->mem, m->sms, F.cc[c][0], F.cc[c][1], F.name[c], c,
+               FAKE_NVML_MIG_DEVICE);
     }
 }
 
@@ -328,6 +375,10 @@ static void init(void) {
             }
             parse_uuid(F.uuid[i], F.raw[i]);
         }
+        for (int i = 0; i < F.ndev; i++)
+            nv_add(i, (unsigned)F.minor[i], F.uuid[i], F.mem[i], F.sms[i], F.cc[i][0], F.cc[i][1], F.name[i], i,
+                   FAKE_NVML_GPU);
+        NV.n = NV.nall = F.ndev;
     }
     e = getenv("FAKE_CUDA_WAVE_NS");
     F.wave_ns = e ? strtoull(e, NULL, 10) : 100000;
@@ -3713,7 +3764,7 @@ static pid_t host_pid_of(const fake_proc_record *r) {
     closedir(dir);
     return found;
 }
-static int node_processes(int d, fake_proc *out, int max) {
+static int node_processes(int minor, fake_proc *out, int max) {
     struct stat self;
     if (stat("/proc/self/ns/pid", &self) != 0 || self.st_ino != INIT_PIDNS_INO)
         return 0;
@@ -3742,7 +3793,7 @@ static int node_processes(int d, fake_proc *out, int max) {
             continue;
         const fake_proc_dev *pd = NULL;
         for (int i = 0; i < FAKE_MAX_DEVS && !pd; i++)
-            if (r.dev[i].minor == (uint32_t)F.minor[d])
+            if (r.dev[i].minor == (uint32_t)minor)
                 pd = &r.dev[i];
         if (!pd || (pd->used == 0 && pd->ctxs == 0))
             continue;
@@ -3763,7 +3814,7 @@ EXPORT int fakeDeviceProcesses(int d, fake_proc *out, int max) {
     if (d < 0 || d >= F.ndev)
         return -1;
     if (F.node_mode)
-        return node_processes(d, out, max);
+        return node_processes(F.minor[d], out, max);
     int n = 0;
     for (int i = 0; i < FAKE_MAX_PROCS; i++) {
         int p = atomic_load(&F.sh->proc[i].pid);
@@ -3817,6 +3868,43 @@ EXPORT int fakeDeviceStats(int d, fake_stats *o) {
     spin_unlock(&s->lock);
     o->at = now;
     return 0;
+}
+/* ---- NVML's view (see NV) ---- */
+EXPORT int fakeNvmlDeviceCount(void) {
+    INIT();
+    return NV.n;
+}
+EXPORT int fakeNvmlHandleCount(void) {
+    INIT();
+    return NV.nall;
+}
+EXPORT int fakeNvmlDeviceDesc(int i, fake_desc *o, int *mode) {
+    INIT();
+    if (i < 0 || i >= NV.nall || !o)
+        return -1;
+    *o = NV.d[i];
+    if (mode)
+        *mode = NV.mode[i];
+    return 0;
+}
+EXPORT int fakeNvmlDeviceStats(int i, fake_stats *o) {
+    INIT();
+    if (i < 0 || i >= NV.nall || !o)
+        return -1;
+    if (NV.cuda[i] >= 0)
+        return fakeDeviceStats(NV.cuda[i], o);
+    /* no CUDA device of this process on the GPU: nothing of it charged here */
+    memset(o, 0, sizeof(*o));
+    o->at = now_ns();
+    return 0;
+}
+EXPORT int fakeNvmlDeviceProcesses(int i, fake_proc *out, int max) {
+    INIT();
+    if (i < 0 || i >= NV.nall)
+        return -1;
+    if (F.node_mode) /* the driver's records name the GPU (the parent's minor for an instance) */
+        return node_processes(NV.d[i].minor, out, max);
+    return NV.cuda[i] >= 0 ? fakeDeviceProcesses(NV.cuda[i], out, max) : 0;
 }
 EXPORT int fakeProcessBusy(int d, int pid, uint64_t *busy, uint64_t *at) {
     INIT();

@@ -1,6 +1,7 @@
 /* fake_nvml.c - a stand-in for libnvidia-ml.so.1, backed by the fake
  * libcuda's devices (same UUIDs, names, capacities, shared usage counters
- * and per-process accounting). Like the real library: init is reference
+ * and per-process accounting) in NVML's view (fake.h, fakeNvml*): the
+ * physical GPUs, a GPU in MIG mode whole, where CUDA sees its instance. Like the real library: init is reference
  * counted, every call before it is NVML_ERROR_UNINITIALIZED, a missing
  * control device is NVML_ERROR_DRIVER_NOT_LOADED, and list calls answer
  * NVML_ERROR_INSUFFICIENT_SIZE with the count needed. */
@@ -17,7 +18,7 @@
 typedef struct nvmlDevice_st {
     int idx;
 } fake_nvml_dev;
-static fake_nvml_dev devs[FAKE_MAX_DEVS];
+static fake_nvml_dev devs[2 * FAKE_MAX_DEVS]; /* the GPUs, then MIG device handles */
 static int inited; /* reference count */
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -26,7 +27,7 @@ EXPORT nvmlReturn_t nvmlInit_v2(void) {
         return NVML_ERROR_DRIVER_NOT_LOADED;
     pthread_mutex_lock(&mu);
     inited++;
-    for (int i = 0; i < FAKE_MAX_DEVS; i++)
+    for (int i = 0; i < 2 * FAKE_MAX_DEVS; i++)
         devs[i].idx = i;
     pthread_mutex_unlock(&mu);
     return NVML_SUCCESS;
@@ -65,7 +66,7 @@ EXPORT const char *nvmlErrorString(nvmlReturn_t r) {
 #define NEED_DEV(d)                                                                                \
     do {                                                                                           \
         NEED_INIT();                                                                               \
-        if (!(d) || (d) < devs || (d) >= devs + FAKE_MAX_DEVS || (d)->idx >= fakeDeviceCount())    \
+        if (!(d) || (d) < devs || (d) >= devs + 2 * FAKE_MAX_DEVS || (d)->idx >= fakeNvmlHandleCount()) \
             return NVML_ERROR_INVALID_ARGUMENT;                                                    \
     } while (0)
 
@@ -92,13 +93,13 @@ EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *n) {
     NEED_INIT();
     if (!n)
         return NVML_ERROR_INVALID_ARGUMENT;
-    *n = (unsigned)fakeDeviceCount();
+    *n = (unsigned)fakeNvmlDeviceCount();
     return NVML_SUCCESS;
 }
 EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *n) { return nvmlDeviceGetCount_v2(n); }
 EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) {
     NEED_INIT();
-    if (!d || (int)i >= fakeDeviceCount())
+    if (!d || (int)i >= fakeNvmlDeviceCount())
         return NVML_ERROR_INVALID_ARGUMENT;
     *d = &devs[i];
     return NVML_SUCCESS;
@@ -110,9 +111,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
     NEED_INIT();
     if (!uuid || !d)
         return NVML_ERROR_INVALID_ARGUMENT;
-    for (int i = 0; i < fakeDeviceCount(); i++) {
+    for (int i = 0; i < fakeNvmlHandleCount(); i++) { /* a MIG UUID finds its MIG device handle */
         fake_desc x;
-        if (fakeDeviceDesc(i, &x) == 0 && strcmp(x.uuid, uuid) == 0) {
+        if (fakeNvmlDeviceDesc(i, &x, NULL) == 0 && strcmp(x.uuid, uuid) == 0) {
             *d = &devs[i];
             return NVML_SUCCESS;
         }
@@ -121,7 +122,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d)
 }
 EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t d, unsigned int *i) {
     NEED_DEV(d);
-    if (!i)
+    if (!i || d->idx >= fakeNvmlDeviceCount()) /* a MIG device has no index */
         return NVML_ERROR_INVALID_ARGUMENT;
     *i = (unsigned)d->idx;
     return NVML_SUCCESS;
@@ -137,21 +138,21 @@ static nvmlReturn_t copy_str(const char *s, char *buf, unsigned int len) {
 EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t d, char *buf, unsigned int len) {
     fake_desc x;
     NEED_DEV(d);
-    if (fakeDeviceDesc(d->idx, &x) != 0)
+    if (fakeNvmlDeviceDesc(d->idx, &x, NULL) != 0)
         return NVML_ERROR_INVALID_ARGUMENT;
     return copy_str(x.uuid, buf, len);
 }
 EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t d, char *buf, unsigned int len) {
     fake_desc x;
     NEED_DEV(d);
-    if (fakeDeviceDesc(d->idx, &x) != 0)
+    if (fakeNvmlDeviceDesc(d->idx, &x, NULL) != 0)
         return NVML_ERROR_INVALID_ARGUMENT;
     return copy_str(x.name, buf, len);
 }
 EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *minor) {
     fake_desc x;
     NEED_DEV(d);
-    if (!minor || fakeDeviceDesc(d->idx, &x) != 0)
+    if (!minor || fakeNvmlDeviceDesc(d->idx, &x, NULL) != 0)
         return NVML_ERROR_INVALID_ARGUMENT;
     *minor = (unsigned)x.minor;
     return NVML_SUCCESS;
@@ -159,7 +160,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t d, unsigned int *minor
 EXPORT nvmlReturn_t nvmlDeviceGetCudaComputeCapability(nvmlDevice_t d, int *major, int *minor) {
     fake_desc x;
     NEED_DEV(d);
-    if (!major || !minor || fakeDeviceDesc(d->idx, &x) != 0)
+    if (!major || !minor || fakeNvmlDeviceDesc(d->idx, &x, NULL) != 0)
         return NVML_ERROR_INVALID_ARGUMENT;
     *major = x.cc_major;
     *minor = x.cc_minor;
@@ -170,7 +171,7 @@ static nvmlReturn_t mem(nvmlDevice_t d, unsigned long long *total, unsigned long
     fake_desc x;
     fake_stats st;
     NEED_DEV(d);
-    if (fakeDeviceDesc(d->idx, &x) != 0 || fakeDeviceStats(d->idx, &st) != 0)
+    if (fakeNvmlDeviceDesc(d->idx, &x, NULL) != 0 || fakeNvmlDeviceStats(d->idx, &st) != 0)
         return NVML_ERROR_INVALID_ARGUMENT;
     *total = x.mem;
     *used = st.used;
@@ -201,7 +202,7 @@ EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t d, nvmlMemory_v2_t *
  * namespaces too, so vcuda's "NVML does not list me" path runs. */
 static nvmlReturn_t procs(nvmlDevice_t d, fake_proc *out, int *n) {
     NEED_DEV(d);
-    *n = fakeDeviceProcesses(d->idx, out, FAKE_MAX_PROCS);
+    *n = fakeNvmlDeviceProcesses(d->idx, out, FAKE_MAX_PROCS);
     if (*n > FAKE_MAX_PROCS)
         *n = FAKE_MAX_PROCS;
     return NVML_SUCCESS;
@@ -310,12 +311,16 @@ EXPORT nvmlReturn_t nvmlDeviceGetRunningProcessDetailList(nvmlDevice_t d, nvmlPr
  * it saw, or 0). */
 static struct {
     uint64_t at, busy;
-} util_last[FAKE_MAX_DEVS];
+} util_last[2 * FAKE_MAX_DEVS];
 EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t d, nvmlUtilization_t *u) {
     fake_stats st;
+    fake_desc x;
+    int mode = FAKE_NVML_GPU;
     NEED_DEV(d);
-    if (!u || fakeDeviceStats(d->idx, &st) != 0)
+    if (!u || fakeNvmlDeviceStats(d->idx, &st) != 0 || fakeNvmlDeviceDesc(d->idx, &x, &mode) != 0)
         return NVML_ERROR_INVALID_ARGUMENT;
+    if (mode != FAKE_NVML_GPU) /* as NVML: no utilisation rates for a GPU in MIG mode or a MIG device */
+        return NVML_ERROR_NOT_SUPPORTED;
     uint64_t now = st.at, busy = st.busy; /* the union of kernel intervals so far */
     pthread_mutex_lock(&mu);
     uint64_t dt = now - util_last[d->idx].at, db = busy - util_last[d->idx].busy;

@@ -335,6 +335,119 @@ static void in_child_arg(child_fn fn, void *arg) {
     CHECK(rc == 0, "scenario exited %d", rc);
 }
 
+/* NVML (and nvidia-smi, which prints what it answers) enumerates physical
+ * GPUs: a GPU in MIG mode is listed whole wherever its node is, with the
+ * whole GPU's memory, though CUDA sees it only as an instance (or not at
+ * all); a MIG UUID finds a MIG device handle, which no index enumerates.
+ * Work on the instance is charged to its GPU: the process and its memory
+ * show on the GPU's handle. */
+nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *, nvmlDevice_t *);
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t, unsigned int *);
+
+static void nvml_gpu_at(unsigned idx, const char *uuid, unsigned long long total, nvmlDevice_t *out) {
+    nvmlDevice_t d;
+    char u[96];
+    nvmlMemory_t m;
+    CHECK(nvmlDeviceGetHandleByIndex_v2(idx, &d) == NVML_SUCCESS, "handle %u", idx);
+    CHECK(nvmlDeviceGetUUID(d, u, sizeof(u)) == NVML_SUCCESS && strcmp(u, uuid) == 0, "nvml %u uuid %s, want %s", idx,
+          u, uuid);
+    CHECK(nvmlDeviceGetMemoryInfo(d, &m) == NVML_SUCCESS && m.total == total, "nvml %u total %llu, want %llu", idx,
+          m.total, total);
+    if (out)
+        *out = d;
+}
+
+static int mig_nvml_host(int i, void *arg) {
+    (void)i;
+    (void)arg;
+    int n = -1;
+    CHECK_CU(cuInit(0));
+    CHECK_CU(cuDeviceGetCount(&n));
+    CHECK(n == 2, "%d CUDA devices, want GPU 0 and the instance", n);
+    for (int k = 0; k < n; k++) {
+        CUuuid u;
+        CHECK_CU(cuDeviceGetUuid(&u, k));
+        CHECK(!((unsigned char)u.bytes[0] == 0x70 && (unsigned char)u.bytes[15] == 0x02),
+              "CUDA device %d is the MIG-mode GPU itself", k);
+    }
+    CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit");
+    unsigned cnt = 0;
+    CHECK(nvmlDeviceGetCount_v2(&cnt) == NVML_SUCCESS && cnt == 2, "nvml count %u, want both GPUs", cnt);
+    nvmlDevice_t gpu2, mig;
+    nvml_gpu_at(0, UUID0, 85899345920ull, NULL);
+    nvml_gpu_at(1, UUID2, 40 * GiB, &gpu2);
+    nvmlUtilization_t ut;
+    CHECK(nvmlDeviceGetUtilizationRates(gpu2, &ut) == NVML_ERROR_NOT_SUPPORTED, "utilisation of a MIG-mode GPU");
+    CHECK(nvmlDeviceGetHandleByUUID(MIG_A, &mig) == NVML_SUCCESS && mig != gpu2, "the instance's MIG device handle");
+    unsigned idx = 0;
+    CHECK(nvmlDeviceGetIndex(mig, &idx) != NVML_SUCCESS, "a MIG device has an index %u", idx);
+    nvmlMemory_t m;
+    CHECK(nvmlDeviceGetMemoryInfo(mig, &m) == NVML_SUCCESS && m.total == 5 * GiB, "MIG device total %llu", m.total);
+    CHECK(nvmlDeviceGetHandleByUUID(MIG_B, &mig) == NVML_ERROR_NOT_FOUND, "a second instance CUDA does not see");
+
+    /* the instance's context and allocation show on its GPU */
+    CUcontext c;
+    CUdeviceptr p;
+    CHECK_CU(cuCtxCreate_v2(&c, 0, 1));
+    CHECK_CU(cuMemAlloc_v2(&p, 64 * MiB));
+    nvmlProcessInfo_t pi[4];
+    unsigned k = 4;
+    CHECK(nvmlDeviceGetComputeRunningProcesses_v3(gpu2, &k, pi) == NVML_SUCCESS && k == 1 &&
+              pi[0].pid == (unsigned)getpid() && pi[0].usedGpuMemory == FAKE_CTX_BYTES_SM80 + 64 * MiB,
+          "processes on the MIG-mode GPU: %u", k);
+    CHECK(nvmlDeviceGetMemoryInfo(gpu2, &m) == NVML_SUCCESS && m.used == FAKE_CTX_BYTES_SM80 + 64 * MiB &&
+              m.free == 40 * GiB - m.used, "MIG-mode GPU used %llu free %llu", m.used, m.free);
+    CHECK_CU(cuMemFree_v2(p));
+    CHECK_CU(cuCtxDestroy_v2(c));
+    CHECK(nvmlShutdown() == NVML_SUCCESS, "shutdown");
+    return 0;
+}
+
+/* A node (or container) with the MIG-mode GPU's node but no instance's
+ * capabilities: no CUDA device, one NVML GPU. */
+static int mig_nvml_no_instance(int i, void *arg) {
+    (void)i;
+    (void)arg;
+    CHECK(cuInit(0) == CUDA_ERROR_NO_DEVICE, "cuInit without an instance");
+    CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit");
+    unsigned cnt = 0;
+    CHECK(nvmlDeviceGetCount_v2(&cnt) == NVML_SUCCESS && cnt == 1, "nvml count %u, want the MIG-mode GPU", cnt);
+    nvml_gpu_at(0, UUID2, 40 * GiB, NULL);
+    nvmlDevice_t mig;
+    CHECK(nvmlDeviceGetHandleByUUID(MIG_A, &mig) == NVML_ERROR_NOT_FOUND, "an instance without its capabilities");
+    CHECK(nvmlShutdown() == NVML_SUCCESS, "shutdown");
+    return 0;
+}
+
+/* The 1g.5gb instance's container: NVML lists the GPU (its node is there),
+ * CUDA the instance. */
+static int mig_nvml_container(int i, void *arg) {
+    (void)i;
+    (void)arg;
+    int n = -1;
+    CHECK_CU(cuInit(0));
+    CHECK_CU(cuDeviceGetCount(&n));
+    CHECK(n == 1, "%d CUDA devices, want the instance", n);
+    CHECK(nvmlInit_v2() == NVML_SUCCESS, "nvmlInit");
+    unsigned cnt = 0;
+    CHECK(nvmlDeviceGetCount_v2(&cnt) == NVML_SUCCESS && cnt == 1, "nvml count %u", cnt);
+    nvml_gpu_at(0, UUID2, 40 * GiB, NULL);
+    CHECK(nvmlShutdown() == NVML_SUCCESS, "shutdown");
+    return 0;
+}
+
+TEST(nodefile_mig_nvml_lists_the_gpu) {
+    const char *file = mig_node_file();
+    const int gpu2[] = {2}, both[] = {0, 2};
+    const int capsA[] = {21, 22}, all[] = {21, 22, 30, 31, 40, 41};
+    node_env(file, make_mig_root("dev-mignvml-host", both, 2, all, 6));
+    in_child(mig_nvml_host);
+    node_env(file, make_mig_root("dev-mignvml-nocaps", gpu2, 1, NULL, 0));
+    in_child(mig_nvml_no_instance);
+    node_env(file, make_mig_root("dev-mignvml-a", gpu2, 1, capsA, 2));
+    in_child(mig_nvml_container);
+}
+
 TEST(nodefile_mig_device_is_the_instance) {
     const char *file = mig_node_file();
     const int gpu2[] = {2}, both[] = {0, 2};

@@ -62,6 +62,40 @@ func TestCompareInventory(t *testing.T) {
 	}
 }
 
+// A GPU in MIG mode is listed by nvidia-smi but is no CUDA device: CUDA lists an instance of it,
+// which must match the inventory's instance, and never the GPU itself.
+func TestCompareInventoryMIG(t *testing.T) {
+	const uuid, mig = "GPU-11111111-2222-3333-4444-555555555555", "MIG-11111111-2222-3333-4444-666666666666"
+	inv := &api.NodeInventory{GPUs: []api.GPU{{UUID: uuid, Index: 0, Model: "NVIDIA A100-SXM4-40GB", MemoryBytes: 40 << 30,
+		SMCount: 108, ComputeCapability: "8.0", PCIBusID: "0000:18:00.0", NUMANode: -1,
+		MIG: &api.MIG{Instances: []api.MIGInstance{{UUID: mig, Profile: "1g.5gb", MemoryBytes: 5 << 30, SMCount: 14}}}}}}
+	smi := map[string]refGPU{uuid: {UUID: uuid, Name: "NVIDIA A100-SXM4-40GB", MemMiB: 40 << 10}}
+	id := "GPU 0 (" + uuid + ")"
+
+	p := newPhase("node", false)
+	compareInventory(p, inv, smi, map[string]refGPU{mig: {UUID: mig, MemBytes: 5 << 30, SMs: 14}}, true)
+	for name, st := range statuses(p) {
+		if st == Fail {
+			t.Errorf("CUDA listing the instance: %s failed", name)
+		}
+	}
+	if statuses(p)[id+" MIG "+mig+" memory (CUDA)"] != Pass {
+		t.Errorf("the instance CUDA lists is not compared: %v", statuses(p))
+	}
+
+	p = newPhase("node", false)
+	compareInventory(p, inv, smi, map[string]refGPU{mig: {UUID: mig, MemBytes: 40 << 30, SMs: 108}}, true)
+	if st := statuses(p); st[id+" MIG "+mig+" memory (CUDA)"] != Fail || st[id+" MIG "+mig+" SM count"] != Fail {
+		t.Errorf("an instance with its GPU's memory and SMs must fail: %v", st)
+	}
+
+	p = newPhase("node", false)
+	compareInventory(p, inv, smi, map[string]refGPU{uuid: {UUID: uuid, MemBytes: 40 << 30, SMs: 108}}, true)
+	if st := statuses(p); st[id+" CUDA"] != Fail {
+		t.Errorf("CUDA listing a GPU in MIG mode whole must fail: %v", st)
+	}
+}
+
 func TestParseReferences(t *testing.T) {
 	gpus, version := parseProbeInfo("cuda_driver_version=13.0\ndevices=1\ndevice=0 name=NVIDIA_H100_80GB_HBM3 total_mem=85520809984 " +
 		"meminfo_total=85520809984 meminfo_free=1 uuid=GPU-aa sms=132 cc=9.0 pci=0000:18:00.0\n")

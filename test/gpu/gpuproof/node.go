@@ -277,7 +277,9 @@ func words(line string) map[string]string {
 
 // compareInventory holds tessera-node's inventory against nvidia-smi (NVML as NVIDIA's tool reads
 // it), CUDA (cudaprobe) and sysfs, GPU by GPU. On the fake driver the PCI address CUDA reports is
-// the fake's own (minor+1), so that one comparison is not made in a dry run.
+// the fake's own (minor+1), so that one comparison is not made in a dry run. A GPU in MIG mode is
+// no CUDA device (nvidia-smi lists it, CUDA lists its instances): the instance CUDA lists is held
+// against the inventory's.
 func compareInventory(p *Phase, inv *api.NodeInventory, smi, cuda map[string]refGPU, dry bool) {
 	p.check("GPU count", len(inv.GPUs) == len(smi) && len(smi) > 0, "nvidia-smi", "inventory %d GPUs, nvidia-smi %d", len(inv.GPUs), len(smi))
 	for _, g := range inv.GPUs {
@@ -298,9 +300,21 @@ func compareInventory(p *Phase, inv *api.NodeInventory, smi, cuda map[string]ref
 			p.check(id+" compute capability", s.CC == g.ComputeCapability, "nvidia-smi compute_cap", "inventory %s, nvidia-smi %s", g.ComputeCapability, s.CC)
 		}
 		c, ok := cuda[g.UUID]
-		if !ok {
+		switch {
+		case g.MIG != nil:
+			// CUDA enumerates a GPU in MIG mode only as its MIG devices (one a process at most).
+			p.check(id+" CUDA", !ok, "cudaprobe info (CUDA driver API)", "a GPU in MIG mode is no CUDA device: CUDA %s %s",
+				map[bool]string{true: "lists", false: "does not list"}[ok], g.UUID)
+			for _, m := range g.MIG.Instances {
+				if c, ok := cuda[m.UUID]; ok {
+					mid := id + " MIG " + m.UUID
+					p.check(mid+" SM count", c.SMs == m.SMCount, "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)", "inventory %d, CUDA %d", m.SMCount, c.SMs)
+					p.check(mid+" memory (CUDA)", c.MemBytes == m.MemoryBytes, "cuDeviceTotalMem_v2", "inventory %d bytes, CUDA %d bytes", m.MemoryBytes, c.MemBytes)
+				}
+			}
+		case !ok:
 			p.check(id+" CUDA", false, "cudaprobe info (CUDA driver API)", "CUDA does not list %s", g.UUID)
-		} else {
+		default:
 			p.check(id+" SM count", c.SMs == g.SMCount, "cuDeviceGetAttribute(MULTIPROCESSOR_COUNT)", "inventory %d, CUDA %d", g.SMCount, c.SMs)
 			p.check(id+" memory (CUDA)", c.MemBytes == g.MemoryBytes, "cuDeviceTotalMem_v2", "inventory %d bytes, CUDA %d bytes", g.MemoryBytes, c.MemBytes)
 			if dry {
