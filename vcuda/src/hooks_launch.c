@@ -735,7 +735,7 @@ static dgate_pool *dgate_pool_of(CUcontext ctx, CUdevice dev) {
     atomic_store_explicit(&p->ctx, ctx, memory_order_release);
     pthread_mutex_unlock(&dgate_mu);
     if (p->state <= 0) /* once a process: the samples of this context measure the host's wake-up too */
-        dgate_say_off("no device-mapped host memory for the device gate here");
+        dgate_say_off("no device-mapped, pinned host memory for the device gate here");
     return p->state > 0 ? p : NULL;
 }
 /* Before ctx is destroyed (freeh: free the words; the driver has not yet)
