@@ -35,7 +35,7 @@ LOG=$RUN/out/device-run.log
 # what is left. The preflight picks runc or the namespace fallback for the rest.
 PHASES=(preflight node refusals container torch memory procaddr guard overhead timeslice compute)
 declare -A LIMIT=([preflight]=30 [node]=45 [refusals]=30 [container]=45 [torch]=150 [memory]=45 [procaddr]=30
-  [guard]=45 [overhead]=30 [timeslice]=30 [compute]=240)
+  [guard]=45 [overhead]=30 [timeslice]=30 [compute]=300)
 MIN_S=20 # a phase with less than this left is not started
 
 # One JSON (the merged results) and one tarball (everything else) to $OUT, after every phase.

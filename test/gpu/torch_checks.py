@@ -745,6 +745,11 @@ def phase_gates(a, ph, gpu_s, ev):
     above), and a graph loop at 10% beside a 70% matmul co-tenant on each; each with what vcuda
     charged it over its own GPU time (above 1: the co-tenant's slices charged to it)."""
     charged_by = "the child's region busy_ns (vcuda's charge, gpuproof region) / ((warm-up + measured steps) x GPU time per step)"
+    if not a.hostgate_lib or not os.path.exists(a.hostgate_lib):
+        for c in compute_cases():
+            if "host gate" in c or c.startswith(GRAPH_BESIDE):
+                ph.skip(c, charged_by, "no host-gate build of vcuda (--hostgate-lib %r): both gates cannot be compared" % a.hostgate_lib)
+        return
     runs = [("host gate", "matmul, two containers, host gate", "hg-matmul", [("matmul", 30), ("matmul", 70)], a.hostgate_lib)]
     runs += [(g, GRAPH_BESIDE + ", " + g, "graph-%s" % g.split()[0], [("decode-graph", 10), ("matmul", 70)], lib)
              for g, lib in zip(GATES, (a.lib, a.hostgate_lib))]
