@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the bundle carried to a GPU machine for the real-GPU proof (test/gpu/README.md):
 #   bin/   tessera-node, gpuproof, runc (static), nsrunc (the namespace fallback: gpuproof nsrunc),
-#          cudaprobe, callbench, memprobe, procprobe, nvml-refusals.test (internal/gpu's realnvml test)
-#   lib/   libvcuda.so, hooktable.txt (vcuda's hooked symbols, from src/procaddr.c, for procprobe)
+#          cudaprobe, callbench, memprobe, procprobe, slicebench, nvml-refusals.test (internal/gpu's realnvml test)
+#   lib/   libvcuda.so, libvcuda-hostgate.so (built with VCUDA_HOST_GATE_ONLY: both sampling gates on one GPU), hooktable.txt (vcuda's hooked symbols, from src/procaddr.c, for procprobe)
 #   fake/  vcuda/test's fake driver (libcuda.so.1, libnvidia-ml.so.1, nvidia-smi): the dry run, and
 #          the overhead phase's fake-driver figure taken on the GPU machine's own CPU
 #   rootfs/  busybox + Debian's libc6 + cudaprobe + memprobe: the runc containers' root
@@ -48,14 +48,15 @@ cp "$CACHE/runc-$RUNC_V" "$B/bin/runc"
 
 log "vcuda, the fake driver, cudaprobe, callbench, memprobe"
 V=$W/vcuda
-make -s -C "$ROOT/vcuda" BUILD="$V" "$V/libvcuda.so" "$V/fake/libcuda.so.1" "$V/fake/libnvidia-ml.so.1" "$V/fake/nvidia-smi" >/dev/null
-cp "$V/libvcuda.so" "$B/lib/"
+make -s -C "$ROOT/vcuda" BUILD="$V" "$V/libvcuda.so" "$V/libvcuda-hostgate.so" "$V/fake/libcuda.so.1" "$V/fake/libnvidia-ml.so.1" "$V/fake/nvidia-smi" >/dev/null
+cp "$V/libvcuda.so" "$V/libvcuda-hostgate.so" "$B/lib/"
 cp "$V/fake/libcuda.so.1" "$V/fake/libnvidia-ml.so.1" "$V/fake/nvidia-smi" "$B/fake/"
 # Linked against the fake's soname: at run time they load whichever libcuda.so.1 is found, the
 # real driver's on a GPU machine (the driver API's ABI is stable across drivers).
 gcc -O2 -Wall -Werror -o "$B/bin/cudaprobe" "$ROOT/test/image/cudaprobe.c" -L"$V/fake" -l:libcuda.so.1
 gcc -O2 -Wall -Wextra -Werror -o "$B/bin/callbench" "$ROOT/test/gpu/csrc/callbench.c" -L"$V/fake" -l:libcuda.so.1 -ldl
 gcc -O2 -Wall -Wextra -Werror -o "$B/bin/memprobe" "$ROOT/test/gpu/csrc/memprobe.c" -L"$V/fake" -l:libcuda.so.1 -ldl
+gcc -O2 -Wall -Wextra -Werror -o "$B/bin/slicebench" "$ROOT/test/gpu/csrc/slicebench.c" -L"$V/fake" -l:libcuda.so.1 -ldl
 gcc -O2 -Wall -Wextra -Werror -o "$B/bin/procprobe" "$ROOT/test/gpu/csrc/procprobe.c" -ldl
 # vcuda's hook table as "<symbol> <base>" lines: the one list (src/procaddr.c), read, not copied
 sed -n 's/^[[:space:]]*E(\([A-Za-z0-9_]*\), "\([A-Za-z0-9_]*\)", [0-9]*, [01]),.*/\1 \2/p' "$ROOT/vcuda/src/procaddr.c" >"$B/lib/hooktable.txt"
@@ -73,7 +74,7 @@ cp "$ROOT/test/gpu/run.sh" "$ROOT/test/gpu/torch_checks.py" "$ROOT/test/gpu/READ
   echo "built: $(date -u +%FT%TZ) with $(go version | cut -d' ' -f3), gcc $(gcc -dumpversion), glibc $(ldd --version | head -1 | awk '{print $NF}')"
   echo "rootfs glibc: $(cd "$TOOLS" && ls debs-libc/*.deb 2>/dev/null || echo "$GLIBC")"
   echo "host glibc needed (newest symbol version each binary uses):"
-  for f in bin/tessera-node bin/gpuproof bin/nvml-refusals.test bin/cudaprobe bin/callbench bin/memprobe bin/procprobe lib/libvcuda.so; do
+  for f in bin/tessera-node bin/gpuproof bin/nvml-refusals.test bin/cudaprobe bin/callbench bin/memprobe bin/procprobe bin/slicebench lib/libvcuda.so lib/libvcuda-hostgate.so; do
     echo "  $f: $(objdump -T "$B/$f" | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)"
   done
   echo "  bin/runc: static"

@@ -30,11 +30,12 @@ LOG=$RUN/out/device-run.log
 # first. (a) discovery, CDI, the refusal table on the real NVML; (b) CUDA in a container from the
 # CDI edits alone, nvidia-smi in the share; (c) PyTorch in a share at CAP_GIB, its children in
 # their own PID namespace; (d) VMM under a cap (memory); (e) cuGetProcAddress vs dlsym;
-# (f) the agent's NVML per-process audit (guard); then the call overhead and the compute shares,
-# which only get what is left. The preflight picks runc or the namespace fallback for the rest.
-PHASES=(preflight node refusals container torch memory procaddr guard overhead compute)
+# (f) the agent's NVML per-process audit (guard); then the call overhead, the time-slicing probe
+# (~10 s on a GPU: before compute, whose cases it explains) and the compute shares, which only get
+# what is left. The preflight picks runc or the namespace fallback for the rest.
+PHASES=(preflight node refusals container torch memory procaddr guard overhead timeslice compute)
 declare -A LIMIT=([preflight]=30 [node]=45 [refusals]=30 [container]=45 [torch]=150 [memory]=45 [procaddr]=30
-  [guard]=45 [overhead]=30 [compute]=240)
+  [guard]=45 [overhead]=30 [timeslice]=30 [compute]=300)
 MIN_S=20 # a phase with less than this left is not started
 
 # One JSON (the merged results) and one tarball (everything else) to $OUT, after every phase.

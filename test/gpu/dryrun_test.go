@@ -102,7 +102,7 @@ func TestGPUBundleDryRun(t *testing.T) {
 			t.Errorf("phase %s: exit %s, want %s", m[1], m[2], want)
 		}
 	}
-	if got := strings.Join(ran, " "); got != "preflight node refusals container torch memory procaddr guard overhead compute" {
+	if got := strings.Join(ran, " "); got != "preflight node refusals container torch memory procaddr guard overhead timeslice compute" {
 		t.Errorf("phases ran in the order %q: want the issue's order, most important first", got)
 	}
 	returned, _ := os.ReadDir(ret)
@@ -132,6 +132,7 @@ func TestGPUBundleDryRun(t *testing.T) {
 			Checks  []struct{ Name, Status, Detail string }
 			Figures []struct {
 				Name, Status string
+				Value        float64
 				MeasuredBy   string `json:"measured_by"`
 			}
 		}
@@ -149,6 +150,7 @@ func TestGPUBundleDryRun(t *testing.T) {
 	passed := map[string]bool{}
 	checks := map[string]string{} // name -> status: detail
 	figures := map[string]string{}
+	values := map[string]float64{}
 	for _, p := range res.Phases {
 		for _, c := range p.Checks {
 			passed[p.Phase+": "+c.Name] = c.Status == "pass"
@@ -156,6 +158,7 @@ func TestGPUBundleDryRun(t *testing.T) {
 		}
 		for _, f := range p.Figures {
 			figures[p.Phase+": "+f.Name] = f.MeasuredBy
+			values[p.Phase+": "+f.Name] = f.Value
 			passed[p.Phase+": "+f.Name] = f.Status == "pass"
 		}
 	}
@@ -174,6 +177,10 @@ func TestGPUBundleDryRun(t *testing.T) {
 		"guard: agent runs with the memory guard", "guard: bypass: killed (SIGKILL)",
 		"guard: bypass: the agent logs the kill (GPUMemoryCapExceeded without an API server)",
 		"guard: the agent counts one kill", "guard: polite: the agent measures it", "guard: polite: under its cap, left alone",
+		// each vcuda build says which sampling gate it used: the production one the device's, the
+		// VCUDA_HOST_GATE_ONLY one the host function's
+		"timeslice: slicebench runs", "timeslice: vcuda, device gate build: the sampling gate it used",
+		"timeslice: vcuda, host gate build: the sampling gate it used",
 	}
 	if len(vmmNotYet) == 0 {
 		for _, pattern := range []string{"pool", "loop"} {
@@ -199,12 +206,38 @@ func TestGPUBundleDryRun(t *testing.T) {
 	// the compute phase's cases are each listed as not run (issue 32): the elementwise mix and the
 	// CUDA-graph decode loop at each share, and the model in two shares, never missing
 	for _, name := range []string{"elementwise at 10%: busy share", "elementwise at 70%: busy share", "decode-graph at 10%: busy share",
+		"matmul, two containers, host gate: the 30% one's busy share", "matmul, two containers, host gate: the 70% one's busy share",
+		"decode-graph at 10% beside a 70% matmul co-tenant, device gate: busy share", "decode-graph at 10% beside a 70% matmul co-tenant, host gate: busy share",
+		"decode-graph at 10% beside a 70% matmul co-tenant, device gate: charged / its own GPU time",
+		"decode-graph at 10% beside a 70% matmul co-tenant, host gate: charged / its own GPU time",
 		"decode-graph at 30%: busy share", "decode-graph at 70%: busy share", "model: alone, no vcuda: tokens_per_s",
 		"model: 40% memory / 30% compute: tokens_per_s", "model: 40% memory / 70% compute: tokens_per_s",
 		"model: 40% memory / 30% compute: host NVML peak within the memory cap", "model: 40% memory / 70% compute: host NVML peak within the memory cap",
 		"model: tokens_per_s ratio, 70% / 30% compute"} {
 		if c := checks["compute: "+name]; !strings.HasPrefix(c, "not_checked: ") || !strings.Contains(c, "needs a GPU") {
 			t.Errorf("compute case %q: %q, want not_checked with the reason (a dry run lists every case it could not run)", name, c)
+		}
+	}
+	// The time-slicing probe on the fake's scheduler (2 ms slices, 2 us switches): A's kernels (0.3 ms
+	// alone) preempted by B's slice measure it; the implied slice must be the fake's own, which
+	// tests the probe's arithmetic (the solo time, or a p90 of all samples, would not be).
+	ts := func(name string) float64 { return values["timeslice: "+name] }
+	if s := ts("implied timeslice (median inflation)"); s < 1.5 || s > 3 {
+		t.Errorf("timeslice: implied slice %.3f ms on the fake, want its 2 ms (1.5-3 ms)", s)
+	}
+	if solo := ts("A's kernel alone (p50)"); solo < 0.2 || solo > 0.5 {
+		t.Errorf("timeslice: A's solo kernel %.3f ms, want the fake's 0.3 ms wave", solo)
+	}
+	if f := ts("A's samples inflated by > 0.5 ms beside B"); f <= 0 || f >= 100 {
+		t.Errorf("timeslice: %.1f%% of A's samples inflated beside B: want some, not all", f)
+	}
+	if d := ts("A's first-kernel start delay beside B: max"); d < 0.2 || d > 3 {
+		t.Errorf("timeslice: A's longest start delay beside B %.3f ms, want up to the fake's slice", d)
+	}
+	for _, gate := range []string{"device gate", "host gate"} {
+		name := "timeslice: vcuda at 50%, " + gate + ", beside B: charged / A's own device time"
+		if v, ok := values[name]; !ok || v <= 0 || !strings.Contains(figures[name], "busy_ns") {
+			t.Errorf("figure %q: %v (%q), want the region's charge over A's own time", name, v, figures[name])
 		}
 	}
 	if c := checks["refusals: the strict NVML's refusal table matches the real driver"]; !strings.HasPrefix(c, "not_checked: ") {

@@ -14,6 +14,8 @@
 #                        GPT-2 small in two shares (40%/30% + 40%/70%) beside it alone       (~4 min)
 #   ./run.sh procaddr    cuGetProcAddress vs dlsym, every hooked symbol, 12000/12080/13000 x ptsz
 #   ./run.sh overhead    ns added per intercepted call, real driver next to the fake driver   (~1 min)
+#   ./run.sh timeslice   how the GPU time-slices two processes (slicebench), and vcuda's charge
+#                        beside a co-tenant with each sampling gate                           (~10 s)
 #   ./run.sh all         all of the above (device-run.sh runs them under one time budget)
 #
 # Each phase writes $OUT/partial/<phase>.json as it ends, then merges every phase so far into
@@ -39,15 +41,16 @@ DRY_RUN=${DRY_RUN:-0}
 WORK=$OUT/work PARTIAL=$OUT/partial RESULTS=$OUT/results
 PROOF=$B/bin/gpuproof
 LIB=$B/lib/libvcuda.so
+HOSTGATE_LIB=$B/lib/libvcuda-hostgate.so # VCUDA_HOST_GATE_ONLY: the host-function sampling gate only
 
 die() { echo "run.sh: $*" >&2; exit 2; }
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 
-PHASES="preflight node refusals container torch memory procaddr guard overhead compute"
+PHASES="preflight node refusals container torch memory procaddr guard overhead timeslice compute"
 [[ $# -eq 1 ]] || die "usage: run.sh ${PHASES// /|}|all"
 [[ $(id -u) -eq 0 ]] || die "run as root: runc and the device nodes need it"
-for f in bin/tessera-node bin/gpuproof bin/runc bin/nsrunc bin/cudaprobe bin/callbench bin/memprobe bin/procprobe bin/nvml-refusals.test \
-  lib/libvcuda.so lib/hooktable.txt fake/libcuda.so.1 rootfs/lib64/ld-linux-x86-64.so.2; do
+for f in bin/tessera-node bin/gpuproof bin/runc bin/nsrunc bin/cudaprobe bin/callbench bin/memprobe bin/procprobe bin/slicebench bin/nvml-refusals.test \
+  lib/libvcuda.so lib/libvcuda-hostgate.so lib/hooktable.txt fake/libcuda.so.1 rootfs/lib64/ld-linux-x86-64.so.2; do
   [[ -e $B/$f ]] || die "$B/$f is missing: this is not a complete bundle (make gpu-bundle)"
 done
 # Everything here was built against glibc 2.34+ (see MANIFEST); say so plainly instead of failing oddly.
@@ -142,6 +145,11 @@ phase_overhead() {
     -work "$WORK/overhead" -out "$PARTIAL/overhead.json" "${dry[@]}"
 }
 
+phase_timeslice() {
+  "$PROOF" timeslice -slicebench "$B/bin/slicebench" -vcuda-library "$LIB" -vcuda-hostgate "$HOSTGATE_LIB" -fake-dir "$B/fake" \
+    -work "$WORK/timeslice" -out "$PARTIAL/timeslice.json" "${dry[@]}"
+}
+
 # torch and compute run the host's PyTorch with vcuda preloaded as in a share container and its
 # limits given by TESSERA_VCUDA_LIMITS (honoured only where /etc/tessera/vcuda/limits is absent);
 # torch's children each run in their own PID namespace (unshare --pid --fork --mount-proc), as a
@@ -176,7 +184,7 @@ phase_torch() {
 
 phase_compute() {
   torch_preflight compute || return 2
-  "$PYTHON" "$B/torch_checks.py" compute --lib "$LIB" --uuid "$UUID" --cap-gib "$CAP_GIB" --work "$WORK/compute" \
+  "$PYTHON" "$B/torch_checks.py" compute --lib "$LIB" --hostgate-lib "$HOSTGATE_LIB" --uuid "$UUID" --cap-gib "$CAP_GIB" --work "$WORK/compute" \
     --seconds "$COMPUTE_SECONDS" --out "$PARTIAL/compute.json"
 }
 

@@ -428,10 +428,21 @@ MODEL_PAIR = ((40, 30), (40, 70))
 WORKLOAD_NAMES = ("matmul", "elementwise", "decode", "decode-graph", "varying")
 
 
+# Both sampling gates on one GPU (lib/libvcuda-hostgate.so: VCUDA_HOST_GATE_ONLY): the matmul
+# pair again on the host gate, and a CUDA-graph loop at 10% beside a 70% matmul co-tenant (its
+# long kernels keep the GPU's queue full: a slice boundary falls inside the graph's samples) on each
+GATES = ("device gate", "host gate")
+GRAPH_BESIDE = "decode-graph at 10% beside a 70% matmul co-tenant"
+
+
 def compute_cases():
     """The compute phase's cases by name: what a run that could not happen lists as not run."""
     cases = ["%s at %d%%: busy share" % (w, p) for w in WORKLOAD_NAMES for p in SHARES]
     cases += ["%s, two containers: the %d%% one's busy share" % (w, p) for w in ("matmul", "varying") for p in (30, 70)]
+    cases += ["matmul, two containers, host gate: the %d%% one's busy share" % p for p in (30, 70)]
+    cases += ["matmul, two containers, host gate: the %d%% one's charged / its own GPU time" % p for p in (30, 70)]
+    cases += ["%s, %s: busy share" % (GRAPH_BESIDE, g) for g in GATES]
+    cases += ["%s, %s: charged / its own GPU time" % (GRAPH_BESIDE, g) for g in GATES]
     cases += ["model: alone, no vcuda: tokens_per_s"]
     cases += ["model: %d%% memory / %d%% compute: tokens_per_s" % mc for mc in MODEL_PAIR]
     cases += ["model: %d%% memory / %d%% compute: host NVML peak within the memory cap" % mc for mc in MODEL_PAIR]
@@ -447,11 +458,12 @@ def child_compute(a):
         if a.only and name not in a.only.split(","):
             continue
         step = setup()
-        t_end = time.time() + 1.0  # warm-up (and vcuda's first samples)
+        t_end, warm = time.time() + 1.0, 0  # warm-up (and vcuda's first samples)
         while time.time() < t_end:
             step()
+            warm += 1
         torch.cuda.synchronize()
-        r = {}
+        r = {"warm_steps": warm}
         if a.gate:
             # GPU time per step without launch gaps: a sleep kernel holds the stream while k steps
             # queue behind it, so the events bracket only the steps' kernels
@@ -628,6 +640,44 @@ def run_compute(a, name, lib, cores, gate=False, only="", start=""):
     return subprocess.Popen(cmd, env=child_env(lib, limits), stdout=log, stderr=subprocess.STDOUT), result
 
 
+def charge_ratio(r, gpu_s, region):
+    """What vcuda charged a child (its region's busy_ns, read by gpuproof) over the GPU time its
+    steps took alone (warm-up included: the region counts from the first launch); None if unread."""
+    out = subprocess.run([GPUPROOF, "region", "-path", region], capture_output=True, text=True, timeout=60)
+    busy = out.stdout.strip()
+    own = (r.get("warm_steps", 0) + r["steps"]) * gpu_s
+    return int(busy) / 1e9 / own if out.returncode == 0 and busy.isdigit() and own > 0 else None
+
+
+def gate_used(child_dir):
+    """Which sampling gate vcuda used in a child, from its log (vcuda says when it is the host's)."""
+    try:
+        with open(os.path.join(child_dir, "child.log")) as f:
+            log = f.read()
+    except OSError:
+        return "unknown (no child.log)"
+    i = log.find(HOST_GATE_LINE)
+    return "device" if i < 0 else "host: " + log[i + len(HOST_GATE_LINE):].split(")", 1)[0]
+
+
+# vcuda's line when its sampling gate is the host function's (src/hooks_launch.c, dgate_say_off)
+HOST_GATE_LINE = "vcuda: sampling gate: host function ("
+
+
+def run_pair(a, tag, specs, lib):
+    """Children started together, each (workload, percent); their results, in order."""
+    start = os.path.join(a.work, "pair-%s-start" % tag)
+    for f in os.listdir(a.work):
+        if f.startswith("pair-%s-start" % tag):
+            os.remove(os.path.join(a.work, f))
+    procs = [run_compute(a, "pair-%s-%d" % (tag, p), lib, p, only=wl, start=start) for wl, p in specs]
+    end = time.time() + 120
+    while time.time() < end and len([f for f in os.listdir(a.work) if f.startswith("pair-%s-start.ready-" % tag)]) < len(specs):
+        time.sleep(0.05)
+    open(start, "w").close()
+    return [finish_compute(pr).get(wl) for (wl, _), pr in zip(specs, procs)]
+
+
 def finish_compute(proc_result, timeout=120):
     proc, result = proc_result
     try:
@@ -672,18 +722,8 @@ def phase_compute(a):
     # two containers on one GPU, 30% and 70%, started together: on the matmul loop, then on the
     # varying-duration one (two processes time-slice the GPU: no MPS)
     for wl in ("matmul", "varying"):
-        start = os.path.join(a.work, "pair-%s-start" % wl)
-        for f in os.listdir(a.work):
-            if f.startswith("pair-%s-start" % wl):
-                os.remove(os.path.join(a.work, f))
-        procs = [run_compute(a, "pair-%s-%d" % (wl, p), a.lib, p, only=wl, start=start) for p in (30, 70)]
-        end = time.time() + 120
-        while time.time() < end and len([f for f in os.listdir(a.work) if f.startswith("pair-%s-start.ready-" % wl)]) < 2:
-            time.sleep(0.05)
-        open(start, "w").close()
         shares = []
-        for p, pr in zip((30, 70), procs):
-            r = finish_compute(pr).get(wl)
+        for p, r in zip((30, 70), run_pair(a, wl, [(wl, 30), (wl, 70)], a.lib)):
             if not r:
                 ph.check("%s pair %d%%: ran" % (wl, p), False, "torch_checks child-compute", "no result")
                 continue
@@ -694,9 +734,47 @@ def phase_compute(a):
         if len(shares) == 2:
             ph.figure("%s, two containers: total busy share" % wl, 100 * sum(shares), "%", ev, "<= 100%", sum(shares) <= 1.0)
         ph.write(a.out, quiet=True)
+    phase_gates(a, ph, gpu_s, ev)
     phase_model(a, ph)
     ph.write(a.out)
     return 1 if ph.failed() else 0
+
+
+def phase_gates(a, ph, gpu_s, ev):
+    """Both sampling gates on this GPU: the matmul pair on the host gate (its device-gate run is
+    above), and a graph loop at 10% beside a 70% matmul co-tenant on each; each with what vcuda
+    charged it over its own GPU time (above 1: the co-tenant's slices charged to it)."""
+    charged_by = "the child's region busy_ns (vcuda's charge, gpuproof region) / ((warm-up + measured steps) x GPU time per step)"
+    if not a.hostgate_lib or not os.path.exists(a.hostgate_lib):
+        for c in compute_cases():
+            if "host gate" in c or c.startswith(GRAPH_BESIDE):
+                ph.skip(c, charged_by, "no host-gate build of vcuda (--hostgate-lib %r): both gates cannot be compared" % a.hostgate_lib)
+        return
+    runs = [("host gate", "matmul, two containers, host gate", "hg-matmul", [("matmul", 30), ("matmul", 70)], a.hostgate_lib)]
+    runs += [(g, GRAPH_BESIDE + ", " + g, "graph-%s" % g.split()[0], [("decode-graph", 10), ("matmul", 70)], lib)
+             for g, lib in zip(GATES, (a.lib, a.hostgate_lib))]
+    for gate, name, tag, specs, lib in runs:
+        got = run_pair(a, tag, specs, lib)
+        for (wl, p), r in zip(specs, got):
+            one = "%s: the %d%% one's" % (name, p) if name.startswith("matmul") else name + ":"
+            if name.startswith(GRAPH_BESIDE) and wl != "decode-graph":
+                continue  # the co-tenant: there to keep the GPU busy
+            child = os.path.join(a.work, "pair-%s-%d" % (tag, p))
+            if not r:
+                ph.check(one + " busy share", False, "torch_checks child-compute", "no result")
+                continue
+            used = gate_used(child)
+            b = busy_share(r["steps"], gpu_s[wl], r["wall_s"])
+            ph.figure(one + " busy share", 100 * b, "%", ev + "; vcuda's sampling gate: " + used, "%d%% +-10%%" % p,
+                      within(b, p / 100, 0.10))
+            if not used.startswith(gate.split()[0]):
+                ph.check(one + " the build's sampling gate", False, "the child's vcuda log", "%s, want %s" % (used, gate))
+            ratio = charge_ratio(r, gpu_s[wl], os.path.join(child, "region"))
+            if ratio is None:
+                ph.skip(one + " charged / its own GPU time", charged_by, "the region could not be read")
+            else:
+                ph.figure(one + " charged / its own GPU time", ratio, "x", charged_by + "; gate: " + used)
+        ph.write(a.out, quiet=True)
 
 
 def print_cases(a):
@@ -743,6 +821,14 @@ def selftest(_):
     for w in ("elementwise", "decode-graph"):
         assert all("%s at %d%%: busy share" % (w, p) in cases for p in (10, 30, 70)), cases
     assert "model: 40% memory / 30% compute: tokens_per_s" in cases and "model: alone, no vcuda: tokens_per_s" in cases
+    assert all("%s, %s: busy share" % (GRAPH_BESIDE, g) in cases for g in GATES), cases
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "child.log"), "w") as f:
+            f.write("x\nvcuda: sampling gate: host function (built with VCUDA_HOST_GATE_ONLY)\n")
+        assert gate_used(d) == "host: built with VCUDA_HOST_GATE_ONLY", gate_used(d)
+        os.remove(os.path.join(d, "child.log"))
+        open(os.path.join(d, "child.log"), "w").close()
+        assert gate_used(d) == "device"
     assert model_failed({"tokens_per_s": 1.0}) == ("", False)
     assert model_failed({"error": "not_checked: cannot import transformers (x)"})[1] and not model_failed({})[1]
     ph = Phase("torch")
@@ -758,6 +844,7 @@ def main():
     for name in ("torch", "compute"):
         s = sub.add_parser(name)
         s.add_argument("--lib", required=True)
+        s.add_argument("--hostgate-lib", default="", help="compute: vcuda built with VCUDA_HOST_GATE_ONLY (both gates measured)")
         s.add_argument("--uuid", required=True)
         s.add_argument("--cap-gib", type=float, default=10)
         s.add_argument("--work", required=True)

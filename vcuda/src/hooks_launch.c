@@ -685,7 +685,18 @@ static void dgate_slot_free(void) {
 
 /* The pool of ctx (dev its device), made at its first sampled launch and
  * never again on the launch path; NULL: the device gate is off there. */
+static _Atomic int dgate_said_off; /* the host-function gate was said to be in use */
+static void dgate_say_off(const char *why) {
+    if (!atomic_exchange(&dgate_said_off, 1))
+        vc_log("sampling gate: host function (%s)", why);
+}
 static dgate_pool *dgate_pool_of(CUcontext ctx, CUdevice dev) {
+#ifdef VCUDA_HOST_GATE_ONLY
+    /* test/gpu's second build: both gates measured on one GPU (never a production build) */
+    (void)ctx, (void)dev;
+    dgate_say_off("built with VCUDA_HOST_GATE_ONLY");
+    return NULL;
+#endif
     for (int i = 0; i < DGATE_POOLS; i++)
         if (atomic_load_explicit(&dpools[i].ctx, memory_order_acquire) == ctx)
             return dpools[i].state > 0 ? &dpools[i] : NULL;
@@ -723,6 +734,8 @@ static dgate_pool *dgate_pool_of(CUcontext ctx, CUdevice dev) {
     unrelax(mode);
     atomic_store_explicit(&p->ctx, ctx, memory_order_release);
     pthread_mutex_unlock(&dgate_mu);
+    if (p->state <= 0) /* once a process: the samples of this context measure the host's wake-up too */
+        dgate_say_off("no device-mapped, pinned host memory for the device gate here");
     return p->state > 0 ? p : NULL;
 }
 /* Before ctx is destroyed (freeh: free the words; the driver has not yet)
@@ -779,6 +792,7 @@ static int dgate_close(launch_ctx *lc, CUcontext ctx, CUdevice dev) {
             if (atomic_load(&p->ctx) == ctx)
                 p->state = -1;
             pthread_mutex_unlock(&dgate_mu);
+            dgate_say_off("cuStreamWaitValue32_v2: not supported by this driver");
         }
         return 0;
     }

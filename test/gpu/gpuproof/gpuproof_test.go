@@ -293,3 +293,32 @@ func TestWaitLineSchedule(t *testing.T) {
 		}
 	})
 }
+
+// The timeslice phase's arithmetic on samples of a known GPU: 1 ms kernels alone; beside B, a
+// quarter of them carry B's 2 ms slice plus two 50 us switches, the rest jitter by 0.1 ms. The
+// implied slice is the inflation's median (not the solo time, not a quantile of all samples), the
+// fraction counts only samples over solo + 0.5 ms, the switch bound is the least delay over the
+// launch latency alone.
+func TestSliceFigures(t *testing.T) {
+	solo := []float64{1e6, 1.01e6, 0.99e6, 1e6, 1e6}
+	var beside []float64
+	for i := range 40 {
+		if i%4 == 0 {
+			beside = append(beside, 1e6+2.1e6+float64(i))
+		} else {
+			beside = append(beside, 1e6+0.1e6)
+		}
+	}
+	st := sliceFigures(solo, beside, []float64{10e3, 12e3, 11e3}, []float64{70e3, 900e3, 2.05e6, 1.2e6})
+	near := func(got, want float64) bool { return got > want*0.99 && got < want*1.01 }
+	if !near(st.Solo, 1e6) || !near(st.Slice, 2.1e6) || st.InflatedFrac != 0.25 || !near(st.P50, 1.1e6) || !near(st.Max, 3.1e6) {
+		t.Errorf("solo %.0f slice %.0f inflated %.2f p50 %.0f max %.0f: want 1e6, 2.1e6, 0.25, 1.1e6, 3.1e6", st.Solo, st.Slice, st.InflatedFrac, st.P50, st.Max)
+	}
+	if !near(st.Switch, 59e3) || !near(st.DelayMax, 2.05e6) || !near(st.DelayMin, 70e3) {
+		t.Errorf("switch %.0f delay min %.0f max %.0f: want 59e3, 70e3, 2.05e6", st.Switch, st.DelayMin, st.DelayMax)
+	}
+	// nothing inflated (no co-tenant, or a GPU that runs A's kernels to the end): no slice, and said so
+	if st := sliceFigures(solo, solo, nil, nil); st.Slice != 0 || st.InflatedFrac != 0 {
+		t.Errorf("no inflation: slice %.0f, fraction %.2f, want 0", st.Slice, st.InflatedFrac)
+	}
+}

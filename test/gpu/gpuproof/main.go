@@ -7,6 +7,7 @@
 //	gpuproof memory    per-context overhead in a container's PID namespace; VMM create/map/release under a cap
 //	gpuproof guard     the node agent's memory guard kills a share container that allocates past vcuda
 //	gpuproof overhead  cost per intercepted call, real driver and fake driver, with and without vcuda
+//	gpuproof timeslice how the GPU time-slices two processes (slicebench), and what vcuda charges beside one, per sampling gate
 //	gpuproof preflight the sandbox, cgroup2, whether runc (or the namespace fallback) starts a container
 //	gpuproof nsrunc    runc's verbs done with unshare, bind mounts and chroot: the fallback where runc cannot run
 //	gpuproof refusals  internal/gpu's realnvml test (the strict sim's refusal table) on this machine's NVML
@@ -14,6 +15,7 @@
 //	gpuproof merge     the phases' partial results -> results/<date>-<gpu model>.json
 //	gpuproof tables    the markdown tables for vcuda/README.md and docs/install.md
 //	gpuproof limits    write a vcuda limits file (for torch_checks.py)
+//	gpuproof region    print a vcuda region's busy_ns, the compute limiter's charge (for torch_checks.py)
 //	gpuproof notrun    a phase's result saying why it did not run (not a pass)
 //
 // Each phase writes one JSON file (a Phase) as it finishes, so a run cut short keeps what it measured.
@@ -131,7 +133,7 @@ func orDash(s string) string {
 	return s
 }
 
-const usage = `usage: gpuproof <preflight|node|refusals|container|memory|procaddr|guard|overhead|merge|tables|limits|notrun|nsrunc> [flags]   (see test/gpu/README.md)`
+const usage = `usage: gpuproof <preflight|node|refusals|container|memory|procaddr|guard|overhead|timeslice|merge|tables|limits|region|notrun|nsrunc> [flags]   (see test/gpu/README.md)`
 
 func main() {
 	if len(os.Args) < 2 {
@@ -141,6 +143,7 @@ func main() {
 	cmds := map[string]func([]string) error{
 		"node": runNode, "container": runContainer, "memory": runMemory, "guard": runGuard, "overhead": runOverhead, "merge": runMerge, "tables": runTables,
 		"limits": runLimits, "notrun": runNotRun, "preflight": runPreflight, "nsrunc": runNSRunc, "refusals": runRefusals, "procaddr": runProcAddr,
+		"timeslice": runTimeslice, "region": runRegion,
 	}
 	cmd, ok := cmds[os.Args[1]]
 	if !ok {
