@@ -161,17 +161,27 @@ func testMultiNodePlacement(t *testing.T, m *MultiNode) {
 	if got, want := m.cudaTotal(t, NodeA100, "whole-a100"), m.Node(t, NodeA100).GPU(whole.UUID).MemoryBytes; got != uint64(want) {
 		t.Errorf("whole-a100: CUDA reports %d bytes, want the whole %s's %d", got, a100, want)
 	}
-	// The fake driver does not model MIG: CUDA in a MIG container sees the instance's parent GPU,
-	// whose memory tells the two models apart (internal/testing/README.md, the sim's row).
-	for pod, node := range map[string]string{"mig-a100": NodeA100, "mig-h100": NodeH100} {
+	// CUDA in a MIG container sees the instance it was given, as on a real node: the instance's
+	// memory, not its parent GPU's (the fake's two MIG views, internal/testing/README.md).
+	for pod, want := range map[string]struct{ node, profile string }{"mig-a100": {NodeA100, "1g.5gb"}, "mig-h100": {NodeH100, "1g.10gb"}} {
+		var inst *api.MIGInstance
 		parent := int64(0)
-		for _, g := range m.Node(t, node).Inventory.GPUs {
-			if g.MIG != nil {
-				parent = g.MemoryBytes
+		for _, g := range m.Node(t, want.node).Inventory.GPUs {
+			if g.MIG == nil {
+				continue
+			}
+			for i := range g.MIG.Instances {
+				if g.MIG.Instances[i].Profile == want.profile {
+					inst, parent = &g.MIG.Instances[i], g.MemoryBytes
+				}
 			}
 		}
-		if got := m.cudaTotal(t, node, pod); got != uint64(parent) || got == 0 {
-			t.Errorf("%s: CUDA reports %d bytes, want the MIG parent's %d on %s", pod, got, parent, node)
+		if inst == nil {
+			t.Errorf("%s: %s has no %s instance", pod, want.node, want.profile)
+			continue
+		}
+		if got := m.cudaTotal(t, want.node, pod); got != uint64(inst.MemoryBytes) || got == uint64(parent) {
+			t.Errorf("%s: CUDA reports %d bytes, want its %s instance's %d, not the parent GPU's %d", pod, got, want.profile, inst.MemoryBytes, parent)
 		}
 	}
 	// Each agent holds what runs on its node, and only that (a claim pod twice: its prepared claim

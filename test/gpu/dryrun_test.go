@@ -231,8 +231,10 @@ func TestGPUBundleDryRun(t *testing.T) {
 	if f := ts("A's samples inflated by > 0.5 ms beside B"); f <= 0 || f >= 100 {
 		t.Errorf("timeslice: %.1f%% of A's samples inflated beside B: want some, not all", f)
 	}
-	if d := ts("A's first-kernel start delay beside B: max"); d < 0.2 || d > 3 {
-		t.Errorf("timeslice: A's longest start delay beside B %.3f ms, want up to the fake's slice", d)
+	// The start delay is polled from the host, so its upper end is the machine's load (5.3 ms once
+	// in CI beside the e2e clusters), not the fake's slice: only that A waited at all is held.
+	if d := ts("A's first-kernel start delay beside B: max"); d < 0.2 {
+		t.Errorf("timeslice: A's longest start delay beside B %.3f ms, want A to have waited for B's slice", d)
 	}
 	for _, gate := range []string{"device gate", "host gate"} {
 		name := "timeslice: vcuda at 50%, " + gate + ", beside B: charged / A's own device time"
