@@ -2992,6 +2992,16 @@ static void release_hold_locked(int d, _Atomic uint64_t *su) {
         nitems[d] = w;
     }
 }
+/* Starts fn on a detached thread once per process (under hold_mu): at first use, and again in a
+ * forked child, which inherits the flag but not the thread. */
+static void thread_of_process(pid_t *owner, void *(*fn)(void *)) {
+    if (*owner == getpid())
+        return;
+    pthread_t t;
+    *owner = getpid();
+    pthread_create(&t, NULL, fn, NULL);
+    pthread_detach(t);
+}
 static void *worker(void *arg) {
     (void)arg;
     for (;;) {
@@ -3033,12 +3043,7 @@ EXPORT CUresult cuLaunchHostFunc(CUstream s, void (*fn)(void *), void *data) {
     j->data = data;
     j->dev = d;
     pthread_mutex_lock(&hold_mu);
-    if (worker_pid != getpid()) { /* first use, or a forked child */
-        pthread_t t;
-        worker_pid = getpid();
-        pthread_create(&t, NULL, worker, NULL);
-        pthread_detach(t);
-    }
+    thread_of_process(&worker_pid, worker);
     held[d]++;
     j->su = stream_until(s, d);
     j->ready = atomic_load(j->su);
@@ -3277,12 +3282,7 @@ EXPORT CUresult cuStreamWaitValue32_v2(CUstream s, CUdeviceptr addr, uint32_t va
     w->value = value;
     w->op = op;
     pthread_mutex_lock(&hold_mu);
-    if (poller_pid != getpid()) { /* first use, or a forked child */
-        pthread_t t;
-        poller_pid = getpid();
-        pthread_create(&t, NULL, poller, NULL);
-        pthread_detach(t);
-    }
+    thread_of_process(&poller_pid, poller);
     held[d]++;
     held_on(d, w->su, 1);
     w->next = waits;

@@ -23,24 +23,7 @@
 #include <string.h>
 #include <time.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef void *CUmodule;
-typedef void *CUfunction;
-typedef void *CUstream;
-typedef unsigned long long CUdeviceptr;
-
-CUresult cuInit(unsigned flags);
-CUresult cuDeviceGet(CUdevice *d, int ordinal);
-CUresult cuDeviceGetUuid_v2(unsigned char uuid[16], CUdevice d);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d);
-CUresult cuCtxSetCurrent(CUcontext c);
-CUresult cuCtxSynchronize(void);
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size);
-CUresult cuMemFree_v2(CUdeviceptr p);
-CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                        unsigned shmem, CUstream s, void **params, void **extra);
+#include "cuda_driver.h"
 
 static const char *ptx[] = {
     ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry tessera_noop()\n{\n\tret;\n}\n",

@@ -24,11 +24,7 @@
 #include <string.h>
 #include <unistd.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef unsigned long long CUdeviceptr;
-typedef unsigned long long CUmemGenericAllocationHandle;
+#include "cuda_driver.h"
 
 /* CUmemAllocationProp and CUmemAccessDesc, as cuda.h lays them out. */
 typedef struct {
@@ -51,16 +47,6 @@ typedef struct {
     } location;
     int flags; /* CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 3 */
 } memaccess;
-
-CUresult cuInit(unsigned flags);
-CUresult cuDeviceGetCount(int *n);
-CUresult cuDeviceGet(CUdevice *d, int ordinal);
-CUresult cuDeviceGetUuid_v2(unsigned char uuid[16], CUdevice d);
-CUresult cuDeviceGetAttribute(int *value, int attribute, CUdevice d);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d);
-CUresult cuCtxSetCurrent(CUcontext c);
-CUresult cuMemGetInfo_v2(size_t *free, size_t *total);
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size);
 
 static int use_device(int ordinal) {
     CUdevice d;

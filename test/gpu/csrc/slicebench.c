@@ -29,31 +29,7 @@
 #include <string.h>
 #include <time.h>
 
-typedef int CUresult;
-typedef int CUdevice;
-typedef void *CUcontext;
-typedef void *CUmodule;
-typedef void *CUfunction;
-typedef void *CUstream;
-typedef void *CUevent;
-typedef unsigned long long CUdeviceptr;
-
-CUresult cuInit(unsigned flags);
-CUresult cuDeviceGet(CUdevice *d, int ordinal);
-CUresult cuDevicePrimaryCtxRetain(CUcontext *c, CUdevice d);
-CUresult cuCtxSetCurrent(CUcontext c);
-CUresult cuDeviceGetAttribute(int *v, int attrib, CUdevice d);
-CUresult cuDeviceGetUuid_v2(unsigned char uuid[16], CUdevice d);
-CUresult cuOccupancyMaxActiveBlocksPerMultiprocessor(int *n, CUfunction f, int block, size_t dyn);
-CUresult cuCtxSynchronize(void);
-CUresult cuMemAlloc_v2(CUdeviceptr *p, size_t size);
-CUresult cuEventCreate(CUevent *e, unsigned flags);
-CUresult cuEventRecord(CUevent e, CUstream s);
-CUresult cuEventQuery(CUevent e);
-CUresult cuEventSynchronize(CUevent e);
-CUresult cuEventElapsedTime(float *ms, CUevent a, CUevent b);
-CUresult cuLaunchKernel(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz,
-                        unsigned shmem, CUstream s, void **params, void **extra);
+#include "cuda_driver.h"
 
 /* A: <work> dependent FMAs, the result stored so the compiler keeps the loop. B: spin until
  * %globaltimer (ns) passes start + <ns>. One thread each. */
