@@ -30,37 +30,21 @@ static const char *ptx[] = {
     ".version 7.0\n.target sm_70\n.address_size 64\n.visible .entry tessera_noop()\n{\n\tret;\n}\n",
 };
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void die(const char *what, CUresult r) {
-    printf("error=%d during=%s\n", r, what);
-    exit(1);
-}
-
 /* kernel returns an empty kernel and says where it came from. */
 static CUfunction kernel(const char **how) {
-    typedef CUresult (*load_fn)(CUmodule *, const void *);
-    typedef CUresult (*get_fn)(CUfunction *, CUmodule, const char *);
-    load_fn load = (load_fn)dlsym(RTLD_DEFAULT, "cuModuleLoadData");
-    get_fn get = (get_fn)dlsym(RTLD_DEFAULT, "cuModuleGetFunction");
-    if (!load || !get) {
+    static const char *const names[] = {"tessera_noop"};
+    CUfunction f;
+    switch (load_ptx(ptx, sizeof ptx / sizeof ptx[0], names, &f, 1, "cuModuleLoadData(empty PTX kernel)")) {
+    case -1:
         *how = "opaque-handle(fake-driver)";
         return (CUfunction)(uintptr_t)0x1000;
+    case 0:
+        *how = "ptx-sm_80-empty";
+        return f;
+    default:
+        *how = "ptx-sm_70-empty";
+        return f;
     }
-    for (size_t i = 0; i < sizeof ptx / sizeof ptx[0]; i++) {
-        CUmodule m;
-        CUfunction f;
-        if (load(&m, ptx[i]) == 0 && get(&f, m, "tessera_noop") == 0) {
-            *how = i == 0 ? "ptx-sm_80-empty" : "ptx-sm_70-empty";
-            return f;
-        }
-    }
-    die("cuModuleLoadData(empty PTX kernel)", -1);
-    return NULL;
 }
 
 int main(int argc, char **argv) {

@@ -49,17 +49,6 @@ static const char *ptx[] = {
     ".version 7.0\n.target sm_70\n.address_size 64\n" PTX_BODY,
 };
 
-static uint64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void die(const char *what, CUresult r) {
-    printf("error=%d during=%s\n", r, what);
-    fflush(stdout);
-    exit(1);
-}
 #define CK(call)                                                                                                     \
     do {                                                                                                             \
         CUresult r_ = (call);                                                                                        \
@@ -75,23 +64,16 @@ static CUdeviceptr out_word;
 static unsigned sms, grid_work, grid_spin;
 
 static void load(void) {
-    typedef CUresult (*load_fn)(CUmodule *, const void *);
-    typedef CUresult (*get_fn)(CUfunction *, CUmodule, const char *);
-    load_fn ld = (load_fn)dlsym(RTLD_DEFAULT, "cuModuleLoadData");
-    get_fn get = (get_fn)dlsym(RTLD_DEFAULT, "cuModuleGetFunction");
-    if (!ld || !get) {
+    static const char *const names[] = {"tessera_work", "tessera_spin"};
+    CUfunction fns[2];
+    int i = load_ptx(ptx, sizeof ptx / sizeof ptx[0], names, fns, 2, "cuModuleLoadData(the probe's PTX)");
+    if (i < 0) {
         work_fn = spin_fn = (CUfunction)(uintptr_t)0x1000;
         return;
     }
-    for (size_t i = 0; i < sizeof ptx / sizeof ptx[0]; i++) {
-        CUmodule m;
-        if (ld(&m, ptx[i]) == 0 && get(&work_fn, m, "tessera_work") == 0 && get(&spin_fn, m, "tessera_spin") == 0) {
-            how = i == 0 ? "ptx-sm_80" : "ptx-sm_70";
-            CK(cuMemAlloc_v2(&out_word, 64));
-            return;
-        }
-    }
-    die("cuModuleLoadData(the probe's PTX)", -1);
+    work_fn = fns[0], spin_fn = fns[1];
+    how = i == 0 ? "ptx-sm_80" : "ptx-sm_70";
+    CK(cuMemAlloc_v2(&out_word, 64));
 }
 
 static void launch_work(uint64_t work) {
