@@ -15,6 +15,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -26,6 +27,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 )
 
 func main() {
@@ -128,20 +131,25 @@ func detached(cmd *exec.Cmd, state string) error {
 		n, _ := io.Copy(os.Stdout, f)
 		shown += n
 	}
-	for {
+	var ended error
+	err = wait.PollUntilContextCancel(context.Background(), 300*time.Millisecond, false, func(context.Context) (bool, error) {
 		select {
 		case err := <-exited:
 			show()
 			os.Remove(filepath.Join(state, "pid"))
-			return fmt.Errorf("the demo ended before the cluster was up (%v); log: %s", err, logPath)
-		case <-time.After(300 * time.Millisecond):
+			ended = fmt.Errorf("the demo ended before the cluster was up (%v); log: %s", err, logPath)
+			return true, nil
+		default:
 		}
 		show()
-		if _, err := os.Stat(filepath.Join(state, "ready")); err == nil {
-			fmt.Printf("\n== the demo cluster runs in the background (pid %d, log %s)\n", pid, logPath)
-			return nil
-		}
+		_, err := os.Stat(filepath.Join(state, "ready"))
+		return err == nil, nil
+	})
+	if err != nil || ended != nil {
+		return errors.Join(err, ended)
 	}
+	fmt.Printf("\n== the demo cluster runs in the background (pid %d, log %s)\n", pid, logPath)
+	return nil
 }
 
 // down stops a demo left up by KEEP=1 and waits until it has torn everything down.
@@ -157,12 +165,9 @@ func down(state string) error {
 	if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(3 * time.Minute)
-	for alive(pid) {
-		if time.Now().After(deadline) {
-			return fmt.Errorf("pid %d still runs 3 minutes after SIGTERM; see %s", pid, logPath)
-		}
-		time.Sleep(200 * time.Millisecond)
+	gone := func(context.Context) (bool, error) { return !alive(pid), nil }
+	if err := wait.PollUntilContextTimeout(context.Background(), 200*time.Millisecond, 3*time.Minute, true, gone); err != nil {
+		return fmt.Errorf("pid %d still runs 3 minutes after SIGTERM; see %s", pid, logPath)
 	}
 	if f, err := os.Open(logPath); err == nil {
 		f.Seek(before, io.SeekStart)
