@@ -140,16 +140,7 @@ func (g *Guard) RunFeedback(ctx context.Context) error {
 	if g.cfg.Feedback == nil {
 		return nil
 	}
-	t := g.cfg.Clock.NewTicker(g.cfg.Feedback.Interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-t.C():
-			g.publishMeasured()
-		}
-	}
+	return g.every(ctx, g.cfg.Feedback.Interval, g.publishMeasured)
 }
 
 // publishMeasured is one round: read every shared GPU's new samples, integrate them, write each

@@ -174,16 +174,23 @@ func TestFeedbackIntegratesDriverBusy(t *testing.T) {
 	wantLines(t, measured(t, root, ctrA), line(gpu0, 7, s1, 2_000_000, 4000))
 }
 
-// TestFeedbackOwnLastSeen: the publisher and the compute guard each read NVML with a lastSeen of
-// their own, so each sees every sample. Mutation: the publisher reading and advancing the guard's
-// lastSeen (g.compute.lastSeen) leaves the guard without the samples the publisher took.
-func TestFeedbackOwnLastSeen(t *testing.T) {
+// feedOne is a share container A on gpu0 with the publisher on and one process (pid 7 in it),
+// attributed by a guard sample.
+func feedOne(t *testing.T) (*env, string, *child) {
 	e := newEnv(t, share(ctrA, "pod-a", gpu0, 1024*mib))
 	root := e.withFeedback(ctrA)
 	a := e.inContainer(ctrA)
 	e.uses(gpu0, a, 256*mib)
 	e.nspid(a, 7)
 	e.samples(1)
+	return e, root, a
+}
+
+// TestFeedbackOwnLastSeen: the publisher and the compute guard each read NVML with a lastSeen of
+// their own, so each sees every sample. Mutation: the publisher reading and advancing the guard's
+// lastSeen (g.compute.lastSeen) leaves the guard without the samples the publisher took.
+func TestFeedbackOwnLastSeen(t *testing.T) {
+	e, root, a := feedOne(t)
 	e.sampled(gpu0, a, 1000, 40)
 	e.sampled(gpu0, a, 2000, 40)
 	e.guard.publishMeasured()
@@ -204,12 +211,7 @@ func TestFeedbackOwnLastSeen(t *testing.T) {
 // attributes the new one it starts from a new baseline, its busy count its own. Mutation: without
 // the start time check the old line takes the new process's busy time.
 func TestFeedbackPIDReuse(t *testing.T) {
-	e := newEnv(t, share(ctrA, "pod-a", gpu0, 1024*mib))
-	root := e.withFeedback(ctrA)
-	a := e.inContainer(ctrA)
-	e.uses(gpu0, a, 256*mib)
-	e.nspid(a, 7)
-	e.samples(1)
+	e, root, a := feedOne(t)
 	old := e.startOf(a)
 	e.sampled(gpu0, a, 1000, 100)
 	e.sampled(gpu0, a, 2000, 100)
@@ -275,5 +277,20 @@ func TestFeedbackFailsClosed(t *testing.T) {
 	e.guard.publishMeasured()
 	if got := testutil.ToFloat64(e.guard.metrics.feedbackWriteErrors); got != 1 {
 		t.Errorf("write errors %v, want 1", got)
+	}
+}
+
+// TestFeedbackSharedClaimAmbiguous: a shared claim's one file covers every container using it,
+// which may be in different PID namespaces: a (GPU, pid, start) two processes claim is left out of
+// it, since neither could tell its own figure; the rest are sorted. Mutation: keeping duplicates
+// (out = lines) fails it.
+func TestFeedbackSharedClaimAmbiguous(t *testing.T) {
+	l := func(uuid string, pid, start, busy uint64) api.ComputeMeasuredLine {
+		return api.ComputeMeasuredLine{UUID: uuid, PID: pid, Start: start, Busy: busy}
+	}
+	got := ownLines([]api.ComputeMeasuredLine{l(gpu1, 1, 5, 10), l(gpu0, 7, 9, 1), l(gpu0, 1, 5, 2), l(gpu0, 7, 9, 3), l(gpu0, 7, 8, 4)})
+	want := []api.ComputeMeasuredLine{l(gpu0, 1, 5, 2), l(gpu0, 7, 8, 4), l(gpu1, 1, 5, 10)}
+	if !slices.Equal(got, want) {
+		t.Errorf("lines %+v, want %+v", got, want)
 	}
 }

@@ -124,15 +124,18 @@ func New(cfg Config) *Guard {
 func (g *Guard) Register(reg prometheus.Registerer) error { return g.metrics.register(reg) }
 
 // Run samples every Interval until ctx ends.
-func (g *Guard) Run(ctx context.Context) error {
-	t := g.cfg.Clock.NewTicker(g.cfg.Interval)
+func (g *Guard) Run(ctx context.Context) error { return g.every(ctx, g.cfg.Interval, g.Sample) }
+
+// every runs f on the guard's clock every interval until ctx ends.
+func (g *Guard) every(ctx context.Context, interval time.Duration, f func()) error {
+	t := g.cfg.Clock.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C():
-			g.Sample()
+			f()
 		}
 	}
 }
