@@ -2,12 +2,14 @@ package memguard
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -292,5 +294,35 @@ func TestFeedbackSharedClaimAmbiguous(t *testing.T) {
 	want := []api.ComputeMeasuredLine{l(gpu0, 1, 5, 2), l(gpu0, 7, 8, 4), l(gpu1, 1, 5, 10)}
 	if !slices.Equal(got, want) {
 		t.Errorf("lines %+v, want %+v", got, want)
+	}
+}
+
+// TestFeedbackRunsOnItsTicker: RunFeedback publishes on its own interval of the guard's clock,
+// beside the guard's samples (run it with -race), and returns when ctx ends.
+func TestFeedbackRunsOnItsTicker(t *testing.T) {
+	e, root, a := feedOne(t)
+	e.sampled(gpu0, a, 1000, 100)
+	e.sampled(gpu0, a, 2000, 50)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- e.guard.RunFeedback(ctx) }()
+	// The deadline only keeps a regression from hanging the suite; it is not what is asserted.
+	deadline := time.Now().Add(time.Minute)
+	for {
+		e.guard.Sample() // the guard's samples meanwhile
+		if e.clock.HasWaiters() {
+			e.clock.Step(e.guard.cfg.Feedback.Interval)
+		}
+		if m := measured(t, root, ctrA); m != nil && len(m.Lines) == 1 && m.Lines[0].Busy == 500_000 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("RunFeedback published nothing")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Errorf("RunFeedback returned %v, want context.Canceled", err)
 	}
 }
