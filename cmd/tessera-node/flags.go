@@ -108,6 +108,7 @@ func (f *nodeFlags) runFlags(host string) []cli.Flag {
 		field(f, "computeGuard.window", &cli.DurationFlag{Name: "compute-guard-window", Value: configv1.DefaultComputeGuardWindow, Usage: "the span a share's measured SM utilisation is averaged over"}),
 		field(f, "computeGuard.grace", &cli.DurationFlag{Name: "compute-guard-grace", Value: configv1.DefaultComputeGuardGrace, Usage: "how long the average must stay over the cap plus tolerance before the action"}),
 		field(f, "computeGuard.tolerancePercent", &cli.Int64Flag{Name: "compute-guard-tolerance-percent", Value: configv1.DefaultComputeGuardTolerance, Usage: "points of the GPU above the compute cap that are still within it"}),
+		field(f, "computeGuard.feedbackInterval", &cli.DurationFlag{Name: "compute-guard-feedback-interval", Value: configv1.DefaultComputeFeedbackInterval, Usage: "how often the driver's measured busy time of each share container's processes is published into the container for vcuda's compute limiter"}),
 		str("compute-guard-action", "computeGuard.action", configv1.DefaultComputeGuardAction, "what the compute guard does to a share over its cap: Kill (its GPU processes) or Event (a Warning Event and the metric only)"),
 	}
 }

@@ -137,20 +137,34 @@ func TestComputeGuardFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := cfg.ComputeGuard
-	if !c.On() || c.Window.Duration != 10*time.Second || c.Grace.Duration != 20*time.Second || c.TolerancePercent != 15 || c.Action != "Kill" {
+	if !c.On() || c.Window.Duration != 10*time.Second || c.Grace.Duration != 20*time.Second || c.TolerancePercent != 15 || c.Action != "Kill" ||
+		c.FeedbackInterval.Duration != 200*time.Millisecond {
 		t.Errorf("defaults: %+v", c)
 	}
 	cfgFile := filepath.Join(t.TempDir(), "node.yaml")
-	os.WriteFile(cfgFile, []byte("apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\ncomputeGuard:\n  window: 30s\n  action: Event\n"), 0o644)
+	os.WriteFile(cfgFile, []byte("apiVersion: tessera.dev/v1\nkind: NodeAgentConfig\ncomputeGuard:\n  window: 30s\n  action: Event\n  feedbackInterval: 1s\n"), 0o644)
 	cfg, err = loadRunFlags(t, "--config", cfgFile, "--compute-guard-grace=1m")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c := cfg.ComputeGuard; !c.On() || c.Window.Duration != 30*time.Second || c.Grace.Duration != time.Minute || c.Action != "Event" {
+	if c := cfg.ComputeGuard; !c.On() || c.Window.Duration != 30*time.Second || c.Grace.Duration != time.Minute || c.Action != "Event" ||
+		c.FeedbackInterval.Duration != time.Second {
 		t.Errorf("merged: %+v", c)
 	}
 	if cfg, err := loadRunFlags(t, "--compute-guard=false"); err != nil || cfg.ComputeGuard.On() {
 		t.Errorf("--compute-guard=false: %+v %v", cfg.ComputeGuard, err)
+	}
+	// The feedback interval's bounds are accepted, past them refused with the field named.
+	for _, ok := range []string{"50ms", "5s"} {
+		if cfg, err := loadRunFlags(t, "--compute-guard-feedback-interval="+ok); err != nil || cfg.ComputeGuard.FeedbackInterval.Duration.String() != ok {
+			t.Errorf("--compute-guard-feedback-interval=%s: %+v %v", ok, cfg, err)
+		}
+	}
+	for _, bad := range []string{"49ms", "5001ms"} {
+		want := "computeGuard.feedbackInterval: Invalid value: must be between 50ms"
+		if _, err := loadRunFlags(t, "--compute-guard-feedback-interval="+bad); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("--compute-guard-feedback-interval=%s: error %v, want %q", bad, err, want)
+		}
 	}
 }
 

@@ -30,9 +30,13 @@ func startMemoryGuard(ctx context.Context, cfg *configv1.NodeConfig, backend gpu
 		return nil
 	}
 	var compute *memguard.ComputeConfig
+	var feedback *memguard.FeedbackConfig
 	if cg.On() {
 		compute = &memguard.ComputeConfig{Window: cg.Window.Duration, Grace: cg.Grace.Duration, TolerancePercent: cg.TolerancePercent,
 			Kill: cg.Action == configv1.ComputeGuardKill}
+		// The driver's measured busy time per process, published into each share container for
+		// vcuda's compute limiter (api.ComputeMeasured), attributed with the guard's samples.
+		feedback = &memguard.FeedbackConfig{Interval: cg.FeedbackInterval.Duration, File: plugin.MeasuredComputeFile}
 	} else {
 		log.Warn("compute guard off (--compute-guard=false): share compute caps rest on vcuda alone, which a container can lift")
 	}
@@ -46,14 +50,16 @@ func startMemoryGuard(ctx context.Context, cfg *configv1.NodeConfig, backend gpu
 		},
 		HostProc: cfg.HostProc, Interval: m.Interval.Duration, Grace: m.Grace.Duration,
 		ToleranceBytes: m.ToleranceBytes, TolerancePercent: m.TolerancePercent,
-		ContextOverheadFile: filepath.Join(nri.NodeFilesDir(cfg.RunDir), api.ContextOverheadFile), Compute: compute,
+		ContextOverheadFile: filepath.Join(nri.NodeFilesDir(cfg.RunDir), api.ContextOverheadFile), Compute: compute, Feedback: feedback,
 		NodeName: cfg.NodeName, Events: events, Log: log})
 	if err := g.Register(reg); err != nil {
 		return err
 	}
 	go g.Run(ctx)
+	go g.RunFeedback(ctx) // nothing without the compute guard
 	log.Info("memory guard running", "interval", m.Interval.Duration, "grace", m.Grace.Duration, "toleranceBytes", m.ToleranceBytes,
 		"tolerancePercent", m.TolerancePercent, "hostProc", cfg.HostProc, "computeGuard", cg.On(), "computeWindow", cg.Window.Duration,
-		"computeGrace", cg.Grace.Duration, "computeTolerancePercent", cg.TolerancePercent, "computeAction", cg.Action)
+		"computeGrace", cg.Grace.Duration, "computeTolerancePercent", cg.TolerancePercent, "computeAction", cg.Action,
+		"computeFeedbackInterval", cg.FeedbackInterval.Duration)
 	return nil
 }

@@ -114,8 +114,8 @@ type simProcs struct {
 	dir      string
 	procRoot string
 
-	// busyMu guards busySeen: per process and GPU, the last two distinct busy readings its
-	// records gave, from which utilisation samples are made (processUtilization).
+	// busyMu guards busySeen: per process and GPU, its latest busy reading and the utilisation
+	// samples made from its readings (processUtilization).
 	busyMu   sync.Mutex
 	busySeen map[simBusyKey]*simBusySeen
 	// wallOffsetUS turns a record's CLOCK_MONOTONIC ns into the wall-clock microseconds NVML's
@@ -130,11 +130,18 @@ type simBusyKey struct {
 	start   uint64
 }
 
-// simBusySeen are a process's two latest busy readings on a GPU (at: CLOCK_MONOTONIC ns).
+// simBusySeen is a process's latest busy reading on a GPU (at: CLOCK_MONOTONIC ns) and the samples
+// made so far, oldest first, at most simUtilSamples: as the driver keeps a buffer of samples per
+// GPU and answers every caller from it, a sample one caller took is still there for another.
 type simBusySeen struct {
-	prevAt, prevBusy, at, busy uint64
-	live                       bool // seen in the current listing
+	at, busy uint64
+	samples  []nvml.ProcessUtilizationSample
+	live     bool // seen in the current listing
 }
+
+// simUtilSamples bounds the samples kept per process (a caller asking less often than this many
+// records loses the oldest, as the driver's buffer overwrites them).
+const simUtilSamples = 64
 
 // simProcess is a live process holding memory on a GPU, by host pid.
 type simProcess struct {
@@ -318,13 +325,15 @@ func (b *simBackend) strictProcesses(d *server.Device) {
 }
 
 // processUtilization is NVML's per-process utilisation of a GPU as the real driver samples it: for
-// each process that ran kernels there, one sample of the share of time (SmUtil, percent) during which
-// at least one of its kernels ran, over the period between its two latest records, stamped (wall-clock
-// microseconds) with the later one; only samples newer than lastSeen, ERROR_NOT_FOUND when there are
-// none. A process whose record did not change since the last call has no new sample (an idle process
-// writes no record, as a driver samples only processes that ran). Busy time comes from the containers'
-// own records, so a hostile container can under-report it here; the simulation cannot do better, a
-// real driver counts it itself (internal/testing/README.md, the sim's row).
+// each process that ran kernels there, a sample per period between two of its successive records, of
+// the share of time (SmUtil, percent) during which at least one of its kernels ran, stamped
+// (wall-clock microseconds) with the period's end; each period starts where the process's previous
+// one ended. Every kept sample newer than lastSeen is returned (the last simUtilSamples per
+// process), so callers with their own lastSeen each see every period; ERROR_NOT_FOUND when there
+// are none. A process whose record did not change since the last call has no new sample (an idle
+// process writes no record, as a driver samples only processes that ran). Busy time comes from the
+// containers' own records, so a hostile container can under-report it here; the simulation cannot
+// do better, a real driver counts it itself (internal/testing/README.md, the sim's row).
 func (p *simProcs) processUtilization(minor uint32, lastSeen uint64) ([]nvml.ProcessUtilizationSample, nvml.Return) {
 	all, err := p.byMinor()
 	if err != nil {
@@ -351,18 +360,20 @@ func (p *simProcs) processUtilization(minor uint32, lastSeen uint64) ([]nvml.Pro
 			s = &simBusySeen{at: proc.at, busy: proc.dev.Busy}
 			p.busySeen[k] = s
 		} else if proc.at > s.at && proc.dev.Busy >= s.busy {
-			s.prevAt, s.prevBusy, s.at, s.busy = s.at, s.busy, proc.at, proc.dev.Busy
+			util := min(100, (proc.dev.Busy-s.busy)*100/(proc.at-s.at))
+			stamp := uint64(max(0, p.wallOffsetUS+int64(proc.at/1000)))
+			s.samples = append(s.samples, nvml.ProcessUtilizationSample{Pid: proc.hostPID, TimeStamp: stamp, SmUtil: uint32(util)})
+			if len(s.samples) > simUtilSamples {
+				s.samples = s.samples[len(s.samples)-simUtilSamples:]
+			}
+			s.at, s.busy = proc.at, proc.dev.Busy
 		}
 		s.live = true
-		if s.prevAt == 0 || s.at <= s.prevAt {
-			continue
+		for _, smp := range s.samples {
+			if smp.TimeStamp > lastSeen {
+				out = append(out, smp)
+			}
 		}
-		stamp := uint64(max(0, p.wallOffsetUS+int64(s.at/1000)))
-		if stamp <= lastSeen {
-			continue
-		}
-		util := min(100, (s.busy-s.prevBusy)*100/(s.at-s.prevAt))
-		out = append(out, nvml.ProcessUtilizationSample{Pid: proc.hostPID, TimeStamp: stamp, SmUtil: uint32(util)})
 	}
 	for k, s := range p.busySeen {
 		if k.minor == minor && !s.live {

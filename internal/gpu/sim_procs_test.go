@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"sort"
 	"strconv"
 	"strings"
 	"syscall"
@@ -275,8 +276,8 @@ func TestSimNVMLReportsContainerProcessesByHostPID(t *testing.T) {
 	}
 }
 
-// NVML's per-process utilisation on the simulated node: one sample per process that ran kernels,
-// its busy share between its two latest records, only samples newer than the caller's last seen
+// NVML's per-process utilisation on the simulated node: a sample per period of a process that ran
+// kernels, its busy share between two successive records, only samples newer than the caller's last seen
 // timestamp, NOT_FOUND when none, nothing for an idle process, and a process that is gone forgotten.
 func TestSimProcessUtilization(t *testing.T) {
 	proc, dir := t.TempDir(), t.TempDir()
@@ -328,6 +329,73 @@ func TestSimProcessUtilization(t *testing.T) {
 	p.processUtilization(0, 0)
 	if _, ok := p.busySeen[simBusyKey{0, 5001, 111}]; ok {
 		t.Error("a process that is gone is still remembered")
+	}
+}
+
+// Two callers with their own lastSeen (the compute guard every second, the measured compute
+// publisher every 200 ms) interleaved: each sees every period of a process, so the busy time each
+// integrates from the samples (SmUtil x the time since the same process's previous sample) is the
+// process's real busy time; periods follow each other with no gap and no overlap. Mutation:
+// returning only each process's latest sample loses the periods the other caller's calls made, and
+// the slower caller's sum falls short.
+func TestSimProcessUtilizationTwoCallers(t *testing.T) {
+	proc, dir := t.TempDir(), t.TempDir()
+	fakeProc(t, proc, 5001, 900, "5001\t1", 111)
+	p := &simProcs{dir: dir, procRoot: proc}
+	const s = uint64(1e9)
+	busy := uint64(0)
+	record := func(i uint64) {
+		t.Helper()
+		b := simRecordAt(900, 1, 111, (10+i)*s, simProcDev{Minor: 0, Ctxs: 1, Busy: busy})
+		if err := os.WriteFile(filepath.Join(dir, "900-1-111.proc"), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	record(0)
+	p.processUtilization(0, 0) // the first reading: no period yet
+	base := uint64(p.wallOffsetUS + int64(10*s/1000))
+	type caller struct {
+		lastSeen, prev, busyUS uint64
+		samples                int
+	}
+	fast, slow := &caller{prev: base}, &caller{prev: base}
+	call := func(c *caller) {
+		got, ret := p.processUtilization(0, c.lastSeen)
+		if ret != nvml.SUCCESS && ret != nvml.ERROR_NOT_FOUND {
+			t.Fatalf("processUtilization: %v", ret)
+		}
+		sort.Slice(got, func(i, j int) bool { return got[i].TimeStamp < got[j].TimeStamp })
+		for _, smp := range got {
+			if smp.TimeStamp <= c.prev {
+				t.Fatalf("sample %+v not after the previous one (%d)", smp, c.prev)
+			}
+			c.busyUS += uint64(smp.SmUtil) * (smp.TimeStamp - c.prev) / 100
+			c.prev = smp.TimeStamp
+			c.lastSeen = max(c.lastSeen, smp.TimeStamp)
+			c.samples++
+		}
+	}
+	for i := uint64(1); i <= 30; i++ {
+		busy += (i * 7 % 100) * s / 100 // a whole percent of each 1 s period
+		record(i)
+		call(fast)
+		if i%3 == 0 {
+			call(slow)
+		}
+	}
+	for _, c := range []*caller{fast, slow} {
+		if c.samples != 30 || c.busyUS != busy/1000 {
+			t.Errorf("a caller integrated %d us of busy from %d samples, want %d us from 30", c.busyUS, c.samples, busy/1000)
+		}
+	}
+	// The ring is bounded: a caller that never asks gets the newest simUtilSamples only.
+	for i := uint64(31); i <= 31+simUtilSamples; i++ {
+		busy += s / 2
+		record(i)
+		p.processUtilization(0, ^uint64(0))
+	}
+	if got, _ := p.processUtilization(0, 0); len(got) != simUtilSamples {
+		t.Errorf("%d samples kept, want the newest %d", len(got), simUtilSamples)
 	}
 }
 

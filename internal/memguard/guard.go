@@ -68,6 +68,8 @@ type Config struct {
 	ContextOverheadFile string
 	// Compute configures the compute guard (compute.go); nil: off.
 	Compute *ComputeConfig
+	// Feedback configures the measured compute publisher (feedback.go; RunFeedback); nil: off.
+	Feedback *FeedbackConfig
 	// NodeName labels the metrics (hostname).
 	NodeName string
 	// Events records Warning Events on pods (nil: none).
@@ -94,6 +96,8 @@ type Guard struct {
 	ctx *overheads
 	// compute is the compute guard's state (compute.go).
 	compute *computeState
+	// feed is the measured compute publisher's state (feedback.go).
+	feed *feedState
 
 	// beforeKill runs after a process was attributed and before it is re-checked for killing
 	// (tests: a pid reused in between).
@@ -111,7 +115,7 @@ func New(cfg Config) *Guard {
 	if cfg.HostProc == "" {
 		cfg.HostProc = "/proc"
 	}
-	g := &Guard{cfg: cfg, over: map[capKey]time.Time{}, mismatchTold: map[capKey]bool{}, nvmlFailing: map[string]bool{}, ctx: newOverheads(), compute: newComputeState()}
+	g := &Guard{cfg: cfg, over: map[capKey]time.Time{}, mismatchTold: map[capKey]bool{}, nvmlFailing: map[string]bool{}, ctx: newOverheads(), compute: newComputeState(), feed: newFeedState()}
 	g.metrics = newMetrics(cfg.NodeName)
 	return g
 }
@@ -120,15 +124,18 @@ func New(cfg Config) *Guard {
 func (g *Guard) Register(reg prometheus.Registerer) error { return g.metrics.register(reg) }
 
 // Run samples every Interval until ctx ends.
-func (g *Guard) Run(ctx context.Context) error {
-	t := g.cfg.Clock.NewTicker(g.cfg.Interval)
+func (g *Guard) Run(ctx context.Context) error { return g.every(ctx, g.cfg.Interval, g.Sample) }
+
+// every runs f on the guard's clock every interval until ctx ends.
+func (g *Guard) every(ctx context.Context, interval time.Duration, f func()) error {
+	t := g.cfg.Clock.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-t.C():
-			g.Sample()
+			f()
 		}
 	}
 }
@@ -332,6 +339,7 @@ func (g *Guard) Sample() {
 	if g.cfg.Compute != nil {
 		g.checkCompute(now, units, of, samples, &snap)
 	}
+	g.rememberAttribution(units, of, samples)
 	for k := range g.over {
 		if units[k] == nil {
 			delete(g.over, k)

@@ -54,12 +54,15 @@ type env struct {
 	util    map[string]map[uint32]uint32
 	utilRet map[string]nvml.Return
 	stamp   uint64 // the driver's sample clock, microseconds
+	// buffer, when set for a GPU, replaces util: the driver's buffer of samples, every one newer
+	// than the caller's lastSeen returned to each caller, as the driver answers several readers.
+	buffer map[string][]nvml.ProcessUtilizationSample
 }
 
 func newEnv(t *testing.T, entries ...ledger.Entry) *env {
 	e := &env{t: t, proc: t.TempDir(), clock: clocktesting.NewFakeClock(time.Unix(1_800_000_000, 0)), events: record.NewFakeRecorder(100),
 		entries: entries, procs: map[string][]nvml.ProcessInfo{}, fail: map[string]nvml.Return{}, regions: map[string]*vcuda.Region{},
-		util: map[string]map[uint32]uint32{}, utilRet: map[string]nvml.Return{}}
+		util: map[string]map[uint32]uint32{}, utilRet: map[string]nvml.Return{}, buffer: map[string][]nvml.ProcessUtilizationSample{}}
 	devices := map[string]*mock.Device{}
 	for _, uuid := range []string{gpu0, gpu1} {
 		devices[uuid] = &mock.Device{
@@ -83,6 +86,17 @@ func newEnv(t *testing.T, entries ...ledger.Entry) *env {
 					return nil, r
 				}
 				var out []nvml.ProcessUtilizationSample
+				if buf, ok := e.buffer[uuid]; ok {
+					for _, smp := range buf {
+						if smp.TimeStamp > lastSeen {
+							out = append(out, smp)
+						}
+					}
+					if len(out) == 0 {
+						return nil, nvml.ERROR_NOT_FOUND
+					}
+					return out, nvml.SUCCESS
+				}
 				for pid, u := range e.util[uuid] {
 					for range 3 {
 						e.stamp += 1000
@@ -147,10 +161,14 @@ func (e *env) child(cgroup string) *child {
 	if err != nil {
 		e.t.Fatal(err)
 	}
+	status, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(cmd.Process.Pid), "status"))
+	if err != nil {
+		e.t.Fatal(err)
+	}
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		e.t.Fatal(err)
 	}
-	for name, data := range map[string][]byte{"stat": stat, "cgroup": []byte(cgroup)} {
+	for name, data := range map[string][]byte{"stat": stat, "status": status, "cgroup": []byte(cgroup)} {
 		if err := os.WriteFile(filepath.Join(dir, name), data, 0o644); err != nil {
 			e.t.Fatal(err)
 		}

@@ -38,6 +38,9 @@ type metrics struct {
 	// utilErrors and computeViolations are the compute guard's.
 	utilErrors        *prometheus.CounterVec
 	computeViolations *prometheus.CounterVec
+	// feedbackWrites and feedbackWriteErrors are the measured compute publisher's (feedback.go).
+	feedbackWrites      prometheus.Counter
+	feedbackWriteErrors prometheus.Counter
 
 	mu   sync.Mutex
 	last snapshot
@@ -77,11 +80,15 @@ func newMetrics(node string) *metrics {
 			Help: "Samples in which NVML could not give a shared GPU's per-process utilisation (ERROR_NOT_SUPPORTED included); compute caps on that GPU are not checked on such a sample."}, []string{"UUID"}),
 		computeViolations: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tessera_compute_cap_violations_total",
 			Help: "Shares whose measured SM utilisation stayed over their compute cap plus tolerance for the grace, by the action taken: Kill (per container whose GPU processes were killed) or Event."}, []string{"action"}),
+		feedbackWrites: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_compute_feedback_writes_total",
+			Help: "Measured compute files written into share containers' vcuda directories (the driver's per-process busy time vcuda's compute limiter corrects itself by); written when their lines change."}),
+		feedbackWriteErrors: prometheus.NewCounter(prometheus.CounterOpts{Name: "tessera_compute_feedback_write_errors_total",
+			Help: "Measured compute files the agent failed to write (the agent's log says why); the share's vcuda keeps the last file it read, or runs on its own samples."}),
 	}
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {
-	for _, c := range []prometheus.Collector{m.kills, m.killErrors, m.nvmlErrors, m.utilErrors, m.computeViolations, m} {
+	for _, c := range []prometheus.Collector{m.kills, m.killErrors, m.nvmlErrors, m.utilErrors, m.computeViolations, m.feedbackWrites, m.feedbackWriteErrors, m} {
 		if err := reg.Register(c); err != nil {
 			return err
 		}

@@ -46,6 +46,10 @@ func (p *Plugin) claimMounts(dir, owner string, shares []api.DeviceAssignment, w
 	region := filepath.Join(dir, "vcuda", "region")
 	if st, err := os.Lstat(filepath.Join(dir, "limits")); err == nil && st.Mode().IsRegular() {
 		if st, err := os.Lstat(region); err == nil && st.Mode().IsRegular() {
+			// A claim made by an agent before the measured directory existed gets it now.
+			if err := makeMeasuredDir(dir); err != nil {
+				return nil, err
+			}
 			return vcudaMountList(dir, region, p.cfg.VCUDALibrary, withLibrary), nil
 		}
 	}

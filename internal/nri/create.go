@@ -507,14 +507,18 @@ func (p *Plugin) newVCUDAFiles(dir, owner string, shares []api.DeviceAssignment,
 	return VCUDAMounts(dir, region, owner, shares, p.cfg.VCUDALibrary, withLibrary)
 }
 
-// VCUDAMounts writes a share container's vcuda files into dir (limits, ld.so.preload) and returns
-// the mounts that put them in the container with its accounting region (the file alone, created by
-// the caller: region.go), plus the library itself when withLibrary
+// VCUDAMounts writes a share container's vcuda files into dir (limits, ld.so.preload), creates the
+// directory the memory guard publishes the driver's measured compute into (MeasuredComputeFile) and
+// returns the mounts that put them in the container with its accounting region (the file alone,
+// created by the caller: region.go), plus the library itself when withLibrary
 // (the share token's CDI spec normally mounts it already). Exported so that test/gpu's runc
 // harness builds a share container exactly as this plugin does.
 func VCUDAMounts(dir, region, containerID string, devs []api.DeviceAssignment, library string, withLibrary bool) ([]*nriapi.Mount, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, fmt.Errorf("create the container's vcuda directory: %w", err)
+	}
+	if err := makeMeasuredDir(dir); err != nil {
+		return nil, err
 	}
 	l := &api.Limits{ContainerID: containerID, RegionPath: api.RegionDirInContainer + "/region"}
 	for _, d := range devs {
@@ -544,11 +548,36 @@ func VCUDAMounts(dir, region, containerID string, devs []api.DeviceAssignment, l
 	return vcudaMountList(dir, region, library, withLibrary), nil
 }
 
-// vcudaMountList is the mounts of the vcuda files in dir and of region.
+// makeMeasuredDir creates owner dir's measured directory (api.ComputeMeasuredDir), which the memory
+// guard writes into and the container reads; the agent's own, never writable by a container.
+func makeMeasuredDir(dir string) error {
+	if err := os.MkdirAll(filepath.Join(dir, api.ComputeMeasuredDir), 0o755); err != nil {
+		return fmt.Errorf("create the container's measured compute directory: %w", err)
+	}
+	return nil
+}
+
+// MeasuredComputeFile is where the memory guard writes the measured compute file of owner (a
+// container, or a shared claim by its ledger ID): in the directory the plugin created and mounts
+// read-only into owner's containers. Its directory missing means the plugin made no vcuda files for
+// owner (not a share container, or gone): the guard writes nothing there.
+func (p *Plugin) MeasuredComputeFile(owner string) (string, error) {
+	dir, err := p.ownerDir(owner)
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(dir, api.ComputeMeasuredDir, api.ComputeMeasuredFile), nil
+}
+
+// vcudaMountList is the mounts of the vcuda files in dir and of region. The measured compute is a
+// directory mount, read-only like the limits: the agent writes what the host's driver measured and
+// replaces the file by rename (a file mount would keep the old inode); the container must not be
+// able to change the reference vcuda's limiter corrects itself by.
 func vcudaMountList(dir, region, library string, withLibrary bool) []*nriapi.Mount {
 	ro := []string{"bind", "ro", "nosuid", "nodev"}
 	mounts := []*nriapi.Mount{
 		{Source: filepath.Join(dir, "limits"), Destination: api.LimitsPathInContainer, Type: "bind", Options: ro},
+		{Source: filepath.Join(dir, api.ComputeMeasuredDir), Destination: api.ComputeMeasuredDirInContainer, Type: "bind", Options: []string{"bind", "ro", "nosuid", "nodev", "noexec"}},
 		{Source: filepath.Join(dir, "ld.so.preload"), Destination: "/etc/ld.so.preload", Type: "bind", Options: ro},
 		{Source: region, Destination: api.RegionDirInContainer + "/region", Type: "bind", Options: []string{"bind", "rw", "nosuid", "nodev", "noexec"}},
 	}

@@ -56,7 +56,7 @@ func TestDRAContainers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := mountDests(adj), []string{"/etc/ld.so.preload", api.NodeFilesDirInContainer, api.LimitsPathInContainer, api.RegionDirInContainer + "/region", api.VCUDALibraryInContainer}; !slices.Equal(got, want) {
+	if got, want := mountDests(adj), []string{"/etc/ld.so.preload", api.NodeFilesDirInContainer, api.LimitsPathInContainer, api.ComputeMeasuredDirInContainer, api.RegionDirInContainer + "/region", api.VCUDALibraryInContainer}; !slices.Equal(got, want) {
 		t.Errorf("mounts %v, want %v", got, want)
 	}
 	if got := cdiNames(adj); len(got) != 0 {

@@ -315,13 +315,36 @@ func TestCreateContainer(t *testing.T) {
 	if got := cdiNames(adj); !slices.Equal(got, []string{"tessera.dev/gpu=" + g0}) {
 		t.Errorf("CDI devices %v", got)
 	}
-	if got, want := mountDests(adj), []string{"/etc/ld.so.preload", api.NodeFilesDirInContainer, api.LimitsPathInContainer, api.RegionDirInContainer + "/region", api.VCUDALibraryInContainer}; !slices.Equal(got, want) {
+	if got, want := mountDests(adj), []string{"/etc/ld.so.preload", api.NodeFilesDirInContainer, api.LimitsPathInContainer, api.ComputeMeasuredDirInContainer, api.RegionDirInContainer + "/region", api.VCUDALibraryInContainer}; !slices.Equal(got, want) {
 		t.Errorf("mounts %v, want %v", got, want)
 	}
 	// The measured context overhead the guard publishes is the node's, read-only in every share.
 	for _, m := range adj.GetMounts() {
 		if m.Destination == api.NodeFilesDirInContainer && (m.Source != filepath.Join(e.dir, "state", "node") || !slices.Contains(m.Options, "ro")) {
 			t.Errorf("node files mount %+v, want %s/state/node read-only", m, e.dir)
+		}
+	}
+	// The driver's measured compute: the agent's directory beside the limits, read-only (the
+	// container must not write the reference its limiter corrects itself by), where the guard
+	// writes (MeasuredComputeFile).
+	measured := filepath.Join(e.dir, "state", "containers", "c-share", api.ComputeMeasuredDir)
+	if st, err := os.Stat(measured); err != nil || !st.IsDir() {
+		t.Errorf("measured compute directory %s: %v %v", measured, st, err)
+	}
+	if f, err := e.plugin.MeasuredComputeFile("c-share"); err != nil || f != filepath.Join(measured, api.ComputeMeasuredFile) {
+		t.Errorf("MeasuredComputeFile = %q (%v), want %s/%s", f, err, measured, api.ComputeMeasuredFile)
+	}
+	for _, m := range adj.GetMounts() {
+		if m.Destination != api.ComputeMeasuredDirInContainer {
+			continue
+		}
+		if m.Source != measured || m.Type != "bind" || slices.Contains(m.Options, "rw") {
+			t.Errorf("measured compute mount %+v, want a bind of %s", m, measured)
+		}
+		for _, o := range []string{"bind", "ro", "nosuid", "nodev", "noexec"} {
+			if !slices.Contains(m.Options, o) {
+				t.Errorf("measured compute mount %+v lacks %s", m, o)
+			}
 		}
 	}
 	limits, err := os.ReadFile(filepath.Join(e.dir, "state", "containers", "c-share", "limits"))

@@ -34,7 +34,9 @@ import (
 //   - compute-static: cudaprobe-static runs kernels back to back past vcuda on a share capped at
 //     20% of the GPU; the simulated NVML samples it near 100% per process and the agent kills it
 //     (GPUComputeCapExceeded, 137);
-//   - compute-polite: the same loop through vcuda, whose limiter holds it near 20%, runs on.
+//   - compute-polite: the same loop through vcuda, whose limiter holds it near 20%, runs on;
+//   - compute-measured: the agent publishes into compute-polite, read-only, the busy time the
+//     simulated NVML measured of its CUDA process (api.ComputeMeasured).
 //
 // With --compute-guard=false (or the compute guard's kill removed) compute-static fails.
 func TestSecurityMemoryGuard(t *testing.T) {
@@ -185,6 +187,33 @@ func TestSecurityMemoryGuard(t *testing.T) {
 		}
 		if util < 5 || util > 35 {
 			t.Errorf("compute-polite's measured SM utilisation is %v, want 5..35 (capped at 20%%, tolerance 15 points; -1: not measured)", util)
+		}
+	})
+	// The agent publishes what the driver measured of compute-polite's kernels into it, read-only:
+	// its CUDA process (pid 1 there, with its start time) with the busy time it ran kernels.
+	t.Run("compute-measured", func(t *testing.T) {
+		path := api.ComputeMeasuredDirInContainer + "/" + api.ComputeMeasuredFile
+		// The output comes back trimmed: a marker keeps the file's final newline.
+		out := c.MustExec(t, "compute-polite", "cut -d' ' -f22 /proc/1/stat; cat "+path+"; echo .")
+		start, file, _ := strings.Cut(strings.TrimSuffix(out, "."), "\n")
+		m, err := api.ParseComputeMeasured([]byte(file))
+		if err != nil {
+			t.Fatalf("%s in compute-polite: %v\n%s", path, err, out)
+		}
+		var found bool
+		for _, l := range m.Lines {
+			if l.PID == 1 && strconv.FormatUint(l.Start, 10) == strings.TrimSpace(start) {
+				found = true
+				if l.Busy == 0 || l.At == 0 {
+					t.Errorf("compute-polite's process has busy %d at %d, want both > 0 after it ran kernels", l.Busy, l.At)
+				}
+			}
+		}
+		if !found {
+			t.Errorf("%s does not name compute-polite's CUDA process (pid 1, start %s):\n%s", path, strings.TrimSpace(start), file)
+		}
+		if out, err := c.Exec(t, "compute-polite", "main", "echo x > "+path); err == nil {
+			t.Errorf("compute-polite wrote its measured compute file: %q", out)
 		}
 	})
 	// The guard sampled polite in the same passes: under its cap, it runs on, with no event.

@@ -164,6 +164,11 @@ type ComputeGuard struct {
 	TolerancePercent int64 `json:"tolerancePercent,omitempty"`
 	// Action is Kill (default) or Event.
 	Action string `json:"action,omitempty"`
+	// FeedbackInterval is how often the measured compute file is published to share containers
+	// (default 200ms, 50ms to 5s): NVML's per-process busy time of each of a container's processes,
+	// which vcuda's compute limiter corrects itself by. Shorter follows a workload's phase changes
+	// sooner at the cost of an NVML call per shared GPU each time.
+	FeedbackInterval Duration `json:"feedbackInterval,omitempty"`
 }
 
 // On reports whether the compute guard is asked for (it runs only where the memory guard does).
@@ -242,6 +247,9 @@ const (
 	DefaultComputeGuardGrace     = 20 * time.Second
 	DefaultComputeGuardTolerance = 15
 	DefaultComputeGuardAction    = ComputeGuardKill
+	// DefaultComputeFeedbackInterval: NVML samples per-process utilisation in periods of about
+	// 1/6 s, so a shorter interval would mostly find nothing new.
+	DefaultComputeFeedbackInterval = 200 * time.Millisecond
 )
 
 // maxXID bounds XIDs; NVML reports 999 for an unknown one.
@@ -330,6 +338,9 @@ func (c *NodeConfig) Defaults() {
 	if cg.Action == "" {
 		cg.Action = DefaultComputeGuardAction
 	}
+	if cg.FeedbackInterval.Duration == 0 {
+		cg.FeedbackInterval.Duration = DefaultComputeFeedbackInterval
+	}
 }
 
 // Validate checks a defaulted NodeConfig.
@@ -414,6 +425,9 @@ func (c *NodeConfig) Validate() error {
 	}
 	if cg.Action != ComputeGuardKill && cg.Action != ComputeGuardEvent {
 		fe.Add("computeGuard.action", "must be Kill (the share's GPU processes) or Event (a Warning Event and the metric only), got %q", cg.Action)
+	}
+	if cg.FeedbackInterval.Duration < 50*time.Millisecond || cg.FeedbackInterval.Duration > 5*time.Second {
+		fe.Add("computeGuard.feedbackInterval", "must be between 50ms (an NVML call per shared GPU each time) and 5s (vcuda's limiter corrects itself by it), got %s", cg.FeedbackInterval.Duration)
 	}
 	return fe.Err()
 }
