@@ -274,6 +274,10 @@ func TestGPUBundleDryRun(t *testing.T) {
 	if n, gap, second := fbv("raw: samples of the probe"), fbv("raw: samples in the idle gap"), fbv("raw: a second caller (every 5 reads, its own lastSeen) gets the first caller's samples"); n < 10 || gap != 0 || second != 1 {
 		t.Errorf("feedback: raw samples %v, %v in the gap, second caller got %v of them: want >= 10, 0, 1", n, gap, second)
 	}
+	// its timestamps are wall-clock us of the period's end, as the agent converts them: never after the call
+	if lo, med := fbv("raw: call time - sample timestamp (as wall-clock us): min"), fbv("raw: call time - sample timestamp (as wall-clock us): median"); lo < -2 || med > 1000 {
+		t.Errorf("feedback: a sample's age when returned: min %.1f ms, median %.1f ms: want >= 0 (2 ms slack) and well under a second", lo, med)
+	}
 	if c := checks["refusals: the strict NVML's refusal table matches the real driver"]; !strings.HasPrefix(c, "not_checked: ") {
 		t.Errorf("a dry run must not claim the refusal table was held to a real driver: %q", c)
 	}

@@ -348,7 +348,8 @@ func runFeedback(args []string) error {
 		}
 		readings = append(readings, r)
 	}
-	limit := time.Duration((*waitS+3**busyS+*gapS+1)*float64(time.Second)) + 30*time.Second
+	// the schedule and 5 s: within the phase's 40 s limit, so a probe that hangs still leaves results
+	limit := time.Duration((*waitS+3**busyS+*gapS+1)*float64(time.Second)) + 5*time.Second
 	for deadline := time.Now().Add(limit); time.Now().Before(deadline) && c.running(); time.Sleep(*readEvery) {
 		readFile()
 	}
@@ -437,9 +438,10 @@ func runFeedback(args []string) error {
 	// The raw samples: how many, how spaced, whether the idle gap has any, whether a second caller
 	// with its own lastSeen gets them all.
 	byRaw := "this phase's own nvmlDeviceGetProcessUtilization(lastSeen) of the probe's host pid every " + readEvery.String()
-	var spacing []float64
+	var spacing, age []float64
 	inGap, zeroInGap := 0, 0
 	for i, s := range fast.samples {
+		age = append(age, float64(s.Call-s.Mono)/1e6)
 		if i > 0 && s.TS > fast.samples[i-1].TS {
 			spacing = append(spacing, float64(s.TS-fast.samples[i-1].TS)/1e3)
 		}
@@ -459,6 +461,11 @@ func runFeedback(args []string) error {
 		{Name: "raw: samples in the idle gap", Value: float64(inGap), Unit: "count"},
 		{Name: "raw: samples in the idle gap with SmUtil 0", Value: float64(zeroInGap), Unit: "count"},
 		{Name: "raw: samples not newer than the lastSeen asked with", Value: float64(fast.repeats), Unit: "count"},
+		// NVML's timestamps are wall-clock us, as the agent converts them: a sample's age when first
+		// returned is then >= 0 and under a call interval plus the driver's own delay
+		{Name: "raw: call time - sample timestamp (as wall-clock us): min", Value: quantile(age, 0), Unit: "ms"},
+		{Name: "raw: call time - sample timestamp (as wall-clock us): median", Value: quantile(age, 0.5), Unit: "ms"},
+		{Name: "raw: call time - sample timestamp (as wall-clock us): max", Value: quantile(age, 1), Unit: "ms"},
 	} {
 		f.MeasuredBy = byRaw
 		p.figure(f)
