@@ -5,7 +5,7 @@
 #   lib/   libvcuda.so, libvcuda-hostgate.so (built with VCUDA_HOST_GATE_ONLY: both sampling gates on one GPU), hooktable.txt (vcuda's hooked symbols, from src/procaddr.c, for procprobe)
 #   fake/  vcuda/test's fake driver (libcuda.so.1, libnvidia-ml.so.1, nvidia-smi): the dry run, and
 #          the overhead phase's fake-driver figure taken on the GPU machine's own CPU
-#   rootfs/  busybox + Debian's libc6 + cudaprobe + memprobe: the runc containers' root
+#   rootfs/  busybox + Debian's libc6 + cudaprobe + memprobe + slicebench: the runc containers' root
 #   run.sh, torch_checks.py, README.md, MANIFEST
 # usage: bundle.sh <out.tar.gz>   (needs `make tools`: busybox and glibc under $TESSERA_TOOLS)
 set -euo pipefail
@@ -64,7 +64,7 @@ sed -n 's/^[[:space:]]*E(\([A-Za-z0-9_]*\), "\([A-Za-z0-9_]*\)", [0-9]*, [01]),.
   { echo "bundle.sh: could not read every E(...) row of vcuda/src/procaddr.c: has its format changed?" >&2; exit 1; }
 
 log "rootfs"
-mkdir -p "$W/probe/usr/local/bin" && cp "$B/bin/cudaprobe" "$B/bin/memprobe" "$W/probe/usr/local/bin/"
+mkdir -p "$W/probe/usr/local/bin" && cp "$B/bin/cudaprobe" "$B/bin/memprobe" "$B/bin/slicebench" "$W/probe/usr/local/bin/"
 ROOTFS_DIR=$B/rootfs bash "$ROOT/test/tools/make-image.sh" "$BB" /dev/null gpuproof '["/bin/sh"]' "$GLIBC" "$W/probe"
 
 cp "$ROOT/test/gpu/run.sh" "$ROOT/test/gpu/torch_checks.py" "$ROOT/test/gpu/README.md" "$B/"

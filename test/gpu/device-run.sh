@@ -30,12 +30,13 @@ LOG=$RUN/out/device-run.log
 # first. (a) discovery, CDI, the refusal table on the real NVML; (b) CUDA in a container from the
 # CDI edits alone, nvidia-smi in the share; (c) PyTorch in a share at CAP_GIB, its children in
 # their own PID namespace; (d) VMM under a cap (memory); (e) cuGetProcAddress vs dlsym;
-# (f) the agent's NVML per-process audit (guard); then the call overhead, the time-slicing probe
+# (f) the agent's NVML per-process audit (guard); the agent's measured compute file against a
+# probe's known busy schedule and the raw NVML samples (feedback, ~20 s: issue 29); then the call overhead, the time-slicing probe
 # (~10 s on a GPU: before compute, whose cases it explains) and the compute shares, which only get
 # what is left. The preflight picks runc or the namespace fallback for the rest.
-PHASES=(preflight node refusals container torch memory procaddr guard overhead timeslice compute)
+PHASES=(preflight node refusals container torch memory procaddr guard feedback overhead timeslice compute)
 declare -A LIMIT=([preflight]=30 [node]=45 [refusals]=30 [container]=45 [torch]=150 [memory]=45 [procaddr]=30
-  [guard]=45 [overhead]=30 [timeslice]=30 [compute]=300)
+  [guard]=45 [feedback]=40 [overhead]=30 [timeslice]=30 [compute]=300)
 MIN_S=20 # a phase with less than this left is not started
 
 # One JSON (the merged results) and one tarball (everything else) to $OUT, after every phase.
@@ -45,7 +46,7 @@ collect() {
   nvidia-smi >"$RUN/out/nvidia-smi.txt" 2>&1
   local logs
   logs=$(cd "$RUN/out" && ls -d partial device-run.log nvidia-smi.txt work/inventory.json work/refusals.log work/containers/*/output.txt \
-    work/guard/tessera-node.log work/guard/containers/*/output.txt work/preflight/*/*/output.txt work/*/child.log work/*/*/child.log 2>/dev/null)
+    work/guard/tessera-node.log work/guard/containers/*/output.txt work/feedback/tessera-node.log work/feedback/containers/*/output.txt work/feedback/feedback-raw.json work/preflight/*/*/output.txt work/*/child.log work/*/*/child.log 2>/dev/null)
   # shellcheck disable=SC2086 # one path a line, none with spaces
   [[ -n $logs ]] && tar -C "$RUN/out" -czf "$OUT_DIR/logs.tar.gz.tmp" $logs && mv "$OUT_DIR/logs.tar.gz.tmp" "$OUT_DIR/logs.tar.gz"
 }

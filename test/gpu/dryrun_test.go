@@ -53,7 +53,9 @@ var vmmNotYet = map[string]string{}
 // test built, CUDA in containers made only from the CDI edits (whole GPU and a vcuda share), the
 // memory phase (per-context overhead read from the host's NVML by host pid, the VMM patterns under
 // a cap), cuGetProcAddress against dlsym for every hooked symbol, the guard phase (tessera-node's
-// memory guard kills a share allocating past vcuda, leaves one under its cap), the call overhead on
+// memory guard kills a share allocating past vcuda, leaves one under its cap), the feedback phase
+// (the agent's measured compute file against a probe's known busy schedule, and the raw NVML
+// samples under it, held to the sim's exact figures), the call overhead on
 // the fake driver; then the one results file, the one log tarball and both markdown tables; then
 // the container phase again on the namespace fallback (what runs where runc cannot). The PyTorch
 // phases cannot run here and must say so in the results; torch_checks.py is compiled and its
@@ -102,7 +104,7 @@ func TestGPUBundleDryRun(t *testing.T) {
 			t.Errorf("phase %s: exit %s, want %s", m[1], m[2], want)
 		}
 	}
-	if got := strings.Join(ran, " "); got != "preflight node refusals container torch memory procaddr guard overhead timeslice compute" {
+	if got := strings.Join(ran, " "); got != "preflight node refusals container torch memory procaddr guard feedback overhead timeslice compute" {
 		t.Errorf("phases ran in the order %q: want the issue's order, most important first", got)
 	}
 	returned, _ := os.ReadDir(ret)
@@ -114,7 +116,8 @@ func TestGPUBundleDryRun(t *testing.T) {
 		t.Fatalf("$OUT holds %v: want one results JSON and logs.tar.gz", names)
 	}
 	logs, _ := run(t, time.Minute, nil, ret, "tar", "tzf", "logs.tar.gz")
-	for _, want := range []string{"device-run.log", "nvidia-smi.txt", "partial/procaddr.json", "work/guard/tessera-node.log", "work/containers/share/output.txt"} {
+	for _, want := range []string{"device-run.log", "nvidia-smi.txt", "partial/procaddr.json", "work/guard/tessera-node.log", "work/containers/share/output.txt",
+		"work/feedback/tessera-node.log", "work/feedback/feedback-raw.json", "work/feedback/containers/feedback-probe/output.txt"} {
 		if !strings.Contains(logs, want+"\n") {
 			t.Errorf("logs.tar.gz lacks %s:\n%s", want, logs)
 		}
@@ -177,6 +180,12 @@ func TestGPUBundleDryRun(t *testing.T) {
 		"guard: agent runs with the memory guard", "guard: bypass: killed (SIGKILL)",
 		"guard: bypass: the agent logs the kill (GPUMemoryCapExceeded without an API server)",
 		"guard: the agent counts one kill", "guard: polite: the agent measures it", "guard: polite: under its cap, left alone",
+		// the agent's measured compute file names the probe's process as its container knows it, and
+		// the container reads it through its read-only mount
+		"feedback: agent runs with the memory guard", "feedback: probe: ran its schedule",
+		"feedback: probe: reads its own measured file in the container (read-only mount), naming its pid",
+		"feedback: file: names the probe (its pid in the container, its start time)", "feedback: file: busy and at never decrease, every read parses",
+		"feedback: raw: the driver gives per-process samples of the probe",
 		// each vcuda build says which sampling gate it used: the production one the device's, the
 		// VCUDA_HOST_GATE_ONLY one the host function's
 		"timeslice: slicebench runs", "timeslice: vcuda, device gate build: the sampling gate it used",
@@ -241,6 +250,33 @@ func TestGPUBundleDryRun(t *testing.T) {
 		if v, ok := values[name]; !ok || v <= 0 || !strings.Contains(figures[name], "busy_ns") {
 			t.Errorf("figure %q: %v (%q), want the region's charge over A's own time", name, v, figures[name])
 		}
+	}
+	// The measured compute file against the probe's own events, on the simulated driver (whose samples
+	// each cover the time since the process's previous one, exactly what the agent integrates): each
+	// busy segment's ratio within 5%, the duty segment's within 10%, and the idle gap (1.5 s) adds
+	// under 50 ms either way; the raw samples, integrated as the agent does, agree. A driver double
+	// that stamped an after-gap sample with a short window's utilisation, or an agent counting a
+	// gap's time as busy, fails the gap bound; a file that names the host pid, or none, fails the
+	// checks above.
+	fbv := func(name string) float64 { return values["feedback: "+name] }
+	for _, src := range []string{"file", "raw"} {
+		for seg, tol := range map[string]float64{"busy1": 0.05, "busy2": 0.05, "duty": 0.1} {
+			if r := fbv(src + ": " + seg + ": busy / the probe's own"); r < 1-tol || r > 1+tol {
+				t.Errorf("feedback: %s %s: busy ratio %.3f on the sim, want 1 +- %.2f", src, seg, r, tol)
+			}
+		}
+		name := src + ": busy gained across the idle gap, beyond the probe's"
+		if g, ok := values["feedback: "+name]; !ok || g < -50 || g > 50 {
+			t.Errorf("feedback: %s: %.1f ms (present %v), want |gain| < 50 ms on the sim", name, g, ok)
+		}
+	}
+	// the sim samples only a process that ran (no sample in the gap), every caller gets every sample
+	if n, gap, second := fbv("raw: samples of the probe"), fbv("raw: samples in the idle gap"), fbv("raw: a second caller (every 5 reads, its own lastSeen) gets the first caller's samples"); n < 10 || gap != 0 || second != 1 {
+		t.Errorf("feedback: raw samples %v, %v in the gap, second caller got %v of them: want >= 10, 0, 1", n, gap, second)
+	}
+	// its timestamps are wall-clock us of the period's end, as the agent converts them: never after the call
+	if lo, med := fbv("raw: call time - sample timestamp (as wall-clock us): min"), fbv("raw: call time - sample timestamp (as wall-clock us): median"); lo < -2 || med > 1000 {
+		t.Errorf("feedback: a sample's age when returned: min %.1f ms, median %.1f ms: want >= 0 (2 ms slack) and well under a second", lo, med)
 	}
 	if c := checks["refusals: the strict NVML's refusal table matches the real driver"]; !strings.HasPrefix(c, "not_checked: ") {
 		t.Errorf("a dry run must not claim the refusal table was held to a real driver: %q", c)

@@ -9,6 +9,8 @@
 #   ./run.sh memory      per-context overhead in a container's PID namespace; VMM create/map/
 #                        release under a cap, NVML on the host never above it                 (~1 min)
 #   ./run.sh guard       the node agent's memory guard kills a share allocating past vcuda     (~1 min)
+#   ./run.sh feedback    the agent's measured compute file vs a probe's known busy schedule, and the raw
+#                        NVML per-process samples it integrates (issue 29)                    (~20 s)
 #   ./run.sh torch       vcuda memory caps with PyTorch: 3 allocators x CUDA graphs on/off    (~2-3 min)
 #   ./run.sh compute     vcuda compute shares 10/30/70%, two containers 30+70, 100% cost,
 #                        GPT-2 small in two shares (40%/30% + 40%/70%) beside it alone       (~4 min)
@@ -46,7 +48,7 @@ HOSTGATE_LIB=$B/lib/libvcuda-hostgate.so # VCUDA_HOST_GATE_ONLY: the host-functi
 die() { echo "run.sh: $*" >&2; exit 2; }
 log() { echo "[$(date -u +%H:%M:%S)] $*"; }
 
-PHASES="preflight node refusals container torch memory procaddr guard overhead timeslice compute"
+PHASES="preflight node refusals container torch memory procaddr guard feedback overhead timeslice compute"
 [[ $# -eq 1 ]] || die "usage: run.sh ${PHASES// /|}|all"
 [[ $(id -u) -eq 0 ]] || die "run as root: runc and the device nodes need it"
 for f in bin/tessera-node bin/gpuproof bin/runc bin/nsrunc bin/cudaprobe bin/callbench bin/memprobe bin/procprobe bin/slicebench bin/nvml-refusals.test \
@@ -135,6 +137,21 @@ phase_guard() {
   fi
   "$PROOF" guard -work "$WORK" -out "$PARTIAL/guard.json" -rootfs "$B/rootfs" -runc "$RUNC" \
     -tessera-node "$B/bin/tessera-node" -vcuda-library "$LIB" -gpu-index "$GPU_INDEX" -cap-mib 1024 \
+    "${backend[@]}" "${dry[@]}" "${extra[@]}"
+}
+
+# the agent's measured compute file beside the raw NVML samples, for a probe with a known busy
+# schedule in a share container (issue 29): shorter segments in a dry run, the same checks
+phase_feedback() {
+  need_specs || return 2
+  local backend=(-backend nvml -driver-root "$DRIVER_ROOT") extra=() sched=(-busy-s 2 -gap-s 3)
+  if [[ $DRY_RUN == 1 ]]; then
+    backend=(-backend sim)
+    extra=(-- "${sim_flags[@]}")
+    sched=(-busy-s 1 -gap-s 1.5)
+  fi
+  "$PROOF" feedback -work "$WORK" -out "$PARTIAL/feedback.json" -rootfs "$B/rootfs" -runc "$RUNC" \
+    -tessera-node "$B/bin/tessera-node" -vcuda-library "$LIB" -gpu-index "$GPU_INDEX" "${sched[@]}" \
     "${backend[@]}" "${dry[@]}" "${extra[@]}"
 }
 

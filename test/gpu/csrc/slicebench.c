@@ -10,10 +10,21 @@
  *   slicebench run <work> <batches> <per>   process A beside B: <batches> batches, each after a 5 ms
  *                                           idle; a batch is <per> kernels of <work> back to back,
  *                                           events around each
+ *   slicebench feedback <file> <kernel_ms> <busy_s> <gap_s> <duty_pct> <wait_s>
+ *                                           a known device-busy schedule for the agent's measured
+ *                                           compute file (gpuproof feedback): spin kernels back to
+ *                                           back until <file> names this process (at most <wait_s>),
+ *                                           then busy1 (<busy_s> back to back), gap (<gap_s> idle),
+ *                                           busy2, duty (<busy_s> of one kernel per cycle, idle
+ *                                           between, <duty_pct>% busy), tail (1 s idle); events
+ *                                           around every kernel measure its own device busy
  *
  * Output (one line each, space-separated words): "work=<n> kernel=<how>" (solo: and "uuid=GPU-..."), "elapsed_ns=<a,b,...>"
  * (each kernel's events, in order), "delay_ns=<a,b,...>" (per batch: host time from the first
  * launch call until its start event completed, polled: the wait for this process's turn).
+ * feedback prints "warm named=<0|1> pid=<its pid> end=<ns>" and per segment "segment name=<n>
+ * start=<ns> end=<ns> busy=<ns> kernels=<n>" (CLOCK_MONOTONIC: the host's, in a container without a
+ * time namespace; busy: the sum of its kernels' event times), then "done".
  *
  * The kernels: on a real driver PTX the driver compiles (no nvcc needed): A's a fixed amount of
  * work (a dependent FMA chain of <work> steps: preempted, it takes longer), B's a spin on
@@ -28,6 +39,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "cuda_driver.h"
 
@@ -124,11 +136,107 @@ static void print_list(const char *name, const uint64_t *v, int n) {
     printf("\n");
 }
 
+
+/* Does the measured compute file name this process ("gpu <uuid> pid <pid> start ...")? */
+static int file_names_me(const char *path) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return 0;
+    char line[512], want[64];
+    snprintf(want, sizeof want, " pid %d start ", (int)getpid());
+    int found = 0;
+    while (!found && fgets(line, sizeof line, f))
+        found = strncmp(line, "gpu ", 4) == 0 && strstr(line, want) != NULL;
+    fclose(f);
+    return found;
+}
+
+/* Spin kernels of ns back to back, two queued, each between two events, until the host clock passes
+ * end (or, with path, the file names this process): the summed event times. */
+#define FB_SLOTS 3
+static CUevent fb_ev[FB_SLOTS][2];
+static uint64_t fb_kernels;
+static uint64_t fb_settle(int slot) {
+    CK(cuEventSynchronize(fb_ev[slot][1]));
+    return elapsed_ns(fb_ev[slot][0], fb_ev[slot][1]);
+}
+static uint64_t fb_busy(uint64_t ns, uint64_t end, const char *path, int *named) {
+    uint64_t busy = 0;
+    long i = 0;
+    for (; now_ns() < end; i++) {
+        int slot = (int)(i % FB_SLOTS);
+        if (i >= FB_SLOTS - 1)
+            busy += fb_settle((int)((i - (FB_SLOTS - 1)) % FB_SLOTS)); /* at most two queued */
+        if (path && (*named = file_names_me(path)))
+            break;
+        CK(cuEventRecord(fb_ev[slot][0], NULL));
+        launch_spin(ns);
+        CK(cuEventRecord(fb_ev[slot][1], NULL));
+    }
+    for (long k = i - (FB_SLOTS - 1) < 0 ? 0 : i - (FB_SLOTS - 1); k < i; k++)
+        busy += fb_settle((int)(k % FB_SLOTS));
+    fb_kernels += (uint64_t)i;
+    return busy;
+}
+
+static void fb_segment(const char *name, uint64_t t0, uint64_t busy, uint64_t kernels) {
+    printf("segment name=%s start=%llu end=%llu busy=%llu kernels=%llu\n", name, (unsigned long long)t0,
+           (unsigned long long)now_ns(), (unsigned long long)busy, (unsigned long long)kernels);
+    fflush(stdout);
+}
+
+static void sleep_ns(uint64_t ns) {
+    struct timespec ts = {(time_t)(ns / 1000000000ull), (long)(ns % 1000000000ull)};
+    while (nanosleep(&ts, &ts) != 0)
+        ;
+}
+
+static int feedback(const char *path, double kernel_ms, double busy_s, double gap_s, double duty_pct, double wait_s) {
+    if (kernel_ms <= 0 || busy_s <= 0 || gap_s < 0 || duty_pct <= 0 || duty_pct > 100 || wait_s < 0)
+        die("arguments", -2);
+    uint64_t ns = (uint64_t)(kernel_ms * 1e6), seg = (uint64_t)(busy_s * 1e9);
+    for (int i = 0; i < FB_SLOTS; i++)
+        for (int j = 0; j < 2; j++)
+            CK(cuEventCreate(&fb_ev[i][j], 0));
+    int named = 0;
+    fb_busy(ns, now_ns() + (uint64_t)(wait_s * 1e9), path, &named);
+    printf("warm named=%d pid=%d end=%llu\n", named, (int)getpid(), (unsigned long long)now_ns());
+    fflush(stdout);
+    uint64_t t0 = now_ns(), k0 = fb_kernels;
+    uint64_t b = fb_busy(ns, t0 + seg, NULL, NULL);
+    fb_segment("busy1", t0, b, fb_kernels - k0);
+    t0 = now_ns();
+    sleep_ns((uint64_t)(gap_s * 1e9));
+    fb_segment("gap", t0, 0, 0);
+    t0 = now_ns(), k0 = fb_kernels;
+    b = fb_busy(ns, t0 + seg, NULL, NULL);
+    fb_segment("busy2", t0, b, fb_kernels - k0);
+    /* one kernel per cycle, synchronised, then idle to the cycle's end */
+    uint64_t cycle = (uint64_t)((double)ns * 100.0 / duty_pct);
+    t0 = now_ns(), b = 0;
+    uint64_t n = 0;
+    for (uint64_t c = t0; c < t0 + seg; c += cycle, n++) {
+        CK(cuEventRecord(fb_ev[0][0], NULL));
+        launch_spin(ns);
+        CK(cuEventRecord(fb_ev[0][1], NULL));
+        b += fb_settle(0);
+        uint64_t now = now_ns();
+        if (now < c + cycle)
+            sleep_ns(c + cycle - now);
+    }
+    fb_segment("duty", t0, b, n);
+    t0 = now_ns();
+    sleep_ns(1000000000ull);
+    fb_segment("tail", t0, 0, 0);
+    printf("done\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     CUdevice d;
     CUcontext c;
     if (argc < 4) {
-        fprintf(stderr, "usage: slicebench busy <kernel_ms> <seconds> | solo <target_us> <n> | run <work> <batches> <per>\n");
+        fprintf(stderr, "usage: slicebench busy <kernel_ms> <seconds> | solo <target_us> <n> | run <work> <batches> <per> | feedback <file> <kernel_ms> <busy_s> <gap_s> <duty_pct> <wait_s>\n");
         return 2;
     }
     CK(cuInit(0));
@@ -186,6 +294,8 @@ int main(int argc, char **argv) {
         print_list("elapsed_ns", all, n);
         return 0;
     }
+    if (argc == 8 && strcmp(argv[1], "feedback") == 0)
+        return feedback(argv[2], atof(argv[3]), atof(argv[4]), atof(argv[5]), atof(argv[6]), atof(argv[7]));
     if (argc == 5 && strcmp(argv[1], "run") == 0) {
         uint64_t work = strtoull(argv[2], NULL, 10);
         int batches = atoi(argv[3]), per = atoi(argv[4]);
@@ -221,6 +331,6 @@ int main(int argc, char **argv) {
         print_list("delay_ns", delay, batches);
         return 0;
     }
-    fprintf(stderr, "usage: slicebench busy <kernel_ms> <seconds> | solo <target_us> <n> | run <work> <batches> <per>\n");
+    fprintf(stderr, "usage: slicebench busy <kernel_ms> <seconds> | solo <target_us> <n> | run <work> <batches> <per> | feedback <file> <kernel_ms> <busy_s> <gap_s> <duty_pct> <wait_s>\n");
     return 2;
 }

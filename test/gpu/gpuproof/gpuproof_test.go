@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -320,5 +321,70 @@ func TestSliceFigures(t *testing.T) {
 	// nothing inflated (no co-tenant, or a GPU that runs A's kernels to the end): no slice, and said so
 	if st := sliceFigures(solo, solo, nil, nil); st.Slice != 0 || st.InflatedFrac != 0 {
 		t.Errorf("no inflation: slice %.0f, fraction %.2f, want 0", st.Slice, st.InflatedFrac)
+	}
+}
+
+// The feedback phase's analysis tells a driver whose per-process samples come back to back (an
+// idle process sampled at 0) from one that skips an idle process, whose first sample after the gap
+// the agent's integration multiplies by the whole gap: the gap's gain is ~0 for the first and the gap
+// for the second, while each busy segment's ratio (from the periods ending inside it) is 1 for both.
+func TestFeedbackAnalysis(t *testing.T) {
+	const ms = int64(time.Millisecond)
+	busy1 := fbSegment{Name: "busy1", Start: 1000 * ms, End: 3000 * ms, Busy: 2000 * ms}
+	gap := fbSegment{Name: "gap", Start: 3000 * ms, End: 6000 * ms}
+	busy2 := fbSegment{Name: "busy2", Start: 6000 * ms, End: 8000 * ms, Busy: 2000 * ms}
+	samples := func(idle bool) []rawSample {
+		var out []rawSample
+		for t := int64(1100); t <= 8000; t += 100 {
+			util := uint32(100)
+			if t > 3000 && t <= 6000 {
+				if !idle {
+					continue // the driver skips an idle process
+				}
+				util = 0
+			}
+			out = append(out, rawSample{TS: uint64(t * 1000), Mono: t * ms, SmUtil: util})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		name     string
+		idle     bool
+		gain     float64
+		inGapPts int
+	}{{"idle samples at 0", true, 0, 29}, {"no idle samples", false, float64(3000 * ms), 0}} {
+		pts := integrateRaw(samples(tc.idle))
+		for _, s := range []fbSegment{busy1, busy2} {
+			if r, n, ok := segmentRatio(pts, s); !ok || r < 0.999 || r > 1.001 {
+				t.Errorf("%s: %s ratio %v (%d points, ok %v), want 1", tc.name, s.Name, r, n, ok)
+			}
+		}
+		gain, inGap, ok := gapGain(pts, busy1, gap, busy2)
+		if !ok || gain < tc.gain-float64(ms) || gain > tc.gain+float64(ms) || inGap != tc.inGapPts {
+			t.Errorf("%s: gap gain %.0f ms (ok %v), %d points in the gap; want %.0f ms, %d", tc.name, gain/float64(ms), ok, inGap, tc.gain/float64(ms), tc.inGapPts)
+		}
+	}
+	// A repeat (not newer than the previous sample) adds nothing; utilisation over 100 counts as 100.
+	pts := integrateRaw([]rawSample{{TS: 1000, Mono: 1}, {TS: 2000, Mono: 2, SmUtil: 150}, {TS: 2000, Mono: 2, SmUtil: 100}})
+	if len(pts) != 2 || pts[1].Busy != 1000*1000 {
+		t.Errorf("integrateRaw with a repeat and SmUtil 150: %+v, want 2 points, busy 1 ms", pts)
+	}
+	// Too few points in a segment is no figure, never a pass.
+	if _, _, ok := segmentRatio(pts, busy1); ok {
+		t.Error("segmentRatio with no point in the segment: ok")
+	}
+	// The second caller: the share of the first caller's samples it got too.
+	a := samples(true)
+	b := slices.Clone(a)
+	b = slices.Delete(b, 10, 11)
+	for i := range a {
+		a[i].Call = a[i].Mono
+	}
+	if got, missing := secondCaller(a, b, []int64{0, 9000 * ms}); missing != 1 || got != float64(len(a)-1)/float64(len(a)) {
+		t.Errorf("secondCaller: %v, %d missing; want 1 missing", got, missing)
+	}
+	segs, warm, done := parseFeedbackProbe("warm named=1 pid=1 end=5\nsegment name=busy1 start=10 end=20 busy=9 kernels=2\ndone\n")
+	if !done || warm["named"] != "1" || segs["busy1"] != (fbSegment{Name: "busy1", Start: 10, End: 20, Busy: 9, Kernels: 2}) {
+		t.Errorf("parseFeedbackProbe: %+v %v %v", segs, warm, done)
 	}
 }

@@ -8,8 +8,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -17,9 +15,7 @@ import (
 	"time"
 
 	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
-	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
-	"github.com/tessera-gpu/tessera/internal/ledger"
 	"github.com/tessera-gpu/tessera/internal/memguard"
 )
 
@@ -32,107 +28,27 @@ import (
 // and its kill counter, not an Event.
 func runGuard(args []string) error {
 	fs := flag.NewFlagSet("guard", flag.ContinueOnError)
-	work := fs.String("work", "", "the node phase's work folder (cdi/, inventory.json) (required)")
-	out := fs.String("out", "", "phase result file (required)")
-	rootfs := fs.String("rootfs", "", "the containers' root file system, with cudaprobe (required)")
-	runc := fs.String("runc", "runc", "runc binary")
-	node := fs.String("tessera-node", "tessera-node", "tessera-node binary")
-	vcudaLib := fs.String("vcuda-library", "", "libvcuda.so (required)")
-	index := fs.Int("gpu-index", 0, "the GPU the share containers get")
+	o := agentFlags(fs)
 	capMiB := fs.Int64("cap-mib", 1024, "each share's memory cap")
 	grace := fs.Duration("grace", 2*time.Second, "the guard's grace (--memory-guard-grace)")
-	backend := fs.String("backend", "nvml", "nvml (a real GPU) or sim (the dry run; its flags after --)")
-	driverRoot := fs.String("driver-root", "auto", "the driver root for --backend=nvml (auto: as the node phase finds it)")
-	dry := fs.Bool("dry-run", false, "the simulated node and the fake driver")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *work == "" || *out == "" || !filepath.IsAbs(*rootfs) || *vcudaLib == "" {
-		return fmt.Errorf("-work, -out, -vcuda-library and an absolute -rootfs are required")
-	}
-	dir := filepath.Join(*work, "guard")
-	if err := os.RemoveAll(dir); err != nil {
-		return err
-	}
-	_, g, r, err := setupContainers(*work, *index, *runc, *rootfs, filepath.Join(dir, "containers"))
-	if err != nil {
-		return err
-	}
 	start := time.Now()
-	p := newPhase("guard", *dry)
-	agentArgs := []string{"--backend=" + *backend}
-	if *backend == "nvml" {
-		root := *driverRoot
-		if root == "auto" {
-			if root, err = findDriverRoot(driverRootCandidates); err != nil {
-				return err
-			}
-		}
-		agentArgs = append(agentArgs, "--driver-root="+root)
-	}
-	agentArgs = append(agentArgs, fs.Args()...) // the sim backend's state, as the node phase passes it
+	p := newPhase("guard", o.dry)
 	capBytes := *capMiB << 20
-	// The two containers' shares, half the GPU's compute each, in the ledger the agent loads.
-	ids := map[string]string{"bypass": newContainerID(), "polite": newContainerID()}
-	l, err := ledger.Open(filepath.Join(dir, "data", "ledger.json"), nil)
-	if err != nil {
-		return err
-	}
-	for name, id := range ids {
-		if err := l.Reserve(ledger.Entry{ContainerID: id, PodUID: newContainerID()[:32], Namespace: "gpuproof", Pod: name, Container: "main",
-			Devices: []api.DeviceAssignment{{UUID: g.UUID, MemoryBytes: capBytes, CoresPercent: 50}}}, nil); err != nil {
-			return fmt.Errorf("ledger entry for %s: %w", name, err)
-		}
-	}
-	listen, err := freePort()
-	if err != nil {
-		return err
-	}
 	interval := 500 * time.Millisecond
-	cmdArgs := append([]string{"run", "--node-name=gpuproof", "--data-dir=" + filepath.Join(dir, "data"), "--cdi-dir=" + filepath.Join(dir, "cdi"),
-		"--run-dir=" + filepath.Join(dir, "run"), "--device-plugin-dir=" + filepath.Join(dir, "device-plugins"),
-		"--pod-resources-socket=" + filepath.Join(dir, "no-kubelet.sock"), "--nri-socket=" + filepath.Join(dir, "no-nri.sock"),
-		"--kubeconfig=" + filepath.Join(dir, "no-kubeconfig"), "--listen=" + listen, "--vcuda-library=" + *vcudaLib,
-		"--memory-guard-interval=" + interval.String(), "--memory-guard-grace=" + grace.String()}, agentArgs...)
-	logPath := filepath.Join(dir, "tessera-node.log")
-	logFile, err := os.Create(logPath)
+	// The two containers' shares, half the GPU's compute each, in the ledger the agent loads.
+	a, err := startAgent(p, o, fs.Args(), "guard", map[string]shareSpec{"bypass": {capBytes, 50}, "polite": {capBytes, 50}},
+		"--memory-guard-interval="+interval.String(), "--memory-guard-grace="+grace.String())
 	if err != nil {
 		return err
 	}
-	defer logFile.Close()
-	agent := exec.Command(*node, cmdArgs...)
-	agent.Stdout, agent.Stderr = logFile, logFile
-	agent.Env = append(os.Environ(), "KUBECONFIG=")
-	p.Env["agent"] = "tessera-node " + strings.Join(cmdArgs, " ")
-	if err := agent.Start(); err != nil {
-		p.check("agent runs", false, "tessera-node run", "%v", err)
-		return finish(p, *out, start)
+	if a == nil {
+		return finish(p, o.out, start)
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- agent.Wait() }()
-	defer func() {
-		_ = agent.Process.Signal(os.Interrupt)
-		select {
-		case <-exited:
-		case <-time.After(10 * time.Second):
-			_ = agent.Process.Kill()
-		}
-	}()
-	readLog := func() string { data, _ := os.ReadFile(logPath); return string(data) }
-	up := false
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && !up; time.Sleep(100 * time.Millisecond) {
-		select {
-		case err := <-exited:
-			p.check("agent runs", false, "tessera-node run", "exited: %v: %s", err, lastLines(readLog(), 10))
-			return finish(p, *out, start)
-		default:
-		}
-		up = strings.Contains(readLog(), "memory guard running")
-	}
-	p.check("agent runs with the memory guard", up, "tessera-node run's log", "%s", lastLines(firstMatch(readLog(), `(?m)^.*memory guard running.*$`), 1))
-	if !up {
-		return finish(p, *out, start)
-	}
+	defer a.stop()
+	dir, g, r, ids, readLog, listen := a.dir, a.gpu, a.runner, a.ids, a.readLog, a.listen
 
 	gen := &cdi.Generator{Vendor: configv1.DefaultCDIVendor}
 	devices := []string{gen.Name(cdi.ClassGPU, g.UUID), gen.Name(cdi.ClassShare, cdi.ShareName)}
@@ -155,13 +71,13 @@ func runGuard(args []string) error {
 	// Under its cap through vcuda: a quarter of it (and its context) held.
 	polite := run("polite", true, capBytes/4)
 	if polite == nil {
-		return finish(p, *out, start)
+		return finish(p, o.out, start)
 	}
 	defer polite.stop()
 	// Past vcuda (no /etc/ld.so.preload): twice the cap, straight from the driver.
 	bypass := run("bypass", false, 2*capBytes)
 	if bypass == nil {
-		return finish(p, *out, start)
+		return finish(p, o.out, start)
 	}
 	defer bypass.stop()
 	t0 := time.Now()
@@ -171,7 +87,7 @@ func runGuard(args []string) error {
 	p.check("bypass: killed (SIGKILL)", exit == 137, "runc run's exit status (137: SIGKILL)",
 		"exit %d %.1f s after it held %d MiB past vcuda; cap %d MiB, grace %v, interval %v", exit, took.Seconds(), (2*capBytes)>>20, *capMiB, *grace, interval)
 	f := Figure{Name: "bypass: time from holding to its end", Value: took.Seconds(), Unit: "s", MeasuredBy: "gpuproof: from cudaprobe's held line to runc run's exit"}
-	if !*dry { // a dry run's timing on a shared CPU says nothing of the agent's
+	if !o.dry { // a dry run's timing on a shared CPU says nothing of the agent's
 		f.Goal, f.Status = fmt.Sprintf("<= grace + 3 intervals = %.1f s", (*grace+3*interval).Seconds()), passFail(exit == 137 && took <= *grace+3*interval)
 	}
 	p.figure(f)
@@ -208,7 +124,7 @@ func runGuard(args []string) error {
 	p.check("polite: under its cap, left alone", polite.running() && !politeKilled, "runc state and tessera-node run's log",
 		"running %v, named in a kill line %v", polite.running(), politeKilled)
 	p.Env["agent_log_tail"] = lastLines(readLog(), 8)
-	return finish(p, *out, start)
+	return finish(p, o.out, start)
 }
 
 // newContainerID is a runtime-style container ID (64 hex digits), which the guard finds in a cgroup path.

@@ -7,6 +7,7 @@
 //	gpuproof memory    per-context overhead in a container's PID namespace; VMM create/map/release under a cap
 //	gpuproof guard     the node agent's memory guard kills a share container that allocates past vcuda
 //	gpuproof overhead  cost per intercepted call, real driver and fake driver, with and without vcuda
+//	gpuproof feedback  the agent's measured compute file and the raw NVML samples under it, for a known busy schedule
 //	gpuproof timeslice how the GPU time-slices two processes (slicebench), and what vcuda charges beside one, per sampling gate
 //	gpuproof preflight the sandbox, cgroup2, whether runc (or the namespace fallback) starts a container
 //	gpuproof nsrunc    runc's verbs done with unshare, bind mounts and chroot: the fallback where runc cannot run
@@ -133,7 +134,7 @@ func orDash(s string) string {
 	return s
 }
 
-const usage = `usage: gpuproof <preflight|node|refusals|container|memory|procaddr|guard|overhead|timeslice|merge|tables|limits|region|notrun|nsrunc> [flags]   (see test/gpu/README.md)`
+const usage = `usage: gpuproof <preflight|node|refusals|container|memory|procaddr|guard|feedback|overhead|timeslice|merge|tables|limits|region|notrun|nsrunc> [flags]   (see test/gpu/README.md)`
 
 func main() {
 	if len(os.Args) < 2 {
@@ -143,7 +144,7 @@ func main() {
 	cmds := map[string]func([]string) error{
 		"node": runNode, "container": runContainer, "memory": runMemory, "guard": runGuard, "overhead": runOverhead, "merge": runMerge, "tables": runTables,
 		"limits": runLimits, "notrun": runNotRun, "preflight": runPreflight, "nsrunc": runNSRunc, "refusals": runRefusals, "procaddr": runProcAddr,
-		"timeslice": runTimeslice, "region": runRegion,
+		"timeslice": runTimeslice, "region": runRegion, "feedback": runFeedback,
 	}
 	cmd, ok := cmds[os.Args[1]]
 	if !ok {

@@ -15,7 +15,7 @@ import (
 
 // phaseOrder is the order of run.sh's phases in the results file and the tables: the order
 // device-run.sh runs them in, most important first.
-var phaseOrder = []string{"preflight", "node", "refusals", "container", "torch", "memory", "procaddr", "guard", "overhead", "timeslice", "compute"}
+var phaseOrder = []string{"preflight", "node", "refusals", "container", "torch", "memory", "procaddr", "guard", "feedback", "overhead", "timeslice", "compute"}
 
 // Results is test/gpu/results/<date>-<gpu model>.json: every phase that ran, and what it ran on.
 type Results struct {
@@ -113,7 +113,7 @@ func slug(s string) string { return strings.Trim(nonSlug.ReplaceAllString(s, "-"
 
 // sections: which phases go to which document.
 var sections = map[string][]string{
-	"node":  {"preflight", "node", "refusals", "container", "guard"},             // docs/install.md
+	"node":  {"preflight", "node", "refusals", "container", "guard", "feedback"}, // docs/install.md
 	"vcuda": {"torch", "memory", "procaddr", "overhead", "timeslice", "compute"}, // vcuda/README.md
 }
 
