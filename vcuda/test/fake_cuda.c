@@ -2842,7 +2842,18 @@ typedef struct {
     int recorded;
     int dev, slot;       /* timeslice: whose virtual clock */
     uint64_t v, sub;     /* timeslice: its virtual time, and when it was submitted */
+    /* for cuStreamWaitEvent: records made and settled (a wait is for the
+     * record that was the latest when it was made), and where the latest
+     * settled one lies on its device's timeline (FIFO: real ns; timeslice:
+     * the process's virtual ns) */
+    _Atomic uint64_t gen, done_gen, done_at;
 } fake_event;
+/* Record number gen of ev settled at `at` (device lock held). */
+static void ev_done(fake_event *ev, uint64_t gen, uint64_t at) {
+    if (atomic_load(&ev->done_gen) < gen)
+        atomic_store(&ev->done_gen, gen);
+    atomic_store(&ev->done_at, at);
+}
 /* An event settled at virtual time v of this process's timeline on d (the
  * timeslice scheduler): its real time is found when it is read. */
 static void ev_settle(fake_event *ev, int d, uint64_t v, uint64_t now) {
@@ -2871,6 +2882,8 @@ typedef struct held_item {
     int full;
     _Atomic uint64_t *su; /* its stream's timeline */
     fake_event *ev;       /* or an event to timestamp */
+    fake_event *after;    /* or an event the stream waits for (cuStreamWaitEvent) */
+    uint64_t gen;         /* the event's record number: the one made (ev) or waited for (after) */
 } held_item;
 static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
@@ -2915,6 +2928,27 @@ static void wait_held(int d, _Atomic uint64_t *su) {
         nanosleep(&ts, NULL);
     }
 }
+/* Streams held until an event that is itself held settles (cuStreamWaitEvent
+ * on an event recorded behind a gate on another stream), under hold_mu. */
+typedef struct ev_wait {
+    fake_event *ev;
+    uint64_t gen; /* until this record of ev settles */
+    int dev;
+    _Atomic uint64_t *su;
+    struct ev_wait *next;
+} ev_wait;
+static ev_wait *ev_waits;
+/* Holds stream su of d until ev settles (under hold_mu); the wait itself is
+ * a held item in the stream's place. */
+static void ev_wait_add(fake_event *ev, uint64_t gen, int d, _Atomic uint64_t *su) {
+    ev_wait *x = calloc(1, sizeof(*x));
+    if (!x)
+        abort(); /* a test double out of memory: no silent reordering */
+    *x = (ev_wait){ev, gen, d, su, ev_waits};
+    ev_waits = x;
+    held[d]++;
+    held_on(d, su, 1);
+}
 static held_item *items[FAKE_MAX_DEVS];
 static int nitems[FAKE_MAX_DEVS], capitems[FAKE_MAX_DEVS];
 typedef struct hostjob {
@@ -2942,10 +2976,11 @@ static int hold_launch(int d, _Atomic uint64_t *su, uint64_t dur, int full) {
     pthread_mutex_lock(&hold_mu);
     int h = held_on(d, su, 0);
     if (h)
-        push_item(d, (held_item){dur, full, su, NULL});
+        push_item(d, (held_item){dur, full, su, NULL, NULL, 0});
     pthread_mutex_unlock(&hold_mu);
     return h;
 }
+static void stream_after_locked(int d, _Atomic uint64_t *su, const fake_event *ev);
 static int hold_event(int d, _Atomic uint64_t *su, fake_event *ev) {
     if (!__atomic_load_n(&held[d], __ATOMIC_ACQUIRE))
         return 0;
@@ -2953,7 +2988,7 @@ static int hold_event(int d, _Atomic uint64_t *su, fake_event *ev) {
     int h = held_on(d, su, 0);
     if (h) {
         atomic_store(&ev->ts, UINT64_MAX);
-        push_item(d, (held_item){0, 0, su, ev});
+        push_item(d, (held_item){0, 0, su, ev, NULL, atomic_fetch_add(&ev->gen, 1) + 1});
     }
     pthread_mutex_unlock(&hold_mu);
     return h;
@@ -2973,23 +3008,46 @@ static void release_hold_locked(int d, _Atomic uint64_t *su) {
          * work). */
         uint64_t now = now_ns();
         int w = 0;
+        held_item *blocked = NULL; /* a wait reached whose record is still held: the rest stays held */
         spin_lock(&F.sh->dev[d].lock);
         for (int i = 0; i < nitems[d]; i++) {
             held_item *it = &items[d][i];
-            if (it->su != su) {
+            if (it->su != su || blocked) {
                 items[d][w++] = *it;
+            } else if (it->after && atomic_load(&it->after->done_gen) < it->gen) {
+                items[d][w] = *it;
+                blocked = &items[d][w++];
             } else if (it->ev) {
                 uint64_t v = schedule_locked(d, it->su, 0, 0, now);
-                if (F.ts_on)
-                    ev_settle(it->ev, d, v, now);
-                else
-                    atomic_store(&it->ev->ts, v);
+                if (atomic_load(&it->ev->gen) == it->gen) { /* its latest record: readers see it */
+                    if (F.ts_on)
+                        ev_settle(it->ev, d, v, now);
+                    else
+                        atomic_store(&it->ev->ts, v);
+                }
+                ev_done(it->ev, it->gen, v);
+            } else if (it->after) {
+                stream_after_locked(d, it->su, it->after);
             } else {
                 schedule_locked(d, it->su, it->dur, it->full, now);
             }
         }
         spin_unlock(&F.sh->dev[d].lock);
         nitems[d] = w;
+        if (blocked) /* held again, from the wait on, until that record settles */
+            ev_wait_add(blocked->after, blocked->gen, d, su);
+        /* streams that waited for an event this release settled go on */
+        for (ev_wait **pw = &ev_waits; *pw;) {
+            ev_wait *x = *pw;
+            if (atomic_load(&x->ev->done_gen) < x->gen) {
+                pw = &x->next;
+                continue;
+            }
+            *pw = x->next;
+            release_hold_locked(x->dev, x->su);
+            free(x);
+            pw = &ev_waits; /* the list may have changed below us */
+        }
     }
 }
 /* Starts fn on a detached thread once per process (under hold_mu): at first use, and again in a
@@ -3613,17 +3671,87 @@ EXPORT CUresult cuEventRecord(CUevent e, CUstream s) {
      * device (an event is a command of its context, time-sliced like a
      * kernel): a zero-length item on the timeline. */
     uint64_t now = now_ns();
-    if (F.ts_on) {
-        spin_lock(&F.sh->dev[d].lock);
-        uint64_t v = schedule_locked(d, su, 0, 0, now);
+    spin_lock(&F.sh->dev[d].lock);
+    uint64_t v = schedule_locked(d, su, 0, 0, now);
+    if (F.ts_on)
         ev_settle(ev, d, v, now);
-        spin_unlock(&F.sh->dev[d].lock);
-        return CUDA_SUCCESS;
-    }
-    atomic_store(&ev->ts, schedule_at(d, su, 0, 0, now));
+    else
+        atomic_store(&ev->ts, v);
+    ev_done(ev, atomic_fetch_add(&ev->gen, 1) + 1, v);
+    spin_unlock(&F.sh->dev[d].lock);
     return CUDA_SUCCESS;
 }
 EXPORT CUresult cuEventRecord_ptsz(CUevent e, CUstream s) { return cuEventRecord(e, s); }
+/* Stream su's later work starts no earlier than the device reaches ev (the
+ * device lock held; ev settled, on device d). */
+static void stream_after_locked(int d, _Atomic uint64_t *su, const fake_event *ev) {
+    uint64_t at = atomic_load(&ev->done_at);
+    if (F.ts_on) {
+        int slot = -1;
+        ts_me(d, &slot);
+        if (ev->slot != slot || ev->dev != d)
+            return; /* not this timeline's (refused when made; another device's, reached by then) */
+    }
+    if (atomic_load(su) < at)
+        atomic_store(su, at);
+}
+/* cuStreamWaitEvent: the stream's later work waits on the device until the
+ * device reaches the event's latest record (as of this call); the host
+ * goes on (how frameworks join streams: PyTorch's
+ * torch.cuda.Stream.wait_stream is an event record and this). An event
+ * never recorded is reached. An event still held behind a host function or
+ * a stream-memory wait holds this stream too, from the wait on, until that
+ * record is released (records are numbered: a wait is for the latest when
+ * it is made; re-recording the event meanwhile made an earlier wait wait for
+ * the later record, and fork-join rounds behind gates for ever; it then
+ * waits until where the latest settled record lies: its own, or a later one
+ * if the event was re-recorded and that settled first);
+ * a wait on a held stream keeps its place in it
+ * (work queued before it is not held by it: a whole-stream hold made two
+ * streams joining each other behind host-function gates wait for each other
+ * for ever). Events of another device not yet reached are not modelled
+ * under the timeslice scheduler: refused. */
+EXPORT CUresult cuStreamWaitEvent(CUstream s, CUevent e, unsigned flags) {
+    fake_event *ev = (fake_event *)e;
+    if (!ev)
+        return CUDA_ERROR_INVALID_HANDLE;
+    if (flags & ~1u) /* CU_EVENT_WAIT_DEFAULT, CU_EVENT_WAIT_EXTERNAL */
+        return CUDA_ERROR_INVALID_VALUE;
+    int d = stream_dev(s);
+    if (d < 0)
+        return CUDA_ERROR_INVALID_CONTEXT;
+    if (capturing(s) || !ev->recorded)
+        return CUDA_SUCCESS; /* captured work does not run here */
+    waits_poll();
+    _Atomic uint64_t *su = stream_until(s, d);
+    pthread_mutex_lock(&hold_mu);
+    uint64_t gen = atomic_load(&ev->gen);
+    if (held_on(d, su, 0)) { /* the stream is held: the wait takes its place in it (a record still held
+                              * then holds the stream again from there) */
+        push_item(d, (held_item){0, 0, su, NULL, ev, gen});
+        pthread_mutex_unlock(&hold_mu);
+        return CUDA_SUCCESS;
+    }
+    if (atomic_load(&ev->done_gen) < gen) { /* the record waits behind a hold: so does this stream */
+        ev_wait_add(ev, gen, d, su);
+        push_item(d, (held_item){0, 0, su, NULL, ev, gen});
+        pthread_mutex_unlock(&hold_mu);
+        return CUDA_SUCCESS;
+    }
+    if (F.ts_on && !atomic_load(&ev->ts) && ev->dev != d) {
+        pthread_mutex_unlock(&hold_mu);
+        fprintf(stderr, "fake libcuda: cuStreamWaitEvent on an event of another device is not modelled\n");
+        return CUDA_ERROR_NOT_SUPPORTED;
+    }
+    pthread_mutex_unlock(&hold_mu);
+    spin_lock(&F.sh->dev[d].lock);
+    stream_after_locked(d, su, ev);
+    spin_unlock(&F.sh->dev[d].lock);
+    return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamWaitEvent_ptsz(CUstream s, CUevent e, unsigned flags) {
+    return cuStreamWaitEvent(per_thread(s, 1), e, flags);
+}
 EXPORT CUresult cuEventQuery(CUevent e) {
     fake_event *ev = (fake_event *)e;
     if (!ev)

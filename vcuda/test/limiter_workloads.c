@@ -14,15 +14,13 @@
 #include "limiter_workloads.h"
 #include "util.h"
 
-CUresult cuStreamSynchronize(CUstream);
+static const char *names[WL_NAMED] = {"uniform", "gridmix", "bimodal", "jitter", "multistream",
+                                      "graphs", "decode", "tiny", "multistream-hostjoin"};
 
-static const char *names[WL_COUNT] = {"uniform", "gridmix", "bimodal", "jitter",
-                                      "multistream", "graphs", "decode", "tiny"};
-
-const char *workload_name(workload w) { return w < WL_COUNT ? names[w] : "?"; }
+const char *workload_name(workload w) { return w < WL_NAMED ? names[w] : "?"; }
 
 int workload_parse(const char *name) {
-    for (int i = 0; i < WL_COUNT; i++)
+    for (int i = 0; i < WL_NAMED; i++)
         if (strcmp(name, names[i]) == 0)
             return i;
     return -1;
@@ -58,13 +56,47 @@ static void launch(CUfunction f, unsigned grid, CUstream s) {
     CHECK_CU(cuLaunchKernel(f, grid, 1, 1, 256, 1, 1, 0, s, NULL, NULL));
 }
 
+/* One fork-join round on ns streams, joined on the device as frameworks do
+ * (PyTorch's Stream.wait_stream: an event recorded on one stream, waited
+ * for by another; the host goes on): the side streams wait for the main
+ * stream's last join (fork), one kernel each, the main stream waits for
+ * theirs (join); the host synchronises every WL_MS_SYNC_ROUNDS rounds.
+ * Host-joined each round instead (multistream-hostjoin), the device idled
+ * from every round's end until the host had woken from its synchronize and
+ * launched the next: 70-75 us a round on the 2-core VM (the fake's
+ * synchronize sleeps, and the default 50 us timer slack makes most of it),
+ * a quarter of the wall time: 74-76% alone uncapped, 44-71% beside
+ * co-tenants, whose work the device switches to at every round's end
+ * (vcuda/README.md, "Benchmark grid"). 32 rounds: about 7 ms of device time
+ * between synchronizes (a round averages ~210 us), so that wake-up costs
+ * ~1%, and well under the fake's 20 ms launch queue. */
+static void fork_join_round(CUstream *s, int ns, CUevent fork, CUevent *join, unsigned long i, uint64_t *rng) {
+    for (int k = 1; k < ns; k++)
+        CHECK_CU(cuStreamWaitEvent(s[k], fork, 0));
+    for (int k = 0; k < ns; k++)
+        launch(F_MAIN, mix_grid(rng), s[k]);
+    for (int k = 1; k < ns; k++) {
+        CHECK_CU(cuEventRecord(join[k], s[k]));
+        CHECK_CU(cuStreamWaitEvent(s[0], join[k], 0));
+    }
+    CHECK_CU(cuEventRecord(fork, s[0]));
+    if (i % WL_MS_SYNC_ROUNDS == WL_MS_SYNC_ROUNDS - 1)
+        CHECK_CU(cuStreamSynchronize(s[0]));
+}
+
 void workload_run(workload w, uint64_t deadline, unsigned long launches, uint64_t *rng) {
     static fake_func main_f = {64, 0, 20000, 3000}, tiny_f = {64, 0, 4000, 0};
     CHECK(fakeFunctionSet(F_MAIN, &main_f) == 0 && fakeFunctionSet(F_TINY, &tiny_f) == 0, "fakeFunctionSet");
     CUstream s[3];
-    int ns = w == WL_MULTISTREAM ? 3 : 1;
+    CUevent fork = NULL, join[3] = {NULL};
+    int ns = w == WL_MULTISTREAM || w == WL_MULTISTREAM_HOSTJOIN ? 3 : 1;
     for (int i = 0; i < ns; i++)
         CHECK_CU(cuStreamCreate(&s[i], 0));
+    if (w == WL_MULTISTREAM) {
+        CHECK_CU(cuEventCreate(&fork, 0));
+        for (int i = 1; i < ns; i++)
+            CHECK_CU(cuEventCreate(&join[i], 0));
+    }
     CUgraphExec g = NULL;
     if (w == WL_GRAPHS) {
         CHECK_CU(fakeGraphExecCreate(&g, 8ull * WL_SMS)); /* 2 waves a kernel (graphs: 4 blocks an SM) */
@@ -76,7 +108,8 @@ void workload_run(workload w, uint64_t deadline, unsigned long launches, uint64_
         case WL_GRIDMIX:
         case WL_BIMODAL:
         case WL_JITTER: launch(F_MAIN, mix_grid(rng), s[0]); break;
-        case WL_MULTISTREAM:
+        case WL_MULTISTREAM: fork_join_round(s, ns, fork, join, i, rng); break;
+        case WL_MULTISTREAM_HOSTJOIN:
             for (int k = 0; k < ns; k++)
                 launch(F_MAIN, mix_grid(rng), s[k]);
             for (int k = 0; k < ns; k++)

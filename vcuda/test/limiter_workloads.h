@@ -14,11 +14,14 @@ typedef enum {
     WL_GRIDMIX,     /* grids of 1, S/4, S, 4S, 64S blocks at random */
     WL_BIMODAL,     /* the grid mix, each launch x0.2 or x1.8 */
     WL_JITTER,      /* the grid mix, each launch x0.8..x1.2 */
-    WL_MULTISTREAM, /* the grid mix on 3 streams in fork-join rounds */
+    WL_MULTISTREAM, /* the grid mix on 3 streams in fork-join rounds, joined on the device */
     WL_GRAPHS,      /* graphs of 16 kernels of 2 waves, lognormal each */
     WL_DECODE,      /* one-wave kernels growing x1..x4 over 3000 launches, host gaps */
     WL_TINY,        /* launch-heavy: 4 us kernels back to back */
-    WL_COUNT
+    WL_COUNT,       /* the grid's workloads are those above */
+    /* by name only, outside the grid: */
+    WL_MULTISTREAM_HOSTJOIN = WL_COUNT, /* multistream, the host synchronising every round */
+    WL_NAMED
 } workload;
 
 #define WL_SMS 132
@@ -32,6 +35,9 @@ void workload_env(workload w);
 /* Launches w's kernels on the current context until deadline (CLOCK_MONOTONIC
  * ns) or, if launches is not 0, that many rounds (a round: one launch, one
  * per stream for multistream); rng: the loop's random state. */
+/* multistream's host synchronises every this many rounds (a training step's
+ * loss.item()); between, its streams fork and join on the device */
+#define WL_MS_SYNC_ROUNDS 32
 void workload_run(workload w, uint64_t deadline, unsigned long launches, uint64_t *rng);
 
 #endif

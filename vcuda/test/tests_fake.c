@@ -637,3 +637,123 @@ TEST_LIB(fake_timeslice_events_see_preemption, "none") {
     hog_finish(&a, h, 0);
     CHECK(ms >= 9.9f, "a 6 ms kernel preempted twice measured %.3f ms, want 6 + 2 slices of 2 ms + 4 switches", ms);
 }
+
+/* cuStreamWaitEvent joins streams on the device: work queued behind a wait
+ * for another stream's event starts when the device reaches that event, not
+ * beside the other stream's work, and the host does not wait. Partial grids
+ * (16 of 128 blocks: 200 ms on a, 8 blocks: 1 ms on b), which overlap on two
+ * streams without the wait; also with the event held behind a stream-memory wait
+ * (the waiting stream is held with it) and with the waiting stream held
+ * itself (the wait keeps its place in the stream: a kernel queued on it
+ * before the wait still runs beside the other stream's, and two streams
+ * joining each other behind a gate do not wait for each other for ever, nor
+ * when the event is re-recorded before the wait is reached: a wait is for
+ * the record that was the latest when it was made).
+ * Times from fakeEventTime, the device's clock. */
+static void wait_event_case(void) {
+    ctx_on(0);
+    CUfunction f = ts_fn(0xe500, 16 * TS_MS), f_long = ts_fn(0xe501, 1600 * TS_MS); /* 8 blocks: 1 ms; 16: 200 ms */
+    CUstream a, b;
+    CHECK_CU(cuStreamCreate(&a, 0));
+    CHECK_CU(cuStreamCreate(&b, 0));
+    CUevent ev, eb, e0b, never;
+    CHECK_CU(cuEventCreate(&ev, 0));
+    CHECK_CU(cuEventCreate(&e0b, 0));
+    CHECK_CU(cuEventCreate(&eb, 0));
+    CHECK_CU(cuEventCreate(&never, 0));
+    CHECK(cuStreamWaitEvent(b, NULL, 0) == CUDA_ERROR_INVALID_HANDLE, "a wait on no event");
+    CHECK(cuStreamWaitEvent(b, ev, 2) == CUDA_ERROR_INVALID_VALUE, "an unknown wait flag");
+    void *mapped = NULL;
+    CUdeviceptr dp = 0;
+    CHECK_CU(cuMemHostAlloc(&mapped, 4096, 0x2 /* DEVICEMAP */));
+    CHECK_CU(cuMemHostGetDevicePointer_v2(&dp, mapped, 0));
+    _Atomic uint32_t *w = mapped;
+    atomic_store(w, 0);
+    /* 0: no wait (the kernels overlap); 1: the wait; 2: the event held
+     * behind a gate on a; 3: the waiting stream b held behind a gate; 4: a
+     * never-recorded event (reached: no wait) */
+    for (int row = 0; row <= 4; row++) {
+        if (row == 2)
+            CHECK_CU(cuStreamWaitValue32_v2(a, dp, (uint32_t)row, 0 /* GEQ */));
+        if (row == 3)
+            CHECK_CU(cuStreamWaitValue32_v2(b, dp, (uint32_t)row, 0));
+        CHECK_CU(cuLaunchKernel(f_long, 16, 1, 1, 256, 1, 1, 0, a, NULL, NULL));
+        CHECK_CU(cuEventRecord(ev, a));
+        if (row == 3) {
+            CHECK_CU(cuLaunchKernel(f, 8, 1, 1, 256, 1, 1, 0, b, NULL, NULL));
+            CHECK_CU(cuEventRecord(e0b, b));
+        }
+        if (row >= 1)
+            CHECK_CU(cuStreamWaitEvent(b, row == 4 ? never : ev, 0));
+        CHECK_CU(cuLaunchKernel(f, 8, 1, 1, 256, 1, 1, 0, b, NULL, NULL));
+        CHECK_CU(cuEventRecord(eb, b));
+        if (row == 2 || row == 3) {
+            nanosleep(&(struct timespec){0, 5000000}, NULL);
+            CHECK(cuEventQuery(eb) == CUDA_ERROR_NOT_READY, "row %d: b ran before the held %s was released", row,
+                  row == 2 ? "event" : "stream");
+            atomic_store(w, (uint32_t)row);
+        }
+        CHECK_CU(cuStreamSynchronize(b));
+        CHECK_CU(cuStreamSynchronize(a));
+        uint64_t ta = ev_ns(ev), tb = ev_ns(eb);
+        if (row == 3)
+            CHECK(ev_ns(e0b) + 100 * TS_MS < ta, "row 3: b's kernel queued before the wait ended %.3f ms after a's event: "
+                  "the wait moved ahead of it", ((double)ev_ns(e0b) - (double)ta) / 1e6);
+        if (row == 0 || row == 4)
+            CHECK(tb + 100 * TS_MS < ta, "row %d: b's 1 ms kernel ended %.3f ms after a's 200 ms one: no overlap", row,
+                  ((double)tb - (double)ta) / 1e6);
+        else
+            CHECK(tb >= ta + TS_MS, "row %d: b's 1 ms kernel behind the wait ended %.3f ms after a's event, want >= 1",
+                  row, ((double)tb - (double)ta) / 1e6);
+    }
+    /* two streams joining each other behind a gate (what a fork-join round
+     * does when a sampled launch's gate holds a side stream): b, held,
+     * records eb; a waits for eb and records ea; b waits for ea after eb, then
+     * runs a kernel. Once the gate opens everything runs, in that order */
+    CUevent eb2;
+    CHECK_CU(cuEventCreate(&eb2, 0));
+    CHECK_CU(cuStreamWaitValue32_v2(b, dp, 5, 0));
+    CHECK_CU(cuLaunchKernel(f, 8, 1, 1, 256, 1, 1, 0, b, NULL, NULL));
+    CHECK_CU(cuEventRecord(eb, b));
+    CHECK_CU(cuStreamWaitEvent(a, eb, 0));
+    CHECK_CU(cuEventRecord(ev, a));
+    CHECK_CU(cuStreamWaitEvent(b, ev, 0));
+    CHECK_CU(cuLaunchKernel(f, 8, 1, 1, 256, 1, 1, 0, b, NULL, NULL));
+    CHECK_CU(cuEventRecord(eb2, b));
+    atomic_store(w, 5);
+    for (int k = 0; k < 1000 && cuEventQuery(eb2) == CUDA_ERROR_NOT_READY; k++)
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    CHECK(cuEventQuery(eb2) == CUDA_SUCCESS, "10 s after the gate opened the streams still wait for each other");
+    CHECK(ev_ns(ev) >= ev_ns(eb) && ev_ns(eb2) >= ev_ns(ev) + TS_MS, "out of order: eb %.3f, ea %.3f, eb2 %.3f ms",
+          (double)ev_ns(eb) / 1e6, (double)ev_ns(ev) / 1e6, (double)ev_ns(eb2) / 1e6);
+    /* two fork-join rounds behind a gate on a, the join event re-recorded
+     * (held) before a's first wait is released: that wait is for the first
+     * record, already reached, not the second, which lies behind b's wait
+     * for a */
+    CHECK_CU(cuStreamSynchronize(a));
+    CHECK_CU(cuStreamSynchronize(b));
+    CHECK_CU(cuStreamWaitValue32_v2(a, dp, 9, 0));
+    for (int round = 0; round < 2; round++) {
+        if (round)
+            CHECK_CU(cuStreamWaitEvent(b, ev, 0));
+        CHECK_CU(cuLaunchKernel(f, 8, 1, 1, 256, 1, 1, 0, b, NULL, NULL));
+        CHECK_CU(cuEventRecord(eb, b));
+        CHECK_CU(cuStreamWaitEvent(a, eb, 0));
+        CHECK_CU(cuEventRecord(ev, a));
+    }
+    atomic_store(w, 9);
+    for (int k = 0; k < 1000 && cuEventQuery(ev) == CUDA_ERROR_NOT_READY; k++)
+        nanosleep(&(struct timespec){0, 10000000}, NULL);
+    CHECK(cuEventQuery(ev) == CUDA_SUCCESS, "10 s after the gate opened a waits for a join recorded after it");
+    CHECK(ev_ns(ev) >= ev_ns(eb), "a's fork %.3f ms before b's second join", ((double)ev_ns(eb) - (double)ev_ns(ev)) / 1e6);
+    CHECK_CU(cuMemFreeHost(mapped));
+}
+TEST_LIB(fake_stream_wait_event, "none") {
+    ts_setup();
+    wait_event_case();
+}
+TEST_LIB(fake_stream_wait_event_fifo, "none") {
+    setenv("FAKE_CUDA_SCHED", "fifo", 1);
+    ts_setup();
+    wait_event_case();
+}

@@ -304,8 +304,8 @@ int main(int argc, char **argv) {
     uint64_t dur = (uint64_t)atol(argv[2]) * 1000000ull;
     const char *wsel = argc > 3 ? argv[3] : "all", *csel = argc > 4 ? argv[4] : "all", *msel = argc > 5 ? argv[5] : "all";
     int seq = 0, rc = 0;
-    for (int w = 0; w < WL_COUNT; w++) {
-        if (strcmp(wsel, "all") != 0 && workload_parse(wsel) != w)
+    for (int w = 0; w < WL_NAMED; w++) { /* all: the grid's; a workload outside it by name only */
+        if (strcmp(wsel, "all") == 0 ? w >= WL_COUNT : workload_parse(wsel) != w)
             continue;
         for (unsigned c = 0; c < sizeof(caps_all) / sizeof(caps_all[0]); c++) {
             if (strcmp(csel, "all") != 0 && atoi(csel) != caps_all[c])
