@@ -359,6 +359,9 @@ int vc_measured_parse(const char *text, size_t len, uint64_t pid, uint64_t start
             FAIL("gpu: numbers are decimal without sign or leading zeros");
         if (++gpus > VC_MEASURED_MAX_LINES)
             FAIL("more than %d gpu lines", VC_MEASURED_MAX_LINES);
+#ifdef VC_MUTATE_MEASURED_PID_ONLY
+        ls = start;
+#endif
         if (lp != pid || ls != start)
             continue;
         for (int i = 0; i < n; i++) {
