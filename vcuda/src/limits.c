@@ -81,6 +81,31 @@ static const char *next_line(const char *text, size_t len, size_t *pos, char *li
     return NULL;
 }
 
+/* The node agent's files other than the limits file: the next line (as
+ * next_line, no tab) split on single spaces into at most max fields.
+ * Returns NULL, or what is wrong with it. */
+static const char *next_fields(const char *text, size_t len, size_t *pos, char *line, size_t cap, char **f, int max,
+                               int *nf) {
+    const char *bad = next_line(text, len, pos, line, cap, 0);
+    if (bad)
+        return bad;
+    char *p = line;
+    for (*nf = 0;;) {
+        if (*nf == max)
+            return "extra field";
+        f[(*nf)++] = p;
+        while (*p && *p != ' ')
+            p++;
+        if (*p == '\0')
+            break;
+        *p++ = '\0';
+    }
+    for (int i = 0; i < *nf; i++)
+        if (f[i][0] == '\0')
+            return "empty field (fields are separated by one space)";
+    return NULL;
+}
+
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
         *errline = lineno;                                                                         \
@@ -216,25 +241,11 @@ int vc_overhead_parse(const char *text, size_t len, const char *uuid, uint64_t n
     *bytes = 0;
     while (pos < len) {
         lineno++;
-        const char *bad = next_line(text, len, &pos, line, sizeof(line), 0);
+        char *f[4];
+        int nf;
+        const char *bad = next_fields(text, len, &pos, line, sizeof(line), f, 4, &nf);
         if (bad)
             FAIL("%s", bad);
-        char *f[4];
-        int nf = 0;
-        char *p = line;
-        for (;;) {
-            if (nf == 4)
-                FAIL("extra field");
-            f[nf++] = p;
-            while (*p && *p != ' ')
-                p++;
-            if (*p == '\0')
-                break;
-            *p++ = '\0';
-        }
-        for (int i = 0; i < nf; i++)
-            if (f[i][0] == '\0')
-                FAIL("empty field");
         if (lineno == 1) {
             if (nf != 2 || strcmp(f[0], "tessera-context-overhead") != 0 || strcmp(f[1], "1") != 0)
                 FAIL("expected header \"tessera-context-overhead 1\"");
@@ -265,7 +276,6 @@ int vc_overhead_parse(const char *text, size_t len, const char *uuid, uint64_t n
         FAIL("no written line");
     *bytes = found;
     return 0;
-#undef FAIL
 }
 
 /* A number of the measured file: decimal, no sign, no leading zero (but
@@ -292,20 +302,11 @@ static int is_canonical_uuid(const char *s) {
 /* The node agent's measured compute file. Strict: the file is the closed
  * loop's reference, so anything off spec makes all of it unusable rather
  * than half read. */
-int vc_measured_parse(const char *text, size_t len, uint64_t pid, uint64_t start, const char (*uuids)[VC_UUID_LEN + 1],
-                      int n, uint64_t *written, vc_measured_line *out, char *err, size_t errlen) {
+static int measured_parse(const char *text, size_t len, uint64_t pid, uint64_t start, const char (*uuids)[VC_UUID_LEN + 1],
+                          int n, uint64_t *written, vc_measured_line *out, char *err, size_t errlen) {
     char line[256];
     int lineno = 0, gpus = 0;
     size_t pos = 0;
-#define FAIL(...)                                                                                  \
-    do {                                                                                           \
-        for (int i_ = 0; i_ < n; i_++)                                                             \
-            out[i_].found = 0;                                                                     \
-        int n_ = snprintf(err, errlen, "line %d: ", lineno);                                      \
-        if (n_ > 0 && (size_t)n_ < errlen)                                                         \
-            snprintf(err + n_, errlen - (size_t)n_, __VA_ARGS__);                                  \
-        return -1;                                                                                 \
-    } while (0)
     for (int i = 0; i < n; i++)
         out[i] = (vc_measured_line){0, 0, 0};
     *written = 0;
@@ -319,25 +320,11 @@ int vc_measured_parse(const char *text, size_t len, uint64_t pid, uint64_t start
     }
     while (pos < len) {
         lineno++;
-        const char *bad = next_line(text, len, &pos, line, sizeof(line), 0);
+        char *f[10];
+        int nf;
+        const char *bad = next_fields(text, len, &pos, line, sizeof(line), f, 10, &nf);
         if (bad)
             FAIL("%s", bad);
-        char *f[10];
-        int nf = 0;
-        char *p = line;
-        for (;;) {
-            if (nf == 10)
-                FAIL("extra field");
-            f[nf++] = p;
-            while (*p && *p != ' ')
-                p++;
-            if (*p == '\0')
-                break;
-            *p++ = '\0';
-        }
-        for (int i = 0; i < nf; i++)
-            if (f[i][0] == '\0')
-                FAIL("empty field (fields are separated by one space)");
         if (lineno == 1) {
             if (nf != 2 || strcmp(f[0], "tessera-compute-measured") != 0 || strcmp(f[1], "1") != 0)
                 FAIL("expected header \"tessera-compute-measured 1\"");
@@ -376,5 +363,14 @@ int vc_measured_parse(const char *text, size_t len, uint64_t pid, uint64_t start
     if (lineno < 2)
         FAIL("expected header and \"written <ns>\"");
     return 0;
+}
 #undef FAIL
+
+int vc_measured_parse(const char *text, size_t len, uint64_t pid, uint64_t start, const char (*uuids)[VC_UUID_LEN + 1],
+                      int n, uint64_t *written, vc_measured_line *out, char *err, size_t errlen) {
+    if (measured_parse(text, len, pid, start, uuids, n, written, out, err, errlen) == 0)
+        return 0;
+    for (int i = 0; i < n; i++) /* nothing of a file off spec is used */
+        out[i].found = 0;
+    return -1;
 }
