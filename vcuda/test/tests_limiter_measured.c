@@ -43,23 +43,9 @@ typedef struct {
     int caps[2];
     uint64_t deadline;
 } mcont_arg;
-static const char *mcont_dir(int i) {
-    char name[16];
-    snprintf(name, sizeof(name), "c%d", i);
-    return tpath(name);
-}
 static int mcontainer(int i, void *p) {
     mcont_arg *a = p;
-    char text[1024], path[4200];
-    snprintf(text, sizeof(text), "tessera-vcuda-limits 1\ncontainer c%d\nregion %s/c%d-region\ngpu %s %llu %d\n", i,
-             tmpdir(), i, fake_uuid(0), 1ull << 30, a->caps[i]);
-    snprintf(path, sizeof(path), "%s/limits", mcont_dir(i));
-    write_file(path, text);
-    setenv("TESSERA_VCUDA_LIMITS", path, 1);
-    ctx_on(0);
-    uint64_t rng = 4242 + 31 * (uint64_t)i;
-    workload_run(a->w, a->deadline, 0, &rng);
-    return 0;
+    return workload_container(i, a->w, a->caps[i], a->deadline, 4242 + 31 * (uint64_t)i);
 }
 
 TEST(limiter_measured_two_containers_graphs_10_90) {
@@ -69,14 +55,14 @@ TEST(limiter_measured_two_containers_graphs_10_90) {
     mcont_arg a = {.w = WL_GRAPHS, .caps = {10, 90}, .deadline = t0 + 3000000000ull};
     pid_t p[2];
     for (int i = 0; i < 2; i++) {
-        CHECK(mkdir(mcont_dir(i), 0700) == 0, "mkdir: %s", strerror(errno));
+        CHECK(mkdir(workload_container_dir(i), 0700) == 0, "mkdir: %s", strerror(errno));
         p[i] = spawn(mcontainer, i, &a);
     }
     static measured_agent ag;
     ag = (measured_agent){.dev = 0, .uuid = fake_uuid(0), .period_ns = MEASURED_AGENT_PERIOD_NS,
                           .deadline = a.deadline, .n = 2};
     for (int i = 0; i < 2; i++)
-        ag.dir[i] = strdup(mcont_dir(i)), ag.pid[i] = p[i];
+        ag.dir[i] = strdup(workload_container_dir(i)), ag.pid[i] = p[i];
     pid_t agent = measured_agent_start(&ag);
     /* the last 1.8 s: the factor is first applied about 0.5 s in (a
      * baseline sample, one more, the next read) */

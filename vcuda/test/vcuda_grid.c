@@ -101,26 +101,9 @@ typedef struct {
     long converge;
 } phase_res;
 
-/* Container i's vcuda directory (its limits file, the node agent's
- * measured file under measured/). */
-static const char *container_dir(int i) {
-    char name[32];
-    snprintf(name, sizeof(name), "c%d", i);
-    return tpath(name);
-}
-
 static int container(int i, void *p) {
     cell_arg *a = p;
-    char text[1024], path[4200];
-    snprintf(text, sizeof(text), "tessera-vcuda-limits 1\ncontainer c%d\nregion %s/c%d-region\ngpu %s %llu %d\n", i,
-             tmpdir(), i, fake_uuid(0), 1ull << 30, a->caps[i]);
-    snprintf(path, sizeof(path), "%s/limits", container_dir(i));
-    write_file(path, text);
-    setenv("TESSERA_VCUDA_LIMITS", path, 1);
-    ctx_on(0);
-    uint64_t rng = 1234567 + 7919 * (uint64_t)i;
-    workload_run(a->w, a->deadline, 0, &rng);
-    return 0;
+    return workload_container(i, a->w, a->caps[i], a->deadline, 1234567 + 7919 * (uint64_t)i);
 }
 
 /* The measured container's region record (what the limiter charged and how
@@ -161,7 +144,7 @@ static int cell(workload w, int cap0, int cap, const char *mix, uint64_t dur_ns,
     a.deadline = start + dur_ns;
     pid_t pid[MAXC];
     for (int i = 0; i < n; i++) {
-        CHECK(mkdir(container_dir(i), 0700) == 0 || errno == EEXIST, "mkdir: %s", strerror(errno));
+        CHECK(mkdir(workload_container_dir(i), 0700) == 0 || errno == EEXIST, "mkdir: %s", strerror(errno));
         pid[i] = spawn(container, i, &a);
     }
     /* The node agent's double publishes what the driver measured of each
@@ -174,7 +157,7 @@ static int cell(workload w, int cap0, int cap, const char *mix, uint64_t dur_ns,
     if (period) {
         ag = (measured_agent){.dev = 0, .uuid = fake_uuid(0), .period_ns = period, .deadline = a.deadline, .n = n};
         for (int i = 0; i < n; i++)
-            ag.dir[i] = strdup(container_dir(i)), ag.pid[i] = pid[i];
+            ag.dir[i] = strdup(workload_container_dir(i)), ag.pid[i] = pid[i];
         agent = measured_agent_start(&ag);
     }
     static uint64_t ts[MAXPOLL], busy[MAXPOLL], charged[MAXPOLL], slept[MAXPOLL];
