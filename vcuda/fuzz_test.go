@@ -120,14 +120,20 @@ type limitsHelper struct {
 
 var (
 	helperOnce sync.Once
-	helper     *limitsHelper
+	helperBin  string
 	helperErr  error
 	helperDir  string // removed by TestMain
+	helpersMu  sync.Mutex
+	helpers    = map[string]*limitsHelper{} // by mode
 )
 
 // startHelper builds just the helper (each fuzz worker is its own process and
-// builds its own copy, quickly) and starts it.
-func startHelper(tb testing.TB) *limitsHelper {
+// builds its own copy, quickly) and starts it on the limits file.
+func startHelper(tb testing.TB) *limitsHelper { return startHelperMode(tb, "") }
+
+// startHelperMode starts the helper on one file kind: "" the limits file,
+// "measured" the node agent's measured compute file.
+func startHelperMode(tb testing.TB, mode string) *limitsHelper {
 	helperOnce.Do(func() {
 		for _, tool := range []string{"make", "gcc"} {
 			if _, err := exec.LookPath(tool); err != nil {
@@ -141,33 +147,39 @@ func startHelper(tb testing.TB) *limitsHelper {
 			return
 		}
 		helperDir = dir
-		bin := filepath.Join(dir, "limits_helper")
-		if out, err := exec.Command("make", "-s", "BUILD="+dir, bin).CombinedOutput(); err != nil {
+		helperBin = filepath.Join(dir, "limits_helper")
+		if out, err := exec.Command("make", "-s", "BUILD="+dir, helperBin).CombinedOutput(); err != nil {
 			helperErr = fmt.Errorf("make limits_helper: %v\n%s", err, out)
-			return
 		}
-		cmd := exec.Command(bin)
-		cmd.WaitDelay = 5 * time.Second
-		in, err := cmd.StdinPipe()
-		if err != nil {
-			helperErr = err
-			return
-		}
-		out, err := cmd.StdoutPipe()
-		if err != nil {
-			helperErr = err
-			return
-		}
-		if err := cmd.Start(); err != nil {
-			helperErr = err
-			return
-		}
-		helper = &limitsHelper{in: in, out: bufio.NewReaderSize(out, 1<<20), cmd: cmd}
 	})
 	if helperErr != nil {
 		tb.Fatal(helperErr)
 	}
-	return helper
+	helpersMu.Lock()
+	defer helpersMu.Unlock()
+	if h := helpers[mode]; h != nil {
+		return h
+	}
+	var args []string
+	if mode != "" {
+		args = append(args, mode)
+	}
+	cmd := exec.Command(helperBin, args...)
+	cmd.WaitDelay = 5 * time.Second
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		tb.Fatalf("start %s: %v", helperBin, err)
+	}
+	h := &limitsHelper{in: in, out: bufio.NewReaderSize(out, 1<<20), cmd: cmd}
+	helpers[mode] = h
+	return h
 }
 
 func (h *limitsHelper) parse(tb testing.TB, data []byte) string {
@@ -209,6 +221,154 @@ func FuzzLimitsParser(f *testing.F) {
 		want, err := refLimits(data)
 		if err != nil {
 			if !strings.HasPrefix(got, "ERR "+err.Error()+"\t") {
+				t.Fatalf("input %q: C says %q, reference rejects at line %s", data, got, err)
+			}
+			return
+		}
+		if got != want {
+			t.Fatalf("input %q:\n C:         %q\n reference: %q", data, got, want)
+		}
+	})
+}
+
+// The measured file's process and GPUs the helper asks about (test/limits_helper.c).
+const (
+	measuredPID   = 42
+	measuredStart = 98765
+	measuredU0    = "GPU-8f3c1a2e-0b4d-4e6f-9a1b-2c3d4e5f6a7b"
+	measuredU1    = "GPU-8f3c1a2e-0b4d-4e6f-9a1b-2c3d4e5f6a7c"
+)
+
+// refMeasured reads the node agent's measured compute file as the contract
+// (session 19; src/limits.h) writes it, independently of the C parser:
+// "OK <written> <found busy at> <found busy at>" for measuredPID and
+// measuredStart on measuredU0 and measuredU1, or the failing line.
+func refMeasured(text []byte) (string, error) {
+	fail := func(line int) (string, error) { return "", fmt.Errorf("%d", line) }
+	if len(text) > 256<<10 {
+		return fail(0)
+	}
+	if len(text) > 0 && text[len(text)-1] != '\n' {
+		return fail(strings.Count(string(text), "\n") + 1)
+	}
+	uuidRe := regexp.MustCompile(`^GPU-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$`)
+	num := func(s string) (uint64, bool) {
+		if s == "" || (s[0] == '0' && len(s) > 1) || strings.Trim(s, "0123456789") != "" {
+			return 0, false
+		}
+		v, err := strconv.ParseUint(s, 10, 64)
+		return v, err == nil
+	}
+	var written uint64
+	type line struct {
+		found    bool
+		busy, at uint64
+	}
+	var got [2]line
+	lines := strings.Split(string(text), "\n")
+	lines = lines[:len(lines)-1] // the text ends in "\n" (or is empty)
+	gpus := 0
+	for i, l := range lines {
+		n := i + 1
+		if len(l) >= 256 {
+			return fail(n)
+		}
+		for j := 0; j < len(l); j++ {
+			if c := l[j]; c < 0x20 || c > 0x7e {
+				return fail(n)
+			}
+		}
+		f := strings.Split(l, " ")
+		if len(f) > 10 {
+			return fail(n)
+		}
+		for _, x := range f {
+			if x == "" {
+				return fail(n)
+			}
+		}
+		switch n {
+		case 1:
+			if len(f) != 2 || f[0] != "tessera-compute-measured" || f[1] != "1" {
+				return fail(n)
+			}
+			continue
+		case 2:
+			if len(f) != 2 || f[0] != "written" {
+				return fail(n)
+			}
+			v, ok := num(f[1])
+			if !ok {
+				return fail(n)
+			}
+			written = v
+			continue
+		}
+		if len(f) != 10 || f[0] != "gpu" || f[2] != "pid" || f[4] != "start" || f[6] != "busy" || f[8] != "at" || !uuidRe.MatchString(f[1]) {
+			return fail(n)
+		}
+		pid, ok1 := num(f[3])
+		start, ok2 := num(f[5])
+		busy, ok3 := num(f[7])
+		at, ok4 := num(f[9])
+		if !ok1 || !ok2 || !ok3 || !ok4 {
+			return fail(n)
+		}
+		if gpus++; gpus > 4096 {
+			return fail(n)
+		}
+		if pid != measuredPID || start != measuredStart {
+			continue
+		}
+		for k, u := range []string{measuredU0, measuredU1} {
+			if f[1] != u {
+				continue
+			}
+			if got[k].found {
+				return fail(n)
+			}
+			got[k] = line{true, busy, at}
+		}
+	}
+	if len(lines) < 2 {
+		return fail(len(lines))
+	}
+	out := fmt.Sprintf("OK %d", written)
+	for _, g := range got {
+		found := 0
+		if g.found {
+			found = 1
+		}
+		out += fmt.Sprintf(" %d %d %d", found, g.busy, g.at)
+	}
+	return out, nil
+}
+
+// FuzzMeasuredParser: the C parser of the node agent's measured compute file
+// (under ASan/UBSan where available) never crashes and agrees with the
+// reference reading of the contract.
+func FuzzMeasuredParser(f *testing.F) {
+	for _, s := range []string{
+		"tessera-compute-measured 1\nwritten 123456789000\ngpu " + measuredU0 + " pid 42 start 98765 busy 1500000 at 123400000000\n",
+		"tessera-compute-measured 1\nwritten 0\ngpu " + measuredU1 + " pid 42 start 98765 busy 0 at 18446744073709551615\ngpu " + measuredU0 + " pid 42 start 1 busy 5 at 5\n",
+		"tessera-compute-measured 1\nwritten 1\ngpu " + measuredU0 + " pid 42 start 98765 busy 1 at 1\ngpu " + measuredU0 + " pid 42 start 98765 busy 2 at 2\n",
+		"tessera-compute-measured 1\nwritten 01\n",
+		"tessera-compute-measured 1\nwritten 1",
+		"tessera-compute-measured 1\nwritten 1\ngpu " + strings.ToUpper(measuredU0) + " pid 42 start 98765 busy 1 at 1\n",
+		"tessera-compute-measured 1\n",
+		"tessera-compute-measured 1\n00\n",
+		"",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if len(data) > 300<<10 {
+			return
+		}
+		got := startHelperMode(t, "measured").parse(t, data)
+		want, err := refMeasured(data)
+		if err != nil {
+			if !strings.HasPrefix(got, "ERR line "+err.Error()+":") {
 				t.Fatalf("input %q: C says %q, reference rejects at line %s", data, got, err)
 			}
 			return

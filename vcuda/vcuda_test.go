@@ -411,6 +411,10 @@ func TestLimiterMutation(t *testing.T) {
 		{"nobacklogcap", "limiter_caps_the_backlog_behind_a_held_gate", "behind a held stream"},
 		{"dgatestuck", "limiter_device_gate_opens_with_the_launch", "did not open it"},
 		{"nowatchdog", "limiter_device_gate_watchdog_opens_a_held_gate", "no watchdog gave up"},
+		// The node agent's measured file (src/measured.c).
+		{"nomeasured", "limiter_measured_two_containers_graphs_10_90", "the driver's measurement unused"},
+		{"measuredpidonly", "limiter_measured_own_line_until_stale", "its own line"},
+		{"measurednostale", "limiter_measured_own_line_until_stale", "a stale factor kept"},
 	} {
 		t.Run(m.mutant+"/"+strings.TrimPrefix(m.kase, "limiter_"), func(t *testing.T) {
 			out, timedOut, err := execCase(dir, "vcuda_tests", cCase{m.kase, "mut-" + m.mutant}, t.TempDir(), 2*time.Minute)

@@ -53,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "measured.h"
 #include "real.h"
 #include "region.h"
 #include "vcuda.h"
@@ -235,9 +236,16 @@ static void remember_now(uint64_t now) {
         ;
 }
 
+/* busy_acc is the raw charge (before the measured factor, measured.c): it
+ * goes to the process's raw total as it is, and to the exported busy_ns
+ * as charged. */
 static void flush_busy(void) {
-    if (tls.busy_acc)
-        atomic_fetch_add_explicit(&vc_region_gpu_rec(tls.busy_g)->busy_ns, tls.busy_acc, memory_order_relaxed);
+    if (tls.busy_acc) {
+        atomic_fetch_add_explicit(&vc_meas_raw[tls.busy_g], tls.busy_acc, memory_order_relaxed);
+        atomic_fetch_add_explicit(&vc_region_gpu_rec(tls.busy_g)->busy_ns,
+                                  (uint64_t)((double)tls.busy_acc * vc_measured_factor(tls.busy_g)),
+                                  memory_order_relaxed);
+    }
     tls.busy_acc = 0;
 }
 static inline void add_busy(int g, uint64_t ns) {
@@ -257,14 +265,14 @@ static inline void add_busy(int g, uint64_t ns) {
 static void charge_tat(int g, uint64_t cost_ns) {
     uint32_t p = vc_g.limits.gpu[g].cores;
     if (cost_ns) {
-        atomic_fetch_add_explicit(&vc_region_gpu_rec(g)->tat, cost_ns * 100 / p,
-                                  memory_order_relaxed);
+        atomic_fetch_add_explicit(&vc_region_gpu_rec(g)->tat,
+                                  (uint64_t)((double)cost_ns * 100 / p * vc_measured_factor(g)), memory_order_relaxed);
         add_busy(g, cost_ns);
     }
 }
 
 static void refund_tat(int g, uint64_t cost_ns) {
-    uint64_t back = (uint64_t)((double)cost_ns * 100 / vc_g.limits.gpu[g].cores);
+    uint64_t back = (uint64_t)((double)cost_ns * 100 / vc_g.limits.gpu[g].cores * vc_measured_factor(g));
     _Atomic uint64_t *tat = &vc_region_gpu_rec(g)->tat;
     uint64_t t = atomic_load_explicit(tat, memory_order_relaxed);
     while (!atomic_compare_exchange_weak_explicit(tat, &t, t > back ? t - back : 0, memory_order_relaxed,
@@ -1005,6 +1013,9 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
         if (dev >= 0 && dev < FACTOR_DEVS)
             atomic_store_explicit(&kfactor[dev], kf, memory_order_relaxed);
     }
+    /* ... times what the driver measured of this process over what it was
+     * charged (measured.c; 1 without the node agent's file) */
+    kf *= vc_measured_factor(g);
 
     /* Waves: blocks over what the device holds at once. */
     uint64_t skey = graph ? key : key ^ (threads * 0x100000001b3ULL) ^ (smem << 40);
@@ -1142,6 +1153,9 @@ static void before_launch(launch_ctx *lc, uint64_t key, uint64_t blocks, uint64_
     }
     charge = union_charge(dev, lc->stream, cost, full, pnow, 1);
     inc = (uint64_t)((double)charge * kf);
+    /* the node agent's measured file, read on a launch that has a clock
+     * reading anyway (at most every 50 ms: a load and a compare until then) */
+    vc_measured_tick(now);
     if (inc) {
         atomic_fetch_add_explicit(tat, inc, memory_order_relaxed);
         add_busy(g, charge);

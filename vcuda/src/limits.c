@@ -81,6 +81,31 @@ static const char *next_line(const char *text, size_t len, size_t *pos, char *li
     return NULL;
 }
 
+/* The node agent's files other than the limits file: the next line (as
+ * next_line, no tab) split on single spaces into at most max fields.
+ * Returns NULL, or what is wrong with it. */
+static const char *next_fields(const char *text, size_t len, size_t *pos, char *line, size_t cap, char **f, int max,
+                               int *nf) {
+    const char *bad = next_line(text, len, pos, line, cap, 0);
+    if (bad)
+        return bad;
+    char *p = line;
+    for (*nf = 0;;) {
+        if (*nf == max)
+            return "extra field";
+        f[(*nf)++] = p;
+        while (*p && *p != ' ')
+            p++;
+        if (*p == '\0')
+            break;
+        *p++ = '\0';
+    }
+    for (int i = 0; i < *nf; i++)
+        if (f[i][0] == '\0')
+            return "empty field (fields are separated by one space)";
+    return NULL;
+}
+
 #define FAIL(...)                                                                                  \
     do {                                                                                           \
         *errline = lineno;                                                                         \
@@ -216,25 +241,11 @@ int vc_overhead_parse(const char *text, size_t len, const char *uuid, uint64_t n
     *bytes = 0;
     while (pos < len) {
         lineno++;
-        const char *bad = next_line(text, len, &pos, line, sizeof(line), 0);
+        char *f[4];
+        int nf;
+        const char *bad = next_fields(text, len, &pos, line, sizeof(line), f, 4, &nf);
         if (bad)
             FAIL("%s", bad);
-        char *f[4];
-        int nf = 0;
-        char *p = line;
-        for (;;) {
-            if (nf == 4)
-                FAIL("extra field");
-            f[nf++] = p;
-            while (*p && *p != ' ')
-                p++;
-            if (*p == '\0')
-                break;
-            *p++ = '\0';
-        }
-        for (int i = 0; i < nf; i++)
-            if (f[i][0] == '\0')
-                FAIL("empty field");
         if (lineno == 1) {
             if (nf != 2 || strcmp(f[0], "tessera-context-overhead") != 0 || strcmp(f[1], "1") != 0)
                 FAIL("expected header \"tessera-context-overhead 1\"");
@@ -265,5 +276,101 @@ int vc_overhead_parse(const char *text, size_t len, const char *uuid, uint64_t n
         FAIL("no written line");
     *bytes = found;
     return 0;
+}
+
+/* A number of the measured file: decimal, no sign, no leading zero (but
+ * "0"), at most UINT64_MAX. */
+static int parse_u64_strict(const char *s, uint64_t *out) {
+    if (s[0] == '0' && s[1] != '\0')
+        return -1;
+    if (s[0] == '0') {
+        *out = 0;
+        return 0;
+    }
+    return parse_u64(s, UINT64_MAX, out);
+}
+
+static int is_canonical_uuid(const char *s) {
+    if (!is_uuid(s))
+        return 0;
+    for (s += 4; *s; s++)
+        if (*s >= 'A' && *s <= 'F')
+            return 0;
+    return 1;
+}
+
+/* The node agent's measured compute file. Strict: the file is the closed
+ * loop's reference, so anything off spec makes all of it unusable rather
+ * than half read. */
+static int measured_parse(const char *text, size_t len, uint64_t pid, uint64_t start, const char (*uuids)[VC_UUID_LEN + 1],
+                          int n, uint64_t *written, vc_measured_line *out, char *err, size_t errlen) {
+    char line[256];
+    int lineno = 0, gpus = 0;
+    size_t pos = 0;
+    for (int i = 0; i < n; i++)
+        out[i] = (vc_measured_line){0, 0, 0};
+    *written = 0;
+    if (len > VC_MEASURED_MAX_BYTES)
+        FAIL("file larger than %u bytes", VC_MEASURED_MAX_BYTES);
+    if (len > 0 && text[len - 1] != '\n') {
+        for (size_t i = 0; i < len; i++)
+            lineno += text[i] == '\n';
+        lineno++;
+        FAIL("no newline at the end");
+    }
+    while (pos < len) {
+        lineno++;
+        char *f[10];
+        int nf;
+        const char *bad = next_fields(text, len, &pos, line, sizeof(line), f, 10, &nf);
+        if (bad)
+            FAIL("%s", bad);
+        if (lineno == 1) {
+            if (nf != 2 || strcmp(f[0], "tessera-compute-measured") != 0 || strcmp(f[1], "1") != 0)
+                FAIL("expected header \"tessera-compute-measured 1\"");
+            continue;
+        }
+        if (lineno == 2) {
+            if (nf != 2 || strcmp(f[0], "written") != 0 || parse_u64_strict(f[1], written) != 0)
+                FAIL("expected \"written <ns>\"");
+            continue;
+        }
+        uint64_t lp, ls, lb, la;
+        if (nf != 10 || strcmp(f[0], "gpu") != 0 || strcmp(f[2], "pid") != 0 || strcmp(f[4], "start") != 0 ||
+            strcmp(f[6], "busy") != 0 || strcmp(f[8], "at") != 0)
+            FAIL("expected \"gpu <uuid> pid <n> start <n> busy <ns> at <ns>\"");
+        if (!is_canonical_uuid(f[1]))
+            FAIL("gpu: bad uuid %s (GPU- and lower-case hex)", f[1]);
+        if (parse_u64_strict(f[3], &lp) != 0 || parse_u64_strict(f[5], &ls) != 0 ||
+            parse_u64_strict(f[7], &lb) != 0 || parse_u64_strict(f[9], &la) != 0)
+            FAIL("gpu: numbers are decimal without sign or leading zeros");
+        if (++gpus > VC_MEASURED_MAX_LINES)
+            FAIL("more than %d gpu lines", VC_MEASURED_MAX_LINES);
+#ifdef VC_MUTATE_MEASURED_PID_ONLY
+        ls = start;
+#endif
+        if (lp != pid || ls != start)
+            continue;
+        for (int i = 0; i < n; i++) {
+            if (strcmp(uuids[i], f[1]) != 0)
+                continue;
+            if (out[i].found)
+                FAIL("gpu %s pid %llu start %llu given twice", f[1], (unsigned long long)lp,
+                     (unsigned long long)ls);
+            out[i] = (vc_measured_line){1, lb, la};
+        }
+    }
+    if (lineno < 2)
+        FAIL("expected header and \"written <ns>\"");
+    return 0;
+}
 #undef FAIL
+
+int vc_measured_parse(const char *text, size_t len, uint64_t pid, uint64_t start, const char (*uuids)[VC_UUID_LEN + 1],
+                      int n, uint64_t *written, vc_measured_line *out, char *err, size_t errlen) {
+    if (measured_parse(text, len, pid, start, uuids, n, written, out, err, errlen) == 0)
+        return 0;
+    for (int i = 0; i < n; i++) /* nothing of a file off spec is used */
+        out[i].found = 0;
+    return -1;
 }

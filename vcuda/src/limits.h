@@ -49,4 +49,27 @@ int vc_limits_find(const vc_limits *l, const char *uuid);
 int vc_overhead_parse(const char *text, size_t len, const char *uuid, uint64_t now, uint64_t *bytes,
                       char *err, size_t errlen);
 
+/* The node agent's measured compute time of this container's processes
+ * (contract "the measured compute file", docs/architecture.md): per GPU and
+ * process, the ns the driver saw at least one of its kernels run (NVML's
+ * per-process SM utilisation, summed), mounted read-only in the directory
+ * "measured" beside the limits file:
+ *   tessera-compute-measured 1
+ *   written <host CLOCK_MONOTONIC ns>
+ *   gpu <uuid> pid <pid> start <stat field 22> busy <ns> at <CLOCK_MONOTONIC ns>
+ * Every line ends in "\n", fields are separated by one space, numbers are
+ * decimal without sign or leading zeros, uuids canonical (lower-case). */
+#define VC_MEASURED_MAX_BYTES (256u << 10)
+#define VC_MEASURED_MAX_LINES 4096
+typedef struct vc_measured_line {
+    int found;
+    uint64_t busy, at;
+} vc_measured_line;
+/* Parses the whole file; for each of the n uuids, out[i] is the line of
+ * (uuids[i], pid, start), found 0 when there is none. Returns 0, or -1 with
+ * "line N: problem" in err when anything in the file is off spec (the
+ * caller then ignores the whole file). */
+int vc_measured_parse(const char *text, size_t len, uint64_t pid, uint64_t start, const char (*uuids)[VC_UUID_LEN + 1],
+                      int n, uint64_t *written, vc_measured_line *out, char *err, size_t errlen);
+
 #endif

@@ -23,6 +23,7 @@
 
 #include "handles.h"
 #include "hooks_mem.h"
+#include "measured.h"
 #include "real.h"
 #include "region.h"
 
@@ -150,6 +151,7 @@ static void on_fork_child(void) {
         vc_region_atfork_child();
         vc_handles_atfork_child();
         vc_vmm_atfork_child();
+        vc_measured_atfork_child();
     }
 }
 
@@ -198,6 +200,8 @@ static void init_limits(void) {
         return; /* logged */
     pthread_atfork(NULL, NULL, on_fork_child);
     atexit(on_exit_handler);
+    if (vc_g.any_limited) /* the node agent's measured file: beside the limits file in use */
+        vc_measured_init(path);
     vc_g.mode = VC_MODE_ENFORCE;
 }
 

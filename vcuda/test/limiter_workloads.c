@@ -84,6 +84,24 @@ static void fork_join_round(CUstream *s, int ns, CUevent fork, CUevent *join, un
         CHECK_CU(cuStreamSynchronize(s[0]));
 }
 
+const char *workload_container_dir(int i) {
+    char name[32];
+    snprintf(name, sizeof(name), "c%d", i);
+    return tpath(name);
+}
+
+int workload_container(int i, workload w, int cap, uint64_t deadline, uint64_t seed) {
+    char text[1024], path[4200];
+    snprintf(text, sizeof(text), "tessera-vcuda-limits 1\ncontainer c%d\nregion %s/c%d-region\ngpu %s %llu %d\n", i,
+             tmpdir(), i, fake_uuid(0), 1ull << 30, cap);
+    snprintf(path, sizeof(path), "%s/limits", workload_container_dir(i));
+    write_file(path, text);
+    setenv("TESSERA_VCUDA_LIMITS", path, 1);
+    ctx_on(0);
+    workload_run(w, deadline, 0, &seed);
+    return 0;
+}
+
 void workload_run(workload w, uint64_t deadline, unsigned long launches, uint64_t *rng) {
     static fake_func main_f = {64, 0, 20000, 3000}, tiny_f = {64, 0, 4000, 0};
     CHECK(fakeFunctionSet(F_MAIN, &main_f) == 0 && fakeFunctionSet(F_TINY, &tiny_f) == 0, "fakeFunctionSet");

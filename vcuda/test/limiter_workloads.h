@@ -40,4 +40,11 @@ void workload_env(workload w);
 #define WL_MS_SYNC_ROUNDS 32
 void workload_run(workload w, uint64_t deadline, unsigned long launches, uint64_t *rng);
 
+/* Container i of a mix (a spawned child): its own vcuda directory
+ * tmpdir()/c<i> (made by the caller: workload_container_dir), its limits
+ * file there at cap percent of fake device 0 (region tmpdir()/c<i>-region),
+ * the node agent's measured file under it; runs w until deadline. */
+const char *workload_container_dir(int i);
+int workload_container(int i, workload w, int cap, uint64_t deadline, uint64_t seed);
+
 #endif

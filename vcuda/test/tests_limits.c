@@ -216,3 +216,107 @@ TEST(limits_region_mismatch_fails_closed) {
     CHECK(strstr(read_text(tpath("stderr")), "region gpu 0 is") != NULL, "log: %s",
           read_text(tpath("stderr")));
 }
+
+/* The node agent's measured compute file (the contract's golden example,
+ * byte for byte, then every way off spec). */
+#define MU "GPU-8f3c1a2e-0b4d-4e6f-9a1b-2c3d4e5f6a7b"
+#define MU2 "GPU-8f3c1a2e-0b4d-4e6f-9a1b-2c3d4e5f6a7c"
+#define MHDR "tessera-compute-measured 1\nwritten 123456789000\n"
+static const char measured_uuids[2][VC_UUID_LEN + 1] = {MU, MU2};
+static int mparse(const char *text, uint64_t pid, uint64_t start, vc_measured_line out[2], char *err) {
+    uint64_t written;
+    return vc_measured_parse(text, strlen(text), pid, start, measured_uuids, 2, &written, out, err, 256);
+}
+TEST(limits_measured_parse_valid) {
+    vc_measured_line m[2];
+    char err[256];
+    uint64_t written = 0;
+    const char *golden = "tessera-compute-measured 1\n"
+                         "written 123456789000\n"
+                         "gpu GPU-8f3c1a2e-0b4d-4e6f-9a1b-2c3d4e5f6a7b pid 42 start 98765 busy 1500000 at 123400000000\n";
+    CHECK(vc_measured_parse(golden, strlen(golden), 42, 98765, measured_uuids, 2, &written, m, err, sizeof(err)) == 0,
+          "golden example: %s", err);
+    CHECK(written == 123456789000ull, "written %llu", (unsigned long long)written);
+    CHECK(m[0].found && m[0].busy == 1500000 && m[0].at == 123400000000ull, "golden line %d %llu %llu", m[0].found,
+          (unsigned long long)m[0].busy, (unsigned long long)m[0].at);
+    CHECK(!m[1].found, "a GPU the file does not name");
+    /* another process's line (same pid, another start: a reused pid; or
+     * another pid) is not ours */
+    CHECK(mparse(golden, 42, 98766, m, err) == 0 && !m[0].found, "a line of another start taken: %s", err);
+    CHECK(mparse(golden, 43, 98765, m, err) == 0 && !m[0].found, "a line of another pid taken: %s", err);
+    /* ours among others, on two GPUs; zeros and UINT64_MAX */
+    const char *t = MHDR "gpu " MU " pid 42 start 1 busy 5 at 6\n"
+                         "gpu " MU " pid 7 start 98765 busy 9 at 9\n"
+                         "gpu " MU2 " pid 42 start 98765 busy 0 at 18446744073709551615\n"
+                         "gpu " MU " pid 42 start 98765 busy 10 at 20\n";
+    CHECK(mparse(t, 42, 98765, m, err) == 0, "%s", err);
+    CHECK(m[0].found && m[0].busy == 10 && m[0].at == 20, "gpu 0: %llu at %llu", (unsigned long long)m[0].busy,
+          (unsigned long long)m[0].at);
+    CHECK(m[1].found && m[1].busy == 0 && m[1].at == UINT64_MAX, "gpu 1");
+    /* no process sampled yet: header and written only */
+    CHECK(mparse(MHDR, 42, 98765, m, err) == 0 && !m[0].found && !m[1].found, "%s", err);
+    /* as many lines as 256 KiB holds (about 3600: the byte bound binds
+     * before the 4096-line one, which the parser keeps all the same) */
+    static char big[VC_MEASURED_MAX_BYTES + 128];
+    size_t off = (size_t)snprintf(big, sizeof(big), MHDR);
+    for (int i = 0;; i++) {
+        char l[128];
+        size_t k = (size_t)snprintf(l, sizeof(l), "gpu " MU " pid %d start 1 busy 1 at 1\n", i + 100);
+        if (off + k > VC_MEASURED_MAX_BYTES)
+            break;
+        memcpy(big + off, l, k + 1);
+        off += k;
+    }
+    uint64_t w;
+    CHECK(vc_measured_parse(big, off, 42, 98765, measured_uuids, 2, &w, m, err, sizeof(err)) == 0, "%zu bytes: %s",
+          off, err);
+    /* one more line: over the bound */
+    off += (size_t)snprintf(big + off, sizeof(big) - off, "gpu " MU " pid 42 start 98765 busy 1 at 1\n");
+    CHECK(vc_measured_parse(big, off, 42, 98765, measured_uuids, 2, &w, m, err, sizeof(err)) != 0 &&
+              strstr(err, "larger than") && !m[0].found,
+          "%zu bytes: %s", off, err);
+}
+
+TEST(limits_measured_parse_malformed) {
+    static const struct {
+        const char *text;
+        const char *want;
+    } bad[] = {
+        {"", "line 0: expected header"},
+        {"tessera-compute-measured 1\n", "line 1: expected header and"},
+        {"tessera-compute-measured 2\nwritten 1\n", "line 1: expected header"},
+        {"tessera-compute-measured 1 \nwritten 1\n", "line 1: empty field"},
+        {"tessera-compute-measured 1\nwritten 1", "line 2: no newline at the end"},
+        {"tessera-compute-measured 1\r\nwritten 1\n", "line 1: non-ASCII or control"},
+        {"tessera-compute-measured 1\nwritten 01\n", "line 2: expected \"written"},
+        {"tessera-compute-measured 1\nwritten -1\n", "line 2: expected \"written"},
+        {"tessera-compute-measured 1\nwritten 18446744073709551616\n", "line 2: expected \"written"},
+        {"tessera-compute-measured 1\ngpu " MU " pid 42 start 1 busy 1 at 1\n", "line 2: expected \"written"},
+        {MHDR "written 5\n", "line 3: expected \"gpu"},
+        {MHDR "\n", "line 3: empty field"},
+        {MHDR "gpu " MU " pid 42 start 1 busy 1 at 1 x\n", "line 3: extra field"},
+        {MHDR "gpu " MU " pid 42 start 1 busy 1\n", "line 3: expected \"gpu"},
+        {MHDR "gpu " MU " pid 42 start 1 busy 1 at\n", "line 3: expected \"gpu"},
+        {MHDR "gpu " MU " pid 42 start 1 busy 1 at  1\n", "line 3: extra field"},
+        {MHDR "gpu " MU " pid 42 start 1 busy  at 1\n", "line 3: empty field"},
+        {MHDR "gpu " MU " pid 42 start 1 busy 1\tat 1\n", "line 3: non-ASCII or control"},
+        {MHDR "gpu " MU " pid 42 begin 1 busy 1 at 1\n", "line 3: expected \"gpu"},
+        {MHDR "gpu GPU-8F3C1A2E-0B4D-4E6F-9A1B-2C3D4E5F6A7B pid 42 start 1 busy 1 at 1\n", "line 3: gpu: bad uuid"},
+        {MHDR "gpu GPU-8f3c pid 42 start 1 busy 1 at 1\n", "line 3: gpu: bad uuid"},
+        {MHDR "gpu " MU " pid 042 start 1 busy 1 at 1\n", "line 3: gpu: numbers"},
+        {MHDR "gpu " MU " pid 42 start +1 busy 1 at 1\n", "line 3: gpu: numbers"},
+        {MHDR "gpu " MU " pid 42 start 1 busy 1.5 at 1\n", "line 3: gpu: numbers"},
+        {MHDR "gpu " MU " pid 42 start 1 busy 1 at 18446744073709551616\n", "line 3: gpu: numbers"},
+        {MHDR "gpu " MU " pid 42 start 98765 busy 1 at 1\ngpu " MU " pid 42 start 98765 busy 2 at 2\n",
+         "line 4: gpu " MU " pid 42 start 98765 given twice"},
+        /* off spec anywhere, even in a line not ours, and after ours */
+        {MHDR "gpu " MU " pid 42 start 98765 busy 1 at 1\ngpu " MU " pid 7 start 1 busy x at 1\n", "line 4: gpu: numbers"},
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        vc_measured_line m[2];
+        char err[256] = "";
+        CHECK(mparse(bad[i].text, 42, 98765, m, err) != 0, "case %zu accepted", i);
+        CHECK(strstr(err, bad[i].want) == err, "case %zu: error %s, want %s", i, err, bad[i].want);
+        CHECK(!m[0].found && !m[1].found, "case %zu: a line returned from a rejected file", i);
+    }
+}

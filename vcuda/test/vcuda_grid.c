@@ -43,6 +43,7 @@
 
 #include "cuda_api.h"
 #include "limiter_workloads.h"
+#include "measured_agent.h"
 #include "util.h"
 
 #define WARM_FRAC 0.3
@@ -102,16 +103,7 @@ typedef struct {
 
 static int container(int i, void *p) {
     cell_arg *a = p;
-    char text[1024], name[32];
-    snprintf(name, sizeof(name), "c%d-limits", i);
-    snprintf(text, sizeof(text), "tessera-vcuda-limits 1\ncontainer c%d\nregion %s/c%d-region\ngpu %s %llu %d\n", i,
-             tmpdir(), i, fake_uuid(0), 1ull << 30, a->caps[i]);
-    write_file(tpath(name), text);
-    setenv("TESSERA_VCUDA_LIMITS", tpath(name), 1);
-    ctx_on(0);
-    uint64_t rng = 1234567 + 7919 * (uint64_t)i;
-    workload_run(a->w, a->deadline, 0, &rng);
-    return 0;
+    return workload_container(i, a->w, a->caps[i], a->deadline, 1234567 + 7919 * (uint64_t)i);
 }
 
 /* The measured container's region record (what the limiter charged and how
@@ -151,8 +143,23 @@ static int cell(workload w, int cap0, int cap, const char *mix, uint64_t dur_ns,
     uint64_t start = now_ns();
     a.deadline = start + dur_ns;
     pid_t pid[MAXC];
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
+        CHECK(mkdir(workload_container_dir(i), 0700) == 0 || errno == EEXIST, "mkdir: %s", strerror(errno));
         pid[i] = spawn(container, i, &a);
+    }
+    /* The node agent's double publishes what the driver measured of each
+     * container (every VCUDA_GRID_MEASURED_MS, default 200; 0: no agent,
+     * the limiter on its own samples). */
+    const char *ms = getenv("VCUDA_GRID_MEASURED_MS");
+    uint64_t period = ms ? (uint64_t)atol(ms) * 1000000ull : MEASURED_AGENT_PERIOD_NS;
+    static measured_agent ag;
+    pid_t agent = 0;
+    if (period) {
+        ag = (measured_agent){.dev = 0, .uuid = fake_uuid(0), .period_ns = period, .deadline = a.deadline, .n = n};
+        for (int i = 0; i < n; i++)
+            ag.dir[i] = strdup(workload_container_dir(i)), ag.pid[i] = pid[i];
+        agent = measured_agent_start(&ag);
+    }
     static uint64_t ts[MAXPOLL], busy[MAXPOLL], charged[MAXPOLL], slept[MAXPOLL];
     int np = 0;
     uint64_t first = 0; /* the first reading with device time */
@@ -176,6 +183,8 @@ static int cell(workload w, int cap0, int cap, const char *mix, uint64_t dur_ns,
     }
     for (int i = 0; i < n; i++)
         CHECK(wait_child(pid[i]) == 0, "container %d failed", i);
+    if (agent)
+        CHECK(wait_child(agent) == 0, "the node agent's double failed");
     /* achieved over the last 70% of the run */
     int w0 = 0;
     while (w0 < np - 1 && ts[w0] < start + (uint64_t)(WARM_FRAC * (double)dur_ns))
