@@ -126,7 +126,8 @@ func wantLines(t *testing.T, m *api.ComputeMeasured, want ...api.ComputeMeasured
 
 // TestFeedbackIntegratesDriverBusy: a share container's file names each of its processes by its
 // pid in the container and its start time, with busy = the sum of SmUtil/100 x the time since the
-// same process's previous sample (the first sample a baseline, busy 0), at = the newest sample's end
+// same process's previous sample, half a point added to a whole percent between 0 and 100 (NVML's
+// figure read as truncated: periodBusyNs) (the first sample a baseline, busy 0), at = the newest sample's end
 // on CLOCK_MONOTONIC; a driver's repeat of a sample already taken counts once; another container's
 // process on the same GPU is in its own file, never in this one. Mutation: building a file from
 // every process on the GPU (not only the holder's) puts B's process in A's file and this fails.
@@ -153,13 +154,13 @@ func TestFeedbackIntegratesDriverBusy(t *testing.T) {
 		t.Errorf("written %d, want the monotonic clock %d", m.Written, feedMono)
 	}
 
-	e.sampled(gpu0, a1, 3000, 50)  // 50% of 2000 us
+	e.sampled(gpu0, a1, 3000, 50)  // 50.5% of 2000 us
 	e.sampled(gpu0, a1, 4000, 100) // 100% of 1000 us
-	e.sampled(gpu0, a2, 5000, 20)  // 20% of 4000 us
-	e.sampled(gpu0, b, 2000, 90)   // 90% of 1000 us
+	e.sampled(gpu0, a2, 5000, 20)  // 20.5% of 4000 us
+	e.sampled(gpu0, b, 2000, 90)   // 90.5% of 1000 us
 	e.guard.publishMeasured()
-	wantLines(t, measured(t, root, ctrA), line(gpu0, 7, s1, 2_000_000, 4000), line(gpu0, 8, s2, 800_000, 5000))
-	wantLines(t, measured(t, root, ctrB), line(gpu0, 9, sb, 900_000, 2000))
+	wantLines(t, measured(t, root, ctrA), line(gpu0, 7, s1, 2_010_000, 4000), line(gpu0, 8, s2, 820_000, 5000))
+	wantLines(t, measured(t, root, ctrB), line(gpu0, 9, sb, 905_000, 2000))
 
 	// Nothing new: the files are not rewritten. A process gone from the driver's list (it
 	// exited) is forgotten at the guard's next sample.
@@ -173,7 +174,7 @@ func TestFeedbackIntegratesDriverBusy(t *testing.T) {
 	e.mu.Unlock()
 	e.samples(1)
 	e.guard.publishMeasured()
-	wantLines(t, measured(t, root, ctrA), line(gpu0, 7, s1, 2_000_000, 4000))
+	wantLines(t, measured(t, root, ctrA), line(gpu0, 7, s1, 2_010_000, 4000))
 }
 
 // feedOne is a share container A on gpu0 with the publisher on and one process (pid 7 in it),
@@ -204,8 +205,8 @@ func TestFeedbackOwnLastSeen(t *testing.T) {
 		t.Errorf("the guard's utilisation: %v, want pid %d at 60", got, a.pid)
 	}
 	e.guard.publishMeasured()
-	// 40% of 1000 us + 60% of 1000 us.
-	wantLines(t, measured(t, root, ctrA), line(gpu0, 7, e.startOf(a), 1_000_000, 3000))
+	// 40.5% of 1000 us + 60.5% of 1000 us.
+	wantLines(t, measured(t, root, ctrA), line(gpu0, 7, e.startOf(a), 1_010_000, 3000))
 }
 
 // TestFeedbackPIDReuse: a host pid the guard attributed but whose start time changed since (the
@@ -231,7 +232,7 @@ func TestFeedbackPIDReuse(t *testing.T) {
 	wantLines(t, measured(t, root, ctrA), line(gpu0, 7, renewed, 0, 4000))
 	e.sampled(gpu0, a, 4500, 30)
 	e.guard.publishMeasured()
-	wantLines(t, measured(t, root, ctrA), line(gpu0, 7, renewed, 150_000, 4500))
+	wantLines(t, measured(t, root, ctrA), line(gpu0, 7, renewed, 152_500, 4500))
 }
 
 // TestFeedbackFailsClosed: an NVML error (NOT_SUPPORTED, or any other) adds nothing and keeps the
@@ -313,7 +314,7 @@ func TestFeedbackRunsOnItsTicker(t *testing.T) {
 		if e.clock.HasWaiters() {
 			e.clock.Step(e.guard.cfg.Feedback.Interval)
 		}
-		if m := measured(t, root, ctrA); m != nil && len(m.Lines) == 1 && m.Lines[0].Busy == 500_000 {
+		if m := measured(t, root, ctrA); m != nil && len(m.Lines) == 1 && m.Lines[0].Busy == 505_000 {
 			break
 		}
 		if time.Now().After(deadline) {
@@ -324,5 +325,20 @@ func TestFeedbackRunsOnItsTicker(t *testing.T) {
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Errorf("RunFeedback returned %v, want context.Canceled", err)
+	}
+}
+
+// TestPeriodBusyNs: NVML's whole percent read as truncated, half a point added between 0 and 100;
+// 0 (a process sampled idle) gains nothing and 100 is the whole period. Mutations: no half point
+// (a 10% share measured 5% low and granted that much more by vcuda), the half point at 0 or 100.
+func TestPeriodBusyNs(t *testing.T) {
+	for _, c := range []struct {
+		util uint32
+		us   uint64
+		want uint64
+	}{{0, 1000, 0}, {1, 1000, 15_000}, {10, 200_000, 21_000_000}, {99, 1000, 995_000}, {100, 1000, 1_000_000}, {250, 1000, 1_000_000}} {
+		if got := periodBusyNs(c.util, c.us); got != c.want {
+			t.Errorf("periodBusyNs(%d, %d) = %d, want %d", c.util, c.us, got, c.want)
+		}
 	}
 }

@@ -5,8 +5,9 @@
  * samples of SmUtil/100 x the sample's period, SmUtil a whole percent,
  * truncated (NVML's rounding is not documented: truncation is the unkind
  * choice, a process measured below what it ran, so the container is granted
- * more); the first sample of a process only sets its baseline (busy 0); a
- * process appears once it has run a kernel; at is the end of the newest
+ * more), read as the agent reads it: half a point more between 0 and 100;
+ * the first sample of a process only sets its baseline (busy 0); a process
+ * appears once it has run a kernel; at is the end of the newest
  * sample, host CLOCK_MONOTONIC; the line names the process by pid and its
  * start time (field 22 of /proc/<pid>/stat); the file is replaced whole
  * (rename). Does not mirror: NVML's sample period is the driver's (about
@@ -76,7 +77,9 @@ static int agent_run(int i, void *arg) {
                     uint64_t dt = t - p->t, pct = (b - p->exact) * 100 / dt; /* truncated */
                     if (pct > 100)
                         pct = 100;
-                    p->busy += pct * dt / 100;
+                    /* the agent reads a whole percent between 0 and 100 as
+                     * half a point more (internal/memguard, periodBusyNs) */
+                    p->busy += (pct * 2 + (pct > 0 && pct < 100)) * dt / 200;
                     p->exact = b, p->t = t, p->at = t;
                 }
             }
