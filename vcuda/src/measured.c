@@ -39,6 +39,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "region.h"
 #include "vcuda.h"
 
 #define MEAS_READ_NS 50000000ull     /* the file is read at most this often */
@@ -109,29 +110,6 @@ void vc_measured_atfork_child(void) {
     }
     if (path[0])
         atomic_store(&vc_meas_next, 0);
-}
-
-/* Field 22 of /proc/self/stat (start time in clock ticks since boot), the
- * agent's key for a process beside its pid (a reused pid is another one). */
-static uint64_t self_start(void) {
-    char s[1024];
-    int fd = open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return 0;
-    ssize_t n = read(fd, s, sizeof(s) - 1);
-    close(fd);
-    if (n <= 0)
-        return 0;
-    s[n] = '\0';
-    char *p = strrchr(s, ')'); /* the command name may hold spaces and ')' */
-    if (!p)
-        return 0;
-    for (int field = 2; field < 22; field++) {
-        p = strchr(p + 1, ' ');
-        if (!p)
-            return 0;
-    }
-    return strtoull(p + 1, NULL, 10);
 }
 
 /* 1 read, 0 absent, -1 unreadable or over the contract's size. */
@@ -222,8 +200,12 @@ void vc_measured_refresh(uint64_t now) {
      * the time of the raw charge it records */
     now = vc_now_ns();
     if (!my_pid) {
+        char state;
         my_pid = (uint64_t)getpid();
-        my_start = self_start();
+        /* field 22, the agent's key for a process beside its pid (a reused
+         * pid is another process) */
+        if (vc_proc_stat((pid_t)my_pid, &state, &my_start) <= 0)
+            my_start = 0;
     }
     int ng = vc_g.limits.ngpus;
     for (int g = 0; g < ng; g++) {

@@ -68,7 +68,7 @@ static void clear_ctx(vc_region_slot *sl) {
 #define VC_LOCK_WAIT_NS 2000000000ull
 
 /* /proc/<pid>/stat: state (field 3) and starttime (field 22). */
-static int proc_stat(pid_t pid, char *state, uint64_t *starttime) {
+int vc_proc_stat(pid_t pid, char *state, uint64_t *starttime) {
     char path[64], buf[1024];
     snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
@@ -145,7 +145,7 @@ static int proc_alive(pid_t pid, uint64_t starttime) {
         return 0;
     char st = 0;
     uint64_t t = 0;
-    int r = proc_stat(pid, &st, &t);
+    int r = vc_proc_stat(pid, &st, &t);
     if (r == 0)
         return 0;
     if (r < 0)
@@ -202,7 +202,7 @@ int vc_region_open(const vc_limits *l) {
     R.pid = getpid();
     R.pidns = pid_ns();
     char st;
-    if (proc_stat(R.pid, &st, &R.starttime) <= 0)
+    if (vc_proc_stat(R.pid, &st, &R.starttime) <= 0)
         R.starttime = 0;
     R.ngpus = l->ngpus;
     for (int i = 0; i < l->ngpus; i++)
@@ -619,7 +619,7 @@ void vc_region_atfork_child(void) {
     R.pid = getpid();
     R.pidns = pid_ns();
     char st;
-    if (proc_stat(R.pid, &st, &R.starttime) <= 0)
+    if (vc_proc_stat(R.pid, &st, &R.starttime) <= 0)
         R.starttime = 0;
     if (R.fd >= 0) {
         /* The inherited descriptor shares the parent's open file description,

@@ -9,6 +9,7 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "limits.h"
 
@@ -103,6 +104,9 @@ _Static_assert(sizeof(vc_region_slot) == 576, "region slot size");
  * claim a slot (info-only processes such as nvidia-smi never need one).
  * Returns 0, or -1 after logging. */
 int vc_region_open(const vc_limits *l);
+/* /proc/<pid>/stat's state (field 3) and start time (field 22, clock ticks
+ * since boot): 1 read, 0 no such process, -1 unreadable. */
+int vc_proc_stat(pid_t pid, char *state, uint64_t *starttime);
 /* Reserves size bytes on gpu record g against cap. 0 = ok, -1 = over cap. */
 int vc_reserve(int g, uint64_t size);
 /* Gives back size bytes on gpu record g. */
