@@ -237,7 +237,7 @@ func (g *Guard) integrate(uuid string, owners map[uint32]feedOwner) {
 		if s.TimeStamp <= p.prevTS {
 			continue
 		}
-		p.busy += periodBusyNs(s.SmUtil, s.TimeStamp-p.prevTS)
+		p.busy += PeriodBusyNs(s.SmUtil, s.TimeStamp-p.prevTS)
 		p.prevTS = s.TimeStamp
 		p.at = max(p.at, at)
 	}
@@ -327,14 +327,14 @@ func canonicalUUID(uuid string) string {
 	return uuid
 }
 
-// periodBusyNs is the ns a process's kernels ran in a sample period of us microseconds at util
+// PeriodBusyNs is the ns a process's kernels ran in a sample period of us microseconds at util
 // percent. NVML reports whole percents; a driver that truncates reads a process up to a point low,
 // which vcuda would turn into a grant that much over the share (5% of a 10% cap). Half a point is
 // the unbiased reading of a truncated figure; where a driver rounds instead it errs the safe way
 // (the container is charged half a point more). 0 and 100 are exact: no process runs more than the
 // whole period, and a process with no kernels in the period (a driver that samples idle processes
 // at 0) gains nothing.
-func periodBusyNs(util uint32, us uint64) uint64 {
+func PeriodBusyNs(util uint32, us uint64) uint64 {
 	tenths := uint64(min(util, 100)) * 10
 	if util > 0 && util < 100 {
 		tenths += 5

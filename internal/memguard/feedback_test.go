@@ -127,7 +127,7 @@ func wantLines(t *testing.T, m *api.ComputeMeasured, want ...api.ComputeMeasured
 // TestFeedbackIntegratesDriverBusy: a share container's file names each of its processes by its
 // pid in the container and its start time, with busy = the sum of SmUtil/100 x the time since the
 // same process's previous sample, half a point added to a whole percent between 0 and 100 (NVML's
-// figure read as truncated: periodBusyNs) (the first sample a baseline, busy 0), at = the newest sample's end
+// figure read as truncated: PeriodBusyNs) (the first sample a baseline, busy 0), at = the newest sample's end
 // on CLOCK_MONOTONIC; a driver's repeat of a sample already taken counts once; another container's
 // process on the same GPU is in its own file, never in this one. Mutation: building a file from
 // every process on the GPU (not only the holder's) puts B's process in A's file and this fails.
@@ -337,8 +337,8 @@ func TestPeriodBusyNs(t *testing.T) {
 		us   uint64
 		want uint64
 	}{{0, 1000, 0}, {1, 1000, 15_000}, {10, 200_000, 21_000_000}, {99, 1000, 995_000}, {100, 1000, 1_000_000}, {250, 1000, 1_000_000}} {
-		if got := periodBusyNs(c.util, c.us); got != c.want {
-			t.Errorf("periodBusyNs(%d, %d) = %d, want %d", c.util, c.us, got, c.want)
+		if got := PeriodBusyNs(c.util, c.us); got != c.want {
+			t.Errorf("PeriodBusyNs(%d, %d) = %d, want %d", c.util, c.us, got, c.want)
 		}
 	}
 }

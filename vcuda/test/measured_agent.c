@@ -78,7 +78,7 @@ static int agent_run(int i, void *arg) {
                     if (pct > 100)
                         pct = 100;
                     /* the agent reads a whole percent between 0 and 100 as
-                     * half a point more (internal/memguard, periodBusyNs) */
+                     * half a point more (internal/memguard, PeriodBusyNs) */
                     p->busy += (pct * 2 + (pct > 0 && pct < 100)) * dt / 200;
                     p->exact = b, p->t = t, p->at = t;
                 }

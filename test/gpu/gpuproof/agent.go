@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"maps"
@@ -10,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/ledger"
@@ -138,17 +141,22 @@ func startAgent(p *Phase, o *agentOpts, passthrough []string, phase string, shar
 		}
 		logFile.Close()
 	}
-	up := false
-	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline) && !up; time.Sleep(100 * time.Millisecond) {
+	up, died := false, false
+	_ = wait.PollUntilContextTimeout(context.Background(), 100*time.Millisecond, time.Minute, true, func(context.Context) (bool, error) {
 		select {
 		case err := <-exited:
 			exited <- err // for stop
 			p.check("agent runs", false, "tessera-node run", "exited: %v: %s", err, lastLines(a.readLog(), 10))
-			a.stop()
-			return nil, nil
+			died = true
+			return true, nil
 		default:
 		}
 		up = strings.Contains(a.readLog(), "memory guard running")
+		return up, nil
+	})
+	if died {
+		a.stop()
+		return nil, nil
 	}
 	p.check("agent runs with the memory guard", up, "tessera-node run's log", "%s", lastLines(firstMatch(a.readLog(), `(?m)^.*memory guard running.*$`), 1))
 	if !up {

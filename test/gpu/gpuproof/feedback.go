@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -15,12 +16,14 @@ import (
 
 	"github.com/NVIDIA/go-nvml/pkg/nvml"
 	"golang.org/x/sys/unix"
+	"k8s.io/apimachinery/pkg/util/wait"
 
 	configv1 "github.com/tessera-gpu/tessera/api/config/v1"
 	api "github.com/tessera-gpu/tessera/api/v1"
 	"github.com/tessera-gpu/tessera/internal/cdi"
 	"github.com/tessera-gpu/tessera/internal/gpu"
 	"github.com/tessera-gpu/tessera/internal/hostproc"
+	"github.com/tessera-gpu/tessera/internal/memguard"
 	"github.com/tessera-gpu/tessera/internal/nri"
 )
 
@@ -135,7 +138,8 @@ func wallMinusMono() int64 {
 }
 
 // integrateRaw is the agent's integration of a process's samples: the first only sets the baseline;
-// each later one adds SmUtil% of the time since the previous one (samples not newer are repeats).
+// each later one adds what the agent reads of SmUtil over the time since the previous one
+// (memguard.PeriodBusyNs; samples not newer are repeats).
 func integrateRaw(samples []rawSample) []fbPoint {
 	s := slices.Clone(samples)
 	slices.SortStableFunc(s, func(a, b rawSample) int { return int(int64(a.TS) - int64(b.TS)) })
@@ -147,7 +151,7 @@ func integrateRaw(samples []rawSample) []fbPoint {
 			continue
 		}
 		if len(out) > 0 {
-			busy += int64(min(x.SmUtil, 100)) * int64(x.TS-prev) * 10
+			busy += int64(memguard.PeriodBusyNs(x.SmUtil, x.TS-prev))
 		}
 		prev = x.TS
 		out = append(out, fbPoint{At: x.Mono, Busy: busy})
@@ -312,9 +316,10 @@ func runFeedback(args []string) error {
 	}
 	defer c.stop()
 	var hostPID int
-	for deadline := time.Now().Add(10 * time.Second); hostPID == 0 && time.Now().Before(deadline) && c.running(); time.Sleep(20 * time.Millisecond) {
+	_ = wait.PollUntilContextTimeout(context.Background(), 20*time.Millisecond, 10*time.Second, true, func(context.Context) (bool, error) {
 		hostPID, _ = c.pid()
-	}
+		return hostPID != 0 || !c.running(), nil
+	})
 	if hostPID == 0 {
 		p.check("probe: container runs", false, "runc state", "no pid: %s", lastLines(c.out.String(), 5))
 		return finish(p, o.out, start)
@@ -350,9 +355,10 @@ func runFeedback(args []string) error {
 	}
 	// the schedule and 5 s: within the phase's 40 s limit, so a probe that hangs still leaves results
 	limit := time.Duration((*waitS+3**busyS+*gapS+1)*float64(time.Second)) + 5*time.Second
-	for deadline := time.Now().Add(limit); time.Now().Before(deadline) && c.running(); time.Sleep(*readEvery) {
+	_ = wait.PollUntilContextTimeout(context.Background(), *readEvery, limit, true, func(context.Context) (bool, error) {
 		readFile()
-	}
+		return !c.running(), nil
+	})
 	readFile()
 	fast.finish()
 	slow.finish()
