@@ -95,14 +95,14 @@ test: tools vet
 
 # Benchmarks report ratios and latencies measured in one run; they assert nothing.
 bench: tools
-	$(GO) test -run '^$$' -bench . -benchmem -timeout 30m ./...
+	$(GO) test -run '^$$' -bench . -benchmem -timeout 60m ./...
 
 # The compute limiter's grid on the fake device: 8 workloads x caps {10..90} x {alone, 30+70, 10+30+60},
 # one "vcuda-grid ..." line a cell (each cell run twice: uncapped for its ceiling, then capped), then the
-# added launch cost at 100% (about 7 minutes on 2 cores; VCUDA_GRID_MS=<ms> sets a cell's length,
-# default 1500). make bench runs the same benchmarks.
+# added launch cost at 100% (about 13 minutes on 2 cores; VCUDA_GRID_MS=<ms> sets a cell's length,
+# default 3000). make bench runs the same benchmarks.
 bench-vcuda:
-	$(GO) test -run '^$$' -bench '^BenchmarkVcuda' -benchtime 1x -timeout 30m ./vcuda/
+	$(GO) test -run '^$$' -bench '^BenchmarkVcuda' -benchtime 1x -timeout 50m ./vcuda/
 
 # Placement measured live: the real kube-scheduler (with tessera-extender for tessera and fgd, alone
 # with MostAllocated for kube-scheduler) against API-only nodes made from the trace, replaying it with

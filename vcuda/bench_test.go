@@ -69,7 +69,7 @@ func BenchmarkLaunchKernelLimited(b *testing.B) { benchPair(b, "launch", "50", 1
 
 // BenchmarkVcudaGrid runs the compute limiter's grid on the fake device
 // (vcuda_grid: workloads x caps {10..90} x mixes {alone, 30+70, 10+30+60},
-// 1.5 s a cell, each after the same cell uncapped for its ceiling) and
+// 3 s a cell, each after the same cell uncapped for its ceiling) and
 // prints one "vcuda-grid ..." line a cell. Reported, never asserted: the
 // accuracy cases (tests_limiter_device.c, tests_launch.c) are the
 // assertions. VCUDA_GRID_MS shortens or lengthens a cell. Two counts: cells
@@ -81,9 +81,9 @@ func BenchmarkVcudaGrid(b *testing.B) {
 	dir := build(b)
 	ms := os.Getenv("VCUDA_GRID_MS")
 	if ms == "" {
-		ms = "1500"
+		ms = "3000"
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(dir, "vcuda_grid"), "grid", ms)
 	cmd.WaitDelay = 5 * time.Second

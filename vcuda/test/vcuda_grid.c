@@ -23,7 +23,10 @@
  *     get (its queue, 20 ms deep, holds their launches back on the fake's
  *     time-sliced device), so its figure bounds nothing (uniform at 50% in
  *     30+70 reached 49.4% capped and 42.6% uncapped); it is printed all the
- *     same, as the workload's reach beside those co-tenants.
+ *     same, as the workload's reach beside those co-tenants. In a mix,
+ *     cotenants= gives the co-tenants' achieved over the same window (the
+ *     mix's other shares in order): 10+30+60 sums to 100, so the device is
+ *     saturated and a container short of its cap shows who was not.
  *   vcuda_grid overhead <launches>
  *     the launch path at 100% (the limiter off; run with FAKE_CUDA_WAVE_NS=1
  *     so the device never holds the host back): median ns a launch over 31
@@ -99,6 +102,8 @@ typedef struct {
 typedef struct {
     double achieved, charge_err, throttled;
     long converge;
+    int n;             /* containers in the cell */
+    double co[MAXC];   /* the co-tenants' achieved (co[1..n-1]), same window */
 } phase_res;
 
 static int container(int i, void *p) {
@@ -160,7 +165,7 @@ static int cell(workload w, int cap0, int cap, const char *mix, uint64_t dur_ns,
             ag.dir[i] = strdup(workload_container_dir(i)), ag.pid[i] = pid[i];
         agent = measured_agent_start(&ag);
     }
-    static uint64_t ts[MAXPOLL], busy[MAXPOLL], charged[MAXPOLL], slept[MAXPOLL];
+    static uint64_t ts[MAXPOLL], busy[MAXPOLL], charged[MAXPOLL], slept[MAXPOLL], cob[MAXPOLL][MAXC];
     int np = 0;
     uint64_t first = 0; /* the first reading with device time */
     while (now_ns() < a.deadline && np < MAXPOLL) {
@@ -177,6 +182,10 @@ static int cell(workload w, int cap0, int cap, const char *mix, uint64_t dur_ns,
         vc_region_gpu *g = c0_gpu();
         charged[np] = g ? atomic_load(&g->busy_ns) : 0;
         slept[np] = g ? atomic_load(&g->throttled_ns) : 0;
+        for (int i = 1; i < n; i++) {
+            uint64_t x = 0, t = 0;
+            cob[np][i] = fakeModelBusy(0, pid[i], &x, &t) == 0 ? x : 0;
+        }
         ts[np] = at, busy[np] = b, np++;
         struct timespec sl = {0, (long)POLL_NS};
         nanosleep(&sl, NULL);
@@ -190,7 +199,7 @@ static int cell(workload w, int cap0, int cap, const char *mix, uint64_t dur_ns,
     while (w0 < np - 1 && ts[w0] < start + (uint64_t)(WARM_FRAC * (double)dur_ns))
         w0++;
     double achieved = np > 1 && ts[np - 1] > ts[w0] ? (double)(busy[np - 1] - busy[w0]) / (double)(ts[np - 1] - ts[w0]) * 100 : 0;
-    /* convergence: the earliest window start after which every 100 ms
+    /* convergence: the earliest window start after which every 200 ms
      * window is within 10% of the cap */
     long converge = -1;
     for (int i = np - 1, j = np - 1; i >= 0; i--) {
@@ -214,7 +223,11 @@ static int cell(workload w, int cap0, int cap, const char *mix, uint64_t dur_ns,
     double ran = np > 1 ? (double)(busy[np - 1] - busy[w0]) : 0;
     double charge_err = ran > 0 ? ((double)(charged[np - 1] - charged[w0]) / ran - 1) * 100 : 0;
     double throttled = np > 1 && ts[np - 1] > ts[w0] ? (double)(slept[np - 1] - slept[w0]) / (double)(ts[np - 1] - ts[w0]) * 100 : 0;
-    *out = (phase_res){achieved, charge_err, throttled, converge};
+    *out = (phase_res){achieved, charge_err, throttled, converge, n, {0}};
+    /* the co-tenants' share over the same window: a saturated mix (10+30+60
+     * sums to 100) shows who was short */
+    for (int i = 1; i < n && np > 1 && ts[np - 1] > ts[w0]; i++)
+        out->co[i] = (double)(cob[np - 1][i] - cob[w0][i]) / (double)(ts[np - 1] - ts[w0]) * 100;
     return 0;
 }
 
@@ -256,9 +269,12 @@ static int run_cell(workload w, int cap, const char *mix, uint64_t dur_ns, int s
         double ceiling = r[0].achieved, achieved = r[1].achieved;
         double expected = ceiling < cap && strcmp(mix, "alone") == 0 ? ceiling : cap;
         printf("vcuda-grid workload=%s cap=%d mix=%s achieved=%.1f error_pct=%+.1f converge_ms=%ld charge_err_pct=%+.1f "
-               "throttled_pct=%.0f ceiling=%.1f expected=%.1f expected_err_pct=%+.1f\n",
+               "throttled_pct=%.0f ceiling=%.1f expected=%.1f expected_err_pct=%+.1f",
                workload_name(w), cap, mix, achieved, (achieved - cap) / cap * 100, r[1].converge, r[1].charge_err,
                r[1].throttled, ceiling, expected, expected > 0 ? (achieved - expected) / expected * 100 : 0);
+        for (int i = 1; i < r[1].n; i++)
+            printf("%s%.1f", i == 1 ? " cotenants=" : ",", r[1].co[i]);
+        printf("\n");
         fflush(stdout);
     }
     munmap(r, 2 * sizeof(phase_res));
