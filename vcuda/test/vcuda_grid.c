@@ -27,6 +27,11 @@
  *     cotenants= gives the co-tenants' achieved over the same window (the
  *     mix's other shares in order): 10+30+60 sums to 100, so the device is
  *     saturated and a container short of its cap shows who was not.
+ *     VCUDA_GRID_JOIN_MS=<ms>: the co-tenants start that long into the cell
+ *     (a pod landing on a GPU where a share runs); the capped run then also
+ *     prints, on stderr, the measured container's share and the
+ *     co-tenants' per 200 ms window from 400 ms before the join:
+ *       vcuda-grid-window t_ms=<since the join> achieved=A cotenants=B,C
  *   vcuda_grid overhead <launches>
  *     the launch path at 100% (the limiter off; run with FAKE_CUDA_WAVE_NS=1
  *     so the device never holds the host back): median ns a launch over 31
@@ -136,6 +141,24 @@ static vc_region_gpu *c0_gpu(void) {
     return g = (vc_region_gpu *)((char *)m + VC_REGION_GPU_OFFSET);
 }
 
+/* Starts containers lo..hi-1 of a cell and, every period, an agent double
+ * that publishes what the driver measured of them; returns hi. */
+static int start_group(cell_arg *a, int lo, int hi, pid_t *pid, uint64_t period, pid_t *agent) {
+    static measured_agent ag[2];
+    measured_agent *m = &ag[lo > 0];
+    for (int i = lo; i < hi; i++) {
+        CHECK(mkdir(workload_container_dir(i), 0700) == 0 || errno == EEXIST, "mkdir: %s", strerror(errno));
+        pid[i] = spawn(container, i, a);
+    }
+    if (period) {
+        *m = (measured_agent){.dev = 0, .uuid = fake_uuid(0), .period_ns = period, .deadline = a->deadline, .n = hi - lo};
+        for (int i = lo; i < hi; i++)
+            m->dir[i - lo] = strdup(workload_container_dir(i)), m->pid[i - lo] = pid[i];
+        *agent = measured_agent_start(m);
+    }
+    return hi;
+}
+
 /* Runs workload w with the measured container at cap0 and its co-tenants
  * at the shares mix gives a container at cap; converge is judged against
  * cap. */
@@ -147,28 +170,25 @@ static int cell(workload w, int cap0, int cap, const char *mix, uint64_t dur_ns,
     setenv("FAKE_CUDA_SHM", tpath("fake-shm"), 1);
     uint64_t start = now_ns();
     a.deadline = start + dur_ns;
-    pid_t pid[MAXC];
-    for (int i = 0; i < n; i++) {
-        CHECK(mkdir(workload_container_dir(i), 0700) == 0 || errno == EEXIST, "mkdir: %s", strerror(errno));
-        pid[i] = spawn(container, i, &a);
-    }
     /* The node agent's double publishes what the driver measured of each
      * container (every VCUDA_GRID_MEASURED_MS, default 200; 0: no agent,
-     * the limiter on its own samples). */
-    const char *ms = getenv("VCUDA_GRID_MEASURED_MS");
+     * the limiter on its own samples). VCUDA_GRID_JOIN_MS: the co-tenants
+     * start that long after the measured container, as a pod lands on a
+     * GPU where a share already runs (each group with an agent double of
+     * its own from its start). */
+    const char *ms = getenv("VCUDA_GRID_MEASURED_MS"), *js = getenv("VCUDA_GRID_JOIN_MS");
     uint64_t period = ms ? (uint64_t)atol(ms) * 1000000ull : MEASURED_AGENT_PERIOD_NS;
-    static measured_agent ag;
-    pid_t agent = 0;
-    if (period) {
-        ag = (measured_agent){.dev = 0, .uuid = fake_uuid(0), .period_ns = period, .deadline = a.deadline, .n = n};
-        for (int i = 0; i < n; i++)
-            ag.dir[i] = strdup(workload_container_dir(i)), ag.pid[i] = pid[i];
-        agent = measured_agent_start(&ag);
-    }
+    uint64_t join = start + (js ? (uint64_t)atol(js) * 1000000ull : 0);
+    CHECK(join < a.deadline, "VCUDA_GRID_JOIN_MS=%s: the co-tenants would join after the cell ends", js);
+    pid_t pid[MAXC] = {0}, agent[2] = {0, 0};
+    int started = js ? 1 : n;
+    start_group(&a, 0, started, pid, period, &agent[0]);
     static uint64_t ts[MAXPOLL], busy[MAXPOLL], charged[MAXPOLL], slept[MAXPOLL], cob[MAXPOLL][MAXC];
     int np = 0;
     uint64_t first = 0; /* the first reading with device time */
     while (now_ns() < a.deadline && np < MAXPOLL) {
+        if (started < n && now_ns() >= join)
+            started = start_group(&a, started, n, pid, period, &agent[1]);
         uint64_t b = 0, at = now_ns();
         if (fakeModelBusy(0, pid[0], &b, &at) != 0)
             b = 0, at = now_ns();
@@ -184,16 +204,39 @@ static int cell(workload w, int cap0, int cap, const char *mix, uint64_t dur_ns,
         slept[np] = g ? atomic_load(&g->throttled_ns) : 0;
         for (int i = 1; i < n; i++) {
             uint64_t x = 0, t = 0;
-            cob[np][i] = fakeModelBusy(0, pid[i], &x, &t) == 0 ? x : 0;
+            cob[np][i] = pid[i] && fakeModelBusy(0, pid[i], &x, &t) == 0 ? x : 0;
         }
         ts[np] = at, busy[np] = b, np++;
         struct timespec sl = {0, (long)POLL_NS};
         nanosleep(&sl, NULL);
     }
+    CHECK(started == n, "the co-tenants never started");
     for (int i = 0; i < n; i++)
         CHECK(wait_child(pid[i]) == 0, "container %d failed", i);
-    if (agent)
-        CHECK(wait_child(agent) == 0, "the node agent's double failed");
+    for (int k = 0; k < 2; k++)
+        if (agent[k])
+            CHECK(wait_child(agent[k]) == 0, "the node agent's double failed");
+    /* With a join, the measured container's share and the co-tenants' per
+     * 200 ms window from 400 ms before it (stderr: the cell's line stays
+     * the grid's). */
+    for (int i = 0; js && cap0 < 100 && i < np - 1;) {
+        if (ts[i] + 400000000ull < join) {
+            i++;
+            continue;
+        }
+        int j = i;
+        while (j < np - 1 && ts[j] < ts[i] + WIN_NS)
+            j++;
+        if (ts[j] < ts[i] + WIN_NS * 3 / 4)
+            break;
+        double dt = (double)(ts[j] - ts[i]);
+        fprintf(stderr, "vcuda-grid-window t_ms=%+.0f achieved=%.1f", ((double)ts[i] - (double)join) / 1e6,
+                (double)(busy[j] - busy[i]) / dt * 100);
+        for (int k = 1; k < n; k++)
+            fprintf(stderr, "%s%.1f", k == 1 ? " cotenants=" : ",", (double)(cob[j][k] - cob[i][k]) / dt * 100);
+        fprintf(stderr, "\n");
+        i = j;
+    }
     /* achieved over the last 70% of the run */
     int w0 = 0;
     while (w0 < np - 1 && ts[w0] < start + (uint64_t)(WARM_FRAC * (double)dur_ns))
